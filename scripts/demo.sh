@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job on the bundled default: plan the Qwen3.8-27B-FP8-shaped checkpoint for a
+# 24 GiB card, next to vLLM's bulk cpu_offload_gb=10 (the smallest that ran on the
+# reference laptop). Sets up .venv first (scripts/setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+echo "== plan: bundled Qwen3.8-27B-FP8 (shape-alike manifest) on a 24 GiB card"
+.venv/bin/selective-offload plan qwen3.8-27b-fp8 --device-memory 24GiB --bulk-gb 10

@@ -1,0 +1,418 @@
+"""What a checkpoint holds, read from its safetensors headers, a manifest, or a config alone.
+
+The planner needs each tensor's name and byte size and a handful of ``config.json`` facts.
+All three sources give the same :class:`Checkpoint`:
+
+* a directory of ``*.safetensors`` shards (one file or many, with or without
+  ``model.safetensors.index.json``): only the headers are read (8 bytes of length and a
+  few KB of JSON per shard), never tensor data, so a 30 GB checkpoint is read in
+  milliseconds and shards whose data has not been downloaded yet still plan;
+* a manifest (JSON: tensor name -> shape and dtype, plus the config), written by
+  :func:`write_manifest` or by hand, to plan without any weights;
+* a ``config.json`` alone, turned into a manifest by building the model on the meta
+  device (accelerate's ``init_empty_weights`` and transformers): an estimate, labelled so.
+
+Byte sizes come from the header's ``data_offsets`` where there is a header, and from shape
+and dtype otherwise; the two are checked against each other so a corrupt header is caught
+here and not in the middle of a vLLM load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .errors import CheckpointError
+
+#: Bits per element of every safetensors dtype. Sub-byte types (F4, F6) are packed.
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+MANIFEST_FORMAT = "selective-offload/manifest-v1"
+INDEX_NAME = "model.safetensors.index.json"
+#: A header larger than this is not a safetensors header (the format caps it at 100 MB).
+MAX_HEADER_BYTES = 100_000_000
+
+
+def tensor_nbytes(dtype: str, shape: Iterable[int], where: str = "") -> int:
+    """Bytes that ``shape`` elements of ``dtype`` occupy on disk (packed for sub-byte types)."""
+    if dtype not in DTYPE_BITS:
+        raise CheckpointError(
+            f"{where}unknown dtype {dtype!r}; known safetensors dtypes are "
+            f"{', '.join(sorted(DTYPE_BITS))}"
+        )
+    numel = math.prod(int(d) for d in shape)
+    return (numel * DTYPE_BITS[dtype] + 7) // 8
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    #: The shard file the tensor lives in, or ``None`` for a manifest entry.
+    shard: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The ``config.json`` facts the planner uses. Unknown values are ``None``."""
+
+    architectures: tuple[str, ...] = ()
+    model_type: str | None = None
+    tie_word_embeddings: bool = False
+    num_hidden_layers: int | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    has_vision: bool = False
+    has_audio: bool = False
+    num_mtp_layers: int = 0
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "ModelFacts":
+        text = config.get("text_config") or {}
+        if not isinstance(text, Mapping):
+            text = {}
+
+        def pick(*keys: str) -> Any:
+            # The text model's own value wins over the top level: multimodal configs keep
+            # the language model's sizes (and often its tie flag) under text_config.
+            for source in (text, config):
+                for key in keys:
+                    if source.get(key) is not None:
+                        return source[key]
+            return None
+
+        tie = pick("tie_word_embeddings")
+        mtp = pick("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers",
+                   "n_mtp_layers", "mtp_num_layers")
+        return cls(
+            architectures=tuple(config.get("architectures") or ()),
+            model_type=config.get("model_type"),
+            # transformers' PretrainedConfig defaults tie_word_embeddings to True.
+            tie_word_embeddings=True if tie is None else bool(tie),
+            num_hidden_layers=pick("num_hidden_layers", "num_layers", "n_layer"),
+            hidden_size=pick("hidden_size", "d_model", "n_embd"),
+            vocab_size=pick("vocab_size"),
+            has_vision=any(k in config for k in ("vision_config", "visual", "vision_tower")),
+            has_audio="audio_config" in config,
+            num_mtp_layers=int(mtp or 0),
+        )
+
+
+@dataclass
+class Checkpoint:
+    """Every tensor of a model (name -> :class:`TensorInfo`) and its config."""
+
+    source: str
+    #: ``safetensors``, ``manifest`` or ``config`` (the last is an estimate).
+    kind: str
+    tensors: dict[str, TensorInfo]
+    config: dict[str, Any] = field(default_factory=dict)
+    #: Shards whose data is shorter than their header says (header-only or partly
+    #: downloaded): fine for planning, not for loading.
+    incomplete_shards: list[str] = field(default_factory=list)
+
+    @property
+    def facts(self) -> ModelFacts:
+        return ModelFacts.from_config(self.config)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "format": MANIFEST_FORMAT,
+            "source": self.source,
+            "kind": self.kind,
+            "config": self.config,
+            "tensors": {
+                t.name: {"dtype": t.dtype, "shape": list(t.shape)}
+                for t in self.tensors.values()
+            },
+        }
+
+
+# --------------------------------------------------------------------------- shards
+
+
+def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], bool]:
+    """Read one shard's header; return its tensors and whether all their data is present.
+
+    Reads the 8-byte length and the JSON header, nothing else. Raises
+    :class:`CheckpointError` naming the file for a truncated or corrupt header.
+    """
+    path = Path(path)
+    where = f"{path}: "
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(
+                    f"{where}file is {size} bytes, too short for a safetensors header; "
+                    "the download is incomplete: fetch the shard again"
+                )
+            (header_len,) = struct.unpack("<Q", head)
+            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+                raise CheckpointError(
+                    f"{where}header length {header_len} runs past the end of the "
+                    f"{size}-byte file; the shard is truncated or not safetensors: fetch it again"
+                )
+            raw = f.read(header_len)
+    except OSError as exc:
+        raise CheckpointError(f"{where}cannot read: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(
+            f"{where}header is not valid JSON ({exc}); the shard is corrupt: fetch it again"
+        ) from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where}header is not a JSON object; the shard is corrupt")
+
+    data_len = size - 8 - header_len
+    tensors: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = entry["dtype"]
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(
+                f"{where}tensor {name!r} lacks a valid dtype, shape or data_offsets; "
+                "the shard is corrupt: fetch it again"
+            ) from None
+        expected = tensor_nbytes(dtype, shape, where=f"{where}tensor {name!r}: ")
+        if begin < 0 or end < begin or end - begin != expected:
+            raise CheckpointError(
+                f"{where}tensor {name!r} has data_offsets [{begin}, {end}] but its shape "
+                f"{list(shape)} and dtype {dtype} need {expected} bytes; the shard is corrupt"
+            )
+        tensors[name] = TensorInfo(name, dtype, shape, expected, str(path))
+        spans.append((begin, end, name))
+
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0 and e1 > b1:
+            raise CheckpointError(
+                f"{where}tensors {n0!r} [{b0}, {e0}] and {n1!r} [{b1}, {e1}] overlap; "
+                "the shard is corrupt: fetch it again"
+            )
+    data_end = max((e for _, e, _ in spans), default=0)
+    return tensors, data_end <= data_len
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: {what} is not valid JSON ({exc}); fix or re-fetch it") from None
+
+
+def read_safetensors_dir(directory: str | os.PathLike) -> Checkpoint:
+    """Read every shard header of a checkpoint directory, and its ``config.json``."""
+    directory = Path(directory)
+    index_path = directory / INDEX_NAME
+    weight_map: dict[str, str] | None = None
+    if index_path.is_file():
+        index = _read_json(index_path, "the shard index")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index_path}: has no 'weight_map' object; fix or re-fetch it")
+        shard_names = sorted(set(weight_map.values()))
+        missing = [s for s in shard_names if not (directory / s).is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{index_path}: names {len(missing)} shard(s) that are not in {directory} "
+                f"(first: {missing[0]}); finish the download"
+            )
+        shards = [directory / s for s in shard_names]
+    else:
+        shards = sorted(directory.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(
+            f"{directory}: no *.safetensors shards here; point at a checkpoint directory, "
+            "a manifest (.json) or a config.json"
+        )
+
+    tensors: dict[str, TensorInfo] = {}
+    incomplete: list[str] = []
+    for shard in shards:
+        shard_tensors, complete = read_shard_header(shard)
+        for name, info in shard_tensors.items():
+            if name in tensors:
+                raise CheckpointError(
+                    f"{shard}: tensor {name!r} is also in {tensors[name].shard}; "
+                    "the checkpoint mixes two downloads: remove the stray shard"
+                )
+            tensors[name] = info
+        if not complete:
+            incomplete.append(str(shard))
+    if weight_map is not None:
+        for name, shard_name in weight_map.items():
+            info = tensors.get(name)
+            if info is None or Path(info.shard).name != shard_name:
+                raise CheckpointError(
+                    f"{index_path}: maps {name!r} to {shard_name}, but that shard's header "
+                    "does not hold it; the index and shards disagree: re-fetch them"
+                )
+
+    config_path = directory / "config.json"
+    config = _read_json(config_path, "config.json") if config_path.is_file() else {}
+    return Checkpoint(str(directory), "safetensors", tensors, config, incomplete)
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def read_manifest(path: str | os.PathLike) -> Checkpoint:
+    path = Path(path)
+    data = _read_json(path, "the manifest")
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        raise CheckpointError(
+            f"{path}: not a selective-offload manifest (expected \"format\": "
+            f"\"{MANIFEST_FORMAT}\"); write one with `selective-offload manifest`"
+        )
+    entries = data.get("tensors")
+    if not isinstance(entries, dict) or not entries:
+        raise CheckpointError(f"{path}: the manifest lists no tensors")
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in entries.items():
+        try:
+            dtype, shape = entry["dtype"], tuple(int(d) for d in entry["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(
+                f"{path}: tensor {name!r} needs a \"dtype\" and an integer \"shape\" list"
+            ) from None
+        if any(d < 0 for d in shape):
+            raise CheckpointError(f"{path}: tensor {name!r} has a negative dimension {list(shape)}")
+        nbytes = tensor_nbytes(dtype, shape, where=f"{path}: tensor {name!r}: ")
+        tensors[name] = TensorInfo(name, dtype, shape, nbytes)
+    config = data.get("config") or {}
+    return Checkpoint(str(data.get("source") or path), data.get("kind") or "manifest",
+                      tensors, dict(config))
+
+
+def write_manifest(checkpoint: Checkpoint, path: str | os.PathLike) -> None:
+    Path(path).write_text(json.dumps(checkpoint.to_manifest(), indent=1) + "\n")
+
+
+_TORCH_TO_SAFETENSORS = {
+    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
+    "int8": "I8", "uint8": "U8", "int32": "I32", "int64": "I64", "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}
+
+
+def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
+    """Estimate a checkpoint's tensors from its ``config.json`` alone.
+
+    The model class named in ``architectures`` is built on the meta device (no memory,
+    no weights), and its parameters are listed in the config's ``torch_dtype``. Known
+    gap, why this is an estimate: quantized checkpoints are listed unquantized except
+    FP8 (``quantization_config.quant_method == "fp8"``), whose linear weights inside the
+    decoder layers are listed as F8_E4M3; scales and packed formats are not modelled,
+    and MTP heads that transformers does not build are missing.
+    """
+    config_path = Path(config_path)
+    raw = _read_json(config_path, "config.json")
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{config_path}: config.json is not a JSON object")
+    try:
+        import torch
+        import transformers
+        from accelerate import init_empty_weights
+    except ImportError as exc:  # pragma: no cover - both are declared dependencies
+        raise CheckpointError(f"planning from a config needs transformers and accelerate ({exc})") from None
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(config_path.parent))
+    except Exception as exc:  # transformers raises many types for a config it cannot read
+        raise CheckpointError(f"{config_path}: transformers cannot read this config ({exc})") from None
+    arch = (raw.get("architectures") or [None])[0]
+    model_cls = getattr(transformers, arch, None) if arch else None
+    if model_cls is None:
+        raise CheckpointError(
+            f"{config_path}: architecture {arch!r} is not in this transformers "
+            f"({transformers.__version__}); plan from the safetensors headers or a manifest instead"
+        )
+    dtype_name = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
+    dtype = getattr(torch, dtype_name, torch.bfloat16)
+    with init_empty_weights():
+        try:
+            model = model_cls._from_config(config, dtype=dtype)
+        except TypeError:  # transformers < 4.56 names it torch_dtype
+            model = model_cls._from_config(config, torch_dtype=dtype)
+    quant = raw.get("quantization_config") or {}
+    fp8 = quant.get("quant_method") == "fp8"
+    linear_weights = {
+        f"{mod_name}.weight" for mod_name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{mod_name}."
+    }
+    # A tied output embedding is not saved (save_pretrained drops it); list it once.
+    # On the meta device the tie may not be made, so the config's flag decides.
+    skip: set[str] = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    skip -= {n for n, _ in model.named_parameters()}
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if ModelFacts.from_config(raw).tie_word_embeddings and output is not None:
+        skip |= {f"{n}.weight" for n, mod in model.named_modules() if mod is output}
+    tensors: dict[str, TensorInfo] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if name in skip:
+            continue
+        st_dtype = _TORCH_TO_SAFETENSORS.get(str(tensor.dtype).removeprefix("torch."), "BF16")
+        if fp8 and name in linear_weights:
+            st_dtype = "F8_E4M3"
+        shape = tuple(tensor.shape)
+        tensors[name] = TensorInfo(name, st_dtype, shape, tensor_nbytes(st_dtype, shape))
+    return Checkpoint(str(config_path), "config", tensors, raw)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read whatever ``path`` is: a shard directory, a single shard, a manifest or a config."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(
+            f"{path}: no such file or directory; give a checkpoint directory, a manifest "
+            "(.json) or a config.json"
+        )
+    if path.is_dir():
+        return read_safetensors_dir(path)
+    if path.suffix == ".safetensors":
+        tensors, complete = read_shard_header(path)
+        config_path = path.parent / "config.json"
+        config = _read_json(config_path, "config.json") if config_path.is_file() else {}
+        return Checkpoint(str(path), "safetensors", tensors, config, [] if complete else [str(path)])
+    if path.suffix == ".json":
+        data = _read_json(path, "the file")
+        if isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT:
+            return read_manifest(path)
+        if isinstance(data, dict) and ("architectures" in data or "model_type" in data):
+            return manifest_from_config(path)
+        raise CheckpointError(
+            f"{path}: neither a selective-offload manifest nor a model config.json"
+        )
+    raise CheckpointError(
+        f"{path}: not a checkpoint directory, .safetensors shard, manifest or config.json"
+    )

@@ -1,0 +1,300 @@
+"""The ``selective-offload`` command: plan a checkpoint, write manifests.
+
+Bad input (a missing path, a corrupt header, a size it cannot read) prints one line,
+``selective-offload: error: ...``, and exits with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__
+from .checkpoint import Checkpoint, load_checkpoint, write_manifest
+from .errors import UserError
+from .planner import (
+    DEFAULT_COLD_SEGMENTS,
+    REFERENCE_LINK_GBPS,
+    REFERENCE_VRAM_GBPS,
+    Plan,
+    PlanInputs,
+    make_plan,
+)
+from .sizes import GB, parse_bandwidth_gbps, parse_size
+
+#: Exit status of `plan` when nothing fits (the plan is still printed and written).
+EXIT_INFEASIBLE = 3
+#: Exit status for bad input.
+EXIT_USAGE = 2
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+#: Bundled manifests, usable by name in place of a path.
+BUNDLED = {"qwen3.8-27b-fp8": DATA_DIR / "qwen3.8-27b-fp8.manifest.json"}
+
+
+def resolve_model(path: str) -> Path:
+    """A path, or the name of a bundled manifest (when no such path exists)."""
+    if not Path(path).exists() and path in BUNDLED:
+        return BUNDLED[path]
+    return Path(path)
+
+
+def _parse_cold(text: str) -> tuple[str, ...]:
+    segs = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not segs or any("." in s for s in segs):
+        raise UserError(
+            f"--cold-segments: {text!r} must be a comma-separated list of single name "
+            "segments, like embed_tokens,visual"
+        )
+    return segs
+
+
+def _gb(nbytes: int | float) -> str:
+    return f"{nbytes / GB:7.3f} GB"
+
+
+def _step_bytes(nbytes: int) -> str:
+    """Per-step reads: a gathered embedding row is kilobytes, a layer is gigabytes."""
+    if not nbytes:
+        return "-"
+    if nbytes < 1_000_000:
+        return f"{nbytes / 1e3:.1f} kB"
+    return _gb(nbytes)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:7.1f} ms"
+
+
+def render_plan(plan: Plan, checkpoint: Checkpoint) -> str:
+    """The human-readable plan: a group table (decoder layers folded) and a summary."""
+    lines: list[str] = []
+    m = plan.model
+    lines.append(f"model     {m['source']}  ({m['num_tensors']} tensors, {_gb(m['total_bytes']).strip()},"
+                 f" fingerprint {m['fingerprint']})")
+    inp = plan.inputs
+    lines.append(
+        f"budget    {_gb(inp['device_memory_bytes']).strip()} device - {_gb(inp['kv_cache_bytes']).strip()} KV cache"
+        f" - {_gb(inp['reserve_bytes']).strip()} reserve = {_gb(plan.weight_budget_bytes).strip()} for weights;"
+        f" link {inp['link_gbps']} GB/s, VRAM {inp['vram_gbps']} GB/s"
+        + (f"; speculative {inp['speculative']}" if inp["speculative"] else "")
+    )
+    lines.append("")
+    header = f"{'group':<34} {'bytes':>10} {'class':<6} {'placement':<10} {'link/step':>10} {'VRAM/step':>10}"
+    lines.append(header)
+    lines.append("-" * len(header))
+
+    def row(name: str, nbytes: int, cls: str, where: str, link: int, vram: int) -> str:
+        return (f"{name:<34} {_gb(nbytes):>10} {cls:<6} {where:<10} "
+                f"{_step_bytes(link):>10} {_step_bytes(vram):>10}")
+
+    # Fold runs of consecutive decoder layers with the same placement into one row each.
+    run: list = []
+
+    def flush() -> None:
+        if not run:
+            return
+        first, last = run[0], run[-1]
+        prefix = first.group.rsplit(".", 1)[0]
+        name = (first.group if len(run) == 1
+                else f"{prefix}.{first.layer_index}-{last.layer_index} ({len(run)})")
+        lines.append(row(name, sum(p.bytes for p in run), first.cls, first.placement,
+                         sum(p.est_link_bytes_per_step for p in run),
+                         sum(p.est_vram_bytes_per_step for p in run)))
+        run.clear()
+
+    for p in plan.groups:
+        if p.kind == "layer" and run and (p.placement != run[-1].placement):
+            flush()
+        if p.kind == "layer":
+            run.append(p)
+            continue
+        flush()
+        lines.append(row(p.group, p.bytes, p.cls, p.placement,
+                         p.est_link_bytes_per_step, p.est_vram_bytes_per_step))
+    flush()
+
+    lines.append("")
+    lines.append(f"strategy  {plan.strategy}"
+                 + (f": short by {_gb(plan.shortfall_bytes).strip()}" if plan.shortfall_bytes else ""))
+    lines.append(f"deficit   {_gb(plan.deficit_bytes).strip()} (weights to load minus the budget; <= 0 fits)")
+    lines.append(f"cold set  {_gb(plan.cold_bytes).strip()}, of which {_gb(plan.host_cold_bytes).strip()} on the host")
+    if plan.hot_layer_indices:
+        lines.append(f"hot layers on the host ({len(plan.hot_layer_indices)}, {_gb(plan.host_hot_bytes).strip()}): "
+                     f"{','.join(map(str, plan.hot_layer_indices))}")
+        lines.append(f"prefetch buffers {_gb(plan.prefetch_buffer_bytes).strip()} on the device "
+                     f"(prefetch_step={inp['prefetch_step']} slot(s) of the largest layer)")
+    if plan.est_transient_device_bytes:
+        lines.append(f"est transient device bytes while a cold tower runs: {_gb(plan.est_transient_device_bytes).strip()}")
+    lines.append(f"device    {_gb(plan.device_bytes).strip()} resident weights; absent (not loaded): {_gb(plan.absent_bytes).strip()}")
+    lines.append("")
+    lines.append(f"{'':<28} {'host bytes':>10} {'est_link':>10} {'est_vram':>10} {'est_step':>10} {'est_tok/s':>9}")
+
+    def summary(label: str, host: int, est) -> str:
+        return (f"{label:<28} {_gb(host):>10} {_ms(est.est_link_s_per_step):>10} "
+                f"{_ms(est.est_vram_s_per_step):>10} {_ms(est.est_step_s):>10} {est.est_tok_s:9.2f}")
+
+    if plan.bulk is not None:
+        b = plan.bulk
+        lines.append(summary(f"vLLM cpu_offload_gb={b.cpu_offload_gb:g}", b.offloaded_bytes, b.est)
+                     + ("" if b.fits else "  (does not fit)"))
+    lines.append(summary(f"selective ({plan.strategy})", plan.host_cold_bytes + plan.host_hot_bytes, plan.est))
+    if plan.bulk is not None and plan.strategy != "infeasible":
+        lines.append(f"est speed-up over bulk: {plan.bulk.est.est_step_s / plan.est.est_step_s:.2f}x"
+                     f" (link time {_ms(plan.bulk.est.est_link_s_per_step).strip()} -> "
+                     f"{_ms(plan.est.est_link_s_per_step).strip()} per step)")
+    if plan.bulk is not None:
+        lines.append(f"bulk takes {plan.bulk.offloaded_tensors} tensors of layers "
+                     f"{_ranges(plan.bulk.layers_touched)} in model order (cpu_offload_gb counts GiB)")
+    lines.append("")
+    lines.append("est_ values are estimates from bytes / bandwidth (batch 1). They ignore:")
+    lines.extend(f"  - {item}" for item in plan.est_ignores)
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    if checkpoint.incomplete_shards:
+        lines.append(f"note: {len(checkpoint.incomplete_shards)} shard(s) hold headers without all their data "
+                     f"(first: {checkpoint.incomplete_shards[0]}): fine for planning, not for loading")
+    return "\n".join(lines)
+
+
+def _ranges(indices: list[int]) -> str:
+    if not indices:
+        return "none"
+    out, start, prev = [], indices[0], indices[0]
+    for i in indices[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(out)
+
+
+def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device-memory", required=True, metavar="SIZE",
+                   help="total memory of the GPU, e.g. 24GiB (units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    p.add_argument("--kv-cache", default="1GiB", metavar="SIZE",
+                   help="device memory kept for the KV cache (default: 1GiB)")
+    p.add_argument("--reserve", default="2GiB", metavar="SIZE",
+                   help="device memory kept for the CUDA context, activations and CUDA graphs (default: 2GiB)")
+    p.add_argument("--link-gbps", default=str(REFERENCE_LINK_GBPS), metavar="GB/S",
+                   help=f"pinned host-to-device bandwidth in decimal GB/s (default: {REFERENCE_LINK_GBPS}, "
+                        "the reference laptop's PCIe 4.0 x8)")
+    p.add_argument("--vram-gbps", default=str(REFERENCE_VRAM_GBPS), metavar="GB/S",
+                   help=f"device memory bandwidth in decimal GB/s (default: {REFERENCE_VRAM_GBPS})")
+    p.add_argument("--speculative", choices=["mtp"], default=None,
+                   help="plan for MTP speculative decoding: the mtp.* head is loaded and runs every step "
+                        "(default: off, the head is not loaded)")
+    p.add_argument("--prefetch-step", type=int, default=1, metavar="N",
+                   help="device slots per offloaded layer parameter in vLLM's prefetch offloader (default: 1)")
+    p.add_argument("--bulk-gb", default=None, metavar="GiB",
+                   help="price vLLM's bulk cpu_offload_gb at this many GiB (default: the smallest whole number "
+                        "that covers the deficit)")
+    p.add_argument("--cold-segments", default=",".join(DEFAULT_COLD_SEGMENTS), metavar="LIST",
+                   help="comma-separated name segments whose modules a decode step does not read "
+                        f"(default: {','.join(DEFAULT_COLD_SEGMENTS)}); lm_head is never cold")
+
+
+def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
+    bulk = None
+    if args.bulk_gb is not None:
+        try:
+            bulk = float(args.bulk_gb)
+        except ValueError:
+            raise UserError(f"--bulk-gb: {args.bulk_gb!r} is not a number of GiB, like 10") from None
+        if not bulk >= 0 or bulk == float("inf"):
+            raise UserError(f"--bulk-gb: {args.bulk_gb!r} must be a finite number of GiB, 0 or more")
+    if args.prefetch_step < 1:
+        raise UserError(f"--prefetch-step: {args.prefetch_step} must be 1 or more")
+    inputs = PlanInputs(
+        device_memory_bytes=parse_size(args.device_memory, "--device-memory"),
+        kv_cache_bytes=parse_size(args.kv_cache, "--kv-cache"),
+        reserve_bytes=parse_size(args.reserve, "--reserve"),
+        link_gbps=parse_bandwidth_gbps(args.link_gbps, "--link-gbps"),
+        vram_gbps=parse_bandwidth_gbps(args.vram_gbps, "--vram-gbps"),
+        speculative=args.speculative,
+        cold_segments=_parse_cold(args.cold_segments),
+        prefetch_step=args.prefetch_step,
+        bulk_cpu_offload_gb=bulk,
+    )
+    if inputs.device_memory_bytes == 0:
+        raise UserError("--device-memory: must be more than 0, like 24GiB")
+    return inputs
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    inputs = inputs_from_args(args)
+    started = time.perf_counter()
+    checkpoint = load_checkpoint(resolve_model(args.model))
+    read_s = time.perf_counter() - started
+    plan = make_plan(checkpoint, inputs)
+    if args.output:
+        plan.save(args.output)
+    if args.json:
+        sys.stdout.write(plan.to_json())
+    else:
+        print(render_plan(plan, checkpoint))
+        print(f"\nread {len(checkpoint.tensors)} tensor headers in {read_s * 1e3:.1f} ms"
+              + (f"; plan written to {args.output}" if args.output else ""))
+    return EXIT_INFEASIBLE if plan.strategy == "infeasible" else 0
+
+
+def cmd_manifest(args: argparse.Namespace) -> int:
+    checkpoint = load_checkpoint(resolve_model(args.model))
+    write_manifest(checkpoint, args.output)
+    print(f"wrote {args.output}: {len(checkpoint.tensors)} tensors, "
+          f"{checkpoint.total_bytes / GB:.3f} GB ({checkpoint.kind})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="selective-offload",
+        description="Plan which weights of a checkpoint live in host memory: the bytes a decode "
+                    "step does not read (embedding, vision/audio towers, MTP head) first, then "
+                    "exact decoder layers; priced next to vLLM's bulk cpu_offload_gb.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    model_help = ("a checkpoint directory of *.safetensors shards (only headers are read), a single "
+                  ".safetensors shard, a manifest .json, a config.json (sizes estimated), or the name "
+                  f"of a bundled manifest: {', '.join(BUNDLED)}")
+    p = sub.add_parser("plan", help="make a placement plan", description=(
+        "Make a placement plan and print it as a table, or as JSON with --json. The JSON "
+        "file written with -o is what selective_offload.enable() takes. Exit status: 0 when "
+        f"the plan fits, {EXIT_INFEASIBLE} when it is infeasible (still printed), "
+        f"{EXIT_USAGE} for bad input."))
+    p.add_argument("model", metavar="MODEL", help=model_help)
+    _add_plan_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the plan as JSON to FILE")
+    p.set_defaults(func=cmd_plan)
+
+    m = sub.add_parser("manifest", help="write a manifest (tensor names, shapes, dtypes) of a model",
+                       description="Write a manifest that plans without the weights: from shard "
+                                   "headers, or from a config.json alone (an estimate).")
+    m.add_argument("model", metavar="MODEL", help=model_help)
+    m.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the manifest JSON")
+    m.set_defaults(func=cmd_manifest)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"selective-offload: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # `selective-offload plan ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

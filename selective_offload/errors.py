@@ -1,0 +1,21 @@
+"""Errors a user can act on.
+
+Every failure caused by the user's input (a path, a size, a header, a plan) is raised as
+a :class:`UserError` whose message is one line: what is wrong, with which file or value,
+and what to do. The CLI prints that line and exits with status 2; nothing else in the
+project catches it, so a library caller sees the same message.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input: the message says what is wrong and what to do."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint, shard header, manifest or config.json that cannot be used."""
+
+
+class PlanError(UserError):
+    """A plan that cannot be made, read, or applied to this model."""

@@ -1,0 +1,64 @@
+"""Byte sizes and bandwidths as people write them: ``24GiB``, ``3.5 GB``, ``13.9``.
+
+Decimal units (kB, MB, GB, TB: powers of 1000) and binary units (KiB, MiB, GiB, TiB:
+powers of 1024) are both accepted, because GPU cards are sold in GiB while link and
+memory bandwidths are quoted in GB/s. A bare number of bytes is accepted too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import UserError
+
+GB = 1_000_000_000
+GiB = 1 << 30
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str | int | float, what: str = "size") -> int:
+    """Parse ``text`` as a non-negative number of bytes.
+
+    ``what`` names the value in the error message (for example ``--device-memory``).
+    """
+    if isinstance(text, bool):
+        raise UserError(f"{what}: {text!r} is not a size; write it like 24GiB or 3.5GB")
+    if isinstance(text, (int, float)):
+        value, unit = float(text), ""
+    else:
+        match = _SIZE_RE.match(str(text))
+        if not match or match.group(2).lower() not in _UNITS:
+            raise UserError(
+                f"{what}: cannot read {text!r} as a size; write a number with one of the "
+                "units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB (for example 24GiB or 3.5GB)"
+            )
+        value, unit = float(match.group(1)), match.group(2).lower()
+    if not math.isfinite(value) or value < 0:
+        raise UserError(f"{what}: {text!r} must be a finite size of zero or more bytes")
+    return int(round(value * _UNITS[unit]))
+
+
+def parse_bandwidth_gbps(text: str | float, what: str = "bandwidth") -> float:
+    """Parse a bandwidth in GB/s (decimal, as links and memories are quoted); must be > 0."""
+    try:
+        value = float(str(text).strip().removesuffix("GB/s").removesuffix("gbps").strip())
+    except ValueError:
+        raise UserError(
+            f"{what}: cannot read {text!r} as a bandwidth; give GB/s as a number, like 13.9"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"{what}: {text!r} GB/s must be a positive number of GB/s")
+    return value
+
+
+def fmt_gb(nbytes: int | float) -> str:
+    """Decimal gigabytes with three decimals, the unit SPEC-style tables use."""
+    return f"{nbytes / GB:.3f} GB"

@@ -1,0 +1,216 @@
+"""The checkpoint reader: headers only, every dtype, shards with and without an index,
+manifests, config-only estimates, and a clear error for each kind of corrupt input."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from helpers import save_tiny_qwen3, write_header_only, write_raw_header
+from selective_offload.checkpoint import (
+    ModelFacts,
+    load_checkpoint,
+    manifest_from_config,
+    read_manifest,
+    read_shard_header,
+    tensor_nbytes,
+    write_manifest,
+)
+from selective_offload.errors import CheckpointError
+
+
+def test_real_shard_sizes_match_torch(tmp_path):
+    tensors = {
+        "a.weight": torch.randn(7, 5, dtype=torch.bfloat16),
+        "b.bias": torch.randn(3, dtype=torch.float32),
+        "c.q": torch.zeros(4, 4, dtype=torch.int8),
+        "d.f8": torch.zeros(6, 2, dtype=torch.float8_e4m3fn),
+    }
+    save_file(tensors, tmp_path / "model.safetensors")
+    ckpt = load_checkpoint(tmp_path)
+    assert set(ckpt.tensors) == set(tensors)
+    for name, t in tensors.items():
+        info = ckpt.tensors[name]
+        assert info.nbytes == t.numel() * t.element_size()
+        assert info.shape == tuple(t.shape)
+    assert ckpt.tensors["d.f8"].dtype == "F8_E4M3"
+    assert ckpt.incomplete_shards == []
+
+
+@pytest.mark.parametrize(
+    "dtype,shape,expected",
+    [("F8_E4M3", [4, 8], 32), ("F8_E5M2", [3], 3), ("U8", [10, 4], 40), ("BF16", [5], 10),
+     ("F16", [2, 2], 8), ("F32", [3], 12), ("I8", [9], 9), ("I32", [2], 8), ("F4", [3], 2)],
+)
+def test_dtype_byte_sizes(dtype, shape, expected):
+    assert tensor_nbytes(dtype, shape) == expected
+
+
+def test_header_only_shard_plans_without_data(tmp_path):
+    # 248320 x 5120 BF16 is 2.5 GB of declared data in a file of a few hundred bytes.
+    shard = write_header_only(tmp_path / "model.safetensors",
+                              {"lm_head.weight": ("BF16", [248320, 5120])})
+    assert shard.stat().st_size < 1000
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.tensors["lm_head.weight"].nbytes == 248320 * 5120 * 2
+    assert ckpt.incomplete_shards == [str(shard)]
+
+
+def test_sharded_with_index(tmp_path):
+    write_header_only(tmp_path / "model-00001-of-00002.safetensors", {"x.weight": ("BF16", [4, 4])})
+    write_header_only(tmp_path / "model-00002-of-00002.safetensors", {"y.weight": ("F32", [4])})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "x.weight": "model-00001-of-00002.safetensors",
+        "y.weight": "model-00002-of-00002.safetensors"}}))
+    ckpt = load_checkpoint(tmp_path)
+    assert {n: t.nbytes for n, t in ckpt.tensors.items()} == {"x.weight": 32, "y.weight": 16}
+
+
+def test_sharded_without_index(tmp_path):
+    for i in range(3):
+        write_header_only(tmp_path / f"part{i}.safetensors", {f"t{i}": ("BF16", [8])})
+    assert sorted(load_checkpoint(tmp_path).tensors) == ["t0", "t1", "t2"]
+
+
+def test_index_naming_a_missing_shard_is_an_error(tmp_path):
+    write_header_only(tmp_path / "a.safetensors", {"x": ("BF16", [2])})
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"x": "a.safetensors", "y": "b.safetensors"}}))
+    with pytest.raises(CheckpointError, match="b.safetensors"):
+        load_checkpoint(tmp_path)
+
+
+def test_index_disagreeing_with_headers_is_an_error(tmp_path):
+    write_header_only(tmp_path / "a.safetensors", {"x": ("BF16", [2])})
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"x": "a.safetensors", "z": "a.safetensors"}}))
+    with pytest.raises(CheckpointError, match="'z'"):
+        load_checkpoint(tmp_path)
+
+
+def test_duplicate_tensor_across_shards_is_an_error(tmp_path):
+    write_header_only(tmp_path / "a.safetensors", {"x": ("BF16", [2])})
+    write_header_only(tmp_path / "b.safetensors", {"x": ("BF16", [2])})
+    with pytest.raises(CheckpointError, match="also in"):
+        load_checkpoint(tmp_path)
+
+
+def test_header_length_past_end_of_file(tmp_path):
+    path = write_raw_header(tmp_path / "m.safetensors", {"x": {}}, declared_len=10_000)
+    with pytest.raises(CheckpointError, match="runs past the end"):
+        read_shard_header(path)
+
+
+def test_file_shorter_than_length_prefix(tmp_path):
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(b"\x01\x02")
+    with pytest.raises(CheckpointError, match="too short"):
+        read_shard_header(path)
+
+
+def test_header_not_json(tmp_path):
+    path = write_raw_header(tmp_path / "m.safetensors", b"{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        read_shard_header(path)
+
+
+def test_overlapping_offsets(tmp_path):
+    path = write_raw_header(tmp_path / "m.safetensors", {
+        "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+        "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]},
+    })
+    with pytest.raises(CheckpointError, match="overlap"):
+        read_shard_header(path)
+
+
+def test_offsets_disagreeing_with_shape(tmp_path):
+    path = write_raw_header(tmp_path / "m.safetensors", {
+        "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}})
+    with pytest.raises(CheckpointError, match="need 16 bytes"):
+        read_shard_header(path)
+
+
+def test_unknown_dtype(tmp_path):
+    path = write_raw_header(tmp_path / "m.safetensors", {
+        "a": {"dtype": "F12", "shape": [4], "data_offsets": [0, 12]}})
+    with pytest.raises(CheckpointError, match="unknown dtype 'F12'"):
+        read_shard_header(path)
+
+
+def test_missing_path_and_empty_dir(tmp_path):
+    with pytest.raises(CheckpointError, match="no such file"):
+        load_checkpoint(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="no \\*.safetensors shards"):
+        load_checkpoint(tmp_path)
+
+
+def test_facts_read_nested_text_config():
+    facts = ModelFacts.from_config({
+        "architectures": ["X"], "vision_config": {},
+        "text_config": {"tie_word_embeddings": True, "num_hidden_layers": 8, "hidden_size": 32,
+                        "vocab_size": 100, "mtp_num_hidden_layers": 1},
+        "tie_word_embeddings": False,
+    })
+    assert facts.tie_word_embeddings is True
+    assert (facts.num_hidden_layers, facts.hidden_size, facts.vocab_size) == (8, 32, 100)
+    assert facts.has_vision and not facts.has_audio
+    assert facts.num_mtp_layers == 1
+
+
+@pytest.mark.parametrize("key", ["num_nextn_predict_layers", "mtp_num_hidden_layers"])
+def test_facts_mtp_layer_count(key):
+    assert ModelFacts.from_config({key: 2}).num_mtp_layers == 2
+
+
+def test_facts_tie_defaults_to_transformers_default():
+    assert ModelFacts.from_config({}).tie_word_embeddings is True
+    assert ModelFacts.from_config({"tie_word_embeddings": False}).tie_word_embeddings is False
+
+
+def test_manifest_round_trip(tmp_path):
+    write_header_only(tmp_path / "m.safetensors", {"x.weight": ("F8_E4M3", [128, 64]),
+                                                   "x.scale": ("F32", [1, 1])})
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["A"], "tie_word_embeddings": False}))
+    ckpt = load_checkpoint(tmp_path)
+    write_manifest(ckpt, tmp_path / "manifest.json")
+    again = read_manifest(tmp_path / "manifest.json")
+    assert {n: t.nbytes for n, t in again.tensors.items()} == {n: t.nbytes for n, t in ckpt.tensors.items()}
+    assert again.facts.tie_word_embeddings is False
+
+
+def test_manifest_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "selective-offload/manifest-v1",
+                               "tensors": {"x": {"dtype": "BF16"}}}))
+    with pytest.raises(CheckpointError, match="needs a \"dtype\" and an integer \"shape\""):
+        load_checkpoint(bad)
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    with pytest.raises(CheckpointError, match="neither a selective-offload manifest"):
+        load_checkpoint(other)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_config_only_manifest_matches_the_saved_checkpoint(tmp_path, tie):
+    save_tiny_qwen3(tmp_path, tie_word_embeddings=tie)
+    real = load_checkpoint(tmp_path)
+    estimated = manifest_from_config(tmp_path / "config.json")
+    assert estimated.kind == "config"
+    assert {n: t.nbytes for n, t in estimated.tensors.items()} == {
+        n: t.nbytes for n, t in real.tensors.items()}
+
+
+def test_reads_only_headers_of_a_64_shard_30gb_checkpoint_fast(tmp_path):
+    """Not a timing test (that is benchmarks/bench_planning.py): a guard that reading is
+    header-only, since reading 30 GB of data could not finish in seconds."""
+    for i in range(64):
+        write_header_only(tmp_path / f"model-{i:05d}.safetensors",
+                          {f"model.layers.{i}.w{j}": ("BF16", [4096, 14336]) for j in range(4)})
+    started = time.perf_counter()
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.total_bytes > 30e9
+    assert time.perf_counter() - started < 10

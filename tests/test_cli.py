@@ -1,0 +1,135 @@
+"""`selective-offload plan` and `manifest`: output, JSON, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import save_tiny_qwen3, write_header_only, write_raw_header
+from selective_offload.cli import EXIT_INFEASIBLE, EXIT_USAGE, main
+from selective_offload.planner import Plan
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_bundled_reference_prints_table_and_bulk_comparison(capsys):
+    code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--bulk-gb", "10")
+    assert code == 0, err
+    assert "model.embed_tokens" in out and "host-cold" in out
+    assert "lm_head" in out
+    assert "vLLM cpu_offload_gb=10" in out
+    assert "strategy  hot_offload" in out
+    assert "est speed-up over bulk" in out
+    assert "They ignore:" in out
+
+
+def test_plan_json_and_output_file_agree(capsys, tmp_path):
+    target = tmp_path / "plan.json"
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--json", "-o", str(target))
+    assert code == 0
+    printed = json.loads(out)
+    assert printed == json.loads(target.read_text())
+    plan = Plan.load(target)
+    assert plan.strategy == "hot_offload"
+    assert plan.hot_layer_indices and plan.est.est_tok_s > 0
+
+
+def test_plan_real_checkpoint_dir(capsys, tmp_path):
+    save_tiny_qwen3(tmp_path)
+    code, out, err = run(capsys, "plan", str(tmp_path), "--device-memory", "300kB",
+                         "--kv-cache", "0", "--reserve", "0")
+    assert code == 0, err
+    assert "model.layers.0" in out and "model.embed_tokens" in out
+
+
+def test_plan_from_config_alone_is_labelled(capsys, tmp_path):
+    save_tiny_qwen3(tmp_path)
+    code, out, err = run(capsys, "plan", str(tmp_path / "config.json"), "--device-memory", "8GiB")
+    assert code == 0, err
+    assert "planned from config.json alone" in out
+
+
+def test_infeasible_plan_exits_3(capsys):
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB")
+    assert code == EXIT_INFEASIBLE
+    assert "infeasible: short by" in out
+
+
+def test_manifest_command_writes_a_plannable_manifest(capsys, tmp_path):
+    save_tiny_qwen3(tmp_path / "m")
+    code, out, _ = run(capsys, "manifest", str(tmp_path / "m"), "-o", str(tmp_path / "man.json"))
+    assert code == 0 and "wrote" in out
+    code, out, _ = run(capsys, "plan", str(tmp_path / "man.json"), "--device-memory", "8GiB")
+    assert code == 0 and "strategy  resident" in out
+
+
+def _bad_inputs(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    trunc = tmp_path / "trunc"
+    trunc.mkdir()
+    write_raw_header(trunc / "m.safetensors", {"x": {}}, declared_len=99_999)
+    badjson = tmp_path / "badjson"
+    badjson.mkdir()
+    write_raw_header(badjson / "m.safetensors", b"{nope")
+    overlap = tmp_path / "overlap"
+    overlap.mkdir()
+    write_raw_header(overlap / "m.safetensors", {
+        "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+        "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})
+    dtype = tmp_path / "dtype"
+    dtype.mkdir()
+    write_raw_header(dtype / "m.safetensors", {"a": {"dtype": "Q3", "shape": [4], "data_offsets": [0, 4]}})
+    good = tmp_path / "good"
+    good.mkdir()
+    write_header_only(good / "m.safetensors", {"model.layers.0.w": ("BF16", [4])})
+    return {
+        "missing path": ([str(tmp_path / "nope"), "--device-memory", "24GiB"], "no such file"),
+        "no shards": ([str(empty), "--device-memory", "24GiB"], "no *.safetensors"),
+        "truncated header": ([str(trunc), "--device-memory", "24GiB"], "runs past the end"),
+        "invalid json": ([str(badjson), "--device-memory", "24GiB"], "not valid JSON"),
+        "overlapping offsets": ([str(overlap), "--device-memory", "24GiB"], "overlap"),
+        "unknown dtype": ([str(dtype), "--device-memory", "24GiB"], "unknown dtype 'Q3'"),
+        "unparsable size": ([str(good), "--device-memory", "24 gigs"], "cannot read '24 gigs'"),
+        "negative bandwidth": ([str(good), "--device-memory", "24GiB", "--link-gbps", "-3"], "positive"),
+        "zero device": ([str(good), "--device-memory", "0"], "more than 0"),
+        "no room for weights": ([str(good), "--device-memory", "2GiB"], "leave nothing"),
+        "bad cold list": ([str(good), "--device-memory", "8GiB", "--cold-segments", "model.visual"], "single name"),
+        "bad bulk": ([str(good), "--device-memory", "8GiB", "--bulk-gb", "ten"], "--bulk-gb"),
+    }
+
+
+@pytest.mark.parametrize("case", [
+    "missing path", "no shards", "truncated header", "invalid json", "overlapping offsets",
+    "unknown dtype", "unparsable size", "negative bandwidth", "zero device", "no room for weights", "bad cold list", "bad bulk",
+])
+def test_bad_input_is_one_line_exit_2_no_traceback(capsys, tmp_path, case):
+    argv, expected = _bad_inputs(tmp_path)[case]
+    code, out, err = run(capsys, "plan", *argv)
+    assert code == EXIT_USAGE
+    assert expected in err
+    assert err.count("\n") == 1 and err.startswith("selective-offload: error: ")
+    assert "Traceback" not in err
+
+
+def test_console_script_help_explains_units():
+    exe = shutil.which("selective-offload") or f"{sys.executable} -m selective_offload.cli"
+    out = subprocess.run([*exe.split(), "plan", "--help"], capture_output=True, text=True, check=True).stdout
+    for needle in ("--device-memory", "GiB", "GB/s", "--speculative", "--kv-cache", "--json"):
+        assert needle in out
+
+
+def test_console_script_error_exit_code(tmp_path):
+    exe = shutil.which("selective-offload") or f"{sys.executable} -m selective_offload.cli"
+    proc = subprocess.run([*exe.split(), "plan", str(tmp_path / "nope"), "--device-memory", "1GiB"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("selective-offload: error:")

@@ -1,0 +1,263 @@
+"""The planner: classes by name segment, one group per decoder layer, cold bytes first,
+exact hot layers, the bulk baseline, and SPEC.md's reference arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from selective_offload.checkpoint import Checkpoint, TensorInfo, load_checkpoint, tensor_nbytes
+from selective_offload.cli import BUNDLED
+from selective_offload.errors import PlanError
+from selective_offload.planner import Plan, PlanInputs, group_tensors, make_plan
+from selective_offload.sizes import GB, GiB
+
+MB = 1_000_000
+
+
+def make_ckpt(spec: dict[str, tuple[str, list[int]]], **config) -> Checkpoint:
+    tensors = {n: TensorInfo(n, d, tuple(s), tensor_nbytes(d, s)) for n, (d, s) in spec.items()}
+    return Checkpoint("test", "manifest", tensors, {"tie_word_embeddings": False, **config})
+
+
+def toy(layers: int = 8, *, vision: bool = True, mtp: bool = True, **config) -> Checkpoint:
+    """A model in round numbers: embed/lm_head 100 MB each, layers 50 MB, visual 40 MB
+    (4 blocks of 9 MB + 4 MB), mtp 30 MB. All BF16 (2 bytes per element)."""
+    spec = {
+        "model.embed_tokens.weight": ("BF16", [1000, 50_000]),
+        "lm_head.weight": ("BF16", [1000, 50_000]),
+        "model.norm.weight": ("BF16", [500]),
+    }
+    for i in range(layers):
+        spec[f"model.layers.{i}.mlp.w.weight"] = ("BF16", [1000, 25_000])
+    if vision:
+        for b in range(4):
+            spec[f"model.visual.blocks.{b}.w"] = ("BF16", [1000, 4500])
+        spec["model.visual.merger.w"] = ("BF16", [1000, 2000])
+    if mtp:
+        spec["mtp.layers.0.w"] = ("BF16", [1000, 15_000])
+    return make_ckpt(spec, **config)
+
+
+def inputs(budget_mb: float, **kw) -> PlanInputs:
+    return PlanInputs(device_memory_bytes=int(budget_mb * MB), kv_cache_bytes=0, reserve_bytes=0, **kw)
+
+
+def by_name(plan: Plan) -> dict[str, object]:
+    return {g.group: g for g in plan.groups}
+
+
+def test_segment_match_is_dot_separated():
+    ckpt = make_ckpt({
+        "model.visual.blocks.0.w": ("BF16", [4]),
+        "model.visualise.w": ("BF16", [4]),
+        "model.vision_tower_extra.w": ("BF16", [4]),
+        "model.layers.0.w": ("BF16", [4]),
+    })
+    classes = {g.name: g.cls for g in group_tensors(ckpt, inputs(1))}
+    assert classes["model.visual"] == "cold"
+    assert classes["model.visualise"] == "hot"
+    assert classes["model.vision_tower_extra"] == "hot"
+
+
+def test_one_group_per_decoder_layer_with_its_index():
+    groups = [g for g in group_tensors(toy(layers=5), inputs(1)) if g.kind == "layer"]
+    assert [(g.name, g.layer_index) for g in groups] == [(f"model.layers.{i}", i) for i in range(5)]
+
+
+def test_lm_head_is_never_cold_even_when_asked():
+    plan = make_plan(toy(), inputs(100, cold_segments=("lm_head", "embed_tokens")))
+    assert by_name(plan)["lm_head"].cls == "hot"
+    assert by_name(plan)["lm_head"].placement == "device"
+
+
+def test_tied_embedding_is_hot():
+    plan = make_plan(toy(tie_word_embeddings=True), inputs(400))
+    embed = by_name(plan)["model.embed_tokens"]
+    assert embed.cls == "hot" and embed.placement == "device"
+    assert "tie_word_embeddings" in embed.reason
+
+
+def test_tie_flag_nested_under_text_config_decides():
+    plan = make_plan(toy(text_config={"tie_word_embeddings": True}), inputs(400))
+    assert by_name(plan)["model.embed_tokens"].cls == "hot"
+
+
+def test_mtp_absent_without_speculative_decoding():
+    plan = make_plan(toy(), inputs(10_000))
+    mtp = by_name(plan)["mtp"]
+    assert (mtp.cls, mtp.placement, mtp.est_vram_bytes_per_step) == ("absent", "absent", 0)
+    assert plan.absent_bytes == 30 * MB
+
+
+def test_mtp_hot_with_mtp_speculative_decoding():
+    plan = make_plan(toy(), inputs(10_000, speculative="mtp"))
+    assert by_name(plan)["mtp"].cls == "hot"
+    assert plan.absent_bytes == 0
+
+
+def test_resident_when_everything_fits():
+    plan = make_plan(toy(), inputs(10_000))
+    assert plan.strategy == "resident"
+    assert plan.host_cold_bytes == plan.host_hot_bytes == 0
+    assert plan.bulk is None
+
+
+def test_cold_offload_takes_largest_cold_first_and_only_what_is_needed():
+    # Loaded: 100 + 100 + 8 * 50 + 40 = 640 MB (+ a tiny norm). A 600 MB budget needs
+    # ~40 MB: the embedding (100 MB, largest cold) covers it; the tower stays.
+    plan = make_plan(toy(), inputs(600))
+    assert plan.strategy == "cold_offload"
+    assert by_name(plan)["model.embed_tokens"].placement == "host-cold"
+    assert by_name(plan)["model.visual"].placement == "device"
+    assert plan.hot_layer_indices == []
+
+
+def test_cold_offload_counts_tower_transient():
+    # 530 MB: embedding (100) plus tower (40) must go; the tower then needs about two
+    # blocks (2 x 9 MB) plus its non-block 4 MB on the device while it runs: 522 MB.
+    plan = make_plan(toy(), inputs(530))
+    assert plan.strategy == "cold_offload"
+    assert by_name(plan)["model.visual"].placement == "host-cold"
+    assert plan.est_transient_device_bytes == 2 * 9 * MB + 4 * MB
+    assert plan.device_bytes + plan.est_transient_device_bytes <= plan.weight_budget_bytes
+
+
+def test_hot_offload_names_exact_spread_layers_and_counts_buffers():
+    plan = make_plan(toy(layers=8), inputs(380))
+    assert plan.strategy == "hot_offload"
+    assert plan.host_cold_bytes == 140 * MB
+    assert plan.prefetch_buffer_bytes == 50 * MB
+    # Needed after cold: 640 - 140 + 22 (transient) - 380 = 142 MB; + 50 MB slot -> 4 layers.
+    assert plan.hot_layer_indices == [1, 3, 5, 7]
+    placed = {g.layer_index for g in plan.groups if g.placement == "host-hot"}
+    assert placed == set(plan.hot_layer_indices)
+    total = plan.device_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
+    assert total <= plan.weight_budget_bytes
+
+
+def test_prefetch_step_adds_buffer_slots():
+    one = make_plan(toy(layers=8), inputs(380, prefetch_step=1))
+    two = make_plan(toy(layers=8), inputs(380, prefetch_step=2))
+    assert two.prefetch_buffer_bytes == 2 * one.prefetch_buffer_bytes
+    assert len(two.hot_layer_indices) == len(one.hot_layer_indices) + 1
+
+
+def test_infeasible_reports_the_shortfall():
+    # lm_head (100 MB) + one layer slot (50 MB) + tower transient (22 MB) cannot fit in 150 MB.
+    plan = make_plan(toy(), inputs(150))
+    assert plan.strategy == "infeasible"
+    assert plan.shortfall_bytes == 100 * MB + 50 * MB + 22 * MB + 1000 - 150 * MB
+    assert any("infeasible" in n for n in plan.notes)
+
+
+def test_est_link_time_is_host_bytes_over_link_bandwidth():
+    plan = make_plan(toy(layers=8), inputs(380, link_gbps=10.0, vram_gbps=100.0))
+    host_hot = 4 * 50 * MB
+    embed_row = 50_000 * 2
+    assert plan.est.est_link_s_per_step == pytest.approx((host_hot + embed_row) / 10e9)
+    assert plan.est.est_tok_s == pytest.approx(1 / plan.est.est_step_s)
+
+
+def test_bulk_takes_whole_params_in_model_order_in_gib():
+    plan = make_plan(toy(layers=8), inputs(380, bulk_cpu_offload_gb=0.1))
+    bulk = plan.bulk
+    # 0.1 GiB = 107.4 MB: layers 0 and 1 (100 MB) are not enough, so layer 2 is taken too.
+    assert bulk.layers_touched == [0, 1, 2]
+    assert bulk.offloaded_bytes == 150 * MB
+    assert bulk.est.est_link_s_per_step == pytest.approx(150 * MB / (13.9 * GB))
+
+
+def test_bulk_default_is_smallest_whole_gib_covering_the_deficit():
+    ckpt = make_ckpt({f"model.layers.{i}.w": ("BF16", [GiB // 4]) for i in range(10)})
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=4 * GiB, kv_cache_bytes=0, reserve_bytes=0))
+    assert plan.deficit_bytes == 1 * GiB
+    assert plan.bulk.cpu_offload_gb == 1.0
+
+
+def test_plan_json_round_trip(tmp_path):
+    plan = make_plan(toy(), inputs(380))
+    plan.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json") == plan
+
+
+def test_loading_a_non_plan_is_an_error(tmp_path):
+    (tmp_path / "p.json").write_text('{"format": "something-else"}')
+    with pytest.raises(PlanError, match="not a selective-offload plan"):
+        Plan.load(tmp_path / "p.json")
+    (tmp_path / "q.json").write_text("{oops")
+    with pytest.raises(PlanError, match="not valid JSON"):
+        Plan.load(tmp_path / "q.json")
+
+
+@pytest.mark.parametrize("bad", [
+    dict(device_memory_bytes=0), dict(link_gbps=-1.0), dict(vram_gbps=0.0),
+    dict(speculative="eagle"), dict(prefetch_step=0), dict(cold_segments=()),
+    dict(kv_cache_bytes=GiB),
+])
+def test_nonsense_inputs_are_refused(bad):
+    kw = dict(device_memory_bytes=GiB, kv_cache_bytes=0, reserve_bytes=0)
+    kw.update(bad)
+    with pytest.raises(PlanError):
+        make_plan(toy(), PlanInputs(**kw))
+
+
+def test_custom_cold_segments_override_the_defaults():
+    plan = make_plan(toy(), inputs(600, cold_segments=("visual",)))
+    classes = {g.group: g.cls for g in plan.groups}
+    assert classes["model.embed_tokens"] == "hot"
+    assert classes["model.visual"] == "cold"
+
+
+# ---- SPEC.md's reference point, on the bundled Qwen3.8-27B-FP8-shaped manifest
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_checkpoint(BUNDLED["qwen3.8-27b-fp8"])
+
+
+def group_bytes(ckpt, prefix):
+    return sum(t.nbytes for n, t in ckpt.tensors.items() if n.startswith(prefix))
+
+
+def test_bundled_manifest_reproduces_spec_table(reference):
+    assert reference.total_bytes / GB == pytest.approx(30.89, abs=0.01)
+    assert group_bytes(reference, "lm_head.") / GB == pytest.approx(2.543, abs=0.001)
+    assert group_bytes(reference, "model.embed_tokens.") / GB == pytest.approx(2.543, abs=0.001)
+    assert group_bytes(reference, "model.visual.") / GB == pytest.approx(0.922, rel=0.005)
+    assert group_bytes(reference, "mtp.") / GB == pytest.approx(0.478, rel=0.005)
+    layers = group_bytes(reference, "model.layers.")
+    assert layers / GB == pytest.approx(24.4, abs=0.01)
+    assert reference.facts.num_hidden_layers == 64
+
+
+def test_reference_bulk_10_gib_link_time(reference):
+    """SPEC.md: 10 GB over 13.9 GB/s is 719 ms. vLLM's cpu_offload_gb counts GiB
+    (int(gb * 1024**3)), so cpu_offload_gb=10 really moves >= 10.74 GB: ~773 ms."""
+    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10))
+    assert plan.bulk.offloaded_bytes >= 10 * GiB
+    assert plan.bulk.offloaded_bytes - 10 * GiB < 0.2 * GB  # whole tensors, one layer at most
+    assert plan.bulk.est.est_link_s_per_step == pytest.approx(0.773, abs=0.005)
+    assert 10e9 / (13.9 * GB) == pytest.approx(0.719, abs=0.001)  # SPEC's decimal arithmetic
+
+
+@pytest.mark.parametrize("speculative,cold_gb,deficit_gb", [(None, 3.47, 7.86), ("mtp", 3.47, 8.34)])
+def test_reference_selective_plan(reference, speculative, cold_gb, deficit_gb):
+    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, speculative=speculative))
+    assert plan.strategy == "hot_offload"
+    assert plan.deficit_bytes / GB == pytest.approx(deficit_gb, abs=0.01)
+    assert plan.host_cold_bytes / GB == pytest.approx(cold_gb, abs=0.01)
+    # Cold-first leaves the rest of the deficit (plus one prefetch slot and the tower's
+    # transient) to whole hot layers: 4.4-5.3 GB without MTP, 0.48 GB more with it.
+    remaining = plan.deficit_bytes - plan.host_cold_bytes
+    assert plan.host_hot_bytes >= remaining + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
+    assert plan.host_hot_bytes - remaining < 3 * 0.382 * GB
+    assert plan.est.est_link_s_per_step < plan.bulk.est.est_link_s_per_step
+    assert len(plan.hot_layer_indices) == len(set(plan.hot_layer_indices))
+
+
+def test_reference_cold_set_with_mtp_loaded_as_cold(reference):
+    """SPEC.md's 3.94 GB cold set is the three groups that match a cold segment."""
+    ckpt = reference
+    cold = sum(g.nbytes for g in group_tensors(ckpt, PlanInputs(device_memory_bytes=GiB))
+               if g.name in ("model.embed_tokens", "model.visual", "mtp"))
+    assert cold / GB == pytest.approx(3.94, abs=0.01)
