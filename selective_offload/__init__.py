@@ -1,7 +1,13 @@
 """selective-offload: put the bytes a decode step does not read in host memory first.
 
-Importing this package changes nothing in vLLM. See :mod:`selective_offload.planner` for
-the placement decision and :mod:`selective_offload.wrappers` for the torch mechanism.
+``selective_offload.enable(plan)`` before ``LLM(...)`` applies a plan made by
+:mod:`selective_offload.planner` (or ``selective-offload plan``); importing the package
+changes nothing in vLLM. The torch mechanism is :mod:`selective_offload.wrappers`; the
+vLLM glue is :mod:`selective_offload.vllm_glue`.
 """
 
 __version__ = "0.1.0"
+
+from .api import disable, enable, placement_report  # noqa: E402
+
+__all__ = ["__version__", "disable", "enable", "placement_report"]

@@ -364,6 +364,10 @@ class Plan:
         return cls.from_dict(data, where=str(path))
 
     # ---- queries the vLLM glue uses
+    def make_inputs(self) -> PlanInputs:
+        """The :class:`PlanInputs` this plan was made from."""
+        return PlanInputs(**{**self.inputs, "cold_segments": tuple(self.inputs["cold_segments"])})
+
     def placement_of(self, group: str) -> str | None:
         for g in self.groups:
             if g.group == group:

