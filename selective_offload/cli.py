@@ -83,12 +83,12 @@ def render_plan(plan: Plan, checkpoint: Checkpoint) -> str:
         + (f"; speculative {inp['speculative']}" if inp["speculative"] else "")
     )
     lines.append("")
-    header = f"{'group':<34} {'bytes':>10} {'class':<6} {'placement':<10} {'link/step':>10} {'VRAM/step':>10}"
+    header = f"{'group':<40} {'bytes':>10} {'class':<6} {'placement':<10} {'link/step':>10} {'VRAM/step':>10}"
     lines.append(header)
     lines.append("-" * len(header))
 
     def row(name: str, nbytes: int, cls: str, where: str, link: int, vram: int) -> str:
-        return (f"{name:<34} {_gb(nbytes):>10} {cls:<6} {where:<10} "
+        return (f"{name:<40} {_gb(nbytes):>10} {cls:<6} {where:<10} "
                 f"{_step_bytes(link):>10} {_step_bytes(vram):>10}")
 
     # Fold runs of consecutive decoder layers with the same placement into one row each.
@@ -194,6 +194,9 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bulk-gb", default=None, metavar="GiB",
                    help="price vLLM's bulk cpu_offload_gb at this many GiB (default: the smallest whole number "
                         "that covers the deficit)")
+    p.add_argument("--all-cold", action="store_true",
+                   help="put every cold module on the host even when fewer would fit (frees device "
+                        "memory for the KV cache; cold bytes cost almost no link time)")
     p.add_argument("--cold-segments", default=",".join(DEFAULT_COLD_SEGMENTS), metavar="LIST",
                    help="comma-separated name segments whose modules a decode step does not read "
                         f"(default: {','.join(DEFAULT_COLD_SEGMENTS)}); lm_head is never cold")
@@ -220,6 +223,7 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         cold_segments=_parse_cold(args.cold_segments),
         prefetch_step=args.prefetch_step,
         bulk_cpu_offload_gb=bulk,
+        all_cold=args.all_cold,
     )
     if inputs.device_memory_bytes == 0:
         raise UserError("--device-memory: must be more than 0, like 24GiB")

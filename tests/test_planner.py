@@ -261,3 +261,35 @@ def test_reference_cold_set_with_mtp_loaded_as_cold(reference):
     cold = sum(g.nbytes for g in group_tensors(ckpt, PlanInputs(device_memory_bytes=GiB))
                if g.name in ("model.embed_tokens", "model.visual", "mtp"))
     assert cold / GB == pytest.approx(3.94, abs=0.01)
+
+
+def test_all_cold_offloads_every_cold_module_even_when_it_fits():
+    plan = make_plan(toy(), inputs(10_000, all_cold=True))
+    assert plan.strategy == "cold_offload"
+    assert sorted(plan.host_cold_groups) == ["model.embed_tokens", "model.visual"]
+    assert by_name(plan)["mtp"].placement == "absent"
+    assert plan.hot_layer_indices == []
+
+
+def test_mtp_head_stored_as_extra_decoder_layers_is_recognised():
+    """DeepSeek-V3 stores its MTP head as layer num_hidden_layers (and up)."""
+    ckpt = make_ckpt({f"model.layers.{i}.w": ("BF16", [1000]) for i in range(5)},
+                     num_hidden_layers=4, num_nextn_predict_layers=1)
+    groups = {g.name: g for g in group_tensors(ckpt, inputs(1))}
+    assert groups["model.layers.4"].mtp and groups["model.layers.4"].cls == "absent"
+    assert [g.layer_index for g in groups.values() if g.kind == "layer"] == [0, 1, 2, 3]
+    hot = {g.name: g for g in group_tensors(ckpt, inputs(1, speculative="mtp"))}
+    assert hot["model.layers.4"].cls == "hot"
+
+
+def test_mimo_mtp_layers_segment_is_an_mtp_group():
+    ckpt = make_ckpt({"model.layers.0.w": ("BF16", [8]), "model.mtp_layers.0.input_proj.weight": ("BF16", [8])})
+    groups = {g.name: g for g in group_tensors(ckpt, inputs(1))}
+    assert groups["model.mtp_layers"].mtp and groups["model.mtp_layers"].cls == "absent"
+
+
+def test_projectors_are_cold():
+    ckpt = make_ckpt({"model.connector.proj.weight": ("BF16", [8]),
+                      "multi_modal_projector.linear_1.weight": ("BF16", [8])})
+    assert {g.name: g.cls for g in group_tensors(ckpt, inputs(1))} == {
+        "model.connector": "cold", "multi_modal_projector": "cold"}

@@ -77,12 +77,16 @@ class _Load:
     routed: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    drafter_expected: bool = False
+    loaded_bytes: dict[str, int] = field(default_factory=dict)
 
 
 _settings: Settings | None = None
 _targets: Targets | None = None
 _originals: dict[str, object] = {}
 _active: _Load | None = None
+#: The last main-model load (model, load, cold params, hot params), for the drafter's turn.
+_main: tuple | None = None
 #: The gathers behind the custom op, by handle (the op takes an int, not an object).
 _gathers: list[HostGather] = []
 #: Handles of what the last load attached, so tests and `remove` can inspect or undo it.
@@ -115,8 +119,11 @@ def apply(settings: Settings, targets: Targets) -> None:
     loader_cls = targets.BaseModelLoader
     _originals["load_model"] = loader_cls.load_model
     _originals["initialize_model"] = targets.base_loader.initialize_model
+    _originals["process_weights_after_loading"] = targets.base_loader.process_weights_after_loading
     loader_cls.load_model = _make_load_model(_originals["load_model"])
     targets.base_loader.initialize_model = _make_initialize_model(_originals["initialize_model"])
+    targets.base_loader.process_weights_after_loading = _make_post_process(
+        _originals["process_weights_after_loading"])
 
 
 def remove() -> None:
@@ -124,6 +131,7 @@ def remove() -> None:
     if _originals and _targets is not None:
         _targets.BaseModelLoader.load_model = _originals.pop("load_model")
         _targets.base_loader.initialize_model = _originals.pop("initialize_model")
+        _targets.base_loader.process_weights_after_loading = _originals.pop("process_weights_after_loading")
     _settings = None
 
 
@@ -137,9 +145,15 @@ def _make_load_model(original):
     def load_model(self, vllm_config, model_config, prefix: str = ""):
         global _active
         settings = _settings
-        if settings is None or _active is not None or model_config is not vllm_config.model_config:
-            # Off, re-entered, or a speculative drafter: the plan keeps drafters resident.
+        if settings is None or _active is not None:
             return original(self, vllm_config, model_config, prefix)
+        if model_config is not vllm_config.model_config:
+            # A speculative drafter (an MTP head): the plan keeps it resident; the report
+            # is made again with its parameters counted for the plan's MTP group.
+            drafter = original(self, vllm_config, model_config, prefix)
+            if _main is not None:
+                _finish(*_main, drafter=drafter)
+            return drafter
         _check_against_checkpoint(settings.plan, model_config.model)
         load_config = vllm_config.load_config
         device = torch.device(load_config.device or vllm_config.device_config.device)
@@ -159,6 +173,7 @@ def _make_load_model(original):
             )
         cold_params = _attach_cold(model, load, vllm_config)
         hot_params = {id(p) for m in getattr(offloader, "offloaded_modules", []) for p in m.parameters()}
+        load.drafter_expected = vllm_config.speculative_config is not None
         _finish(model, load, cold_params, hot_params)
         return model
 
@@ -171,7 +186,9 @@ def _make_initialize_model(original):
         if load is None or load.constructed:
             return original(*args, **kwargs)
         mode = ConstructOnHost(load.settings.host_cold_segments,
-                               pin_memory=load.device.type == "cuda")
+                               pin_memory=load.device.type == "cuda",
+                               class_segments={_targets.VocabParallelEmbedding: "embed_tokens"},
+                               never=(_targets.ParallelLMHead,))
         with mode:
             model = original(*args, **kwargs)
         load.constructed = True
@@ -180,6 +197,19 @@ def _make_initialize_model(original):
         return model
 
     return initialize_model
+
+
+def _make_post_process(original):
+    def process_weights_after_loading(model, *args, **kwargs):
+        load = _active
+        if load is not None:
+            # Bytes as loaded: post-processing may repack a weight into another object
+            # (vLLM's CPU build does, for oneDNN), leaving an empty parameter behind.
+            load.loaded_bytes = {n: p.numel() * p.element_size()
+                                 for n, p in model.named_parameters(remove_duplicate=False)}
+        return original(model, *args, **kwargs)
+
+    return process_weights_after_loading
 
 
 def _keep_post_processing_on_host(model: nn.Module, load: _Load) -> None:
@@ -195,6 +225,11 @@ def _keep_post_processing_on_host(model: nn.Module, load: _Load) -> None:
         method = getattr(module, "quant_method", None)
         if method is None or cold_prefix_of(name, segments) is None:
             continue
+        if load.device.type == "cpu":
+            # vLLM's CPU build repacks linear weights for oneDNN and drops the parameter;
+            # keep cold modules on plain F.linear so their weights stay parameters the
+            # on-demand wrapper moves and the report counts (towers are not hot paths).
+            module._cpu_skip_gemm_dispatch = True
         if type(method).__name__ in ("UnquantizedEmbeddingMethod", "UnquantizedLinearMethod"):
             method.requires_device_loading = False
         elif getattr(method, "requires_device_loading", False):
@@ -247,7 +282,7 @@ def _attach_cold(model: nn.Module, load: _Load, vllm_config) -> set[int]:
     attached_modules.clear()
     for name, module in roots:
         attached_modules[name] = module
-        if name not in load.routed and load.constructed:
+        if name.rsplit(".", 1)[-1] not in load.routed and load.constructed:
             load.notes.append(f"{name}: its class took no prefix, so it was built on the device "
                               "and moved to the host after loading (a transient of its size)")
         if isinstance(module, _targets.VocabParallelEmbedding) and not isinstance(module, _targets.ParallelLMHead):
@@ -286,11 +321,15 @@ def _install_host_embedding(layer: nn.Module, load: _Load, vllm_config):
     return gather
 
 
-def _finish(model: nn.Module, load: _Load, cold_params: set[int], hot_params: set[int]) -> None:
-    global last_report
+def _finish(model: nn.Module, load: _Load, cold_params: set[int], hot_params: set[int],
+            drafter: nn.Module | None = None) -> None:
+    global last_report, _main
+    _main = (model, load, cold_params, hot_params)
     settings = load.settings
     report = build_report(model, settings.plan, compute_device=load.device,
-                          host_cold_params=cold_params, host_hot_params=hot_params, notes=load.notes)
+                          host_cold_params=cold_params, host_hot_params=hot_params, notes=load.notes,
+                          drafter=drafter, drafter_expected=load.drafter_expected,
+                          loaded_bytes=load.loaded_bytes)
     report.problems[:0] = load.problems
     last_report = report
     rank = int(os.environ.get("RANK", "0") or 0)

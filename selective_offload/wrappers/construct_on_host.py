@@ -42,17 +42,24 @@ def cold_prefix_of(prefix: str, segments: Iterable[str]) -> str | None:
     return None
 
 
-def _constructing_prefix() -> str | None:
-    """The ``prefix`` of the innermost ``__init__`` on the stack that has one."""
+def _constructing(class_segments: dict[type, str], never: tuple[type, ...]) -> tuple[str, str] | None:
+    """``("prefix", p)`` for the innermost ``__init__`` on the stack with a ``prefix``, or
+    ``("segment", s)`` when a class in ``class_segments`` is built without one first."""
     frame = sys._getframe(2)
     for _ in range(_MAX_FRAMES):
         if frame is None:
             return None
-        code = frame.f_code
-        if code.co_name == "__init__":
-            prefix = frame.f_locals.get("prefix")
+        if frame.f_code.co_name == "__init__":
+            local = frame.f_locals
+            prefix = local.get("prefix")
             if isinstance(prefix, str) and prefix:
-                return prefix
+                return ("prefix", prefix)
+            owner = local.get("self")
+            if never and isinstance(owner, never):
+                return None
+            for cls, segment in class_segments.items():
+                if isinstance(owner, cls):
+                    return ("segment", segment)
         frame = frame.f_back
     return None
 
@@ -60,22 +67,36 @@ def _constructing_prefix() -> str | None:
 class ConstructOnHost(TorchFunctionMode):
     """Route the allocations of modules whose ``prefix`` has a cold segment to the host.
 
-    ``routed`` maps each cold module prefix (``model.embed_tokens``) to the bytes
-    allocated for it on the host, so the caller can check the routing happened.
+    ``routed`` maps each cold segment (``embed_tokens``, ``visual``) to the bytes allocated
+    for it on the host, so the caller can check the routing happened.
+
+    Some models build a module without passing it a prefix (vLLM's Llama builds its
+    ``embed_tokens`` so); ``class_segments`` names classes whose instances stand for a
+    segment when no prefix is found first (``{VocabParallelEmbedding: "embed_tokens"}``),
+    and ``never`` classes that are never routed (``ParallelLMHead``, a subclass of it).
     """
 
-    def __init__(self, segments: Iterable[str], pin_memory: bool = False):
+    def __init__(self, segments: Iterable[str], pin_memory: bool = False, *,
+                 class_segments: dict[type, str] | None = None, never: tuple[type, ...] = ()):
         super().__init__()
         self.segments = frozenset(segments)
         self.pin_memory = pin_memory
+        self.class_segments = {c: s for c, s in (class_segments or {}).items() if s in self.segments}
+        self.never = never
         self.routed: dict[str, int] = {}
         self._constructors = _device_constructors()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func in self._constructors and self.segments:
-            prefix = _constructing_prefix()
-            cold = cold_prefix_of(prefix, self.segments) if prefix else None
+            found = _constructing(self.class_segments, self.never)
+            if found is None:
+                cold = None
+            elif found[0] == "segment":
+                cold = found[1]
+            else:
+                cold_prefix = cold_prefix_of(found[1], self.segments)
+                cold = cold_prefix.rsplit(".", 1)[-1] if cold_prefix else None
             if cold is not None:
                 kwargs["device"] = torch.device("cpu")
                 if self.pin_memory and "pin_memory" in _PINNABLE.get(func, ()):
