@@ -1,0 +1,109 @@
+"""The integration scenarios, run either through the runtime extension or through a
+patched vLLM with the extension switched off; prints a JSON summary to compare.
+
+    python patches/scenarios.py extension OUT.json
+    PYTHONPATH=/tmp/patched python patches/scenarios.py patched OUT.json
+
+Each scenario builds a tiny random model (no download), plans it with every cold module
+on the host (--all-cold), generates greedy tokens in an in-process engine, and records
+where each planned cold group landed (the placement report's view) and the tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers import (  # noqa: E402
+    ENGINE_ARGS,
+    PROMPTS,
+    all_cold_plan,
+    generate_tokens,
+    save_tiny_idefics3,
+    save_tiny_qwen3,
+)
+
+IMAGE_ARGS = dict(skip_tokenizer_init=False, limit_mm_per_prompt={"image": 1})
+
+
+def image_prompts():
+    import numpy as np
+    from PIL import Image
+
+    def image(seed):
+        return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+
+    return [{"prompt": "<image> w1 w2 w3", "multi_modal_data": {"image": image(1)}},
+            {"prompt": "w5 w6 w9 w10"}]
+
+
+def summarise(report) -> dict:
+    return {g.group: [g.actual, g.host_bytes, g.device_bytes] for g in report.groups if g.planned == "host-cold"}
+
+
+def run_extension(model: Path, prompts, engine_args) -> dict:
+    import selective_offload
+
+    plan = all_cold_plan(model)
+    selective_offload.enable(plan, strict=True)
+    try:
+        tokens = generate_tokens(model, prompts, **engine_args)
+        report = selective_offload.placement_report()
+    finally:
+        selective_offload.disable()
+    return {"tokens": tokens, "cold": summarise(report), "ok": report.ok}
+
+
+def run_patched(model: Path, prompts, engine_args) -> dict:
+    import gc
+
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from selective_offload.report import build_report, group_key
+
+    plan = all_cold_plan(model)
+    segments = sorted({group_key(g.group, plan.inputs["cold_segments"])[1] for g in plan.groups
+                       if g.placement == "host-cold"})
+    llm = LLM(model=str(model), offload_host_modules=set(segments), **{**ENGINE_ARGS, **engine_args})
+    try:
+        requests = [p if isinstance(p, dict) else {"prompt_token_ids": p} for p in prompts]
+        params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+        tokens = [list(o.outputs[0].token_ids) for o in llm.generate(requests, params, use_tqdm=False)]
+        engine = llm.llm_engine.engine_core.engine_core
+        net = engine.model_executor.driver_worker.worker.model_runner.model
+        host = {id(p) for p in net.parameters() if getattr(p, "_vllm_host_module", False)}
+        report = build_report(net, plan, compute_device=torch.device("cpu"), host_cold_params=host,
+                              host_hot_params=set())
+    finally:
+        del llm
+        gc.collect()
+    return {"tokens": tokens, "cold": summarise(report), "ok": report.ok}
+
+
+def main() -> int:
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    import vllm
+
+    if mode == "patched" and "OffloadConfig" not in open(Path(vllm.__file__).parent / "config/offload.py").read():
+        raise SystemExit("this vLLM has no offload config")
+    run = run_extension if mode == "extension" else run_patched
+    results = {"vllm": vllm.__file__}
+    with tempfile.TemporaryDirectory() as tmp:
+        qwen = save_tiny_qwen3(Path(tmp) / "qwen3", seed=7)
+        idefics = save_tiny_idefics3(Path(tmp) / "idefics3", seed=8)
+        results["qwen3"] = run(qwen, PROMPTS, {})
+        results["idefics3"] = run(idefics, image_prompts(), IMAGE_ARGS)
+    out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
