@@ -194,3 +194,28 @@ def test_unsupported_vllm_version_patches_nothing(monkeypatch, untied):
     assert BaseModelLoader.load_model is before
     assert not patches.is_applied()
     assert "SELECTIVE_OFFLOAD_PLAN" not in __import__("os").environ
+
+
+def test_hot_layers_on_the_cpu_build_are_reported_not_silently_dropped(untied, untied_plain_tokens):
+    """A plan that needs hot layers on the host cannot be realised here (vLLM's prefetch
+    offloader needs CUDA): the report says so and is not ok, and strict mode refuses."""
+    ckpt = load_checkpoint(untied)
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 3 // 4, kv_cache_bytes=0,
+                                      reserve_bytes=0))
+    assert plan.strategy == "hot_offload" and plan.hot_layer_indices
+    selective_offload.enable(plan)
+    try:
+        tokens = generate_tokens(untied)
+        report = selective_offload.placement_report()
+    finally:
+        selective_offload.disable()
+    assert tokens == untied_plain_tokens
+    assert not report.ok
+    assert any("prefetch offloader needs CUDA" in p for p in report.problems)
+    assert report.misplaced_hot_bytes > 0
+    selective_offload.enable(plan, strict=True)
+    try:
+        with pytest.raises(Exception, match="not realised"):
+            generate_tokens(untied)
+    finally:
+        selective_offload.disable()
