@@ -25,7 +25,7 @@ from helpers import (  # noqa: E402
     ENGINE_ARGS,
     PROMPTS,
     all_cold_plan,
-    generate_tokens,
+    generate_with_plan,
     save_tiny_idefics3,
     save_tiny_qwen3,
 )
@@ -49,15 +49,7 @@ def summarise(report) -> dict:
 
 
 def run_extension(model: Path, prompts, engine_args) -> dict:
-    import selective_offload
-
-    plan = all_cold_plan(model)
-    selective_offload.enable(plan, strict=True)
-    try:
-        tokens = generate_tokens(model, prompts, **engine_args)
-        report = selective_offload.placement_report()
-    finally:
-        selective_offload.disable()
+    tokens, report = generate_with_plan(all_cold_plan(model), model, prompts, **engine_args)
     return {"tokens": tokens, "cold": summarise(report), "ok": report.ok}
 
 

@@ -81,6 +81,18 @@ def generate_tokens(model: str, prompts=PROMPTS, max_tokens: int = MAX_TOKENS, *
         gc.collect()
 
 
+def generate_with_plan(plan, model, prompts=PROMPTS, *, strict: bool = True, **engine_args):
+    """Tokens and the placement report from an engine started with ``plan`` enabled."""
+    import selective_offload
+
+    selective_offload.enable(plan, strict=strict)
+    try:
+        tokens = generate_tokens(model, prompts, **engine_args)
+        return tokens, selective_offload.placement_report()
+    finally:
+        selective_offload.disable()
+
+
 def all_cold_plan(model_dir, **inputs):
     """A plan that fits the device but puts every cold module on the host (--all-cold)."""
     from selective_offload.checkpoint import load_checkpoint

@@ -14,18 +14,9 @@ import pytest
 from PIL import Image
 
 import selective_offload
-from helpers import all_cold_plan, generate_tokens, save_tiny_idefics3, save_tiny_mimo_mtp
+from helpers import all_cold_plan, generate_tokens, generate_with_plan, save_tiny_idefics3, save_tiny_mimo_mtp
 
-pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="module", autouse=True)
-def in_process_engine():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    yield
-    mp.undo()
-    selective_offload.disable()
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
 
 def image(seed: int) -> Image.Image:
@@ -124,12 +115,7 @@ def test_mtp_speculative_decoding_with_the_embedding_on_the_host(mimo):
     plan = all_cold_plan(mimo, speculative="mtp")
     mtp = next(g for g in plan.groups if g.mtp)
     assert (mtp.group, mtp.cls, mtp.placement) == ("model.mtp_layers", "hot", "device")
-    selective_offload.enable(plan, strict=True)
-    try:
-        tokens = generate_tokens(mimo, **SPEC)
-        report = selective_offload.placement_report()
-    finally:
-        selective_offload.disable()
+    tokens, report = generate_with_plan(plan, mimo, **SPEC)
     assert tokens == plain
     assert report.ok, report.problems
     landed = {g.group: g for g in report.groups}

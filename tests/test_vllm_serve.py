@@ -21,8 +21,7 @@ import urllib.request
 
 import pytest
 
-import selective_offload
-from helpers import MAX_TOKENS, PROMPTS, generate_tokens, save_tiny_qwen3, tight_plan
+from helpers import MAX_TOKENS, PROMPTS, generate_with_plan, save_tiny_qwen3, tight_plan
 from selective_offload.report import PlacementReport
 
 pytestmark = pytest.mark.vllm
@@ -98,11 +97,7 @@ def test_server_returns_the_same_tokens_as_the_python_path(server, model, monkey
     base, _ = server
     served = [complete(base, str(model), p) for p in PROMPTS]
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    selective_offload.enable(tight_plan(model), strict=True)
-    try:
-        python_path = generate_tokens(model)
-    finally:
-        selective_offload.disable()
+    python_path, _ = generate_with_plan(tight_plan(model), model)
     assert served == python_path
 
 

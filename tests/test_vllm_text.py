@@ -12,25 +12,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 import selective_offload
-from helpers import generate_tokens, save_tiny_qwen3, tight_plan
+from helpers import generate_tokens, generate_with_plan, save_tiny_qwen3, tight_plan
 from selective_offload.errors import PlanError
-from selective_offload.planner import Plan, PlanInputs, make_plan
+from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.checkpoint import load_checkpoint
 
-pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="module", autouse=True)
-def in_process_engine():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    yield
-    mp.undo()
-    selective_offload.disable()
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
 
 @pytest.fixture(scope="module")
@@ -131,12 +121,7 @@ def test_tied_embedding_stays_on_device_and_tokens_match(request, which):
     assert (embed.cls, embed.placement) == ("hot", "device")
     selective_offload.disable()
     plain = generate_tokens(model)
-    selective_offload.enable(plan, strict=True)
-    try:
-        tokens = generate_tokens(model)
-        report = selective_offload.placement_report()
-    finally:
-        selective_offload.disable()
+    tokens, report = generate_with_plan(plan, model)
     assert tokens == plain
     assert report.ok, report.problems
     assert next(g for g in report.groups if g.group == "model.embed_tokens").actual == "device"
@@ -203,12 +188,7 @@ def test_hot_layers_on_the_cpu_build_are_reported_not_silently_dropped(untied, u
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 3 // 4, kv_cache_bytes=0,
                                       reserve_bytes=0))
     assert plan.strategy == "hot_offload" and plan.hot_layer_indices
-    selective_offload.enable(plan)
-    try:
-        tokens = generate_tokens(untied)
-        report = selective_offload.placement_report()
-    finally:
-        selective_offload.disable()
+    tokens, report = generate_with_plan(plan, untied, strict=False)
     assert tokens == untied_plain_tokens
     assert not report.ok
     assert any("prefetch offloader needs CUDA" in p for p in report.problems)
