@@ -32,6 +32,8 @@ ENV_REPORT = "SELECTIVE_OFFLOAD_REPORT"
 ENV_STRICT = "SELECTIVE_OFFLOAD_STRICT"
 ENV_EMBEDDING = "SELECTIVE_OFFLOAD_EMBEDDING"
 _ENV = (ENV_PLAN, ENV_REPORT, ENV_STRICT, ENV_EMBEDDING)
+#: The report file of the last enable(), still readable after disable().
+_last_report_path: Path | None = None
 
 
 def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | None = None,
@@ -79,8 +81,10 @@ def enable(plan: "Plan | str | os.PathLike", *, device_memory: str | int | None 
     workdir = Path(tempfile.mkdtemp(prefix="selective-offload-"))
     plan_path = workdir / "plan.json"
     resolved.save(plan_path)
+    global _last_report_path
     report = Path(report_path) if report_path else workdir / "report.json"
     report.unlink(missing_ok=True)
+    _last_report_path = report
     os.environ.update({ENV_PLAN: str(plan_path), ENV_REPORT: str(report),
                        ENV_STRICT: "1" if strict else "0", ENV_EMBEDDING: embedding_mode})
     patches.apply(patches.Settings(resolved, str(plan_path), strict, str(report), embedding_mode), targets)
@@ -101,9 +105,9 @@ def disable() -> None:
 
 def placement_report() -> PlacementReport:
     """The placement report of the last engine started under :func:`enable`."""
-    path = os.environ.get(ENV_REPORT)
+    path = os.environ.get(ENV_REPORT) or _last_report_path
     if not path:
-        raise UserError("no plan is enabled: call selective_offload.enable(plan) before LLM(...)")
+        raise UserError("no plan was enabled: call selective_offload.enable(plan) before LLM(...)")
     if not Path(path).is_file():
         raise UserError(f"{path}: no placement report yet; it is written when the engine has loaded the model")
     return PlacementReport.load(path)

@@ -124,6 +124,7 @@ def test_tied_embedding_stays_on_device_and_tokens_match(request, which):
     tokens, report = generate_with_plan(plan, model)
     assert tokens == plain
     assert report.ok, report.problems
+    assert selective_offload.placement_report() == report  # still readable after disable()
     assert next(g for g in report.groups if g.group == "model.embed_tokens").actual == "device"
 
 
