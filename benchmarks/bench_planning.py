@@ -22,22 +22,14 @@ from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import machine  # noqa: E402
 from helpers import write_header_only  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402
 from selective_offload.cli import BUNDLED  # noqa: E402
 from selective_offload.planner import PlanInputs, make_plan  # noqa: E402
 from selective_offload.sizes import GB, GiB  # noqa: E402
-
-
-def machine() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> int:

@@ -1,0 +1,167 @@
+"""What the benchmark scripts share: the machine's name, result files, median and spread,
+and two quick bandwidth probes.
+
+Every recorded result is named ``<benchmark>-<machine>-<date>`` so results from several
+machines can sit side by side in ``benchmarks/results/``, and says how busy the machine
+was (the 1-minute load average before and after): on a shared 2-core development machine
+another process can double a timing, and a reader should be able to tell.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> str:
+    """The CPU model (``/proc/cpuinfo``) and architecture, or what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(cuda: bool) -> str:
+    """The GPU's name on CUDA, else the CPU model."""
+    if cuda:
+        import torch
+
+        return torch.cuda.get_device_name()
+    return machine()
+
+
+def slug(text: str, limit: int = 40) -> str:
+    text = re.sub(r"\([^)]*\)", "", text)  # drop "(x86_64)"
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit].strip("-")
+
+
+def today() -> str:
+    return dt.datetime.now(dt.timezone.utc).date().isoformat()
+
+
+def result_stem(benchmark: str, cuda: bool, name: str, date: str | None = None) -> str:
+    return f"{benchmark}-{'cuda' if cuda else 'cpu'}-{slug(name)}-{date or today()}"
+
+
+def load_1min() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def shared_note(load_before: float | None, load_after: float | None, cores: int | None = None) -> str:
+    """A sentence saying whether something else was using the machine during the run."""
+    cores = cores or os.cpu_count() or 1
+    loads = [v for v in (load_before, load_after) if v is not None]
+    if not loads:
+        return "machine load unknown"
+    text = f"1-min load average {load_before} before, {load_after} after, on {cores} cores"
+    if max(loads) > 0.5 * cores + 0.5:
+        text += ": the machine was shared with other work, so timings are noisy"
+    return text
+
+
+def spread(values: Iterable[float]) -> dict:
+    """Median, min and max (the spread) of repeated measurements."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return f"{value:.{digits}f}"
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out: Path, stem: str, data: dict, markdown: str) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
+    json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    md_path.write_text(markdown)
+    return json_path, md_path
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def time_s(fn: Callable[[], object], iters: int, cuda: bool, warmup: int = 2) -> list[float]:
+    """Wall seconds of ``iters`` calls, the device synchronised around each one."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(iters):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def fill_random(t, seed: int = 0):
+    """Random bytes in ``t`` (positive bf16 values between ~1e-9 and ~0.7: no NaN,
+    no infinity), made as one 1 MiB random block tiled over it, which is fast for GBs."""
+    import torch
+
+    flat = t.reshape(-1).view(torch.uint8)
+    gen = torch.Generator().manual_seed(seed)
+    block = torch.randint(0x30, 0x40, (min(flat.numel(), 1 << 20),), dtype=torch.uint8, generator=gen)
+    block = block.to(flat.device)
+    for start in range(0, flat.numel(), block.numel()):
+        n = min(block.numel(), flat.numel() - start)
+        flat[start:start + n].copy_(block[:n])
+    return t
+
+
+def measure_link_gbps(nbytes: int, cuda: bool, iters: int = 5) -> float:
+    """Pinned host-to-device copy bandwidth in GB/s; without CUDA a host memory copy
+    (host memory is the device there)."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda).fill_(1)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda" if cuda else "cpu")
+    secs = time_s(lambda: dst.copy_(src, non_blocking=cuda), iters, cuda)
+    return nbytes / statistics.median(secs) / 1e9
+
+
+def measure_read_gbps(nbytes: int, cuda: bool, iters: int = 5, hidden: int = 4096) -> float:
+    """Device read bandwidth in GB/s as a decode step uses it: a bf16 matrix-vector product
+    over ``nbytes`` of weights (every byte read once)."""
+    import torch
+
+    device = "cuda" if cuda else "cpu"
+    rows = max(1, nbytes // (2 * hidden))
+    w = torch.empty(rows, hidden, dtype=torch.bfloat16, device=device).fill_(0.01)
+    x = torch.ones(hidden, dtype=torch.bfloat16, device=device)
+    secs = time_s(lambda: torch.mv(w, x), iters, cuda)
+    return rows * hidden * 2 / statistics.median(secs) / 1e9

