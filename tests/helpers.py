@@ -60,7 +60,9 @@ def save_tiny_qwen3(directory: Path, seed: int = 0, **overrides) -> Path:
 
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [900, 17, 256, 3, 3, 80], [42]]
 MAX_TOKENS = 32
-ENGINE_ARGS = dict(skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=256,
+# An explicit KV cache size: vLLM's CPU build otherwise sizes it as a share of the node's
+# memory minus this process's RSS, which grows with each in-process engine a module starts.
+ENGINE_ARGS = dict(skip_tokenizer_init=True, kv_cache_memory_bytes=64 << 20, max_model_len=256,
                    enforce_eager=True, dtype="float32", seed=0)
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 DEMO_PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [900, 17, 256, 3, 3, 80]]
-ENGINE_ARGS = dict(skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=256,
+ENGINE_ARGS = dict(skip_tokenizer_init=True, kv_cache_memory_bytes=64 << 20, max_model_len=256,
                    enforce_eager=True, dtype="float32", seed=0)
 
 
