@@ -77,7 +77,8 @@ EST_IGNORES: tuple[str, ...] = (
     "batch > 1: the embedding rows read per step grow with the batch, nothing else does",
 )
 
-_LAYER_RE = re.compile(r"^(?P<prefix>(?:.*\.)?layers)\.(?P<index>\d+)\.")
+#: A decoder layer: `...layers.N.` (the checkpoint prefix before it names the stack).
+LAYER_RE = re.compile(r"^(?P<prefix>(?:.*\.)?layers)\.(?P<index>\d+)\.")
 _BLOCK_RE = re.compile(r"\.(?:blocks|layers|layer)\.(\d+)\.")
 
 
@@ -195,7 +196,7 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> list[Group]:
         never_cold = _first_segment_index(segs, NEVER_COLD_SEGMENTS) is not None
         if cold_at is not None and not never_cold:
             key, kind, index = ".".join(segs[: cold_at + 1]), "cold", None
-        elif (m := _LAYER_RE.match(t.name)) is not None and _is_mtp_layer(int(m.group("index")), facts):
+        elif (m := LAYER_RE.match(t.name)) is not None and _is_mtp_layer(int(m.group("index")), facts):
             # DeepSeek-V3 style: the MTP head is stored as decoder layers past the last one.
             key, kind, index = f"{m.group('prefix')}.{m.group('index')}", "cold", None
             mtp_keys.add(key)
@@ -437,7 +438,7 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
     layer_groups = sorted((g for g in groups if g.kind == "layer"), key=lambda g: g.layer_index)
     by_layer: dict[str, list[TensorInfo]] = {g.name: [] for g in layer_groups}
     for t in checkpoint.tensors.values():
-        m = _LAYER_RE.match(t.name)
+        m = LAYER_RE.match(t.name)
         if m and f"{m.group('prefix')}.{m.group('index')}" in by_layer:
             by_layer[f"{m.group('prefix')}.{m.group('index')}"].append(t)
     offloaded = count = 0

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .errors import PlanError
-from .planner import _LAYER_RE, NEVER_COLD_SEGMENTS, Plan
+from .planner import LAYER_RE, NEVER_COLD_SEGMENTS, Plan
 from .sizes import GB, fmt_bytes
 
 REPORT_FORMAT = "selective-offload/report-v1"
@@ -45,7 +45,7 @@ def group_key(name: str, cold_segments: Iterable[str]) -> tuple:
         for seg in parts:
             if seg in cold:
                 return ("cold", seg)
-    m = _LAYER_RE.match(name + ".")
+    m = LAYER_RE.match(name + ".")
     if m is not None:
         return ("layer", int(m.group("index")))
     path = [p for p in parts if p not in _WRAPPER_SEGMENTS]
