@@ -214,3 +214,21 @@ def test_reads_only_headers_of_a_64_shard_30gb_checkpoint_fast(tmp_path):
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.total_bytes > 30e9
     assert time.perf_counter() - started < 10
+
+
+def test_config_only_manifest_of_a_vision_language_model(tmp_path):
+    from helpers import save_tiny_idefics3
+
+    save_tiny_idefics3(tmp_path)
+    real = load_checkpoint(tmp_path)
+    estimated = manifest_from_config(tmp_path / "config.json")
+    assert {n: t.nbytes for n, t in estimated.tensors.items()} == {
+        n: t.nbytes for n, t in real.tensors.items()}
+    assert any(n.startswith("model.vision_model.") for n in estimated.tensors)
+
+
+def test_config_only_with_an_architecture_transformers_lacks(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"],
+                                                      "model_type": "llama"}))
+    with pytest.raises(CheckpointError, match="'NoSuchModelForCausalLM' is not in this transformers"):
+        load_checkpoint(tmp_path / "config.json")
