@@ -110,8 +110,10 @@ def write_results(out: Path, stem: str, data: dict, markdown: str) -> tuple[Path
 # --------------------------------------------------------------------------- timing
 
 
-def time_s(fn: Callable[[], object], iters: int, cuda: bool, warmup: int = 2) -> list[float]:
-    """Wall seconds of ``iters`` calls, the device synchronised around each one."""
+def time_s(fn: Callable[[], object], iters: int, cuda: bool, warmup: int = 2,
+           deadline: float | None = None) -> list[float]:
+    """Wall seconds of ``iters`` calls, the device synchronised around each one; with a
+    ``deadline`` (a ``time.perf_counter()`` value), stop early once past it with 3 or more."""
     import torch
 
     for _ in range(warmup):
@@ -125,6 +127,8 @@ def time_s(fn: Callable[[], object], iters: int, cuda: bool, warmup: int = 2) ->
         if cuda:
             torch.cuda.synchronize()
         out.append(time.perf_counter() - t0)
+        if deadline is not None and time.perf_counter() > deadline and len(out) >= 3:
+            break
     return out
 
 

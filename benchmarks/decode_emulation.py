@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import (  # noqa: E402
     RESULTS_DIR, device_name, fill_random, fmt, load_1min, md_table, measure_link_gbps,
-    measure_read_gbps, result_stem, shared_note, spread, today, write_results,
+    measure_read_gbps, result_stem, shared_note, spread, time_s, today, write_results,
 )
 
 MODEL = "qwen3.8-27b-fp8"
@@ -302,20 +302,8 @@ def run_steps(emu: Emulated, prefetch_step: int, steps: int, deadline: float, cu
                 x = mix(x, torch.mv(layer.device, x))
         token = torch.argmax(torch.mv(emu.lm_head, x)[:vocab]).view(1)
 
-    times = []
     with torch.no_grad():
-        for k in range(steps + 2):  # two warm-up steps
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            step()
-            if cuda:
-                torch.cuda.synchronize()
-            if k >= 2:
-                times.append(time.perf_counter() - t0)
-            if time.perf_counter() > deadline and len(times) >= 3:
-                break
-    return times
+        return time_s(step, steps, cuda, warmup=2, deadline=deadline)
 
 
 def predict(emu: Emulated, bw: dict) -> dict:
@@ -380,8 +368,6 @@ def main(argv: list[str] | None = None) -> int:
         host = fill_random(torch.empty(probe, dtype=torch.uint8, pin_memory=True))
         view = cuda_view_of_pinned(host, device).view(torch.bfloat16).view(-1, 4096)
         x = torch.ones(4096, dtype=torch.bfloat16, device=device)
-        from _common import time_s
-
         bw["uva_read_gbps"] = view.numel() * 2 / statistics.median(time_s(lambda: torch.mv(view, x), 5, True)) / 1e9
         del host, view
     else:
