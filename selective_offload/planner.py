@@ -499,26 +499,17 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
     if remaining > 0 and layers:
         # Offloading n layers frees their bytes but costs prefetch_step device slots of
         # the largest one (vLLM's static buffer pool keeps one copy per parameter and slot).
-        slot = inputs.prefetch_step * max(g.nbytes for g in layers)
-        by_index = {g.layer_index: g for g in layers}
-        for n in range(1, len(layers) + 1):
-            chosen = _spread(n, len(layers))
-            freed = sum(by_index[layers[i].layer_index].nbytes for i in chosen)
-            if freed - slot >= remaining:
-                hot_indices = [layers[i].layer_index for i in chosen]
-                buffers = slot
-                break
-        if hot_indices:
-            strategy = "hot_offload"
-            for i in hot_indices:
-                placement[by_index[i].name] = "host-hot"
-            remaining = _device_bytes(loaded, placement) + transient + buffers - budget
-        else:
-            # Even every layer on the host does not fit.
-            for g in layers:
-                placement[g.name] = "host-hot"
-            buffers = slot
-            remaining = _device_bytes(loaded, placement) + transient + buffers - budget
+        buffers = inputs.prefetch_step * max(g.nbytes for g in layers)
+        # The fewest spread-out layers that close the rest of the deficit; when none do,
+        # every layer (and the plan is infeasible below).
+        chosen = next((c for c in (_spread(n, len(layers)) for n in range(1, len(layers) + 1))
+                       if sum(layers[i].nbytes for i in c) - buffers >= remaining),
+                      list(range(len(layers))))
+        for i in chosen:
+            placement[layers[i].name] = "host-hot"
+        hot_indices = [layers[i].layer_index for i in chosen]
+        strategy = "hot_offload"
+        remaining = _device_bytes(loaded, placement) + transient + buffers - budget
     if remaining > 0:
         strategy, shortfall = "infeasible", remaining
         notes.append(
@@ -526,10 +517,6 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
             "cold module and every decoder layer on the host; use a larger card, a smaller "
             "KV cache, or a smaller checkpoint"
         )
-        if not layers:
-            hot_indices = []
-        else:
-            hot_indices = [g.layer_index for g in layers if placement[g.name] == "host-hot"]
 
     placements: list[Placement] = []
     for g in groups:

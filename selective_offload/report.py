@@ -162,6 +162,16 @@ def build_report(
     by_place: dict[str, dict[str, int]] = {p.group: {} for p in plan.groups}
     host_is_device = compute_device.type == "cpu"
     unplanned: dict[str, int] = {}
+
+    def record(group: str, where: str, nbytes: int) -> None:
+        landing = landings[group]
+        landing.num_params += 1
+        if where == "device":
+            landing.device_bytes += nbytes
+        else:
+            landing.host_bytes += nbytes
+        by_place[group][where] = by_place[group].get(where, 0) + nbytes
+
     # Tied weights are listed under every name, so a re-tied lm_head finds its group too.
     for name, param in model.named_parameters(remove_duplicate=False):
         nbytes = size(param, name)
@@ -178,14 +188,7 @@ def build_report(
             where = "host"  # in host memory, but not through this plan's wrappers
         else:
             where = "device"
-        landing = landings[planned.group]
-        landing.num_params += 1
-        if where == "device":
-            landing.device_bytes += nbytes
-        else:
-            landing.host_bytes += nbytes
-        places = by_place[planned.group]
-        places[where] = places.get(where, 0) + nbytes
+        record(planned.group, where, nbytes)
 
     notes = list(notes)
     mtp_group = next((p.group for p in plan.groups if p.mtp), None)
@@ -195,15 +198,7 @@ def build_report(
         if mtp_group is None:
             unplanned.update({f"drafter.{n}": size(p) for n, p in own})
         for _, param in own if mtp_group else ():
-            where = "host-cold" if id(param) in host_cold_params else "device"
-            nbytes = size(param)
-            landing = landings[mtp_group]
-            landing.num_params += 1
-            if where == "device":
-                landing.device_bytes += nbytes
-            else:
-                landing.host_bytes += nbytes
-            by_place[mtp_group][where] = by_place[mtp_group].get(where, 0) + nbytes
+            record(mtp_group, "host-cold" if id(param) in host_cold_params else "device", size(param))
         if mtp_group and landings[mtp_group].planned == "absent":
             notes.append(f"the speculative drafter loaded {mtp_group}, which the plan left out "
                          "(plan with --speculative mtp to count it)")
