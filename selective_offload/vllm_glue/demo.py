@@ -18,23 +18,31 @@ from contextlib import contextmanager
 from pathlib import Path
 
 DEMO_PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [900, 17, 256, 3, 3, 80]]
+# An explicit KV cache size: vLLM's CPU build otherwise sizes it as a share of the node's
+# memory minus the process's RSS, which grows with each engine one process starts.
 ENGINE_ARGS = dict(skip_tokenizer_init=True, kv_cache_memory_bytes=64 << 20, max_model_len=256,
                    enforce_eager=True, dtype="float32", seed=0)
 
 
-def build_tiny_model(directory: Path) -> Path:
-    """A random 4-layer Qwen3 (hidden 256, vocab 1024, untied), saved with save_pretrained."""
-    if (directory / "model.safetensors").is_file():
-        return directory
+def save_tiny_qwen3(directory: Path, seed: int = 0, **overrides) -> Path:
+    """A random 4-layer Qwen3 (hidden 256, vocab 1024, untied unless ``overrides`` say
+    otherwise), saved with save_pretrained in bf16. The tests build theirs with this too."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                         max_position_embeddings=256, tie_word_embeddings=False)
-    Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+    config = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  max_position_embeddings=256, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    Qwen3ForCausalLM(Qwen3Config(**{**config, **overrides})).to(torch.bfloat16).save_pretrained(directory)
     return directory
+
+
+def build_tiny_model(directory: Path) -> Path:
+    """The demo's tiny Qwen3 (seed 0), built once and reused."""
+    if (directory / "model.safetensors").is_file():
+        return directory
+    return save_tiny_qwen3(directory)
 
 
 @contextmanager
