@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         row["build_s"] = time.perf_counter() - t0
         row.update(predict(emu, bw))
         share = (deadline_total - time.perf_counter()) / (len(names) - n)
-        times = run_steps(emu, plan.make_inputs().prefetch_step, steps, time.perf_counter() + share, cuda, device)
+        times = run_steps(emu, plan.inputs.prefetch_step, steps, time.perf_counter() + share, cuda, device)
         s = spread(times)
         row.update(status="measured", capped=capped, step_s=s, tok_s=1.0 / s["median"],
                    measured_over_est=s["median"] / row["est_step_s"])

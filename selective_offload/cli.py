@@ -13,16 +13,12 @@ from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-from .checkpoint import Checkpoint, load_checkpoint, write_manifest
+from .checkpoint import load_checkpoint, write_manifest
 from .errors import UserError
-from .planner import (
-    DEFAULT_COLD_SEGMENTS,
-    REFERENCE_LINK_GBPS,
-    REFERENCE_VRAM_GBPS,
-    Plan,
-    PlanInputs,
-    make_plan,
-)
+from .names import DEFAULT_COLD_SEGMENTS
+from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs, Strategy
+from .planner import make_plan
+from .render import render_plan
 from .sizes import GB, parse_bandwidth_gbps, parse_size
 
 #: Exit status of `plan` when nothing fits (the plan is still printed and written).
@@ -50,128 +46,6 @@ def _parse_cold(text: str) -> tuple[str, ...]:
             "segments, like embed_tokens,visual"
         )
     return segs
-
-
-def _gb(nbytes: int | float) -> str:
-    return f"{nbytes / GB:7.3f} GB"
-
-
-def _step_bytes(nbytes: int) -> str:
-    """Per-step reads: a gathered embedding row is kilobytes, a layer is gigabytes."""
-    if not nbytes:
-        return "-"
-    if nbytes < 1_000_000:
-        return f"{nbytes / 1e3:.1f} kB"
-    return _gb(nbytes)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:7.1f} ms"
-
-
-def render_plan(plan: Plan, checkpoint: Checkpoint) -> str:
-    """The human-readable plan: a group table (decoder layers folded) and a summary."""
-    lines: list[str] = []
-    m = plan.model
-    lines.append(f"model     {m['source']}  ({m['num_tensors']} tensors, {_gb(m['total_bytes']).strip()},"
-                 f" fingerprint {m['fingerprint']})")
-    inp = plan.inputs
-    lines.append(
-        f"budget    {_gb(inp['device_memory_bytes']).strip()} device - {_gb(inp['kv_cache_bytes']).strip()} KV cache"
-        f" - {_gb(inp['reserve_bytes']).strip()} reserve = {_gb(plan.weight_budget_bytes).strip()} for weights;"
-        f" link {inp['link_gbps']} GB/s, VRAM {inp['vram_gbps']} GB/s"
-        + (f"; speculative {inp['speculative']}" if inp["speculative"] else "")
-    )
-    lines.append("")
-    header = f"{'group':<40} {'bytes':>10} {'class':<6} {'placement':<10} {'link/step':>10} {'VRAM/step':>10}"
-    lines.append(header)
-    lines.append("-" * len(header))
-
-    def row(name: str, nbytes: int, cls: str, where: str, link: int, vram: int) -> str:
-        return (f"{name:<40} {_gb(nbytes):>10} {cls:<6} {where:<10} "
-                f"{_step_bytes(link):>10} {_step_bytes(vram):>10}")
-
-    # Fold runs of consecutive decoder layers with the same placement into one row each.
-    run: list = []
-
-    def flush() -> None:
-        if not run:
-            return
-        first, last = run[0], run[-1]
-        prefix = first.group.rsplit(".", 1)[0]
-        name = (first.group if len(run) == 1
-                else f"{prefix}.{first.layer_index}-{last.layer_index} ({len(run)})")
-        lines.append(row(name, sum(p.bytes for p in run), first.cls, first.placement,
-                         sum(p.est_link_bytes_per_step for p in run),
-                         sum(p.est_vram_bytes_per_step for p in run)))
-        run.clear()
-
-    for p in plan.groups:
-        if p.kind == "layer" and run and (p.placement != run[-1].placement):
-            flush()
-        if p.kind == "layer":
-            run.append(p)
-            continue
-        flush()
-        lines.append(row(p.group, p.bytes, p.cls, p.placement,
-                         p.est_link_bytes_per_step, p.est_vram_bytes_per_step))
-    flush()
-
-    lines.append("")
-    lines.append(f"strategy  {plan.strategy}"
-                 + (f": short by {_gb(plan.shortfall_bytes).strip()}" if plan.shortfall_bytes else ""))
-    lines.append(f"deficit   {_gb(plan.deficit_bytes).strip()} (weights to load minus the budget; <= 0 fits)")
-    lines.append(f"cold set  {_gb(plan.cold_bytes).strip()}, of which {_gb(plan.host_cold_bytes).strip()} on the host")
-    if plan.hot_layer_indices:
-        lines.append(f"hot layers on the host ({len(plan.hot_layer_indices)}, {_gb(plan.host_hot_bytes).strip()}): "
-                     f"{','.join(map(str, plan.hot_layer_indices))}")
-        lines.append(f"prefetch buffers {_gb(plan.prefetch_buffer_bytes).strip()} on the device "
-                     f"(prefetch_step={inp['prefetch_step']} slot(s) of the largest layer)")
-    if plan.est_transient_device_bytes:
-        lines.append(f"est transient device bytes while a cold tower runs: {_gb(plan.est_transient_device_bytes).strip()}")
-    lines.append(f"device    {_gb(plan.device_bytes).strip()} resident weights; absent (not loaded): {_gb(plan.absent_bytes).strip()}")
-    lines.append("")
-    lines.append(f"{'':<28} {'host bytes':>10} {'est_link':>10} {'est_vram':>10} {'est_step':>10} {'est_tok/s':>9}")
-
-    def summary(label: str, host: int, est) -> str:
-        return (f"{label:<28} {_gb(host):>10} {_ms(est.est_link_s_per_step):>10} "
-                f"{_ms(est.est_vram_s_per_step):>10} {_ms(est.est_step_s):>10} {est.est_tok_s:9.2f}")
-
-    if plan.bulk is not None:
-        b = plan.bulk
-        lines.append(summary(f"vLLM cpu_offload_gb={b.cpu_offload_gb:g}", b.offloaded_bytes, b.est)
-                     + ("" if b.fits else "  (does not fit)"))
-    lines.append(summary(f"selective ({plan.strategy})", plan.host_cold_bytes + plan.host_hot_bytes, plan.est))
-    if plan.bulk is not None and plan.strategy != "infeasible":
-        lines.append(f"est speed-up over bulk: {plan.bulk.est.est_step_s / plan.est.est_step_s:.2f}x"
-                     f" (link time {_ms(plan.bulk.est.est_link_s_per_step).strip()} -> "
-                     f"{_ms(plan.est.est_link_s_per_step).strip()} per step)")
-    if plan.bulk is not None:
-        lines.append(f"bulk takes {plan.bulk.offloaded_tensors} tensors of layers "
-                     f"{_ranges(plan.bulk.layers_touched)} in model order (cpu_offload_gb counts GiB)")
-    lines.append("")
-    lines.append("est_ values are estimates from bytes / bandwidth (batch 1). They ignore:")
-    lines.extend(f"  - {item}" for item in plan.est_ignores)
-    for note in plan.notes:
-        lines.append(f"note: {note}")
-    if checkpoint.incomplete_shards:
-        lines.append(f"note: {len(checkpoint.incomplete_shards)} shard(s) hold headers without all their data "
-                     f"(first: {checkpoint.incomplete_shards[0]}): fine for planning, not for loading")
-    return "\n".join(lines)
-
-
-def _ranges(indices: list[int]) -> str:
-    if not indices:
-        return "none"
-    out, start, prev = [], indices[0], indices[0]
-    for i in indices[1:] + [None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ",".join(out)
 
 
 def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -244,7 +118,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(render_plan(plan, checkpoint))
         print(f"\nread {len(checkpoint.tensors)} tensor headers in {read_s * 1e3:.1f} ms"
               + (f"; plan written to {args.output}" if args.output else ""))
-    return EXIT_INFEASIBLE if plan.strategy == "infeasible" else 0
+    return EXIT_INFEASIBLE if plan.strategy == Strategy.INFEASIBLE else 0
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:

@@ -70,3 +70,11 @@ def fmt_bytes(nbytes: int | float) -> str:
         if abs(nbytes) >= scale:
             return f"{nbytes / scale:.3f} {unit}" if unit == "GB" else f"{nbytes / scale:.1f} {unit}"
     return f"{int(nbytes)} B"
+
+
+def size_arg(nbytes: int) -> str:
+    """``nbytes`` as a command-line size that reads back exactly (``24GiB``, or plain bytes)."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", GiB), ("MiB", 1 << 20)):
+        if nbytes and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(int(nbytes))

@@ -109,7 +109,7 @@ def test_cold_offload_takes_largest_cold_first_and_only_what_is_needed():
     assert plan.strategy == "cold_offload"
     assert by_name(plan)["model.embed_tokens"].placement == "host-cold"
     assert by_name(plan)["model.visual"].placement == "device"
-    assert plan.hot_layer_indices == []
+    assert plan.hot_layer_indices == ()
 
 
 def test_cold_offload_counts_tower_transient():
@@ -128,7 +128,7 @@ def test_hot_offload_names_exact_spread_layers_and_counts_buffers():
     assert plan.host_cold_bytes == 140 * MB
     assert plan.prefetch_buffer_bytes == 50 * MB
     # Needed after cold: 640 - 140 + 22 (transient) - 380 = 142 MB; + 50 MB slot -> 4 layers.
-    assert plan.hot_layer_indices == [1, 3, 5, 7]
+    assert plan.hot_layer_indices == (1, 3, 5, 7)
     placed = {g.layer_index for g in plan.groups if g.placement == "host-hot"}
     assert placed == set(plan.hot_layer_indices)
     total = plan.device_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
@@ -162,7 +162,7 @@ def test_bulk_takes_whole_params_in_model_order_in_gib():
     plan = make_plan(toy(layers=8), inputs(380, bulk_cpu_offload_gb=0.1))
     bulk = plan.bulk
     # 0.1 GiB = 107.4 MB: layers 0 and 1 (100 MB) are not enough, so layer 2 is taken too.
-    assert bulk.layers_touched == [0, 1, 2]
+    assert bulk.layers_touched == (0, 1, 2)
     assert bulk.offloaded_bytes == 150 * MB
     assert bulk.est.est_link_s_per_step == pytest.approx(150 * MB / (13.9 * GB))
 
@@ -268,7 +268,7 @@ def test_all_cold_offloads_every_cold_module_even_when_it_fits():
     assert plan.strategy == "cold_offload"
     assert sorted(plan.host_cold_groups) == ["model.embed_tokens", "model.visual"]
     assert by_name(plan)["mtp"].placement == "absent"
-    assert plan.hot_layer_indices == []
+    assert plan.hot_layer_indices == ()
 
 
 def test_mtp_head_stored_as_extra_decoder_layers_is_recognised():

@@ -1,0 +1,90 @@
+"""The naming rule: which module a parameter name belongs to, and whether it is cold.
+
+One rule, used by the planner (grouping checkpoint tensors), by construction-time routing
+(a vLLM layer's ``prefix``) and by the placement report (vLLM's parameter names), so the
+three can never disagree about what "cold" means.
+
+Names are matched by whole dot-separated segments: ``model.visual.blocks.0`` is under the
+cold segment ``visual``; ``model.visualise`` is not (a substring match would say it is).
+``lm_head`` is never cold, whatever the cold list says: the LM head has the embedding's
+shape and dtype and the opposite decision (one vocab x hidden GEMM every step).
+
+vLLM renames some checkpoint modules (``model.visual`` becomes ``visual``,
+``model.language_model.layers`` becomes ``language_model.model.layers``, and q/k/v fuse
+into ``qkv_proj``), so :func:`group_key` gives a key that survives those renames: the
+cold segment for a cold module, the layer index for a decoder layer, and the module path
+without ``model``/``language_model``/``text_model`` wrappers for anything else.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+#: Segments whose modules a text decode step does not read: the token embedding, vision
+#: and audio towers and the projectors that feed their output to the language model (run
+#: once per image or clip, in prefill), and MTP heads (``mtp`` in Qwen3.5-style
+#: checkpoints, ``mtp_layers`` in MiMo's).
+DEFAULT_COLD_SEGMENTS: tuple[str, ...] = (
+    "embed_tokens", "visual", "vision_tower", "vision_model", "audio_tower",
+    "multi_modal_projector", "mm_projector", "connector", "mtp", "mtp_layers",
+)
+#: Segments that are never cold, whatever the cold list says.
+NEVER_COLD_SEGMENTS: tuple[str, ...] = ("lm_head",)
+#: Segments of MTP heads: absent unless MTP speculative decoding loads them.
+MTP_SEGMENTS: tuple[str, ...] = ("mtp", "mtp_layers")
+#: Segments of a token embedding (hot when the embeddings are tied).
+EMBED_SEGMENTS: tuple[str, ...] = ("embed_tokens",)
+#: Path segments vLLM adds or drops around the language model; ignored by :func:`group_key`.
+WRAPPER_SEGMENTS: frozenset[str] = frozenset({"model", "language_model", "text_model"})
+
+#: A decoder layer: ``...layers.N.`` (the part before ``.N`` names the stack).
+LAYER_RE = re.compile(r"^(?P<prefix>(?:.*\.)?layers)\.(?P<index>\d+)\.")
+
+
+def segments(name: str) -> list[str]:
+    return name.split(".")
+
+
+def has_segment(name: str, wanted: Iterable[str]) -> bool:
+    """Whether one of ``name``'s dot-separated segments is in ``wanted``."""
+    return bool(set(segments(name)) & set(wanted))
+
+
+def cold_prefix(name: str, cold_segments: Iterable[str]) -> str | None:
+    """``name`` up to and including its first cold segment, or ``None`` when it is not cold.
+
+    ``model.visual.blocks.0.attn`` -> ``model.visual``; ``model.visualise.x`` -> ``None``;
+    anything under ``lm_head`` -> ``None``.
+    """
+    parts = segments(name)
+    if set(parts) & set(NEVER_COLD_SEGMENTS):
+        return None
+    wanted = set(cold_segments) - set(NEVER_COLD_SEGMENTS)
+    for i, seg in enumerate(parts):
+        if seg in wanted:
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def cold_segment(name: str, cold_segments: Iterable[str]) -> str | None:
+    """The cold segment ``name`` falls under (``visual``), or ``None``."""
+    prefix = cold_prefix(name, cold_segments)
+    return None if prefix is None else prefix.rsplit(".", 1)[-1]
+
+
+def layer_of(name: str) -> tuple[str, int] | None:
+    """``("model.layers", 3)`` for a name inside decoder layer 3 of that stack, else ``None``."""
+    m = LAYER_RE.match(name if name.endswith(".") else name + ".")
+    return None if m is None else (m.group("prefix"), int(m.group("index")))
+
+
+def group_key(name: str, cold_segments: Iterable[str]) -> tuple:
+    """A rename-proof key for the plan group a parameter, module or group name belongs to."""
+    segment = cold_segment(name, cold_segments)
+    if segment is not None:
+        return ("cold", segment)
+    layer = layer_of(name)
+    if layer is not None:
+        return ("layer", layer[1])
+    return ("module", ".".join(p for p in segments(name) if p not in WRAPPER_SEGMENTS))

@@ -1,0 +1,719 @@
+"""The plan as a contract: typed, validated when read, and consistent with itself.
+
+A plan is what ``selective-offload plan -o plan.json`` writes and what
+``selective_offload.enable()`` applies. Users edit plans by hand, and plans travel
+between machines and releases, so reading one is a validation, not a deserialisation:
+every field is checked for its type and range, placements, classes, kinds and the
+strategy are enums, and everything that can be derived from the groups (totals, the
+deficit, the shortfall, the prefetch buffers, the estimates) is derived, never trusted.
+A plan that would be silently misapplied is refused with one line naming the field and
+the fix.
+
+The JSON format (``"format": "selective-offload/plan-v2"``) is documented in the README.
+Derived totals are written under ``"totals"`` for readers and, when present, checked on
+reading (an edited group with stale totals is caught); delete ``"totals"`` to accept the
+groups as they are. Estimates (``"est"``, each group's ``est_link/vram_bytes_per_step``)
+are written for readers and recomputed on reading. Fields this version does not know are
+ignored with a note; a newer format version is refused with "upgrade or re-plan".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import PlanError
+from .names import DEFAULT_COLD_SEGMENTS, EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, has_segment
+from .sizes import GB, GiB
+
+FORMAT_PREFIX = "selective-offload/plan-v"
+#: The format this release writes, and the oldest one it still reads.
+FORMAT_VERSION = 2
+OLDEST_READABLE_VERSION = 1
+PLAN_FORMAT = f"{FORMAT_PREFIX}{FORMAT_VERSION}"
+REPLAN = "make the plan again with `selective-offload plan MODEL --device-memory SIZE -o plan.json`"
+
+REFERENCE_LINK_GBPS = 13.9
+REFERENCE_VRAM_GBPS = 472.0
+
+EST_IGNORES: tuple[str, ...] = (
+    "compute time: the model counts bytes only, so compute-bound formats (NVFP4, small "
+    "batches of large MoE) run slower than estimated",
+    "attention and KV-cache reads, activations and sampling",
+    "kernel launch, scheduling and Python overhead between kernels",
+    "overlap of prefetch copies with compute (a prefetched layer can hide up to its "
+    "VRAM read time behind the link); link and VRAM times are added, not overlapped",
+    "batch > 1: the embedding rows read per step grow with the batch, nothing else does",
+)
+
+
+class _Choice(str, Enum):
+    """A string enum that prints and serialises as its value (``host-cold``)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(m.value for m in cls)
+
+
+class Placement(_Choice):
+    """Where a group's bytes live during decode."""
+
+    DEVICE = "device"
+    HOST_COLD = "host-cold"   # host memory; a decode step does not read it (or one row per token)
+    HOST_HOT = "host-hot"     # host memory; read every step, prefetched layer by layer
+    ABSENT = "absent"         # not loaded for this run (an MTP head without MTP decoding)
+
+
+class GroupClass(_Choice):
+    COLD = "cold"
+    HOT = "hot"
+    ABSENT = "absent"
+
+
+class GroupKind(_Choice):
+    LAYER = "layer"    # one decoder layer of the main stack
+    COLD = "cold"      # a whole cold module (embedding, tower, projector, MTP head)
+    MODULE = "module"  # any other parameters, by module path
+
+
+class Strategy(_Choice):
+    RESIDENT = "resident"
+    COLD_OFFLOAD = "cold_offload"
+    HOT_OFFLOAD = "hot_offload"
+    INFEASIBLE = "infeasible"
+
+
+HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT)
+
+
+# --------------------------------------------------------------------------- field reading
+
+
+class _Reader:
+    """Typed access to one JSON object of a plan; every failure is one :class:`PlanError`
+    line naming the file, the field and the fix."""
+
+    def __init__(self, data: Any, where: str, path: str, context: str = "") -> None:
+        self.where, self.path, self.context = where, path, context
+        if not isinstance(data, Mapping):
+            self.fail(f"must be an object, not {_json_type(data)}")
+        self.data = data
+        self.seen: set[str] = set()
+
+    def fail(self, problem: str, fix: str = REPLAN) -> None:
+        at = f"{self.path} ({self.context})" if self.context else self.path
+        raise PlanError(f"{self.where}: {at}: {problem}; {fix}")
+
+    def child(self, key: str) -> "_Reader":
+        return _Reader(self.raw(key), self.where, f"{self.path}.{key}" if self.path else key)
+
+    def raw(self, key: str, default: Any = ..., *, optional: bool = False) -> Any:
+        self.seen.add(key)
+        if key not in self.data:
+            if default is not ... or optional:
+                return None if default is ... else default
+            raise PlanError(f"{self.where}: {self._name(key)} is missing; {REPLAN}")
+        return self.data[key]
+
+    def _name(self, key: str) -> str:
+        name = f"{self.path}.{key}" if self.path else key
+        return f"{name} of {self.context}" if self.context else name
+
+    def _bad(self, key: str, value: Any, wanted: str, fix: str = REPLAN) -> None:
+        raise PlanError(f"{self.where}: {self._name(key)} is {json.dumps(value)[:60]}, "
+                        f"but must be {wanted}; {fix}")
+
+    def int(self, key: str, *, minimum: int | None = 0, default: Any = ..., optional: bool = False) -> int | None:
+        value = self.raw(key, default, optional=optional)
+        if value is None and (optional or default is None):
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+            self._bad(key, value, "an integer" + (f" >= {minimum}" if minimum is not None else ""))
+        return value
+
+    def number(self, key: str, *, positive: bool, default: Any = ..., optional: bool = False) -> float | None:
+        value = self.raw(key, default, optional=optional)
+        if value is None and (optional or default is None):
+            return None
+        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+              and (value > 0 if positive else value >= 0))
+        if not ok:
+            self._bad(key, value, "a finite number " + ("> 0" if positive else ">= 0"))
+        return float(value)
+
+    def str(self, key: str, *, default: Any = ..., nonempty: bool = False) -> str:
+        value = self.raw(key, default)
+        if not isinstance(value, str) or (nonempty and not value):
+            self._bad(key, value, "a non-empty string" if nonempty else "a string")
+        return value
+
+    def bool(self, key: str, *, default: Any = ...) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            self._bad(key, value, "true or false")
+        return value
+
+    def choice(self, key: str, enum: type[_Choice], *, default: Any = ...) -> Any:
+        value = self.raw(key, default)
+        if value not in enum.values():
+            self._bad(key, value, "one of " + ", ".join(enum.values()),
+                      fix="fix the spelling or " + REPLAN)
+        return enum(value)
+
+    def str_list(self, key: str, *, default: Any = ...) -> tuple[str, ...]:
+        value = self.raw(key, default)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self._bad(key, value, "a list of strings")
+        return tuple(value)
+
+    def unknown(self) -> list[str]:
+        """Notes for fields this version does not know (tolerated)."""
+        return [f"{self.where}: field {self._name(k)!r} is not known to this selective-offload "
+                "and was ignored" for k in self.data if k not in self.seen]
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")
+
+
+def format_version(data: Any, where: str) -> int:
+    """The plan format version of ``data``, refusing what is not a plan or is too new."""
+    fmt = data.get("format") if isinstance(data, Mapping) else None
+    m = re.fullmatch(re.escape(FORMAT_PREFIX) + r"(\d+)", fmt) if isinstance(fmt, str) else None
+    if m is None:
+        raise PlanError(
+            f"{where}: not a selective-offload plan (its \"format\" is {json.dumps(fmt)}, expected "
+            f"\"{PLAN_FORMAT}\"); make one with `selective-offload plan MODEL --device-memory SIZE -o plan.json`"
+        )
+    version = int(m.group(1))
+    if version > FORMAT_VERSION:
+        raise PlanError(
+            f"{where}: plan format v{version} is newer than this selective-offload (reads "
+            f"v{OLDEST_READABLE_VERSION}..v{FORMAT_VERSION}): upgrade selective-offload or re-plan with this one"
+        )
+    if version < OLDEST_READABLE_VERSION:
+        raise PlanError(f"{where}: plan format v{version} is too old for this selective-offload "
+                        f"(reads v{OLDEST_READABLE_VERSION}..v{FORMAT_VERSION}); {REPLAN}")
+    return version
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the plan is made for. Bytes are bytes; bandwidths are decimal GB/s."""
+
+    device_memory_bytes: int
+    kv_cache_bytes: int = 1 * GiB
+    #: CUDA context, activations, CUDA graphs and allocator slack.
+    reserve_bytes: int = 2 * GiB
+    link_gbps: float = REFERENCE_LINK_GBPS
+    vram_gbps: float = REFERENCE_VRAM_GBPS
+    #: ``None``, or ``"mtp"`` for MTP speculative decoding (loads the ``mtp.*`` head).
+    speculative: str | None = None
+    cold_segments: tuple[str, ...] = DEFAULT_COLD_SEGMENTS
+    #: Device slots the prefetch offloader keeps per offloaded parameter.
+    prefetch_step: int = 1
+    #: vLLM's ``cpu_offload_gb`` (GiB) to price the bulk baseline at; ``None`` picks the
+    #: smallest whole number that covers the deficit.
+    bulk_cpu_offload_gb: float | None = None
+    #: Put every cold module on the host even when fewer would close the deficit: cold
+    #: bytes cost (almost) no link time, and what they free goes to the KV cache.
+    all_cold: bool = False
+
+    @property
+    def weight_budget_bytes(self) -> int:
+        return self.device_memory_bytes - self.kv_cache_bytes - self.reserve_bytes
+
+    def validate(self) -> None:
+        if self.device_memory_bytes <= 0:
+            raise PlanError("device memory must be more than 0 bytes; give it like --device-memory 24GiB")
+        for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps)):
+            if not (value > 0 and math.isfinite(value)):
+                raise PlanError(f"{label} bandwidth {value!r} GB/s must be a positive number")
+        if self.kv_cache_bytes < 0 or self.reserve_bytes < 0:
+            raise PlanError("KV cache and reserve sizes must be zero or more bytes")
+        if self.weight_budget_bytes <= 0:
+            raise PlanError(
+                f"KV cache ({self.kv_cache_bytes / GiB:.2f} GiB) and reserve ({self.reserve_bytes / GiB:.2f} GiB) "
+                f"leave nothing of {self.device_memory_bytes / GiB:.2f} GiB of device memory for weights; "
+                "lower --kv-cache or --reserve, or give the card's real memory"
+            )
+        if self.speculative not in (None, "mtp"):
+            raise PlanError(f"speculative decoding {self.speculative!r} is not planned for; use 'mtp' or none")
+        if self.prefetch_step < 1:
+            raise PlanError(f"prefetch step {self.prefetch_step} must be 1 or more")
+        if self.bulk_cpu_offload_gb is not None and not (
+            self.bulk_cpu_offload_gb >= 0 and math.isfinite(self.bulk_cpu_offload_gb)
+        ):
+            raise PlanError(f"bulk cpu_offload_gb {self.bulk_cpu_offload_gb!r} must be 0 or more")
+        if not self.cold_segments:
+            raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
+        bad = [s for s in self.cold_segments if not s or "." in s]
+        if bad:
+            raise PlanError(f"cold segment {bad[0]!r} must be one name segment without dots, like visual")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+
+    @classmethod
+    def read(cls, r: _Reader) -> tuple["PlanInputs", list[str]]:
+        speculative = r.raw("speculative", None)
+        if speculative not in (None, "mtp"):
+            r._bad("speculative", speculative, "null or \"mtp\"")
+        inputs = cls(
+            device_memory_bytes=r.int("device_memory_bytes", minimum=1),
+            kv_cache_bytes=r.int("kv_cache_bytes"),
+            reserve_bytes=r.int("reserve_bytes"),
+            link_gbps=r.number("link_gbps", positive=True),
+            vram_gbps=r.number("vram_gbps", positive=True),
+            speculative=speculative,
+            cold_segments=r.str_list("cold_segments"),
+            prefetch_step=r.int("prefetch_step", minimum=1),
+            bulk_cpu_offload_gb=r.number("bulk_cpu_offload_gb", positive=False, default=None),
+            all_cold=r.bool("all_cold", default=False),
+        )
+        try:
+            inputs.validate()
+        except PlanError as exc:
+            raise PlanError(f"{r.where}: inputs: {exc}") from None
+        return inputs, r.unknown()
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One group's class, placement and what identifies its tensors."""
+
+    group: str
+    kind: GroupKind
+    cls: GroupClass
+    placement: Placement
+    reason: str
+    bytes: int
+    layer_index: int | None
+    #: Bytes a decode step reads from this group at batch 1 (est): all of a layer, one row
+    #: of an embedding, nothing of a tower.
+    est_read_bytes_per_step: int
+    mtp: bool = False
+    #: What the model check compares (rename-proof: names are relative to the group).
+    num_tensors: int = 0
+    dtype_bytes: Mapping[str, int] = field(default_factory=dict)
+    shapes_digest: str | None = None
+
+    @property
+    def on_host(self) -> bool:
+        return self.placement in HOST_PLACEMENTS
+
+    @property
+    def est_link_bytes_per_step(self) -> int:
+        """Bytes that cross the link per step (est): a hot layer whole, a cold group's reads."""
+        return self.est_read_bytes_per_step if self.on_host else 0
+
+    @property
+    def est_vram_bytes_per_step(self) -> int:
+        """Device memory reads per step (est); a prefetched layer is read from its buffer too."""
+        if self.placement in (Placement.DEVICE, Placement.HOST_HOT):
+            return self.est_read_bytes_per_step
+        return 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["dtype_bytes"] = dict(self.dtype_bytes)
+        out["est_link_bytes_per_step"] = self.est_link_bytes_per_step
+        out["est_vram_bytes_per_step"] = self.est_vram_bytes_per_step
+        return out
+
+    @classmethod
+    def read(cls, r: _Reader, version: int) -> tuple["GroupPlan", list[str]]:
+        name = r.str("group", nonempty=True)
+        r.context = f"group {name}"
+        kind = r.choice("kind", GroupKind)
+        layer_index = r.int("layer_index", default=None)
+        if (kind == GroupKind.LAYER) != (layer_index is not None):
+            r.fail(f"kind is {kind} but layer_index is {json.dumps(layer_index)}; a layer group, and "
+                   "only a layer group, has a layer_index")
+        if version == 1:
+            # v1 wrote the per-step reads split by where they land; one of the two is the read.
+            r.seen.update({"est_link_bytes_per_step", "est_vram_bytes_per_step"})
+            read = r.int("est_link_bytes_per_step") + r.int("est_vram_bytes_per_step")
+        else:
+            r.seen.update({"est_link_bytes_per_step", "est_vram_bytes_per_step"})  # derived
+            read = r.int("est_read_bytes_per_step")
+        dtype_bytes = r.raw("dtype_bytes", {})
+        if not isinstance(dtype_bytes, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in dtype_bytes.items()):
+            r._bad("dtype_bytes", dtype_bytes, "an object of dtype -> bytes (integers >= 0)")
+        digest = r.raw("shapes_digest", None)
+        if digest is not None and not isinstance(digest, str):
+            r._bad("shapes_digest", digest, "a string or null")
+        group = cls(
+            group=name, kind=kind, cls=r.choice("cls", GroupClass), placement=r.choice("placement", Placement),
+            reason=r.str("reason", default=""), bytes=r.int("bytes"), layer_index=layer_index,
+            est_read_bytes_per_step=read, mtp=r.bool("mtp", default=False),
+            num_tensors=r.int("num_tensors", default=0), dtype_bytes=dict(dtype_bytes), shapes_digest=digest,
+        )
+        return group, r.unknown()
+
+    def check(self, where: str) -> None:
+        """Class, kind and placement must agree; raise naming the group otherwise."""
+        problem = None
+        if self.placement == Placement.ABSENT and self.cls != GroupClass.ABSENT:
+            problem = f"placement absent is only for a group of class absent, not {self.cls}"
+        elif self.cls == GroupClass.ABSENT and self.placement != Placement.ABSENT:
+            problem = f"a group of class absent (not loaded) cannot be placed {self.placement}"
+        elif self.placement == Placement.HOST_COLD and self.cls != GroupClass.COLD:
+            problem = f"placement host-cold is for cold groups, and this one is {self.cls}"
+        elif self.placement == Placement.HOST_HOT and self.kind != GroupKind.LAYER:
+            problem = f"placement host-hot is for decoder layers (kind layer), and this one is {self.kind}"
+        elif self.dtype_bytes and sum(self.dtype_bytes.values()) != self.bytes:
+            problem = f"bytes {self.bytes} is not the sum of dtype_bytes ({sum(self.dtype_bytes.values())})"
+        if problem:
+            raise PlanError(f"{where}: group {self.group}: {problem}; fix it or {REPLAN}")
+
+
+# --------------------------------------------------------------------------- estimates
+
+
+@dataclass(frozen=True)
+class Estimate:
+    est_link_s_per_step: float
+    est_vram_s_per_step: float
+    est_step_s: float
+    est_tok_s: float
+
+    @classmethod
+    def of(cls, link_bytes: int, vram_bytes: int, inputs: PlanInputs) -> "Estimate":
+        link_s = link_bytes / (inputs.link_gbps * GB)
+        vram_s = vram_bytes / (inputs.vram_gbps * GB)
+        step = link_s + vram_s
+        return cls(link_s, vram_s, step, (1.0 / step) if step > 0 else float("inf"))
+
+    @classmethod
+    def read(cls, r: _Reader) -> "Estimate":
+        values = {}
+        for f in fields(cls):
+            value = r.raw(f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                r._bad(f.name, value, "a number >= 0")
+            values[f.name] = float(value)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class BulkBaseline:
+    """vLLM's own ``cpu_offload_gb``: parameters of the layer stack, in model order."""
+
+    cpu_offload_gb: float
+    offloaded_bytes: int
+    offloaded_tensors: int
+    #: Decoder layers with at least one parameter on the host.
+    layers_touched: tuple[int, ...]
+    device_bytes: int
+    fits: bool
+    est: Estimate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "layers_touched": list(self.layers_touched), "est": self.est.__dict__.copy()}
+
+    @classmethod
+    def read(cls, r: _Reader) -> "BulkBaseline":
+        touched = r.raw("layers_touched")
+        if not isinstance(touched, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                    for i in touched):
+            r._bad("layers_touched", touched, "a list of layer indices")
+        return cls(cpu_offload_gb=r.number("cpu_offload_gb", positive=False), offloaded_bytes=r.int("offloaded_bytes"),
+                   offloaded_tensors=r.int("offloaded_tensors"), layers_touched=tuple(touched),
+                   device_bytes=r.int("device_bytes", minimum=None), fits=r.bool("fits"),
+                   est=Estimate.read(r.child("est")))
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    """The model a plan was made for, and how it is recognised."""
+
+    source: str
+    #: ``safetensors`` (headers), ``manifest``, or ``config`` (sizes estimated).
+    kind: str
+    architectures: tuple[str, ...]
+    #: A hash of every tensor's name, dtype and shape (see :func:`planner.model_fingerprint`).
+    fingerprint: str
+    num_tensors: int
+    total_bytes: int
+    tie_word_embeddings: bool
+    num_hidden_layers: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "architectures": list(self.architectures)}
+
+    @classmethod
+    def read(cls, r: _Reader) -> tuple["PlannedModel", list[str]]:
+        model = cls(source=r.str("source"), kind=r.str("kind", default="safetensors"),
+                    architectures=r.str_list("architectures", default=[]),
+                    fingerprint=r.str("fingerprint", nonempty=True), num_tensors=r.int("num_tensors"),
+                    total_bytes=r.int("total_bytes"), tie_word_embeddings=r.bool("tie_word_embeddings"),
+                    num_hidden_layers=r.int("num_hidden_layers", default=None))
+        return model, r.unknown()
+
+
+#: Totals derived from the groups, written under "totals" and checked when read.
+TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "absent_bytes", "cold_bytes",
+          "weight_budget_bytes", "deficit_bytes", "prefetch_buffer_bytes", "shortfall_bytes")
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: PlannedModel
+    inputs: PlanInputs
+    strategy: Strategy
+    groups: tuple[GroupPlan, ...]
+    hot_layer_indices: tuple[int, ...]
+    #: Device memory an on-demand tower holds while it runs (est: two blocks and the rest).
+    est_transient_device_bytes: int
+    bulk: BulkBaseline | None
+    est_ignores: tuple[str, ...] = EST_IGNORES
+    notes: tuple[str, ...] = ()
+    #: Notes from reading the plan (ignored unknown fields); not written back.
+    load_notes: tuple[str, ...] = field(default=(), compare=False)
+
+    # ---- derived from the groups (never stored as the truth)
+    def _sum(self, placement: Placement) -> int:
+        return sum(g.bytes for g in self.groups if g.placement == placement)
+
+    @property
+    def device_bytes(self) -> int:
+        return self._sum(Placement.DEVICE)
+
+    @property
+    def host_cold_bytes(self) -> int:
+        return self._sum(Placement.HOST_COLD)
+
+    @property
+    def host_hot_bytes(self) -> int:
+        return self._sum(Placement.HOST_HOT)
+
+    @property
+    def absent_bytes(self) -> int:
+        return self._sum(Placement.ABSENT)
+
+    @property
+    def cold_bytes(self) -> int:
+        return sum(g.bytes for g in self.groups if g.cls == GroupClass.COLD)
+
+    @property
+    def weight_budget_bytes(self) -> int:
+        return self.inputs.weight_budget_bytes
+
+    @property
+    def deficit_bytes(self) -> int:
+        """Bytes to load minus the weight budget (<= 0: everything fits on the device)."""
+        return sum(g.bytes for g in self.groups if g.placement != Placement.ABSENT) - self.weight_budget_bytes
+
+    @property
+    def prefetch_buffer_bytes(self) -> int:
+        """vLLM's prefetch offloader keeps ``prefetch_step`` device slots of every offloaded
+        parameter: as much as the largest layer, per slot, once any layer is offloaded."""
+        if not self.hot_layer_indices:
+            return 0
+        largest = max((g.bytes for g in self.groups if g.kind == GroupKind.LAYER), default=0)
+        return self.inputs.prefetch_step * largest
+
+    @property
+    def shortfall_bytes(self) -> int:
+        """Device memory missing for this placement (0 when it fits)."""
+        need = self.device_bytes + self.est_transient_device_bytes + self.prefetch_buffer_bytes
+        return max(0, need - self.weight_budget_bytes)
+
+    @property
+    def est(self) -> Estimate:
+        return Estimate.of(sum(g.est_link_bytes_per_step for g in self.groups),
+                           sum(g.est_vram_bytes_per_step for g in self.groups), self.inputs)
+
+    @property
+    def host_cold_groups(self) -> list[str]:
+        return [g.group for g in self.groups if g.placement == Placement.HOST_COLD]
+
+    def placement_of(self, group: str) -> Placement | None:
+        return next((g.placement for g in self.groups if g.group == group), None)
+
+    def totals(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in TOTALS}
+
+    # ---- consistency
+    def validate(self, where: str = "plan") -> None:
+        """Raise :class:`PlanError` (one line) when the plan contradicts itself."""
+        self.check_groups(where)
+        self.check_strategy(where)
+
+    def check_groups(self, where: str = "plan") -> None:
+        """Each group consistent in itself, unique, inside the model; hot layers agreeing."""
+        self.inputs.validate()
+        if not self.groups:
+            raise PlanError(f"{where}: the plan has no groups; {REPLAN}")
+        seen: set[str] = set()
+        layers: set[int] = set()
+        n_layers = self.model.num_hidden_layers
+        for g in self.groups:
+            if g.group in seen:
+                raise PlanError(f"{where}: group {g.group} is listed twice; {REPLAN}")
+            seen.add(g.group)
+            g.check(where)
+            self._check_never_cold(g, where)
+            if g.layer_index is None:
+                continue
+            if g.layer_index in layers:
+                raise PlanError(f"{where}: group {g.group}: layer_index {g.layer_index} belongs to another "
+                                f"group too; {REPLAN}")
+            layers.add(g.layer_index)
+            if n_layers is not None and not 0 <= g.layer_index < n_layers:
+                raise PlanError(f"{where}: group {g.group}: layer_index {g.layer_index} is outside the model's "
+                                f"{n_layers} layers (0..{n_layers - 1}); {REPLAN}")
+        hot = tuple(sorted(g.layer_index for g in self.groups if g.placement == Placement.HOST_HOT))
+        if tuple(self.hot_layer_indices) != hot:
+            raise PlanError(f"{where}: hot_layer_indices {list(self.hot_layer_indices)} disagree with the groups "
+                            f"placed host-hot (layers {list(hot)}); make them agree or {REPLAN}")
+
+    def _check_never_cold(self, g: GroupPlan, where: str) -> None:
+        if g.cls != GroupClass.COLD:
+            return
+        if has_segment(g.group, NEVER_COLD_SEGMENTS):
+            why = "the LM head is read in full every step and is never cold"
+        elif self.model.tie_word_embeddings and has_segment(g.group, EMBED_SEGMENTS):
+            why = ("the model ties its embedding to the LM head (tie_word_embeddings), so the embedding "
+                   "is read in full every step: hot, on the device")
+        else:
+            return
+        raise PlanError(f"{where}: group {g.group} is marked cold, but {why}; {REPLAN}")
+
+    def check_strategy(self, where: str = "plan") -> None:
+        """The strategy names what the placement does, and a feasible placement fits."""
+        has_hot, has_cold = bool(self.hot_layer_indices), bool(self.host_cold_groups)
+        shortfall = self.shortfall_bytes
+        wrong = None
+        if self.strategy == Strategy.INFEASIBLE:
+            if not shortfall:
+                wrong = "it fits the weight budget"
+        elif shortfall:
+            wrong = (f"the groups placed on the device need {shortfall / GB:.3f} GB more than the "
+                     f"{self.weight_budget_bytes / GB:.3f} GB weight budget")
+        elif self.strategy == Strategy.RESIDENT and (has_hot or has_cold):
+            wrong = "it places groups on the host"
+        elif self.strategy == Strategy.COLD_OFFLOAD and (has_hot or not has_cold):
+            wrong = "cold_offload places cold groups, and only cold groups, on the host"
+        elif self.strategy == Strategy.HOT_OFFLOAD and not has_hot:
+            wrong = "it places no decoder layer on the host"
+        if wrong:
+            raise PlanError(f"{where}: strategy is {self.strategy}, but {wrong}; {REPLAN}")
+
+    # ---- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "model": self.model.to_dict(),
+            "inputs": self.inputs.to_dict(),
+            "strategy": self.strategy,
+            "hot_layer_indices": list(self.hot_layer_indices),
+            "est_transient_device_bytes": self.est_transient_device_bytes,
+            "totals": self.totals(),
+            "est": self.est.__dict__.copy(),
+            "bulk": None if self.bulk is None else self.bulk.to_dict(),
+            "est_ignores": list(self.est_ignores),
+            "notes": list(self.notes),
+            "groups": [g.to_dict() for g in self.groups],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "plan") -> "Plan":
+        version = format_version(data, where)
+        top = _Reader(data, where, "")
+        top.seen.add("format")
+        model, notes = PlannedModel.read(top.child("model"))
+        inputs, more = PlanInputs.read(top.child("inputs"))
+        notes += more
+        groups_raw = top.raw("groups")
+        if not isinstance(groups_raw, list) or not groups_raw:
+            top._bad("groups", groups_raw, "a non-empty list of groups")
+        groups = []
+        for i, raw in enumerate(groups_raw):
+            group, more = GroupPlan.read(_Reader(raw, where, f"groups[{i}]"), version)
+            groups.append(group)
+            notes += more
+        hot = top.raw("hot_layer_indices")
+        if not isinstance(hot, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hot):
+            top._bad("hot_layer_indices", hot, "a list of layer indices")
+        bulk_raw = top.raw("bulk", None)
+        plan = cls(
+            model=model, inputs=inputs, strategy=top.choice("strategy", Strategy), groups=tuple(groups),
+            hot_layer_indices=tuple(hot), est_transient_device_bytes=top.int("est_transient_device_bytes"),
+            bulk=None if bulk_raw is None else BulkBaseline.read(top.child("bulk")),
+            est_ignores=top.str_list("est_ignores", default=list(EST_IGNORES)),
+            notes=top.str_list("notes", default=[]),
+        )
+        top.seen.update({"est"})  # derived: recomputed from the groups
+        plan.check_groups(where)
+        stored = _stored_totals(top, version)
+        for name, value in stored.items():
+            if value != getattr(plan, name):
+                raise PlanError(
+                    f"{where}: {name} says {value} but the groups add up to {getattr(plan, name)} "
+                    "(was a group edited?); delete the \"totals\" object to accept the groups as they are, "
+                    f"or {REPLAN}")
+        plan.check_strategy(where)
+        notes += top.unknown()
+        return _with_load_notes(plan, notes)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise PlanError(f"{path}: cannot read the plan: {exc.strerror or exc}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PlanError(f"{path}: the plan is not valid JSON ({exc}); {REPLAN}") from None
+        return cls.from_dict(data, where=str(path))
+
+
+def _stored_totals(top: _Reader, version: int) -> dict[str, int]:
+    """The totals a plan file states, to check against the groups."""
+    if version == 1:
+        # v1 wrote them at the top level; the ones it derived differently are not compared.
+        names = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "absent_bytes", "cold_bytes")
+        top.seen.update({"shortfall_bytes", "deficit_bytes", "weight_budget_bytes", "prefetch_buffer_bytes",
+                         "format"})
+        return {n: top.int(n, minimum=None) for n in names if n in top.data}
+    if "totals" not in top.data:
+        return {}
+    r = top.child("totals")
+    out = {n: r.int(n, minimum=None) for n in TOTALS if n in r.data}
+    return out
+
+
+def _with_load_notes(plan: Plan, notes: list[str]) -> Plan:
+    from dataclasses import replace
+
+    return replace(plan, load_notes=tuple(notes)) if notes else plan
