@@ -3,17 +3,24 @@
 Silent non-offload is the failure this project exists to end (asking vLLM for
 ``cpu_offload_params={embed_tokens, visual, mtp}`` moved 0.5 GiB of a 4.31 GB cold set and
 said nothing), so after the model is loaded each of its parameters is matched to a plan
-group and its actual placement is read from the tensor itself and from the wrappers that
-own it. A report whose misplaced bytes exceed 1% of the planned cold or hot host bytes is
-not ``ok``: the vLLM glue logs it as a loud warning, or raises in strict mode.
+group (by :func:`names.group_key`, which survives vLLM's renames) and its actual
+placement is read from the tensor itself and from the wrappers that own it.
 
-Names: vLLM renames some checkpoint tensors (``q_proj``/``k_proj``/``v_proj`` fuse into
-``qkv_proj``; multimodal models move ``model.visual`` to ``visual`` and
-``model.language_model.layers`` to ``language_model.model.layers``), so groups are matched
-by a key that survives those renames: the cold segment for cold modules, the layer index
-for decoder layers, and the module path without ``model``/``language_model`` wrappers for
-the rest. Bytes are vLLM's own (padded vocabularies, fused or converted tensors), so they
-can differ slightly from the checkpoint's; placements are what is compared.
+Bytes are compared like with like. The plan counts checkpoint bytes; vLLM may hold a
+group in a wider dtype (a bf16 checkpoint in a float32 engine) or padded, so the verdict
+compares the bytes that landed elsewhere with the bytes *as loaded* of the groups the
+plan puts on the host. More than :data:`TOLERANCE` of those misplaced is a problem.
+
+Where a cold group's host bytes came from matters as much as where they are: bytes
+allocated on the device while the model was built and moved to the host only after
+loading need the device memory the plan meant to save, which is what runs a 24 GiB card
+out of memory at construction. So the report splits each cold group's host bytes into
+*routed* (allocated on the host at construction) and *moved* (moved after loading);
+moved bytes above the tolerance are a problem too.
+
+A report that is not ``ok`` is logged as a loud warning by the vLLM glue, or raised in
+strict mode. A worker that fails with a user error writes a report whose ``error`` says
+why, so the calling process can raise that line instead of vLLM's generic failure.
 """
 
 from __future__ import annotations
@@ -22,34 +29,23 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 from torch import nn
 
 from .errors import PlanError
-from .planner import LAYER_RE, NEVER_COLD_SEGMENTS, Plan
+from .names import group_key
+from .plan import GroupPlan, Placement, Plan
 from .sizes import GB, fmt_bytes
 
-REPORT_FORMAT = "selective-offload/report-v1"
-#: Misplaced bytes above this fraction of the planned host bytes make a report not ok.
+REPORT_FORMAT = "selective-offload/report-v2"
+#: Misplaced (or unrouted) bytes above this fraction of the bytes, as loaded, of the
+#: groups the plan puts on the host make a report not ok.
 TOLERANCE = 0.01
-_WRAPPER_SEGMENTS = frozenset({"model", "language_model", "text_model"})
-
-
-def group_key(name: str, cold_segments: Iterable[str]) -> tuple:
-    """A rename-proof key for the group a parameter or plan group name belongs to."""
-    parts = name.split(".")
-    cold = set(cold_segments) - set(NEVER_COLD_SEGMENTS)
-    if not set(parts) & set(NEVER_COLD_SEGMENTS):
-        for seg in parts:
-            if seg in cold:
-                return ("cold", seg)
-    m = LAYER_RE.match(name + ".")
-    if m is not None:
-        return ("layer", int(m.group("index")))
-    path = [p for p in parts if p not in _WRAPPER_SEGMENTS]
-    return ("module", ".".join(path))
+#: Where a parameter can be found: the plan's two host placements, the device, or host
+#: memory that no wrapper of this plan owns.
+STRAY_HOST = "host"
 
 
 @dataclass
@@ -57,10 +53,22 @@ class GroupLanding:
     group: str
     planned: str
     actual: str
+    #: Checkpoint bytes, as planned.
     planned_bytes: int
+    #: Bytes as vLLM holds them, by where they are.
     device_bytes: int = 0
     host_bytes: int = 0
+    #: Of ``host_bytes`` of a cold group: allocated on the host while the model was built,
+    #: or moved there after loading (a transient of that size on the device).
+    routed_bytes: int = 0
+    moved_bytes: int = 0
     num_params: int = 0
+    #: How the plan's mechanism serves the group (``host gather``, ``on demand (...)``).
+    mechanism: str = ""
+
+    @property
+    def loaded_bytes(self) -> int:
+        return self.device_bytes + self.host_bytes
 
 
 @dataclass
@@ -72,59 +80,235 @@ class PlacementReport:
     #: True when the compute device is the CPU: host and device memory are then the same
     #: memory, and a placement says which wrapper owns the bytes, not which chip holds them.
     host_is_device: bool
-    groups: list[GroupLanding]
-    planned_host_cold_bytes: int
-    landed_host_cold_bytes: int
-    planned_host_hot_bytes: int
-    landed_host_hot_bytes: int
-    misplaced_cold_bytes: int
-    misplaced_hot_bytes: int
-    est_link_bytes_per_step: int
+    groups: list[GroupLanding] = field(default_factory=list)
+    #: Checkpoint bytes the plan puts on the host, cold and hot.
+    planned_host_cold_bytes: int = 0
+    planned_host_hot_bytes: int = 0
+    #: The same groups' bytes as vLLM loaded them (the verdict's yardstick).
+    loaded_host_cold_bytes: int = 0
+    loaded_host_hot_bytes: int = 0
+    #: Bytes, as loaded, found in each host placement.
+    landed_host_cold_bytes: int = 0
+    landed_host_hot_bytes: int = 0
+    misplaced_cold_bytes: int = 0
+    misplaced_hot_bytes: int = 0
+    #: Host-cold bytes that were moved after loading instead of built on the host.
+    unrouted_cold_bytes: int = 0
+    est_link_bytes_per_step: int = 0
     #: Parameters of the model that no plan group claims (name -> bytes).
     unplanned: dict[str, int] = field(default_factory=dict)
+    #: Counters of each wrapper (group -> counters), as of ``transfers_as_of``.
+    transfers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    transfers_as_of: str = "load"
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: A user error that stopped the load (the plan could not be applied at all).
+    error: str | None = None
     format: str = REPORT_FORMAT
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and self.error is None
+
+    def landing(self, group: str) -> GroupLanding:
+        return next(g for g in self.groups if g.group == group)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        """Write atomically: a reader never sees half a report."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PlacementReport":
-        data = json.loads(Path(path).read_text())
-        data.pop("ok", None)
-        data["groups"] = [GroupLanding(**g) for g in data["groups"]]
-        return cls(**data)
+        try:
+            data = json.loads(Path(path).read_text())
+            if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
+                raise ValueError(f"format {data.get('format') if isinstance(data, dict) else None!r}")
+            data.pop("ok", None)
+            data["groups"] = [GroupLanding(**g) for g in data.get("groups", [])]
+            return cls(**data)
+        except OSError as exc:
+            raise PlanError(f"{path}: cannot read the placement report: {exc.strerror or exc}") from None
+        except (ValueError, TypeError) as exc:
+            raise PlanError(f"{path}: not a placement report of this selective-offload ({exc})") from None
+
+    @classmethod
+    def failed(cls, error: str, plan: Plan | None, compute_device: str) -> "PlacementReport":
+        """The report of a load that a user error stopped."""
+        return cls(model_fingerprint=plan.model.fingerprint if plan else "", compute_device=compute_device,
+                   host_is_device=compute_device == "cpu", error=error)
 
     def render(self) -> str:
-        lines = [f"selective-offload placement report (compute device {self.compute_device}"
-                 + ("; host memory is device memory here" if self.host_is_device else "") + ")"]
-        head = f"{'group':<32} {'planned':<10} {'actual':<10} {'device':>11} {'host':>11}"
-        lines += [head, "-" * len(head)]
-        for g in self.groups:
-            if g.planned == "device" and g.actual == "device":
-                continue  # resident as planned; counted in the totals below
-            lines.append(f"{g.group:<32} {g.planned:<10} {g.actual:<10} "
-                         f"{fmt_bytes(g.device_bytes):>11} {fmt_bytes(g.host_bytes):>11}")
-        resident = [g for g in self.groups if g.planned == "device" and g.actual == "device"]
-        lines.append(f"{len(resident)} more groups resident on the device as planned "
-                     f"({fmt_bytes(sum(g.device_bytes for g in resident))})")
-        lines.append(f"cold on host: planned {fmt_bytes(self.planned_host_cold_bytes)}, "
-                     f"landed {fmt_bytes(self.landed_host_cold_bytes)}; hot on host: planned "
-                     f"{fmt_bytes(self.planned_host_hot_bytes)}, landed {fmt_bytes(self.landed_host_hot_bytes)}")
-        for note in self.notes:
-            lines.append(f"note: {note}")
-        for problem in self.problems:
-            lines.append(f"PLAN NOT REALISED: {problem}")
-        lines.append("placement matches the plan" if self.ok else "placement does NOT match the plan")
-        return "\n".join(lines)
+        return "\n".join(_render(self))
+
+
+def _render(r: PlacementReport) -> list[str]:
+    lines = [f"selective-offload placement report (compute device {r.compute_device}"
+             + ("; host memory is device memory here" if r.host_is_device else "") + ")"]
+    if r.error:
+        return lines + [f"PLAN NOT APPLIED: {r.error}"]
+    head = f"{'group':<32} {'planned':<10} {'actual':<10} {'device':>11} {'host':>11}  how"
+    lines += [head, "-" * len(head)]
+    resident = [g for g in r.groups if g.planned == g.actual == Placement.DEVICE]
+    for g in r.groups:
+        if g not in resident:
+            how = g.mechanism + (f"; built on the host: {fmt_bytes(g.routed_bytes)}, moved after loading: "
+                                 f"{fmt_bytes(g.moved_bytes)}" if g.planned == Placement.HOST_COLD else "")
+            lines.append(f"{g.group:<32} {g.planned:<10} {g.actual:<10} {fmt_bytes(g.device_bytes):>11} "
+                         f"{fmt_bytes(g.host_bytes):>11}  {how}")
+    lines.append(f"{len(resident)} more groups resident on the device as planned "
+                 f"({fmt_bytes(sum(g.device_bytes for g in resident))})")
+    for label, planned, loaded, landed in (
+            ("cold", r.planned_host_cold_bytes, r.loaded_host_cold_bytes, r.landed_host_cold_bytes),
+            ("hot", r.planned_host_hot_bytes, r.loaded_host_hot_bytes, r.landed_host_hot_bytes)):
+        if planned or landed:
+            lines.append(f"{label} on host: planned {fmt_bytes(planned)} of checkpoint bytes, "
+                         f"{fmt_bytes(loaded)} as loaded; landed {fmt_bytes(landed)}")
+    lines += [f"note: {note}" for note in r.notes]
+    lines += [f"PLAN NOT REALISED: {problem}" for problem in r.problems]
+    lines.append("placement matches the plan" if r.ok else "placement does NOT match the plan")
+    return lines
+
+
+# --------------------------------------------------------------------------- building
+
+
+@dataclass
+class _Matching:
+    """Parameters matched to plan groups: bytes by group and by where they are."""
+
+    landings: dict[str, GroupLanding]
+    by_place: dict[str, dict[str, int]]
+    unplanned: dict[str, int] = field(default_factory=dict)
+
+    def record(self, group: str, where: str, nbytes: int, *, routed: bool | None = None) -> None:
+        landing = self.landings[group]
+        landing.num_params += 1
+        if where == Placement.DEVICE:
+            landing.device_bytes += nbytes
+        else:
+            landing.host_bytes += nbytes
+            if routed is True:
+                landing.routed_bytes += nbytes
+            elif routed is False:
+                landing.moved_bytes += nbytes
+        self.by_place[group][where] = self.by_place[group].get(where, 0) + nbytes
+
+
+def _storage_of(param: torch.Tensor) -> int:
+    try:
+        return param.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # meta or otherwise storage-less tensors
+        return 0
+
+
+def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, host_cold: set[int],
+                      host_hot: set[int], routed: set[int] | None,
+                      size) -> _Matching:
+    segments = plan.inputs.cold_segments
+    by_key: dict[tuple, GroupPlan] = {}
+    for g in plan.groups:
+        by_key.setdefault(group_key(g.group, segments), g)
+    m = _Matching({g.group: GroupLanding(g.group, g.placement, Placement.ABSENT, g.bytes) for g in plan.groups},
+                  {g.group: {} for g in plan.groups})
+    # Tied weights are listed under every name, so a re-tied lm_head finds its group too.
+    for name, param in model.named_parameters(remove_duplicate=False):
+        nbytes = size(param, name)
+        planned = by_key.get(group_key(name.rsplit(".", 1)[0] if "." in name else name, segments))
+        if planned is None:
+            m.unplanned[name] = nbytes
+            continue
+        if id(param) in host_hot:
+            m.record(planned.group, Placement.HOST_HOT, nbytes)
+        elif id(param) in host_cold:
+            m.record(planned.group, Placement.HOST_COLD, nbytes,
+                     routed=None if routed is None else _storage_of(param) in routed)
+        elif param.device.type == "cpu" and not host_is_device:
+            m.record(planned.group, STRAY_HOST, nbytes)
+        else:
+            m.record(planned.group, Placement.DEVICE, nbytes)
+    return m
+
+
+def _count_drafter(m: _Matching, model: nn.Module, drafter: nn.Module, plan: Plan, host_cold: set[int],
+                   size, notes: list[str]) -> None:
+    """An MTP head is built by vLLM's speculative drafter under names of its own: its
+    parameters (less those it shares with the main model, such as the embedding) count
+    for the plan's MTP group."""
+    mtp_group = next((g.group for g in plan.groups if g.mtp), None)
+    shared = {id(p) for p in model.parameters()}
+    own = [(n, p) for n, p in drafter.named_parameters() if id(p) not in shared]
+    if mtp_group is None:
+        m.unplanned.update({f"drafter.{n}": size(p) for n, p in own})
+        return
+    for _, param in own:
+        m.record(mtp_group, Placement.HOST_COLD if id(param) in host_cold else Placement.DEVICE, size(param))
+    if m.landings[mtp_group].planned == Placement.ABSENT:
+        notes.append(f"the speculative drafter loaded {mtp_group}, which the plan left out "
+                     "(plan with --speculative mtp to count it)")
+
+
+def _missing_groups(m: _Matching, plan: Plan, drafter_loaded: bool, drafter_expected: bool,
+                    notes: list[str]) -> list[str]:
+    problems = []
+    for g in plan.groups:
+        landing = m.landings[g.group]
+        if landing.num_params:
+            continue
+        if g.mtp and not drafter_loaded:
+            if g.placement != Placement.ABSENT:
+                notes.append(f"{g.group} is loaded by the speculative drafter"
+                             + ("" if drafter_expected else ", and this engine runs without one"))
+        elif g.placement != Placement.ABSENT and g.bytes:
+            problems.append(f"group {g.group} ({g.bytes / GB:.3f} GB, planned {g.placement}) "
+                            "is not in the loaded model")
+    return problems
+
+
+def _verdict(m: _Matching, report: PlacementReport, plan: Plan, check_routing: bool) -> list[str]:
+    """Misplaced, unrouted and stray host bytes against the tolerance."""
+    problems: list[str] = []
+    stray = 0
+    for kind, label in ((Placement.HOST_COLD, "cold"), (Placement.HOST_HOT, "hot")):
+        loaded = landed = misplaced = 0
+        wrong: list[str] = []
+        for landing in m.landings.values():
+            places = m.by_place[landing.group]
+            here = places.get(kind, 0)
+            landed += here
+            if landing.planned == kind:
+                loaded += landing.loaded_bytes
+                off = landing.loaded_bytes - here
+            else:
+                off = here
+            if off:
+                misplaced += off
+                wrong.append(landing.group)
+        setattr(report, f"loaded_host_{label}_bytes", loaded)
+        setattr(report, f"landed_host_{label}_bytes", landed)
+        setattr(report, f"misplaced_{label}_bytes", misplaced)
+        if misplaced > TOLERANCE * loaded:
+            problems.append(
+                f"{fmt_bytes(misplaced)} of {label} bytes (as loaded) did not land where planned, more than "
+                f"{TOLERANCE:.0%} of the {fmt_bytes(loaded)} the plan puts on the host: "
+                f"{', '.join(wrong[:6])}{' ...' if len(wrong) > 6 else ''}")
+    moved = [g for g in m.landings.values() if g.planned == Placement.HOST_COLD and g.moved_bytes]
+    report.unrouted_cold_bytes = sum(g.moved_bytes for g in moved)
+    if check_routing and report.unrouted_cold_bytes > TOLERANCE * report.loaded_host_cold_bytes:
+        problems.append(
+            f"{fmt_bytes(report.unrouted_cold_bytes)} of cold bytes were allocated on the device while the "
+            f"model was built and moved to the host only after loading ({', '.join(g.group for g in moved[:6])}): "
+            "the device needs them at construction, which is what the plan was to avoid")
+    stray = sum(places.get(STRAY_HOST, 0) for places in m.by_place.values())
+    if stray > TOLERANCE * max(report.loaded_host_cold_bytes + report.loaded_host_hot_bytes, 1):
+        problems.append(f"{fmt_bytes(stray)} are in host memory without the plan "
+                        "(is vLLM's own cpu_offload_gb set as well?)")
+    return problems
 
 
 def build_report(
@@ -134,143 +318,47 @@ def build_report(
     compute_device: torch.device,
     host_cold_params: set[int],
     host_hot_params: set[int],
+    routed_storages: set[int] | None = None,
     notes: Iterable[str] = (),
     drafter: nn.Module | None = None,
     drafter_expected: bool = False,
-    loaded_bytes: dict[str, int] | None = None,
+    loaded_bytes: Mapping[str, int] | None = None,
+    mechanisms: Mapping[str, str] | None = None,
 ) -> PlacementReport:
     """Match ``model``'s parameters to ``plan``'s groups and compare placements.
 
     ``host_cold_params`` / ``host_hot_params`` are the ``id()`` of parameters that the
-    cold-set wrappers and the hot-layer offloader own in host memory. An MTP head is built
-    by vLLM's speculative ``drafter``, under names of its own: the drafter's parameters
-    (less those it shares with ``model``, such as the embedding) count for the plan's MTP
-    group. With ``drafter_expected`` and no drafter yet, a missing MTP group is awaited,
-    not a problem. ``loaded_bytes`` (name -> bytes) gives sizes as loaded, for parameters
-    that post-processing replaced by an empty one (a weight repacked into another object).
+    cold-set wrappers and the hot-layer offloader own in host memory. ``routed_storages``
+    holds the storage addresses that construction-time routing allocated on the host
+    (``None``: routing is not checked). With ``drafter_expected`` and no ``drafter`` yet,
+    a missing MTP group is awaited, not a problem. ``loaded_bytes`` (name -> bytes) gives
+    sizes as loaded, for parameters that post-processing replaced by an empty one (a
+    weight repacked into another object). ``mechanisms`` describes each group's wrapper.
     """
     loaded_bytes = loaded_bytes or {}
 
     def size(param: torch.Tensor, name: str = "") -> int:
         return max(param.numel() * param.element_size(), loaded_bytes.get(name, 0))
 
-    segments = plan.inputs["cold_segments"]
-    by_key = {}
-    for p in plan.groups:
-        by_key.setdefault(group_key(p.group, segments), p)
-    landings = {p.group: GroupLanding(p.group, p.placement, "absent", p.bytes) for p in plan.groups}
-    by_place: dict[str, dict[str, int]] = {p.group: {} for p in plan.groups}
     host_is_device = compute_device.type == "cpu"
-    unplanned: dict[str, int] = {}
-
-    def record(group: str, where: str, nbytes: int) -> None:
-        landing = landings[group]
-        landing.num_params += 1
-        if where == "device":
-            landing.device_bytes += nbytes
-        else:
-            landing.host_bytes += nbytes
-        by_place[group][where] = by_place[group].get(where, 0) + nbytes
-
-    # Tied weights are listed under every name, so a re-tied lm_head finds its group too.
-    for name, param in model.named_parameters(remove_duplicate=False):
-        nbytes = size(param, name)
-        module_path = name.rsplit(".", 1)[0] if "." in name else name
-        planned = by_key.get(group_key(module_path, segments))
-        if planned is None:
-            unplanned[name] = nbytes
-            continue
-        if id(param) in host_hot_params:
-            where = "host-hot"
-        elif id(param) in host_cold_params:
-            where = "host-cold"
-        elif param.device.type == "cpu" and not host_is_device:
-            where = "host"  # in host memory, but not through this plan's wrappers
-        else:
-            where = "device"
-        record(planned.group, where, nbytes)
-
+    m = _match_parameters(model, plan, host_is_device=host_is_device, host_cold=host_cold_params,
+                          host_hot=host_hot_params, routed=routed_storages, size=size)
     notes = list(notes)
-    mtp_group = next((p.group for p in plan.groups if p.mtp), None)
     if drafter is not None:
-        shared = {id(p) for p in model.parameters()}
-        own = [(n, p) for n, p in drafter.named_parameters() if id(p) not in shared]
-        if mtp_group is None:
-            unplanned.update({f"drafter.{n}": size(p) for n, p in own})
-        for _, param in own if mtp_group else ():
-            record(mtp_group, "host-cold" if id(param) in host_cold_params else "device", size(param))
-        if mtp_group and landings[mtp_group].planned == "absent":
-            notes.append(f"the speculative drafter loaded {mtp_group}, which the plan left out "
-                         "(plan with --speculative mtp to count it)")
-
-    problems: list[str] = []
-    misplaced = {"host-cold": 0, "host-hot": 0}
-    landed = {"host-cold": 0, "host-hot": 0}
-    wrong: dict[str, list[str]] = {"host-cold": [], "host-hot": []}
-    stray_host = 0
-    for g in landings.values():
-        places = by_place[g.group]
+        _count_drafter(m, model, drafter, plan, host_cold_params, size, notes)
+    for landing in m.landings.values():
+        places = m.by_place[landing.group]
         if places:
-            g.actual = max(places, key=places.get)
-        for kind in misplaced:
-            landed[kind] += places.get(kind, 0)
-            off = (sum(places.values()) - places.get(kind, 0)) if g.planned == kind else places.get(kind, 0)
-            if off:
-                misplaced[kind] += off
-                wrong[kind].append(g.group)
-        stray_host += places.get("host", 0)
-        if g.group == mtp_group and g.num_params == 0 and drafter is None:
-            if g.planned != "absent":
-                notes.append(f"{g.group} is loaded by the speculative drafter"
-                             + ("" if drafter_expected else ", and this engine runs without one"))
-        elif g.planned != "absent" and g.num_params == 0 and g.planned_bytes:
-            problems.append(f"group {g.group} ({g.planned_bytes / GB:.3f} GB, planned {g.planned}) "
-                            "is not in the loaded model")
-    for kind, planned_bytes, label in (
-        ("host-cold", plan.host_cold_bytes, "cold"),
-        ("host-hot", plan.host_hot_bytes, "hot"),
-    ):
-        if misplaced[kind] > TOLERANCE * planned_bytes:
-            problems.append(
-                f"{misplaced[kind] / GB:.3f} GB of {label} bytes did not land where planned "
-                f"(more than {TOLERANCE:.0%} of the {planned_bytes / GB:.3f} GB planned): "
-                f"{', '.join(wrong[kind][:6])}{' ...' if len(wrong[kind]) > 6 else ''}"
-            )
-    if stray_host > TOLERANCE * max(plan.host_cold_bytes + plan.host_hot_bytes, 1):
-        problems.append(f"{stray_host / GB:.3f} GB are in host memory without the plan "
-                        "(is vLLM's own cpu_offload_gb set as well?)")
-    return PlacementReport(
-        model_fingerprint=plan.model["fingerprint"],
-        compute_device=str(compute_device),
-        host_is_device=host_is_device,
-        groups=list(landings.values()),
-        planned_host_cold_bytes=plan.host_cold_bytes,
-        landed_host_cold_bytes=landed["host-cold"],
-        planned_host_hot_bytes=plan.host_hot_bytes,
-        landed_host_hot_bytes=landed["host-hot"],
-        misplaced_cold_bytes=misplaced["host-cold"],
-        misplaced_hot_bytes=misplaced["host-hot"],
-        est_link_bytes_per_step=sum(p.est_link_bytes_per_step for p in plan.groups
-                                    if landings[p.group].actual.startswith("host")),
-        unplanned=unplanned,
-        problems=problems,
-        notes=notes,
+            landing.actual = max(places, key=places.get)
+        landing.mechanism = (mechanisms or {}).get(landing.group, "")
+    report = PlacementReport(
+        model_fingerprint=plan.model.fingerprint, compute_device=str(compute_device),
+        host_is_device=host_is_device, groups=list(m.landings.values()),
+        planned_host_cold_bytes=plan.host_cold_bytes, planned_host_hot_bytes=plan.host_hot_bytes,
+        est_link_bytes_per_step=sum(g.est_link_bytes_per_step for g in plan.groups
+                                    if m.landings[g.group].actual in (Placement.HOST_COLD, Placement.HOST_HOT)),
+        unplanned=m.unplanned, notes=notes,
     )
-
-
-def check_plan_matches(plan: Plan, group_names: Iterable[str], where: str) -> None:
-    """Raise :class:`PlanError` when ``plan`` was made for a model with other group names."""
-    actual = set(group_names)
-    planned = {g.group for g in plan.groups}
-    if actual == planned:
-        return
-    missing = sorted(planned - actual)
-    extra = sorted(actual - planned)
-    raise PlanError(
-        f"the plan was made for another model ({plan.model['source']}, fingerprint "
-        f"{plan.model['fingerprint']}) than {where}: "
-        + (f"{len(missing)} planned group(s) are not in it (first: {missing[0]})" if missing else "")
-        + ("; " if missing and extra else "")
-        + (f"{len(extra)} of its group(s) are not in the plan (first: {extra[0]})" if extra else "")
-        + "; make the plan again for this model"
-    )
+    report.problems = (_missing_groups(m, plan, drafter is not None, drafter_expected, notes)
+                       + _verdict(m, report, plan, routed_storages is not None))
+    return report

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from selective_offload.wrappers.construct_on_host import ConstructOnHost, cold_prefix_of
+from selective_offload.wrappers.construct_on_host import ConstructOnHost
 
 
 class Linear(nn.Module):
@@ -80,10 +80,16 @@ def test_segments_not_in_the_plan_stay_on_the_device():
     assert mode.routed == {}
 
 
-def test_cold_prefix_of_matches_whole_segments_and_never_lm_head():
-    assert cold_prefix_of("model.visual.blocks.0.attn", {"visual"}) == "model.visual"
-    assert cold_prefix_of("model.visualise.proj", {"visual"}) is None
-    assert cold_prefix_of("lm_head.embed_tokens", {"embed_tokens"}) is None
+def test_routed_storages_are_exactly_the_cold_parameters_built_on_the_host():
+    """The ledger the report uses to tell "built on the host" from "moved after loading":
+    it names the storages of the routed parameters, and nothing routed as a temporary."""
+    model, mode = build({"visual"})
+    routed = mode.routed_storages(model)
+    visual = {p.untyped_storage().data_ptr() for n, p in model.named_parameters() if n.startswith("visual.")}
+    assert routed == visual and len(routed) == 6
+    # A parameter moved to the host afterwards (a new CPU allocation) is not in the ledger.
+    moved = torch.empty(8, 8, device="cpu")
+    assert moved.untyped_storage().data_ptr() not in routed
 
 
 def test_mode_leaves_other_factories_and_explicit_host_tensors_alone():

@@ -13,8 +13,14 @@ vLLM layer follows (``prefix="model.embed_tokens"``, ``"visual.blocks.0.attn.qkv
 when a dot-separated segment of that prefix is one of the cold segments, it allocates on
 the host (pinned where the platform pins) instead of the device. Helpers that allocate
 inside a layer (``create_weights``) have no ``prefix`` of their own, so the walk reaches
-the layer's ``__init__``. ``lm_head`` is never routed. The mode costs a short stack walk
-per factory call during construction only.
+the layer's ``__init__``. Which prefixes are cold is :mod:`selective_offload.names`' rule
+(whole segments; ``lm_head`` never). The mode costs a short stack walk per factory call
+during construction only.
+
+The mode also keeps a ledger of what it routed, so the placement report can prove that a
+cold parameter was *built* on the host rather than moved there after loading:
+:meth:`ConstructOnHost.routed_storages` gives the storage addresses it allocated that
+became parameters or buffers of the built model.
 """
 
 from __future__ import annotations
@@ -23,23 +29,13 @@ import sys
 from typing import Iterable
 
 import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
-NEVER_ROUTED = frozenset({"lm_head"})
+from ..names import cold_segment
+
 _MAX_FRAMES = 64
-
-
-def cold_prefix_of(prefix: str, segments: Iterable[str]) -> str | None:
-    """The prefix up to and including its first cold segment, or ``None``."""
-    parts = prefix.split(".")
-    if NEVER_ROUTED & set(parts):
-        return None
-    wanted = set(segments)
-    for i, seg in enumerate(parts):
-        if seg in wanted:
-            return ".".join(parts[: i + 1])
-    return None
 
 
 def _constructing(class_segments: dict[type, str], never: tuple[type, ...]) -> tuple[str, str] | None:
@@ -68,7 +64,8 @@ class ConstructOnHost(TorchFunctionMode):
     """Route the allocations of modules whose ``prefix`` has a cold segment to the host.
 
     ``routed`` maps each cold segment (``embed_tokens``, ``visual``) to the bytes allocated
-    for it on the host, so the caller can check the routing happened.
+    for it on the host, so the caller can check the routing happened; the tensors
+    themselves are held until :meth:`routed_storages` (so no address is reused meanwhile).
 
     Some models build a module without passing it a prefix (vLLM's Llama builds its
     ``embed_tokens`` so); ``class_segments`` names classes whose instances stand for a
@@ -84,6 +81,7 @@ class ConstructOnHost(TorchFunctionMode):
         self.class_segments = {c: s for c, s in (class_segments or {}).items() if s in self.segments}
         self.never = never
         self.routed: dict[str, int] = {}
+        self._routed_tensors: list[torch.Tensor] = []
         self._constructors = _device_constructors()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -95,8 +93,7 @@ class ConstructOnHost(TorchFunctionMode):
             elif found[0] == "segment":
                 cold = found[1]
             else:
-                cold_prefix = cold_prefix_of(found[1], self.segments)
-                cold = cold_prefix.rsplit(".", 1)[-1] if cold_prefix else None
+                cold = cold_segment(found[1], self.segments)
             if cold is not None:
                 kwargs["device"] = torch.device("cpu")
                 if self.pin_memory and "pin_memory" in _PINNABLE.get(func, ()):
@@ -104,8 +101,18 @@ class ConstructOnHost(TorchFunctionMode):
                 out = func(*args, **kwargs)
                 if isinstance(out, torch.Tensor):
                     self.routed[cold] = self.routed.get(cold, 0) + out.numel() * out.element_size()
+                    self._routed_tensors.append(out)
                 return out
         return func(*args, **kwargs)
+
+    def routed_storages(self, model: nn.Module) -> set[int]:
+        """Storage addresses this mode allocated that hold ``model``'s parameters or buffers
+        now; releases the ledger's references (temporaries it routed can then be freed)."""
+        mine = {t.untyped_storage().data_ptr() for t in self._routed_tensors}
+        self._routed_tensors.clear()
+        held = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())
+                if t.device.type == "cpu"}
+        return mine & held
 
 
 #: Factories that take ``pin_memory=``; others are pinned after construction.

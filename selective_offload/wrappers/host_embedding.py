@@ -283,6 +283,11 @@ class HostGather:
         self._ledger = TransferLedger()
 
     @property
+    def ledger(self) -> TransferLedger:
+        """The live counters (a small object a caller may keep after the wrapper is gone)."""
+        return self._ledger
+
+    @property
     def staging(self) -> torch.Tensor | None:
         """The host staging buffer (1-D uint8), or None before the first host gather."""
         return self._staging

@@ -281,6 +281,11 @@ class OnDemandOffload:
     # -- reporting and removal -----------------------------------------------------------
 
     @property
+    def ledger(self) -> TransferLedger:
+        """The live counters (a small object a caller may keep after the wrapper is gone)."""
+        return self._ledger
+
+    @property
     def stats(self) -> OffloadStats:
         host_bytes = sum(
             tensor_bytes(h) for g in self._groups for h in g.hosts if h.device.type == "cpu"
