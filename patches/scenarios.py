@@ -40,8 +40,8 @@ def image_prompts():
     def image(seed):
         return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8))
 
-    return [{"prompt": "<image> w1 w2 w3", "multi_modal_data": {"image": image(1)}},
-            {"prompt": "w5 w6 w9 w10"}]
+    return [{"prompt": "<image> baba bebe bibi", "multi_modal_data": {"image": image(1)}},
+            {"prompt": "mono nunu sasa tete"}]
 
 
 def summarise(report) -> dict:
@@ -59,11 +59,11 @@ def run_patched(model: Path, prompts, engine_args) -> dict:
     import torch
     from vllm import LLM, SamplingParams
 
-    from selective_offload.report import build_report, group_key
+    from selective_offload.names import cold_segment
+    from selective_offload.report import build_report
 
     plan = all_cold_plan(model)
-    segments = sorted({group_key(g.group, plan.inputs["cold_segments"])[1] for g in plan.groups
-                       if g.placement == "host-cold"})
+    segments = sorted({cold_segment(g, plan.inputs.cold_segments) for g in plan.host_cold_groups})
     llm = LLM(model=str(model), offload_host_modules=set(segments), **{**ENGINE_ARGS, **engine_args})
     try:
         requests = [p if isinstance(p, dict) else {"prompt_token_ids": p} for p in prompts]

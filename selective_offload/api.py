@@ -5,7 +5,8 @@ monkeypatch in the calling process never reaches. So :func:`enable` writes the p
 file and names it in ``SELECTIVE_OFFLOAD_PLAN``; every vLLM process loads the
 ``vllm.general_plugins`` entry point (:mod:`selective_offload.vllm_glue.plugin`), which
 reads that variable and installs the hooks. :func:`enable` also installs them in the
-calling process, for engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+calling process: for engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), to
+check the model before an engine starts, and to raise a worker's reason for failing.
 Without the variable the plugin does nothing: importing this package changes nothing.
 
 For ``vllm serve``::
@@ -21,80 +22,98 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import load_checkpoint
+from .checkpoint import INDEX_NAME, load_checkpoint
 from .errors import PlanError, UserError
-from .planner import Plan, PlanInputs, make_plan
+from .model_match import check_plan_matches_model
+from .options import ENV_VARS, RunOptions
+from .plan import Plan, PlanInputs, Strategy
+from .planner import make_plan
 from .report import PlacementReport
-from .sizes import parse_size
+from .sizes import GB, parse_size
 
-ENV_PLAN = "SELECTIVE_OFFLOAD_PLAN"
-ENV_REPORT = "SELECTIVE_OFFLOAD_REPORT"
-ENV_STRICT = "SELECTIVE_OFFLOAD_STRICT"
-ENV_EMBEDDING = "SELECTIVE_OFFLOAD_EMBEDDING"
-_ENV = (ENV_PLAN, ENV_REPORT, ENV_STRICT, ENV_EMBEDDING)
 #: The report file of the last enable(), still readable after disable().
 _last_report_path: Path | None = None
+
+_PLAN_HINT = "a plan is the JSON that `selective-offload plan MODEL --device-memory SIZE -o plan.json` writes"
+
+
+def _is_model_dir(path: Path) -> bool:
+    return path.is_dir() and (any(path.glob("*.safetensors")) or (path / INDEX_NAME).is_file())
 
 
 def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | None = None,
                  **inputs: Any) -> Plan:
-    """A :class:`Plan` from a plan object, a plan JSON file, or a model to plan now."""
+    """A validated :class:`Plan` from a plan object, a plan JSON file, or a model to plan now."""
     if isinstance(plan, Plan):
+        plan.validate()
         return plan
     path = Path(plan)
-    if path.is_file() and path.suffix == ".json":
-        try:
-            return Plan.load(path)
-        except PlanError:
-            if device_memory is None:
-                raise
     if not path.exists():
-        raise PlanError(f"{path}: no such plan file or model directory; make a plan with "
-                        "`selective-offload plan MODEL --device-memory ... -o plan.json`")
+        raise PlanError(f"{path}: no such plan file or model directory; {_PLAN_HINT}")
+    if path.is_file() and device_memory is None:
+        if path.suffix != ".json":
+            raise PlanError(f"{path}: not a plan ({_PLAN_HINT}); to plan a model now, pass its directory "
+                            "and device_memory=")
+        return Plan.load(path)
     if device_memory is None:
-        raise PlanError(f"{path} is a model, not a plan: pass device_memory= (like '24GiB') to plan it now")
+        what = "a model directory" if _is_model_dir(path) else "a directory without *.safetensors shards"
+        raise PlanError(f"{path}: is {what}, not a plan file; pass a plan file ({_PLAN_HINT}), or a model "
+                        "directory with device_memory= (like '24GiB') to plan it now")
+    if path.is_dir() and not _is_model_dir(path):
+        raise PlanError(f"{path}: no *.safetensors shards here, so there is no model to plan; "
+                        "point at a checkpoint directory")
     return make_plan(load_checkpoint(path),
                      PlanInputs(device_memory_bytes=parse_size(device_memory, "device_memory"), **inputs))
 
 
-def enable(plan: "Plan | str | os.PathLike", *, device_memory: str | int | None = None,
-           strict: bool = False, report_path: str | os.PathLike | None = None,
-           embedding_mode: str = "auto", **plan_inputs: Any) -> dict[str, Any]:
+def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None = None,
+           device_memory: str | int | None = None, strict: bool = False,
+           report_path: str | os.PathLike | None = None, embedding_mode: str = "auto",
+           **plan_inputs: Any) -> dict[str, Any]:
     """Apply ``plan`` to every vLLM engine this process starts from now on.
 
     ``plan`` is a :class:`Plan`, a plan JSON file, or a model directory (then planned
-    here for ``device_memory`` and ``plan_inputs``). ``strict`` makes an unrealised plan
-    an error instead of a loud warning. The placement report is written to
-    ``report_path`` (default: a file in the temporary directory) and returned by
-    :func:`placement_report`. Returns the engine arguments the plan supplies (``model``,
-    when the plan was made from a local directory), to pass on: ``LLM(**enable(plan))``.
+    here for ``device_memory`` and ``plan_inputs``). The plan is checked against the
+    checkpoint it will run on, here and now, when that is known: ``model``, or the
+    directory the plan was made from; otherwise when the engine starts. ``strict`` makes
+    an unrealised plan an error instead of a loud warning. The placement report is
+    written to ``report_path`` (default: a file in the temporary directory) and returned
+    by :func:`placement_report`. Returns the engine arguments the plan supplies
+    (``model``), to pass on: ``LLM(**enable(plan))``.
 
-    Raises :class:`UserError` (one line saying what to do) for an unreadable plan or an
-    unsupported vLLM, before anything is patched.
+    Raises :class:`UserError` (one line saying what to do) for a bad option, an unreadable
+    or inconsistent plan, a plan for another model, an infeasible plan or an unsupported
+    vLLM, before anything is patched.
     """
     from .vllm_glue import compat, patches
 
-    if embedding_mode not in patches.EMBEDDING_MODES:
-        raise UserError(f"embedding_mode {embedding_mode!r}: use one of {', '.join(patches.EMBEDDING_MODES)}")
+    # Options first, with a placeholder plan path: a bad option must not cost a plan read.
+    RunOptions("", strict, str(report_path) if report_path else None, embedding_mode).validate()
     resolved = resolve_plan(plan, device_memory, **plan_inputs)
+    if resolved.strategy == Strategy.INFEASIBLE:
+        raise PlanError(f"the plan is infeasible: {resolved.shortfall_bytes / GB:.3f} GB more device memory is "
+                        "needed than it has; plan for a larger card, a smaller KV cache or a smaller checkpoint")
+    model_dir = Path(model) if model is not None else Path(resolved.model.source)
+    if model is not None and not _is_model_dir(model_dir):
+        raise PlanError(f"model={model_dir}: not a checkpoint directory (no *.safetensors shards)")
+    if _is_model_dir(model_dir):
+        check_plan_matches_model(resolved, load_checkpoint(model_dir))
     targets = compat.resolve_targets()  # raises before anything is changed
     workdir = Path(tempfile.mkdtemp(prefix="selective-offload-"))
-    plan_path = workdir / "plan.json"
-    resolved.save(plan_path)
+    resolved.save(workdir / "plan.json")
+    options = RunOptions(str(workdir / "plan.json"), strict, str(report_path) if report_path else None,
+                         embedding_mode).with_default_report()
     global _last_report_path
-    report = Path(report_path) if report_path else workdir / "report.json"
-    report.unlink(missing_ok=True)
-    _last_report_path = report
-    os.environ.update({ENV_PLAN: str(plan_path), ENV_REPORT: str(report),
-                       ENV_STRICT: "1" if strict else "0", ENV_EMBEDDING: embedding_mode})
-    patches.apply(patches.Settings(resolved, str(plan_path), strict, str(report), embedding_mode), targets)
-    source = Path(str(resolved.model.get("source", "")))
-    return {"model": str(source)} if source.is_dir() else {}
+    _last_report_path = Path(options.report_path)
+    _last_report_path.unlink(missing_ok=True)
+    os.environ.update(options.to_env())
+    patches.apply(patches.Settings(resolved, options), targets)
+    return {"model": str(model_dir)} if _is_model_dir(model_dir) else {}
 
 
 def disable() -> None:
     """Undo :func:`enable` for engines started after this call."""
-    for name in _ENV:
+    for name in ENV_VARS:
         os.environ.pop(name, None)
     try:
         from .vllm_glue import patches
@@ -104,10 +123,23 @@ def disable() -> None:
 
 
 def placement_report() -> PlacementReport:
-    """The placement report of the last engine started under :func:`enable`."""
-    path = os.environ.get(ENV_REPORT) or _last_report_path
+    """The placement report of the last engine started under :func:`enable`.
+
+    For an engine in this process, the wrappers' transfer counters are as they are now;
+    for a spawned engine, as they were when the model had loaded.
+    """
+    try:
+        from .vllm_glue import patches
+    except ImportError:  # pragma: no cover - vLLM absent
+        patches = None
+    live = patches.session() if patches is not None else None
+    if live is not None and live.report is not None:
+        return live.live_report()
+    path = os.environ.get("SELECTIVE_OFFLOAD_REPORT") or _last_report_path
     if not path:
         raise UserError("no plan was enabled: call selective_offload.enable(plan) before LLM(...)")
     if not Path(path).is_file():
-        raise UserError(f"{path}: no placement report yet; it is written when the engine has loaded the model")
+        raise UserError(f"{path}: no placement report: no vLLM engine has loaded a model since "
+                        "selective_offload.enable(); it applies only to engines started after it, so call "
+                        "enable() before LLM(...)")
     return PlacementReport.load(path)

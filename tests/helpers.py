@@ -8,7 +8,7 @@ from pathlib import Path
 
 from selective_offload.checkpoint import tensor_nbytes
 # The demo's tiny Qwen3 and engine arguments serve the tests too.
-from selective_offload.vllm_glue.demo import ENGINE_ARGS, save_tiny_qwen3  # noqa: F401
+from selective_offload.vllm_glue.demo import ENGINE_ARGS, save_tiny_qwen3, word_tokenizer  # noqa: F401
 
 
 def write_header_only(path: Path, tensors: dict[str, tuple[str, list[int]]],
@@ -100,14 +100,12 @@ def save_tiny_idefics3(directory: Path, seed: int = 0) -> Path:
     Qwen-VL/LLaVA/Gemma3 processors in vLLM import it. Prompts carry one ``<image>``.
     """
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         Idefics3Config,
         Idefics3ForConditionalGeneration,
         Idefics3Processor,
         Idefics3VisionConfig,
         LlamaConfig,
-        PreTrainedTokenizerFast,
     )
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
@@ -115,12 +113,7 @@ def save_tiny_idefics3(directory: Path, seed: int = 0) -> Path:
     specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<fake_token_around_image>", "<image>",
                 "<end_of_utterance>", "<global-img>"]
     specials += [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
-    words = ["\n"] + [f"w{i}" for i in range(vocab_size - len(specials) - 1)]
-    backend = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(specials + words)},
-                                         unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>",
-                                        pad_token="<pad>", unk_token="<unk>")
+    tokenizer = word_tokenizer(vocab_size, specials)
     tokenizer.add_special_tokens({"additional_special_tokens": specials[4:]})
     processor = Idefics3Processor(
         image_processor=Idefics3ImageProcessorPil(
@@ -182,3 +175,21 @@ def save_tiny_mimo_mtp(directory: Path, seed: int = 0) -> Path:
     cfg.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
     (directory / "config.json").write_text(json.dumps(cfg, indent=2))
     return directory
+
+
+def hot_layer_plan(model_dir):
+    """A plan that needs decoder layers on the host: vLLM's prefetch offloader needs CUDA,
+    so on the CPU build it cannot be realised (strict mode refuses it in the worker)."""
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.planner import PlanInputs, make_plan
+
+    ckpt = load_checkpoint(model_dir)
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 3 // 4, kv_cache_bytes=0,
+                                      reserve_bytes=0))
+    assert plan.strategy == "hot_offload" and plan.hot_layer_indices
+    return plan
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a program's output: what a user reads first."""
+    return next((line for line in reversed(text.splitlines()) if line.strip()), "")

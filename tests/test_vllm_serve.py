@@ -21,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from helpers import MAX_TOKENS, PROMPTS, generate_with_plan, save_tiny_qwen3, tight_plan
+from helpers import MAX_TOKENS, PROMPTS, generate_tokens, hot_layer_plan, last_line, save_tiny_qwen3, tight_plan
 from selective_offload.report import PlacementReport
 
 pytestmark = pytest.mark.vllm
@@ -39,20 +39,24 @@ def model(tmp_path_factory):
     return save_tiny_qwen3(tmp_path_factory.mktemp("serve_model"), seed=5)
 
 
-@pytest.fixture(scope="module")
-def server(model, tmp_path_factory):
-    work = tmp_path_factory.mktemp("serve")
-    tight_plan(model).save(work / "plan.json")
+def start_server(model, work, plan, strict: str, port: int, log) -> subprocess.Popen:
+    plan.save(work / "plan.json")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SELECTIVE_OFFLOAD_")}
     env.update(SELECTIVE_OFFLOAD_PLAN=str(work / "plan.json"), SELECTIVE_OFFLOAD_REPORT=str(work / "report.json"),
-               SELECTIVE_OFFLOAD_STRICT="1", VLLM_ENABLE_V1_MULTIPROCESSING="1")
-    port = free_port()
-    log = open(work / "server.log", "w")
-    proc = subprocess.Popen(
+               SELECTIVE_OFFLOAD_STRICT=strict, VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    return subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
          "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init", "--dtype", "float32",
          "--enforce-eager", "--max-model-len", "256", "--kv-cache-memory-bytes", str(64 << 20), "--seed", "0"],
         env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    work = tmp_path_factory.mktemp("serve")
+    port = free_port()
+    log = open(work / "server.log", "w")
+    proc = start_server(model, work, tight_plan(model), "1", port, log)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     try:
@@ -93,12 +97,33 @@ def test_server_applies_the_plan_in_its_spawned_worker(server):
     assert "selective-offload placement report" in (work / "server.log").read_text()
 
 
-def test_server_returns_the_same_tokens_as_the_python_path(server, model, monkeypatch):
+def test_server_returns_the_same_tokens_as_plain_vllm(server, model, monkeypatch):
+    """Served with the plan (embedding on the host) against plain vLLM without one."""
+    import selective_offload
+
     base, _ = server
     served = [complete(base, str(model), p) for p in PROMPTS]
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    python_path, _ = generate_with_plan(tight_plan(model), model)
-    assert served == python_path
+    selective_offload.disable()
+    assert served == generate_tokens(model)
+
+
+def test_a_server_whose_plan_fails_in_its_worker_exits_with_the_reason(model, tmp_path):
+    """SELECTIVE_OFFLOAD_STRICT=true (not only 1) makes the server strict; the plan needs
+    hot layers the CPU build cannot offload, so the worker refuses it, and the server's
+    output ends with that reason rather than vLLM's generic start-up failure."""
+    with open(tmp_path / "server.log", "w") as log:
+        proc = start_server(model, tmp_path, hot_layer_plan(model), "true", free_port(), log)
+        try:
+            proc.wait(timeout=STARTUP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"the server did not stop in {STARTUP_TIMEOUT_S} s; see {tmp_path / 'server.log'}")
+    output = (tmp_path / "server.log").read_text()
+    assert proc.returncode != 0
+    assert last_line(output).startswith("selective_offload.errors.PlanError: the plan was not realised (strict "
+                                        "mode): the plan puts 2 hot layers on the host"), output[-3000:]
+    assert PlacementReport.load(tmp_path / "report.json").error == last_line(output).split(": ", 1)[1]
 
 
 def test_plugin_is_off_without_a_plan():

@@ -10,6 +10,7 @@ prove the routing, the wrappers, the report and bit-identical tokens, not memory
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from safetensors.torch import load_file, save_file
@@ -36,36 +37,32 @@ def untied_plain_tokens(untied):
 
 @pytest.fixture(scope="module")
 def untied_selective(untied):
-    """One engine with the cold set (the embedding) on the host, strict."""
-    from selective_offload.vllm_glue import patches
-
+    """One engine with the cold set (the embedding) on the host, strict; the report read
+    after generating, so its transfer counters include the generation."""
     plan = tight_plan(untied)
     kwargs = selective_offload.enable(plan, strict=True)
     try:
         tokens = generate_tokens(kwargs["model"])
         report = selective_offload.placement_report()
-        gather = patches.attached["model.embed_tokens"]
-        stats = gather._ledger.snapshot(0)
-        method = patches.attached_modules["model.embed_tokens"].quant_method
     finally:
         selective_offload.disable()
-    return plan, tokens, report, stats, method
+    return plan, tokens, report
 
 
 def test_untied_plan_puts_the_embedding_on_the_host(untied_selective):
-    plan, *_ = untied_selective
+    plan, _, _ = untied_selective
     assert plan.strategy == "cold_offload"
     assert plan.host_cold_groups == ["model.embed_tokens"]
 
 
 def test_untied_tokens_identical_to_plain_vllm(untied_selective, untied_plain_tokens):
-    _, tokens, *_ = untied_selective
+    _, tokens, _ = untied_selective
     assert len(tokens) == 4 and all(len(t) == 32 for t in tokens)
     assert tokens == untied_plain_tokens
 
 
 def test_report_shows_the_embedding_landed_on_the_host(untied_selective, untied):
-    plan, _, report, *_ = untied_selective
+    plan, _, report = untied_selective
     embed = next(g for g in report.groups if g.group == "model.embed_tokens")
     assert (embed.planned, embed.actual) == ("host-cold", "host-cold")
     vocab, hidden = load_checkpoint(untied).tensors["model.embed_tokens.weight"].shape
@@ -77,20 +74,56 @@ def test_report_shows_the_embedding_landed_on_the_host(untied_selective, untied)
     assert all(g.actual == "device" and g.host_bytes == 0 for g in others)
 
 
+def test_the_embedding_was_built_on_the_host_not_moved_there(untied_selective):
+    """Construction-time routing, proven: every host byte of the embedding was allocated
+    on the host while vLLM built the model (the routing ledger), none moved after loading."""
+    _, _, report = untied_selective
+    embed = report.landing("model.embed_tokens")
+    assert embed.routed_bytes == embed.host_bytes > 0
+    assert embed.moved_bytes == 0 and report.unrouted_cold_bytes == 0
+
+
 def test_generation_gathered_rows_on_the_host(untied_selective):
     """Every step (one prefill per prompt batch, then one per decode) went through the
     host gather, moving one 1 kB row (hidden 256, float32 in the engine) per token."""
-    *_, stats, _ = untied_selective
-    assert stats.calls >= 32
+    _, _, report = untied_selective
+    stats = report.transfers["model.embed_tokens"]
+    assert report.transfers_as_of == "now"
+    assert stats["calls"] >= 32
     prompt_tokens = sum(len(p) for p in [[1, 2, 3, 4], [5, 6, 7], [900, 17, 256, 3, 3, 80], [42]])
-    assert stats.bytes_moved_total == (prompt_tokens + 4 * 31) * 256 * 4
+    assert stats["bytes_moved_total"] == (prompt_tokens + 4 * 31) * 256 * 4
 
 
 def test_embedding_post_processing_skips_the_device_round_trip(untied_selective):
     """process_weights_after_loading would copy a CPU-resident weight to the device and
-    back (device_loading_context); the glue turns that off for the host embedding."""
-    *_, method = untied_selective
-    assert method.requires_device_loading is False
+    back (device_loading_context); the glue turns that off for the host embedding, and
+    the report reads it back from the embedding's quant method."""
+    _, _, report = untied_selective
+    assert report.landing("model.embed_tokens").mechanism == \
+        "host gather (one row per token crosses the link); post-processed in place"
+
+
+def test_cold_weights_not_built_on_the_host_are_reported(untied, untied_plain_tokens, monkeypatch):
+    """Break construction-time routing (the mode routes nothing): vLLM then builds the
+    embedding under its device and the glue moves it to the host after loading. Tokens
+    are still right, but on a card that needs the offload that is an out-of-memory at
+    construction, so the report says so, and strict mode refuses."""
+    from selective_offload.wrappers.construct_on_host import ConstructOnHost
+
+    monkeypatch.setattr(ConstructOnHost, "__torch_function__",
+                        lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {})))
+    tokens, report = generate_with_plan(tight_plan(untied), untied, strict=False)
+    assert tokens == untied_plain_tokens
+    embed = report.landing("model.embed_tokens")
+    assert embed.actual == "host-cold" and (embed.routed_bytes, embed.moved_bytes) == (0, embed.host_bytes)
+    assert not report.ok
+    assert any("were allocated on the device while the model was built" in p for p in report.problems)
+    selective_offload.enable(tight_plan(untied), strict=True)
+    try:
+        with pytest.raises(PlanError, match="not realised .*moved to the host only after loading"):
+            generate_tokens(untied)
+    finally:
+        selective_offload.disable()
 
 
 # ---- tied embeddings: the embedding is the LM head's weight, so it stays on the device
@@ -129,22 +162,22 @@ def test_tied_embedding_stays_on_device_and_tokens_match(request, which):
 
 
 def test_a_plan_forcing_a_tied_embedding_to_the_host_is_refused(tied_with_lm_head, tmp_path):
-    """Edit a plan by hand to put the (re-tied) embedding on the host: loading must fail,
-    naming both modules, rather than move the LM head's weight off the device."""
+    """Edit a plan by hand to put the (re-tied) embedding on the host: enable() refuses it
+    before any engine starts, naming the embedding and why it is hot, rather than move
+    the LM head's weight off the device."""
     ckpt = load_checkpoint(tied_with_lm_head)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0, reserve_bytes=0))
     data = plan.to_dict()
     for g in data["groups"]:
         if g["group"] == "model.embed_tokens":
             g["placement"], g["cls"] = "host-cold", "cold"
-    data["host_cold_bytes"] = next(g["bytes"] for g in data["groups"] if g["group"] == "model.embed_tokens")
+    del data["totals"]
+    data["strategy"] = "cold_offload"
     (tmp_path / "forced.json").write_text(json.dumps(data))
-    selective_offload.enable(tmp_path / "forced.json")
-    try:
-        with pytest.raises(Exception, match="embed_tokens.*lm_head|lm_head.*embed_tokens"):
-            generate_tokens(tied_with_lm_head)
-    finally:
-        selective_offload.disable()
+    with pytest.raises(PlanError, match=r"group model.embed_tokens is marked cold, but the model ties its "
+                                        r"embedding to the LM head \(tie_word_embeddings\)"):
+        selective_offload.enable(tmp_path / "forced.json")
+    assert "SELECTIVE_OFFLOAD_PLAN" not in os.environ
 
 
 # ---- bad input

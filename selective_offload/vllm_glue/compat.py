@@ -35,6 +35,7 @@ class Targets:
     offloader_base: Any       # module: vllm.model_executor.offloader.base
     PrefetchOffloader: type
     accelerator_view: Any     # vllm.utils.torch_utils.get_accelerator_view_from_cpu_tensor
+    MPClient: type            # vllm.v1.engine.core_client.MPClient: starts engine processes
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -69,6 +70,7 @@ def resolve_targets() -> Targets:
         offloader_base = importlib.import_module("vllm.model_executor.offloader.base")
         prefetch = importlib.import_module("vllm.model_executor.offloader.prefetch")
         torch_utils = importlib.import_module("vllm.utils.torch_utils")
+        core_client = importlib.import_module("vllm.v1.engine.core_client")
         targets = Targets(
             vllm_version=version,
             base_loader=base_loader,
@@ -78,6 +80,7 @@ def resolve_targets() -> Targets:
             offloader_base=offloader_base,
             PrefetchOffloader=prefetch.PrefetchOffloader,
             accelerator_view=torch_utils.get_accelerator_view_from_cpu_tensor,
+            MPClient=core_client.MPClient,
         )
         for owner, attr in ((base_loader, "initialize_model"),
                             (targets.BaseModelLoader, "load_model"),

@@ -1,9 +1,15 @@
 """The ``vllm.general_plugins`` entry point: applies a plan in every vLLM process.
 
-vLLM calls :func:`register` in each process it starts (API server, engine core, workers),
-possibly more than once. With ``SELECTIVE_OFFLOAD_PLAN`` unset it does nothing; with it
-set it loads the plan and installs the hooks (idempotent). A bad plan or an unsupported
-vLLM raises here, so the engine fails at start with the reason, before any weight loads.
+vLLM calls :func:`register` in each process it starts (the process that creates the
+engine, the engine core, its workers), possibly more than once. With
+``SELECTIVE_OFFLOAD_PLAN`` unset it does nothing. With it set it validates the options
+exactly as :func:`selective_offload.enable` does (:meth:`RunOptions.from_env`), loads the
+plan and installs the hooks (idempotent). A bad variable, an unwritable report path, a
+bad plan or an unsupported vLLM raises here, in the first process that loads plugins, so
+vLLM stops with the reason before any engine process exists.
+
+When no report path is named, the first process picks one in a temporary directory and
+puts it in the environment, so the processes it spawns write where it reads.
 """
 
 from __future__ import annotations
@@ -12,23 +18,16 @@ import os
 
 
 def register() -> None:
-    from ..api import ENV_EMBEDDING, ENV_PLAN, ENV_REPORT, ENV_STRICT
+    from ..options import ENV_REPORT, RunOptions
 
-    plan_path = os.environ.get(ENV_PLAN)
-    if not plan_path:
+    options = RunOptions.from_env()
+    if options is None:
         return
-    from ..planner import Plan
+    from ..plan import Plan
     from . import compat, patches
 
-    plan = Plan.load(plan_path)
+    plan = Plan.load(options.plan_path)
     targets = compat.resolve_targets()
-    patches.apply(
-        patches.Settings(
-            plan=plan,
-            plan_path=plan_path,
-            strict=os.environ.get(ENV_STRICT, "0") == "1",
-            report_path=os.environ.get(ENV_REPORT) or None,
-            embedding_mode=os.environ.get(ENV_EMBEDDING, "auto"),
-        ),
-        targets,
-    )
+    options = options.with_default_report()
+    os.environ[ENV_REPORT] = options.report_path
+    patches.apply(patches.Settings(plan, options), targets)

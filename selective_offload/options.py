@@ -1,0 +1,112 @@
+"""How a plan is applied: strictness, the report file, the embedding's lookup mode.
+
+The same options reach vLLM two ways: as arguments of ``enable()`` in the calling
+process, and as environment variables in every process vLLM spawns (read by the
+``vllm.general_plugins`` entry point). Both go through :meth:`RunOptions.validate`, so a
+value refused by one is refused by the other, and both refuse before any model is built.
+
+=============================  ==================================================
+variable                       accepted values
+=============================  ==================================================
+``SELECTIVE_OFFLOAD_PLAN``     path of a plan JSON; unset: the plugin does nothing
+``SELECTIVE_OFFLOAD_STRICT``   ``1 true yes on`` / ``0 false no off`` (any case);
+                               unset or empty: off
+``SELECTIVE_OFFLOAD_REPORT``   path of the report JSON; its directory must exist
+                               and be writable; unset: a temporary file
+``SELECTIVE_OFFLOAD_EMBEDDING`` ``auto`` (default), ``host`` or ``uva``
+=============================  ==================================================
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from .errors import UserError
+
+ENV_PLAN = "SELECTIVE_OFFLOAD_PLAN"
+ENV_REPORT = "SELECTIVE_OFFLOAD_REPORT"
+ENV_STRICT = "SELECTIVE_OFFLOAD_STRICT"
+ENV_EMBEDDING = "SELECTIVE_OFFLOAD_EMBEDDING"
+ENV_VARS = (ENV_PLAN, ENV_REPORT, ENV_STRICT, ENV_EMBEDDING)
+
+#: ``host``: gather rows on the host and send them; ``uva``: read rows through a device
+#: view of pinned memory (CUDA-graph safe); ``auto``: UVA when CUDA graphs are captured.
+EMBEDDING_MODES = ("auto", "host", "uva")
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def parse_flag(name: str, value: str | None, default: bool = False) -> bool:
+    """A boolean environment variable as the ecosystem writes them; anything else is an error."""
+    if value is None or not value.strip():
+        return default
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise UserError(f"{name}={value!r} is not a yes/no value; use one of 1, true, yes, on or 0, false, no, off")
+
+
+def check_report_path(path: str | os.PathLike, what: str = ENV_REPORT) -> Path:
+    """Refuse, before any model is built, a report path that cannot be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{what}={path}: is a directory; name a file in it, like {path / 'report.json'}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UserError(f"{what}={path}: the directory {parent} does not exist; create it or name another file")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"{what}={path}: cannot be written (permission denied); name a file in a writable directory")
+    return path
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options of one ``enable()`` (or one plugin load)."""
+
+    plan_path: str
+    strict: bool = False
+    report_path: str | None = None
+    embedding_mode: str = "auto"
+
+    def validate(self) -> "RunOptions":
+        if not isinstance(self.strict, bool):
+            raise UserError(f"strict={self.strict!r}: must be True or False")
+        if self.embedding_mode not in EMBEDDING_MODES:
+            raise UserError(f"{ENV_EMBEDDING}={self.embedding_mode!r} (embedding_mode): use one of "
+                            f"{', '.join(EMBEDDING_MODES)}")
+        if self.report_path is not None:
+            check_report_path(self.report_path)
+        return self
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "RunOptions | None":
+        """The options the environment gives, validated; ``None`` when no plan is named."""
+        plan = environ.get(ENV_PLAN, "").strip()
+        if not plan:
+            return None
+        return cls(
+            plan_path=plan,
+            strict=parse_flag(ENV_STRICT, environ.get(ENV_STRICT)),
+            report_path=environ.get(ENV_REPORT, "").strip() or None,
+            embedding_mode=environ.get(ENV_EMBEDDING, "").strip() or "auto",
+        ).validate()
+
+    def with_default_report(self) -> "RunOptions":
+        """These options with a report file in a new temporary directory when none is named."""
+        if self.report_path:
+            return self
+        directory = tempfile.mkdtemp(prefix="selective-offload-report-")
+        return RunOptions(self.plan_path, self.strict, str(Path(directory) / "report.json"), self.embedding_mode)
+
+    def to_env(self) -> dict[str, str]:
+        env = {ENV_PLAN: self.plan_path, ENV_STRICT: "1" if self.strict else "0",
+               ENV_EMBEDDING: self.embedding_mode}
+        if self.report_path:
+            env[ENV_REPORT] = self.report_path
+        return env
