@@ -148,13 +148,8 @@ class Checkpoint:
 # --------------------------------------------------------------------------- shards
 
 
-def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], bool]:
-    """Read one shard's header; return its tensors and whether all their data is present.
-
-    Reads the 8-byte length and the JSON header, nothing else. Raises
-    :class:`CheckpointError` naming the file for a truncated or corrupt header.
-    """
-    path = Path(path)
+def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
+    """The raw JSON header of a shard, its length and the file size: 8 + header bytes read."""
     where = f"{path}: "
     try:
         size = path.stat().st_size
@@ -171,9 +166,40 @@ def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], b
                     f"{where}header length {header_len} runs past the end of the "
                     f"{size}-byte file; the shard is truncated or not safetensors: fetch it again"
                 )
-            raw = f.read(header_len)
+            return f.read(header_len), header_len, size
     except OSError as exc:
         raise CheckpointError(f"{where}cannot read: {exc.strerror or exc}") from None
+
+
+def _tensor_entry(name: str, entry: Any, where: str, path: Path) -> tuple[TensorInfo, int, int]:
+    """One header entry as a :class:`TensorInfo`, with its data span checked against its size."""
+    try:
+        dtype = entry["dtype"]
+        shape = tuple(int(d) for d in entry["shape"])
+        begin, end = (int(x) for x in entry["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(
+            f"{where}tensor {name!r} lacks a valid dtype, shape or data_offsets; "
+            "the shard is corrupt: fetch it again"
+        ) from None
+    expected = tensor_nbytes(dtype, shape, where=f"{where}tensor {name!r}: ")
+    if begin < 0 or end < begin or end - begin != expected:
+        raise CheckpointError(
+            f"{where}tensor {name!r} has data_offsets [{begin}, {end}] but its shape "
+            f"{list(shape)} and dtype {dtype} need {expected} bytes; the shard is corrupt"
+        )
+    return TensorInfo(name, dtype, shape, expected, str(path)), begin, end
+
+
+def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], bool]:
+    """Read one shard's header; return its tensors and whether all their data is present.
+
+    Reads the 8-byte length and the JSON header, nothing else. Raises
+    :class:`CheckpointError` naming the file for a truncated or corrupt header.
+    """
+    path = Path(path)
+    where = f"{path}: "
+    raw, header_len, size = _read_header_bytes(path)
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -183,30 +209,12 @@ def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], b
     if not isinstance(header, dict):
         raise CheckpointError(f"{where}header is not a JSON object; the shard is corrupt")
 
-    data_len = size - 8 - header_len
     tensors: dict[str, TensorInfo] = {}
     spans: list[tuple[int, int, str]] = []
     for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = entry["dtype"]
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(
-                f"{where}tensor {name!r} lacks a valid dtype, shape or data_offsets; "
-                "the shard is corrupt: fetch it again"
-            ) from None
-        expected = tensor_nbytes(dtype, shape, where=f"{where}tensor {name!r}: ")
-        if begin < 0 or end < begin or end - begin != expected:
-            raise CheckpointError(
-                f"{where}tensor {name!r} has data_offsets [{begin}, {end}] but its shape "
-                f"{list(shape)} and dtype {dtype} need {expected} bytes; the shard is corrupt"
-            )
-        tensors[name] = TensorInfo(name, dtype, shape, expected, str(path))
-        spans.append((begin, end, name))
-
+        if name != "__metadata__":
+            tensors[name], begin, end = _tensor_entry(name, entry, where, path)
+            spans.append((begin, end, name))
     spans.sort()
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0 and e1 > b1:
@@ -215,7 +223,7 @@ def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], b
                 "the shard is corrupt: fetch it again"
             )
     data_end = max((e for _, e, _ in spans), default=0)
-    return tensors, data_end <= data_len
+    return tensors, data_end <= size - 8 - header_len
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -336,6 +344,12 @@ def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
     raw = _read_json(config_path, "config.json")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{config_path}: config.json is not a JSON object")
+    model = _meta_model(config_path, raw)
+    return Checkpoint(str(config_path), "config", _listed_tensors(model, raw), raw)
+
+
+def _meta_model(config_path: Path, raw: dict[str, Any]):
+    """The model class ``architectures`` names, built on the meta device (no memory)."""
     try:
         import torch
         import transformers
@@ -354,15 +368,20 @@ def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
             f"{config_path}: architecture {arch!r} is not in this transformers "
             f"({transformers.__version__}); plan from the safetensors headers or a manifest instead"
         )
-    dtype_name = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
-    dtype = getattr(torch, dtype_name, torch.bfloat16)
+    dtype = getattr(torch, str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"), torch.bfloat16)
     with init_empty_weights():
         try:
-            model = model_cls._from_config(config, dtype=dtype)
+            return model_cls._from_config(config, dtype=dtype)
         except TypeError:  # transformers < 4.56 names it torch_dtype
-            model = model_cls._from_config(config, torch_dtype=dtype)
-    quant = raw.get("quantization_config") or {}
-    fp8 = quant.get("quant_method") == "fp8"
+            return model_cls._from_config(config, torch_dtype=dtype)
+
+
+def _listed_tensors(model, raw: dict[str, Any]) -> dict[str, TensorInfo]:
+    """What save_pretrained would write for ``model``, in safetensors dtypes (FP8 linear
+    weights of decoder layers as F8_E4M3 when the config quantizes to FP8)."""
+    import torch
+
+    fp8 = (raw.get("quantization_config") or {}).get("quant_method") == "fp8"
     linear_weights = {
         f"{mod_name}.weight" for mod_name, mod in model.named_modules()
         if isinstance(mod, torch.nn.Linear) and ".layers." in f".{mod_name}."
@@ -383,7 +402,7 @@ def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
             st_dtype = "F8_E4M3"
         shape = tuple(tensor.shape)
         tensors[name] = TensorInfo(name, st_dtype, shape, tensor_nbytes(st_dtype, shape))
-    return Checkpoint(str(config_path), "config", tensors, raw)
+    return tensors
 
 
 # --------------------------------------------------------------------------- dispatch

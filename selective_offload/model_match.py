@@ -7,7 +7,8 @@ against the wrong figures. So the check is, per group: the class, the number of 
 the bytes in each dtype, and a digest of every tensor's shape and name relative to its
 group. Groups are matched by :func:`names.group_key`, so a plan made from names that
 differ only by wrappers (``model.language_model.layers`` against ``model.layers``) still
-matches. The whole-model fingerprint is the fast path: equal fingerprints, same model.
+matches. The whole-model fingerprint is the fast path: equal fingerprints and the same
+``tie_word_embeddings`` (which decides whether the embedding is hot), same model.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def check_plan_matches_model(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     """Raise :class:`PlanError` naming both models and the first difference when ``plan``
     was made for another model than ``checkpoint``; return notes when it matches."""
     fingerprint = model_fingerprint(checkpoint)
-    if fingerprint == plan.model.fingerprint:
+    same_tie = plan.model.tie_word_embeddings == checkpoint.facts.tie_word_embeddings
+    if fingerprint == plan.model.fingerprint and same_tie:
         return []
     found = differences(plan, checkpoint)
     if not found:
