@@ -152,3 +152,24 @@ def test_e2e_report_renders_a_gpu_shaped_result(tmp_path):
     assert "failed: OutOfMemoryError" in md and "skipped: does not fit" in md
     bench_e2e.chart(result, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").stat().st_size > 1000
+
+
+def test_the_readme_benchmark_figures_are_in_the_result_files_they_name():
+    """Every decimal figure in the README's "Measured so far" table appears in the result
+    file its row names: figures are recorded, not typed."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    table = readme.split("Measured so far", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in table.splitlines()
+            if line.startswith("| ") and line.rsplit("|", 2)[1].strip().endswith(".md`")]
+    assert len(rows) >= 4
+    for row in rows:
+        _, what, result, source, _ = row.split("|")
+        text = (root / "benchmarks" / "results" / source.strip().strip("`")).read_text()
+        figures = re.findall(r"\d+\.\d+", result)
+        assert figures, row
+        missing = [f for f in figures if f not in text]
+        assert not missing, f"{what.strip()}: {missing} not in {source.strip()}"

@@ -293,3 +293,27 @@ def test_projectors_are_cold():
                       "multi_modal_projector.linear_1.weight": ("BF16", [8])})
     assert {g.name: g.cls for g in group_tensors(ckpt, inputs(1))} == {
         "model.connector": "cold", "multi_modal_projector": "cold"}
+
+
+def test_the_readme_reference_table_is_what_the_planner_says(reference):
+    """The README's figures for the reference checkpoint are the planner's, not typed by hand."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10))
+    mtp = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, speculative="mtp"))
+    b, e = plan.bulk, plan.est
+    bulk_row = (f"| vLLM `cpu_offload_gb=10` (layers {b.layers_touched[0]}-{b.layers_touched[-1]}) | "
+                f"{b.offloaded_bytes / GB:.2f} GB | {b.est.est_link_s_per_step * 1e3:.0f} ms | "
+                f"{b.est.est_step_s * 1e3:.0f} ms | {b.est.est_tok_s:.2f} |")
+    selective_row = (f"| selective: cold set + {len(plan.hot_layer_indices)} hot layers | "
+                     f"{(plan.host_cold_bytes + plan.host_hot_bytes) / GB:.2f} GB ({plan.host_cold_bytes / GB:.2f} "
+                     f"cold + {plan.host_hot_bytes / GB:.2f} hot) | {e.est_link_s_per_step * 1e3:.0f} ms | "
+                     f"{e.est_step_s * 1e3:.0f} ms | {e.est_tok_s:.2f} |")
+    assert bulk_row in readme and selective_row in readme
+    notes = [f"so `cpu_offload_gb=10` moves {b.offloaded_bytes / GB:.2f} GB", f"the deficit is {plan.deficit_bytes / GB:.2f} GB",
+             f"{len(plan.hot_layer_indices)}\n  layers ({plan.host_hot_bytes / GB:.2f} GB)",
+             f"{plan.prefetch_buffer_bytes / GB:.2f} GB prefetch slot", f"{plan.est_transient_device_bytes / GB:.2f} GB of tower",
+             f"the deficit is\n  {mtp.deficit_bytes / GB:.2f} GB and {len(mtp.hot_layer_indices)} layers ({mtp.host_hot_bytes / GB:.2f} GB)"]
+    missing = [n for n in notes if n not in readme]
+    assert not missing, missing

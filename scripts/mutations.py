@@ -1,0 +1,58 @@
+"""Break one key line on purpose, run the tests, and say whether they caught it.
+
+    .venv/bin/python scripts/mutations.py NAME [PYTEST ARGS...]   # e.g. threshold-30 tests/test_report.py
+    .venv/bin/python scripts/mutations.py --list
+
+Each mutation replaces one exact piece of source text (it must occur once), runs pytest
+on the given selection (default: the whole suite), prints CAUGHT (pytest failed) or
+SURVIVED (a test is missing), and restores the file whatever happens. Run from the
+repository root; not part of the suite (each run is a full pytest).
+"""
+import pathlib
+import subprocess
+import sys
+
+MUTATIONS = {
+ "segment-substring": ("selective_offload/names.py", "        if seg in wanted:\n            return", "        if any(w in seg for w in wanted):\n            return"),
+ "threshold-30": ("selective_offload/report.py", "TOLERANCE = 0.01", "TOLERANCE = 0.30"),
+ "no-fingerprint-check": ("selective_offload/model_match.py", "    found = differences(plan, checkpoint)\n    if not found:", "    found = []\n    if not found:"),
+ "header-read-all": ("selective_offload/checkpoint.py", "            return f.read(header_len), header_len, size", "            raw = f.read(header_len)\n            f.read()\n            return raw, header_len, size"),
+ "header-read-builtin": ("selective_offload/checkpoint.py", "            return f.read(header_len), header_len, size", "            raw = f.read(header_len)\n            open(path, 'rb').read()\n            return raw, header_len, size"),
+ "no-routing": ("selective_offload/wrappers/construct_on_host.py", "            if cold is not None:\n                kwargs[\"device\"]", "            if False:\n                kwargs[\"device\"]"),
+ "totals-not-checked": ("selective_offload/plan.py", "            if value != getattr(plan, name):", "            if False:"),
+ "report-no-routing-check": ("selective_offload/report.py", "    if check_routing and report.unrouted_cold_bytes >", "    if False and report.unrouted_cold_bytes >"),
+ "strict-env-only-1": ("selective_offload/options.py", "    if text in _TRUE:", "    if text == '1':"),
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "--list"):
+        print(__doc__)
+        print("mutations:", ", ".join(MUTATIONS))
+        return 0
+    name, selection = argv[0], argv[1:] or ["tests"]
+    if name not in MUTATIONS:
+        print(f"mutations: unknown mutation {name!r}; known: {', '.join(MUTATIONS)}", file=sys.stderr)
+        return 2
+    path, old, new = MUTATIONS[name]
+    source = pathlib.Path(path)
+    text = source.read_text()
+    if text.count(old) != 1:
+        print(f"mutations: {name}: the text to replace occurs {text.count(old)} times in {path}, not once; "
+              "update the mutation", file=sys.stderr)
+        return 2
+    source.write_text(text.replace(old, new))
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *selection],
+                           capture_output=True, text=True)
+    finally:
+        source.write_text(text)
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    print(f"{name}: {'CAUGHT' if r.returncode else 'SURVIVED'} ({lines[-1] if lines else 'no output'})"
+          + (f": {failed[0]}" if failed else ""))
+    return 0 if r.returncode else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
