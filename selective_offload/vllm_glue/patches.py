@@ -47,9 +47,9 @@ from torch import nn
 from ..checkpoint import load_checkpoint
 from ..errors import PlanError, UserError
 from ..model_match import check_plan_matches_model
-from ..names import cold_prefix
+from ..names import EMBED_SEGMENTS, cold_prefix, cold_segment
 from ..options import RunOptions
-from ..plan import Placement, Plan
+from ..plan import Plan
 from ..report import PlacementReport, build_report
 from ..wrappers import HostGather, offload_on_demand, refuse_if_tied
 from ..wrappers.construct_on_host import ConstructOnHost
@@ -74,8 +74,7 @@ class Settings:
     @property
     def host_cold_segments(self) -> frozenset[str]:
         segments = self.plan.inputs.cold_segments
-        return frozenset(cold_prefix(g.group, segments).rsplit(".", 1)[-1] for g in self.plan.groups
-                         if g.placement == Placement.HOST_COLD and cold_prefix(g.group, segments))
+        return frozenset(cold_segment(g, segments) for g in self.plan.host_cold_groups) - {None}
 
 
 @dataclass
@@ -331,7 +330,7 @@ def _make_initialize_model(original):
             return original(*args, **kwargs)
         mode = ConstructOnHost(load.settings.host_cold_segments,
                                pin_memory=load.device.type == "cuda",
-                               class_segments={s.targets.VocabParallelEmbedding: "embed_tokens"},
+                               class_segments={s.targets.VocabParallelEmbedding: EMBED_SEGMENTS[0]},
                                never=(s.targets.ParallelLMHead,))
         with mode:
             model = original(*args, **kwargs)
@@ -423,13 +422,11 @@ def _attach_cold(s: Session, model: nn.Module, load: _Load, vllm_config) -> set[
     segments = load.settings.host_cold_segments
     roots = [(n, m) for n, m in _cold_modules(model, segments) if cold_prefix(n, segments) == n]
     heads = [(n, m) for n, m in model.named_modules() if isinstance(m, s.targets.ParallelLMHead)]
-    plan_groups = {cold_prefix(g.group, segments).rsplit(".", 1)[-1]: g.group
-                   for g in load.settings.plan.groups
-                   if g.placement == Placement.HOST_COLD and cold_prefix(g.group, segments)}
+    plan_groups = {cold_segment(g, segments): g for g in load.settings.plan.host_cold_groups}
     owned: set[int] = set()
     s.attached.clear()
     for name, module in roots:
-        group = plan_groups.get(name.rsplit(".", 1)[-1], name)
+        group = plan_groups.get(cold_segment(name, segments), name)
         if isinstance(module, s.targets.VocabParallelEmbedding) and not isinstance(module, s.targets.ParallelLMHead):
             for head_name, head in heads:
                 refuse_if_tied(module, head, embedding_name=name, lm_head_name=head_name)
