@@ -28,7 +28,7 @@ from .model_match import check_plan_matches_model
 from .options import ENV_VARS, RunOptions
 from .plan import Plan, PlanInputs, Strategy
 from .planner import make_plan
-from .report import PlacementReport
+from .report import PlacementReport, report_paths
 from .sizes import GB, parse_size
 
 #: The report file of the last enable(), still readable after disable().
@@ -105,7 +105,8 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
                          embedding_mode).with_default_report()
     global _last_report_path
     _last_report_path = Path(options.report_path)
-    _last_report_path.unlink(missing_ok=True)
+    for stale in report_paths(_last_report_path):
+        stale.unlink(missing_ok=True)
     os.environ.update(options.to_env())
     patches.apply(patches.Settings(resolved, options), targets)
     return {"model": str(model_dir)} if _is_model_dir(model_dir) else {}

@@ -29,7 +29,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -104,6 +104,8 @@ class PlacementReport:
     notes: list[str] = field(default_factory=list)
     #: A user error that stopped the load (the plan could not be applied at all).
     error: str | None = None
+    #: Other worker ranks' verdicts (``rank1`` -> summary), merged by :meth:`load`.
+    ranks: dict[str, dict[str, Any]] = field(default_factory=dict)
     format: str = REPORT_FORMAT
 
     @property
@@ -124,7 +126,8 @@ class PlacementReport:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "PlacementReport":
+    def load_one(cls, path: str | os.PathLike) -> "PlacementReport":
+        """One report file, as written."""
         try:
             data = json.loads(Path(path).read_text())
             if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
@@ -138,6 +141,23 @@ class PlacementReport:
             raise PlanError(f"{path}: not a placement report of this selective-offload ({exc})") from None
 
     @classmethod
+    def load(cls, path: str | os.PathLike) -> "PlacementReport":
+        """The report at ``path``, with every other worker rank's verdict merged in: a
+        problem or error on any rank is the report's (each rank holds its own shard of a
+        tensor-parallel model, so each judges its own bytes)."""
+        report = cls.load_one(path)
+        for other in report_paths(str(path))[1:]:
+            worker = cls.load_one(other)
+            label = other.name.rsplit(".", 1)[-1]
+            report.ranks[label] = {"ok": worker.ok, "landed_host_cold_bytes": worker.landed_host_cold_bytes,
+                                   "landed_host_hot_bytes": worker.landed_host_hot_bytes,
+                                   "problems": worker.problems, "error": worker.error}
+            report.problems += [f"{label}: {p}" for p in worker.problems]
+            if report.error is None and worker.error is not None:
+                report.error = f"{label}: {worker.error}"
+        return report
+
+    @classmethod
     def failed(cls, error: str, plan: Plan | None, compute_device: str) -> "PlacementReport":
         """The report of a load that a user error stopped."""
         return cls(model_fingerprint=plan.model.fingerprint if plan else "", compute_device=compute_device,
@@ -145,6 +165,17 @@ class PlacementReport:
 
     def render(self) -> str:
         return "\n".join(_render(self))
+
+
+def rank_path(path: str | os.PathLike, worker_rank: int) -> Path:
+    """Rank 0 writes the report file itself; rank k writes ``<file>.rank<k>`` beside it."""
+    return Path(path) if worker_rank == 0 else Path(f"{path}.rank{worker_rank}")
+
+
+def report_paths(path: str | os.PathLike) -> list[Path]:
+    """The report file and every other rank's file beside it."""
+    base = Path(path)
+    return [base, *sorted(p for p in base.parent.glob(base.name + ".rank*") if p.name[len(base.name) + 5:].isdigit())]
 
 
 def _render(r: PlacementReport) -> list[str]:
@@ -170,6 +201,8 @@ def _render(r: PlacementReport) -> list[str]:
             lines.append(f"{label} on host: planned {fmt_bytes(planned)} of checkpoint bytes, "
                          f"{fmt_bytes(loaded)} as loaded; landed {fmt_bytes(landed)}")
     lines += [f"note: {note}" for note in r.notes]
+    lines += [f"rank {label[4:]}: {'placement matches the plan' if v['ok'] else 'NOT realised'}"
+              for label, v in r.ranks.items()]
     lines += [f"PLAN NOT REALISED: {problem}" for problem in r.problems]
     lines.append("placement matches the plan" if r.ok else "placement does NOT match the plan")
     return lines
@@ -236,7 +269,7 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
 
 
 def _count_drafter(m: _Matching, model: nn.Module, drafter: nn.Module, plan: Plan, host_cold: set[int],
-                   size, notes: list[str]) -> None:
+                   size: Callable[[torch.Tensor, str], int], notes: list[str]) -> None:
     """An MTP head is built by vLLM's speculative drafter under names of its own: its
     parameters (less those it shares with the main model, such as the embedding) count
     for the plan's MTP group."""
@@ -244,10 +277,10 @@ def _count_drafter(m: _Matching, model: nn.Module, drafter: nn.Module, plan: Pla
     shared = {id(p) for p in model.parameters()}
     own = [(n, p) for n, p in drafter.named_parameters() if id(p) not in shared]
     if mtp_group is None:
-        m.unplanned.update({f"drafter.{n}": size(p) for n, p in own})
+        m.unplanned.update({f"drafter.{n}": size(p, n) for n, p in own})
         return
-    for _, param in own:
-        m.record(mtp_group, Placement.HOST_COLD if id(param) in host_cold else Placement.DEVICE, size(param))
+    for name, param in own:
+        m.record(mtp_group, Placement.HOST_COLD if id(param) in host_cold else Placement.DEVICE, size(param, name))
     if m.landings[mtp_group].planned == Placement.ABSENT:
         notes.append(f"the speculative drafter loaded {mtp_group}, which the plan left out "
                      "(plan with --speculative mtp to count it)")
@@ -323,6 +356,7 @@ def build_report(
     drafter: nn.Module | None = None,
     drafter_expected: bool = False,
     loaded_bytes: Mapping[str, int] | None = None,
+    drafter_loaded_bytes: Mapping[str, int] | None = None,
     mechanisms: Mapping[str, str] | None = None,
 ) -> PlacementReport:
     """Match ``model``'s parameters to ``plan``'s groups and compare placements.
@@ -333,19 +367,23 @@ def build_report(
     (``None``: routing is not checked). With ``drafter_expected`` and no ``drafter`` yet,
     a missing MTP group is awaited, not a problem. ``loaded_bytes`` (name -> bytes) gives
     sizes as loaded, for parameters that post-processing replaced by an empty one (a
-    weight repacked into another object). ``mechanisms`` describes each group's wrapper.
+    weight repacked into another object); ``drafter_loaded_bytes`` the same for the
+    drafter's names. ``mechanisms`` describes each group's wrapper.
     """
     loaded_bytes = loaded_bytes or {}
 
-    def size(param: torch.Tensor, name: str = "") -> int:
-        return max(param.numel() * param.element_size(), loaded_bytes.get(name, 0))
+    def size(param: torch.Tensor, name: str = "", sizes: Mapping[str, int] = loaded_bytes) -> int:
+        return max(param.numel() * param.element_size(), sizes.get(name, 0))
+
+    def drafter_size(param: torch.Tensor, name: str = "") -> int:
+        return size(param, name, drafter_loaded_bytes or {})
 
     host_is_device = compute_device.type == "cpu"
     m = _match_parameters(model, plan, host_is_device=host_is_device, host_cold=host_cold_params,
                           host_hot=host_hot_params, routed=routed_storages, size=size)
     notes = list(notes)
     if drafter is not None:
-        _count_drafter(m, model, drafter, plan, host_cold_params, size, notes)
+        _count_drafter(m, model, drafter, plan, host_cold_params, drafter_size, notes)
     for landing in m.landings.values():
         places = m.by_place[landing.group]
         if places:

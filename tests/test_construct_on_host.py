@@ -80,13 +80,18 @@ def test_segments_not_in_the_plan_stay_on_the_device():
     assert mode.routed == {}
 
 
+def is_cold_under(*segments):
+    return lambda name: any(seg in name.split(".") for seg in segments)
+
+
 def test_routed_storages_are_exactly_the_cold_parameters_built_on_the_host():
     """The ledger the report uses to tell "built on the host" from "moved after loading":
     it names the storages of the routed parameters, and nothing routed as a temporary."""
     model, mode = build({"visual"})
-    routed = mode.routed_storages(model)
+    result = mode.finish(model, is_cold_under("visual"))
+    routed = result.storages
     visual = {p.untyped_storage().data_ptr() for n, p in model.named_parameters() if n.startswith("visual.")}
-    assert routed == visual and len(routed) == 6
+    assert routed == visual and len(routed) == 6 and result.moved_back_bytes == 0
     # A parameter moved to the host afterwards (a new CPU allocation) is not in the ledger.
     moved = torch.empty(8, 8, device="cpu")
     assert moved.untyped_storage().data_ptr() not in routed
@@ -97,3 +102,76 @@ def test_mode_leaves_other_factories_and_explicit_host_tensors_alone():
         x = torch.empty(3)
         y = torch.ones(2, device="cpu")
     assert x.device.type == "meta" and y.device.type == "cpu"
+
+
+# ---- only the cold module's own tensors stay on the host
+
+_CACHE: dict = {}
+_WORKSPACE: list = []
+
+
+class Rotary(nn.Module):
+    """Built through a process-wide cache, as vLLM's get_rope() does: whoever asks first
+    builds it, everyone with the same key shares it."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cos_sin_cache", torch.ones(32), persistent=False)
+
+
+def get_rotary():
+    if "rope" not in _CACHE:
+        _CACHE["rope"] = Rotary()
+    return _CACHE["rope"]
+
+
+class TowerBlock(nn.Module):
+    def __init__(self, prefix: str = ""):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(4, 4))
+        self.rotary = get_rotary()
+        # An explicit-device workspace kept in a module global, as FlashInfer's ViT one.
+        if not _WORKSPACE:
+            _WORKSPACE.append(torch.zeros(64, dtype=torch.uint8, device="meta"))
+        self.global_table = torch.arange(8.0)  # not a parameter or buffer...
+        _CACHE["table"] = self.global_table  # ...but held by a module-global cache
+
+
+class LanguageLayer(nn.Module):
+    def __init__(self, prefix: str = ""):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(4, 4))
+        self.rotary = get_rotary()  # the tower built it first: shared
+
+
+class Shared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.visual = TowerBlock(prefix="visual")
+        self.layer = LanguageLayer(prefix="model.layers.0")
+
+
+def test_explicit_devices_and_shared_caches_stay_on_the_device():
+    """The tower's own weight is built on the host; an explicit-device workspace is left
+    on the device; a cached submodule the tower built first but the language model shares
+    goes back to the device after construction. A tensor only a module-global cache holds
+    is moved back in place on CUDA; torch cannot swap a storage to the meta device that
+    stands in for it here, so here it is reported as left on the host."""
+    _CACHE.clear()
+    _WORKSPACE.clear()
+    with torch.device("meta"):
+        mode = ConstructOnHost({"visual"})
+        with mode:
+            model = Shared()
+    assert _WORKSPACE[0].device.type == "meta"
+    assert model.visual.weight.device.type == "cpu"
+    assert model.layer.rotary is model.visual.rotary  # one module, reachable from both
+    assert model.visual.rotary.cos_sin_cache.device.type == "cpu"  # routed while building
+    assert _CACHE["table"].device.type == "cpu"
+    result = mode.finish(model, is_cold_under("visual"))
+    assert model.visual.rotary.cos_sin_cache.device.type == "meta"
+    assert model.layer.rotary.cos_sin_cache is model.visual.rotary.cos_sin_cache
+    assert model.visual.weight.device.type == "cpu"
+    assert result.storages == {model.visual.weight.untyped_storage().data_ptr()}
+    assert result.moved_back_bytes == 32 * 4
+    assert result.left_on_host_bytes == 8 * 4 and _CACHE["table"].device.type == "cpu"

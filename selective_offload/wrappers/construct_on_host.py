@@ -17,16 +17,25 @@ the layer's ``__init__``. Which prefixes are cold is :mod:`selective_offload.nam
 (whole segments; ``lm_head`` never). The mode costs a short stack walk per factory call
 during construction only.
 
-The mode also keeps a ledger of what it routed, so the placement report can prove that a
-cold parameter was *built* on the host rather than moved there after loading:
-:meth:`ConstructOnHost.routed_storages` gives the storage addresses it allocated that
-became parameters or buffers of the built model.
+Only what becomes the cold module's own parameters and buffers stays on the host:
+
+- an allocation that names its device (``torch.zeros(n, device="cuda")``: a workspace a
+  kernel needs on the device, such as FlashInfer's ViT workspace) is left alone;
+- after construction, :meth:`ConstructOnHost.finish` moves back to the device whatever it
+  routed that is not exclusively a parameter or buffer of a cold module: a submodule a
+  module-global cache hands to a hot module too (vLLM's rotary-embedding cache), or a
+  tensor something outside the model still holds.
+
+The mode keeps a ledger of what it routed, so the placement report can prove that a cold
+parameter was *built* on the host rather than moved there after loading: ``finish``
+returns the storage addresses it allocated that are cold parameters or buffers now.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -38,15 +47,20 @@ from ..names import cold_segment
 _MAX_FRAMES = 64
 
 
-def _constructing(class_segments: dict[type, str], never: tuple[type, ...]) -> tuple[str, str] | None:
+def _constructing(class_segments: dict[type, str], never: tuple[type, ...],
+                  force: tuple[tuple[type, str], ...] = ()) -> tuple[str, str] | None:
     """``("prefix", p)`` for the innermost ``__init__`` on the stack with a ``prefix``, or
-    ``("segment", s)`` when a class in ``class_segments`` is built without one first."""
+    ``("segment", s)`` when a class in ``class_segments`` is built without one first, or
+    an instance of a ``force`` class is being built (whatever its prefix)."""
     frame = sys._getframe(2)
     for _ in range(_MAX_FRAMES):
         if frame is None:
             return None
         if frame.f_code.co_name == "__init__":
             local = frame.f_locals
+            for cls, segment in force:
+                if isinstance(local.get("self"), cls):
+                    return ("segment", segment)
             prefix = local.get("prefix")
             if isinstance(prefix, str) and prefix:
                 return ("prefix", prefix)
@@ -71,23 +85,29 @@ class ConstructOnHost(TorchFunctionMode):
     ``embed_tokens`` so); ``class_segments`` names classes whose instances stand for a
     segment when no prefix is found first (``{VocabParallelEmbedding: "embed_tokens"}``),
     and ``never`` classes that are never routed (``ParallelLMHead``, a subclass of it).
+    ``force`` lists ``(class, label)`` pairs whose instances are routed whatever their
+    prefix, checked in order (a speculative drafter's embedding and LM head, which vLLM
+    replaces by the target's after loading).
     """
 
     def __init__(self, segments: Iterable[str], pin_memory: bool = False, *,
-                 class_segments: dict[type, str] | None = None, never: tuple[type, ...] = ()):
+                 class_segments: dict[type, str] | None = None, never: tuple[type, ...] = (),
+                 force: tuple[tuple[type, str], ...] = ()):
         super().__init__()
         self.segments = frozenset(segments)
         self.pin_memory = pin_memory
         self.class_segments = {c: s for c, s in (class_segments or {}).items() if s in self.segments}
         self.never = never
+        self.force = tuple(force)
         self.routed: dict[str, int] = {}
-        self._routed_tensors: list[torch.Tensor] = []
+        self._routed_tensors: list[tuple[torch.Tensor, torch.device]] = []
         self._constructors = _device_constructors()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if func in self._constructors and self.segments:
-            found = _constructing(self.class_segments, self.never)
+        explicit = kwargs.get("device") is not None
+        if func in self._constructors and (self.segments or self.force) and not explicit:
+            found = _constructing(self.class_segments, self.never, self.force)
             if found is None:
                 cold = None
             elif found[0] == "segment":
@@ -95,24 +115,83 @@ class ConstructOnHost(TorchFunctionMode):
             else:
                 cold = cold_segment(found[1], self.segments)
             if cold is not None:
+                target = torch.get_default_device()  # where vLLM's device context would put it
                 kwargs["device"] = torch.device("cpu")
                 if self.pin_memory and "pin_memory" in _PINNABLE.get(func, ()):
                     kwargs["pin_memory"] = True
                 out = func(*args, **kwargs)
                 if isinstance(out, torch.Tensor):
                     self.routed[cold] = self.routed.get(cold, 0) + out.numel() * out.element_size()
-                    self._routed_tensors.append(out)
+                    self._routed_tensors.append((out, target))
                 return out
         return func(*args, **kwargs)
 
-    def routed_storages(self, model: nn.Module) -> set[int]:
-        """Storage addresses this mode allocated that hold ``model``'s parameters or buffers
-        now; releases the ledger's references (temporaries it routed can then be freed)."""
-        mine = {t.untyped_storage().data_ptr() for t in self._routed_tensors}
+    def finish(self, model: nn.Module, is_cold: Callable[[str], bool]) -> RoutingResult:
+        """Keep on the host only what is exclusively a cold module's parameter or buffer.
+
+        ``is_cold(name)`` says whether the module at ``name`` in ``model`` is cold. A
+        tensor this mode routed that a non-cold module also holds (a cached submodule
+        shared with the language model), or that something outside the model still
+        references (a module-global cache), goes back to the device it was meant for.
+        Releases the ledger's references, so routed temporaries can be freed.
+        """
+        cold_ptrs, hot_ptrs = set(), set()
+        holders: list[tuple[dict, str, torch.Tensor]] = []
+        for name, module in model.named_modules(remove_duplicate=False):
+            owned = cold_ptrs if is_cold(name) else hot_ptrs
+            for table in (module._parameters, module._buffers):
+                for key, t in table.items():
+                    if t is not None:
+                        owned.add(_ptr(t))
+                        holders.append((table, key, t))
+        targets = {_ptr(t): device for t, device in self._routed_tensors}
+        keep = {p for p in targets if p in cold_ptrs and p not in hot_ptrs}
+        moved_back = left = 0
+        replaced: dict[int, torch.Tensor] = {}
+        for table, key, t in holders:
+            p = _ptr(t)
+            if id(t) in replaced:
+                table[key] = replaced[id(t)]
+            elif p in targets and p not in keep:
+                replaced[id(t)] = table[key] = _moved(t, targets[p])
+                moved_back += t.numel() * t.element_size()
+        for t, device in self._routed_tensors:
+            p = _ptr(t)
+            # Held by this ledger, the loop and the getrefcount argument only: a temporary.
+            if p in targets and p not in cold_ptrs | hot_ptrs and sys.getrefcount(t) > 3:
+                try:
+                    t.data = t.data.to(device)  # every holder sees it
+                    moved_back += t.numel() * t.element_size()
+                except RuntimeError:  # a device torch cannot swap storage to (meta)
+                    left += t.numel() * t.element_size()
         self._routed_tensors.clear()
-        held = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())
-                if t.device.type == "cpu"}
-        return mine & held
+        return RoutingResult(storages=keep, moved_back_bytes=moved_back, left_on_host_bytes=left)
+
+
+def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``, the same object when torch can swap its storage in place."""
+    try:
+        t.data = t.data.to(device)
+        return t
+    except RuntimeError:  # meta and other devices set_data refuses: a new object
+        moved = t.detach().to(device)
+        return nn.Parameter(moved, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else moved
+
+
+@dataclass(frozen=True)
+class RoutingResult:
+    """What construction-time routing left on the host, and what it gave back."""
+
+    #: Storage addresses of the cold parameters and buffers built on the host.
+    storages: set[int]
+    #: Bytes routed to the host and then moved back to the device (shared or cached).
+    moved_back_bytes: int
+    #: Bytes held outside the model that could not be moved back (reported, not hidden).
+    left_on_host_bytes: int = 0
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 #: Factories that take ``pin_memory=``; others are pinned after construction.

@@ -1,0 +1,429 @@
+"""Hooks in vLLM's worker: build, load and wrap the model as the plan says, then report.
+
+One call of ``BaseModelLoader.load_model`` for the main model:
+
+1. before anything is built: what the plan cannot survive is refused (an on-demand tower
+   under vLLM's encoder compilation or encoder CUDA graphs; LoRA on a host-gather
+   embedding); the plan is checked against the checkpoint; its identity goes into
+   ``additional_config`` (vLLM's compile-cache key); when it names hot layers the
+   exact-layer prefetch offloader replaces the one the model runner made;
+2. construction (``initialize_model``): :class:`ConstructOnHost` routes every allocation of
+   a planned cold module to the host, pinned on CUDA, then gives back to the device what
+   is shared with hot modules or cached outside the model; unquantized methods of cold
+   modules post-process in place (``requires_device_loading = False``);
+3. weights load through vLLM's own ``weight_loader``s, straight into host storage;
+4. after loading: the embedding becomes a host gather or a UVA view, towers onload on
+   demand; the report is built (routing included), logged, written, and raised on in
+   strict mode. A user error on the way is written to the report file, then raised.
+
+A speculative drafter's load (recognised as vLLM recognises it: its model config is the
+speculative config's draft model config) builds the modules vLLM will replace by the
+target's (``embed_tokens``, ``lm_head``) in host memory, so they never take device memory;
+the report counts the drafter's own bytes after that sharing, at the main model's first
+step. A loader that overrides ``load_model`` never reaches these hooks: it is caught and
+reported as a plan that was not applied.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..errors import PlanError, UserError
+from ..names import EMBED_SEGMENTS, cold_prefix, cold_segment, has_segment
+from ..plan import GroupKind, Placement
+from ..report import PlacementReport, build_report
+from ..wrappers import offload_on_demand, refuse_if_tied
+from ..wrappers.construct_on_host import ConstructOnHost
+from .caller import check_model, stamp_compile_key
+from .embedding import embedding_mode, install_host_embedding
+from .offloader import make_exact_prefetch_offloader
+from .session import Attached, Load, Main, Session, logger, save_report
+
+GetSession = Callable[[], "Session | None"]
+
+
+def is_drafter_load(vllm_config, model_config) -> bool:
+    """vLLM's own test: a drafter is loaded with the speculative config's draft model config
+    (some drafters also swap it into the VllmConfig they pass, so compare with that too)."""
+    if model_config is not vllm_config.model_config:
+        return True
+    spec = vllm_config.speculative_config
+    return (spec is not None and model_config is getattr(spec, "draft_model_config", None)
+            and model_config is not getattr(spec, "target_model_config", None))
+
+
+# --------------------------------------------------------------------------- load_model
+
+def make_load_model(get_session: GetSession):
+    def wrap(original):
+        def load_model(self, vllm_config, model_config, prefix: str = ""):
+            s = get_session()
+            if s is None or s.active is not None or s.drafting:
+                return original(self, vllm_config, model_config, prefix)
+            s.loads += 1
+            try:
+                if is_drafter_load(vllm_config, model_config):
+                    return _load_drafter(s, original, self, vllm_config, model_config, prefix)
+                return _load_main(s, original, self, vllm_config, model_config, prefix)
+            except UserError as exc:
+                record_error(s, str(exc), vllm_config)
+                raise
+
+        return load_model
+
+    return wrap
+
+
+def make_override_guard(get_session: GetSession, cls: type):
+    """For a loader class that overrides ``load_model``: the hooks above never run for it,
+    so a load through it is reported as a plan that was not applied (strict: an error)."""
+
+    def wrap(original):
+        def load_model(self, *args, **kwargs):
+            s = get_session()
+            if s is None:
+                return original(self, *args, **kwargs)
+            before = s.loads
+            model = original(self, *args, **kwargs)
+            if s.loads == before:
+                vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+                _not_applied(s, f"vLLM's {type(self).__name__} builds and loads the model itself (it overrides "
+                                "load_model), so the plan was not applied and nothing was offloaded; use the "
+                                "default load format", vllm_config)
+            return model
+
+        return load_model
+
+    return wrap
+
+
+def _not_applied(s: Session, reason: str, vllm_config) -> None:
+    device = str(getattr(getattr(vllm_config, "device_config", None), "device", "") or "")
+    report = PlacementReport.failed(reason, s.settings.plan, device)
+    report.error, report.problems = None, [reason]
+    if s.settings.options.strict:
+        report.error = f"the plan was not realised (strict mode): {reason}"
+    s.report = report
+    if s.settings.options.report_path:
+        save_report(report, s.settings.options.report_path)
+    logger.warning("%s", report.render())
+    if report.error:
+        raise PlanError(report.error)
+
+
+def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
+    settings = s.settings
+    load_config = vllm_config.load_config
+    device = torch.device(load_config.device or vllm_config.device_config.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    load = Load(settings, device, dtype=str(model_config.dtype).removeprefix("torch."))
+    refuse_what_the_plan_cannot_survive(s, vllm_config, device)
+    load.notes += check_model(settings.plan, str(model_config.model))
+    load.notes += list(settings.plan.load_notes)
+    note = stamp_compile_key(settings, vllm_config)
+    if note:
+        load.notes.append(note)
+    offloader = _install_hot_offloader(s, load)
+    s.active = load
+    try:
+        model = original(loader, vllm_config, model_config, prefix)
+    finally:
+        s.active = None
+    if not load.constructed:
+        load.problems.append(
+            f"{type(loader).__name__} built the model without vLLM's initialize_model, so cold "
+            "modules were not routed to the host at construction"
+        )
+    cold_params = _attach_cold(s, model, load, vllm_config)
+    hot_params = {id(p) for m in getattr(offloader, "offloaded_modules", []) for p in m.parameters()}
+    load.drafter_expected = vllm_config.speculative_config is not None
+    finish(s, model, load, cold_params, hot_params)
+    return model
+
+
+def refuse_what_the_plan_cannot_survive(s: Session, vllm_config, device: torch.device) -> None:
+    """Settings under which the plan's mechanism would silently not run, refused up front."""
+    plan = s.settings.plan
+    towers = [g.group for g in plan.groups
+              if g.placement == Placement.HOST_COLD and not has_segment(g.group, EMBED_SEGMENTS)]
+    cc = getattr(vllm_config, "compilation_config", None)
+    compiled = [flag for flag in ("compile_mm_encoder", "cudagraph_mm_encoder") if getattr(cc, flag, False)]
+    if towers and compiled:
+        raise PlanError(f"the plan onloads {towers[0]} on demand, which vLLM's {' and '.join(compiled)} cannot "
+                        "run (a compiled or graph-captured encoder skips the hooks that bring its blocks to the "
+                        "device); turn them off, or plan that tower on the device (--cold-segments without it)")
+    embeds = [g.group for g in plan.groups
+              if g.placement == Placement.HOST_COLD and has_segment(g.group, EMBED_SEGMENTS)]
+    mode = embedding_mode(s.settings.options, device, vllm_config)
+    if embeds and getattr(vllm_config, "lora_config", None) is not None and mode == "host":
+        raise PlanError(f"LoRA adapters on {embeds[0]} allocate their weights on the embedding weight's device, "
+                        "which is the host with the host gather; use embedding_mode='uva' "
+                        "(SELECTIVE_OFFLOAD_EMBEDDING=uva) on CUDA, or plan the embedding on the device")
+
+
+def _install_hot_offloader(s: Session, load: Load):
+    plan = s.settings.plan
+    layers = plan.hot_layer_indices
+    if not layers:
+        return None
+    if load.device.type != "cuda" or not torch.cuda.is_available():
+        load.problems.append(
+            f"the plan puts {len(layers)} hot layers on the host, but vLLM's prefetch offloader needs "
+            f"CUDA and this worker computes on {load.device}; those layers stay resident"
+        )
+        return None
+    stack = next(g.group.rsplit(".", 1)[0] for g in plan.groups if g.kind == GroupKind.LAYER)
+    offloader = make_exact_prefetch_offloader(s.targets.PrefetchOffloader, list(layers), plan.inputs.prefetch_step,
+                                              stack, plan.model.num_hidden_layers)
+    s.targets.offloader_base.set_offloader(offloader)
+    return offloader
+
+
+# --------------------------------------------------------------------------- the drafter
+
+def _load_drafter(s: Session, original, loader, vllm_config, model_config, prefix):
+    """Build the drafter with the modules vLLM will replace by the target's in host memory,
+    and count its bytes once that sharing is done (at the main model's first step)."""
+    s.drafting = True
+    try:
+        drafter = original(loader, vllm_config, model_config, prefix)
+    finally:
+        s.drafting = False
+    main = s.main
+    model = main.model() if main is not None else None
+    if model is not None:
+        _recount_at_first_step(s, model, drafter)
+    return drafter
+
+
+def _recount_at_first_step(s: Session, model: nn.Module, drafter: nn.Module) -> None:
+    drafter_ref = weakref.ref(drafter)
+    handle = None
+
+    def recount(_module, _args) -> None:
+        handle.remove()
+        drafter_now, main = drafter_ref(), s.main
+        if drafter_now is None or main is None:
+            return
+        kept = [(n, p) for n, p in drafter_now.named_parameters() if _ptr(p) in s.drafter_routed]
+        for _, p in kept:
+            p.data = p.data.to(main.load.device)
+        if kept:
+            main.load.notes.append(
+                f"the drafter kept its own {', '.join(n for n, _ in kept[:3])} (vLLM did not share them with the "
+                f"target): built in host memory, moved to the device at the first step")
+        elif s.drafter_routed_modules:
+            main.load.notes.append(
+                f"the drafter's {', '.join(s.drafter_routed_modules)} were built in host memory and replaced by "
+                "the target's after loading: they took no device memory")
+        finish(s, model, main.load, main.cold_params, main.hot_params, drafter=drafter_now)
+
+    handle = model.register_forward_pre_hook(recount)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+# --------------------------------------------------------------------------- construction
+
+def make_initialize_model(get_session: GetSession):
+    def wrap(original):
+        def initialize_model(*args, **kwargs):
+            s = get_session()
+            if s is not None and s.drafting:
+                return _construct_drafter(s, original, args, kwargs)
+            load = s.active if s is not None else None
+            if load is None or load.constructed:
+                return original(*args, **kwargs)
+            segments = load.settings.host_cold_segments
+            mode = ConstructOnHost(segments, pin_memory=load.device.type == "cuda",
+                                   class_segments={s.targets.VocabParallelEmbedding: EMBED_SEGMENTS[0]},
+                                   never=(s.targets.ParallelLMHead,))
+            with mode:
+                model = original(*args, **kwargs)
+            load.constructed = True
+            result = mode.finish(model, lambda name: cold_prefix(name, segments) is not None)
+            load.routed_storages = result.storages
+            if result.moved_back_bytes:
+                load.notes.append(f"{result.moved_back_bytes} B built under a cold module but shared with the rest "
+                                  "of the model (a cached submodule) went back to the device")
+            if result.left_on_host_bytes:
+                load.problems.append(f"{result.left_on_host_bytes} B built under a cold module are held outside the "
+                                     "model and could not be moved back to the device")
+            _keep_post_processing_on_host(model, load)
+            return model
+
+        return initialize_model
+
+    return wrap
+
+
+def _construct_drafter(s: Session, original, args, kwargs):
+    """The drafter's embedding and LM head (every ``VocabParallelEmbedding``) in host memory:
+    vLLM replaces them by the target's after loading, so they need no device memory."""
+    t = s.targets
+    mode = ConstructOnHost((), force=((t.ParallelLMHead, "lm_head"), (t.VocabParallelEmbedding, "embed_tokens")))
+    with mode:
+        drafter = original(*args, **kwargs)
+    vocab = {n for n, m in drafter.named_modules() if isinstance(m, t.VocabParallelEmbedding)}
+    result = mode.finish(drafter, lambda name: any(name == v or name.startswith(v + ".") for v in vocab))
+    s.drafter_routed = result.storages
+    s.drafter_routed_modules = sorted(vocab)
+    return drafter
+
+
+def make_post_process(get_session: GetSession):
+    def wrap(original):
+        def process_weights_after_loading(model, *args, **kwargs):
+            s = get_session()
+            load = s.active if s is not None else None
+            if load is not None or (s is not None and s.drafting):
+                # Bytes as loaded: post-processing may repack a weight into another object
+                # (vLLM's CPU build does, for oneDNN), leaving an empty parameter behind.
+                sizes = {n: p.numel() * p.element_size() for n, p in model.named_parameters(remove_duplicate=False)}
+                if load is not None:
+                    load.loaded_bytes = sizes
+                else:
+                    s.drafter_loaded_bytes = sizes
+            return original(model, *args, **kwargs)
+
+        return process_weights_after_loading
+
+    return wrap
+
+
+def _cold_modules(model: nn.Module, segments) -> list[tuple[str, nn.Module]]:
+    return [(n, m) for n, m in model.named_modules() if n and cold_prefix(n, segments) is not None]
+
+
+def _keep_post_processing_on_host(model: nn.Module, load: Load) -> None:
+    """Stop ``process_weights_after_loading`` from copying cold modules to the device.
+
+    vLLM wraps each quant method's post-processing in ``device_loading_context``, which
+    moves CPU parameters to the device and back. Unquantized methods can post-process in
+    place, so they are told not to; a quantized method keeps its per-module round trip
+    (a transient of one module, noted in the report).
+    """
+    for name, module in _cold_modules(model, load.settings.host_cold_segments):
+        method = getattr(module, "quant_method", None)
+        if method is None:
+            continue
+        if load.device.type == "cpu":
+            # vLLM's CPU build repacks linear weights for oneDNN and drops the parameter;
+            # keep cold modules on plain F.linear so their weights stay parameters the
+            # on-demand wrapper moves and the report counts (towers are not hot paths).
+            module._cpu_skip_gemm_dispatch = True
+        if type(method).__name__ in ("UnquantizedEmbeddingMethod", "UnquantizedLinearMethod"):
+            method.requires_device_loading = False
+        elif getattr(method, "requires_device_loading", False):
+            load.notes.append(f"{name}: {type(method).__name__} post-processes on the device, one "
+                              "module at a time (a transient of that module's size)")
+
+
+def _post_processing(module: nn.Module) -> str:
+    """How the cold module's quant methods post-process, read from the methods themselves."""
+    methods = [m.quant_method for m in module.modules() if getattr(m, "quant_method", None) is not None]
+    if not methods:
+        return ""
+    on_device = [type(m).__name__ for m in methods if getattr(m, "requires_device_loading", True)]
+    return ("; post-processed in place" if not on_device
+            else f"; post-processed on the device ({on_device[0]})")
+
+
+# --------------------------------------------------------------------------- after loading
+
+def _hookable(module: nn.Module) -> bool:
+    """Whether module hooks run for this module's calls: vLLM's ``@support_torch_compile``
+    replaces a class's ``__call__`` with one that calls ``forward`` directly."""
+    return type(module).__call__ is nn.Module.__call__
+
+
+def _attach_tower(module: nn.Module, name: str, device: torch.device) -> tuple[Any, str]:
+    if not _hookable(module):
+        raise PlanError(f"{name} ({type(module).__name__}) is compiled by vLLM (@support_torch_compile replaces "
+                        "its __call__, so module hooks never run) and cannot be onloaded on demand; plan it on "
+                        "the device (--cold-segments without its segment)")
+    wrapper = offload_on_demand(module, device=device)
+    blocks = wrapper.block_list_name
+    if blocks and not all(_hookable(b) for b in wrapper.block_list):
+        wrapper.detach()
+        wrapper = offload_on_demand(module, device=device, blocks=None)
+        compiled = type(next(b for b in module.get_submodule(blocks) if not _hookable(b))).__name__
+        return wrapper, (f"on demand, whole: its blocks ({compiled}) are compiled by vLLM and skip module "
+                         "hooks, so they cannot onload one by one")
+    return wrapper, f"on demand, block by block ({blocks})" if blocks else "on demand, whole"
+
+
+def _attach_cold(s: Session, model: nn.Module, load: Load, vllm_config) -> set[int]:
+    """Give each planned cold module its runtime wrapper; return the ids of host params."""
+    t = s.targets
+    segments = load.settings.host_cold_segments
+    roots = [(n, m) for n, m in _cold_modules(model, segments) if cold_prefix(n, segments) == n]
+    heads = [(n, m) for n, m in model.named_modules() if isinstance(m, t.ParallelLMHead)]
+    plan_groups = {cold_segment(g, segments): g for g in load.settings.plan.host_cold_groups}
+    mode = embedding_mode(load.settings.options, load.device, vllm_config)
+    owned: set[int] = set()
+    s.attached.clear()
+    for name, module in roots:
+        group = plan_groups.get(cold_segment(name, segments), name)
+        if isinstance(module, t.VocabParallelEmbedding) and not isinstance(module, t.ParallelLMHead):
+            for head_name, head in heads:
+                refuse_if_tied(module, head, embedding_name=name, lm_head_name=head_name)
+            wrapper, mechanism = install_host_embedding(module, load.device, mode, t.accelerator_view)
+            events, host_bytes = None, module.weight.numel() * module.weight.element_size()
+        else:
+            wrapper, mechanism = _attach_tower(module, name, load.device)
+            events, host_bytes = wrapper.events, wrapper.stats.host_bytes
+        s.attached[group] = Attached(weakref.ref(wrapper), mechanism + _post_processing(module),
+                                     getattr(wrapper, "ledger", None), events, host_bytes)
+        owned |= {id(p) for p in module.parameters()
+                  if p.device.type == "cpu" or getattr(p, "_selective_offload_uva", False)}
+    return owned
+
+
+def record_error(s: Session, error: str, vllm_config) -> None:
+    """Write a user error to the report file, so the calling process can raise it."""
+    device = str(getattr(getattr(vllm_config, "device_config", None), "device", "") or "")
+    existing = s.report if s.report is not None and s.report.error == error else None
+    report = existing or PlacementReport.failed(error, s.settings.plan, device)
+    report.error = error
+    s.report = report
+    if s.settings.options.report_path:
+        save_report(report, s.settings.options.report_path)
+
+
+def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_params: set[int],
+           drafter: nn.Module | None = None) -> None:
+    """Build the report, log and write it; raise in strict mode when it is not ok."""
+    s.main = Main(weakref.ref(model), load, cold_params, hot_params)
+    settings = load.settings
+    report = build_report(model, settings.plan, compute_device=load.device,
+                          host_cold_params=cold_params, host_hot_params=hot_params,
+                          routed_storages=load.routed_storages, notes=list(load.notes),
+                          drafter=drafter, drafter_expected=load.drafter_expected,
+                          loaded_bytes=load.loaded_bytes, drafter_loaded_bytes=s.drafter_loaded_bytes,
+                          mechanisms={g: a.mechanism for g, a in s.attached.items()})
+    report.problems[:0] = load.problems
+    report.transfers = s.transfers()
+    if report.loaded_host_cold_bytes != report.planned_host_cold_bytes and report.planned_host_cold_bytes:
+        report.notes.append(f"vLLM holds the cold groups in {load.dtype or 'its dtype'}: "
+                            f"{report.loaded_host_cold_bytes / report.planned_host_cold_bytes:.2f}x the "
+                            "checkpoint bytes the plan counts")
+    if not report.ok and settings.options.strict:
+        report.error = "the plan was not realised (strict mode): " + "; ".join(report.problems)
+    s.report = report
+    if settings.options.report_path:
+        save_report(report, settings.options.report_path)
+    text = report.render()
+    if report.ok:
+        logger.info("%s", text)
+        return
+    logger.warning("%s", text)
+    if report.error:
+        raise PlanError(report.error)

@@ -1,0 +1,167 @@
+"""The glue's state: one :class:`Session` between ``apply()`` and ``remove()``.
+
+Everything the hooks remember lives here, so there is one place to look and one thing to
+drop: the settings (the plan and the options), what the current load is doing, the last
+main model and its drafter (held weakly: they belong to vLLM), the wrappers attached to
+cold groups (their small counters kept, so they can be reported after the model is
+gone), and the last report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..names import cold_segment
+from ..options import RunOptions
+from ..plan import Plan
+from ..report import PlacementReport, rank_path, report_paths
+from .compat import Targets
+
+try:  # vLLM's logger, so lines carry its format and reach its handlers in workers.
+    from vllm.logger import init_logger
+
+    logger = init_logger("vllm.selective_offload")
+except ImportError:  # pragma: no cover - this module is only imported with vLLM present
+    import logging
+
+    logger = logging.getLogger("selective_offload")
+
+#: The key under vLLM's ``additional_config`` that carries the plan's identity, so vLLM's
+#: compile caches (which hash ``additional_config``) never serve a graph built for
+#: another plan, or for none.
+COMPILE_KEY = "selective_offload"
+
+
+@dataclass(frozen=True)
+class Settings:
+    plan: Plan
+    options: RunOptions
+
+    @property
+    def host_cold_segments(self) -> frozenset[str]:
+        segments = self.plan.inputs.cold_segments
+        return frozenset(cold_segment(g, segments) for g in self.plan.host_cold_groups) - {None}
+
+    @property
+    def identity(self) -> str:
+        """What makes a compiled graph belong to this plan: the plan and the lookup mode."""
+        digest = hashlib.sha256(self.plan.to_json().encode() + self.options.embedding_mode.encode())
+        return digest.hexdigest()[:16]
+
+
+@dataclass
+class Load:
+    """What one main-model load did, for the report."""
+
+    settings: Settings
+    device: torch.device
+    constructed: bool = False
+    routed_storages: set[int] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    drafter_expected: bool = False
+    loaded_bytes: dict[str, int] = field(default_factory=dict)
+    dtype: str = ""
+
+
+@dataclass
+class Attached:
+    """A wrapper the glue attached to a cold group. The wrapper belongs to the model and is
+    held weakly; its counters (a small ledger, and a tower's last-call events) are kept, so
+    they can still be reported after the model is gone."""
+
+    wrapper: "weakref.ref[Any]"
+    mechanism: str
+    ledger: Any = None
+    events: list | None = None
+    host_bytes: int = 0
+
+    def counters(self) -> dict[str, Any]:
+        if self.ledger is None:
+            return {}
+        wrapper = self.wrapper()
+        if wrapper is not None and hasattr(wrapper, "stats") and not callable(wrapper.stats):
+            self.host_bytes = wrapper.stats.host_bytes  # a tower: host bytes as they are now
+        out = vars(self.ledger.snapshot(self.host_bytes)).copy()
+        if self.events is not None:
+            out["last_call_events"] = [list(e) for e in self.events]
+        return out
+
+
+@dataclass
+class Main:
+    """The last main model loaded in this process, for the drafter's turn and live counters."""
+
+    model: "weakref.ref[nn.Module]"
+    load: Load
+    cold_params: set[int]
+    hot_params: set[int]
+
+
+@dataclass
+class Session:
+    """Everything the glue holds between ``apply()`` and ``remove()``."""
+
+    settings: Settings
+    targets: Targets
+    #: (owner, attribute) -> the original object, restored by ``remove()``.
+    originals: dict[tuple[Any, str], Any] = field(default_factory=dict)
+    #: The main-model load in progress, and whether a drafter's load is.
+    active: Load | None = None
+    drafting: bool = False
+    #: Storage addresses of the drafter modules built on the host to be shared (see loading),
+    #: and the drafter's parameter sizes as loaded (before the CPU build repacks weights).
+    drafter_routed: set[int] = field(default_factory=set)
+    drafter_routed_modules: list[str] = field(default_factory=list)
+    drafter_loaded_bytes: dict[str, int] = field(default_factory=dict)
+    #: BaseModelLoader.load_model calls seen (a loader that overrides it is caught by this).
+    loads: int = 0
+    main: Main | None = None
+    attached: dict[str, Attached] = field(default_factory=dict)
+    report: PlacementReport | None = None
+
+    def reset(self, settings: Settings) -> None:
+        """A new plan for the engines started from now on: nothing of the last one carries over."""
+        self.settings, self.report, self.main, self.active, self.drafting = settings, None, None, None, False
+        self.attached.clear()
+        self.drafter_routed, self.drafter_routed_modules, self.drafter_loaded_bytes = set(), [], {}
+
+    def transfers(self) -> dict[str, dict[str, Any]]:
+        """Each attached wrapper's counters, now."""
+        return {group: c for group, a in self.attached.items() if (c := a.counters())}
+
+    def live_report(self) -> PlacementReport | None:
+        """The report of the model loaded in this process, with the counters as they are now."""
+        if self.report is None:
+            return None
+        self.report.transfers = self.transfers()
+        self.report.transfers_as_of = "now"
+        if self.settings.options.report_path:
+            save_report(self.report, self.settings.options.report_path)  # the file keeps the latest counters
+        return self.report
+
+
+def rank() -> int:
+    """This process's rank among vLLM's workers (0 without a distributed group)."""
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def save_report(report: PlacementReport, path: str) -> None:
+    try:
+        report.save(rank_path(path, rank()))
+    except OSError as exc:  # the reason must still reach the user, through the log and a raise
+        logger.error("selective-offload: cannot write the report %s: %s", path, exc)
+
+
+def clear_reports(path: str | None) -> None:
+    """Remove a previous engine's reports, so they cannot speak for the next one."""
+    if path:
+        for p in report_paths(path):
+            p.unlink(missing_ok=True)
