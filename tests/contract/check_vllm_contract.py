@@ -1,0 +1,704 @@
+"""What selective-offload's vLLM glue relies on, checked against one vLLM source tree.
+
+Run in a subprocess with the tree first on ``sys.path`` (and torch and this project
+importable), e.g. for the CUDA release's extracted sources::
+
+    PYTHONPATH=<src>:<repo root> python tests/contract/check_vllm_contract.py \\
+        --expect-tree <src>/vllm --expect-version 0.33.0
+
+It checks vLLM's side of the contract (what vLLM provides), not the glue's behaviour.
+One line per check, ``ok NAME`` or ``FAIL NAME: reason`` (``note NAME: ...`` lines carry
+what a reader should know but does not fail), then a summary; the exit status is 1 when
+any check failed, 2 when vLLM is not the expected tree (every check is then reported
+FAIL, so none goes missing silently).
+
+Each check says in a comment whether it is a behaviour check (vLLM's code is run on CPU,
+with small stand-ins where it would need CUDA or an initialised distributed group) or a
+source check (``inspect.getsource`` / ``ast``, where running it needs a GPU, a model or a
+process group). The CUDA wheel's compiled parts are absent here; nothing below needs
+them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import inspect
+import os
+import sys
+import textwrap
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+# The CUDA release cannot detect a platform here (its distribution metadata is not
+# installed, and there is no GPU); its CPU platform code is pure Python and serves for
+# building configs and layers. The installed CPU build detects the same platform.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.pop("VLLM_PP_LAYER_PARTITION", None)  # get_pp_indices is checked on its default split
+os.environ.pop("SELECTIVE_OFFLOAD_PLAN", None)   # the project's plugin must stay inert here
+
+CHECKS: list[tuple[str, Callable[[], None]]] = []
+NOTES: list[str] = []
+
+
+def check(name: str):
+    def register(fn: Callable[[], None]) -> Callable[[], None]:
+        CHECKS.append((name, fn))
+        return fn
+    return register
+
+
+def note(name: str, text: str) -> None:
+    NOTES.append(f"note {name}: {text}")
+
+
+class Contract(AssertionError):
+    """A broken expectation, with a one-line reason."""
+
+
+def expect(cond: Any, reason: str) -> None:
+    if not cond:
+        raise Contract(reason)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def params(fn: Callable) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def source(obj: Any) -> str:
+    return textwrap.dedent(inspect.getsource(obj))
+
+
+def dotted(node: ast.AST) -> str:
+    return ast.unparse(node)
+
+
+def assign_targets(obj: Any) -> set[str]:
+    """Every ``a.b.c = ...`` target in ``obj``'s source, as text."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source(obj))):
+        if isinstance(node, ast.Assign):
+            out |= {dotted(t) for t in node.targets}
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            out.add(dotted(node.target))
+    return out
+
+
+def calls(obj: Any) -> list[ast.Call]:
+    return [n for n in ast.walk(ast.parse(source(obj))) if isinstance(n, ast.Call)]
+
+
+def called_names(obj: Any) -> set[str]:
+    return {dotted(c.func) for c in calls(obj)}
+
+
+@contextlib.contextmanager
+def patched(owner: Any, attr: str, value: Any) -> Iterator[None]:
+    missing = object()
+    old = owner.__dict__.get(attr, missing) if isinstance(owner, type) else getattr(owner, attr, missing)
+    setattr(owner, attr, value)
+    try:
+        yield
+    finally:
+        if old is missing:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, old)
+
+
+def under(path: str | None, root: Path) -> bool:
+    return path is not None and Path(path).resolve().is_relative_to(root)
+
+
+# --------------------------------------------------------------------------- the checks
+
+TREE: Path = Path()
+
+
+@check("resolve_targets")
+def _resolve_targets() -> None:
+    # Behaviour: the glue's own resolution, against this tree.
+    import vllm
+    from selective_offload.vllm_glue import compat
+
+    targets = compat.resolve_targets()
+    expect(targets.vllm_version == vllm.__version__,
+           f"resolved vLLM {targets.vllm_version}, imported {vllm.__version__}")
+    for field in dataclasses.fields(targets):
+        obj = getattr(targets, field.name)
+        if isinstance(obj, str):
+            continue
+        module = obj if isinstance(obj, types.ModuleType) else sys.modules[obj.__module__]
+        expect(under(getattr(module, "__file__", None), TREE),
+               f"Targets.{field.name} comes from {getattr(module, '__file__', None)}, not {TREE}")
+
+
+@check("load_model_signature")
+def _load_model_signature() -> None:
+    # Signature: the glue's hook is load_model(self, vllm_config, model_config, prefix="")
+    # and calls the original positionally in that order.
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    sig = inspect.signature(BaseModelLoader.load_model)
+    names = list(sig.parameters)
+    expect(names == ["self", "vllm_config", "model_config", "prefix"],
+           f"BaseModelLoader.load_model{sig}")
+    expect(sig.parameters["prefix"].default == "", f"prefix defaults to {sig.parameters['prefix'].default!r}")
+    expect(all(p.kind is p.POSITIONAL_OR_KEYWORD for p in sig.parameters.values()),
+           f"BaseModelLoader.load_model{sig} has keyword-only or positional-only parameters")
+
+
+@check("loader_hook_points")
+def _loader_hook_points() -> None:
+    # Behaviour: the glue rebinds base_loader.initialize_model and
+    # base_loader.process_weights_after_loading; BaseModelLoader.create_model/load_model
+    # must look those names up in base_loader at call time. Run load_model on CPU with
+    # both names rebound to recorders (torch.accelerator.empty_cache is stubbed: this
+    # CPU torch has no accelerator).
+    import torch
+    from vllm.config import LoadConfig, VllmConfig
+    from vllm.model_executor.model_loader import base_loader
+    from vllm.model_executor.model_loader import utils as loader_utils
+
+    expect(base_loader.initialize_model is loader_utils.initialize_model,
+           "base_loader.initialize_model is not model_loader.utils.initialize_model")
+    expect(base_loader.process_weights_after_loading is loader_utils.process_weights_after_loading,
+           "base_loader.process_weights_after_loading is not model_loader.utils.process_weights_after_loading")
+    events: list[tuple] = []
+
+    class Loader(base_loader.BaseModelLoader):
+        def download_model(self, model_config):
+            pass
+
+        def load_weights(self, model, model_config):
+            events.append(("load_weights", model))
+
+    built = torch.nn.Linear(2, 2)
+
+    def initialize_model(*args, **kwargs):
+        events.append(("initialize_model", args, kwargs))
+        return built
+
+    def process_weights_after_loading(*args, **kwargs):
+        events.append(("process_weights_after_loading", args, kwargs))
+
+    vllm_config = VllmConfig()
+    model_config = types.SimpleNamespace(dtype=torch.float32)
+    with patched(base_loader, "initialize_model", initialize_model), \
+            patched(base_loader, "process_weights_after_loading", process_weights_after_loading), \
+            patched(torch.accelerator, "empty_cache", lambda: None):
+        try:
+            model = Loader(LoadConfig()).load_model(vllm_config=vllm_config, model_config=model_config,
+                                                     prefix="draft")
+        except Exception as exc:
+            if not any(e[0] == "initialize_model" for e in events):
+                raise Contract("BaseModelLoader.load_model did not call the rebound "
+                               f"base_loader.initialize_model (it raised {type(exc).__name__}: {exc})") from exc
+            raise
+    kinds = [e[0] for e in events]
+    expect(kinds == ["initialize_model", "load_weights", "process_weights_after_loading"],
+           f"load_model ran {kinds}")
+    _, args, kwargs = events[0]
+    bound = inspect.signature(loader_utils.initialize_model).bind(*args, **kwargs).arguments
+    expect(bound.get("vllm_config") is vllm_config and bound.get("model_config") is model_config
+           and bound.get("prefix") == "draft",
+           f"initialize_model got {sorted(bound)} (not this vllm_config, model_config and prefix)")
+    _, args, kwargs = events[2]
+    bound = inspect.signature(loader_utils.process_weights_after_loading).bind(*args, **kwargs).arguments
+    expect(list(bound) == ["model", "model_config", "target_device"],
+           f"process_weights_after_loading's parameters are {list(bound)}")
+    expect(bound["model"] is built and bound["model_config"] is model_config,
+           "process_weights_after_loading did not get the built model and its model_config")
+    expect(model is built, "load_model did not return the model create_model built")
+    expect("initialize_model" in called_names(base_loader.BaseModelLoader.create_model),
+           "BaseModelLoader.create_model does not call initialize_model")
+
+
+@check("loaders_inherit_load_model")
+def _loaders_inherit_load_model() -> None:
+    # Behaviour (class attributes): the loaders behind the usual load formats go through
+    # the hooked BaseModelLoader.load_model. Loaders that override it are listed as a note.
+    import vllm.model_executor.model_loader as ml
+
+    base = ml.BaseModelLoader.load_model
+    for name in ("DefaultModelLoader", "DummyModelLoader", "RunaiModelStreamerLoader", "ShardedStateLoader"):
+        cls = getattr(ml, name)
+        expect(cls.load_model is base, f"{name} overrides load_model")
+    overriding = sorted(n for n in getattr(ml, "__all__", dir(ml))
+                        if isinstance(getattr(ml, n, None), type)
+                        and issubclass(getattr(ml, n), ml.BaseModelLoader)
+                        and getattr(ml, n).load_model is not base)
+    for name in overriding:  # the glue guards them, reading vllm_config from kwargs or args[0]
+        load_model = getattr(ml, name).load_model
+        expect(params(load_model)[:2] == ["self", "vllm_config"], f"{name}.load_model{inspect.signature(load_model)}")
+    note("loaders_inherit_load_model",
+         f"these loaders override load_model (the glue's hook does not run): {', '.join(overriding) or 'none'}")
+
+
+@check("post_processing_in_place")
+def _post_processing_in_place() -> None:
+    # Behaviour: utils.process_weights_after_loading wraps a quant method's post-processing
+    # in device_loading_context unless the method (instance) says
+    # requires_device_loading = False, which is what the glue sets on cold modules. The
+    # context is replaced by a recorder and the target is the meta device, so nothing moves.
+    import torch
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.model_executor.model_loader import utils as loader_utils
+
+    default = vars(QuantizeMethodBase).get("requires_device_loading", "absent")
+    expect(default is True, f"QuantizeMethodBase.requires_device_loading is {default!r}")
+    expect("requires_device_loading" in source(loader_utils.process_weights_after_loading),
+           "process_weights_after_loading does not read requires_device_loading")
+    cold = VocabParallelEmbedding(64, 4, disable_tp=True, prefix="model.embed_tokens")
+    hot = VocabParallelEmbedding(64, 4, disable_tp=True, prefix="model.other")
+    processed: list[str] = []
+    entered: list[str] = []
+    for name, layer in (("cold", cold), ("hot", hot)):
+        layer.quant_method.process_weights_after_loading = (
+            lambda _layer, name=name: processed.append(name))
+    cold.quant_method.requires_device_loading = False
+
+    @contextlib.contextmanager
+    def device_loading_context(module, target_device):
+        entered.append("cold" if module is cold else "hot" if module is hot else type(module).__name__)
+        yield module
+
+    model = torch.nn.ModuleDict({"cold": cold, "hot": hot})
+    model_config = types.SimpleNamespace(dtype=torch.float32, quantization=None,
+                                         word_embeddings_untied_by_checkpoint=False)
+    with patched(loader_utils, "device_loading_context", device_loading_context):
+        loader_utils.process_weights_after_loading(model, model_config, torch.device("meta"))
+    expect(sorted(processed) == ["cold", "hot"], f"post-processed: {processed}")
+    expect(entered == ["hot"], f"device_loading_context was entered for {entered} (expected only the "
+                               "method without requires_device_loading = False)")
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    # The glue recognises the unquantized methods by class name.
+    expect((UnquantizedEmbeddingMethod.__name__, UnquantizedLinearMethod.__name__)
+           == ("UnquantizedEmbeddingMethod", "UnquantizedLinearMethod"), "unquantized method names changed")
+
+
+@check("mpclient_init_signature")
+def _mpclient_init_signature() -> None:
+    # Signature (MPClient starts engine processes; it is not built here): the glue reads
+    # vllm_config from kwargs or args[1].
+    from vllm.v1.engine.core_client import MPClient
+
+    names = params(MPClient.__init__)
+    expect(names[:4] == ["self", "asyncio_mode", "vllm_config", "executor_class"],
+           f"MPClient.__init__{inspect.signature(MPClient.__init__)}")
+
+
+@check("engine_args_load_plugins")
+def _engine_args_load_plugins() -> None:
+    # Behaviour: EngineArgs.__post_init__ loads the general plugins (the glue's entry
+    # point), looked up in vllm.plugins at call time. The loader is replaced by a counter.
+    import vllm.plugins as plugins
+    from vllm.engine.arg_utils import EngineArgs
+
+    count: list[int] = []
+    with patched(plugins, "load_general_plugins", lambda: count.append(1)):
+        EngineArgs(model="/nonexistent/selective-offload-contract-check")
+    expect(count, "EngineArgs(...) did not call vllm.plugins.load_general_plugins")
+    expect("load_general_plugins" in called_names(EngineArgs.__post_init__),
+           "EngineArgs.__post_init__ does not call load_general_plugins")
+
+
+@check("prefetch_offloader")
+def _prefetch_offloader() -> None:
+    # Signature and class attributes: PrefetchOffloader.__init__ makes a torch.cuda.Stream,
+    # so it is not built here.
+    from vllm.model_executor.offloader import base as offloader_base
+    from vllm.model_executor.offloader.prefetch import PrefetchOffloader
+
+    expect(issubclass(PrefetchOffloader, offloader_base.BaseOffloader), "not a BaseOffloader")
+    init = inspect.signature(PrefetchOffloader.__init__).parameters
+    wanted = ["group_size", "num_in_group", "prefetch_step", "offload_params", "mode"]
+    expect(all(n in init for n in wanted),
+           f"PrefetchOffloader.__init__{inspect.signature(PrefetchOffloader.__init__)} lacks "
+           f"{[n for n in wanted if n not in init]}")
+    for name in ("wrap_modules", "post_init"):
+        expect(name in vars(PrefetchOffloader), f"PrefetchOffloader does not define {name}")
+    expect(params(PrefetchOffloader.wrap_modules)[:3] == ["self", "modules_generator", "prefix"],
+           f"wrap_modules{inspect.signature(PrefetchOffloader.wrap_modules)}")
+    expect(getattr(PrefetchOffloader, "supports_tower_offload", False) is False,
+           "PrefetchOffloader.supports_tower_offload is true (towers would be handed to wrap_modules)")
+    for name in ("get_offloader", "set_offloader"):
+        expect(callable(getattr(offloader_base, name, None)), f"offloader.base.{name} is missing")
+
+
+@check("make_layers")
+def _make_layers() -> None:
+    # Behaviour: make_layers, with a stand-in pipeline group (rank 1 of 2) and a recording
+    # offloader set through set_offloader, as the glue sets its own: wrap_modules gets a
+    # generator of this rank's layers only, no prefix, and is called directly from
+    # make_layers, whose frame holds prefix / start_layer / end_layer (the glue's offloader
+    # reads them to pick the plan's stack and map global layer indices to local ones).
+    import torch
+    import vllm.distributed.parallel_state as parallel_state
+    from vllm.distributed.utils import get_pp_indices
+    from vllm.model_executor.models import utils as model_utils
+    from vllm.model_executor.offloader import base as offloader_base
+
+    seen: dict[str, Any] = {}
+
+    class Recorder(offloader_base.BaseOffloader):
+        def wrap_modules(self, modules_generator, prefix: str = ""):
+            caller = sys._getframe(1)  # the glue reads make_layers' locals from this frame
+            seen["caller"] = caller.f_code.co_name
+            seen["locals"] = {k: caller.f_locals.get(k) for k in ("prefix", "start_layer", "end_layer")}
+            seen["generator"] = inspect.isgenerator(modules_generator)
+            seen["prefix"] = prefix
+            modules = list(modules_generator)
+            seen["count"] = len(modules)
+            return modules
+
+    built: list[str] = []
+
+    def layer_fn(prefix: str) -> torch.nn.Module:
+        built.append(prefix)
+        return torch.nn.Identity()
+
+    group = types.SimpleNamespace(rank_in_group=1, world_size=2, is_first_rank=False, is_last_rank=True)
+    previous = offloader_base.get_offloader()
+    offloader_base.set_offloader(Recorder())
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(patched(parallel_state, "get_pp_group", lambda: group))
+            if hasattr(model_utils, "get_pp_group"):
+                stack.enter_context(patched(model_utils, "get_pp_group", lambda: group))
+            start, end, modules = model_utils.make_layers(5, layer_fn, "model.layers")
+    finally:
+        offloader_base.set_offloader(previous)
+    expect((start, end) == get_pp_indices(5, 1, 2) == (3, 5),
+           f"make_layers gave ({start}, {end}); get_pp_indices(5, 1, 2) = {get_pp_indices(5, 1, 2)}")
+    expect(seen, "make_layers did not call get_offloader().wrap_modules")
+    expect(seen["caller"] == "make_layers", f"wrap_modules was called from {seen['caller']}, not make_layers")
+    expect(seen["locals"] == {"prefix": "model.layers", "start_layer": 3, "end_layer": 5},
+           f"make_layers' frame holds {seen['locals']} when it calls wrap_modules "
+           "(the glue reads prefix, start_layer and end_layer there)")
+    expect(seen["generator"], "wrap_modules was not given a generator")
+    expect(seen["prefix"] == "", f"wrap_modules got prefix {seen['prefix']!r}")
+    expect(built == ["model.layers.3", "model.layers.4"] and seen["count"] == 2,
+           f"wrap_modules got {seen['count']} layers built as {built} (expected this rank's: 3, 4)")
+    kinds = [type(m).__name__ for m in modules]
+    expect(kinds == ["PPMissingLayer"] * 3 + ["Identity"] * 2, f"make_layers returned {kinds}")
+    expect("get_pp_indices" in called_names(model_utils.make_layers), "make_layers does not call get_pp_indices")
+
+
+@check("get_pp_indices")
+def _get_pp_indices() -> None:
+    # Behaviour: a pure function of its arguments (VLLM_PP_LAYER_PARTITION unset).
+    from vllm.distributed.utils import get_pp_indices
+
+    sig = inspect.signature(get_pp_indices)
+    expect(list(sig.parameters)[:3] == ["num_hidden_layers", "pp_rank", "pp_size"]
+           and all(p.default is not p.empty for p in list(sig.parameters.values())[3:]),
+           f"get_pp_indices{sig}")
+    expect(get_pp_indices(10, 0, 1) == (0, 10), f"get_pp_indices(10, 0, 1) = {get_pp_indices(10, 0, 1)}")
+    for n, size in ((10, 2), (7, 3), (64, 4)):
+        spans = [get_pp_indices(n, r, size) for r in range(size)]
+        expect(spans[0][0] == 0 and spans[-1][1] == n and all(a[1] == b[0] for a, b in zip(spans, spans[1:])),
+               f"get_pp_indices({n}, r, {size}) = {spans}: not contiguous spans covering 0..{n}")
+
+
+def _shadow(calls_: list) -> Callable:
+    import torch.nn.functional as F
+
+    def embedding(layer, ids):  # the glue shadows quant_method.embedding per instance
+        calls_.append((layer, ids.clone()))
+        return F.embedding(ids, layer.weight)
+    return embedding
+
+
+@check("embedding_quant_method_call")
+def _embedding_quant_method_call() -> None:
+    # Behaviour: at tensor-parallel size 1, VocabParallelEmbedding.forward looks up through
+    # self.quant_method.embedding(self, ids), so an instance attribute on the method shadows it.
+    import torch
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    layer = VocabParallelEmbedding(100, 8, disable_tp=True, prefix="model.embed_tokens")
+    seen: list = []
+    layer.quant_method.embedding = _shadow(seen)
+    ids = torch.tensor([3, 99, 0])
+    out = layer(ids)
+    expect(len(seen) == 1 and seen[0][0] is layer and torch.equal(seen[0][1], ids),
+           f"forward called quant_method.embedding {len(seen)} times / not with (layer, ids)")
+    expect(torch.equal(out, layer.weight[ids]), "forward did not return the method's lookup")
+
+
+@check("embedding_fused_flag")
+def _embedding_fused_flag() -> None:
+    # Behaviour: use_fused_embedding is a plain attribute set in __init__ (true for an
+    # unquantized layer at TP > 1 on CUDA), and forward reads it at call time: true ->
+    # vLLM's fused kernel, never quant_method.embedding; false -> the masked path through
+    # quant_method.embedding. CUDA is a stand-in platform during construction; TP=2 is a
+    # stand-in parallel_group (rank 1); the fused kernel is a recorder.
+    import torch
+    from vllm.model_executor.layers import vocab_parallel_embedding as vpe
+
+    cpu_layer = vpe.VocabParallelEmbedding(100, 8, disable_tp=True)
+    expect("use_fused_embedding" in vars(cpu_layer), "__init__ does not set self.use_fused_embedding")
+    expect(cpu_layer.use_fused_embedding is False, "use_fused_embedding is true at TP=1")
+
+    real = vpe.current_platform
+
+    class CudaPlatform:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def is_cuda(self):
+            return True
+
+    group = types.SimpleNamespace(rank_in_group=1, world_size=2, all_reduce=lambda t: t)
+    with patched(vpe, "current_platform", CudaPlatform()):
+        layer = vpe.VocabParallelEmbedding(100, 8, prefix="model.embed_tokens", parallel_group=group)
+    expect(layer.tp_size == 2, f"tp_size {layer.tp_size}")
+    expect(layer.use_fused_embedding is True,
+           "use_fused_embedding is false for an unquantized TP=2 layer on CUDA")
+    shadow: list = []
+    fused: list = []
+    layer.quant_method.embedding = _shadow(shadow)
+
+    def vocab_parallel_embedding(ids, weight, *args):
+        fused.append(ids.clone())
+        return torch.zeros(ids.shape[0], weight.shape[1], dtype=weight.dtype)
+
+    ids = torch.tensor([0, 70, 99])  # rank 1 holds ids 64..99 (+ padding) as local 0..63
+    with patched(vpe, "ops", types.SimpleNamespace(vocab_parallel_embedding=vocab_parallel_embedding)):
+        layer(ids)
+        expect(len(fused) == 1 and not shadow,
+               f"with use_fused_embedding true: fused kernel {len(fused)}x, quant_method.embedding {len(shadow)}x")
+        layer.use_fused_embedding = False
+        out = layer(ids)
+    expect(len(fused) == 1 and len(shadow) == 1,
+           f"with use_fused_embedding set false afterwards: fused kernel {len(fused) - 1}x, "
+           f"quant_method.embedding {len(shadow)}x")
+    expect(torch.equal(shadow[0][1], torch.tensor([0, 6, 35])),
+           f"quant_method.embedding got ids {shadow[0][1].tolist()} (expected this shard's local ids [0, 6, 35])")
+    expect(torch.equal(out[0], torch.zeros(8)) and torch.equal(out[1], layer.weight[6]),
+           "ids outside the shard were not zeroed / local rows not returned")
+
+
+@check("parallel_lm_head")
+def _parallel_lm_head() -> None:
+    # Behaviour (class relation): the glue routes VocabParallelEmbedding by class but never
+    # a ParallelLMHead, which must therefore be a subclass it can exclude.
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    expect(issubclass(ParallelLMHead, VocabParallelEmbedding), "ParallelLMHead is not a VocabParallelEmbedding")
+
+
+@check("unquantized_embedding_method")
+def _unquantized_embedding_method() -> None:
+    # Behaviour: UnquantizedEmbeddingMethod.embedding(layer, input_) is a row lookup.
+    import torch
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+        VocabParallelEmbedding,
+    )
+
+    expect(params(UnquantizedEmbeddingMethod.embedding) == ["self", "layer", "input_"],
+           f"UnquantizedEmbeddingMethod.embedding{inspect.signature(UnquantizedEmbeddingMethod.embedding)}")
+    layer = VocabParallelEmbedding(64, 4, disable_tp=True)
+    expect(type(layer.quant_method) is UnquantizedEmbeddingMethod,
+           f"an unquantized layer's method is {type(layer.quant_method).__name__}")
+    torch.nn.init.normal_(layer.weight)
+    ids = torch.tensor([5, 1, 5])
+    expect(torch.equal(layer.quant_method.embedding(layer, ids), layer.weight[ids]), "not a row lookup")
+
+
+@check("spec_decode_share_v1")
+def _spec_decode_share_v1() -> None:
+    # Source (running it needs a target model, a drafter and a process group): the V1
+    # proposer swaps the target's embedding and head into the drafter at these paths.
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer as P
+
+    for method, target in (("_maybe_share_embeddings", "self.model.model.embed_tokens"),
+                           ("_maybe_share_lm_head", "self.model.lm_head")):
+        fn = getattr(P, method, None)
+        expect(fn is not None, f"SpecDecodeBaseProposer.{method} is missing")
+        expect(target in assign_targets(fn), f"{method} does not assign {target}")
+    names = called_names(P.load_model)
+    for method in ("self._maybe_share_embeddings", "self._maybe_share_lm_head"):
+        expect(method in names, f"SpecDecodeBaseProposer.load_model does not call {method}")
+
+
+@check("spec_decode_share_v2")
+def _spec_decode_share_v2() -> None:
+    # Source (as above), Model Runner V2: maybe_share_target_embed replaces the drafter's
+    # inner embed_tokens with the target's.
+    from vllm.v1.worker.gpu.spec_decode.eagle import utils as eagle_utils
+
+    fn = getattr(eagle_utils, "maybe_share_target_embed", None)
+    expect(fn is not None, "v1/worker/gpu/spec_decode/eagle/utils.py has no maybe_share_target_embed")
+    expect(any(t.endswith(".embed_tokens") for t in assign_targets(fn)),
+           "maybe_share_target_embed assigns no .embed_tokens")
+    expect("maybe_share_target_embed" in called_names(eagle_utils.load_eagle_model),
+           "load_eagle_model does not call maybe_share_target_embed")
+
+
+@check("draft_model_config")
+def _draft_model_config() -> None:
+    # Behaviour + source: SpeculativeConfig has draft_model_config; get_model hands the
+    # model_config it is given (the same object) to BaseModelLoader.load_model (run, with
+    # load_model replaced by a recorder as the glue replaces it); the V1 and V2 drafter
+    # loads pass speculative_config.draft_model_config there; vLLM itself tells a drafter
+    # load by that identity.
+    import torch
+    from vllm.config import LoadConfig, SpeculativeConfig, VllmConfig
+    from vllm.model_executor import model_loader as ml
+    from vllm.model_executor.model_loader.weight_cache import ipc_loader
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.worker.gpu.spec_decode.eagle import utils as eagle_utils
+
+    fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    for name in ("draft_model_config", "target_model_config"):
+        expect(name in fields, f"SpeculativeConfig has no {name} field")
+    got: list = []
+
+    def load_model(self, vllm_config, model_config, prefix=""):
+        got.append((vllm_config, model_config, prefix))
+        return torch.nn.Identity()
+
+    vllm_config = VllmConfig()
+    draft = types.SimpleNamespace(name="draft ModelConfig")
+    with patched(ml.BaseModelLoader, "load_model", load_model):
+        ml.get_model(vllm_config=vllm_config, model_config=draft, load_config=LoadConfig(load_format="dummy"))
+    expect(len(got) == 1 and got[0][0] is vllm_config and got[0][1] is draft,
+           "get_model did not pass this model_config object to BaseModelLoader.load_model")
+    v1 = [c for c in calls(SpecDecodeBaseProposer._get_model) if dotted(c.func) == "get_model"]
+    expect(any(dotted(k.value) == "self.speculative_config.draft_model_config"
+               for c in v1 for k in c.keywords if k.arg == "model_config"),
+           "V1 SpecDecodeBaseProposer._get_model does not pass model_config=self.speculative_config.draft_model_config")
+    v2 = source(eagle_utils.load_eagle_model)
+    expect("draft_model_config = speculative_config.draft_model_config" in v2
+           and "model_config=draft_model_config" in v2,
+           "V2 load_eagle_model does not load with speculative_config.draft_model_config")
+    expect("model_config is spec.draft_model_config" in inspect.getsource(ipc_loader),
+           "vLLM's IpcModelLoader no longer tells a drafter by model_config is spec.draft_model_config")
+
+
+@check("compute_hash_additional_config")
+def _compute_hash_additional_config() -> None:
+    # Behaviour: VllmConfig() builds on CPU; additional_config is a dict by default and its
+    # content (not its identity) changes compute_hash, the compile cache key.
+    from vllm.config import VllmConfig
+
+    config = VllmConfig()
+    expect(isinstance(config.additional_config, dict),
+           f"additional_config is {type(config.additional_config).__name__}, not a dict")
+    base = config.compute_hash()
+    config.additional_config["selective_offload"] = "plan-a"
+    a = config.compute_hash()
+    config.additional_config["selective_offload"] = "plan-b"
+    b = config.compute_hash()
+    config.additional_config = {"selective_offload": "plan-a"}
+    a2 = config.compute_hash()
+    expect(len({base, a, b}) == 3, "compute_hash does not change with additional_config's content")
+    expect(a == a2, "compute_hash of equal additional_config differs")
+    expect("additional_config" in source(VllmConfig.compute_hash), "compute_hash does not read additional_config")
+
+
+@check("compilation_config")
+def _compilation_config() -> None:
+    # Behaviour: the fields and enum members the glue reads to tell eager from graphs (by
+    # the member's name), and the encoder compile/graph flags it refuses on-demand towers under.
+    from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode, VllmConfig
+
+    expect(hasattr(CompilationMode, "NONE") and hasattr(CUDAGraphMode, "NONE"),
+           "CompilationMode.NONE / CUDAGraphMode.NONE missing")
+    config = CompilationConfig(mode=CompilationMode.NONE, cudagraph_mode=CUDAGraphMode.NONE)
+    expect(config.mode == CompilationMode.NONE and config.cudagraph_mode == CUDAGraphMode.NONE,
+           f"CompilationConfig kept mode={config.mode}, cudagraph_mode={config.cudagraph_mode}")
+    for flag in ("compile_mm_encoder", "cudagraph_mm_encoder"):  # the glue refuses on-demand towers under them
+        expect(getattr(config, flag, None) is False, f"CompilationConfig.{flag} is {getattr(config, flag, 'absent')!r}")
+    expect(CUDAGraphMode.NONE.name == "NONE", "CUDAGraphMode.NONE is not named NONE")
+    default = VllmConfig().compilation_config
+    expect(hasattr(VllmConfig(), "lora_config"), "VllmConfig has no lora_config")
+    expect(isinstance(default.mode, CompilationMode) and isinstance(default.cudagraph_mode, CUDAGraphMode),
+           f"VllmConfig().compilation_config: mode {default.mode!r}, cudagraph_mode {default.cudagraph_mode!r}")
+
+
+@check("no_foreign_vllm_modules")
+def _no_foreign_vllm_modules() -> None:
+    # Last: every vllm module the checks imported came from the tree under test.
+    foreign = sorted(name for name, module in list(sys.modules.items())
+                     if (name == "vllm" or name.startswith("vllm.")) and module is not None
+                     and getattr(module, "__file__", None) and not under(module.__file__, TREE))
+    expect(not foreign, f"{len(foreign)} vllm modules from elsewhere, e.g. {foreign[:3]}")
+
+
+# --------------------------------------------------------------------------- main
+
+def _version_matches(version: str, expected: str) -> bool:
+    return version == expected or version.startswith((expected + ".", expected + "+"))
+
+
+def _tree(expect_tree: Path, expect_version: str) -> str | None:
+    """Why vllm is not the tree under test (None when it is)."""
+    try:
+        import vllm
+    except Exception as exc:  # noqa: BLE001 - any import failure is the reason
+        return f"import vllm failed: {type(exc).__name__}: {exc}"
+    path = Path(vllm.__file__).resolve().parent
+    if path != expect_tree:
+        return f"vllm was imported from {path}, not {expect_tree}"
+    if not _version_matches(vllm.__version__, expect_version):
+        return f"vllm.__version__ is {vllm.__version__}, expected {expect_version}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    global TREE
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--expect-tree", required=True, type=Path,
+                        help="the vllm package directory that must be imported")
+    parser.add_argument("--expect-version", required=True,
+                        help="vllm.__version__, exactly or as a prefix (0.32 matches 0.32.0)")
+    args = parser.parse_args(argv)
+    TREE = args.expect_tree.resolve()
+    start = time.monotonic()
+    problem = _tree(TREE, args.expect_version)
+    if problem is not None:
+        print(f"FAIL tree: {problem}")
+        for name, _ in CHECKS:
+            print(f"FAIL {name}: not run (vllm is not the tree under test)")
+        return 2
+    import vllm
+
+    print("ok tree", flush=True)
+    print(f"note tree: vLLM {vllm.__version__} from {TREE}", flush=True)
+    failed = 0
+    for name, fn in CHECKS:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, one line each
+            failed += 1
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            reason = str(exc) if isinstance(exc, Contract) else (
+                f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})")
+            print(f"FAIL {name}: {' '.join(reason.split())}", flush=True)
+        else:
+            print(f"ok {name}", flush=True)
+        for line in NOTES:
+            print(line, flush=True)
+        NOTES.clear()
+    print(f"{len(CHECKS) - failed}/{len(CHECKS)} vLLM contract checks passed against {vllm.__version__} "
+          f"in {time.monotonic() - start:.1f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
