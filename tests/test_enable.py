@@ -199,3 +199,21 @@ def test_the_plugin_refuses_a_plan_of_a_newer_format(tmp_path, bf16, monkeypatch
     monkeypatch.setenv("SELECTIVE_OFFLOAD_PLAN", str(tmp_path / "plan.json"))
     with pytest.raises(PlanError, match="plan format v7 is newer than this selective-offload"):
         plugin.register()
+
+
+def test_loaders_defined_after_enable_are_guarded_and_released(bf16):
+    """A loader class a plugin defines later (register_model_loader) that overrides
+    load_model is wrapped when it is created, and unwrapped by disable()."""
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    selective_offload.enable(tight_plan(bf16))
+
+    class LateLoader(DefaultModelLoader):
+        def load_model(self, vllm_config, model_config, prefix=""):
+            return "own"
+
+    wrapped = LateLoader.load_model
+    original = patches.session().originals[(LateLoader, "load_model")]
+    assert wrapped is not original and original.__qualname__.endswith("LateLoader.load_model")
+    selective_offload.disable()
+    assert LateLoader.load_model is original

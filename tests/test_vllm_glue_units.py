@@ -196,3 +196,41 @@ def test_without_make_layers_frame_the_layer_count_must_match():
     offloader = make_exact_prefetch_offloader(RecordingPrefetchOffloader, [1], 1, "model.layers", 4)
     with pytest.raises(PlanError, match="the plan's stack model.layers has 4 layers but the one vLLM built has 6"):
         offloader.wrap_modules(iter(range(6)))
+
+
+def test_an_eagle_drafter_that_owns_its_embedding_keeps_it_on_the_device(monkeypatch):
+    """vLLM's EAGLE drafters set has_own_embed_tokens / has_own_lm_head while loading when
+    their checkpoint has them; vLLM may then keep them and compares them with the target's
+    on one device. Those leave the host-routed set (and go to the device; the CPU here);
+    a drafter without the flags keeps both routed, to be replaced by the target's."""
+    import vllm.model_executor.layers.vocab_parallel_embedding as vpe
+
+    from selective_offload.vllm_glue.loading import _keep_what_the_drafter_owns, _ptr
+
+    monkeypatch.setattr(vpe, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(vpe, "get_tensor_model_parallel_world_size", lambda: 1)
+
+    class Drafter(nn.Module):
+        def __init__(self, **flags):
+            super().__init__()
+            self.model = nn.Module()
+            self.model.embed_tokens = vpe.VocabParallelEmbedding(64, 8)
+            self.lm_head = vpe.ParallelLMHead(64, 8)
+            for k, v in flags.items():
+                setattr(self, k, v)
+
+    def session_for(drafter):
+        return SimpleNamespace(
+            targets=SimpleNamespace(ParallelLMHead=vpe.ParallelLMHead, VocabParallelEmbedding=vpe.VocabParallelEmbedding),
+            drafter_routed={_ptr(p) for p in drafter.parameters()},
+            drafter_routed_modules=["lm_head", "model.embed_tokens"])
+
+    mtp = Drafter()
+    s = session_for(mtp)
+    _keep_what_the_drafter_owns(s, mtp, torch.device("cpu"))
+    assert s.drafter_routed_modules == ["lm_head", "model.embed_tokens"] and len(s.drafter_routed) == 2
+    eagle = Drafter(has_own_embed_tokens=True, has_own_lm_head=False)
+    s = session_for(eagle)
+    _keep_what_the_drafter_owns(s, eagle, torch.device("cpu"))
+    assert s.drafter_routed_modules == ["lm_head"]
+    assert s.drafter_routed == {_ptr(eagle.lm_head.weight)}

@@ -101,6 +101,20 @@ def test_vision_tower_onloads_block_by_block(vlm_selective):
     assert set(blocks) <= set(released)
 
 
+def test_an_on_demand_tower_under_encoder_compilation_is_refused(idefics3):
+    """vLLM's compile_mm_encoder compiles the tower, whose compiled code skips the hooks
+    that bring its blocks to the device: refused before the model is built."""
+    from selective_offload.errors import PlanError
+
+    selective_offload.enable(all_cold_plan(idefics3), strict=True)
+    try:
+        with pytest.raises(PlanError, match="the plan onloads model.connector on demand, which vLLM's "
+                                            "compile_mm_encoder cannot run"):
+            generate_tokens(idefics3, IMAGE_PROMPTS, **MM_ARGS, compilation_config={"compile_mm_encoder": True})
+    finally:
+        selective_offload.disable()
+
+
 # ---- MTP speculative decoding (MiMo): the drafter loads the MTP head
 
 SPEC = dict(speculative_config={"method": "mtp", "num_speculative_tokens": 1})

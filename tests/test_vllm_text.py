@@ -9,14 +9,16 @@ prove the routing, the wrappers, the report and bit-identical tokens, not memory
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 import selective_offload
-from helpers import generate_tokens, generate_with_plan, save_tiny_qwen3, tight_plan
+from helpers import ENGINE_ARGS, PROMPTS, generate_tokens, generate_with_plan, save_tiny_qwen3, tight_plan
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.checkpoint import load_checkpoint
@@ -231,5 +233,85 @@ def test_hot_layers_on_the_cpu_build_are_reported_not_silently_dropped(untied, u
     try:
         with pytest.raises(Exception, match="not realised"):
             generate_tokens(untied)
+    finally:
+        selective_offload.disable()
+
+
+# ---- vLLM settings the plan must survive, or refuse
+
+def test_a_compiled_engine_runs_the_gather_and_keys_its_compile_cache_by_the_plan(untied, untied_plain_tokens):
+    """torch.compile on (enforce_eager=False; the CPU build compiles, without CUDA graphs):
+    the host gather is a custom op inside the compiled graph and ran every step, and the
+    plan's identity is part of the hash vLLM keys its compile caches by, so an engine
+    without the plan (or with another) can never be served this graph, nor this one its."""
+    import gc
+
+    from vllm import LLM, SamplingParams
+
+    from selective_offload.vllm_glue.session import COMPILE_KEY
+
+    selective_offload.enable(tight_plan(untied), strict=True)
+    try:
+        llm = LLM(model=str(untied), **{**ENGINE_ARGS, "enforce_eager": False})
+        params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+        report = selective_offload.placement_report()
+        config = llm.llm_engine.vllm_config
+        with_plan = config.compute_hash()
+        identity = config.additional_config.pop(COMPILE_KEY)
+        without_plan = config.compute_hash()
+        del llm
+        gc.collect()
+    finally:
+        selective_offload.disable()
+    assert [list(o.outputs[0].token_ids) for o in outputs] == untied_plain_tokens
+    assert report.ok, report.problems
+    assert report.transfers["model.embed_tokens"]["calls"] >= 32
+    assert len(identity) == 16 and with_plan != without_plan
+
+
+def test_lora_with_a_host_gather_embedding_is_refused(untied):
+    selective_offload.enable(tight_plan(untied), strict=True)
+    try:
+        with pytest.raises(PlanError, match="LoRA adapters on model.embed_tokens allocate their weights on the "
+                                            "embedding weight's device"):
+            generate_tokens(untied, enable_lora=True, max_lora_rank=8)
+    finally:
+        selective_offload.disable()
+
+
+def test_a_loader_that_loads_the_model_itself_is_reported(untied, tmp_path):
+    """A load format whose loader overrides load_model (as vLLM's tensorizer, IPC and
+    ModelExpress loaders do) never reaches the hooks: the plan is reported as not
+    applied, and strict mode refuses the engine."""
+    from vllm.model_executor.model_loader import register_model_loader
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+
+    @register_model_loader("selective_offload_test_own_loader")
+    class OwnLoader(DefaultModelLoader):
+        def __init__(self, load_config):
+            load_config = copy.copy(load_config)
+            load_config.load_format = "safetensors"  # the files it reads
+            super().__init__(load_config)
+
+        def load_model(self, vllm_config, model_config, prefix=""):
+            with torch.device(vllm_config.device_config.device):
+                model = initialize_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
+            self.load_weights(model, model_config)
+            process_weights_after_loading(model, model_config, torch.device(vllm_config.device_config.device))
+            return model.eval()
+
+    plain = generate_tokens(untied, load_format="selective_offload_test_own_loader")
+    tokens, report = generate_with_plan(tight_plan(untied), untied, strict=False,
+                                        load_format="selective_offload_test_own_loader")
+    assert tokens == plain
+    assert not report.ok and report.groups == []
+    assert report.problems[0].startswith("vLLM's OwnLoader builds and loads the model itself (it overrides "
+                                         "load_model), so the plan was not applied")
+    selective_offload.enable(tight_plan(untied), strict=True)
+    try:
+        with pytest.raises(PlanError, match="not realised \\(strict mode\\): vLLM's OwnLoader builds and loads"):
+            generate_tokens(untied, load_format="selective_offload_test_own_loader")
     finally:
         selective_offload.disable()

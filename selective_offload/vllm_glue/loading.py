@@ -194,11 +194,39 @@ def _load_drafter(s: Session, original, loader, vllm_config, model_config, prefi
         drafter = original(loader, vllm_config, model_config, prefix)
     finally:
         s.drafting = False
+    _keep_what_the_drafter_owns(s, drafter, main_device(s, vllm_config))
     main = s.main
     model = main.model() if main is not None else None
     if model is not None:
         _recount_at_first_step(s, model, drafter)
     return drafter
+
+
+def main_device(s: Session, vllm_config) -> torch.device:
+    if s.main is not None:
+        return s.main.load.device
+    return torch.device(vllm_config.load_config.device or vllm_config.device_config.device)
+
+
+def _keep_what_the_drafter_owns(s: Session, drafter: nn.Module, device: torch.device) -> None:
+    """An EAGLE drafter whose checkpoint has its own embedding or LM head says so while
+    loading (``has_own_embed_tokens`` / ``has_own_lm_head``); vLLM may then keep it, and
+    compares it with the target's on one device before deciding. Those go to the device
+    now, as vLLM would have built them; what it surely replaces stays on the host."""
+    t = s.targets
+    own_embed = bool(getattr(drafter, "has_own_embed_tokens", False))
+    own_head = bool(getattr(drafter, "has_own_lm_head", False))
+    if not (own_embed or own_head):
+        return
+    for name, module in drafter.named_modules():
+        head = isinstance(module, t.ParallelLMHead)
+        if (head and own_head) or (not head and own_embed and isinstance(module, t.VocabParallelEmbedding)):
+            for p in module.parameters():
+                if _ptr(p) in s.drafter_routed:
+                    s.drafter_routed.discard(_ptr(p))
+                    p.data = p.data.to(device)
+            if name in s.drafter_routed_modules:
+                s.drafter_routed_modules.remove(name)
 
 
 def _recount_at_first_step(s: Session, model: nn.Module, drafter: nn.Module) -> None:
