@@ -22,6 +22,16 @@ MUTATIONS = {
  "totals-not-checked": ("selective_offload/plan.py", "            if value != getattr(plan, name):", "            if False:"),
  "report-no-routing-check": ("selective_offload/report.py", "    if check_routing and report.unrouted_cold_bytes >", "    if False and report.unrouted_cold_bytes >"),
  "strict-env-only-1": ("selective_offload/options.py", "    if text in _TRUE:", "    if text == '1':"),
+ "fused-lookup-kept": ("selective_offload/vllm_glue/embedding.py", "        layer.use_fused_embedding = False", "        pass"),
+ "drafter-not-routed": ("selective_offload/vllm_glue/loading.py", "    mode = ConstructOnHost((), force=((t.ParallelLMHead, \"lm_head\"), (t.VocabParallelEmbedding, \"embed_tokens\")))", "    mode = ConstructOnHost(())"),
+ "drafter-counted-before-sharing": ("selective_offload/vllm_glue/loading.py", "    if model is not None:\n        _recount_at_first_step(s, model, drafter)", "    if model is not None:\n        finish(s, model, main.load, main.cold_params, main.hot_params, drafter=drafter)"),
+ "encoder-stack-taken": ("selective_offload/vllm_glue/offloader.py", "            return stack_name(call.prefix) == stack_name(stack_prefix)", "            return True"),
+ "pp-global-indices": ("selective_offload/vllm_glue/offloader.py", "    return sorted(i - start for i in set(global_indices) if start <= i < end)", "    return sorted(set(global_indices))"),
+ "no-compile-key": ("selective_offload/vllm_glue/caller.py", "        extra[COMPILE_KEY] = settings.identity", "        pass"),
+ "override-guard-off": ("selective_offload/vllm_glue/loading.py", "            if s.loads == before:", "            if False:"),
+ "explicit-device-routed": ("selective_offload/wrappers/construct_on_host.py", "        explicit = kwargs.get(\"device\") is not None", "        explicit = False"),
+ "shared-cache-kept-on-host": ("selective_offload/wrappers/construct_on_host.py", "        keep = {p for p in targets if p in cold_ptrs and p not in hot_ptrs}", "        keep = set(targets)"),
+ "rank-files-not-merged": ("selective_offload/report.py", "        for other in report_paths(str(path))[1:]:", "        for other in []:"),
 }
 
 

@@ -302,7 +302,8 @@ def _construct_drafter(s: Session, original, args, kwargs):
     vocab = {n for n, m in drafter.named_modules() if isinstance(m, t.VocabParallelEmbedding)}
     result = mode.finish(drafter, lambda name: any(name == v or name.startswith(v + ".") for v in vocab))
     s.drafter_routed = result.storages
-    s.drafter_routed_modules = sorted(vocab)
+    s.drafter_routed_modules = sorted(n for n in vocab if all(
+        _ptr(p) in result.storages for p in drafter.get_submodule(n).parameters()))
     return drafter
 
 
