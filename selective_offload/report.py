@@ -106,6 +106,9 @@ class PlacementReport:
     error: str | None = None
     #: Other worker ranks' verdicts (``rank1`` -> summary), merged by :meth:`load`.
     ranks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Groups this pipeline-parallel rank does not hold (another rank does, or none: the
+    #: merge in :meth:`load` decides).
+    on_other_ranks: list[str] = field(default_factory=list)
     format: str = REPORT_FORMAT
 
     @property
@@ -146,6 +149,7 @@ class PlacementReport:
         problem or error on any rank is the report's (each rank holds its own shard of a
         tensor-parallel model, so each judges its own bytes)."""
         report = cls.load_one(path)
+        missing = set(report.on_other_ranks)
         for other in report_paths(str(path))[1:]:
             worker = cls.load_one(other)
             label = other.name.rsplit(".", 1)[-1]
@@ -155,6 +159,12 @@ class PlacementReport:
             report.problems += [f"{label}: {p}" for p in worker.problems]
             if report.error is None and worker.error is not None:
                 report.error = f"{label}: {worker.error}"
+            held = {g.group: g for g in worker.groups if g.num_params}
+            report.groups = [held.get(g.group, g) if g.group in missing else g for g in report.groups]
+            missing -= set(held)
+        if report.on_other_ranks:  # a pipeline-parallel model: a group no rank holds is missing
+            report.problems += [f"group {name} is on no pipeline rank" for name in sorted(missing)]
+            report.on_other_ranks = sorted(missing)
         return report
 
     @classmethod
@@ -287,7 +297,9 @@ def _count_drafter(m: _Matching, model: nn.Module, drafter: nn.Module, plan: Pla
 
 
 def _missing_groups(m: _Matching, plan: Plan, drafter_loaded: bool, drafter_expected: bool,
-                    notes: list[str]) -> list[str]:
+                    notes: list[str], elsewhere: list[str] | None) -> list[str]:
+    """Planned groups the model lacks: a problem, or, on one rank of a pipeline-parallel
+    model (``elsewhere`` is a list), left to the merge of every rank's report."""
     problems = []
     for g in plan.groups:
         landing = m.landings[g.group]
@@ -297,6 +309,8 @@ def _missing_groups(m: _Matching, plan: Plan, drafter_loaded: bool, drafter_expe
             if g.placement != Placement.ABSENT:
                 notes.append(f"{g.group} is loaded by the speculative drafter"
                              + ("" if drafter_expected else ", and this engine runs without one"))
+        elif g.placement != Placement.ABSENT and g.bytes and elsewhere is not None:
+            elsewhere.append(g.group)
         elif g.placement != Placement.ABSENT and g.bytes:
             problems.append(f"group {g.group} ({g.bytes / GB:.3f} GB, planned {g.placement}) "
                             "is not in the loaded model")
@@ -358,6 +372,7 @@ def build_report(
     loaded_bytes: Mapping[str, int] | None = None,
     drafter_loaded_bytes: Mapping[str, int] | None = None,
     mechanisms: Mapping[str, str] | None = None,
+    pipeline_part: bool = False,
 ) -> PlacementReport:
     """Match ``model``'s parameters to ``plan``'s groups and compare placements.
 
@@ -368,7 +383,8 @@ def build_report(
     a missing MTP group is awaited, not a problem. ``loaded_bytes`` (name -> bytes) gives
     sizes as loaded, for parameters that post-processing replaced by an empty one (a
     weight repacked into another object); ``drafter_loaded_bytes`` the same for the
-    drafter's names. ``mechanisms`` describes each group's wrapper.
+    drafter's names. ``mechanisms`` describes each group's wrapper. ``pipeline_part``:
+    this model is one pipeline-parallel rank's part, so groups it lacks may be on another.
     """
     loaded_bytes = loaded_bytes or {}
 
@@ -397,6 +413,7 @@ def build_report(
                                     if m.landings[g.group].actual in (Placement.HOST_COLD, Placement.HOST_HOT)),
         unplanned=m.unplanned, notes=notes,
     )
-    report.problems = (_missing_groups(m, plan, drafter is not None, drafter_expected, notes)
+    report.problems = (_missing_groups(m, plan, drafter is not None, drafter_expected, notes,
+                                       report.on_other_ranks if pipeline_part else None)
                        + _verdict(m, report, plan, routed_storages is not None))
     return report

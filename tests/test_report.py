@@ -181,3 +181,30 @@ def test_select_layers_streams_only_the_planned_indices():
         picked.append((module, list(built)))  # what had been built when each was handed over
     assert picked == [("layer1", [0, 1]), ("layer4", [0, 1, 2, 3, 4])]
     assert every == [f"layer{i}" for i in range(6)]
+
+
+def test_pipeline_ranks_each_hold_a_part_and_the_merge_finds_every_group(tmp_path):
+    """With pipeline parallelism each rank builds part of the model (vLLM puts
+    PPMissingLayer where the rest would be): a rank's missing groups are left to the
+    merge, which takes each group from the rank that holds it and flags any no rank holds."""
+    from selective_offload.report import rank_path
+
+    plan = plan_for(checkpoint_of())
+    first, last = Model(), Model()
+    first.model.layers = nn.ModuleList([first.model.layers[0], first.model.layers[1]])
+    del first.lm_head
+    del last.model.embed_tokens, last.model.visualise, last.visual
+    last.model.layers = nn.ModuleList([nn.Module(), nn.Module(), last.model.layers[2], last.model.layers[3]])
+    reports = [report_of(part, plan, cold_ids(first) if part is first else set(), pipeline_part=True)
+               for part in (first, last)]
+    assert reports[0].on_other_ranks == ["model.layers.2", "model.layers.3", "lm_head"]
+    assert all(r.ok for r in reports), [r.problems for r in reports]
+    for rank, report in enumerate(reports):
+        report.save(rank_path(tmp_path / "r.json", rank))
+    merged = PlacementReport.load(tmp_path / "r.json")
+    assert merged.ok and merged.on_other_ranks == [] and set(merged.ranks) == {"rank1"}
+    assert merged.landing("lm_head").actual == "device" and merged.landing("model.layers.3").num_params == 1
+    # A group neither rank holds is a problem of the merged report.
+    (tmp_path / "r.json.rank1").unlink()
+    assert PlacementReport.load(tmp_path / "r.json").problems == [
+        f"group {name} is on no pipeline rank" for name in ("lm_head", "model.layers.2", "model.layers.3")]

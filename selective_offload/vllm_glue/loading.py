@@ -121,7 +121,8 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     device = torch.device(load_config.device or vllm_config.device_config.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    load = Load(settings, device, dtype=str(model_config.dtype).removeprefix("torch."))
+    load = Load(settings, device, dtype=str(model_config.dtype).removeprefix("torch."),
+                pipeline_ranks=int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1))
     refuse_what_the_plan_cannot_survive(s, vllm_config, device)
     load.notes += check_model(settings.plan, str(model_config.model))
     load.notes += list(settings.plan.load_notes)
@@ -437,7 +438,8 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
                           routed_storages=load.routed_storages, notes=list(load.notes),
                           drafter=drafter, drafter_expected=load.drafter_expected,
                           loaded_bytes=load.loaded_bytes, drafter_loaded_bytes=s.drafter_loaded_bytes,
-                          mechanisms={g: a.mechanism for g, a in s.attached.items()})
+                          mechanisms={g: a.mechanism for g, a in s.attached.items()},
+                          pipeline_part=load.pipeline_ranks > 1)
     report.problems[:0] = load.problems
     report.transfers = s.transfers()
     if report.loaded_host_cold_bytes != report.planned_host_cold_bytes and report.planned_host_cold_bytes:

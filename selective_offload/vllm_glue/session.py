@@ -68,6 +68,7 @@ class Load:
     drafter_expected: bool = False
     loaded_bytes: dict[str, int] = field(default_factory=dict)
     dtype: str = ""
+    pipeline_ranks: int = 1
 
 
 @dataclass
