@@ -58,6 +58,72 @@ def test_decode_emulation_smoke(tmp_path):
     assert "| bulk | measured |" in only(tmp_path, "decode-emulation-*-smoke.md").read_text()
 
 
+NO_CUDA = "skipped: no CUDA device"
+#: The construction and TP-lookup checks of gpu_mechanism_check.py: those that pass on any
+#: machine (the meta device standing in for the GPU where placement is the point), and
+#: those that need CUDA (passed there, skipped with the no-CUDA reason elsewhere).
+MECHANISM_ANYWHERE = [
+    *(f"masked host lookup == masked device lookup ({t} tokens, TP rank 1 of 4)" for t in (1, 16, 256, 4096)),
+    *(f"host lookup output is on the device and masked in place ({t} tokens)" for t in (1, 16, 256, 4096)),
+    "drafter's embedding and LM head are built in host memory (force, any prefix)",
+    "drafter's own layer is built on the device",
+    "finish keeps the shared weights on the host and moves nothing back",
+    "replacing them by the target's frees the host copies",
+    "the drafter then reads the target's device weights",
+    "explicit-device workspace inside a cold module stays on the device",
+    "cold module's own weight is built in host memory",
+    "shared cached rotary module's buffer is back on the device after finish",
+    "finish reports the bytes it moved back",
+]
+MECHANISM_CUDA = [
+    "host shard is pinned",
+    "building the drafter grows the device peak by its own layer only",
+    "cold module's own weight is pinned",
+    "tensor held only by a module-global cache is moved back in place",
+    "construction allocates only the workspace and the hot layer on the device",
+    "device memory grows at finish by the bytes reported moved back",
+]
+MECHANISM_META = "tensor held only by a module-global cache is reported as left on the host " \
+                 "(meta cannot swap storage in place)"
+
+
+def test_mechanism_check_small_runs_without_vllm(tmp_path):
+    """The GPU machine this script is for has torch and no vLLM: it runs with vLLM made
+    unimportable, and every check it records passed or was skipped for want of CUDA."""
+    script = str(BENCH / "gpu_mechanism_check.py")
+    code = ("import runpy, sys; sys.modules['vllm'] = None; "
+            f"sys.argv = [{script!r}, '--small', '--out', {str(tmp_path)!r}]; "
+            f"runpy.run_path({script!r}, run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=BENCH.parent)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(only(tmp_path, "mechanism-*.json").read_text())
+    status = {r["name"]: r["status"] for r in result["asserts"]}
+    assert set(status.values()) <= {"passed", NO_CUDA}, status
+    cuda = result["cuda"]
+    for name in MECHANISM_ANYWHERE:
+        assert status.get(name) == "passed", (name, status.get(name))
+    for name in MECHANISM_CUDA:
+        assert status.get(name) == ("passed" if cuda else NO_CUDA), (name, status.get(name))
+    assert (MECHANISM_META in status) != cuda and status.get(MECHANISM_META, "passed") == "passed"
+
+    tp = result["tp_lookup"]
+    assert [r["tokens"] for r in tp["lookup"]] == [1, 16, 256, 4096]
+    assert all(r["masked_host_lookup_us"] > 0 and r["masked_device_lookup_us"] > 0 for r in tp["lookup"])
+    assert 0 < tp["lookup"][-1]["ids_in_shard"] < 4096  # both sides of the mask exercised
+    drafter = result["drafter"]
+    assert drafter["host_storages_released"] is True
+    assert sum(drafter["routed_bytes"].values()) == drafter["shared_bytes"] > 0
+    explicit = result["explicit_device"]
+    assert explicit["moved_back_bytes"] == explicit["rope_cache_bytes"] + (explicit["global_table_bytes"] if cuda else 0)
+    assert explicit["left_on_host_bytes"] == (0 if cuda else explicit["global_table_bytes"])
+    md = only(tmp_path, "mechanism-*.md").read_text()
+    for heading in ("## Masked TP lookup", "## A drafter's shared embedding and LM head",
+                    "## Explicit-device and shared allocations inside a cold module"):
+        assert heading in md
+    assert "| drafter's own layer is built on the device | passed |" in md
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "/no/such/model", "--device-memory", "24GiB"], "no such model directory"),
     (["--device-memory", "lots"], "cannot read 'lots' as a size"),
