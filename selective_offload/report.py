@@ -43,6 +43,13 @@ REPORT_FORMAT = "selective-offload/report-v2"
 #: Misplaced (or unrouted) bytes above this fraction of the bytes, as loaded, of the
 #: groups the plan puts on the host make a report not ok.
 TOLERANCE = 0.01
+#: Page-locked host memory above this multiple of the host bytes (as loaded) is a warning
+#: (a note in the report)...
+PAGE_LOCKED_WARN = 1.05
+#: ...and above this one a problem (an error in strict mode): RAM the operating system can
+#: neither use nor swap, on machines whose RAM is the limit. torch's power-of-two rounding
+#: of pinned blocks alone can reach 2x.
+PAGE_LOCKED_LIMIT = 1.25
 #: Where a parameter can be found: the plan's two host placements, the device, or host
 #: memory that no wrapper of this plan owns.
 STRAY_HOST = "host"
@@ -109,6 +116,8 @@ class PlacementReport:
     #: Groups this pipeline-parallel rank does not hold (another rank does, or none: the
     #: merge in :meth:`load` decides).
     on_other_ranks: list[str] = field(default_factory=list)
+    #: Page-locked host memory against the host bytes: see :func:`judge_host_memory`.
+    host_memory: dict[str, Any] = field(default_factory=dict)
     format: str = REPORT_FORMAT
 
     @property
@@ -210,6 +219,12 @@ def _render(r: PlacementReport) -> list[str]:
         if planned or landed:
             lines.append(f"{label} on host: planned {fmt_bytes(planned)} of checkpoint bytes, "
                          f"{fmt_bytes(loaded)} as loaded; landed {fmt_bytes(landed)}")
+    if r.host_memory:
+        hm = r.host_memory
+        ratio = hm.get("page_locked_to_host_ratio")
+        lines.append(f"host memory ({hm['policy']}): page-locked {fmt_bytes(hm['page_locked_bytes'])}"
+                     + (f", {ratio:.3f}x the host bytes" if ratio is not None else "")
+                     + (f"; resident set {fmt_bytes(hm['resident_set_bytes'])}" if hm.get("resident_set_bytes") else ""))
     lines += [f"note: {note}" for note in r.notes]
     lines += [f"rank {label[4:]}: {'placement matches the plan' if v['ok'] else 'NOT realised'}"
               for label, v in r.ranks.items()]
@@ -417,3 +432,38 @@ def build_report(
                                        report.on_other_ranks if pipeline_part else None)
                        + _verdict(m, report, plan, routed_storages is not None))
     return report
+
+
+def judge_host_memory(report: PlacementReport, *, policy: str, reason: str, locked_by_how: Mapping[str, int],
+                      locked_by_purpose: Mapping[str, int], torch_pinned_bytes: int | None,
+                      resident_set_bytes: int | None) -> None:
+    """Put page-locked host memory next to the host bytes, and judge the ratio.
+
+    Page-locked bytes are what this project registered (exact sizes) plus what torch's
+    caching host allocator holds (its own count, rounded blocks and cached ones included:
+    vLLM's prefetch offloader and post-processing pin through it too), or, where torch
+    gives no count, the buffers this project pinned through it at the size asked for.
+    """
+    host = report.landed_host_cold_bytes + report.landed_host_hot_bytes
+    registered = locked_by_how.get("registered", 0)
+    through_torch = torch_pinned_bytes if torch_pinned_bytes is not None else locked_by_how.get("caching allocator", 0)
+    page_locked = registered + through_torch
+    ratio = page_locked / host if host and policy == "register" else None
+    report.host_memory = {
+        "policy": policy, "reason": reason, "page_locked_bytes": page_locked, "registered_bytes": registered,
+        "torch_pinned_bytes": torch_pinned_bytes, "by_purpose": dict(locked_by_purpose),
+        "host_bytes": host, "page_locked_to_host_ratio": ratio, "resident_set_bytes": resident_set_bytes,
+    }
+    if policy == "unified" and host:
+        report.notes.append(f"{reason}: the {fmt_bytes(host)} the plan puts on the host save no device memory here")
+    elif policy == "pageable" and host and not report.host_is_device:
+        report.notes.append(f"host weights are not page-locked: {reason}")
+    if ratio is None:
+        return
+    if ratio > PAGE_LOCKED_LIMIT:
+        report.problems.append(f"{fmt_bytes(page_locked)} of host memory is page-locked, {ratio:.2f}x the "
+                               f"{fmt_bytes(host)} on the host (limit {PAGE_LOCKED_LIMIT}x): RAM the system can "
+                               "neither use nor swap")
+    elif ratio > PAGE_LOCKED_WARN:
+        report.notes.append(f"warning: page-locked host memory is {ratio:.3f}x the host bytes "
+                            f"(more than {PAGE_LOCKED_WARN}x)")

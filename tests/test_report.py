@@ -208,3 +208,42 @@ def test_pipeline_ranks_each_hold_a_part_and_the_merge_finds_every_group(tmp_pat
     (tmp_path / "r.json.rank1").unlink()
     assert PlacementReport.load(tmp_path / "r.json").problems == [
         f"group {name} is on no pipeline rank" for name in ("lm_head", "model.layers.2", "model.layers.3")]
+
+
+def _judged(policy, *, host_cold=1000, registered=0, torch_pinned=None, host_is_device=False):
+    from selective_offload.report import judge_host_memory
+
+    report = PlacementReport("f", "cuda:0", host_is_device, landed_host_cold_bytes=host_cold)
+    judge_host_memory(report, policy=policy, reason=f"because {policy}",
+                      locked_by_how={"registered": registered} if registered else {},
+                      locked_by_purpose={"model.embed_tokens": registered}, torch_pinned_bytes=torch_pinned,
+                      resident_set_bytes=5_000_000)
+    return report
+
+
+@pytest.mark.parametrize("registered,torch_pinned,verdict", [
+    (1000, 0, "ok"),            # exact registration: 1.00x
+    (1000, 50, "ok"),           # a staging buffer: 1.05x, on the line
+    (1000, 60, "warning"),      # 1.06x
+    (1000, 250, "warning"),     # 1.25x, on the limit
+    (1000, 251, "problem"),     # 1.251x: over the 1.25x limit
+])
+def test_page_locked_ratio_verdicts(registered, torch_pinned, verdict):
+    report = _judged("register", registered=registered, torch_pinned=torch_pinned)
+    assert report.host_memory["page_locked_bytes"] == registered + torch_pinned
+    assert report.host_memory["page_locked_to_host_ratio"] == pytest.approx((registered + torch_pinned) / 1000)
+    warned = any(n.startswith("warning: page-locked host memory") for n in report.notes)
+    assert (verdict, report.ok, warned) in {("ok", True, False), ("warning", True, True), ("problem", False, False)}
+    if verdict == "problem":
+        assert "(limit 1.25x)" in report.problems[0]
+
+
+def test_an_integrated_gpu_is_said_to_save_nothing():
+    report = _judged("unified")
+    assert report.ok and report.host_memory["page_locked_to_host_ratio"] is None
+    assert report.notes == ["because unified: the 1.0 kB the plan puts on the host save no device memory here"]
+
+
+def test_pageable_host_weights_are_noted_on_a_gpu_not_on_the_cpu_build():
+    assert _judged("pageable").notes == ["host weights are not page-locked: because pageable"]
+    assert _judged("pageable", host_is_device=True).notes == []

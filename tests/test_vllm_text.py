@@ -74,6 +74,10 @@ def test_report_shows_the_embedding_landed_on_the_host(untied_selective, untied)
     assert report.ok, report.problems
     others = [g for g in report.groups if g.group != "model.embed_tokens"]
     assert all(g.actual == "device" and g.host_bytes == 0 for g in others)
+    # Host memory: nothing page-locked on the CPU build (no CUDA), said with the reason.
+    hm = report.host_memory
+    assert (hm["policy"], hm["page_locked_bytes"], hm["host_bytes"]) == ("pageable", 0, embed.host_bytes)
+    assert hm["reason"].startswith("no CUDA device") and hm["resident_set_bytes"] > 100_000_000
 
 
 def test_the_embedding_was_built_on_the_host_not_moved_there(untied_selective):

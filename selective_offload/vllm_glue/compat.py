@@ -36,6 +36,7 @@ class Targets:
     PrefetchOffloader: type
     accelerator_view: Any     # vllm.utils.torch_utils.get_accelerator_view_from_cpu_tensor
     MPClient: type            # vllm.v1.engine.core_client.MPClient: starts engine processes
+    pin_memory_available: Any  # vllm.utils.platform_utils.is_pin_memory_available
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -71,6 +72,7 @@ def resolve_targets() -> Targets:
         prefetch = importlib.import_module("vllm.model_executor.offloader.prefetch")
         torch_utils = importlib.import_module("vllm.utils.torch_utils")
         core_client = importlib.import_module("vllm.v1.engine.core_client")
+        platform_utils = importlib.import_module("vllm.utils.platform_utils")
         targets = Targets(
             vllm_version=version,
             base_loader=base_loader,
@@ -81,6 +83,7 @@ def resolve_targets() -> Targets:
             PrefetchOffloader=prefetch.PrefetchOffloader,
             accelerator_view=torch_utils.get_accelerator_view_from_cpu_tensor,
             MPClient=core_client.MPClient,
+            pin_memory_available=platform_utils.is_pin_memory_available,
         )
         for owner, attr in ((base_loader, "initialize_model"),
                             (targets.BaseModelLoader, "load_model"),

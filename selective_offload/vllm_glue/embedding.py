@@ -23,6 +23,7 @@ from torch import nn
 
 from ..options import RunOptions
 from ..wrappers import HostGather
+from ..wrappers.page_locked import PageLockedLedger
 
 #: The gathers behind the custom op, by handle (the op takes an int, not an object). Held
 #: weakly: each embedding layer holds its own gather, so its staging buffer lives exactly
@@ -57,16 +58,18 @@ def embedding_mode(options: RunOptions, device: torch.device, vllm_config) -> st
     return "uva" if device.type == "cuda" and graphs_captured(vllm_config) else "host"
 
 
-def install_host_embedding(layer: nn.Module, device: torch.device, mode: str,
-                           accelerator_view) -> tuple[Any, str]:
+def install_host_embedding(layer: nn.Module, device: torch.device, mode: str, accelerator_view,
+                           page_locked: PageLockedLedger | None = None, name: str = "embedding") -> tuple[Any, str]:
     """Make ``layer`` (a ``VocabParallelEmbedding``) read its rows from host memory.
 
-    Returns the object whose counters the report shows (the gather, or the weight for a
-    UVA view) and a one-line description of the mechanism.
+    The table is page-locked in place at its exact size when ``page_locked``'s policy
+    locks (never copied to be pinned). Returns the object whose counters the report shows
+    (the gather, or the weight for a UVA view) and a one-line description of the mechanism.
     """
     weight = layer.weight
     if weight.device.type != "cpu":
         weight.data = weight.data.to("cpu")
+    locked = page_locked.lock(weight.data, name) if page_locked is not None else False
     fused = bool(getattr(layer, "use_fused_embedding", False))
     if hasattr(layer, "use_fused_embedding"):
         layer.use_fused_embedding = False  # read by forward at call time: the masked path
@@ -74,11 +77,12 @@ def install_host_embedding(layer: nn.Module, device: torch.device, mode: str,
     if mode == "uva":
         # The weight itself becomes a device view of pinned host memory: vLLM's own lookup
         # (F.embedding) then reads the rows over the link, inside CUDA graphs too.
-        host = weight.data if weight.data.is_pinned() else weight.data.pin_memory()
+        host = weight.data if locked or weight.data.is_pinned() else weight.data.pin_memory()
         weight.data = accelerator_view(host)
         weight._selective_offload_uva = True
         return weight, "UVA view (the gather kernel reads rows over the link)" + suffix
-    gather = HostGather(device)
+    gather = HostGather(device, page_locked=page_locked,
+                        pin=page_locked.policy.locks if page_locked is not None else None)
     handle = next(_handles)
     _gathers[handle] = gather
     layer._selective_offload_gather = gather  # the layer owns its gather and staging buffer

@@ -35,9 +35,10 @@ from torch import nn
 from ..errors import PlanError, UserError
 from ..names import EMBED_SEGMENTS, cold_prefix, cold_segment, has_segment
 from ..plan import GroupKind, Placement
-from ..report import PlacementReport, build_report
+from ..report import PlacementReport, build_report, judge_host_memory
 from ..wrappers import offload_on_demand, refuse_if_tied
 from ..wrappers.construct_on_host import ConstructOnHost
+from ..wrappers.page_locked import PageLockedLedger, PinPolicy, resident_set_bytes, torch_pinned_bytes
 from .caller import check_model, stamp_compile_key
 from .embedding import embedding_mode, install_host_embedding
 from .offloader import make_exact_prefetch_offloader
@@ -122,8 +123,9 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     load = Load(settings, device, dtype=str(model_config.dtype).removeprefix("torch."),
-                pipeline_ranks=int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1))
-    refuse_what_the_plan_cannot_survive(s, vllm_config, device)
+                pipeline_ranks=int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1),
+                page_locked=PageLockedLedger(pin_policy(s, device)))
+    refuse_what_the_plan_cannot_survive(s, vllm_config, device, load.page_locked.policy)
     load.notes += check_model(settings.plan, str(model_config.model))
     load.notes += list(settings.plan.load_notes)
     note = stamp_compile_key(settings, vllm_config)
@@ -147,7 +149,21 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     return model
 
 
-def refuse_what_the_plan_cannot_survive(s: Session, vllm_config, device: torch.device) -> None:
+def pin_policy(s: Session, device: torch.device) -> PinPolicy:
+    """vLLM's own pin policy (``is_pin_memory_available``, false under WSL; the
+    ``VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY`` override) and whether the GPU is
+    integrated (one memory with the host)."""
+    import vllm.envs as envs
+
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    integrated = cuda and bool(getattr(torch.cuda.get_device_properties(device), "is_integrated", False))
+    return PinPolicy.decide(cuda=cuda, pin_available=bool(s.targets.pin_memory_available()),
+                            disabled_by_env=bool(envs.VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY),
+                            integrated=integrated)
+
+
+def refuse_what_the_plan_cannot_survive(s: Session, vllm_config, device: torch.device,
+                                        policy: PinPolicy | None = None) -> None:
     """Settings under which the plan's mechanism would silently not run, refused up front."""
     plan = s.settings.plan
     towers = [g.group for g in plan.groups
@@ -165,6 +181,10 @@ def refuse_what_the_plan_cannot_survive(s: Session, vllm_config, device: torch.d
         raise PlanError(f"LoRA adapters on {embeds[0]} allocate their weights on the embedding weight's device, "
                         "which is the host with the host gather; use embedding_mode='uva' "
                         "(SELECTIVE_OFFLOAD_EMBEDDING=uva) on CUDA, or plan the embedding on the device")
+    if embeds and mode == "uva" and policy is not None and not policy.locks:
+        raise PlanError(f"the UVA view of {embeds[0]} needs page-locked host memory, and here {policy.reason}; "
+                        "use the host gather (SELECTIVE_OFFLOAD_EMBEDDING=host, with enforce_eager so no CUDA "
+                        "graph captures it), or allow pinned memory")
 
 
 def _install_hot_offloader(s: Session, load: Load):
@@ -271,7 +291,9 @@ def make_initialize_model(get_session: GetSession):
             if load is None or load.constructed:
                 return original(*args, **kwargs)
             segments = load.settings.host_cold_segments
-            mode = ConstructOnHost(segments, pin_memory=load.device.type == "cuda",
+            # Pageable allocations of exactly their size; page-locked in place after loading
+            # (page_locked.py: pin_memory=True would round each block up to a power of two).
+            mode = ConstructOnHost(segments, pin_memory=False,
                                    class_segments={s.targets.VocabParallelEmbedding: EMBED_SEGMENTS[0]},
                                    never=(s.targets.ParallelLMHead,))
             with mode:
@@ -374,16 +396,18 @@ def _hookable(module: nn.Module) -> bool:
     return type(module).__call__ is nn.Module.__call__
 
 
-def _attach_tower(module: nn.Module, name: str, device: torch.device) -> tuple[Any, str]:
+def _attach_tower(module: nn.Module, name: str, device: torch.device,
+                  page_locked: PageLockedLedger | None = None) -> tuple[Any, str]:
     if not _hookable(module):
         raise PlanError(f"{name} ({type(module).__name__}) is compiled by vLLM (@support_torch_compile replaces "
                         "its __call__, so module hooks never run) and cannot be onloaded on demand; plan it on "
                         "the device (--cold-segments without its segment)")
-    wrapper = offload_on_demand(module, device=device)
+    lock = dict(page_locked=page_locked, name=name) if page_locked else {}
+    wrapper = offload_on_demand(module, device=device, **lock)
     blocks = wrapper.block_list_name
     if blocks and not all(_hookable(b) for b in wrapper.block_list):
         wrapper.detach()
-        wrapper = offload_on_demand(module, device=device, blocks=None)
+        wrapper = offload_on_demand(module, device=device, blocks=None, **lock)
         compiled = type(next(b for b in module.get_submodule(blocks) if not _hookable(b))).__name__
         return wrapper, (f"on demand, whole: its blocks ({compiled}) are compiled by vLLM and skip module "
                          "hooks, so they cannot onload one by one")
@@ -402,14 +426,19 @@ def _attach_cold(s: Session, model: nn.Module, load: Load, vllm_config) -> set[i
     s.attached.clear()
     for name, module in roots:
         group = plan_groups.get(cold_segment(name, segments), name)
+        host_before = [p.data for p in module.parameters() if p.device.type == "cpu"]
         if isinstance(module, t.VocabParallelEmbedding) and not isinstance(module, t.ParallelLMHead):
             for head_name, head in heads:
                 refuse_if_tied(module, head, embedding_name=name, lm_head_name=head_name)
-            wrapper, mechanism = install_host_embedding(module, load.device, mode, t.accelerator_view)
+            wrapper, mechanism = install_host_embedding(module, load.device, mode, t.accelerator_view,
+                                                        load.page_locked, group)
             events, host_bytes = None, module.weight.numel() * module.weight.element_size()
         else:
-            wrapper, mechanism = _attach_tower(module, name, load.device)
+            wrapper, mechanism = _attach_tower(module, group, load.device, load.page_locked)
             events, host_bytes = wrapper.events, wrapper.stats.host_bytes
+        if load.page_locked is not None:  # unlocked when vLLM releases the model
+            load.page_locked.release_with(module, host_before + [p.data for p in module.parameters()
+                                                                 if p.device.type == "cpu"])
         s.attached[group] = Attached(weakref.ref(wrapper), mechanism + _post_processing(module),
                                      getattr(wrapper, "ledger", None), events, host_bytes)
         owned |= {id(p) for p in module.parameters()
@@ -442,6 +471,11 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
                           pipeline_part=load.pipeline_ranks > 1)
     report.problems[:0] = load.problems
     report.transfers = s.transfers()
+    if load.page_locked is not None:
+        ledger = load.page_locked
+        judge_host_memory(report, policy=str(ledger.policy.path), reason=ledger.policy.reason,
+                          locked_by_how=ledger.by_how(), locked_by_purpose=ledger.by_purpose(),
+                          torch_pinned_bytes=torch_pinned_bytes(), resident_set_bytes=resident_set_bytes())
     if report.loaded_host_cold_bytes != report.planned_host_cold_bytes and report.planned_host_cold_bytes:
         report.notes.append(f"vLLM holds the cold groups in {load.dtype or 'its dtype'}: "
                             f"{report.loaded_host_cold_bytes / report.planned_host_cold_bytes:.2f}x the "

@@ -21,6 +21,7 @@ from ..names import cold_segment
 from ..options import RunOptions
 from ..plan import Plan
 from ..report import PlacementReport, rank_path, report_paths
+from ..wrappers.page_locked import PageLockedLedger
 from .compat import Targets
 
 try:  # vLLM's logger, so lines carry its format and reach its handlers in workers.
@@ -69,6 +70,8 @@ class Load:
     loaded_bytes: dict[str, int] = field(default_factory=dict)
     dtype: str = ""
     pipeline_ranks: int = 1
+    #: How host weights are held on this machine, and what this load page-locked.
+    page_locked: PageLockedLedger | None = None
 
 
 @dataclass

@@ -262,6 +262,8 @@ class HostGather:
         *,
         mode: GatherMode = "host",
         view_factory: ViewFactory | None = None,
+        page_locked=None,
+        pin: bool | None = None,
     ) -> None:
         self.device = resolve_device(device)
         if mode not in ("host", "uva"):
@@ -275,7 +277,10 @@ class HostGather:
             view_factory = lambda host: cuda_view_of_pinned(host, self.device)  # noqa: E731
         self.mode: GatherMode = mode
         self.view_factory = view_factory
-        self._pin = self.device.type == "cuda" and torch.cuda.is_available()
+        cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self._pin = cuda if pin is None else (pin and cuda)
+        #: Counts the staging buffer among this process's page-locked bytes.
+        self.page_locked = page_locked
         self._staging: torch.Tensor | None = None
         self._copy_done: torch.cuda.Event | None = None
         self._view_key: tuple | None = None
@@ -318,9 +323,13 @@ class HostGather:
     def _staging_for(self, nbytes: int) -> torch.Tensor:
         if self._staging is None or self._staging.numel() < nbytes:
             old = 0 if self._staging is None else self._staging.numel()
+            if self._staging is not None and self.page_locked is not None:
+                self.page_locked.forget(self._staging)
             self._staging = torch.empty(
                 max(nbytes, 2 * old), dtype=torch.uint8, pin_memory=self._pin
             )
+            if self.page_locked is not None:
+                self.page_locked.note_pinned(self._staging, "host gather staging buffer")
         return self._staging
 
     def _uva_gather(self, host: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -96,11 +96,17 @@ class OnDemandOffload:
         blocks: str | nn.ModuleList | None = "auto",
         prefetch: bool = True,
         pin: bool | None = None,
+        page_locked=None,
+        name: str = "",
     ) -> None:
         self.module = module
         self.device = resolve_device(device)
         self.prefetch = prefetch
-        self.pin = resolve_pin(pin, self.device)
+        #: Page-locks host copies in place at their exact size (see ``page_locked``); its
+        #: policy then decides whether to pin.
+        self.page_locked = page_locked
+        self.pin = page_locked.policy.locks if page_locked is not None else resolve_pin(pin, self.device)
+        self.name = name or type(module).__name__
         self.block_list_name, self.block_list = self._resolve_blocks(blocks)
         self.events: list[tuple[str, str]] = []
         self._blocks_requested = blocks
@@ -177,7 +183,7 @@ class OnDemandOffload:
         for group in self._groups:
             for t in group.tensors:
                 self._original_device.setdefault(id(t), t.device)
-                t.data = to_host(t.data, self.pin)
+                t.data = to_host(t.data, self.pin, self.page_locked, self.name)
             group.hosts = [t.data for t in group.tensors]
 
     def _block_index(self, tensor_name: str) -> int | None:
@@ -311,6 +317,8 @@ class OnDemandOffload:
             for t in group.tensors:
                 original = self._original_device.get(id(t), t.device)
                 if t.device != original:
+                    if self.page_locked is not None:
+                        self.page_locked.unlock(t.untyped_storage().data_ptr())
                     t.data = t.data.to(original)
         self._groups, self._blocks = [], []
         if getattr(self.module, _MARK, None) is self:
@@ -324,6 +332,8 @@ def offload_on_demand(
     blocks: str | nn.ModuleList | None = "auto",
     prefetch: bool = True,
     pin: bool | None = None,
+    page_locked=None,
+    name: str = "",
 ) -> OnDemandOffload:
     """Keep ``module`` in host memory and onload it per forward (block by block if it has
     a block list: ``blocks="auto"`` finds it, ``None`` onloads the module whole).
@@ -344,10 +354,10 @@ def offload_on_demand(
             f"{type(module).__name__} is already offloaded on demand with other settings "
             f"(device={existing.device}); call .detach() on its handle first"
         )
-    for name, sub in module.named_modules():
-        if name and getattr(sub, _MARK, None) is not None:
+    for sub_name, sub in module.named_modules():
+        if sub_name and getattr(sub, _MARK, None) is not None:
             raise OffloadError(
-                f"submodule {name!r} of {type(module).__name__} is already offloaded on "
+                f"submodule {sub_name!r} of {type(module).__name__} is already offloaded on "
                 "demand; detach it first or offload only one of the two"
             )
-    return OnDemandOffload(module, device, blocks=blocks, prefetch=prefetch, pin=pin)
+    return OnDemandOffload(module, device, blocks=blocks, prefetch=prefetch, pin=pin, page_locked=page_locked, name=name)

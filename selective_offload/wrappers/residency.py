@@ -118,14 +118,24 @@ def resolve_pin(pin: bool | None, device: torch.device) -> bool:
     return bool(pin)
 
 
-def to_host(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
+def to_host(tensor: torch.Tensor, pin: bool, page_locked=None, purpose: str = "") -> torch.Tensor:
     """``tensor``'s values in host memory (pinned if ``pin``); ``tensor`` itself when it
-    already lives there as asked, so nothing is copied twice."""
+    already lives there as asked, so nothing is copied twice.
+
+    With a :class:`~.page_locked.PageLockedLedger`, host memory is exactly the tensor's
+    size and page-locked in place (a host tensor is never copied to be pinned); without
+    one, ``pin`` uses torch's caching allocator (rounded up to a power of two).
+    """
     if tensor.is_meta:
         raise OffloadError(
             f"cannot offload a meta tensor of shape {tuple(tensor.shape)}: it has no values; "
             "materialise the module (build it on the CPU) before offloading it"
         )
+    if page_locked is not None:
+        host = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+        if pin:
+            page_locked.lock(host, purpose)
+        return host
     if tensor.device.type == "cpu" and (not pin or tensor.is_pinned()):
         return tensor
     host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
