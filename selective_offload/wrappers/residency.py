@@ -14,10 +14,11 @@ attributes such as ``output_dim`` live on the Parameter object, and the model ho
 references to it; swapping only its storage keeps every reference and attribute valid, so
 a loader that copies into ``param.data`` writes straight into host memory.
 
-A known cost. torch's caching host allocator rounds each pinned allocation up to a power
-of two, so a 2.54 GB embedding takes 4 GiB of page-locked RAM, unless the process sets
-``PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:<N>`` (torch 2.13 has it). Library code
-must not change a process-wide allocator setting, so we leave that to the launcher.
+Page-locked, not pinned by the allocator. torch's caching host allocator (``pin_memory``)
+rounds each block up to a power of two, so a 2.54 GB embedding would hold 4 GiB of RAM the
+system can neither use nor swap. Given a :class:`~.page_locked.PageLockedLedger` (the vLLM
+glue always passes one), host weights are exact-size allocations page-locked in place;
+without one, ``pin`` falls back to the allocator.
 """
 
 from __future__ import annotations
