@@ -116,9 +116,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
         sys.stdout.write(plan.to_json())
     else:
         print(render_plan(plan, checkpoint))
+        for note in machine_notes(plan):
+            print(f"note: {note}")
         print(f"\nread {len(checkpoint.tensors)} tensor headers in {read_s * 1e3:.1f} ms"
               + (f"; plan written to {args.output}" if args.output else ""))
     return EXIT_INFEASIBLE if plan.strategy == Strategy.INFEASIBLE else 0
+
+
+def machine_notes(plan) -> list[str]:
+    """What this machine changes about the plan: an integrated GPU shares one memory with
+    the host, so the bytes a plan puts on the host free no device memory here."""
+    import torch
+
+    host = plan.host_cold_bytes + plan.host_hot_bytes
+    if not host or not torch.cuda.is_available():
+        return []
+    props = torch.cuda.get_device_properties(0)
+    if getattr(props, "is_integrated", False):
+        return [f"this machine's GPU ({props.name}) is integrated, one memory with the host: the "
+                f"{host / GB:.3f} GB this plan puts on the host would free no device memory here"]
+    return []
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:

@@ -133,3 +133,23 @@ def test_console_script_error_exit_code(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("selective-offload: error:")
+
+
+def test_an_integrated_gpu_is_named_in_the_plan_output(capsys, monkeypatch):
+    """This machine has no GPU: torch's device queries are stood in for, to show what a
+    DGX Spark or Jetson user sees."""
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: types.SimpleNamespace(name="NVIDIA GB10", is_integrated=True))
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB")
+    assert code == 0
+    assert "note: this machine's GPU (NVIDIA GB10) is integrated, one memory with the host: the" in out
+    assert "would free no device memory here" in out
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: types.SimpleNamespace(name="NVIDIA H200", is_integrated=False))
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB")
+    assert "is integrated" not in out
