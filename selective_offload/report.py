@@ -445,7 +445,7 @@ def judge_host_memory(report: PlacementReport, *, policy: str, reason: str, lock
     gives no count, the buffers this project pinned through it at the size asked for.
     """
     host = report.landed_host_cold_bytes + report.landed_host_hot_bytes
-    registered = locked_by_how.get("registered", 0)
+    registered = sum(n for how, n in locked_by_how.items() if how.startswith("registered"))
     through_torch = torch_pinned_bytes if torch_pinned_bytes is not None else locked_by_how.get("caching allocator", 0)
     page_locked = registered + through_torch
     ratio = page_locked / host if host and policy == "register" else None

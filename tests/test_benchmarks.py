@@ -85,6 +85,27 @@ MECHANISM_CUDA = [
 ]
 MECHANISM_META = "tensor held only by a module-global cache is reported as left on the host " \
                  "(meta cannot swap storage in place)"
+HOST_SETS = ("embedding", "decoder layer")
+#: The host-memory section: the pin policy and the ledger's bookkeeping (a recording
+#: registrar standing in for the driver) run anywhere; registration, torch's pinned blocks
+#: and the copies need CUDA.
+HOST_MEMORY_ANYWHERE = [
+    "without CUDA the pin policy is pageable and the ledger locks nothing",
+    *(f"ledger registers every {s} tensor at its exact size, in place (recording registrar)" for s in HOST_SETS),
+    *(f"unlocking unregisters every {s} storage (recording registrar)" for s in HOST_SETS),
+]
+HOST_MEMORY_CUDA = [
+    name for s in HOST_SETS for name in (
+        f"exact registration: page-locked bytes == planned bytes ({s})",
+        f"registered {s} memory reads as pinned and takes nothing from torch's allocator",
+        f"async H2D copy from registered memory reads back bit-exact ({s})",
+        f"H2D copy from registered memory returns before it completes ({s})",
+        f"unlocking unregisters and empties the ledger ({s})",
+        f"async H2D copy from torch pinned memory reads back bit-exact ({s})",
+        f"torch pinned blocks: page-locked bytes >= planned bytes ({s})",
+        f"freeing returns torch's pinned blocks once its cache is emptied ({s})",
+    )
+]
 
 
 def test_mechanism_check_small_runs_without_vllm(tmp_path):
@@ -101,9 +122,9 @@ def test_mechanism_check_small_runs_without_vllm(tmp_path):
     status = {r["name"]: r["status"] for r in result["asserts"]}
     assert set(status.values()) <= {"passed", NO_CUDA}, status
     cuda = result["cuda"]
-    for name in MECHANISM_ANYWHERE:
+    for name in MECHANISM_ANYWHERE + HOST_MEMORY_ANYWHERE:
         assert status.get(name) == "passed", (name, status.get(name))
-    for name in MECHANISM_CUDA:
+    for name in MECHANISM_CUDA + HOST_MEMORY_CUDA:
         assert status.get(name) == ("passed" if cuda else NO_CUDA), (name, status.get(name))
     assert (MECHANISM_META in status) != cuda and status.get(MECHANISM_META, "passed") == "passed"
 
@@ -117,11 +138,61 @@ def test_mechanism_check_small_runs_without_vllm(tmp_path):
     explicit = result["explicit_device"]
     assert explicit["moved_back_bytes"] == explicit["rope_cache_bytes"] + (explicit["global_table_bytes"] if cuda else 0)
     assert explicit["left_on_host_bytes"] == (0 if cuda else explicit["global_table_bytes"])
+    host = result["host_memory"]
+    sets = {r["set"]: r for r in host["sets"]}
+    assert list(sets) == list(HOST_SETS)
+    # The reference embedding and decoder layer (19 weights), every dimension divided by 8.
+    assert sets["embedding"]["shapes"] == [["embed_tokens.weight", [31040, 640], "bfloat16"]]
+    assert sets["decoder layer"]["tensors"] == 19
+    for row in host["sets"]:
+        assert row["recorded"]["ratio"] == 1.0 and row["recorded"]["exact_and_in_place"]
+        assert row["est_ratio_rounding"] > 1.0  # not powers of two: torch would round them up
+        if cuda:
+            assert row["ratio_exact"] == 1.0 and row["ratio_rounding"] >= 1.0
+        else:
+            assert row["ratio_exact"] is None and row["rounding"] is None
+    assert host["overall"]["est_ratio_rounding"] > 1.0
     md = only(tmp_path, "mechanism-*.md").read_text()
     for heading in ("## Masked TP lookup", "## A drafter's shared embedding and LM head",
-                    "## Explicit-device and shared allocations inside a cold module"):
+                    "## Explicit-device and shared allocations inside a cold module",
+                    "## Page-locked host memory against planned host bytes"):
         assert heading in md
     assert "| drafter's own layer is built on the device | passed |" in md
+
+
+@pytest.mark.vllm
+def test_host_memory_smoke_on_a_tiny_model(tmp_path):
+    """Two real engines (plain vLLM, then the cold plan), each in its own process tree,
+    sampled for RSS; the same tokens from both, the plan's report ok."""
+    proc = run("bench_host_memory.py", "--smoke", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path),
+               timeout=420)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(only(tmp_path, "host-memory-*-smoke.json").read_text())
+    configs = {c["name"]: c for c in result["configs"]}
+    assert list(configs) == ["plain", "selective"] and result["repeats"] == 1
+    for c in configs.values():
+        assert c["status"] == "measured", c
+        run_ = c["runs"][0]
+        assert run_["samples"] > 10 and run_["peak_rss_bytes"] >= run_["peak_rss_load_bytes"] > 0
+        # The tree: the worker and vLLM's engine core, each sampled.
+        roles = {p["name"] for p in run_["processes"]}
+        assert "worker (LLM)" in roles and len(run_["processes"]) >= 2, roles
+        assert c["peak_rss_bytes"]["median"] <= c["hwm_sum_bytes"]["median"]
+    cmp = result["comparison"]
+    assert math.isfinite(cmp["peak_rss_bytes"]["ratio"]) and cmp["peak_rss_bytes"]["ratio"] > 0
+    assert cmp["same_tokens"]
+    assert result["plan"]["host_cold_groups"] == ["model.embed_tokens"]
+    assert result["report"]["ok"] and result["report"]["landed_host_cold_bytes"] > 0
+    if not result["cuda"]:
+        assert result["report"]["host_memory"]["policy"] == "pageable"
+    md = only(tmp_path, "host-memory-*-smoke.md").read_text()
+    assert "**selective / plain, peak RSS:" in md and "Method:" in md and "What it does not show" in md
+    assert result["machine"] in md and result["vllm"] in md
+
+
+def test_host_memory_bad_input_is_one_line(tmp_path):
+    proc = run("bench_host_memory.py", "--repeats", "0", "--out", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("args, message", [

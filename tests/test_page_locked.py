@@ -121,3 +121,20 @@ def test_a_host_embedding_is_locked_in_place():
     ptr = layer.weight.untyped_storage().data_ptr()
     install_host_embedding(layer, torch.device("cpu"), "host", None, ledger, "model.embed_tokens")
     assert layer.weight.untyped_storage().data_ptr() == ptr and registrar.registered == {ptr: 100 * 8 * 4}
+
+
+def test_memory_registered_elsewhere_is_counted_and_never_unregistered():
+    """The driver refuses a second registration (CUDA error 712); the ledger counts those
+    bytes as registered elsewhere and leaves their unregistering to whoever registered them."""
+    from selective_offload.wrappers.page_locked import AlreadyRegistered
+
+    class Refusing(RecordingRegistrar):
+        def register(self, ptr, nbytes):
+            raise AlreadyRegistered(ptr)
+
+    registrar = Refusing()
+    ledger = PageLockedLedger(PinPolicy.decide(cuda=True), registrar)
+    t = torch.empty(25)
+    assert ledger.lock(t, "x") and ledger.by_how() == {"registered elsewhere": 100}
+    ledger.unlock(t.untyped_storage().data_ptr())
+    assert registrar.unregistered == [] and ledger.locked_bytes == 0

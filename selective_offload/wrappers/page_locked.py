@@ -85,21 +85,56 @@ class Registrar(Protocol):
     def unregister(self, ptr: int) -> None: ...
 
 
+#: CUDA runtime error codes this module tells apart.
+_CUDA_ERROR_ALREADY_REGISTERED = 712
+_CUDA_ERROR_MEMORY_ALLOCATION = 2
+
+
+class AlreadyRegistered(Exception):
+    """The memory was page-locked by someone else (the driver refused a second registration)."""
+
+
 class CudaRegistrar:
-    """``cudaHostRegister`` / ``cudaHostUnregister`` through torch's CUDA runtime binding."""
+    """``cudaHostRegister`` / ``cudaHostUnregister`` through torch's CUDA runtime binding.
+
+    A failed call leaves its error pending in the CUDA runtime, where torch's next error
+    check would report it against an unrelated call; it is cleared here
+    (:func:`_clear_pending_cuda_error`) before the failure is raised with its own reason.
+    """
 
     def __init__(self) -> None:
         self._cudart = torch.cuda.cudart()
 
     def register(self, ptr: int, nbytes: int) -> None:
-        err = self._cudart.cudaHostRegister(ptr, nbytes, _REGISTER_FLAGS)
-        if int(err) != 0:
-            raise OffloadError(f"cudaHostRegister of {nbytes} bytes failed (CUDA error {int(err)}); the system "
-                               "may limit page-locked memory (ulimit -l): raise the limit or set "
-                               "VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY=1")
+        err = int(self._cudart.cudaHostRegister(ptr, nbytes, _REGISTER_FLAGS))
+        if err == 0:
+            return
+        _clear_pending_cuda_error()
+        if err == _CUDA_ERROR_ALREADY_REGISTERED:
+            raise AlreadyRegistered(ptr)
+        why = ("the system limits page-locked memory (ulimit -l): raise the limit"
+               if err == _CUDA_ERROR_MEMORY_ALLOCATION else "see the CUDA error code")
+        raise OffloadError(f"cudaHostRegister of {nbytes} bytes failed (CUDA error {err}): {why}, or set "
+                           "VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY=1 to keep host weights pageable")
 
     def unregister(self, ptr: int) -> None:
-        self._cudart.cudaHostUnregister(ptr)
+        err = int(self._cudart.cudaHostUnregister(ptr))
+        if err != 0:
+            _clear_pending_cuda_error()
+            raise OffloadError(f"cudaHostUnregister failed (CUDA error {err}) for memory this process registered")
+
+
+def _clear_pending_cuda_error() -> None:
+    """Consume the CUDA runtime's pending error (torch's binding has no cudaGetLastError)."""
+    import ctypes
+    import os
+
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            ctypes.CDLL(name, mode=os.RTLD_NOLOAD).cudaGetLastError()
+            return
+        except (OSError, AttributeError):
+            continue
 
 
 @dataclass(frozen=True)
@@ -144,7 +179,11 @@ class PageLockedLedger:
             if tensor.is_pinned():  # pinned by someone else (torch's allocator): count, do not register
                 self._entries[ptr] = LockedEntry(nbytes, purpose, "caching allocator")
                 return True
-            self.registrar.register(ptr, nbytes)
+            try:
+                self.registrar.register(ptr, nbytes)
+            except AlreadyRegistered:  # registered by someone else: count it, never unregister it
+                self._entries[ptr] = LockedEntry(nbytes, purpose, "registered elsewhere")
+                return True
             self._entries[ptr] = LockedEntry(nbytes, purpose, "registered")
             self._held[ptr] = storage
         return True
