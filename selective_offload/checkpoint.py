@@ -19,11 +19,13 @@ here and not in the middle of a vLLM load.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import struct
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -65,9 +67,20 @@ class TensorInfo:
     shard: str | None = None
 
 
+_MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "n_mtp_layers", "mtp_num_layers")
+
+
 @dataclass(frozen=True)
 class ModelFacts:
-    """The ``config.json`` facts the planner uses. Unknown values are ``None``."""
+    """The ``config.json`` facts the planner uses. Unknown values are ``None``.
+
+    Whether the embedding is tied to the LM head decides whether it is cold or hot, so it
+    is resolved as vLLM resolves it: the language model's own config (``text_config``)
+    first, then the top level; when neither states it, the checkpoint decides (no
+    ``lm_head`` tensor: the embedding is the head), or, planning from a config alone,
+    transformers' default for that architecture. A checkpoint that says untied but stores
+    no ``lm_head`` is tied whatever it says (the head must come from somewhere).
+    """
 
     architectures: tuple[str, ...] = ()
     model_type: str | None = None
@@ -78,12 +91,19 @@ class ModelFacts:
     has_vision: bool = False
     has_audio: bool = False
     num_mtp_layers: int = 0
+    #: Where the tie flag came from (``text_config``, ``config``, ``checkpoint``, ``default``).
+    tie_source: str = "default"
+    notes: tuple[str, ...] = ()
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "ModelFacts":
+    def from_config(cls, config: Mapping[str, Any], tensor_names: Iterable[str] | None = None,
+                    resolved: Any = None) -> "ModelFacts":
+        """Facts from the raw ``config.json`` (and, when given, the checkpoint's tensor
+        names, or transformers' resolved config object for defaults it does not state)."""
         text = config.get("text_config") or {}
         if not isinstance(text, Mapping):
             text = {}
+        resolved_text = resolved.get_text_config() if resolved is not None else None
 
         def pick(*keys: str) -> Any:
             # The text model's own value wins over the top level: multimodal configs keep
@@ -92,23 +112,49 @@ class ModelFacts:
                 for key in keys:
                     if source.get(key) is not None:
                         return source[key]
+            for obj in (resolved_text, resolved):
+                for key in keys:
+                    if obj is not None and getattr(obj, key, None) is not None:
+                        return getattr(obj, key)
             return None
 
-        tie = pick("tie_word_embeddings")
-        mtp = pick("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers",
-                   "n_mtp_layers", "mtp_num_layers")
+        tie, source, notes = _resolve_tie(text, config, tensor_names, resolved_text, resolved)
         return cls(
             architectures=tuple(config.get("architectures") or ()),
             model_type=config.get("model_type"),
-            # transformers' PretrainedConfig defaults tie_word_embeddings to True.
-            tie_word_embeddings=True if tie is None else bool(tie),
+            tie_word_embeddings=tie,
             num_hidden_layers=pick("num_hidden_layers", "num_layers", "n_layer"),
             hidden_size=pick("hidden_size", "d_model", "n_embd"),
             vocab_size=pick("vocab_size"),
             has_vision=any(k in config for k in ("vision_config", "visual", "vision_tower")),
             has_audio="audio_config" in config,
-            num_mtp_layers=int(mtp or 0),
+            num_mtp_layers=int(pick(*_MTP_KEYS) or 0),
+            tie_source=source,
+            notes=tuple(notes),
         )
+
+
+def _resolve_tie(text: Mapping, config: Mapping, tensor_names, resolved_text, resolved) -> tuple[bool, str, list[str]]:
+    stated = next(((bool(src["tie_word_embeddings"]), label) for src, label in
+                   ((text, "text_config"), (config, "config"))
+                   if src.get("tie_word_embeddings") is not None), None)
+    if tensor_names is not None:
+        names = list(tensor_names)
+        has_head = any("lm_head" in n.split(".") for n in names)
+        has_embed = any("embed_tokens" in n.split(".") for n in names)
+        if stated is None:
+            return (not has_head and has_embed), "checkpoint", []
+        if not stated[0] and has_embed and not has_head:
+            return True, "checkpoint", ["the config says the embeddings are not tied, but the checkpoint stores no "
+                                        "lm_head: the embedding is the LM head's weight (tied)"]
+        return stated[0], stated[1], []
+    if stated is not None:
+        return stated[0], stated[1], []
+    for obj, label in ((resolved_text, "transformers' default (text config)"), (resolved, "transformers' default")):
+        value = getattr(obj, "tie_word_embeddings", None) if obj is not None else None
+        if value is not None:
+            return bool(value), label, []
+    return False, "default", []
 
 
 @dataclass
@@ -124,9 +170,16 @@ class Checkpoint:
     #: downloaded): fine for planning, not for loading.
     incomplete_shards: list[str] = field(default_factory=list)
 
+    #: Facts resolved when the checkpoint was made (a config-only estimate carries
+    #: transformers' resolved values); otherwise computed from the config and the tensors.
+    resolved_facts: ModelFacts | None = None
+
     @property
     def facts(self) -> ModelFacts:
-        return ModelFacts.from_config(self.config)
+        if self.resolved_facts is None:
+            names = self.tensors.keys() if self.tensors else None
+            self.resolved_facts = ModelFacts.from_config(self.config, names)
+        return self.resolved_facts
 
     @property
     def total_bytes(self) -> int:
@@ -334,75 +387,195 @@ def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
     """Estimate a checkpoint's tensors from its ``config.json`` alone.
 
     The model class named in ``architectures`` is built on the meta device (no memory,
-    no weights), and its parameters are listed in the config's ``torch_dtype``. Known
-    gap, why this is an estimate: quantized checkpoints are listed unquantized except
-    FP8 (``quantization_config.quant_method == "fp8"``), whose linear weights inside the
-    decoder layers are listed as F8_E4M3; scales and packed formats are not modelled,
-    and MTP heads that transformers does not build are missing.
+    no weights, buffers included), and its parameters are listed as a checkpoint of the
+    config's dtype would store them. Why this is an estimate: a quantized checkpoint's
+    sizes come from its ``quantization_config`` (see :mod:`.quantization`), and an MTP
+    head the config declares but transformers does not build is estimated from a decoder
+    layer's shapes; both are labelled in the plan's notes.
     """
     config_path = Path(config_path)
     raw = _read_json(config_path, "config.json")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{config_path}: config.json is not a JSON object")
-    model = _meta_model(config_path, raw)
-    return Checkpoint(str(config_path), "config", _listed_tensors(model, raw), raw)
+    from .quantization import scheme_from_config  # imports this module: imported when needed
+
+    scheme, quant_notes = scheme_from_config(raw.get("quantization_config"), str(config_path))
+    config, model_cls = _transformers_config(config_path, raw)
+    with _quiet_library() as caught:
+        model = _meta_model(model_cls, config, raw)
+    facts = ModelFacts.from_config(raw, None, config)
+    tensors = _listed_tensors(model, raw, facts, scheme)
+    tensors, mtp_notes = _estimate_unbuilt_mtp(tensors, facts, raw)
+    if scheme is not None:
+        quant_notes.insert(0, f"quantized sizes estimated for {scheme.description} from quantization_config")
+    notes = list(facts.notes) + quant_notes + mtp_notes + _warning_notes(caught)
+    return Checkpoint(str(config_path), "config", tensors, raw,
+                      resolved_facts=replace(facts, notes=tuple(notes)))
 
 
-def _meta_model(config_path: Path, raw: dict[str, Any]):
-    """The model class ``architectures`` names, built on the meta device (no memory)."""
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _transformers_config(config_path: Path, raw: dict[str, Any]):
+    """transformers' config object for ``raw`` and the model class its architecture names."""
     try:
-        import torch
         import transformers
-        from accelerate import init_empty_weights
-    except ImportError as exc:  # pragma: no cover - both are declared dependencies
-        raise CheckpointError(f"planning from a config needs transformers and accelerate ({exc})") from None
-
-    try:
-        config = transformers.AutoConfig.from_pretrained(str(config_path.parent))
-    except Exception as exc:  # transformers raises many types for a config it cannot read
-        raise CheckpointError(f"{config_path}: transformers cannot read this config ({exc})") from None
+        from transformers import CONFIG_MAPPING
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise CheckpointError(f"planning from a config needs transformers ({exc})") from None
     arch = (raw.get("architectures") or [None])[0]
+    model_type = raw.get("model_type")
+    unknown = (f"{config_path}: transformers {transformers.__version__} does not know the architecture "
+               f"{arch!r} (model_type {model_type!r}), so its tensors cannot be estimated from the config; "
+               "plan from the checkpoint's safetensors headers or a manifest instead")
+    if not model_type or model_type not in CONFIG_MAPPING:
+        raise CheckpointError(unknown)
     model_cls = getattr(transformers, arch, None) if arch else None
     if model_cls is None:
-        raise CheckpointError(
-            f"{config_path}: architecture {arch!r} is not in this transformers "
-            f"({transformers.__version__}); plan from the safetensors headers or a manifest instead"
-        )
-    dtype = getattr(torch, str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"), torch.bfloat16)
-    with init_empty_weights():
+        raise CheckpointError(unknown)
+    try:
+        with _quiet_library():
+            config = CONFIG_MAPPING[model_type].from_dict(
+                {k: v for k, v in raw.items() if k not in ("auto_map", "transformers_version")})
+    except Exception as exc:  # transformers raises many types for a config it cannot read
+        raise CheckpointError(f"{config_path}: transformers cannot read this config ({_first_line(exc)})") from None
+    return config, model_cls
+
+
+@contextlib.contextmanager
+def _quiet_library():
+    """Capture transformers' warnings and log lines while it builds: the plan reports them."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         try:
-            return model_cls._from_config(config, dtype=dtype)
-        except TypeError:  # transformers < 4.56 names it torch_dtype
-            return model_cls._from_config(config, torch_dtype=dtype)
+            yield caught
+        finally:
+            hf_logging.set_verbosity(level)
 
 
-def _listed_tensors(model, raw: dict[str, Any]) -> dict[str, TensorInfo]:
-    """What save_pretrained would write for ``model``, in safetensors dtypes (FP8 linear
-    weights of decoder layers as F8_E4M3 when the config quantizes to FP8)."""
+def _warning_notes(caught) -> list[str]:
+    messages = list(dict.fromkeys(str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip()))
+    if not messages:
+        return []
+    return [f"transformers warned {len(messages)} time(s) while building the model on the meta device "
+            f"(first: {messages[0][:160]})"]
+
+
+def _meta_model(model_cls, config, raw: dict[str, Any]):
+    """The model built on the meta device: parameters *and* buffers, so nothing is allocated
+    (accelerate's init_empty_weights leaves buffers real, which for some models is GBs)."""
     import torch
 
-    fp8 = (raw.get("quantization_config") or {}).get("quant_method") == "fp8"
-    linear_weights = {
-        f"{mod_name}.weight" for mod_name, mod in model.named_modules()
-        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{mod_name}."
-    }
+    dtype = getattr(torch, str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"), torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            try:
+                return model_cls._from_config(config, dtype=dtype)
+            except TypeError:  # transformers < 4.56 names it torch_dtype
+                return model_cls._from_config(config, torch_dtype=dtype)
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"transformers could not build {model_cls.__name__} from this config on the meta "
+                              f"device ({_first_line(exc)}); plan from the checkpoint's headers or a manifest "
+                              "instead") from None
+
+
+def _listed_tensors(model, raw: dict[str, Any], facts: ModelFacts, scheme=None) -> dict[str, TensorInfo]:
+    """What save_pretrained would write for ``model``, in safetensors dtypes, with quantized
+    parameters as their quantization method stores them (``scheme``)."""
+    import torch
+
+    from .quantization import quantized_tensors
+
+    modules = dict(model.named_modules())
     # A tied output embedding is not saved (save_pretrained drops it); list it once.
-    # On the meta device the tie may not be made, so the config's flag decides.
+    # On the meta device the tie may not be made, so the resolved flag decides.
     skip: set[str] = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     skip -= {n for n, _ in model.named_parameters()}
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if ModelFacts.from_config(raw).tie_word_embeddings and output is not None:
-        skip |= {f"{n}.weight" for n, mod in model.named_modules() if mod is output}
+    if facts.tie_word_embeddings and output is not None:
+        skip |= {f"{n}.weight" for n, mod in modules.items() if mod is output}
     tensors: dict[str, TensorInfo] = {}
     for name, tensor in model.state_dict(keep_vars=True).items():
         if name in skip:
             continue
         st_dtype = _TORCH_TO_SAFETENSORS.get(str(tensor.dtype).removeprefix("torch."), "BF16")
-        if fp8 and name in linear_weights:
-            st_dtype = "F8_E4M3"
         shape = tuple(tensor.shape)
-        tensors[name] = TensorInfo(name, st_dtype, shape, tensor_nbytes(st_dtype, shape))
+        if scheme is None:
+            tensors[name] = TensorInfo(name, st_dtype, shape, tensor_nbytes(st_dtype, shape))
+            continue
+        owner = modules.get(name.rsplit(".", 1)[0]) if "." in name else None
+        kind = _param_kind(name, tensor, owner, torch)
+        for info in quantized_tensors(scheme, name, shape, st_dtype, kind,
+                                      transposed=bool(getattr(owner, "is_transposed", False))):
+            tensors[info.name] = info
     return tensors
+
+
+def _param_kind(name: str, tensor, owner, torch) -> str:
+    """``linear`` (a linear layer's 2-D weight), ``experts`` (a fused MoE expert weight, 3-D
+    in transformers 5) or ``other`` (embeddings, norms, biases, the LM head...)."""
+    if name.endswith(".weight") and isinstance(owner, torch.nn.Linear) and tensor.dim() == 2:
+        return "linear"
+    if tensor.dim() == 3 and "experts" in name.split("."):
+        return "experts"
+    return "other"
+
+
+def _estimate_unbuilt_mtp(tensors: dict[str, TensorInfo], facts: ModelFacts,
+                          raw: dict[str, Any]) -> tuple[dict[str, TensorInfo], list[str]]:
+    """An MTP head the config declares (``num_nextn_predict_layers``, ``mtp_num_hidden_layers``)
+    but transformers does not build, estimated as the checkpoint stores it: per MTP layer, a
+    decoder layer's tensors plus its input projection and norms. The embedding and LM head
+    the head uses are the target's (vLLM shares them), so they are not counted again."""
+    n, layers, hidden = facts.num_mtp_layers, facts.num_hidden_layers, facts.hidden_size
+    if not n or layers is None or not hidden:
+        return tensors, []
+    stacks = {}
+    for name in tensors:
+        parts = name.split(".")
+        for i, seg in enumerate(parts[:-1]):
+            if seg == "layers" and parts[i + 1].isdigit():
+                stacks.setdefault(".".join(parts[:i + 1]), set()).add(int(parts[i + 1]))
+                break
+    if not stacks or any(seg in ("mtp", "mtp_layers") for name in tensors for seg in name.split(".")):
+        return tensors, []
+    stack, indices = max(stacks.items(), key=lambda kv: len(kv[1]))
+    if max(indices) >= layers:
+        return tensors, []
+    last = f"{stack}.{max(indices)}."
+    template = {name[len(last):]: t for name, t in tensors.items() if name.startswith(last)}
+    deepseek_style = any(raw.get(k) or (raw.get("text_config") or {}).get(k) for k in ("num_nextn_predict_layers",))
+    out = dict(tensors)
+    dtype = next(iter(template.values())).dtype if template else "BF16"
+
+    def add(name: str, shape: tuple[int, ...]) -> None:
+        out[name] = TensorInfo(name, dtype, shape, tensor_nbytes(dtype, shape))
+
+    for i in range(n):
+        base = f"{stack}.{layers + i}." if deepseek_style else f"mtp.layers.{i}."
+        for suffix, t in template.items():
+            out[base + suffix] = TensorInfo(base + suffix, t.dtype, t.shape, t.nbytes)
+        if deepseek_style:
+            for norm in ("enorm", "hnorm", "shared_head.norm"):
+                add(f"{base}{norm}.weight", (hidden,))
+            add(f"{base}eh_proj.weight", (hidden, 2 * hidden))
+    if not deepseek_style:
+        for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            add(f"mtp.{norm}.weight", (hidden,))
+        add("mtp.fc.weight", (hidden, 2 * hidden))
+    added = sum(t.nbytes for name, t in out.items() if name not in tensors)
+    key = "num_nextn_predict_layers" if deepseek_style else "mtp_num_hidden_layers"
+    return out, [f"the MTP head the config declares ({key}={n}) is not built by transformers: estimated as "
+                 f"{n} decoder layer(s) plus its projection and norms ({added / 1e9:.3f} GB, an estimate; the "
+                 "embedding and LM head it uses are the target's)"]
 
 
 # --------------------------------------------------------------------------- dispatch

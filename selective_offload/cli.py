@@ -7,6 +7,7 @@ Bad input (a missing path, a corrupt header, a size it cannot read) prints one l
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,9 +72,31 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all-cold", action="store_true",
                    help="put every cold module on the host even when fewer would fit (frees device "
                         "memory for the KV cache; cold bytes cost almost no link time)")
+    p.add_argument("--host-memory", default=None, metavar="SIZE",
+                   help="host memory (RAM) the plan's host bytes must fit in; a plan that needs more is "
+                        "infeasible (default: this machine's RAM; 'none' to not check)")
     p.add_argument("--cold-segments", default=",".join(DEFAULT_COLD_SEGMENTS), metavar="LIST",
                    help="comma-separated name segments whose modules a decode step does not read "
                         f"(default: {','.join(DEFAULT_COLD_SEGMENTS)}); lm_head is never cold")
+
+
+def machine_ram_bytes() -> int | None:
+    """This machine's physical memory, where the platform says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _host_memory(text: str | None) -> int | None:
+    if text is None:
+        return machine_ram_bytes()
+    if text.strip().lower() == "none":
+        return None
+    value = parse_size(text, "--host-memory")
+    if value == 0:
+        raise UserError("--host-memory: must be more than 0, like 64GiB (or 'none' to not check)")
+    return value
 
 
 def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
@@ -98,6 +121,7 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         prefetch_step=args.prefetch_step,
         bulk_cpu_offload_gb=bulk,
         all_cold=args.all_cold,
+        host_memory_bytes=_host_memory(args.host_memory),
     )
     if inputs.device_memory_bytes == 0:
         raise UserError("--device-memory: must be more than 0, like 24GiB")

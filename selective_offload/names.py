@@ -23,11 +23,12 @@ from typing import Iterable
 
 #: Segments whose modules a text decode step does not read: the token embedding, vision
 #: and audio towers and the projectors that feed their output to the language model (run
-#: once per image or clip, in prefill), and MTP heads (``mtp`` in Qwen3.5-style
-#: checkpoints, ``mtp_layers`` in MiMo's).
+#: once per image or clip, in prefill: ``embed_vision``/``embed_audio`` are Gemma 3n's and
+#: Gemma 4's), and MTP heads (``mtp`` in Qwen3.5-style checkpoints, ``mtp_layers`` in MiMo's).
 DEFAULT_COLD_SEGMENTS: tuple[str, ...] = (
     "embed_tokens", "visual", "vision_tower", "vision_model", "audio_tower",
-    "multi_modal_projector", "mm_projector", "connector", "mtp", "mtp_layers",
+    "multi_modal_projector", "mm_projector", "connector", "embed_vision", "embed_audio",
+    "mtp", "mtp_layers",
 )
 #: Segments that are never cold, whatever the cold list says.
 NEVER_COLD_SEGMENTS: tuple[str, ...] = ("lm_head",)

@@ -231,6 +231,8 @@ class PlanInputs:
     #: Put every cold module on the host even when fewer would close the deficit: cold
     #: bytes cost (almost) no link time, and what they free goes to the KV cache.
     all_cold: bool = False
+    #: Host memory (RAM) the host bytes must fit in; ``None``: not checked.
+    host_memory_bytes: int | None = None
 
     @property
     def weight_budget_bytes(self) -> int:
@@ -260,6 +262,8 @@ class PlanInputs:
             raise PlanError(f"bulk cpu_offload_gb {self.bulk_cpu_offload_gb!r} must be 0 or more")
         if not self.cold_segments:
             raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
+        if self.host_memory_bytes is not None and self.host_memory_bytes <= 0:
+            raise PlanError(f"host memory {self.host_memory_bytes} must be more than 0 bytes, like --host-memory 64GiB")
         bad = [s for s in self.cold_segments if not s or "." in s]
         if bad:
             raise PlanError(f"cold segment {bad[0]!r} must be one name segment without dots, like visual")
@@ -283,6 +287,7 @@ class PlanInputs:
             prefetch_step=r.int("prefetch_step", minimum=1),
             bulk_cpu_offload_gb=r.number("bulk_cpu_offload_gb", positive=False, default=None),
             all_cold=r.bool("all_cold", default=False),
+            host_memory_bytes=r.int("host_memory_bytes", minimum=1, default=None),
         )
         try:
             inputs.validate()
@@ -476,7 +481,8 @@ class PlannedModel:
 
 #: Totals derived from the groups, written under "totals" and checked when read.
 TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "absent_bytes", "cold_bytes",
-          "weight_budget_bytes", "deficit_bytes", "prefetch_buffer_bytes", "shortfall_bytes")
+          "weight_budget_bytes", "deficit_bytes", "prefetch_buffer_bytes", "shortfall_bytes",
+          "host_shortfall_bytes")
 
 
 @dataclass(frozen=True)
@@ -541,6 +547,13 @@ class Plan:
         """Device memory missing for this placement (0 when it fits)."""
         need = self.device_bytes + self.est_transient_device_bytes + self.prefetch_buffer_bytes
         return max(0, need - self.weight_budget_bytes)
+
+    @property
+    def host_shortfall_bytes(self) -> int:
+        """Host memory missing for the bytes placed on the host (0 when it fits, or unchecked)."""
+        if self.inputs.host_memory_bytes is None:
+            return 0
+        return max(0, self.host_cold_bytes + self.host_hot_bytes - self.inputs.host_memory_bytes)
 
     @property
     def est(self) -> Estimate:
@@ -609,11 +622,14 @@ class Plan:
         shortfall = self.shortfall_bytes
         wrong = None
         if self.strategy == Strategy.INFEASIBLE:
-            if not shortfall:
-                wrong = "it fits the weight budget"
+            if not shortfall and not self.host_shortfall_bytes:
+                wrong = "it fits the weight budget and the host memory"
         elif shortfall:
             wrong = (f"the groups placed on the device need {shortfall / GB:.3f} GB more than the "
                      f"{self.weight_budget_bytes / GB:.3f} GB weight budget")
+        elif self.host_shortfall_bytes:
+            wrong = (f"the groups placed on the host need {self.host_shortfall_bytes / GB:.3f} GB more than the "
+                     f"{self.inputs.host_memory_bytes / GB:.3f} GB of host memory")
         elif self.strategy == Strategy.RESIDENT and (has_hot or has_cold):
             wrong = "it places groups on the host"
         elif self.strategy == Strategy.COLD_OFFLOAD and (has_hot or not has_cold):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
 from .names import EMBED_SEGMENTS, MTP_SEGMENTS, NEVER_COLD_SEGMENTS, cold_prefix, has_segment, layer_of
@@ -288,8 +288,16 @@ def _place_hot_layers(p: _Placing, inputs: PlanInputs) -> list[int]:
     return [layers[i].layer_index for i in chosen]
 
 
-def _strategy(p: _Placing, hot: list[int]) -> Strategy:
-    if p.over_budget() > 0:
+def _host_bytes(p: _Placing) -> int:
+    return sum(g.nbytes for g in p.groups if p.where[g.name] in (Placement.HOST_COLD, Placement.HOST_HOT))
+
+
+def _host_shortfall(p: _Placing, inputs: PlanInputs) -> int:
+    return 0 if inputs.host_memory_bytes is None else max(0, _host_bytes(p) - inputs.host_memory_bytes)
+
+
+def _strategy(p: _Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
+    if p.over_budget() > 0 or _host_shortfall(p, inputs):
         return Strategy.INFEASIBLE
     if hot:
         return Strategy.HOT_OFFLOAD
@@ -344,8 +352,9 @@ def _planned_model(checkpoint: Checkpoint) -> PlannedModel:
     )
 
 
-def _notes(groups: list[Group], checkpoint: Checkpoint, shortfall: int) -> list[str]:
+def _notes(groups: list[Group], checkpoint: Checkpoint, placing: _Placing, inputs: PlanInputs) -> list[str]:
     notes = []
+    shortfall, host_short = max(0, placing.over_budget()), _host_shortfall(placing, inputs)
     if not any(g.kind == GroupKind.LAYER for g in groups):
         notes.append("no decoder layer stack (`...layers.N.`) found: only cold modules can be offloaded")
     if shortfall > 0:
@@ -354,8 +363,16 @@ def _notes(groups: list[Group], checkpoint: Checkpoint, shortfall: int) -> list[
             "cold module and every decoder layer on the host; use a larger card, a smaller "
             "KV cache, or a smaller checkpoint"
         )
+    if host_short > 0:
+        notes.append(
+            f"infeasible: the plan puts {_host_bytes(placing) / GB:.3f} GB in host memory, "
+            f"{host_short / GB:.3f} GB more than the {inputs.host_memory_bytes / GB:.3f} GB there is "
+            "(--host-memory); the operating system and vLLM need RAM beyond that too: use a machine with "
+            "more RAM, a larger card, or a smaller checkpoint"
+        )
     if checkpoint.kind == "config":
         notes.append("planned from config.json alone: tensor sizes are an estimate (see `manifest_from_config`)")
+    notes += checkpoint.facts.notes
     return notes
 
 
@@ -371,15 +388,23 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
         GroupPlan(g.name, g.kind, g.cls, placing.where[g.name], g.reason, g.nbytes, g.layer_index,
                   g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest)
         for g in groups)
+    bulk = price_bulk(groups, checkpoint, inputs, deficit) if with_bulk and deficit > 0 else None
     plan = Plan(
         model=_planned_model(checkpoint),
         inputs=inputs,
-        strategy=_strategy(placing, hot),
+        strategy=_strategy(placing, hot, inputs),
         groups=planned,
         hot_layer_indices=tuple(hot),
         est_transient_device_bytes=placing.transient,
-        bulk=price_bulk(groups, checkpoint, inputs, deficit) if with_bulk and deficit > 0 else None,
-        notes=tuple(_notes(groups, checkpoint, max(0, placing.over_budget()))),
+        bulk=bulk,
+        notes=tuple(_notes(groups, checkpoint, placing, inputs)),
     )
+    if bulk is not None and bulk.fits and plan.strategy != Strategy.INFEASIBLE and \
+            bulk.est.est_step_s <= plan.est.est_step_s:
+        plan = replace(plan, notes=plan.notes + (
+            f"selective is not estimated faster than vLLM's cpu_offload_gb={bulk.cpu_offload_gb:g} here "
+            f"(est {plan.est.est_step_s * 1e3:.1f} ms against {bulk.est.est_step_s * 1e3:.1f} ms per step: its "
+            "prefetch buffers and tower transient cost device memory the bulk offload does not need); "
+            "consider vLLM's own offload for this card",))
     plan.validate()
     return plan

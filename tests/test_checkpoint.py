@@ -167,9 +167,33 @@ def test_facts_mtp_layer_count(key):
     assert ModelFacts.from_config({key: 2}).num_mtp_layers == 2
 
 
-def test_facts_tie_defaults_to_transformers_default():
-    assert ModelFacts.from_config({}).tie_word_embeddings is True
-    assert ModelFacts.from_config({"tie_word_embeddings": False}).tie_word_embeddings is False
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+
+
+@pytest.mark.parametrize("config,names,tied,source", [
+    ({}, None, False, "default"),                                  # nothing to go on: untied (most LLMs)
+    ({}, [EMBED], True, "checkpoint"),                             # no lm_head stored: tied
+    ({}, [EMBED, HEAD], False, "checkpoint"),
+    ({"tie_word_embeddings": False}, [EMBED], True, "checkpoint"),  # says untied, stores no head
+    ({"tie_word_embeddings": True}, [EMBED, HEAD], True, "config"),  # vLLM re-ties an identical head
+    ({"tie_word_embeddings": True, "text_config": {"tie_word_embeddings": False}}, [EMBED, HEAD], False,
+     "text_config"),                                               # the language model's own flag first
+])
+def test_the_tie_flag_is_resolved_as_vllm_resolves_it(config, names, tied, source):
+    facts = ModelFacts.from_config(config, names)
+    assert (facts.tie_word_embeddings, facts.tie_source) == (tied, source)
+    assert bool(facts.notes) == (config.get("tie_word_embeddings") is False and names == [EMBED])
+
+
+@pytest.mark.parametrize("config_class,tied", [("VoxtralConfig", False), ("Gemma3Config", True),
+                                              ("Llama4Config", False), ("Qwen2_5_VLConfig", False)])
+def test_a_config_without_the_flag_takes_transformers_default_for_its_architecture(config_class, tied):
+    """Voxtral and Llama 4 state no tie flag in their published configs; transformers
+    resolves it per architecture (often False, sometimes only under text_config)."""
+    import transformers
+
+    resolved = getattr(transformers, config_class)()
+    assert ModelFacts.from_config({}, None, resolved).tie_word_embeddings is tied
 
 
 def test_manifest_round_trip(tmp_path):
@@ -273,5 +297,5 @@ def test_config_only_manifest_of_a_vision_language_model(tmp_path):
 def test_config_only_with_an_architecture_transformers_lacks(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"],
                                                       "model_type": "llama"}))
-    with pytest.raises(CheckpointError, match="'NoSuchModelForCausalLM' is not in this transformers"):
+    with pytest.raises(CheckpointError, match="does not know the architecture 'NoSuchModelForCausalLM'"):
         load_checkpoint(tmp_path / "config.json")

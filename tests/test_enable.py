@@ -217,3 +217,19 @@ def test_loaders_defined_after_enable_are_guarded_and_released(bf16):
     assert wrapped is not original and original.__qualname__.endswith("LateLoader.load_model")
     selective_offload.disable()
     assert LateLoader.load_model is original
+
+
+@pytest.mark.parametrize("builder", ["save_tiny_qwen3", "save_tiny_idefics3"])
+def test_a_plan_made_from_the_config_before_download_is_accepted_on_the_checkpoint(tmp_path, builder):
+    """Plan from config.json alone (before any weights exist), then save a tiny model of
+    that config: enable() accepts the plan on the checkpoint, group by group."""
+    import helpers
+
+    model = getattr(helpers, builder)(tmp_path / "m", seed=1)
+    estimated = load_checkpoint(model / "config.json")
+    assert estimated.kind == "config"
+    plan = make_plan(estimated, PlanInputs(device_memory_bytes=estimated.total_bytes, kv_cache_bytes=0,
+                                           reserve_bytes=0, all_cold=True))
+    assert plan.host_cold_groups
+    args = selective_offload.enable(plan, model=model)
+    assert args == {"model": str(model)}
