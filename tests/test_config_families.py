@@ -262,3 +262,18 @@ def test_library_warnings_are_captured_not_leaked(tmp_path, capfd):
     plan_of(write(tmp_path, transformers.Llama4Config(), "Llama4ForConditionalGeneration"))
     out, err = capfd.readouterr()
     assert err == "" and out == ""
+
+
+@pytest.mark.parametrize("config_class,arch,tower,tied", [
+    ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "visual", False),
+    ("MllamaConfig", "MllamaForConditionalGeneration", "vision_model", False),
+    ("Lfm2VlConfig", "Lfm2VlForConditionalGeneration", "vision_tower", True),
+])
+def test_more_vision_language_families(tmp_path, config_class, arch, tower, tied):
+    plan = plan_of(write(tmp_path, getattr(transformers, config_class)(), arch))
+    g = groups(plan)
+    assert next(x for n, x in g.items() if n.split(".")[-1] == tower).cls == "cold"
+    embed = next(x for n, x in g.items() if n.split(".")[-1] == "embed_tokens")
+    assert embed.cls == ("hot" if tied else "cold")
+    assert any(n.split(".")[-1] == "lm_head" for n in g) is not tied
+    assert plan.model.num_hidden_layers and len([x for x in g.values() if x.kind == "layer"]) >= plan.model.num_hidden_layers
