@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -17,7 +18,9 @@ from . import __version__
 from .checkpoint import load_checkpoint, write_manifest
 from .errors import UserError
 from .names import DEFAULT_COLD_SEGMENTS
+from .estimate import DEFAULT_ACCEPT_RATE, KV_DTYPE_BYTES
 from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs, Strategy
+from .probe import add_probe_arguments, default_profile_path, describe, load_profile, plan_defaults, run_probe
 from .planner import make_plan
 from .render import render_plan
 from .sizes import GB, parse_bandwidth_gbps, parse_size
@@ -50,20 +53,37 @@ def _parse_cold(text: str) -> tuple[str, ...]:
 
 
 def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device-memory", required=True, metavar="SIZE",
-                   help="total memory of the GPU, e.g. 24GiB (units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="total memory of the GPU, e.g. 24GiB (units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB); "
+                        "default: the total `selective-offload probe` measured on this machine")
     p.add_argument("--kv-cache", default="1GiB", metavar="SIZE",
                    help="device memory kept for the KV cache (default: 1GiB)")
     p.add_argument("--reserve", default="2GiB", metavar="SIZE",
                    help="device memory kept for the CUDA context, activations and CUDA graphs (default: 2GiB)")
-    p.add_argument("--link-gbps", default=str(REFERENCE_LINK_GBPS), metavar="GB/S",
-                   help=f"pinned host-to-device bandwidth in decimal GB/s (default: {REFERENCE_LINK_GBPS}, "
-                        "the reference laptop's PCIe 4.0 x8)")
-    p.add_argument("--vram-gbps", default=str(REFERENCE_VRAM_GBPS), metavar="GB/S",
-                   help=f"device memory bandwidth in decimal GB/s (default: {REFERENCE_VRAM_GBPS})")
-    p.add_argument("--speculative", choices=["mtp"], default=None,
-                   help="plan for MTP speculative decoding: the mtp.* head is loaded and runs every step "
-                        "(default: off, the head is not loaded)")
+    p.add_argument("--link-gbps", default=None, metavar="GB/S",
+                   help="pinned host-to-device bandwidth in decimal GB/s (default: what `selective-offload probe` "
+                        f"measured here, else {REFERENCE_LINK_GBPS}, the reference laptop's PCIe 4.0 x8)")
+    p.add_argument("--vram-gbps", default=None, metavar="GB/S",
+                   help="device memory bandwidth in decimal GB/s (default: the probe's, else "
+                        f"{REFERENCE_VRAM_GBPS}, the reference laptop's)")
+    p.add_argument("--speculative", default=None, metavar="mtp[:K]",
+                   help="plan for MTP speculative decoding with K draft tokens per step (default K: the "
+                        "model's MTP layers): the MTP head is loaded and runs every step; the plan is also "
+                        "made without speculation and the faster is recommended (default: off)")
+    p.add_argument("--accept-rate", type=float, default=DEFAULT_ACCEPT_RATE, metavar="A",
+                   help=f"per-token acceptance rate of the drafts (default {DEFAULT_ACCEPT_RATE}: DeepSeek-V3's "
+                        "published 85-90%% for its MTP head; measure yours with vLLM's spec-decode metrics)")
+    p.add_argument("--batch", type=int, default=1, metavar="N",
+                   help="concurrent decode sequences (they share one pass over the weights; default 1)")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="L",
+                   help="with --max-seqs: size the KV cache from the model's attention layers for N "
+                        "sequences of L tokens (replaces --kv-cache)")
+    p.add_argument("--max-seqs", type=int, default=None, metavar="N", help="see --max-model-len")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_DTYPE_BYTES),
+                   help="KV cache dtype for --max-model-len (default: auto, the model's 16-bit dtype)")
+    p.add_argument("--context", type=int, default=None, metavar="T",
+                   help="average context per sequence for the KV reads of a step (default: half of "
+                        "--max-model-len; without either, KV reads are not priced)")
     p.add_argument("--prefetch-step", type=int, default=1, metavar="N",
                    help="device slots per offloaded layer parameter in vLLM's prefetch offloader (default: 1)")
     p.add_argument("--bulk-gb", default=None, metavar="GiB",
@@ -99,6 +119,16 @@ def _host_memory(text: str | None) -> int | None:
     return value
 
 
+def _parse_speculative(text: str | None) -> tuple[str | None, int | None]:
+    """``mtp`` or ``mtp:K``."""
+    if text is None:
+        return None, None
+    method, _, k = text.strip().partition(":")
+    if method != "mtp" or (k and not k.isdigit()):
+        raise UserError(f"--speculative: {text!r} is not understood; write mtp or mtp:K (K draft tokens, like mtp:2)")
+    return "mtp", int(k) if k else None
+
+
 def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
     bulk = None
     if args.bulk_gb is not None:
@@ -110,13 +140,28 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
             raise UserError(f"--bulk-gb: {args.bulk_gb!r} must be a finite number of GiB, 0 or more")
     if args.prefetch_step < 1:
         raise UserError(f"--prefetch-step: {args.prefetch_step} must be 1 or more")
+    speculative, spec_tokens = _parse_speculative(args.speculative)
+    measured = plan_defaults(load_profile())
+    if args.device_memory is None and measured["device_memory_bytes"] is None:
+        raise UserError("--device-memory is needed (like 24GiB): no `selective-offload probe` profile of a GPU "
+                        f"on this machine ({default_profile_path()}) says it")
     inputs = PlanInputs(
-        device_memory_bytes=parse_size(args.device_memory, "--device-memory"),
+        device_memory_bytes=(parse_size(args.device_memory, "--device-memory") if args.device_memory is not None
+                             else measured["device_memory_bytes"]),
         kv_cache_bytes=parse_size(args.kv_cache, "--kv-cache"),
         reserve_bytes=parse_size(args.reserve, "--reserve"),
-        link_gbps=parse_bandwidth_gbps(args.link_gbps, "--link-gbps"),
-        vram_gbps=parse_bandwidth_gbps(args.vram_gbps, "--vram-gbps"),
-        speculative=args.speculative,
+        link_gbps=(parse_bandwidth_gbps(args.link_gbps, "--link-gbps") if args.link_gbps is not None
+                   else measured["link_gbps"] or REFERENCE_LINK_GBPS),
+        vram_gbps=(parse_bandwidth_gbps(args.vram_gbps, "--vram-gbps") if args.vram_gbps is not None
+                   else measured["vram_gbps"] or REFERENCE_VRAM_GBPS),
+        speculative=speculative,
+        spec_tokens=spec_tokens,
+        accept_rate=args.accept_rate,
+        batch=args.batch,
+        max_model_len=args.max_model_len,
+        max_seqs=args.max_seqs,
+        kv_cache_dtype=args.kv_cache_dtype,
+        context_tokens=args.context,
         cold_segments=_parse_cold(args.cold_segments),
         prefetch_step=args.prefetch_step,
         bulk_cpu_offload_gb=bulk,
@@ -134,6 +179,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     checkpoint = load_checkpoint(resolve_model(args.model))
     read_s = time.perf_counter() - started
     plan = make_plan(checkpoint, inputs)
+    provenance = _inputs_provenance(args)
+    if provenance:
+        plan = replace(plan, notes=plan.notes + (provenance,))
     if args.output:
         plan.save(args.output)
     if args.json:
@@ -145,6 +193,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"\nread {len(checkpoint.tensors)} tensor headers in {read_s * 1e3:.1f} ms"
               + (f"; plan written to {args.output}" if args.output else ""))
     return EXIT_INFEASIBLE if plan.strategy == Strategy.INFEASIBLE else 0
+
+
+def _inputs_provenance(args: argparse.Namespace) -> str | None:
+    """Where the bandwidths and device memory came from, when not from the flags."""
+    profile = load_profile()
+    if all(getattr(args, f) is not None for f in ("link_gbps", "vram_gbps", "device_memory")):
+        return None
+    if profile is not None and profile.no_link_reason is None:
+        return f"inputs not given as flags come from this machine's profile: {describe(profile)}"
+    return (f"link {REFERENCE_LINK_GBPS} GB/s and VRAM {REFERENCE_VRAM_GBPS} GB/s are the reference laptop's "
+            "(no `selective-offload probe` profile of a GPU here): measure yours with `selective-offload probe`")
 
 
 def machine_notes(plan) -> list[str]:
@@ -206,6 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("model", metavar="MODEL", help=model_help)
     m.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the manifest JSON")
     m.set_defaults(func=cmd_manifest)
+
+    pr = sub.add_parser("probe", help="measure this machine's link, VRAM and device memory for `plan`",
+                        description="Measure host-to-device bandwidth (pinned and pageable), device memory "
+                                    "bandwidth and device memory with torch, print them and write a profile that "
+                                    "`plan` uses by default (flags still override). Without a GPU it measures host "
+                                    "memcpy and says there is no link.")
+    add_probe_arguments(pr)
+    pr.set_defaults(func=run_probe)
 
     d = sub.add_parser("demo", help="run a tiny model through vLLM with a plan applied",
                        description="Build a tiny random Qwen3 (once), plan it so its embedding must go to "

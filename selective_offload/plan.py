@@ -23,12 +23,13 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import PlanError
+from .estimate import DEFAULT_ACCEPT_RATE, KV_DTYPE_BYTES, KvModel, StepSettings, Traffic, step_cost
 from .names import DEFAULT_COLD_SEGMENTS, EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, has_segment
 from .sizes import GB, GiB
 
@@ -43,13 +44,16 @@ REFERENCE_LINK_GBPS = 13.9
 REFERENCE_VRAM_GBPS = 472.0
 
 EST_IGNORES: tuple[str, ...] = (
-    "compute time: the model counts bytes only, so compute-bound formats (NVFP4, small "
-    "batches of large MoE) run slower than estimated",
-    "attention and KV-cache reads, activations and sampling",
-    "kernel launch, scheduling and Python overhead between kernels",
-    "overlap of prefetch copies with compute (a prefetched layer can hide up to its "
-    "VRAM read time behind the link); link and VRAM times are added, not overlapped",
-    "batch > 1: the embedding rows read per step grow with the batch, nothing else does",
+    "compute time: the model counts bytes only (a layer computes in its VRAM read time), so "
+    "compute-bound formats (NVFP4, large batches, MoE at batch > 1) run slower than estimated",
+    "attention compute, activations and sampling; KV reads are priced only with --max-model-len "
+    "or --context, and spread evenly over the layers",
+    "kernel launch, scheduling and Python overhead between kernels (the host gather's fixed host "
+    "work per step among them)",
+    "prefetch overlap: one slot ahead, copies and compute assumed not to slow each other (they "
+    "share memory bandwidth); bulk UVA reads are paid in line",
+    "speculative decoding: the acceptance rate is an input, and the drafts' KV and the extra "
+    "compute of verifying K + 1 tokens are ignored",
 )
 
 
@@ -233,10 +237,30 @@ class PlanInputs:
     all_cold: bool = False
     #: Host memory (RAM) the host bytes must fit in; ``None``: not checked.
     host_memory_bytes: int | None = None
+    #: Concurrent decode sequences a step serves (they share one pass over the weights).
+    batch: int = 1
+    #: Draft tokens per step with speculative decoding; ``None``: the MTP head's layer count.
+    spec_tokens: int | None = None
+    #: Per-token acceptance rate of the drafts (see ``estimate.DEFAULT_ACCEPT_RATE``).
+    accept_rate: float = DEFAULT_ACCEPT_RATE
+    #: With both, the KV cache is sized from the model (replacing ``kv_cache_bytes``).
+    max_model_len: int | None = None
+    max_seqs: int | None = None
+    kv_cache_dtype: str = "auto"
+    #: Average context of a sequence during decode, for KV reads per step; ``None``: half
+    #: of ``max_model_len`` when given, else KV reads are not priced.
+    context_tokens: int | None = None
 
     @property
     def weight_budget_bytes(self) -> int:
         return self.device_memory_bytes - self.kv_cache_bytes - self.reserve_bytes
+
+    @property
+    def context(self) -> int:
+        """Tokens of context each sequence's KV read covers in a step (0: not priced)."""
+        if self.context_tokens is not None:
+            return self.context_tokens
+        return self.max_model_len // 2 if self.max_model_len else 0
 
     def validate(self) -> None:
         if self.device_memory_bytes <= 0:
@@ -262,6 +286,18 @@ class PlanInputs:
             raise PlanError(f"bulk cpu_offload_gb {self.bulk_cpu_offload_gb!r} must be 0 or more")
         if not self.cold_segments:
             raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
+        if self.batch < 1:
+            raise PlanError(f"batch {self.batch} must be 1 or more concurrent sequences")
+        if self.spec_tokens is not None and not 1 <= self.spec_tokens <= 16:
+            raise PlanError(f"speculative draft tokens {self.spec_tokens} must be between 1 and 16, like mtp:2")
+        if not 0.0 <= self.accept_rate <= 1.0:
+            raise PlanError(f"acceptance rate {self.accept_rate!r} must be between 0 and 1, like 0.85")
+        for label, value in (("max model length", self.max_model_len), ("max sequences", self.max_seqs),
+                             ("context tokens", self.context_tokens)):
+            if value is not None and value < (0 if label == "context tokens" else 1):
+                raise PlanError(f"{label} {value} must be a positive number of tokens or sequences")
+        if self.kv_cache_dtype not in KV_DTYPE_BYTES:
+            raise PlanError(f"KV cache dtype {self.kv_cache_dtype!r}: use one of {', '.join(KV_DTYPE_BYTES)}")
         if self.host_memory_bytes is not None and self.host_memory_bytes <= 0:
             raise PlanError(f"host memory {self.host_memory_bytes} must be more than 0 bytes, like --host-memory 64GiB")
         bad = [s for s in self.cold_segments if not s or "." in s]
@@ -288,6 +324,13 @@ class PlanInputs:
             bulk_cpu_offload_gb=r.number("bulk_cpu_offload_gb", positive=False, default=None),
             all_cold=r.bool("all_cold", default=False),
             host_memory_bytes=r.int("host_memory_bytes", minimum=1, default=None),
+            batch=r.int("batch", minimum=1, default=1),
+            spec_tokens=r.int("spec_tokens", minimum=1, default=None),
+            accept_rate=r.number("accept_rate", positive=False, default=DEFAULT_ACCEPT_RATE),
+            max_model_len=r.int("max_model_len", minimum=1, default=None),
+            max_seqs=r.int("max_seqs", minimum=1, default=None),
+            kv_cache_dtype=r.str("kv_cache_dtype", default="auto"),
+            context_tokens=r.int("context_tokens", default=None),
         )
         try:
             inputs.validate()
@@ -396,23 +439,30 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class Estimate:
+    """One decode step, estimated (:mod:`selective_offload.estimate`): link and VRAM time,
+    the link time the prefetch overlap hides, the drafts' time, the step, and tokens."""
+
     est_link_s_per_step: float
     est_vram_s_per_step: float
     est_step_s: float
     est_tok_s: float
+    est_tokens_per_step: float = 1.0
+    est_tok_s_per_seq: float = 0.0
+    est_hidden_link_s_per_step: float = 0.0
+    est_draft_s_per_step: float = 0.0
 
     @classmethod
-    def of(cls, link_bytes: int, vram_bytes: int, inputs: PlanInputs) -> "Estimate":
-        link_s = link_bytes / (inputs.link_gbps * GB)
-        vram_s = vram_bytes / (inputs.vram_gbps * GB)
-        step = link_s + vram_s
-        return cls(link_s, vram_s, step, (1.0 / step) if step > 0 else float("inf"))
+    def of(cls, traffic: Traffic, inputs: "PlanInputs", kv: KvModel | None, spec_tokens: int,
+           *, pipelined: bool) -> "Estimate":
+        settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, inputs.batch, spec_tokens,
+                                inputs.accept_rate, inputs.context)
+        return cls(**step_cost(traffic, settings, kv, pipelined=pipelined))
 
     @classmethod
     def read(cls, r: _Reader) -> "Estimate":
         values = {}
         for f in fields(cls):
-            value = r.raw(f.name)
+            value = r.raw(f.name, f.default if f.default is not MISSING else ...)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 r._bad(f.name, value, "a number >= 0")
             values[f.name] = float(value)
@@ -465,24 +515,58 @@ class PlannedModel:
     total_bytes: int
     tie_word_embeddings: bool
     num_hidden_layers: int | None
+    #: MTP layers the model declares (the default number of draft tokens).
+    num_mtp_layers: int = 0
+    #: KV-cache bytes per token and per sequence, from the config (None: unknown).
+    kv: KvModel | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "architectures": list(self.architectures)}
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "architectures": list(self.architectures),
+                "kv": None if self.kv is None else self.kv.to_dict()}
 
     @classmethod
     def read(cls, r: _Reader) -> tuple["PlannedModel", list[str]]:
+        kv = r.raw("kv", None)
+        if kv is not None and not isinstance(kv, Mapping):
+            r._bad("kv", kv, "an object or null")
         model = cls(source=r.str("source"), kind=r.str("kind", default="safetensors"),
                     architectures=r.str_list("architectures", default=[]),
                     fingerprint=r.str("fingerprint", nonempty=True), num_tensors=r.int("num_tensors"),
                     total_bytes=r.int("total_bytes"), tie_word_embeddings=r.bool("tie_word_embeddings"),
-                    num_hidden_layers=r.int("num_hidden_layers", default=None))
+                    num_hidden_layers=r.int("num_hidden_layers", default=None),
+                    num_mtp_layers=r.int("num_mtp_layers", default=0),
+                    kv=None if kv is None else KvModel.from_dict(kv))
         return model, r.unknown()
 
 
 #: Totals derived from the groups, written under "totals" and checked when read.
 TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "absent_bytes", "cold_bytes",
-          "weight_budget_bytes", "deficit_bytes", "prefetch_buffer_bytes", "shortfall_bytes",
-          "host_shortfall_bytes")
+          "weight_budget_bytes", "deficit_bytes", "shortfall_bytes", "host_shortfall_bytes")
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """Another placement priced on the same input (with or without speculative decoding)."""
+
+    label: str
+    strategy: Strategy
+    host_cold_bytes: int
+    host_hot_bytes: int
+    hot_layer_indices: tuple[int, ...]
+    est: Estimate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "hot_layer_indices": list(self.hot_layer_indices), "est": self.est.__dict__.copy()}
+
+    @classmethod
+    def read(cls, r: _Reader) -> "Alternative":
+        hot = r.raw("hot_layer_indices")
+        if not isinstance(hot, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hot):
+            r._bad("hot_layer_indices", hot, "a list of layer indices")
+        return cls(label=r.str("label"), strategy=r.choice("strategy", Strategy),
+                   host_cold_bytes=r.int("host_cold_bytes"), host_hot_bytes=r.int("host_hot_bytes"),
+                   hot_layer_indices=tuple(hot), est=Estimate.read(r.child("est")))
 
 
 @dataclass(frozen=True)
@@ -497,6 +581,12 @@ class Plan:
     bulk: BulkBaseline | None
     est_ignores: tuple[str, ...] = EST_IGNORES
     notes: tuple[str, ...] = ()
+    #: Device bytes of vLLM's prefetch buffers (``prefetch_step`` slots of every parameter
+    #: name the offloaded layers have, each as large as its largest); ``None``: derived as
+    #: ``prefetch_step`` slots of the largest layer (plans before this field).
+    stored_prefetch_buffer_bytes: int | None = None
+    #: With speculative decoding asked for: the same input planned without it, to compare.
+    alternative: Alternative | None = None
     #: Notes from reading the plan (ignored unknown fields); not written back.
     load_notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -536,9 +626,11 @@ class Plan:
     @property
     def prefetch_buffer_bytes(self) -> int:
         """vLLM's prefetch offloader keeps ``prefetch_step`` device slots of every offloaded
-        parameter: as much as the largest layer, per slot, once any layer is offloaded."""
+        parameter name; in a uniform stack that is the largest layer per slot."""
         if not self.hot_layer_indices:
             return 0
+        if self.stored_prefetch_buffer_bytes is not None:
+            return self.stored_prefetch_buffer_bytes
         largest = max((g.bytes for g in self.groups if g.kind == GroupKind.LAYER), default=0)
         return self.inputs.prefetch_step * largest
 
@@ -557,8 +649,37 @@ class Plan:
 
     @property
     def est(self) -> Estimate:
-        return Estimate.of(sum(g.est_link_bytes_per_step for g in self.groups),
-                           sum(g.est_vram_bytes_per_step for g in self.groups), self.inputs)
+        """This placement's decode step (est): prefetch overlap, batch, drafts and KV priced."""
+        return Estimate.of(self.traffic(), self.inputs, self.model.kv, self.spec_tokens, pipelined=True)
+
+    @property
+    def spec_tokens(self) -> int:
+        """Draft tokens per step: 0 without speculative decoding."""
+        if self.inputs.speculative != "mtp":
+            return 0
+        return self.inputs.spec_tokens or max(1, self.model.num_mtp_layers)
+
+    def traffic(self) -> Traffic:
+        """The bytes a decode pass of this placement reads, by where from."""
+        layers = tuple((g.est_read_bytes_per_step, g.placement == Placement.HOST_HOT)
+                       for g in sorted((g for g in self.groups if g.kind == GroupKind.LAYER),
+                                       key=lambda g: g.layer_index))
+        other = row_host = row_device = draft = 0
+        head = sum(g.est_read_bytes_per_step for g in self.groups
+                   if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.placement == Placement.DEVICE)
+        for g in self.groups:
+            if g.kind == GroupKind.LAYER or g.placement == Placement.ABSENT:
+                continue
+            if g.mtp:
+                draft += g.bytes
+            elif has_segment(g.group, EMBED_SEGMENTS) and g.cls == GroupClass.COLD:
+                if g.placement == Placement.HOST_COLD:
+                    row_host += g.est_read_bytes_per_step
+                else:
+                    row_device += g.est_read_bytes_per_step
+            elif g.placement == Placement.DEVICE:
+                other += g.est_read_bytes_per_step
+        return Traffic(layers, other, row_host, row_device, 0, (draft + head) if self.spec_tokens else 0)
 
     @property
     def host_cold_groups(self) -> list[str]:
@@ -648,9 +769,11 @@ class Plan:
             "strategy": self.strategy,
             "hot_layer_indices": list(self.hot_layer_indices),
             "est_transient_device_bytes": self.est_transient_device_bytes,
+            "prefetch_buffer_bytes": self.prefetch_buffer_bytes,
             "totals": self.totals(),
             "est": self.est.__dict__.copy(),
             "bulk": None if self.bulk is None else self.bulk.to_dict(),
+            "alternative": None if self.alternative is None else self.alternative.to_dict(),
             "est_ignores": list(self.est_ignores),
             "notes": list(self.notes),
             "groups": [g.to_dict() for g in self.groups],
@@ -682,12 +805,15 @@ class Plan:
         if not isinstance(hot, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hot):
             top._bad("hot_layer_indices", hot, "a list of layer indices")
         bulk_raw = top.raw("bulk", None)
+        alternative_raw = top.raw("alternative", None)
         plan = cls(
             model=model, inputs=inputs, strategy=top.choice("strategy", Strategy), groups=tuple(groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=top.int("est_transient_device_bytes"),
             bulk=None if bulk_raw is None else BulkBaseline.read(top.child("bulk")),
             est_ignores=top.str_list("est_ignores", default=list(EST_IGNORES)),
             notes=top.str_list("notes", default=[]),
+            stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None) if version > 1 else None,
+            alternative=None if alternative_raw is None else Alternative.read(top.child("alternative")),
         )
         top.seen.update({"est"})  # derived: recomputed from the groups
         plan.check_groups(where)

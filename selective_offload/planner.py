@@ -22,10 +22,11 @@ embedding *is* the LM head's weight and is hot.
 The reference arithmetic (the bundled Qwen3.8-27B-FP8-shaped manifest on a 24 GiB card)
 is asserted by ``tests/test_planner.py`` and shown in the README.
 
-Every time and rate here is an estimate from bytes and bandwidths, labelled ``est_``;
-:data:`~selective_offload.plan.EST_IGNORES` says what the model leaves out. On the
-reference point it was an upper bound 1.24x the observed rate, and it is known to be far
-off for compute-bound formats (NVFP4): never choose a format from it.
+Every time and rate here is an estimate from bytes and bandwidths, labelled ``est_``
+(:mod:`selective_offload.estimate` prices a step; :data:`~selective_offload.plan.EST_IGNORES`
+says what it leaves out). It overestimates the measured reference point (the README says
+by how much) and is known to be far off for compute-bound formats (NVFP4): never choose a
+format from it.
 
 The planner never touches tensors; it returns a :class:`~selective_offload.plan.Plan`.
 """
@@ -38,8 +39,11 @@ from dataclasses import dataclass, field, replace
 
 from .checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
 from .names import EMBED_SEGMENTS, MTP_SEGMENTS, NEVER_COLD_SEGMENTS, cold_prefix, has_segment, layer_of
+from .estimate import KV_DTYPE_BYTES, KvModel, Traffic, expected_tokens_per_step
+from .errors import PlanError
 from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported for callers)
     EST_IGNORES,
+    Alternative,
     BulkBaseline,
     Estimate,
     GroupClass,
@@ -81,6 +85,9 @@ class Group:
     #: What identifies the group's tensors, for the model check.
     dtype_bytes: dict[str, int] = field(default_factory=dict)
     shapes_digest: str = ""
+    #: Bytes per parameter name relative to the group (``self_attn.qkv_proj.weight``): vLLM's
+    #: prefetch buffers are keyed by it.
+    param_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -201,8 +208,9 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> list[Group]:
         tower = cls == GroupClass.COLD and not has_segment(b.key, EMBED_SEGMENTS)
         largest, rest = _block_sizes(b) if tower else (0, 0)
         dtype_bytes, digest = group_signature(b.key, b.tensors)
+        params = {t.name[len(b.key) + 1:]: t.nbytes for t in b.tensors} if b.kind == GroupKind.LAYER else {}
         groups.append(Group(b.key, b.kind, cls, reason, sum(t.nbytes for t in b.tensors), len(b.tensors),
-                            b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest))
+                            b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest, params))
     groups.sort(key=_model_order)
     return groups
 
@@ -270,15 +278,26 @@ def _place_cold(p: _Placing, inputs: PlanInputs) -> None:
             p.transient = max(p.transient, g.nbytes)
 
 
+def prefetch_buffer_bytes(layers: list[Group], prefetch_step: int) -> int:
+    """vLLM's prefetch offloader keeps ``prefetch_step`` static device slots per parameter
+    *name*, each as large as that parameter's largest offloaded copy. In a uniform stack
+    that is the largest layer; a hybrid stack (linear- and full-attention layers, as
+    Qwen3.5's) needs slots for the union of both kinds' parameters."""
+    largest: dict[str, int] = {}
+    for g in layers:
+        for name, nbytes in (g.param_bytes or {"": g.nbytes}).items():
+            largest[name] = max(largest.get(name, 0), nbytes)
+    return prefetch_step * sum(largest.values())
+
+
 def _place_hot_layers(p: _Placing, inputs: PlanInputs) -> list[int]:
     """The fewest spread-out decoder layers that close the rest of the deficit (every layer
-    when none do: the plan is then infeasible). Offloading costs ``prefetch_step`` device
-    slots of the largest layer (vLLM's static buffer pool keeps one copy per parameter)."""
+    when none do: the plan is then infeasible), net of the prefetch buffers they need."""
     layers = sorted((g for g in p.groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index)
     remaining = p.over_budget()
     if remaining <= 0 or not layers:
         return []
-    buffers = inputs.prefetch_step * max(g.nbytes for g in layers)
+    buffers = prefetch_buffer_bytes(layers, inputs.prefetch_step)
     chosen = next((c for c in (_spread(n, len(layers)) for n in range(1, len(layers) + 1))
                    if sum(layers[i].nbytes for i in c) - buffers >= remaining),
                   list(range(len(layers))))
@@ -307,7 +326,7 @@ def _strategy(p: _Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
 
 
 def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
-               deficit_bytes: int) -> BulkBaseline:
+               deficit_bytes: int, kv: KvModel | None = None, spec_tokens: int = 0) -> BulkBaseline:
     """What vLLM's ``cpu_offload_gb`` would take: whole parameters of the decoder layers,
     in model order, until the GiB budget is met (UVA zero-copy: read every step)."""
     if inputs.bulk_cpu_offload_gb is not None:
@@ -323,33 +342,71 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
             by_layer[layer[1]].append(t)
     offloaded = count = 0
     touched: list[int] = []
+    per_layer: dict[int, int] = {}
     for index in sorted(by_layer):
         for t in sorted(by_layer[index], key=lambda t: t.name):
             if offloaded >= max_bytes:
                 break
             offloaded += t.nbytes
+            per_layer[index] = per_layer.get(index, 0) + t.nbytes
             count += 1
             if not touched or touched[-1] != index:
                 touched.append(index)
     loaded = sum(g.nbytes for g in groups if g.cls != GroupClass.ABSENT)
-    read = sum(g.est_read_bytes_per_step for g in groups if g.cls != GroupClass.ABSENT)
     device = loaded - offloaded
     return BulkBaseline(
         cpu_offload_gb=gb, offloaded_bytes=offloaded, offloaded_tensors=count,
         layers_touched=tuple(touched), device_bytes=device,
         fits=device <= inputs.weight_budget_bytes,
-        est=Estimate.of(offloaded, read - offloaded, inputs),
+        est=Estimate.of(_bulk_traffic(groups, per_layer, inputs), inputs, kv, spec_tokens, pipelined=False),
     )
 
 
-def _planned_model(checkpoint: Checkpoint) -> PlannedModel:
+def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: PlanInputs) -> Traffic:
+    """Bulk offload's bytes per pass: everything on the device but the UVA bytes, which the
+    kernels read over the link in line (the embedding stays on the device)."""
+    layers = tuple((g.est_read_bytes_per_step - uva_by_layer.get(g.layer_index, 0), False)
+                   for g in sorted((g for g in groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index))
+    other = row = draft = 0
+    for g in groups:
+        if g.kind == GroupKind.LAYER or g.cls == GroupClass.ABSENT:
+            continue
+        if g.mtp:
+            draft += g.nbytes
+        elif has_segment(g.name, EMBED_SEGMENTS) and g.cls == GroupClass.COLD:
+            row += g.est_read_bytes_per_step
+        else:
+            other += g.est_read_bytes_per_step
+    head = sum(g.est_read_bytes_per_step for g in groups if has_segment(g.name, NEVER_COLD_SEGMENTS))
+    speculating = inputs.speculative == "mtp"
+    return Traffic(layers, other, 0, row, sum(uva_by_layer.values()), (draft + head) if speculating else 0)
+
+
+def _planned_model(checkpoint: Checkpoint, kv: KvModel | None) -> PlannedModel:
     facts = checkpoint.facts
     return PlannedModel(
         source=checkpoint.source, kind=checkpoint.kind, architectures=tuple(facts.architectures),
         fingerprint=model_fingerprint(checkpoint), num_tensors=len(checkpoint.tensors),
         total_bytes=checkpoint.total_bytes, tie_word_embeddings=facts.tie_word_embeddings,
-        num_hidden_layers=facts.num_hidden_layers,
+        num_hidden_layers=facts.num_hidden_layers, num_mtp_layers=facts.num_mtp_layers, kv=kv,
     )
+
+
+def _kv_inputs(checkpoint: Checkpoint, inputs: PlanInputs) -> tuple[PlanInputs, KvModel | None, list[str]]:
+    """The KV model of the checkpoint's config; with ``max_model_len`` and ``max_seqs`` the
+    KV cache is sized from it, replacing the flat ``kv_cache_bytes``."""
+    kv = KvModel.from_config(checkpoint.config, KV_DTYPE_BYTES[inputs.kv_cache_dtype])
+    if inputs.max_model_len is None or inputs.max_seqs is None:
+        if inputs.max_model_len is not None or inputs.max_seqs is not None:
+            raise PlanError("give --max-model-len and --max-seqs together to size the KV cache from the model")
+        return inputs, kv, []
+    if kv is None:
+        raise PlanError("the config does not say enough about the attention layers (layers, KV heads, head dim) "
+                        "to size the KV cache; give --kv-cache instead of --max-model-len/--max-seqs")
+    sized = kv.cache_bytes(inputs.max_model_len, inputs.max_seqs)
+    note = (f"KV cache {sized / GB:.3f} GB (est): {inputs.max_seqs} sequence(s) of {inputs.max_model_len} tokens "
+            f"at {kv.bytes_per_seq(inputs.max_model_len) / inputs.max_model_len / 1e3:.1f} kB/token ({kv.description})")
+    return replace(inputs, kv_cache_bytes=sized), kv, [note]
 
 
 def _notes(groups: list[Group], checkpoint: Checkpoint, placing: _Placing, inputs: PlanInputs) -> list[str]:
@@ -377,8 +434,22 @@ def _notes(groups: list[Group], checkpoint: Checkpoint, placing: _Placing, input
 
 
 def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = True) -> Plan:
-    """Place every group of ``checkpoint`` for ``inputs``: cold first, then hot layers."""
+    """Place every group of ``checkpoint`` for ``inputs``: cold first, then hot layers.
+
+    With speculative decoding asked for, the same input is also planned without it, and
+    the plan says which is estimated faster (``alternative`` and a note)."""
     inputs.validate()
+    inputs, kv, kv_notes = _kv_inputs(checkpoint, inputs)
+    inputs.validate()
+    plan = _place(checkpoint, inputs, kv, kv_notes, with_bulk)
+    if inputs.speculative == "mtp":
+        plan = _with_alternative(plan, _place(checkpoint, replace(inputs, speculative=None), kv, [], False))
+    plan.validate()
+    return plan
+
+
+def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes: list[str],
+           with_bulk: bool) -> Plan:
     groups = group_tensors(checkpoint, inputs)
     placing = _Placing(groups, inputs.weight_budget_bytes)
     deficit = placing.over_budget()
@@ -388,16 +459,20 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
         GroupPlan(g.name, g.kind, g.cls, placing.where[g.name], g.reason, g.nbytes, g.layer_index,
                   g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest)
         for g in groups)
-    bulk = price_bulk(groups, checkpoint, inputs, deficit) if with_bulk and deficit > 0 else None
+    facts = checkpoint.facts
+    spec_tokens = (inputs.spec_tokens or max(1, facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0
+    bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
+            if with_bulk and deficit > 0 else None)
     plan = Plan(
-        model=_planned_model(checkpoint),
+        model=_planned_model(checkpoint, kv),
         inputs=inputs,
         strategy=_strategy(placing, hot, inputs),
         groups=planned,
         hot_layer_indices=tuple(hot),
         est_transient_device_bytes=placing.transient,
         bulk=bulk,
-        notes=tuple(_notes(groups, checkpoint, placing, inputs)),
+        notes=tuple(notes + _notes(groups, checkpoint, placing, inputs)),
+        stored_prefetch_buffer_bytes=placing.buffers if hot else None,
     )
     if bulk is not None and bulk.fits and plan.strategy != Strategy.INFEASIBLE and \
             bulk.est.est_step_s <= plan.est.est_step_s:
@@ -406,5 +481,33 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
             f"(est {plan.est.est_step_s * 1e3:.1f} ms against {bulk.est.est_step_s * 1e3:.1f} ms per step: its "
             "prefetch buffers and tower transient cost device memory the bulk offload does not need); "
             "consider vLLM's own offload for this card",))
-    plan.validate()
     return plan
+
+
+def break_even_accept_rate(spec_step_s: float, plain_step_s: float, k: int) -> float | None:
+    """The acceptance rate at which ``k`` drafts per step break even (est), or None when
+    even accepting every draft would not pay."""
+    need = spec_step_s / plain_step_s  # tokens per step speculation must yield per sequence
+    if expected_tokens_per_step(k, 1.0) < need:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_step(k, mid) < need else (lo, mid)
+    return hi
+
+
+def _with_alternative(plan: Plan, plain: Plan) -> Plan:
+    """The speculative plan, with the plan without speculation beside it and a recommendation."""
+    k, a = plan.spec_tokens, plan.inputs.accept_rate
+    alternative = Alternative("without speculative decoding", plain.strategy, plain.host_cold_bytes,
+                              plain.host_hot_bytes, plain.hot_layer_indices, plain.est)
+    faster = plan.est.est_tok_s > plain.est.est_tok_s
+    even = break_even_accept_rate(plan.est.est_step_s, plain.est.est_step_s, k)
+    note = (f"recommended: {'MTP speculative decoding' if faster else 'no speculative decoding'} "
+            f"(est {plan.est.est_tok_s:.2f} tok/s with {k} draft token(s) at acceptance {a:.2f}, "
+            f"{plain.est.est_tok_s:.2f} tok/s without; E = (1 - a^(K+1)) / (1 - a) = "
+            f"{plan.est.est_tokens_per_step / plan.inputs.batch:.2f} tokens per step; "
+            + (f"speculation breaks even at acceptance {even:.2f})" if even is not None
+               else "speculation cannot break even here, even at acceptance 1.0)"))
+    return replace(plan, alternative=alternative, notes=plan.notes + (note,))

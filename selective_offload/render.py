@@ -107,26 +107,39 @@ def _placement_summary(plan: Plan) -> list[str]:
 
 
 def _estimates(plan: Plan) -> list[str]:
-    """Selective against vLLM's bulk cpu_offload_gb, every figure labelled est_."""
-    lines = ["", f"{'':<28} {'host bytes':>10} {'est_link':>10} {'est_vram':>10} {'est_step':>10} {'est_tok/s':>9}"]
+    """Selective against vLLM's bulk cpu_offload_gb (and without speculation, when it was
+    asked for), every figure labelled est_."""
+    inp = plan.inputs
+    batch = f", batch {inp.batch}" if inp.batch > 1 else ""
+    lines = ["", f"{'':<44} {'host bytes':>10} {'est_link':>10} {'est_hidden':>10} {'est_vram':>10} "
+                 f"{'est_step':>10} {'est_tok/s':>9}" + (f" {'per seq':>8}" if inp.batch > 1 else "")]
 
     def summary(label: str, host: int, est: Estimate) -> str:
-        return (f"{label:<28} {_gb(host):>10} {_ms(est.est_link_s_per_step):>10} "
-                f"{_ms(est.est_vram_s_per_step):>10} {_ms(est.est_step_s):>10} {est.est_tok_s:9.2f}")
+        return (f"{label:<44} {_gb(host):>10} {_ms(est.est_link_s_per_step):>10} "
+                f"{_ms(est.est_hidden_link_s_per_step):>10} {_ms(est.est_vram_s_per_step):>10} "
+                f"{_ms(est.est_step_s):>10} {est.est_tok_s:9.2f}"
+                + (f" {est.est_tok_s_per_seq:8.2f}" if inp.batch > 1 else ""))
 
     bulk = plan.bulk
     if bulk is not None:
         lines.append(summary(f"vLLM cpu_offload_gb={bulk.cpu_offload_gb:g}", bulk.offloaded_bytes, bulk.est)
                      + ("" if bulk.fits else "  (does not fit)"))
-    lines.append(summary(f"selective ({plan.strategy})", plan.host_cold_bytes + plan.host_hot_bytes, plan.est))
+    spec = f", MTP K={plan.spec_tokens} a={inp.accept_rate:.2f}" if plan.spec_tokens else ""
+    lines.append(summary(f"selective ({plan.strategy}{spec})", plan.host_cold_bytes + plan.host_hot_bytes, plan.est))
+    alt = plan.alternative
+    if alt is not None:
+        lines.append(summary(f"selective, {alt.label}"[:44], alt.host_cold_bytes + alt.host_hot_bytes, alt.est)
+                     + f"  ({len(alt.hot_layer_indices)} hot layers)")
     if bulk is not None and plan.strategy != "infeasible":
-        lines.append(f"est speed-up over bulk: {bulk.est.est_step_s / plan.est.est_step_s:.2f}x"
+        lines.append(f"est speed-up over bulk: {plan.est.est_tok_s / bulk.est.est_tok_s:.2f}x"
                      f" (link time {_ms(bulk.est.est_link_s_per_step).strip()} -> "
-                     f"{_ms(plan.est.est_link_s_per_step).strip()} per step)")
+                     f"{_ms(plan.est.est_link_s_per_step).strip()} per step, "
+                     f"{_ms(plan.est.est_hidden_link_s_per_step).strip()} of it hidden behind compute)")
     if bulk is not None:
         lines.append(f"bulk takes {bulk.offloaded_tensors} tensors of layers "
                      f"{ranges(bulk.layers_touched)} in model order (cpu_offload_gb counts GiB)")
-    lines += ["", "est_ values are estimates from bytes / bandwidth (batch 1). They ignore:"]
+    lines += ["", f"est_ values are estimates from bytes / bandwidth{batch} (est_hidden: link time the "
+                  "prefetch overlap hides). They ignore:"]
     lines += [f"  - {item}" for item in plan.est_ignores]
     return lines
 

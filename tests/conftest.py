@@ -8,6 +8,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def no_machine_profile(tmp_path_factory):
+    """Plans in tests use the reference bandwidths, not whatever `selective-offload probe`
+    measured on the machine running them: the profile path points at nothing."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SELECTIVE_OFFLOAD_PROFILE", str(tmp_path_factory.mktemp("profile") / "none.json"))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="module")
 def in_process_engine():
     """Run vLLM engines in the test process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so tests

@@ -300,20 +300,32 @@ def test_the_readme_reference_table_is_what_the_planner_says(reference):
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10))
-    mtp = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, speculative="mtp"))
-    b, e = plan.bulk, plan.est
-    bulk_row = (f"| vLLM `cpu_offload_gb=10` (layers {b.layers_touched[0]}-{b.layers_touched[-1]}) | "
-                f"{b.offloaded_bytes / GB:.2f} GB | {b.est.est_link_s_per_step * 1e3:.0f} ms | "
-                f"{b.est.est_step_s * 1e3:.0f} ms | {b.est.est_tok_s:.2f} |")
-    selective_row = (f"| selective: cold set + {len(plan.hot_layer_indices)} hot layers | "
-                     f"{(plan.host_cold_bytes + plan.host_hot_bytes) / GB:.2f} GB ({plan.host_cold_bytes / GB:.2f} "
-                     f"cold + {plan.host_hot_bytes / GB:.2f} hot) | {e.est_link_s_per_step * 1e3:.0f} ms | "
-                     f"{e.est_step_s * 1e3:.0f} ms | {e.est_tok_s:.2f} |")
-    assert bulk_row in readme and selective_row in readme
-    notes = [f"so `cpu_offload_gb=10` moves {b.offloaded_bytes / GB:.2f} GB", f"the deficit is {plan.deficit_bytes / GB:.2f} GB",
-             f"{len(plan.hot_layer_indices)}\n  layers ({plan.host_hot_bytes / GB:.2f} GB)",
-             f"{plan.prefetch_buffer_bytes / GB:.2f} GB prefetch slot", f"{plan.est_transient_device_bytes / GB:.2f} GB of tower",
+    base = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10))
+    mtp = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, speculative="mtp"))
+    batch = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, batch=8))
+    b = base.bulk
+
+    def row(label, host, est, note=""):
+        return (f"| {label} | {host} | {est.est_link_s_per_step * 1e3:.0f} ms | "
+                f"{est.est_hidden_link_s_per_step * 1e3:.0f} ms | {est.est_step_s * 1e3:.0f} ms | {est.est_tok_s:.2f}{note} |")
+
+    rows = [
+        row(f"vLLM `cpu_offload_gb=10` (layers {b.layers_touched[0]}-{b.layers_touched[-1]})",
+            f"{b.offloaded_bytes / GB:.2f} GB", b.est),
+        row(f"selective: cold set + {len(base.hot_layer_indices)} hot layers",
+            f"{(base.host_cold_bytes + base.host_hot_bytes) / GB:.2f} GB ({base.host_cold_bytes / GB:.2f} cold + "
+            f"{base.host_hot_bytes / GB:.2f} hot)", base.est),
+        row(f"selective + MTP (K={mtp.spec_tokens}, acceptance {mtp.inputs.accept_rate:.2f}): "
+            f"{len(mtp.hot_layer_indices)} hot layers", f"{(mtp.host_cold_bytes + mtp.host_hot_bytes) / GB:.2f} GB", mtp.est),
+        row(f"selective, batch {batch.inputs.batch}", f"{(batch.host_cold_bytes + batch.host_hot_bytes) / GB:.2f} GB",
+            batch.est, f" ({batch.est.est_tok_s_per_seq:.2f} per sequence)"),
+    ]
+    missing = [r for r in rows if r not in readme]
+    assert not missing, missing
+    prose = [f"estimates\n{b.est.est_tok_s:.2f} tok/s for it, {b.est.est_tok_s / 1.05:.2f}x the measured rate",
+             f"moves {b.offloaded_bytes / GB:.2f} GB", f"the deficit is {base.deficit_bytes / GB:.2f} GB",
+             f"{len(base.hot_layer_indices)}\n  layers ({base.host_hot_bytes / GB:.2f} GB)",
+             f"{base.prefetch_buffer_bytes / GB:.2f} GB prefetch slot", f"{base.est_transient_device_bytes / GB:.2f} GB of tower",
              f"the deficit is\n  {mtp.deficit_bytes / GB:.2f} GB and {len(mtp.hot_layer_indices)} layers ({mtp.host_hot_bytes / GB:.2f} GB)"]
-    missing = [n for n in notes if n not in readme]
+    missing = [n for n in prose if n not in readme]
     assert not missing, missing

@@ -1,0 +1,623 @@
+"""``selective-offload probe``: measure this machine's link and memory, once, for planning.
+
+The planner prices a plan in bytes / bandwidth, so its two bandwidths (the host-to-device
+link and the device memory) and the device's memory size decide the estimate. This module
+measures them with torch alone (no vLLM: a GPU machine may not have it) and keeps them in a
+small JSON profile, ``~/.cache/selective-offload/profile.json`` by default
+(``$SELECTIVE_OFFLOAD_PROFILE`` moves it), that planning can take its defaults from.
+
+What is measured, each as the median of ``repeats`` timed copies per size after warm-up
+copies, the device synchronised before and after each copy:
+
+- **link** (``link_gbps_pinned``, ``link_gbps_pageable``): host-to-device copies from
+  page-locked (torch's pinned allocator) and from pageable host memory. Bytes counted: the
+  size of the copy, once (the bytes that cross the link).
+- **VRAM** (``vram_gbps``): a device-to-device copy. Bytes counted: **read + write**, 2 x
+  the size of the copy, which is what a datasheet's memory bandwidth and a read-only
+  stream (a decode step reading its weights) are comparable with.
+- **device memory** (``device_memory_total_bytes``, ``device_memory_free_bytes``):
+  ``torch.cuda.mem_get_info`` before the probe allocates anything of its own.
+- **host memcpy** (``host_memcpy_gbps``): a host-to-host copy, read + write counted as for
+  VRAM. Without a GPU this is all there is: the CPU is the device, there is no link, and
+  ``no_link_reason`` says so.
+
+Every rate is the one of the **largest** size (small copies understate a link); the
+per-size medians are kept in the profile (``*_samples_s``: bytes -> median seconds) so a
+reader can see whether the rate had levelled off. Rates are decimal GB/s (10^9 bytes per
+second), as links and memories are quoted.
+
+Reading a profile is a validation: a file that is not JSON, has another format, lacks a
+field or holds a value that cannot be (a negative bandwidth, more free memory than total)
+is one :class:`UserError` line naming the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from .errors import UserError
+from .sizes import GB, GiB, size_arg
+
+PROFILE_FORMAT = "selective-offload/profile-v1"
+#: The environment variable that names the profile file.
+PROFILE_ENV = "SELECTIVE_OFFLOAD_PROFILE"
+
+MiB = 1 << 20
+#: Copy sizes of a full probe: the rate reported is the largest one's.
+FULL_SIZES: tuple[int, ...] = (64 * MiB, 256 * MiB, 1 * GiB)
+FULL_REPEATS = 5
+FULL_WARMUP = 2
+#: A quick probe (tests, CI): well under a second on a 2-core CPU; rates are understated
+#: (the small copies stay partly in cache on a CPU and do not reach a link's top rate).
+QUICK_SIZES: tuple[int, ...] = (4 * MiB, 16 * MiB, 64 * MiB)
+QUICK_REPEATS = 3
+QUICK_WARMUP = 1
+
+#: What the VRAM and host-memcpy rates count: the bytes read plus the bytes written.
+COPY_BYTES_COUNTED = "read+write"
+#: The measurements whose per-size medians a profile keeps.
+SAMPLE_KINDS = ("h2d_pinned", "h2d_pageable", "d2d", "host_memcpy")
+
+REPROBE = "run `selective-offload probe` again, or delete the file"
+
+
+# --------------------------------------------------------------------------- the profile
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What ``selective-offload probe`` measured on one machine. Bandwidths are decimal GB/s;
+    a field is ``None`` where this machine has no such thing (no GPU: no link, no VRAM)."""
+
+    machine: str
+    date: str
+    torch_version: str
+    device: str | None
+    integrated: bool
+    link_gbps_pinned: float | None
+    link_gbps_pageable: float | None
+    vram_gbps: float | None
+    device_memory_total_bytes: int | None
+    device_memory_free_bytes: int | None
+    host_memcpy_gbps: float | None
+    no_link_reason: str | None
+    #: Per measurement (``h2d_pinned``, ``h2d_pageable``, ``d2d``, ``host_memcpy``): copy
+    #: size in bytes -> median seconds of one copy.
+    h2d_pinned_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    h2d_pageable_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    d2d_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    host_memcpy_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    #: Timed copies per size (the samples are their medians); ``None``: not recorded.
+    repeats: int | None = None
+    #: Made with ``--quick`` (small copies: the rates are understated).
+    quick: bool = False
+    #: What ``vram_gbps`` and ``host_memcpy_gbps`` count (link rates count each byte once).
+    copy_bytes_counted: str = COPY_BYTES_COUNTED
+    format: str = PROFILE_FORMAT
+
+    # ---- derived
+    @property
+    def has_link(self) -> bool:
+        return self.no_link_reason is None
+
+    @property
+    def day(self) -> str:
+        """The date the probe ran (``YYYY-MM-DD``)."""
+        return self.date[:10]
+
+    def samples(self, kind: str) -> Mapping[int, float]:
+        return getattr(self, f"{kind}_samples_s")
+
+    # ---- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for kind in SAMPLE_KINDS:
+            key = f"{kind}_samples_s"
+            data[key] = {str(size): secs for size, secs in sorted(data[key].items())}
+        data = {"format": data.pop("format"), **data}
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the profile as JSON (the folder is made; the file replaced in one step)."""
+        path = Path(path).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(self.to_json())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise UserError(f"{path}: cannot write the profile: {exc.strerror or exc}; "
+                            "give another path with --output") from None
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "profile") -> "Profile":
+        return _read_profile(data, where)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Profile":
+        path = Path(path).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read the profile: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise UserError(f"{path}: the profile is not text (not UTF-8 JSON); {REPROBE}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}: the profile is not valid JSON ({exc}); {REPROBE}") from None
+        return cls.from_dict(data, where=str(path))
+
+    # ---- for people
+    def render(self) -> str:
+        """The lines ``selective-offload probe`` prints."""
+        lines = [f"selective-offload probe ({self.format}) on {self.date}"
+                 + (": quick (small copies, rates understated)" if self.quick else "")]
+        lines.append(f"  machine        {self.machine}; torch {self.torch_version}")
+        if self.device is None:
+            lines.append("  device         none (no GPU): the CPU is the device")
+        else:
+            kind = "integrated: one memory with the host" if self.integrated else "discrete"
+            lines.append(f"  device         {self.device} ({kind})")
+        largest = _largest(self.h2d_pinned_samples_s) or _largest(self.host_memcpy_samples_s)
+        of = f" ({_fmt_size(largest)} copies, median of {self.repeats or '?'})" if largest else ""
+        if self.has_link:
+            lines.append(f"  link (H2D)     {_fmt_rate(self.link_gbps_pinned)} GB/s pinned, "
+                         f"{_fmt_rate(self.link_gbps_pageable)} GB/s pageable{of}")
+        else:
+            lines.append(f"  link (H2D)     none: {self.no_link_reason}")
+        if self.vram_gbps is not None:
+            lines.append(f"  VRAM           {_fmt_rate(self.vram_gbps)} GB/s "
+                         "(device-to-device copy, bytes read + written)")
+        if self.device_memory_total_bytes is not None:
+            free = ("" if self.device_memory_free_bytes is None
+                    else f", {self.device_memory_free_bytes / GB:.2f} GB free at probe")
+            lines.append(f"  device memory  {self.device_memory_total_bytes / GB:.2f} GB "
+                         f"({_gib(self.device_memory_total_bytes)}) total{free}")
+        if self.host_memcpy_gbps is not None:
+            lines.append(f"  host memcpy    {_fmt_rate(self.host_memcpy_gbps)} GB/s "
+                         f"(host-to-host copy, bytes read + written){of if not self.has_link else ''}")
+        for kind, counted in (("h2d_pinned", 1), ("h2d_pageable", 1), ("d2d", 2), ("host_memcpy", 2)):
+            samples = self.samples(kind)
+            if samples:
+                rates = ", ".join(f"{_fmt_size(n)} {_fmt_rate(counted * n / s / GB)}"
+                                  for n, s in sorted(samples.items()))
+                lines.append(f"    {kind:<14}{rates} GB/s")
+        defaults = plan_defaults(self)
+        if any(v is not None for v in defaults.values()):
+            args = []
+            if defaults["link_gbps"] is not None:
+                args.append(f"--link-gbps {_fmt_rate(defaults['link_gbps'])}")
+            if defaults["vram_gbps"] is not None:
+                args.append(f"--vram-gbps {_fmt_rate(defaults['vram_gbps'])}")
+            if defaults["device_memory_bytes"] is not None:
+                args.append(f"--device-memory {size_arg(defaults['device_memory_bytes'])}")
+            lines.append(f"  for planning   {' '.join(args)}")
+        else:
+            lines.append("  for planning   nothing: without a GPU there is no link or VRAM to measure; "
+                         "give --device-memory, --link-gbps and --vram-gbps of the target GPU")
+        return "\n".join(lines)
+
+
+def _largest(samples: Mapping[int, float]) -> int | None:
+    return max(samples) if samples else None
+
+
+def _fmt_rate(gbps: float | None) -> str:
+    if gbps is None:
+        return "n/a"
+    return f"{gbps:.0f}" if gbps >= 1000 else f"{gbps:.3g}" if gbps < 10 else f"{gbps:.1f}"
+
+
+def _fmt_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / GiB:.2f} GiB"
+
+
+# --------------------------------------------------------------------------- reading
+
+
+_REQUIRED = ("format", "machine", "date", "torch_version", "device", "integrated", "link_gbps_pinned",
+             "link_gbps_pageable", "vram_gbps", "device_memory_total_bytes", "device_memory_free_bytes",
+             "host_memcpy_gbps", "no_link_reason")
+
+
+def _read_profile(data: Any, where: str) -> Profile:
+    def bad(name: str, value: Any, want: str) -> UserError:
+        shown = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        return UserError(f"{where}: {name} is {shown}, but must be {want}; {REPROBE}")
+
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: a profile is a JSON object, not {type(data).__name__}; {REPROBE}")
+    fmt = data.get("format")
+    if fmt != PROFILE_FORMAT:
+        if isinstance(fmt, str) and fmt.startswith("selective-offload/profile-v"):
+            raise UserError(f"{where}: format {fmt!r} is not {PROFILE_FORMAT!r}, the one this release reads; "
+                            f"upgrade selective-offload, or {REPROBE}")
+        raise UserError(f"{where}: not a selective-offload profile (format is {json.dumps(fmt)}, "
+                        f"not {PROFILE_FORMAT!r}); {REPROBE}")
+    missing = [name for name in _REQUIRED if name not in data]
+    if missing:
+        raise UserError(f"{where}: the profile lacks {', '.join(missing)}; {REPROBE}")
+
+    def text(name: str, optional: bool = False) -> str | None:
+        value = data[name]
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value.strip() or "\n" in value:
+            raise bad(name, value, "a one-line string" + (" or null" if optional else ""))
+        return value
+
+    def rate(name: str) -> float | None:
+        value = data[name]
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise bad(name, value, "a positive number of GB/s or null")
+        return float(value)
+
+    def nbytes(name: str) -> int | None:
+        value = data[name]
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad(name, value, "a whole number of bytes, 0 or more, or null")
+        return value
+
+    def samples(name: str) -> dict[int, float]:
+        raw = data.get(name, {})
+        if not isinstance(raw, dict):
+            raise bad(name, raw, "an object of copy size in bytes -> median seconds")
+        out = {}
+        for key, secs in raw.items():
+            try:
+                size = int(key)
+            except ValueError:
+                raise bad(name, raw, "an object of copy size in bytes -> median seconds") from None
+            if (size <= 0 or isinstance(secs, bool) or not isinstance(secs, (int, float))
+                    or not (math.isfinite(secs) and secs > 0)):
+                raise bad(f"{name}[{key}]", secs, "a positive number of seconds for a positive size")
+            out[size] = float(secs)
+        return out
+
+    date = text("date")
+    try:
+        dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
+    except ValueError:
+        raise bad("date", date, "an ISO date, like 2026-12-01T10:00:00+00:00") from None
+    integrated = data["integrated"]
+    if not isinstance(integrated, bool):
+        raise bad("integrated", integrated, "true or false")
+    repeats = data.get("repeats")
+    if repeats is not None and (isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1):
+        raise bad("repeats", repeats, "a whole number, 1 or more, or null")
+    quick = data.get("quick", False)
+    if not isinstance(quick, bool):
+        raise bad("quick", quick, "true or false")
+    counted = data.get("copy_bytes_counted", COPY_BYTES_COUNTED)
+    if counted != COPY_BYTES_COUNTED:
+        raise bad("copy_bytes_counted", counted, f"{COPY_BYTES_COUNTED!r}")
+    profile = Profile(
+        machine=text("machine"), date=date, torch_version=text("torch_version"),
+        device=text("device", optional=True), integrated=integrated,
+        link_gbps_pinned=rate("link_gbps_pinned"), link_gbps_pageable=rate("link_gbps_pageable"),
+        vram_gbps=rate("vram_gbps"), device_memory_total_bytes=nbytes("device_memory_total_bytes"),
+        device_memory_free_bytes=nbytes("device_memory_free_bytes"), host_memcpy_gbps=rate("host_memcpy_gbps"),
+        no_link_reason=text("no_link_reason", optional=True),
+        **{f"{k}_samples_s": samples(f"{k}_samples_s") for k in SAMPLE_KINDS},
+        repeats=repeats, quick=quick,
+    )
+    _check_consistent(profile, bad)
+    return profile
+
+
+def _check_consistent(p: Profile, bad: Callable[[str, Any, str], UserError]) -> None:
+    """Values that each parse but cannot be together."""
+    if p.has_link and p.link_gbps_pinned is None:
+        raise bad("link_gbps_pinned", None, "a number when no_link_reason is null (there is a link)")
+    if not p.has_link and (p.link_gbps_pinned is not None or p.link_gbps_pageable is not None):
+        raise bad("no_link_reason", p.no_link_reason, "null when link rates are given")
+    if p.device is None:
+        for name in ("vram_gbps", "device_memory_total_bytes", "device_memory_free_bytes"):
+            if getattr(p, name) is not None:
+                raise bad(name, getattr(p, name), "null when device is null (no GPU)")
+        if p.integrated:
+            raise bad("integrated", True, "false when device is null (no GPU)")
+        if p.has_link:
+            raise bad("no_link_reason", None, "a reason when device is null (no GPU, no link)")
+    if p.device_memory_total_bytes == 0:
+        raise bad("device_memory_total_bytes", 0, "more than 0 bytes or null")
+    total, free = p.device_memory_total_bytes, p.device_memory_free_bytes
+    if free is not None and (total is None or free > total):
+        raise bad("device_memory_free_bytes", free,
+                  f"at most device_memory_total_bytes ({total})" if total is not None
+                  else "null when device_memory_total_bytes is null")
+
+
+# --------------------------------------------------------------------------- where it lives
+
+
+def default_profile_path() -> Path:
+    """``$SELECTIVE_OFFLOAD_PROFILE`` when set (and not empty), else
+    ``~/.cache/selective-offload/profile.json``."""
+    env = os.environ.get(PROFILE_ENV, "").strip()
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "selective-offload" / "profile.json"
+
+
+def load_profile(path: str | os.PathLike | None = None) -> Profile | None:
+    """The profile at ``path`` (default: :func:`default_profile_path`), or ``None`` when there
+    is no such file; a file that exists but cannot be used is a one-line :class:`UserError`."""
+    path = Path(path).expanduser() if path is not None else default_profile_path()
+    if not path.exists() and not path.is_symlink():
+        return None
+    return Profile.load(path)
+
+
+def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
+    """The :class:`~selective_offload.plan.PlanInputs` values a profile supplies: ``link_gbps``
+    (the pinned host-to-device rate), ``vram_gbps`` and ``device_memory_bytes`` (the device's
+    total memory); ``None`` for what it cannot (no link, no GPU, no profile)."""
+    if profile is None:
+        return {"link_gbps": None, "vram_gbps": None, "device_memory_bytes": None}
+    return {
+        "link_gbps": profile.link_gbps_pinned if profile.has_link else None,
+        "vram_gbps": profile.vram_gbps if profile.device is not None else None,
+        "device_memory_bytes": (profile.device_memory_total_bytes
+                                if profile.device is not None and profile.device_memory_total_bytes else None),
+    }
+
+
+def describe(profile: Profile) -> str:
+    """One line saying what a profile supplies and where it came from, for a plan's notes."""
+    parts = []
+    defaults = plan_defaults(profile)
+    if defaults["link_gbps"] is not None:
+        parts.append(f"link {_fmt_rate(defaults['link_gbps'])} GB/s pinned")
+    elif profile.no_link_reason:
+        parts.append("no link")
+    if defaults["vram_gbps"] is not None:
+        parts.append(f"VRAM {_fmt_rate(defaults['vram_gbps'])} GB/s")
+    if defaults["device_memory_bytes"] is not None:
+        parts.append(f"device memory {_gib(defaults['device_memory_bytes'])}")
+    if profile.device is None and profile.host_memcpy_gbps is not None:
+        parts.append(f"host memcpy {_fmt_rate(profile.host_memcpy_gbps)} GB/s")
+    what = profile.device or f"{profile.machine}, no GPU"
+    if profile.integrated:
+        what += ", integrated"
+    quick = " (quick probe: rates understated)" if profile.quick else ""
+    return f"{', '.join(parts)} measured by `selective-offload probe` on {profile.day}, {what}{quick}"
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def machine_name() -> str:
+    """The CPU model (``/proc/cpuinfo``) and architecture, as the benchmarks name machines."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _check_sizes(sizes: Sequence[int] | None, quick: bool) -> tuple[int, ...]:
+    if sizes is None:
+        return QUICK_SIZES if quick else FULL_SIZES
+    try:
+        out = tuple(sorted({int(s) for s in sizes}))
+    except (TypeError, ValueError):
+        raise UserError(f"probe: copy sizes {sizes!r} must be whole numbers of bytes") from None
+    if not out or out[0] <= 0 or any(isinstance(s, bool) for s in sizes):
+        raise UserError(f"probe: copy sizes {list(sizes)!r} must be one or more positive numbers of bytes")
+    return out
+
+
+def _resolve_device(device: Any):
+    """``None``: the current CUDA device when there is one, else the CPU."""
+    import torch
+
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    except (RuntimeError, TypeError, ValueError):
+        raise UserError(f"--device: cannot read {device!r} as a device; give cuda, cuda:N or cpu") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise UserError(f"--device: {device!r} is a {dev.type} device; the probe measures cuda devices "
+                        "(cuda, cuda:N) or the cpu")
+    if not torch.cuda.is_available():
+        raise UserError(f"--device: {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA "
+                        "device; leave --device out to measure the CPU")
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if not 0 <= index < torch.cuda.device_count():
+        raise UserError(f"--device: {device!r}: there are {torch.cuda.device_count()} CUDA device(s) here "
+                        f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    return torch.device("cuda", index)
+
+
+def _median_copy_s(dst, src, *, repeats: int, warmup: int, cuda, non_blocking: bool) -> float:
+    """Median wall seconds of ``dst.copy_(src)``, the device synchronised around each copy."""
+    import torch
+
+    def sync():
+        if cuda is not None:
+            torch.cuda.synchronize(cuda)
+
+    for _ in range(warmup):
+        dst.copy_(src, non_blocking=non_blocking)
+    sync()
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=non_blocking)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _series(what: str, where: str, sizes: Sequence[int], make: Callable[[int], tuple],
+            repeats: int, warmup: int, cuda, non_blocking: bool = False) -> dict[int, float]:
+    """Median seconds per copy size; buffers are made per size and freed before the next."""
+    out = {}
+    for size in sizes:
+        try:
+            dst, src = make(size)
+            out[size] = _median_copy_s(dst, src, repeats=repeats, warmup=warmup, cuda=cuda,
+                                       non_blocking=non_blocking)
+        except (RuntimeError, AssertionError, MemoryError) as exc:
+            raise UserError(f"probe: could not measure the {what} on {where} with {_fmt_size(size)} copies "
+                            f"({_one_line(exc)}); free memory, or try --quick") from None
+        finally:
+            dst = src = None  # drop the buffers before the next size is made
+    return out
+
+
+def _rate(samples: Mapping[int, float], counted: int) -> float | None:
+    if not samples:
+        return None
+    size = max(samples)
+    return counted * size / samples[size] / GB
+
+
+def measure(*, device: Any = None, sizes: Sequence[int] | None = None, repeats: int | None = None,
+            quick: bool = False) -> Profile:
+    """Measure this machine with torch (see the module's docstring for what and how).
+
+    ``device``: ``None`` (the current CUDA device, else the CPU), ``"cuda"``, ``"cuda:N"``,
+    an index, or ``"cpu"`` (host memcpy only). ``sizes``: copy sizes in bytes (default
+    64 MiB, 256 MiB, 1 GiB; ``quick``: 4, 16, 64 MiB); ``repeats``: timed copies per size
+    (default 5; ``quick``: 3). A measurement that fails is a one-line :class:`UserError`."""
+    import torch
+
+    sizes = _check_sizes(sizes, quick)
+    if repeats is None:
+        repeats = QUICK_REPEATS if quick else FULL_REPEATS
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise UserError(f"probe: repeats {repeats!r} must be a whole number, 1 or more")
+    warmup = QUICK_WARMUP if quick else FULL_WARMUP
+    dev = _resolve_device(device)
+    date = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+    u8 = torch.uint8
+
+    def host_pair(size):
+        return torch.empty(size, dtype=u8).fill_(0), torch.empty(size, dtype=u8).fill_(1)
+
+    host = _series("host memcpy", "the host", sizes, host_pair, repeats, warmup, cuda=None)
+    common = dict(machine=machine_name(), date=date, torch_version=str(torch.__version__),
+                  host_memcpy_gbps=_rate(host, 2), host_memcpy_samples_s=host,
+                  repeats=repeats, quick=quick)
+    if dev.type == "cpu":
+        why = ("no GPU here: the CPU is the device, host and device memory are one, so there is no "
+               "host-to-device link to measure" if not torch.cuda.is_available() else
+               "--device cpu: the CPU is the device, host and device memory are one, so there is no "
+               "host-to-device link to measure")
+        return Profile(device=None, integrated=False, link_gbps_pinned=None, link_gbps_pageable=None,
+                       vram_gbps=None, device_memory_total_bytes=None, device_memory_free_bytes=None,
+                       no_link_reason=why, **common)
+
+    name = f"{dev} ({torch.cuda.get_device_name(dev)})"
+    try:
+        with torch.cuda.device(dev):
+            free, total = torch.cuda.mem_get_info(dev)
+            props = torch.cuda.get_device_properties(dev)
+    except (RuntimeError, AssertionError) as exc:
+        raise UserError(f"probe: could not query {dev}: {_one_line(exc)}") from None
+    fits = [s for s in sizes if 2 * s + 256 * MiB <= free]
+    if not fits:
+        raise UserError(f"probe: {name} has {free / GB:.2f} GB free, too little for two "
+                        f"{_fmt_size(sizes[0])} buffers; free device memory, or give smaller sizes")
+
+    def device_buffer(size):
+        return torch.empty(size, dtype=u8, device=dev)
+
+    def pinned_pair(size):
+        return device_buffer(size), torch.empty(size, dtype=u8, pin_memory=True).fill_(1)
+
+    def pageable_pair(size):
+        return device_buffer(size), torch.empty(size, dtype=u8).fill_(1)
+
+    def d2d_pair(size):
+        return device_buffer(size).fill_(0), device_buffer(size).fill_(1)
+
+    with torch.cuda.device(dev):
+        pinned = _series("pinned host-to-device copy", name, fits, pinned_pair, repeats, warmup, dev,
+                         non_blocking=True)
+        pageable = _series("pageable host-to-device copy", name, fits, pageable_pair, repeats, warmup, dev)
+        d2d = _series("device-to-device copy", name, fits, d2d_pair, repeats, warmup, dev)
+        torch.cuda.empty_cache()
+    return Profile(
+        device=torch.cuda.get_device_name(dev), integrated=bool(getattr(props, "is_integrated", False)),
+        link_gbps_pinned=_rate(pinned, 1), link_gbps_pageable=_rate(pageable, 1), vram_gbps=_rate(d2d, 2),
+        device_memory_total_bytes=int(total), device_memory_free_bytes=int(free), no_link_reason=None,
+        h2d_pinned_samples_s=pinned, h2d_pageable_samples_s=pageable, d2d_samples_s=d2d, **common,
+    )
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``probe`` subcommand's options; ``run_probe`` takes the parsed namespace."""
+    parser.add_argument("-o", "--output", metavar="PATH", default=None,
+                        help=f"where to write the profile (default: ${PROFILE_ENV} when set, else "
+                             "~/.cache/selective-offload/profile.json)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small copies (4-64 MiB): well under a second, for tests and CI; the rates are understated")
+    parser.add_argument("--device", default=None, metavar="DEVICE",
+                        help="cuda, cuda:N or cpu (default: the current CUDA device when there is one, else the CPU)")
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    """Measure, print what was measured and where the profile went, write it; 0 on success.
+    Failures are one-line :class:`UserError` s (the CLI prints them and exits 2)."""
+    output = Path(args.output).expanduser() if getattr(args, "output", None) else default_profile_path()
+    started = time.perf_counter()
+    profile = measure(device=getattr(args, "device", None), quick=bool(getattr(args, "quick", False)))
+    took = time.perf_counter() - started
+    path = profile.save(output)
+    print(profile.render())
+    print(f"\nmeasured in {took:.2f} s; profile written to {path}")
+    return 0
+
+
+__all__ = [
+    "PROFILE_FORMAT", "PROFILE_ENV", "Profile", "measure", "default_profile_path", "load_profile",
+    "plan_defaults", "describe", "add_probe_arguments", "run_probe",
+]
+
+# The field names of a profile, in file order (for readers and the tests).
+PROFILE_FIELDS = tuple(f.name for f in fields(Profile))

@@ -1,0 +1,146 @@
+"""The step-cost model's arithmetic, pinned on cases computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from selective_offload.checkpoint import Checkpoint, TensorInfo, tensor_nbytes
+from selective_offload.estimate import (
+    KvModel,
+    LayerCost,
+    StepSettings,
+    Traffic,
+    expected_tokens_per_step,
+    inline_step_s,
+    pipelined_step_s,
+    step_cost,
+)
+from selective_offload.planner import PlanInputs, break_even_accept_rate, group_tensors, prefetch_buffer_bytes
+
+
+# ---- overlap
+
+def test_one_offloaded_layer_hides_behind_the_rest_of_the_step():
+    """Two layers, 1 ms of compute each; layer 0 is offloaded and its copy takes 3 ms. The
+    copy overlaps everything since the last offloaded layer started: the whole step (2 ms),
+    so the step is max(3, 2) = 3 ms and 2 ms of link time are hidden."""
+    step, hidden = pipelined_step_s([LayerCost(1.0, 3.0), LayerCost(1.0)], 0.0)
+    assert (step, hidden) == (3.0, 2.0)
+    assert pipelined_step_s([LayerCost(1.0, 0.5), LayerCost(1.0)], 0.0) == (2.0, 0.5)  # copy fully hidden
+
+
+def test_two_offloaded_layers_each_hide_behind_their_segment():
+    """Layers [offloaded, offloaded], 1 ms compute and 2 ms copy each: each copy overlaps one
+    layer's compute, so the step is 2 + 2 = 4 ms, against 6 ms with no overlap (bulk)."""
+    layers = [LayerCost(1.0, 2.0), LayerCost(1.0, 2.0)]
+    assert pipelined_step_s(layers, 0.0) == (4.0, 2.0)
+    assert inline_step_s(2.0, 4.0) == 6.0
+
+
+def test_the_tail_of_the_step_hides_the_first_copy():
+    """LM head and sampling (other_s) run before the next step's first offloaded layer, so
+    they hide 1.5 ms more of its 5 ms copy than the three layers alone (3 ms)."""
+    layers = [LayerCost(1.0, 5.0), LayerCost(1.0), LayerCost(1.0)]
+    assert pipelined_step_s(layers, 0.0) == (5.0, 3.0)
+    assert pipelined_step_s(layers, 1.5) == (5.0, 4.5)
+
+
+# ---- speculative decoding
+
+@pytest.mark.parametrize("k,a,expected", [(0, 0.9, 1.0), (1, 0.85, 1.85), (2, 0.5, 1.75), (3, 1.0, 4.0),
+                                          (1, 0.0, 1.0)])
+def test_expected_tokens_per_step(k, a, expected):
+    assert expected_tokens_per_step(k, a) == pytest.approx(expected)
+
+
+def test_speculation_breaks_even_where_the_tokens_pay_for_the_longer_step():
+    """A step 20% longer with one draft token needs 1.2 tokens per step: E(1, a) = 1 + a,
+    so a = 0.2. Two drafts and a step 1.5x longer: 1 + a + a^2 = 1.5 at a = (sqrt 3 - 1) / 2."""
+    assert break_even_accept_rate(1.2, 1.0, 1) == pytest.approx(0.2, abs=1e-9)
+    assert break_even_accept_rate(1.5, 1.0, 2) == pytest.approx((3 ** 0.5 - 1) / 2, abs=1e-9)
+    assert break_even_accept_rate(2.5, 1.0, 1) is None  # even every draft accepted yields only 2
+
+
+def test_draft_passes_and_tokens_in_the_step():
+    """One offloaded 1 GB layer (1 s over a 1 GB/s link, hidden compute 0.01 s), an MTP head
+    plus LM head of 2 GB read from a 100 GB/s VRAM per draft: K=2 drafts add 0.04 s, and a
+    step yields E(2, 0.5) = 1.75 tokens."""
+    traffic = Traffic(layers=((10 ** 9, True),), draft_bytes=2 * 10 ** 9)
+    cost = step_cost(traffic, StepSettings(1.0, 100.0, spec_tokens=2, accept_rate=0.5), None, pipelined=True)
+    assert cost["est_draft_s_per_step"] == pytest.approx(0.04)
+    assert cost["est_step_s"] == pytest.approx(1.0 + 0.04)
+    assert cost["est_tokens_per_step"] == pytest.approx(1.75)
+    assert cost["est_tok_s"] == pytest.approx(1.75 / 1.04)
+
+
+# ---- batch
+
+def test_a_batch_shares_the_link_traffic():
+    """The same 1 s of link traffic serves 8 sequences: 8x the tokens per step; only the
+    embedding rows (gathered on the host, per token) grow with the batch."""
+    traffic = Traffic(layers=((10 ** 9, True), (10 ** 6, False)), row_bytes_host=10 ** 4)
+    one = step_cost(traffic, StepSettings(1.0, 1000.0, batch=1), None, pipelined=True)
+    eight = step_cost(traffic, StepSettings(1.0, 1000.0, batch=8), None, pipelined=True)
+    assert eight["est_link_s_per_step"] - one["est_link_s_per_step"] == pytest.approx(7 * 10 ** 4 / 1e9)
+    assert eight["est_tok_s"] / one["est_tok_s"] == pytest.approx(8, rel=1e-3)
+    assert eight["est_tok_s_per_seq"] == pytest.approx(one["est_tok_s"], rel=1e-3)
+
+
+def test_kv_reads_grow_with_batch_and_context():
+    """2 layers x 1024 B per token of KV; 4 sequences at 1000 tokens read 8.192 MB: 8.192 ms
+    at 1 GB/s of VRAM, on top of the weights."""
+    kv = KvModel(full_bytes_per_token=2 * 1024)
+    traffic = Traffic(layers=((10 ** 6, False), (10 ** 6, False)))
+    cost = step_cost(traffic, StepSettings(1.0, 1.0, batch=4, context_tokens=1000), kv, pipelined=False)
+    assert cost["est_vram_s_per_step"] == pytest.approx((2e6 + 4 * 1000 * 2048) / 1e9)
+
+
+# ---- KV bytes from configs
+
+def test_kv_bytes_of_a_gqa_config():
+    """2 layers, 2 KV heads x 64 dims, bf16: 2 (K and V) x 2 x 64 x 2 B = 512 B per layer
+    per token; 2 sequences of 100 tokens: 204,800 B."""
+    kv = KvModel.from_config({"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+                              "head_dim": 64})
+    assert kv.full_bytes_per_token == 1024
+    assert kv.cache_bytes(100, 2) == 204_800
+
+
+def test_kv_bytes_of_a_hybrid_linear_attention_config():
+    """8 layers, every 4th full attention (Qwen3.5-style): 2 full layers of KV per token, and
+    6 gated-delta-net layers with a fixed state per sequence: 16 value heads x 128 x 128
+    float32 (1,048,576 B) plus 3 conv steps x (2 x 8 x 128 + 16 x 128) bf16 (24,576 B)."""
+    config = {"num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+              "full_attention_interval": 4, "linear_num_value_heads": 16, "linear_num_key_heads": 8,
+              "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+    kv = KvModel.from_config({"text_config": config})
+    assert kv.full_bytes_per_token == 2 * (2 * 2 * 256 * 2)
+    assert kv.fixed_bytes_per_seq == 6 * (16 * 128 * 128 * 4 + 3 * (2 * 8 * 128 + 16 * 128) * 2)
+    assert kv.bytes_per_seq(1000) == 1000 * 4096 + kv.fixed_bytes_per_seq
+
+
+def test_kv_bytes_with_sliding_windows_and_mla():
+    sliding = KvModel.from_config({"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1,
+                                   "head_dim": 128, "sliding_window": 1024,
+                                   "layer_types": ["sliding_attention"] * 3 + ["full_attention"]})
+    per_layer = 2 * 1 * 128 * 2
+    assert sliding.bytes_per_seq(8192) == 8192 * per_layer + 3 * 1024 * per_layer
+    mla = KvModel.from_config({"num_hidden_layers": 3, "num_attention_heads": 128, "kv_lora_rank": 512,
+                               "qk_rope_head_dim": 64}, kv_dtype_bytes=1)
+    assert mla.full_bytes_per_token == 3 * (512 + 64)
+
+
+# ---- hybrid stacks need prefetch slots for the union of their parameters
+
+def test_prefetch_buffers_of_a_hybrid_stack_cover_both_layer_kinds():
+    spec = {}
+    for i in range(4):
+        kind = "self_attn.qkv" if i % 2 else "linear_attn.in_proj"
+        spec[f"model.layers.{i}.{kind}.weight"] = ("BF16", [100, 100])
+        spec[f"model.layers.{i}.mlp.up.weight"] = ("BF16", [100, 200])
+    tensors = {n: TensorInfo(n, d, tuple(s), tensor_nbytes(d, s)) for n, (d, s) in spec.items()}
+    layers = [g for g in group_tensors(Checkpoint("t", "manifest", tensors, {}), PlanInputs(device_memory_bytes=1))
+              if g.kind == "layer"]
+    largest_layer = max(g.nbytes for g in layers)
+    assert prefetch_buffer_bytes(layers, 1) == 2 * 100 * 100 * 2 + 100 * 200 * 2 == largest_layer + 100 * 100 * 2
+    assert prefetch_buffer_bytes(layers, 2) == 2 * prefetch_buffer_bytes(layers, 1)
