@@ -25,7 +25,7 @@ from typing import Any
 from .checkpoint import INDEX_NAME, load_checkpoint
 from .errors import PlanError, UserError
 from .model_match import check_plan_matches_model
-from .options import ENV_VARS, RunOptions
+from .options import AUTO_PLAN, ENV_VARS, RunOptions
 from .plan import Plan, PlanInputs, Strategy
 from .planner import make_plan
 from .report import PlacementReport, report_paths
@@ -72,8 +72,10 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
            **plan_inputs: Any) -> dict[str, Any]:
     """Apply ``plan`` to every vLLM engine this process starts from now on.
 
-    ``plan`` is a :class:`Plan`, a plan JSON file, or a model directory (then planned
-    here for ``device_memory`` and ``plan_inputs``). The plan is checked against the
+    ``plan`` is a :class:`Plan`, a plan JSON file, a model directory (then planned here
+    for ``device_memory`` and ``plan_inputs``, or, without ``device_memory``, inside the
+    engine's worker from the real card), or ``"auto"`` (planned in the worker for
+    whatever model the engine loads). The plan is checked against the
     checkpoint it will run on, here and now, when that is known: ``model``, or the
     directory the plan was made from; otherwise when the engine starts. ``strict`` makes
     an unrealised plan an error instead of a loud warning. The placement report is
@@ -89,6 +91,8 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
 
     # Options first, with a placeholder plan path: a bad option must not cost a plan read.
     RunOptions("", strict, str(report_path) if report_path else None, embedding_mode).validate()
+    if _plans_at_start(plan, device_memory):
+        return _enable_auto(plan, model, strict, report_path, embedding_mode)
     resolved = resolve_plan(plan, device_memory, **plan_inputs)
     if resolved.strategy == Strategy.INFEASIBLE:
         raise PlanError(f"the plan is infeasible: {resolved.shortfall_bytes / GB:.3f} GB more device memory is "
@@ -110,6 +114,31 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     os.environ.update(options.to_env())
     patches.apply(patches.Settings(resolved, options), targets)
     return {"model": str(model_dir)} if _is_model_dir(model_dir) else {}
+
+
+def _plans_at_start(plan, device_memory) -> bool:
+    if isinstance(plan, Plan):
+        return False
+    return str(plan) == AUTO_PLAN or (device_memory is None and _is_model_dir(Path(plan)))
+
+
+def _enable_auto(plan, model, strict, report_path, embedding_mode) -> dict[str, Any]:
+    """Plan inside the engine's worker, from the real card (see vllm_glue/auto_plan.py)."""
+    from .vllm_glue import compat, patches
+
+    model_dir = Path(model) if model is not None else (None if str(plan) == AUTO_PLAN else Path(plan))
+    if model_dir is not None and not _is_model_dir(model_dir):
+        raise PlanError(f"{model_dir}: not a checkpoint directory (no *.safetensors shards) to plan at engine start")
+    targets = compat.resolve_targets()
+    options = RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None,
+                         embedding_mode).with_default_report()
+    global _last_report_path
+    _last_report_path = Path(options.report_path)
+    for stale in report_paths(_last_report_path):
+        stale.unlink(missing_ok=True)
+    os.environ.update(options.to_env())
+    patches.apply(patches.Settings(None, options), targets)
+    return {"model": str(model_dir)} if model_dir is not None else {}
 
 
 def disable() -> None:

@@ -8,7 +8,8 @@ value refused by one is refused by the other, and both refuse before any model i
 =============================  ==================================================
 variable                       accepted values
 =============================  ==================================================
-``SELECTIVE_OFFLOAD_PLAN``     path of a plan JSON; unset: the plugin does nothing
+``SELECTIVE_OFFLOAD_PLAN``     path of a plan JSON, or ``auto`` (plan at engine start
+                               from the real card); unset: the plugin does nothing
 ``SELECTIVE_OFFLOAD_STRICT``   ``1 true yes on`` / ``0 false no off`` (any case);
                                unset or empty: off
 ``SELECTIVE_OFFLOAD_REPORT``   path of the report JSON; its directory must exist
@@ -32,6 +33,8 @@ ENV_REPORT = "SELECTIVE_OFFLOAD_REPORT"
 ENV_STRICT = "SELECTIVE_OFFLOAD_STRICT"
 ENV_EMBEDDING = "SELECTIVE_OFFLOAD_EMBEDDING"
 ENV_VARS = (ENV_PLAN, ENV_REPORT, ENV_STRICT, ENV_EMBEDDING)
+#: ``SELECTIVE_OFFLOAD_PLAN=auto``: plan inside the worker, from the real card.
+AUTO_PLAN = "auto"
 
 #: ``host``: gather rows on the host and send them; ``uva``: read rows through a device
 #: view of pinned memory (CUDA-graph safe); ``auto``: UVA when CUDA graphs are captured.

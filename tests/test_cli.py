@@ -153,3 +153,46 @@ def test_an_integrated_gpu_is_named_in_the_plan_output(capsys, monkeypatch):
                         lambda index: types.SimpleNamespace(name="NVIDIA H200", is_integrated=False))
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB")
     assert "is integrated" not in out
+
+
+def test_speculative_plan_shows_both_placements_and_recommends_one(capsys):
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--speculative", "mtp")
+    assert code == 0
+    assert "selective (hot_offload, MTP K=1 a=0.85)" in out
+    assert "selective, without speculative decoding" in out
+    assert "note: recommended: MTP speculative decoding (est " in out and "breaks even at acceptance" in out
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--speculative", "mtp:3",
+                       "--accept-rate", "0.1")
+    assert "MTP K=3 a=0.10" in out and "note: recommended: no speculative decoding" in out
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--speculative", "eagle"], "--speculative: 'eagle' is not understood"),
+    (["--max-model-len", "4096"], "give --max-model-len and --max-seqs together"),
+    (["--batch", "0"], "batch 0 must be 1 or more"),
+    (["--accept-rate", "1.5"], "acceptance rate 1.5 must be between 0 and 1"),
+])
+def test_bad_economics_flags_are_one_line(capsys, argv, match):
+    code, _, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", *argv)
+    assert code == EXIT_USAGE and match in err and err.count("\n") == 1
+
+
+def test_probe_writes_a_profile_that_plan_uses(capsys, tmp_path, monkeypatch):
+    """Here (no GPU) the probe measures host memcpy and says there is no link, so plan keeps
+    the reference bandwidths and says where they come from; a GPU machine's profile (written
+    by hand here) supplies the link, VRAM and device memory."""
+    monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(tmp_path / "profile.json"))
+    code, out, _ = run(capsys, "probe", "--quick")
+    assert code == 0 and (tmp_path / "profile.json").is_file() and "no link" in out.lower()
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB")
+    assert "link 13.9 GB/s and VRAM 472.0 GB/s are the reference laptop's" in out
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    profile.update(device="NVIDIA H200", link_gbps_pinned=52.0, link_gbps_pageable=20.0, vram_gbps=3900.0,
+                   device_memory_total_bytes=150_000_000_000, device_memory_free_bytes=149_000_000_000,
+                   no_link_reason=None)
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--json")
+    plan = json.loads(out)
+    assert (plan["inputs"]["link_gbps"], plan["inputs"]["vram_gbps"], plan["inputs"]["device_memory_bytes"]) == (
+        52.0, 3900.0, 150_000_000_000)
+    assert any("measured by `selective-offload probe`" in n for n in plan["notes"])

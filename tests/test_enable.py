@@ -94,8 +94,6 @@ def test_paths_that_are_not_plans_say_what_they_are(tmp_path, bf16):
     (tmp_path / "empty").mkdir()
     with pytest.raises(PlanError, match="empty: is a directory without \\*.safetensors shards, not a plan file"):
         selective_offload.enable(tmp_path / "empty")
-    with pytest.raises(PlanError, match="is a model directory, not a plan file;.*device_memory="):
-        selective_offload.enable(bf16)
     with pytest.raises(PlanError, match="no such plan file or model directory"):
         selective_offload.enable(tmp_path / "nope.json")
     assert nothing_applied()
@@ -233,3 +231,12 @@ def test_a_plan_made_from_the_config_before_download_is_accepted_on_the_checkpoi
     assert plan.host_cold_groups
     args = selective_offload.enable(plan, model=model)
     assert args == {"model": str(model)}
+
+
+@pytest.mark.parametrize("how", ["auto", "model directory"])
+def test_enable_without_a_plan_plans_at_engine_start(bf16, how):
+    """enable("auto"), or a model directory without device_memory: the worker plans from
+    the real card; here nothing is planned yet, and the environment says auto."""
+    args = selective_offload.enable("auto" if how == "auto" else bf16)
+    assert args == ({} if how == "auto" else {"model": str(bf16)})
+    assert patches.session().settings.plan is None and os.environ["SELECTIVE_OFFLOAD_PLAN"] == "auto"

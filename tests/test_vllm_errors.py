@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 import selective_offload
-from helpers import ENGINE_ARGS, hot_layer_plan, last_line, save_tiny_qwen3, tight_plan
+from helpers import ENGINE_ARGS, last_line, save_tiny_qwen3, tight_plan
 from selective_offload.errors import PlanError
 
 pytestmark = pytest.mark.vllm

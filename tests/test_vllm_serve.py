@@ -10,6 +10,7 @@ its worker are spawned processes: only the ``vllm.general_plugins`` entry point,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -39,11 +40,14 @@ def model(tmp_path_factory):
     return save_tiny_qwen3(tmp_path_factory.mktemp("serve_model"), seed=5)
 
 
-def start_server(model, work, plan, strict: str, port: int, log) -> subprocess.Popen:
-    plan.save(work / "plan.json")
+def start_server(model, work, plan, strict: str, port: int, log, **extra_env) -> subprocess.Popen:
+    """The OpenAI server with a plan file (or ``plan="auto"``: planned in its worker)."""
+    if plan != "auto":
+        plan.save(work / "plan.json")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SELECTIVE_OFFLOAD_")}
-    env.update(SELECTIVE_OFFLOAD_PLAN=str(work / "plan.json"), SELECTIVE_OFFLOAD_REPORT=str(work / "report.json"),
-               SELECTIVE_OFFLOAD_STRICT=strict, VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    env.update(SELECTIVE_OFFLOAD_PLAN="auto" if plan == "auto" else str(work / "plan.json"),
+               SELECTIVE_OFFLOAD_REPORT=str(work / "report.json"), SELECTIVE_OFFLOAD_STRICT=strict,
+               VLLM_ENABLE_V1_MULTIPROCESSING="1", **extra_env)
     return subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
          "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init", "--dtype", "float32",
@@ -51,12 +55,11 @@ def start_server(model, work, plan, strict: str, port: int, log) -> subprocess.P
         env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-@pytest.fixture(scope="module")
-def server(model, tmp_path_factory):
-    work = tmp_path_factory.mktemp("serve")
+@contextlib.contextmanager
+def running_server(model, work, plan, **extra_env):
     port = free_port()
     log = open(work / "server.log", "w")
-    proc = start_server(model, work, tight_plan(model), "1", port, log)
+    proc = start_server(model, work, plan, "1", port, log, **extra_env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     try:
@@ -80,6 +83,26 @@ def server(model, tmp_path_factory):
         log.close()
 
 
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    with running_server(model, tmp_path_factory.mktemp("serve"), tight_plan(model)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def plain_tokens(model):
+    """Plain vLLM on the same model, in this process, without a plan."""
+    import selective_offload
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    selective_offload.disable()
+    try:
+        return generate_tokens(model)
+    finally:
+        mp.undo()
+
+
 def complete(base: str, model: str, prompt: list[int]) -> list[int]:
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
                        "ignore_eos": True, "return_token_ids": True}).encode()
@@ -97,15 +120,31 @@ def test_server_applies_the_plan_in_its_spawned_worker(server):
     assert "selective-offload placement report" in (work / "server.log").read_text()
 
 
-def test_server_returns_the_same_tokens_as_plain_vllm(server, model, monkeypatch):
+def test_server_returns_the_same_tokens_as_plain_vllm(server, model, plain_tokens):
     """Served with the plan (embedding on the host) against plain vLLM without one."""
-    import selective_offload
-
     base, _ = server
-    served = [complete(base, str(model), p) for p in PROMPTS]
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    selective_offload.disable()
-    assert served == generate_tokens(model)
+    assert [complete(base, str(model), p) for p in PROMPTS] == plain_tokens
+
+
+def test_vllm_serve_with_one_variable_plans_at_engine_start(model, tmp_path, plain_tokens):
+    """SELECTIVE_OFFLOAD_PLAN=auto: the worker plans the checkpoint it loads for the card it
+    has. The CPU build has no device memory to fit in, so SELECTIVE_OFFLOAD_DEVICE_MEMORY
+    stands for a card just short of the model (the embedding must go to the host)."""
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.plan import Plan
+
+    budget = load_checkpoint(model).total_bytes + (64 << 20) + 2 * (1 << 30) - 1000  # weights + KV + reserve
+    with running_server(model, tmp_path, "auto", SELECTIVE_OFFLOAD_DEVICE_MEMORY=str(budget)) as (base, work):
+        served = [complete(base, str(model), p) for p in PROMPTS]
+    assert served == plain_tokens
+    report = PlacementReport.load(work / "report.json")
+    assert report.ok, report.problems
+    assert any(n.startswith("plan made at engine start: device memory") and "SELECTIVE_OFFLOAD_DEVICE_MEMORY" in n
+               for n in report.notes), report.notes
+    plan = Plan.load(work / "plan.json")  # written beside the report
+    assert plan.strategy == "cold_offload" and plan.host_cold_groups == ["model.embed_tokens"]
+    assert plan.inputs.kv_cache_bytes == 64 << 20  # the server's kv_cache_memory_bytes
+    assert report.landing("model.embed_tokens").actual == "host-cold"
 
 
 def test_a_server_whose_plan_fails_in_its_worker_exits_with_the_reason(model, tmp_path):

@@ -61,10 +61,10 @@ def make_engine_start(get_session):
                 return original(self, *args, **kwargs)
             vllm_config = kwargs.get("vllm_config", args[1] if len(args) > 1 else None)
             model = getattr(getattr(vllm_config, "model_config", None), "model", None)
-            if model is not None:
+            if model is not None and s.settings.plan is not None:  # auto: the worker plans
                 for note in check_model(s.settings.plan, str(model)):
                     logger.info("selective-offload: %s", note)
-            if vllm_config is not None:
+            if vllm_config is not None and s.settings.plan is not None:
                 note = stamp_compile_key(s.settings, vllm_config)
                 if note:
                     logger.warning("selective-offload: %s", note)

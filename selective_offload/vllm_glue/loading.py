@@ -42,7 +42,8 @@ from ..wrappers.page_locked import PageLockedLedger, PinPolicy, resident_set_byt
 from .caller import check_model, stamp_compile_key
 from .embedding import embedding_mode, install_host_embedding
 from .offloader import make_exact_prefetch_offloader
-from .session import Attached, Load, Main, Session, logger, save_report
+from .auto_plan import plan_at_start
+from .session import Attached, Load, Main, Session, Settings, logger, save_report
 
 GetSession = Callable[[], "Session | None"]
 
@@ -117,15 +118,20 @@ def _not_applied(s: Session, reason: str, vllm_config) -> None:
 
 
 def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
-    settings = s.settings
     load_config = vllm_config.load_config
     device = torch.device(load_config.device or vllm_config.device_config.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    start_notes: list[str] = []
+    if s.settings.plan is None:  # SELECTIVE_OFFLOAD_PLAN=auto: plan here, from the real card
+        plan, start_notes = plan_at_start(s.settings.options, vllm_config, model_config, device)
+        s.settings = Settings(plan, s.settings.options)
+    settings = s.settings
     load = Load(settings, device, dtype=str(model_config.dtype).removeprefix("torch."),
                 pipeline_ranks=int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1),
                 page_locked=PageLockedLedger(pin_policy(s, device)))
     refuse_what_the_plan_cannot_survive(s, vllm_config, device, load.page_locked.policy)
+    load.notes += start_notes
     load.notes += check_model(settings.plan, str(model_config.model))
     load.notes += list(settings.plan.load_notes)
     note = stamp_compile_key(settings, vllm_config)

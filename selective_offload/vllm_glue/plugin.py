@@ -9,7 +9,9 @@ bad plan or an unsupported vLLM raises here, in the first process that loads plu
 vLLM stops with the reason before any engine process exists.
 
 When no report path is named, the first process picks one in a temporary directory and
-puts it in the environment, so the processes it spawns write where it reads.
+puts it in the environment, so the processes it spawns write where it reads. With
+``SELECTIVE_OFFLOAD_PLAN=auto`` there is no plan to load: the worker makes it
+(:mod:`.auto_plan`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 
 
 def register() -> None:
-    from ..options import ENV_REPORT, RunOptions
+    from ..options import AUTO_PLAN, ENV_REPORT, RunOptions
 
     options = RunOptions.from_env()
     if options is None:
@@ -26,7 +28,7 @@ def register() -> None:
     from ..plan import Plan
     from . import compat, patches
 
-    plan = Plan.load(options.plan_path)
+    plan = None if options.plan_path == AUTO_PLAN else Plan.load(options.plan_path)
     targets = compat.resolve_targets()
     options = options.with_default_report()
     os.environ[ENV_REPORT] = options.report_path

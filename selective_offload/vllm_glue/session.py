@@ -41,11 +41,14 @@ COMPILE_KEY = "selective_offload"
 
 @dataclass(frozen=True)
 class Settings:
-    plan: Plan
+    #: ``None`` until the worker plans (``SELECTIVE_OFFLOAD_PLAN=auto``).
+    plan: Plan | None
     options: RunOptions
 
     @property
     def host_cold_segments(self) -> frozenset[str]:
+        if self.plan is None:
+            return frozenset()
         segments = self.plan.inputs.cold_segments
         return frozenset(cold_segment(g, segments) for g in self.plan.host_cold_groups) - {None}
 

@@ -1,0 +1,92 @@
+"""``SELECTIVE_OFFLOAD_PLAN=auto``: the plan made inside the worker, from the real card.
+
+Where a plan file is made ahead (``selective-offload plan``), someone had to know the
+card's memory, the KV cache vLLM will want and the link. At engine start the worker knows
+them: the device memory vLLM may use (total x ``gpu_memory_utilization``), the KV cache
+(``kv_cache_memory_bytes`` when set, else one sequence of ``max_model_len`` tokens: the
+least vLLM will start with; what remains goes to the KV cache anyway), speculative
+settings from the engine's config, and the link measured by ``selective-offload probe``
+on this machine (else the reference laptop's). So ``vllm serve MODEL`` with one
+environment variable is all a user does. The plan is written beside the report and shown
+in it.
+
+On the CPU build there is no device memory to fit in: the plan is resident unless
+``SELECTIVE_OFFLOAD_DEVICE_MEMORY`` says how much device memory to plan for (used by the
+tests, and to rehearse a card's plan on a machine without one).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import load_checkpoint
+from ..errors import PlanError
+from ..estimate import KV_DTYPE_BYTES, KvModel
+from ..plan import Plan, PlanInputs
+from ..planner import make_plan
+from ..probe import describe, load_profile, plan_defaults
+from ..sizes import GiB, parse_size
+
+ENV_DEVICE_MEMORY = "SELECTIVE_OFFLOAD_DEVICE_MEMORY"
+
+
+def device_memory_for(vllm_config, device: torch.device, checkpoint_bytes: int, kv_bytes: int,
+                      reserve_bytes: int) -> tuple[int, str]:
+    """The device memory the plan fits in, and where that figure came from."""
+    override = os.environ.get(ENV_DEVICE_MEMORY, "").strip()
+    if override:
+        return parse_size(override, ENV_DEVICE_MEMORY), f"{ENV_DEVICE_MEMORY}={override}"
+    if device.type == "cuda" and torch.cuda.is_available():
+        _, total = torch.cuda.mem_get_info(device)
+        share = float(getattr(vllm_config.cache_config, "gpu_memory_utilization", 0.9) or 0.9)
+        return int(total * share), f"{total / GiB:.2f} GiB on {device} x gpu_memory_utilization {share}"
+    # No device memory limit (the CPU build): everything fits.
+    return checkpoint_bytes + kv_bytes + reserve_bytes, f"no device memory limit on {device}: the plan is resident"
+
+
+def kv_bytes_for(vllm_config, checkpoint) -> tuple[int, str]:
+    explicit = getattr(vllm_config.cache_config, "kv_cache_memory_bytes", None)
+    if explicit:
+        return int(explicit), "kv_cache_memory_bytes"
+    dtype = str(getattr(vllm_config.cache_config, "cache_dtype", "auto") or "auto")
+    kv = KvModel.from_config(checkpoint.config, KV_DTYPE_BYTES.get(dtype, 2))
+    length = int(vllm_config.model_config.max_model_len)
+    if kv is None:
+        return 1 * GiB, "1 GiB (the config does not say enough to size the KV cache)"
+    return kv.cache_bytes(length, 1), f"one sequence of max_model_len {length} ({kv.description})"
+
+
+def plan_at_start(settings_options, vllm_config, model_config, device: torch.device) -> tuple[Plan, list[str]]:
+    """Plan the checkpoint vLLM is loading for this card; write it beside the report."""
+    model_dir = Path(str(model_config.model))
+    if not model_dir.is_dir():
+        raise PlanError(f"SELECTIVE_OFFLOAD_PLAN=auto plans from the checkpoint's headers, and {model_dir} is not a "
+                        "local directory; download it first, or make a plan with `selective-offload plan`")
+    checkpoint = load_checkpoint(model_dir)
+    kv_bytes, kv_from = kv_bytes_for(vllm_config, checkpoint)
+    reserve = PlanInputs.__dataclass_fields__["reserve_bytes"].default
+    device_memory, memory_from = device_memory_for(vllm_config, device, checkpoint.total_bytes, kv_bytes, reserve)
+    measured = plan_defaults(load_profile())
+    spec = vllm_config.speculative_config
+    mtp = spec is not None and "mtp" in str(getattr(spec, "method", "") or "")
+    inputs = PlanInputs(
+        device_memory_bytes=device_memory, kv_cache_bytes=kv_bytes,
+        link_gbps=measured["link_gbps"] or PlanInputs.__dataclass_fields__["link_gbps"].default,
+        vram_gbps=measured["vram_gbps"] or PlanInputs.__dataclass_fields__["vram_gbps"].default,
+        speculative="mtp" if mtp else None,
+        spec_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0) or None if mtp else None,
+    )
+    plan = make_plan(checkpoint, inputs)
+    profile = load_profile()
+    link_from = describe(profile) if profile is not None and profile.no_link_reason is None else \
+        "the reference laptop's link and VRAM (no `selective-offload probe` profile here)"
+    notes = [f"plan made at engine start: device memory {device_memory / GiB:.2f} GiB ({memory_from}); KV cache "
+             f"{kv_bytes / GiB:.2f} GiB ({kv_from}); {link_from}; strategy {plan.strategy}"]
+    if settings_options.report_path:
+        path = Path(settings_options.report_path).with_name("plan.json")
+        plan.save(path)
+        notes.append(f"the plan is written to {path}")
+    return plan, notes
