@@ -3,21 +3,35 @@ from device memory, for 1 to 4096 tokens per step.
 
 Why it matters: the planner calls the embedding cold because a decode step reads one row
 per token (10 KB at hidden 5120 in bf16) out of a 2.54 GB table, so moving the table to
-the host should cost next to nothing. This measures that "next to nothing": a device
-gather (``F.embedding`` on a resident table) against the project's host gather
-(:class:`selective_offload.wrappers.HostGather`: ids to the host, rows gathered into a
-pinned staging buffer, one copy of those rows to the device), and on CUDA the zero-copy
-UVA gather (the device reads the rows through a view of the pinned table). Batch 1 decode
-is 1 token per step; prefill and large batches are the thousands.
+the host should cost next to nothing. This measures that "next to nothing" for each way
+the project can read the rows, labelled as the JSON and the table label them:
 
-Without CUDA the "device" is the CPU: both gathers read host memory, so the difference is
-the host gather's own overhead (staging, an extra copy, Python), not a link.
+- ``device``: ``F.embedding`` on a resident table (what plain vLLM does).
+- ``host``: the glue's eager path, :class:`selective_offload.wrappers.HostGather` with
+  ``mode="host"``: ids to the host, bounds check, rows gathered into a pinned staging
+  buffer, one copy of those rows to the device.
+- ``uva_embedding`` (CUDA only): the glue's UVA path (``install_host_embedding`` with
+  ``mode="uva"``, chosen when vLLM captures CUDA graphs): the weight's ``.data`` becomes a
+  device view of the pinned host table (here made by
+  :func:`~selective_offload.wrappers.cuda_view_of_pinned`; the glue uses vLLM's equivalent
+  op) and vLLM's own ``F.embedding`` reads the rows through it, over the link.
+- ``uva_index_select`` (CUDA only): ``HostGather(mode="uva")``, the wrapper's UVA mode,
+  which the glue does not use: ids to the device, a bounds check (one device-to-host
+  sync), then ``index_select`` on the same kind of view.
+
+Batch 1 decode is 1 token per step; prefill and large batches are the thousands.
+
+Without CUDA the "device" is the CPU: the device and host rows both read host memory, so
+the difference is the host gather's own overhead (staging, an extra copy, Python), not a
+link; no UVA view can be made, so both UVA rows are skipped, with the reason recorded.
 
     .venv/bin/python benchmarks/bench_gather.py [--vocab N] [--hidden N] [--iters N]
                                                 [--smoke] [--out benchmarks/results]
 
 Writes ``gather-<cpu|cuda>-<machine>-<date>.json`` and ``.md``. Planning time (header
 reading and ``make_plan``) is a separate script: ``benchmarks/bench_planning.py``.
+Files written before 2026-11-30 had one ``uva_gather_s`` column: that was
+``HostGather(mode="uva")``, now ``uva_index_select_s``.
 """
 
 from __future__ import annotations
@@ -37,8 +51,28 @@ from _common import (  # noqa: E402
 
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
 
+#: Each way of reading the rows: its key in the JSON (``<key>_s``, ``<key>_us_per_token``),
+#: its column label, and what it is.
+PATHS = (
+    ("device", "device F.embedding", "F.embedding on a resident device table (plain vLLM)"),
+    ("host", "host gather (glue, eager)",
+     'HostGather(mode="host"): ids to the host, rows gathered into a pinned staging buffer, '
+     "one copy to the device (the glue's path without CUDA graphs)"),
+    ("uva_embedding", "UVA F.embedding (glue, graphs)",
+     "F.embedding on a weight whose .data is a device view of the pinned host table (the "
+     "glue's UVA path: vLLM's own lookup reads the rows over the link)"),
+    ("uva_index_select", "UVA index_select (HostGather uva)",
+     'HostGather(mode="uva"): ids to the device, a bounds check (one device-to-host sync), '
+     "index_select on a device view of the pinned table (the wrapper's mode; not the glue's path)"),
+)
+UVA_PATHS = ("uva_embedding", "uva_index_select")
+NO_CUDA_REASON = "skipped: no CUDA device (a UVA view of pinned host memory needs one)"
 
-def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...]) -> dict:
+
+def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...], view=None) -> dict:
+    """Time every path at each token count. ``view`` makes the device view of the pinned
+    table (default on CUDA: ``cuda_view_of_pinned``; without CUDA the UVA paths are
+    skipped unless a stand-in is passed, as the tests do to run their code)."""
     import torch
     import torch.nn.functional as F
 
@@ -52,69 +86,95 @@ def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...]) -> dict:
     host_table = fill_random(torch.empty(vocab, hidden, dtype=dtype, pin_memory=cuda))
     device_table = host_table.to(device) if cuda else host_table.clone()
     host = HostGather(device, mode="host")
-    uva = HostGather(device, mode="uva") if cuda else None
-    if uva is not None:
-        cuda_view_of_pinned(host_table, device)  # fail early if UVA views cannot be made
+    if view is None and cuda:
+        view = lambda t: cuda_view_of_pinned(t, device)  # noqa: E731
+    status = {"device": "measured", "host": "measured"}
+    uva_weight = uva = None
+    if view is None:
+        status.update({k: NO_CUDA_REASON for k in UVA_PATHS})
+    else:
+        # The glue's UVA path, as install_host_embedding builds it: the Parameter keeps its
+        # identity, its .data becomes the device view; F.embedding then reads through it.
+        uva_weight = torch.nn.Parameter(host_table, requires_grad=False)
+        uva_weight.data = view(host_table)
+        if uva_weight.data_ptr() != host_table.data_ptr() or uva_weight.device != device:
+            raise SystemExit("the UVA view is a copy, not a view of the pinned table")
+        uva = HostGather(device, mode="uva", view_factory=view)
+        status.update({k: "measured" for k in UVA_PATHS})
 
+    calls = {
+        "device": lambda ids: F.embedding(ids, device_table),
+        "host": lambda ids: host(host_table, ids),
+        "uva_embedding": lambda ids: F.embedding(ids, uva_weight),
+        "uva_index_select": lambda ids: uva(host_table, ids),
+    }
+    measured = [k for k, _, _ in PATHS if status[k] == "measured"]
     gen = torch.Generator().manual_seed(1)
     rows = []
     for n in tokens:
         ids = torch.randint(0, vocab, (n,), generator=gen).to(device)
+        row: dict = {"tokens": n, "bytes_moved": n * hidden * 2}
         with torch.no_grad():
             expected = F.embedding(ids, device_table)
-            if not torch.equal(host(host_table, ids), expected):
-                raise SystemExit(f"host gather differs from F.embedding at {n} tokens")
-            dev = spread(time_s(lambda: F.embedding(ids, device_table), iters, cuda))
-            hst = spread(time_s(lambda: host(host_table, ids), iters, cuda))
-            uv = spread(time_s(lambda: uva(host_table, ids), iters, cuda)) if uva else None
-        row = {
-            "tokens": n,
-            "bytes_moved": n * hidden * 2,
-            "device_gather_s": dev,
-            "host_gather_s": hst,
-            "uva_gather_s": uv,
-            "device_gather_us_per_token": dev["median"] * 1e6 / n,
-            "host_gather_us_per_token": hst["median"] * 1e6 / n,
-            "uva_gather_us_per_token": uv["median"] * 1e6 / n if uv else None,
-            "host_minus_device_us": (hst["median"] - dev["median"]) * 1e6,
-        }
+            for key in measured[1:]:
+                if not torch.equal(calls[key](ids), expected):
+                    raise SystemExit(f"{key} differs from F.embedding on the device table at {n} tokens")
+            for key, _, _ in PATHS:
+                if key in measured:
+                    s = spread(time_s(lambda: calls[key](ids), iters, cuda))
+                    row[f"{key}_s"], row[f"{key}_us_per_token"] = s, s["median"] * 1e6 / n
+                else:
+                    row[f"{key}_s"] = row[f"{key}_us_per_token"] = None
+        # The names the first results used: device_gather_s, host_gather_s.
+        row["device_gather_s"], row["host_gather_s"] = row["device_s"], row["host_s"]
+        row["device_gather_us_per_token"] = row["device_us_per_token"]
+        row["host_gather_us_per_token"] = row["host_us_per_token"]
+        row["host_minus_device_us"] = (row["host_s"]["median"] - row["device_s"]["median"]) * 1e6
         rows.append(row)
-        print(f"{n:>5} tokens: device {dev['median'] * 1e6:9.1f} us, host {hst['median'] * 1e6:9.1f} us"
-              + (f", uva {uv['median'] * 1e6:9.1f} us" if uv else ""), flush=True)
+        print(f"{n:>5} tokens: " + ", ".join(
+            f"{k} {row[f'{k}_s']['median'] * 1e6:9.1f} us" for k in measured), flush=True)
     return {"cuda": cuda, "device": device_name(cuda), "vocab": vocab, "hidden": hidden,
             "dtype": "bfloat16", "table_bytes": vocab * hidden * 2, "iters": iters,
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "uva_view": None if view is None else ("cuda_view_of_pinned" if cuda else "stand-in (no CUDA)"),
+            "paths": [{"key": k, "label": label, "what": what, "status": status[k]} for k, label, what in PATHS],
+            "rows": rows}
 
 
 def markdown(r: dict) -> str:
     cpu_note = ("" if r["cuda"] else
-                " No CUDA: the \"device\" is the CPU, so both gathers read host memory and the "
-                "difference is the host gather's own overhead (staging buffer, one extra copy, "
-                f"Python), not a link. {r['torch_threads']} torch thread.")
-    head = ["tokens/step", "bytes moved", "device gather us (min-max)", "host gather us (min-max)",
-            "device us/token", "host us/token", "host - device us"]
-    if r["cuda"]:
-        head[4:4] = ["UVA gather us (min-max)"]
-        head += ["UVA us/token"]
+                " No CUDA: the \"device\" is the CPU, so the device and host rows both read host "
+                "memory and the difference is the host gather's own overhead (staging buffer, one "
+                f"extra copy, Python), not a link. {r['torch_threads']} torch thread.")
+    paths = [p for p in r["paths"] if p["status"] == "measured"]
+    head = ["tokens/step", "bytes moved"]
+    head += [f"{p['label']} us (min-max)" for p in paths]
+    head += [f"{p['label']} us/token" for p in paths]
+    head += ["host - device us"]
     rows = []
     for row in r["rows"]:
         def cell(s):
             return f"{s['median'] * 1e6:.1f} ({s['min'] * 1e6:.1f}-{s['max'] * 1e6:.1f})"
-        line = [row["tokens"], row["bytes_moved"], cell(row["device_gather_s"]), cell(row["host_gather_s"]),
-                fmt(row["device_gather_us_per_token"], 3), fmt(row["host_gather_us_per_token"], 3),
-                fmt(row["host_minus_device_us"], 1)]
-        if r["cuda"]:
-            line[4:4] = [cell(row["uva_gather_s"])]
-            line += [fmt(row["uva_gather_us_per_token"], 3)]
+        line = [row["tokens"], row["bytes_moved"]]
+        line += [cell(row[f"{p['key']}_s"]) for p in paths]
+        line += [fmt(row[f"{p['key']}_us_per_token"], 3) for p in paths]
+        line += [fmt(row["host_minus_device_us"], 1)]
         rows.append(line)
+    legend = md_table(["path", "what it is", "here"],
+                      [[p["label"], p["what"], p["status"]] for p in r["paths"]])
+    exact = ", ".join(p["label"] for p in paths[1:])
+    if r.get("uva_view") == "stand-in (no CUDA)":
+        cpu_note += " The UVA rows read through a stand-in view (the host table itself): they run the code, they cross no link."
     return (
         f"# Embedding gather cost per token: {r['device']}\n\n"
         f"Date {r['date']}, torch {r['torch']}; table {r['vocab']} x {r['hidden']} bf16 "
         f"({r['table_bytes'] / 1e9:.3f} GB); {r['iters']} timed calls per point, median and "
         f"(min-max) of wall time with the device synchronised around each call; whole run "
         f"{r['wall_s']:.0f} s; {r['load_note']}. Measured, not estimated.{cpu_note}\n\n"
+        + legend + "\n"
         + md_table(head, rows)
-        + "\nHost gather is bit-identical to `F.embedding` at every size (checked before timing).\n"
+        + f"\n{exact}: bit-identical to `F.embedding` on the device table at every size "
+          "(checked before timing).\n"
     )
 
 

@@ -28,16 +28,54 @@ def only(directory: Path, pattern: str) -> Path:
     return found[0]
 
 
+GATHER_PATHS = ["device", "host", "uva_embedding", "uva_index_select"]
+
+
 def test_gather_smoke(tmp_path):
     proc = run("bench_gather.py", "--smoke", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(only(tmp_path, "gather-*-smoke.json").read_text())
     assert [r["tokens"] for r in result["rows"]] == [1, 4, 16, 64, 256]
+    paths = {p["key"]: p for p in result["paths"]}
+    assert list(paths) == GATHER_PATHS
+    # The glue's UVA path (F.embedding through a device view) and HostGather's own UVA mode
+    # are told apart; without CUDA both are skipped, with the reason.
+    assert "F.embedding" in paths["uva_embedding"]["label"] and "glue" in paths["uva_embedding"]["label"]
+    assert "HostGather" in paths["uva_index_select"]["label"]
+    for key in ("device", "host"):
+        assert paths[key]["status"] == "measured"
+    for key in ("uva_embedding", "uva_index_select"):
+        assert paths[key]["status"] == ("measured" if result["cuda"] else
+                                        "skipped: no CUDA device (a UVA view of pinned host memory needs one)")
     for row in result["rows"]:
         assert row["device_gather_s"]["median"] > 0 and row["host_gather_s"]["median"] > 0
-        assert row["host_gather_us_per_token"] > 0
+        assert row["host_gather_us_per_token"] > 0 and row["host_us_per_token"] == row["host_gather_us_per_token"]
+        for key in ("uva_embedding", "uva_index_select"):
+            assert (row[f"{key}_s"] is not None) == result["cuda"]
     md = only(tmp_path, "gather-*-smoke.md").read_text()
     assert "| tokens/step |" in md and result["device"] in md
+    assert "| UVA F.embedding (glue, graphs) |" in md and "| UVA index_select (HostGather uva) |" in md
+    if not result["cuda"]:
+        assert "UVA F.embedding (glue, graphs) us" not in md  # no column of skipped figures
+        assert md.count("skipped: no CUDA device") == 2
+
+
+def test_gather_uva_paths_run_with_a_stand_in_view():
+    """The UVA rows' code (the glue's Parameter whose .data is the view, read by
+    F.embedding; HostGather(mode="uva") with a view factory), checked bit-exact and timed,
+    with the host table itself standing in for the device view: it runs without CUDA."""
+    sys.path.insert(0, str(BENCH))
+    import bench_gather
+
+    result = bench_gather.run(512, 64, 2, (1, 16), view=lambda t: t)
+    assert result["uva_view"] == "stand-in (no CUDA)"
+    assert [p["status"] for p in result["paths"]] == ["measured"] * 4
+    for row in result["rows"]:
+        for key in GATHER_PATHS:
+            assert row[f"{key}_s"]["median"] > 0 and row[f"{key}_us_per_token"] > 0
+    result.update(date="2026-11-30", wall_s=1.0, load_note="quiet")
+    md = bench_gather.markdown(result)
+    assert "UVA F.embedding (glue, graphs) us (min-max)" in md and "stand-in view" in md
 
 
 def test_decode_emulation_smoke(tmp_path):
@@ -55,7 +93,110 @@ def test_decode_emulation_smoke(tmp_path):
     # Bulk reads its host bytes in place; selective moves the hot layers and one embedding row.
     assert configs["bulk"]["link_bytes_per_step"] > configs["selective"]["link_bytes_per_step"] > 0
     assert "est_step_s_overlapped" in configs["selective"]
-    assert "| bulk | measured |" in only(tmp_path, "decode-emulation-*-smoke.md").read_text()
+    md = only(tmp_path, "decode-emulation-*-smoke.md").read_text()
+    assert "| bulk | measured |" in md
+
+    # The batch sweep: the same placements at 1, 4, 16 and 64 sequences.
+    sweep = result["batch_sweep"]
+    assert sweep["batches"] == [1, 4, 16, 64]
+    swept = {c["config"]: c for c in sweep["configs"]}
+    assert set(swept) == set(configs)
+    for c in swept.values():
+        assert c["status"] == "measured" and [p["batch"] for p in c["rows"]] == [1, 4, 16, 64]
+        for p in c["rows"]:
+            assert p["status"] == "measured" and p["step_s"]["median"] > 0
+            assert p["total_tok_s"] == pytest.approx(p["batch"] * p["per_seq_tok_s"])
+            assert p["est_total_tok_s"] == pytest.approx(p["batch"] / p["est_step_s"])
+        # Only the embedding rows grow with the batch: est barely moves.
+        ests = [p["est_step_s"] for p in c["rows"]]
+        assert ests[0] <= ests[-1] < 1.01 * ests[0]
+    assert set(sweep["speedup_selective_over_bulk"]) == {"1", "4", "16", "64"}
+    assert "## Batch sweep" in md and "| selective | 64 | measured |" in md
+
+    # Speculative verification: re-planned for MTP, K = 0 (plain) then K = 1, 2, 3.
+    verify = result["verification"]
+    assert "skipped" not in verify and verify["draft_k"] == [1, 2, 3]
+    plan = verify["plan"]
+    assert plan["mtp_placement"] == "device" and plan["mtp_bytes_full_scale"] > 0
+    # The head's bytes displace decoder layers: more of them hot than without MTP.
+    assert len(plan["hot_layer_indices"]) > len(result["plan"]["hot_layer_indices"])
+    checked = {c["config"]: c for c in verify["configs"]}
+    assert {"bulk", "selective"} <= set(checked)
+    for c in checked.values():
+        assert c["status"] == "measured" and [p["k"] for p in c["rows"]] == [0, 1, 2, 3]
+        assert c["draft_device_bytes"] > 0
+        for p in c["rows"]:
+            assert p["status"] == "measured" and p["tokens_verified"] == p["k"] + 1
+            assert p["step_s"]["median"] > 0 and p["break_even_tokens_per_step"] > 0
+            assert p["break_even_tokens_vs_plain_plan"] > 0
+            assert (p["draft_s"] is None) == (p["k"] == 0)
+            assert ("break_even_accept_rate" in p) == (p["k"] > 0)
+            a = p.get("break_even_accept_rate")
+            assert a is None or 0 <= a < 1
+        k0 = c["rows"][0]
+        assert k0["break_even_tokens_per_step"] == 1.0 and k0["est_break_even_tokens_per_step"] == 1.0
+        # est: each draft adds the head's and the LM head's bytes.
+        ests = [p["est_step_s"] for p in c["rows"]]
+        assert ests == sorted(ests) and ests[0] < ests[-1]
+    # Selective reads each draft's embedding row from the host, bulk from the device.
+    assert checked["selective"]["draft_link_bytes"] > 0 == checked["bulk"]["draft_link_bytes"]
+    assert "## Speculative decoding" in md and "| selective | 3 | 4 |" in md
+
+
+def test_decode_emulation_report_renders_cuda_fields(tmp_path):
+    """The Markdown of what a CUDA run adds (peak device memory, under the cap or not, a
+    point that did not fit), rendered from a smoke result given those fields."""
+    proc = run("decode_emulation.py", "--smoke", "--batches", "1,2", "--draft-k", "1", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(only(tmp_path, "decode-emulation-*-smoke.json").read_text())
+    assert result["batch_sweep"]["batches"] == [1, 2] and result["verification"]["draft_k"] == [1]
+    sys.path.insert(0, str(BENCH))
+    import decode_emulation
+
+    result["cuda"] = True
+    result["bandwidth"]["uva_read_gbps"] = 40.0
+    result["cap"] = {"cap_bytes": 24 << 30, "binds": True, "fraction": 0.17}
+    for section in (result["configs"], result["batch_sweep"]["configs"], result["verification"]["configs"]):
+        for c in section:
+            c["peak_device_bytes"], c["under_cap"] = 20e9, c["capped"] or None
+    result["batch_sweep"]["configs"][0]["under_cap"] = False
+    result["batch_sweep"]["configs"][1]["rows"][1] = {"batch": 2, "status": "does not fit the cap",
+                                                      "error": "CUDA out of memory"}
+    md = decode_emulation.markdown(result)
+    assert "UVA read 40.00 GB/s" in md and "binds" in md
+    assert "| 20.00 | NO |" in md and "| selective | 2 | does not fit the cap |" in md
+    assert "bulk: peak device 20.00 GB, under cap yes." in md
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batches", "1,x"], "--batches takes whole numbers"),
+    (["--draft-k", "0,1"], "--draft-k values must be at least 1"),
+])
+def test_emulation_bad_sections_are_one_line(args, message, tmp_path):
+    proc = run("decode_emulation.py", *args, "--out", str(tmp_path))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0]
+
+
+def test_emulation_sections_can_be_left_out(tmp_path):
+    proc = run("decode_emulation.py", "--smoke", "--batches", "", "--draft-k", "", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(only(tmp_path, "decode-emulation-*-smoke.json").read_text())
+    assert result["batch_sweep"]["skipped"] and result["verification"]["skipped"] == "--draft-k is empty"
+    md = only(tmp_path, "decode-emulation-*-smoke.md").read_text()
+    assert "Skipped: --batches is empty." in md and "Skipped: --draft-k is empty." in md
+
+
+def test_break_even_acceptance():
+    sys.path.insert(0, str(BENCH))
+    import decode_emulation as de
+
+    assert de.expected_tokens(3, 0.0) == 1.0 and de.expected_tokens(3, 1.0) == 4.0
+    assert de.expected_tokens(1, 0.5) == pytest.approx(1.5)
+    a = de.break_even_accept(3, 2.0)
+    assert de.expected_tokens(3, a) == pytest.approx(2.0)
+    assert de.break_even_accept(2, 0.9) == 0.0  # drafting costs nothing: any acceptance pays
+    assert de.break_even_accept(2, 3.5) is None  # more than K + 1 tokens: never pays
 
 
 NO_CUDA = "skipped: no CUDA device"
@@ -220,9 +361,33 @@ def test_emulation_bad_input_is_one_line(tmp_path):
 
 
 def test_planning_bench_still_runs(tmp_path):
+    """Named as the other benchmarks name their results: <benchmark>-cpu-<machine>-<date>."""
+    import re
+
     proc = run("bench_planning.py", "--repeats", "1", "--shards", "4", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(only(tmp_path, "planning-*.json").read_text())["tensors"] > 1000
+    path = only(tmp_path, "planning-*.json")
+    result = json.loads(path.read_text())
+    assert result["tensors"] > 1000 and result["read_headers_ms_median"] > 0 and result["plan_ms_median"] > 0
+    assert re.fullmatch(r"planning-cpu-[a-z0-9-]+-\d{4}-\d{2}-\d{2}", path.stem), path.name
+    assert path.stem == result["stem"] and path.stem.endswith(result["date"])
+    assert (tmp_path / f"{path.stem}.md").exists() and result["load_note"]
+
+
+def test_planning_results_written_before_the_rename_still_read():
+    """Files named planning-<date> (before the machine was in the name) have every key the
+    renamed ones have, bar the new load and stem fields."""
+    results = BENCH / "results"
+    old = sorted(p for p in results.glob("planning-*.json") if not p.name.startswith("planning-cpu-"))
+    new_keys = {"stem", "load_before", "load_after", "load_note", "wall_s"}
+    for path in old:
+        data = json.loads(path.read_text())
+        assert data["benchmark"] == "planning" and data["read_headers_ms_median"] > 0
+    for path in results.glob("planning-cpu-*.json"):
+        data = json.loads(path.read_text())
+        assert new_keys <= set(data) and data["stem"] == path.stem
+        if old:
+            assert set(json.loads(old[-1].read_text())) <= set(data)
 
 
 @pytest.mark.vllm
