@@ -190,6 +190,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(render_plan(plan, checkpoint))
         for note in machine_notes(plan):
             print(f"note: {note}")
+        if inputs.max_model_len and inputs.max_seqs:
+            print("\n" + "\n".join(kv_tradeoff(checkpoint, inputs)))
         print(f"\nread {len(checkpoint.tensors)} tensor headers in {read_s * 1e3:.1f} ms"
               + (f"; plan written to {args.output}" if args.output else ""))
     return EXIT_INFEASIBLE if plan.strategy == Strategy.INFEASIBLE else 0
@@ -204,6 +206,22 @@ def _inputs_provenance(args: argparse.Namespace) -> str | None:
         return f"inputs not given as flags come from this machine's profile: {describe(profile)}"
     return (f"link {REFERENCE_LINK_GBPS} GB/s and VRAM {REFERENCE_VRAM_GBPS} GB/s are the reference laptop's "
             "(no `selective-offload probe` profile of a GPU here): measure yours with `selective-offload probe`")
+
+
+def kv_tradeoff(checkpoint, inputs: PlanInputs) -> list[str]:
+    """KV bytes against host bytes against est tok/s, for a few numbers of sequences of
+    ``max_model_len`` tokens decoding together (est)."""
+    lines = [f"KV cache trade-off at max_model_len {inputs.max_model_len} (est; N sequences decoding together):",
+             f"{'N':>4} {'KV cache':>10} {'host bytes':>11} {'strategy':<12} {'est_tok/s':>9} {'per seq':>8}"]
+    for n in sorted({1, 2, 4, 8, 16, inputs.max_seqs}):
+        try:
+            plan = make_plan(checkpoint, replace(inputs, max_seqs=n, batch=n), with_bulk=False)
+        except UserError as exc:
+            lines.append(f"{n:>4} {str(exc)[:60]}")
+            continue
+        lines.append(f"{n:>4} {plan.inputs.kv_cache_bytes / GB:>7.3f} GB {(plan.host_cold_bytes + plan.host_hot_bytes) / GB:>8.3f} GB "
+                     f"{plan.strategy:<12} {plan.est.est_tok_s:>9.2f} {plan.est.est_tok_s_per_seq:>8.2f}")
+    return lines
 
 
 def machine_notes(plan) -> list[str]:

@@ -196,3 +196,16 @@ def test_probe_writes_a_profile_that_plan_uses(capsys, tmp_path, monkeypatch):
     assert (plan["inputs"]["link_gbps"], plan["inputs"]["vram_gbps"], plan["inputs"]["device_memory_bytes"]) == (
         52.0, 3900.0, 150_000_000_000)
     assert any("measured by `selective-offload probe`" in n for n in plan["notes"])
+
+
+def test_the_kv_trade_off_is_printed_with_the_model_sized_cache(capsys):
+    """64 full-attention layers x 4 KV heads x 256 x 2 (K, V) x 2 B = 262,144 B per token:
+    one 4096-token sequence is 1.074 GB, and N of them N times that."""
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--max-model-len", "4096",
+                       "--max-seqs", "4")
+    assert code == 0
+    assert "KV cache 1.074 GB (est): 4 sequence(s)" not in out  # 4 sequences: 4.295 GB
+    assert "note: KV cache 4.295 GB (est): 4 sequence(s) of 4096 tokens at 262.1 kB/token" in out
+    rows = {int(line.split()[0]): line.split() for line in out.split("KV cache trade-off", 1)[1].splitlines()[2:7]}
+    assert sorted(rows) == [1, 2, 4, 8, 16]
+    assert [float(rows[n][1]) for n in (1, 2, 4)] == [1.074, 2.147, 4.295]
