@@ -13,10 +13,10 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import re
 import statistics
 import time
+import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -24,14 +24,10 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def machine() -> str:
-    """The CPU model (``/proc/cpuinfo``) and architecture, or what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU model and architecture (the probe's naming, so results and profiles agree)."""
+    from selective_offload.probe import machine_name
+
+    return machine_name()
 
 
 def device_name(cuda: bool) -> str:
@@ -169,3 +165,19 @@ def measure_read_gbps(nbytes: int, cuda: bool, iters: int = 5, hidden: int = 409
     x = torch.ones(hidden, dtype=torch.bfloat16, device=device)
     secs = time_s(lambda: torch.mv(w, x), iters, cuda)
     return rows * hidden * 2 / statistics.median(secs) / 1e9
+
+
+class BenchError(Exception):
+    """Bad input or a failed run: one line, exit status 2."""
+
+
+def worker_or_run(args, worker: Callable, run: Callable) -> int:
+    """The benchmarks' entry: ``--worker FILE`` runs one engine (in its own process), else
+    the whole benchmark; a :class:`BenchError` is one line on stderr and exit status 2."""
+    if getattr(args, "worker", None):
+        return worker(args.worker)
+    try:
+        return run(args)
+    except BenchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

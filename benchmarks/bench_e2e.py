@@ -61,6 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import (  # noqa: E402
+    BenchError,
+    worker_or_run,
     RESULTS_DIR, device_name, fmt, load_1min, md_table, result_stem, shared_note, spread, today,
     write_results,
 )
@@ -74,8 +76,6 @@ METHOD = ("decode tok/s = sum over requests of (generated tokens - 1) / (last to
           "wall time of a max_tokens=1 generate (prefill + first token). Prefix caching off.")
 
 
-class BenchError(Exception):
-    """Bad input: one line, exit status 2."""
 
 
 # --------------------------------------------------------------------------- worker
@@ -487,14 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, help="where the tiny model and worker logs go")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.worker:
-        return worker(args.worker)
-    try:
-        return run(args)
-    except BenchError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return worker_or_run(ap.parse_args(argv), worker, run)
 
 
 def run(args) -> int:

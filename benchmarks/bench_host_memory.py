@@ -43,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import (  # noqa: E402
+    BenchError,
+    worker_or_run,
     RESULTS_DIR, fmt, load_1min, machine, md_table, result_stem, shared_note, spread, today, write_results,
 )
 
@@ -83,8 +85,6 @@ SHOWS = (
 )
 
 
-class BenchError(Exception):
-    """Bad input: one line, exit status 2."""
 
 
 # --------------------------------------------------------------------------- worker
@@ -324,14 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, help="where the model, plan and worker logs go (default: a new temp dir)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.worker:
-        return worker(args.worker)
-    try:
-        return run(args)
-    except BenchError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return worker_or_run(ap.parse_args(argv), worker, run)
 
 
 def run(args) -> int:

@@ -994,17 +994,12 @@ def _host_cuda_checks(set_name: str) -> list[str]:
 
 def _clear_pending_cuda_error(device: torch.device) -> None:
     """A failed ``cudaHostRegister`` leaves its error pending in the CUDA runtime, and
-    torch's next error check reports it against an unrelated call (torch's cudart binding
-    has no ``cudaGetLastError``). Read it through the loaded libcudart, else let one small
-    op consume it."""
-    import ctypes
+    torch's next error check reports it against an unrelated call: clear it as the
+    project does (``page_locked.clear_pending_cuda_error``), else let one small op
+    consume it."""
+    from selective_offload.wrappers.page_locked import clear_pending_cuda_error
 
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            ctypes.CDLL(name, mode=os.RTLD_NOLOAD).cudaGetLastError()
-            break
-        except (OSError, AttributeError):
-            continue
+    clear_pending_cuda_error()
     try:
         torch.zeros(1, device=device).add_(1)
         torch.cuda.synchronize()

@@ -87,7 +87,7 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     or inconsistent plan, a plan for another model, an infeasible plan or an unsupported
     vLLM, before anything is patched.
     """
-    from .vllm_glue import compat, patches
+    from .vllm_glue import compat
 
     # Options first, with a placeholder plan path: a bad option must not cost a plan read.
     RunOptions("", strict, str(report_path) if report_path else None, embedding_mode).validate()
@@ -105,15 +105,23 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     targets = compat.resolve_targets()  # raises before anything is changed
     workdir = Path(tempfile.mkdtemp(prefix="selective-offload-"))
     resolved.save(workdir / "plan.json")
-    options = RunOptions(str(workdir / "plan.json"), strict, str(report_path) if report_path else None,
-                         embedding_mode).with_default_report()
+    _install(resolved, RunOptions(str(workdir / "plan.json"), strict, str(report_path) if report_path else None,
+                                  embedding_mode), targets)
+    return {"model": str(model_dir)} if _is_model_dir(model_dir) else {}
+
+
+def _install(plan: Plan | None, options: RunOptions, targets) -> None:
+    """Name the options in the environment (for the processes vLLM spawns), clear the last
+    engine's report, and install the hooks here."""
+    from .vllm_glue import patches
+
+    options = options.with_default_report()
     global _last_report_path
     _last_report_path = Path(options.report_path)
     for stale in report_paths(_last_report_path):
         stale.unlink(missing_ok=True)
     os.environ.update(options.to_env())
-    patches.apply(patches.Settings(resolved, options), targets)
-    return {"model": str(model_dir)} if _is_model_dir(model_dir) else {}
+    patches.apply(patches.Settings(plan, options), targets)
 
 
 def _plans_at_start(plan, device_memory) -> bool:
@@ -124,20 +132,13 @@ def _plans_at_start(plan, device_memory) -> bool:
 
 def _enable_auto(plan, model, strict, report_path, embedding_mode) -> dict[str, Any]:
     """Plan inside the engine's worker, from the real card (see vllm_glue/auto_plan.py)."""
-    from .vllm_glue import compat, patches
+    from .vllm_glue import compat
 
     model_dir = Path(model) if model is not None else (None if str(plan) == AUTO_PLAN else Path(plan))
     if model_dir is not None and not _is_model_dir(model_dir):
         raise PlanError(f"{model_dir}: not a checkpoint directory (no *.safetensors shards) to plan at engine start")
-    targets = compat.resolve_targets()
-    options = RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None,
-                         embedding_mode).with_default_report()
-    global _last_report_path
-    _last_report_path = Path(options.report_path)
-    for stale in report_paths(_last_report_path):
-        stale.unlink(missing_ok=True)
-    os.environ.update(options.to_env())
-    patches.apply(patches.Settings(None, options), targets)
+    _install(None, RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None, embedding_mode),
+             compat.resolve_targets())
     return {"model": str(model_dir)} if model_dir is not None else {}
 
 

@@ -99,7 +99,7 @@ class CudaRegistrar:
 
     A failed call leaves its error pending in the CUDA runtime, where torch's next error
     check would report it against an unrelated call; it is cleared here
-    (:func:`_clear_pending_cuda_error`) before the failure is raised with its own reason.
+    (:func:`clear_pending_cuda_error`) before the failure is raised with its own reason.
     """
 
     def __init__(self) -> None:
@@ -109,7 +109,7 @@ class CudaRegistrar:
         err = int(self._cudart.cudaHostRegister(ptr, nbytes, _REGISTER_FLAGS))
         if err == 0:
             return
-        _clear_pending_cuda_error()
+        clear_pending_cuda_error()
         if err == _CUDA_ERROR_ALREADY_REGISTERED:
             raise AlreadyRegistered(ptr)
         why = ("the system limits page-locked memory (ulimit -l): raise the limit"
@@ -120,11 +120,11 @@ class CudaRegistrar:
     def unregister(self, ptr: int) -> None:
         err = int(self._cudart.cudaHostUnregister(ptr))
         if err != 0:
-            _clear_pending_cuda_error()
+            clear_pending_cuda_error()
             raise OffloadError(f"cudaHostUnregister failed (CUDA error {err}) for memory this process registered")
 
 
-def _clear_pending_cuda_error() -> None:
+def clear_pending_cuda_error() -> None:
     """Consume the CUDA runtime's pending error (torch's binding has no cudaGetLastError)."""
     import ctypes
     import os
