@@ -32,6 +32,14 @@ MUTATIONS = {
  "explicit-device-routed": ("selective_offload/wrappers/construct_on_host.py", "        explicit = kwargs.get(\"device\") is not None", "        explicit = False"),
  "shared-cache-kept-on-host": ("selective_offload/wrappers/construct_on_host.py", "        keep = {p for p in targets if p in cold_ptrs and p not in hot_ptrs}", "        keep = set(targets)"),
  "rank-files-not-merged": ("selective_offload/report.py", "        for other in report_paths(str(path))[1:]:", "        for other in []:"),
+ "page-lock-copies": ("selective_offload/wrappers/residency.py", "        host = tensor if tensor.device.type == \"cpu\" else tensor.to(\"cpu\")", "        host = tensor.clone() if tensor.device.type == \"cpu\" else tensor.to(\"cpu\")"),
+ "page-locked-limit-off": ("selective_offload/report.py", "    if ratio > PAGE_LOCKED_LIMIT:", "    if False:"),
+ "tie-default-true": ("selective_offload/checkpoint.py", "    return False, \"default\", []", "    return True, \"default\", []"),
+ "fp8-experts-skipped": ("selective_offload/checkpoint.py", "    if tensor.dim() == 3 and \"experts\" in name.split(\".\"):", "    if False:"),
+ "mtp-not-estimated": ("selective_offload/checkpoint.py", "    if not n or layers is None or not hidden:", "    if True:"),
+ "no-overlap": ("selective_offload/estimate.py", "        step += max(layers[j].copy_s, segment)", "        step += layers[j].copy_s + segment"),
+ "batch-not-shared": ("selective_offload/estimate.py", "    tokens = n * expected_tokens_per_step(k, settings.accept_rate)", "    tokens = expected_tokens_per_step(k, settings.accept_rate)"),
+ "hybrid-buffers-largest-only": ("selective_offload/planner.py", "    return prefetch_step * sum(largest.values())", "    return prefetch_step * max(g.nbytes for g in layers)"),
 }
 
 
