@@ -404,7 +404,7 @@ def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
     with _quiet_library() as caught:
         model = _meta_model(model_cls, config, raw)
     facts = ModelFacts.from_config(raw, None, config)
-    tensors = _listed_tensors(model, raw, facts, scheme)
+    tensors = _listed_tensors(model, facts, scheme)
     tensors, mtp_notes = _estimate_unbuilt_mtp(tensors, facts, raw)
     if scheme is not None:
         quant_notes.insert(0, f"quantized sizes estimated for {scheme.description} from quantization_config")
@@ -487,7 +487,7 @@ def _meta_model(model_cls, config, raw: dict[str, Any]):
                               "instead") from None
 
 
-def _listed_tensors(model, raw: dict[str, Any], facts: ModelFacts, scheme=None) -> dict[str, TensorInfo]:
+def _listed_tensors(model, facts: ModelFacts, scheme=None) -> dict[str, TensorInfo]:
     """What save_pretrained would write for ``model``, in safetensors dtypes, with quantized
     parameters as their quantization method stores them (``scheme``)."""
     import torch

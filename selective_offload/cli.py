@@ -20,7 +20,14 @@ from .errors import UserError
 from .names import DEFAULT_COLD_SEGMENTS
 from .estimate import DEFAULT_ACCEPT_RATE, KV_DTYPE_BYTES
 from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs, Strategy
-from .probe import add_probe_arguments, default_profile_path, describe, load_profile, plan_defaults, run_probe
+from .probe import (
+    add_probe_arguments,
+    default_profile_path,
+    load_profile,
+    plan_bandwidths,
+    plan_defaults,
+    run_probe,
+)
 from .planner import make_plan
 from .render import render_plan
 from .sizes import GB, parse_bandwidth_gbps, parse_size
@@ -129,7 +136,8 @@ def _parse_speculative(text: str | None) -> tuple[str | None, int | None]:
     return "mtp", int(k) if k else None
 
 
-def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
+def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
+    """The plan's inputs: the flags, and this machine's probe ``profile`` where they are silent."""
     bulk = None
     if args.bulk_gb is not None:
         try:
@@ -141,7 +149,8 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
     if args.prefetch_step < 1:
         raise UserError(f"--prefetch-step: {args.prefetch_step} must be 1 or more")
     speculative, spec_tokens = _parse_speculative(args.speculative)
-    measured = plan_defaults(load_profile())
+    measured = plan_defaults(profile)
+    link, vram, _ = plan_bandwidths(profile)
     if args.device_memory is None and measured["device_memory_bytes"] is None:
         raise UserError("--device-memory is needed (like 24GiB): no `selective-offload probe` profile of a GPU "
                         f"on this machine ({default_profile_path()}) says it")
@@ -150,10 +159,8 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
                              else measured["device_memory_bytes"]),
         kv_cache_bytes=parse_size(args.kv_cache, "--kv-cache"),
         reserve_bytes=parse_size(args.reserve, "--reserve"),
-        link_gbps=(parse_bandwidth_gbps(args.link_gbps, "--link-gbps") if args.link_gbps is not None
-                   else measured["link_gbps"] or REFERENCE_LINK_GBPS),
-        vram_gbps=(parse_bandwidth_gbps(args.vram_gbps, "--vram-gbps") if args.vram_gbps is not None
-                   else measured["vram_gbps"] or REFERENCE_VRAM_GBPS),
+        link_gbps=parse_bandwidth_gbps(args.link_gbps, "--link-gbps") if args.link_gbps is not None else link,
+        vram_gbps=parse_bandwidth_gbps(args.vram_gbps, "--vram-gbps") if args.vram_gbps is not None else vram,
         speculative=speculative,
         spec_tokens=spec_tokens,
         accept_rate=args.accept_rate,
@@ -174,12 +181,13 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    inputs = inputs_from_args(args)
+    profile = load_profile()
+    inputs = inputs_from_args(args, profile)
     started = time.perf_counter()
     checkpoint = load_checkpoint(resolve_model(args.model))
     read_s = time.perf_counter() - started
     plan = make_plan(checkpoint, inputs)
-    provenance = _inputs_provenance(args)
+    provenance = _inputs_provenance(args, profile)
     if provenance:
         plan = replace(plan, notes=plan.notes + (provenance,))
     if args.output:
@@ -197,15 +205,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_INFEASIBLE if plan.strategy == Strategy.INFEASIBLE else 0
 
 
-def _inputs_provenance(args: argparse.Namespace) -> str | None:
+def _inputs_provenance(args: argparse.Namespace, profile) -> str | None:
     """Where the bandwidths and device memory came from, when not from the flags."""
-    profile = load_profile()
     if all(getattr(args, f) is not None for f in ("link_gbps", "vram_gbps", "device_memory")):
         return None
+    _, _, source = plan_bandwidths(profile)
     if profile is not None and profile.no_link_reason is None:
-        return f"inputs not given as flags come from this machine's profile: {describe(profile)}"
-    return (f"link {REFERENCE_LINK_GBPS} GB/s and VRAM {REFERENCE_VRAM_GBPS} GB/s are the reference laptop's "
-            "(no `selective-offload probe` profile of a GPU here): measure yours with `selective-offload probe`")
+        return f"inputs not given as flags come from this machine's profile: {source}"
+    return source
 
 
 def kv_tradeoff(checkpoint, inputs: PlanInputs) -> list[str]:

@@ -42,6 +42,10 @@ REPLAN = "make the plan again with `selective-offload plan MODEL --device-memory
 
 REFERENCE_LINK_GBPS = 13.9
 REFERENCE_VRAM_GBPS = 472.0
+#: Device memory kept back from weights unless the plan says otherwise.
+DEFAULT_KV_CACHE_BYTES = 1 * GiB
+#: CUDA context, activations, CUDA graphs and allocator slack.
+DEFAULT_RESERVE_BYTES = 2 * GiB
 
 EST_IGNORES: tuple[str, ...] = (
     "compute time: the model counts bytes only (a layer computes in its VRAM read time), so "
@@ -219,9 +223,9 @@ class PlanInputs:
     """What the plan is made for. Bytes are bytes; bandwidths are decimal GB/s."""
 
     device_memory_bytes: int
-    kv_cache_bytes: int = 1 * GiB
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
     #: CUDA context, activations, CUDA graphs and allocator slack.
-    reserve_bytes: int = 2 * GiB
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES
     link_gbps: float = REFERENCE_LINK_GBPS
     vram_gbps: float = REFERENCE_VRAM_GBPS
     #: ``None``, or ``"mtp"`` for MTP speculative decoding (loads the ``mtp.*`` head).

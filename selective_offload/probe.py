@@ -391,6 +391,21 @@ def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
     }
 
 
+def plan_bandwidths(profile: Profile | None) -> tuple[float, float, str]:
+    """The link and VRAM bandwidths a plan uses when no flag gives them: the profile's where
+    it measured them, else the reference laptop's; and one line saying which."""
+    from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS
+
+    measured = plan_defaults(profile)
+    link = measured["link_gbps"] or REFERENCE_LINK_GBPS
+    vram = measured["vram_gbps"] or REFERENCE_VRAM_GBPS
+    if profile is not None and profile.no_link_reason is None:
+        return link, vram, describe(profile)
+    return link, vram, (f"link {REFERENCE_LINK_GBPS} GB/s and VRAM {REFERENCE_VRAM_GBPS} GB/s are the reference "
+                        "laptop's (no `selective-offload probe` profile of a GPU here): measure yours with "
+                        "`selective-offload probe`")
+
+
 def describe(profile: Profile) -> str:
     """One line saying what a profile supplies and where it came from, for a plan's notes."""
     parts = []

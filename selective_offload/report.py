@@ -332,10 +332,9 @@ def _missing_groups(m: _Matching, plan: Plan, drafter_loaded: bool, drafter_expe
     return problems
 
 
-def _verdict(m: _Matching, report: PlacementReport, plan: Plan, check_routing: bool) -> list[str]:
+def _verdict(m: _Matching, report: PlacementReport, check_routing: bool) -> list[str]:
     """Misplaced, unrouted and stray host bytes against the tolerance."""
     problems: list[str] = []
-    stray = 0
     for kind, label in ((Placement.HOST_COLD, "cold"), (Placement.HOST_HOT, "hot")):
         loaded = landed = misplaced = 0
         wrong: list[str] = []
@@ -430,7 +429,7 @@ def build_report(
     )
     report.problems = (_missing_groups(m, plan, drafter is not None, drafter_expected, notes,
                                        report.on_other_ranks if pipeline_part else None)
-                       + _verdict(m, report, plan, routed_storages is not None))
+                       + _verdict(m, report, routed_storages is not None))
     return report
 
 

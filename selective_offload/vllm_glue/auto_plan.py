@@ -25,9 +25,9 @@ import torch
 from ..checkpoint import load_checkpoint
 from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel
-from ..plan import Plan, PlanInputs
+from ..plan import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..planner import make_plan
-from ..probe import describe, load_profile, plan_defaults
+from ..probe import load_profile, plan_bandwidths
 from ..sizes import GiB, parse_size
 
 ENV_DEVICE_MEMORY = "SELECTIVE_OFFLOAD_DEVICE_MEMORY"
@@ -67,22 +67,18 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
                         "local directory; download it first, or make a plan with `selective-offload plan`")
     checkpoint = load_checkpoint(model_dir)
     kv_bytes, kv_from = kv_bytes_for(vllm_config, checkpoint)
-    reserve = PlanInputs.__dataclass_fields__["reserve_bytes"].default
-    device_memory, memory_from = device_memory_for(vllm_config, device, checkpoint.total_bytes, kv_bytes, reserve)
-    measured = plan_defaults(load_profile())
+    device_memory, memory_from = device_memory_for(vllm_config, device, checkpoint.total_bytes, kv_bytes,
+                                                   DEFAULT_RESERVE_BYTES)
+    link, vram, link_from = plan_bandwidths(load_profile())
     spec = vllm_config.speculative_config
     mtp = spec is not None and "mtp" in str(getattr(spec, "method", "") or "")
     inputs = PlanInputs(
         device_memory_bytes=device_memory, kv_cache_bytes=kv_bytes,
-        link_gbps=measured["link_gbps"] or PlanInputs.__dataclass_fields__["link_gbps"].default,
-        vram_gbps=measured["vram_gbps"] or PlanInputs.__dataclass_fields__["vram_gbps"].default,
+        link_gbps=link, vram_gbps=vram,
         speculative="mtp" if mtp else None,
         spec_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0) or None if mtp else None,
     )
     plan = make_plan(checkpoint, inputs)
-    profile = load_profile()
-    link_from = describe(profile) if profile is not None and profile.no_link_reason is None else \
-        "the reference laptop's link and VRAM (no `selective-offload probe` profile here)"
     notes = [f"plan made at engine start: device memory {device_memory / GiB:.2f} GiB ({memory_from}); KV cache "
              f"{kv_bytes / GiB:.2f} GiB ({kv_from}); {link_from}; strategy {plan.strategy}"]
     if settings_options.report_path:

@@ -80,7 +80,7 @@ def make_load_model(get_session: GetSession):
     return wrap
 
 
-def make_override_guard(get_session: GetSession, cls: type):
+def make_override_guard(get_session: GetSession):
     """For a loader class that overrides ``load_model``: the hooks above never run for it,
     so a load through it is reported as a plan that was not applied (strict: an error)."""
 

@@ -43,7 +43,7 @@ def _hooks(targets: Targets) -> list[tuple[Any, str, Callable]]:
         (targets.base_loader, "initialize_model", loading.make_initialize_model(session)),
         (targets.base_loader, "process_weights_after_loading", loading.make_post_process(session)),
     ]
-    hooks += [(cls, "load_model", loading.make_override_guard(session, cls))
+    hooks += [(cls, "load_model", loading.make_override_guard(session))
               for cls in _overriding_loaders(targets.BaseModelLoader)]
     return hooks
 
@@ -70,7 +70,7 @@ def _guard_later_subclasses(s: Session) -> None:
         if current is not None and "load_model" in vars(cls):
             original = cls.load_model
             current.originals[(cls, "load_model")] = original
-            cls.load_model = loading.make_override_guard(session, cls)(original)
+            cls.load_model = loading.make_override_guard(session)(original)
 
     base.__init_subclass__ = classmethod(__init_subclass__)
 
