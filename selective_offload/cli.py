@@ -1,4 +1,4 @@
-"""The ``selective-offload`` command: plan a checkpoint, write manifests.
+"""The ``selective-offload`` command: plan a checkpoint, write manifests, read reports.
 
 Bad input (a missing path, a corrupt header, a size it cannot read) prints one line,
 ``selective-offload: error: ...``, and exits with status 2; no traceback.
@@ -30,6 +30,7 @@ from .probe import (
 )
 from .planner import make_plan
 from .render import render_plan
+from .report_cmd import add_report_command
 from .sizes import GB, parse_bandwidth_gbps, parse_size
 
 #: Exit status of `plan` when nothing fits (the plan is still printed and written).
@@ -307,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the tiny model and the report go (default: ~/.cache/selective-offload/demo)")
     d.add_argument("--no-compare", action="store_true", help="skip the plain-vLLM run")
     d.set_defaults(func=cmd_demo)
+    add_report_command(sub)
     return parser
 
 

@@ -15,7 +15,13 @@ variable                       accepted values
 ``SELECTIVE_OFFLOAD_REPORT``   path of the report JSON; its directory must exist
                                and be writable; unset: a temporary file
 ``SELECTIVE_OFFLOAD_EMBEDDING`` ``auto`` (default), ``host`` or ``uva``
+``SELECTIVE_OFFLOAD_LAST_REPORT`` where the report path of the last engine set-up is
+                               recorded (default ``~/.cache/selective-offload/last-report``)
 =============================  ==================================================
+
+The report path is recorded because the default one is a new temporary directory per
+run: ``selective-offload report`` without a path reads the record, so a user who ran
+``vllm serve`` with a plan reads its report without knowing where it went.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ ENV_PLAN = "SELECTIVE_OFFLOAD_PLAN"
 ENV_REPORT = "SELECTIVE_OFFLOAD_REPORT"
 ENV_STRICT = "SELECTIVE_OFFLOAD_STRICT"
 ENV_EMBEDDING = "SELECTIVE_OFFLOAD_EMBEDDING"
+ENV_LAST_REPORT = "SELECTIVE_OFFLOAD_LAST_REPORT"
 ENV_VARS = (ENV_PLAN, ENV_REPORT, ENV_STRICT, ENV_EMBEDDING)
 #: ``SELECTIVE_OFFLOAD_PLAN=auto``: plan inside the worker, from the real card.
 AUTO_PLAN = "auto"
@@ -101,11 +108,15 @@ class RunOptions:
         ).validate()
 
     def with_default_report(self) -> "RunOptions":
-        """These options with a report file in a new temporary directory when none is named."""
+        """These options with a report file in a new temporary directory when none is named;
+        the path (named or not) is recorded for ``selective-offload report``."""
         if self.report_path:
+            remember_report_path(self.report_path)
             return self
         directory = tempfile.mkdtemp(prefix="selective-offload-report-")
-        return RunOptions(self.plan_path, self.strict, str(Path(directory) / "report.json"), self.embedding_mode)
+        options = RunOptions(self.plan_path, self.strict, str(Path(directory) / "report.json"), self.embedding_mode)
+        remember_report_path(options.report_path)
+        return options
 
     def to_env(self) -> dict[str, str]:
         env = {ENV_PLAN: self.plan_path, ENV_STRICT: "1" if self.strict else "0",
@@ -113,3 +124,43 @@ class RunOptions:
         if self.report_path:
             env[ENV_REPORT] = self.report_path
         return env
+
+
+def last_report_record() -> Path:
+    """``$SELECTIVE_OFFLOAD_LAST_REPORT`` when set (and not empty), else
+    ``~/.cache/selective-offload/last-report``: a text file holding one report path."""
+    env = os.environ.get(ENV_LAST_REPORT, "").strip()
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "selective-offload" / "last-report"
+
+
+def remember_report_path(path: str | os.PathLike) -> None:
+    """Record ``path`` as the last report path. Best effort: a home directory that cannot
+    be written must not stop an engine from starting (the report itself is still written,
+    and its path is in the environment and the log)."""
+    record = last_report_record()
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+        tmp.write_text(str(Path(path).absolute()) + "\n")
+        os.replace(tmp, record)
+    except OSError:
+        pass
+
+
+def default_report_path(environ: Mapping[str, str] = os.environ) -> Path:
+    """The report a user most likely means: ``SELECTIVE_OFFLOAD_REPORT`` when this shell
+    names one, else the last recorded report path."""
+    named = environ.get(ENV_REPORT, "").strip()
+    if named:
+        return Path(named)
+    record = last_report_record()
+    try:
+        text = record.read_text().strip()
+    except OSError:
+        text = ""
+    if not text:
+        raise UserError(f"no report path given and none recorded in {record}: name the report file "
+                        f"(the {ENV_REPORT} the server ran with), like `selective-offload report /path/report.json`")
+    return Path(text)

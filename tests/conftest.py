@@ -18,6 +18,16 @@ def no_machine_profile(tmp_path_factory):
     mp.undo()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def no_last_report_record(tmp_path_factory):
+    """Engines started by tests record their report path in a file of the test run, not in
+    the user's ~/.cache (where `selective-offload report` would then find a test's report)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SELECTIVE_OFFLOAD_LAST_REPORT", str(tmp_path_factory.mktemp("last-report") / "last-report"))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="module")
 def in_process_engine():
     """Run vLLM engines in the test process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so tests
