@@ -582,12 +582,19 @@ def _estimate_unbuilt_mtp(tensors: dict[str, TensorInfo], facts: ModelFacts,
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Read whatever ``path`` is: a shard directory, a single shard, a manifest or a config."""
+    """Read whatever ``path`` is: a shard directory, a single shard, a manifest, a config,
+    or (when no such path exists) a Hugging Face hub id ``ORG/NAME[@REVISION]``."""
+    if not Path(path).exists():
+        from .hub import hub_checkpoint  # the network only for a hub id
+
+        found = hub_checkpoint(str(path))
+        if found is not None:
+            return found
     path = Path(path)
     if not path.exists():
         raise CheckpointError(
             f"{path}: no such file or directory; give a checkpoint directory, a manifest "
-            "(.json) or a config.json"
+            "(.json), a config.json or a Hugging Face hub id (ORG/NAME[@REVISION])"
         )
     if path.is_dir():
         return read_safetensors_dir(path)

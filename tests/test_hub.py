@@ -1,0 +1,127 @@
+"""Planning by Hugging Face hub id (ORG/NAME[@REVISION]) as a user runs it: the CLI in a
+subprocess, pointed by HF_ENDPOINT at a loopback server that speaks the hub's file API
+(tests/hub_server.py) for a tiny sharded Qwen3 the test saves. The real hub is
+unreachable from the test machines (and a test must not depend on it), so the server
+stands in for it; huggingface_hub itself does the talking, as it would with the hub."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hub_server import COMMIT, FakeHub
+from selective_offload.checkpoint import load_checkpoint
+from selective_offload.hub import parse_hub_id
+
+ROOT = Path(__file__).resolve().parent.parent
+REPO = "tiny-org/tiny-qwen3"
+#: huggingface_hub's first range request for a shard's header (bytes 0-100000).
+FIRST_RANGE = 100_001
+PLAN_ARGS = ("--device-memory", "8MiB", "--kv-cache", "0", "--reserve", "0")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    directory = tmp_path_factory.mktemp("hub-model")
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+                         tie_word_embeddings=False)
+    Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(directory, max_shard_size="2MB")
+    assert len(list(directory.glob("*.safetensors"))) > 1, "a sharded checkpoint"
+    return directory
+
+
+def cli(*args, hub: FakeHub | None, hf_home: Path, **env):
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               "HF_HOME": str(hf_home), "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1",
+               "HF_ENDPOINT": hub.url if hub else "http://127.0.0.1:9", **env}
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HF_HUB_CACHE"):
+        if name not in env:
+            environ.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "selective_offload.cli", *args], capture_output=True, text=True,
+                          env=environ, timeout=180)
+
+
+def plan_json(proc) -> dict:
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_hub_ids_and_paths_are_told_apart():
+    assert parse_hub_id("Qwen/Qwen3-8B") == ("Qwen/Qwen3-8B", None)
+    assert parse_hub_id("Qwen/Qwen3-8B@v1.0") == ("Qwen/Qwen3-8B", "v1.0")
+    for path in ("/models/x", "./a/b", "a/b/c", "model", "a/plan.json", "a/model.safetensors"):
+        assert parse_hub_id(path) is None, path
+
+
+def test_plan_by_hub_id_reads_only_the_headers(model_dir, tmp_path):
+    """The plan made over HTTP is the plan made from the directory, and of each shard only
+    huggingface_hub's header range was served; the token in HF_TOKEN was sent."""
+    local = plan_json(cli("plan", str(model_dir), *PLAN_ARGS, "--json", hub=None, hf_home=tmp_path / "hf"))
+    with FakeHub({REPO: model_dir}) as hub:
+        remote = plan_json(cli("plan", REPO, *PLAN_ARGS, "--json", hub=hub, hf_home=tmp_path / "hf", HF_TOKEN="hf_test_token"))
+    assert remote["model"]["source"] == REPO
+    assert remote["model"]["fingerprint"] == local["model"]["fingerprint"]
+    assert remote["groups"] == local["groups"] and remote["strategy"] == local["strategy"]
+    shards = sorted(model_dir.glob("*.safetensors"))
+    for shard in shards:
+        header_end = 8 + struct.unpack("<Q", shard.read_bytes()[:8])[0]
+        served = hub.served[f"{REPO}/{shard.name}"]
+        assert header_end <= served <= max(FIRST_RANGE, header_end), (shard.name, served)
+        assert served < shard.stat().st_size / 10, "weights were read"
+    assert hub.served[f"{REPO}/config.json"] == (model_dir / "config.json").stat().st_size
+    assert all(rng for method, path, rng in hub.requests if method == "GET" and path.endswith(".safetensors"))
+    assert hub.authorization == {"Bearer hf_test_token"}
+
+
+def test_revision_manifest_and_the_local_cache(model_dir, tmp_path):
+    """ORG/NAME@COMMIT resolves; `manifest` takes a hub id; once the snapshot is in the
+    cache, offline planning reads it there without a request."""
+    hf_home = tmp_path / "hf"
+    with FakeHub({REPO: model_dir}) as hub:
+        proc = cli("manifest", f"{REPO}@{COMMIT}", "-o", str(tmp_path / "m.json"), hub=hub, hf_home=hf_home)
+        assert proc.returncode == 0, proc.stderr
+        manifest = json.loads((tmp_path / "m.json").read_text())
+        assert set(manifest["tensors"]) == set(load_checkpoint(model_dir).tensors)
+        # Every file downloaded into the cache (the layout `hf download` and vLLM leave),
+        # file by file: the loopback server does not speak the hub's listing API.
+        env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(hf_home)}
+        files = sorted(p.name for p in model_dir.iterdir())
+        code = f"from huggingface_hub import hf_hub_download as d\nfor f in {files!r}: d({REPO!r}, f)"
+        subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True, capture_output=True)
+        hub.requests.clear()
+        cached = cli("plan", REPO, *PLAN_ARGS, "--json", hub=hub, hf_home=hf_home,
+                     HF_HUB_OFFLINE="1")
+        assert not hub.requests
+    plan = plan_json(cached)
+    assert Path(plan["model"]["source"]).parent.name == "snapshots"
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("offline", f"{REPO}: not in the local Hugging Face cache"),
+    ("no repo", "tiny-org/absent: no such model on http://127.0.0.1:"),
+    ("no revision", f"{REPO}@v9: no revision 'v9' in {REPO}"),
+    ("unreachable", f"{REPO}: cannot read it from http://127.0.0.1:9"),
+])
+def test_hub_failures_are_one_line_and_exit_2(model_dir, tmp_path, case, expected):
+    args = {"offline": [REPO], "no repo": ["tiny-org/absent"], "no revision": [f"{REPO}@v9"],
+            "unreachable": [REPO]}[case]
+    env = {"HF_HUB_OFFLINE": "1"} if case == "offline" else {}
+    with FakeHub({REPO: model_dir}) as hub:
+        proc = cli("plan", *args, *PLAN_ARGS, hub=None if case == "unreachable" else hub,
+                   hf_home=tmp_path / "hf", HF_HUB_ETAG_TIMEOUT="2", HF_HUB_DOWNLOAD_TIMEOUT="2", **env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"selective-offload: error: {expected}"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    if case == "offline":
+        assert not hub.requests
