@@ -43,6 +43,11 @@ MUTATIONS = {
  "report-exit-0-always": ("selective_offload/report_cmd.py", "    return 0 if report.ok else EXIT_MISMATCH", "    return 0"),
  "last-report-not-recorded": ("selective_offload/options.py", "        remember_report_path(options.report_path)\n", ""),
  "setup-install-failure-ignored": ("scripts/setup.sh", "-e \".[$flavour,test,bench]\" || return", "-e \".[$flavour,test,bench]\""),
+ "hub-partial-cache-read": ("selective_offload/hub.py", "        return snapshot if shards and all((snapshot / s).is_file() for s in shards) else None", "        return snapshot"),
+ "hub-offline-not-checked": ("selective_offload/hub.py", "    if constants.is_offline_mode():", "    if False:"),
+ "picture-layers-not-stacked": ("selective_offload/picture.py", "            slot = by_layer.get(g.layer_index)", "            slot = None"),
+ "picture-unknown-placement-uncoloured": ("selective_offload/picture.py", "        colours.setdefault(p, next(spare))", "        pass"),
+ "picture-bulk-absent-counted-on-device": ("selective_offload/picture.py", "plan.model.total_bytes - absent - bulk.offloaded_bytes", "plan.model.total_bytes - bulk.offloaded_bytes"),
 }
 
 

@@ -48,6 +48,9 @@ def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | No
         plan.validate()
         return plan
     path = Path(plan)
+    if not path.exists() and device_memory is not None and _hub_id(plan):
+        return make_plan(load_checkpoint(str(plan)),
+                         PlanInputs(device_memory_bytes=parse_size(device_memory, "device_memory"), **inputs))
     if not path.exists():
         raise PlanError(f"{path}: no such plan file or model directory; {_PLAN_HINT}")
     if path.is_file() and device_memory is None:
@@ -75,7 +78,10 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     ``plan`` is a :class:`Plan`, a plan JSON file, a model directory (then planned here
     for ``device_memory`` and ``plan_inputs``, or, without ``device_memory``, inside the
     engine's worker from the real card), or ``"auto"`` (planned in the worker for
-    whatever model the engine loads). The plan is checked against the
+    whatever model the engine loads). A Hugging Face hub id (``ORG/NAME[@REVISION]``) is
+    taken wherever a model directory is, as ``plan`` or ``model``, and read from the local
+    cache or by its safetensors headers alone (:mod:`selective_offload.hub`). The plan is
+    checked against the
     checkpoint it will run on, here and now, when that is known: ``model``, or the
     directory the plan was made from; otherwise when the engine starts. ``strict`` makes
     an unrealised plan an error instead of a loud warning. The placement report is
@@ -97,17 +103,34 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     if resolved.strategy == Strategy.INFEASIBLE:
         raise PlanError(f"the plan is infeasible: {resolved.shortfall_bytes / GB:.3f} GB more device memory is "
                         "needed than it has; plan for a larger card, a smaller KV cache or a smaller checkpoint")
+    if model is not None and _hub_id(model):  # checked against the hub's headers (or the cached snapshot)
+        check_plan_matches_model(resolved, load_checkpoint(str(model)))
+        _install(resolved, _saved(resolved, strict, report_path, embedding_mode), compat.resolve_targets())
+        return {"model": str(model)}
     model_dir = Path(model) if model is not None else Path(resolved.model.source)
     if model is not None and not _is_model_dir(model_dir):
         raise PlanError(f"model={model_dir}: not a checkpoint directory (no *.safetensors shards)")
     if _is_model_dir(model_dir):
         check_plan_matches_model(resolved, load_checkpoint(model_dir))
     targets = compat.resolve_targets()  # raises before anything is changed
+    _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets)
+    if _is_model_dir(model_dir):
+        return {"model": str(model_dir)}
+    return {"model": resolved.model.source} if _hub_id(resolved.model.source) else {}
+
+
+def _hub_id(text) -> bool:
+    """A Hugging Face hub id (``ORG/NAME[@REVISION]``) that is not also a path here."""
+    from .hub import parse_hub_id
+
+    return not isinstance(text, Plan) and not Path(text).exists() and parse_hub_id(str(text)) is not None
+
+
+def _saved(plan: Plan, strict, report_path, embedding_mode) -> RunOptions:
+    """The plan written to a file of its own (the processes vLLM spawns read it), as options."""
     workdir = Path(tempfile.mkdtemp(prefix="selective-offload-"))
-    resolved.save(workdir / "plan.json")
-    _install(resolved, RunOptions(str(workdir / "plan.json"), strict, str(report_path) if report_path else None,
-                                  embedding_mode), targets)
-    return {"model": str(model_dir)} if _is_model_dir(model_dir) else {}
+    plan.save(workdir / "plan.json")
+    return RunOptions(str(workdir / "plan.json"), strict, str(report_path) if report_path else None, embedding_mode)
 
 
 def _install(plan: Plan | None, options: RunOptions, targets) -> None:
@@ -127,14 +150,19 @@ def _install(plan: Plan | None, options: RunOptions, targets) -> None:
 def _plans_at_start(plan, device_memory) -> bool:
     if isinstance(plan, Plan):
         return False
-    return str(plan) == AUTO_PLAN or (device_memory is None and _is_model_dir(Path(plan)))
+    return str(plan) == AUTO_PLAN or (device_memory is None and (_is_model_dir(Path(plan)) or _hub_id(plan)))
 
 
 def _enable_auto(plan, model, strict, report_path, embedding_mode) -> dict[str, Any]:
     """Plan inside the engine's worker, from the real card (see vllm_glue/auto_plan.py)."""
     from .vllm_glue import compat
 
-    model_dir = Path(model) if model is not None else (None if str(plan) == AUTO_PLAN else Path(plan))
+    named = model if model is not None else (None if str(plan) == AUTO_PLAN else plan)
+    if named is not None and _hub_id(named):  # vLLM resolves it; the worker plans what it loads
+        _install(None, RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None, embedding_mode),
+                 compat.resolve_targets())
+        return {"model": str(named)}
+    model_dir = Path(named) if named is not None else None
     if model_dir is not None and not _is_model_dir(model_dir):
         raise PlanError(f"{model_dir}: not a checkpoint directory (no *.safetensors shards) to plan at engine start")
     _install(None, RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None, embedding_mode),

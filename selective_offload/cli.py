@@ -28,6 +28,7 @@ from .probe import (
     plan_defaults,
     run_probe,
 )
+from .picture import add_picture_arguments, check_picture_arguments, write_pictures
 from .planner import make_plan
 from .render import render_plan
 from .report_cmd import add_report_command
@@ -182,6 +183,7 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    check_picture_arguments(args)
     profile = load_profile()
     inputs = inputs_from_args(args, profile)
     started = time.perf_counter()
@@ -193,6 +195,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan = replace(plan, notes=plan.notes + (provenance,))
     if args.output:
         plan.save(args.output)
+    pictures = write_pictures(plan, args)
     if args.json:
         sys.stdout.write(plan.to_json())
     else:
@@ -202,7 +205,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if inputs.max_model_len and inputs.max_seqs:
             print("\n" + "\n".join(kv_tradeoff(checkpoint, inputs)))
         print(f"\nread {len(checkpoint.tensors)} tensor headers in {read_s * 1e3:.1f} ms"
-              + (f"; plan written to {args.output}" if args.output else ""))
+              + (f"; plan written to {args.output}" if args.output else "")
+              + (f"; picture: {', '.join(pictures)}" if pictures else ""))
     return EXIT_INFEASIBLE if plan.strategy == Strategy.INFEASIBLE else 0
 
 
@@ -272,8 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     model_help = ("a checkpoint directory of *.safetensors shards (only headers are read), a single "
-                  ".safetensors shard, a manifest .json, a config.json (sizes estimated), or the name "
-                  f"of a bundled manifest: {', '.join(BUNDLED)}")
+                  ".safetensors shard, a manifest .json, a config.json (sizes estimated), a Hugging Face hub "
+                  "id ORG/NAME[@REVISION] (the local cache, else only the shard headers over HTTP; HF_ENDPOINT, "
+                  f"HF_TOKEN, HF_HUB_OFFLINE honoured), or the name of a bundled manifest: {', '.join(BUNDLED)}")
     p = sub.add_parser("plan", help="make a placement plan", description=(
         "Make a placement plan and print it as a table, or as JSON with --json. The JSON "
         "file written with -o is what selective_offload.enable() takes. Exit status: 0 when "
@@ -283,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_arguments(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the plan as JSON to FILE")
+    add_picture_arguments(p)
     p.set_defaults(func=cmd_plan)
 
     m = sub.add_parser("manifest", help="write a manifest (tensor names, shapes, dtypes) of a model",

@@ -1,0 +1,244 @@
+"""A plan as a picture: which bytes go where, and what each placement costs per step.
+
+A 64-layer plan is a long table; the picture shows at a glance every group's bytes by
+placement (one bar per decoder layer, an MoE layer's routed experts hatched on top of the
+rest of the layer; the embedding, towers, head and MTP as bars of their own), the totals
+by placement beside vLLM's bulk ``cpu_offload_gb``, and the estimated decode step split
+into VRAM time and link time (the part the prefetch overlap hides drawn apart), selective
+beside bulk. Every time is an estimate and says so.
+
+:func:`picture_data` decides what is drawn (plain numbers, JSON-able, so a test can check
+the picture's content without comparing pixels); :func:`draw` only draws it, with
+matplotlib, which is needed for this and nothing else (the ``picture`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .plan import GroupKind, Placement, Plan
+from .sizes import GB, GiB
+
+#: Colours of the known placements; a placement this module does not know (a newer plan
+#: format) gets one of :data:`_SPARE_COLOURS` and its own legend entry.
+COLOURS = {
+    Placement.DEVICE.value: "#4c72b0",
+    Placement.HOST_COLD.value: "#55a868",
+    Placement.HOST_HOT.value: "#c44e52",
+    "host-uva": "#dd8452",
+    Placement.ABSENT.value: "#c8c8c8",
+}
+_SPARE_COLOURS = ("#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+LABELS = {
+    Placement.DEVICE.value: "device",
+    Placement.HOST_COLD.value: "host, cold (not read per step)",
+    Placement.HOST_HOT.value: "host, hot (prefetched per step)",
+    "host-uva": "host, experts read in place (UVA)",
+    Placement.ABSENT.value: "absent (not loaded)",
+}
+#: Layer numbers shown on the axis: every this many, so 64 layers stay readable.
+LAYER_TICK_EVERY = 8
+INSTALL_HINT = "pip install 'selective-offload[picture]' (or pip install matplotlib)"
+
+
+def _short(group: str) -> str:
+    parts = group.split(".")
+    while parts and parts[0] in ("model", "language_model", "thinker"):
+        parts = parts[1:]
+    if len(parts) >= 2 and parts[-1].isdigit():
+        return ".".join(parts[-2:])
+    return parts[-1] if parts else group
+
+
+def picture_data(plan: Plan) -> dict[str, Any]:
+    """What the picture shows, as plain numbers (bytes, seconds)."""
+    slots: list[dict[str, Any]] = []
+    by_layer: dict[int, dict[str, Any]] = {}
+    for g in plan.groups:
+        experts = g.kind == "experts"
+        entry = {"group": g.group, "placement": str(g.placement), "bytes": g.bytes, "experts": experts}
+        if g.layer_index is not None and g.kind in (GroupKind.LAYER, "experts"):
+            slot = by_layer.get(g.layer_index)
+            if slot is None:
+                slot = by_layer[g.layer_index] = {"label": str(g.layer_index), "layer": g.layer_index, "stack": []}
+                slots.append(slot)
+            slot["stack"].append(entry)
+        else:
+            slots.append({"label": _short(g.group), "layer": None, "stack": [entry]})
+    for slot in slots:  # the rest of a layer first, its routed experts on top
+        slot["stack"].sort(key=lambda e: e["experts"])
+
+    totals: dict[str, int] = {}
+    for g in plan.groups:
+        totals[str(g.placement)] = totals.get(str(g.placement), 0) + g.bytes
+
+    def step(est) -> dict[str, float]:
+        hidden = min(est.est_hidden_link_s_per_step, est.est_link_s_per_step)
+        return {"est_vram_s": est.est_vram_s_per_step, "est_link_exposed_s": est.est_link_s_per_step - hidden,
+                "est_link_hidden_s": hidden, "est_draft_s": est.est_draft_s_per_step,
+                "est_step_s": est.est_step_s, "est_tok_s": est.est_tok_s}
+
+    rows = [{"label": f"selective ({plan.strategy})", "bytes": totals, "step": step(plan.est)}]
+    bulk = plan.bulk
+    if bulk is not None:
+        absent = totals.get(Placement.ABSENT.value, 0)
+        bulk_bytes = {Placement.DEVICE.value: plan.model.total_bytes - absent - bulk.offloaded_bytes,
+                      "bulk": bulk.offloaded_bytes}
+        if absent:
+            bulk_bytes[Placement.ABSENT.value] = absent
+        rows.append({"label": f"vLLM cpu_offload_gb={bulk.cpu_offload_gb:g}"
+                              + ("" if bulk.fits else " (does not fit)"),
+                     "bytes": bulk_bytes, "step": step(bulk.est), "layers": list(bulk.layers_touched)})
+    inp = plan.inputs
+    return {
+        "title": f"{plan.model.source}: {plan.strategy} plan for {inp.device_memory_bytes / GB:.2f} GB "
+                 f"({inp.device_memory_bytes / GiB:.1f} GiB) of device memory, link {inp.link_gbps:g} GB/s, "
+                 f"VRAM {inp.vram_gbps:g} GB/s",
+        "slots": slots,
+        "rows": rows,
+        "placements": list(dict.fromkeys([*COLOURS, *totals])),
+    }
+
+
+def _colours(placements: list[str]) -> dict[str, str]:
+    colours = dict(COLOURS)
+    spare = iter(_SPARE_COLOURS * 4)
+    for p in placements:
+        colours.setdefault(p, next(spare))
+    colours["bulk"] = "#8c613c"
+    return colours
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError(f"--png/--svg draw with matplotlib, which is not installed: {INSTALL_HINT}") from None
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
+    """Draw :func:`picture_data`'s ``data`` into each of ``paths`` (.png, .svg, by suffix)."""
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+
+    colours = _colours(data["placements"])
+    used: dict[str, None] = {}
+    fig = plt.figure(figsize=(15, 9), layout="constrained")
+    grid = fig.add_gridspec(2, 2, height_ratios=[3, 2], width_ratios=[1, 1])
+    ax = fig.add_subplot(grid[0, :])
+    slots = data["slots"]
+    for x, slot in enumerate(slots):
+        bottom = 0.0
+        for e in slot["stack"]:
+            height = e["bytes"] / GB
+            ax.bar(x, height, bottom=bottom, width=0.8, color=colours[e["placement"]],
+                   hatch="//" if e["experts"] else None, edgecolor="white" if e["experts"] else None, linewidth=0)
+            bottom += height
+            used[e["placement"]] = None
+    ticks = [x for x, s in enumerate(slots) if s["layer"] is None or s["layer"] % LAYER_TICK_EVERY == 0]
+    ax.set_xticks(ticks, [slots[x]["label"] if slots[x]["layer"] is None else f"L{slots[x]['layer']}"
+                          for x in ticks], rotation=60, ha="right", fontsize=9)
+    ax.set_xlim(-0.7, len(slots) - 0.3)
+    ax.set_ylabel("GB (checkpoint bytes)")
+    layers = [s for s in slots if s["layer"] is not None]
+    ax.set_title(f"every group's bytes by placement ({len(layers)} decoder layers, L0..L{len(layers) - 1 if layers else 0}; "
+                 "other bars: embedding, towers, head, MTP" + ("; routed experts hatched" if any(
+                     e["experts"] for s in slots for e in s["stack"]) else "") + ")", fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+
+    rows = data["rows"]
+    ax_bytes = fig.add_subplot(grid[1, 0])
+    for y, row in enumerate(rows):
+        left = 0.0
+        for placement, nbytes in row["bytes"].items():
+            width = nbytes / GB
+            ax_bytes.barh(y, width, left=left, color=colours[placement], height=0.6)
+            if width > 0.6:
+                ax_bytes.text(left + width / 2, y, f"{width:.2f}", ha="center", va="center", fontsize=9,
+                              color="white")
+            left += width
+            used[placement] = None
+    ax_bytes.set_yticks(range(len(rows)), [r["label"] for r in rows])
+    ax_bytes.invert_yaxis()
+    ax_bytes.set_xlabel("GB")
+    ax_bytes.set_title("all weights by placement", fontsize=11)
+
+    ax_step = fig.add_subplot(grid[1, 1])
+    # Two bars per row, not one stack: link and VRAM time overlap (the prefetch hides link
+    # time behind compute), so the step is marked on its own, not the sum of the bars.
+    link_in_line, link_hidden, vram = "#c44e52", "#f2b5b7", "#4c72b0"
+    for y, row in enumerate(rows):
+        st = row["step"]
+        exposed, hidden = st["est_link_exposed_s"] * 1e3, st["est_link_hidden_s"] * 1e3
+        ax_step.barh(y - 0.17, exposed, color=link_in_line, height=0.3)
+        ax_step.barh(y - 0.17, hidden, left=exposed, color=link_hidden, hatch="..", edgecolor="white", height=0.3)
+        ax_step.barh(y + 0.17, st["est_vram_s"] * 1e3, color=vram, height=0.3)
+        if st["est_draft_s"]:
+            ax_step.barh(y + 0.17, st["est_draft_s"] * 1e3, left=st["est_vram_s"] * 1e3, color="#8172b3", height=0.3)
+        step_ms = st["est_step_s"] * 1e3
+        ax_step.vlines(step_ms, y - 0.4, y + 0.4, color="black", linewidth=2)
+        ax_step.text(max(step_ms, (exposed + hidden)), y, f"  est step {step_ms:.0f} ms\n  {st['est_tok_s']:.2f} tok/s",
+                     va="center", fontsize=9)
+    ax_step.set_yticks(range(len(rows)), [r["label"] for r in rows])
+    ax_step.invert_yaxis()
+    ax_step.set_xlabel("ms per decode step (est)")
+    ax_step.margins(x=0.3)
+    ax_step.set_title("estimated decode step: link time and VRAM time (est)", fontsize=11)
+    step_handles = [Patch(color=link_in_line, label="link, paid in line"),
+                    Patch(facecolor=link_hidden, hatch="..", edgecolor="white", label="link, hidden behind compute"),
+                    Patch(color=vram, label="VRAM reads")]
+    if any(r["step"]["est_draft_s"] for r in rows):
+        step_handles.append(Patch(color="#8172b3", label="drafts (MTP)"))
+    step_handles.append(Patch(color="black", label="the step"))
+    ax_step.legend(handles=step_handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=5)
+
+    handles = [Patch(color=colours[p], label=LABELS.get(p, p)) for p in used if p != "bulk"]
+    if any(r["bytes"].get("bulk") for r in rows):
+        handles.append(Patch(color=colours["bulk"], label="host, vLLM bulk (layers in model order)"))
+    if any(e["experts"] for s in slots for e in s["stack"]):
+        handles.append(Patch(facecolor="#999999", hatch="//", edgecolor="white", label="routed experts"))
+    bulk_layers = next((r["layers"] for r in rows if r.get("layers")), None)
+    if bulk_layers:
+        xs = [x for x, s in enumerate(slots) if s["layer"] in set(bulk_layers)]
+        top = max(sum(e["bytes"] for e in s["stack"]) for s in layers) / GB * 1.12
+        ax.hlines(top, xs[0] - 0.4, xs[-1] + 0.4, color=colours["bulk"], linewidth=3)
+        ax.text((xs[0] + xs[-1]) / 2, top, f"vLLM bulk offloads these {len(bulk_layers)} layers' parameters "
+                f"(model order), every step", ha="center", va="bottom", fontsize=9, color=colours["bulk"])
+    ax.legend(handles=handles, fontsize=9, loc="upper center", ncol=3)
+    fig.suptitle(data["title"], fontsize=12)
+    for path in paths:
+        fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def add_picture_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--png", metavar="FILE", default=None,
+                   help=f"also draw the plan as a PNG picture (needs matplotlib: {INSTALL_HINT})")
+    p.add_argument("--svg", metavar="FILE", default=None, help="also draw the plan as an SVG picture (as --png)")
+
+
+def check_picture_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a picture that cannot be drawn or written."""
+    paths = [p for p in (getattr(args, "png", None), getattr(args, "svg", None)) if p]
+    for flag, path in (("--png", args.png), ("--svg", args.svg)):
+        if path and Path(path).suffix.lower() != "." + flag[2:]:
+            raise UserError(f"{flag} {path}: the file name must end in .{flag[2:]}")
+        if path and not Path(path).absolute().parent.is_dir():
+            raise UserError(f"{flag} {path}: the directory {Path(path).absolute().parent} does not exist")
+    if paths:
+        _pyplot()
+
+
+def write_pictures(plan: Plan, args: argparse.Namespace) -> list[str]:
+    """Draw the plan into the files ``--png`` / ``--svg`` name; the paths written."""
+    paths = [p for p in (getattr(args, "png", None), getattr(args, "svg", None)) if p]
+    if paths:
+        draw(picture_data(plan), paths)
+    return paths
