@@ -30,6 +30,7 @@ from .probe import (
 )
 from .picture import add_picture_arguments, check_picture_arguments, write_pictures
 from .planner import make_plan
+from .progress import progress
 from .render import render_plan
 from .report_cmd import add_report_command
 from .sizes import GB, parse_bandwidth_gbps, parse_size
@@ -49,6 +50,24 @@ def resolve_model(path: str) -> Path:
     if not Path(path).exists() and path in BUNDLED:
         return BUNDLED[path]
     return Path(path)
+
+
+#: A read of MODEL that outlasts this many seconds says what it is doing (on stderr).
+PROGRESS_AFTER_S = 2.0
+
+
+def read_model(model: str):
+    """:func:`load_checkpoint` of ``model``, saying what it is doing when it takes long: a
+    large config built on the meta device, or many shard headers fetched from the hub."""
+    path = resolve_model(model)
+    if path.name == "config.json" or path.suffix == ".json" and "config" in path.name:
+        what = f"building the model of {model} on the meta device to list its tensors"
+    elif not path.exists():
+        what = f"reading {model}"
+    else:
+        what = f"reading the shard headers of {model}"
+    with progress(what, after_s=PROGRESS_AFTER_S, stream=sys.stderr):
+        return load_checkpoint(path)
 
 
 def _parse_cold(text: str) -> tuple[str, ...]:
@@ -187,7 +206,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     profile = load_profile()
     inputs = inputs_from_args(args, profile)
     started = time.perf_counter()
-    checkpoint = load_checkpoint(resolve_model(args.model))
+    checkpoint = read_model(args.model)
     read_s = time.perf_counter() - started
     plan = make_plan(checkpoint, inputs)
     provenance = _inputs_provenance(args, profile)
@@ -252,7 +271,7 @@ def machine_notes(plan) -> list[str]:
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
-    checkpoint = load_checkpoint(resolve_model(args.model))
+    checkpoint = read_model(args.model)
     write_manifest(checkpoint, args.output)
     print(f"wrote {args.output}: {len(checkpoint.tensors)} tensors, "
           f"{checkpoint.total_bytes / GB:.3f} GB ({checkpoint.kind})")

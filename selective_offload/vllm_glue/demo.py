@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
+
+from ..progress import progress as _progress
 
 DEMO_PROMPTS = ["baba bebe bibi bobo", "daka deke diki", "mono nunu sasa tete vivi"]
 # An explicit KV cache size: vLLM's CPU build otherwise sizes it as a share of the node's
@@ -84,25 +83,9 @@ def build_tiny_model(directory: Path) -> Path:
     return save_tiny_qwen3(directory, tokenizer=True)
 
 
-@contextmanager
 def progress(what: str, every_s: float = 10.0):
-    """Print a line every ``every_s`` seconds while ``what`` runs."""
-    done = threading.Event()
-    started = time.monotonic()
-
-    def tick() -> None:
-        while not done.wait(every_s):
-            print(f"  ... {what}: {time.monotonic() - started:.0f} s", flush=True)
-
-    thread = threading.Thread(target=tick, daemon=True)
-    print(f"{what} (vLLM start-up takes tens of seconds on 2 CPU cores)", flush=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
-        print(f"{what}: done in {time.monotonic() - started:.0f} s", flush=True)
+    """A line every ``every_s`` seconds while ``what`` runs (the CLI's long reads use the same)."""
+    return _progress(what, every_s=every_s, note="vLLM start-up takes tens of seconds on 2 CPU cores")
 
 
 def generate(model: Path, label: str) -> list[str]:
