@@ -48,6 +48,7 @@ MUTATIONS = {
  "picture-layers-not-stacked": ("selective_offload/picture.py", "            slot = by_layer.get(g.layer_index)", "            slot = None"),
  "picture-unknown-placement-uncoloured": ("selective_offload/picture.py", "        colours.setdefault(p, next(spare))", "        pass"),
  "picture-bulk-absent-counted-on-device": ("selective_offload/picture.py", "plan.model.total_bytes - absent - bulk.offloaded_bytes", "plan.model.total_bytes - bulk.offloaded_bytes"),
+ "progress-delay-ignored": ("selective_offload/progress.py", "        if after_s and done.wait(after_s):", "        if False:"),
 }
 
 
