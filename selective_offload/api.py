@@ -48,7 +48,14 @@ def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | No
         plan.validate()
         return plan
     path = Path(plan)
-    if not path.exists() and device_memory is not None and _hub_id(plan):
+    if _hub_id(plan) and device_memory is None:
+        # The worker plans at start only from a local checkpoint (it reads the headers of
+        # what vLLM loads); a hub id is planned here, from its headers.
+        raise PlanError(f"{plan}: no such plan file or model directory here; as a Hugging Face hub id it is "
+                        "planned here, from its safetensors headers, with "
+                        "device_memory= (like '24GiB'); or pass a plan file from `selective-offload plan "
+                        f"{plan} --device-memory SIZE -o plan.json`")
+    if _hub_id(plan):
         return make_plan(load_checkpoint(str(plan)),
                          PlanInputs(device_memory_bytes=parse_size(device_memory, "device_memory"), **inputs))
     if not path.exists():
@@ -79,8 +86,9 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     for ``device_memory`` and ``plan_inputs``, or, without ``device_memory``, inside the
     engine's worker from the real card), or ``"auto"`` (planned in the worker for
     whatever model the engine loads). A Hugging Face hub id (``ORG/NAME[@REVISION]``) is
-    taken wherever a model directory is, as ``plan`` or ``model``, and read from the local
-    cache or by its safetensors headers alone (:mod:`selective_offload.hub`). The plan is
+    taken as ``plan`` with ``device_memory`` (planned here) and as ``model``, and read from
+    the local cache or by its safetensors headers alone (:mod:`selective_offload.hub`); the
+    worker plans at start only from a local checkpoint. The plan is
     checked against the
     checkpoint it will run on, here and now, when that is known: ``model``, or the
     directory the plan was made from; otherwise when the engine starts. ``strict`` makes
@@ -150,19 +158,14 @@ def _install(plan: Plan | None, options: RunOptions, targets) -> None:
 def _plans_at_start(plan, device_memory) -> bool:
     if isinstance(plan, Plan):
         return False
-    return str(plan) == AUTO_PLAN or (device_memory is None and (_is_model_dir(Path(plan)) or _hub_id(plan)))
+    return str(plan) == AUTO_PLAN or (device_memory is None and _is_model_dir(Path(plan)))
 
 
 def _enable_auto(plan, model, strict, report_path, embedding_mode) -> dict[str, Any]:
     """Plan inside the engine's worker, from the real card (see vllm_glue/auto_plan.py)."""
     from .vllm_glue import compat
 
-    named = model if model is not None else (None if str(plan) == AUTO_PLAN else plan)
-    if named is not None and _hub_id(named):  # vLLM resolves it; the worker plans what it loads
-        _install(None, RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None, embedding_mode),
-                 compat.resolve_targets())
-        return {"model": str(named)}
-    model_dir = Path(named) if named is not None else None
+    model_dir = Path(model) if model is not None else (None if str(plan) == AUTO_PLAN else Path(plan))
     if model_dir is not None and not _is_model_dir(model_dir):
         raise PlanError(f"{model_dir}: not a checkpoint directory (no *.safetensors shards) to plan at engine start")
     _install(None, RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None, embedding_mode),

@@ -165,6 +165,10 @@ try:
     selective_offload.enable({str(tmp_path / 'plan.json')!r}, model="tiny-org/other")
 except PlanError as exc:
     print("refused:", exc)
+try:
+    selective_offload.enable({REPO!r})
+except PlanError as exc:
+    print("refused:", exc)
 """
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                "HF_HOME": str(tmp_path / "hf"), "NO_PROXY": "127.0.0.1", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -175,3 +179,7 @@ except PlanError as exc:
     lines = proc.stdout.splitlines()
     assert lines[0] == f"{{'model': {REPO!r}}}" and lines[1] == f"{{'model': {REPO!r}}}"
     assert lines[2].startswith("refused: ") and "model.embed_tokens" in lines[2]
+    # Planning at engine start reads a local checkpoint; a hub id is planned from its headers.
+    assert lines[3] == (f"refused: {REPO}: no such plan file or model directory here; as a Hugging Face hub id it "
+                        "is planned here, from its safetensors headers, with device_memory= (like '24GiB'); or "
+                        f"pass a plan file from `selective-offload plan {REPO} --device-memory SIZE -o plan.json`")
