@@ -108,7 +108,11 @@ def remote_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
                               "the headers from the hub, or download the model first")
     try:
         with _quiet_retries():
-            config_path = hf_hub_download(repo_id, "config.json", revision=revision)
+            try:
+                config_path = hf_hub_download(repo_id, "config.json", revision=revision)
+            except RemoteEntryNotFoundError:
+                raise CheckpointError(f"{label}: the repository has no config.json, so it is not a transformers "
+                                      "model vLLM can load") from None
             try:
                 meta = get_safetensors_metadata(repo_id, revision=revision)
             except NotASafetensorsRepoError:
@@ -121,15 +125,13 @@ def remote_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
     except RepositoryNotFoundError:
         raise CheckpointError(f"{label}: no such model on {constants.ENDPOINT} (or it is private: set HF_TOKEN), "
                               "and no such file or directory here") from None
-    except RemoteEntryNotFoundError:
-        raise CheckpointError(f"{label}: the repository has no config.json, so it is not a transformers model "
-                              "vLLM can load") from None
     except SafetensorsParsingError as exc:
         raise CheckpointError(f"{label}: a shard header on the hub is not valid safetensors ({exc})") from None
     except OfflineModeIsEnabled:
         raise CheckpointError(f"{label}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set") from None
     except Exception as exc:  # httpx's transport errors are not OSErrors
-        if not isinstance(exc, (HfHubHTTPError, OSError)) and not type(exc).__module__.startswith(("httpx", "httpcore")):
+        transport = type(exc).__module__.startswith(("httpx", "httpcore"))
+        if not isinstance(exc, (HfHubHTTPError, OSError)) and not transport:
             raise
         raise CheckpointError(f"{label}: cannot read it from {constants.ENDPOINT} ({_root_cause(exc)}); check the "
                               "network or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use only the cache") from None

@@ -148,9 +148,10 @@ def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
     ax.set_xlim(-0.7, len(slots) - 0.3)
     ax.set_ylabel("GB (checkpoint bytes)")
     layers = [s for s in slots if s["layer"] is not None]
-    ax.set_title(f"every group's bytes by placement ({len(layers)} decoder layers, L0..L{len(layers) - 1 if layers else 0}; "
-                 "other bars: embedding, towers, head, MTP" + ("; routed experts hatched" if any(
-                     e["experts"] for s in slots for e in s["stack"]) else "") + ")", fontsize=11)
+    has_experts = any(e["experts"] for s in slots for e in s["stack"])
+    ax.set_title(f"every group's bytes by placement ({len(layers)} decoder layers, L0..L{max(len(layers) - 1, 0)}; "
+                 "other bars: embedding, towers, head, MTP" + ("; routed experts hatched" if has_experts else "")
+                 + ")", fontsize=11)
     ax.grid(axis="y", alpha=0.3)
 
     rows = data["rows"]
@@ -202,7 +203,7 @@ def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
     handles = [Patch(color=colours[p], label=LABELS.get(p, p)) for p in used if p != "bulk"]
     if any(r["bytes"].get("bulk") for r in rows):
         handles.append(Patch(color=colours["bulk"], label="host, vLLM bulk (layers in model order)"))
-    if any(e["experts"] for s in slots for e in s["stack"]):
+    if has_experts:
         handles.append(Patch(facecolor="#999999", hatch="//", edgecolor="white", label="routed experts"))
     bulk_layers = next((r["layers"] for r in rows if r.get("layers")), None)
     if bulk_layers:

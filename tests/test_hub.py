@@ -183,3 +183,19 @@ except PlanError as exc:
     assert lines[3] == (f"refused: {REPO}: no such plan file or model directory here; as a Hugging Face hub id it "
                         "is planned here, from its safetensors headers, with device_memory= (like '24GiB'); or "
                         f"pass a plan file from `selective-offload plan {REPO} --device-memory SIZE -o plan.json`")
+
+
+def test_a_repository_without_safetensors_is_planned_from_its_config(model_dir, tmp_path):
+    """No model.safetensors and no index: the config alone, an estimate labelled so; no
+    config.json at all: one line."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_bytes((model_dir / "config.json").read_bytes())
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "README.md").write_text("weights elsewhere\n")
+    with FakeHub({"tiny-org/cfg": tmp_path / "cfg", "tiny-org/bare": tmp_path / "bare"}) as hub:
+        plan = plan_json(cli("plan", "tiny-org/cfg", *PLAN_ARGS, "--json", hub=hub, hf_home=tmp_path / "hf"))
+        bare = cli("plan", "tiny-org/bare", *PLAN_ARGS, hub=hub, hf_home=tmp_path / "hf")
+    assert plan["model"]["kind"] == "config"
+    assert bare.returncode == 2 and bare.stderr.strip() == (
+        "selective-offload: error: tiny-org/bare: the repository has no config.json, so it is not a transformers "
+        "model vLLM can load")
