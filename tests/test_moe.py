@@ -429,3 +429,34 @@ def test_a_plan_without_expert_groups_counts_vllm_experts_in_their_layer():
     report = build_report(model, old, compute_device=torch.device("cpu"), host_cold_params=set(),
                           host_hot_params=set())
     assert report.unplanned == {} and report.landing("model.layers.0").num_params == 4
+
+
+# ---- sparse-read tables vLLM keeps in host memory itself
+
+
+@pytest.mark.parametrize("arch, field, table", [
+    ("DeepseekV41ForCausalLM", "engram_layer_ids", "engram.embed"),
+    ("Qwen4ExpForCausalLM", "ple_layer_ids", "ple.ngram_embedding.shard_0"),
+])
+def test_ngram_tables_vllm_keeps_on_the_host_are_counted_there(arch, field, table):
+    """vLLM 0.33's EngramConfig.cpu_offload (on by default) keeps these tables in pinned
+    host memory for the architectures config/engram.py lists: they are not device bytes,
+    in the plan or in the bulk baseline, and close no deficit the plan has to pay for."""
+    spec = {"model.embed_tokens.weight": ("BF16", [1000, 50_000]), "lm_head.weight": ("BF16", [1000, 50_000])}
+    for i in range(4):
+        spec[f"model.layers.{i}.self_attn.qkv.weight"] = ("BF16", [1000, 25_000])
+    spec[f"model.layers.1.{table}.weight"] = ("F8_E4M3", [300_000, 1000])  # 300 MB
+    declared = make_ckpt(dict(spec), architectures=[arch], **{field: [1]})
+    plan = make_plan(declared, inputs(10_000))
+    g = by_name(plan)[f"model.layers.1.{table.split('.shard_')[0]}"]
+    assert (g.cls, g.placement, g.bytes) == ("cold", "host-cold", 300 * MB)
+    assert plan.device_bytes == declared.total_bytes - 300 * MB and plan.strategy == "cold_offload"
+    assert "EngramConfig.cpu_offload" in g.reason
+    # Without the config field the same tensors are ordinary layer bytes.
+    undeclared = make_plan(make_ckpt(dict(spec), architectures=[arch]), inputs(10_000))
+    assert undeclared.strategy == "resident" and by_name(undeclared)["model.layers.1"].bytes == 350 * MB
+
+
+def test_vllm_names_an_engram_table_embed_tokens_and_it_is_still_not_the_embedding():
+    assert group_key("model.layers.3.engram.embed_tokens.weight", ("embed_tokens",)) == ("host-table", 3)
+    assert group_key("model.embed_tokens.weight", ("embed_tokens",)) == ("cold", "embed_tokens")
