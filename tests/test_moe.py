@@ -4,8 +4,8 @@ E(1 - (1 - k/E)^T) for T tokens), and the plan format v3 that carries them."""
 
 from __future__ import annotations
 
-import copy
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -294,11 +294,12 @@ def test_a_v2_plan_of_a_moe_model_is_read_and_still_matches_the_checkpoint(tmp_p
                  est_read_bytes_per_step=m.est_read_bytes_per_step)
         groups.append(g)
     data["groups"] = groups
+    data["model"]["fingerprint"] = "saved-by-another-tool"  # compare group by group
     old = _load(data, tmp_path)
     assert not any(g.kind == "experts" for g in old.groups)
-    assert check_plan_matches_model(old, ckpt) == []
-    v3 = copy.deepcopy(plan)
-    assert check_plan_matches_model(v3, ckpt) == []
+    assert any("every group has the same tensors" in n for n in check_plan_matches_model(old, ckpt))
+    v3 = replace(plan, model=replace(plan.model, fingerprint="saved-by-another-tool"))
+    assert any("every group has the same tensors" in n for n in check_plan_matches_model(v3, ckpt))
 
 
 def test_bulk_offload_reads_only_the_routed_experts_of_host_expert_tensors():
