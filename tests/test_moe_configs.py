@@ -248,3 +248,18 @@ def test_the_moe_reference_results_and_the_readme_are_what_the_planner_says(tmp_
     readme = (root / "README.md").read_text()
     missing = [line for line in table.splitlines() if line.startswith("| ") and line not in readme]
     assert not missing, missing
+
+
+def test_a_48_layer_moe_plan_renders_in_a_few_rows(tmp_path):
+    """Layers placed alike fold (with their experts) into a row each; placements that
+    alternate through the stack fold by placement, their layers listed below."""
+    from selective_offload.render import render_plan
+
+    path = write(tmp_path, transformers.Qwen3MoeConfig(**QWEN3_30B, tie_word_embeddings=False),
+                 "Qwen3MoeForCausalLM")
+    text = render_plan(plan_of(path, 24))
+    table = text.split("\n\n")[1].splitlines()
+    assert len(table) < 12, table
+    assert any("mlp.experts of those" in row and "host-uva" in row for row in table)
+    assert "routed experts in host memory, read in place through UVA (32 layers" in text
+    assert "vLLM cpu_offload_gb=36, cpu_offload_params=experts" in text
