@@ -19,6 +19,11 @@ size-ordered, name-blind policy (vLLM's ``cpu_offload_gb``) cannot tell them apa
 names are cold is :mod:`selective_offload.names`' rule; with ``tie_word_embeddings`` the
 embedding *is* the LM head's weight and is hot.
 
+A MoE decoder layer reads only the routed experts its tokens are sent to (k of E per
+token), so its routed experts are a group of their own, and the hot part of the deficit is
+closed from a menu per layer (:func:`_place_hot`): resident, routed experts read in place
+through UVA at the step's read fraction, or the whole layer prefetched.
+
 The reference arithmetic (the bundled Qwen3.8-27B-FP8-shaped manifest on a 24 GiB card)
 is asserted by ``tests/test_planner.py`` and shown in the README.
 
