@@ -115,7 +115,8 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefetch-step", type=int, default=1, metavar="N",
                    help="device slots per offloaded layer parameter in vLLM's prefetch offloader (default: 1)")
     p.add_argument("--bulk-gb", default=None, metavar="GiB",
-                   help="price vLLM's bulk cpu_offload_gb at this many GiB (default: the smallest whole number "
+                   help="price vLLM's bulk cpu_offload_gb at this many GiB, and for a MoE model its "
+                        "cpu_offload_params=experts at the same budget (default: the smallest whole number "
                         "that covers the deficit)")
     p.add_argument("--all-cold", action="store_true",
                    help="put every cold module on the host even when fewer would fit (frees device "
@@ -250,7 +251,7 @@ def kv_tradeoff(checkpoint, inputs: PlanInputs) -> list[str]:
         except UserError as exc:
             lines.append(f"{n:>4} {str(exc)[:60]}")
             continue
-        lines.append(f"{n:>4} {plan.inputs.kv_cache_bytes / GB:>7.3f} GB {(plan.host_cold_bytes + plan.host_hot_bytes) / GB:>8.3f} GB "
+        lines.append(f"{n:>4} {plan.inputs.kv_cache_bytes / GB:>7.3f} GB {plan.host_bytes / GB:>8.3f} GB "
                      f"{plan.strategy:<12} {plan.est.est_tok_s:>9.2f} {plan.est.est_tok_s_per_seq:>8.2f}")
     return lines
 
@@ -260,7 +261,7 @@ def machine_notes(plan) -> list[str]:
     the host, so the bytes a plan puts on the host free no device memory here."""
     import torch
 
-    host = plan.host_cold_bytes + plan.host_hot_bytes
+    host = plan.host_bytes
     if not host or not torch.cuda.is_available():
         return []
     props = torch.cuda.get_device_properties(0)
@@ -289,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="selective-offload",
         description="Plan which weights of a checkpoint live in host memory: the bytes a decode "
                     "step does not read (embedding, vision/audio towers, MTP head) first, then "
-                    "exact decoder layers; priced next to vLLM's bulk cpu_offload_gb.",
+                    "exact decoder layers, or a MoE layer's routed experts read in place (top-k of E "
+                    "per token); priced next to vLLM's bulk cpu_offload_gb.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

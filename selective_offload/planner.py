@@ -19,6 +19,11 @@ size-ordered, name-blind policy (vLLM's ``cpu_offload_gb``) cannot tell them apa
 names are cold is :mod:`selective_offload.names`' rule; with ``tie_word_embeddings`` the
 embedding *is* the LM head's weight and is hot.
 
+A MoE decoder layer reads only the routed experts its tokens are sent to (k of E per
+token), so its routed experts are a group of their own, and the hot part of the deficit is
+closed from a menu per layer (:func:`_place_hot`): resident, routed experts read in place
+through UVA at the step's read fraction, or the whole layer prefetched.
+
 The reference arithmetic (the bundled Qwen3.8-27B-FP8-shaped manifest on a 24 GiB card)
 is asserted by ``tests/test_planner.py`` and shown in the README.
 
@@ -36,10 +41,29 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from .checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
-from .names import EMBED_SEGMENTS, MTP_SEGMENTS, NEVER_COLD_SEGMENTS, cold_prefix, has_segment, layer_of
-from .estimate import KV_DTYPE_BYTES, KvModel, Traffic, expected_tokens_per_step
+from .names import (
+    EMBED_SEGMENTS,
+    MTP_SEGMENTS,
+    NEVER_COLD_SEGMENTS,
+    cold_prefix,
+    experts_prefix,
+    has_segment,
+    host_table_prefix,
+    layer_of,
+)
+from .estimate import (
+    EXPERTS_DEVICE,
+    EXPERTS_UVA,
+    KV_DTYPE_BYTES,
+    ExpertsRead,
+    KvModel,
+    Traffic,
+    expected_tokens_per_step,
+    expert_read_fraction,
+)
 from .errors import PlanError
 from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported for callers)
     EST_IGNORES,
@@ -49,11 +73,14 @@ from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported f
     GroupClass,
     GroupKind,
     GroupPlan,
+    HOST_PLACEMENTS,
+    LAYER_KINDS,
     Placement,
     Plan,
     PlanInputs,
     PlannedModel,
     Strategy,
+    experts_read_bytes,
 )
 from .sizes import GB, GiB
 
@@ -65,7 +92,8 @@ _BLOCK_SEGMENTS = ("blocks", "layers", "layer")
 
 @dataclass(frozen=True)
 class Group:
-    """Parameters placed together: one decoder layer, one cold module, or one other module."""
+    """Parameters placed together: one decoder layer (less its routed experts), the routed
+    experts of one MoE layer, one cold module, or one other module."""
 
     name: str
     kind: GroupKind
@@ -85,9 +113,14 @@ class Group:
     #: What identifies the group's tensors, for the model check.
     dtype_bytes: dict[str, int] = field(default_factory=dict)
     shapes_digest: str = ""
-    #: Bytes per parameter name relative to the group (``self_attn.qkv_proj.weight``): vLLM's
-    #: prefetch buffers are keyed by it.
+    #: Bytes per parameter name relative to the decoder layer (``self_attn.qkv_proj.weight``,
+    #: ``mlp.experts.gate_up_proj``): vLLM's prefetch buffers are keyed by it.
     param_bytes: dict[str, int] = field(default_factory=dict)
+    #: Routed experts (E) and experts per token (k) of an experts group; 0 otherwise.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    #: A sparse-read table vLLM keeps in host memory itself: placed there whatever the deficit.
+    vllm_host: bool = False
 
 
 @dataclass
@@ -99,6 +132,7 @@ class _Bucket:
     layer_index: int | None = None
     mtp: bool = False
     tensors: list[TensorInfo] = field(default_factory=list)
+    vllm_host: bool = False
 
 
 def _row_bytes(t: TensorInfo) -> int:
@@ -125,6 +159,10 @@ def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, _Bu
             bucket = _Bucket(prefix, GroupKind.COLD, mtp=has_segment(prefix, MTP_SEGMENTS))
         elif layer is not None and _is_mtp_layer(layer[1], facts):
             bucket = _Bucket(f"{layer[0]}.{layer[1]}", GroupKind.COLD, mtp=True)
+        elif layer is not None and facts.vllm_host_tables and host_table_prefix(t.name) is not None:
+            bucket = _Bucket(host_table_prefix(t.name), GroupKind.MODULE, vllm_host=True)
+        elif layer is not None and experts_prefix(t.name) is not None:
+            bucket = _Bucket(experts_prefix(t.name), GroupKind.EXPERTS, layer[1])
         elif layer is not None:
             bucket = _Bucket(f"{layer[0]}.{layer[1]}", GroupKind.LAYER, layer[1])
         else:
@@ -143,8 +181,34 @@ def _keep_main_stack(buckets: dict[str, _Bucket]) -> None:
             stacks[stack] = stacks.get(stack, 0) + 1
     main = max(stacks, key=stacks.get) if stacks else None
     for b in buckets.values():
-        if b.kind == GroupKind.LAYER and b.key.rsplit(".", 1)[0] != main:
+        if b.kind in LAYER_KINDS and layer_of(b.key)[0] != main:
             b.kind, b.layer_index = GroupKind.MODULE, None
+
+
+def _experts_shape(b: _Bucket, facts) -> tuple[int, int, list[str]]:
+    """E and k of a routed-experts group. E from the headers when they show it (the first
+    dimension of fused 3-D tensors, or the number of per-expert modules), else the config;
+    k from the config (``num_experts_per_tok`` and its aliases). Without k, every expert is
+    priced as read (what a whole-layer price assumes), with a note."""
+    notes = []
+    fused = [t.shape[0] for t in b.tensors if len(t.shape) >= 3]
+    indices = {int(parts[0]) for t in b.tensors
+               if (parts := t.name[len(b.key) + 1:].split("."))[0].isdigit()}
+    num = max(fused) if fused else (max(indices) + 1 if indices else facts.num_experts)
+    if not num:
+        num = 1
+        notes.append(f"{b.key}: the number of routed experts is neither in the tensors nor in the config; "
+                     "priced as one expert read whole")
+    k = facts.experts_per_token
+    if k is None:
+        k = num
+        notes.append(f"the config names no experts per token (num_experts_per_tok or an alias): the routed experts "
+                     f"of {b.key} are priced as read whole every step")
+    elif k > num:
+        notes.append(f"{b.key}: the config routes each token to {k} experts but the layer has {num}: priced as "
+                     "reading all of them")
+        k = num
+    return num, k, notes
 
 
 def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tuple[GroupClass, str, int]:
@@ -161,6 +225,10 @@ def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tupl
             row = max((_row_bytes(t) for t in b.tensors if t.name.endswith("weight")), default=0)
             return GroupClass.COLD, "a gather: one row per token per step", row
         return GroupClass.COLD, "read only in prefill, once per image or clip", 0
+    if b.vllm_host:
+        row = max((_row_bytes(t) for t in b.tensors if t.name.endswith("weight")), default=0)
+        return (GroupClass.COLD, "n-gram embedding table: vLLM keeps it in pinned host memory itself "
+                "(EngramConfig.cpu_offload) and gathers rows per token", row)
     if b.kind == GroupKind.MODULE and has_segment(b.key, NEVER_COLD_SEGMENTS):
         if tie_word_embeddings:
             return (GroupClass.HOT, "stored although tied: counted on the device in case vLLM keeps it "
@@ -168,6 +236,8 @@ def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tupl
         return GroupClass.HOT, "one vocab x hidden GEMM per step", nbytes
     if b.kind == GroupKind.LAYER:
         return GroupClass.HOT, "decoder layer: read every step", nbytes
+    if b.kind == GroupKind.EXPERTS:  # the read is priced with E and k in group_tensors
+        return GroupClass.HOT, "routed experts: a token reads k of E", nbytes
     return GroupClass.HOT, "read every step", nbytes
 
 
@@ -197,28 +267,68 @@ def group_signature(key: str, tensors: list[TensorInfo]) -> tuple[dict[str, int]
     return dict(sorted(dtype_bytes.items())), h.hexdigest()[:16]
 
 
-def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> list[Group]:
-    """Group and classify every tensor of ``checkpoint`` (no placement yet), in model order."""
+def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: bool = True) -> list[Group]:
+    """Group and classify every tensor of ``checkpoint`` (no placement yet), in model order.
+
+    Each MoE layer is two groups: its routed experts and the rest of the layer.
+    ``split_experts=False`` keeps them as one (how plans before format v3 grouped them)."""
     buckets = _bucket_tensors(checkpoint, inputs)
+    if not split_experts:
+        buckets = _merge_experts(buckets)
     _keep_main_stack(buckets)
-    tie = checkpoint.facts.tie_word_embeddings
+    facts = checkpoint.facts
     groups = []
     for b in buckets.values():
-        cls, reason, read = _classify(b, tie, inputs)
+        cls, reason, read = _classify(b, facts.tie_word_embeddings, inputs)
+        num = k = 0
+        if b.kind == GroupKind.EXPERTS:
+            num, k, _ = _experts_shape(b, facts)
+            read = experts_read_bytes(read, num, k)
+            reason = f"routed experts: a token reads {k} of {num} (est: uniform routing)"
         tower = cls == GroupClass.COLD and not has_segment(b.key, EMBED_SEGMENTS)
         largest, rest = _block_sizes(b) if tower else (0, 0)
         dtype_bytes, digest = group_signature(b.key, b.tensors)
-        params = {t.name[len(b.key) + 1:]: t.nbytes for t in b.tensors} if b.kind == GroupKind.LAYER else {}
+        params = {_in_layer(t.name): t.nbytes for t in b.tensors} if b.kind in LAYER_KINDS else {}
         groups.append(Group(b.key, b.kind, cls, reason, sum(t.nbytes for t in b.tensors), len(b.tensors),
-                            b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest, params))
+                            b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest, params, num, k,
+                            b.vllm_host))
     groups.sort(key=_model_order)
     return groups
 
 
+def _in_layer(name: str) -> str:
+    """A parameter's name relative to its decoder layer (``mlp.experts.down_proj``)."""
+    stack, index = layer_of(name)
+    return name[len(f"{stack}.{index}."):]
+
+
+def _merge_experts(buckets: dict[str, _Bucket]) -> dict[str, _Bucket]:
+    """Routed experts back into their layer's group (the grouping of v2 and older plans)."""
+    out: dict[str, _Bucket] = {}
+    for b in buckets.values():
+        if b.kind == GroupKind.EXPERTS:
+            stack, index = layer_of(b.key)
+            target = out.setdefault(f"{stack}.{index}", _Bucket(f"{stack}.{index}", GroupKind.LAYER, index))
+        else:
+            target = out.setdefault(b.key, _Bucket(b.key, b.kind, b.layer_index, b.mtp, vllm_host=b.vllm_host))
+        target.tensors.extend(b.tensors)
+    return out
+
+
+def experts_notes(checkpoint: Checkpoint, inputs: PlanInputs) -> list[str]:
+    """What the planner assumed about the routed experts (E or k missing), once each."""
+    facts, notes = checkpoint.facts, []
+    for b in _bucket_tensors(checkpoint, inputs).values():
+        if b.kind == GroupKind.EXPERTS:
+            notes += _experts_shape(b, facts)[2]
+    return list(dict.fromkeys(notes))
+
+
 def _model_order(g: Group) -> tuple:
-    """Embedding, then the decoder layers in order, then the rest by name (stable)."""
-    if g.kind == GroupKind.LAYER:
-        return (1, g.layer_index, g.name)
+    """Embedding, then the decoder layers in order (each layer before its routed experts),
+    then the rest by name (stable)."""
+    if g.kind in LAYER_KINDS:
+        return (1, g.layer_index, g.kind != GroupKind.LAYER, g.name)
     if has_segment(g.name, EMBED_SEGMENTS):
         return (0, 0, g.name)
     return (2, 0, g.name)
@@ -256,8 +366,8 @@ class _Placing:
     buffers: int = 0
 
     def __post_init__(self) -> None:
-        self.where = {g.name: Placement.ABSENT if g.cls == GroupClass.ABSENT else Placement.DEVICE
-                      for g in self.groups}
+        self.where = {g.name: Placement.ABSENT if g.cls == GroupClass.ABSENT else
+                      Placement.HOST_COLD if g.vllm_host else Placement.DEVICE for g in self.groups}
 
     def over_budget(self) -> int:
         """Device bytes (resident, tower transient, prefetch buffers) above the budget."""
@@ -267,7 +377,7 @@ class _Placing:
 
 def _place_cold(p: _Placing, inputs: PlanInputs) -> None:
     """Cold modules to the host, largest first, until the deficit closes (or all of them)."""
-    for g in sorted((g for g in p.groups if g.cls == GroupClass.COLD), key=lambda g: -g.nbytes):
+    for g in sorted((g for g in p.groups if g.cls == GroupClass.COLD and not g.vllm_host), key=lambda g: -g.nbytes):
         if p.over_budget() <= 0 and not inputs.all_cold:
             break
         p.where[g.name] = Placement.HOST_COLD
@@ -290,25 +400,82 @@ def prefetch_buffer_bytes(layers: list[Group], prefetch_step: int) -> int:
     return prefetch_step * sum(largest.values())
 
 
-def _place_hot_layers(p: _Placing, inputs: PlanInputs) -> list[int]:
-    """The fewest spread-out decoder layers that close the rest of the deficit (every layer
-    when none do: the plan is then infeasible), net of the prefetch buffers they need."""
-    layers = sorted((g for g in p.groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index)
+def _layer_units(groups: list[Group]) -> list[list[Group]]:
+    """Decoder layers in stack order, each with its routed-experts group (if any): what the
+    prefetch offloader copies as one."""
+    by_index: dict[int, list[Group]] = {}
+    for g in groups:
+        if g.kind in LAYER_KINDS:
+            by_index.setdefault(g.layer_index, []).append(g)
+    return [sorted(by_index[i], key=lambda g: g.kind != GroupKind.LAYER) for i in sorted(by_index)
+            if any(g.kind == GroupKind.LAYER for g in by_index[i])]
+
+
+def _prefetch_fewest(p: _Placing, units: list[list[Group]], inputs: PlanInputs) -> list[int]:
+    """The fewest spread-out decoder layers of ``units`` that close the rest of the deficit
+    (all of them when none do: the plan is then infeasible), net of the prefetch buffers
+    they need. A layer goes whole: the offloader copies its routed experts with it."""
+    p.buffers = 0
     remaining = p.over_budget()
-    if remaining <= 0 or not layers:
+    if remaining <= 0 or not units:
         return []
-    buffers = prefetch_buffer_bytes(layers, inputs.prefetch_step)
-    chosen = next((c for c in (_spread(n, len(layers)) for n in range(1, len(layers) + 1))
-                   if sum(layers[i].nbytes for i in c) - buffers >= remaining),
-                  list(range(len(layers))))
+    buffers = prefetch_buffer_bytes([g for unit in units for g in unit], inputs.prefetch_step)
+    chosen = next((c for c in (_spread(n, len(units)) for n in range(1, len(units) + 1))
+                   if sum(g.nbytes for i in c for g in units[i]) - buffers >= remaining),
+                  list(range(len(units))))
     for i in chosen:
-        p.where[layers[i].name] = Placement.HOST_HOT
+        for g in units[i]:
+            p.where[g.name] = Placement.HOST_HOT
     p.buffers = buffers
-    return [layers[i].layer_index for i in chosen]
+    return [units[i][0].layer_index for i in chosen]
+
+
+def _place_hot(p: _Placing, inputs: PlanInputs, step_s: Callable[[_Placing], float], tokens: int) -> list[int]:
+    """Close the rest of the deficit (after the cold set) at the least est step time.
+
+    The menu, per decoder layer: resident; a MoE layer's routed experts in host memory,
+    read in place through UVA (a step pays, in line, the read fraction of their bytes over
+    the link instead of from VRAM); or the whole layer, experts included, through the
+    prefetch offloader (every byte crosses the link each step, overlapped with the compute
+    of the layers before it, plus device buffers of a layer's size).
+
+    Why this search finds the cheapest combination the menu allows (under the step model):
+    a UVA read costs the same per byte wherever it sits in the stack (it is paid in line,
+    so order does not matter) and is cheapest per byte for the layers with the smallest
+    read fraction, so for a given number ``n`` of UVA layers the best choice is the ``n``
+    with the smallest fraction (largest first among equals, to free the most); prefetching
+    then takes the fewest spread-out layers of the rest, as for a dense model. Each ``n``
+    from 0 to every MoE layer is priced with the whole step model (``step_s``), and the
+    fastest placement that fits wins (the one with the smallest shortfall when none fits).
+    Once experts alone close the deficit, more of them only add link time: the search stops.
+    ``tokens``: the tokens one step serves (batch x tokens verified per sequence).
+    """
+    units = _layer_units(p.groups)
+    if p.over_budget() <= 0 or not units:
+        return []
+    moe = sorted((u for u in units if len(u) > 1),
+                 key=lambda u: (expert_read_fraction(u[1].num_experts, u[1].experts_per_token, tokens),
+                                -u[1].nbytes, u[0].layer_index))
+    start = dict(p.where)
+    best: tuple[tuple, dict[str, Placement], int, list[int]] | None = None
+    for n in range(len(moe) + 1):
+        p.where = dict(start)
+        for unit in moe[:n]:
+            p.where[unit[1].name] = Placement.HOST_UVA
+        uva = {u[0].layer_index for u in moe[:n]}
+        hot = _prefetch_fewest(p, [u for u in units if u[0].layer_index not in uva], inputs)
+        over = p.over_budget()
+        key = (over > 0, max(over, 0), step_s(p) if over <= 0 else 0.0, n)
+        if best is None or key < best[0]:
+            best = (key, dict(p.where), p.buffers, hot)
+        if over <= 0 and not hot:
+            break
+    _, p.where, p.buffers, hot = best
+    return hot
 
 
 def _host_bytes(p: _Placing) -> int:
-    return sum(g.nbytes for g in p.groups if p.where[g.name] in (Placement.HOST_COLD, Placement.HOST_HOT))
+    return sum(g.nbytes for g in p.groups if p.where[g.name] in HOST_PLACEMENTS)
 
 
 def _host_shortfall(p: _Placing, inputs: PlanInputs) -> int:
@@ -318,7 +485,7 @@ def _host_shortfall(p: _Placing, inputs: PlanInputs) -> int:
 def _strategy(p: _Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
     if p.over_budget() > 0 or _host_shortfall(p, inputs):
         return Strategy.INFEASIBLE
-    if hot:
+    if hot or any(w == Placement.HOST_UVA for w in p.where.values()):  # hot bytes on the host
         return Strategy.HOT_OFFLOAD
     if any(w == Placement.HOST_COLD for w in p.where.values()):
         return Strategy.COLD_OFFLOAD
@@ -326,9 +493,14 @@ def _strategy(p: _Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
 
 
 def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
-               deficit_bytes: int, kv: KvModel | None = None, spec_tokens: int = 0) -> BulkBaseline:
+               deficit_bytes: int, kv: KvModel | None = None, spec_tokens: int = 0,
+               params: tuple[str, ...] = ()) -> BulkBaseline:
     """What vLLM's ``cpu_offload_gb`` would take: whole parameters of the decoder layers,
-    in model order, until the GiB budget is met (UVA zero-copy: read every step)."""
+    in model order, until the GiB budget is met; with ``params`` (vLLM's
+    ``cpu_offload_params``, such as ``("experts",)``) only the parameters whose name holds
+    one of them as whole segments, as vLLM matches them. It is UVA zero-copy: the kernels
+    read the host parameters in place every step, so a host-resident routed-expert tensor
+    crosses the link only for the experts the step routes to (the plan's read fraction)."""
     if inputs.bulk_cpu_offload_gb is not None:
         gb = float(inputs.bulk_cpu_offload_gb)
     else:
@@ -343,33 +515,58 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
     offloaded = count = 0
     touched: list[int] = []
     per_layer: dict[int, int] = {}
+    experts_per_layer: dict[int, int] = {}
     for index in sorted(by_layer):
         for t in sorted(by_layer[index], key=lambda t: t.name):
             if offloaded >= max_bytes:
                 break
+            if params and not any(f".{p}." in f".{t.name}." for p in params):  # vLLM's segment match
+                continue
             offloaded += t.nbytes
-            per_layer[index] = per_layer.get(index, 0) + t.nbytes
+            into = experts_per_layer if experts_prefix(t.name) is not None else per_layer
+            into[index] = into.get(index, 0) + t.nbytes
             count += 1
             if not touched or touched[-1] != index:
                 touched.append(index)
-    loaded = sum(g.nbytes for g in groups if g.cls != GroupClass.ABSENT)
+    # vLLM keeps its own host tables (n-gram embeddings) on the host in this run too.
+    loaded = sum(g.nbytes for g in groups if g.cls != GroupClass.ABSENT and not g.vllm_host)
     device = loaded - offloaded
     return BulkBaseline(
         cpu_offload_gb=gb, offloaded_bytes=offloaded, offloaded_tensors=count,
-        layers_touched=tuple(touched), device_bytes=device,
+        layers_touched=tuple(touched), device_bytes=device, cpu_offload_params=tuple(params),
         fits=device <= inputs.weight_budget_bytes,
-        est=Estimate.of(_bulk_traffic(groups, per_layer, inputs), inputs, kv, spec_tokens, pipelined=False),
+        est=Estimate.of(_bulk_traffic(groups, per_layer, inputs, experts_per_layer), inputs, kv, spec_tokens,
+                        pipelined=False),
     )
 
 
-def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: PlanInputs) -> Traffic:
+def _experts_reads(groups: list[Group], host_by_layer: dict[int, int]) -> tuple[ExpertsRead, ...]:
+    """Each MoE layer's routed experts as the step model reads them: ``host_by_layer`` of
+    their bytes from host memory through UVA, the rest from VRAM."""
+    stack = sorted(g.layer_index for g in groups if g.kind == GroupKind.LAYER)
+    position = {index: i for i, index in enumerate(stack)}
+    reads = []
+    for g in groups:
+        if g.kind != GroupKind.EXPERTS or g.layer_index not in position:
+            continue
+        host = min(g.nbytes, host_by_layer.get(g.layer_index, 0))
+        for nbytes, where in ((g.nbytes - host, EXPERTS_DEVICE), (host, EXPERTS_UVA)):
+            if nbytes:
+                reads.append(ExpertsRead(position[g.layer_index], nbytes, g.num_experts, g.experts_per_token, where))
+    return tuple(reads)
+
+
+def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: PlanInputs,
+                  uva_experts_by_layer: dict[int, int] | None = None) -> Traffic:
     """Bulk offload's bytes per pass: everything on the device but the UVA bytes, which the
-    kernels read over the link in line (the embedding stays on the device)."""
+    kernels read over the link in line (the embedding stays on the device); routed experts
+    on the host are read at the step's read fraction."""
     layers = tuple((g.est_read_bytes_per_step - uva_by_layer.get(g.layer_index, 0), False)
                    for g in sorted((g for g in groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index))
+    experts = _experts_reads(groups, uva_experts_by_layer or {})
     other = row = draft = 0
     for g in groups:
-        if g.kind == GroupKind.LAYER or g.cls == GroupClass.ABSENT:
+        if g.kind in LAYER_KINDS or g.cls == GroupClass.ABSENT:
             continue
         if g.mtp:
             draft += g.nbytes
@@ -379,7 +576,7 @@ def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: Pla
             other += g.est_read_bytes_per_step
     head = sum(g.est_read_bytes_per_step for g in groups if has_segment(g.name, NEVER_COLD_SEGMENTS))
     speculating = inputs.speculative == "mtp"
-    return Traffic(layers, other, 0, row, sum(uva_by_layer.values()), (draft + head) if speculating else 0)
+    return Traffic(layers, other, 0, row, sum(uva_by_layer.values()), (draft + head) if speculating else 0, experts)
 
 
 def _planned_model(checkpoint: Checkpoint, kv: KvModel | None) -> PlannedModel:
@@ -427,6 +624,7 @@ def _notes(groups: list[Group], checkpoint: Checkpoint, placing: _Placing, input
             "(--host-memory); the operating system and vLLM need RAM beyond that too: use a machine with "
             "more RAM, a larger card, or a smaller checkpoint"
         )
+    notes += experts_notes(checkpoint, inputs)
     if checkpoint.kind == "config":
         notes.append("planned from config.json alone: tensor sizes are an estimate (see `manifest_from_config`)")
     notes += checkpoint.facts.notes
@@ -453,35 +651,61 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     groups = group_tensors(checkpoint, inputs)
     placing = _Placing(groups, inputs.weight_budget_bytes)
     deficit = placing.over_budget()
-    _place_cold(placing, inputs)
-    hot = _place_hot_layers(placing, inputs)
-    planned = tuple(
-        GroupPlan(g.name, g.kind, g.cls, placing.where[g.name], g.reason, g.nbytes, g.layer_index,
-                  g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest)
-        for g in groups)
+    model = _planned_model(checkpoint, kv)
+
+    def placed(p: _Placing, hot: list[int], **extra) -> Plan:
+        return Plan(
+            model=model, inputs=inputs, strategy=_strategy(p, hot, inputs),
+            groups=tuple(GroupPlan(g.name, g.kind, g.cls, p.where[g.name], g.reason, g.nbytes, g.layer_index,
+                                   g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest,
+                                   g.num_experts, g.experts_per_token) for g in groups),
+            hot_layer_indices=tuple(hot), est_transient_device_bytes=p.transient,
+            stored_prefetch_buffer_bytes=p.buffers if hot else None, **{"bulk": None, **extra})
+
+    def step_s(p: _Placing) -> float:
+        hot = sorted(g.layer_index for g in groups if g.kind == GroupKind.LAYER and p.where[g.name] == Placement.HOST_HOT)
+        return placed(p, hot).est.est_step_s
+
     facts = checkpoint.facts
     spec_tokens = (inputs.spec_tokens or max(1, facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0
+    _place_cold(placing, inputs)
+    hot = _place_hot(placing, inputs, step_s, inputs.batch * (1 + spec_tokens))
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
-    plan = Plan(
-        model=_planned_model(checkpoint, kv),
-        inputs=inputs,
-        strategy=_strategy(placing, hot, inputs),
-        groups=planned,
-        hot_layer_indices=tuple(hot),
-        est_transient_device_bytes=placing.transient,
-        bulk=bulk,
-        notes=tuple(notes + _notes(groups, checkpoint, placing, inputs)),
-        stored_prefetch_buffer_bytes=placing.buffers if hot else None,
-    )
-    if bulk is not None and bulk.fits and plan.strategy != Strategy.INFEASIBLE and \
-            bulk.est.est_step_s <= plan.est.est_step_s:
-        plan = replace(plan, notes=plan.notes + (
-            f"selective is not estimated faster than vLLM's cpu_offload_gb={bulk.cpu_offload_gb:g} here "
-            f"(est {plan.est.est_step_s * 1e3:.1f} ms against {bulk.est.est_step_s * 1e3:.1f} ms per step: its "
-            "prefetch buffers and tower transient cost device memory the bulk offload does not need); "
-            "consider vLLM's own offload for this card",))
-    return plan
+    # MoE: vLLM's segment selection of the routed experts is the run a user would try next.
+    segments = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens, params=("experts",))
+                if bulk is not None and any(g.kind == GroupKind.EXPERTS for g in groups) else None)
+    plan = placed(placing, hot, bulk=bulk, bulk_segments=segments,
+                  notes=tuple(notes + _notes(groups, checkpoint, placing, inputs)))
+    return replace(plan, notes=plan.notes + tuple(_baseline_notes(plan)))
+
+
+#: Step times within this share of each other are a tie (the estimate is not finer).
+TIE = 1e-3
+
+
+def _baseline_notes(plan: Plan) -> list[str]:
+    """A note for each vLLM baseline the plan does not beat, saying why it may not."""
+    notes = []
+    for baseline in plan.baselines:
+        if not baseline.fits or plan.strategy == Strategy.INFEASIBLE:
+            continue
+        mine, theirs = plan.est.est_step_s, baseline.est.est_step_s
+        if theirs > mine * (1 + TIE):
+            continue
+        why = []
+        if plan.hot_layer_indices or plan.est_transient_device_bytes:
+            why.append("its prefetch buffers and tower transient cost device memory the bulk offload does not need")
+        if plan.host_uva_bytes:
+            why.append("a layer's routed experts go to the host whole, where vLLM's budget takes single tensors")
+        times = f"est {mine * 1e3:.1f} ms against {theirs * 1e3:.1f} ms per step"
+        if theirs >= mine * (1 - TIE):
+            notes.append(f"selective matches vLLM's {baseline.label} here ({times}): both read the same bytes over "
+                         "the link")
+        else:
+            notes.append(f"selective is not estimated faster than vLLM's {baseline.label} here ({times}"
+                         + (f": {'; '.join(why)}" if why else "") + "); consider vLLM's own offload for this card")
+    return notes
 
 
 def break_even_accept_rate(spec_step_s: float, plain_step_s: float, k: int) -> float | None:
@@ -501,7 +725,7 @@ def _with_alternative(plan: Plan, plain: Plan) -> Plan:
     """The speculative plan, with the plan without speculation beside it and a recommendation."""
     k, a = plan.spec_tokens, plan.inputs.accept_rate
     alternative = Alternative("without speculative decoding", plain.strategy, plain.host_cold_bytes,
-                              plain.host_hot_bytes, plain.hot_layer_indices, plain.est)
+                              plain.host_hot_bytes, plain.hot_layer_indices, plain.est, plain.host_uva_bytes)
     faster = plan.est.est_tok_s > plain.est.est_tok_s
     even = break_even_accept_rate(plan.est.est_step_s, plain.est.est_step_s, k)
     note = (f"recommended: {'MTP speculative decoding' if faster else 'no speculative decoding'} "
