@@ -1,0 +1,202 @@
+"""The step model against published measurements of offloaded decoding.
+
+``benchmarks/published.json`` lists measurements others published (or the project's user
+measured), each with its source and setup. For every point the model can express it holds
+the ``selective-offload plan`` arguments that model it and which estimate the measurement
+is compared with (vLLM's bulk ``cpu_offload_gb`` row, or the selective plan); this script
+runs exactly that plan, prints est/measured, and writes ``benchmarks/results/published.{json,md}``.
+Points it cannot express (the CPU computing offloaded weights, throughput that includes
+prefill, another mechanism, a setup the source leaves out) are listed with what is missing,
+never forced into a number.
+
+The verdict per point uses the issue's tolerances: within 10% for the mechanisms this
+project and vLLM use (UVA reads in kernels, the prefetch offloader's copies) on dense
+models, within 25% for resident MoE and compute-bound formats. A point that calibrates a
+default (its ``role``) is marked so: agreeing with it shows the arithmetic, not the model.
+
+    python benchmarks/published.py            # print and write the results
+    python benchmarks/published.py --check    # exit 1 when the results file is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+POINTS = Path(__file__).resolve().parent / "published.json"
+RESULTS = Path(__file__).resolve().parent / "results"
+STEM = "published"
+FORMAT = "selective-offload/published-v1"
+ROLES = ("calibrates", "validates", "not expressed")
+COMPARES = ("bulk", "selective")
+#: est/measured must lie within 1 +- this, by kind of point (the issue's "done when").
+TOLERANCE = {"dense": 0.10, "moe": 0.25, "compute-bound format": 0.25}
+
+
+class PublishedError(Exception):
+    """published.json says something this script cannot use (one line)."""
+
+
+def load_points(path: Path = POINTS) -> list[dict]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PublishedError(f"{path}: cannot read ({exc})") from None
+    if data.get("format") != FORMAT:
+        raise PublishedError(f"{path}: format is {data.get('format')!r}, not {FORMAT!r}")
+    points, seen = data.get("points"), set()
+    if not isinstance(points, list) or not points:
+        raise PublishedError(f"{path}: 'points' must be a non-empty list")
+    for p in points:
+        where = f"{path}: point {p.get('id')!r}"
+        for key in ("id", "what", "source", "setup", "role", "format_class", "mechanism", "verified"):
+            if not isinstance(p.get(key), str) or not p[key].strip():
+                raise PublishedError(f"{where}: '{key}' must be a non-empty string")
+        if p["id"] in seen:
+            raise PublishedError(f"{where}: the id is used twice")
+        seen.add(p["id"])
+        if ("measured_tok_s" in p) == ("measured_ms_per_token" in p):
+            raise PublishedError(f"{where}: give exactly one of measured_tok_s, measured_ms_per_token")
+        if p["role"] not in ROLES:
+            raise PublishedError(f"{where}: role {p['role']!r} is not one of {', '.join(ROLES)}")
+        if p["role"] == "not expressed":
+            if not p.get("missing"):
+                raise PublishedError(f"{where}: a point the model does not express says what is 'missing'")
+        else:
+            if not isinstance(p.get("plan_args"), list) or p.get("compare") not in COMPARES:
+                raise PublishedError(f"{where}: an expressed point needs 'plan_args' (a list) and "
+                                     f"'compare' ({' or '.join(COMPARES)})")
+            if "measured_tok_s" not in p:
+                raise PublishedError(f"{where}: an expressed point is measured in tok/s")
+            if p["format_class"] not in TOLERANCE:
+                raise PublishedError(f"{where}: format_class {p['format_class']!r} has no tolerance "
+                                     f"({', '.join(TOLERANCE)})")
+    return points
+
+
+def estimate(point: dict) -> dict:
+    """Run the plan the point's arguments describe; the estimate it is compared with."""
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.cli import build_parser, inputs_from_args, resolve_model
+    from selective_offload.planner import make_plan
+
+    args = build_parser().parse_args(["plan", *point["plan_args"]])
+    plan = make_plan(load_checkpoint(resolve_model(args.model)), inputs_from_args(args, profile=None))
+    if point["compare"] == "bulk":
+        if plan.bulk is None:
+            raise PublishedError(f"point {point['id']!r}: the plan has no bulk row to compare with")
+        est = plan.bulk.est
+    else:
+        est = plan.est
+    return {"est_tok_s": est.est_tok_s, "est_step_s": est.est_step_s, "est_link_s_per_step": est.est_link_s_per_step,
+            "est_vram_s_per_step": est.est_vram_s_per_step,
+            "est_compute_s_per_step": getattr(est, "est_compute_s_per_step", None),
+            "uva_read_gbps": plan.inputs.uva_gbps if hasattr(plan.inputs, "uva_gbps") else None}
+
+
+def run(points: list[dict]) -> dict:
+    rows, missing = [], []
+    for p in points:
+        measured = p.get("measured_tok_s")
+        base = {"id": p["id"], "what": p["what"], "source": p["source"], "url": p.get("url"),
+                "verified": p["verified"], "setup": p["setup"], "mechanism": p["mechanism"],
+                "format_class": p["format_class"], "role": p["role"]}
+        if p["role"] == "not expressed":
+            missing.append({**base, "measured_tok_s": measured,
+                            "measured_ms_per_token": p.get("measured_ms_per_token"), "missing": p["missing"]})
+            continue
+        est = estimate(p)
+        ratio = est["est_tok_s"] / measured
+        tol = TOLERANCE[p["format_class"]]
+        rows.append({**base, "plan_args": p["plan_args"], "compare": p["compare"], "measured_tok_s": measured,
+                     **est, "est_over_measured": ratio, "tolerance": tol, "within": abs(ratio - 1) <= tol,
+                     "calibrates": p.get("calibrates")})
+    return {"format": "selective-offload/published-results-v1", "points_file": "benchmarks/published.json",
+            "expressed": rows, "not_expressed": missing}
+
+
+def _short(url: str) -> str:
+    """``owner/repo#N`` for a GitHub issue or pull request, else the address without its scheme."""
+    parts = url.split("://", 1)[-1].rstrip("/").split("/")
+    if parts[0] == "github.com" and len(parts) >= 5 and parts[3] in ("issues", "pull") and parts[4].isdigit():
+        return f"{parts[1]}/{parts[2]}#{parts[4]}"
+    return "/".join(parts)
+
+
+def _cli(args: list[str]) -> str:
+    return "`selective-offload plan " + " ".join(args) + "`"
+
+
+def markdown(result: dict) -> str:
+    """The table the README shows (regenerated, and checked by tests/test_published.py)."""
+    lines = ["| point | mechanism | measured tok/s | est tok/s | est/measured | tolerance | role |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["expressed"]:
+        verdict = "within" if r["within"] else "outside"
+        lines.append(f"| {r['id']} | {r['mechanism']} ({r['format_class']}) | {r['measured_tok_s']:.2f} | "
+                     f"{r['est_tok_s']:.2f} | {r['est_over_measured']:.3f} | +-{r['tolerance']:.0%} ({verdict}) | "
+                     f"{r['role']} |")
+    out = ["# The step model against published measurements (est/measured)", "",
+           "Generated by `benchmarks/published.py` from `benchmarks/published.json`; every estimate is the "
+           "plan the listed arguments make (`est_`).", "", *lines, ""]
+    for r in result["expressed"]:
+        out.append(f"- **{r['id']}**: {r['what']}. Source: {r['source']}"
+                   + (f" ({r['url']})" if r["url"] else "") + f". Modelled by {_cli(r['plan_args'])}, "
+                   f"compared with its {r['compare']} row."
+                   + (f" Calibration: {r['calibrates']}." if r.get("calibrates") else ""))
+    out += ["", "Not expressed by the step model (listed, not forced):", "",
+            "| point | measured | what is missing | source |", "|---|---|---|---|"]
+    for r in result["not_expressed"]:
+        measured = (f"{r['measured_tok_s']:g} tok/s" if r["measured_tok_s"] is not None
+                    else f"{r['measured_ms_per_token']:g} ms/token")
+        src = f"[{_short(r['url'])}]({r['url']})" if r["url"] else r["source"].split(",")[0]
+        out.append(f"| {r['id']} | {measured} | {'; '.join(r['missing'])} | {src} |")
+    return "\n".join(out) + "\n"
+
+
+def write(result: dict, out: Path = RESULTS) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    j, m = out / f"{STEM}.json", out / f"{STEM}.md"
+    j.write_text(json.dumps(result, indent=1) + "\n")
+    m.write_text(markdown(result))
+    return j, m
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", default=str(POINTS), help="the points file (default: benchmarks/published.json)")
+    parser.add_argument("--out", default=str(RESULTS), help="where to write published.{json,md}")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the results file differs from a fresh run")
+    args = parser.parse_args(argv)
+    try:
+        result = run(load_points(Path(args.points)))
+    except PublishedError as exc:
+        print(f"published.py: error: {exc}", file=sys.stderr)
+        return 2
+    for r in result["expressed"]:
+        print(f"{r['id']:<28} measured {r['measured_tok_s']:7.2f} tok/s  est {r['est_tok_s']:7.2f}  "
+              f"est/measured {r['est_over_measured']:.3f}  ({r['role']}; {'within' if r['within'] else 'OUTSIDE'} "
+              f"+-{r['tolerance']:.0%})")
+    for r in result["not_expressed"]:
+        print(f"{r['id']:<28} not expressed: {r['missing'][0]}")
+    if args.check:
+        stale = [p for p, text in ((Path(args.out) / f"{STEM}.json", json.dumps(result, indent=1) + "\n"),
+                                   (Path(args.out) / f"{STEM}.md", markdown(result)))
+                 if not p.exists() or p.read_text() != text]
+        if stale:
+            print(f"stale: {', '.join(map(str, stale))}; run benchmarks/published.py", file=sys.stderr)
+            return 1
+        return 0
+    for path in write(result, Path(args.out)):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
