@@ -41,6 +41,18 @@ DEFAULT_ACCEPT_RATE = 0.85
 KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_e4m3": 1,
                   "fp8_e5m2": 1, "float32": 4}
 
+#: Kernels reading host memory in place through UVA (vLLM's ``cpu_offload_gb``, the UVA
+#: embedding, experts read in place) reach this fraction of the pinned copy rate, when no
+#: probe measured it (``selective-offload probe``: ``uva_read_gbps``). It is the reference
+#: laptop's arithmetic (SPEC.md: ``cpu_offload_gb=10``, 10.77 GB read in line at 1.05
+#: tok/s measured with 13.9 GB/s pinned copies leaves 918 ms for 10.77 GB: 0.84 of the copy
+#: rate), so it CALIBRATES the model on that point rather than validates it. Other
+#: published figures agree in direction only: kernels' host reads reach less than the copy
+#: engine and fall as the buffer grows (NVIDIA/nvbandwidth issue #42: an A100's
+#: ``host_to_device_memcpy_sm`` 25.13 GB/s at 1 GiB, 16.50 GB/s at 20 GiB; issue #24: an
+#: H100's 35.2 GB/s host-to-device against 52.8 GB/s device-to-host, both by SMs).
+DEFAULT_UVA_READ_FACTOR = 0.84
+
 
 def expected_tokens_per_step(k: int, accept_rate: float) -> float:
     """Tokens a sequence gains per step with ``k`` draft tokens at acceptance ``accept_rate``."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import PlanError
-from .estimate import DEFAULT_ACCEPT_RATE, KV_DTYPE_BYTES, KvModel, StepSettings, Traffic, step_cost
+from .estimate import DEFAULT_ACCEPT_RATE, DEFAULT_UVA_READ_FACTOR, KV_DTYPE_BYTES, KvModel, StepSettings, Traffic, step_cost
 from .names import DEFAULT_COLD_SEGMENTS, EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, has_segment
 from .sizes import GB, GiB
 
@@ -254,10 +254,22 @@ class PlanInputs:
     #: Average context of a sequence during decode, for KV reads per step; ``None``: half
     #: of ``max_model_len`` when given, else KV reads are not priced.
     context_tokens: int | None = None
+    #: Kernels reading host memory in place through UVA (bulk ``cpu_offload_gb``, the UVA
+    #: embedding, experts read in place), GB/s; ``None``: ``link_gbps`` x
+    #: ``estimate.DEFAULT_UVA_READ_FACTOR`` (see :attr:`uva_read_gbps`).
+    uva_gbps: float | None = None
+    #: The card's dense matmul rate for the weights' format (TFLOP/s), so a layer costs at
+    #: least its FLOPs; ``None``: compute is not priced (the plan says so).
+    compute_tflops: float | None = None
 
     @property
     def weight_budget_bytes(self) -> int:
         return self.device_memory_bytes - self.kv_cache_bytes - self.reserve_bytes
+
+    @property
+    def uva_read_gbps(self) -> float:
+        """The UVA read rate the step model uses: given, else a published fraction of the link."""
+        return self.uva_gbps if self.uva_gbps is not None else self.link_gbps * DEFAULT_UVA_READ_FACTOR
 
     @property
     def context(self) -> int:
@@ -269,9 +281,11 @@ class PlanInputs:
     def validate(self) -> None:
         if self.device_memory_bytes <= 0:
             raise PlanError("device memory must be more than 0 bytes; give it like --device-memory 24GiB")
-        for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps)):
-            if not (value > 0 and math.isfinite(value)):
+        for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps), ("UVA read", self.uva_gbps)):
+            if value is not None and not (value > 0 and math.isfinite(value)):
                 raise PlanError(f"{label} bandwidth {value!r} GB/s must be a positive number")
+        if self.compute_tflops is not None and not (self.compute_tflops > 0 and math.isfinite(self.compute_tflops)):
+            raise PlanError(f"compute rate {self.compute_tflops!r} TFLOP/s must be a positive number")
         if self.kv_cache_bytes < 0 or self.reserve_bytes < 0:
             raise PlanError("KV cache and reserve sizes must be zero or more bytes")
         if self.weight_budget_bytes <= 0:
@@ -335,6 +349,8 @@ class PlanInputs:
             max_seqs=r.int("max_seqs", minimum=1, default=None),
             kv_cache_dtype=r.str("kv_cache_dtype", default="auto"),
             context_tokens=r.int("context_tokens", default=None),
+            uva_gbps=r.number("uva_gbps", positive=True, default=None),
+            compute_tflops=r.number("compute_tflops", positive=True, default=None),
         )
         try:
             inputs.validate()
