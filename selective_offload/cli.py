@@ -85,9 +85,11 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="plan for MTP speculative decoding with K draft tokens per step (default K: the "
                         "model's MTP layers): the MTP head is loaded and runs every step; the plan is also "
                         "made without speculation and the faster is recommended (default: off)")
-    p.add_argument("--accept-rate", type=float, default=DEFAULT_ACCEPT_RATE, metavar="A",
-                   help=f"per-token acceptance rate of the drafts (default {DEFAULT_ACCEPT_RATE}: DeepSeek-V3's "
-                        "published 85-90%% for its MTP head; measure yours with vLLM's spec-decode metrics)")
+    p.add_argument("--accept-rate", type=float, default=None, metavar="A",
+                   help="per-token acceptance rate of the drafts (default: the published rate of the model's "
+                        "family: 0.65 for Qwen3.x MTP heads, 0.85 for DeepSeek-V3's, else "
+                        f"{DEFAULT_ACCEPT_RATE}; the plan also prices the published range; measure yours with "
+                        "vLLM's spec-decode metrics)")
     p.add_argument("--batch", type=int, default=1, metavar="N",
                    help="concurrent decode sequences (they share one pass over the weights; default 1)")
     p.add_argument("--max-model-len", type=int, default=None, metavar="L",

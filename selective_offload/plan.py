@@ -245,8 +245,9 @@ class PlanInputs:
     batch: int = 1
     #: Draft tokens per step with speculative decoding; ``None``: the MTP head's layer count.
     spec_tokens: int | None = None
-    #: Per-token acceptance rate of the drafts (see ``estimate.DEFAULT_ACCEPT_RATE``).
-    accept_rate: float = DEFAULT_ACCEPT_RATE
+    #: Per-token acceptance rate of the drafts; ``None``: the published rate of the model's
+    #: family (``estimate.acceptance_default``), which planning fills in.
+    accept_rate: float | None = None
     #: With both, the KV cache is sized from the model (replacing ``kv_cache_bytes``).
     max_model_len: int | None = None
     max_seqs: int | None = None
@@ -308,7 +309,7 @@ class PlanInputs:
             raise PlanError(f"batch {self.batch} must be 1 or more concurrent sequences")
         if self.spec_tokens is not None and not 1 <= self.spec_tokens <= 16:
             raise PlanError(f"speculative draft tokens {self.spec_tokens} must be between 1 and 16, like mtp:2")
-        if not 0.0 <= self.accept_rate <= 1.0:
+        if self.accept_rate is not None and not 0.0 <= self.accept_rate <= 1.0:
             raise PlanError(f"acceptance rate {self.accept_rate!r} must be between 0 and 1, like 0.85")
         for label, value in (("max model length", self.max_model_len), ("max sequences", self.max_seqs),
                              ("context tokens", self.context_tokens)):
@@ -474,8 +475,9 @@ class Estimate:
     @classmethod
     def of(cls, traffic: Traffic, inputs: "PlanInputs", kv: KvModel | None, spec_tokens: int,
            *, pipelined: bool) -> "Estimate":
+        accept = inputs.accept_rate if inputs.accept_rate is not None else DEFAULT_ACCEPT_RATE
         settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, inputs.batch, spec_tokens,
-                                inputs.accept_rate, inputs.context)
+                                accept, inputs.context)
         return cls(**step_cost(traffic, settings, kv, pipelined=pipelined))
 
     @classmethod
