@@ -44,6 +44,16 @@ class PublishedError(Exception):
 
 
 def load_points(path: Path = POINTS) -> list[dict]:
+    """The decode-rate points of ``path``, checked (one-line :class:`PublishedError`)."""
+    return _load(path)["points"]
+
+
+def load_acceptance(path: Path = POINTS) -> list[dict]:
+    """The accepted-length series of ``path``, checked."""
+    return _load(path).get("acceptance_lengths", [])
+
+
+def _load(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -77,7 +87,14 @@ def load_points(path: Path = POINTS) -> list[dict]:
             if p["format_class"] not in TOLERANCE:
                 raise PublishedError(f"{where}: format_class {p['format_class']!r} has no tolerance "
                                      f"({', '.join(TOLERANCE)})")
-    return points
+    for s in data.get("acceptance_lengths", []):
+        where = f"{path}: acceptance series {s.get('id')!r}"
+        ks, lengths = s.get("draft_tokens"), s.get("measured_accepted_length")
+        if not (isinstance(ks, list) and isinstance(lengths, list) and len(ks) == len(lengths) >= 2
+                and s.get("calibrate_on") in ks and all(1 <= x <= k + 1 for k, x in zip(ks, lengths))):
+            raise PublishedError(f"{where}: needs draft_tokens and measured_accepted_length of one length (2 or "
+                                 "more, each length between 1 and K + 1) and calibrate_on among the K")
+    return data
 
 
 def estimate(point: dict) -> dict:
@@ -100,7 +117,31 @@ def estimate(point: dict) -> dict:
             "uva_read_gbps": plan.inputs.uva_gbps if hasattr(plan.inputs, "uva_gbps") else None}
 
 
-def run(points: list[dict]) -> dict:
+def acceptance_rows(series: list[dict]) -> list[dict]:
+    """E(K, a) against measured accepted lengths: ``a`` from the calibration K (at K=1 the
+    length is 1 + a), every other K validates the constant-rate model."""
+    from selective_offload.estimate import expected_tokens_per_step
+
+    rows = []
+    for s in series:
+        measured = dict(zip(s["draft_tokens"], s["measured_accepted_length"]))
+        k0 = s["calibrate_on"]
+        lo, hi = 0.0, 1.0  # a such that E(k0, a) is the measured length
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if expected_tokens_per_step(k0, mid) < measured[k0] else (lo, mid)
+        a = (lo + hi) / 2
+        for k, length in measured.items():
+            est = expected_tokens_per_step(k, a)
+            rows.append({"id": s["id"], "what": s["what"], "source": s["source"], "url": s.get("url"),
+                         "setup": s["setup"], "draft_tokens": k, "accept_rate": a, "measured_accepted_length": length,
+                         "est_tokens_per_step": est, "est_over_measured": est / length,
+                         "role": "calibrates" if k == k0 else "validates", "tolerance": TOLERANCE["dense"],
+                         "within": abs(est / length - 1) <= TOLERANCE["dense"]})
+    return rows
+
+
+def run(points: list[dict], acceptance: list[dict] = ()) -> dict:
     rows, missing = [], []
     for p in points:
         measured = p.get("measured_tok_s")
@@ -118,7 +159,7 @@ def run(points: list[dict]) -> dict:
                      **est, "est_over_measured": ratio, "tolerance": tol, "within": abs(ratio - 1) <= tol,
                      "calibrates": p.get("calibrates")})
     return {"format": "selective-offload/published-results-v1", "points_file": "benchmarks/published.json",
-            "expressed": rows, "not_expressed": missing}
+            "expressed": rows, "not_expressed": missing, "acceptance": acceptance_rows(list(acceptance))}
 
 
 def _short(url: str) -> str:
@@ -150,6 +191,15 @@ def markdown(result: dict) -> str:
                    + (f" ({r['url']})" if r["url"] else "") + f". Modelled by {_cli(r['plan_args'])}, "
                    f"compared with its {r['compare']} row."
                    + (f" Calibration: {r['calibrates']}." if r.get("calibrates") else ""))
+    if result.get("acceptance"):
+        out += ["", "Tokens per step with K draft tokens, E(K, a) = (1 - a^(K+1)) / (1 - a) against measured mean "
+                "accepted lengths (bonus token included); a is calibrated on K=1:", "",
+                "| series | K | a | measured length | est E(K, a) | est/measured | role |", "|---|---|---|---|---|---|---|"]
+        for r in result["acceptance"]:
+            out.append(f"| {r['id']} | {r['draft_tokens']} | {r['accept_rate']:.3f} | {r['measured_accepted_length']:.2f} | "
+                       f"{r['est_tokens_per_step']:.2f} | {r['est_over_measured']:.3f} | {r['role']} |")
+        sources = sorted({(r["source"], r["url"]) for r in result["acceptance"]})
+        out += ["", *(f"Source: {src} ({url})." for src, url in sources)]
     out += ["", "Not expressed by the step model (listed, not forced):", "",
             "| point | measured | what is missing | source |", "|---|---|---|---|"]
     for r in result["not_expressed"]:
@@ -175,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when the results file differs from a fresh run")
     args = parser.parse_args(argv)
     try:
-        result = run(load_points(Path(args.points)))
+        result = run(load_points(Path(args.points)), load_acceptance(Path(args.points)))
     except PublishedError as exc:
         print(f"published.py: error: {exc}", file=sys.stderr)
         return 2
@@ -183,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['id']:<28} measured {r['measured_tok_s']:7.2f} tok/s  est {r['est_tok_s']:7.2f}  "
               f"est/measured {r['est_over_measured']:.3f}  ({r['role']}; {'within' if r['within'] else 'OUTSIDE'} "
               f"+-{r['tolerance']:.0%})")
+    for r in result["acceptance"]:
+        print(f"{r['id']:<28} K={r['draft_tokens']} measured length {r['measured_accepted_length']:.2f}  "
+              f"est {r['est_tokens_per_step']:.2f}  est/measured {r['est_over_measured']:.3f}  ({r['role']})")
     for r in result["not_expressed"]:
         print(f"{r['id']:<28} not expressed: {r['missing'][0]}")
     if args.check:
