@@ -98,3 +98,73 @@ def test_a_given_k_is_kept_and_the_range_is_priced(reference):
     assert f"without speculation {plain:.2f}" in span
     for k in range(1, MAX_DRAFT_TOKENS + 1):
         assert f"K={k}: " + "/".join(f"{spec_estimate(plan, k, a).est_tok_s:.2f}" for a in (0.48, 0.65, 0.91)) in span
+
+
+# --------------------------------------------------------------------------- published points
+
+
+def _published():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import published
+
+    return published
+
+
+def test_every_published_point_has_a_source_and_an_expression_or_what_is_missing():
+    published = _published()
+    points = published.load_points()
+    assert points[0]["id"] == "reference-fp8-bulk" and points[0]["measured_tok_s"] == 1.05
+    for p in points:
+        assert p["source"] and p["verified"] and p["setup"]
+        if p["role"] == "not expressed":
+            assert p["missing"] and "plan_args" not in p
+        else:
+            assert p["plan_args"] and p["compare"] in ("bulk", "selective")
+    # a point that calibrates a default says which, so it is not read as a validation
+    assert all(p.get("calibrates") for p in points if p["role"] == "calibrates")
+
+
+def test_the_results_file_is_what_the_points_give_now():
+    """benchmarks/results/published.{json,md} are regenerated, never edited: a change to the
+    step model or the points that is not rerun shows here."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "published.py"), "--check"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_expressed_point_is_within_its_tolerance():
+    """The issue's bar: est/measured within 10% for dense UVA reads and prefetch copies,
+    25% for resident MoE and compute-bound formats, on every point the model expresses
+    (calibration points included: they check the arithmetic stays what it was)."""
+    result = json.loads((ROOT / "benchmarks" / "results" / "published.json").read_text())
+    assert result["expressed"]
+    outside = [(r["id"], round(r["est_over_measured"], 3)) for r in result["expressed"] if not r["within"]]
+    assert not outside, outside
+
+
+def test_the_readme_table_is_the_results_table():
+    md = (ROOT / "benchmarks" / "results" / "published.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert len(table) > 10
+    missing = [line for line in table if line not in readme]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d.update(format="x"), "format is 'x'"),
+    (lambda d: d["points"][0].pop("source"), "'source' must be a non-empty string"),
+    (lambda d: d["points"][1].pop("missing"), "says what is 'missing'"),
+    (lambda d: d["points"][0].pop("plan_args"), "needs 'plan_args'"),
+    (lambda d: d["points"][0].update(measured_ms_per_token=900.0), "exactly one of"),
+    (lambda d: d["points"].append(dict(d["points"][0])), "the id is used twice"),
+    (lambda d: d["acceptance_lengths"][0].update(calibrate_on=7), "calibrate_on among the K"),
+])
+def test_a_bad_points_file_is_one_line(tmp_path, edit, words):
+    data = json.loads((ROOT / "benchmarks" / "published.json").read_text())
+    edit(data)
+    path = tmp_path / "points.json"
+    path.write_text(json.dumps(data))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "published.py"), "--points", str(path),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and words in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
