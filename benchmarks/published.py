@@ -113,8 +113,8 @@ def estimate(point: dict) -> dict:
         est = plan.est
     return {"est_tok_s": est.est_tok_s, "est_step_s": est.est_step_s, "est_link_s_per_step": est.est_link_s_per_step,
             "est_vram_s_per_step": est.est_vram_s_per_step,
-            "est_compute_s_per_step": getattr(est, "est_compute_s_per_step", None),
-            "uva_read_gbps": plan.inputs.uva_gbps if hasattr(plan.inputs, "uva_gbps") else None}
+            "est_compute_s_per_step": est.est_compute_s_per_step, "uva_read_gbps": plan.inputs.uva_read_gbps,
+            "link_gbps": plan.inputs.link_gbps, "compute_tflops": plan.inputs.compute_tflops}
 
 
 def acceptance_rows(series: list[dict]) -> list[dict]:

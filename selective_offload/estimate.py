@@ -278,6 +278,12 @@ class Traffic:
     draft_bytes: int = 0
     #: Routed experts of MoE layers, priced by the tokens of the step (see :class:`ExpertsRead`).
     experts: tuple["ExpertsRead", ...] = ()
+    #: FLOPs per token (:func:`flops_per_token`): of each decoder layer's dense part (in
+    #: ``layers`` order), of the other resident modules read every pass (the LM head), and
+    #: of one draft pass (the MTP head and the LM head).
+    layer_flops: tuple[float, ...] = ()
+    other_flops: float = 0.0
+    draft_flops: float = 0.0
 
 
 #: Where a layer's routed experts are read from: VRAM, a prefetched copy of the whole layer,
@@ -295,6 +301,8 @@ class ExpertsRead:
     num_experts: int
     experts_per_token: int
     where: str = EXPERTS_DEVICE
+    #: FLOPs one token spends in this layer's routed experts (its k experts, est).
+    flops_per_token: float = 0.0
 
     def read_bytes(self, tokens: float) -> float:
         return self.nbytes * expert_read_fraction(self.num_experts, self.experts_per_token, tokens)
@@ -309,48 +317,90 @@ class StepSettings:
     accept_rate: float = DEFAULT_ACCEPT_RATE
     #: Average context of a sequence in the step (KV read per sequence); 0: not priced.
     context_tokens: int = 0
+    #: Kernels reading host memory in place through UVA; ``None``: ``link_gbps`` x
+    #: :data:`DEFAULT_UVA_READ_FACTOR`.
+    uva_gbps: float | None = None
+    #: The card's matmul rate for the weights' format (TFLOP/s); ``None``: compute not priced.
+    compute_tflops: float | None = None
+
+
+#: Bits one parameter takes in a stored dtype, for counting parameters (and so FLOPs) from
+#: bytes: 8-bit containers of quantized checkpoints hold two 4-bit values in U8 (NVFP4,
+#: MXFP4 blocks, bitsandbytes nf4) and eight in I32 (GPTQ, AWQ ``qweight``). Scales stored
+#: beside them are counted as parameters too (a few percent at most).
+PARAM_BITS = {"U8": 4, "I32": 4, "U32": 4, "F4": 4}
+
+
+def flops_per_token(dtype_bytes: Mapping[str, int]) -> float:
+    """2 FLOPs (a multiply and an add) per parameter, parameters counted from stored bytes
+    by dtype (:data:`PARAM_BITS` for packed containers, else the dtype's width; est)."""
+    from .tensors import DTYPE_BITS
+
+    params = sum(nbytes * 8 / PARAM_BITS.get(dtype, DTYPE_BITS.get(dtype, 16)) for dtype, nbytes in dtype_bytes.items())
+    return 2.0 * params
 
 
 def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, pipelined: bool) -> dict[str, float]:
-    """The est_ figures of one step: link, VRAM, hidden link time, draft time, step time,
-    tokens per step and tok/s (total and per sequence). ``pipelined``: the prefetch
-    offloader's overlap (selective); otherwise every byte is paid in line (bulk)."""
+    """The est_ figures of one step: link, VRAM and compute time, hidden link time, draft
+    time, step time, tokens per step and tok/s (total and per sequence). ``pipelined``:
+    the prefetch offloader's overlap (selective); otherwise every byte is paid in line (bulk).
+
+    Each mechanism moves bytes at its own rate: the prefetch offloader's copies at the
+    pinned copy rate (``link_gbps``), kernels reading host memory in place (bulk
+    ``cpu_offload_gb``, the UVA embedding, experts read in place) at the UVA read rate. With
+    a matmul rate, every layer (and the LM head, and each draft pass) costs at least its
+    FLOPs at the step's tokens over that rate."""
     gb_link, gb_vram = settings.link_gbps * 1e9, settings.vram_gbps * 1e9
+    gb_uva = (settings.uva_gbps if settings.uva_gbps is not None else settings.link_gbps * DEFAULT_UVA_READ_FACTOR) * 1e9
+    flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
     n, k = max(1, settings.batch), max(0, settings.spec_tokens)
     tokens_per_pass = n * (k + 1)
+
+    def compute_s(flops: float, tokens: float) -> float:
+        return flops * tokens / flop_s if flop_s else 0.0
+
     kv_s = (n * kv.bytes_per_seq(settings.context_tokens) / gb_vram) if kv is not None and settings.context_tokens else 0.0
-    rows_link_s = traffic.row_bytes_host * (tokens_per_pass + k * n) / gb_link
-    # Per layer: bytes read from VRAM and bytes copied over the link by the prefetch offloader.
+    rows_link_s = traffic.row_bytes_host * (tokens_per_pass + k * n) / gb_uva
+    # Per layer: bytes read from VRAM, bytes copied over the link by the prefetch offloader,
+    # and FLOPs per token.
     reads = [float(b) for b, _ in traffic.layers]
     copies = [float(b) if host else 0.0 for b, host in traffic.layers]
+    flops = [float(f) for f in traffic.layer_flops] if len(traffic.layer_flops) == len(reads) else [0.0] * len(reads)
     uva_bytes = float(traffic.uva_bytes)
     for e in traffic.experts:
         read = e.read_bytes(tokens_per_pass)
+        flops[e.layer] += e.flops_per_token
         if e.where == EXPERTS_UVA:
             uva_bytes += read
         else:
             reads[e.layer] += read
             if e.where == EXPERTS_PREFETCHED:
                 copies[e.layer] += e.nbytes
-    uva_s = uva_bytes / gb_link
+    uva_s = uva_bytes / gb_uva
     copies_s = sum(copies) / gb_link
     layer_read_s = sum(reads) / gb_vram
-    other_s = (traffic.other_device_bytes + traffic.row_bytes_device * tokens_per_pass) / gb_vram
-    draft_s = k * traffic.draft_bytes / gb_vram
+    other_read_s = (traffic.other_device_bytes + traffic.row_bytes_device * tokens_per_pass) / gb_vram
+    other_s = max(other_read_s, compute_s(traffic.other_flops, tokens_per_pass))
+    draft_s = k * max(traffic.draft_bytes / gb_vram, compute_s(traffic.draft_flops, n))
     link_s = copies_s + rows_link_s + uva_s
-    vram_s = layer_read_s + other_s + kv_s
+    vram_s = layer_read_s + other_read_s + kv_s
+    per_layer_kv = kv_s / len(traffic.layers) if traffic.layers else 0.0
+    # A layer takes the longer of reading its weights (and its share of the KV) and its FLOPs.
+    layer_s = [max(r / gb_vram + per_layer_kv, compute_s(f, tokens_per_pass)) for r, f in zip(reads, flops)]
+    compute = (sum(compute_s(f, tokens_per_pass) for f in flops) + compute_s(traffic.other_flops, tokens_per_pass)
+               + k * compute_s(traffic.draft_flops, n))
     if pipelined:
-        per_layer_kv = kv_s / len(traffic.layers) if traffic.layers else 0.0
-        costs = [LayerCost(r / gb_vram + per_layer_kv, c / gb_link) for r, c in zip(reads, copies)]
+        costs = [LayerCost(t, c / gb_link) for t, c in zip(layer_s, copies)]
         core, hidden = pipelined_step_s(costs, other_s + (0.0 if traffic.layers else kv_s))
         # UVA reads are paid in line: they share the link with the prefetch copies, so
         # they hide no copy and no copy hides them.
         step = core + rows_link_s + uva_s + draft_s
     else:
         hidden = 0.0
-        step = inline_step_s(vram_s, link_s) + draft_s
+        device_s = sum(layer_s) + other_s + (0.0 if traffic.layers else kv_s)
+        step = inline_step_s(device_s, link_s) + draft_s
     tokens = n * expected_tokens_per_step(k, settings.accept_rate)
     tok_s = tokens / step if step > 0 else float("inf")
     return {"est_link_s_per_step": link_s, "est_vram_s_per_step": vram_s, "est_step_s": step, "est_tok_s": tok_s,
             "est_tokens_per_step": tokens, "est_tok_s_per_seq": tok_s / n, "est_hidden_link_s_per_step": hidden,
-            "est_draft_s_per_step": draft_s}
+            "est_draft_s_per_step": draft_s, "est_compute_s_per_step": compute}

@@ -44,6 +44,7 @@ from .estimate import (
     StepSettings,
     Traffic,
     expert_read_fraction,
+    flops_per_token,
     step_cost,
 )
 from .names import DEFAULT_COLD_SEGMENTS, EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, has_segment
@@ -507,6 +508,12 @@ def experts_read_bytes(nbytes: int, num_experts: int, experts_per_token: int, to
 
 
 
+def _read_flops(dtype_bytes: Mapping[str, int], read_bytes: int, nbytes: int) -> float:
+    """FLOPs per token of a module a step reads ``read_bytes`` of: its FLOPs in that share
+    (a module read whole every step computes whole; one read a row at a time, nothing)."""
+    return flops_per_token(dtype_bytes) * (read_bytes / nbytes) if nbytes and read_bytes else 0.0
+
+
 @dataclass(frozen=True)
 class Estimate:
     """One decode step, estimated (:mod:`selective_offload.estimate`): link and VRAM time,
@@ -520,13 +527,15 @@ class Estimate:
     est_tok_s_per_seq: float = 0.0
     est_hidden_link_s_per_step: float = 0.0
     est_draft_s_per_step: float = 0.0
+    #: The step's FLOPs over the matmul rate (0 when no rate was given: not priced).
+    est_compute_s_per_step: float = 0.0
 
     @classmethod
     def of(cls, traffic: Traffic, inputs: "PlanInputs", kv: KvModel | None, spec_tokens: int,
            *, pipelined: bool) -> "Estimate":
         accept = inputs.accept_rate if inputs.accept_rate is not None else DEFAULT_ACCEPT_RATE
         settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, inputs.batch, spec_tokens,
-                                accept, inputs.context)
+                                accept, inputs.context, inputs.uva_read_gbps, inputs.compute_tflops)
         return cls(**step_cost(traffic, settings, kv, pipelined=pipelined))
 
     @classmethod
@@ -743,9 +752,11 @@ class Plan:
         layers = tuple((g.est_read_bytes_per_step, g.placement == Placement.HOST_HOT) for g in stack)
         position = {g.layer_index: i for i, g in enumerate(stack)}
         experts = tuple(
-            ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement])
+            ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement],
+                        flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1))
             for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
         other = row_host = row_device = draft = 0
+        other_flops = draft_flops = 0.0
         head = sum(g.est_read_bytes_per_step for g in self.groups
                    if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.placement == Placement.DEVICE)
         for g in self.groups:
@@ -753,6 +764,7 @@ class Plan:
                 continue
             if g.mtp:
                 draft += g.bytes
+                draft_flops += flops_per_token(g.dtype_bytes)
             elif has_segment(g.group, EMBED_SEGMENTS) and g.cls == GroupClass.COLD:
                 if g.placement == Placement.HOST_COLD:
                     row_host += g.est_read_bytes_per_step
@@ -760,7 +772,13 @@ class Plan:
                     row_device += g.est_read_bytes_per_step
             elif g.placement == Placement.DEVICE:
                 other += g.est_read_bytes_per_step
-        return Traffic(layers, other, row_host, row_device, 0, (draft + head) if self.spec_tokens else 0, experts)
+                other_flops += _read_flops(g.dtype_bytes, g.est_read_bytes_per_step, g.bytes)
+        head_flops = sum(flops_per_token(g.dtype_bytes) for g in self.groups
+                         if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.placement == Placement.DEVICE)
+        speculating = bool(self.spec_tokens)
+        return Traffic(layers, other, row_host, row_device, 0, (draft + head) if speculating else 0, experts,
+                       tuple(flops_per_token(g.dtype_bytes) for g in stack), other_flops,
+                       (draft_flops + head_flops) if speculating else 0.0)
 
     @property
     def host_cold_groups(self) -> list[str]:

@@ -58,6 +58,8 @@ from .estimate import (
     Traffic,
     acceptance_default,
     expected_tokens_per_step,
+    expert_read_fraction,
+    flops_per_token,
 )
 from .errors import PlanError
 from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported for callers)
@@ -75,6 +77,7 @@ from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported f
     PlanInputs,
     PlannedModel,
     Strategy,
+    _read_flops,
     experts_read_bytes,
 )
 from .sizes import GB, GiB
@@ -485,9 +488,11 @@ def _experts_reads(groups: list[Group], host_by_layer: dict[int, int]) -> tuple[
         if g.kind != GroupKind.EXPERTS or g.layer_index not in position:
             continue
         host = min(g.nbytes, host_by_layer.get(g.layer_index, 0))
+        flops = flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1)
         for nbytes, where in ((g.nbytes - host, EXPERTS_DEVICE), (host, EXPERTS_UVA)):
             if nbytes:
-                reads.append(ExpertsRead(position[g.layer_index], nbytes, g.num_experts, g.experts_per_token, where))
+                reads.append(ExpertsRead(position[g.layer_index], nbytes, g.num_experts, g.experts_per_token, where,
+                                         flops * nbytes / g.nbytes))
     return tuple(reads)
 
 
@@ -496,22 +501,28 @@ def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: Pla
     """Bulk offload's bytes per pass: everything on the device but the UVA bytes, which the
     kernels read over the link in line (the embedding stays on the device); routed experts
     on the host are read at the step's read fraction."""
-    layers = tuple((g.est_read_bytes_per_step - uva_by_layer.get(g.layer_index, 0), False)
-                   for g in sorted((g for g in groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index))
+    stack = sorted((g for g in groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index)
+    layers = tuple((g.est_read_bytes_per_step - uva_by_layer.get(g.layer_index, 0), False) for g in stack)
     experts = _experts_reads(groups, uva_experts_by_layer or {})
     other = row = draft = 0
+    other_flops = draft_flops = 0.0
     for g in groups:
         if g.kind in LAYER_KINDS or g.cls == GroupClass.ABSENT:
             continue
         if g.mtp:
             draft += g.nbytes
+            draft_flops += flops_per_token(g.dtype_bytes)
         elif has_segment(g.name, EMBED_SEGMENTS) and g.cls == GroupClass.COLD:
             row += g.est_read_bytes_per_step
         else:
             other += g.est_read_bytes_per_step
+            other_flops += _read_flops(g.dtype_bytes, g.est_read_bytes_per_step, g.nbytes)
     head = sum(g.est_read_bytes_per_step for g in groups if has_segment(g.name, NEVER_COLD_SEGMENTS))
+    head_flops = sum(flops_per_token(g.dtype_bytes) for g in groups if has_segment(g.name, NEVER_COLD_SEGMENTS))
     speculating = inputs.speculative == "mtp"
-    return Traffic(layers, other, 0, row, sum(uva_by_layer.values()), (draft + head) if speculating else 0, experts)
+    return Traffic(layers, other, 0, row, sum(uva_by_layer.values()), (draft + head) if speculating else 0, experts,
+                   tuple(flops_per_token(g.dtype_bytes) for g in stack), other_flops,
+                   (draft_flops + head_flops) if speculating else 0.0)
 
 
 def _planned_model(checkpoint: Checkpoint, kv: KvModel | None) -> PlannedModel:
