@@ -65,16 +65,21 @@ DEFAULT_KV_CACHE_BYTES = 1 * GiB
 DEFAULT_RESERVE_BYTES = 2 * GiB
 
 EST_IGNORES: tuple[str, ...] = (
-    "compute time: the model counts bytes only (a layer computes in its VRAM read time), so "
-    "compute-bound formats (NVFP4, large batches, MoE at batch > 1) run slower than estimated",
+    "compute beyond a matmul's best rate: with --compute-tflops (or a probe of the GPU) a layer costs "
+    "at least its FLOPs (2 per parameter per token, counted from stored bytes) at that rate; kernels "
+    "that reach less at decode shapes (NVFP4 ran 4.7x slower than its bytes on the reference laptop) "
+    "run slower than estimated, and without a rate compute is not priced at all",
     "attention compute, activations and sampling; KV reads are priced only with --max-model-len "
     "or --context, and spread evenly over the layers",
     "kernel launch, scheduling and Python overhead between kernels (the host gather's fixed host "
     "work per step among them)",
     "prefetch overlap: one slot ahead, copies and compute assumed not to slow each other (they "
-    "share memory bandwidth); bulk UVA reads are paid in line",
-    "speculative decoding: the acceptance rate is an input, and the drafts' KV and the extra "
-    "compute of verifying K + 1 tokens are ignored",
+    "share memory bandwidth); copies are priced at the pinned copy rate, which no published "
+    "measurement of vLLM's prefetch offloader has checked",
+    "UVA reads in kernels at one rate whatever the buffer size (0.84 of the copy rate unless probed; "
+    "in-kernel host reads fall as buffers grow past GBs)",
+    "speculative decoding: one acceptance rate for every draft position (measured accepted lengths fall "
+    "1-11% below it at 2-4 drafts), and the drafts' KV",
     "routed experts (MoE): uniform routing assumed, a step of T tokens reading 1 - (1 - k/E)^T of a "
     "layer's expert bytes; real routers favour some experts, so at T > 1 fewer distinct experts are "
     "read than estimated",

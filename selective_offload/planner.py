@@ -626,6 +626,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
         notes=tuple(notes + _notes(groups, checkpoint, placing, inputs)),
         stored_prefetch_buffer_bytes=placing.buffers if hot else None,
     )
+    if inputs.compute_tflops:
+        plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
     if bulk is not None and bulk.fits and plan.strategy != Strategy.INFEASIBLE and \
             bulk.est.est_step_s <= plan.est.est_step_s:
         plan = replace(plan, notes=plan.notes + (
@@ -634,6 +636,21 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
             "prefetch buffers and tower transient cost device memory the bulk offload does not need); "
             "consider vLLM's own offload for this card",))
     return plan
+
+
+def compute_note(est: Estimate, tflops: float) -> str:
+    """What bounds the step, in one line for the plan's notes (est): its FLOPs at the matmul
+    rate, its VRAM reads, or its link time, whichever is largest."""
+    compute, vram, link = est.est_compute_s_per_step, est.est_vram_s_per_step, est.est_link_s_per_step
+    if compute > max(vram, link):
+        kind = ("compute-bound: layers are priced at their compute, and fewer host bytes or a faster link will "
+                "not speed it up as much as the bytes suggest")
+    elif link >= vram:
+        kind = "link-bound: the host bytes decide the step"
+    else:
+        kind = "memory-bound: the VRAM reads decide the step"
+    return (f"{kind} (the step's FLOPs take {compute * 1e3:.1f} ms at {tflops:g} TFLOP/s, its VRAM reads "
+            f"{vram * 1e3:.1f} ms, the link {link * 1e3:.1f} ms; est)")
 
 
 def break_even_accept_rate(spec_step_s: float, plain_step_s: float, k: int) -> float | None:
