@@ -39,6 +39,14 @@ MUTATIONS = {
  "mtp-not-estimated": ("selective_offload/checkpoint.py", "    if not n or layers is None or not hidden:", "    if True:"),
  "no-overlap": ("selective_offload/estimate.py", "        step += max(layers[j].copy_s, segment)", "        step += layers[j].copy_s + segment"),
  "batch-not-shared": ("selective_offload/estimate.py", "    tokens = n * expected_tokens_per_step(k, settings.accept_rate)", "    tokens = expected_tokens_per_step(k, settings.accept_rate)"),
+ "uva-factor-1": ("selective_offload/estimate.py", "DEFAULT_UVA_READ_FACTOR = 0.84", "DEFAULT_UVA_READ_FACTOR = 1.0"),
+ "uva-at-copy-rate": ("selective_offload/estimate.py", "    uva_s = uva_bytes / gb_uva", "    uva_s = uva_bytes / gb_link"),
+ "compute-not-priced": ("selective_offload/estimate.py", "    layer_s = [max(r / gb_vram + per_layer_kv, compute_s(f, tokens_per_pass)) for r, f in zip(reads, flops)]", "    layer_s = [r / gb_vram + per_layer_kv for r, f in zip(reads, flops)]"),
+ "packed-params-not-counted": ("selective_offload/estimate.py", "PARAM_BITS = {\"U8\": 4, \"I32\": 4, \"U32\": 4, \"F4\": 4}", "PARAM_BITS = {}"),
+ "draft-tokens-fixed": ("selective_offload/planner.py", "    for k in range(1, MAX_DRAFT_TOKENS + 1):\n        tok_s", "    for k in range(1, 2):\n        tok_s"),
+ "family-acceptance-ignored": ("selective_offload/planner.py", "        inputs = replace(inputs, accept_rate=family.default)", "        inputs = replace(inputs, accept_rate=0.85)"),
+ "probe-uva-not-supplied": ("selective_offload/probe.py", "        \"uva_gbps\": profile.uva_read_gbps if profile.has_link else None,", "        \"uva_gbps\": None,"),
+ "probe-uva-with-another-link": ("selective_offload/cli.py", "        measured[\"uva_gbps\"] if args.link_gbps is None else None)", "        measured[\"uva_gbps\"])"),
  "hybrid-buffers-largest-only": ("selective_offload/planner.py", "    return prefetch_step * sum(largest.values())", "    return prefetch_step * max(g.nbytes for g in layers)"),
 }
 
