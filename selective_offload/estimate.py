@@ -1,15 +1,19 @@
 """What one decode step costs, estimated from bytes and bandwidths: the traffic model.
 
 A decode step of a memory-bound model reads every resident weight once from VRAM, every
-offloaded weight once over the link, and each sequence's KV cache. Four levers change
-what that costs per generated token; each is priced here, and every figure is an
-estimate (``est_``) that ignores compute (see :data:`~selective_offload.plan.EST_IGNORES`).
+offloaded weight once over the link, and each sequence's KV cache. The levers that
+change what that costs per generated token are priced here; every figure is an estimate
+(``est_``), and :data:`~selective_offload.plan.EST_IGNORES` says what it leaves out.
 
-- **Overlap, as each mechanism moves bytes.** vLLM's prefetch offloader copies the next
-  offloaded layer while the layers before it compute, so an offloaded layer costs about
-  ``max(its copy, the compute it hides behind)``, not the sum (:func:`pipelined_step_s`).
-  Bulk ``cpu_offload_gb`` reads its bytes through UVA inside the kernels: in line, no
-  overlap (:func:`inline_step_s`).
+- **Overlap and rate, as each mechanism moves bytes.** vLLM's prefetch offloader copies
+  the next offloaded layer with the copy engine (the pinned copy rate) while the layers
+  before it compute, so an offloaded layer costs about ``max(its copy, the compute it
+  hides behind)``, not the sum (:func:`pipelined_step_s`). Bulk ``cpu_offload_gb``, the
+  UVA embedding and experts read in place are read by the kernels through UVA: in line,
+  no overlap (:func:`inline_step_s`), at the UVA read rate, which is below the copy rate
+  (:data:`DEFAULT_UVA_READ_FACTOR`, or what ``selective-offload probe`` measured).
+- **Compute.** Given the card's matmul rate, each layer costs at least its FLOPs at the
+  step's tokens (:func:`flops_per_token`); without one, compute is not priced.
 - **Batch.** ``N`` concurrent sequences share one pass over the weights (and one trip of
   every offloaded byte over the link); each adds its own embedding rows and KV reads.
 - **Speculative decoding.** An MTP head drafts ``K`` tokens (``K`` passes over the head and

@@ -24,9 +24,10 @@ is asserted by ``tests/test_planner.py`` and shown in the README.
 
 Every time and rate here is an estimate from bytes and bandwidths, labelled ``est_``
 (:mod:`selective_offload.estimate` prices a step; :data:`~selective_offload.plan.EST_IGNORES`
-says what it leaves out). It overestimates the measured reference point (the README says
-by how much) and is known to be far off for compute-bound formats (NVFP4): never choose a
-format from it.
+says what it leaves out). benchmarks/published.py checks it against published
+measurements (the README shows which points calibrate it and which validate); it prices
+compute only at a matmul's best rate, which does not explain how slow NVFP4 ran on the
+reference laptop: never choose a format from it.
 
 The planner never touches tensors; it returns a :class:`~selective_offload.plan.Plan`.
 """
