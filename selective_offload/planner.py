@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from .checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
 from .names import (
@@ -400,23 +401,67 @@ def _layer_units(groups: list[Group]) -> list[list[Group]]:
             if any(g.kind == GroupKind.LAYER for g in by_index[i])]
 
 
-def _place_hot_layers(p: _Placing, inputs: PlanInputs) -> list[int]:
-    """The fewest spread-out decoder layers that close the rest of the deficit (every layer
-    when none do: the plan is then infeasible), net of the prefetch buffers they need. A
-    layer goes whole: the offloader copies its routed experts with it."""
-    layers = _layer_units(p.groups)
+def _prefetch_fewest(p: _Placing, units: list[list[Group]], inputs: PlanInputs) -> list[int]:
+    """The fewest spread-out decoder layers of ``units`` that close the rest of the deficit
+    (all of them when none do: the plan is then infeasible), net of the prefetch buffers
+    they need. A layer goes whole: the offloader copies its routed experts with it."""
+    p.buffers = 0
     remaining = p.over_budget()
-    if remaining <= 0 or not layers:
+    if remaining <= 0 or not units:
         return []
-    buffers = prefetch_buffer_bytes([g for unit in layers for g in unit], inputs.prefetch_step)
-    chosen = next((c for c in (_spread(n, len(layers)) for n in range(1, len(layers) + 1))
-                   if sum(g.nbytes for i in c for g in layers[i]) - buffers >= remaining),
-                  list(range(len(layers))))
+    buffers = prefetch_buffer_bytes([g for unit in units for g in unit], inputs.prefetch_step)
+    chosen = next((c for c in (_spread(n, len(units)) for n in range(1, len(units) + 1))
+                   if sum(g.nbytes for i in c for g in units[i]) - buffers >= remaining),
+                  list(range(len(units))))
     for i in chosen:
-        for g in layers[i]:
+        for g in units[i]:
             p.where[g.name] = Placement.HOST_HOT
     p.buffers = buffers
-    return [layers[i][0].layer_index for i in chosen]
+    return [units[i][0].layer_index for i in chosen]
+
+
+def _place_hot(p: _Placing, inputs: PlanInputs, step_s: Callable[[_Placing], float]) -> list[int]:
+    """Close the rest of the deficit (after the cold set) at the least est step time.
+
+    The menu, per decoder layer: resident; a MoE layer's routed experts in host memory,
+    read in place through UVA (a step pays, in line, the read fraction of their bytes over
+    the link instead of from VRAM); or the whole layer, experts included, through the
+    prefetch offloader (every byte crosses the link each step, overlapped with the compute
+    of the layers before it, plus device buffers of a layer's size).
+
+    Why this search finds the cheapest combination the menu allows (under the step model):
+    a UVA read costs the same per byte wherever it sits in the stack (it is paid in line,
+    so order does not matter) and is cheapest per byte for the layers with the smallest
+    read fraction, so for a given number ``n`` of UVA layers the best choice is the ``n``
+    with the smallest fraction (largest first among equals, to free the most); prefetching
+    then takes the fewest spread-out layers of the rest, as for a dense model. Each ``n``
+    from 0 to every MoE layer is priced with the whole step model (``step_s``), and the
+    fastest placement that fits wins (the one with the smallest shortfall when none fits).
+    Once experts alone close the deficit, more of them only add link time: the search stops.
+    """
+    units = _layer_units(p.groups)
+    if p.over_budget() <= 0 or not units:
+        return []
+    tokens = inputs.batch * (1 + (inputs.spec_tokens or 1 if inputs.speculative == "mtp" else 0))
+    moe = sorted((u for u in units if len(u) > 1),
+                 key=lambda u: (expert_read_fraction(u[1].num_experts, u[1].experts_per_token, tokens),
+                                -u[1].nbytes, u[0].layer_index))
+    start = dict(p.where)
+    best: tuple[tuple, dict[str, Placement], int, list[int]] | None = None
+    for n in range(len(moe) + 1):
+        p.where = dict(start)
+        for unit in moe[:n]:
+            p.where[unit[1].name] = Placement.HOST_UVA
+        uva = {u[0].layer_index for u in moe[:n]}
+        hot = _prefetch_fewest(p, [u for u in units if u[0].layer_index not in uva], inputs)
+        over = p.over_budget()
+        key = (over > 0, max(over, 0), step_s(p) if over <= 0 else 0.0, n)
+        if best is None or key < best[0]:
+            best = (key, dict(p.where), p.buffers, hot)
+        if over <= 0 and not hot:
+            break
+    _, p.where, p.buffers, hot = best
+    return hot
 
 
 def _host_bytes(p: _Placing) -> int:
@@ -430,7 +475,7 @@ def _host_shortfall(p: _Placing, inputs: PlanInputs) -> int:
 def _strategy(p: _Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
     if p.over_budget() > 0 or _host_shortfall(p, inputs):
         return Strategy.INFEASIBLE
-    if hot or any(w == Placement.HOST_UVA for w in p.where.values()):
+    if hot or any(w == Placement.HOST_UVA for w in p.where.values()):  # hot bytes on the host
         return Strategy.HOT_OFFLOAD
     if any(w == Placement.HOST_COLD for w in p.where.values()):
         return Strategy.COLD_OFFLOAD
@@ -438,11 +483,14 @@ def _strategy(p: _Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
 
 
 def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
-               deficit_bytes: int, kv: KvModel | None = None, spec_tokens: int = 0) -> BulkBaseline:
+               deficit_bytes: int, kv: KvModel | None = None, spec_tokens: int = 0,
+               params: tuple[str, ...] = ()) -> BulkBaseline:
     """What vLLM's ``cpu_offload_gb`` would take: whole parameters of the decoder layers,
-    in model order, until the GiB budget is met. It is UVA zero-copy: the kernels read the
-    host parameters in place every step, so a host-resident routed-expert tensor crosses
-    the link only for the experts the step routes to (the same read fraction as the plan)."""
+    in model order, until the GiB budget is met; with ``params`` (vLLM's
+    ``cpu_offload_params``, such as ``("experts",)``) only the parameters whose name holds
+    one of them as whole segments, as vLLM matches them. It is UVA zero-copy: the kernels
+    read the host parameters in place every step, so a host-resident routed-expert tensor
+    crosses the link only for the experts the step routes to (the plan's read fraction)."""
     if inputs.bulk_cpu_offload_gb is not None:
         gb = float(inputs.bulk_cpu_offload_gb)
     else:
@@ -462,6 +510,8 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
         for t in sorted(by_layer[index], key=lambda t: t.name):
             if offloaded >= max_bytes:
                 break
+            if params and not any(f".{p}." in f".{t.name}." for p in params):  # vLLM's segment match
+                continue
             offloaded += t.nbytes
             into = experts_per_layer if experts_prefix(t.name) is not None else per_layer
             into[index] = into.get(index, 0) + t.nbytes
@@ -472,7 +522,7 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
     device = loaded - offloaded
     return BulkBaseline(
         cpu_offload_gb=gb, offloaded_bytes=offloaded, offloaded_tensors=count,
-        layers_touched=tuple(touched), device_bytes=device,
+        layers_touched=tuple(touched), device_bytes=device, cpu_offload_params=tuple(params),
         fits=device <= inputs.weight_budget_bytes,
         est=Estimate.of(_bulk_traffic(groups, per_layer, inputs, experts_per_layer), inputs, kv, spec_tokens,
                         pipelined=False),
@@ -605,38 +655,63 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     groups = group_tensors(checkpoint, inputs)
     placing = _Placing(groups, inputs.weight_budget_bytes)
     deficit = placing.over_budget()
+    model = _planned_model(checkpoint, kv)
+
+    def placed(p: _Placing, hot: list[int], **extra) -> Plan:
+        return Plan(
+            model=model, inputs=inputs, strategy=_strategy(p, hot, inputs),
+            groups=tuple(GroupPlan(g.name, g.kind, g.cls, p.where[g.name], g.reason, g.nbytes, g.layer_index,
+                                   g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest,
+                                   g.num_experts, g.experts_per_token) for g in groups),
+            hot_layer_indices=tuple(hot), est_transient_device_bytes=p.transient,
+            stored_prefetch_buffer_bytes=p.buffers if hot else None, **{"bulk": None, **extra})
+
+    def step_s(p: _Placing) -> float:
+        hot = sorted(g.layer_index for g in groups if g.kind == GroupKind.LAYER and p.where[g.name] == Placement.HOST_HOT)
+        return placed(p, hot).est.est_step_s
+
     _place_cold(placing, inputs)
-    hot = _place_hot_layers(placing, inputs)
-    planned = tuple(
-        GroupPlan(g.name, g.kind, g.cls, placing.where[g.name], g.reason, g.nbytes, g.layer_index,
-                  g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest,
-                  g.num_experts, g.experts_per_token)
-        for g in groups)
+    hot = _place_hot(placing, inputs, step_s)
     facts = checkpoint.facts
     spec_tokens = (inputs.spec_tokens or max(1, facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
-    plan = Plan(
-        model=_planned_model(checkpoint, kv),
-        inputs=inputs,
-        strategy=_strategy(placing, hot, inputs),
-        groups=planned,
-        hot_layer_indices=tuple(hot),
-        est_transient_device_bytes=placing.transient,
-        bulk=bulk,
-        notes=tuple(notes + _notes(groups, checkpoint, placing, inputs)),
-        stored_prefetch_buffer_bytes=placing.buffers if hot else None,
-    )
+    # MoE: vLLM's segment selection of the routed experts is the run a user would try next.
+    segments = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens, params=("experts",))
+                if bulk is not None and any(g.kind == GroupKind.EXPERTS for g in groups) else None)
+    plan = placed(placing, hot, bulk=bulk, bulk_segments=segments,
+                  notes=tuple(notes + _notes(groups, checkpoint, placing, inputs)))
     if inputs.compute_tflops:
         plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
-    if bulk is not None and bulk.fits and plan.strategy != Strategy.INFEASIBLE and \
-            bulk.est.est_step_s <= plan.est.est_step_s:
-        plan = replace(plan, notes=plan.notes + (
-            f"selective is not estimated faster than vLLM's cpu_offload_gb={bulk.cpu_offload_gb:g} here "
-            f"(est {plan.est.est_step_s * 1e3:.1f} ms against {bulk.est.est_step_s * 1e3:.1f} ms per step: its "
-            "prefetch buffers and tower transient cost device memory the bulk offload does not need); "
-            "consider vLLM's own offload for this card",))
-    return plan
+    return replace(plan, notes=plan.notes + tuple(_baseline_notes(plan)))
+
+
+#: Step times within this share of each other are a tie (the estimate is not finer).
+TIE = 1e-3
+
+
+def _baseline_notes(plan: Plan) -> list[str]:
+    """A note for each vLLM baseline the plan does not beat, saying why it may not."""
+    notes = []
+    for baseline in plan.baselines:
+        if not baseline.fits or plan.strategy == Strategy.INFEASIBLE:
+            continue
+        mine, theirs = plan.est.est_step_s, baseline.est.est_step_s
+        if theirs > mine * (1 + TIE):
+            continue
+        why = []
+        if plan.hot_layer_indices or plan.est_transient_device_bytes:
+            why.append("its prefetch buffers and tower transient cost device memory the bulk offload does not need")
+        if plan.host_uva_bytes:
+            why.append("a layer's routed experts go to the host whole, where vLLM's budget takes single tensors")
+        times = f"est {mine * 1e3:.1f} ms against {theirs * 1e3:.1f} ms per step"
+        if theirs >= mine * (1 - TIE):
+            notes.append(f"selective matches vLLM's {baseline.label} here ({times}): both read the same bytes over "
+                         "the link")
+        else:
+            notes.append(f"selective is not estimated faster than vLLM's {baseline.label} here ({times}"
+                         + (f": {'; '.join(why)}" if why else "") + "); consider vLLM's own offload for this card")
+    return notes
 
 
 def compute_note(est: Estimate, tflops: float) -> str:
@@ -671,7 +746,7 @@ def _with_alternative(plan: Plan, plain: Plan) -> Plan:
     """The speculative plan, with the plan without speculation beside it and a recommendation."""
     k, a = plan.spec_tokens, plan.inputs.accept_rate
     alternative = Alternative("without speculative decoding", plain.strategy, plain.host_cold_bytes,
-                              plain.host_hot_bytes, plain.hot_layer_indices, plain.est)
+                              plain.host_hot_bytes, plain.hot_layer_indices, plain.est, plain.host_uva_bytes)
     faster = plan.est.est_tok_s > plain.est.est_tok_s
     even = break_even_accept_rate(plan.est.est_step_s, plain.est.est_step_s, k)
     note = (f"recommended: {'MTP speculative decoding' if faster else 'no speculative decoding'} "

@@ -145,15 +145,36 @@ def test_without_a_top_k_in_the_config_every_expert_is_priced_as_read():
 
 def test_a_prefetched_layer_takes_its_experts_with_it():
     """The prefetch offloader copies a whole layer module, experts included, and its
-    buffers need a slot for every parameter the layer has (experts too)."""
-    ckpt = moe(layers=8)
-    full = ckpt.total_bytes
-    plan = make_plan(ckpt, inputs((full - 250 * MB) / MB))
+    buffers need a slot for every parameter the layer has (experts too). Here nothing
+    fits, and every layer prefetched leaves the smallest shortfall."""
+    ckpt = moe(layers=8, dense_first=0)
+    plan = make_plan(ckpt, inputs((ckpt.total_bytes - 900 * MB) / MB))
     g = by_name(plan)
-    assert plan.hot_layer_indices
+    assert plan.strategy == "infeasible" and plan.hot_layer_indices == tuple(range(8))
     for i in plan.hot_layer_indices:
         assert g[f"model.layers.{i}"].placement == g[f"model.layers.{i}.mlp.experts"].placement == "host-hot"
     assert plan.prefetch_buffer_bytes >= 80 * MB + 14 * MB
+
+
+def test_routed_experts_read_through_uva_close_the_deficit_before_whole_layers():
+    """At batch 1 a step reads k/E = 1/4 of the experts it keeps on the host: far cheaper
+    than copying whole layers, which also need device buffers of a layer's size."""
+    ckpt = moe(layers=8)
+    plan = make_plan(ckpt, inputs((ckpt.total_bytes - 250 * MB) / MB))
+    assert plan.strategy == "hot_offload" and not plan.hot_layer_indices
+    # The cold set (the 100 MB embedding) first, then the fewest experts groups: 2 of 80 MB.
+    assert plan.host_cold_bytes == 100 * MB and plan.host_uva_bytes == 160 * MB
+    for baseline in plan.baselines:
+        assert baseline.est.est_step_s > plan.est.est_step_s
+
+
+def test_when_experts_alone_cannot_close_the_deficit_dense_layers_are_prefetched():
+    ckpt = moe(layers=8, dense_first=6)
+    plan = make_plan(ckpt, inputs((ckpt.total_bytes - 300 * MB) / MB))
+    g = by_name(plan)
+    assert plan.host_uva_bytes == 160 * MB and plan.hot_layer_indices
+    assert all(g[f"model.layers.{i}"].placement == "host-hot" for i in plan.hot_layer_indices)
+    assert plan.strategy == "hot_offload" and plan.shortfall_bytes == 0
 
 
 # ---- the plan format
@@ -161,15 +182,18 @@ def test_a_prefetched_layer_takes_its_experts_with_it():
 
 @pytest.fixture
 def moe_plan():
-    ckpt = moe(layers=8)
-    return ckpt, make_plan(ckpt, inputs((ckpt.total_bytes - 250 * MB) / MB))
+    """Routed experts of two layers through UVA, three dense layers prefetched."""
+    ckpt = moe(layers=8, dense_first=6)
+    plan = make_plan(ckpt, inputs((ckpt.total_bytes - 300 * MB) / MB))
+    assert plan.host_uva_bytes and plan.hot_layer_indices
+    return ckpt, plan
 
 
 def test_a_v3_plan_round_trips_its_expert_groups(moe_plan, tmp_path):
     _, plan = moe_plan
     data = json.loads(plan.to_json())
     assert data["format"] == "selective-offload/plan-v3"
-    experts = next(g for g in data["groups"] if g["group"] == "model.layers.1.mlp.experts")
+    experts = next(g for g in data["groups"] if g["group"] == "model.layers.7.mlp.experts")
     assert (experts["kind"], experts["num_experts"], experts["experts_per_token"]) == ("experts", E, K)
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -207,22 +231,22 @@ def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
 def test_an_experts_group_is_checked(moe_plan, tmp_path, fields, match):
     _, plan = moe_plan
     with pytest.raises(PlanError, match=match):
-        _load(_edit(plan, "model.layers.1.mlp.experts", **fields), tmp_path)
+        _load(_edit(plan, "model.layers.7.mlp.experts", **fields), tmp_path)
 
 
 def test_expert_counts_belong_to_experts_groups_only(moe_plan, tmp_path):
     _, plan = moe_plan
     with pytest.raises(PlanError, match="num_experts and experts_per_token are for kind experts only"):
-        _load(_edit(plan, "model.layers.1", num_experts=8), tmp_path)
+        _load(_edit(plan, "model.layers.7", num_experts=8), tmp_path)
 
 
-def test_experts_are_host_hot_exactly_when_their_layer_is(moe_plan, tmp_path):
-    _, plan = moe_plan
-    hot = plan.hot_layer_indices[0]
+def test_experts_are_host_hot_exactly_when_their_layer_is(tmp_path):
+    plan = make_plan(moe(layers=4), inputs(10_000))  # resident
+    data = _edit(plan, "model.layers.1", placement="host-hot")
+    data.update(hot_layer_indices=[1], strategy="hot_offload")
     with pytest.raises(PlanError, match="host-hot exactly when their layer is"):
-        _load(_edit(plan, f"model.layers.{hot}.mlp.experts", placement="device"), tmp_path)
-    resident = next(i for i in range(1, 8) if i not in plan.hot_layer_indices)
-    data = _edit(plan, f"model.layers.{resident}.mlp.experts", placement="host-hot")
+        _load(data, tmp_path)
+    data = _edit(plan, "model.layers.2.mlp.experts", placement="host-hot")
     with pytest.raises(PlanError, match="host-hot exactly when their layer is"):
         _load(data, tmp_path)
 
@@ -231,8 +255,8 @@ def test_routed_experts_without_their_layer_are_refused(moe_plan, tmp_path):
     _, plan = moe_plan
     data = json.loads(plan.to_json())
     data.pop("totals")
-    data["groups"] = [g for g in data["groups"] if g["group"] != "model.layers.2"]
-    with pytest.raises(PlanError, match="no layer group has layer_index 2"):
+    data["groups"] = [g for g in data["groups"] if g["group"] != "model.layers.7"]
+    with pytest.raises(PlanError, match="no layer group has layer_index 7"):
         _load(data, tmp_path)
 
 
@@ -288,3 +312,21 @@ def test_bulk_offload_reads_only_the_routed_experts_of_host_expert_tensors():
     assert bulk.est.est_link_s_per_step * link < 0.5 * bulk.offloaded_bytes
     # Read whole, the same bytes would cost every offloaded byte over the link.
     assert bulk.est.est_link_s_per_step * link > K / E * 0.8 * bulk.offloaded_bytes
+
+
+def test_when_a_vllm_baseline_is_faster_the_plan_says_so_and_why():
+    """A layer's routed experts go to the host whole; vLLM's segment selection takes single
+    tensors up to its GiB budget. With one 16 GB experts group where 2 GB would do, the
+    segment selection reads less per step, and the plan says so."""
+    spec = {"model.embed_tokens.weight": ("BF16", [1000, 50_000]), "lm_head.weight": ("BF16", [1000, 50_000])}
+    for i in range(4):
+        spec[f"model.layers.{i}.self_attn.qkv.weight"] = ("BF16", [1000, 5000])
+        spec[f"model.layers.{i}.mlp.experts.gate_up_proj"] = ("BF16", [E, 10_000, 60_000])
+        spec[f"model.layers.{i}.mlp.experts.down_proj"] = ("BF16", [E, 10_000, 40_000])
+    ckpt = make_ckpt(spec, num_experts=E, num_experts_per_tok=K)
+    plan = make_plan(ckpt, inputs((ckpt.total_bytes - 2100 * MB) / MB))
+    segments = plan.bulk_segments
+    assert segments is not None and segments.cpu_offload_params == ("experts",) and segments.fits
+    assert segments.est.est_step_s < plan.est.est_step_s
+    assert any(n.startswith("selective is not estimated faster than vLLM's cpu_offload_gb=2, cpu_offload_params="
+                            "experts") and "routed experts go to the host whole" in n for n in plan.notes)
