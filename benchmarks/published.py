@@ -49,6 +49,11 @@ def load_points(path: Path = POINTS) -> list[dict]:
     return _load(path)["points"]
 
 
+def load_read_rate_checks(path: Path = POINTS) -> list[dict]:
+    """The calibrate-on-one, check-on-others read-rate checks of ``path``."""
+    return _load(path).get("read_rate_checks", [])
+
+
 def load_acceptance(path: Path = POINTS) -> list[dict]:
     """The accepted-length series of ``path``, checked."""
     return _load(path).get("acceptance_lengths", [])
@@ -101,8 +106,9 @@ def _load(path: Path) -> dict:
     return data
 
 
-def estimate(point: dict) -> dict:
-    """Run the plan the point's arguments describe; the estimate it is compared with."""
+def estimate(point: dict, vram_gbps: float | None = None) -> dict:
+    """Run the plan the point's arguments describe (with ``vram_gbps`` in place of its VRAM
+    rate, when given); the estimate it is compared with."""
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.cli import build_parser, inputs_from_args, resolve_model
     from selective_offload.planner import make_plan
@@ -110,6 +116,8 @@ def estimate(point: dict) -> dict:
     args = build_parser().parse_args(["plan", *point["plan_args"]])
     checkpoint = load_checkpoint(resolve_model(args.model))
     inputs = inputs_from_args(args, profile=None)
+    if vram_gbps is not None:
+        inputs = replace(inputs, vram_gbps=vram_gbps)
 
     def chosen(plan):
         if point["compare"] == "bulk":
@@ -125,7 +133,34 @@ def estimate(point: dict) -> dict:
     return {"est_tok_s": est.est_tok_s, "est_tok_s_at_copy_rate": copy_rate, "est_step_s": est.est_step_s, "est_link_s_per_step": est.est_link_s_per_step,
             "est_vram_s_per_step": est.est_vram_s_per_step,
             "est_compute_s_per_step": est.est_compute_s_per_step, "uva_read_gbps": plan.inputs.uva_read_gbps,
-            "link_gbps": plan.inputs.link_gbps, "compute_tflops": plan.inputs.compute_tflops}
+            "link_gbps": plan.inputs.link_gbps, "vram_gbps": plan.inputs.vram_gbps,
+            "compute_tflops": plan.inputs.compute_tflops}
+
+
+def read_rate_rows(checks: list[dict], expressed: list[dict], points: list[dict]) -> list[dict]:
+    """A box's decode read rate calibrated on one point and checked on others: the rate at
+    which the calibration point's measured tok/s would come out (its plan's VRAM rate x
+    measured / est, for each end of a measured range), then each other point planned at
+    that rate, end against end."""
+    by_id = {r["id"]: r for r in expressed}
+    point_of = {p["id"]: p for p in points}
+    rows = []
+    for c in checks:
+        cal = by_id.get(c["calibrate_on"])
+        if cal is None or any(v not in by_id for v in c["validate"]):
+            raise PublishedError(f"read-rate check {c.get('id')!r}: its points must be expressed points")
+        rates = [cal["vram_gbps"] * m / cal["est_tok_s"] for m in (cal["measured_tok_s"], cal["measured_tok_s_high"])]
+        for vid in c["validate"]:
+            v = by_id[vid]
+            ests = [estimate(point_of[vid], vram_gbps=rate)["est_tok_s"] for rate in rates]
+            ratios = [e / m for e, m in zip(ests, (v["measured_tok_s"], v["measured_tok_s_high"]))]
+            tol = TOLERANCE[v["format_class"]]
+            rows.append({"id": c["id"], "what": c["what"], "calibrate_on": cal["id"], "validates": vid,
+                         "read_rate_gbps": rates, "est_tok_s": ests,
+                         "measured_tok_s": [v["measured_tok_s"], v["measured_tok_s_high"]],
+                         "est_over_measured": ratios, "tolerance": tol,
+                         "within": all(abs(r - 1) <= tol for r in ratios)})
+    return rows
 
 
 def acceptance_rows(series: list[dict]) -> list[dict]:
@@ -152,7 +187,7 @@ def acceptance_rows(series: list[dict]) -> list[dict]:
     return rows
 
 
-def run(points: list[dict], acceptance: list[dict] = ()) -> dict:
+def run(points: list[dict], acceptance: list[dict] = (), read_rate_checks: list[dict] = ()) -> dict:
     rows, missing = [], []
     for p in points:
         measured = p.get("measured_tok_s")
@@ -174,7 +209,8 @@ def run(points: list[dict], acceptance: list[dict] = ()) -> dict:
                      "within": abs(ratio - 1) <= tol and abs(ratio_low - 1) <= tol,
                      "calibrates": p.get("calibrates"), "known_outside": p.get("known_outside")})
     return {"format": "selective-offload/published-results-v1", "points_file": "benchmarks/published.json",
-            "expressed": rows, "not_expressed": missing, "acceptance": acceptance_rows(list(acceptance))}
+            "expressed": rows, "not_expressed": missing, "acceptance": acceptance_rows(list(acceptance)),
+            "read_rate": read_rate_rows(list(read_rate_checks), rows, points)}
 
 
 def _short(url: str) -> str:
@@ -211,6 +247,17 @@ def markdown(result: dict) -> str:
                    f"compared with its {r['compare']} row."
                    + (f" Calibration: {r['calibrates']}." if r.get("calibrates") else "")
                    + (f" Known outside the tolerance: {r['known_outside']}." if r.get("known_outside") else ""))
+    if result.get("read_rate"):
+        out += ["", "A box's decode read rate, calibrated on one point and checked on another (each end of the "
+                "measured ranges against each other):", "",
+                "| check | calibrated on | read rate GB/s | checks | measured tok/s | est tok/s | est/measured |",
+                "|---|---|---|---|---|---|---|"]
+        for r in result["read_rate"]:
+            out.append(f"| {r['id']} | {r['calibrate_on']} | {r['read_rate_gbps'][0]:.1f}-{r['read_rate_gbps'][1]:.1f} | "
+                       f"{r['validates']} | {r['measured_tok_s'][0]:.2f}-{r['measured_tok_s'][1]:.2f} | "
+                       f"{r['est_tok_s'][0]:.2f}-{r['est_tok_s'][1]:.2f} | "
+                       f"{r['est_over_measured'][0]:.3f}-{r['est_over_measured'][1]:.3f} |")
+        out += ["", *(f"- **{r['id']}**: {r['what']}." for r in result["read_rate"])]
     if result.get("acceptance"):
         out += ["", "Tokens per step with K draft tokens, E(K, a) = (1 - a^(K+1)) / (1 - a) against measured mean "
                 "accepted lengths (bonus token included); a is calibrated on K=1:", "",
@@ -245,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when the results file differs from a fresh run")
     args = parser.parse_args(argv)
     try:
-        result = run(load_points(Path(args.points)), load_acceptance(Path(args.points)))
+        path = Path(args.points)
+        result = run(load_points(path), load_acceptance(path), load_read_rate_checks(path))
     except PublishedError as exc:
         print(f"published.py: error: {exc}", file=sys.stderr)
         return 2
@@ -253,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['id']:<28} measured {r['measured_tok_s']:7.2f}-{r['measured_tok_s_high']:.2f} tok/s  "
               f"est {r['est_tok_s']:7.2f}  est/measured {r['est_over_measured_low']:.3f}-{r['est_over_measured']:.3f}  "
               f"({r['role']}; {'within' if r['within'] else 'OUTSIDE'} +-{r['tolerance']:.0%})")
+    for r in result["read_rate"]:
+        print(f"{r['id']:<28} read rate {r['read_rate_gbps'][0]:.1f}-{r['read_rate_gbps'][1]:.1f} GB/s from "
+              f"{r['calibrate_on']}: {r['validates']} est/measured {r['est_over_measured'][0]:.3f}-"
+              f"{r['est_over_measured'][1]:.3f}")
     for r in result["acceptance"]:
         print(f"{r['id']:<28} K={r['draft_tokens']} measured length {r['measured_accepted_length']:.2f}  "
               f"est {r['est_tokens_per_step']:.2f}  est/measured {r['est_over_measured']:.3f}  ({r['role']})")

@@ -145,7 +145,10 @@ def test_every_expressed_point_is_within_its_tolerance():
     assert not outside, outside
     stale = [r["id"] for r in result["expressed"] if r["within"] and r["known_outside"]]
     assert not stale, stale
-    assert [r["id"] for r in result["expressed"] if r["known_outside"]] == ["dgx-spark-llama-3.3-70b-nvfp4"]
+    assert [r["id"] for r in result["expressed"] if r["known_outside"]] == [
+        "dgx-spark-llama-3.3-70b-nvfp4", "dgx-spark-gpt-oss-120b"]
+    # what they miss is the box's decode read rate: calibrated on one, the other is within
+    assert result["read_rate"] and all(r["within"] for r in result["read_rate"])
 
 
 def test_the_readme_table_is_the_results_table():
