@@ -47,6 +47,7 @@ from .names import (
     cold_prefix,
     experts_prefix,
     has_segment,
+    host_table_prefix,
     layer_of,
 )
 from .estimate import (
@@ -119,6 +120,8 @@ class Group:
     #: Routed experts (E) and experts per token (k) of an experts group; 0 otherwise.
     num_experts: int = 0
     experts_per_token: int = 0
+    #: A sparse-read table vLLM keeps in host memory itself: placed there whatever the deficit.
+    vllm_host: bool = False
 
 
 @dataclass
@@ -130,6 +133,7 @@ class _Bucket:
     layer_index: int | None = None
     mtp: bool = False
     tensors: list[TensorInfo] = field(default_factory=list)
+    vllm_host: bool = False
 
 
 def _row_bytes(t: TensorInfo) -> int:
@@ -156,6 +160,8 @@ def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, _Bu
             bucket = _Bucket(prefix, GroupKind.COLD, mtp=has_segment(prefix, MTP_SEGMENTS))
         elif layer is not None and _is_mtp_layer(layer[1], facts):
             bucket = _Bucket(f"{layer[0]}.{layer[1]}", GroupKind.COLD, mtp=True)
+        elif layer is not None and facts.vllm_host_tables and host_table_prefix(t.name) is not None:
+            bucket = _Bucket(host_table_prefix(t.name), GroupKind.MODULE, vllm_host=True)
         elif layer is not None and experts_prefix(t.name) is not None:
             bucket = _Bucket(experts_prefix(t.name), GroupKind.EXPERTS, layer[1])
         elif layer is not None:
@@ -220,6 +226,10 @@ def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tupl
             row = max((_row_bytes(t) for t in b.tensors if t.name.endswith("weight")), default=0)
             return GroupClass.COLD, "a gather: one row per token per step", row
         return GroupClass.COLD, "read only in prefill, once per image or clip", 0
+    if b.vllm_host:
+        row = max((_row_bytes(t) for t in b.tensors if t.name.endswith("weight")), default=0)
+        return (GroupClass.COLD, "n-gram embedding table: vLLM keeps it in pinned host memory itself "
+                "(EngramConfig.cpu_offload) and gathers rows per token", row)
     if b.kind == GroupKind.MODULE and has_segment(b.key, NEVER_COLD_SEGMENTS):
         if tie_word_embeddings:
             return (GroupClass.HOT, "stored although tied: counted on the device in case vLLM keeps it "
@@ -281,7 +291,8 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: 
         dtype_bytes, digest = group_signature(b.key, b.tensors)
         params = {_in_layer(t.name): t.nbytes for t in b.tensors} if b.kind in LAYER_KINDS else {}
         groups.append(Group(b.key, b.kind, cls, reason, sum(t.nbytes for t in b.tensors), len(b.tensors),
-                            b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest, params, num, k))
+                            b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest, params, num, k,
+                            b.vllm_host))
     groups.sort(key=_model_order)
     return groups
 
@@ -300,7 +311,7 @@ def _merge_experts(buckets: dict[str, _Bucket]) -> dict[str, _Bucket]:
             stack, index = layer_of(b.key)
             target = out.setdefault(f"{stack}.{index}", _Bucket(f"{stack}.{index}", GroupKind.LAYER, index))
         else:
-            target = out.setdefault(b.key, _Bucket(b.key, b.kind, b.layer_index, b.mtp))
+            target = out.setdefault(b.key, _Bucket(b.key, b.kind, b.layer_index, b.mtp, vllm_host=b.vllm_host))
         target.tensors.extend(b.tensors)
     return out
 
@@ -356,8 +367,8 @@ class _Placing:
     buffers: int = 0
 
     def __post_init__(self) -> None:
-        self.where = {g.name: Placement.ABSENT if g.cls == GroupClass.ABSENT else Placement.DEVICE
-                      for g in self.groups}
+        self.where = {g.name: Placement.ABSENT if g.cls == GroupClass.ABSENT else
+                      Placement.HOST_COLD if g.vllm_host else Placement.DEVICE for g in self.groups}
 
     def over_budget(self) -> int:
         """Device bytes (resident, tower transient, prefetch buffers) above the budget."""
@@ -367,7 +378,7 @@ class _Placing:
 
 def _place_cold(p: _Placing, inputs: PlanInputs) -> None:
     """Cold modules to the host, largest first, until the deficit closes (or all of them)."""
-    for g in sorted((g for g in p.groups if g.cls == GroupClass.COLD), key=lambda g: -g.nbytes):
+    for g in sorted((g for g in p.groups if g.cls == GroupClass.COLD and not g.vllm_host), key=lambda g: -g.nbytes):
         if p.over_budget() <= 0 and not inputs.all_cold:
             break
         p.where[g.name] = Placement.HOST_COLD
@@ -518,7 +529,8 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
             count += 1
             if not touched or touched[-1] != index:
                 touched.append(index)
-    loaded = sum(g.nbytes for g in groups if g.cls != GroupClass.ABSENT)
+    # vLLM keeps its own host tables (n-gram embeddings) on the host in this run too.
+    loaded = sum(g.nbytes for g in groups if g.cls != GroupClass.ABSENT and not g.vllm_host)
     device = loaded - offloaded
     return BulkBaseline(
         cpu_offload_gb=gb, offloaded_bytes=offloaded, offloaded_tensors=count,

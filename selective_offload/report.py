@@ -36,7 +36,7 @@ from torch import nn
 
 from .errors import PlanError
 from .names import group_key, group_keys
-from .plan import GroupPlan, Placement, Plan
+from .plan import HOST_PLACEMENTS, GroupPlan, Placement, Plan
 from .sizes import GB, fmt_bytes
 
 REPORT_FORMAT = "selective-offload/report-v2"
@@ -50,9 +50,11 @@ PAGE_LOCKED_WARN = 1.05
 #: neither use nor swap, on machines whose RAM is the limit. torch's power-of-two rounding
 #: of pinned blocks alone can reach 2x.
 PAGE_LOCKED_LIMIT = 1.25
-#: Where a parameter can be found: the plan's two host placements, the device, or host
+#: Where a parameter can be found: the plan's host placements, the device, or host
 #: memory that no wrapper of this plan owns.
 STRAY_HOST = "host"
+#: Placements whose bytes construction routing builds in host memory (never on the device).
+_BUILT_ON_HOST = (Placement.HOST_COLD, Placement.HOST_UVA)
 
 
 @dataclass
@@ -65,8 +67,8 @@ class GroupLanding:
     #: Bytes as vLLM holds them, by where they are.
     device_bytes: int = 0
     host_bytes: int = 0
-    #: Of ``host_bytes`` of a cold group: allocated on the host while the model was built,
-    #: or moved there after loading (a transient of that size on the device).
+    #: Of ``host_bytes`` of a cold or host-uva group: allocated on the host while the model
+    #: was built, or moved there after loading (a transient of that size on the device).
     routed_bytes: int = 0
     moved_bytes: int = 0
     num_params: int = 0
@@ -99,6 +101,11 @@ class PlacementReport:
     landed_host_hot_bytes: int = 0
     misplaced_cold_bytes: int = 0
     misplaced_hot_bytes: int = 0
+    #: The same for routed experts read in place through UVA (host-uva).
+    planned_host_uva_bytes: int = 0
+    loaded_host_uva_bytes: int = 0
+    landed_host_uva_bytes: int = 0
+    misplaced_uva_bytes: int = 0
     #: Host-cold bytes that were moved after loading instead of built on the host.
     unrouted_cold_bytes: int = 0
     est_link_bytes_per_step: int = 0
@@ -208,14 +215,15 @@ def _render(r: PlacementReport) -> list[str]:
     for g in r.groups:
         if g not in resident:
             how = g.mechanism + (f"; built on the host: {fmt_bytes(g.routed_bytes)}, moved after loading: "
-                                 f"{fmt_bytes(g.moved_bytes)}" if g.planned == Placement.HOST_COLD else "")
+                                 f"{fmt_bytes(g.moved_bytes)}" if g.planned in _BUILT_ON_HOST else "")
             lines.append(f"{g.group:<32} {g.planned:<10} {g.actual:<10} {fmt_bytes(g.device_bytes):>11} "
                          f"{fmt_bytes(g.host_bytes):>11}  {how}")
     lines.append(f"{len(resident)} more groups resident on the device as planned "
                  f"({fmt_bytes(sum(g.device_bytes for g in resident))})")
     for label, planned, loaded, landed in (
             ("cold", r.planned_host_cold_bytes, r.loaded_host_cold_bytes, r.landed_host_cold_bytes),
-            ("hot", r.planned_host_hot_bytes, r.loaded_host_hot_bytes, r.landed_host_hot_bytes)):
+            ("hot", r.planned_host_hot_bytes, r.loaded_host_hot_bytes, r.landed_host_hot_bytes),
+            ("uva", r.planned_host_uva_bytes, r.loaded_host_uva_bytes, r.landed_host_uva_bytes)):
         if planned or landed:
             lines.append(f"{label} on host: planned {fmt_bytes(planned)} of checkpoint bytes, "
                          f"{fmt_bytes(loaded)} as loaded; landed {fmt_bytes(landed)}")
@@ -267,7 +275,7 @@ def _storage_of(param: torch.Tensor) -> int:
 
 def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, host_cold: set[int],
                       host_hot: set[int], routed: set[int] | None,
-                      size) -> _Matching:
+                      size, host_uva: frozenset[int] | set[int] = frozenset()) -> _Matching:
     segments = plan.inputs.cold_segments
     by_key: dict[tuple, GroupPlan] = {}
     for g in plan.groups:
@@ -284,8 +292,8 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
             continue
         if id(param) in host_hot:
             m.record(planned.group, Placement.HOST_HOT, nbytes)
-        elif id(param) in host_cold:
-            m.record(planned.group, Placement.HOST_COLD, nbytes,
+        elif id(param) in host_cold or id(param) in host_uva:
+            m.record(planned.group, Placement.HOST_COLD if id(param) in host_cold else Placement.HOST_UVA, nbytes,
                      routed=None if routed is None else _storage_of(param) in routed)
         elif param.device.type == "cpu" and not host_is_device:
             m.record(planned.group, STRAY_HOST, nbytes)
@@ -336,7 +344,7 @@ def _missing_groups(m: _Matching, plan: Plan, drafter_loaded: bool, drafter_expe
 def _verdict(m: _Matching, report: PlacementReport, check_routing: bool) -> list[str]:
     """Misplaced, unrouted and stray host bytes against the tolerance."""
     problems: list[str] = []
-    for kind, label in ((Placement.HOST_COLD, "cold"), (Placement.HOST_HOT, "hot")):
+    for kind, label in ((Placement.HOST_COLD, "cold"), (Placement.HOST_HOT, "hot"), (Placement.HOST_UVA, "uva")):
         loaded = landed = misplaced = 0
         wrong: list[str] = []
         for landing in m.landings.values():
@@ -359,15 +367,17 @@ def _verdict(m: _Matching, report: PlacementReport, check_routing: bool) -> list
                 f"{fmt_bytes(misplaced)} of {label} bytes (as loaded) did not land where planned, more than "
                 f"{TOLERANCE:.0%} of the {fmt_bytes(loaded)} the plan puts on the host: "
                 f"{', '.join(wrong[:6])}{' ...' if len(wrong) > 6 else ''}")
-    moved = [g for g in m.landings.values() if g.planned == Placement.HOST_COLD and g.moved_bytes]
+    moved = [g for g in m.landings.values() if g.planned in _BUILT_ON_HOST and g.moved_bytes]
     report.unrouted_cold_bytes = sum(g.moved_bytes for g in moved)
-    if check_routing and report.unrouted_cold_bytes > TOLERANCE * report.loaded_host_cold_bytes:
+    built = report.loaded_host_cold_bytes + report.loaded_host_uva_bytes
+    if check_routing and report.unrouted_cold_bytes > TOLERANCE * built:
         problems.append(
-            f"{fmt_bytes(report.unrouted_cold_bytes)} of cold bytes were allocated on the device while the "
+            f"{fmt_bytes(report.unrouted_cold_bytes)} of cold (or routed-expert) bytes were allocated on the device while the "
             f"model was built and moved to the host only after loading ({', '.join(g.group for g in moved[:6])}): "
             "the device needs them at construction, which is what the plan was to avoid")
     stray = sum(places.get(STRAY_HOST, 0) for places in m.by_place.values())
-    if stray > TOLERANCE * max(report.loaded_host_cold_bytes + report.loaded_host_hot_bytes, 1):
+    if stray > TOLERANCE * max(report.loaded_host_cold_bytes + report.loaded_host_hot_bytes
+                               + report.loaded_host_uva_bytes, 1):
         problems.append(f"{fmt_bytes(stray)} are in host memory without the plan "
                         "(is vLLM's own cpu_offload_gb set as well?)")
     return problems
@@ -388,6 +398,7 @@ def build_report(
     drafter_loaded_bytes: Mapping[str, int] | None = None,
     mechanisms: Mapping[str, str] | None = None,
     pipeline_part: bool = False,
+    host_uva_params: set[int] | frozenset[int] = frozenset(),
 ) -> PlacementReport:
     """Match ``model``'s parameters to ``plan``'s groups and compare placements.
 
@@ -400,6 +411,8 @@ def build_report(
     weight repacked into another object); ``drafter_loaded_bytes`` the same for the
     drafter's names. ``mechanisms`` describes each group's wrapper. ``pipeline_part``:
     this model is one pipeline-parallel rank's part, so groups it lacks may be on another.
+    ``host_uva_params``: the routed-expert parameters held in host memory and read in
+    place through UVA (judged like the cold set: planned, landed, built on the host).
     """
     loaded_bytes = loaded_bytes or {}
 
@@ -411,7 +424,7 @@ def build_report(
 
     host_is_device = compute_device.type == "cpu"
     m = _match_parameters(model, plan, host_is_device=host_is_device, host_cold=host_cold_params,
-                          host_hot=host_hot_params, routed=routed_storages, size=size)
+                          host_hot=host_hot_params, routed=routed_storages, size=size, host_uva=host_uva_params)
     notes = list(notes)
     if drafter is not None:
         _count_drafter(m, model, drafter, plan, host_cold_params, drafter_size, notes)
@@ -424,8 +437,9 @@ def build_report(
         model_fingerprint=plan.model.fingerprint, compute_device=str(compute_device),
         host_is_device=host_is_device, groups=list(m.landings.values()),
         planned_host_cold_bytes=plan.host_cold_bytes, planned_host_hot_bytes=plan.host_hot_bytes,
+        planned_host_uva_bytes=plan.host_uva_bytes,
         est_link_bytes_per_step=sum(g.est_link_bytes_per_step for g in plan.groups
-                                    if m.landings[g.group].actual in (Placement.HOST_COLD, Placement.HOST_HOT)),
+                                    if m.landings[g.group].actual in HOST_PLACEMENTS),
         unplanned=m.unplanned, notes=notes,
     )
     report.problems = (_missing_groups(m, plan, drafter is not None, drafter_expected, notes,

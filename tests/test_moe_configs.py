@@ -91,6 +91,8 @@ def test_gpt_oss_20b_on_8_gib_reads_top_4_of_32_experts_instead_of_whole_layers(
     assert_beats_or_matches_every_baseline(plan)
     # The bulk baseline reads its host experts top-k too: far from every offloaded byte.
     assert plan.bulk.est.est_link_s_per_step < 0.5 * plan.bulk.offloaded_bytes / LINK
+    # Segment selection offloads only routed experts (read top-k), bulk attention too (read whole).
+    assert plan.bulk_segments.est.est_step_s < plan.bulk.est.est_step_s
 
 
 def test_gpt_oss_120b_on_the_24_gib_laptop(tmp_path):
