@@ -47,6 +47,7 @@ MUTATIONS = {
  "family-acceptance-ignored": ("selective_offload/planner.py", "        inputs = replace(inputs, accept_rate=family.default)", "        inputs = replace(inputs, accept_rate=0.85)"),
  "probe-uva-not-supplied": ("selective_offload/probe.py", "        \"uva_gbps\": profile.uva_read_gbps if profile.has_link else None,", "        \"uva_gbps\": None,"),
  "probe-uva-with-another-link": ("selective_offload/cli.py", "        measured[\"uva_gbps\"] if args.link_gbps is None else None)", "        measured[\"uva_gbps\"])"),
+ "probe-vram-from-copy": ("selective_offload/probe.py", "        \"vram_gbps\": (profile.decode_read_gbps or profile.vram_gbps) if on_gpu else None,", "        \"vram_gbps\": profile.vram_gbps if on_gpu else None,"),
  "hybrid-buffers-largest-only": ("selective_offload/planner.py", "    return prefetch_step * sum(largest.values())", "    return prefetch_step * max(g.nbytes for g in layers)"),
  "expert-read-whole": ("selective_offload/estimate.py", "    p = min(experts_per_token / num_experts, 1.0)", "    p = 1.0"),
  "expert-tokens-ignored": ("selective_offload/estimate.py", "        read = e.read_bytes(tokens_per_pass)", "        read = e.read_bytes(1)"),

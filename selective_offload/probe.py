@@ -26,6 +26,11 @@ copies, the device synchronised before and after each copy:
   than the copy engine does, and less as the buffer grows (nvbandwidth issue #42: an A100's
   in-kernel host reads fell from 25.1 to 16.5 GB/s between 1 and 20 GiB). So its sizes go
   past the copies' (up to 4 GiB in a full probe). Bytes counted: the buffer, once.
+- **decode reads** (``decode_read_gbps``): a matrix-vector product over a bf16 weight as
+  large as the largest copy, the shape of a batch-1 decode step's weight reads; bytes
+  counted: the weight, once. Decode kernels read VRAM slower than a copy or a saturating
+  read kernel (two published runs on one DGX Spark read at about 0.7 of the latter), so
+  planning takes its VRAM rate from this when measured, else from the copy.
 - **matmul** (``matmul_tflops``, ``matmul_dtype``): a square matrix product large enough to
   be compute-bound (bf16 on a GPU, float32 on the CPU), ``2 n^3`` FLOPs over its median
   time: the rate at which a decode step's FLOPs can run at best, so a layer costs at least
@@ -117,6 +122,9 @@ class Profile:
     #: largest buffer (GB/s); ``None``: not measured (no GPU, or a profile from before).
     uva_read_gbps: float | None = None
     uva_read_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    #: A matrix-vector product reading a bf16 weight from VRAM (GB/s, the weight counted
+    #: once); ``None``: not measured.
+    decode_read_gbps: float | None = None
     #: Dense matmul rate (TFLOP/s) in ``matmul_dtype``; ``None``: not measured.
     matmul_tflops: float | None = None
     matmul_dtype: str | None = None
@@ -212,6 +220,9 @@ class Profile:
         if self.vram_gbps is not None:
             lines.append(f"  VRAM           {_fmt_rate(self.vram_gbps)} GB/s "
                          "(device-to-device copy, bytes read + written)")
+        if self.decode_read_gbps is not None:
+            lines.append(f"  decode reads   {_fmt_rate(self.decode_read_gbps)} GB/s (a bf16 matrix-vector product "
+                         "reading its weight once: what planning uses for VRAM)")
         if self.matmul_tflops is not None:
             lines.append(f"  matmul         {self.matmul_tflops:.3g} TFLOP/s ({self.matmul_dtype}, compute-bound size)")
         if self.device_memory_total_bytes is not None:
@@ -364,6 +375,7 @@ def _read_profile(data: Any, where: str) -> Profile:
         no_link_reason=text("no_link_reason", optional=True),
         **{f"{k}_samples_s": samples(f"{k}_samples_s") for k in SAMPLE_KINDS},
         uva_read_gbps=rate("uva_read_gbps") if "uva_read_gbps" in data else None,
+        decode_read_gbps=rate("decode_read_gbps") if "decode_read_gbps" in data else None,
         matmul_tflops=rate("matmul_tflops") if "matmul_tflops" in data else None,
         matmul_dtype=(text("matmul_dtype", optional=True) if "matmul_dtype" in data else None),
         repeats=repeats, quick=quick,
@@ -388,6 +400,8 @@ def _check_consistent(p: Profile, bad: Callable[[str, Any, str], UserError]) -> 
             raise bad("no_link_reason", None, "a reason when device is null (no GPU, no link)")
     if p.uva_read_gbps is not None and not p.has_link:
         raise bad("uva_read_gbps", p.uva_read_gbps, "null when there is no link (no GPU)")
+    if p.decode_read_gbps is not None and p.device is None:
+        raise bad("decode_read_gbps", p.decode_read_gbps, "null when device is null (no GPU)")
     if (p.matmul_tflops is None) != (p.matmul_dtype is None):
         raise bad("matmul_dtype", p.matmul_dtype, "given exactly when matmul_tflops is")
     if p.device_memory_total_bytes == 0:
@@ -432,7 +446,7 @@ def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
     return {
         "link_gbps": profile.link_gbps_pinned if profile.has_link else None,
         "uva_gbps": profile.uva_read_gbps if profile.has_link else None,
-        "vram_gbps": profile.vram_gbps if on_gpu else None,
+        "vram_gbps": (profile.decode_read_gbps or profile.vram_gbps) if on_gpu else None,
         "compute_tflops": profile.matmul_tflops if on_gpu else None,
         "device_memory_bytes": (profile.device_memory_total_bytes
                                 if profile.device is not None and profile.device_memory_total_bytes else None),
@@ -605,6 +619,22 @@ def uva_read_series(sizes: Sequence[int], *, repeats: int, warmup: int, cuda,
     return out
 
 
+def decode_read_gbps(device, nbytes: int, *, repeats: int, warmup: int, cuda, cols: int = 8192) -> float:
+    """GB/s at which ``torch.mv`` reads a bf16 weight of about ``nbytes`` (``cols`` wide) on
+    ``device``: a batch-1 decode step's access pattern, each weight byte read once."""
+    import torch
+
+    rows = max(1, nbytes // (2 * cols))
+    try:
+        weight = torch.ones(rows, cols, dtype=torch.bfloat16, device=device)
+        x = torch.ones(cols, dtype=torch.bfloat16, device=device)
+        secs = _median_s(lambda: torch.mv(weight, x), repeats=repeats, warmup=warmup, cuda=cuda)
+    except (RuntimeError, AssertionError, MemoryError) as exc:
+        raise UserError(f"probe: could not measure decode reads on {device} ({_one_line(exc)}); "
+                        "free memory, or try --quick") from None
+    return rows * cols * 2 / secs / GB
+
+
 def matmul_tflops(device, n: int, dtype, *, repeats: int, warmup: int, cuda) -> float:
     """TFLOP/s of an ``n x n`` by ``n x n`` matmul in ``dtype`` on ``device`` (``2 n^3`` FLOPs)."""
     import torch
@@ -701,13 +731,15 @@ def measure(*, device: Any = None, sizes: Sequence[int] | None = None, repeats: 
         uva = uva_read_series(uva_sizes, repeats=repeats, warmup=warmup, cuda=dev,
                               view=lambda host: cuda_view_of_pinned(host, dev), pin=True, required=len(fits))
         matmul = matmul_tflops(dev, matmul_n, torch.bfloat16, repeats=repeats, warmup=warmup, cuda=dev)
+        decode = decode_read_gbps(dev, max(fits), repeats=repeats, warmup=warmup, cuda=dev)
         torch.cuda.empty_cache()
     return Profile(
         device=torch.cuda.get_device_name(dev), integrated=bool(getattr(props, "is_integrated", False)),
         link_gbps_pinned=_rate(pinned, 1), link_gbps_pageable=_rate(pageable, 1), vram_gbps=_rate(d2d, 2),
         device_memory_total_bytes=int(total), device_memory_free_bytes=int(free), no_link_reason=None,
         h2d_pinned_samples_s=pinned, h2d_pageable_samples_s=pageable, d2d_samples_s=d2d,
-        uva_read_gbps=_rate(uva, 1), uva_read_samples_s=uva, matmul_tflops=matmul, matmul_dtype="bfloat16", **common,
+        uva_read_gbps=_rate(uva, 1), uva_read_samples_s=uva, decode_read_gbps=decode, matmul_tflops=matmul,
+        matmul_dtype="bfloat16", **common,
     )
 
 

@@ -109,6 +109,15 @@ def test_uva_read_series_times_a_kernel_reading_a_view_of_host_memory():
     assert "\n" not in str(exc.value)
 
 
+def test_decode_read_rate_is_the_weight_bytes_of_a_matrix_vector_product(monkeypatch):
+    from selective_offload import probe
+
+    calls = []
+    monkeypatch.setattr(probe, "_median_s", lambda fn, **kw: (calls.append(fn()), 0.25)[1])
+    rate = probe.decode_read_gbps(torch.device("cpu"), 4 * MiB, repeats=1, warmup=0, cuda=None, cols=1024)
+    assert calls[0].shape == (2048,) and rate == pytest.approx(4 * MiB / 0.25 / 1e9)
+
+
 def test_matmul_rate_counts_two_n_cubed_flops(monkeypatch):
     from selective_offload import probe
 
@@ -157,9 +166,9 @@ def test_quick_gpu_measure_has_link_vram_and_device_memory(tmp_path):
     p.save(tmp_path / "p.json")
     assert Profile.load(tmp_path / "p.json") == p
     assert p.uva_read_gbps > 0 and sorted(p.uva_read_samples_s) == [4 * MiB, 16 * MiB, 64 * MiB]
-    assert p.matmul_dtype == "bfloat16" and p.matmul_tflops > 0
+    assert p.matmul_dtype == "bfloat16" and p.matmul_tflops > 0 and p.decode_read_gbps > 0
     assert plan_defaults(p) == {"link_gbps": p.link_gbps_pinned, "uva_gbps": p.uva_read_gbps,
-                                "vram_gbps": p.vram_gbps, "compute_tflops": p.matmul_tflops,
+                                "vram_gbps": p.decode_read_gbps, "compute_tflops": p.matmul_tflops,
                                 "device_memory_bytes": p.device_memory_total_bytes}
 
 
@@ -238,6 +247,10 @@ BAD_FILES = {
                                  "null when there is no link"),
     "a matmul rate without its dtype": (_edit(matmul_tflops=700.0), "given exactly when matmul_tflops is"),
     "zero matmul rate": (_edit(matmul_tflops=0, matmul_dtype="bfloat16"), "matmul_tflops is 0"),
+    "decode reads without a device": (_edit(decode_read_gbps=100.0, device=None, link_gbps_pinned=None,
+                                            link_gbps_pageable=None, vram_gbps=None, device_memory_total_bytes=None,
+                                            device_memory_free_bytes=None, no_link_reason="cpu"),
+                                      "null when device is null"),
 }
 
 
@@ -331,6 +344,10 @@ def test_plan_defaults_of_a_gpu_profile_supply_link_vram_and_device_memory():
            "pinned copy)" in text
     assert "matmul         701 TFLOP/s (bfloat16, compute-bound size)" in text
     assert "--link-gbps 52.3 --uva-gbps 40.1 --vram-gbps 3900 --compute-tflops 701" in text
+    # a measured decode read rate is what planning takes for VRAM, over the copy
+    r = gpu_profile(decode_read_gbps=3100.0)
+    assert plan_defaults(r)["vram_gbps"] == 3100.0 and "--vram-gbps 3100" in r.render()
+    assert "decode reads   3100 GB/s (a bf16 matrix-vector product reading its weight once" in r.render()
     assert describe(gpu_profile(integrated=True)).endswith("NVIDIA H200, integrated")
 
 
