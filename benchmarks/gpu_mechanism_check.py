@@ -40,7 +40,8 @@ the host instead.
 What it measures (a table each): device gather vs host gather vs UVA gather for 1, 16, 256
 and 4096 tokens per step; the masked TP lookup, device shard vs host shard; construction
 figures (bytes routed, device growth, release time); tower onload time against tower
-size; pinned (and pageable) host-to-device bandwidth; page-locked bytes over planned host
+size; pinned (and pageable) host-to-device bandwidth, beside the probe's UVA read rate (a
+kernel reading page-locked host memory in place) and decode-shaped VRAM read rate; page-locked bytes over planned host
 bytes (``ratio_rounding`` for torch's pinned blocks, ``ratio_exact`` for registration, per
 tensor set and overall), the time to allocate and page-lock each way, and the process RSS
 around it. Times are medians of per-call wall time with the device synchronised around
@@ -745,6 +746,18 @@ def bandwidth_section(cfg: dict, cuda: bool, device: torch.device) -> dict:
         result["pinned_h2d_gb_per_s"] = nbytes / us / 1e3
         us = median_us(lambda: dst.copy_(pageable), iters, cuda)
         result["pageable_h2d_gb_per_s"] = nbytes / us / 1e3
+        # The probe's own measurements of what the plan prices: kernels reading page-locked
+        # host memory in place through a UVA view (bulk cpu_offload_gb, the UVA embedding,
+        # experts read in place), against the copy; and a decode-shaped VRAM read.
+        from selective_offload.probe import decode_read_gbps, uva_read_series
+        from selective_offload.wrappers.host_embedding import cuda_view_of_pinned
+
+        pinned = pageable = None
+        uva = uva_read_series([nbytes], repeats=iters, warmup=2, cuda=device, pin=True, required=1,
+                              view=lambda host: cuda_view_of_pinned(host, device))
+        result["uva_read_gb_per_s"] = nbytes / uva[nbytes] / 1e9
+        result["uva_over_pinned_copy"] = result["uva_read_gb_per_s"] / result["pinned_h2d_gb_per_s"]
+        result["decode_read_gb_per_s"] = decode_read_gbps(device, nbytes, repeats=iters, warmup=2, cuda=device)
     else:
         src = torch.ones(nbytes, dtype=torch.uint8)
         us = median_us(lambda: dst.copy_(src), iters, cuda)

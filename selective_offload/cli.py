@@ -18,7 +18,7 @@ from . import __version__
 from .checkpoint import load_checkpoint, write_manifest
 from .errors import UserError
 from .names import DEFAULT_COLD_SEGMENTS
-from .estimate import DEFAULT_ACCEPT_RATE, KV_DTYPE_BYTES
+from .estimate import DEFAULT_ACCEPT_RATE, DEFAULT_UVA_READ_FACTOR, KV_DTYPE_BYTES
 from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs, Strategy
 from .probe import (
     add_probe_arguments,
@@ -94,13 +94,23 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vram-gbps", default=None, metavar="GB/S",
                    help="device memory bandwidth in decimal GB/s (default: the probe's, else "
                         f"{REFERENCE_VRAM_GBPS}, the reference laptop's)")
+    p.add_argument("--uva-gbps", default=None, metavar="GB/S",
+                   help="rate at which kernels read host memory in place through UVA (vLLM's cpu_offload_gb, "
+                        "the UVA embedding, experts read in place), decimal GB/s (default: the probe's when "
+                        f"the link is the probe's too, else {DEFAULT_UVA_READ_FACTOR} x the link, the reference "
+                        "laptop's measured fraction)")
+    p.add_argument("--compute-tflops", default=None, metavar="TFLOP/S",
+                   help="the GPU's dense matmul rate for the weights' format, so each layer costs at least "
+                        "its FLOPs (default: the probe's bf16 matmul rate; without one, compute is not priced)")
     p.add_argument("--speculative", default=None, metavar="mtp[:K]",
                    help="plan for MTP speculative decoding with K draft tokens per step (default K: the "
                         "model's MTP layers): the MTP head is loaded and runs every step; the plan is also "
                         "made without speculation and the faster is recommended (default: off)")
-    p.add_argument("--accept-rate", type=float, default=DEFAULT_ACCEPT_RATE, metavar="A",
-                   help=f"per-token acceptance rate of the drafts (default {DEFAULT_ACCEPT_RATE}: DeepSeek-V3's "
-                        "published 85-90%% for its MTP head; measure yours with vLLM's spec-decode metrics)")
+    p.add_argument("--accept-rate", type=float, default=None, metavar="A",
+                   help="per-token acceptance rate of the drafts (default: the published rate of the model's "
+                        "family: 0.65 for Qwen3.x MTP heads, 0.85 for DeepSeek-V3's, else "
+                        f"{DEFAULT_ACCEPT_RATE}; the plan also prices the published range; measure yours with "
+                        "vLLM's spec-decode metrics)")
     p.add_argument("--batch", type=int, default=1, metavar="N",
                    help="concurrent decode sequences (they share one pass over the weights; default 1)")
     p.add_argument("--max-model-len", type=int, default=None, metavar="L",
@@ -176,6 +186,17 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
     if args.device_memory is None and measured["device_memory_bytes"] is None:
         raise UserError("--device-memory is needed (like 24GiB): no `selective-offload probe` profile of a GPU "
                         f"on this machine ({default_profile_path()}) says it")
+    uva = parse_bandwidth_gbps(args.uva_gbps, "--uva-gbps") if args.uva_gbps is not None else (
+        measured["uva_gbps"] if args.link_gbps is None else None)  # the probe's UVA rate goes with its link
+    compute = None
+    if args.compute_tflops is not None:
+        try:
+            compute = float(args.compute_tflops)
+        except ValueError:
+            compute = float("nan")
+        if not (compute > 0 and compute != float("inf")):
+            raise UserError(f"--compute-tflops: {args.compute_tflops!r} must be a positive number of TFLOP/s, "
+                            "like 200")
     inputs = PlanInputs(
         device_memory_bytes=(parse_size(args.device_memory, "--device-memory") if args.device_memory is not None
                              else measured["device_memory_bytes"]),
@@ -196,6 +217,8 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
         bulk_cpu_offload_gb=bulk,
         all_cold=args.all_cold,
         host_memory_bytes=_host_memory(args.host_memory),
+        uva_gbps=uva,
+        compute_tflops=compute if compute is not None else measured["compute_tflops"],
     )
     if inputs.device_memory_bytes == 0:
         raise UserError("--device-memory: must be more than 0, like 24GiB")

@@ -1,15 +1,19 @@
 """What one decode step costs, estimated from bytes and bandwidths: the traffic model.
 
 A decode step of a memory-bound model reads every resident weight once from VRAM, every
-offloaded weight once over the link, and each sequence's KV cache. Four levers change
-what that costs per generated token; each is priced here, and every figure is an
-estimate (``est_``) that ignores compute (see :data:`~selective_offload.plan.EST_IGNORES`).
+offloaded weight once over the link, and each sequence's KV cache. The levers that
+change what that costs per generated token are priced here; every figure is an estimate
+(``est_``), and :data:`~selective_offload.plan.EST_IGNORES` says what it leaves out.
 
-- **Overlap, as each mechanism moves bytes.** vLLM's prefetch offloader copies the next
-  offloaded layer while the layers before it compute, so an offloaded layer costs about
-  ``max(its copy, the compute it hides behind)``, not the sum (:func:`pipelined_step_s`).
-  Bulk ``cpu_offload_gb`` reads its bytes through UVA inside the kernels: in line, no
-  overlap (:func:`inline_step_s`).
+- **Overlap and rate, as each mechanism moves bytes.** vLLM's prefetch offloader copies
+  the next offloaded layer with the copy engine (the pinned copy rate) while the layers
+  before it compute, so an offloaded layer costs about ``max(its copy, the compute it
+  hides behind)``, not the sum (:func:`pipelined_step_s`). Bulk ``cpu_offload_gb``, the
+  UVA embedding and experts read in place are read by the kernels through UVA: in line,
+  no overlap (:func:`inline_step_s`), at the UVA read rate, which is below the copy rate
+  (:data:`DEFAULT_UVA_READ_FACTOR`, or what ``selective-offload probe`` measured).
+- **Compute.** Given the card's matmul rate, each layer costs at least its FLOPs at the
+  step's tokens (:func:`flops_per_token`); without one, compute is not priced.
 - **Batch.** ``N`` concurrent sequences share one pass over the weights (and one trip of
   every offloaded byte over the link); each adds its own embedding rows and KV reads.
 - **Speculative decoding.** An MTP head drafts ``K`` tokens (``K`` passes over the head and
@@ -44,9 +48,68 @@ from typing import Any, Mapping
 #: spec-decode metrics (accepted / draft tokens) for the model you run.
 DEFAULT_ACCEPT_RATE = 0.85
 
+
+@dataclass(frozen=True)
+class AcceptanceDefault:
+    """A published per-token acceptance rate of a family's MTP head: the default, the range
+    the sources report across workloads, and where each figure comes from."""
+
+    family: str
+    default: float
+    low: float
+    high: float
+    source: str
+
+
+#: Per family (matched on the config's ``model_type`` prefix), the acceptance a plan uses
+#: when ``--accept-rate`` is not given. Acceptance depends on the workload far more than on
+#: the format, so each carries the range the plan also prices.
+ACCEPTANCE_DEFAULTS: tuple[tuple[tuple[str, ...], AcceptanceDefault], ...] = (
+    (("qwen3",), AcceptanceDefault(
+        "Qwen3.x MTP head", 0.65, 0.48, 0.91,
+        "Qwen3.8-27B bf16, teacher-forced, K=1: 0.647 pooled, 0.908 code, 0.606 factual, 0.492 prose, "
+        "0.480 technical (tenstorrent/vllm issue #442); the NVFP4 build 0.835 (kekzl/imp PR #1839); "
+        "FP8 on coding prompts 0.90 at K=1 (SemiAnalysisAI/InferenceX PR #3304)")),
+    (("deepseek", "kimi"), AcceptanceDefault(
+        "DeepSeek-V3 MTP head", 0.85, 0.85, 0.90,
+        "DeepSeek-V3 technical report (arXiv:2412.19437, section 5.4.3): 85-90% for the second token")),
+)
+#: A family with no published figure: DeepSeek-V3's rate, priced across the widest range
+#: published for any family above.
+GENERIC_ACCEPTANCE = AcceptanceDefault(
+    "no published figure for this family", DEFAULT_ACCEPT_RATE, 0.48, 0.91,
+    "DeepSeek-V3's 0.85 (arXiv:2412.19437); range: the lowest and highest published for Qwen3.x heads "
+    "(tenstorrent/vllm issue #442)")
+#: Draft tokens the planner considers. Per-position acceptance falls with depth (Qwen3.8-27B
+#: FP8, coding: mean accepted length 1.90, 2.68, 3.28, 3.79 at K = 1-4, SemiAnalysisAI/
+#: InferenceX PR #3304; a constant rate from K=1 predicts 2.71, 3.44, 4.10), so the constant
+#: rate used here flatters deep drafts and the search stops at 4.
+MAX_DRAFT_TOKENS = 4
+
+
+def acceptance_default(model_type: str | None) -> AcceptanceDefault:
+    """The published acceptance of ``model_type`` 's MTP head (its family's), else the generic."""
+    text = (model_type or "").lower()
+    for prefixes, found in ACCEPTANCE_DEFAULTS:
+        if text.startswith(prefixes):
+            return found
+    return GENERIC_ACCEPTANCE
+
 #: Bytes per element of vLLM's KV cache dtypes (``auto`` is the model's dtype: 2 for bf16).
 KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_e4m3": 1,
                   "fp8_e5m2": 1, "float32": 4}
+
+#: Kernels reading host memory in place through UVA (vLLM's ``cpu_offload_gb``, the UVA
+#: embedding, experts read in place) reach this fraction of the pinned copy rate, when no
+#: probe measured it (``selective-offload probe``: ``uva_read_gbps``). It is the reference
+#: laptop's arithmetic (SPEC.md: ``cpu_offload_gb=10``, 10.77 GB read in line at 1.05
+#: tok/s measured with 13.9 GB/s pinned copies leaves 918 ms for 10.77 GB: 0.84 of the copy
+#: rate), so it CALIBRATES the model on that point rather than validates it. Other
+#: published figures agree in direction only: kernels' host reads reach less than the copy
+#: engine and fall as the buffer grows (NVIDIA/nvbandwidth issue #42: an A100's
+#: ``host_to_device_memcpy_sm`` 25.13 GB/s at 1 GiB, 16.50 GB/s at 20 GiB; issue #24: an
+#: H100's 35.2 GB/s host-to-device against 52.8 GB/s device-to-host, both by SMs).
+DEFAULT_UVA_READ_FACTOR = 0.84
 
 
 def expert_read_fraction(num_experts: int, experts_per_token: int, tokens: int | float, *,
@@ -219,6 +282,12 @@ class Traffic:
     draft_bytes: int = 0
     #: Routed experts of MoE layers, priced by the tokens of the step (see :class:`ExpertsRead`).
     experts: tuple["ExpertsRead", ...] = ()
+    #: FLOPs per token (:func:`flops_per_token`): of each decoder layer's dense part (in
+    #: ``layers`` order), of the other resident modules read every pass (the LM head), and
+    #: of one draft pass (the MTP head and the LM head).
+    layer_flops: tuple[float, ...] = ()
+    other_flops: float = 0.0
+    draft_flops: float = 0.0
 
 
 #: Where a layer's routed experts are read from: VRAM, a prefetched copy of the whole layer,
@@ -236,6 +305,8 @@ class ExpertsRead:
     num_experts: int
     experts_per_token: int
     where: str = EXPERTS_DEVICE
+    #: FLOPs one token spends in this layer's routed experts (its k experts, est).
+    flops_per_token: float = 0.0
 
     def read_bytes(self, tokens: float) -> float:
         return self.nbytes * expert_read_fraction(self.num_experts, self.experts_per_token, tokens)
@@ -250,48 +321,90 @@ class StepSettings:
     accept_rate: float = DEFAULT_ACCEPT_RATE
     #: Average context of a sequence in the step (KV read per sequence); 0: not priced.
     context_tokens: int = 0
+    #: Kernels reading host memory in place through UVA; ``None``: ``link_gbps`` x
+    #: :data:`DEFAULT_UVA_READ_FACTOR`.
+    uva_gbps: float | None = None
+    #: The card's matmul rate for the weights' format (TFLOP/s); ``None``: compute not priced.
+    compute_tflops: float | None = None
+
+
+#: Bits one parameter takes in a stored dtype, for counting parameters (and so FLOPs) from
+#: bytes: 8-bit containers of quantized checkpoints hold two 4-bit values in U8 (NVFP4,
+#: MXFP4 blocks, bitsandbytes nf4) and eight in I32 (GPTQ, AWQ ``qweight``). Scales stored
+#: beside them are counted as parameters too (a few percent at most).
+PARAM_BITS = {"U8": 4, "I32": 4, "U32": 4, "F4": 4}
+
+
+def flops_per_token(dtype_bytes: Mapping[str, int]) -> float:
+    """2 FLOPs (a multiply and an add) per parameter, parameters counted from stored bytes
+    by dtype (:data:`PARAM_BITS` for packed containers, else the dtype's width; est)."""
+    from .tensors import DTYPE_BITS
+
+    params = sum(nbytes * 8 / PARAM_BITS.get(dtype, DTYPE_BITS.get(dtype, 16)) for dtype, nbytes in dtype_bytes.items())
+    return 2.0 * params
 
 
 def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, pipelined: bool) -> dict[str, float]:
-    """The est_ figures of one step: link, VRAM, hidden link time, draft time, step time,
-    tokens per step and tok/s (total and per sequence). ``pipelined``: the prefetch
-    offloader's overlap (selective); otherwise every byte is paid in line (bulk)."""
+    """The est_ figures of one step: link, VRAM and compute time, hidden link time, draft
+    time, step time, tokens per step and tok/s (total and per sequence). ``pipelined``:
+    the prefetch offloader's overlap (selective); otherwise every byte is paid in line (bulk).
+
+    Each mechanism moves bytes at its own rate: the prefetch offloader's copies at the
+    pinned copy rate (``link_gbps``), kernels reading host memory in place (bulk
+    ``cpu_offload_gb``, the UVA embedding, experts read in place) at the UVA read rate. With
+    a matmul rate, every layer (and the LM head, and each draft pass) costs at least its
+    FLOPs at the step's tokens over that rate."""
     gb_link, gb_vram = settings.link_gbps * 1e9, settings.vram_gbps * 1e9
+    gb_uva = (settings.uva_gbps if settings.uva_gbps is not None else settings.link_gbps * DEFAULT_UVA_READ_FACTOR) * 1e9
+    flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
     n, k = max(1, settings.batch), max(0, settings.spec_tokens)
     tokens_per_pass = n * (k + 1)
+
+    def compute_s(flops: float, tokens: float) -> float:
+        return flops * tokens / flop_s if flop_s else 0.0
+
     kv_s = (n * kv.bytes_per_seq(settings.context_tokens) / gb_vram) if kv is not None and settings.context_tokens else 0.0
-    rows_link_s = traffic.row_bytes_host * (tokens_per_pass + k * n) / gb_link
-    # Per layer: bytes read from VRAM and bytes copied over the link by the prefetch offloader.
+    rows_link_s = traffic.row_bytes_host * (tokens_per_pass + k * n) / gb_uva
+    # Per layer: bytes read from VRAM, bytes copied over the link by the prefetch offloader,
+    # and FLOPs per token.
     reads = [float(b) for b, _ in traffic.layers]
     copies = [float(b) if host else 0.0 for b, host in traffic.layers]
+    flops = [float(f) for f in traffic.layer_flops] if len(traffic.layer_flops) == len(reads) else [0.0] * len(reads)
     uva_bytes = float(traffic.uva_bytes)
     for e in traffic.experts:
         read = e.read_bytes(tokens_per_pass)
+        flops[e.layer] += e.flops_per_token
         if e.where == EXPERTS_UVA:
             uva_bytes += read
         else:
             reads[e.layer] += read
             if e.where == EXPERTS_PREFETCHED:
                 copies[e.layer] += e.nbytes
-    uva_s = uva_bytes / gb_link
+    uva_s = uva_bytes / gb_uva
     copies_s = sum(copies) / gb_link
     layer_read_s = sum(reads) / gb_vram
-    other_s = (traffic.other_device_bytes + traffic.row_bytes_device * tokens_per_pass) / gb_vram
-    draft_s = k * traffic.draft_bytes / gb_vram
+    other_read_s = (traffic.other_device_bytes + traffic.row_bytes_device * tokens_per_pass) / gb_vram
+    other_s = max(other_read_s, compute_s(traffic.other_flops, tokens_per_pass))
+    draft_s = k * max(traffic.draft_bytes / gb_vram, compute_s(traffic.draft_flops, n))
     link_s = copies_s + rows_link_s + uva_s
-    vram_s = layer_read_s + other_s + kv_s
+    vram_s = layer_read_s + other_read_s + kv_s
+    per_layer_kv = kv_s / len(traffic.layers) if traffic.layers else 0.0
+    # A layer takes the longer of reading its weights (and its share of the KV) and its FLOPs.
+    layer_s = [max(r / gb_vram + per_layer_kv, compute_s(f, tokens_per_pass)) for r, f in zip(reads, flops)]
+    compute = (sum(compute_s(f, tokens_per_pass) for f in flops) + compute_s(traffic.other_flops, tokens_per_pass)
+               + k * compute_s(traffic.draft_flops, n))
     if pipelined:
-        per_layer_kv = kv_s / len(traffic.layers) if traffic.layers else 0.0
-        costs = [LayerCost(r / gb_vram + per_layer_kv, c / gb_link) for r, c in zip(reads, copies)]
+        costs = [LayerCost(t, c / gb_link) for t, c in zip(layer_s, copies)]
         core, hidden = pipelined_step_s(costs, other_s + (0.0 if traffic.layers else kv_s))
         # UVA reads are paid in line: they share the link with the prefetch copies, so
         # they hide no copy and no copy hides them.
         step = core + rows_link_s + uva_s + draft_s
     else:
         hidden = 0.0
-        step = inline_step_s(vram_s, link_s) + draft_s
+        device_s = sum(layer_s) + other_s + (0.0 if traffic.layers else kv_s)
+        step = inline_step_s(device_s, link_s) + draft_s
     tokens = n * expected_tokens_per_step(k, settings.accept_rate)
     tok_s = tokens / step if step > 0 else float("inf")
     return {"est_link_s_per_step": link_s, "est_vram_s_per_step": vram_s, "est_step_s": step, "est_tok_s": tok_s,
             "est_tokens_per_step": tokens, "est_tok_s_per_seq": tok_s / n, "est_hidden_link_s_per_step": hidden,
-            "est_draft_s_per_step": draft_s}
+            "est_draft_s_per_step": draft_s, "est_compute_s_per_step": compute}

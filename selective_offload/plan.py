@@ -34,6 +34,7 @@ from typing import Any, Mapping
 from .errors import PlanError
 from .estimate import (
     DEFAULT_ACCEPT_RATE,
+    DEFAULT_UVA_READ_FACTOR,
     EXPERTS_DEVICE,
     EXPERTS_PREFETCHED,
     EXPERTS_UVA,
@@ -43,6 +44,7 @@ from .estimate import (
     StepSettings,
     Traffic,
     expert_read_fraction,
+    flops_per_token,
     step_cost,
 )
 from .names import DEFAULT_COLD_SEGMENTS, EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, has_segment
@@ -63,16 +65,21 @@ DEFAULT_KV_CACHE_BYTES = 1 * GiB
 DEFAULT_RESERVE_BYTES = 2 * GiB
 
 EST_IGNORES: tuple[str, ...] = (
-    "compute time: the model counts bytes only (a layer computes in its VRAM read time), so "
-    "compute-bound formats (NVFP4, large batches, MoE at batch > 1) run slower than estimated",
+    "compute beyond a matmul's best rate: with --compute-tflops (or a probe of the GPU) a layer costs "
+    "at least its FLOPs (2 per parameter per token, counted from stored bytes) at that rate; kernels "
+    "that reach less at decode shapes (NVFP4 ran 4.7x slower than its bytes on the reference laptop) "
+    "run slower than estimated, and without a rate compute is not priced at all",
     "attention compute, activations and sampling; KV reads are priced only with --max-model-len "
     "or --context, and spread evenly over the layers",
     "kernel launch, scheduling and Python overhead between kernels (the host gather's fixed host "
     "work per step among them)",
     "prefetch overlap: one slot ahead, copies and compute assumed not to slow each other (they "
-    "share memory bandwidth); bulk UVA reads are paid in line",
-    "speculative decoding: the acceptance rate is an input, and the drafts' KV and the extra "
-    "compute of verifying K + 1 tokens are ignored",
+    "share memory bandwidth); copies are priced at the pinned copy rate, which no published "
+    "measurement of vLLM's prefetch offloader has checked",
+    "UVA reads in kernels at one rate whatever the buffer size (0.84 of the copy rate unless probed; "
+    "in-kernel host reads fall as buffers grow past GBs)",
+    "speculative decoding: one acceptance rate for every draft position (measured accepted lengths fall "
+    "1-11% below it at 2-4 drafts), and the drafts' KV",
     "routed experts (MoE): uniform routing assumed, a step of T tokens reading 1 - (1 - k/E)^T of a "
     "layer's expert bytes; real routers favour some experts, so at T > 1 fewer distinct experts are "
     "read than estimated",
@@ -267,8 +274,9 @@ class PlanInputs:
     batch: int = 1
     #: Draft tokens per step with speculative decoding; ``None``: the MTP head's layer count.
     spec_tokens: int | None = None
-    #: Per-token acceptance rate of the drafts (see ``estimate.DEFAULT_ACCEPT_RATE``).
-    accept_rate: float = DEFAULT_ACCEPT_RATE
+    #: Per-token acceptance rate of the drafts; ``None``: the published rate of the model's
+    #: family (``estimate.acceptance_default``), which planning fills in.
+    accept_rate: float | None = None
     #: With both, the KV cache is sized from the model (replacing ``kv_cache_bytes``).
     max_model_len: int | None = None
     max_seqs: int | None = None
@@ -276,10 +284,22 @@ class PlanInputs:
     #: Average context of a sequence during decode, for KV reads per step; ``None``: half
     #: of ``max_model_len`` when given, else KV reads are not priced.
     context_tokens: int | None = None
+    #: Kernels reading host memory in place through UVA (bulk ``cpu_offload_gb``, the UVA
+    #: embedding, experts read in place), GB/s; ``None``: ``link_gbps`` x
+    #: ``estimate.DEFAULT_UVA_READ_FACTOR`` (see :attr:`uva_read_gbps`).
+    uva_gbps: float | None = None
+    #: The card's dense matmul rate for the weights' format (TFLOP/s), so a layer costs at
+    #: least its FLOPs; ``None``: compute is not priced (the plan says so).
+    compute_tflops: float | None = None
 
     @property
     def weight_budget_bytes(self) -> int:
         return self.device_memory_bytes - self.kv_cache_bytes - self.reserve_bytes
+
+    @property
+    def uva_read_gbps(self) -> float:
+        """The UVA read rate the step model uses: given, else a published fraction of the link."""
+        return self.uva_gbps if self.uva_gbps is not None else self.link_gbps * DEFAULT_UVA_READ_FACTOR
 
     @property
     def context(self) -> int:
@@ -291,9 +311,11 @@ class PlanInputs:
     def validate(self) -> None:
         if self.device_memory_bytes <= 0:
             raise PlanError("device memory must be more than 0 bytes; give it like --device-memory 24GiB")
-        for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps)):
-            if not (value > 0 and math.isfinite(value)):
+        for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps), ("UVA read", self.uva_gbps)):
+            if value is not None and not (value > 0 and math.isfinite(value)):
                 raise PlanError(f"{label} bandwidth {value!r} GB/s must be a positive number")
+        if self.compute_tflops is not None and not (self.compute_tflops > 0 and math.isfinite(self.compute_tflops)):
+            raise PlanError(f"compute rate {self.compute_tflops!r} TFLOP/s must be a positive number")
         if self.kv_cache_bytes < 0 or self.reserve_bytes < 0:
             raise PlanError("KV cache and reserve sizes must be zero or more bytes")
         if self.weight_budget_bytes <= 0:
@@ -316,7 +338,7 @@ class PlanInputs:
             raise PlanError(f"batch {self.batch} must be 1 or more concurrent sequences")
         if self.spec_tokens is not None and not 1 <= self.spec_tokens <= 16:
             raise PlanError(f"speculative draft tokens {self.spec_tokens} must be between 1 and 16, like mtp:2")
-        if not 0.0 <= self.accept_rate <= 1.0:
+        if self.accept_rate is not None and not 0.0 <= self.accept_rate <= 1.0:
             raise PlanError(f"acceptance rate {self.accept_rate!r} must be between 0 and 1, like 0.85")
         for label, value in (("max model length", self.max_model_len), ("max sequences", self.max_seqs),
                              ("context tokens", self.context_tokens)):
@@ -357,6 +379,8 @@ class PlanInputs:
             max_seqs=r.int("max_seqs", minimum=1, default=None),
             kv_cache_dtype=r.str("kv_cache_dtype", default="auto"),
             context_tokens=r.int("context_tokens", default=None),
+            uva_gbps=r.number("uva_gbps", positive=True, default=None),
+            compute_tflops=r.number("compute_tflops", positive=True, default=None),
         )
         try:
             inputs.validate()
@@ -489,6 +513,12 @@ def experts_read_bytes(nbytes: int, num_experts: int, experts_per_token: int, to
 
 
 
+def _read_flops(dtype_bytes: Mapping[str, int], read_bytes: int, nbytes: int) -> float:
+    """FLOPs per token of a module a step reads ``read_bytes`` of: its FLOPs in that share
+    (a module read whole every step computes whole; one read a row at a time, nothing)."""
+    return flops_per_token(dtype_bytes) * (read_bytes / nbytes) if nbytes and read_bytes else 0.0
+
+
 @dataclass(frozen=True)
 class Estimate:
     """One decode step, estimated (:mod:`selective_offload.estimate`): link and VRAM time,
@@ -502,12 +532,15 @@ class Estimate:
     est_tok_s_per_seq: float = 0.0
     est_hidden_link_s_per_step: float = 0.0
     est_draft_s_per_step: float = 0.0
+    #: The step's FLOPs over the matmul rate (0 when no rate was given: not priced).
+    est_compute_s_per_step: float = 0.0
 
     @classmethod
     def of(cls, traffic: Traffic, inputs: "PlanInputs", kv: KvModel | None, spec_tokens: int,
            *, pipelined: bool) -> "Estimate":
+        accept = inputs.accept_rate if inputs.accept_rate is not None else DEFAULT_ACCEPT_RATE
         settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, inputs.batch, spec_tokens,
-                                inputs.accept_rate, inputs.context)
+                                accept, inputs.context, inputs.uva_read_gbps, inputs.compute_tflops)
         return cls(**step_cost(traffic, settings, kv, pipelined=pipelined))
 
     @classmethod
@@ -749,9 +782,11 @@ class Plan:
         layers = tuple((g.est_read_bytes_per_step, g.placement == Placement.HOST_HOT) for g in stack)
         position = {g.layer_index: i for i, g in enumerate(stack)}
         experts = tuple(
-            ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement])
+            ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement],
+                        flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1))
             for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
         other = row_host = row_device = draft = 0
+        other_flops = draft_flops = 0.0
         head = sum(g.est_read_bytes_per_step for g in self.groups
                    if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.placement == Placement.DEVICE)
         for g in self.groups:
@@ -759,6 +794,7 @@ class Plan:
                 continue
             if g.mtp:
                 draft += g.bytes
+                draft_flops += flops_per_token(g.dtype_bytes)
             elif has_segment(g.group, EMBED_SEGMENTS) and g.cls == GroupClass.COLD:
                 if g.placement == Placement.HOST_COLD:
                     row_host += g.est_read_bytes_per_step
@@ -766,7 +802,13 @@ class Plan:
                     row_device += g.est_read_bytes_per_step
             elif g.placement == Placement.DEVICE:
                 other += g.est_read_bytes_per_step
-        return Traffic(layers, other, row_host, row_device, 0, (draft + head) if self.spec_tokens else 0, experts)
+                other_flops += _read_flops(g.dtype_bytes, g.est_read_bytes_per_step, g.bytes)
+        head_flops = sum(flops_per_token(g.dtype_bytes) for g in self.groups
+                         if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.placement == Placement.DEVICE)
+        speculating = bool(self.spec_tokens)
+        return Traffic(layers, other, row_host, row_device, 0, (draft + head) if speculating else 0, experts,
+                       tuple(flops_per_token(g.dtype_bytes) for g in stack), other_flops,
+                       (draft_flops + head_flops) if speculating else 0.0)
 
     @property
     def host_cold_groups(self) -> list[str]:

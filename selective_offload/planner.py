@@ -29,9 +29,10 @@ is asserted by ``tests/test_planner.py`` and shown in the README.
 
 Every time and rate here is an estimate from bytes and bandwidths, labelled ``est_``
 (:mod:`selective_offload.estimate` prices a step; :data:`~selective_offload.plan.EST_IGNORES`
-says what it leaves out). It overestimates the measured reference point (the README says
-by how much) and is known to be far off for compute-bound formats (NVFP4): never choose a
-format from it.
+says what it leaves out). benchmarks/published.py checks it against published
+measurements (the README shows which points calibrate it and which validate); it prices
+compute only at a matmul's best rate, which does not explain how slow NVFP4 ran on the
+reference laptop: never choose a format from it.
 
 The planner never touches tensors; it returns a :class:`~selective_offload.plan.Plan`.
 """
@@ -58,11 +59,15 @@ from .estimate import (
     EXPERTS_DEVICE,
     EXPERTS_UVA,
     KV_DTYPE_BYTES,
+    MAX_DRAFT_TOKENS,
+    AcceptanceDefault,
     ExpertsRead,
     KvModel,
     Traffic,
+    acceptance_default,
     expected_tokens_per_step,
     expert_read_fraction,
+    flops_per_token,
 )
 from .errors import PlanError
 from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported for callers)
@@ -80,6 +85,7 @@ from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported f
     PlanInputs,
     PlannedModel,
     Strategy,
+    _read_flops,
     experts_read_bytes,
 )
 from .sizes import GB, GiB
@@ -550,9 +556,11 @@ def _experts_reads(groups: list[Group], host_by_layer: dict[int, int]) -> tuple[
         if g.kind != GroupKind.EXPERTS or g.layer_index not in position:
             continue
         host = min(g.nbytes, host_by_layer.get(g.layer_index, 0))
+        flops = flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1)
         for nbytes, where in ((g.nbytes - host, EXPERTS_DEVICE), (host, EXPERTS_UVA)):
             if nbytes:
-                reads.append(ExpertsRead(position[g.layer_index], nbytes, g.num_experts, g.experts_per_token, where))
+                reads.append(ExpertsRead(position[g.layer_index], nbytes, g.num_experts, g.experts_per_token, where,
+                                         flops * nbytes / g.nbytes))
     return tuple(reads)
 
 
@@ -561,22 +569,28 @@ def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: Pla
     """Bulk offload's bytes per pass: everything on the device but the UVA bytes, which the
     kernels read over the link in line (the embedding stays on the device); routed experts
     on the host are read at the step's read fraction."""
-    layers = tuple((g.est_read_bytes_per_step - uva_by_layer.get(g.layer_index, 0), False)
-                   for g in sorted((g for g in groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index))
+    stack = sorted((g for g in groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index)
+    layers = tuple((g.est_read_bytes_per_step - uva_by_layer.get(g.layer_index, 0), False) for g in stack)
     experts = _experts_reads(groups, uva_experts_by_layer or {})
     other = row = draft = 0
+    other_flops = draft_flops = 0.0
     for g in groups:
         if g.kind in LAYER_KINDS or g.cls == GroupClass.ABSENT:
             continue
         if g.mtp:
             draft += g.nbytes
+            draft_flops += flops_per_token(g.dtype_bytes)
         elif has_segment(g.name, EMBED_SEGMENTS) and g.cls == GroupClass.COLD:
             row += g.est_read_bytes_per_step
         else:
             other += g.est_read_bytes_per_step
+            other_flops += _read_flops(g.dtype_bytes, g.est_read_bytes_per_step, g.nbytes)
     head = sum(g.est_read_bytes_per_step for g in groups if has_segment(g.name, NEVER_COLD_SEGMENTS))
+    head_flops = sum(flops_per_token(g.dtype_bytes) for g in groups if has_segment(g.name, NEVER_COLD_SEGMENTS))
     speculating = inputs.speculative == "mtp"
-    return Traffic(layers, other, 0, row, sum(uva_by_layer.values()), (draft + head) if speculating else 0, experts)
+    return Traffic(layers, other, 0, row, sum(uva_by_layer.values()), (draft + head) if speculating else 0, experts,
+                   tuple(flops_per_token(g.dtype_bytes) for g in stack), other_flops,
+                   (draft_flops + head_flops) if speculating else 0.0)
 
 
 def _planned_model(checkpoint: Checkpoint, kv: KvModel | None) -> PlannedModel:
@@ -638,10 +652,17 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
     the plan says which is estimated faster (``alternative`` and a note)."""
     inputs.validate()
     inputs, kv, kv_notes = _kv_inputs(checkpoint, inputs)
+    family = acceptance_default(checkpoint.facts.model_type)
+    if inputs.accept_rate is None:
+        inputs = replace(inputs, accept_rate=family.default)
+        if inputs.speculative == "mtp":
+            kv_notes.append(f"acceptance {family.default:.2f}: the published rate for the {family.family} "
+                            f"({family.source}); give --accept-rate to use yours")
     inputs.validate()
     plan = _place(checkpoint, inputs, kv, kv_notes, with_bulk)
     if inputs.speculative == "mtp":
-        plan = _with_alternative(plan, _place(checkpoint, replace(inputs, speculative=None), kv, [], False))
+        plain = _place(checkpoint, replace(inputs, speculative=None, spec_tokens=None), kv, [], False)
+        plan = _with_alternative(_with_draft_tokens(plan, plain, family), plain)
     plan.validate()
     return plan
 
@@ -677,6 +698,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                 if bulk is not None and any(g.kind == GroupKind.EXPERTS for g in groups) else None)
     plan = placed(placing, hot, bulk=bulk, bulk_segments=segments,
                   notes=tuple(notes + _notes(groups, checkpoint, placing, inputs)))
+    if inputs.compute_tflops:
+        plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
     return replace(plan, notes=plan.notes + tuple(_baseline_notes(plan)))
 
 
@@ -708,6 +731,21 @@ def _baseline_notes(plan: Plan) -> list[str]:
     return notes
 
 
+def compute_note(est: Estimate, tflops: float) -> str:
+    """What bounds the step, in one line for the plan's notes (est): its FLOPs at the matmul
+    rate, its VRAM reads, or its link time, whichever is largest."""
+    compute, vram, link = est.est_compute_s_per_step, est.est_vram_s_per_step, est.est_link_s_per_step
+    if compute > max(vram, link):
+        kind = ("compute-bound: layers are priced at their compute, and fewer host bytes or a faster link will "
+                "not speed it up as much as the bytes suggest")
+    elif link >= vram:
+        kind = "link-bound: the host bytes decide the step"
+    else:
+        kind = "memory-bound: the VRAM reads decide the step"
+    return (f"{kind} (the step's FLOPs take {compute * 1e3:.1f} ms at {tflops:g} TFLOP/s, its VRAM reads "
+            f"{vram * 1e3:.1f} ms, the link {link * 1e3:.1f} ms; est)")
+
+
 def break_even_accept_rate(spec_step_s: float, plain_step_s: float, k: int) -> float | None:
     """The acceptance rate at which ``k`` drafts per step break even (est), or None when
     even accepting every draft would not pay."""
@@ -735,3 +773,88 @@ def _with_alternative(plan: Plan, plain: Plan) -> Plan:
             + (f"speculation breaks even at acceptance {even:.2f})" if even is not None
                else "speculation cannot break even here, even at acceptance 1.0)"))
     return replace(plan, alternative=alternative, notes=plan.notes + (note,))
+
+
+# --------------------------------------------------------------------------- draft tokens
+
+
+def spec_estimate(plan: Plan, k: int, accept_rate: float) -> Estimate:
+    """The speculative placement's step with ``k`` draft tokens at ``accept_rate`` (est): the
+    placement does not depend on K (the MTP head is loaded either way), only the step does."""
+    inputs = replace(plan.inputs, spec_tokens=k, accept_rate=accept_rate)
+    return Estimate.of(plan.traffic(), inputs, plan.model.kv, k, pipelined=True)
+
+
+def best_draft_tokens(plan: Plan, plain: Plan, accept_rate: float) -> tuple[int, float]:
+    """The number of draft tokens (0: no speculation, the plain placement) with the highest
+    est tok/s at ``accept_rate``, and that rate; ties go to fewer drafts."""
+    best = (0, plain.est.est_tok_s)
+    for k in range(1, MAX_DRAFT_TOKENS + 1):
+        tok_s = spec_estimate(plan, k, accept_rate).est_tok_s
+        if tok_s > best[1] * (1 + 1e-9):
+            best = (k, tok_s)
+    return best
+
+
+def draft_flips(plan: Plan, plain: Plan, accept_rate: float) -> tuple[float | None, int, float | None, int]:
+    """Where the recommendation changes around ``accept_rate``: the acceptance below which
+    (and the K then best), and above which (and the K then best); ``None`` when it does not
+    change in that direction. Found on a 0.01 grid, then bisected to 0.001."""
+    k_here = best_draft_tokens(plan, plain, accept_rate)[0]
+
+    def k_at(a: float) -> int:
+        return best_draft_tokens(plan, plain, a)[0]
+
+    def edge(inside: float, outside: float) -> float:
+        for _ in range(10):
+            mid = (inside + outside) / 2
+            inside, outside = (mid, outside) if k_at(mid) == k_here else (inside, mid)
+        return round((inside + outside) / 2, 3)
+
+    below = above = None
+    k_below = k_above = k_here
+    steps = [round(accept_rate - 0.01 * i, 6) for i in range(1, 101)]
+    for a in (x for x in steps if x >= 0.0):
+        if k_at(a) != k_here:
+            below = edge(min(a + 0.01, accept_rate), a)
+            k_below = k_at(a)
+            break
+    for a in (round(accept_rate + 0.01 * i, 6) for i in range(1, 101)):
+        if a >= 1.0:
+            break
+        if k_at(a) != k_here:
+            above = edge(max(a - 0.01, accept_rate), a)
+            k_above = k_at(a)
+            break
+    return below, k_below, above, k_above
+
+
+def _with_draft_tokens(plan: Plan, plain: Plan, family: AcceptanceDefault) -> Plan:
+    """Recommend K for the step this plan prices, say where the recommendation flips, and
+    show est tok/s across the family's published acceptance range. When K was not given,
+    the plan takes the recommended K (at least 1: it was asked to speculate)."""
+    a = plan.inputs.accept_rate
+    k_best, best_tok_s = best_draft_tokens(plan, plain, a)
+    if plan.inputs.spec_tokens is None and k_best:
+        plan = replace(plan, inputs=replace(plan.inputs, spec_tokens=k_best))
+    below, k_below, above, k_above = draft_flips(plan, plain, a)
+
+    def name(k: int) -> str:
+        return "no speculation" if k == 0 else f"K={k}"
+
+    flips = []
+    if below is not None:
+        flips.append(f"{name(k_below)} below acceptance {below:.3f}")
+    if above is not None:
+        flips.append(f"{name(k_above)} above {above:.3f}")
+    note = (f"draft tokens: {name(k_best)} is estimated fastest at acceptance {a:.2f} (est {best_tok_s:.2f} tok/s; "
+            f"K = 1..{MAX_DRAFT_TOKENS} considered on this placement)"
+            + (f"; the recommendation flips to {' and to '.join(flips)}" if flips
+               else "; it holds across every acceptance from 0 to 1"))
+    rates = sorted({family.low, a, family.high})
+    table = "; ".join(
+        f"K={k}: " + "/".join(f"{spec_estimate(plan, k, r).est_tok_s:.2f}" for r in rates)
+        for k in range(1, MAX_DRAFT_TOKENS + 1))
+    span = (f"est tok/s at acceptance {'/'.join(f'{r:.2f}' for r in rates)} (the {family.family}'s published "
+            f"range and this plan's rate): {table}; without speculation {plain.est.est_tok_s:.2f}")
+    return replace(plan, notes=plan.notes + (note, span))

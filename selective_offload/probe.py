@@ -20,6 +20,21 @@ copies, the device synchronised before and after each copy:
 - **host memcpy** (``host_memcpy_gbps``): a host-to-host copy, read + write counted as for
   VRAM. Without a GPU this is all there is: the CPU is the device, there is no link, and
   ``no_link_reason`` says so.
+- **UVA reads** (``uva_read_gbps``): a kernel (a sum) reading page-locked host memory in
+  place through a UVA device view, the way vLLM's ``cpu_offload_gb``, the UVA embedding and
+  experts read in place are read: the SMs issue the reads over the link, which reaches less
+  than the copy engine does, and less as the buffer grows (nvbandwidth issue #42: an A100's
+  in-kernel host reads fell from 25.1 to 16.5 GB/s between 1 and 20 GiB). So its sizes go
+  past the copies' (up to 4 GiB in a full probe). Bytes counted: the buffer, once.
+- **decode reads** (``decode_read_gbps``): a matrix-vector product over a bf16 weight as
+  large as the largest copy, the shape of a batch-1 decode step's weight reads; bytes
+  counted: the weight, once. Decode kernels read VRAM slower than a copy or a saturating
+  read kernel (two published runs on one DGX Spark read at about 0.7 of the latter), so
+  planning takes its VRAM rate from this when measured, else from the copy.
+- **matmul** (``matmul_tflops``, ``matmul_dtype``): a square matrix product large enough to
+  be compute-bound (bf16 on a GPU, float32 on the CPU), ``2 n^3`` FLOPs over its median
+  time: the rate at which a decode step's FLOPs can run at best, so a layer costs at least
+  its FLOPs over it.
 
 Every rate is the one of the **largest** size (small copies understate a link); the
 per-size medians are kept in the profile (``*_samples_s``: bytes -> median seconds) so a
@@ -66,7 +81,13 @@ QUICK_WARMUP = 1
 #: What the VRAM and host-memcpy rates count: the bytes read plus the bytes written.
 COPY_BYTES_COUNTED = "read+write"
 #: The measurements whose per-size medians a profile keeps.
-SAMPLE_KINDS = ("h2d_pinned", "h2d_pageable", "d2d", "host_memcpy")
+SAMPLE_KINDS = ("h2d_pinned", "h2d_pageable", "d2d", "host_memcpy", "uva_read")
+#: UVA read sizes beyond the copies' (a real offload is GBs: kernels' host reads slow down
+#: as the buffer grows); a size that cannot be page-locked here is skipped.
+FULL_UVA_EXTRA_SIZES: tuple[int, ...] = (4 * GiB,)
+#: Matrix side of the matmul rate (n x n by n x n); the quick probe's is small.
+FULL_MATMUL_N = 8192
+QUICK_MATMUL_N = 256
 
 REPROBE = "run `selective-offload probe` again, or delete the file"
 
@@ -97,6 +118,16 @@ class Profile:
     h2d_pageable_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
     d2d_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
     host_memcpy_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    #: A kernel reading page-locked host memory through a UVA view: bytes / second of the
+    #: largest buffer (GB/s); ``None``: not measured (no GPU, or a profile from before).
+    uva_read_gbps: float | None = None
+    uva_read_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    #: A matrix-vector product reading a bf16 weight from VRAM (GB/s, the weight counted
+    #: once); ``None``: not measured.
+    decode_read_gbps: float | None = None
+    #: Dense matmul rate (TFLOP/s) in ``matmul_dtype``; ``None``: not measured.
+    matmul_tflops: float | None = None
+    matmul_dtype: str | None = None
     #: Timed copies per size (the samples are their medians); ``None``: not recorded.
     repeats: int | None = None
     #: Made with ``--quick`` (small copies: the rates are understated).
@@ -180,9 +211,20 @@ class Profile:
                          f"{_fmt_rate(self.link_gbps_pageable)} GB/s pageable{of}")
         else:
             lines.append(f"  link (H2D)     none: {self.no_link_reason}")
+        if self.uva_read_gbps is not None:
+            of_uva = _largest(self.uva_read_samples_s)
+            ratio = (f", {self.uva_read_gbps / self.link_gbps_pinned:.2f}x the pinned copy"
+                     if self.link_gbps_pinned else "")
+            lines.append(f"  UVA reads      {_fmt_rate(self.uva_read_gbps)} GB/s (a kernel reading "
+                         f"{_fmt_size(of_uva)} of page-locked host memory in place{ratio})")
         if self.vram_gbps is not None:
             lines.append(f"  VRAM           {_fmt_rate(self.vram_gbps)} GB/s "
                          "(device-to-device copy, bytes read + written)")
+        if self.decode_read_gbps is not None:
+            lines.append(f"  decode reads   {_fmt_rate(self.decode_read_gbps)} GB/s (a bf16 matrix-vector product "
+                         "reading its weight once: what planning uses for VRAM)")
+        if self.matmul_tflops is not None:
+            lines.append(f"  matmul         {self.matmul_tflops:.3g} TFLOP/s ({self.matmul_dtype}, compute-bound size)")
         if self.device_memory_total_bytes is not None:
             free = ("" if self.device_memory_free_bytes is None
                     else f", {self.device_memory_free_bytes / GB:.2f} GB free at probe")
@@ -191,7 +233,8 @@ class Profile:
         if self.host_memcpy_gbps is not None:
             lines.append(f"  host memcpy    {_fmt_rate(self.host_memcpy_gbps)} GB/s "
                          f"(host-to-host copy, bytes read + written){of if not self.has_link else ''}")
-        for kind, counted in (("h2d_pinned", 1), ("h2d_pageable", 1), ("d2d", 2), ("host_memcpy", 2)):
+        for kind, counted in (("h2d_pinned", 1), ("h2d_pageable", 1), ("uva_read", 1), ("d2d", 2),
+                              ("host_memcpy", 2)):
             samples = self.samples(kind)
             if samples:
                 rates = ", ".join(f"{_fmt_size(n)} {_fmt_rate(counted * n / s / GB)}"
@@ -202,8 +245,12 @@ class Profile:
             args = []
             if defaults["link_gbps"] is not None:
                 args.append(f"--link-gbps {_fmt_rate(defaults['link_gbps'])}")
+            if defaults["uva_gbps"] is not None:
+                args.append(f"--uva-gbps {_fmt_rate(defaults['uva_gbps'])}")
             if defaults["vram_gbps"] is not None:
                 args.append(f"--vram-gbps {_fmt_rate(defaults['vram_gbps'])}")
+            if defaults["compute_tflops"] is not None:
+                args.append(f"--compute-tflops {defaults['compute_tflops']:.3g}")
             if defaults["device_memory_bytes"] is not None:
                 args.append(f"--device-memory {size_arg(defaults['device_memory_bytes'])}")
             lines.append(f"  for planning   {' '.join(args)}")
@@ -327,6 +374,10 @@ def _read_profile(data: Any, where: str) -> Profile:
         device_memory_free_bytes=nbytes("device_memory_free_bytes"), host_memcpy_gbps=rate("host_memcpy_gbps"),
         no_link_reason=text("no_link_reason", optional=True),
         **{f"{k}_samples_s": samples(f"{k}_samples_s") for k in SAMPLE_KINDS},
+        uva_read_gbps=rate("uva_read_gbps") if "uva_read_gbps" in data else None,
+        decode_read_gbps=rate("decode_read_gbps") if "decode_read_gbps" in data else None,
+        matmul_tflops=rate("matmul_tflops") if "matmul_tflops" in data else None,
+        matmul_dtype=(text("matmul_dtype", optional=True) if "matmul_dtype" in data else None),
         repeats=repeats, quick=quick,
     )
     _check_consistent(profile, bad)
@@ -347,6 +398,12 @@ def _check_consistent(p: Profile, bad: Callable[[str, Any, str], UserError]) -> 
             raise bad("integrated", True, "false when device is null (no GPU)")
         if p.has_link:
             raise bad("no_link_reason", None, "a reason when device is null (no GPU, no link)")
+    if p.uva_read_gbps is not None and not p.has_link:
+        raise bad("uva_read_gbps", p.uva_read_gbps, "null when there is no link (no GPU)")
+    if p.decode_read_gbps is not None and p.device is None:
+        raise bad("decode_read_gbps", p.decode_read_gbps, "null when device is null (no GPU)")
+    if (p.matmul_tflops is None) != (p.matmul_dtype is None):
+        raise bad("matmul_dtype", p.matmul_dtype, "given exactly when matmul_tflops is")
     if p.device_memory_total_bytes == 0:
         raise bad("device_memory_total_bytes", 0, "more than 0 bytes or null")
     total, free = p.device_memory_total_bytes, p.device_memory_free_bytes
@@ -379,13 +436,18 @@ def load_profile(path: str | os.PathLike | None = None) -> Profile | None:
 
 def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
     """The :class:`~selective_offload.plan.PlanInputs` values a profile supplies: ``link_gbps``
-    (the pinned host-to-device rate), ``vram_gbps`` and ``device_memory_bytes`` (the device's
-    total memory); ``None`` for what it cannot (no link, no GPU, no profile)."""
+    (the pinned host-to-device rate), ``uva_gbps`` (kernels reading host memory in place),
+    ``vram_gbps``, ``compute_tflops`` (the GPU's matmul rate) and ``device_memory_bytes``
+    (the device's total memory); ``None`` for what it cannot (no link, no GPU, no profile)."""
     if profile is None:
-        return {"link_gbps": None, "vram_gbps": None, "device_memory_bytes": None}
+        return {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "compute_tflops": None,
+                "device_memory_bytes": None}
+    on_gpu = profile.device is not None
     return {
         "link_gbps": profile.link_gbps_pinned if profile.has_link else None,
-        "vram_gbps": profile.vram_gbps if profile.device is not None else None,
+        "uva_gbps": profile.uva_read_gbps if profile.has_link else None,
+        "vram_gbps": (profile.decode_read_gbps or profile.vram_gbps) if on_gpu else None,
+        "compute_tflops": profile.matmul_tflops if on_gpu else None,
         "device_memory_bytes": (profile.device_memory_total_bytes
                                 if profile.device is not None and profile.device_memory_total_bytes else None),
     }
@@ -414,8 +476,12 @@ def describe(profile: Profile) -> str:
         parts.append(f"link {_fmt_rate(defaults['link_gbps'])} GB/s pinned")
     elif profile.no_link_reason:
         parts.append("no link")
+    if defaults["uva_gbps"] is not None:
+        parts.append(f"UVA reads {_fmt_rate(defaults['uva_gbps'])} GB/s")
     if defaults["vram_gbps"] is not None:
         parts.append(f"VRAM {_fmt_rate(defaults['vram_gbps'])} GB/s")
+    if defaults["compute_tflops"] is not None:
+        parts.append(f"matmul {defaults['compute_tflops']:.3g} TFLOP/s")
     if defaults["device_memory_bytes"] is not None:
         parts.append(f"device memory {_gib(defaults['device_memory_bytes'])}")
     if profile.device is None and profile.host_memcpy_gbps is not None:
@@ -485,23 +551,7 @@ def _resolve_device(device: Any):
 
 def _median_copy_s(dst, src, *, repeats: int, warmup: int, cuda, non_blocking: bool) -> float:
     """Median wall seconds of ``dst.copy_(src)``, the device synchronised around each copy."""
-    import torch
-
-    def sync():
-        if cuda is not None:
-            torch.cuda.synchronize(cuda)
-
-    for _ in range(warmup):
-        dst.copy_(src, non_blocking=non_blocking)
-    sync()
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        dst.copy_(src, non_blocking=non_blocking)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return _median_s(lambda: dst.copy_(src, non_blocking=non_blocking), repeats=repeats, warmup=warmup, cuda=cuda)
 
 
 def _series(what: str, where: str, sizes: Sequence[int], make: Callable[[int], tuple],
@@ -519,6 +569,84 @@ def _series(what: str, where: str, sizes: Sequence[int], make: Callable[[int], t
         finally:
             dst = src = None  # drop the buffers before the next size is made
     return out
+
+
+def _median_s(fn: Callable[[], Any], *, repeats: int, warmup: int, cuda) -> float:
+    """Median wall seconds of ``fn()``, the device synchronised around each call."""
+    import torch
+
+    def sync():
+        if cuda is not None:
+            torch.cuda.synchronize(cuda)
+
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def uva_read_series(sizes: Sequence[int], *, repeats: int, warmup: int, cuda,
+                    view: Callable[[Any], Any], pin: bool, required: int = 0) -> dict[int, float]:
+    """Median seconds of one kernel (a sum over 4-byte words) reading ``size`` bytes of host
+    memory through ``view(host)``: on CUDA a UVA device view of page-locked memory
+    (:func:`~selective_offload.wrappers.host_embedding.cuda_view_of_pinned`), so every byte
+    crosses the link inside the kernel, as vLLM's ``cpu_offload_gb`` reads its weights.
+    Sizes past ``required`` that cannot be page-locked here are left out (a smaller machine);
+    a failure at one of the first ``required`` sizes is a one-line :class:`UserError`."""
+    import torch
+
+    out = {}
+    for n, size in enumerate(sizes):
+        host = dev_view = None
+        try:
+            host = torch.empty(size // 4, dtype=torch.int32, pin_memory=pin).fill_(1)
+            dev_view = view(host)
+            out[size] = _median_s(lambda: torch.sum(dev_view, dtype=torch.int64), repeats=repeats,
+                                  warmup=warmup, cuda=cuda)
+        except (RuntimeError, AssertionError, MemoryError) as exc:
+            if n < required:
+                raise UserError(f"probe: could not measure UVA reads of {_fmt_size(size)} "
+                                f"({_one_line(exc)}); free memory, or try --quick") from None
+        finally:
+            host = dev_view = None  # unpin before the next size
+    return out
+
+
+def decode_read_gbps(device, nbytes: int, *, repeats: int, warmup: int, cuda, cols: int = 8192) -> float:
+    """GB/s at which ``torch.mv`` reads a bf16 weight of about ``nbytes`` (``cols`` wide) on
+    ``device``: a batch-1 decode step's access pattern, each weight byte read once."""
+    import torch
+
+    rows = max(1, nbytes // (2 * cols))
+    try:
+        weight = torch.ones(rows, cols, dtype=torch.bfloat16, device=device)
+        x = torch.ones(cols, dtype=torch.bfloat16, device=device)
+        secs = _median_s(lambda: torch.mv(weight, x), repeats=repeats, warmup=warmup, cuda=cuda)
+    except (RuntimeError, AssertionError, MemoryError) as exc:
+        raise UserError(f"probe: could not measure decode reads on {device} ({_one_line(exc)}); "
+                        "free memory, or try --quick") from None
+    return rows * cols * 2 / secs / GB
+
+
+def matmul_tflops(device, n: int, dtype, *, repeats: int, warmup: int, cuda) -> float:
+    """TFLOP/s of an ``n x n`` by ``n x n`` matmul in ``dtype`` on ``device`` (``2 n^3`` FLOPs)."""
+    import torch
+
+    try:
+        a = torch.ones(n, n, dtype=dtype, device=device)
+        b = torch.ones(n, n, dtype=dtype, device=device)
+        secs = _median_s(lambda: torch.mm(a, b), repeats=repeats, warmup=warmup, cuda=cuda)
+    except (RuntimeError, AssertionError, MemoryError) as exc:
+        raise UserError(f"probe: could not measure the matmul rate on {device} ({_one_line(exc)}); "
+                        "free memory, or try --quick") from None
+    return 2 * n ** 3 / secs / 1e12
 
 
 def _rate(samples: Mapping[int, float], counted: int) -> float | None:
@@ -555,7 +683,10 @@ def measure(*, device: Any = None, sizes: Sequence[int] | None = None, repeats: 
     common = dict(machine=machine_name(), date=date, torch_version=str(torch.__version__),
                   host_memcpy_gbps=_rate(host, 2), host_memcpy_samples_s=host,
                   repeats=repeats, quick=quick)
+    matmul_n = QUICK_MATMUL_N if quick else FULL_MATMUL_N
     if dev.type == "cpu":
+        common.update(matmul_tflops=matmul_tflops(dev, matmul_n, torch.float32, repeats=repeats, warmup=warmup,
+                                                  cuda=None), matmul_dtype="float32")
         why = ("no GPU here: the CPU is the device, host and device memory are one, so there is no "
                "host-to-device link to measure" if not torch.cuda.is_available() else
                "--device cpu: the CPU is the device, host and device memory are one, so there is no "
@@ -594,11 +725,21 @@ def measure(*, device: Any = None, sizes: Sequence[int] | None = None, repeats: 
         pageable = _series("pageable host-to-device copy", name, fits, pageable_pair, repeats, warmup, dev)
         d2d = _series("device-to-device copy", name, fits, d2d_pair, repeats, warmup, dev)
         torch.cuda.empty_cache()
+        from .wrappers.host_embedding import cuda_view_of_pinned
+
+        uva_sizes = tuple(fits) + (() if quick or sizes != FULL_SIZES else FULL_UVA_EXTRA_SIZES)
+        uva = uva_read_series(uva_sizes, repeats=repeats, warmup=warmup, cuda=dev,
+                              view=lambda host: cuda_view_of_pinned(host, dev), pin=True, required=len(fits))
+        matmul = matmul_tflops(dev, matmul_n, torch.bfloat16, repeats=repeats, warmup=warmup, cuda=dev)
+        decode = decode_read_gbps(dev, max(fits), repeats=repeats, warmup=warmup, cuda=dev)
+        torch.cuda.empty_cache()
     return Profile(
         device=torch.cuda.get_device_name(dev), integrated=bool(getattr(props, "is_integrated", False)),
         link_gbps_pinned=_rate(pinned, 1), link_gbps_pageable=_rate(pageable, 1), vram_gbps=_rate(d2d, 2),
         device_memory_total_bytes=int(total), device_memory_free_bytes=int(free), no_link_reason=None,
-        h2d_pinned_samples_s=pinned, h2d_pageable_samples_s=pageable, d2d_samples_s=d2d, **common,
+        h2d_pinned_samples_s=pinned, h2d_pageable_samples_s=pageable, d2d_samples_s=d2d,
+        uva_read_gbps=_rate(uva, 1), uva_read_samples_s=uva, decode_read_gbps=decode, matmul_tflops=matmul,
+        matmul_dtype="bfloat16", **common,
     )
 
 

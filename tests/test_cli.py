@@ -158,12 +158,19 @@ def test_an_integrated_gpu_is_named_in_the_plan_output(capsys, monkeypatch):
 def test_speculative_plan_shows_both_placements_and_recommends_one(capsys):
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--speculative", "mtp")
     assert code == 0
-    assert "selective (hot_offload, MTP K=1 a=0.85)" in out
+    # no K and no acceptance given: the Qwen3.x family's published rate, and the K the
+    # step model finds fastest on this (link-bound) placement, the largest considered
+    assert "selective (hot_offload, MTP K=4 a=0.65)" in out
+    assert "note: acceptance 0.65: the published rate for the Qwen3.x MTP head (" in out
+    assert "note: draft tokens: K=4 is estimated fastest at acceptance 0.65" in out
+    assert "note: est tok/s at acceptance 0.48/0.65/0.91 (the Qwen3.x MTP head's published range" in out
     assert "selective, without speculative decoding" in out
     assert "note: recommended: MTP speculative decoding (est " in out and "breaks even at acceptance" in out
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--speculative", "mtp:3",
                        "--accept-rate", "0.1")
     assert "MTP K=3 a=0.10" in out and "note: recommended: no speculative decoding" in out
+    assert "note: draft tokens: no speculation is estimated fastest at acceptance 0.10" in out
+    assert "the recommendation flips to K=" in out and "note: acceptance" not in out  # given, not the family's
 
 
 @pytest.mark.parametrize("argv,match", [

@@ -77,6 +77,53 @@ def test_quick_cpu_measure_has_no_link_and_a_host_memcpy_rate(cpu_profile):
     assert all(s > 0 for s in p.host_memcpy_samples_s.values())
     assert p.host_memcpy_gbps == pytest.approx(2 * 64 * MiB / p.host_memcpy_samples_s[64 * MiB] / 1e9)
     assert not p.h2d_pinned_samples_s and not p.h2d_pageable_samples_s and not p.d2d_samples_s
+    # no link, so no UVA reads; the CPU's matmul rate is measured (float32)
+    assert p.uva_read_gbps is None and not p.uva_read_samples_s
+    assert p.matmul_dtype == "float32" and p.matmul_tflops > 0
+
+
+def test_uva_read_series_times_a_kernel_reading_a_view_of_host_memory():
+    """The UVA read measurement's code path on the CPU: the host tensor itself stands in for
+    the UVA device view (no CUDA device exists here), read by the same sum kernel; a size
+    past the required ones that cannot be allocated is left out, a required one is one line."""
+    from selective_offload.probe import uva_read_series
+
+    seen = []
+
+    def view(host):
+        seen.append(host.numel() * host.element_size())
+        return host
+
+    out = uva_read_series([MiB, 4 * MiB], repeats=2, warmup=1, cuda=None, view=view, pin=False, required=2)
+    assert sorted(out) == [MiB, 4 * MiB] and all(v > 0 for v in out.values()) and seen == [MiB, 4 * MiB]
+
+    def fails_large(host):
+        if host.numel() * host.element_size() > MiB:
+            raise RuntimeError("cudaHostRegister failed: out of memory\nmore")
+        return host
+
+    assert list(uva_read_series([MiB, 4 * MiB], repeats=1, warmup=0, cuda=None, view=fails_large, pin=False,
+                                required=1)) == [MiB]
+    with pytest.raises(UserError, match="could not measure UVA reads of 4 MiB") as exc:
+        uva_read_series([MiB, 4 * MiB], repeats=1, warmup=0, cuda=None, view=fails_large, pin=False, required=2)
+    assert "\n" not in str(exc.value)
+
+
+def test_decode_read_rate_is_the_weight_bytes_of_a_matrix_vector_product(monkeypatch):
+    from selective_offload import probe
+
+    calls = []
+    monkeypatch.setattr(probe, "_median_s", lambda fn, **kw: (calls.append(fn()), 0.25)[1])
+    rate = probe.decode_read_gbps(torch.device("cpu"), 4 * MiB, repeats=1, warmup=0, cuda=None, cols=1024)
+    assert calls[0].shape == (2048,) and rate == pytest.approx(4 * MiB / 0.25 / 1e9)
+
+
+def test_matmul_rate_counts_two_n_cubed_flops(monkeypatch):
+    from selective_offload import probe
+
+    monkeypatch.setattr(probe, "_median_s", lambda fn, **kw: (fn(), 0.5)[1])
+    assert probe.matmul_tflops(torch.device("cpu"), 100, torch.float32, repeats=1, warmup=0, cuda=None) == \
+        pytest.approx(2 * 100 ** 3 / 0.5 / 1e12)
 
 
 def test_measure_default_device_here_is_the_cpu_when_torch_sees_no_gpu():
@@ -118,7 +165,10 @@ def test_quick_gpu_measure_has_link_vram_and_device_memory(tmp_path):
     assert sorted(p.h2d_pinned_samples_s) == sorted(p.d2d_samples_s) == [4 * MiB, 16 * MiB, 64 * MiB]
     p.save(tmp_path / "p.json")
     assert Profile.load(tmp_path / "p.json") == p
-    assert plan_defaults(p) == {"link_gbps": p.link_gbps_pinned, "vram_gbps": p.vram_gbps,
+    assert p.uva_read_gbps > 0 and sorted(p.uva_read_samples_s) == [4 * MiB, 16 * MiB, 64 * MiB]
+    assert p.matmul_dtype == "bfloat16" and p.matmul_tflops > 0 and p.decode_read_gbps > 0
+    assert plan_defaults(p) == {"link_gbps": p.link_gbps_pinned, "uva_gbps": p.uva_read_gbps,
+                                "vram_gbps": p.decode_read_gbps, "compute_tflops": p.matmul_tflops,
                                 "device_memory_bytes": p.device_memory_total_bytes}
 
 
@@ -190,6 +240,17 @@ BAD_FILES = {
     "bad samples": (_edit(d2d_samples_s={"1024": -1}), "d2d_samples_s[1024]"),
     "bad sample size": (_edit(d2d_samples_s={"big": 0.1}), "d2d_samples_s"),
     "zero repeats": (_edit(repeats=0), "repeats"),
+    "negative UVA rate": (_edit(uva_read_gbps=-1.0), "uva_read_gbps is -1.0"),
+    "UVA reads without a link": (_edit(uva_read_gbps=20.0, device=None, link_gbps_pinned=None, link_gbps_pageable=None,
+                                       vram_gbps=None, device_memory_total_bytes=None,
+                                       device_memory_free_bytes=None, no_link_reason="cpu"),
+                                 "null when there is no link"),
+    "a matmul rate without its dtype": (_edit(matmul_tflops=700.0), "given exactly when matmul_tflops is"),
+    "zero matmul rate": (_edit(matmul_tflops=0, matmul_dtype="bfloat16"), "matmul_tflops is 0"),
+    "decode reads without a device": (_edit(decode_read_gbps=100.0, device=None, link_gbps_pinned=None,
+                                            link_gbps_pageable=None, vram_gbps=None, device_memory_total_bytes=None,
+                                            device_memory_free_bytes=None, no_link_reason="cpu"),
+                                      "null when device is null"),
 }
 
 
@@ -257,8 +318,10 @@ def test_default_path_and_load_profile_honour_the_environment(tmp_path, monkeypa
 
 
 def test_plan_defaults_of_a_cpu_profile_supply_nothing(cpu_profile):
-    assert plan_defaults(cpu_profile) == {"link_gbps": None, "vram_gbps": None, "device_memory_bytes": None}
-    assert plan_defaults(None) == {"link_gbps": None, "vram_gbps": None, "device_memory_bytes": None}
+    nothing = {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "compute_tflops": None,
+               "device_memory_bytes": None}
+    assert plan_defaults(cpu_profile) == nothing  # the CPU's matmul rate is not a GPU's
+    assert plan_defaults(None) == nothing
     line = describe(cpu_profile)
     assert "\n" not in line and line.startswith("no link, host memcpy ")
     assert "measured by `selective-offload probe` on " + cpu_profile.date[:10] in line
@@ -267,9 +330,24 @@ def test_plan_defaults_of_a_cpu_profile_supply_nothing(cpu_profile):
 
 def test_plan_defaults_of_a_gpu_profile_supply_link_vram_and_device_memory():
     p = gpu_profile()
-    assert plan_defaults(p) == {"link_gbps": 52.3, "vram_gbps": 3900.0, "device_memory_bytes": 150_119_071_744}
+    assert plan_defaults(p) == {"link_gbps": 52.3, "uva_gbps": None, "vram_gbps": 3900.0, "compute_tflops": None,
+                                "device_memory_bytes": 150_119_071_744}
     assert describe(p) == ("link 52.3 GB/s pinned, VRAM 3900 GB/s, device memory 139.81 GiB measured by "
                            "`selective-offload probe` on 2026-12-01, NVIDIA H200")
+    # a profile that measured UVA reads and the matmul rate supplies them too
+    q = gpu_profile(uva_read_gbps=40.1, uva_read_samples_s={GiB: GiB / 40.1e9}, matmul_tflops=701.0,
+                    matmul_dtype="bfloat16")
+    assert plan_defaults(q)["uva_gbps"] == 40.1 and plan_defaults(q)["compute_tflops"] == 701.0
+    assert describe(q).startswith("link 52.3 GB/s pinned, UVA reads 40.1 GB/s, VRAM 3900 GB/s, matmul 701 TFLOP/s")
+    text = q.render()
+    assert "UVA reads      40.1 GB/s (a kernel reading 1 GiB of page-locked host memory in place, 0.77x the " \
+           "pinned copy)" in text
+    assert "matmul         701 TFLOP/s (bfloat16, compute-bound size)" in text
+    assert "--link-gbps 52.3 --uva-gbps 40.1 --vram-gbps 3900 --compute-tflops 701" in text
+    # a measured decode read rate is what planning takes for VRAM, over the copy
+    r = gpu_profile(decode_read_gbps=3100.0)
+    assert plan_defaults(r)["vram_gbps"] == 3100.0 and "--vram-gbps 3100" in r.render()
+    assert "decode reads   3100 GB/s (a bf16 matrix-vector product reading its weight once" in r.render()
     assert describe(gpu_profile(integrated=True)).endswith("NVIDIA H200, integrated")
 
 
@@ -280,6 +358,10 @@ def test_plan_defaults_feed_plan_inputs():
     inputs = PlanInputs(**supplied)
     inputs.validate()
     assert inputs.link_gbps == 52.3 and inputs.device_memory_bytes == 150_119_071_744
+    measured = gpu_profile(uva_read_gbps=40.1, matmul_tflops=701.0, matmul_dtype="bfloat16")
+    inputs = PlanInputs(**{k: v for k, v in plan_defaults(measured).items() if v is not None})
+    inputs.validate()
+    assert inputs.uva_read_gbps == 40.1 and inputs.compute_tflops == 701.0
 
 
 def test_render_of_a_gpu_profile():

@@ -27,7 +27,7 @@ from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel
 from ..plan import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..planner import make_plan
-from ..probe import load_profile, plan_bandwidths
+from ..probe import load_profile, plan_bandwidths, plan_defaults
 from ..sizes import GiB, parse_size
 
 ENV_DEVICE_MEMORY = "SELECTIVE_OFFLOAD_DEVICE_MEMORY"
@@ -69,12 +69,14 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
     kv_bytes, kv_from = kv_bytes_for(vllm_config, checkpoint)
     device_memory, memory_from = device_memory_for(vllm_config, device, checkpoint.total_bytes, kv_bytes,
                                                    DEFAULT_RESERVE_BYTES)
-    link, vram, link_from = plan_bandwidths(load_profile())
+    profile = load_profile()
+    link, vram, link_from = plan_bandwidths(profile)
+    measured = plan_defaults(profile)  # the UVA read and matmul rates the probe measured, if it did
     spec = vllm_config.speculative_config
     mtp = spec is not None and "mtp" in str(getattr(spec, "method", "") or "")
     inputs = PlanInputs(
         device_memory_bytes=device_memory, kv_cache_bytes=kv_bytes,
-        link_gbps=link, vram_gbps=vram,
+        link_gbps=link, vram_gbps=vram, uva_gbps=measured["uva_gbps"], compute_tflops=measured["compute_tflops"],
         speculative="mtp" if mtp else None,
         spec_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0) or None if mtp else None,
     )
