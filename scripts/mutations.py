@@ -40,6 +40,12 @@ MUTATIONS = {
  "no-overlap": ("selective_offload/estimate.py", "        step += max(layers[j].copy_s, segment)", "        step += layers[j].copy_s + segment"),
  "batch-not-shared": ("selective_offload/estimate.py", "    tokens = n * expected_tokens_per_step(k, settings.accept_rate)", "    tokens = expected_tokens_per_step(k, settings.accept_rate)"),
  "hybrid-buffers-largest-only": ("selective_offload/planner.py", "    return prefetch_step * sum(largest.values())", "    return prefetch_step * max(g.nbytes for g in layers)"),
+ "gpu-run-vllm-not-blocked": ("benchmarks/gpu_run.py", "sys.meta_path.insert(0, NoVllm())", "pass"),
+ "gpu-run-blocked-not-counted": ("benchmarks/gpu_run.py", "                blocked.append(line[len(BLOCKED):].strip())", "                pass"),
+ "gpu-run-no-time-limit": ("benchmarks/gpu_run.py", "        proc.wait(timeout=limit_s)", "        proc.wait()"),
+ "gpu-run-stops-at-failure": ("benchmarks/gpu_run.py", "        rows.append(row)\n", "        rows.append(row)\n        if row[\"status\"] != \"ok\":\n            break\n"),
+ "gpu-run-pack-keeps-all": ("benchmarks/gpu_run.py", "            p.unlink()", "            pass"),
+ "tables-check-off": ("benchmarks/tables.py", "    if new == text:", "    if True:"),
 }
 
 
