@@ -67,15 +67,16 @@ class Section:
     est_s: str  # est seconds of the full run on an H200 (not yet measured there)
 
 
-#: The sections, in order: one line each. The full run's limits add up to 480 s (8 minutes);
+#: The sections, in order: one line each. The full run's limits add up to 500 s (8.3 minutes);
 #: est_s is what each should take on an H200, from its own docstring's arithmetic (host
 #: memory pinned and filled, the timed loops), not yet measured there.
 SECTIONS: tuple[Section, ...] = tuple(Section(*row) for row in (
     # name               what runs                             full-size arguments                                   --small arguments                                limits (full, small)  est_s
     ("probe",            "-m selective_offload.cli",           "probe -o {out}/probe-{name}.json",                   "probe --quick -o {out}/probe-{name}-quick.json", 40, 60,   "10-25"),
-    ("mechanism",        "benchmarks/gpu_mechanism_check.py",  "--out {out}",                                        "--small --out {out}",                          240, 90,  "60-180"),
-    ("decode-emulation", "benchmarks/decode_emulation.py",     "--device-memory 24GiB --max-seconds 70 --out {out}", "--smoke --out {out}",                          150, 90,  "90-140"),
-    ("gather",           "benchmarks/bench_gather.py",         "--out {out}",                                        "--smoke --out {out}",                          50, 60,   "15-35"),
+    ("mechanism",        "benchmarks/gpu_mechanism_check.py",  "--out {out}",                                        "--small --out {out}",                          220, 90,  "60-180"),
+    ("decode-emulation", "benchmarks/decode_emulation.py",     "--device-memory 24GiB --max-seconds 65 --out {out}", "--smoke --out {out}",                          150, 90,  "80-130"),
+    ("gather",           "benchmarks/bench_gather.py",         "--out {out}",                                        "--smoke --out {out}",                          45, 60,   "15-35"),
+    ("uva-read",         "benchmarks/bench_uva_read.py",       "--out {out}",                                        "--smoke --out {out}",                          45, 60,   "15-35"),
 ))
 
 #: Printed to stderr by a section's process each time something tries to import vLLM.
@@ -358,6 +359,16 @@ def uva_over_copy_emulation(d: dict) -> list[dict] | str:
                  f"UVA {bw['uva_read_gbps']:.2f} GB/s, copy {bw['link_gbps']:.2f} GB/s")]
 
 
+def uva_over_copy_sizes(d: dict) -> list[dict] | str:
+    if not d.get("cuda"):
+        return d.get("uva") or "no CUDA"
+    return [_row(f"{r['bytes'] / 2**30:.2f} GiB", r.get("uva_over_copy"), None,
+                 r["error"] if "error" in r else
+                 f"UVA GEMV {r['uva_gemv_gbps']:.2f}, copy {r['copy_gbps']:.2f} GB/s"
+                 + ("" if r.get("uva_equals_device") else "; the view's result DIFFERS from the device copy's"))
+            for r in d.get("rows", [])] or "no sizes measured"
+
+
 def uva_over_copy_probe(d: dict) -> list[dict] | str:
     if d.get("no_link_reason"):
         return d["no_link_reason"]
@@ -414,6 +425,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("uva_over_copy_emulation", "decode-emulation", "UVA read rate / pinned copy rate",
            "what a kernel reading pinned host memory in place (bulk offload, the UVA embedding) gets of the link",
            uva_over_copy_emulation),
+    Family("uva_over_copy_sizes", "uva-read", "UVA read rate / copy rate, by buffer size",
+           "whether a kernel reading page-locked host memory in place keeps the copy engine's rate up to the size "
+           "of a real offload (the largest size: the reference plan's bulk offload)", uva_over_copy_sizes),
     Family("uva_over_copy_probe", "probe", "UVA read rate / pinned copy rate (probe)",
            "the rate `plan` would price in-kernel host reads at, measured where plans are made", uva_over_copy_probe),
     Family("pageable_over_pinned", "probe", "pageable / pinned copy rate",
@@ -498,12 +512,15 @@ def ratio_rows(families: list[dict], source_link: Callable[[str], str] = lambda 
             continue
         for r in f["rows"]:
             label = f"{f['label']}: {r['label']}"
-            measured = _cell(r["measured"]) + (f" ({r['note']})" if r.get("note") else "")
+            measured = ("n/a" if r["measured"] is None else _cell(r["measured"])) + (
+                f" ({r['note']})" if r.get("note") else "")
             rows.append([label, measured, _cell(r["est"]), source_link(f["source"])])
     return rows
 
 
-def summary_markdown(s: dict) -> str:
+def summary_markdown(s: dict, brief: bool = False) -> str:
+    """The summary's Markdown; ``brief``: the sections and the headline ratios only (what
+    the console ends with, so the end of a device run's output holds them)."""
     env = s["environment"]
     where = (f"{env.get('device')} ({env.get('machine')})" if env.get("cuda")
              else f"{env.get('machine')}, no CUDA: CPU figures show that the path runs, not what a GPU does")
@@ -515,6 +532,9 @@ def summary_markdown(s: dict) -> str:
     failures = "".join(
         f"\n{r['name']} ({r['status']}), last lines:\n\n```\n" + "\n".join(r.get("output_tail", [])) + "\n```\n"
         for r in s["sections"] if r["status"] != "ok")
+    headline = md_table(["figure", "measured", "est", "from"], ratio_rows(s["ratios"]))
+    if brief:
+        return f"## {s['stem']}: sections\n\n{sections}\n## Headline ratios\n\n{headline}"
     lines = [
         f"# GPU run: {s['stem']}",
         "",
@@ -531,7 +551,7 @@ def summary_markdown(s: dict) -> str:
         "Measured beside est (the figure the planner or the script predicted, where there is one); "
         "what each proves is listed below the table.",
         "",
-        md_table(["figure", "measured", "est", "from"], ratio_rows(s["ratios"])),
+        headline,
         "What each figure proves:",
         "",
         *[f"- **{f['label']}**: {f['proves']}." for f in s["ratios"]],
@@ -677,10 +697,9 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - started, 1),
     }
     (out / f"{stem}.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    md = summary_markdown(summary)
-    (out / f"{stem}.md").write_text(md)
+    (out / f"{stem}.md").write_text(summary_markdown(summary))
     log()
-    log(md)
+    log(summary_markdown(summary, brief=True))
     if do_pack:
         pack(out, stem, log)
         problems = check_returnable(out)

@@ -84,8 +84,8 @@ def test_small_run_summary_has_every_ratio_measured_or_why_not(small_run):
     assert {r["label"] for r in by["est_over_measured"]["rows"]} >= {"bulk", "selective"}
     assert len(by["selective_mtp"]["rows"]) == 3
     assert by["host_gather_over_device"]["rows"]
-    for key in ("uva_over_copy_emulation", "pageable_over_pinned", "page_locked_over_planned",
-                "uva_embedding_over_device"):
+    for key in ("uva_over_copy_emulation", "uva_over_copy_sizes", "pageable_over_pinned",
+                "page_locked_over_planned", "uva_embedding_over_device"):
         assert "no CUDA" in by[key]["not_measured"] or "no GPU" in by[key]["not_measured"], by[key]
     assert "cold-only" in by["cold_only_over_bulk"]["not_measured"]
     md = (out / f"{summary['stem']}.md").read_text()
@@ -178,3 +178,28 @@ def test_a_gpu_run_lands_in_the_readme_table(small_run, tmp_path):
     for f in gpu_run.FAMILIES:
         assert f"| {f.label}" in table
     assert "| selective / bulk, decode tok/s: batch 1 (matrix-vector) | " in table
+
+
+def test_uva_read_runs_its_uva_path_through_a_stand_in_view():
+    """The UVA figures need CUDA; a stand-in view (the host buffer itself) runs their code
+    here: the GEMV through the view, its rate against the copy's, the check that it reads
+    the same bytes."""
+    import bench_uva_read
+
+    row = bench_uva_read.measure(1 << 20, 2, False, view=lambda t: t)
+    assert row["bytes"] == 1 << 20 and row["page_locked"] is False and "error" not in row, row
+    assert row["copy_gbps"] > 0 and row["uva_gemv_gbps"] > 0 and row["device_gemv_gbps"] > 0
+    assert row["uva_over_copy"] == row["uva_gemv_gbps"] / row["copy_gbps"] and row["uva_equals_device"] is True
+    bad = bench_uva_read.measure(1 << 20, 2, False, view=lambda t: t[: t.numel() // 2])
+    assert "error" in bad and "uva_gemv_gbps" not in bad  # a wrong view is recorded, not raised
+
+
+def test_uva_read_sizes_and_bad_input(tmp_path):
+    import bench_uva_read
+
+    bulk = bench_uva_read.bulk_bytes()
+    assert bulk > 1 << 30  # the reference plan's bulk offload on 24 GiB: GBs, not a test-sized buffer
+    assert bench_uva_read.parse_sizes("1MiB,bulk") == [1 << 20, bulk]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_uva_read.py"), "--sizes", "1KiB",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --sizes") and len(proc.stderr.splitlines()) == 1
