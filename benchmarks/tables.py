@@ -137,7 +137,9 @@ def gpu_budget(results: Path) -> str:
     rows = [[f"{i}. {s.name}", f"`python3 {s.target} {s.full.format(out='$OUT', name='<name>')}`",
              s.limit_s, s.est_s, f"`{s.small.format(out='$OUT', name='<name>')}`"]
             for i, s in enumerate(gpu_run.SECTIONS, 1)]
-    rows.append(["**whole run**", "", sum(s.limit_s for s in gpu_run.SECTIONS), "", ""])
+    est = [[int(x) for x in s.est_s.split("-")] for s in gpu_run.SECTIONS]
+    rows.append(["**whole run**", "", sum(s.limit_s for s in gpu_run.SECTIONS),
+                 f"{sum(e[0] for e in est)}-{sum(e[-1] for e in est)}", ""])
     return md_table(["section", "command (full run)", "limit s", "est s on an H200", "arguments with --small"], rows)
 
 

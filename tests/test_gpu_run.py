@@ -138,6 +138,14 @@ def test_a_failed_or_timed_out_section_is_recorded_and_the_rest_still_run(tmp_pa
     assert "| hangs | timed out |" in md and "fails (failed), last lines:" in md
 
 
+def test_the_full_run_ends_inside_one_device_command():
+    """The device tool runs one command for at most 10 minutes: the sections' limits leave a
+    minute for the driver's own start (a torch import) and summary, so the summary is always
+    written; every full-run section has its est on an H200."""
+    assert sum(s.limit_s for s in gpu_run.SECTIONS) + 60 <= 600
+    assert all(s.est_s and int(s.est_s.split("-")[-1]) <= s.limit_s for s in gpu_run.SECTIONS)
+
+
 def test_only_takes_known_sections(capsys):
     assert gpu_run.main(["--only", "probe,nope"]) == 2
     assert "unknown nope" in capsys.readouterr().err
@@ -203,3 +211,51 @@ def test_uva_read_sizes_and_bad_input(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_uva_read.py"), "--sizes", "1KiB",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --sizes") and len(proc.stderr.splitlines()) == 1
+
+
+def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
+    """What the sections write on a GPU (their CPU files with the CUDA-only fields filled as
+    a CUDA run fills them) gives a figure for every family that needs CUDA: the branches
+    that cannot run here are read at least once."""
+    out, summary, _ = small_run
+    with tarfile.open(out / f"{summary['stem']}.tar.gz") as tar:
+        files = {n: json.loads(tar.extractfile(n).read()) for n in tar.getnames() if n.endswith(".json")}
+    sections = [dict(s) for s in summary["sections"]]
+    by_section = {s["name"]: next(n for n in s["files"] if n.endswith(".json")) for s in sections}
+    probe = files[by_section["probe"]]
+    probe.update(no_link_reason=None, device="NVIDIA H200", link_gbps_pinned=53.0, link_gbps_pageable=21.0,
+                 vram_gbps=4100.0, uva_read_gbps=40.0)
+    mech = files[by_section["mechanism"]]
+    mech["cuda"] = True
+    mech["host_memory"]["overall"].update(ratio_exact=1.0, ratio_rounding=1.62)
+    dec = files[by_section["decode-emulation"]]
+    dec["cuda"] = True
+    dec["bandwidth"]["uva_read_gbps"] = 41.0
+    dec["cap"]["binds"] = True
+    gather = files[by_section["gather"]]
+    gather["cuda"] = True
+    for p in gather["paths"]:
+        p["status"] = "measured"
+    for r in gather["rows"]:
+        r["uva_embedding_s"] = {**r["device_s"], "median": 3 * r["device_s"]["median"]}
+    uva = files[by_section["uva-read"]]
+    uva.update(cuda=True, uva="measured")
+    for r in uva["rows"]:
+        r.update(uva_gemv_gbps=40.0, copy_gbps=50.0, uva_over_copy=0.8, uva_equals_device=True)
+    uva["rows"].append({"bytes": 8 << 30, "error": "OffloadError: cudaHostRegister of 8 GiB failed"})
+    for name, data in files.items():
+        (tmp_path / name).write_text(json.dumps(data))
+    ratios = {f["key"]: f for f in gpu_run.ratios(sections, tmp_path)}
+    for key in ("uva_over_copy_emulation", "uva_over_copy_sizes", "uva_over_copy_probe", "pageable_over_pinned",
+                "page_locked_over_planned", "uva_embedding_over_device"):
+        assert ratios[key]["rows"] and not ratios[key]["not_measured"], ratios[key]
+    assert ratios["uva_over_copy_emulation"]["rows"][0]["measured"] == pytest.approx(41.0 / dec["bandwidth"]["link_gbps"])
+    assert [r["measured"] for r in ratios["uva_over_copy_sizes"]["rows"]] == [0.8, 0.8, None]
+    assert "cudaHostRegister" in ratios["uva_over_copy_sizes"]["rows"][-1]["note"]
+    assert ratios["uva_over_copy_probe"]["rows"][0]["measured"] == pytest.approx(40.0 / 53.0)
+    assert ratios["pageable_over_pinned"]["rows"][0]["measured"] == pytest.approx(21.0 / 53.0)
+    assert [r["measured"] for r in ratios["page_locked_over_planned"]["rows"]] == [1.0, 1.62]
+    assert [r["measured"] for r in ratios["uva_embedding_over_device"]["rows"]] == pytest.approx([3.0, 3.0])
+    assert "cap binds" in ratios["selective_over_bulk"]["rows"][0]["note"]
+    rows = gpu_run.ratio_rows(list(ratios.values()))
+    assert any(r[1].startswith("n/a (OffloadError") for r in rows)
