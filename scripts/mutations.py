@@ -46,6 +46,9 @@ MUTATIONS = {
  "gpu-run-stops-at-failure": ("benchmarks/gpu_run.py", "        rows.append(row)\n", "        rows.append(row)\n        if row[\"status\"] != \"ok\":\n            break\n"),
  "gpu-run-pack-keeps-all": ("benchmarks/gpu_run.py", "            p.unlink()", "            pass"),
  "tables-check-off": ("benchmarks/tables.py", "    if new == text:", "    if True:"),
+ "uva-read-no-check": ("benchmarks/bench_uva_read.py", "            row[\"uva_equals_device\"] = bool(", "            row[\"uva_equals_device\"] = True or bool("),
+ "gpu-run-sweep-est-inverted": ("benchmarks/gpu_run.py", "        est = bulk[\"est_step_s\"] / sel[\"est_step_s\"] if bulk and sel else None", "        est = sel[\"est_step_s\"] / bulk[\"est_step_s\"] if bulk and sel else None"),
+ "gpu-run-est-over-measured-inverted": ("benchmarks/gpu_run.py", "c[\"est_step_s\"] / _med(c[\"step_s\"]))", "_med(c[\"step_s\"]) / c[\"est_step_s\"])"),
 }
 
 

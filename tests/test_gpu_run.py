@@ -81,6 +81,20 @@ def test_small_run_summary_has_every_ratio_measured_or_why_not(small_run):
     # Measured here: the decode emulation's placements and the host gather; not without CUDA:
     # the link, UVA and page-locking, each with its reason.
     assert [r["label"] for r in by["selective_over_bulk"]["rows"]][0] == "batch 1 (matrix-vector)"
+    decode = json.loads(tarfile.open(out / f"{summary['stem']}.tar.gz").extractfile(
+        by["selective_over_bulk"]["source"]).read())
+    first = by["selective_over_bulk"]["rows"][0]
+    assert first["measured"] == decode["speedup_selective_over_bulk"]
+    assert first["est"] == decode["est_speedup_selective_over_bulk"]
+    step = {c["config"]: c for c in decode["configs"]}
+    assert first["measured"] == pytest.approx(step["bulk"]["step_s"]["median"] / step["selective"]["step_s"]["median"])
+    sweep = {(c["config"], p["batch"]): p for c in decode["batch_sweep"]["configs"] for p in c["rows"]}
+    for row in by["selective_over_bulk"]["rows"][1:]:
+        b = int(row["label"].split()[1])
+        assert row["est"] == pytest.approx(sweep[("bulk", b)]["est_step_s"] / sweep[("selective", b)]["est_step_s"])
+    for row in by["est_over_measured"]["rows"]:
+        c = step[row["label"].split()[0]]
+        assert row["measured"] == pytest.approx(c["est_step_s"] / c["step_s"]["median"])
     assert {r["label"] for r in by["est_over_measured"]["rows"]} >= {"bulk", "selective"}
     assert len(by["selective_mtp"]["rows"]) == 3
     assert by["host_gather_over_device"]["rows"]
@@ -198,6 +212,8 @@ def test_uva_read_runs_its_uva_path_through_a_stand_in_view():
     assert row["bytes"] == 1 << 20 and row["page_locked"] is False and "error" not in row, row
     assert row["copy_gbps"] > 0 and row["uva_gemv_gbps"] > 0 and row["device_gemv_gbps"] > 0
     assert row["uva_over_copy"] == row["uva_gemv_gbps"] / row["copy_gbps"] and row["uva_equals_device"] is True
+    wrong = bench_uva_read.measure(1 << 20, 2, False, view=lambda t: t.flip(0))  # other bytes, same shape
+    assert wrong["uva_equals_device"] is False
     bad = bench_uva_read.measure(1 << 20, 2, False, view=lambda t: t[: t.numel() // 2])
     assert "error" in bad and "uva_gemv_gbps" not in bad  # a wrong view is recorded, not raised
 
