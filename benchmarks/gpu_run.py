@@ -675,7 +675,10 @@ def main(argv: list[str] | None = None) -> int:
               "that has torch", file=sys.stderr)
         return 2
     name = f"{'cuda' if env['cuda'] else 'cpu'}-{slug(env['device'])}-{today()}"
-    stem = f"gpu-run-{name}" + ("-small" if args.small else "")
+    only = [s.name for s in chosen] if args.only else None
+    # A rerun of some sections is its own summary, never overwriting the full run's; the
+    # README's table takes those sections from it (benchmarks/tables.py).
+    stem = f"gpu-run-{name}" + ("-small" if args.small else "") + (f"-only-{'-'.join(only)}" if only else "")
     use_env_out = args.out is None and bool(os.environ.get("OUT"))
     out = (args.out or (Path(os.environ["OUT"]) if use_env_out else ROOT / "benchmarks" / "out" / stem)).resolve()
     do_pack = use_env_out if args.pack is None else args.pack
@@ -693,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
 
     summary = {
-        "benchmark": "gpu-run", "stem": stem, "date": today(), "small": args.small, "cuda": env["cuda"],
+        "benchmark": "gpu-run", "stem": stem, "date": today(), "small": args.small, "only": only, "cuda": env["cuda"],
         "device": env["device"], "commit": commit(), "environment": env, "sections": rows,
         "ratios": ratios(rows, out), "placements": placements_table(rows, out),
         "wall_s": round(time.perf_counter() - started, 1),

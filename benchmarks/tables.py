@@ -106,26 +106,43 @@ def measured_cpu(results: Path) -> str:
 
 def gpu_runs(results: Path) -> str:
     """The headline ratios of the newest full GPU run on each device (``gpu-run-cuda-*``,
-    not ``--small``); before any, every figure the run measures, marked not measured yet."""
+    not ``--small``), with the sections a later ``--only`` rerun measured taken from it;
+    before any run, every figure the run measures, marked not measured yet."""
     import gpu_run
 
-    latest: dict[str, tuple[Path, dict]] = {}
-    for path in sorted(results.glob("gpu-run-cuda-*.json"), key=lambda p: (DATE.findall(p.stem)[-1:], p.name)):
+    runs: dict[str, list[tuple[Path, dict]]] = {}
+    def order(p: Path):  # by date; on one day the full run before its reruns
+        return DATE.findall(p.stem)[-1:], "-only-" in p.stem, p.name
+
+    for path in sorted(results.glob("gpu-run-cuda-*.json"), key=order):
         data = json.loads(path.read_text())
         if not data.get("small"):
-            latest[data["device"]] = (path, data)
-    if not latest:
+            runs.setdefault(data["device"], []).append((path, data))
+    if not runs:
         return ("No GPU run recorded yet: every figure below is **not measured yet**.\n\n"
                 + md_table(["figure", "measured", "what it proves"],
                            [[f.label, "not measured yet", f.proves] for f in gpu_run.FAMILIES]))
     parts = []
-    for device, (path, data) in sorted(latest.items()):
-        status = ", ".join(f"{s['name']} {s['status']}" for s in data["sections"])
+    for device, found in sorted(runs.items()):
+        full = [r for r in found if not r[1].get("only")]
+        base = full[-1] if full else found[-1]
+        sections = {s["name"]: s for s in base[1]["sections"]}
+        families = {f["key"]: f for f in base[1]["ratios"]}
+        sources = [base[0]]
+        for path, data in found[found.index(base) + 1:]:  # reruns after the base run
+            rerun = {s["name"]: s for s in data["sections"] if s["status"] == "ok"}
+            if not rerun:
+                continue
+            sections.update(rerun)
+            families.update({f["key"]: f for f in data["ratios"] if f["section"] in rerun})
+            sources.append(path)
+        status = ", ".join(f"{s['name']} {s['status']}" for s in sections.values())
         rows = []
-        for family in data["ratios"]:
+        for family in families.values():
             for i, row in enumerate(gpu_run.ratio_rows([family])):
                 rows.append([row[0], row[1], row[2], family["proves"] if i == 0 else ""])
-        parts.append(f"**{device}**, {data['date']} (sections: {status}), from `{path.stem}.md`:\n\n"
+        parts.append(f"**{device}**, {base[1]['date']} (sections: {status}), from "
+                     + " and ".join(f"`{p.stem}.md`" for p in sources) + ":\n\n"
                      + md_table(["figure", "measured", "est", "what it proves"], rows))
     return "\n".join(parts)
 

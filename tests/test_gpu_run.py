@@ -200,6 +200,17 @@ def test_a_gpu_run_lands_in_the_readme_table(small_run, tmp_path):
     for f in gpu_run.FAMILIES:
         assert f"| {f.label}" in table
     assert "| selective / bulk, decode tok/s: batch 1 (matrix-vector) | " in table
+    # A later rerun of one section (--only) replaces that section's figures, not the others'.
+    rerun = json.loads(json.dumps(gpu))
+    rerun.update(only=["gather"], stem="gpu-run-cuda-nvidia-h200-2026-12-01-only-gather",
+                 sections=[s for s in rerun["sections"] if s["name"] == "gather"])
+    family = next(f for f in rerun["ratios"] if f["key"] == "host_gather_over_device")
+    family["rows"][0]["measured"] = 123.456
+    (results / "gpu-run-cuda-nvidia-h200-2026-12-01-only-gather.json").write_text(json.dumps(rerun))
+    merged = tables.gpu_runs(results)
+    assert "| 123.456 (" in merged and "gpu-run-cuda-nvidia-h200-2026-12-01-only-gather.md" in merged
+    assert merged.count("| selective / bulk, decode tok/s: batch 1 (matrix-vector) | ") == 1
+    assert "(sections: probe ok, mechanism ok, decode-emulation ok, gather ok, uva-read ok)" in merged
 
 
 def test_uva_read_runs_its_uva_path_through_a_stand_in_view():
