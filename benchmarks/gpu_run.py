@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"copied {len(copied)} files into {args.results}: {', '.join(copied)}")
         import tables
 
-        return tables.main([])
+        return tables.main(["--results", str(args.results)])
 
     chosen = list(SECTIONS)
     if args.only:

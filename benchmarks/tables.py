@@ -110,10 +110,10 @@ def gpu_runs(results: Path) -> str:
     before any run, every figure the run measures, marked not measured yet."""
     import gpu_run
 
-    runs: dict[str, list[tuple[Path, dict]]] = {}
     def order(p: Path):  # by date; on one day the full run before its reruns
         return DATE.findall(p.stem)[-1:], "-only-" in p.stem, p.name
 
+    runs: dict[str, list[tuple[Path, dict]]] = {}
     for path in sorted(results.glob("gpu-run-cuda-*.json"), key=order):
         data = json.loads(path.read_text())
         if not data.get("small"):
