@@ -265,6 +265,7 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
         p["status"] = "measured"
     for r in gather["rows"]:
         r["uva_embedding_s"] = {**r["device_s"], "median": 3 * r["device_s"]["median"]}
+        r["uva_embedding_graph_s"] = {**r["device_s"], "median": 2 * r["device_s"]["median"]}
     uva = files[by_section["uva-read"]]
     uva.update(cuda=True, uva="measured")
     for r in uva["rows"]:
@@ -282,7 +283,14 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
     assert ratios["uva_over_copy_probe"]["rows"][0]["measured"] == pytest.approx(40.0 / 53.0)
     assert ratios["pageable_over_pinned"]["rows"][0]["measured"] == pytest.approx(21.0 / 53.0)
     assert [r["measured"] for r in ratios["page_locked_over_planned"]["rows"]] == [1.0, 1.62]
-    assert [r["measured"] for r in ratios["uva_embedding_over_device"]["rows"]] == pytest.approx([3.0, 3.0])
+    uva_rows = ratios["uva_embedding_over_device"]["rows"]
+    assert [r["measured"] for r in uva_rows] == pytest.approx([3.0, 3.0, 2.0, 2.0])
+    assert uva_rows[2]["label"] == "CUDA graph replay, 1 token(s) per step"
+    next(p for p in gather["paths"] if p["key"] == "uva_embedding_graph")["status"] = "FAILED: capture raised"
+    (tmp_path / by_section["gather"]).write_text(json.dumps(gather))
+    failed = next(f for f in gpu_run.ratios(sections, tmp_path) if f["key"] == "uva_embedding_over_device")
+    assert failed["rows"][-1] == {"label": "CUDA graph replay", "measured": None, "est": None,
+                                  "note": "FAILED: capture raised"}
     assert "cap binds" in ratios["selective_over_bulk"]["rows"][0]["note"]
     rows = gpu_run.ratio_rows(list(ratios.values()))
     assert any(r[1].startswith("n/a (OffloadError") for r in rows)
