@@ -7,12 +7,17 @@
 #   bash benchmarks/gpu_run.sh --small    # the same path, small sizes: well under a minute on a CPU
 #
 # Runs from the working tree without installing anything: the interpreter is $PYTHON, else
-# this checkout's .venv/bin/python, else python3 (a GPU image's own); the tree goes on
-# PYTHONPATH. No vLLM is imported on this path (each section runs with `import vllm` blocked).
+# this checkout's .venv/bin/python, else (in a git worktree) the main checkout's, else
+# python3 (a GPU image's own); the tree goes on PYTHONPATH. No vLLM is imported on this
+# path (each section runs with `import vllm` blocked).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 if [ -z "${PYTHON:-}" ]; then
-    if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+    common=$(git rev-parse --git-common-dir 2>/dev/null) && main=$(cd "$common/.." 2>/dev/null && pwd) || main=
+    for candidate in .venv/bin/python "${main:+$main/.venv/bin/python}"; do
+        if [ -n "$candidate" ] && [ -x "$candidate" ]; then PYTHON=$candidate; break; fi
+    done
+    PYTHON=${PYTHON:-python3}
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
