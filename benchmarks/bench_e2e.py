@@ -662,9 +662,13 @@ def run(args) -> int:
     result["load_note"] = shared_note(load_before, load_1min())
     stem = result_stem("e2e", cuda, result["device"]) + ("-smoke" if args.smoke else "")
     paths = write_results(args.out, stem, result, markdown(result))
-    chart(result, args.out / f"{stem}.png")
+    try:
+        chart(result, args.out / f"{stem}.png")
+        png = f" and {args.out / stem}.png"
+    except ImportError as err:  # a GPU image without matplotlib: the JSON and Markdown are the results
+        png = f" (no chart: {err}; `pip install matplotlib` draws it)"
     print(markdown(result))
-    print(f"wrote {paths[0]}, {paths[1]} and {args.out / stem}.png (worker logs in {workdir})")
+    print(f"wrote {paths[0]}, {paths[1]}{png} (worker logs in {workdir})")
     failed = [r["name"] for r in results if r["status"] == "failed"]
     caps = [r["name"] for r in results if r.get("under_cap") is False or r.get("cap_binds") is False]
     if failed or caps:

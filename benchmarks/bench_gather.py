@@ -15,6 +15,11 @@ the project can read the rows, labelled as the JSON and the table label them:
   device view of the pinned host table (here made by
   :func:`~selective_offload.wrappers.cuda_view_of_pinned`; the glue uses vLLM's equivalent
   op) and vLLM's own ``F.embedding`` reads the rows through it, over the link.
+- ``uva_embedding_graph`` (CUDA only): the same lookup captured in a CUDA graph (one graph
+  per token count over a static ids buffer, replayed after copying the ids in, as vLLM
+  replays its captured batch sizes): checks that the UVA read is graph-safe (bit-exact
+  after replay with new ids) and times a replay. A capture that fails, or a replay that
+  differs, is recorded as the path's status instead of stopping the run.
 - ``uva_index_select`` (CUDA only): ``HostGather(mode="uva")``, the wrapper's UVA mode,
   which the glue does not use: ids to the device, a bounds check (one device-to-host
   sync), then ``index_select`` on the same kind of view.
@@ -23,7 +28,7 @@ Batch 1 decode is 1 token per step; prefill and large batches are the thousands.
 
 Without CUDA the "device" is the CPU: the device and host rows both read host memory, so
 the difference is the host gather's own overhead (staging, an extra copy, Python), not a
-link; no UVA view can be made, so both UVA rows are skipped, with the reason recorded.
+link; no UVA view can be made, so the UVA rows are skipped, with the reason recorded.
 
     .venv/bin/python benchmarks/bench_gather.py [--vocab N] [--hidden N] [--iters N]
                                                 [--smoke] [--out benchmarks/results]
@@ -61,18 +66,49 @@ PATHS = (
     ("uva_embedding", "UVA F.embedding (glue, graphs)",
      "F.embedding on a weight whose .data is a device view of the pinned host table (the "
      "glue's UVA path: vLLM's own lookup reads the rows over the link)"),
+    ("uva_embedding_graph", "UVA F.embedding, CUDA graph replay",
+     "the glue's UVA lookup captured in a CUDA graph (static ids buffer, one graph per token count), "
+     "replayed after copying new ids in: what runs when vLLM captures CUDA graphs"),
     ("uva_index_select", "UVA index_select (HostGather uva)",
      'HostGather(mode="uva"): ids to the device, a bounds check (one device-to-host sync), '
      "index_select on a device view of the pinned table (the wrapper's mode; not the glue's path)"),
 )
-UVA_PATHS = ("uva_embedding", "uva_index_select")
+UVA_PATHS = ("uva_embedding", "uva_embedding_graph", "uva_index_select")
 NO_CUDA_REASON = "skipped: no CUDA device (a UVA view of pinned host memory needs one)"
+NO_GRAPH_REASON = "skipped: no CUDA device (a CUDA graph needs one)"
 
 
-def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...], view=None) -> dict:
+def cuda_graphed(fn, example):
+    """``fn`` captured in a CUDA graph over a static copy of ``example`` (warmed up on a side
+    stream first, as torch asks); the returned call copies its ids into the static buffer
+    and replays the graph, returning the graph's own output buffer."""
+    import torch
+
+    static = example.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(static)
+
+    def replay(ids):
+        static.copy_(ids)
+        graph.replay()
+        return out
+
+    replay.graph = graph  # held as long as the call is
+    return replay
+
+
+def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...], view=None, graph=None) -> dict:
     """Time every path at each token count. ``view`` makes the device view of the pinned
-    table (default on CUDA: ``cuda_view_of_pinned``; without CUDA the UVA paths are
-    skipped unless a stand-in is passed, as the tests do to run their code)."""
+    table (default on CUDA: ``cuda_view_of_pinned``) and ``graph`` captures a lookup
+    (default on CUDA: :func:`cuda_graphed`); without CUDA the UVA paths are skipped unless
+    stand-ins are passed, as the tests do to run their code."""
     import torch
     import torch.nn.functional as F
 
@@ -88,6 +124,8 @@ def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...], view=None)
     host = HostGather(device, mode="host")
     if view is None and cuda:
         view = lambda t: cuda_view_of_pinned(t, device)  # noqa: E731
+    if graph is None and cuda:
+        graph = cuda_graphed
     status = {"device": "measured", "host": "measured"}
     uva_weight = uva = None
     if view is None:
@@ -101,6 +139,8 @@ def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...], view=None)
             raise SystemExit("the UVA view is a copy, not a view of the pinned table")
         uva = HostGather(device, mode="uva", view_factory=view)
         status.update({k: "measured" for k in UVA_PATHS})
+        if graph is None:
+            status["uva_embedding_graph"] = NO_GRAPH_REASON
 
     calls = {
         "device": lambda ids: F.embedding(ids, device_table),
@@ -108,6 +148,8 @@ def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...], view=None)
         "uva_embedding": lambda ids: F.embedding(ids, uva_weight),
         "uva_index_select": lambda ids: uva(host_table, ids),
     }
+    replays: dict = {}
+    calls["uva_embedding_graph"] = lambda ids: replays[ids.numel()](ids)
     measured = [k for k, _, _ in PATHS if status[k] == "measured"]
     gen = torch.Generator().manual_seed(1)
     rows = []
@@ -116,7 +158,12 @@ def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...], view=None)
         row: dict = {"tokens": n, "bytes_moved": n * hidden * 2}
         with torch.no_grad():
             expected = F.embedding(ids, device_table)
-            for key in measured[1:]:
+            if "uva_embedding_graph" in measured:
+                failed = graph_failure(graph, calls["uva_embedding"], calls["device"], ids, vocab, replays)
+                if failed:
+                    status["uva_embedding_graph"] = failed
+                    measured.remove("uva_embedding_graph")
+            for key in [k for k in measured[1:] if k != "uva_embedding_graph"]:
                 if not torch.equal(calls[key](ids), expected):
                     raise SystemExit(f"{key} differs from F.embedding on the device table at {n} tokens")
             for key, _, _ in PATHS:
@@ -134,11 +181,29 @@ def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...], view=None)
         print(f"{n:>5} tokens: " + ", ".join(
             f"{k} {row[f'{k}_s']['median'] * 1e6:9.1f} us" for k in measured), flush=True)
     return {"cuda": cuda, "device": device_name(cuda), "vocab": vocab, "hidden": hidden,
+            "graph": None if graph is None else ("cuda_graphed" if cuda else "stand-in (no CUDA)"),
             "dtype": "bfloat16", "table_bytes": vocab * hidden * 2, "iters": iters,
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "uva_view": None if view is None else ("cuda_view_of_pinned" if cuda else "stand-in (no CUDA)"),
             "paths": [{"key": k, "label": label, "what": what, "status": status[k]} for k, label, what in PATHS],
             "rows": rows}
+
+
+def graph_failure(graph, fn, reference, ids, vocab: int, replays: dict) -> str | None:
+    """Capture ``fn`` for this many tokens, replay it with other ids, then with ``ids``:
+    None when both replays match ``reference`` bit for bit, else the status to record (a
+    capture that fails, or a replay that reads the wrong rows, is a finding, not a crash)."""
+    import torch
+
+    try:
+        replay = graph(fn, torch.zeros_like(ids))
+        other = (ids * 7 + 1) % vocab
+        if not torch.equal(replay(other), reference(other)) or not torch.equal(replay(ids), reference(ids)):
+            return f"FAILED: a replay differs from F.embedding on the device table at {ids.numel()} tokens"
+    except (RuntimeError, ValueError) as err:
+        return f"FAILED: capture or replay raised {type(err).__name__}: {str(err).splitlines()[0][:300]}"
+    replays[ids.numel()] = replay
+    return None
 
 
 def markdown(r: dict) -> str:

@@ -70,6 +70,16 @@ MUTATIONS = {
  "host-tables-on-device": ("selective_offload/checkpoint.py", "            vllm_host_tables=_declares_host_tables(config, pick),", "            vllm_host_tables=False,"),
  "v2-plan-split-anyway": ("selective_offload/model_match.py", "    split = any(g.kind == GroupKind.EXPERTS for g in plan.groups)", "    split = True"),
  "report-uva-not-judged": ("selective_offload/report.py", ", (Placement.HOST_UVA, \"uva\")):", "):")
+ "gpu-run-vllm-not-blocked": ("benchmarks/gpu_run.py", "sys.meta_path.insert(0, NoVllm())", "pass"),
+ "gpu-run-blocked-not-counted": ("benchmarks/gpu_run.py", "                blocked.append(line[len(BLOCKED):].strip())", "                pass"),
+ "gpu-run-no-time-limit": ("benchmarks/gpu_run.py", "        proc.wait(timeout=limit_s)", "        proc.wait()"),
+ "gpu-run-stops-at-failure": ("benchmarks/gpu_run.py", "        rows.append(row)\n", "        rows.append(row)\n        if row[\"status\"] != \"ok\":\n            break\n"),
+ "gpu-run-pack-keeps-all": ("benchmarks/gpu_run.py", "            p.unlink()", "            pass"),
+ "tables-check-off": ("benchmarks/tables.py", "    if new == text:", "    if True:"),
+ "uva-read-no-check": ("benchmarks/bench_uva_read.py", "            row[\"uva_equals_device\"] = bool(", "            row[\"uva_equals_device\"] = True or bool("),
+ "gpu-run-sweep-est-inverted": ("benchmarks/gpu_run.py", "        est = bulk[\"est_step_s\"] / sel[\"est_step_s\"] if bulk and sel else None", "        est = sel[\"est_step_s\"] / bulk[\"est_step_s\"] if bulk and sel else None"),
+ "gpu-run-est-over-measured-inverted": ("benchmarks/gpu_run.py", "c[\"est_step_s\"] / _med(c[\"step_s\"]))", "_med(c[\"step_s\"]) / c[\"est_step_s\"])"),
+ "gather-graph-unchecked": ("benchmarks/bench_gather.py", "        if not torch.equal(replay(other), reference(other)) or not torch.equal(replay(ids), reference(ids)):", "        if False:"),
 }
 
 

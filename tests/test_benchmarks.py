@@ -28,7 +28,7 @@ def only(directory: Path, pattern: str) -> Path:
     return found[0]
 
 
-GATHER_PATHS = ["device", "host", "uva_embedding", "uva_index_select"]
+GATHER_PATHS = ["device", "host", "uva_embedding", "uva_embedding_graph", "uva_index_select"]
 
 
 def test_gather_smoke(tmp_path):
@@ -44,38 +44,57 @@ def test_gather_smoke(tmp_path):
     assert "HostGather" in paths["uva_index_select"]["label"]
     for key in ("device", "host"):
         assert paths[key]["status"] == "measured"
-    for key in ("uva_embedding", "uva_index_select"):
+    for key in ("uva_embedding", "uva_embedding_graph", "uva_index_select"):
         assert paths[key]["status"] == ("measured" if result["cuda"] else
                                         "skipped: no CUDA device (a UVA view of pinned host memory needs one)")
     for row in result["rows"]:
         assert row["device_gather_s"]["median"] > 0 and row["host_gather_s"]["median"] > 0
         assert row["host_gather_us_per_token"] > 0 and row["host_us_per_token"] == row["host_gather_us_per_token"]
-        for key in ("uva_embedding", "uva_index_select"):
+        for key in ("uva_embedding", "uva_embedding_graph", "uva_index_select"):
             assert (row[f"{key}_s"] is not None) == result["cuda"]
     md = only(tmp_path, "gather-*-smoke.md").read_text()
     assert "| tokens/step |" in md and result["device"] in md
     assert "| UVA F.embedding (glue, graphs) |" in md and "| UVA index_select (HostGather uva) |" in md
     if not result["cuda"]:
         assert "UVA F.embedding (glue, graphs) us" not in md  # no column of skipped figures
-        assert md.count("skipped: no CUDA device") == 2
+        assert md.count("skipped: no CUDA device") == 3
 
 
 def test_gather_uva_paths_run_with_a_stand_in_view():
     """The UVA rows' code (the glue's Parameter whose .data is the view, read by
-    F.embedding; HostGather(mode="uva") with a view factory), checked bit-exact and timed,
-    with the host table itself standing in for the device view: it runs without CUDA."""
+    F.embedding; the same lookup through a graph's replay; HostGather(mode="uva") with a
+    view factory), checked bit-exact and timed, with the host table itself standing in for
+    the device view and a plain call for the CUDA graph: it runs without CUDA."""
     sys.path.insert(0, str(BENCH))
     import bench_gather
 
-    result = bench_gather.run(512, 64, 2, (1, 16), view=lambda t: t)
-    assert result["uva_view"] == "stand-in (no CUDA)"
-    assert [p["status"] for p in result["paths"]] == ["measured"] * 4
+    result = bench_gather.run(512, 64, 2, (1, 16), view=lambda t: t, graph=lambda fn, example: fn)
+    assert result["uva_view"] == "stand-in (no CUDA)" and result["graph"] == "stand-in (no CUDA)"
+    assert [p["status"] for p in result["paths"]] == ["measured"] * 5
     for row in result["rows"]:
         for key in GATHER_PATHS:
             assert row[f"{key}_s"]["median"] > 0 and row[f"{key}_us_per_token"] > 0
     result.update(date="2026-11-30", wall_s=1.0, load_note="quiet")
     md = bench_gather.markdown(result)
     assert "UVA F.embedding (glue, graphs) us (min-max)" in md and "stand-in view" in md
+    assert "UVA F.embedding, CUDA graph replay us (min-max)" in md
+
+
+def test_gather_records_a_graph_replay_that_reads_the_wrong_rows():
+    """A replay that returns other rows than F.embedding on the device table (here a
+    stand-in "graph" that always looks up id 0) is the path's recorded status, FAILED,
+    and the other paths are still measured."""
+    sys.path.insert(0, str(BENCH))
+    import bench_gather
+
+    def stale(fn, example):
+        return lambda ids: fn(ids * 0)
+
+    result = bench_gather.run(512, 64, 2, (1, 16), view=lambda t: t, graph=stale)
+    status = {p["key"]: p["status"] for p in result["paths"]}
+    assert status["uva_embedding_graph"].startswith("FAILED: a replay differs")
+    assert [k for k, v in status.items() if v == "measured"] == ["device", "host", "uva_embedding", "uva_index_select"]
+    assert all(row["uva_embedding_graph_s"] is None for row in result["rows"])
 
 
 def test_decode_emulation_smoke(tmp_path):
