@@ -69,7 +69,7 @@ MUTATIONS = {
  "segment-baseline-all-params": ("selective_offload/planner.py", "            if params and not any(f\".{p}.\" in f\".{t.name}.\" for p in params):", "            if False:"),
  "host-tables-on-device": ("selective_offload/checkpoint.py", "            vllm_host_tables=_declares_host_tables(config, pick),", "            vllm_host_tables=False,"),
  "v2-plan-split-anyway": ("selective_offload/model_match.py", "    split = any(g.kind == GroupKind.EXPERTS for g in plan.groups)", "    split = True"),
- "report-uva-not-judged": ("selective_offload/report.py", ", (Placement.HOST_UVA, \"uva\")):", "):")
+ "report-uva-not-judged": ("selective_offload/report.py", ", (Placement.HOST_UVA, \"uva\")):", "):"),
  "gpu-run-vllm-not-blocked": ("benchmarks/gpu_run.py", "sys.meta_path.insert(0, NoVllm())", "pass"),
  "gpu-run-blocked-not-counted": ("benchmarks/gpu_run.py", "                blocked.append(line[len(BLOCKED):].strip())", "                pass"),
  "gpu-run-no-time-limit": ("benchmarks/gpu_run.py", "        proc.wait(timeout=limit_s)", "        proc.wait()"),

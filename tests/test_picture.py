@@ -59,9 +59,11 @@ def test_every_group_is_drawn_by_placement_beside_bulk():
 
 def moe_plan():
     """The reference plan with every decoder layer split as an MoE plan splits it (see the
-    MoE plan interface): the layer's routed experts as a group of their own, some read in
-    place from the host (host-uva), and one placement this module has never heard of.
-    Built by hand because this branch's planner makes no expert groups yet."""
+    MoE plan interface): the layer's routed experts as a group of their own (128 experts,
+    top-8), some read in place from the host (host-uva), and one layer in a placement this
+    module has never heard of (on a layer group, which the step model prices as resident:
+    an unknown way of reading experts cannot be priced at all). Built by hand so that the
+    picture sees every placement at once, which no single planner plan has."""
     plan = make_plan_picture.reference_plan()
     groups = []
     for g in plan.groups:
@@ -69,11 +71,12 @@ def moe_plan():
             groups.append(g)
             continue
         experts = g.bytes * 3 // 4
-        where = g.placement if g.placement == Placement.HOST_HOT else (
-            "host-uva" if g.layer_index % 3 == 0 else "host-nvme" if g.layer_index == 1 else Placement.DEVICE)
-        groups += [replace(g, bytes=g.bytes - experts, dtype_bytes={}),
+        hot = g.placement == Placement.HOST_HOT
+        where = g.placement if hot else "host-uva" if g.layer_index % 3 == 0 else Placement.DEVICE
+        rest = "host-nvme" if g.layer_index == 1 and not hot else g.placement
+        groups += [replace(g, bytes=g.bytes - experts, dtype_bytes={}, placement=rest),
                    replace(g, group=f"{g.group}.mlp.experts", kind="experts", placement=where, bytes=experts,
-                           dtype_bytes={})]
+                           dtype_bytes={}, num_experts=128, experts_per_token=8)]
     return replace(plan, groups=tuple(groups))
 
 
