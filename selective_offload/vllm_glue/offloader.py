@@ -28,10 +28,10 @@ post-processing round trip would make a second pinned copy, and ``post_init`` dr
 first into torch's cache, which keeps it locked: about three times the hot bytes. Here
 each built layer's host copy becomes an exact-size pageable tensor at once (the pinned
 block goes back to torch's cache, released), the glue keeps post-processing off the
-device (``host_resident.keep_on_host``), and ``post_init`` page-locks the final storage
-in place (``cudaHostRegister``: ``is_pinned()`` is then true, so the parent keeps it
-rather than copying), releases torch's cached pinned blocks, and only then lets the glue
-judge page-locked memory.
+device (``host_resident.keep_on_host``), and ``post_init`` page-locks each layer's final
+storage, packed into one arena with one registration (``cudaHostRegister``: ``is_pinned()``
+is then true, so the parent keeps it rather than copying), releases torch's cached pinned
+blocks, and only then lets the glue judge page-locked memory.
 """
 
 from __future__ import annotations
@@ -126,23 +126,26 @@ def exact_host_storage(param_offloaders) -> None:
             param.data = exact
 
 
-def lock_final_storage(param_offloaders, page_locked) -> list[torch.Tensor]:
-    """Page-lock each parameter's host storage as post-processing left it, in place and at
-    its exact size; a copy torch pinned (rounded) is first made exact. Returns the tensors."""
-    locked = []
+def lock_final_storage(param_offloaders, page_locked, purpose: str = "hot layers") -> list[torch.Tensor]:
+    """Page-lock one layer's host parameters as post-processing left them: packed into one
+    arena, one registration (``PageLockedLedger.lock_together``: exact size, no page
+    shared), which also drops any copy torch pinned on the way. The offloader's copies
+    point at the arena. Returns the layer's host tensors."""
+    params = []
     for po in param_offloaders:
         try:
             param = po._param
         except AttributeError:  # deleted by post-processing (k_scale / v_scale)
             continue
-        if param.data.device.type != "cpu":
-            continue
-        if not page_locked.is_locked(param.data) and param.data.is_pinned():
-            param.data = to_host_exact(param.data)  # a torch-pinned, rounded copy
-        page_locked.lock(param.data, "hot layers")
-        po._cpu_storage = param.data
-        locked.append(param.data)
-    return locked
+        if param.data.device.type == "cpu":
+            params.append((po, param))
+    if not params:
+        return []
+    if not all(page_locked.is_locked(p.data) for _, p in params):
+        page_locked.lock_together([p for _, p in params], purpose)
+    for po, p in params:
+        po._cpu_storage = p.data
+    return [p.data for _, p in params]
 
 
 def make_exact_prefetch_offloader(prefetch_base: type, layer_indices: list[int], prefetch_step: int,
