@@ -40,7 +40,7 @@ from ..wrappers import offload_on_demand, refuse_if_tied
 from ..wrappers.construct_on_host import ConstructOnHost
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy, resident_set_bytes, torch_pinned_bytes
 from .caller import check_model, stamp_compile_key
-from .embedding import embedding_mode, install_host_embedding
+from .embedding import embedding_mode, graphs_captured, install_host_embedding
 from .host_resident import HostResident, keep_on_host
 from .offloader import make_exact_prefetch_offloader
 from .auto_plan import plan_at_start
@@ -192,6 +192,10 @@ def refuse_what_the_plan_cannot_survive(s: Session, vllm_config, device: torch.d
         raise PlanError(f"LoRA adapters on {embeds[0]} allocate their weights on the embedding weight's device, "
                         "which is the host with the host gather; use embedding_mode='uva' "
                         "(SELECTIVE_OFFLOAD_EMBEDDING=uva) on CUDA, or plan the embedding on the device")
+    if embeds and mode == "host" and device.type == "cuda" and graphs_captured(vllm_config):
+        raise PlanError(f"the host gather of {embeds[0]} is host work, which a CUDA graph cannot capture, and "
+                        "this engine captures CUDA graphs; use SELECTIVE_OFFLOAD_EMBEDDING=uva (or auto), or "
+                        "enforce_eager=True")
     if embeds and mode == "uva" and policy is not None and not policy.locks:
         raise PlanError(f"the UVA view of {embeds[0]} needs page-locked host memory, and here {policy.reason}; "
                         "use the host gather (SELECTIVE_OFFLOAD_EMBEDDING=host, with enforce_eager so no CUDA "
@@ -452,8 +456,10 @@ def _attach_cold(s: Session, model: nn.Module, load: Load, vllm_config) -> set[i
             wrapper, mechanism = _attach_tower(module, group, load.device, load.page_locked)
             events, host_bytes = wrapper.events, wrapper.stats.host_bytes
         if load.page_locked is not None:  # unlocked when vLLM releases the model
+            # A UVA view's table stays registered: a captured CUDA graph may hold its address.
+            uva = any(getattr(p, "_selective_offload_uva", False) for p in module.parameters())
             load.page_locked.release_with(module, host_before + [p.data for p in module.parameters()
-                                                                 if p.device.type == "cpu"])
+                                                                 if p.device.type == "cpu"], keep_registered=uva)
         s.attached[group] = Attached(weakref.ref(wrapper), mechanism + _post_processing(module),
                                      getattr(wrapper, "ledger", None), events, host_bytes)
         owned |= {id(p) for p in module.parameters()
