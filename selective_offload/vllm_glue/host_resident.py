@@ -40,7 +40,9 @@ from torch import nn
 #: vLLM's sources by tests/contract/check_vllm_contract.py).
 IN_PLACE_METHODS = frozenset({"UnquantizedEmbeddingMethod", "UnquantizedLinearMethod"})
 
-_MARK = "_selective_offload_on_host"
+#: Set on each quant method :func:`keep_on_host` handled: how it post-processes now.
+MARK = "_selective_offload_on_host"
+IN_PLACE, ONE_MODULE = "in place", "on the device, one module at a time"
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -95,14 +97,14 @@ def keep_on_host(modules: Iterable[tuple[str, nn.Module]], device: torch.device,
     notes: list[str] = []
     for name, module in modules:
         method = getattr(module, "quant_method", None)
-        if method is None or getattr(method, _MARK, False):
+        if method is None or getattr(method, MARK, None):
             continue
         if type(method).__name__ in IN_PLACE_METHODS:
             method.requires_device_loading = False
-            setattr(method, _MARK, True)
+            setattr(method, MARK, IN_PLACE)
             continue
         if not getattr(method, "requires_device_loading", True):
-            setattr(method, _MARK, True)
+            setattr(method, MARK, IN_PLACE)
             continue
         original = method.process_weights_after_loading
 
@@ -111,7 +113,7 @@ def keep_on_host(modules: Iterable[tuple[str, nn.Module]], device: torch.device,
 
         method.process_weights_after_loading = process
         method.requires_device_loading = False
-        setattr(method, _MARK, True)
+        setattr(method, MARK, ONE_MODULE)
         notes.append(f"{name}: {type(method).__name__} post-processes on the device, one module at a time, "
                      "and returns to exact-size host memory")
     return notes

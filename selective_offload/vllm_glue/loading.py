@@ -41,7 +41,7 @@ from ..wrappers.construct_on_host import ConstructOnHost
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy, resident_set_bytes, torch_pinned_bytes
 from .caller import check_model, stamp_compile_key
 from .embedding import embedding_mode, graphs_captured, install_host_embedding
-from .host_resident import HostResident, keep_on_host
+from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host
 from .offloader import make_exact_prefetch_offloader
 from .auto_plan import plan_at_start
 from .session import Attached, Load, Main, Session, Settings, logger, save_report
@@ -386,7 +386,6 @@ def _keep_post_processing_on_host(model: nn.Module, load: Load) -> None:
         for _, module in cold:
             if getattr(module, "quant_method", None) is not None:
                 module._cpu_skip_gemm_dispatch = True
-        return  # vLLM's device_loading_context moves nothing when the target is the CPU
     hot = [(f"hot layer {i}.{n}" if n else f"hot layer {i}", m)
            for i, layer in enumerate(getattr(load.hot_offloader, "offloaded_modules", []))
            for n, m in layer.named_modules()]
@@ -402,9 +401,11 @@ def _post_processing(module: nn.Module) -> str:
     methods = [m.quant_method for m in module.modules() if getattr(m, "quant_method", None) is not None]
     if not methods:
         return ""
-    on_device = [type(m).__name__ for m in methods if getattr(m, "requires_device_loading", True)]
-    return ("; post-processed in place" if not on_device
-            else f"; post-processed on the device ({on_device[0]})")
+    one = [type(m).__name__ for m in methods if getattr(m, MARK, None) == ONE_MODULE]
+    vllm = [type(m).__name__ for m in methods if getattr(m, "requires_device_loading", True)]
+    if vllm:
+        return f"; post-processed through vLLM's device round trip ({vllm[0]})"
+    return f"; post-processed on the device, one module at a time ({one[0]})" if one else "; post-processed in place"
 
 
 # --------------------------------------------------------------------------- after loading
