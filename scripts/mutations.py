@@ -56,6 +56,9 @@ MUTATIONS = {
  "unregister-at-exit": ("selective_offload/wrappers/page_locked.py", "        weakref.finalize(owner, release).atexit = False", "        weakref.finalize(owner, release)"),
  "outside-make-layers-taken": ("selective_offload/vllm_glue/offloader.py", "            if call is None:\n                return False", "            if call is None:\n                return True"),
 
+ "compiled-tower-budgeted-by-blocks": ("selective_offload/planner.py", "        largest, rest = _block_sizes(b) if tower and not whole else (0, 0)", "        largest, rest = _block_sizes(b) if tower else (0, 0)"),
+ "whole-tower-budget-unchecked": ("selective_offload/vllm_glue/loading.py", "    if planned <= plan.est_transient_device_bytes:\n        return []", "    if True:\n        return []"),
+
 }
 
 

@@ -441,3 +441,24 @@ def test_a_uva_table_stays_registered_and_nothing_is_unregistered_at_exit():
     del uva_owner, owner
     gc.collect()
     assert list(registrar.registered) == [table.data_ptr()]
+
+
+def test_a_tower_whose_blocks_vllm_compiles_is_budgeted_whole():
+    """Qwen3-VL's vision blocks are @support_torch_compile classes (calls skip module
+    hooks even uncompiled), so the tower is onloaded whole: the plan budgets all of it,
+    not two blocks; and the glue reports a plan that budgeted less than a tower it had to
+    onload whole."""
+    from selective_offload.planner import make_plan
+    from selective_offload.vllm_glue.loading import whole_tower_over_budget
+    from test_planner import MB, toy
+    from test_planner import inputs as plan_inputs
+
+    blocks = make_plan(toy(), plan_inputs(530))
+    assert blocks.est_transient_device_bytes == 2 * 9 * MB + 4 * MB
+    whole = make_plan(toy(model_type="qwen3_vl"), plan_inputs(530))
+    assert {g.group: g.placement for g in whole.groups}["model.visual"] == Placement.HOST_COLD
+    assert whole.est_transient_device_bytes == 40 * MB
+    assert whole_tower_over_budget(whole, "model.visual", "on demand, whole: its blocks ...") == []
+    [problem] = whole_tower_over_budget(blocks, "model.visual", "on demand, whole: its blocks ...")
+    assert problem.startswith("model.visual onloads whole (40000000 B while it runs) but the plan budgets 22000000")
+    assert whole_tower_over_budget(blocks, "model.visual", "on demand, block by block (blocks)") == []

@@ -434,6 +434,19 @@ def _attach_tower(module: nn.Module, name: str, device: torch.device,
     return wrapper, f"on demand, block by block ({blocks})" if blocks else "on demand, whole"
 
 
+def whole_tower_over_budget(plan, group: str, mechanism: str) -> list[str]:
+    """A tower onloaded whole holds all of it on the device while it runs: a problem when
+    the plan budgeted less (it counted two blocks, not knowing vLLM compiles them)."""
+    if not mechanism.startswith("on demand, whole"):
+        return []
+    planned = next((g.bytes for g in plan.groups if g.group == group), 0)
+    if planned <= plan.est_transient_device_bytes:
+        return []
+    return [f"{group} onloads whole ({planned} B while it runs) but the plan budgets {plan.est_transient_device_bytes} "
+            "B of tower transient; make the plan again (this model's tower is budgeted whole now), or plan the "
+            "tower on the device"]
+
+
 def _attach_cold(s: Session, model: nn.Module, load: Load, vllm_config) -> set[int]:
     """Give each planned cold module its runtime wrapper; return the ids of host params."""
     t = s.targets
@@ -456,6 +469,7 @@ def _attach_cold(s: Session, model: nn.Module, load: Load, vllm_config) -> set[i
         else:
             wrapper, mechanism = _attach_tower(module, group, load.device, load.page_locked)
             events, host_bytes = wrapper.events, wrapper.stats.host_bytes
+            load.problems.extend(whole_tower_over_budget(load.settings.plan, group, mechanism))
         if load.page_locked is not None:  # unlocked when vLLM releases the model
             # A UVA view's table stays registered: a captured CUDA graph may hold its address.
             uva = any(getattr(p, "_selective_offload_uva", False) for p in module.parameters())
