@@ -386,8 +386,9 @@ def _keep_post_processing_on_host(model: nn.Module, load: Load) -> None:
         for _, module in cold:
             if getattr(module, "quant_method", None) is not None:
                 module._cpu_skip_gemm_dispatch = True
-    hot = [(f"hot layer {i}.{n}" if n else f"hot layer {i}", m)
-           for i, layer in enumerate(getattr(load.hot_offloader, "offloaded_modules", []))
+    hot_layers = {id(m) for m in getattr(load.hot_offloader, "offloaded_modules", [])}
+    hot = [(f"{name}.{n}" if n else name, m)
+           for name, layer in model.named_modules() if id(layer) in hot_layers
            for n, m in layer.named_modules()]
 
     def record(nbytes: int) -> None:
