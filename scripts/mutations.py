@@ -59,6 +59,8 @@ MUTATIONS = {
  "compiled-tower-budgeted-by-blocks": ("selective_offload/planner.py", "        largest, rest = _block_sizes(b) if tower and not whole else (0, 0)", "        largest, rest = _block_sizes(b) if tower else (0, 0)"),
  "whole-tower-budget-unchecked": ("selective_offload/vllm_glue/loading.py", "    if planned <= plan.est_transient_device_bytes:\n        return []", "    if True:\n        return []"),
 
+ "page-locked-judged-at-load": ("selective_offload/vllm_glue/loading.py", "    if load.hot_offloader is not None and not load.post_init_done:", "    if False:"),
+
 }
 
 

@@ -462,3 +462,35 @@ def test_a_tower_whose_blocks_vllm_compiles_is_budgeted_whole():
     [problem] = whole_tower_over_budget(blocks, "model.visual", "on demand, whole: its blocks ...")
     assert problem.startswith("model.visual onloads whole (40000000 B while it runs) but the plan budgets 22000000")
     assert whole_tower_over_budget(blocks, "model.visual", "on demand, block by block (blocks)") == []
+
+
+def test_page_locked_memory_is_judged_after_the_prefetch_offloaders_post_init():
+    """With hot layers, vLLM's prefetch offloader settles their host storage in post_init,
+    after the load: the page-locked verdict waits for it (the report at load says so), and
+    is made, and raised on in strict mode, when post_init has run."""
+    from selective_offload.errors import PlanError
+    from selective_offload.options import RunOptions
+    from selective_offload.vllm_glue.loading import finish, judge_after_post_init
+    from selective_offload.vllm_glue.session import Load, Session, Settings
+    from test_report import Model, checkpoint_of, cold_ids, plan_for
+
+    plan = plan_for(checkpoint_of())
+    with torch.device("meta"):  # the device (no CUDA here: meta stands in)
+        model = Model()
+    model.model.embed_tokens.to_empty(device="cpu")  # the cold set, in host memory
+    model.visual.to_empty(device="cpu")
+    cold = cold_ids(model)
+    names = {n for n, p in model.named_parameters() if id(p) in cold}
+    host = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) in cold)
+    settings = Settings(plan, RunOptions("p", strict=True))
+    s = Session(settings, None)
+    ledger = PageLockedLedger(PinPolicy.decide(cuda=True), PageRegistrar(TorchPinned()))
+    locked = torch.empty(host)  # 4x the host bytes page-locked: over the limit
+    ledger.lock(locked, "hot layers")
+    load = Load(settings, CUDA, routed_names=frozenset(names), page_locked=ledger, hot_offloader=object())
+    finish(s, model, load, cold, set())
+    assert s.report.ok and s.report.host_memory == {}
+    assert "page-locked host memory is judged after the prefetch offloader's post_init" in s.report.notes
+    with pytest.raises(PlanError, match="page-locked"):
+        judge_after_post_init(s, load)
+    assert s.report.host_memory["page_locked_to_host_ratio"] == pytest.approx(4.0)
