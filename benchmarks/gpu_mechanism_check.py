@@ -1296,7 +1296,10 @@ def cuda_paths_section(cfg: dict, cuda: bool, device: torch.device, checks: Chec
             offloader_base.set_offloader(previous)
         checks.check(CUDA_PATH_CHECKS[4], torch.equal(y, ref), f"max abs diff {float((y - ref).abs().max())}")
     except Exception as err:  # noqa: BLE001
-        checks.check(CUDA_PATH_CHECKS[3], False, repr(err))
+        recorded = {r["name"] for r in checks.rows}
+        for name in CUDA_PATH_CHECKS[3:]:
+            if name not in recorded:
+                checks.check(name, False, repr(err))
     return out
 
 
