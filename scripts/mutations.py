@@ -41,7 +41,7 @@ MUTATIONS = {
  "batch-not-shared": ("selective_offload/estimate.py", "    tokens = n * expected_tokens_per_step(k, settings.accept_rate)", "    tokens = expected_tokens_per_step(k, settings.accept_rate)"),
  "hybrid-buffers-largest-only": ("selective_offload/planner.py", "    return prefetch_step * sum(largest.values())", "    return prefetch_step * max(g.nbytes for g in layers)"),
  "drafter-round-trip": ("selective_offload/vllm_glue/loading.py", "    keep_on_host([(n, m) for v in routed for n, m in drafter.get_submodule(v).named_modules(prefix=v)], target)", "    pass"),
- "in-place-method-round-trips": ("selective_offload/vllm_glue/host_resident.py", "        if type(method).__name__ in IN_PLACE_METHODS:\n            method.requires_device_loading = False", "        if type(method).__name__ in IN_PLACE_METHODS:\n            pass"),
+ "in-place-method-round-trips": ("selective_offload/vllm_glue/host_resident.py", "        if type(method).__name__ in in_place:\n            method.requires_device_loading = False", "        if type(method).__name__ in in_place:\n            pass"),
  "device-method-in-vllm-context": ("selective_offload/vllm_glue/host_resident.py", "        method.process_weights_after_loading = process\n        method.requires_device_loading = False", "        method.process_weights_after_loading = process\n        pass"),
  "routed-by-storage": ("selective_offload/report.py", "routed=None if routed is None else name in routed)", "routed=None if routed is None else param.untyped_storage().data_ptr() in routed)"),
  "hot-layers-round-trip": ("selective_offload/vllm_glue/loading.py", "    load.notes.extend(keep_on_host(cold + hot, load.device, record))", "    load.notes.extend(keep_on_host(cold, load.device, record))"),

@@ -36,8 +36,8 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-#: Quant methods whose post-processing leaves a CUDA weight where it is (checked against
-#: vLLM's sources by tests/contract/check_vllm_contract.py).
+#: Quant methods whose post-processing leaves a CUDA weight where it is (read in vLLM
+#: 0.33's sources; their names are checked by tests/contract/check_vllm_contract.py).
 IN_PLACE_METHODS = frozenset({"UnquantizedEmbeddingMethod", "UnquantizedLinearMethod"})
 
 #: Set on each quant method :func:`keep_on_host` handled: how it post-processes now.
@@ -87,19 +87,24 @@ def one_module_on_device(module: nn.Module, device: torch.device, run: Callable[
 
 
 def keep_on_host(modules: Iterable[tuple[str, nn.Module]], device: torch.device,
-                 record: Callable[[int], None] | None = None) -> list[str]:
+                 record: Callable[[int], None] | None = None,
+                 in_place: frozenset[str] = IN_PLACE_METHODS) -> list[str]:
     """Keep ``modules`` (name, module) in host memory through vLLM's post-processing.
 
-    Idempotent. Returns one note per module whose method must post-process on the device
-    (one module at a time, back to exact-size host memory). ``record`` receives each such
-    module's device transient in bytes when it happens.
+    Call it after construction, before ``process_weights_after_loading`` (vLLM's target
+    device as ``device``); pass every module whose parameters live on the host (a module
+    without a quant method is skipped). Idempotent. Returns one note per module whose
+    method must post-process on the device (one module at a time, back to exact-size host
+    memory). ``record`` receives each such module's device transient in bytes when it
+    happens. ``in_place`` names the quant method classes known to post-process where the
+    weights are (a caller that knows more, such as routed MoE experts, passes its own).
     """
     notes: list[str] = []
     for name, module in modules:
         method = getattr(module, "quant_method", None)
         if method is None or getattr(method, MARK, None):
             continue
-        if type(method).__name__ in IN_PLACE_METHODS:
+        if type(method).__name__ in in_place:
             method.requires_device_loading = False
             setattr(method, MARK, IN_PLACE)
             continue
