@@ -20,6 +20,15 @@ What it asserts (on CUDA; on a CPU-only machine the device asserts are listed as
 - an on-demand tower gives the resident tower's output, its transient device memory is
   about two blocks plus the non-block part (ledger and allocator agree), and offloading
   a device-built tower frees its device memory;
+- the CUDA load paths (issue 16): memory registered with ``cudaHostRegister`` reads as
+  pinned and vLLM's (or torch's) UVA view reads it in place (a host write shows through; no
+  device or torch-pinned bytes added); vLLM's ``device_loading_context`` on a host
+  embedding is run and its effect recorded (new storage? pinned? torch-pinned bytes added),
+  then the same post-processing with ``keep_on_host`` leaves storage and pinned bytes
+  alone; the exact prefetch offloader over small layers leaves nothing in torch's pinned
+  cache after ``post_init`` and the hot layers registered within 1.05x of their bytes, and
+  they compute what the resident layers do. Needs vLLM for all but the first (skipped,
+  with that reason, where vLLM is not importable);
 - host memory page-locked the project's way (pageable ``torch.empty`` registered in place
   by ``PageLockedLedger(PinPolicy.decide(cuda=True))``, ``cudaHostRegister``) is exactly the
   planned bytes (ratio 1.0) for the reference embedding and for the reference decoder
@@ -1143,6 +1152,170 @@ def _fmt(value, digits: int = 1) -> str:
     return value if isinstance(value, str) else f"{value:.{digits}f}"
 
 
+# --------------------------------------------------------------------------- CUDA load paths
+
+NO_VLLM = "skipped: vLLM is not importable here"
+CUDA_PATH_CHECKS = (
+    "registered memory is_pinned and its UVA view reads it in place (no private copy)",
+    "vLLM's device_loading_context on a host embedding: storage and pinned bytes recorded",
+    "keep_on_host: vLLM's post-processing leaves a host embedding's storage and pinned bytes alone",
+    "hot layers after the exact prefetch offloader's post_init: page-locked within 1.05x, torch's cache empty",
+    "hot layers after post_init compute what the resident layers do",
+)
+
+
+def _vllm_patched_tp():
+    """vLLM's layer modules with a one-rank tensor-parallel group (no process group here)."""
+    import vllm.model_executor.layers.vocab_parallel_embedding as vpe
+    import vllm.model_executor.parameter as parameter
+
+    for module in (vpe, parameter):
+        module.get_tensor_model_parallel_rank = lambda: 0
+        module.get_tensor_model_parallel_world_size = lambda: 1
+    return vpe
+
+
+def make_layers(num_hidden_layers: int, prefix: str, offloader, build) -> list:
+    """The shape of vLLM's make_layers (the glue's offloader reads these locals)."""
+    start_layer, end_layer = 0, num_hidden_layers
+    return offloader.wrap_modules(build(i) for i in range(start_layer, end_layer))
+
+
+def cuda_paths_section(cfg: dict, cuda: bool, device: torch.device, checks: Checks) -> dict:
+    """The three load paths the CPU build never takes (issue 16): registration and the UVA
+    view, vLLM's device round trip in post-processing, and the prefetch offloader's pinned
+    copies around post_init. Figures first, then the asserts on them."""
+    out: dict = {}
+    if not cuda:
+        for name in CUDA_PATH_CHECKS:
+            checks.skip(name)
+        return out
+    # 1. cudaHostRegister in place, is_pinned(), and a UVA view with no private copy.
+    n = cfg["vocab"] * cfg["hidden"] // 8
+    table = torch.empty(n, dtype=torch.bfloat16)
+    table.copy_(torch.arange(n, dtype=torch.float32).remainder_(251).to(torch.bfloat16))
+    ledger = PageLockedLedger(PinPolicy.decide(cuda=True))
+    _host_empty_cache()
+    host_before, dev_before = _host_allocator_bytes(), torch.cuda.memory_allocated(device)
+    ledger.lock(table, "table")
+    pinned = table.is_pinned()
+    try:
+        try:
+            from vllm.utils.torch_utils import get_accelerator_view_from_cpu_tensor as view_of
+            out["uva_view_by"] = "vllm"
+        except ImportError:
+            view_of, out["uva_view_by"] = cuda_view_of_pinned, "torch"
+        view = view_of(table)
+        torch.cuda.synchronize()
+        table[0] = 7.0  # a write on the host must show through the view: the same memory
+        in_place = (view.device.type == "cuda" and view.data_ptr() == table.data_ptr()
+                    and float(view[0].item()) == 7.0 and torch.equal(view[1:4096].cpu(), table[1:4096]))
+        out["uva"] = {"bytes": n * 2, "is_pinned": pinned, "same_address": view.data_ptr() == table.data_ptr(),
+                      "torch_pinned_delta": (_host_allocator_bytes() or 0) - (host_before or 0),
+                      "device_allocated_delta": torch.cuda.memory_allocated(device) - dev_before}
+        checks.check(CUDA_PATH_CHECKS[0], pinned and in_place and out["uva"]["torch_pinned_delta"] == 0
+                     and out["uva"]["device_allocated_delta"] == 0, json.dumps(out["uva"]))
+        del view
+    except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+        checks.check(CUDA_PATH_CHECKS[0], False, repr(err))
+    ledger.unlock(table.untyped_storage().data_ptr())
+    del table
+    try:
+        vpe = _vllm_patched_tp()
+        import vllm.model_executor.model_loader.utils as loader_utils
+
+        from selective_offload.vllm_glue.host_resident import keep_on_host
+    except ImportError:
+        for name in CUDA_PATH_CHECKS[1:]:
+            checks.skip(name, NO_VLLM)
+        return out
+    # 2. vLLM's round trip on a host embedding, then the same load with keep_on_host.
+    config = type("Cfg", (), {"word_embeddings_untied_by_checkpoint": False, "quantization": None,
+                              "dtype": torch.bfloat16})()
+    for label, keep in (("vllm", False), ("keep_on_host", True)):
+        try:
+            with torch.device("cpu"):
+                layer = vpe.VocabParallelEmbedding(cfg["vocab"] // 8, cfg["hidden"], params_dtype=torch.bfloat16)
+            model = nn.ModuleDict({"embed_tokens": layer})
+            if keep:
+                keep_on_host(list(model.named_modules()), device)
+            _host_empty_cache()
+            before = (_ptr(layer.weight), layer.weight.is_pinned(), _host_allocator_bytes())
+            loader_utils.process_weights_after_loading(model, config, device)
+            gc.collect()
+            after = (_ptr(layer.weight), layer.weight.is_pinned(), _host_allocator_bytes())
+            out[f"round_trip_{label}"] = {
+                "bytes": _nbytes(layer.weight), "storage_changed": before[0] != after[0],
+                "pinned_after": after[1], "device": str(layer.weight.device),
+                "torch_pinned_delta": (after[2] or 0) - (before[2] or 0)}
+            row = out[f"round_trip_{label}"]
+            ok = (row["device"] == "cpu" and not row["storage_changed"] and row["torch_pinned_delta"] == 0
+                  if keep else row["device"] == "cpu")
+            checks.check(CUDA_PATH_CHECKS[2 if keep else 1], ok, json.dumps(row))
+            del layer, model
+        except Exception as err:  # noqa: BLE001
+            checks.check(CUDA_PATH_CHECKS[2 if keep else 1], False, repr(err))
+    # 3. Page-locked bytes around the prefetch offloader's post_init, small layers.
+    try:
+        from vllm.model_executor.offloader.prefetch import PrefetchOffloader
+
+        from selective_offload.vllm_glue.offloader import make_exact_prefetch_offloader
+    except ImportError:
+        for name in CUDA_PATH_CHECKS[3:]:
+            checks.skip(name, NO_VLLM)
+        return out
+    try:
+        hidden = cfg["hot_rows"]
+        torch.manual_seed(0)
+        reference = [nn.Sequential(nn.Linear(hidden, 3 * hidden), nn.GELU(), nn.Linear(3 * hidden, hidden)).to(
+            device, torch.bfloat16) for _ in range(4)]
+        ledger = PageLockedLedger(PinPolicy.decide(cuda=True))
+        _host_empty_cache()
+        base_pinned = _host_allocator_bytes() or 0
+        offloader = make_exact_prefetch_offloader(PrefetchOffloader, [1, 3], 1, "model.layers", 4, page_locked=ledger)
+        copies = [None] * 4
+
+        def build(i):
+            layer = nn.Sequential(nn.Linear(hidden, 3 * hidden), nn.GELU(), nn.Linear(3 * hidden, hidden)).to(
+                device, torch.bfloat16)
+            layer.load_state_dict(reference[i].state_dict())
+            copies[i] = layer
+            return layer
+
+        layers = nn.ModuleList(make_layers(4, "model.layers", offloader, build))
+        host = sum(_nbytes(p) for i in (1, 3) for p in layers[i].parameters())
+        after_wrap = (_host_allocator_bytes() or 0) - base_pinned
+        offloader.post_init()
+        torch.cuda.synchronize()
+        after = (_host_allocator_bytes() or 0) - base_pinned
+        locked = ledger.locked_bytes
+        out["prefetch"] = {"host_bytes": host, "torch_pinned_after_wrap": after_wrap,
+                           "torch_pinned_after_post_init": after, "registered_after_post_init": locked,
+                           "ratio": (locked + after) / host}
+        checks.check(CUDA_PATH_CHECKS[3], after == 0 and host <= locked + after <= 1.05 * host,
+                     json.dumps(out["prefetch"]))
+        from vllm.model_executor.offloader import base as offloader_base
+
+        x = torch.randn(8, hidden, device=device, dtype=torch.bfloat16)
+        y, ref = x, x
+        previous = offloader_base.get_offloader()
+        offloader_base.set_offloader(offloader)  # the prefetch ops find it there
+        try:
+            with torch.no_grad():
+                for i in range(4):
+                    y, ref = layers[i](y), reference[i](ref)
+            torch.cuda.synchronize()
+        finally:
+            offloader_base.set_offloader(previous)
+        checks.check(CUDA_PATH_CHECKS[4], torch.equal(y, ref), f"max abs diff {float((y - ref).abs().max())}")
+    except Exception as err:  # noqa: BLE001
+        recorded = {r["name"] for r in checks.rows}
+        for name in CUDA_PATH_CHECKS[3:]:
+            if name not in recorded:
+                checks.check(name, False, repr(err))
+    return out
+
+
 def _table(headers: list[str], rows: list[list]) -> list[str]:
     return [
         "| " + " | ".join(headers) + " |",
@@ -1197,6 +1370,9 @@ def markdown(results: dict) -> str:
                   "freed when replaced by the target's)", results["drafter"]),
         _measures("## Explicit-device and shared allocations inside a cold module",
                   results["explicit_device"]),
+        _measures("## CUDA load paths (registration and UVA view, post-processing round trip, "
+                  "prefetch offloader post_init)",
+                  {k: json.dumps(v) for k, v in results.get("cuda_paths", {}).items()}),
         "## Tower onload vs size",
         "",
         *_table(
@@ -1311,6 +1487,7 @@ def main(argv: list[str] | None = None) -> int:
     results["tower"] = tower_section(cfg, cuda, device, checks)
     results["bandwidth"] = bandwidth_section(cfg, cuda, device)
     results["host_memory"] = host_memory_section(cfg, cuda, device, checks)
+    results["cuda_paths"] = cuda_paths_section(cfg, cuda, device, checks)
     results["asserts"] = checks.rows
     results["wall_s"] = time.perf_counter() - started
 

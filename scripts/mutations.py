@@ -80,6 +80,27 @@ MUTATIONS = {
  "gpu-run-sweep-est-inverted": ("benchmarks/gpu_run.py", "        est = bulk[\"est_step_s\"] / sel[\"est_step_s\"] if bulk and sel else None", "        est = sel[\"est_step_s\"] / bulk[\"est_step_s\"] if bulk and sel else None"),
  "gpu-run-est-over-measured-inverted": ("benchmarks/gpu_run.py", "c[\"est_step_s\"] / _med(c[\"step_s\"]))", "_med(c[\"step_s\"]) / c[\"est_step_s\"])"),
  "gather-graph-unchecked": ("benchmarks/bench_gather.py", "        if not torch.equal(replay(other), reference(other)) or not torch.equal(replay(ids), reference(ids)):", "        if False:"),
+ "drafter-round-trip": ("selective_offload/vllm_glue/loading.py", "    keep_on_host([(n, m) for v in routed for n, m in drafter.get_submodule(v).named_modules(prefix=v)], target)", "    pass"),
+ "in-place-method-round-trips": ("selective_offload/vllm_glue/host_resident.py", "        if type(method).__name__ in in_place:\n            method.requires_device_loading = False", "        if type(method).__name__ in in_place:\n            pass"),
+ "device-method-in-vllm-context": ("selective_offload/vllm_glue/host_resident.py", "        method.process_weights_after_loading = process\n        method.requires_device_loading = False", "        method.process_weights_after_loading = process\n        pass"),
+ "routed-by-storage": ("selective_offload/report.py", "routed=None if routed is None else name in routed)", "routed=None if routed is None else param.untyped_storage().data_ptr() in routed)"),
+ "hot-layers-round-trip": ("selective_offload/vllm_glue/loading.py", "    load.notes.extend(keep_on_host(cold + hot, load.device, record))", "    load.notes.extend(keep_on_host(cold, load.device, record))"),
+ "hot-pinned-blocks-kept": ("selective_offload/vllm_glue/offloader.py", "                exact_host_storage(_param_offloaders(self.module_offloaders[before:]))", "                pass"),
+ "torch-host-cache-kept": ("selective_offload/vllm_glue/offloader.py", "            super().post_init()\n            release_cached_pinned()", "            super().post_init()"),
+ "judged-before-post-init": ("selective_offload/vllm_glue/offloader.py", "            super().post_init()\n            release_cached_pinned()\n            if on_post_init is not None:\n                on_post_init()", "            if on_post_init is not None:\n                on_post_init()\n            super().post_init()\n            release_cached_pinned()"),
+ "no-arena": ("selective_offload/wrappers/on_demand.py", "            self.page_locked.lock_together([t for g in self._groups for t in g.tensors], self.name)", "            pass"),
+ "refused-registration-counted": ("selective_offload/wrappers/page_locked.py", "                self.refused_bytes += nbytes\n                return False", "                self.refused_bytes += nbytes\n                self._entries[ptr] = LockedEntry(nbytes, purpose, 'registered elsewhere')\n                return True"),
+ "host-gather-under-graphs": ("selective_offload/vllm_glue/loading.py", "    if embeds and mode == \"host\" and device.type == \"cuda\" and graphs_captured(vllm_config):", "    if False:"),
+ "uva-without-pinned-check": ("selective_offload/vllm_glue/embedding.py", "        if not pinned:", "        if False:"),
+ "uva-table-unregistered": ("selective_offload/wrappers/page_locked.py", "        if keep_registered:\n            return", "        if False:\n            return"),
+ "unregister-at-exit": ("selective_offload/wrappers/page_locked.py", "        weakref.finalize(owner, release).atexit = False", "        weakref.finalize(owner, release)"),
+ "outside-make-layers-taken": ("selective_offload/vllm_glue/offloader.py", "            if call is None:\n                return False", "            if call is None:\n                return True"),
+
+ "compiled-tower-budgeted-by-blocks": ("selective_offload/planner.py", "        largest, rest = _block_sizes(b) if tower and not whole else (0, 0)", "        largest, rest = _block_sizes(b) if tower else (0, 0)"),
+ "whole-tower-budget-unchecked": ("selective_offload/vllm_glue/loading.py", "    if planned <= plan.est_transient_device_bytes:\n        return []", "    if True:\n        return []"),
+
+ "page-locked-judged-at-load": ("selective_offload/vllm_glue/loading.py", "    if load.hot_offloader is not None and not load.post_init_done:", "    if False:"),
+
 }
 
 

@@ -91,6 +91,11 @@ from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported f
 from .sizes import GB, GiB
 
 _BLOCK_SEGMENTS = ("blocks", "layers", "layer")
+#: Model types whose vision blocks vLLM 0.33 builds under ``@support_torch_compile`` (read
+#: in its sources: Qwen2_5_VisionBlock, Qwen3_VisionBlock), which sends calls straight to
+#: ``forward`` even when it does not compile: module hooks never run, so the tower is
+#: onloaded whole and is budgeted whole. The glue checks the budget against what it builds.
+COMPILED_BLOCK_TOWERS = frozenset({"qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"})
 
 
 # --------------------------------------------------------------------------- groups
@@ -283,6 +288,7 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: 
         buckets = _merge_experts(buckets)
     _keep_main_stack(buckets)
     facts = checkpoint.facts
+    whole = facts.model_type in COMPILED_BLOCK_TOWERS
     groups = []
     for b in buckets.values():
         cls, reason, read = _classify(b, facts.tie_word_embeddings, inputs)
@@ -292,7 +298,7 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: 
             read = experts_read_bytes(read, num, k)
             reason = f"routed experts: a token reads {k} of {num} (est: uniform routing)"
         tower = cls == GroupClass.COLD and not has_segment(b.key, EMBED_SEGMENTS)
-        largest, rest = _block_sizes(b) if tower else (0, 0)
+        largest, rest = _block_sizes(b) if tower and not whole else (0, 0)
         dtype_bytes, digest = group_signature(b.key, b.tensors)
         params = {_in_layer(t.name): t.nbytes for t in b.tensors} if b.kind in LAYER_KINDS else {}
         groups.append(Group(b.key, b.kind, cls, reason, sum(t.nbytes for t in b.tensors), len(b.tensors),

@@ -266,15 +266,8 @@ class _Matching:
         self.by_place[group][where] = self.by_place[group].get(where, 0) + nbytes
 
 
-def _storage_of(param: torch.Tensor) -> int:
-    try:
-        return param.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # meta or otherwise storage-less tensors
-        return 0
-
-
 def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, host_cold: set[int],
-                      host_hot: set[int], routed: set[int] | None,
+                      host_hot: set[int], routed: set[str] | None,
                       size, host_uva: frozenset[int] | set[int] = frozenset()) -> _Matching:
     segments = plan.inputs.cold_segments
     by_key: dict[tuple, GroupPlan] = {}
@@ -294,7 +287,7 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
             m.record(planned.group, Placement.HOST_HOT, nbytes)
         elif id(param) in host_cold or id(param) in host_uva:
             m.record(planned.group, Placement.HOST_COLD if id(param) in host_cold else Placement.HOST_UVA, nbytes,
-                     routed=None if routed is None else _storage_of(param) in routed)
+                     routed=None if routed is None else name in routed)
         elif param.device.type == "cpu" and not host_is_device:
             m.record(planned.group, STRAY_HOST, nbytes)
         else:
@@ -390,7 +383,7 @@ def build_report(
     compute_device: torch.device,
     host_cold_params: set[int],
     host_hot_params: set[int],
-    routed_storages: set[int] | None = None,
+    routed_names: set[str] | frozenset[str] | None = None,
     notes: Iterable[str] = (),
     drafter: nn.Module | None = None,
     drafter_expected: bool = False,
@@ -403,9 +396,10 @@ def build_report(
     """Match ``model``'s parameters to ``plan``'s groups and compare placements.
 
     ``host_cold_params`` / ``host_hot_params`` are the ``id()`` of parameters that the
-    cold-set wrappers and the hot-layer offloader own in host memory. ``routed_storages``
-    holds the storage addresses that construction-time routing allocated on the host
-    (``None``: routing is not checked). With ``drafter_expected`` and no ``drafter`` yet,
+    cold-set wrappers and the hot-layer offloader own in host memory. ``routed_names``
+    holds the names of the parameters that construction-time routing allocated on the host
+    (``None``: routing is not checked): names, not storage addresses, because vLLM's
+    post-processing may give a parameter new storage without it leaving the host. With ``drafter_expected`` and no ``drafter`` yet,
     a missing MTP group is awaited, not a problem. ``loaded_bytes`` (name -> bytes) gives
     sizes as loaded, for parameters that post-processing replaced by an empty one (a
     weight repacked into another object); ``drafter_loaded_bytes`` the same for the
@@ -424,7 +418,7 @@ def build_report(
 
     host_is_device = compute_device.type == "cpu"
     m = _match_parameters(model, plan, host_is_device=host_is_device, host_cold=host_cold_params,
-                          host_hot=host_hot_params, routed=routed_storages, size=size, host_uva=host_uva_params)
+                          host_hot=host_hot_params, routed=routed_names, size=size, host_uva=host_uva_params)
     notes = list(notes)
     if drafter is not None:
         _count_drafter(m, model, drafter, plan, host_cold_params, drafter_size, notes)
@@ -444,7 +438,7 @@ def build_report(
     )
     report.problems = (_missing_groups(m, plan, drafter is not None, drafter_expected, notes,
                                        report.on_other_ranks if pipeline_part else None)
-                       + _verdict(m, report, routed_storages is not None))
+                       + _verdict(m, report, routed_names is not None))
     return report
 
 

@@ -141,12 +141,12 @@ def test_cold_bytes_moved_after_loading_are_a_problem():
     there were on the device at construction."""
     model, plan = Model(), plan_for(checkpoint_of())
     cold = cold_ids(model)
-    embed = model.model.embed_tokens.weight.untyped_storage().data_ptr()
-    tower = {p.untyped_storage().data_ptr() for p in model.visual.parameters()}
-    routed = report_of(model, plan, cold, routed_storages={embed} | tower)
+    embed = "model.embed_tokens.weight"
+    tower = {f"visual.{n}" for n, _ in model.visual.named_parameters()}
+    routed = report_of(model, plan, cold, routed_names={embed} | tower)
     assert routed.ok and routed.unrouted_cold_bytes == 0
     assert routed.landing("model.visual").routed_bytes == routed.landing("model.visual").host_bytes
-    unrouted = report_of(model, plan, cold, routed_storages=tower)
+    unrouted = report_of(model, plan, cold, routed_names=tower)
     assert not unrouted.ok
     assert unrouted.unrouted_cold_bytes == 64 * 16 * 4
     assert unrouted.landing("model.embed_tokens").moved_bytes == 64 * 16 * 4

@@ -38,6 +38,7 @@ CHECKS = [
     "mpclient_init_signature",
     "engine_args_load_plugins",
     "prefetch_offloader",
+    "prefetch_offloader_internals",
     "make_layers",
     "get_pp_indices",
     "embedding_quant_method_call",

@@ -24,6 +24,7 @@ from torch import nn
 from ..options import RunOptions
 from ..wrappers import HostGather
 from ..wrappers.page_locked import PageLockedLedger
+from ..wrappers.residency import OffloadError
 
 #: The gathers behind the custom op, by handle (the op takes an int, not an object). Held
 #: weakly: each embedding layer holds its own gather, so its staging buffer lives exactly
@@ -78,6 +79,12 @@ def install_host_embedding(layer: nn.Module, device: torch.device, mode: str, ac
         # The weight itself becomes a device view of pinned host memory: vLLM's own lookup
         # (F.embedding) then reads the rows over the link, inside CUDA graphs too.
         host = weight.data if locked or weight.data.is_pinned() else weight.data.pin_memory()
+        pinned = page_locked.pinned(host) if page_locked is not None else host.is_pinned()
+        if not pinned:
+            # vLLM's view op would silently make a private, full-size copy of the table.
+            raise OffloadError(f"{name}: the driver does not report the table as page-locked after "
+                               "registration, so a UVA view would copy it; use the host gather "
+                               "(SELECTIVE_OFFLOAD_EMBEDDING=host with enforce_eager)")
         weight.data = accelerator_view(host)
         weight._selective_offload_uva = True
         return weight, "UVA view (the gather kernel reads rows over the link)" + suffix

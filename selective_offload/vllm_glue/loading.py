@@ -40,7 +40,8 @@ from ..wrappers import offload_on_demand, refuse_if_tied
 from ..wrappers.construct_on_host import ConstructOnHost
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy, resident_set_bytes, torch_pinned_bytes
 from .caller import check_model, stamp_compile_key
-from .embedding import embedding_mode, install_host_embedding
+from .embedding import embedding_mode, graphs_captured, install_host_embedding
+from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host
 from .offloader import make_exact_prefetch_offloader
 from .auto_plan import plan_at_start
 from .session import Attached, Load, Main, Session, Settings, logger, save_report
@@ -138,6 +139,7 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     if note:
         load.notes.append(note)
     offloader = _install_hot_offloader(s, load)
+    load.hot_offloader = offloader
     s.active = load
     try:
         model = original(loader, vllm_config, model_config, prefix)
@@ -148,6 +150,9 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
             f"{type(loader).__name__} built the model without vLLM's initialize_model, so cold "
             "modules were not routed to the host at construction"
         )
+    if offloader is not None and offloader._wrapped is None:
+        load.problems.append(f"vLLM never built the plan's layer stack with make_layers, so its "
+                             f"{len(offloader.layer_indices)} hot layers stay on the device")
     cold_params = _attach_cold(s, model, load, vllm_config)
     hot_params = {id(p) for m in getattr(offloader, "offloaded_modules", []) for p in m.parameters()}
     load.drafter_expected = vllm_config.speculative_config is not None
@@ -187,6 +192,10 @@ def refuse_what_the_plan_cannot_survive(s: Session, vllm_config, device: torch.d
         raise PlanError(f"LoRA adapters on {embeds[0]} allocate their weights on the embedding weight's device, "
                         "which is the host with the host gather; use embedding_mode='uva' "
                         "(SELECTIVE_OFFLOAD_EMBEDDING=uva) on CUDA, or plan the embedding on the device")
+    if embeds and mode == "host" and device.type == "cuda" and graphs_captured(vllm_config):
+        raise PlanError(f"the host gather of {embeds[0]} is host work, which a CUDA graph cannot capture, and "
+                        "this engine captures CUDA graphs; use SELECTIVE_OFFLOAD_EMBEDDING=uva (or auto), or "
+                        "enforce_eager=True")
     if embeds and mode == "uva" and policy is not None and not policy.locks:
         raise PlanError(f"the UVA view of {embeds[0]} needs page-locked host memory, and here {policy.reason}; "
                         "use the host gather (SELECTIVE_OFFLOAD_EMBEDDING=host, with enforce_eager so no CUDA "
@@ -206,7 +215,8 @@ def _install_hot_offloader(s: Session, load: Load):
         return None
     stack = next(g.group.rsplit(".", 1)[0] for g in plan.groups if g.kind == GroupKind.LAYER)
     offloader = make_exact_prefetch_offloader(s.targets.PrefetchOffloader, list(layers), plan.inputs.prefetch_step,
-                                              stack, plan.model.num_hidden_layers)
+                                              stack, plan.model.num_hidden_layers, page_locked=load.page_locked,
+                                              on_post_init=lambda: judge_after_post_init(s, load))
     s.targets.offloader_base.set_offloader(offloader)
     return offloader
 
@@ -245,13 +255,12 @@ def _keep_what_the_drafter_owns(s: Session, drafter: nn.Module, device: torch.de
     own_head = bool(getattr(drafter, "has_own_lm_head", False))
     if not (own_embed or own_head):
         return
-    for name, module in drafter.named_modules():
+    for name, module in s.drafter_routed.within(drafter):
         head = isinstance(module, t.ParallelLMHead)
         if (head and own_head) or (not head and own_embed and isinstance(module, t.VocabParallelEmbedding)):
             for p in module.parameters():
-                if _ptr(p) in s.drafter_routed:
-                    s.drafter_routed.discard(_ptr(p))
-                    p.data = p.data.to(device)
+                p.data = p.data.to(device)
+            s.drafter_routed.discard(module)
             if name in s.drafter_routed_modules:
                 s.drafter_routed_modules.remove(name)
 
@@ -265,7 +274,7 @@ def _recount_at_first_step(s: Session, model: nn.Module, drafter: nn.Module) -> 
         drafter_now, main = drafter_ref(), s.main
         if drafter_now is None or main is None:
             return
-        kept = [(n, p) for n, p in drafter_now.named_parameters() if _ptr(p) in s.drafter_routed]
+        kept = s.drafter_routed.params(drafter_now)
         for _, p in kept:
             p.data = p.data.to(main.load.device)
         if kept:
@@ -306,7 +315,7 @@ def make_initialize_model(get_session: GetSession):
                 model = original(*args, **kwargs)
             load.constructed = True
             result = mode.finish(model, lambda name: cold_prefix(name, segments) is not None)
-            load.routed_storages = result.storages
+            load.routed_names = result.names
             if result.moved_back_bytes:
                 load.notes.append(f"{result.moved_back_bytes} B built under a cold module but shared with the rest "
                                   "of the model (a cached submodule) went back to the device")
@@ -328,11 +337,16 @@ def _construct_drafter(s: Session, original, args, kwargs):
     mode = ConstructOnHost((), force=((t.ParallelLMHead, "lm_head"), (t.VocabParallelEmbedding, "embed_tokens")))
     with mode:
         drafter = original(*args, **kwargs)
+    target = torch.get_default_device()  # where vLLM builds (and post-processes) the drafter
     vocab = {n for n, m in drafter.named_modules() if isinstance(m, t.VocabParallelEmbedding)}
     result = mode.finish(drafter, lambda name: any(name == v or name.startswith(v + ".") for v in vocab))
-    s.drafter_routed = result.storages
-    s.drafter_routed_modules = sorted(n for n in vocab if all(
-        _ptr(p) in result.storages for p in drafter.get_submodule(n).parameters()))
+    s.drafter_routed = HostResident()
+    routed = sorted(n for n in vocab if all(_ptr(p) in result.storages for p in drafter.get_submodule(n).parameters()))
+    for n in routed:
+        s.drafter_routed.add(n, drafter.get_submodule(n))
+    s.drafter_routed_modules = routed
+    # vLLM post-processes the drafter on the device; these stay where they were built.
+    keep_on_host([(n, m) for v in routed for n, m in drafter.get_submodule(v).named_modules(prefix=v)], target)
     return drafter
 
 
@@ -361,27 +375,26 @@ def _cold_modules(model: nn.Module, segments) -> list[tuple[str, nn.Module]]:
 
 
 def _keep_post_processing_on_host(model: nn.Module, load: Load) -> None:
-    """Stop ``process_weights_after_loading`` from copying cold modules to the device.
+    """Keep cold modules and hot layers where they are through ``process_weights_after_loading``
+    (:func:`host_resident.keep_on_host`: no device round trip, unless a quant method needs
+    the device, and then one module at a time, back to exact-size host memory)."""
+    cold = _cold_modules(model, load.settings.host_cold_segments)
+    if load.device.type == "cpu":
+        # vLLM's CPU build repacks linear weights for oneDNN and drops the parameter;
+        # keep cold modules on plain F.linear so their weights stay parameters the
+        # on-demand wrapper moves and the report counts (towers are not hot paths).
+        for _, module in cold:
+            if getattr(module, "quant_method", None) is not None:
+                module._cpu_skip_gemm_dispatch = True
+    hot_layers = {id(m) for m in getattr(load.hot_offloader, "offloaded_modules", [])}
+    hot = [(f"{name}.{n}" if n else name, m)
+           for name, layer in model.named_modules() if id(layer) in hot_layers
+           for n, m in layer.named_modules()]
 
-    vLLM wraps each quant method's post-processing in ``device_loading_context``, which
-    moves CPU parameters to the device and back. Unquantized methods can post-process in
-    place, so they are told not to; a quantized method keeps its per-module round trip
-    (a transient of one module, noted in the report).
-    """
-    for name, module in _cold_modules(model, load.settings.host_cold_segments):
-        method = getattr(module, "quant_method", None)
-        if method is None:
-            continue
-        if load.device.type == "cpu":
-            # vLLM's CPU build repacks linear weights for oneDNN and drops the parameter;
-            # keep cold modules on plain F.linear so their weights stay parameters the
-            # on-demand wrapper moves and the report counts (towers are not hot paths).
-            module._cpu_skip_gemm_dispatch = True
-        if type(method).__name__ in ("UnquantizedEmbeddingMethod", "UnquantizedLinearMethod"):
-            method.requires_device_loading = False
-        elif getattr(method, "requires_device_loading", False):
-            load.notes.append(f"{name}: {type(method).__name__} post-processes on the device, one "
-                              "module at a time (a transient of that module's size)")
+    def record(nbytes: int) -> None:
+        load.post_process_transient = max(load.post_process_transient, nbytes)
+
+    load.notes.extend(keep_on_host(cold + hot, load.device, record))
 
 
 def _post_processing(module: nn.Module) -> str:
@@ -389,9 +402,11 @@ def _post_processing(module: nn.Module) -> str:
     methods = [m.quant_method for m in module.modules() if getattr(m, "quant_method", None) is not None]
     if not methods:
         return ""
-    on_device = [type(m).__name__ for m in methods if getattr(m, "requires_device_loading", True)]
-    return ("; post-processed in place" if not on_device
-            else f"; post-processed on the device ({on_device[0]})")
+    one = [type(m).__name__ for m in methods if getattr(m, MARK, None) == ONE_MODULE]
+    vllm = [type(m).__name__ for m in methods if getattr(m, "requires_device_loading", True)]
+    if vllm:
+        return f"; post-processed through vLLM's device round trip ({vllm[0]})"
+    return f"; post-processed on the device, one module at a time ({one[0]})" if one else "; post-processed in place"
 
 
 # --------------------------------------------------------------------------- after loading
@@ -420,6 +435,19 @@ def _attach_tower(module: nn.Module, name: str, device: torch.device,
     return wrapper, f"on demand, block by block ({blocks})" if blocks else "on demand, whole"
 
 
+def whole_tower_over_budget(plan, group: str, mechanism: str) -> list[str]:
+    """A tower onloaded whole holds all of it on the device while it runs: a problem when
+    the plan budgeted less (it counted two blocks, not knowing vLLM compiles them)."""
+    if not mechanism.startswith("on demand, whole"):
+        return []
+    planned = next((g.bytes for g in plan.groups if g.group == group), 0)
+    if planned <= plan.est_transient_device_bytes:
+        return []
+    return [f"{group} onloads whole ({planned} B while it runs) but the plan budgets {plan.est_transient_device_bytes} "
+            "B of tower transient; make the plan again (this model's tower is budgeted whole now), or plan the "
+            "tower on the device"]
+
+
 def _attach_cold(s: Session, model: nn.Module, load: Load, vllm_config) -> set[int]:
     """Give each planned cold module its runtime wrapper; return the ids of host params."""
     t = s.targets
@@ -442,9 +470,12 @@ def _attach_cold(s: Session, model: nn.Module, load: Load, vllm_config) -> set[i
         else:
             wrapper, mechanism = _attach_tower(module, group, load.device, load.page_locked)
             events, host_bytes = wrapper.events, wrapper.stats.host_bytes
+            load.problems.extend(whole_tower_over_budget(load.settings.plan, group, mechanism))
         if load.page_locked is not None:  # unlocked when vLLM releases the model
+            # A UVA view's table stays registered: a captured CUDA graph may hold its address.
+            uva = any(getattr(p, "_selective_offload_uva", False) for p in module.parameters())
             load.page_locked.release_with(module, host_before + [p.data for p in module.parameters()
-                                                                 if p.device.type == "cpu"])
+                                                                 if p.device.type == "cpu"], keep_registered=uva)
         s.attached[group] = Attached(weakref.ref(wrapper), mechanism + _post_processing(module),
                                      getattr(wrapper, "ledger", None), events, host_bytes)
         owned |= {id(p) for p in module.parameters()
@@ -463,6 +494,17 @@ def record_error(s: Session, error: str, vllm_config) -> None:
         save_report(report, s.settings.options.report_path)
 
 
+def judge_after_post_init(s: Session, load: Load) -> None:
+    """The prefetch offloader's ``post_init`` ran (hot layers page-locked at their final,
+    exact size, torch's cached pinned blocks released): the report again, host memory
+    judged now (strict mode raises here, before the engine serves)."""
+    load.post_init_done = True
+    main = s.main
+    model = main.model() if main is not None and main.load is load else None
+    if model is not None:
+        finish(s, model, load, main.cold_params, main.hot_params)
+
+
 def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_params: set[int],
            drafter: nn.Module | None = None) -> None:
     """Build the report, log and write it; raise in strict mode when it is not ok."""
@@ -470,14 +512,21 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
     settings = load.settings
     report = build_report(model, settings.plan, compute_device=load.device,
                           host_cold_params=cold_params, host_hot_params=hot_params,
-                          routed_storages=load.routed_storages, notes=list(load.notes),
+                          routed_names=load.routed_names, notes=list(load.notes),
                           drafter=drafter, drafter_expected=load.drafter_expected,
                           loaded_bytes=load.loaded_bytes, drafter_loaded_bytes=s.drafter_loaded_bytes,
                           mechanisms={g: a.mechanism for g, a in s.attached.items()},
                           pipeline_part=load.pipeline_ranks > 1)
     report.problems[:0] = load.problems
     report.transfers = s.transfers()
-    if load.page_locked is not None:
+    if load.post_process_transient:
+        report.notes.append(f"post-processing on the device took a transient of up to "
+                            f"{load.post_process_transient} B (one host module at a time)")
+    if load.hot_offloader is not None and not load.post_init_done:
+        # vLLM's prefetch offloader settles the hot layers' host storage in post_init
+        # (after this load): page-locked memory is judged then (judge_after_post_init).
+        report.notes.append("page-locked host memory is judged after the prefetch offloader's post_init")
+    elif load.page_locked is not None:
         ledger = load.page_locked
         judge_host_memory(report, policy=str(ledger.policy.path), reason=ledger.policy.reason,
                           locked_by_how=ledger.by_how(), locked_by_purpose=ledger.by_purpose(),

@@ -23,6 +23,7 @@ from ..plan import Plan
 from ..report import PlacementReport, rank_path, report_paths
 from ..wrappers.page_locked import PageLockedLedger
 from .compat import Targets
+from .host_resident import HostResident
 
 try:  # vLLM's logger, so lines carry its format and reach its handlers in workers.
     from vllm.logger import init_logger
@@ -66,7 +67,14 @@ class Load:
     settings: Settings
     device: torch.device
     constructed: bool = False
-    routed_storages: set[int] = field(default_factory=set)
+    #: Names of the cold parameters built on the host (see construct_on_host).
+    routed_names: frozenset[str] = frozenset()
+    #: The exact-layer prefetch offloader (hot layers), when the plan has any; the host
+    #: memory verdict waits for its ``post_init``, which pins the hot layers' final storage.
+    hot_offloader: Any = None
+    post_init_done: bool = False
+    #: The largest device transient one host module's post-processing took (bytes).
+    post_process_transient: int = 0
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     drafter_expected: bool = False
@@ -122,9 +130,9 @@ class Session:
     #: The main-model load in progress, and whether a drafter's load is.
     active: Load | None = None
     drafting: bool = False
-    #: Storage addresses of the drafter modules built on the host to be shared (see loading),
+    #: The drafter modules built on the host to be shared (see loading), as module objects,
     #: and the drafter's parameter sizes as loaded (before the CPU build repacks weights).
-    drafter_routed: set[int] = field(default_factory=set)
+    drafter_routed: HostResident = field(default_factory=HostResident)
     drafter_routed_modules: list[str] = field(default_factory=list)
     drafter_loaded_bytes: dict[str, int] = field(default_factory=dict)
     #: BaseModelLoader.load_model calls seen (a loader that overrides it is caught by this).
@@ -137,7 +145,7 @@ class Session:
         """A new plan for the engines started from now on: nothing of the last one carries over."""
         self.settings, self.report, self.main, self.active, self.drafting = settings, None, None, None, False
         self.attached.clear()
-        self.drafter_routed, self.drafter_routed_modules, self.drafter_loaded_bytes = set(), [], {}
+        self.drafter_routed, self.drafter_routed_modules, self.drafter_loaded_bytes = HostResident(), [], {}
 
     def transfers(self) -> dict[str, dict[str, Any]]:
         """Each attached wrapper's counters, now."""

@@ -28,7 +28,9 @@ Only what becomes the cold module's own parameters and buffers stays on the host
 
 The mode keeps a ledger of what it routed, so the placement report can prove that a cold
 parameter was *built* on the host rather than moved there after loading: ``finish``
-returns the storage addresses it allocated that are cold parameters or buffers now.
+returns the cold parameters and buffers it allocated, by name in the model (the identity
+the report checks: vLLM's post-processing may give a parameter new storage) and by
+storage address (valid until post-processing).
 """
 
 from __future__ import annotations
@@ -137,13 +139,17 @@ class ConstructOnHost(TorchFunctionMode):
         """
         cold_ptrs, hot_ptrs = set(), set()
         holders: list[tuple[dict, str, torch.Tensor]] = []
+        cold_names: list[tuple[str, int]] = []
         for name, module in model.named_modules(remove_duplicate=False):
-            owned = cold_ptrs if is_cold(name) else hot_ptrs
+            cold = is_cold(name)
+            owned = cold_ptrs if cold else hot_ptrs
             for table in (module._parameters, module._buffers):
                 for key, t in table.items():
                     if t is not None:
                         owned.add(_ptr(t))
                         holders.append((table, key, t))
+                        if cold:
+                            cold_names.append((f"{name}.{key}" if name else key, _ptr(t)))
         targets = {_ptr(t): device for t, device in self._routed_tensors}
         keep = {p for p in targets if p in cold_ptrs and p not in hot_ptrs}
         moved_back = left = 0
@@ -165,7 +171,8 @@ class ConstructOnHost(TorchFunctionMode):
                 except RuntimeError:  # a device torch cannot swap storage to (meta)
                     left += t.numel() * t.element_size()
         self._routed_tensors.clear()
-        return RoutingResult(storages=keep, moved_back_bytes=moved_back, left_on_host_bytes=left)
+        return RoutingResult(storages=keep, moved_back_bytes=moved_back, left_on_host_bytes=left,
+                             names=frozenset(n for n, p in cold_names if p in keep))
 
 
 def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -188,6 +195,9 @@ class RoutingResult:
     moved_back_bytes: int
     #: Bytes held outside the model that could not be moved back (reported, not hidden).
     left_on_host_bytes: int = 0
+    #: The same parameters and buffers by name in the model: the identity that survives
+    #: post-processing (which may give a parameter new storage, or a new Parameter object).
+    names: frozenset[str] = frozenset()
 
 
 def _ptr(t: torch.Tensor) -> int:

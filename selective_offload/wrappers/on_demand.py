@@ -183,6 +183,12 @@ class OnDemandOffload:
         for group in self._groups:
             for t in group.tensors:
                 self._original_device.setdefault(id(t), t.device)
+        if self.page_locked is not None and self.pin:
+            # One arena, one registration for the module: small tensors never share a
+            # registered page (page_locked.lock_together).
+            self.page_locked.lock_together([t for g in self._groups for t in g.tensors], self.name)
+        for group in self._groups:
+            for t in group.tensors:
                 t.data = to_host(t.data, self.pin, self.page_locked, self.name)
             group.hosts = [t.data for t in group.tensors]
 

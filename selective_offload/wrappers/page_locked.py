@@ -24,10 +24,25 @@ When not to page-lock at all (:class:`PinPolicy`):
 :class:`PageLockedLedger` records what this project page-locked: registered storages
 (exact bytes), and small buffers it pinned through torch's allocator (the host gather's
 staging buffer), so the report can put page-locked bytes next to the plan's host bytes.
+
+One registration per module (:meth:`PageLockedLedger.lock_together`). The driver locks
+whole pages, and small tensors (a norm's weight, a bias) share pages with their neighbours:
+a second ``cudaHostRegister`` over a page already registered fails (CUDA error 712), and
+that tensor is not locked. So a module's host tensors (a tower, a hot layer) are packed
+into one arena that starts and ends on page boundaries, registered once: no page is
+shared between registrations, and the bytes locked are the module's bytes plus at most
+its alignment padding.
+
+Unregistering. Memory is unregistered when the module owning it is collected, after the
+device is synchronised; never at interpreter exit (the driver releases it with the
+process, and unregistering then only prints errors), and never for a table that a UVA view
+exposes to the device (a captured CUDA graph may still hold that address: it stays
+registered until the process ends).
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 import weakref
 from dataclasses import dataclass
@@ -83,6 +98,16 @@ class PinPolicy:
 class Registrar(Protocol):
     def register(self, ptr: int, nbytes: int) -> None: ...
     def unregister(self, ptr: int) -> None: ...
+
+
+#: The page the driver locks in; arenas start and end on its boundaries.
+PAGE = mmap.PAGESIZE
+#: Each tensor in an arena starts on this boundary (what kernels and torch's allocator align to).
+ARENA_ALIGN = 64
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
 
 
 #: CUDA runtime error codes this module tells apart.
@@ -156,6 +181,10 @@ class PageLockedLedger:
         #: Registered storages are held until unlocked: freeing registered memory first
         #: would leave the driver with a dangling registration.
         self._held: dict[int, torch.UntypedStorage] = {}
+        #: Where an arena's registration starts (its page-aligned start), by storage address.
+        self._registered_at: dict[int, int] = {}
+        #: Bytes the driver refused to register because a page was already registered.
+        self.refused_bytes = 0
         self._lock = threading.Lock()
 
     @property
@@ -181,12 +210,56 @@ class PageLockedLedger:
                 return True
             try:
                 self.registrar.register(ptr, nbytes)
-            except AlreadyRegistered:  # registered by someone else: count it, never unregister it
-                self._entries[ptr] = LockedEntry(nbytes, purpose, "registered elsewhere")
-                return True
+            except AlreadyRegistered:
+                # Not pinned, yet the driver says registered: a page it shares with another
+                # registration (CUDA error 712). It is not locked, so it is not counted;
+                # modules of small tensors go through lock_together, which never shares pages.
+                self.refused_bytes += nbytes
+                return False
             self._entries[ptr] = LockedEntry(nbytes, purpose, "registered")
             self._held[ptr] = storage
         return True
+
+    def lock_together(self, tensors, purpose: str) -> bool:
+        """Move ``tensors`` (parameters or buffers: their ``.data`` is replaced) into one
+        page-aligned host arena and page-lock it with one registration. Returns whether it
+        is locked (False when the policy does not lock: the tensors are then left as they
+        are). Values, shapes and dtypes are kept; strides become contiguous."""
+        if not self.policy.locks:
+            return False
+        tensors = [t for t in tensors if t.numel()]
+        if not tensors:
+            return True
+        offsets, total = [], 0
+        for t in tensors:
+            total = _round_up(total, ARENA_ALIGN)
+            offsets.append(total)
+            total += t.numel() * t.element_size()
+        span = _round_up(total, PAGE)
+        buf = torch.empty(span + PAGE, dtype=torch.uint8, device="cpu")
+        start = (-buf.data_ptr()) % PAGE
+        for t, off in zip(tensors, offsets):
+            nbytes = t.numel() * t.element_size()
+            view = buf[start + off:start + off + nbytes].view(t.dtype).view(t.shape)
+            view.copy_(t.data)
+            t.data = view
+        storage = buf.untyped_storage()
+        key = storage.data_ptr()
+        try:
+            self.registrar.register(buf.data_ptr() + start, span)
+        except AlreadyRegistered:  # cannot happen for a fresh, page-aligned arena; never counted
+            raise OffloadError(f"{purpose}: the driver refused to page-lock a fresh arena (already registered)")
+        with self._lock:
+            self._entries[key] = LockedEntry(span, purpose, "registered")
+            self._held[key] = storage
+            self._registered_at[key] = buf.data_ptr() + start
+        return True
+
+    def pinned(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is page-locked as the driver sees it (``is_pinned()``); the
+        registrar answers where it can (a recording registrar, on a machine without CUDA)."""
+        ask = getattr(self._registrar, "is_pinned", None)
+        return bool(ask(tensor)) if ask is not None else tensor.is_pinned()
 
     def note_pinned(self, tensor: torch.Tensor, purpose: str) -> None:
         """Count a buffer pinned through torch's caching allocator (at the size asked for)."""
@@ -206,22 +279,34 @@ class PageLockedLedger:
         with self._lock:
             entry = self._entries.pop(ptr, None)
             storage = self._held.pop(ptr, None)
+            at = self._registered_at.pop(ptr, ptr)
         if entry is not None and entry.how == "registered":
-            self.registrar.unregister(ptr)
+            self.registrar.unregister(at)
         del storage
 
-    def release_with(self, owner: object, tensors) -> None:
-        """Unlock ``tensors``' storages when ``owner`` (a module) is garbage-collected."""
+    def release_with(self, owner: object, tensors, keep_registered: bool = False) -> None:
+        """Unlock ``tensors``' storages when ``owner`` (a module) is garbage-collected, after
+        the device has finished with them; not at interpreter exit. ``keep_registered``:
+        the memory backs a UVA view that a captured CUDA graph may still read, so it stays
+        registered (and held) until the process ends."""
         ptrs = [t.untyped_storage().data_ptr() for t in tensors]
+        if keep_registered:
+            return
         ref = weakref.ref(self)
 
         def release(ptrs=ptrs, ref=ref) -> None:
             ledger = ref()
-            if ledger is not None:
-                for ptr in ptrs:
+            if ledger is None:
+                return
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # no copy in flight reads memory about to be unlocked
+            for ptr in ptrs:
+                try:
                     ledger.unlock(ptr)
+                except OffloadError:  # the driver's complaint changes nothing for a freed module
+                    pass
 
-        weakref.finalize(owner, release)
+        weakref.finalize(owner, release).atexit = False
 
     def is_locked(self, tensor: torch.Tensor) -> bool:
         return tensor.untyped_storage().data_ptr() in self._entries

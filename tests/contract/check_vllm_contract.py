@@ -337,6 +337,28 @@ def _prefetch_offloader() -> None:
         expect(callable(getattr(offloader_base, name, None)), f"offloader.base.{name} is missing")
 
 
+@check("prefetch_offloader_internals")
+def _prefetch_offloader_internals() -> None:
+    # What the glue's exact-size locking of hot layers reads and sets (offloader.py), from
+    # the sources (the classes need CUDA to build): each _ModuleOffloader keeps its module
+    # and a dict of per-parameter offloaders; each of those keeps its host copy in
+    # _cpu_storage, reaches the parameter through _param, and in post_init keeps a host
+    # copy that is_pinned() (registered memory is) instead of pinning a new one.
+    from vllm.model_executor.offloader import prefetch
+
+    module_init = source(prefetch._ModuleOffloader.__init__)
+    expect("self.module = module" in module_init and "self._param_offloaders" in module_init,
+           "_ModuleOffloader no longer keeps module / _param_offloaders")
+    cpu = prefetch._CpuParamOffloader
+    expect(isinstance(vars(prefetch._BaseParamOffloader).get("_param"), property), "_param is not a property")
+    update = source(cpu._update_cpu_storage_from_param)
+    expect("is_pinned()" in update and "self._cpu_storage = param.data" in update,
+           "_update_cpu_storage_from_param no longer keeps a pinned host copy as it is")
+    expect("self._cpu_storage = " in source(cpu._offload_to_cpu_internal), "_cpu_storage is not set at wrap time")
+    post_init = source(prefetch.PrefetchOffloader.post_init)
+    expect("sync_cpu_storage" in post_init, "PrefetchOffloader.post_init no longer syncs host storage")
+
+
 @check("make_layers")
 def _make_layers() -> None:
     # Behaviour: make_layers, with a stand-in pipeline group (rank 1 of 2) and a recording
