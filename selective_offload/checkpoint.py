@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import struct
 import warnings
@@ -30,15 +29,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .errors import CheckpointError
-
-#: Bits per element of every safetensors dtype. Sub-byte types (F4, F6) are packed.
-DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-}
+from .quantization import quantized_tensors, scheme_from_config
+# The tensor facts live in .tensors (quantization reads them too); re-exported for callers.
+from .tensors import DTYPE_BITS, TensorInfo, tensor_nbytes  # noqa: F401
 
 MANIFEST_FORMAT = "selective-offload/manifest-v1"
 INDEX_NAME = "model.safetensors.index.json"
@@ -46,27 +39,10 @@ INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100_000_000
 
 
-def tensor_nbytes(dtype: str, shape: Iterable[int], where: str = "") -> int:
-    """Bytes that ``shape`` elements of ``dtype`` occupy on disk (packed for sub-byte types)."""
-    if dtype not in DTYPE_BITS:
-        raise CheckpointError(
-            f"{where}unknown dtype {dtype!r}; known safetensors dtypes are "
-            f"{', '.join(sorted(DTYPE_BITS))}"
-        )
-    numel = math.prod(int(d) for d in shape)
-    return (numel * DTYPE_BITS[dtype] + 7) // 8
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    #: The shard file the tensor lives in, or ``None`` for a manifest entry.
-    shard: str | None = None
-
-
+#: Routed experts per MoE layer (E) and experts each token is routed to (k), as families name them.
+_NUM_EXPERTS_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
+_EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "top_k_experts",
+                           "moe_top_k", "moe_topk", "top_k")
 _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "n_mtp_layers", "mtp_num_layers")
 
 
@@ -91,6 +67,9 @@ class ModelFacts:
     has_vision: bool = False
     has_audio: bool = False
     num_mtp_layers: int = 0
+    #: Routed experts per MoE layer (E) and top-k (k), when the config declares them.
+    num_experts: int | None = None
+    experts_per_token: int | None = None
     #: Where the tie flag came from (``text_config``, ``config``, ``checkpoint``, ``default``).
     tie_source: str = "default"
     notes: tuple[str, ...] = ()
@@ -129,9 +108,15 @@ class ModelFacts:
             has_vision=any(k in config for k in ("vision_config", "visual", "vision_tower")),
             has_audio="audio_config" in config,
             num_mtp_layers=int(pick(*_MTP_KEYS) or 0),
+            num_experts=_positive_int(pick(*_NUM_EXPERTS_KEYS)),
+            experts_per_token=_positive_int(pick(*_EXPERTS_PER_TOKEN_KEYS)),
             tie_source=source,
             notes=tuple(notes),
         )
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _resolve_tie(text: Mapping, config: Mapping, tensor_names, resolved_text, resolved) -> tuple[bool, str, list[str]]:
@@ -397,8 +382,6 @@ def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
     raw = _read_json(config_path, "config.json")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{config_path}: config.json is not a JSON object")
-    from .quantization import scheme_from_config  # imports this module: imported when needed
-
     scheme, quant_notes = scheme_from_config(raw.get("quantization_config"), str(config_path))
     config, model_cls = _transformers_config(config_path, raw)
     with _quiet_library() as caught:
@@ -491,8 +474,6 @@ def _listed_tensors(model, facts: ModelFacts, scheme=None) -> dict[str, TensorIn
     """What save_pretrained would write for ``model``, in safetensors dtypes, with quantized
     parameters as their quantization method stores them (``scheme``)."""
     import torch
-
-    from .quantization import quantized_tensors
 
     modules = dict(model.named_modules())
     # A tied output embedding is not saved (save_pretrained drops it); list it once.

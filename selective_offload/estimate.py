@@ -19,6 +19,13 @@ estimate (``est_``) that ignores compute (see :data:`~selective_offload.plan.EST
   the target's own next token; :func:`expected_tokens_per_step`). Speculation pays when
   ``E(K, a) / (step + draft) > 1 / step_without``; the head's bytes also displace decoder
   layers to the host, which the placement prices.
+- **Routed experts (MoE).** A token runs ``k`` of a layer's ``E`` routed experts, so a
+  step of ``T`` tokens (batch x tokens verified per sequence) reads the experts that at
+  least one of them was routed to: ``E * (1 - (1 - k/E)**T)`` of them, assuming uniform
+  routing (:func:`expert_read_fraction`, the one place that says so). Experts read in
+  place from host memory through UVA cross the link at that fraction, in line; experts
+  resident on the device are read from VRAM at that fraction; experts inside a layer the
+  prefetch offloader copies cross the link whole.
 - **KV cache.** Bytes per token from the model's attention layers (KV heads x head dim,
   MLA's latent, sliding windows capped at their window) plus the fixed state of
   linear-attention layers (:class:`KvModel`); a step reads each sequence's context.
@@ -40,6 +47,26 @@ DEFAULT_ACCEPT_RATE = 0.85
 #: Bytes per element of vLLM's KV cache dtypes (``auto`` is the model's dtype: 2 for bf16).
 KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_e4m3": 1,
                   "fp8_e5m2": 1, "float32": 4}
+
+
+def expert_read_fraction(num_experts: int, experts_per_token: int, tokens: int | float, *,
+                         routing: "tuple[float, ...] | None" = None) -> float:
+    """The share of a MoE layer's routed-expert bytes that a step of ``tokens`` tokens reads
+    (est): the expected share of experts at least one token is routed to.
+
+    Uniform routing (the default) gives each expert the chance ``k/E`` per token, so the
+    share is ``1 - (1 - k/E)**T``: ``k/E`` at one token, approaching 1 as tokens grow.
+    ``routing`` is room for a measured profile (each expert's share of the routing choices,
+    summing to ``k``): ``mean(1 - (1 - p_i)**T)``; nothing measures one yet. Every MoE price
+    (the planner, the bulk and segment baselines, the benchmarks) goes through here.
+    """
+    if num_experts <= 0 or experts_per_token <= 0:
+        return 1.0
+    t = max(float(tokens), 0.0)
+    if routing is not None:
+        return sum(1.0 - (1.0 - min(max(p, 0.0), 1.0)) ** t for p in routing) / len(routing) if routing else 1.0
+    p = min(experts_per_token / num_experts, 1.0)
+    return 1.0 - (1.0 - p) ** t
 
 
 def expected_tokens_per_step(k: int, accept_rate: float) -> float:
@@ -190,6 +217,28 @@ class Traffic:
     uva_bytes: int = 0
     #: Speculative decoding: bytes each draft pass reads (the MTP head and the LM head).
     draft_bytes: int = 0
+    #: Routed experts of MoE layers, priced by the tokens of the step (see :class:`ExpertsRead`).
+    experts: tuple["ExpertsRead", ...] = ()
+
+
+#: Where a layer's routed experts are read from: VRAM, a prefetched copy of the whole layer,
+#: or host memory in place through UVA (in line).
+EXPERTS_DEVICE, EXPERTS_PREFETCHED, EXPERTS_UVA = "device", "prefetched", "uva"
+
+
+@dataclass(frozen=True)
+class ExpertsRead:
+    """The routed experts of one MoE layer in a step: the layer's position in
+    :attr:`Traffic.layers`, their bytes, E and k, and where they are read from."""
+
+    layer: int
+    nbytes: int
+    num_experts: int
+    experts_per_token: int
+    where: str = EXPERTS_DEVICE
+
+    def read_bytes(self, tokens: float) -> float:
+        return self.nbytes * expert_read_fraction(self.num_experts, self.experts_per_token, tokens)
 
 
 @dataclass(frozen=True)
@@ -212,17 +261,32 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     tokens_per_pass = n * (k + 1)
     kv_s = (n * kv.bytes_per_seq(settings.context_tokens) / gb_vram) if kv is not None and settings.context_tokens else 0.0
     rows_link_s = traffic.row_bytes_host * (tokens_per_pass + k * n) / gb_link
-    copies_s = sum(b for b, host in traffic.layers if host) / gb_link
-    layer_read_s = sum(b for b, _ in traffic.layers) / gb_vram
+    # Per layer: bytes read from VRAM and bytes copied over the link by the prefetch offloader.
+    reads = [float(b) for b, _ in traffic.layers]
+    copies = [float(b) if host else 0.0 for b, host in traffic.layers]
+    uva_bytes = float(traffic.uva_bytes)
+    for e in traffic.experts:
+        read = e.read_bytes(tokens_per_pass)
+        if e.where == EXPERTS_UVA:
+            uva_bytes += read
+        else:
+            reads[e.layer] += read
+            if e.where == EXPERTS_PREFETCHED:
+                copies[e.layer] += e.nbytes
+    uva_s = uva_bytes / gb_link
+    copies_s = sum(copies) / gb_link
+    layer_read_s = sum(reads) / gb_vram
     other_s = (traffic.other_device_bytes + traffic.row_bytes_device * tokens_per_pass) / gb_vram
     draft_s = k * traffic.draft_bytes / gb_vram
-    link_s = copies_s + rows_link_s + traffic.uva_bytes / gb_link
+    link_s = copies_s + rows_link_s + uva_s
     vram_s = layer_read_s + other_s + kv_s
     if pipelined:
         per_layer_kv = kv_s / len(traffic.layers) if traffic.layers else 0.0
-        costs = [LayerCost(b / gb_vram + per_layer_kv, (b / gb_link) if host else 0.0) for b, host in traffic.layers]
+        costs = [LayerCost(r / gb_vram + per_layer_kv, c / gb_link) for r, c in zip(reads, copies)]
         core, hidden = pipelined_step_s(costs, other_s + (0.0 if traffic.layers else kv_s))
-        step = core + rows_link_s + traffic.uva_bytes / gb_link + draft_s
+        # UVA reads are paid in line: they share the link with the prefetch copies, so
+        # they hide no copy and no copy hides them.
+        step = core + rows_link_s + uva_s + draft_s
     else:
         hidden = 0.0
         step = inline_step_s(vram_s, link_s) + draft_s

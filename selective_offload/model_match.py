@@ -16,7 +16,7 @@ from __future__ import annotations
 from .checkpoint import Checkpoint
 from .errors import PlanError
 from .names import group_key
-from .plan import GroupPlan, Plan
+from .plan import GroupKind, GroupPlan, Plan
 from .planner import Group, group_tensors, model_fingerprint
 from .sizes import fmt_bytes, size_arg
 
@@ -42,7 +42,9 @@ def _first_difference(planned: GroupPlan, actual: Group) -> str | None:
 def differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     """Every group that differs between ``plan`` and ``checkpoint``, in the plan's order."""
     segments = plan.inputs.cold_segments
-    actual = {group_key(g.name, segments): g for g in group_tensors(checkpoint, plan.inputs)}
+    # A plan without expert groups (format v2 and older) keeps a MoE layer's experts in it.
+    split = any(g.kind == GroupKind.EXPERTS for g in plan.groups)
+    actual = {group_key(g.name, segments): g for g in group_tensors(checkpoint, plan.inputs, split_experts=split)}
     out: list[str] = []
     matched: set[tuple] = set()
     for planned in plan.groups:

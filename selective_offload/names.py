@@ -39,6 +39,13 @@ EMBED_SEGMENTS: tuple[str, ...] = ("embed_tokens",)
 #: Path segments vLLM adds or drops around the language model; ignored by :func:`group_key`.
 WRAPPER_SEGMENTS: frozenset[str] = frozenset({"model", "language_model", "text_model"})
 
+#: The segment that holds a MoE layer's ROUTED experts (``mlp.experts``, ``feed_forward.experts``,
+#: ``block_sparse_moe.experts``): fused 3-D tensors (``experts.gate_up_proj``) or one module per
+#: expert (``experts.17.gate_proj.weight``), and vLLM's FusedMoE module (``experts.w13_weight``).
+#: Matched as a whole segment, so ``shared_experts`` / ``shared_expert`` (run for every token,
+#: like a dense MLP) are not routed experts and stay with their layer.
+ROUTED_EXPERTS_SEGMENT = "experts"
+
 #: A decoder layer: ``...layers.N.`` (the part before ``.N`` names the stack).
 LAYER_RE = re.compile(r"^(?P<prefix>(?:.*\.)?layers)\.(?P<index>\d+)\.")
 
@@ -80,6 +87,24 @@ def layer_of(name: str) -> tuple[str, int] | None:
     return None if m is None else (m.group("prefix"), int(m.group("index")))
 
 
+def experts_prefix(name: str) -> str | None:
+    """The routed-experts module ``name`` lies in (``model.layers.3.mlp.experts``), or ``None``.
+
+    A routed expert is anything under a whole ``experts`` segment inside a decoder layer
+    (``model.layers.3.mlp.experts.gate_up_proj``, ``...experts.17.down_proj.weight``,
+    vLLM's ``...experts.w13_weight``); the group name is the module path up to that segment,
+    which is also vLLM's FusedMoE ``prefix``. ``...mlp.shared_experts.*`` and a dense
+    ``...mlp.gate_proj`` are not routed experts.
+    """
+    m = LAYER_RE.match(name if name.endswith(".") else name + ".")
+    if m is None:
+        return None
+    head, rest = name[:m.end() - 1], segments(name[m.end():])
+    if ROUTED_EXPERTS_SEGMENT not in rest:
+        return None
+    return ".".join([head, *rest[: rest.index(ROUTED_EXPERTS_SEGMENT) + 1]])
+
+
 def group_key(name: str, cold_segments: Iterable[str]) -> tuple:
     """A rename-proof key for the plan group a parameter, module or group name belongs to."""
     segment = cold_segment(name, cold_segments)
@@ -87,5 +112,12 @@ def group_key(name: str, cold_segments: Iterable[str]) -> tuple:
         return ("cold", segment)
     layer = layer_of(name)
     if layer is not None:
-        return ("layer", layer[1])
+        return ("experts", layer[1]) if experts_prefix(name) is not None else ("layer", layer[1])
     return ("module", ".".join(p for p in segments(name) if p not in WRAPPER_SEGMENTS))
+
+
+def group_keys(name: str, cold_segments: Iterable[str]) -> tuple[tuple, ...]:
+    """The keys to look ``name``'s plan group up by, best first: a routed expert's own group,
+    then its layer's (a plan without expert groups, v2 and older, keeps them in the layer)."""
+    key = group_key(name, cold_segments)
+    return (key, ("layer", key[1])) if key[0] == "experts" else (key,)

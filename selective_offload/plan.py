@@ -9,7 +9,10 @@ deficit, the shortfall, the prefetch buffers, the estimates) is derived, never t
 A plan that would be silently misapplied is refused with one line naming the field and
 the fix.
 
-The JSON format (``"format": "selective-offload/plan-v2"``) is documented in the README.
+The JSON format (``"format": "selective-offload/plan-v3"``) is documented in the README.
+v3 adds the routed experts of a MoE layer as a group of their own (kind ``experts``, with
+``num_experts`` and ``experts_per_token``) and the placement ``host-uva``; v2 and v1 plans
+are still read (they have no expert groups: a MoE layer is one group).
 Derived totals are written under ``"totals"`` for readers and, when present, checked on
 reading (an edited group with stale totals is caught); delete ``"totals"`` to accept the
 groups as they are. Estimates (``"est"``, each group's ``est_link/vram_bytes_per_step``)
@@ -29,13 +32,25 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import PlanError
-from .estimate import DEFAULT_ACCEPT_RATE, KV_DTYPE_BYTES, KvModel, StepSettings, Traffic, step_cost
+from .estimate import (
+    DEFAULT_ACCEPT_RATE,
+    EXPERTS_DEVICE,
+    EXPERTS_PREFETCHED,
+    EXPERTS_UVA,
+    KV_DTYPE_BYTES,
+    ExpertsRead,
+    KvModel,
+    StepSettings,
+    Traffic,
+    expert_read_fraction,
+    step_cost,
+)
 from .names import DEFAULT_COLD_SEGMENTS, EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, has_segment
 from .sizes import GB, GiB
 
 FORMAT_PREFIX = "selective-offload/plan-v"
 #: The format this release writes, and the oldest one it still reads.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 OLDEST_READABLE_VERSION = 1
 PLAN_FORMAT = f"{FORMAT_PREFIX}{FORMAT_VERSION}"
 REPLAN = "make the plan again with `selective-offload plan MODEL --device-memory SIZE -o plan.json`"
@@ -58,6 +73,9 @@ EST_IGNORES: tuple[str, ...] = (
     "share memory bandwidth); bulk UVA reads are paid in line",
     "speculative decoding: the acceptance rate is an input, and the drafts' KV and the extra "
     "compute of verifying K + 1 tokens are ignored",
+    "routed experts (MoE): uniform routing assumed, a step of T tokens reading 1 - (1 - k/E)^T of a "
+    "layer's expert bytes; real routers favour some experts, so at T > 1 fewer distinct experts are "
+    "read than estimated",
 )
 
 
@@ -79,6 +97,7 @@ class Placement(_Choice):
     HOST_COLD = "host-cold"   # host memory; a decode step does not read it (or one row per token)
     HOST_HOT = "host-hot"     # host memory; read every step, prefetched layer by layer
     ABSENT = "absent"         # not loaded for this run (an MTP head without MTP decoding)
+    HOST_UVA = "host-uva"     # host memory, read in place through UVA: only the routed experts a step uses
 
 
 class GroupClass(_Choice):
@@ -91,6 +110,7 @@ class GroupKind(_Choice):
     LAYER = "layer"    # one decoder layer of the main stack
     COLD = "cold"      # a whole cold module (embedding, tower, projector, MTP head)
     MODULE = "module"  # any other parameters, by module path
+    EXPERTS = "experts"  # the routed experts of one MoE decoder layer (the layer group holds the rest)
 
 
 class Strategy(_Choice):
@@ -100,7 +120,9 @@ class Strategy(_Choice):
     INFEASIBLE = "infeasible"
 
 
-HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT)
+HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT, Placement.HOST_UVA)
+#: Kinds of group that belong to one decoder layer (and carry its ``layer_index``).
+LAYER_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS)
 
 
 # --------------------------------------------------------------------------- field reading
@@ -358,13 +380,16 @@ class GroupPlan:
     bytes: int
     layer_index: int | None
     #: Bytes a decode step reads from this group at batch 1 (est): all of a layer, one row
-    #: of an embedding, nothing of a tower.
+    #: of an embedding, nothing of a tower, k/E of a layer's routed experts.
     est_read_bytes_per_step: int
     mtp: bool = False
     #: What the model check compares (rename-proof: names are relative to the group).
     num_tensors: int = 0
     dtype_bytes: Mapping[str, int] = field(default_factory=dict)
     shapes_digest: str | None = None
+    #: Routed experts of the layer (E) and experts per token (k); 0 for every other kind.
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     @property
     def on_host(self) -> bool:
@@ -372,7 +397,10 @@ class GroupPlan:
 
     @property
     def est_link_bytes_per_step(self) -> int:
-        """Bytes that cross the link per step (est): a hot layer whole, a cold group's reads."""
+        """Bytes that cross the link per step at batch 1 (est): a prefetched layer whole
+        (experts included), a cold group's reads, the routed experts read through UVA."""
+        if self.placement == Placement.HOST_HOT:
+            return self.bytes
         return self.est_read_bytes_per_step if self.on_host else 0
 
     @property
@@ -395,9 +423,9 @@ class GroupPlan:
         r.context = f"group {name}"
         kind = r.choice("kind", GroupKind)
         layer_index = r.int("layer_index", default=None)
-        if (kind == GroupKind.LAYER) != (layer_index is not None):
-            r.fail(f"kind is {kind} but layer_index is {json.dumps(layer_index)}; a layer group, and "
-                   "only a layer group, has a layer_index")
+        if (kind in LAYER_KINDS) != (layer_index is not None):
+            r.fail(f"kind is {kind} but layer_index is {json.dumps(layer_index)}; a layer or experts group, and "
+                   "only those, has a layer_index")
         if version == 1:
             # v1 wrote the per-step reads split by where they land; one of the two is the read.
             r.seen.update({"est_link_bytes_per_step", "est_vram_bytes_per_step"})
@@ -418,6 +446,7 @@ class GroupPlan:
             reason=r.str("reason", default=""), bytes=r.int("bytes"), layer_index=layer_index,
             est_read_bytes_per_step=read, mtp=r.bool("mtp", default=False),
             num_tensors=r.int("num_tensors", default=0), dtype_bytes=dict(dtype_bytes), shapes_digest=digest,
+            num_experts=r.int("num_experts", default=0), experts_per_token=r.int("experts_per_token", default=0),
         )
         return group, r.unknown()
 
@@ -430,8 +459,17 @@ class GroupPlan:
             problem = f"a group of class absent (not loaded) cannot be placed {self.placement}"
         elif self.placement == Placement.HOST_COLD and self.cls != GroupClass.COLD:
             problem = f"placement host-cold is for cold groups, and this one is {self.cls}"
-        elif self.placement == Placement.HOST_HOT and self.kind != GroupKind.LAYER:
-            problem = f"placement host-hot is for decoder layers (kind layer), and this one is {self.kind}"
+        elif self.placement == Placement.HOST_HOT and self.kind not in LAYER_KINDS:
+            problem = f"placement host-hot is for decoder layers (kind layer or experts), and this one is {self.kind}"
+        elif self.placement == Placement.HOST_UVA and self.kind != GroupKind.EXPERTS:
+            problem = f"placement host-uva is for routed experts (kind experts), and this one is {self.kind}"
+        elif self.kind == GroupKind.EXPERTS and self.cls != GroupClass.HOT:
+            problem = f"routed experts are read every step (class hot), not {self.cls}"
+        elif self.kind == GroupKind.EXPERTS and not 1 <= self.experts_per_token <= self.num_experts:
+            problem = (f"routed experts need 1 <= experts_per_token <= num_experts, and these are "
+                       f"{self.experts_per_token} of {self.num_experts}")
+        elif self.kind != GroupKind.EXPERTS and (self.num_experts or self.experts_per_token):
+            problem = f"num_experts and experts_per_token are for kind experts only, and this one is {self.kind}"
         elif self.dtype_bytes and sum(self.dtype_bytes.values()) != self.bytes:
             problem = f"bytes {self.bytes} is not the sum of dtype_bytes ({sum(self.dtype_bytes.values())})"
         if problem:
@@ -439,6 +477,16 @@ class GroupPlan:
 
 
 # --------------------------------------------------------------------------- estimates
+
+#: Where the step model reads a placed experts group from.
+_EXPERTS_READ = {Placement.DEVICE: EXPERTS_DEVICE, Placement.HOST_HOT: EXPERTS_PREFETCHED,
+                 Placement.HOST_UVA: EXPERTS_UVA}
+
+
+def experts_read_bytes(nbytes: int, num_experts: int, experts_per_token: int, tokens: int = 1) -> int:
+    """Bytes of a layer's routed experts that a step of ``tokens`` tokens reads (est)."""
+    return round(nbytes * expert_read_fraction(num_experts, experts_per_token, tokens))
+
 
 
 @dataclass(frozen=True)
@@ -544,7 +592,7 @@ class PlannedModel:
 
 
 #: Totals derived from the groups, written under "totals" and checked when read.
-TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "absent_bytes", "cold_bytes",
+TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes", "absent_bytes", "cold_bytes",
           "weight_budget_bytes", "deficit_bytes", "shortfall_bytes", "host_shortfall_bytes")
 
 
@@ -611,6 +659,10 @@ class Plan:
         return self._sum(Placement.HOST_HOT)
 
     @property
+    def host_uva_bytes(self) -> int:
+        return self._sum(Placement.HOST_UVA)
+
+    @property
     def absent_bytes(self) -> int:
         return self._sum(Placement.ABSENT)
 
@@ -635,8 +687,11 @@ class Plan:
             return 0
         if self.stored_prefetch_buffer_bytes is not None:
             return self.stored_prefetch_buffer_bytes
-        largest = max((g.bytes for g in self.groups if g.kind == GroupKind.LAYER), default=0)
-        return self.inputs.prefetch_step * largest
+        per_layer: dict[int, int] = {}
+        for g in self.groups:
+            if g.kind in LAYER_KINDS:  # the offloader copies a layer's experts with it
+                per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes
+        return self.inputs.prefetch_step * max(per_layer.values(), default=0)
 
     @property
     def shortfall_bytes(self) -> int:
@@ -649,7 +704,7 @@ class Plan:
         """Host memory missing for the bytes placed on the host (0 when it fits, or unchecked)."""
         if self.inputs.host_memory_bytes is None:
             return 0
-        return max(0, self.host_cold_bytes + self.host_hot_bytes - self.inputs.host_memory_bytes)
+        return max(0, self.host_cold_bytes + self.host_hot_bytes + self.host_uva_bytes - self.inputs.host_memory_bytes)
 
     @property
     def est(self) -> Estimate:
@@ -665,14 +720,17 @@ class Plan:
 
     def traffic(self) -> Traffic:
         """The bytes a decode pass of this placement reads, by where from."""
-        layers = tuple((g.est_read_bytes_per_step, g.placement == Placement.HOST_HOT)
-                       for g in sorted((g for g in self.groups if g.kind == GroupKind.LAYER),
-                                       key=lambda g: g.layer_index))
+        stack = sorted((g for g in self.groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index)
+        layers = tuple((g.est_read_bytes_per_step, g.placement == Placement.HOST_HOT) for g in stack)
+        position = {g.layer_index: i for i, g in enumerate(stack)}
+        experts = tuple(
+            ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement])
+            for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
         other = row_host = row_device = draft = 0
         head = sum(g.est_read_bytes_per_step for g in self.groups
                    if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.placement == Placement.DEVICE)
         for g in self.groups:
-            if g.kind == GroupKind.LAYER or g.placement == Placement.ABSENT:
+            if g.kind in LAYER_KINDS or g.placement == Placement.ABSENT:
                 continue
             if g.mtp:
                 draft += g.bytes
@@ -683,7 +741,7 @@ class Plan:
                     row_device += g.est_read_bytes_per_step
             elif g.placement == Placement.DEVICE:
                 other += g.est_read_bytes_per_step
-        return Traffic(layers, other, row_host, row_device, 0, (draft + head) if self.spec_tokens else 0)
+        return Traffic(layers, other, row_host, row_device, 0, (draft + head) if self.spec_tokens else 0, experts)
 
     @property
     def host_cold_groups(self) -> list[str]:
@@ -707,7 +765,7 @@ class Plan:
         if not self.groups:
             raise PlanError(f"{where}: the plan has no groups; {REPLAN}")
         seen: set[str] = set()
-        layers: set[int] = set()
+        by_kind: dict[GroupKind, dict[int, GroupPlan]] = {kind: {} for kind in LAYER_KINDS}
         n_layers = self.model.num_hidden_layers
         for g in self.groups:
             if g.group in seen:
@@ -717,17 +775,35 @@ class Plan:
             self._check_never_cold(g, where)
             if g.layer_index is None:
                 continue
-            if g.layer_index in layers:
+            if g.layer_index in by_kind[g.kind]:
                 raise PlanError(f"{where}: group {g.group}: layer_index {g.layer_index} belongs to another "
-                                f"group too; {REPLAN}")
-            layers.add(g.layer_index)
+                                f"{g.kind} group too; {REPLAN}")
+            by_kind[g.kind][g.layer_index] = g
             if n_layers is not None and not 0 <= g.layer_index < n_layers:
                 raise PlanError(f"{where}: group {g.group}: layer_index {g.layer_index} is outside the model's "
                                 f"{n_layers} layers (0..{n_layers - 1}); {REPLAN}")
-        hot = tuple(sorted(g.layer_index for g in self.groups if g.placement == Placement.HOST_HOT))
+        self._check_experts_follow_layers(by_kind, where)
+        hot = tuple(sorted(g.layer_index for g in self.groups
+                           if g.kind == GroupKind.LAYER and g.placement == Placement.HOST_HOT))
         if tuple(self.hot_layer_indices) != hot:
             raise PlanError(f"{where}: hot_layer_indices {list(self.hot_layer_indices)} disagree with the groups "
                             f"placed host-hot (layers {list(hot)}); make them agree or {REPLAN}")
+
+    @staticmethod
+    def _check_experts_follow_layers(by_kind: Mapping[GroupKind, Mapping[int, GroupPlan]], where: str) -> None:
+        """Routed experts belong to a decoder layer, and the prefetch offloader copies a layer
+        whole, experts included: an experts group is host-hot exactly when its layer is."""
+        layers = by_kind[GroupKind.LAYER]
+        for index, e in by_kind[GroupKind.EXPERTS].items():
+            layer = layers.get(index)
+            if layer is None:
+                raise PlanError(f"{where}: group {e.group}: routed experts of layer {index}, but no layer group "
+                                f"has layer_index {index}; {REPLAN}")
+            if (e.placement == Placement.HOST_HOT) != (layer.placement == Placement.HOST_HOT):
+                raise PlanError(
+                    f"{where}: group {e.group} is {e.placement} but its layer {layer.group} is {layer.placement}; "
+                    "the prefetch offloader copies a whole layer, experts included, so the experts are host-hot "
+                    f"exactly when their layer is (else device or host-uva); make them agree or {REPLAN}")
 
     def _check_never_cold(self, g: GroupPlan, where: str) -> None:
         if g.cls != GroupClass.COLD:
@@ -743,7 +819,9 @@ class Plan:
 
     def check_strategy(self, where: str = "plan") -> None:
         """The strategy names what the placement does, and a feasible placement fits."""
-        has_hot, has_cold = bool(self.hot_layer_indices), bool(self.host_cold_groups)
+        # Hot bytes on the host: decoder layers prefetched, or routed experts read in place.
+        has_hot = bool(self.hot_layer_indices) or any(g.placement == Placement.HOST_UVA for g in self.groups)
+        has_cold = bool(self.host_cold_groups)
         shortfall = self.shortfall_bytes
         wrong = None
         if self.strategy == Strategy.INFEASIBLE:
@@ -760,7 +838,7 @@ class Plan:
         elif self.strategy == Strategy.COLD_OFFLOAD and (has_hot or not has_cold):
             wrong = "cold_offload places cold groups, and only cold groups, on the host"
         elif self.strategy == Strategy.HOT_OFFLOAD and not has_hot:
-            wrong = "it places no decoder layer on the host"
+            wrong = "it places no decoder layer and no routed experts on the host"
         if wrong:
             raise PlanError(f"{where}: strategy is {self.strategy}, but {wrong}; {REPLAN}")
 

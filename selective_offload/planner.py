@@ -38,8 +38,24 @@ import math
 from dataclasses import dataclass, field, replace
 
 from .checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
-from .names import EMBED_SEGMENTS, MTP_SEGMENTS, NEVER_COLD_SEGMENTS, cold_prefix, has_segment, layer_of
-from .estimate import KV_DTYPE_BYTES, KvModel, Traffic, expected_tokens_per_step
+from .names import (
+    EMBED_SEGMENTS,
+    MTP_SEGMENTS,
+    NEVER_COLD_SEGMENTS,
+    cold_prefix,
+    experts_prefix,
+    has_segment,
+    layer_of,
+)
+from .estimate import (
+    EXPERTS_DEVICE,
+    EXPERTS_UVA,
+    KV_DTYPE_BYTES,
+    ExpertsRead,
+    KvModel,
+    Traffic,
+    expected_tokens_per_step,
+)
 from .errors import PlanError
 from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported for callers)
     EST_IGNORES,
@@ -49,11 +65,14 @@ from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported f
     GroupClass,
     GroupKind,
     GroupPlan,
+    HOST_PLACEMENTS,
+    LAYER_KINDS,
     Placement,
     Plan,
     PlanInputs,
     PlannedModel,
     Strategy,
+    experts_read_bytes,
 )
 from .sizes import GB, GiB
 
@@ -65,7 +84,8 @@ _BLOCK_SEGMENTS = ("blocks", "layers", "layer")
 
 @dataclass(frozen=True)
 class Group:
-    """Parameters placed together: one decoder layer, one cold module, or one other module."""
+    """Parameters placed together: one decoder layer (less its routed experts), the routed
+    experts of one MoE layer, one cold module, or one other module."""
 
     name: str
     kind: GroupKind
@@ -85,9 +105,12 @@ class Group:
     #: What identifies the group's tensors, for the model check.
     dtype_bytes: dict[str, int] = field(default_factory=dict)
     shapes_digest: str = ""
-    #: Bytes per parameter name relative to the group (``self_attn.qkv_proj.weight``): vLLM's
-    #: prefetch buffers are keyed by it.
+    #: Bytes per parameter name relative to the decoder layer (``self_attn.qkv_proj.weight``,
+    #: ``mlp.experts.gate_up_proj``): vLLM's prefetch buffers are keyed by it.
     param_bytes: dict[str, int] = field(default_factory=dict)
+    #: Routed experts (E) and experts per token (k) of an experts group; 0 otherwise.
+    num_experts: int = 0
+    experts_per_token: int = 0
 
 
 @dataclass
@@ -125,6 +148,8 @@ def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, _Bu
             bucket = _Bucket(prefix, GroupKind.COLD, mtp=has_segment(prefix, MTP_SEGMENTS))
         elif layer is not None and _is_mtp_layer(layer[1], facts):
             bucket = _Bucket(f"{layer[0]}.{layer[1]}", GroupKind.COLD, mtp=True)
+        elif layer is not None and experts_prefix(t.name) is not None:
+            bucket = _Bucket(experts_prefix(t.name), GroupKind.EXPERTS, layer[1])
         elif layer is not None:
             bucket = _Bucket(f"{layer[0]}.{layer[1]}", GroupKind.LAYER, layer[1])
         else:
@@ -143,8 +168,34 @@ def _keep_main_stack(buckets: dict[str, _Bucket]) -> None:
             stacks[stack] = stacks.get(stack, 0) + 1
     main = max(stacks, key=stacks.get) if stacks else None
     for b in buckets.values():
-        if b.kind == GroupKind.LAYER and b.key.rsplit(".", 1)[0] != main:
+        if b.kind in LAYER_KINDS and layer_of(b.key)[0] != main:
             b.kind, b.layer_index = GroupKind.MODULE, None
+
+
+def _experts_shape(b: _Bucket, facts) -> tuple[int, int, list[str]]:
+    """E and k of a routed-experts group. E from the headers when they show it (the first
+    dimension of fused 3-D tensors, or the number of per-expert modules), else the config;
+    k from the config (``num_experts_per_tok`` and its aliases). Without k, every expert is
+    priced as read (what a whole-layer price assumes), with a note."""
+    notes = []
+    fused = [t.shape[0] for t in b.tensors if len(t.shape) >= 3]
+    indices = {int(parts[0]) for t in b.tensors
+               if (parts := t.name[len(b.key) + 1:].split("."))[0].isdigit()}
+    num = max(fused) if fused else (max(indices) + 1 if indices else facts.num_experts)
+    if not num:
+        num = 1
+        notes.append(f"{b.key}: the number of routed experts is neither in the tensors nor in the config; "
+                     "priced as one expert read whole")
+    k = facts.experts_per_token
+    if k is None:
+        k = num
+        notes.append(f"the config names no experts per token (num_experts_per_tok or an alias): the routed experts "
+                     f"of {b.key} are priced as read whole every step")
+    elif k > num:
+        notes.append(f"{b.key}: the config routes each token to {k} experts but the layer has {num}: priced as "
+                     "reading all of them")
+        k = num
+    return num, k, notes
 
 
 def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tuple[GroupClass, str, int]:
@@ -168,6 +219,8 @@ def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tupl
         return GroupClass.HOT, "one vocab x hidden GEMM per step", nbytes
     if b.kind == GroupKind.LAYER:
         return GroupClass.HOT, "decoder layer: read every step", nbytes
+    if b.kind == GroupKind.EXPERTS:  # the read is priced with E and k in group_tensors
+        return GroupClass.HOT, "routed experts: a token reads k of E", nbytes
     return GroupClass.HOT, "read every step", nbytes
 
 
@@ -197,28 +250,67 @@ def group_signature(key: str, tensors: list[TensorInfo]) -> tuple[dict[str, int]
     return dict(sorted(dtype_bytes.items())), h.hexdigest()[:16]
 
 
-def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> list[Group]:
-    """Group and classify every tensor of ``checkpoint`` (no placement yet), in model order."""
+def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: bool = True) -> list[Group]:
+    """Group and classify every tensor of ``checkpoint`` (no placement yet), in model order.
+
+    Each MoE layer is two groups: its routed experts and the rest of the layer.
+    ``split_experts=False`` keeps them as one (how plans before format v3 grouped them)."""
     buckets = _bucket_tensors(checkpoint, inputs)
+    if not split_experts:
+        buckets = _merge_experts(buckets)
     _keep_main_stack(buckets)
-    tie = checkpoint.facts.tie_word_embeddings
+    facts = checkpoint.facts
     groups = []
     for b in buckets.values():
-        cls, reason, read = _classify(b, tie, inputs)
+        cls, reason, read = _classify(b, facts.tie_word_embeddings, inputs)
+        num = k = 0
+        if b.kind == GroupKind.EXPERTS:
+            num, k, _ = _experts_shape(b, facts)
+            read = experts_read_bytes(read, num, k)
+            reason = f"routed experts: a token reads {k} of {num} (est: uniform routing)"
         tower = cls == GroupClass.COLD and not has_segment(b.key, EMBED_SEGMENTS)
         largest, rest = _block_sizes(b) if tower else (0, 0)
         dtype_bytes, digest = group_signature(b.key, b.tensors)
-        params = {t.name[len(b.key) + 1:]: t.nbytes for t in b.tensors} if b.kind == GroupKind.LAYER else {}
+        params = {_in_layer(t.name): t.nbytes for t in b.tensors} if b.kind in LAYER_KINDS else {}
         groups.append(Group(b.key, b.kind, cls, reason, sum(t.nbytes for t in b.tensors), len(b.tensors),
-                            b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest, params))
+                            b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest, params, num, k))
     groups.sort(key=_model_order)
     return groups
 
 
+def _in_layer(name: str) -> str:
+    """A parameter's name relative to its decoder layer (``mlp.experts.down_proj``)."""
+    stack, index = layer_of(name)
+    return name[len(f"{stack}.{index}."):]
+
+
+def _merge_experts(buckets: dict[str, _Bucket]) -> dict[str, _Bucket]:
+    """Routed experts back into their layer's group (the grouping of v2 and older plans)."""
+    out: dict[str, _Bucket] = {}
+    for b in buckets.values():
+        if b.kind == GroupKind.EXPERTS:
+            stack, index = layer_of(b.key)
+            target = out.setdefault(f"{stack}.{index}", _Bucket(f"{stack}.{index}", GroupKind.LAYER, index))
+        else:
+            target = out.setdefault(b.key, _Bucket(b.key, b.kind, b.layer_index, b.mtp))
+        target.tensors.extend(b.tensors)
+    return out
+
+
+def experts_notes(checkpoint: Checkpoint, inputs: PlanInputs) -> list[str]:
+    """What the planner assumed about the routed experts (E or k missing), once each."""
+    facts, notes = checkpoint.facts, []
+    for b in _bucket_tensors(checkpoint, inputs).values():
+        if b.kind == GroupKind.EXPERTS:
+            notes += _experts_shape(b, facts)[2]
+    return list(dict.fromkeys(notes))
+
+
 def _model_order(g: Group) -> tuple:
-    """Embedding, then the decoder layers in order, then the rest by name (stable)."""
-    if g.kind == GroupKind.LAYER:
-        return (1, g.layer_index, g.name)
+    """Embedding, then the decoder layers in order (each layer before its routed experts),
+    then the rest by name (stable)."""
+    if g.kind in LAYER_KINDS:
+        return (1, g.layer_index, g.kind != GroupKind.LAYER, g.name)
     if has_segment(g.name, EMBED_SEGMENTS):
         return (0, 0, g.name)
     return (2, 0, g.name)
@@ -290,25 +382,38 @@ def prefetch_buffer_bytes(layers: list[Group], prefetch_step: int) -> int:
     return prefetch_step * sum(largest.values())
 
 
+def _layer_units(groups: list[Group]) -> list[list[Group]]:
+    """Decoder layers in stack order, each with its routed-experts group (if any): what the
+    prefetch offloader copies as one."""
+    by_index: dict[int, list[Group]] = {}
+    for g in groups:
+        if g.kind in LAYER_KINDS:
+            by_index.setdefault(g.layer_index, []).append(g)
+    return [sorted(by_index[i], key=lambda g: g.kind != GroupKind.LAYER) for i in sorted(by_index)
+            if any(g.kind == GroupKind.LAYER for g in by_index[i])]
+
+
 def _place_hot_layers(p: _Placing, inputs: PlanInputs) -> list[int]:
     """The fewest spread-out decoder layers that close the rest of the deficit (every layer
-    when none do: the plan is then infeasible), net of the prefetch buffers they need."""
-    layers = sorted((g for g in p.groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index)
+    when none do: the plan is then infeasible), net of the prefetch buffers they need. A
+    layer goes whole: the offloader copies its routed experts with it."""
+    layers = _layer_units(p.groups)
     remaining = p.over_budget()
     if remaining <= 0 or not layers:
         return []
-    buffers = prefetch_buffer_bytes(layers, inputs.prefetch_step)
+    buffers = prefetch_buffer_bytes([g for unit in layers for g in unit], inputs.prefetch_step)
     chosen = next((c for c in (_spread(n, len(layers)) for n in range(1, len(layers) + 1))
-                   if sum(layers[i].nbytes for i in c) - buffers >= remaining),
+                   if sum(g.nbytes for i in c for g in layers[i]) - buffers >= remaining),
                   list(range(len(layers))))
     for i in chosen:
-        p.where[layers[i].name] = Placement.HOST_HOT
+        for g in layers[i]:
+            p.where[g.name] = Placement.HOST_HOT
     p.buffers = buffers
-    return [layers[i].layer_index for i in chosen]
+    return [layers[i][0].layer_index for i in chosen]
 
 
 def _host_bytes(p: _Placing) -> int:
-    return sum(g.nbytes for g in p.groups if p.where[g.name] in (Placement.HOST_COLD, Placement.HOST_HOT))
+    return sum(g.nbytes for g in p.groups if p.where[g.name] in HOST_PLACEMENTS)
 
 
 def _host_shortfall(p: _Placing, inputs: PlanInputs) -> int:
@@ -318,7 +423,7 @@ def _host_shortfall(p: _Placing, inputs: PlanInputs) -> int:
 def _strategy(p: _Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
     if p.over_budget() > 0 or _host_shortfall(p, inputs):
         return Strategy.INFEASIBLE
-    if hot:
+    if hot or any(w == Placement.HOST_UVA for w in p.where.values()):
         return Strategy.HOT_OFFLOAD
     if any(w == Placement.HOST_COLD for w in p.where.values()):
         return Strategy.COLD_OFFLOAD
@@ -328,7 +433,9 @@ def _strategy(p: _Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
 def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
                deficit_bytes: int, kv: KvModel | None = None, spec_tokens: int = 0) -> BulkBaseline:
     """What vLLM's ``cpu_offload_gb`` would take: whole parameters of the decoder layers,
-    in model order, until the GiB budget is met (UVA zero-copy: read every step)."""
+    in model order, until the GiB budget is met. It is UVA zero-copy: the kernels read the
+    host parameters in place every step, so a host-resident routed-expert tensor crosses
+    the link only for the experts the step routes to (the same read fraction as the plan)."""
     if inputs.bulk_cpu_offload_gb is not None:
         gb = float(inputs.bulk_cpu_offload_gb)
     else:
@@ -343,12 +450,14 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
     offloaded = count = 0
     touched: list[int] = []
     per_layer: dict[int, int] = {}
+    experts_per_layer: dict[int, int] = {}
     for index in sorted(by_layer):
         for t in sorted(by_layer[index], key=lambda t: t.name):
             if offloaded >= max_bytes:
                 break
             offloaded += t.nbytes
-            per_layer[index] = per_layer.get(index, 0) + t.nbytes
+            into = experts_per_layer if experts_prefix(t.name) is not None else per_layer
+            into[index] = into.get(index, 0) + t.nbytes
             count += 1
             if not touched or touched[-1] != index:
                 touched.append(index)
@@ -358,18 +467,38 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
         cpu_offload_gb=gb, offloaded_bytes=offloaded, offloaded_tensors=count,
         layers_touched=tuple(touched), device_bytes=device,
         fits=device <= inputs.weight_budget_bytes,
-        est=Estimate.of(_bulk_traffic(groups, per_layer, inputs), inputs, kv, spec_tokens, pipelined=False),
+        est=Estimate.of(_bulk_traffic(groups, per_layer, inputs, experts_per_layer), inputs, kv, spec_tokens,
+                        pipelined=False),
     )
 
 
-def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: PlanInputs) -> Traffic:
+def _experts_reads(groups: list[Group], host_by_layer: dict[int, int]) -> tuple[ExpertsRead, ...]:
+    """Each MoE layer's routed experts as the step model reads them: ``host_by_layer`` of
+    their bytes from host memory through UVA, the rest from VRAM."""
+    stack = sorted(g.layer_index for g in groups if g.kind == GroupKind.LAYER)
+    position = {index: i for i, index in enumerate(stack)}
+    reads = []
+    for g in groups:
+        if g.kind != GroupKind.EXPERTS or g.layer_index not in position:
+            continue
+        host = min(g.nbytes, host_by_layer.get(g.layer_index, 0))
+        for nbytes, where in ((g.nbytes - host, EXPERTS_DEVICE), (host, EXPERTS_UVA)):
+            if nbytes:
+                reads.append(ExpertsRead(position[g.layer_index], nbytes, g.num_experts, g.experts_per_token, where))
+    return tuple(reads)
+
+
+def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: PlanInputs,
+                  uva_experts_by_layer: dict[int, int] | None = None) -> Traffic:
     """Bulk offload's bytes per pass: everything on the device but the UVA bytes, which the
-    kernels read over the link in line (the embedding stays on the device)."""
+    kernels read over the link in line (the embedding stays on the device); routed experts
+    on the host are read at the step's read fraction."""
     layers = tuple((g.est_read_bytes_per_step - uva_by_layer.get(g.layer_index, 0), False)
                    for g in sorted((g for g in groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index))
+    experts = _experts_reads(groups, uva_experts_by_layer or {})
     other = row = draft = 0
     for g in groups:
-        if g.kind == GroupKind.LAYER or g.cls == GroupClass.ABSENT:
+        if g.kind in LAYER_KINDS or g.cls == GroupClass.ABSENT:
             continue
         if g.mtp:
             draft += g.nbytes
@@ -379,7 +508,7 @@ def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: Pla
             other += g.est_read_bytes_per_step
     head = sum(g.est_read_bytes_per_step for g in groups if has_segment(g.name, NEVER_COLD_SEGMENTS))
     speculating = inputs.speculative == "mtp"
-    return Traffic(layers, other, 0, row, sum(uva_by_layer.values()), (draft + head) if speculating else 0)
+    return Traffic(layers, other, 0, row, sum(uva_by_layer.values()), (draft + head) if speculating else 0, experts)
 
 
 def _planned_model(checkpoint: Checkpoint, kv: KvModel | None) -> PlannedModel:
@@ -427,6 +556,7 @@ def _notes(groups: list[Group], checkpoint: Checkpoint, placing: _Placing, input
             "(--host-memory); the operating system and vLLM need RAM beyond that too: use a machine with "
             "more RAM, a larger card, or a smaller checkpoint"
         )
+    notes += experts_notes(checkpoint, inputs)
     if checkpoint.kind == "config":
         notes.append("planned from config.json alone: tensor sizes are an estimate (see `manifest_from_config`)")
     notes += checkpoint.facts.notes
@@ -457,7 +587,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     hot = _place_hot_layers(placing, inputs)
     planned = tuple(
         GroupPlan(g.name, g.kind, g.cls, placing.where[g.name], g.reason, g.nbytes, g.layer_index,
-                  g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest)
+                  g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest,
+                  g.num_experts, g.experts_per_token)
         for g in groups)
     facts = checkpoint.facts
     spec_tokens = (inputs.spec_tokens or max(1, facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0

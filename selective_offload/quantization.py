@@ -71,7 +71,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Iterable, Mapping
 
-from .checkpoint import DTYPE_BITS, TensorInfo, tensor_nbytes
+from .tensors import DTYPE_BITS, TensorInfo, tensor_nbytes
 from .errors import CheckpointError
 
 __all__ = ["KINDS", "QuantScheme", "is_excluded", "quantized_tensors", "scheme_from_config"]

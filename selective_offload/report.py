@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from .errors import PlanError
-from .names import group_key
+from .names import group_key, group_keys
 from .plan import HOST_PLACEMENTS, GroupPlan, Placement, Plan
 from .sizes import GB, fmt_bytes
 
@@ -288,7 +288,8 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
     # Tied weights are listed under every name, so a re-tied lm_head finds its group too.
     for name, param in model.named_parameters(remove_duplicate=False):
         nbytes = size(param, name)
-        planned = by_key.get(group_key(name.rsplit(".", 1)[0] if "." in name else name, segments))
+        keys = group_keys(name.rsplit(".", 1)[0] if "." in name else name, segments)
+        planned = next((by_key[k] for k in keys if k in by_key), None)
         if planned is None:
             m.unplanned[name] = nbytes
             continue

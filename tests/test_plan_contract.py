@@ -107,7 +107,7 @@ def test_layer_index_inside_the_model(data, tmp_path):
 
 @pytest.mark.parametrize("strategy,match", [
     ("resident", "strategy is resident, but it places groups on the host"),
-    ("hot_offload", "strategy is hot_offload, but it places no decoder layer on the host"),
+    ("hot_offload", "strategy is hot_offload, but it places no decoder layer and no routed experts on the host"),
     ("infeasible", "strategy is infeasible, but it fits the weight budget"),
     ("fast", "strategy is \"fast\", but must be one of resident, cold_offload, hot_offload, infeasible"),
 ])
@@ -138,7 +138,7 @@ def test_a_missing_field_is_named(data, tmp_path):
 def test_a_newer_format_says_upgrade_or_replan(data, tmp_path):
     data["format"] = "selective-offload/plan-v9"
     message = one_line_error(data, tmp_path, "plan format v9 is newer than this selective-offload")
-    assert "(reads v1..v2): upgrade selective-offload or re-plan" in message
+    assert "(reads v1..v3): upgrade selective-offload or re-plan" in message
 
 
 def test_not_a_plan_at_all(tmp_path):
@@ -170,7 +170,7 @@ def test_a_v1_plan_is_still_read(data, tmp_path):
 
 
 def test_what_is_written_is_the_current_format(data):
-    assert data["format"] == PLAN_FORMAT == "selective-offload/plan-v2"
+    assert data["format"] == PLAN_FORMAT == "selective-offload/plan-v3"
     assert group(data, "model.embed_tokens")["placement"] == Placement.HOST_COLD == "host-cold"
 
 

@@ -1,0 +1,289 @@
+"""Mixture-of-experts at expert level: which tensors are routed experts, how a MoE layer is
+split into its experts group and the rest, what a step reads of them (k of E per token,
+E(1 - (1 - k/E)^T) for T tokens), and the plan format v3 that carries them."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from selective_offload.checkpoint import ModelFacts
+from selective_offload.errors import PlanError
+from selective_offload.estimate import expert_read_fraction
+from selective_offload.model_match import check_plan_matches_model
+from selective_offload.names import experts_prefix, group_key, group_keys
+from selective_offload.plan import Placement, Plan
+from selective_offload.planner import group_tensors, make_plan
+from test_planner import MB, inputs, make_ckpt
+
+E, K = 8, 2
+
+
+def moe(layers: int = 4, *, dense_first: int = 1, fused: bool = True, shared: bool = True, **config):
+    """A MoE model in round numbers: embed/lm_head 100 MB each, attention 10 MB a layer,
+    routed experts 80 MB a MoE layer (8 experts of 10 MB), a shared expert 4 MB, the first
+    ``dense_first`` layers dense (a 20 MB MLP, as DeepSeek's first_k_dense_replace)."""
+    spec = {
+        "model.embed_tokens.weight": ("BF16", [1000, 50_000]),
+        "lm_head.weight": ("BF16", [1000, 50_000]),
+        "model.norm.weight": ("BF16", [500]),
+    }
+    for i in range(layers):
+        spec[f"model.layers.{i}.self_attn.qkv.weight"] = ("BF16", [1000, 5000])
+        spec[f"model.layers.{i}.input_layernorm.weight"] = ("BF16", [500])
+        if i < dense_first:
+            spec[f"model.layers.{i}.mlp.gate_proj.weight"] = ("BF16", [1000, 10_000])
+            continue
+        spec[f"model.layers.{i}.mlp.gate.weight"] = ("BF16", [E, 500])
+        if shared:
+            spec[f"model.layers.{i}.mlp.shared_experts.up_proj.weight"] = ("BF16", [1000, 2000])
+        if fused:
+            spec[f"model.layers.{i}.mlp.experts.gate_up_proj"] = ("BF16", [E, 1000, 3000])
+            spec[f"model.layers.{i}.mlp.experts.down_proj"] = ("BF16", [E, 1000, 2000])
+        else:
+            for e in range(E):
+                spec[f"model.layers.{i}.mlp.experts.{e}.gate_up_proj.weight"] = ("BF16", [1000, 3000])
+                spec[f"model.layers.{i}.mlp.experts.{e}.down_proj.weight"] = ("BF16", [1000, 2000])
+    return make_ckpt(spec, **{"num_experts": E, "num_experts_per_tok": K, "num_hidden_layers": layers, **config})
+
+
+def by_name(plan_or_groups):
+    groups = plan_or_groups.groups if isinstance(plan_or_groups, Plan) else plan_or_groups
+    return {(g.group if hasattr(g, "group") else g.name): g for g in groups}
+
+
+# ---- the naming rule
+
+
+@pytest.mark.parametrize("name, prefix", [
+    ("model.layers.3.mlp.experts.gate_up_proj", "model.layers.3.mlp.experts"),
+    ("model.layers.3.mlp.experts.17.down_proj.weight", "model.layers.3.mlp.experts"),
+    ("model.layers.3.mlp.experts.gate_up_proj_blocks", "model.layers.3.mlp.experts"),
+    ("language_model.model.layers.3.feed_forward.experts.w13_weight",
+     "language_model.model.layers.3.feed_forward.experts"),
+    ("model.layers.3.block_sparse_moe.experts.0.w1.weight", "model.layers.3.block_sparse_moe.experts"),
+    ("model.layers.3.mlp.shared_experts.gate_proj.weight", None),
+    ("model.layers.3.feed_forward.shared_expert.down_proj.weight", None),
+    ("model.layers.3.mlp.gate.weight", None),
+    ("model.layers.3.mlp.gate_proj.weight", None),
+    ("model.experts.weight", None),  # not inside a decoder layer
+])
+def test_routed_experts_are_a_whole_experts_segment_inside_a_layer(name, prefix):
+    assert experts_prefix(name) == prefix
+
+
+def test_an_experts_key_falls_back_to_its_layer_for_plans_without_expert_groups():
+    assert group_key("model.layers.3.mlp.experts.w13_weight", ()) == ("experts", 3)
+    assert group_keys("model.layers.3.mlp.experts.w13_weight", ()) == (("experts", 3), ("layer", 3))
+    assert group_keys("model.layers.3.mlp.shared_experts.w", ()) == (("layer", 3),)
+
+
+# ---- E and k from the config
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"num_experts": 128, "num_experts_per_tok": 8}, (128, 8)),                      # Qwen3-MoE
+    ({"num_local_experts": 32, "experts_per_token": 4}, (32, 4)),                    # gpt-oss
+    ({"n_routed_experts": 256, "num_experts_per_tok": 8}, (256, 8)),                 # DeepSeek-V3, GLM-4 MoE
+    ({"text_config": {"num_local_experts": 16, "num_experts_per_tok": 1}}, (16, 1)),  # Llama 4
+    ({"num_experts": 128, "top_k_experts": 8}, (128, 8)),                            # Gemma 4
+    ({"num_experts": None, "top_k_experts": None}, (None, None)),                    # a dense Gemma 4
+])
+def test_experts_and_top_k_come_from_the_config_under_any_of_their_names(config, expected):
+    facts = ModelFacts.from_config(config)
+    assert (facts.num_experts, facts.experts_per_token) == expected
+
+
+# ---- the read fraction
+
+
+def test_one_token_reads_k_of_e_and_many_tokens_approach_all():
+    assert expert_read_fraction(32, 4, 1) == pytest.approx(4 / 32)
+    assert expert_read_fraction(128, 8, 4) == pytest.approx(1 - (1 - 8 / 128) ** 4)
+    assert expert_read_fraction(8, 2, 1000) == pytest.approx(1.0)
+    assert expert_read_fraction(8, 8, 1) == 1.0
+
+
+def test_a_uniform_routing_profile_gives_the_uniform_fraction_and_a_skewed_one_less():
+    uniform = (K / E,) * E
+    assert expert_read_fraction(E, K, 4, routing=uniform) == pytest.approx(expert_read_fraction(E, K, 4))
+    skewed = (0.5, 0.5, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0)  # sums to k = 2: half the experts never used
+    assert expert_read_fraction(E, K, 4, routing=skewed) < expert_read_fraction(E, K, 4)
+
+
+# ---- the split
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-3d", "per-expert"])
+def test_a_moe_layer_is_its_experts_group_and_the_rest(fused):
+    g = by_name(group_tensors(moe(fused=fused), inputs(10_000)))
+    experts, layer = g["model.layers.1.mlp.experts"], g["model.layers.1"]
+    assert (experts.kind, experts.cls, experts.layer_index) == ("experts", "hot", 1)
+    assert (experts.num_experts, experts.experts_per_token) == (E, K)
+    assert experts.nbytes == 80 * MB and experts.est_read_bytes_per_step == 80 * MB * K // E
+    # Attention, norms, router and the shared expert stay in the layer group, read whole.
+    assert layer.nbytes == 10 * MB + 1000 + E * 1000 + 4 * MB == layer.est_read_bytes_per_step
+    assert (layer.num_experts, layer.experts_per_token) == (0, 0)
+    # A dense layer (first_k_dense_replace) has no experts group.
+    assert "model.layers.0.mlp.experts" not in g and g["model.layers.0"].nbytes == 30 * MB + 1000
+
+
+def test_e_comes_from_the_headers_when_they_show_it():
+    ckpt = moe(num_experts=64)  # the config disagrees with the tensors (8 experts)
+    assert by_name(group_tensors(ckpt, inputs(10_000)))["model.layers.1.mlp.experts"].num_experts == E
+
+
+def test_without_a_top_k_in_the_config_every_expert_is_priced_as_read():
+    ckpt = moe(num_experts_per_tok=None)
+    plan = make_plan(ckpt, inputs(10_000))
+    experts = by_name(plan)["model.layers.1.mlp.experts"]
+    assert experts.experts_per_token == E and experts.est_read_bytes_per_step == experts.bytes
+    assert any("no experts per token" in n for n in plan.notes)
+
+
+def test_a_prefetched_layer_takes_its_experts_with_it():
+    """The prefetch offloader copies a whole layer module, experts included, and its
+    buffers need a slot for every parameter the layer has (experts too)."""
+    ckpt = moe(layers=8)
+    full = ckpt.total_bytes
+    plan = make_plan(ckpt, inputs((full - 250 * MB) / MB))
+    g = by_name(plan)
+    assert plan.hot_layer_indices
+    for i in plan.hot_layer_indices:
+        assert g[f"model.layers.{i}"].placement == g[f"model.layers.{i}.mlp.experts"].placement == "host-hot"
+    assert plan.prefetch_buffer_bytes >= 80 * MB + 14 * MB
+
+
+# ---- the plan format
+
+
+@pytest.fixture
+def moe_plan():
+    ckpt = moe(layers=8)
+    return ckpt, make_plan(ckpt, inputs((ckpt.total_bytes - 250 * MB) / MB))
+
+
+def test_a_v3_plan_round_trips_its_expert_groups(moe_plan, tmp_path):
+    _, plan = moe_plan
+    data = json.loads(plan.to_json())
+    assert data["format"] == "selective-offload/plan-v3"
+    experts = next(g for g in data["groups"] if g["group"] == "model.layers.1.mlp.experts")
+    assert (experts["kind"], experts["num_experts"], experts["experts_per_token"]) == ("experts", E, K)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert Plan.load(path) == plan
+
+
+def _load(data, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    return Plan.load(path)
+
+
+def _edit(plan, name, **fields):
+    data = json.loads(plan.to_json())
+    data.pop("totals")
+    next(g for g in data["groups"] if g["group"] == name).update(fields)
+    return data
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"placement": "host-uva"}, "placement host-uva is for routed experts"),
+], ids=["host-uva-on-a-layer"])
+def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
+    _, plan = moe_plan
+    with pytest.raises(PlanError, match=match):
+        _load(_edit(plan, "model.layers.0", **fields), tmp_path)
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"experts_per_token": 9}, "1 <= experts_per_token <= num_experts"),
+    ({"num_experts": 0}, "1 <= experts_per_token <= num_experts"),
+    ({"cls": "cold"}, "routed experts are read every step"),
+    ({"layer_index": None}, "a layer or experts group, and only those, has a layer_index"),
+])
+def test_an_experts_group_is_checked(moe_plan, tmp_path, fields, match):
+    _, plan = moe_plan
+    with pytest.raises(PlanError, match=match):
+        _load(_edit(plan, "model.layers.1.mlp.experts", **fields), tmp_path)
+
+
+def test_expert_counts_belong_to_experts_groups_only(moe_plan, tmp_path):
+    _, plan = moe_plan
+    with pytest.raises(PlanError, match="num_experts and experts_per_token are for kind experts only"):
+        _load(_edit(plan, "model.layers.1", num_experts=8), tmp_path)
+
+
+def test_experts_are_host_hot_exactly_when_their_layer_is(moe_plan, tmp_path):
+    _, plan = moe_plan
+    hot = plan.hot_layer_indices[0]
+    with pytest.raises(PlanError, match="host-hot exactly when their layer is"):
+        _load(_edit(plan, f"model.layers.{hot}.mlp.experts", placement="device"), tmp_path)
+    resident = next(i for i in range(1, 8) if i not in plan.hot_layer_indices)
+    data = _edit(plan, f"model.layers.{resident}.mlp.experts", placement="host-hot")
+    with pytest.raises(PlanError, match="host-hot exactly when their layer is"):
+        _load(data, tmp_path)
+
+
+def test_routed_experts_without_their_layer_are_refused(moe_plan, tmp_path):
+    _, plan = moe_plan
+    data = json.loads(plan.to_json())
+    data.pop("totals")
+    data["groups"] = [g for g in data["groups"] if g["group"] != "model.layers.2"]
+    with pytest.raises(PlanError, match="no layer group has layer_index 2"):
+        _load(data, tmp_path)
+
+
+def test_experts_read_in_place_are_host_bytes_priced_at_the_read_fraction(tmp_path):
+    plan = make_plan(moe(layers=4), inputs(10_000))  # resident: no prefetch overlap to account for
+    data = _edit(plan, "model.layers.2.mlp.experts", placement="host-uva")
+    data["strategy"] = "hot_offload"
+    edited = _load(data, tmp_path)
+    g = by_name(edited)["model.layers.2.mlp.experts"]
+    assert g.on_host and edited.host_uva_bytes == g.bytes == 80 * MB
+    assert g.est_link_bytes_per_step == 80 * MB * K // E
+    # Read in line over the link instead of from VRAM: the layer's k/E share of 80 MB.
+    link, vram = edited.inputs.link_gbps * 1e9, edited.inputs.vram_gbps * 1e9
+    added = 80 * MB * K / E * (1 / link - 1 / vram)
+    assert edited.est.est_step_s == pytest.approx(plan.est.est_step_s + added, rel=1e-9)
+
+
+def test_a_v2_plan_of_a_moe_model_is_read_and_still_matches_the_checkpoint(tmp_path):
+    """v2 kept a MoE layer as one group; it reads, and the model check compares it with
+    the checkpoint grouped the same way."""
+    ckpt = moe(layers=4)
+    plan = make_plan(ckpt, inputs(10_000))
+    merged = {g.name: g for g in group_tensors(ckpt, plan.inputs, split_experts=False)}
+    data = json.loads(plan.to_json())
+    data["format"] = "selective-offload/plan-v2"
+    data.pop("totals")
+    groups = []
+    for g in data["groups"]:
+        if g["kind"] == "experts":
+            continue
+        g.pop("num_experts"), g.pop("experts_per_token")
+        m = merged[g["group"]]
+        g.update(bytes=m.nbytes, num_tensors=m.num_tensors, dtype_bytes=m.dtype_bytes, shapes_digest=m.shapes_digest,
+                 est_read_bytes_per_step=m.est_read_bytes_per_step)
+        groups.append(g)
+    data["groups"] = groups
+    old = _load(data, tmp_path)
+    assert not any(g.kind == "experts" for g in old.groups)
+    assert check_plan_matches_model(old, ckpt) == []
+    v3 = copy.deepcopy(plan)
+    assert check_plan_matches_model(v3, ckpt) == []
+
+
+def test_bulk_offload_reads_only_the_routed_experts_of_host_expert_tensors():
+    """vLLM's cpu_offload_gb is UVA: a host expert tensor crosses the link only for the
+    experts the step routes to, so its bytes per step are far below what it offloads."""
+    ckpt = moe(layers=8, dense_first=0, shared=False)
+    plan = make_plan(ckpt, inputs((ckpt.total_bytes - 500 * MB) / MB))
+    bulk = plan.bulk
+    assert bulk is not None and bulk.offloaded_bytes >= 500 * MB
+    link = plan.inputs.link_gbps * 1e9
+    assert bulk.est.est_link_s_per_step * link < 0.5 * bulk.offloaded_bytes
+    # Read whole, the same bytes would cost every offloaded byte over the link.
+    assert bulk.est.est_link_s_per_step * link > K / E * 0.8 * bulk.offloaded_bytes
