@@ -242,3 +242,13 @@ def test_uva_reads_need_page_locked_memory():
         experts.refuse_before_load(xl, torch.device("cuda"), pageable)
     experts.refuse_before_load(xl, torch.device("cuda"), PinPolicy.decide(cuda=True))
     experts.refuse_before_load(xl, torch.device("cpu"), PinPolicy.decide(cuda=False))
+
+
+def test_what_vllms_moe_runner_holds_beside_the_experts_stays_with_the_layer():
+    """vLLM's runner at ``mlp.experts`` also holds the router gate (the same parameter as
+    ``mlp.gate``): listed again under ``experts.``, it is still the layer's, not a routed
+    expert, so the report does not count it as an expert byte on the device."""
+    assert group_key("model.layers.0.mlp.experts.routed_experts", ()) == ("experts", 0)
+    assert group_key("model.layers.0.mlp.experts.gate", ()) == ("layer", 0)
+    assert group_key("model.layers.0.mlp.experts._shared_experts._layer.down_proj", ()) == ("layer", 0)
+    assert group_key("model.layers.0.mlp.experts.17.down_proj", ()) == ("experts", 0)

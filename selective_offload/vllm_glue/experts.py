@@ -111,6 +111,10 @@ class ExpertsLoad:
     transient_bytes: int = 0
     #: Group -> the mechanism line of the report.
     mechanisms: dict[str, str] = field(default_factory=dict)
+    #: Names (relative to the experts module) of parameters it holds that belong to a module
+    #: outside it too (vLLM's runner passes the router's score-correction bias in): never
+    #: moved or viewed here. Names, not ids: post-processing frees parameters, and ids are reused.
+    shared: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, plan: Plan | None) -> "ExpertsLoad | None":
@@ -172,6 +176,10 @@ def find_modules(model: nn.Module, xl: ExpertsLoad, routed_experts_cls: type) ->
             group = xl.group_of(getattr(module, PREFIX_ARGUMENT, "") or name)
             if group is not None:
                 xl.modules[name] = group
+    outside = {id(p) for n, p in model.named_parameters(remove_duplicate=False)
+               if not xl.is_expert_module(n.rsplit(".", 1)[0])}
+    xl.shared = frozenset(n for m in xl.modules for n, p in model.get_submodule(m).named_parameters()
+                          if id(p) in outside)
 
 
 def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[int], device: torch.device) -> None:
@@ -181,9 +189,14 @@ def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[i
         module = model.get_submodule(name)
         method = module.quant_method
         check_kernel(group, method, device)
-        xl.routed |= {id(p) for p in module.parameters() if _storage(p) in routed_storages}
+        xl.routed |= {id(p) for p in own_parameters(module, xl) if _storage(p) in routed_storages}
         on_device = device.type != "cpu" and type(method).__name__ not in IN_PLACE_METHODS
         take_over_post_processing(module, method, group, xl, device if on_device else None)
+
+
+def own_parameters(module: nn.Module, xl: ExpertsLoad) -> list[nn.Parameter]:
+    """The experts module's own parameters (not those it shares with the rest of the layer)."""
+    return [p for n, p in module.named_parameters() if n not in xl.shared]
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -213,7 +226,7 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
     method.requires_device_loading = False
 
     def process_weights_after_loading(layer: nn.Module) -> None:
-        before = dict(layer.named_parameters())  # held, so no id below is reused meanwhile
+        before = {n: p for n, p in layer.named_parameters() if n not in xl.shared}  # held: no id reused
         built_on_host = bool(before) and all(id(p) in xl.routed for p in before.values())
         kept = {id(p) for p in before.values() if id(p) in xl.routed}
         xl.routed -= {id(p) for p in before.values()}
@@ -228,7 +241,7 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
         else:
             xl.post_processing[group] = "post-processed in place on the host"
         original(layer)
-        for p in layer.parameters():
+        for p in own_parameters(layer, xl):
             if p.device.type != "cpu" and not getattr(p, UVA_MARKER, False):
                 p.data = host_copy(p.data)
             if built_on_host or id(p) in kept:
@@ -245,7 +258,7 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
     for name, group in xl.modules.items():
         module = model.get_submodule(name)
         held = []
-        for p in module.parameters():
+        for p in own_parameters(module, xl):
             if getattr(p, UVA_MARKER, False):  # already a view (a reload)
                 xl.params.add(id(p))
                 continue
