@@ -20,7 +20,7 @@ MUTATIONS = {
  "header-read-builtin": ("selective_offload/checkpoint.py", "            return f.read(header_len), header_len, size", "            raw = f.read(header_len)\n            open(path, 'rb').read()\n            return raw, header_len, size"),
  "no-routing": ("selective_offload/wrappers/construct_on_host.py", "            if cold is not None:\n                kwargs[\"device\"]", "            if False:\n                kwargs[\"device\"]"),
  "totals-not-checked": ("selective_offload/plan.py", "            if value != getattr(plan, name):", "            if False:"),
- "report-no-routing-check": ("selective_offload/report.py", "    if check_routing and report.unrouted_cold_bytes >", "    if False and report.unrouted_cold_bytes >"),
+ "report-no-routing-check": ("selective_offload/report.py", "        if checked and unrouted > TOLERANCE", "        if False and unrouted > TOLERANCE"),
  "strict-env-only-1": ("selective_offload/options.py", "    if text in _TRUE:", "    if text == '1':"),
  "fused-lookup-kept": ("selective_offload/vllm_glue/embedding.py", "        layer.use_fused_embedding = False", "        pass"),
  "drafter-not-routed": ("selective_offload/vllm_glue/loading.py", "    mode = ConstructOnHost((), force=((t.ParallelLMHead, \"lm_head\"), (t.VocabParallelEmbedding, \"embed_tokens\")))", "    mode = ConstructOnHost(())"),
@@ -40,6 +40,15 @@ MUTATIONS = {
  "no-overlap": ("selective_offload/estimate.py", "        step += max(layers[j].copy_s, segment)", "        step += layers[j].copy_s + segment"),
  "batch-not-shared": ("selective_offload/estimate.py", "    tokens = n * expected_tokens_per_step(k, settings.accept_rate)", "    tokens = expected_tokens_per_step(k, settings.accept_rate)"),
  "hybrid-buffers-largest-only": ("selective_offload/planner.py", "    return prefetch_step * sum(largest.values())", "    return prefetch_step * max(g.nbytes for g in layers)"),
+ "experts-not-routed": ("selective_offload/vllm_glue/experts.py", "    return dict(modules=xl.group_of, named_by={routed_experts_cls: PREFIX_ARGUMENT})", "    return {}"),
+ "named-by-ignored": ("selective_offload/wrappers/construct_on_host.py", "                if isinstance(local.get(\"self\"), cls) and isinstance(local.get(argument), str):", "                if False:"),
+ "uva-not-marked": ("selective_offload/vllm_glue/experts.py", "    setattr(param, UVA_MARKER, True)", "    pass"),
+ "uva-view-not-made": ("selective_offload/vllm_glue/experts.py", "    param.data = accelerator_view(param.data)", "    pass"),
+ "experts-post-processing-round-trip": ("selective_offload/vllm_glue/experts.py", "    method.requires_device_loading = False", "    pass"),
+ "experts-kernel-check-off": ("selective_offload/vllm_glue/experts.py", "    if kernel in UVA_KERNELS:\n        return", "    if True:\n        return"),
+ "uva-routing-not-checked": ("selective_offload/report.py", "(Placement.HOST_UVA, \"uva\", check_uva_routing)", "(Placement.HOST_UVA, \"uva\", False)"),
+ "runner-gate-is-expert": ("selective_offload/names.py", "    if set(rest[at:]) & NOT_ROUTED_UNDER_EXPERTS:\n        return None", "    if False:\n        return None"),
+ "router-bias-viewed": ("selective_offload/vllm_glue/experts.py", "    return [p for n, p in module.named_parameters() if n not in xl.shared]", "    return list(module.parameters())"),
 }
 
 

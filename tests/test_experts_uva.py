@@ -252,3 +252,21 @@ def test_what_vllms_moe_runner_holds_beside_the_experts_stays_with_the_layer():
     assert group_key("model.layers.0.mlp.experts.gate", ()) == ("layer", 0)
     assert group_key("model.layers.0.mlp.experts._shared_experts._layer.down_proj", ()) == ("layer", 0)
     assert group_key("model.layers.0.mlp.experts.17.down_proj", ()) == ("experts", 0)
+
+
+def test_a_parameter_shared_with_the_router_is_never_moved_or_viewed():
+    """vLLM hands RoutedExperts the router's score-correction bias (the same Parameter as
+    the gate's); the glue leaves it where the gate has it."""
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    bias = torch.nn.Parameter(torch.zeros(E), requires_grad=False)
+    model.layers[0].mlp.gate = torch.nn.Module()
+    model.layers[0].mlp.gate.e_score_correction_bias = bias
+    layer = model.layers[0].mlp.experts.routed_experts
+    layer.e_score_correction_bias = bias
+    find(model, xl)
+    assert xl.shared == {"e_score_correction_bias"}
+    ledger = PageLockedLedger(PinPolicy(PinPath.REGISTER, "test"), registrar=RecordingRegistrar())
+    params = experts.attach(model, xl, torch.device("cuda"), ledger, lambda t: t.view_as(t))
+    assert id(bias) not in params and not getattr(bias, experts.UVA_MARKER, False) and not ledger.is_locked(bias)
+    assert params == {id(layer.w13_weight), id(layer.w2_weight)}
