@@ -49,6 +49,18 @@ MUTATIONS = {
  "uva-routing-not-checked": ("selective_offload/report.py", "(Placement.HOST_UVA, \"uva\", check_uva_routing)", "(Placement.HOST_UVA, \"uva\", False)"),
  "runner-gate-is-expert": ("selective_offload/names.py", "    if set(rest[at:]) & NOT_ROUTED_UNDER_EXPERTS:\n        return None", "    if False:\n        return None"),
  "router-bias-viewed": ("selective_offload/vllm_glue/experts.py", "    return [p for n, p in module.named_parameters() if n not in xl.shared]", "    return list(module.parameters())"),
+ "expert-read-whole": ("selective_offload/estimate.py", "    p = min(experts_per_token / num_experts, 1.0)", "    p = 1.0"),
+ "expert-tokens-ignored": ("selective_offload/estimate.py", "        read = e.read_bytes(tokens_per_pass)", "        read = e.read_bytes(1)"),
+ "uva-hidden-by-prefetch": ("selective_offload/estimate.py", "        step = core + rows_link_s + uva_s + draft_s", "        step = core + rows_link_s + draft_s"),
+ "experts-not-split": ("selective_offload/names.py", "    if ROUTED_EXPERTS_SEGMENT not in rest:\n        return None", "    if True:\n        return None"),
+ "uva-not-in-menu": ("selective_offload/planner.py", "        for unit in moe[:n]:\n            p.where[unit[1].name] = Placement.HOST_UVA", "        for unit in moe[:0]:\n            p.where[unit[1].name] = Placement.HOST_UVA"),
+ "prefetch-leaves-experts": ("selective_offload/planner.py", "        for g in units[i]:\n            p.where[g.name] = Placement.HOST_HOT", "        for g in units[i][:1]:\n            p.where[g.name] = Placement.HOST_HOT"),
+ "experts-follow-layers-off": ("selective_offload/plan.py", "            if (e.placement == Placement.HOST_HOT) != (layer.placement == Placement.HOST_HOT):", "            if False:"),
+ "bulk-experts-read-whole": ("selective_offload/planner.py", "            into = experts_per_layer if experts_prefix(t.name) is not None else per_layer", "            into = per_layer"),
+ "segment-baseline-all-params": ("selective_offload/planner.py", "            if params and not any(f\".{p}.\" in f\".{t.name}.\" for p in params):", "            if False:"),
+ "host-tables-on-device": ("selective_offload/checkpoint.py", "            vllm_host_tables=_declares_host_tables(config, pick),", "            vllm_host_tables=False,"),
+ "v2-plan-split-anyway": ("selective_offload/model_match.py", "    split = any(g.kind == GroupKind.EXPERTS for g in plan.groups)", "    split = True"),
+ "report-uva-not-judged": ("selective_offload/report.py", ", (Placement.HOST_UVA, \"uva\")):", "):")
 }
 
 

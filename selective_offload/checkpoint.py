@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .errors import CheckpointError
+from .names import VLLM_HOST_TABLES
 from .quantization import quantized_tensors, scheme_from_config
 # The tensor facts live in .tensors (quantization reads them too); re-exported for callers.
 from .tensors import DTYPE_BITS, TensorInfo, tensor_nbytes  # noqa: F401
@@ -70,6 +71,9 @@ class ModelFacts:
     #: Routed experts per MoE layer (E) and top-k (k), when the config declares them.
     num_experts: int | None = None
     experts_per_token: int | None = None
+    #: The config declares sparse-read tables vLLM keeps in host memory itself (n-gram /
+    #: per-layer embeddings, ``names.VLLM_HOST_TABLES``).
+    vllm_host_tables: bool = False
     #: Where the tie flag came from (``text_config``, ``config``, ``checkpoint``, ``default``).
     tie_source: str = "default"
     notes: tuple[str, ...] = ()
@@ -110,9 +114,16 @@ class ModelFacts:
             num_mtp_layers=int(pick(*_MTP_KEYS) or 0),
             num_experts=_positive_int(pick(*_NUM_EXPERTS_KEYS)),
             experts_per_token=_positive_int(pick(*_EXPERTS_PER_TOKEN_KEYS)),
+            vllm_host_tables=_declares_host_tables(config, pick),
             tie_source=source,
             notes=tuple(notes),
         )
+
+
+def _declares_host_tables(config: Mapping[str, Any], pick) -> bool:
+    arch = (config.get("architectures") or [None])[0]
+    field = VLLM_HOST_TABLES.get(arch, (None,))[0]
+    return bool(field and pick(field))
 
 
 def _positive_int(value: Any) -> int | None:

@@ -226,7 +226,7 @@ def kv_tradeoff(checkpoint, inputs: PlanInputs) -> list[str]:
         except UserError as exc:
             lines.append(f"{n:>4} {str(exc)[:60]}")
             continue
-        lines.append(f"{n:>4} {plan.inputs.kv_cache_bytes / GB:>7.3f} GB {(plan.host_cold_bytes + plan.host_hot_bytes) / GB:>8.3f} GB "
+        lines.append(f"{n:>4} {plan.inputs.kv_cache_bytes / GB:>7.3f} GB {plan.host_bytes / GB:>8.3f} GB "
                      f"{plan.strategy:<12} {plan.est.est_tok_s:>9.2f} {plan.est.est_tok_s_per_seq:>8.2f}")
     return lines
 
@@ -236,7 +236,7 @@ def machine_notes(plan) -> list[str]:
     the host, so the bytes a plan puts on the host free no device memory here."""
     import torch
 
-    host = plan.host_cold_bytes + plan.host_hot_bytes
+    host = plan.host_bytes
     if not host or not torch.cuda.is_available():
         return []
     props = torch.cuda.get_device_properties(0)

@@ -54,6 +54,17 @@ NOT_ROUTED_UNDER_EXPERTS: frozenset[str] = frozenset({
     "routed_input_transform", "routed_output_transform", "e_score_correction_bias",
 })
 
+#: Sparse-read tables vLLM 0.33 keeps in pinned host memory itself and reads rows of through
+#: UVA (``EngramConfig.cpu_offload``, on by default), for the architectures its
+#: ``config/engram.py`` lists: architecture -> (the config field naming the layers that have
+#: one, the table module's segments as checkpoints and vLLM name it).
+VLLM_HOST_TABLES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "DeepseekV41ForCausalLM": ("engram_layer_ids", (("engram", "embed"), ("engram", "embed_tokens"))),
+    "Qwen4ExpForCausalLM": ("ple_layer_ids", (("ple", "ngram_embedding"),)),
+    "Qwen4ExpForConditionalGeneration": ("ple_layer_ids", (("ple", "ngram_embedding"),)),
+}
+_HOST_TABLE_SEGMENTS = frozenset(pair for _, pairs in VLLM_HOST_TABLES.values() for pair in pairs)
+
 #: A decoder layer: ``...layers.N.`` (the part before ``.N`` names the stack).
 LAYER_RE = re.compile(r"^(?P<prefix>(?:.*\.)?layers)\.(?P<index>\d+)\.")
 
@@ -117,8 +128,24 @@ def experts_prefix(name: str) -> str | None:
     return ".".join([head, *rest[:at]])
 
 
+def host_table_prefix(name: str) -> str | None:
+    """The n-gram / per-layer embedding table ``name`` lies in, inside a decoder layer
+    (``model.layers.3.engram.embed``), or ``None``: see :data:`VLLM_HOST_TABLES`."""
+    m = LAYER_RE.match(name if name.endswith(".") else name + ".")
+    if m is None:
+        return None
+    head, rest = name[:m.end() - 1], segments(name[m.end():])
+    for i in range(len(rest) - 1):
+        if (rest[i], rest[i + 1]) in _HOST_TABLE_SEGMENTS:
+            return ".".join([head, *rest[: i + 2]])
+    return None
+
+
 def group_key(name: str, cold_segments: Iterable[str]) -> tuple:
     """A rename-proof key for the plan group a parameter, module or group name belongs to."""
+    table = host_table_prefix(name)
+    if table is not None:  # before the cold rule: vLLM names an n-gram table ``embed_tokens``
+        return ("host-table", layer_of(table)[1])
     segment = cold_segment(name, cold_segments)
     if segment is not None:
         return ("cold", segment)
@@ -129,7 +156,7 @@ def group_key(name: str, cold_segments: Iterable[str]) -> tuple:
 
 
 def group_keys(name: str, cold_segments: Iterable[str]) -> tuple[tuple, ...]:
-    """The keys to look ``name``'s plan group up by, best first: a routed expert's own group,
-    then its layer's (a plan without expert groups, v2 and older, keeps them in the layer)."""
+    """The keys to look ``name``'s plan group up by, best first: a routed expert's (or an
+    n-gram table's) own group, then its layer's (a plan without such groups keeps them there)."""
     key = group_key(name, cold_segments)
-    return (key, ("layer", key[1])) if key[0] == "experts" else (key,)
+    return (key, ("layer", key[1])) if key[0] in ("experts", "host-table") else (key,)

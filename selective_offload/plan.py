@@ -523,7 +523,8 @@ class Estimate:
 
 @dataclass(frozen=True)
 class BulkBaseline:
-    """vLLM's own ``cpu_offload_gb``: parameters of the layer stack, in model order."""
+    """vLLM's own ``cpu_offload_gb``: parameters of the layer stack, in model order (with
+    ``cpu_offload_params``, only those whose names hold one of its segments)."""
 
     cpu_offload_gb: float
     offloaded_bytes: int
@@ -533,10 +534,19 @@ class BulkBaseline:
     device_bytes: int
     fits: bool
     est: Estimate
+    #: vLLM's ``cpu_offload_params`` (empty: every parameter is eligible).
+    cpu_offload_params: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The vLLM setting, as a user would pass it."""
+        return f"cpu_offload_gb={self.cpu_offload_gb:g}" + (
+            f", cpu_offload_params={','.join(self.cpu_offload_params)}" if self.cpu_offload_params else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in fields(self)},
-                "layers_touched": list(self.layers_touched), "est": self.est.__dict__.copy()}
+                "layers_touched": list(self.layers_touched), "est": self.est.__dict__.copy(),
+                "cpu_offload_params": list(self.cpu_offload_params)}
 
     @classmethod
     def read(cls, r: _Reader) -> "BulkBaseline":
@@ -547,7 +557,8 @@ class BulkBaseline:
         return cls(cpu_offload_gb=r.number("cpu_offload_gb", positive=False), offloaded_bytes=r.int("offloaded_bytes"),
                    offloaded_tensors=r.int("offloaded_tensors"), layers_touched=tuple(touched),
                    device_bytes=r.int("device_bytes", minimum=None), fits=r.bool("fits"),
-                   est=Estimate.read(r.child("est")))
+                   est=Estimate.read(r.child("est")),
+                   cpu_offload_params=r.str_list("cpu_offload_params", default=[]))
 
 
 # --------------------------------------------------------------------------- the plan
@@ -606,6 +617,7 @@ class Alternative:
     host_hot_bytes: int
     hot_layer_indices: tuple[int, ...]
     est: Estimate
+    host_uva_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in fields(self)},
@@ -618,7 +630,8 @@ class Alternative:
             r._bad("hot_layer_indices", hot, "a list of layer indices")
         return cls(label=r.str("label"), strategy=r.choice("strategy", Strategy),
                    host_cold_bytes=r.int("host_cold_bytes"), host_hot_bytes=r.int("host_hot_bytes"),
-                   hot_layer_indices=tuple(hot), est=Estimate.read(r.child("est")))
+                   hot_layer_indices=tuple(hot), est=Estimate.read(r.child("est")),
+                   host_uva_bytes=r.int("host_uva_bytes", default=0))
 
 
 @dataclass(frozen=True)
@@ -639,6 +652,8 @@ class Plan:
     stored_prefetch_buffer_bytes: int | None = None
     #: With speculative decoding asked for: the same input planned without it, to compare.
     alternative: Alternative | None = None
+    #: MoE: vLLM's ``cpu_offload_gb`` with ``cpu_offload_params=experts`` (only routed experts).
+    bulk_segments: BulkBaseline | None = None
     #: Notes from reading the plan (ignored unknown fields); not written back.
     load_notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -665,6 +680,16 @@ class Plan:
     @property
     def absent_bytes(self) -> int:
         return self._sum(Placement.ABSENT)
+
+    @property
+    def host_bytes(self) -> int:
+        """Every byte the plan puts in host memory: cold, hot layers and routed experts."""
+        return self.host_cold_bytes + self.host_hot_bytes + self.host_uva_bytes
+
+    @property
+    def baselines(self) -> tuple[BulkBaseline, ...]:
+        """vLLM's own offloads priced on the same input: bulk, then segment selection."""
+        return tuple(b for b in (self.bulk, self.bulk_segments) if b is not None)
 
     @property
     def cold_bytes(self) -> int:
@@ -704,7 +729,7 @@ class Plan:
         """Host memory missing for the bytes placed on the host (0 when it fits, or unchecked)."""
         if self.inputs.host_memory_bytes is None:
             return 0
-        return max(0, self.host_cold_bytes + self.host_hot_bytes + self.host_uva_bytes - self.inputs.host_memory_bytes)
+        return max(0, self.host_bytes - self.inputs.host_memory_bytes)
 
     @property
     def est(self) -> Estimate:
@@ -855,6 +880,7 @@ class Plan:
             "totals": self.totals(),
             "est": self.est.__dict__.copy(),
             "bulk": None if self.bulk is None else self.bulk.to_dict(),
+            "bulk_segments": None if self.bulk_segments is None else self.bulk_segments.to_dict(),
             "alternative": None if self.alternative is None else self.alternative.to_dict(),
             "est_ignores": list(self.est_ignores),
             "notes": list(self.notes),
@@ -888,6 +914,7 @@ class Plan:
             top._bad("hot_layer_indices", hot, "a list of layer indices")
         bulk_raw = top.raw("bulk", None)
         alternative_raw = top.raw("alternative", None)
+        segments_raw = top.raw("bulk_segments", None)
         plan = cls(
             model=model, inputs=inputs, strategy=top.choice("strategy", Strategy), groups=tuple(groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=top.int("est_transient_device_bytes"),
@@ -896,6 +923,7 @@ class Plan:
             notes=top.str_list("notes", default=[]),
             stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None) if version > 1 else None,
             alternative=None if alternative_raw is None else Alternative.read(top.child("alternative")),
+            bulk_segments=None if segments_raw is None else BulkBaseline.read(top.child("bulk_segments")),
         )
         top.seen.update({"est"})  # derived: recomputed from the groups
         plan.check_groups(where)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from .checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
 from .names import (
@@ -45,6 +46,7 @@ from .names import (
     cold_prefix,
     experts_prefix,
     has_segment,
+    host_table_prefix,
     layer_of,
 )
 from .estimate import (
@@ -55,6 +57,7 @@ from .estimate import (
     KvModel,
     Traffic,
     expected_tokens_per_step,
+    expert_read_fraction,
 )
 from .errors import PlanError
 from .plan import (  # noqa: F401  (PlanInputs, Plan, EST_IGNORES: re-exported for callers)
@@ -111,6 +114,8 @@ class Group:
     #: Routed experts (E) and experts per token (k) of an experts group; 0 otherwise.
     num_experts: int = 0
     experts_per_token: int = 0
+    #: A sparse-read table vLLM keeps in host memory itself: placed there whatever the deficit.
+    vllm_host: bool = False
 
 
 @dataclass
@@ -122,6 +127,7 @@ class _Bucket:
     layer_index: int | None = None
     mtp: bool = False
     tensors: list[TensorInfo] = field(default_factory=list)
+    vllm_host: bool = False
 
 
 def _row_bytes(t: TensorInfo) -> int:
@@ -148,6 +154,8 @@ def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, _Bu
             bucket = _Bucket(prefix, GroupKind.COLD, mtp=has_segment(prefix, MTP_SEGMENTS))
         elif layer is not None and _is_mtp_layer(layer[1], facts):
             bucket = _Bucket(f"{layer[0]}.{layer[1]}", GroupKind.COLD, mtp=True)
+        elif layer is not None and facts.vllm_host_tables and host_table_prefix(t.name) is not None:
+            bucket = _Bucket(host_table_prefix(t.name), GroupKind.MODULE, vllm_host=True)
         elif layer is not None and experts_prefix(t.name) is not None:
             bucket = _Bucket(experts_prefix(t.name), GroupKind.EXPERTS, layer[1])
         elif layer is not None:
@@ -212,6 +220,10 @@ def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tupl
             row = max((_row_bytes(t) for t in b.tensors if t.name.endswith("weight")), default=0)
             return GroupClass.COLD, "a gather: one row per token per step", row
         return GroupClass.COLD, "read only in prefill, once per image or clip", 0
+    if b.vllm_host:
+        row = max((_row_bytes(t) for t in b.tensors if t.name.endswith("weight")), default=0)
+        return (GroupClass.COLD, "n-gram embedding table: vLLM keeps it in pinned host memory itself "
+                "(EngramConfig.cpu_offload) and gathers rows per token", row)
     if b.kind == GroupKind.MODULE and has_segment(b.key, NEVER_COLD_SEGMENTS):
         if tie_word_embeddings:
             return (GroupClass.HOT, "stored although tied: counted on the device in case vLLM keeps it "
@@ -273,7 +285,8 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: 
         dtype_bytes, digest = group_signature(b.key, b.tensors)
         params = {_in_layer(t.name): t.nbytes for t in b.tensors} if b.kind in LAYER_KINDS else {}
         groups.append(Group(b.key, b.kind, cls, reason, sum(t.nbytes for t in b.tensors), len(b.tensors),
-                            b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest, params, num, k))
+                            b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest, params, num, k,
+                            b.vllm_host))
     groups.sort(key=_model_order)
     return groups
 
@@ -292,7 +305,7 @@ def _merge_experts(buckets: dict[str, _Bucket]) -> dict[str, _Bucket]:
             stack, index = layer_of(b.key)
             target = out.setdefault(f"{stack}.{index}", _Bucket(f"{stack}.{index}", GroupKind.LAYER, index))
         else:
-            target = out.setdefault(b.key, _Bucket(b.key, b.kind, b.layer_index, b.mtp))
+            target = out.setdefault(b.key, _Bucket(b.key, b.kind, b.layer_index, b.mtp, vllm_host=b.vllm_host))
         target.tensors.extend(b.tensors)
     return out
 
@@ -348,8 +361,8 @@ class _Placing:
     buffers: int = 0
 
     def __post_init__(self) -> None:
-        self.where = {g.name: Placement.ABSENT if g.cls == GroupClass.ABSENT else Placement.DEVICE
-                      for g in self.groups}
+        self.where = {g.name: Placement.ABSENT if g.cls == GroupClass.ABSENT else
+                      Placement.HOST_COLD if g.vllm_host else Placement.DEVICE for g in self.groups}
 
     def over_budget(self) -> int:
         """Device bytes (resident, tower transient, prefetch buffers) above the budget."""
@@ -359,7 +372,7 @@ class _Placing:
 
 def _place_cold(p: _Placing, inputs: PlanInputs) -> None:
     """Cold modules to the host, largest first, until the deficit closes (or all of them)."""
-    for g in sorted((g for g in p.groups if g.cls == GroupClass.COLD), key=lambda g: -g.nbytes):
+    for g in sorted((g for g in p.groups if g.cls == GroupClass.COLD and not g.vllm_host), key=lambda g: -g.nbytes):
         if p.over_budget() <= 0 and not inputs.all_cold:
             break
         p.where[g.name] = Placement.HOST_COLD
@@ -393,23 +406,67 @@ def _layer_units(groups: list[Group]) -> list[list[Group]]:
             if any(g.kind == GroupKind.LAYER for g in by_index[i])]
 
 
-def _place_hot_layers(p: _Placing, inputs: PlanInputs) -> list[int]:
-    """The fewest spread-out decoder layers that close the rest of the deficit (every layer
-    when none do: the plan is then infeasible), net of the prefetch buffers they need. A
-    layer goes whole: the offloader copies its routed experts with it."""
-    layers = _layer_units(p.groups)
+def _prefetch_fewest(p: _Placing, units: list[list[Group]], inputs: PlanInputs) -> list[int]:
+    """The fewest spread-out decoder layers of ``units`` that close the rest of the deficit
+    (all of them when none do: the plan is then infeasible), net of the prefetch buffers
+    they need. A layer goes whole: the offloader copies its routed experts with it."""
+    p.buffers = 0
     remaining = p.over_budget()
-    if remaining <= 0 or not layers:
+    if remaining <= 0 or not units:
         return []
-    buffers = prefetch_buffer_bytes([g for unit in layers for g in unit], inputs.prefetch_step)
-    chosen = next((c for c in (_spread(n, len(layers)) for n in range(1, len(layers) + 1))
-                   if sum(g.nbytes for i in c for g in layers[i]) - buffers >= remaining),
-                  list(range(len(layers))))
+    buffers = prefetch_buffer_bytes([g for unit in units for g in unit], inputs.prefetch_step)
+    chosen = next((c for c in (_spread(n, len(units)) for n in range(1, len(units) + 1))
+                   if sum(g.nbytes for i in c for g in units[i]) - buffers >= remaining),
+                  list(range(len(units))))
     for i in chosen:
-        for g in layers[i]:
+        for g in units[i]:
             p.where[g.name] = Placement.HOST_HOT
     p.buffers = buffers
-    return [layers[i][0].layer_index for i in chosen]
+    return [units[i][0].layer_index for i in chosen]
+
+
+def _place_hot(p: _Placing, inputs: PlanInputs, step_s: Callable[[_Placing], float]) -> list[int]:
+    """Close the rest of the deficit (after the cold set) at the least est step time.
+
+    The menu, per decoder layer: resident; a MoE layer's routed experts in host memory,
+    read in place through UVA (a step pays, in line, the read fraction of their bytes over
+    the link instead of from VRAM); or the whole layer, experts included, through the
+    prefetch offloader (every byte crosses the link each step, overlapped with the compute
+    of the layers before it, plus device buffers of a layer's size).
+
+    Why this search finds the cheapest combination the menu allows (under the step model):
+    a UVA read costs the same per byte wherever it sits in the stack (it is paid in line,
+    so order does not matter) and is cheapest per byte for the layers with the smallest
+    read fraction, so for a given number ``n`` of UVA layers the best choice is the ``n``
+    with the smallest fraction (largest first among equals, to free the most); prefetching
+    then takes the fewest spread-out layers of the rest, as for a dense model. Each ``n``
+    from 0 to every MoE layer is priced with the whole step model (``step_s``), and the
+    fastest placement that fits wins (the one with the smallest shortfall when none fits).
+    Once experts alone close the deficit, more of them only add link time: the search stops.
+    """
+    units = _layer_units(p.groups)
+    if p.over_budget() <= 0 or not units:
+        return []
+    tokens = inputs.batch * (1 + (inputs.spec_tokens or 1 if inputs.speculative == "mtp" else 0))
+    moe = sorted((u for u in units if len(u) > 1),
+                 key=lambda u: (expert_read_fraction(u[1].num_experts, u[1].experts_per_token, tokens),
+                                -u[1].nbytes, u[0].layer_index))
+    start = dict(p.where)
+    best: tuple[tuple, dict[str, Placement], int, list[int]] | None = None
+    for n in range(len(moe) + 1):
+        p.where = dict(start)
+        for unit in moe[:n]:
+            p.where[unit[1].name] = Placement.HOST_UVA
+        uva = {u[0].layer_index for u in moe[:n]}
+        hot = _prefetch_fewest(p, [u for u in units if u[0].layer_index not in uva], inputs)
+        over = p.over_budget()
+        key = (over > 0, max(over, 0), step_s(p) if over <= 0 else 0.0, n)
+        if best is None or key < best[0]:
+            best = (key, dict(p.where), p.buffers, hot)
+        if over <= 0 and not hot:
+            break
+    _, p.where, p.buffers, hot = best
+    return hot
 
 
 def _host_bytes(p: _Placing) -> int:
@@ -423,7 +480,7 @@ def _host_shortfall(p: _Placing, inputs: PlanInputs) -> int:
 def _strategy(p: _Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
     if p.over_budget() > 0 or _host_shortfall(p, inputs):
         return Strategy.INFEASIBLE
-    if hot or any(w == Placement.HOST_UVA for w in p.where.values()):
+    if hot or any(w == Placement.HOST_UVA for w in p.where.values()):  # hot bytes on the host
         return Strategy.HOT_OFFLOAD
     if any(w == Placement.HOST_COLD for w in p.where.values()):
         return Strategy.COLD_OFFLOAD
@@ -431,11 +488,14 @@ def _strategy(p: _Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
 
 
 def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
-               deficit_bytes: int, kv: KvModel | None = None, spec_tokens: int = 0) -> BulkBaseline:
+               deficit_bytes: int, kv: KvModel | None = None, spec_tokens: int = 0,
+               params: tuple[str, ...] = ()) -> BulkBaseline:
     """What vLLM's ``cpu_offload_gb`` would take: whole parameters of the decoder layers,
-    in model order, until the GiB budget is met. It is UVA zero-copy: the kernels read the
-    host parameters in place every step, so a host-resident routed-expert tensor crosses
-    the link only for the experts the step routes to (the same read fraction as the plan)."""
+    in model order, until the GiB budget is met; with ``params`` (vLLM's
+    ``cpu_offload_params``, such as ``("experts",)``) only the parameters whose name holds
+    one of them as whole segments, as vLLM matches them. It is UVA zero-copy: the kernels
+    read the host parameters in place every step, so a host-resident routed-expert tensor
+    crosses the link only for the experts the step routes to (the plan's read fraction)."""
     if inputs.bulk_cpu_offload_gb is not None:
         gb = float(inputs.bulk_cpu_offload_gb)
     else:
@@ -455,17 +515,20 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
         for t in sorted(by_layer[index], key=lambda t: t.name):
             if offloaded >= max_bytes:
                 break
+            if params and not any(f".{p}." in f".{t.name}." for p in params):  # vLLM's segment match
+                continue
             offloaded += t.nbytes
             into = experts_per_layer if experts_prefix(t.name) is not None else per_layer
             into[index] = into.get(index, 0) + t.nbytes
             count += 1
             if not touched or touched[-1] != index:
                 touched.append(index)
-    loaded = sum(g.nbytes for g in groups if g.cls != GroupClass.ABSENT)
+    # vLLM keeps its own host tables (n-gram embeddings) on the host in this run too.
+    loaded = sum(g.nbytes for g in groups if g.cls != GroupClass.ABSENT and not g.vllm_host)
     device = loaded - offloaded
     return BulkBaseline(
         cpu_offload_gb=gb, offloaded_bytes=offloaded, offloaded_tensors=count,
-        layers_touched=tuple(touched), device_bytes=device,
+        layers_touched=tuple(touched), device_bytes=device, cpu_offload_params=tuple(params),
         fits=device <= inputs.weight_budget_bytes,
         est=Estimate.of(_bulk_traffic(groups, per_layer, inputs, experts_per_layer), inputs, kv, spec_tokens,
                         pipelined=False),
@@ -583,36 +646,61 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     groups = group_tensors(checkpoint, inputs)
     placing = _Placing(groups, inputs.weight_budget_bytes)
     deficit = placing.over_budget()
+    model = _planned_model(checkpoint, kv)
+
+    def placed(p: _Placing, hot: list[int], **extra) -> Plan:
+        return Plan(
+            model=model, inputs=inputs, strategy=_strategy(p, hot, inputs),
+            groups=tuple(GroupPlan(g.name, g.kind, g.cls, p.where[g.name], g.reason, g.nbytes, g.layer_index,
+                                   g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest,
+                                   g.num_experts, g.experts_per_token) for g in groups),
+            hot_layer_indices=tuple(hot), est_transient_device_bytes=p.transient,
+            stored_prefetch_buffer_bytes=p.buffers if hot else None, **{"bulk": None, **extra})
+
+    def step_s(p: _Placing) -> float:
+        hot = sorted(g.layer_index for g in groups if g.kind == GroupKind.LAYER and p.where[g.name] == Placement.HOST_HOT)
+        return placed(p, hot).est.est_step_s
+
     _place_cold(placing, inputs)
-    hot = _place_hot_layers(placing, inputs)
-    planned = tuple(
-        GroupPlan(g.name, g.kind, g.cls, placing.where[g.name], g.reason, g.nbytes, g.layer_index,
-                  g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest,
-                  g.num_experts, g.experts_per_token)
-        for g in groups)
+    hot = _place_hot(placing, inputs, step_s)
     facts = checkpoint.facts
     spec_tokens = (inputs.spec_tokens or max(1, facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
-    plan = Plan(
-        model=_planned_model(checkpoint, kv),
-        inputs=inputs,
-        strategy=_strategy(placing, hot, inputs),
-        groups=planned,
-        hot_layer_indices=tuple(hot),
-        est_transient_device_bytes=placing.transient,
-        bulk=bulk,
-        notes=tuple(notes + _notes(groups, checkpoint, placing, inputs)),
-        stored_prefetch_buffer_bytes=placing.buffers if hot else None,
-    )
-    if bulk is not None and bulk.fits and plan.strategy != Strategy.INFEASIBLE and \
-            bulk.est.est_step_s <= plan.est.est_step_s:
-        plan = replace(plan, notes=plan.notes + (
-            f"selective is not estimated faster than vLLM's cpu_offload_gb={bulk.cpu_offload_gb:g} here "
-            f"(est {plan.est.est_step_s * 1e3:.1f} ms against {bulk.est.est_step_s * 1e3:.1f} ms per step: its "
-            "prefetch buffers and tower transient cost device memory the bulk offload does not need); "
-            "consider vLLM's own offload for this card",))
-    return plan
+    # MoE: vLLM's segment selection of the routed experts is the run a user would try next.
+    segments = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens, params=("experts",))
+                if bulk is not None and any(g.kind == GroupKind.EXPERTS for g in groups) else None)
+    plan = placed(placing, hot, bulk=bulk, bulk_segments=segments,
+                  notes=tuple(notes + _notes(groups, checkpoint, placing, inputs)))
+    return replace(plan, notes=plan.notes + tuple(_baseline_notes(plan)))
+
+
+#: Step times within this share of each other are a tie (the estimate is not finer).
+TIE = 1e-3
+
+
+def _baseline_notes(plan: Plan) -> list[str]:
+    """A note for each vLLM baseline the plan does not beat, saying why it may not."""
+    notes = []
+    for baseline in plan.baselines:
+        if not baseline.fits or plan.strategy == Strategy.INFEASIBLE:
+            continue
+        mine, theirs = plan.est.est_step_s, baseline.est.est_step_s
+        if theirs > mine * (1 + TIE):
+            continue
+        why = []
+        if plan.hot_layer_indices or plan.est_transient_device_bytes:
+            why.append("its prefetch buffers and tower transient cost device memory the bulk offload does not need")
+        if plan.host_uva_bytes:
+            why.append("a layer's routed experts go to the host whole, where vLLM's budget takes single tensors")
+        times = f"est {mine * 1e3:.1f} ms against {theirs * 1e3:.1f} ms per step"
+        if theirs >= mine * (1 - TIE):
+            notes.append(f"selective matches vLLM's {baseline.label} here ({times}): both read the same bytes over "
+                         "the link")
+        else:
+            notes.append(f"selective is not estimated faster than vLLM's {baseline.label} here ({times}"
+                         + (f": {'; '.join(why)}" if why else "") + "); consider vLLM's own offload for this card")
+    return notes
 
 
 def break_even_accept_rate(spec_step_s: float, plain_step_s: float, k: int) -> float | None:
@@ -632,7 +720,7 @@ def _with_alternative(plan: Plan, plain: Plan) -> Plan:
     """The speculative plan, with the plan without speculation beside it and a recommendation."""
     k, a = plan.spec_tokens, plan.inputs.accept_rate
     alternative = Alternative("without speculative decoding", plain.strategy, plain.host_cold_bytes,
-                              plain.host_hot_bytes, plain.hot_layer_indices, plain.est)
+                              plain.host_hot_bytes, plain.hot_layer_indices, plain.est, plain.host_uva_bytes)
     faster = plan.est.est_tok_s > plain.est.est_tok_s
     even = break_even_accept_rate(plan.est.est_step_s, plain.est.est_step_s, k)
     note = (f"recommended: {'MTP speculative decoding' if faster else 'no speculative decoding'} "

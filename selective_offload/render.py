@@ -1,12 +1,17 @@
 """A plan as people read it: a group table (decoder layers folded) and a summary.
 
+A MoE layer is two groups (the layer and its routed experts); consecutive layers placed
+alike fold into one row each for the layers and for their experts, and when a placement
+alternates too often to fold (hot layers spread through the stack), layers fold by
+placement instead, their indices listed in the summary.
+
 Used by ``selective-offload plan`` and by the demo; it only formats, it decides nothing.
 """
 
 from __future__ import annotations
 
 from .checkpoint import Checkpoint
-from .plan import Estimate, GroupKind, GroupPlan, Plan
+from .plan import BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan
 from .sizes import GB
 
 
@@ -61,29 +66,68 @@ def _row(name: str, groups: list[GroupPlan]) -> str:
             f"{_step_bytes(sum(g.est_vram_bytes_per_step for g in groups)):>10}")
 
 
+#: More runs of consecutive layers than this, and layers fold by placement instead.
+MAX_LAYER_RUNS = 8
+
+_Unit = tuple[GroupPlan, "GroupPlan | None"]  # a decoder layer and its routed experts
+
+
+def _units(plan: Plan) -> list[_Unit]:
+    experts = {g.layer_index: g for g in plan.groups if g.kind == GroupKind.EXPERTS}
+    return [(g, experts.get(g.layer_index)) for g in plan.groups if g.kind == GroupKind.LAYER]
+
+
+def _pattern(unit: _Unit) -> tuple:
+    layer, experts = unit
+    return (layer.placement, None if experts is None else experts.placement)
+
+
+def _unit_rows(units: list[_Unit], contiguous: bool) -> list[str]:
+    """Rows for layers placed alike: the layers, then their routed experts (if any)."""
+    layers = [u[0] for u in units]
+    experts = [u[1] for u in units if u[1] is not None]
+    stack = layers[0].group.rsplit(".", 1)[0]
+    if len(units) == 1:
+        name = layers[0].group
+    elif contiguous:
+        name = f"{stack}.{layers[0].layer_index}-{layers[-1].layer_index} ({len(units)})"
+    else:  # the summary lists which (hot layers, experts through UVA)
+        name = f"{stack}.* ({len(units)} layers)"
+    rows = [_row(name, layers)]
+    if experts:
+        inner = experts[0].group[len(f"{stack}.{experts[0].layer_index}."):]  # mlp.experts
+        rows.append(_row(experts[0].group if len(units) == 1 else f"  {inner} of those", experts))
+    return rows
+
+
+def _layer_rows(plan: Plan) -> list[str]:
+    units = _units(plan)
+    runs: list[list[_Unit]] = []
+    for u in units:
+        if runs and _pattern(runs[-1][-1]) == _pattern(u) and runs[-1][-1][0].layer_index + 1 == u[0].layer_index:
+            runs[-1].append(u)
+        else:
+            runs.append([u])
+    if len(runs) <= MAX_LAYER_RUNS:
+        return [row for run in runs for row in _unit_rows(run, contiguous=True)]
+    by_pattern: dict[tuple, list[_Unit]] = {}
+    for u in units:
+        by_pattern.setdefault(_pattern(u), []).append(u)
+    return [row for same in by_pattern.values() for row in _unit_rows(same, contiguous=False)]
+
+
 def _group_table(plan: Plan) -> list[str]:
-    """One row per group; runs of consecutive decoder layers placed alike fold into one."""
+    """One row per group; decoder layers (and their routed experts) folded."""
     header = f"{'group':<40} {'bytes':>10} {'class':<6} {'placement':<10} {'link/step':>10} {'VRAM/step':>10}"
     lines = [header, "-" * len(header)]
-    run: list[GroupPlan] = []
-
-    def flush() -> None:
-        if run:
-            first, last = run[0], run[-1]
-            name = (first.group if len(run) == 1 else
-                    f"{first.group.rsplit('.', 1)[0]}.{first.layer_index}-{last.layer_index} ({len(run)})")
-            lines.append(_row(name, run))
-            run.clear()
-
+    stack_done = False
     for g in plan.groups:
-        if g.kind == GroupKind.LAYER:
-            if run and g.placement != run[-1].placement:
-                flush()
-            run.append(g)
+        if g.kind in (GroupKind.LAYER, GroupKind.EXPERTS):
+            if not stack_done:
+                lines += _layer_rows(plan)
+                stack_done = True
             continue
-        flush()
         lines.append(_row(g.group, [g]))
-    flush()
     return lines
 
 
@@ -93,6 +137,10 @@ def _placement_summary(plan: Plan) -> list[str]:
              + (f": short by {_gb(plan.shortfall_bytes).strip()}" if plan.shortfall_bytes else ""),
              f"deficit   {_gb(plan.deficit_bytes).strip()} (weights to load minus the budget; <= 0 fits)",
              f"cold set  {_gb(plan.cold_bytes).strip()}, of which {_gb(plan.host_cold_bytes).strip()} on the host"]
+    uva = [g for g in plan.groups if g.placement == Placement.HOST_UVA]
+    if uva:
+        lines.append(f"routed experts in host memory, read in place through UVA ({len(uva)} layers, "
+                     f"{_gb(plan.host_uva_bytes).strip()}): layers {ranges(sorted(g.layer_index for g in uva))}")
     if plan.hot_layer_indices:
         lines.append(f"hot layers on the host ({len(plan.hot_layer_indices)}, {_gb(plan.host_hot_bytes).strip()}): "
                      f"{','.join(map(str, plan.hot_layer_indices))}")
@@ -111,37 +159,43 @@ def _estimates(plan: Plan) -> list[str]:
     asked for), every figure labelled est_."""
     inp = plan.inputs
     batch = f", batch {inp.batch}" if inp.batch > 1 else ""
-    lines = ["", f"{'':<44} {'host bytes':>10} {'est_link':>10} {'est_hidden':>10} {'est_vram':>10} "
+    lines = ["", f"{'':<50} {'host bytes':>10} {'est_link':>10} {'est_hidden':>10} {'est_vram':>10} "
                  f"{'est_step':>10} {'est_tok/s':>9}" + (f" {'per seq':>8}" if inp.batch > 1 else "")]
 
     def summary(label: str, host: int, est: Estimate) -> str:
-        return (f"{label:<44} {_gb(host):>10} {_ms(est.est_link_s_per_step):>10} "
+        return (f"{label:<50} {_gb(host):>10} {_ms(est.est_link_s_per_step):>10} "
                 f"{_ms(est.est_hidden_link_s_per_step):>10} {_ms(est.est_vram_s_per_step):>10} "
                 f"{_ms(est.est_step_s):>10} {est.est_tok_s:9.2f}"
                 + (f" {est.est_tok_s_per_seq:8.2f}" if inp.batch > 1 else ""))
 
-    bulk = plan.bulk
-    if bulk is not None:
-        lines.append(summary(f"vLLM cpu_offload_gb={bulk.cpu_offload_gb:g}", bulk.offloaded_bytes, bulk.est)
-                     + ("" if bulk.fits else "  (does not fit)"))
+    for baseline in plan.baselines:
+        lines.append(summary(f"vLLM {baseline.label}"[:50], baseline.offloaded_bytes, baseline.est)
+                     + ("" if baseline.fits else "  (does not fit)"))
     spec = f", MTP K={plan.spec_tokens} a={inp.accept_rate:.2f}" if plan.spec_tokens else ""
-    lines.append(summary(f"selective ({plan.strategy}{spec})", plan.host_cold_bytes + plan.host_hot_bytes, plan.est))
+    lines.append(summary(f"selective ({plan.strategy}{spec})", plan.host_bytes, plan.est))
     alt = plan.alternative
     if alt is not None:
-        lines.append(summary(f"selective, {alt.label}"[:44], alt.host_cold_bytes + alt.host_hot_bytes, alt.est)
-                     + f"  ({len(alt.hot_layer_indices)} hot layers)")
-    if bulk is not None and plan.strategy != "infeasible":
-        lines.append(f"est speed-up over bulk: {plan.est.est_tok_s / bulk.est.est_tok_s:.2f}x"
-                     f" (link time {_ms(bulk.est.est_link_s_per_step).strip()} -> "
-                     f"{_ms(plan.est.est_link_s_per_step).strip()} per step, "
-                     f"{_ms(plan.est.est_hidden_link_s_per_step).strip()} of it hidden behind compute)")
-    if bulk is not None:
-        lines.append(f"bulk takes {bulk.offloaded_tensors} tensors of layers "
-                     f"{ranges(bulk.layers_touched)} in model order (cpu_offload_gb counts GiB)")
+        lines.append(summary(f"selective, {alt.label}"[:50], alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes,
+                             alt.est) + f"  ({len(alt.hot_layer_indices)} hot layers)")
+    if plan.strategy != "infeasible":
+        for baseline in plan.baselines:
+            lines.append(f"est speed-up over {_short(baseline)}: {plan.est.est_tok_s / baseline.est.est_tok_s:.2f}x"
+                         f" (link time {_ms(baseline.est.est_link_s_per_step).strip()} -> "
+                         f"{_ms(plan.est.est_link_s_per_step).strip()} per step, "
+                         f"{_ms(plan.est.est_hidden_link_s_per_step).strip()} of it hidden behind compute)")
+    for baseline in plan.baselines:
+        lines.append(f"{_short(baseline)} takes {baseline.offloaded_tensors} tensors of layers "
+                     f"{ranges(baseline.layers_touched)} in model order (cpu_offload_gb counts GiB"
+                     + ("; routed experts on the host are read top-k through UVA, like the plan's)"
+                        if any(g.kind == GroupKind.EXPERTS for g in plan.groups) else ")"))
     lines += ["", f"est_ values are estimates from bytes / bandwidth{batch} (est_hidden: link time the "
                   "prefetch overlap hides). They ignore:"]
     lines += [f"  - {item}" for item in plan.est_ignores]
     return lines
+
+
+def _short(baseline: BulkBaseline) -> str:
+    return "segment selection" if baseline.cpu_offload_params else "bulk"
 
 
 def render_plan(plan: Plan, checkpoint: Checkpoint | None = None) -> str:

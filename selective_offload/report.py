@@ -51,7 +51,7 @@ PAGE_LOCKED_WARN = 1.05
 #: neither use nor swap, on machines whose RAM is the limit. torch's power-of-two rounding
 #: of pinned blocks alone can reach 2x.
 PAGE_LOCKED_LIMIT = 1.25
-#: Where a parameter can be found: the plan's two host placements, the device, or host
+#: Where a parameter can be found: the plan's host placements, the device, or host
 #: memory that no wrapper of this plan owns.
 STRAY_HOST = "host"
 #: Host placements whose bytes must be built on the host at construction (never on the
@@ -448,7 +448,7 @@ def build_report(
         model_fingerprint=plan.model.fingerprint, compute_device=str(compute_device),
         host_is_device=host_is_device, groups=list(m.landings.values()),
         planned_host_cold_bytes=plan.host_cold_bytes, planned_host_hot_bytes=plan.host_hot_bytes,
-        planned_host_uva_bytes=sum(g.bytes for g in plan.groups if g.placement == Placement.HOST_UVA),
+        planned_host_uva_bytes=plan.host_uva_bytes,
         est_link_bytes_per_step=sum(g.est_link_bytes_per_step for g in plan.groups
                                     if m.landings[g.group].actual in HOST_PLACEMENTS),
         unplanned=m.unplanned, notes=notes,

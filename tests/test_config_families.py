@@ -118,16 +118,10 @@ def test_deepseek_v3_fp8_counts_its_experts_and_plans_fast(tmp_path):
     assert groups(plan_of(path, device_memory_bytes=80 * GiB, speculative="mtp"))["model.layers.61"].cls == "hot"
 
 
-def test_when_selective_is_not_faster_than_bulk_the_plan_says_so(tmp_path):
-    plan = plan_of(deepseek_v3(tmp_path), device_memory_bytes=80 * GiB)
-    assert plan.bulk is not None and plan.bulk.est.est_step_s <= plan.est.est_step_s
-    assert any(n.startswith("selective is not estimated faster than vLLM's cpu_offload_gb") for n in plan.notes)
-
-
 def test_a_plan_that_needs_more_host_memory_than_there_is_is_infeasible(tmp_path):
     plan = plan_of(deepseek_v3(tmp_path), device_memory_bytes=80 * GiB, host_memory_bytes=64 * GiB)
     assert plan.strategy == "infeasible" and plan.shortfall_bytes == 0
-    assert plan.host_shortfall_bytes == plan.host_cold_bytes + plan.host_hot_bytes - 64 * GiB
+    assert plan.host_shortfall_bytes == plan.host_bytes - 64 * GiB
     assert any("GB more than the 68.719 GB there is (--host-memory)" in n for n in plan.notes)
 
 
