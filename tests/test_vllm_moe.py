@@ -42,13 +42,16 @@ def plan(moe):
 
 @pytest.fixture(scope="module")
 def selective(moe, plan):
-    """One strict engine with the embedding host-cold and two layers' experts host-uva."""
+    """One strict engine with the planner's plan: the embedding host-cold and two layers'
+    routed experts host-uva."""
     return generate_with_plan(plan, moe, strict=True)
 
 
 def test_the_plan_puts_routed_experts_in_host_memory(plan):
+    """The cold set (the embedding) does not close the deficit; the planner reads two
+    layers' routed experts through UVA rather than prefetching whole layers."""
     uva = [g for g in plan.groups if g.placement == Placement.HOST_UVA]
-    assert [g.group for g in uva] == ["model.layers.1.mlp.experts", "model.layers.3.mlp.experts"]
+    assert [g.group for g in uva] == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
     assert all(g.kind == GroupKind.EXPERTS and (g.num_experts, g.experts_per_token) == (8, 2) for g in uva)
     assert plan.host_cold_groups == ["model.embed_tokens"] and not plan.hot_layer_indices
 
@@ -65,7 +68,7 @@ def test_report_puts_the_routed_experts_on_the_host_built_there(selective, plan)
     layer (attention, router, norms) on the device; the verdict is ok in strict mode."""
     _, report = selective
     assert report.ok, report.problems
-    for name in ("model.layers.1.mlp.experts", "model.layers.3.mlp.experts"):
+    for name in ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts"):
         g = report.landing(name)
         assert (g.planned, g.actual) == ("host-uva", "host-uva")
         assert g.host_bytes == EXPERTS_BYTES_LOADED and g.device_bytes == 0
@@ -74,7 +77,7 @@ def test_report_puts_the_routed_experts_on_the_host_built_there(selective, plan)
         assert "post-processed in place on the host" in g.mechanism
         layer = report.landing(name.rsplit(".mlp", 1)[0])
         assert (layer.planned, layer.actual) == ("device", "device") and layer.host_bytes == 0
-    device_experts = report.landing("model.layers.0.mlp.experts")
+    device_experts = report.landing("model.layers.3.mlp.experts")
     assert device_experts.actual == "device" and device_experts.host_bytes == 0
     assert report.planned_host_uva_bytes == plan.host_uva_bytes
     assert report.loaded_host_uva_bytes == report.landed_host_uva_bytes == 2 * EXPERTS_BYTES_LOADED
@@ -92,7 +95,7 @@ def test_experts_not_built_on_the_host_are_reported(moe, plan, plain_tokens, mon
     monkeypatch.setattr(experts, "PREFIX_ARGUMENT", "no_such_argument")
     tokens, report = generate_with_plan(plan, moe, strict=False)
     assert tokens == plain_tokens
-    g = report.landing("model.layers.1.mlp.experts")
+    g = report.landing("model.layers.0.mlp.experts")
     assert g.actual == "host-uva" and (g.routed_bytes, g.moved_bytes) == (0, g.host_bytes)
     assert not report.ok and report.unrouted_uva_bytes == 2 * EXPERTS_BYTES_LOADED
     assert any("of uva bytes were allocated on the device while the model was built" in p for p in report.problems)
