@@ -94,7 +94,8 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefetch-step", type=int, default=1, metavar="N",
                    help="device slots per offloaded layer parameter in vLLM's prefetch offloader (default: 1)")
     p.add_argument("--bulk-gb", default=None, metavar="GiB",
-                   help="price vLLM's bulk cpu_offload_gb at this many GiB (default: the smallest whole number "
+                   help="price vLLM's bulk cpu_offload_gb at this many GiB, and for a MoE model its "
+                        "cpu_offload_params=experts at the same budget (default: the smallest whole number "
                         "that covers the deficit)")
     p.add_argument("--all-cold", action="store_true",
                    help="put every cold module on the host even when fewer would fit (frees device "
@@ -265,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="selective-offload",
         description="Plan which weights of a checkpoint live in host memory: the bytes a decode "
                     "step does not read (embedding, vision/audio towers, MTP head) first, then "
-                    "exact decoder layers; priced next to vLLM's bulk cpu_offload_gb.",
+                    "exact decoder layers, or a MoE layer's routed experts read in place (top-k of E "
+                    "per token); priced next to vLLM's bulk cpu_offload_gb.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -19,6 +19,11 @@ size-ordered, name-blind policy (vLLM's ``cpu_offload_gb``) cannot tell them apa
 names are cold is :mod:`selective_offload.names`' rule; with ``tie_word_embeddings`` the
 embedding *is* the LM head's weight and is hot.
 
+A MoE decoder layer reads only the routed experts its tokens are sent to (k of E per
+token), so its routed experts are a group of their own, and the hot part of the deficit is
+closed from a menu per layer (:func:`_place_hot`): resident, routed experts read in place
+through UVA at the step's read fraction, or the whole layer prefetched.
+
 The reference arithmetic (the bundled Qwen3.8-27B-FP8-shaped manifest on a 24 GiB card)
 is asserted by ``tests/test_planner.py`` and shown in the README.
 
@@ -425,7 +430,7 @@ def _prefetch_fewest(p: _Placing, units: list[list[Group]], inputs: PlanInputs) 
     return [units[i][0].layer_index for i in chosen]
 
 
-def _place_hot(p: _Placing, inputs: PlanInputs, step_s: Callable[[_Placing], float]) -> list[int]:
+def _place_hot(p: _Placing, inputs: PlanInputs, step_s: Callable[[_Placing], float], tokens: int) -> list[int]:
     """Close the rest of the deficit (after the cold set) at the least est step time.
 
     The menu, per decoder layer: resident; a MoE layer's routed experts in host memory,
@@ -443,11 +448,11 @@ def _place_hot(p: _Placing, inputs: PlanInputs, step_s: Callable[[_Placing], flo
     from 0 to every MoE layer is priced with the whole step model (``step_s``), and the
     fastest placement that fits wins (the one with the smallest shortfall when none fits).
     Once experts alone close the deficit, more of them only add link time: the search stops.
+    ``tokens``: the tokens one step serves (batch x tokens verified per sequence).
     """
     units = _layer_units(p.groups)
     if p.over_budget() <= 0 or not units:
         return []
-    tokens = inputs.batch * (1 + (inputs.spec_tokens or 1 if inputs.speculative == "mtp" else 0))
     moe = sorted((u for u in units if len(u) > 1),
                  key=lambda u: (expert_read_fraction(u[1].num_experts, u[1].experts_per_token, tokens),
                                 -u[1].nbytes, u[0].layer_index))
@@ -661,10 +666,10 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
         hot = sorted(g.layer_index for g in groups if g.kind == GroupKind.LAYER and p.where[g.name] == Placement.HOST_HOT)
         return placed(p, hot).est.est_step_s
 
-    _place_cold(placing, inputs)
-    hot = _place_hot(placing, inputs, step_s)
     facts = checkpoint.facts
     spec_tokens = (inputs.spec_tokens or max(1, facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0
+    _place_cold(placing, inputs)
+    hot = _place_hot(placing, inputs, step_s, inputs.batch * (1 + spec_tokens))
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
     # MoE: vLLM's segment selection of the routed experts is the run a user would try next.

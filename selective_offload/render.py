@@ -159,23 +159,23 @@ def _estimates(plan: Plan) -> list[str]:
     asked for), every figure labelled est_."""
     inp = plan.inputs
     batch = f", batch {inp.batch}" if inp.batch > 1 else ""
-    lines = ["", f"{'':<50} {'host bytes':>10} {'est_link':>10} {'est_hidden':>10} {'est_vram':>10} "
+    lines = ["", f"{'':<54} {'host bytes':>10} {'est_link':>10} {'est_hidden':>10} {'est_vram':>10} "
                  f"{'est_step':>10} {'est_tok/s':>9}" + (f" {'per seq':>8}" if inp.batch > 1 else "")]
 
     def summary(label: str, host: int, est: Estimate) -> str:
-        return (f"{label:<50} {_gb(host):>10} {_ms(est.est_link_s_per_step):>10} "
+        return (f"{label:<54} {_gb(host):>10} {_ms(est.est_link_s_per_step):>10} "
                 f"{_ms(est.est_hidden_link_s_per_step):>10} {_ms(est.est_vram_s_per_step):>10} "
                 f"{_ms(est.est_step_s):>10} {est.est_tok_s:9.2f}"
                 + (f" {est.est_tok_s_per_seq:8.2f}" if inp.batch > 1 else ""))
 
     for baseline in plan.baselines:
-        lines.append(summary(f"vLLM {baseline.label}"[:50], baseline.offloaded_bytes, baseline.est)
+        lines.append(summary(f"vLLM {baseline.label}"[:54], baseline.offloaded_bytes, baseline.est)
                      + ("" if baseline.fits else "  (does not fit)"))
     spec = f", MTP K={plan.spec_tokens} a={inp.accept_rate:.2f}" if plan.spec_tokens else ""
     lines.append(summary(f"selective ({plan.strategy}{spec})", plan.host_bytes, plan.est))
     alt = plan.alternative
     if alt is not None:
-        lines.append(summary(f"selective, {alt.label}"[:50], alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes,
+        lines.append(summary(f"selective, {alt.label}"[:54], alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes,
                              alt.est) + f"  ({len(alt.hot_layer_indices)} hot layers)")
     if plan.strategy != "infeasible":
         for baseline in plan.baselines:

@@ -222,3 +222,44 @@ def test_gemma4_a4b_experts_sit_directly_under_the_layer(tmp_path):
     assert all(g.bytes == 128 * 3 * 2112 * 704 * 2 and (g.num_experts, g.experts_per_token) == (128, 8)
                for g in groups)
     assert_beats_or_matches_every_baseline(plan)
+
+
+# ---- the README's MoE reference plans come from a results file the script writes
+
+
+def test_the_moe_reference_results_and_the_readme_are_what_the_planner_says(tmp_path):
+    """benchmarks/moe_reference_plans.py wrote the newest moe-plans-est-*.json; the planner
+    still says the same, every plan beats or matches the vLLM baselines beside it, and the
+    README's table is that file's table."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import moe_reference_plans
+
+    newest = sorted((root / "benchmarks" / "results").glob("moe-plans-est-*.json"))[-1]
+    recorded = json.loads(newest.read_text())["plans"]
+    assert moe_reference_plans.reference_plans(tmp_path) == recorded
+    for case in recorded:
+        *baselines, selective = case["rows"]
+        assert selective["fits"] and all(selective["est_step_ms"] <= b["est_step_ms"] for b in baselines if b["fits"])
+    table = newest.with_suffix(".md").read_text()
+    readme = (root / "README.md").read_text()
+    missing = [line for line in table.splitlines() if line.startswith("| ") and line not in readme]
+    assert not missing, missing
+
+
+def test_a_48_layer_moe_plan_renders_in_a_few_rows(tmp_path):
+    """Layers placed alike fold (with their experts) into a row each; placements that
+    alternate through the stack fold by placement, their layers listed below."""
+    from selective_offload.render import render_plan
+
+    path = write(tmp_path, transformers.Qwen3MoeConfig(**QWEN3_30B, tie_word_embeddings=False),
+                 "Qwen3MoeForCausalLM")
+    text = render_plan(plan_of(path, 24))
+    table = text.split("\n\n")[1].splitlines()
+    assert len(table) < 12, table
+    assert any("mlp.experts of those" in row and "host-uva" in row for row in table)
+    assert "routed experts in host memory, read in place through UVA (32 layers" in text
+    assert "vLLM cpu_offload_gb=36, cpu_offload_params=experts" in text

@@ -1,0 +1,120 @@
+"""MoE reference plans: what `selective-offload plan` says for real MoE configs, beside the
+two vLLM offloads a user could run instead (bulk ``cpu_offload_gb`` and segment selection
+``cpu_offload_params=experts``), on the README's cards. Every figure is an estimate (est_)
+from bytes and bandwidths (the reference laptop's link and VRAM), not a measurement.
+
+Configs are built from each model's published ``config.json`` dimensions with transformers'
+own config classes (no download); tensor sizes come from the model built on the meta device,
+as ``selective-offload plan config.json`` does.
+
+    .venv/bin/python benchmarks/moe_reference_plans.py [--out benchmarks/results]
+
+Writes ``moe-plans-est-<date>.json`` and ``.md``; ``tests/test_moe_configs.py`` recomputes the
+figures and checks them against the newest such file, and the README's table against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS_DIR, today, write_results  # noqa: E402
+from selective_offload.checkpoint import load_checkpoint  # noqa: E402
+from selective_offload.planner import PlanInputs, make_plan  # noqa: E402
+from selective_offload.sizes import GB, GiB  # noqa: E402
+
+MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+
+
+def _gpt_oss(layers: int, experts: int):
+    """huggingface.co/openai/gpt-oss-20b and gpt-oss-120b, config.json."""
+    import transformers
+
+    config = transformers.GptOssConfig(num_hidden_layers=layers, num_local_experts=experts, num_experts_per_tok=4,
+                                       hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+                                       num_key_value_heads=8, head_dim=64, vocab_size=201088,
+                                       tie_word_embeddings=False)
+    return config, "GptOssForCausalLM", {"quantization_config": MXFP4, "experts_per_token": 4}
+
+
+def _qwen3_30b_a3b():
+    """huggingface.co/Qwen/Qwen3-30B-A3B, config.json."""
+    import transformers
+
+    config = transformers.Qwen3MoeConfig(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                         num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                                         head_dim=128, num_experts=128, num_experts_per_tok=8, vocab_size=151936,
+                                         tie_word_embeddings=False)
+    return config, "Qwen3MoeForCausalLM", {}
+
+
+#: (label, config builder, device memory in GiB)
+CASES = (
+    ("gpt-oss-20b (MXFP4)", lambda: _gpt_oss(24, 32), 8),
+    ("gpt-oss-120b (MXFP4)", lambda: _gpt_oss(36, 128), 24),
+    ("Qwen3-30B-A3B (bf16)", _qwen3_30b_a3b, 24),
+)
+
+
+def _est(est) -> dict:
+    return {"est_link_ms": round(est.est_link_s_per_step * 1e3, 1), "est_step_ms": round(est.est_step_s * 1e3, 1),
+            "est_tok_s": round(est.est_tok_s, 2)}
+
+
+def reference_plans(workdir: Path) -> list[dict]:
+    """One entry per case: the model, the card, and the selective plan and each vLLM
+    baseline as rows (host bytes, est link and step time, est tok/s)."""
+    out = []
+    for label, build, gib in CASES:
+        config, arch, extra = build()
+        data = {**config.to_dict(), "architectures": [arch], "torch_dtype": "bfloat16", **extra}
+        path = workdir / f"{arch}-{gib}.json"
+        path.write_text(json.dumps(data))
+        plan = make_plan(load_checkpoint(path), PlanInputs(device_memory_bytes=gib * GiB))
+        uva = sorted(g.layer_index for g in plan.groups if g.placement == "host-uva")
+        experts = [g for g in plan.groups if g.kind == "experts"]
+        rows = [{"config": f"vLLM `{b.label}`", "host_gb": round(b.offloaded_bytes / GB, 2), "fits": b.fits,
+                 **_est(b.est)} for b in plan.baselines]
+        rows.append({"config": f"selective: cold set + routed experts of {len(uva)} layers through UVA"
+                               + (f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else ""),
+                     "host_gb": round(plan.host_bytes / GB, 2), "fits": plan.strategy != "infeasible",
+                     **_est(plan.est)})
+        out.append({"model": label, "device_memory_gib": gib, "total_gb": round(plan.model.total_bytes / GB, 2),
+                    "num_experts": experts[0].num_experts, "experts_per_token": experts[0].experts_per_token,
+                    "moe_layers": len(experts), "rows": rows})
+    return out
+
+
+def markdown(plans: list[dict]) -> str:
+    lines = ["| model, card | offload | host bytes | est link / step | est step | est tok/s |",
+             "|---|---|---|---|---|---|"]
+    for p in plans:
+        where = f"{p['model']}, {p['device_memory_gib']} GiB"
+        for r in p["rows"]:
+            lines.append(f"| {where} | {r['config']} | {r['host_gb']:.2f} GB | {r['est_link_ms']:.1f} ms | "
+                         f"{r['est_step_ms']:.1f} ms | {r['est_tok_s']:.2f}{'' if r['fits'] else ' (does not fit)'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        plans = reference_plans(Path(tmp))
+    table = markdown(plans)
+    print(table)
+    stem = f"moe-plans-est-{today()}"
+    write_results(args.out, stem, {"stem": stem, "link_gbps": 13.9, "vram_gbps": 472.0, "plans": plans},
+                  "# MoE reference plans (est, reference laptop link and VRAM)\n\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
