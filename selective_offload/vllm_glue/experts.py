@@ -77,9 +77,9 @@ UVA_MARKER = "_vllm_is_uva_offloaded"
 UVA_KERNELS = frozenset({"TritonExperts"})
 #: The argument of ``RoutedExperts.__init__`` that carries the FusedMoE ``prefix``.
 PREFIX_ARGUMENT = "layer_name"
-#: Quant methods that post-process routed experts in place on the host, and the kernels
-#: for which they do (the Triton kernel only makes the weights contiguous; the CPU build
-#: repacks them on the host).
+#: Quant methods that post-process routed experts in place on the host, for the kernels
+#: the check accepts (for Triton's the unquantized method only makes the weights
+#: contiguous; the CPU build repacks them on the host). Any other runs on the device.
 IN_PLACE_METHODS = frozenset({"UnquantizedFusedMoEMethod"})
 #: What the report says serves a host-uva group.
 MECHANISM_VIEW = "uva (the fused-MoE kernel reads the routed experts in place through a device view)"
