@@ -18,7 +18,7 @@ MUTATIONS = {
  "no-fingerprint-check": ("selective_offload/model_match.py", "    found = differences(plan, checkpoint)\n    if not found:", "    found = []\n    if not found:"),
  "header-read-all": ("selective_offload/checkpoint.py", "            return f.read(header_len), header_len, size", "            raw = f.read(header_len)\n            f.read()\n            return raw, header_len, size"),
  "header-read-builtin": ("selective_offload/checkpoint.py", "            return f.read(header_len), header_len, size", "            raw = f.read(header_len)\n            open(path, 'rb').read()\n            return raw, header_len, size"),
- "no-routing": ("selective_offload/wrappers/construct_on_host.py", "            if cold is not None:\n                kwargs[\"device\"]", "            if False:\n                kwargs[\"device\"]"),
+ "no-routing": ("selective_offload/wrappers/construct_on_host.py", "            if cold is not None:\n                target = torch.get_default_device()", "            if False:\n                target = torch.get_default_device()"),
  "totals-not-checked": ("selective_offload/plan.py", "            if value != getattr(plan, name):", "            if False:"),
  "report-no-routing-check": ("selective_offload/report.py", "        if checked and unrouted > TOLERANCE", "        if False and unrouted > TOLERANCE"),
  "strict-env-only-1": ("selective_offload/options.py", "    if text in _TRUE:", "    if text == '1':"),
