@@ -181,3 +181,99 @@ def worker_or_run(args, worker: Callable, run: Callable) -> int:
     except BenchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+# --------------------------------------------------------------------------- routed experts
+
+#: Routed experts of one MoE layer to emulate: Qwen3-30B-A3B's (128 experts, top-8, gate/up/
+#: down of 768 x 2048 each in bf16: 9.4 MB an expert) and gpt-oss-120b's (128 top-4; MXFP4
+#: experts of 2880 x 2880 x 3 at 4.25 bits: 13.2 MB an expert), from their configs.
+EXPERT_SHAPES = {
+    "qwen3-30b-a3b": {"num_experts": 128, "experts_per_token": 8, "expert_bytes": 3 * 768 * 2048 * 2},
+    "gpt-oss-120b": {"num_experts": 128, "experts_per_token": 4, "expert_bytes": 3 * 2880 * 2880 * 17 // 32},
+}
+
+
+def routed_expert_reads(num_experts: int, experts_per_token: int, expert_bytes: int, cuda: bool,
+                        tokens=(1, 4, 16), iters: int = 5, hidden: int = 1024, seed: int = 0,
+                        device=None) -> dict:
+    """One MoE layer's routed experts in host memory, read three ways per step of ``T`` tokens:
+
+    - ``uva``: the experts the step's tokens route to (each distinct one once, as vLLM's
+      Triton kernel groups tokens by expert for host-resident weights) read in place by a
+      matrix-vector kernel through a UVA device view of the pinned host tensor;
+    - ``copy``: the whole layer copied to the device (what a prefetch offloader moves),
+      then the same reads on the device copy;
+    - ``resident``: the same reads from device memory (on CUDA; the floor).
+
+    Each expert is a bf16 matrix of ``expert_bytes`` (rows x ``hidden``). Routing is
+    uniform random top-k per token (seeded); the distinct count is put beside its
+    expectation ``E * expert_read_fraction`` (the planner's). Without CUDA there is no
+    link and no view: "uva" is a plain read of host memory, "copy" a host memcpy, so the
+    figures only show that the code runs, and the result says so.
+    """
+    import torch
+
+    from selective_offload.estimate import expert_read_fraction
+
+    device = device or torch.device("cuda" if cuda else "cpu")
+    rows = max(1, expert_bytes // (2 * hidden))
+    host = torch.empty(num_experts, rows, hidden, dtype=torch.bfloat16, pin_memory=cuda)
+    fill_random(host, seed)
+    if cuda:
+        from selective_offload.wrappers import cuda_view_of_pinned
+
+        view = cuda_view_of_pinned(host.view(-1), device).view(num_experts, rows, hidden)
+        resident = host.to(device)
+        dst = torch.empty_like(resident)
+    else:
+        view = resident = host
+        dst = torch.empty_like(host)
+    x = torch.ones(hidden, dtype=torch.bfloat16, device=device)
+    gen = torch.Generator().manual_seed(seed)
+    layer_bytes = num_experts * rows * hidden * 2
+    out = {"num_experts": num_experts, "experts_per_token": experts_per_token, "expert_bytes": rows * hidden * 2,
+           "layer_bytes": layer_bytes, "hidden": hidden, "iters": iters,
+           "uva": "UVA device view of pinned host memory" if cuda else
+           "no CUDA: 'uva' is a plain read of host memory and 'copy' a host memcpy (no link)",
+           "rows": []}
+    for t in tokens:
+        picks = torch.stack([torch.randperm(num_experts, generator=gen)[:experts_per_token] for _ in range(t)])
+        ids = sorted(set(picks.flatten().tolist()))
+
+        def read(weights, ids=ids):
+            return [torch.mv(weights[e], x) for e in ids]
+
+        def copy_then_read(ids=ids):
+            dst.copy_(host, non_blocking=cuda)
+            return read(dst, ids)
+
+        ok = all(torch.equal(a, b) for a, b in zip(read(view), read(resident)))
+        uva = spread(time_s(lambda: read(view), iters, cuda))
+        copy = spread(time_s(copy_then_read, iters, cuda))
+        res = spread(time_s(lambda: read(resident), iters, cuda)) if cuda else None
+        read_bytes = len(ids) * rows * hidden * 2
+        out["rows"].append({
+            "tokens": t, "distinct_experts": len(ids),
+            "est_distinct_experts": num_experts * expert_read_fraction(num_experts, experts_per_token, t),
+            "read_bytes": read_bytes, "uva_equals_resident": ok,
+            "uva_s": uva, "copy_s": copy, "resident_s": res,
+            "uva_read_gbps": read_bytes / uva["median"] / 1e9 if uva["median"] else None,
+            "copy_gbps": layer_bytes / copy["median"] / 1e9 if copy["median"] else None,
+            "uva_speedup_over_copy": copy["median"] / uva["median"] if uva["median"] else None,
+        })
+    del host, view, resident, dst
+    return out
+
+
+def routed_expert_rows(r: dict) -> tuple[list[str], list[list]]:
+    """Markdown headers and rows for :func:`routed_expert_reads`'s result."""
+    headers = ["tokens/step", "distinct experts (est)", "bytes read MB", "uva ms", "copy whole layer ms",
+               "resident ms", "uva GB/s", "copy GB/s", "uva / copy speed-up", "uva == resident"]
+    rows = [[p["tokens"], f"{p['distinct_experts']} ({p['est_distinct_experts']:.1f})", fmt(p["read_bytes"] / 1e6),
+             fmt(p["uva_s"]["median"] * 1e3 if p["uva_s"]["median"] else None),
+             fmt(p["copy_s"]["median"] * 1e3 if p["copy_s"]["median"] else None),
+             fmt(p["resident_s"]["median"] * 1e3 if p["resident_s"] and p["resident_s"]["median"] else None),
+             fmt(p["uva_read_gbps"]), fmt(p["copy_gbps"]), fmt(p["uva_speedup_over_copy"]),
+             p["uva_equals_resident"]] for p in r["rows"]]
+    return headers, rows

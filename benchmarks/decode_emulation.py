@@ -56,6 +56,13 @@ Sections:
    batch-1 step of the plan made without MTP (what turning MTP on must beat); with the
    per-token acceptance rate that yields them if acceptances are independent,
    ``E(K, a) = (1 - a**(K + 1)) / (1 - a)``.
+4. **Routed experts** (``--experts``, default on): one MoE layer's routed experts in
+   pinned host memory (Qwen3-30B-A3B's and gpt-oss-120b's shapes, scaled), a step of T
+   tokens (1, 4, 16) reading the distinct experts its tokens route to in place through a
+   UVA view inside a kernel, against copying the whole layer to the device first (what a
+   prefetch offloader moves) and against device-resident reads
+   (``_common.routed_expert_reads``). On CUDA this measures the UVA read efficiency the
+   planner's host-uva price assumes; on the CPU "UVA" is a plain read (no link).
 
 The cap: ``torch.cuda.set_per_process_memory_fraction(cap / total)``, checked to bind (an
 allocation just over the cap must fail) and checked after each configuration and section
@@ -88,8 +95,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import (  # noqa: E402
-    RESULTS_DIR, device_name, fill_random, fmt, load_1min, md_table, measure_link_gbps,
-    measure_read_gbps, result_stem, shared_note, spread, time_s, today, write_results,
+    EXPERT_SHAPES, RESULTS_DIR, device_name, fill_random, fmt, load_1min, md_table, measure_link_gbps,
+    measure_read_gbps, result_stem, routed_expert_reads, routed_expert_rows, shared_note, spread, time_s, today,
+    write_results,
 )
 
 MODEL = "qwen3.8-27b-fp8"
@@ -676,6 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", action="store_true",
                     help="scale 0.01, 5 steps, 3 per sweep point (seconds, on a GPU or the CPU)")
     ap.add_argument("--smoke", action="store_true", help="scale 0.0005, 3 steps (seconds, for the tests)")
+    ap.add_argument("--no-experts", dest="experts", action="store_false",
+                    help="skip the routed-experts section")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = ap.parse_args(argv)
 
@@ -812,7 +822,11 @@ def main(argv: list[str] | None = None) -> int:
         verify["configs"].append(measure_verification(ctx, name, plan_mtp, shape_mtp, ks, sweep_steps,
                                                       plain.get(name)))
 
+    experts_section = measure_routed_experts(cuda, device, scale, quick) if args.experts else {
+        "skipped": "--no-experts"}
+
     result = {
+        "routed_experts": experts_section,
         "benchmark": "decode-emulation", "date": today(), "device": device_name(cuda), "cuda": cuda,
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "smoke": args.smoke,
         "small": args.small, "model": MODEL, "scale": scale, "hidden": shape.hidden,
@@ -899,8 +913,37 @@ def markdown(r: dict) -> str:
         + "\nest = link bytes / link rate + device bytes / device rate (bulk's link rate is the UVA "
           "read rate on CUDA, the device read rate on the CPU); it ignores launch overhead (64+ small kernels per step dominate at "
           "small scales), the argmax and the host gather's device-to-host sync.\n"
-        + markdown_sweep(r) + markdown_verification(r)
+        + markdown_sweep(r) + markdown_verification(r) + markdown_experts(r)
     )
+
+
+def measure_routed_experts(cuda: bool, device, scale: float, quick: bool) -> dict:
+    """Section 4: each reference MoE layer's routed experts, scaled like everything else."""
+    out = {"shapes": {}}
+    for name, shape in EXPERT_SHAPES.items():
+        expert_bytes = max(1 << 16, int(shape["expert_bytes"] * scale))
+        out["shapes"][name] = routed_expert_reads(shape["num_experts"], shape["experts_per_token"], expert_bytes,
+                                                  cuda, tokens=(1, 4) if quick else (1, 4, 16),
+                                                  iters=3 if quick else 10, device=device)
+        print(f"routed experts {name}: {[(p['tokens'], p['uva_speedup_over_copy']) for p in out['shapes'][name]['rows']]}",
+              flush=True)
+    return out
+
+
+def markdown_experts(r: dict) -> str:
+    section = r.get("routed_experts") or {}
+    if "skipped" in section:
+        return f"\n## Routed experts\n\nSkipped: {section['skipped']}.\n"
+    parts = ["\n## Routed experts: k of E read through a UVA view against a whole-layer copy\n\n"
+             "Distinct experts the step's tokens route to (uniform random top-k), each read once in place by "
+             "a GEMV through a device view of pinned host memory (uva), against copying the whole layer "
+             "first (copy, what the prefetch offloader moves) and device-resident reads; est distinct = "
+             "E x expert_read_fraction.\n"]
+    for name, e in section.get("shapes", {}).items():
+        parts.append(f"\n{name} ({e['num_experts']} experts top-{e['experts_per_token']}, "
+                     f"{e['expert_bytes'] / 1e6:.2f} MB an expert at this scale; {e['uva']}):\n\n")
+        parts.append(md_table(*routed_expert_rows(e)))
+    return "".join(parts)
 
 
 def _ms(s: dict | None) -> str:

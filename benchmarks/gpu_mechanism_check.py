@@ -39,6 +39,12 @@ What it asserts (on CUDA; on a CPU-only machine the device asserts are listed as
   reported, asserted only to be at least 1). Without CUDA the pin policy is checked to be
   pageable, and the ledger's bookkeeping runs with a recording registrar in place of the
   driver (every storage registered once, in place, at its exact size).
+- routed experts of one MoE layer (Qwen3-30B-A3B's shape: 128 experts top-8) in host memory,
+  the glue's way: pageable, page-locked in place by ``PageLockedLedger``, the parameter
+  swapped for a UVA device view and marked as vLLM marks its own (``experts.mark_uva_view``):
+  making the view allocates no device memory, the parameter object stays the same, and
+  reading experts through it inside a kernel returns exactly what reads from a device copy
+  return. Without CUDA the view step is skipped (host memory is the device's there).
 
 Without CUDA the meta device stands in for the GPU where placement is the point (a
 drafter's own layer, an explicit-device workspace); bit-exactness, routing, ``finish``'s
@@ -46,7 +52,9 @@ ledger and the release of host storages are still checked. torch cannot swap a s
 meta in place, so there the globally held tensor is checked to be reported as left on
 the host instead.
 
-What it measures (a table each): device gather vs host gather vs UVA gather for 1, 16, 256
+What it measures (a table each): routed-expert reads, k of E experts through the UVA view
+against copying the whole layer first and against device-resident reads, for steps of 1, 4
+and 16 tokens (``_common.routed_expert_reads``: the read efficiency host-uva plans price); device gather vs host gather vs UVA gather for 1, 16, 256
 and 4096 tokens per step; the masked TP lookup, device shard vs host shard; construction
 figures (bytes routed, device growth, release time); tower onload time against tower
 size; pinned (and pageable) host-to-device bandwidth, beside the probe's UVA read rate (a
@@ -94,6 +102,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from selective_offload.wrappers import (  # noqa: E402
     HostEmbedding,
@@ -119,12 +128,12 @@ FULL = {"vocab": 248320, "hidden": 5120, "tower_hidden": 1280, "tower_depths": (
         "tower_tokens": 1024, "bandwidth_bytes": 1 << 30, "iters": 30, "tp_size": 4,
         "cold_rows": 8192, "cold_cols": 16384, "hot_rows": 5120, "hot_cols": 5120,
         "workspace_bytes": 128 << 20, "rope_positions": 131072, "rope_dim": 128,
-        "table_elems": 4 << 20, "host_shrink": 1, "host_repeats": 2}
+        "table_elems": 4 << 20, "host_shrink": 1, "host_repeats": 2, "expert_scale": 1.0}
 SMALL = {"vocab": 32768, "hidden": 1024, "tower_hidden": 256, "tower_depths": (2, 4, 8),
          "tower_tokens": 64, "bandwidth_bytes": 64 << 20, "iters": 10, "tp_size": 4,
          "cold_rows": 1024, "cold_cols": 1024, "hot_rows": 512, "hot_cols": 512,
          "workspace_bytes": 1 << 20, "rope_positions": 4096, "rope_dim": 64,
-         "table_elems": 1 << 16, "host_shrink": 8, "host_repeats": 2}
+         "table_elems": 1 << 16, "host_shrink": 8, "host_repeats": 2, "expert_scale": 0.01}
 NO_CUDA = "skipped: no CUDA device"
 
 
@@ -1392,8 +1401,20 @@ def markdown(results: dict) -> str:
                 [[k, _fmt(v, 2) if isinstance(v, float) else v]
                  for k, v in results["bandwidth"].items()]),
         *host_memory_markdown(results["host_memory"], cuda),
+        *routed_experts_markdown(results.get("routed_experts")),
     ]
     return "\n".join(lines)
+
+
+def routed_experts_markdown(r: dict | None) -> list[str]:
+    if not r:
+        return []
+    from _common import routed_expert_rows
+
+    e = r["reads"]
+    return [f"## Routed experts: k of E through a UVA view against a whole-layer copy ({r['shape']}: "
+            f"{e['num_experts']} experts top-{e['experts_per_token']}, {e['expert_bytes'] / 1e6:.2f} MB an expert; "
+            f"{e['uva']})", "", *_table(*routed_expert_rows(e))]
 
 
 def host_memory_markdown(hm: dict, cuda: bool) -> list[str]:
@@ -1457,6 +1478,55 @@ def host_memory_markdown(hm: dict, cuda: bool) -> list[str]:
     ]
 
 
+def routed_experts_section(cfg: dict, cuda: bool, device: torch.device, checks: Checks) -> dict:
+    """Routed experts the glue's way (page-locked in place, a marked UVA view on the same
+    Parameter), checked, then k-of-E reads timed against a whole-layer copy."""
+    from _common import EXPERT_SHAPES, routed_expert_reads
+    from selective_offload.vllm_glue.experts import UVA_MARKER, mark_uva_view
+
+    shape = EXPERT_SHAPES["qwen3-30b-a3b"]
+    num, k = shape["num_experts"], shape["experts_per_token"]
+    hidden = 1024
+    rows = max(1, int(shape["expert_bytes"] * cfg["expert_scale"]) // (2 * hidden))
+    out: dict = {"shape": "qwen3-30b-a3b", "num_experts": num, "experts_per_token": k,
+                 "expert_bytes": rows * hidden * 2}
+    names = ("routed experts page-locked in place at their exact size",
+             "the expert parameter becomes a marked UVA view, allocating no device memory",
+             "k experts read through the view equal reads from a device copy")
+    if cuda:
+        host = torch.empty(num, rows, hidden, dtype=torch.bfloat16)  # pageable, exact size, as routing builds
+        host.normal_()
+        param = nn.Parameter(host, requires_grad=False)
+        ledger = PageLockedLedger(PinPolicy.decide(cuda=True))
+        locked = ledger.lock(param.data, "experts")
+        before = torch.cuda.memory_allocated(device)
+        mark_uva_view(param, lambda t: cuda_view_of_pinned(t.view(-1), device).view(t.shape))
+        grew = torch.cuda.memory_allocated(device) - before
+        resident = host.to(device)
+        x = torch.randn(hidden, dtype=torch.bfloat16, device=device)
+        ids = torch.randperm(num)[:k].tolist()
+        same = all(bitwise_equal(torch.mv(param[e], x), torch.mv(resident[e], x)) for e in ids)
+        checks.check(names[0], locked and ledger.locked_bytes == host.numel() * host.element_size(),
+                     f"{ledger.locked_bytes} B")
+        checks.check(names[1], param.is_cuda and getattr(param, UVA_MARKER, False) and grew == 0, f"grew {grew} B")
+        checks.check(names[2], same, f"experts {ids}")
+        out.update(locked_bytes=ledger.locked_bytes, device_growth_bytes=grew, reads_equal=same)
+        del resident
+        param.data = host  # drop the view before unlocking
+        ledger.unlock(host.untyped_storage().data_ptr())
+        del param, host
+        gc.collect()
+    else:
+        for name in names:
+            checks.skip(name)
+    reads = routed_expert_reads(num, k, rows * hidden * 2, cuda, tokens=(1, 4, 16), iters=cfg["iters"],
+                                hidden=hidden, device=device)
+    checks.check("routed-expert reads through the view equal device-resident reads (timed section)",
+                 all(r["uva_equals_resident"] for r in reads["rows"]))
+    out["reads"] = reads
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="small sizes (automatic without CUDA)")
@@ -1488,6 +1558,7 @@ def main(argv: list[str] | None = None) -> int:
     results["bandwidth"] = bandwidth_section(cfg, cuda, device)
     results["host_memory"] = host_memory_section(cfg, cuda, device, checks)
     results["cuda_paths"] = cuda_paths_section(cfg, cuda, device, checks)
+    results["routed_experts"] = routed_experts_section(cfg, cuda, device, checks)
     results["asserts"] = checks.rows
     results["wall_s"] = time.perf_counter() - started
 

@@ -45,6 +45,14 @@ WRAPPER_SEGMENTS: frozenset[str] = frozenset({"model", "language_model", "text_m
 #: Matched as a whole segment, so ``shared_experts`` / ``shared_expert`` (run for every token,
 #: like a dense MLP) are not routed experts and stay with their layer.
 ROUTED_EXPERTS_SEGMENT = "experts"
+#: What vLLM's MoE runner (the module at ``...mlp.experts``) also holds that is not a routed
+#: expert: the router gate, shared experts and their gate, input/output transforms, and the
+#: router's score-correction bias, each the same parameter as the layer's own (listed again
+#: under ``experts.`` by ``named_parameters(remove_duplicate=False)``). They stay with the layer.
+NOT_ROUTED_UNDER_EXPERTS: frozenset[str] = frozenset({
+    "gate", "router", "shared_expert_gate", "_shared_experts", "shared_experts", "shared_expert",
+    "routed_input_transform", "routed_output_transform", "e_score_correction_bias",
+})
 
 #: Sparse-read tables vLLM 0.33 keeps in pinned host memory itself and reads rows of through
 #: UVA (``EngramConfig.cpu_offload``, on by default), for the architectures its
@@ -104,8 +112,9 @@ def experts_prefix(name: str) -> str | None:
     A routed expert is anything under a whole ``experts`` segment inside a decoder layer
     (``model.layers.3.mlp.experts.gate_up_proj``, ``...experts.17.down_proj.weight``,
     vLLM's ``...experts.w13_weight``); the group name is the module path up to that segment,
-    which is also vLLM's FusedMoE ``prefix``. ``...mlp.shared_experts.*`` and a dense
-    ``...mlp.gate_proj`` are not routed experts.
+    which is also vLLM's FusedMoE ``prefix``. ``...mlp.shared_experts.*``, a dense
+    ``...mlp.gate_proj`` and what vLLM's runner holds beside them
+    (:data:`NOT_ROUTED_UNDER_EXPERTS`: ``...mlp.experts.gate.weight``) are not routed experts.
     """
     m = LAYER_RE.match(name if name.endswith(".") else name + ".")
     if m is None:
@@ -113,7 +122,10 @@ def experts_prefix(name: str) -> str | None:
     head, rest = name[:m.end() - 1], segments(name[m.end():])
     if ROUTED_EXPERTS_SEGMENT not in rest:
         return None
-    return ".".join([head, *rest[: rest.index(ROUTED_EXPERTS_SEGMENT) + 1]])
+    at = rest.index(ROUTED_EXPERTS_SEGMENT) + 1
+    if set(rest[at:]) & NOT_ROUTED_UNDER_EXPERTS:
+        return None
+    return ".".join([head, *rest[:at]])
 
 
 def host_table_prefix(name: str) -> str | None:

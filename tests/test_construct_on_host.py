@@ -175,3 +175,34 @@ def test_explicit_devices_and_shared_caches_stay_on_the_device():
     assert result.storages == {model.visual.weight.untyped_storage().data_ptr()}
     assert result.moved_back_bytes == 32 * 4
     assert result.left_on_host_bytes == 8 * 4 and _CACHE["table"].device.type == "cpu"
+
+
+# ---- an exact module, named by another argument (a MoE layer's routed experts)
+
+class Experts(nn.Module):
+    """Like vLLM's RoutedExperts: its prefix arrives as ``layer_name``, and a helper
+    without a prefix allocates its weights."""
+
+    def __init__(self, layer_name: str):
+        super().__init__()
+        self.w13 = nn.Parameter(torch.empty(4, 8, 2))
+
+
+class MoeLayer(nn.Module):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.gate = Linear(2, prefix=f"{prefix}.gate")
+        self.experts = Experts(f"{prefix}.experts")
+
+
+def test_an_exact_module_named_by_another_argument_is_built_on_the_host():
+    """Only the planned layer's experts: found by the class's ``layer_name``, matched by the
+    ``modules`` rule; the layer's gate (its own prefix) and other layers' experts stay."""
+    wanted = {"model.layers.1.mlp.experts": "experts-1"}
+    with torch.device("meta"):
+        mode = ConstructOnHost((), modules=wanted.get, named_by={Experts: "layer_name"})
+        with mode:
+            layers = [MoeLayer(prefix=f"model.layers.{i}.mlp") for i in range(2)]
+    assert layers[1].experts.w13.device.type == "cpu"
+    assert layers[0].experts.w13.device.type == "meta" and layers[1].gate.weight.device.type == "meta"
+    assert mode.routed == {"experts-1": 4 * 8 * 2 * 4}

@@ -382,7 +382,7 @@ def _uva_report(model, plan, uva_layers):
     uva = {id(p) for i in uva_layers for p in model.model.layers[i].mlp.experts.parameters()}
     cold = {id(p) for p in model.model.embed_tokens.parameters()} if plan.host_cold_bytes else set()
     return build_report(model, plan, compute_device=torch.device("cpu"), host_cold_params=cold,
-                        host_hot_params=set(), host_uva_params=uva, routed_storages=None)
+                        host_hot_params=set(), host_uva_params=uva, routed_names=None)
 
 
 @pytest.fixture

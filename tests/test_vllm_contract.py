@@ -50,6 +50,7 @@ CHECKS = [
     "draft_model_config",
     "compute_hash_additional_config",
     "compilation_config",
+    "routed_experts_uva",
     "no_foreign_vllm_modules",
 ]
 

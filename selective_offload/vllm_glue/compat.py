@@ -37,6 +37,7 @@ class Targets:
     accelerator_view: Any     # vllm.utils.torch_utils.get_accelerator_view_from_cpu_tensor
     MPClient: type            # vllm.v1.engine.core_client.MPClient: starts engine processes
     pin_memory_available: Any  # vllm.utils.platform_utils.is_pin_memory_available
+    RoutedExperts: type       # vllm.model_executor.layers.fused_moe.routed_experts: a MoE layer's routed experts
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -73,6 +74,7 @@ def resolve_targets() -> Targets:
         torch_utils = importlib.import_module("vllm.utils.torch_utils")
         core_client = importlib.import_module("vllm.v1.engine.core_client")
         platform_utils = importlib.import_module("vllm.utils.platform_utils")
+        routed_experts = importlib.import_module("vllm.model_executor.layers.fused_moe.routed_experts")
         targets = Targets(
             vllm_version=version,
             base_loader=base_loader,
@@ -84,6 +86,7 @@ def resolve_targets() -> Targets:
             accelerator_view=torch_utils.get_accelerator_view_from_cpu_tensor,
             MPClient=core_client.MPClient,
             pin_memory_available=platform_utils.is_pin_memory_available,
+            RoutedExperts=routed_experts.RoutedExperts,
         )
         for owner, attr in ((base_loader, "initialize_model"),
                             (targets.BaseModelLoader, "load_model"),

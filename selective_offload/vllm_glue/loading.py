@@ -44,6 +44,7 @@ from .embedding import embedding_mode, graphs_captured, install_host_embedding
 from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host
 from .offloader import make_exact_prefetch_offloader
 from .auto_plan import plan_at_start
+from . import experts
 from .session import Attached, Load, Main, Session, Settings, logger, save_report
 
 GetSession = Callable[[], "Session | None"]
@@ -132,6 +133,8 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
                 pipeline_ranks=int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1),
                 page_locked=PageLockedLedger(pin_policy(s, device)))
     refuse_what_the_plan_cannot_survive(s, vllm_config, device, load.page_locked.policy)
+    load.experts = experts.ExpertsLoad.of(settings.plan)
+    experts.refuse_before_load(load.experts, device, load.page_locked.policy)
     load.notes += start_notes
     load.notes += check_model(settings.plan, str(model_config.model))
     load.notes += list(settings.plan.load_notes)
@@ -154,6 +157,8 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
         load.problems.append(f"vLLM never built the plan's layer stack with make_layers, so its "
                              f"{len(offloader.layer_indices)} hot layers stay on the device")
     cold_params = _attach_cold(s, model, load, vllm_config)
+    if load.experts is not None:
+        experts.attach(model, load.experts, load.device, load.page_locked, s.targets.accelerator_view)
     hot_params = {id(p) for m in getattr(offloader, "offloaded_modules", []) for p in m.parameters()}
     load.drafter_expected = vllm_config.speculative_config is not None
     finish(s, model, load, cold_params, hot_params)
@@ -310,11 +315,16 @@ def make_initialize_model(get_session: GetSession):
             # (page_locked.py: pin_memory=True would round each block up to a power of two).
             mode = ConstructOnHost(segments, pin_memory=False,
                                    class_segments={s.targets.VocabParallelEmbedding: EMBED_SEGMENTS[0]},
-                                   never=(s.targets.ParallelLMHead,))
+                                   never=(s.targets.ParallelLMHead,),
+                                   **experts.routing_kwargs(load.experts, s.targets.RoutedExperts))
             with mode:
                 model = original(*args, **kwargs)
             load.constructed = True
-            result = mode.finish(model, lambda name: cold_prefix(name, segments) is not None)
+            xl = load.experts
+            if xl is not None:
+                experts.find_modules(model, xl, s.targets.RoutedExperts)
+            result = mode.finish(model, lambda name: cold_prefix(name, segments) is not None
+                                 or (xl is not None and xl.is_expert_module(name)))
             load.routed_names = result.names
             if result.moved_back_bytes:
                 load.notes.append(f"{result.moved_back_bytes} B built under a cold module but shared with the rest "
@@ -323,6 +333,8 @@ def make_initialize_model(get_session: GetSession):
                 load.problems.append(f"{result.left_on_host_bytes} B built under a cold module are held outside the "
                                      "model and could not be moved back to the device")
             _keep_post_processing_on_host(model, load)
+            if xl is not None:
+                experts.after_construction(model, xl, result.storages, load.device)
             return model
 
         return initialize_model
@@ -510,13 +522,17 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
     """Build the report, log and write it; raise in strict mode when it is not ok."""
     s.main = Main(weakref.ref(model), load, cold_params, hot_params)
     settings = load.settings
+    xl = load.experts
     report = build_report(model, settings.plan, compute_device=load.device,
                           host_cold_params=cold_params, host_hot_params=hot_params,
-                          routed_names=load.routed_names, notes=list(load.notes),
+                          routed_names=load.routed_names, notes=list(load.notes) + experts.notes_for(xl),
                           drafter=drafter, drafter_expected=load.drafter_expected,
                           loaded_bytes=load.loaded_bytes, drafter_loaded_bytes=s.drafter_loaded_bytes,
-                          mechanisms={g: a.mechanism for g, a in s.attached.items()},
-                          pipeline_part=load.pipeline_ranks > 1)
+                          mechanisms={**{g: a.mechanism for g, a in s.attached.items()},
+                                      **(xl.mechanisms if xl is not None else {})},
+                          pipeline_part=load.pipeline_ranks > 1,
+                          host_uva_params=xl.params if xl is not None else frozenset(),
+                          routed_uva_params=xl.routed if xl is not None else None)
     report.problems[:0] = load.problems
     report.transfers = s.transfers()
     if load.post_process_transient:

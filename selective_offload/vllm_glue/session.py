@@ -83,6 +83,8 @@ class Load:
     pipeline_ranks: int = 1
     #: How host weights are held on this machine, and what this load page-locked.
     page_locked: PageLockedLedger | None = None
+    #: The plan's host-uva routed experts (``experts.ExpertsLoad``), when it has any.
+    experts: Any = None
 
 
 @dataclass

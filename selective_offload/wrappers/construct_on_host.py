@@ -26,6 +26,12 @@ Only what becomes the cold module's own parameters and buffers stays on the host
   module-global cache hands to a hot module too (vLLM's rotary-embedding cache), or a
   tensor something outside the model still holds.
 
+Routed experts (a MoE layer's ``experts`` placed ``host-uva``) are routed by their exact
+module, not by a segment: ``modules`` maps a constructing module's prefix to the label of
+its plan group (or ``None``), and ``named_by`` names classes whose ``__init__`` carries
+that prefix under another argument (vLLM's ``RoutedExperts`` gets the FusedMoE prefix as
+``layer_name``; the factory that builds it is a function, not an ``__init__``).
+
 The mode keeps a ledger of what it routed, so the placement report can prove that a cold
 parameter was *built* on the host rather than moved there after loading: ``finish``
 returns the cold parameters and buffers it allocated, by name in the model (the identity
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -50,10 +56,12 @@ _MAX_FRAMES = 64
 
 
 def _constructing(class_segments: dict[type, str], never: tuple[type, ...],
-                  force: tuple[tuple[type, str], ...] = ()) -> tuple[str, str] | None:
-    """``("prefix", p)`` for the innermost ``__init__`` on the stack with a ``prefix``, or
-    ``("segment", s)`` when a class in ``class_segments`` is built without one first, or
-    an instance of a ``force`` class is being built (whatever its prefix)."""
+                  force: tuple[tuple[type, str], ...] = (),
+                  named_by: Mapping[type, str] | None = None) -> tuple[str, str] | None:
+    """``("prefix", p)`` for the innermost ``__init__`` on the stack with a ``prefix`` (or,
+    for a class in ``named_by``, the argument that carries it), or ``("segment", s)`` when
+    a class in ``class_segments`` is built without one first, or an instance of a
+    ``force`` class is being built (whatever its prefix)."""
     frame = sys._getframe(2)
     for _ in range(_MAX_FRAMES):
         if frame is None:
@@ -63,6 +71,9 @@ def _constructing(class_segments: dict[type, str], never: tuple[type, ...],
             for cls, segment in force:
                 if isinstance(local.get("self"), cls):
                     return ("segment", segment)
+            for cls, argument in (named_by or {}).items():
+                if isinstance(local.get("self"), cls) and isinstance(local.get(argument), str):
+                    return ("prefix", local[argument])
             prefix = local.get("prefix")
             if isinstance(prefix, str) and prefix:
                 return ("prefix", prefix)
@@ -89,18 +100,25 @@ class ConstructOnHost(TorchFunctionMode):
     and ``never`` classes that are never routed (``ParallelLMHead``, a subclass of it).
     ``force`` lists ``(class, label)`` pairs whose instances are routed whatever their
     prefix, checked in order (a speculative drafter's embedding and LM head, which vLLM
-    replaces by the target's after loading).
+    replaces by the target's after loading). ``modules`` maps a prefix that has no cold
+    segment to a label when that exact module is to be built on the host (a plan's
+    ``host-uva`` experts), and ``named_by`` names classes whose ``__init__`` carries its
+    prefix under another argument (``{RoutedExperts: "layer_name"}``).
     """
 
     def __init__(self, segments: Iterable[str], pin_memory: bool = False, *,
                  class_segments: dict[type, str] | None = None, never: tuple[type, ...] = (),
-                 force: tuple[tuple[type, str], ...] = ()):
+                 force: tuple[tuple[type, str], ...] = (),
+                 modules: Callable[[str], str | None] | None = None,
+                 named_by: Mapping[type, str] | None = None):
         super().__init__()
         self.segments = frozenset(segments)
         self.pin_memory = pin_memory
         self.class_segments = {c: s for c, s in (class_segments or {}).items() if s in self.segments}
         self.never = never
         self.force = tuple(force)
+        self.modules = modules
+        self.named_by = dict(named_by or {})
         self.routed: dict[str, int] = {}
         self._routed_tensors: list[tuple[torch.Tensor, torch.device]] = []
         self._constructors = _device_constructors()
@@ -108,14 +126,16 @@ class ConstructOnHost(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         explicit = kwargs.get("device") is not None
-        if func in self._constructors and (self.segments or self.force) and not explicit:
-            found = _constructing(self.class_segments, self.never, self.force)
+        if func in self._constructors and (self.segments or self.force or self.modules) and not explicit:
+            found = _constructing(self.class_segments, self.never, self.force, self.named_by)
             if found is None:
                 cold = None
             elif found[0] == "segment":
                 cold = found[1]
             else:
                 cold = cold_segment(found[1], self.segments)
+                if cold is None and self.modules is not None:
+                    cold = self.modules(found[1])
             if cold is not None:
                 target = torch.get_default_device()  # where vLLM's device context would put it
                 kwargs["device"] = torch.device("cpu")

@@ -653,6 +653,50 @@ def _compilation_config() -> None:
            f"VllmConfig().compilation_config: mode {default.mode!r}, cudagraph_mode {default.cudagraph_mode!r}")
 
 
+@check("routed_experts_uva")
+def _routed_experts_uva() -> None:
+    # Source and behaviour: what the host-uva experts path relies on. RoutedExperts is built
+    # with the FusedMoE prefix as ``layer_name`` and allocates its weights in __init__
+    # (create_weights), so construction routing finds it on the stack; the quant method
+    # names its kernel in ``experts_cls`` when built (the glue's kernel check); vLLM marks
+    # UVA views with the marker the glue sets, and reads it.
+    import torch
+    from vllm.model_executor.layers.fused_moe import layer as moe_layer
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+    from vllm.model_executor.model_loader import utils as loader_utils
+    from vllm.model_executor.offloader import uva
+    from selective_offload.vllm_glue import experts
+
+    expect(experts.PREFIX_ARGUMENT in params(RoutedExperts.__init__),
+           f"RoutedExperts.__init__ takes no {experts.PREFIX_ARGUMENT}")
+    expect("layer_name = prefix" in source(moe_layer.FusedMoEFactory),
+           "FusedMoEFactory no longer passes its prefix as the RoutedExperts layer_name")
+    expect("self.quant_method.create_weights" in source(RoutedExperts.__init__),
+           "RoutedExperts.__init__ no longer creates the expert weights")
+    expect(any("self.experts_cls" in t for t in assign_targets(UnquantizedFusedMoEMethod.__init__)),
+           "UnquantizedFusedMoEMethod.__init__ no longer sets experts_cls")
+    expect(UnquantizedFusedMoEMethod.__name__ in experts.IN_PLACE_METHODS, "unquantized MoE method renamed")
+    for where, obj in (("device_loading_context", loader_utils.device_loading_context),
+                       ("UVAOffloader", uva.UVAOffloader)):
+        expect(f'"{experts.UVA_MARKER}"' in source(obj) and f"p.{experts.UVA_MARKER} = True" in source(obj),
+               f"{where} no longer sets and reads the UVA marker {experts.UVA_MARKER}")
+    try:
+        from vllm.model_executor.layers.fused_moe.fused_moe import _weights_host_resident
+    except ImportError:
+        note("routed_experts_uva", "this vLLM's Triton fused-MoE does not read the UVA marker (0.33 does)")
+        return
+    w = torch.nn.Parameter(torch.zeros(2, 2), requires_grad=False)
+    expect(not _weights_host_resident(w, w), "an unmarked weight counts as host-resident")
+    experts.mark_uva_view(w, lambda t: t)  # the identity stands in for the device view
+    expect(_weights_host_resident(w, w), "the Triton kernel does not see the glue's UVA marker")
+    from vllm.model_executor.layers.fused_moe.experts import triton_moe
+
+    expect("_weights_host_resident" in source(triton_moe.TritonExperts.apply),
+           "TritonExperts.apply no longer checks for host-resident weights")
+    expect(set(experts.UVA_KERNELS) <= {triton_moe.TritonExperts.__name__}, "TritonExperts renamed")
+
+
 @check("no_foreign_vllm_modules")
 def _no_foreign_vllm_modules() -> None:
     # Last: every vllm module the checks imported came from the tree under test.

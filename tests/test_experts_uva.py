@@ -1,0 +1,272 @@
+"""Routed experts in host memory read through UVA views, on vLLM's own MoE classes.
+
+vLLM's real ``FusedMoEFactory`` builds a real ``MoERunner`` / ``RoutedExperts`` here (no
+engine). Where CUDA would be needed, a stand-in says so: PyTorch's meta device stands for
+the GPU the model is built under (anything that comes out on the CPU was routed), a
+recording registrar for ``cudaHostRegister``, a recording function for vLLM's
+``get_accelerator_view_from_cpu_tensor`` (its device views need a GPU), and a recording
+copy for the one-layer device transient of quantized post-processing.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from selective_offload.errors import PlanError
+from selective_offload.names import group_key
+from selective_offload.vllm_glue import experts
+from selective_offload.wrappers.construct_on_host import ConstructOnHost
+from selective_offload.wrappers.page_locked import PageLockedLedger, PinPath, PinPolicy
+
+GROUP = "model.layers.0.mlp.experts"
+E, HIDDEN, INTER = 8, 128, 64
+#: w13 (E x 2*INTER x HIDDEN) and w2 (E x HIDDEN x INTER), float32.
+EXPERT_BYTES = E * (2 * INTER * HIDDEN + HIDDEN * INTER) * 4
+
+
+def experts_load(*groups: str) -> experts.ExpertsLoad:
+    return experts.ExpertsLoad({group_key(g, ()): g for g in groups}, ())
+
+
+def build_runners(xl: experts.ExpertsLoad | None, layers: int = 2, device: str = "meta"):
+    """vLLM's MoE runners for ``layers`` decoder layers, built under ``device`` (meta: the
+    stand-in for the GPU) with the glue's construction routing for ``xl``."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    mode = ConstructOnHost((), **experts.routing_kwargs(xl, RoutedExperts))
+    with set_current_vllm_config(VllmConfig()), torch.device(device), mode:
+        runners = [FusedMoEFactory(num_experts=E, top_k=2, hidden_size=HIDDEN, intermediate_size=INTER,
+                                   tp_size=1, dp_size=1, pcp_size=1, params_dtype=torch.float32,
+                                   prefix=f"model.layers.{i}.mlp.experts") for i in range(layers)]
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(layers))
+    for layer, runner in zip(model.layers, runners):
+        layer.mlp = torch.nn.Module()
+        layer.mlp.experts = runner
+    return model, mode
+
+
+def find(model, xl):
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    experts.find_modules(model, xl, RoutedExperts)
+
+
+def test_the_planned_experts_are_built_on_the_host_and_no_others():
+    """Routing by the FusedMoE prefix, which vLLM hands RoutedExperts as ``layer_name``:
+    layer 0's experts (planned host-uva) are allocated on the host, layer 1's under the
+    device, and the ledger holds exactly layer 0's expert storages."""
+    xl = experts_load(GROUP)
+    model, mode = build_runners(xl)
+    got = {n: p.device.type for n, p in model.named_parameters()}
+    assert got == {"layers.0.mlp.experts.routed_experts.w13_weight": "cpu",
+                   "layers.0.mlp.experts.routed_experts.w2_weight": "cpu",
+                   "layers.1.mlp.experts.routed_experts.w13_weight": "meta",
+                   "layers.1.mlp.experts.routed_experts.w2_weight": "meta"}
+    assert mode.routed == {GROUP: EXPERT_BYTES}
+    find(model, xl)
+    assert xl.modules == {"layers.0.mlp.experts.routed_experts": GROUP}
+    result = mode.finish(model, xl.is_expert_module)
+    assert result.storages == {p.untyped_storage().data_ptr() for p in model.layers[0].parameters()}
+
+
+def test_renamed_wrappers_still_match_the_plan_group():
+    """vLLM names Qwen3-VL-MoE's experts ``language_model.model.layers.0.mlp.experts``;
+    the checkpoint (and so the plan) ``model.language_model.layers.0.mlp.experts``."""
+    xl = experts_load("model.language_model.layers.0.mlp.experts")
+    assert xl.group_of("language_model.model.layers.0.mlp.experts") == "model.language_model.layers.0.mlp.experts"
+    assert xl.group_of("language_model.model.layers.1.mlp.experts") is None
+    assert xl.group_of("language_model.model.layers.0.mlp") is None
+
+
+def test_unquantized_post_processing_runs_in_place_and_stays_built_on_the_host():
+    """vLLM's own process_weights_after_loading loop on the CPU build: the unquantized
+    method repacks w13/w2 into new parameters (replace_parameter). With the glue's take-over
+    it runs without device_loading_context, the new parameters are on the host, and they
+    still count as built there (the layer never was on the device)."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.model_loader import utils as loader_utils
+
+    xl = experts_load(GROUP)
+    model, mode = build_runners(xl, layers=1, device="cpu")
+    find(model, xl)
+    result = mode.finish(model, xl.is_expert_module)
+    experts.after_construction(model, xl, result.storages, torch.device("cpu"))
+    routed_experts = model.layers[0].mlp.experts.routed_experts
+    assert routed_experts.quant_method.requires_device_loading is False
+    entered = []
+    original = loader_utils.device_loading_context
+    loader_utils.device_loading_context = lambda module, device: (entered.append(module), original(module, device))[1]
+    try:
+        with torch.no_grad():
+            for p in routed_experts.parameters():
+                p.normal_()
+        config = SimpleNamespace(dtype=torch.float32, quantization=None, word_embeddings_untied_by_checkpoint=False)
+        loader_utils.process_weights_after_loading(model, config, torch.device("cpu"))
+    finally:
+        loader_utils.device_loading_context = original
+    assert routed_experts not in entered
+    params = list(routed_experts.parameters())
+    assert params and all(p.device.type == "cpu" for p in params)
+    assert {id(p) for p in params} <= xl.routed
+    assert xl.post_processing[GROUP] == "post-processed in place on the host" and xl.transient_bytes == 0
+
+
+def test_device_post_processing_is_one_layer_at_a_time_and_returns_at_exact_size():
+    """A method that needs the device (quantized on CUDA): the layer alone goes to the
+    device (a recording copy stands for it), the transient is that layer's bytes, vLLM's
+    own round trip is off, and every parameter ends in host memory built on the host."""
+    from vllm.model_executor.utils import replace_parameter
+
+    xl = experts_load(GROUP)
+    model, mode = build_runners(xl, layers=1, device="cpu")
+    find(model, xl)
+    result = mode.finish(model, xl.is_expert_module)
+    layer = model.layers[0].mlp.experts.routed_experts
+    xl.routed |= {id(p) for p in layer.parameters() if p.untyped_storage().data_ptr() in result.storages}
+    onloaded = []
+
+    def onload(t, device):
+        onloaded.append((device, t.numel() * t.element_size()))
+        return t.clone()
+
+    class Requantize:  # stands for a method whose post-processing replaces parameters
+        requires_device_loading = True
+
+        def process_weights_after_loading(self, layer):
+            replace_parameter(layer, "w2_weight", layer.w2_weight.data.transpose(1, 2).contiguous().transpose(1, 2))
+
+    method = Requantize()
+    experts.take_over_post_processing(layer, method, GROUP, xl, torch.device("cuda"), onload=onload)
+    assert method.requires_device_loading is False
+    method.process_weights_after_loading(layer)
+    assert [d.type for d, _ in onloaded] == ["cuda", "cuda"] and sum(n for _, n in onloaded) == EXPERT_BYTES
+    assert xl.transient_bytes == EXPERT_BYTES and "one layer at a time" in xl.post_processing[GROUP]
+    assert {id(p) for p in layer.parameters()} <= xl.routed
+
+
+def test_host_copy_keeps_the_layout_at_exact_size():
+    base = torch.arange(64.0).view(8, 8)
+    view = base[:, :4].t()  # strided, a slice of a larger storage
+    copy = experts.host_copy(view)
+    assert copy.stride() == view.stride() and torch.equal(copy, view)
+    assert copy.untyped_storage().nbytes() < base.untyped_storage().nbytes()
+
+
+class RecordingRegistrar:
+    def __init__(self):
+        self.registered: dict[int, int] = {}
+        self.unregistered: list[int] = []
+
+    def register(self, ptr, nbytes):
+        self.registered[ptr] = nbytes
+
+    def unregister(self, ptr):
+        self.unregistered.append(ptr)
+
+
+def test_attach_page_locks_in_place_then_swaps_in_marked_uva_views():
+    """On CUDA: each expert parameter is page-locked in place at its exact size, then its
+    ``.data`` becomes the device view vLLM's helper returns for that very storage (a
+    recorder stands for the helper), and it carries vLLM's UVA marker. The parameter
+    objects stay the same, so whatever holds them (the kernel's quant config) sees the
+    views. Releasing the model unlocks the memory."""
+    xl = experts_load(GROUP)
+    model, mode = build_runners(xl, layers=1, device="cpu")
+    find(model, xl)
+    layer = model.layers[0].mlp.experts.routed_experts
+    before = {n: (p, p.untyped_storage().data_ptr(), p.numel() * p.element_size()) for n, p in layer.named_parameters()}
+    registrar = RecordingRegistrar()
+    ledger = PageLockedLedger(PinPolicy(PinPath.REGISTER, "test"), registrar=registrar)
+    asked = []
+
+    def accelerator_view(t):
+        asked.append((t.untyped_storage().data_ptr(), ledger.is_locked(t)))
+        return t.view_as(t)  # stands for the device view of the same memory
+
+    params = experts.attach(model, xl, torch.device("cuda"), ledger, accelerator_view)
+    assert registrar.registered == {ptr: n for _, ptr, n in before.values()}
+    assert sorted(asked) == sorted((ptr, True) for _, ptr, _ in before.values())
+    for name, p in layer.named_parameters():
+        assert p is before[name][0] and getattr(p, experts.UVA_MARKER) is True
+    assert params == {id(p) for p, _, _ in before.values()}
+    assert xl.mechanisms[GROUP].startswith("uva (")
+    del model, layer, before, p
+    gc.collect()
+    assert sorted(registrar.unregistered) == sorted(registrar.registered)
+
+
+def test_on_the_cpu_build_there_is_no_view_but_the_placement_is_recorded():
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    find(model, xl)
+    calls = []
+    params = experts.attach(model, xl, torch.device("cpu"), None, lambda t: calls.append(t))
+    layer = model.layers[0].mlp.experts.routed_experts
+    assert calls == [] and params == {id(p) for p in layer.parameters()}
+    assert not any(getattr(p, experts.UVA_MARKER, False) for p in layer.parameters())
+    assert xl.mechanisms[GROUP].startswith("uva (host memory is the device's memory here")
+
+
+def test_a_kernel_that_does_not_read_uva_views_is_refused_before_loading():
+    """vLLM's real unquantized method (its kernel chosen at construction: the CPU build's)
+    on a CUDA device is refused with one line naming the kernel and the way out; Triton's
+    kernel is accepted; on the CPU build nothing needs a view."""
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    method = model.layers[0].mlp.experts.routed_experts.quant_method
+    with pytest.raises(PlanError) as err:
+        experts.check_kernel(GROUP, method, torch.device("cuda"))
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(GROUP) and method.experts_cls.__name__ in line
+    assert "--moe-backend triton" in line
+    experts.check_kernel(GROUP, method, torch.device("cpu"))
+
+    class TritonExperts:  # the name the table accepts (vLLM's class needs Triton to import)
+        pass
+
+    method.experts_cls = TritonExperts
+    experts.check_kernel(GROUP, method, torch.device("cuda"))
+
+
+def test_uva_reads_need_page_locked_memory():
+    xl = experts_load(GROUP)
+    pageable = PinPolicy.decide(cuda=True, disabled_by_env=True)
+    with pytest.raises(PlanError, match="needs page-locked host memory.*VLLM_WEIGHT_OFFLOADING_DISABLE_PIN_MEMORY"):
+        experts.refuse_before_load(xl, torch.device("cuda"), pageable)
+    experts.refuse_before_load(xl, torch.device("cuda"), PinPolicy.decide(cuda=True))
+    experts.refuse_before_load(xl, torch.device("cpu"), PinPolicy.decide(cuda=False))
+
+
+def test_what_vllms_moe_runner_holds_beside_the_experts_stays_with_the_layer():
+    """vLLM's runner at ``mlp.experts`` also holds the router gate (the same parameter as
+    ``mlp.gate``): listed again under ``experts.``, it is still the layer's, not a routed
+    expert, so the report does not count it as an expert byte on the device."""
+    assert group_key("model.layers.0.mlp.experts.routed_experts", ()) == ("experts", 0)
+    assert group_key("model.layers.0.mlp.experts.gate", ()) == ("layer", 0)
+    assert group_key("model.layers.0.mlp.experts._shared_experts._layer.down_proj", ()) == ("layer", 0)
+    assert group_key("model.layers.0.mlp.experts.17.down_proj", ()) == ("experts", 0)
+
+
+def test_a_parameter_shared_with_the_router_is_never_moved_or_viewed():
+    """vLLM hands RoutedExperts the router's score-correction bias (the same Parameter as
+    the gate's); the glue leaves it where the gate has it."""
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    bias = torch.nn.Parameter(torch.zeros(E), requires_grad=False)
+    model.layers[0].mlp.gate = torch.nn.Module()
+    model.layers[0].mlp.gate.e_score_correction_bias = bias
+    layer = model.layers[0].mlp.experts.routed_experts
+    layer.e_score_correction_bias = bias
+    find(model, xl)
+    assert xl.shared == {"e_score_correction_bias"}
+    ledger = PageLockedLedger(PinPolicy(PinPath.REGISTER, "test"), registrar=RecordingRegistrar())
+    params = experts.attach(model, xl, torch.device("cuda"), ledger, lambda t: t.view_as(t))
+    assert id(bias) not in params and not getattr(bias, experts.UVA_MARKER, False) and not ledger.is_locked(bias)
+    assert params == {id(layer.w13_weight), id(layer.w2_weight)}

