@@ -224,3 +224,14 @@ def hot_layer_plan(model_dir):
 def last_line(text: str) -> str:
     """The last non-empty line of a program's output: what a user reads first."""
     return next((line for line in reversed(text.splitlines()) if line.strip()), "")
+
+
+def write_config(tmp_path: Path, config, arch: str, **extra) -> Path:
+    """``config.json`` for a transformers config object, as a checkpoint stores it (with its
+    ``architectures`` and a bf16 ``torch_dtype`` unless ``extra`` says otherwise)."""
+    data = config.to_dict()
+    data.update(architectures=[arch], **extra)
+    data.setdefault("torch_dtype", "bfloat16")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return path

@@ -15,14 +15,7 @@ from selective_offload.errors import CheckpointError
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.sizes import GB, GiB
 
-
-def write(tmp_path, config, arch, **extra):
-    data = config.to_dict()
-    data.update(architectures=[arch], **extra)
-    data.setdefault("torch_dtype", "bfloat16")
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(data))
-    return path
+from helpers import write_config
 
 
 def plan_of(path, **inputs):
@@ -43,7 +36,7 @@ OTHER = 2 * V * H + L * 2 * H + H                             # embedding, LM he
 def llama3(tmp_path, **extra):
     config = transformers.LlamaConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=L, num_attention_heads=32,
                                       num_key_value_heads=8, vocab_size=V, tie_word_embeddings=False)
-    return write(tmp_path, config, "LlamaForCausalLM", **extra)
+    return write_config(tmp_path, config, "LlamaForCausalLM", **extra)
 
 
 def test_llama3_8b_bf16_is_its_parameter_count_in_bytes(tmp_path):
@@ -97,7 +90,7 @@ def deepseek_v3(tmp_path):
         num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
         n_routed_experts=256, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
         qk_nope_head_dim=128, first_k_dense_replace=3, num_nextn_predict_layers=1, tie_word_embeddings=False)
-    return write(tmp_path, config, "DeepseekV3ForCausalLM", quantization_config={
+    return write_config(tmp_path, config, "DeepseekV3ForCausalLM", quantization_config={
         "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]})
 
 
@@ -131,7 +124,7 @@ def test_gpt_oss_20b_mxfp4_is_about_14_gb_and_fits_a_24_gib_card(tmp_path):
     config = transformers.GptOssConfig(num_hidden_layers=24, num_local_experts=32, hidden_size=2880,
                                        intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8,
                                        head_dim=64, vocab_size=201088, tie_word_embeddings=False)
-    path = write(tmp_path, config, "GptOssForCausalLM", quantization_config={
+    path = write_config(tmp_path, config, "GptOssForCausalLM", quantization_config={
         "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                                             "model.embed_tokens", "lm_head"]})
     experts = 24 * 32 * (2880 * 2 * 2880 + 2880 * 2880)
@@ -171,7 +164,7 @@ def test_llama4_scout_keeps_its_lm_head_and_builds_fast(tmp_path):
 
 
 def test_gemma3_is_tied_so_its_embedding_is_hot(tmp_path):
-    plan = plan_of(write(tmp_path, transformers.Gemma3Config(), "Gemma3ForConditionalGeneration"))
+    plan = plan_of(write_config(tmp_path, transformers.Gemma3Config(), "Gemma3ForConditionalGeneration"))
     g = groups(plan)
     embed = next(x for n, x in g.items() if n.endswith("embed_tokens"))
     assert embed.cls == "hot" and not any(n.endswith("lm_head") for n in g)
@@ -183,7 +176,7 @@ def test_gemma4_vision_and_audio_embedders_are_cold(tmp_path):
     once per image or clip (Gemma 3n has the same modules; its vision tower needs timm,
     which needs torchvision, which cannot load beside this machine's CPU torch)."""
     config = transformers.Gemma4Config(vision_config={}, audio_config={})
-    plan = plan_of(write(tmp_path, config, "Gemma4ForConditionalGeneration"))
+    plan = plan_of(write_config(tmp_path, config, "Gemma4ForConditionalGeneration"))
     cold = {n.split(".")[-1]: x.cls for n, x in groups(plan).items()
             if n.split(".")[-1] in ("embed_vision", "embed_audio", "vision_tower", "audio_tower")}
     assert cold == dict.fromkeys(("embed_vision", "embed_audio", "vision_tower", "audio_tower"), "cold")
@@ -207,7 +200,7 @@ def test_qwen2_5_vl_tower_is_cold_and_layers_are_indexed(tmp_path):
                      "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064},
         vision_config={"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
                        "out_hidden_size": 3584})
-    plan = plan_of(write(tmp_path, config, "Qwen2_5_VLForConditionalGeneration"))
+    plan = plan_of(write_config(tmp_path, config, "Qwen2_5_VLForConditionalGeneration"))
     g = groups(plan)
     assert next(x for n, x in g.items() if n.split(".")[-1] == "visual").cls == "cold"
     assert sorted(x.layer_index for x in g.values() if x.kind == "layer") == list(range(28))
@@ -216,7 +209,7 @@ def test_qwen2_5_vl_tower_is_cold_and_layers_are_indexed(tmp_path):
 
 def test_devstral_vision_tower_excluded_from_fp8_stays_bf16(tmp_path):
     config = transformers.Mistral3Config()
-    path = write(tmp_path, config, "Mistral3ForConditionalGeneration", quantization_config={
+    path = write_config(tmp_path, config, "Mistral3ForConditionalGeneration", quantization_config={
         "quant_method": "fp8", "activation_scheme": "static",
         "modules_to_not_convert": ["vision_tower", "multi_modal_projector", "lm_head"]})
     plan = plan_of(path)
@@ -237,7 +230,7 @@ def test_qwen3_5_declared_mtp_head_is_estimated(tmp_path):
 
 def test_glm4_moe_declared_mtp_layer_is_estimated(tmp_path):
     config = transformers.Glm4MoeConfig(num_nextn_predict_layers=1)
-    g = groups(plan_of(write(tmp_path, config, "Glm4MoeForCausalLM")))
+    g = groups(plan_of(write_config(tmp_path, config, "Glm4MoeForCausalLM")))
     assert g[f"model.layers.{config.num_hidden_layers}"].mtp
 
 
@@ -253,7 +246,7 @@ def test_an_architecture_transformers_does_not_know_is_one_line(tmp_path):
 
 
 def test_library_warnings_are_captured_not_leaked(tmp_path, capfd):
-    plan_of(write(tmp_path, transformers.Llama4Config(), "Llama4ForConditionalGeneration"))
+    plan_of(write_config(tmp_path, transformers.Llama4Config(), "Llama4ForConditionalGeneration"))
     out, err = capfd.readouterr()
     assert err == "" and out == ""
 
@@ -264,7 +257,7 @@ def test_library_warnings_are_captured_not_leaked(tmp_path, capfd):
     ("Lfm2VlConfig", "Lfm2VlForConditionalGeneration", "vision_tower", True),
 ])
 def test_more_vision_language_families(tmp_path, config_class, arch, tower, tied):
-    plan = plan_of(write(tmp_path, getattr(transformers, config_class)(), arch))
+    plan = plan_of(write_config(tmp_path, getattr(transformers, config_class)(), arch))
     g = groups(plan)
     assert next(x for n, x in g.items() if n.split(".")[-1] == tower).cls == "cold"
     embed = next(x for n, x in g.items() if n.split(".")[-1] == "embed_tokens")

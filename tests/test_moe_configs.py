@@ -17,17 +17,10 @@ from selective_offload.checkpoint import load_checkpoint
 from selective_offload.planner import TIE, PlanInputs, make_plan
 from selective_offload.sizes import GiB
 
+from helpers import write_config
+
 LINK = 13.9e9  # the reference laptop's link (README), which the plans default to
 UVA = 0.84 * LINK  # kernels reading host memory in place: the default UVA read rate (estimate.py)
-
-
-def write(tmp_path, config, arch, **extra):
-    data = config.to_dict()
-    data.update(architectures=[arch], **extra)
-    data.setdefault("torch_dtype", "bfloat16")
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(data))
-    return path
 
 
 def plan_of(path, gib, **inputs):
@@ -62,7 +55,7 @@ def gpt_oss(tmp_path, layers, experts):
                                        hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
                                        num_key_value_heads=8, head_dim=64, vocab_size=201088,
                                        tie_word_embeddings=False)
-    return write(tmp_path, config, "GptOssForCausalLM", quantization_config=MXFP4, experts_per_token=4)
+    return write_config(tmp_path, config, "GptOssForCausalLM", quantization_config=MXFP4, experts_per_token=4)
 
 
 def gpt_oss_experts_bytes(experts):
@@ -115,7 +108,7 @@ QWEN3_EXPERTS = 128 * 3 * 2048 * 768 * 2  # gate, up, down per expert, bf16
 
 
 def test_qwen3_30b_a3b_splits_every_layer_and_reads_8_of_128(tmp_path):
-    path = write(tmp_path, transformers.Qwen3MoeConfig(**QWEN3_30B, tie_word_embeddings=False),
+    path = write_config(tmp_path, transformers.Qwen3MoeConfig(**QWEN3_30B, tie_word_embeddings=False),
                  "Qwen3MoeForCausalLM")
     plan = plan_of(path, 24)
     groups = experts_groups(plan)
@@ -135,7 +128,7 @@ def test_qwen3_vl_30b_a3b_finds_the_experts_under_its_language_model(tmp_path):
     """Qwen3-VL-MoE keeps the Qwen3-MoE text model (same dimensions) under
     ``model.language_model``, beside a vision tower (huggingface.co/Qwen/Qwen3-VL-30B-A3B-Instruct)."""
     config = transformers.Qwen3VLMoeConfig(text_config=QWEN3_30B, tie_word_embeddings=False)
-    plan = plan_of(write(tmp_path, config, "Qwen3VLMoeForConditionalGeneration"), 24)
+    plan = plan_of(write_config(tmp_path, config, "Qwen3VLMoeForConditionalGeneration"), 24)
     groups = experts_groups(plan)
     assert len(groups) == 48 and groups[0].group == "model.language_model.layers.0.mlp.experts"
     assert all(g.bytes == QWEN3_EXPERTS and (g.num_experts, g.experts_per_token) == (128, 8) for g in groups)
@@ -177,7 +170,7 @@ def test_glm4_moe_leaves_its_first_dense_layer_whole(tmp_path):
                                         head_dim=128, n_routed_experts=128, n_shared_experts=1,
                                         num_experts_per_tok=8, first_k_dense_replace=1, vocab_size=151552,
                                         num_nextn_predict_layers=1, tie_word_embeddings=False)
-    plan = plan_of(write(tmp_path, config, "Glm4MoeForCausalLM"), 24)
+    plan = plan_of(write_config(tmp_path, config, "Glm4MoeForCausalLM"), 24)
     groups = experts_groups(plan)
     assert [g.layer_index for g in groups] == list(range(1, 46))
     assert all(g.bytes == 128 * 3 * 4096 * 1408 * 2 and (g.num_experts, g.experts_per_token) == (128, 8)
@@ -195,7 +188,7 @@ def test_deepseek_v3_fp8_experts_and_the_issue_arithmetic(tmp_path):
         num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
         n_routed_experts=256, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
         qk_nope_head_dim=128, first_k_dense_replace=3, num_nextn_predict_layers=1, tie_word_embeddings=False)
-    path = write(tmp_path, config, "DeepseekV3ForCausalLM", quantization_config={
+    path = write_config(tmp_path, config, "DeepseekV3ForCausalLM", quantization_config={
         "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]})
     plan = plan_of(path, 80)
     groups = experts_groups(plan)
@@ -217,7 +210,7 @@ def test_gemma4_a4b_experts_sit_directly_under_the_layer(tmp_path):
     text = dict(hidden_size=2112, intermediate_size=2112, num_hidden_layers=30, num_attention_heads=16,
                 num_key_value_heads=8, head_dim=256, enable_moe_block=True, num_experts=128, top_k_experts=8,
                 moe_intermediate_size=704, vocab_size=262144)
-    plan = plan_of(write(tmp_path, transformers.Gemma4Config(text_config=text), "Gemma4ForConditionalGeneration"), 24)
+    plan = plan_of(write_config(tmp_path, transformers.Gemma4Config(text_config=text), "Gemma4ForConditionalGeneration"), 24)
     groups = experts_groups(plan)
     assert len(groups) == 30 and groups[0].group == "model.language_model.layers.0.experts"
     assert all(g.bytes == 128 * 3 * 2112 * 704 * 2 and (g.num_experts, g.experts_per_token) == (128, 8)
@@ -256,7 +249,7 @@ def test_a_48_layer_moe_plan_renders_in_a_few_rows(tmp_path):
     alternate through the stack fold by placement, their layers listed below."""
     from selective_offload.render import render_plan
 
-    path = write(tmp_path, transformers.Qwen3MoeConfig(**QWEN3_30B, tie_word_embeddings=False),
+    path = write_config(tmp_path, transformers.Qwen3MoeConfig(**QWEN3_30B, tie_word_embeddings=False),
                  "Qwen3MoeForCausalLM")
     text = render_plan(plan_of(path, 24))
     table = text.split("\n\n")[1].splitlines()

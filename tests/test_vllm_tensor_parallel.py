@@ -30,4 +30,4 @@ def test_two_ranks_with_the_embedding_on_the_host(tmp_path, monkeypatch):
     embed = report.landing("model.embed_tokens")
     assert (embed.actual, embed.host_bytes, embed.routed_bytes, embed.device_bytes) == ("host-cold", shard, shard, 0)
     assert report.ranks == {"rank1": {"ok": True, "landed_host_cold_bytes": shard, "landed_host_hot_bytes": 0,
-                                      "problems": [], "error": None}}
+                                      "landed_host_uva_bytes": 0, "problems": [], "error": None}}
