@@ -28,9 +28,18 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import jsonio
 from .errors import PlanError
 from .estimate import DEFAULT_ACCEPT_RATE, KV_DTYPE_BYTES, KvModel, StepSettings, Traffic, step_cost
-from .names import DEFAULT_COLD_SEGMENTS, EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, has_segment
+from .names import (
+    DEFAULT_COLD_SEGMENTS,
+    EMBED_SEGMENTS,
+    MTP_SEGMENTS,
+    NEVER_COLD_SEGMENTS,
+    cold_prefix,
+    has_segment,
+    layer_of,
+)
 from .sizes import GB, GiB
 
 FORMAT_PREFIX = "selective-offload/plan-v"
@@ -46,6 +55,14 @@ REFERENCE_VRAM_GBPS = 472.0
 DEFAULT_KV_CACHE_BYTES = 1 * GiB
 #: CUDA context, activations, CUDA graphs and allocator slack.
 DEFAULT_RESERVE_BYTES = 2 * GiB
+#: The largest integer a plan holds (bytes, counts, tokens): 2**53 bytes is 9 PB, and every
+#: integer up to it is exact as a float, so no arithmetic on a plan overflows or rounds.
+MAX_PLAN_INT = 2**53
+#: Bandwidths outside this range (decimal GB/s) are typos, and would make estimates of 0 or
+#: infinite seconds (a plan must be strict JSON: no Infinity).
+MIN_GBPS, MAX_GBPS = 1e-3, 1e6
+#: The largest other number a plan holds (estimates, GiB).
+MAX_PLAN_NUMBER = 1e18
 
 EST_IGNORES: tuple[str, ...] = (
     "compute time: the model counts bytes only (a layer computes in its VRAM read time), so "
@@ -102,6 +119,20 @@ class Strategy(_Choice):
 
 HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT)
 
+# Per-kind rules, as tables, so a new kind (or placement) states its rules in one place.
+#: Kinds whose groups carry a ``layer_index`` (the decoder layer their name is in).
+LAYER_INDEX_KINDS: frozenset[GroupKind] = frozenset({GroupKind.LAYER})
+#: Kinds whose class is fixed (a cold-kind group's class depends on its name: see
+#: :meth:`Plan.expected_class`).
+KIND_CLASS: dict[GroupKind, GroupClass] = {GroupKind.LAYER: GroupClass.HOT, GroupKind.MODULE: GroupClass.HOT}
+#: Placements allowed for each class, and the kinds a placement is limited to.
+CLASS_PLACEMENTS: dict[GroupClass, frozenset[Placement]] = {
+    GroupClass.COLD: frozenset({Placement.DEVICE, Placement.HOST_COLD}),
+    GroupClass.HOT: frozenset({Placement.DEVICE, Placement.HOST_HOT}),
+    GroupClass.ABSENT: frozenset({Placement.ABSENT}),
+}
+PLACEMENT_KINDS: dict[Placement, frozenset[GroupKind]] = {Placement.HOST_HOT: frozenset({GroupKind.LAYER})}
+
 
 # --------------------------------------------------------------------------- field reading
 
@@ -144,18 +175,21 @@ class _Reader:
         value = self.raw(key, default, optional=optional)
         if value is None and (optional or default is None):
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-            self._bad(key, value, "an integer" + (f" >= {minimum}" if minimum is not None else ""))
+        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum) \
+                or abs(value) > MAX_PLAN_INT:
+            self._bad(key, value, "an integer" + (f" >= {minimum}" if minimum is not None else "")
+                      + f" and at most {MAX_PLAN_INT}")
         return value
 
     def number(self, key: str, *, positive: bool, default: Any = ..., optional: bool = False) -> float | None:
         value = self.raw(key, default, optional=optional)
         if value is None and (optional or default is None):
             return None
-        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and _finite(value)
               and (value > 0 if positive else value >= 0))
         if not ok:
-            self._bad(key, value, "a finite number " + ("> 0" if positive else ">= 0"))
+            self._bad(key, value, "a finite number " + ("> 0" if positive else ">= 0")
+                      + f" and at most {MAX_PLAN_NUMBER:g}")
         return float(value)
 
     def str(self, key: str, *, default: Any = ..., nonempty: bool = False) -> str:
@@ -187,6 +221,20 @@ class _Reader:
         """Notes for fields this version does not know (tolerated)."""
         return [f"{self.where}: field {self._name(k)!r} is not known to this selective-offload "
                 "and was ignored" for k in self.data if k not in self.seen]
+
+
+def _finite(value: Any) -> bool:
+    """A number a plan can hold: finite and within :data:`MAX_PLAN_NUMBER` (a huge integer
+    would overflow the float arithmetic of the estimates)."""
+    try:
+        return math.isfinite(value) and abs(value) <= MAX_PLAN_NUMBER
+    except (TypeError, OverflowError):
+        return False
+
+
+def _int_list(value: Any, limit: int = MAX_PLAN_INT) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= limit for i in value)
 
 
 def _json_type(value: Any) -> str:
@@ -267,11 +315,13 @@ class PlanInputs:
         return self.max_model_len // 2 if self.max_model_len else 0
 
     def validate(self) -> None:
+        self._check_types()
         if self.device_memory_bytes <= 0:
             raise PlanError("device memory must be more than 0 bytes; give it like --device-memory 24GiB")
         for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps)):
-            if not (value > 0 and math.isfinite(value)):
-                raise PlanError(f"{label} bandwidth {value!r} GB/s must be a positive number")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:
+                raise PlanError(f"{label} bandwidth {value!r} GB/s must be a number from {MIN_GBPS:g} to "
+                                f"{MAX_GBPS:g} GB/s, like 13.9")
         if self.kv_cache_bytes < 0 or self.reserve_bytes < 0:
             raise PlanError("KV cache and reserve sizes must be zero or more bytes")
         if self.weight_budget_bytes <= 0:
@@ -307,6 +357,26 @@ class PlanInputs:
         bad = [s for s in self.cold_segments if not s or "." in s]
         if bad:
             raise PlanError(f"cold segment {bad[0]!r} must be one name segment without dots, like visual")
+
+    def _check_types(self) -> None:
+        """Every integer field an integer in range, every number finite: a Plan built in
+        Python gets the checks a plan file gets from its reader."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or f.name in ("link_gbps", "vram_gbps"):
+                continue
+            if f.type in ("int", "int | None"):
+                if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PLAN_INT:
+                    raise PlanError(f"{f.name} {value!r} must be an integer of at most {MAX_PLAN_INT}")
+            elif f.type in ("float", "float | None"):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+                    raise PlanError(f"{f.name} {value!r} must be a finite number")
+            elif f.type == "bool" and not isinstance(value, bool):
+                raise PlanError(f"{f.name} {value!r} must be True or False")
+            elif f.type == "str" and not isinstance(value, str):
+                raise PlanError(f"{f.name} {value!r} must be a string")
+        if not isinstance(self.cold_segments, (tuple, list)) or not all(isinstance(s, str) for s in self.cold_segments):
+            raise PlanError(f"cold_segments {self.cold_segments!r} must be a list of name segments")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
@@ -395,9 +465,9 @@ class GroupPlan:
         r.context = f"group {name}"
         kind = r.choice("kind", GroupKind)
         layer_index = r.int("layer_index", default=None)
-        if (kind == GroupKind.LAYER) != (layer_index is not None):
-            r.fail(f"kind is {kind} but layer_index is {json.dumps(layer_index)}; a layer group, and "
-                   "only a layer group, has a layer_index")
+        if (kind in LAYER_INDEX_KINDS) != (layer_index is not None):
+            r.fail(f"kind is {kind} but layer_index is {json.dumps(layer_index)}; a group of kind "
+                   f"{' or '.join(sorted(LAYER_INDEX_KINDS))}, and only such a group, has a layer_index")
         if version == 1:
             # v1 wrote the per-step reads split by where they land; one of the two is the read.
             r.seen.update({"est_link_bytes_per_step", "est_vram_bytes_per_step"})
@@ -422,18 +492,28 @@ class GroupPlan:
         return group, r.unknown()
 
     def check(self, where: str) -> None:
-        """Class, kind and placement must agree; raise naming the group otherwise."""
+        """Class, kind and placement must agree, the name must be the layer its index says;
+        raise naming the group otherwise."""
         problem = None
-        if self.placement == Placement.ABSENT and self.cls != GroupClass.ABSENT:
-            problem = f"placement absent is only for a group of class absent, not {self.cls}"
-        elif self.cls == GroupClass.ABSENT and self.placement != Placement.ABSENT:
-            problem = f"a group of class absent (not loaded) cannot be placed {self.placement}"
-        elif self.placement == Placement.HOST_COLD and self.cls != GroupClass.COLD:
-            problem = f"placement host-cold is for cold groups, and this one is {self.cls}"
-        elif self.placement == Placement.HOST_HOT and self.kind != GroupKind.LAYER:
-            problem = f"placement host-hot is for decoder layers (kind layer), and this one is {self.kind}"
+        kinds = PLACEMENT_KINDS.get(self.placement)
+        layer = layer_of(self.group)
+        if self.placement not in CLASS_PLACEMENTS[self.cls]:
+            allowed = ", ".join(sorted(CLASS_PLACEMENTS[self.cls]))
+            problem = f"a group of class {self.cls} cannot be placed {self.placement} (only {allowed})"
+        elif kinds is not None and self.kind not in kinds:
+            problem = (f"placement {self.placement} is for groups of kind {' or '.join(sorted(kinds))}, "
+                       f"and this one is {self.kind}")
         elif self.dtype_bytes and sum(self.dtype_bytes.values()) != self.bytes:
             problem = f"bytes {self.bytes} is not the sum of dtype_bytes ({sum(self.dtype_bytes.values())})"
+        elif self.layer_index is not None and (layer is None or layer[1] != self.layer_index):
+            problem = (f"layer_index {self.layer_index} is not the layer its name is in "
+                       f"({'no layers.N in the name' if layer is None else f'layer {layer[1]}'})")
+        elif (self.kind in LAYER_INDEX_KINDS) != (self.layer_index is not None):
+            problem = f"kind is {self.kind} but layer_index is {self.layer_index}"
+        elif self.kind == GroupKind.LAYER and self.group != f"{layer[0]}.{layer[1]}":
+            problem = f"a group of kind layer is one whole decoder layer, named like {layer[0]}.{layer[1]}"
+        elif not 0 <= self.est_read_bytes_per_step <= self.bytes:
+            problem = f"est_read_bytes_per_step {self.est_read_bytes_per_step} is more than its {self.bytes} bytes"
         if problem:
             raise PlanError(f"{where}: group {self.group}: {problem}; fix it or {REPLAN}")
 
@@ -697,12 +777,16 @@ class Plan:
 
     # ---- consistency
     def validate(self, where: str = "plan") -> None:
-        """Raise :class:`PlanError` (one line) when the plan contradicts itself."""
+        """Raise :class:`PlanError` (one line) when the plan contradicts itself: every
+        derived quantity (class, MTP flag, coverage, hot layers, prefetch buffers, tower
+        transient, strategy) is recomputed, and a stated value that disagrees is an error."""
         self.check_groups(where)
+        self.check_derived(where)
         self.check_strategy(where)
 
     def check_groups(self, where: str = "plan") -> None:
-        """Each group consistent in itself, unique, inside the model; hot layers agreeing."""
+        """Each group consistent in itself, unique, of the class its name and the inputs
+        give it, inside the model; together they hold every tensor of the model."""
         self.inputs.validate()
         if not self.groups:
             raise PlanError(f"{where}: the plan has no groups; {REPLAN}")
@@ -715,7 +799,8 @@ class Plan:
             seen.add(g.group)
             g.check(where)
             self._check_never_cold(g, where)
-            if g.layer_index is None:
+            self._check_class(g, where)
+            if g.kind != GroupKind.LAYER:
                 continue
             if g.layer_index in layers:
                 raise PlanError(f"{where}: group {g.group}: layer_index {g.layer_index} belongs to another "
@@ -724,7 +809,9 @@ class Plan:
             if n_layers is not None and not 0 <= g.layer_index < n_layers:
                 raise PlanError(f"{where}: group {g.group}: layer_index {g.layer_index} is outside the model's "
                                 f"{n_layers} layers (0..{n_layers - 1}); {REPLAN}")
-        hot = tuple(sorted(g.layer_index for g in self.groups if g.placement == Placement.HOST_HOT))
+        self._check_coverage(where)
+        hot = tuple(sorted(g.layer_index for g in self.groups
+                           if g.placement == Placement.HOST_HOT and g.kind == GroupKind.LAYER))
         if tuple(self.hot_layer_indices) != hot:
             raise PlanError(f"{where}: hot_layer_indices {list(self.hot_layer_indices)} disagree with the groups "
                             f"placed host-hot (layers {list(hot)}); make them agree or {REPLAN}")
@@ -741,28 +828,147 @@ class Plan:
             return
         raise PlanError(f"{where}: group {g.group} is marked cold, but {why}; {REPLAN}")
 
+    def _is_mtp_layer(self, group: str) -> bool:
+        """A decoder layer past the model's last one, in a model that declares an MTP head
+        (DeepSeek-V3 stores its MTP head so)."""
+        layer, n = layer_of(group), self.model.num_hidden_layers
+        return bool(self.model.num_mtp_layers and n is not None and layer is not None and layer[1] >= n)
+
+    def expected_class(self, g: GroupPlan) -> tuple[GroupClass, bool, str] | None:
+        """The class and MTP flag the group's kind, name and the inputs give it (the
+        planner's rule), and why; ``None`` for a group of kind cold whose name is not a
+        cold module."""
+        fixed = KIND_CLASS.get(g.kind)
+        if fixed is not None:
+            return fixed, False, f"a group of kind {g.kind} is read every step"
+        prefix = cold_prefix(g.group, self.inputs.cold_segments)
+        if prefix != g.group and not self._is_mtp_layer(g.group):
+            return None
+        if has_segment(g.group, MTP_SEGMENTS) if prefix == g.group else True:
+            if self.inputs.speculative == "mtp":
+                return GroupClass.HOT, True, "MTP speculative decoding runs the MTP head every step"
+            return (GroupClass.ABSENT, True, "an MTP head is not loaded without MTP speculative decoding "
+                    "(only an MTP head is ever absent: vLLM loads every other tensor)")
+        if has_segment(g.group, EMBED_SEGMENTS) and self.model.tie_word_embeddings:
+            return GroupClass.HOT, False, "the embedding is tied to the LM head"
+        return GroupClass.COLD, False, "a decode step does not read it in full"
+
+    def _check_class(self, g: GroupPlan, where: str) -> None:
+        expected = self.expected_class(g)
+        if expected is None:
+            raise PlanError(f"{where}: group {g.group} is of kind cold, but its name is not a module under one "
+                            f"of the cold segments ({', '.join(self.inputs.cold_segments)}); {REPLAN}")
+        cls, mtp, why = expected
+        if g.mtp != mtp:
+            raise PlanError(f"{where}: group {g.group}: mtp is {str(g.mtp).lower()}, but the group is "
+                            f"{'' if mtp else 'not '}an MTP head; {REPLAN}")
+        if g.cls != cls:
+            what = "placed absent (not loaded)" if g.cls == GroupClass.ABSENT else f"of class {g.cls}"
+            raise PlanError(f"{where}: group {g.group} is {what}, but it is {cls}: {why}; {REPLAN}")
+        if cls == GroupClass.ABSENT and g.est_read_bytes_per_step:
+            raise PlanError(f"{where}: group {g.group} is not loaded, so a step reads none of it, not "
+                            f"est_read_bytes_per_step {g.est_read_bytes_per_step}; {REPLAN}")
+        whole = cls == GroupClass.HOT or (cls == GroupClass.COLD and not has_segment(g.group, EMBED_SEGMENTS))
+        expected = g.bytes if cls == GroupClass.HOT else 0
+        if whole and g.est_read_bytes_per_step != expected:
+            what = "read in full every step" if cls == GroupClass.HOT else "not read by a decode step"
+            raise PlanError(f"{where}: group {g.group} is {what}: est_read_bytes_per_step must be {expected}, "
+                            f"not {g.est_read_bytes_per_step}; {REPLAN}")
+
+    def _check_coverage(self, where: str) -> None:
+        """The groups hold every tensor of the model: a byte in no group is placed by no one
+        and counted nowhere."""
+        held = sum(g.bytes for g in self.groups)
+        if held != self.model.total_bytes:
+            raise PlanError(
+                f"{where}: the groups hold {held} bytes but the model ({self.model.source}) has "
+                f"{self.model.total_bytes}: {abs(held - self.model.total_bytes)} bytes are "
+                f"{'in no group' if held < self.model.total_bytes else 'counted twice or not in the model'} "
+                f"(was a group deleted or edited?); {REPLAN}")
+        if all(g.num_tensors for g in self.groups):
+            tensors = sum(g.num_tensors for g in self.groups)
+            if tensors != self.model.num_tensors:
+                raise PlanError(f"{where}: the groups hold {tensors} tensors but the model has "
+                                f"{self.model.num_tensors} (was a group deleted or edited?); {REPLAN}")
+
+    def prefetch_buffer_range(self) -> tuple[int, int]:
+        """The least and most the prefetch buffers can be for these hot layers: one slot per
+        parameter name, each as large as its largest copy, is at least the largest layer
+        and at most every layer (``prefetch_step`` slots of each)."""
+        layers = [g.bytes for g in self.groups if g.kind == GroupKind.LAYER]
+        if not self.hot_layer_indices or not layers:
+            return 0, 0
+        return self.inputs.prefetch_step * max(layers), self.inputs.prefetch_step * sum(layers)
+
+    def tower_transient_limit(self) -> int:
+        """The most an on-demand tower can hold on the device (two blocks and the rest of
+        the largest tower on the host, at most twice its bytes)."""
+        towers = [g.bytes for g in self.groups if g.placement == Placement.HOST_COLD
+                  and not has_segment(g.group, EMBED_SEGMENTS)]
+        return 2 * max(towers, default=0)
+
+    def check_derived(self, where: str = "plan") -> None:
+        """Stated quantities the groups bound: the prefetch buffers and the tower transient."""
+        low, high = self.prefetch_buffer_range()
+        stated = self.stored_prefetch_buffer_bytes
+        if stated is not None and not low <= stated <= high and (stated or self.hot_layer_indices):
+            raise PlanError(
+                f"{where}: prefetch_buffer_bytes {stated} cannot be right: prefetch_step "
+                f"{self.inputs.prefetch_step} slots of the offloaded layers' parameters need "
+                + (f"{low} to {high} bytes" if self.hot_layer_indices else "none without hot layers")
+                + f"; {REPLAN}")
+        limit = self.tower_transient_limit()
+        transient = self.est_transient_device_bytes
+        if transient > limit or (limit and not transient):
+            raise PlanError(
+                f"{where}: est_transient_device_bytes {transient} cannot be right: the towers placed on the host "
+                + (f"hold up to {limit} bytes on the device while they run (more than 0)" if limit else
+                   "are none, so nothing runs on demand (0)") + f"; {REPLAN}")
+
+    def derived_strategy(self) -> Strategy:
+        """What the placement does: the strategy a plan must state."""
+        if self.shortfall_bytes or self.host_shortfall_bytes:
+            return Strategy.INFEASIBLE
+        if self.hot_layer_indices:
+            return Strategy.HOT_OFFLOAD
+        if self.host_cold_groups:
+            return Strategy.COLD_OFFLOAD
+        return Strategy.RESIDENT
+
     def check_strategy(self, where: str = "plan") -> None:
         """The strategy names what the placement does, and a feasible placement fits."""
-        has_hot, has_cold = bool(self.hot_layer_indices), bool(self.host_cold_groups)
+        derived = self.derived_strategy()
+        if self.strategy == derived:
+            return
         shortfall = self.shortfall_bytes
-        wrong = None
         if self.strategy == Strategy.INFEASIBLE:
-            if not shortfall and not self.host_shortfall_bytes:
-                wrong = "it fits the weight budget and the host memory"
+            wrong = "it fits the weight budget and the host memory"
         elif shortfall:
             wrong = (f"the groups placed on the device need {shortfall / GB:.3f} GB more than the "
                      f"{self.weight_budget_bytes / GB:.3f} GB weight budget")
         elif self.host_shortfall_bytes:
             wrong = (f"the groups placed on the host need {self.host_shortfall_bytes / GB:.3f} GB more than the "
                      f"{self.inputs.host_memory_bytes / GB:.3f} GB of host memory")
-        elif self.strategy == Strategy.RESIDENT and (has_hot or has_cold):
+        elif self.strategy == Strategy.RESIDENT:
             wrong = "it places groups on the host"
-        elif self.strategy == Strategy.COLD_OFFLOAD and (has_hot or not has_cold):
+        elif self.strategy == Strategy.COLD_OFFLOAD:
             wrong = "cold_offload places cold groups, and only cold groups, on the host"
-        elif self.strategy == Strategy.HOT_OFFLOAD and not has_hot:
+        elif self.strategy == Strategy.HOT_OFFLOAD:
             wrong = "it places no decoder layer on the host"
-        if wrong:
-            raise PlanError(f"{where}: strategy is {self.strategy}, but {wrong}; {REPLAN}")
+        else:
+            wrong = f"the placement is {derived}"
+        raise PlanError(f"{where}: strategy is {self.strategy}, but {wrong}; {REPLAN}")
+
+    def require_feasible(self, what: str = "the plan") -> None:
+        """Refuse to apply an infeasible plan (enable(), and plans made at engine start)."""
+        if self.strategy != Strategy.INFEASIBLE:
+            return
+        if self.shortfall_bytes:
+            need = f"{self.shortfall_bytes / GB:.3f} GB more device memory is needed than it has"
+        else:
+            need = f"{self.host_shortfall_bytes / GB:.3f} GB more host memory is needed than it has"
+        raise PlanError(f"{what} is infeasible: {need}; plan for a larger card, a smaller KV cache or a "
+                        "smaller checkpoint")
 
     # ---- serialisation
     def to_dict(self) -> dict[str, Any]:
