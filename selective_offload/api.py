@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import INDEX_NAME, load_checkpoint
+from . import jsonio
+from .checkpoint import INDEX_NAME, load_checkpoint, require_complete
 from .errors import PlanError, UserError
 from .model_match import check_plan_matches_model
-from .options import AUTO_PLAN, ENV_VARS, RunOptions
-from .plan import Plan, PlanInputs, Strategy
+from .options import AUTO_PLAN, ENV_VARS, RunOptions, device_memory_from_env
+from .plan import FORMAT_PREFIX, Plan, PlanInputs
 from .planner import make_plan
 from .report import PlacementReport, report_paths
-from .sizes import GB, parse_size
+from .sizes import parse_size
 
 #: The report file of the last enable(), still readable after disable().
 _last_report_path: Path | None = None
@@ -38,19 +40,44 @@ _PLAN_HINT = "a plan is the JSON that `selective-offload plan MODEL --device-mem
 
 
 def _is_model_dir(path: Path) -> bool:
-    return path.is_dir() and (any(path.glob("*.safetensors")) or (path / INDEX_NAME).is_file())
+    try:
+        return path.is_dir() and (any(path.glob("*.safetensors")) or (path / INDEX_NAME).is_file())
+    except OSError:  # a name too long, no permission: not a model directory we can read
+        return False
+
+
+def _is_plan_file(path: Path) -> bool:
+    """Whether ``path`` says it is a plan (its "format"), read within the usual bounds."""
+    try:
+        data = jsonio.read(path)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("format"), str) and \
+        data["format"].startswith(FORMAT_PREFIX)
 
 
 def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | None = None,
                  **inputs: Any) -> Plan:
     """A validated :class:`Plan` from a plan object, a plan JSON file, or a model to plan now."""
     if isinstance(plan, Plan):
-        plan.validate()
-        return plan
+        return Plan.checked(plan)
+    if not isinstance(plan, (str, os.PathLike)):
+        raise PlanError(f"enable() takes a Plan, a plan file or a model directory, not {type(plan).__name__}; "
+                        f"{_PLAN_HINT}")
     path = Path(plan)
-    if not path.exists():
+    try:
+        exists, is_file, is_dir = path.exists(), path.is_file(), path.is_dir()
+    except OSError as exc:  # a name too long, a loop of links
+        raise PlanError(f"{path}: cannot be read ({exc.strerror or exc}); {_PLAN_HINT}") from None
+    if not exists:
         raise PlanError(f"{path}: no such plan file or model directory; {_PLAN_HINT}")
-    if path.is_file() and device_memory is None:
+    if not is_file and not is_dir:
+        raise PlanError(f"{path}: is neither a regular file nor a directory (a device or a pipe), so not a plan; "
+                        f"{_PLAN_HINT}")
+    if is_file and device_memory is not None and _is_plan_file(path):
+        raise PlanError(f"{path}: is a plan already, and device_memory= plans a model; pass the plan alone, or a "
+                        "model directory with device_memory= to plan it now")
+    if is_file and device_memory is None:
         if path.suffix != ".json":
             raise PlanError(f"{path}: not a plan ({_PLAN_HINT}); to plan a model now, pass its directory "
                             "and device_memory=")
@@ -94,14 +121,18 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     if _plans_at_start(plan, device_memory):
         return _enable_auto(plan, model, strict, report_path, embedding_mode)
     resolved = resolve_plan(plan, device_memory, **plan_inputs)
-    if resolved.strategy == Strategy.INFEASIBLE:
-        raise PlanError(f"the plan is infeasible: {resolved.shortfall_bytes / GB:.3f} GB more device memory is "
-                        "needed than it has; plan for a larger card, a smaller KV cache or a smaller checkpoint")
+    resolved.require_feasible()
     model_dir = Path(model) if model is not None else Path(resolved.model.source)
     if model is not None and not _is_model_dir(model_dir):
         raise PlanError(f"model={model_dir}: not a checkpoint directory (no *.safetensors shards)")
     if _is_model_dir(model_dir):
-        check_plan_matches_model(resolved, load_checkpoint(model_dir))
+        checkpoint = load_checkpoint(model_dir)
+        require_complete(checkpoint)
+        check_plan_matches_model(resolved, checkpoint)
+    elif resolved.model.kind == "safetensors":
+        warnings.warn(f"selective-offload: the plan was made for {resolved.model.source}, which is not a checkpoint "
+                      f"directory from {os.getcwd()}: it is checked against the model when the engine starts; "
+                      "pass model= to check it now", UserWarning, stacklevel=2)
     targets = compat.resolve_targets()  # raises before anything is changed
     workdir = Path(tempfile.mkdtemp(prefix="selective-offload-"))
     resolved.save(workdir / "plan.json")
@@ -137,6 +168,7 @@ def _enable_auto(plan, model, strict, report_path, embedding_mode) -> dict[str, 
     model_dir = Path(model) if model is not None else (None if str(plan) == AUTO_PLAN else Path(plan))
     if model_dir is not None and not _is_model_dir(model_dir):
         raise PlanError(f"{model_dir}: not a checkpoint directory (no *.safetensors shards) to plan at engine start")
+    device_memory_from_env()  # the worker reads it: a bad value is refused here, before any engine starts
     _install(None, RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None, embedding_mode),
              compat.resolve_targets())
     return {"model": str(model_dir)} if model_dir is not None else {}

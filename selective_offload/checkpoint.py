@@ -29,7 +29,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from . import jsonio
 from .errors import CheckpointError
+from .sizes import MAX_BYTES
 
 #: Bits per element of every safetensors dtype. Sub-byte types (F4, F6) are packed.
 DTYPE_BITS: dict[str, int] = {
@@ -46,15 +48,32 @@ INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100_000_000
 
 
+#: A dimension or offset larger than this is not a real tensor (2**53: see sizes.MAX_BYTES).
+MAX_DIM = MAX_BYTES
+
+
 def tensor_nbytes(dtype: str, shape: Iterable[int], where: str = "") -> int:
     """Bytes that ``shape`` elements of ``dtype`` occupy on disk (packed for sub-byte types)."""
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        shown = repr(dtype[:40]) if isinstance(dtype, str) else json.dumps(dtype)[:40]
         raise CheckpointError(
-            f"{where}unknown dtype {dtype!r}; known safetensors dtypes are "
+            f"{where}unknown dtype {shown}; known safetensors dtypes are "
             f"{', '.join(sorted(DTYPE_BITS))}"
         )
     numel = math.prod(int(d) for d in shape)
     return (numel * DTYPE_BITS[dtype] + 7) // 8
+
+
+def check_shape(shape: Any, where: str) -> tuple[int, ...]:
+    """A shape as safetensors reads one: a list of integers from 0 up (no floats, no
+    booleans, no negative or absurd dimensions)."""
+    if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape):
+        raise CheckpointError(f"{where}shape {json.dumps(shape)[:60]} must be a list of whole numbers from 0 to "
+                              f"{MAX_DIM}; the file is corrupt or hand-edited: fix or re-fetch it")
+    if math.prod(shape) > MAX_DIM * 8:
+        raise CheckpointError(f"{where}shape {shape} has more elements than any real tensor; the file is corrupt")
+    return tuple(shape)
 
 
 @dataclass(frozen=True)
@@ -225,18 +244,25 @@ def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
 
 
 def _tensor_entry(name: str, entry: Any, where: str, path: Path) -> tuple[TensorInfo, int, int]:
-    """One header entry as a :class:`TensorInfo`, with its data span checked against its size."""
-    try:
-        dtype = entry["dtype"]
-        shape = tuple(int(d) for d in entry["shape"])
-        begin, end = (int(x) for x in entry["data_offsets"])
-    except (KeyError, TypeError, ValueError):
+    """One header entry as a :class:`TensorInfo`, with its data span checked against its
+    size, as safetensors checks it (typed fields, whole bytes)."""
+    at = f"{where}tensor {name[:80]!r}: "
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or "dtype" not in entry or "shape" not in entry or not (
+            isinstance(offsets, list) and len(offsets) == 2 and all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_DIM for x in offsets)):
         raise CheckpointError(
-            f"{where}tensor {name!r} lacks a valid dtype, shape or data_offsets; "
+            f"{where}tensor {name[:80]!r} lacks a valid dtype, shape or data_offsets; "
             "the shard is corrupt: fetch it again"
-        ) from None
-    expected = tensor_nbytes(dtype, shape, where=f"{where}tensor {name!r}: ")
-    if begin < 0 or end < begin or end - begin != expected:
+        )
+    dtype = entry["dtype"]
+    shape = check_shape(entry["shape"], at)
+    begin, end = offsets
+    expected = tensor_nbytes(dtype, shape, where=at)
+    if math.prod(shape) * DTYPE_BITS[dtype] % 8:
+        raise CheckpointError(f"{at}{math.prod(shape)} elements of {dtype} are not a whole number of bytes, which "
+                              "safetensors refuses; the shard is corrupt")
+    if end < begin or end - begin != expected:
         raise CheckpointError(
             f"{where}tensor {name!r} has data_offsets [{begin}, {end}] but its shape "
             f"{list(shape)} and dtype {dtype} need {expected} bytes; the shard is corrupt"
@@ -254,8 +280,8 @@ def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], b
     where = f"{path}: "
     raw, header_len, size = _read_header_bytes(path)
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = jsonio.parse(raw)
+    except ValueError as exc:
         raise CheckpointError(
             f"{where}header is not valid JSON ({exc}); the shard is corrupt: fetch it again"
         ) from None
@@ -268,24 +294,46 @@ def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], b
         if name != "__metadata__":
             tensors[name], begin, end = _tensor_entry(name, entry, where, path)
             spans.append((begin, end, name))
-    spans.sort()
-    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-        if b1 < e0 and e1 > b1:
-            raise CheckpointError(
-                f"{where}tensors {n0!r} [{b0}, {e0}] and {n1!r} [{b1}, {e1}] overlap; "
-                "the shard is corrupt: fetch it again"
-            )
-    data_end = max((e for _, e, _ in spans), default=0)
-    return tensors, data_end <= size - 8 - header_len
+    data_end = check_spans(spans, where)
+    available = size - 8 - header_len
+    if data_end < available:
+        raise CheckpointError(f"{where}{available - data_end} bytes follow the last tensor's data, which safetensors "
+                              "refuses (the header does not describe the file); the shard is corrupt: fetch it again")
+    return tensors, data_end <= available
+
+
+def check_spans(spans: list[tuple[int, int, str]], where: str) -> int:
+    """The tensors' data spans tile the data from byte 0 with no gap and no overlap, as
+    safetensors requires (sorted by offsets, each begins where the last ended: an overlap
+    hidden behind a zero-size tensor is caught too). Returns where the data ends."""
+    start, previous = 0, None
+    for begin, end, name in sorted(spans):
+        if begin != start:
+            what = (f"overlaps {previous!r}, which ends at {start}" if begin < start and previous is not None
+                    else f"leaves a gap: the data before it ends at {start}")
+            raise CheckpointError(f"{where}tensor {name[:80]!r} at [{begin}, {end}] {what}; safetensors refuses "
+                                  "tensors that do not follow each other; the shard is corrupt: fetch it again")
+        start, previous = end, name
+    return start
 
 
 def _read_json(path: Path, what: str) -> Any:
     try:
-        return json.loads(path.read_text())
+        return jsonio.read(path)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:
         raise CheckpointError(f"{path}: {what} is not valid JSON ({exc}); fix or re-fetch it") from None
+
+
+def require_complete(checkpoint: Checkpoint) -> None:
+    """Refuse to load a checkpoint whose shards hold less data than their headers say
+    (truncated, or still downloading): fine to plan, not to run."""
+    if checkpoint.incomplete_shards:
+        raise CheckpointError(
+            f"{checkpoint.incomplete_shards[0]}: the shard is shorter than its header says"
+            + (f" (and {len(checkpoint.incomplete_shards) - 1} more shards)" if len(checkpoint.incomplete_shards) > 1
+               else "") + ", so vLLM cannot load it; finish the download or fetch the shard again")
 
 
 def read_safetensors_dir(directory: str | os.PathLike) -> Checkpoint:
@@ -357,15 +405,12 @@ def read_manifest(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path}: the manifest lists no tensors")
     tensors: dict[str, TensorInfo] = {}
     for name, entry in entries.items():
-        try:
-            dtype, shape = entry["dtype"], tuple(int(d) for d in entry["shape"])
-        except (KeyError, TypeError, ValueError):
+        if not isinstance(entry, dict) or "dtype" not in entry or "shape" not in entry:
             raise CheckpointError(
-                f"{path}: tensor {name!r} needs a \"dtype\" and an integer \"shape\" list"
-            ) from None
-        if any(d < 0 for d in shape):
-            raise CheckpointError(f"{path}: tensor {name!r} has a negative dimension {list(shape)}")
-        nbytes = tensor_nbytes(dtype, shape, where=f"{path}: tensor {name!r}: ")
+                f"{path}: tensor {name[:80]!r} needs a \"dtype\" and an integer \"shape\" list"
+            )
+        dtype, shape = entry["dtype"], check_shape(entry["shape"], f"{path}: tensor {name[:80]!r}: ")
+        nbytes = tensor_nbytes(dtype, shape, where=f"{path}: tensor {name[:80]!r}: ")
         tensors[name] = TensorInfo(name, dtype, shape, nbytes)
     config = data.get("config") or {}
     return Checkpoint(str(data.get("source") or path), data.get("kind") or "manifest",

@@ -40,7 +40,7 @@ from .names import (
     has_segment,
     layer_of,
 )
-from .sizes import GB, GiB
+from .sizes import GB, MAX_BYTES, MAX_GBPS, MIN_GBPS, GiB
 
 FORMAT_PREFIX = "selective-offload/plan-v"
 #: The format this release writes, and the oldest one it still reads.
@@ -55,12 +55,8 @@ REFERENCE_VRAM_GBPS = 472.0
 DEFAULT_KV_CACHE_BYTES = 1 * GiB
 #: CUDA context, activations, CUDA graphs and allocator slack.
 DEFAULT_RESERVE_BYTES = 2 * GiB
-#: The largest integer a plan holds (bytes, counts, tokens): 2**53 bytes is 9 PB, and every
-#: integer up to it is exact as a float, so no arithmetic on a plan overflows or rounds.
-MAX_PLAN_INT = 2**53
-#: Bandwidths outside this range (decimal GB/s) are typos, and would make estimates of 0 or
-#: infinite seconds (a plan must be strict JSON: no Infinity).
-MIN_GBPS, MAX_GBPS = 1e-3, 1e6
+#: The largest integer a plan holds (bytes, counts, tokens); see sizes.MAX_BYTES.
+MAX_PLAN_INT = MAX_BYTES
 #: The largest other number a plan holds (estimates, GiB).
 MAX_PLAN_NUMBER = 1e18
 
@@ -547,8 +543,8 @@ class Estimate:
         values = {}
         for f in fields(cls):
             value = r.raw(f.name, f.default if f.default is not MISSING else ...)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                r._bad(f.name, value, "a number >= 0")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < 0:
+                r._bad(f.name, value, f"a finite number >= 0 and at most {MAX_PLAN_NUMBER:g}")
             values[f.name] = float(value)
         return cls(**values)
 
@@ -573,8 +569,7 @@ class BulkBaseline:
     @classmethod
     def read(cls, r: _Reader) -> "BulkBaseline":
         touched = r.raw("layers_touched")
-        if not isinstance(touched, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                                                    for i in touched):
+        if not _int_list(touched):
             r._bad("layers_touched", touched, "a list of layer indices")
         return cls(cpu_offload_gb=r.number("cpu_offload_gb", positive=False), offloaded_bytes=r.int("offloaded_bytes"),
                    offloaded_tensors=r.int("offloaded_tensors"), layers_touched=tuple(touched),
@@ -646,7 +641,7 @@ class Alternative:
     @classmethod
     def read(cls, r: _Reader) -> "Alternative":
         hot = r.raw("hot_layer_indices")
-        if not isinstance(hot, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hot):
+        if not _int_list(hot):
             r._bad("hot_layer_indices", hot, "a list of layer indices")
         return cls(label=r.str("label"), strategy=r.choice("strategy", Strategy),
                    host_cold_bytes=r.int("host_cold_bytes"), host_hot_bytes=r.int("host_hot_bytes"),
@@ -990,10 +985,29 @@ class Plan:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1) + "\n"
+        """The plan as strict JSON (no NaN or Infinity: every number a plan holds is bounded)."""
+        return jsonio.dumps(self.to_dict()) + "\n"
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(self.to_json())
+        text = self.to_json()
+        try:
+            Path(path).write_text(text)
+        except OSError as exc:
+            raise PlanError(f"{path}: cannot write the plan: {exc.strerror or exc}; name a file in an existing, "
+                            "writable directory") from None
+
+    @classmethod
+    def checked(cls, plan: "Plan", where: str = "the Plan object") -> "Plan":
+        """``plan`` validated as a plan file is: written out and read back through the same
+        typed reader (types, enums, bounds, derived quantities), so a Plan built or edited
+        in Python gets no fewer checks than a file, and its errors name it, not a copy."""
+        try:
+            data = jsonio.parse(json.dumps(plan.to_dict(), allow_nan=False, default=_not_json))
+        except (TypeError, ValueError, AttributeError, ArithmeticError, KeyError) as exc:
+            raise PlanError(f"{where}: is not a well-formed plan ({str(exc).splitlines()[0][:120]}); build it "
+                            "with make_plan() or Plan.load(), or " + REPLAN) from None
+        read = cls.from_dict(data, where=where)
+        return _with_load_notes(read, list(plan.load_notes) + list(read.load_notes))
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "plan") -> "Plan":
@@ -1012,7 +1026,7 @@ class Plan:
             groups.append(group)
             notes += more
         hot = top.raw("hot_layer_indices")
-        if not isinstance(hot, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hot):
+        if not _int_list(hot):
             top._bad("hot_layer_indices", hot, "a list of layer indices")
         bulk_raw = top.raw("bulk", None)
         alternative_raw = top.raw("alternative", None)
@@ -1027,6 +1041,7 @@ class Plan:
         )
         top.seen.update({"est"})  # derived: recomputed from the groups
         plan.check_groups(where)
+        plan.check_derived(where)
         stored = _stored_totals(top, version)
         for name, value in stored.items():
             if value != getattr(plan, name):
@@ -1042,12 +1057,18 @@ class Plan:
     def load(cls, path: str | os.PathLike) -> "Plan":
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = jsonio.read(path)
         except OSError as exc:
             raise PlanError(f"{path}: cannot read the plan: {exc.strerror or exc}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:
             raise PlanError(f"{path}: the plan is not valid JSON ({exc}); {REPLAN}") from None
         return cls.from_dict(data, where=str(path))
+
+
+def _not_json(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    raise TypeError(f"{type(value).__name__} {value!r} is not a plan value")
 
 
 def _stored_totals(top: _Reader, version: int) -> dict[str, int]:

@@ -271,11 +271,16 @@ def _place_cold(p: _Placing, inputs: PlanInputs) -> None:
         if p.over_budget() <= 0 and not inputs.all_cold:
             break
         p.where[g.name] = Placement.HOST_COLD
-        # The on-demand wrapper holds about two blocks and the non-block rest while it runs.
-        if g.largest_block_bytes:
-            p.transient = max(p.transient, 2 * g.largest_block_bytes + g.non_block_bytes)
-        elif not has_segment(g.name, EMBED_SEGMENTS):
-            p.transient = max(p.transient, g.nbytes)
+        p.transient = max(p.transient, tower_transient_bytes(g))
+
+
+def tower_transient_bytes(g: Group) -> int:
+    """Device bytes a cold group on the host holds while it runs: the on-demand wrapper
+    holds about two blocks and the non-block rest of a tower (the whole of a tower without
+    blocks); an embedding is gathered row by row and holds nothing."""
+    if g.largest_block_bytes:
+        return 2 * g.largest_block_bytes + g.non_block_bytes
+    return 0 if has_segment(g.name, EMBED_SEGMENTS) else g.nbytes
 
 
 def prefetch_buffer_bytes(layers: list[Group], prefetch_step: int) -> int:

@@ -25,7 +25,6 @@ why, so the calling process can raise that line instead of vLLM's generic failur
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,8 +33,10 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
+from . import jsonio
 from .errors import PlanError
 from .names import group_key
+from .options import temporary_name
 from .plan import GroupPlan, Placement, Plan
 from .sizes import GB, fmt_bytes
 
@@ -131,17 +132,23 @@ class PlacementReport:
         return {**asdict(self), "ok": self.ok}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write atomically: a reader never sees half a report."""
+        """Write atomically: a reader never sees half a report. Only a regular file (or
+        nothing) is replaced: renaming over ``/dev/full`` as root would replace the device."""
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        os.replace(tmp, path)
+        if path.exists() and not path.is_file():
+            raise OSError(f"{path} is not a regular file; the report replaces only a regular file")
+        tmp = temporary_name(path)
+        try:
+            tmp.write_text(jsonio.dumps(self.to_dict()) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @classmethod
     def load_one(cls, path: str | os.PathLike) -> "PlacementReport":
         """One report file, as written."""
         try:
-            data = json.loads(Path(path).read_text())
+            data = jsonio.read(path)
             if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
                 raise ValueError(f"format {data.get('format') if isinstance(data, dict) else None!r}")
             data.pop("ok", None)
