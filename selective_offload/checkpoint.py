@@ -138,19 +138,30 @@ class ModelFacts:
             return None
 
         tie, source, notes = _resolve_tie(text, config, tensor_names, resolved_text, resolved)
+        architectures = config.get("architectures")
+        model_type = config.get("model_type")
         return cls(
-            architectures=tuple(config.get("architectures") or ()),
-            model_type=config.get("model_type"),
+            architectures=tuple(a for a in architectures if isinstance(a, str))
+            if isinstance(architectures, list) else (),
+            model_type=model_type if isinstance(model_type, str) else None,
             tie_word_embeddings=tie,
-            num_hidden_layers=pick("num_hidden_layers", "num_layers", "n_layer"),
-            hidden_size=pick("hidden_size", "d_model", "n_embd"),
-            vocab_size=pick("vocab_size"),
+            num_hidden_layers=_count(pick("num_hidden_layers", "num_layers", "n_layer")),
+            hidden_size=_count(pick("hidden_size", "d_model", "n_embd")),
+            vocab_size=_count(pick("vocab_size")),
             has_vision=any(k in config for k in ("vision_config", "visual", "vision_tower")),
             has_audio="audio_config" in config,
-            num_mtp_layers=int(pick(*_MTP_KEYS) or 0),
+            num_mtp_layers=_count(pick(*_MTP_KEYS)) or 0,
             tie_source=source,
             notes=tuple(notes),
         )
+
+
+def _count(value: Any) -> int | None:
+    """A count from a config (layers, sizes): a whole number from 0 up, else unknown (a
+    hand-edited config's ``"32"`` or ``1e400`` must not reach arithmetic)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DIM:
+        return value
+    return None
 
 
 def _resolve_tie(text: Mapping, config: Mapping, tensor_names, resolved_text, resolved) -> tuple[bool, str, list[str]]:
@@ -470,8 +481,16 @@ def _transformers_config(config_path: Path, raw: dict[str, Any]):
         from transformers import CONFIG_MAPPING
     except ImportError as exc:  # pragma: no cover - a declared dependency
         raise CheckpointError(f"planning from a config needs transformers ({exc})") from None
-    arch = (raw.get("architectures") or [None])[0]
-    model_type = raw.get("model_type")
+    architectures, model_type = raw.get("architectures"), raw.get("model_type")
+    if not (isinstance(architectures, list) and architectures and all(isinstance(a, str) for a in architectures)):
+        raise CheckpointError(
+            f"{config_path}: \"architectures\" is {json.dumps(architectures)[:60]}, but must name the model class "
+            "transformers builds, like [\"Qwen3ForCausalLM\"]; add it, or plan from the checkpoint's safetensors "
+            "headers or a manifest instead")
+    if not isinstance(model_type, str):
+        raise CheckpointError(f"{config_path}: \"model_type\" is {json.dumps(model_type)[:60]}, but must be a string "
+                              "like \"qwen3\"; add it, or plan from the checkpoint's headers or a manifest instead")
+    arch = architectures[0]
     unknown = (f"{config_path}: transformers {transformers.__version__} does not know the architecture "
                f"{arch!r} (model_type {model_type!r}), so its tensors cannot be estimated from the config; "
                "plan from the checkpoint's safetensors headers or a manifest instead")

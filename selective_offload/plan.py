@@ -859,6 +859,8 @@ class Plan:
                             f"{'' if mtp else 'not '}an MTP head; {REPLAN}")
         if g.cls != cls:
             what = "placed absent (not loaded)" if g.cls == GroupClass.ABSENT else f"of class {g.cls}"
+            if g.cls == GroupClass.ABSENT:
+                why += "; only an MTP head is ever absent: vLLM loads every other tensor"
             raise PlanError(f"{where}: group {g.group} is {what}, but it is {cls}: {why}; {REPLAN}")
         if cls == GroupClass.ABSENT and g.est_read_bytes_per_step:
             raise PlanError(f"{where}: group {g.group} is not loaded, so a step reads none of it, not "
@@ -966,7 +968,10 @@ class Plan:
                         "smaller checkpoint")
 
     # ---- serialisation
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, derived: bool = True) -> dict[str, Any]:
+        """The plan as its JSON object; ``derived=False`` leaves out what is computed from
+        the fields (totals, estimates), so a plan of unchecked values can be written out to
+        be checked."""
         return {
             "format": PLAN_FORMAT,
             "model": self.model.to_dict(),
@@ -974,9 +979,8 @@ class Plan:
             "strategy": self.strategy,
             "hot_layer_indices": list(self.hot_layer_indices),
             "est_transient_device_bytes": self.est_transient_device_bytes,
-            "prefetch_buffer_bytes": self.prefetch_buffer_bytes,
-            "totals": self.totals(),
-            "est": self.est.__dict__.copy(),
+            "prefetch_buffer_bytes": self.prefetch_buffer_bytes if derived else self.stored_prefetch_buffer_bytes,
+            **({"totals": self.totals(), "est": self.est.__dict__.copy()} if derived else {}),
             "bulk": None if self.bulk is None else self.bulk.to_dict(),
             "alternative": None if self.alternative is None else self.alternative.to_dict(),
             "est_ignores": list(self.est_ignores),
@@ -1002,7 +1006,7 @@ class Plan:
         typed reader (types, enums, bounds, derived quantities), so a Plan built or edited
         in Python gets no fewer checks than a file, and its errors name it, not a copy."""
         try:
-            data = jsonio.parse(json.dumps(plan.to_dict(), allow_nan=False, default=_not_json))
+            data = jsonio.parse(json.dumps(plan.to_dict(derived=False), allow_nan=False, default=_not_json))
         except (TypeError, ValueError, AttributeError, ArithmeticError, KeyError) as exc:
             raise PlanError(f"{where}: is not a well-formed plan ({str(exc).splitlines()[0][:120]}); build it "
                             "with make_plan() or Plan.load(), or " + REPLAN) from None

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from .checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
 from .names import EMBED_SEGMENTS, MTP_SEGMENTS, NEVER_COLD_SEGMENTS, cold_prefix, has_segment, layer_of
@@ -389,8 +391,13 @@ def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: Pla
 
 def _planned_model(checkpoint: Checkpoint, kv: KvModel | None) -> PlannedModel:
     facts = checkpoint.facts
+    # A local checkpoint is named absolutely: the plan is used from other directories, and
+    # enable(plan) finds the model (and checks the plan against it) by this path.
+    source = checkpoint.source
+    if checkpoint.kind == "safetensors" and Path(source).exists():
+        source = os.path.abspath(source)
     return PlannedModel(
-        source=checkpoint.source, kind=checkpoint.kind, architectures=tuple(facts.architectures),
+        source=source, kind=checkpoint.kind, architectures=tuple(facts.architectures),
         fingerprint=model_fingerprint(checkpoint), num_tensors=len(checkpoint.tensors),
         total_bytes=checkpoint.total_bytes, tie_word_embeddings=facts.tie_word_embeddings,
         num_hidden_layers=facts.num_hidden_layers, num_mtp_layers=facts.num_mtp_layers, kv=kv,

@@ -103,7 +103,8 @@ class PlacementReport:
     #: Host-cold bytes that were moved after loading instead of built on the host.
     unrouted_cold_bytes: int = 0
     est_link_bytes_per_step: int = 0
-    #: Parameters of the model that no plan group claims (name -> bytes).
+    #: Parameters of the model that no plan group claims (name -> bytes); a name that is
+    #: another name of a claimed parameter (a tied LM head) is not listed.
     unplanned: dict[str, int] = field(default_factory=dict)
     #: Counters of each wrapper (group -> counters), as of ``transfers_as_of``.
     transfers: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -232,6 +233,9 @@ def _render(r: PlacementReport) -> list[str]:
         lines.append(f"host memory ({hm['policy']}): page-locked {fmt_bytes(hm['page_locked_bytes'])}"
                      + (f", {ratio:.3f}x the host bytes" if ratio is not None else "")
                      + (f"; resident set {fmt_bytes(hm['resident_set_bytes'])}" if hm.get("resident_set_bytes") else ""))
+    if r.unplanned:
+        lines.append(f"in no plan group: {fmt_bytes(sum(r.unplanned.values()))} in {len(r.unplanned)} parameter(s) "
+                     f"({', '.join(sorted(r.unplanned)[:4])}{' ...' if len(r.unplanned) > 4 else ''})")
     lines += [f"note: {note}" for note in r.notes]
     lines += [f"rank {label[4:]}: {'placement matches the plan' if v['ok'] else 'NOT realised'}"
               for label, v in r.ranks.items()]
@@ -282,12 +286,15 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
     m = _Matching({g.group: GroupLanding(g.group, g.placement, Placement.ABSENT, g.bytes) for g in plan.groups},
                   {g.group: {} for g in plan.groups})
     # Tied weights are listed under every name, so a re-tied lm_head finds its group too.
+    claimed: set[int] = set()
+    unclaimed: list[tuple[str, torch.Tensor, int]] = []
     for name, param in model.named_parameters(remove_duplicate=False):
         nbytes = size(param, name)
         planned = by_key.get(group_key(name.rsplit(".", 1)[0] if "." in name else name, segments))
         if planned is None:
-            m.unplanned[name] = nbytes
+            unclaimed.append((name, param, nbytes))
             continue
+        claimed.add(id(param))
         if id(param) in host_hot:
             m.record(planned.group, Placement.HOST_HOT, nbytes)
         elif id(param) in host_cold:
@@ -297,7 +304,23 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
             m.record(planned.group, STRAY_HOST, nbytes)
         else:
             m.record(planned.group, Placement.DEVICE, nbytes)
+    # Another name of a claimed parameter (a tied head) is counted under its group already.
+    m.unplanned = {name: nbytes for name, param, nbytes in unclaimed if id(param) not in claimed}
     return m
+
+
+def _honesty(m: _Matching, loaded_bytes: int) -> list[str]:
+    """What a plan that was edited or made for less than this model would hide: groups the
+    plan leaves out (absent) that the engine loaded anyway, and parameters in no group
+    (placed by no one, counted nowhere) above the tolerance."""
+    problems = [f"group {g.group} is planned absent (not loaded), but the engine loaded {fmt_bytes(g.loaded_bytes)} "
+                "of it" for g in m.landings.values() if g.planned == Placement.ABSENT and g.num_params]
+    uncovered = sum(m.unplanned.values())
+    if uncovered > TOLERANCE * max(loaded_bytes, 1):
+        names = sorted(m.unplanned, key=m.unplanned.get, reverse=True)
+        problems.append(f"{fmt_bytes(uncovered)} of the loaded model are in no plan group ({', '.join(names[:4])}"
+                        f"{' ...' if len(names) > 4 else ''}): the plan does not cover this model")
+    return problems
 
 
 def _count_drafter(m: _Matching, model: nn.Module, drafter: nn.Module, plan: Plan, host_cold: set[int],
@@ -419,6 +442,8 @@ def build_report(
     m = _match_parameters(model, plan, host_is_device=host_is_device, host_cold=host_cold_params,
                           host_hot=host_hot_params, routed=routed_storages, size=size)
     notes = list(notes)
+    loaded = sum(g.loaded_bytes for g in m.landings.values()) + sum(m.unplanned.values())
+    honesty = _honesty(m, loaded)  # the main model's own parameters, before the drafter's are counted
     if drafter is not None:
         _count_drafter(m, model, drafter, plan, host_cold_params, drafter_size, notes)
     for landing in m.landings.values():
@@ -434,8 +459,8 @@ def build_report(
                                     if m.landings[g.group].actual in (Placement.HOST_COLD, Placement.HOST_HOT)),
         unplanned=m.unplanned, notes=notes,
     )
-    report.problems = (_missing_groups(m, plan, drafter is not None, drafter_expected, notes,
-                                       report.on_other_ranks if pipeline_part else None)
+    report.problems = (honesty + _missing_groups(m, plan, drafter is not None, drafter_expected, notes,
+                                                 report.on_other_ranks if pipeline_part else None)
                        + _verdict(m, report, routed_storages is not None))
     return report
 
