@@ -133,6 +133,34 @@ def test_1_layers_shrunk_to_fit_are_refused_by_the_model_check_although_the_fing
     assert "was the plan edited?" in message
 
 
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: group(d, "model.embed_tokens").update(mtp=True, cls="absent", placement="absent",
+                                                      est_read_bytes_per_step=0),
+     "group model.embed_tokens: mtp is true, but the group is not an MTP head"),
+    (lambda d: group(d, "model.layers.2").update(est_read_bytes_per_step=0),
+     "group model.layers.2 is read in full every step: est_read_bytes_per_step must be"),
+    (lambda d: group(d, "model.norm").update(kind="cold", cls="cold", placement="host-cold"),
+     "group model.norm is of kind cold, but its name is not a module under one of the cold segments"),
+])
+def test_1_derived_group_fields_are_recomputed(model, tmp_path, edit, match):
+    data = as_data(tight_plan(model))
+    edit(data)
+    del data["totals"]
+    refused(lambda: selective_offload.enable(write(data, tmp_path), model=model), match)
+
+
+def test_1_a_tower_transient_of_zero_is_refused(tmp_path):
+    from test_planner import inputs, toy
+
+    data = as_data(make_plan(toy(), inputs(560, all_cold=True)))
+    assert data["est_transient_device_bytes"] > 0
+    data["est_transient_device_bytes"] = 0
+    del data["totals"]
+    with pytest.raises(PlanError, match="est_transient_device_bytes 0 cannot be right: the towers placed on the "
+                                        "host hold up to"):
+        Plan.load(write(data, tmp_path))
+
+
 def test_1_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_group():
     """The placement report of a model loaded against a plan that leaves bytes out: a CPU
     proxy (a torch module as vLLM would build it, matched by the report)."""
