@@ -156,7 +156,7 @@ def _install(plan: Plan | None, options: RunOptions, targets) -> None:
 
 
 def _plans_at_start(plan, device_memory) -> bool:
-    if isinstance(plan, Plan):
+    if isinstance(plan, Plan) or not isinstance(plan, (str, os.PathLike)):
         return False
     return str(plan) == AUTO_PLAN or (device_memory is None and _is_model_dir(Path(plan)))
 

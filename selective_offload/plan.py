@@ -606,15 +606,20 @@ class PlannedModel:
     @classmethod
     def read(cls, r: _Reader) -> tuple["PlannedModel", list[str]]:
         kv = r.raw("kv", None)
-        if kv is not None and not isinstance(kv, Mapping):
-            r._bad("kv", kv, "an object or null")
+        if kv is not None:
+            kr = r.child("kv")
+            sliding = kr.raw("sliding", [])
+            if not isinstance(sliding, list) or not all(_int_list(w) and len(w) == 2 for w in sliding):
+                kr._bad("sliding", sliding, "a list of [window, bytes per token] pairs")
+            kv = KvModel(kr.int("full_bytes_per_token", default=0), tuple(tuple(w) for w in sliding),
+                         kr.int("fixed_bytes_per_seq", default=0), kr.str("description", default=""))
         model = cls(source=r.str("source"), kind=r.str("kind", default="safetensors"),
                     architectures=r.str_list("architectures", default=[]),
                     fingerprint=r.str("fingerprint", nonempty=True), num_tensors=r.int("num_tensors"),
                     total_bytes=r.int("total_bytes"), tie_word_embeddings=r.bool("tie_word_embeddings"),
                     num_hidden_layers=r.int("num_hidden_layers", default=None),
                     num_mtp_layers=r.int("num_mtp_layers", default=0),
-                    kv=None if kv is None else KvModel.from_dict(kv))
+                    kv=kv)
         return model, r.unknown()
 
 

@@ -521,3 +521,18 @@ def test_14_header_only_shards_still_plan_with_a_note(capsys, tmp_path):
     write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
     code, out, _ = cli(capsys, "plan", tmp_path, "--device-memory", "24GiB")
     assert code == 0 and "fine for planning, not for loading" in out
+
+
+def test_11_a_kv_model_of_the_wrong_type_in_a_plan_is_one_line(model, tmp_path):
+    data = as_data(tight_plan(model))
+    data["model"]["kv"] = {"full_bytes_per_token": "lots", "sliding": []}
+    refused(lambda: selective_offload.enable(write(data, tmp_path)), "model.kv.full_bytes_per_token is \"lots\"",
+            PlanError)
+
+
+def test_11_a_config_with_words_for_numbers_still_plans(capsys, tmp_path):
+    write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": "1", "num_attention_heads": "4",
+                                                      "hidden_size": [16], "num_nextn_predict_layers": 1e300}))
+    code, out, err = cli(capsys, "plan", tmp_path, "--device-memory", "24GiB")
+    assert code == 0 and "Traceback" not in err, err
