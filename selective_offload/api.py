@@ -30,7 +30,7 @@ from .model_match import check_plan_matches_model
 from .options import AUTO_PLAN, ENV_VARS, RunOptions, device_memory_from_env
 from .plan import FORMAT_PREFIX, Plan, PlanInputs
 from .planner import make_plan
-from .report import PlacementReport, report_paths
+from .report import PlacementReport, remove_reports
 from .sizes import parse_size
 
 #: The report file of the last enable(), still readable after disable().
@@ -149,8 +149,7 @@ def _install(plan: Plan | None, options: RunOptions, targets) -> None:
     options = options.with_default_report()
     global _last_report_path
     _last_report_path = Path(options.report_path)
-    for stale in report_paths(_last_report_path):
-        stale.unlink(missing_ok=True)
+    remove_reports(_last_report_path)
     os.environ.update(options.to_env())
     patches.apply(patches.Settings(plan, options), targets)
 

@@ -205,6 +205,14 @@ def report_paths(path: str | os.PathLike) -> list[Path]:
     return [base, *sorted(p for p in base.parent.glob(base.name + ".rank*") if p.name[len(base.name) + 5:].isdigit())]
 
 
+def remove_reports(path: str | os.PathLike) -> None:
+    """Remove a previous engine's report files, so they cannot speak for the next one;
+    only regular files (a report path naming a device must never unlink the device)."""
+    for p in report_paths(path):
+        if p.is_file():
+            p.unlink(missing_ok=True)
+
+
 def _render(r: PlacementReport) -> list[str]:
     lines = [f"selective-offload placement report (compute device {r.compute_device}"
              + ("; host memory is device memory here" if r.host_is_device else "") + ")"]

@@ -247,22 +247,28 @@ def test_3_a_layer_index_that_is_not_the_layer_named_is_refused(model, tmp_path)
     ("directory", "is a directory"),
 ])
 def test_4_report_paths_that_cannot_be_written_are_refused_before_anything_starts(model, tmp_path, case, match):
+    # A pipe stands for a device node (/dev/full as root): never a real device in a test.
     path = {"proc": "/proc/selective-offload-report.json", "name 250": tmp_path / ("r" * 245 + ".json"),
-            "name 300": tmp_path / ("r" * 295 + ".json"), "device": "/dev/full", "directory": tmp_path}[case]
+            "name 300": tmp_path / ("r" * 295 + ".json"), "device": tmp_path / "pipe", "directory": tmp_path}[case]
+    if case == "device":
+        os.mkfifo(path)
     if case == "proc" and not Path("/proc/self").is_dir():
         pytest.skip("no /proc on this system")
     plan = tight_plan(model)
     refused(lambda: selective_offload.enable(plan, report_path=path), match)
     assert not list(tmp_path.glob(".so-*"))  # no trial file left behind
+    if case == "device":
+        assert path.exists()
 
 
 def test_4_the_report_never_replaces_what_is_not_a_regular_file(tmp_path):
-    from selective_offload.report import PlacementReport
+    from selective_offload.report import PlacementReport, remove_reports
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
         PlacementReport("f", "cpu", True).save(fifo)
+    remove_reports(fifo)  # what the next engine's start does to the last one's report
     assert fifo.exists() and not fifo.is_file()
     long_name = tmp_path / ("r" * 240 + ".json")  # its temporary file's name is short
     PlacementReport("f", "cpu", True).save(long_name)

@@ -20,7 +20,7 @@ from torch import nn
 from ..names import cold_segment
 from ..options import AUTO_PLAN, RunOptions
 from ..plan import Plan
-from ..report import PlacementReport, rank_path, report_paths
+from ..report import PlacementReport, rank_path, remove_reports
 from ..wrappers.page_locked import PageLockedLedger
 from .compat import Targets
 
@@ -176,5 +176,4 @@ def save_report(report: PlacementReport, path: str) -> None:
 def clear_reports(path: str | None) -> None:
     """Remove a previous engine's reports, so they cannot speak for the next one."""
     if path:
-        for p in report_paths(path):
-            p.unlink(missing_ok=True)
+        remove_reports(path)
