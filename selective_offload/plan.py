@@ -5,9 +5,15 @@ A plan is what ``selective-offload plan -o plan.json`` writes and what
 between machines and releases, so reading one is a validation, not a deserialisation:
 every field is checked for its type and range, placements, classes, kinds and the
 strategy are enums, and everything that can be derived from the groups (totals, the
-deficit, the shortfall, the prefetch buffers, the estimates) is derived, never trusted.
-A plan that would be silently misapplied is refused with one line naming the field and
-the fix.
+deficit, the shortfall, each group's class, MTP flag and reads, the strategy, the hot
+layers) is derived, and a stated value that disagrees is an error. What the plan alone
+can only bound (the prefetch buffers, the tower transient) is bounded here and compared
+exactly against the checkpoint by :mod:`.model_match`. The groups must hold every byte of
+the model: a byte in no group would be placed by no one and counted nowhere. The rules
+that depend on a group's kind or class are tables (``KIND_CLASS``, ``CLASS_PLACEMENTS``,
+``PLACEMENT_KINDS``, ``LAYER_INDEX_KINDS``), so a new kind states its rules in one place.
+A ``Plan`` object is checked by the same reader (:meth:`Plan.checked`). A plan that would
+be silently misapplied is refused with one line naming the field and the fix.
 
 The JSON format (``"format": "selective-offload/plan-v2"``) is documented in the README.
 Derived totals are written under ``"totals"`` for readers and, when present, checked on
