@@ -11,7 +11,8 @@ can only bound (the prefetch buffers, the tower transient) is bounded here and c
 exactly against the checkpoint by :mod:`.model_match`. The groups must hold every byte of
 the model: a byte in no group would be placed by no one and counted nowhere. The rules
 that depend on a group's kind or class are tables (``KIND_CLASS``, ``CLASS_PLACEMENTS``,
-``PLACEMENT_KINDS``, ``LAYER_INDEX_KINDS``), so a new kind states its rules in one place.
+``PLACEMENT_KINDS``, ``LAYER_INDEX_KINDS``, ``PARTIAL_READ_KINDS``), so a new kind states
+its rules in one place.
 A ``Plan`` object is checked by the same reader (:meth:`Plan.checked`). A plan that would
 be silently misapplied is refused with one line naming the field and the fix.
 
@@ -134,6 +135,9 @@ CLASS_PLACEMENTS: dict[GroupClass, frozenset[Placement]] = {
     GroupClass.ABSENT: frozenset({Placement.ABSENT}),
 }
 PLACEMENT_KINDS: dict[Placement, frozenset[GroupKind]] = {Placement.HOST_HOT: frozenset({GroupKind.LAYER})}
+#: Kinds of hot groups a decode step reads only in part (their ``est_read_bytes_per_step``
+#: is bounded by their bytes, not equal to them). Every other hot group is read in full.
+PARTIAL_READ_KINDS: frozenset[GroupKind] = frozenset()
 
 
 # --------------------------------------------------------------------------- field reading
@@ -876,7 +880,8 @@ class Plan:
         if cls == GroupClass.ABSENT and g.est_read_bytes_per_step:
             raise PlanError(f"{where}: group {g.group} is not loaded, so a step reads none of it, not "
                             f"est_read_bytes_per_step {g.est_read_bytes_per_step}; {REPLAN}")
-        whole = cls == GroupClass.HOT or (cls == GroupClass.COLD and not has_segment(g.group, EMBED_SEGMENTS))
+        whole = ((cls == GroupClass.HOT and g.kind not in PARTIAL_READ_KINDS)
+                 or (cls == GroupClass.COLD and not has_segment(g.group, EMBED_SEGMENTS)))
         expected = g.bytes if cls == GroupClass.HOT else 0
         if whole and g.est_read_bytes_per_step != expected:
             what = "read in full every step" if cls == GroupClass.HOT else "not read by a decode step"
