@@ -542,3 +542,23 @@ def test_11_a_config_with_words_for_numbers_still_plans(capsys, tmp_path):
                                                       "hidden_size": [16], "num_nextn_predict_layers": 1e300}))
     code, out, err = cli(capsys, "plan", tmp_path, "--device-memory", "24GiB")
     assert code == 0 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t: t.replace('"format"', '"x": ' + "[" * 100_000 + "]" * 100_000 + ', "format"', 1), "nested more than"),
+    (lambda t: json.dumps({**json.loads(t), "link_gbps_pinned": 10**400}), "link_gbps_pinned is"),
+    (lambda t: json.dumps({**json.loads(t), "device_memory_total_bytes": 10**400}), "device_memory_total_bytes is"),
+])
+def test_11_a_damaged_probe_profile_is_one_line(capsys, tmp_path, monkeypatch, edit, match):
+    """`plan` reads this machine's profile by default: a damaged one is one line too."""
+    from selective_offload.probe import Profile
+
+    good = Profile.from_dict({"format": "selective-offload/profile-v1", "machine": "m", "date": "2026-12-01T10:00:00",
+                              "torch_version": "2", "device": None, "integrated": False, "link_gbps_pinned": None,
+                              "link_gbps_pageable": None, "vram_gbps": None, "device_memory_total_bytes": None,
+                              "device_memory_free_bytes": None, "host_memcpy_gbps": 5.0,
+                              "no_link_reason": "no GPU"})
+    profile = write(edit(good.to_json()), tmp_path, "profile.json")
+    monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(profile))
+    write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
+    cli_refuses(capsys, ["plan", tmp_path, "--device-memory", "24GiB"], match)
