@@ -45,6 +45,7 @@ MUTATIONS = {
  "report-absent-loaded-ok": ("selective_offload/report.py", "for g in m.landings.values() if g.planned == Placement.ABSENT and g.num_params]", "for g in m.landings.values() if False]"),
  "stale-report-unlinks-anything": ("selective_offload/report.py", "        if p.is_file():\n            p.unlink(missing_ok=True)", "        if True:\n            p.unlink(missing_ok=True)"),
  "profile-rate-unbounded": ("selective_offload/probe.py", "isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:", "isinstance(value, (int, float)) or not value > 0:"),
+ "bulk-trusted": ("selective_offload/plan.py", "        if problem:\n            raise PlanError(f\"{where}: bulk: {problem}; {REPLAN}\")", "        pass"),
  "report-uncovered-ok": ("selective_offload/report.py", "    if uncovered > TOLERANCE * max(loaded_bytes, 1):", "    if False:"),
  "header-read-all": ("selective_offload/checkpoint.py", "            return f.read(header_len), header_len, size", "            raw = f.read(header_len)\n            f.read()\n            return raw, header_len, size"),
  "header-read-builtin": ("selective_offload/checkpoint.py", "            return f.read(header_len), header_len, size", "            raw = f.read(header_len)\n            open(path, 'rb').read()\n            return raw, header_len, size"),

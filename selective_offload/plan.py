@@ -792,6 +792,7 @@ class Plan:
         transient, strategy) is recomputed, and a stated value that disagrees is an error."""
         self.check_groups(where)
         self.check_derived(where)
+        self.check_bulk(where)
         self.check_strategy(where)
 
     def check_groups(self, where: str = "plan") -> None:
@@ -938,6 +939,26 @@ class Plan:
                 + (f"hold up to {limit} bytes on the device while they run (more than 0)" if limit else
                    "are none, so nothing runs on demand (0)") + f"; {REPLAN}")
 
+    def check_bulk(self, where: str = "plan") -> None:
+        """The bulk baseline's device bytes and verdict follow from its offloaded bytes and
+        the groups (what it offloads needs the checkpoint's tensor order: bounded here)."""
+        bulk = self.bulk
+        if bulk is None:
+            return
+        loaded = sum(g.bytes for g in self.groups if g.placement != Placement.ABSENT)
+        layers = sum(g.bytes for g in self.groups if g.kind == GroupKind.LAYER)
+        problem = None
+        if bulk.offloaded_bytes > layers:
+            problem = f"offloaded_bytes {bulk.offloaded_bytes} is more than the {layers} bytes of the decoder layers"
+        elif bulk.device_bytes != loaded - bulk.offloaded_bytes:
+            problem = (f"device_bytes {bulk.device_bytes} is not the {loaded} bytes loaded less the "
+                       f"{bulk.offloaded_bytes} offloaded")
+        elif bulk.fits != (bulk.device_bytes <= self.weight_budget_bytes):
+            problem = f"fits is {str(bulk.fits).lower()}, but {bulk.device_bytes} device bytes against the " \
+                      f"{self.weight_budget_bytes}-byte weight budget say otherwise"
+        if problem:
+            raise PlanError(f"{where}: bulk: {problem}; {REPLAN}")
+
     def derived_strategy(self) -> Strategy:
         """What the placement does: the strategy a plan must state."""
         if self.shortfall_bytes or self.host_shortfall_bytes:
@@ -1062,6 +1083,7 @@ class Plan:
         top.seen.update({"est"})  # derived: recomputed from the groups
         plan.check_groups(where)
         plan.check_derived(where)
+        plan.check_bulk(where)
         stored = _stored_totals(top, version)
         for name, value in stored.items():
             if value != getattr(plan, name):

@@ -125,6 +125,7 @@ def test_1_layers_shrunk_to_fit_are_refused_by_the_model_check_although_the_fing
             g["dtype_bytes"] = {"BF16": g["bytes"]}
             shrunk += cut
     data["model"]["total_bytes"] -= shrunk
+    data["bulk"] = None  # the bulk baseline's offloaded bytes would give the shrinking away
     del data["totals"]
     path = write(data, tmp_path)
     Plan.load(path)  # consistent in itself: only the checkpoint can refute it
@@ -562,3 +563,10 @@ def test_11_a_damaged_probe_profile_is_one_line(capsys, tmp_path, monkeypatch, e
     monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(profile))
     write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
     cli_refuses(capsys, ["plan", tmp_path, "--device-memory", "24GiB"], match)
+
+
+def test_1_a_bulk_baseline_edited_to_look_worse_is_refused(model, tmp_path):
+    data = as_data(hot_plan(model))
+    assert data["bulk"] is not None
+    data["bulk"]["fits"] = not data["bulk"]["fits"]
+    refused(lambda: selective_offload.enable(write(data, tmp_path)), "bulk: fits is", PlanError)
