@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import INDEX_NAME, load_checkpoint
+from . import jsonio
+from .checkpoint import INDEX_NAME, load_checkpoint, require_complete
 from .errors import PlanError, UserError
 from .model_match import check_plan_matches_model
-from .options import AUTO_PLAN, ENV_VARS, RunOptions
-from .plan import Plan, PlanInputs, Strategy
+from .options import AUTO_PLAN, ENV_VARS, RunOptions, device_memory_from_env
+from .plan import FORMAT_PREFIX, Plan, PlanInputs
 from .planner import make_plan
-from .report import PlacementReport, report_paths
-from .sizes import GB, parse_size
+from .report import PlacementReport, remove_reports
+from .sizes import parse_size
 
 #: The report file of the last enable(), still readable after disable().
 _last_report_path: Path | None = None
@@ -38,15 +40,30 @@ _PLAN_HINT = "a plan is the JSON that `selective-offload plan MODEL --device-mem
 
 
 def _is_model_dir(path: Path) -> bool:
-    return path.is_dir() and (any(path.glob("*.safetensors")) or (path / INDEX_NAME).is_file())
+    try:
+        return path.is_dir() and (any(path.glob("*.safetensors")) or (path / INDEX_NAME).is_file())
+    except OSError:  # a name too long, no permission: not a model directory we can read
+        return False
+
+
+def _is_plan_file(path: Path) -> bool:
+    """Whether ``path`` says it is a plan (its "format"), read within the usual bounds."""
+    try:
+        data = jsonio.read(path)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("format"), str) and \
+        data["format"].startswith(FORMAT_PREFIX)
 
 
 def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | None = None,
                  **inputs: Any) -> Plan:
     """A validated :class:`Plan` from a plan object, a plan JSON file, or a model to plan now."""
     if isinstance(plan, Plan):
-        plan.validate()
-        return plan
+        return Plan.checked(plan)
+    if not isinstance(plan, (str, os.PathLike)):
+        raise PlanError(f"enable() takes a Plan, a plan file or a model directory, not {type(plan).__name__}; "
+                        f"{_PLAN_HINT}")
     path = Path(plan)
     if _hub_id(plan) and device_memory is None:
         # The worker plans at start only from a local checkpoint (it reads the headers of
@@ -58,9 +75,19 @@ def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | No
     if _hub_id(plan):
         return make_plan(load_checkpoint(str(plan)),
                          PlanInputs(device_memory_bytes=parse_size(device_memory, "device_memory"), **inputs))
-    if not path.exists():
+    try:
+        exists, is_file, is_dir = path.exists(), path.is_file(), path.is_dir()
+    except OSError as exc:  # a name too long, a loop of links
+        raise PlanError(f"{path}: cannot be read ({exc.strerror or exc}); {_PLAN_HINT}") from None
+    if not exists:
         raise PlanError(f"{path}: no such plan file or model directory; {_PLAN_HINT}")
-    if path.is_file() and device_memory is None:
+    if not is_file and not is_dir:
+        raise PlanError(f"{path}: is neither a regular file nor a directory (a device or a pipe), so not a plan; "
+                        f"{_PLAN_HINT}")
+    if is_file and device_memory is not None and _is_plan_file(path):
+        raise PlanError(f"{path}: is a plan already, and device_memory= plans a model; pass the plan alone, or a "
+                        "model directory with device_memory= to plan it now")
+    if is_file and device_memory is None:
         if path.suffix != ".json":
             raise PlanError(f"{path}: not a plan ({_PLAN_HINT}); to plan a model now, pass its directory "
                             "and device_memory=")
@@ -108,30 +135,40 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     if _plans_at_start(plan, device_memory):
         return _enable_auto(plan, model, strict, report_path, embedding_mode)
     resolved = resolve_plan(plan, device_memory, **plan_inputs)
-    if resolved.strategy == Strategy.INFEASIBLE:
-        raise PlanError(f"the plan is infeasible: {resolved.shortfall_bytes / GB:.3f} GB more device memory is "
-                        "needed than it has; plan for a larger card, a smaller KV cache or a smaller checkpoint")
+    resolved.require_feasible()
     if model is not None and _hub_id(model):  # checked against the hub's headers (or the cached snapshot)
         check_plan_matches_model(resolved, load_checkpoint(str(model)))
-        _install(resolved, _saved(resolved, strict, report_path, embedding_mode), compat.resolve_targets())
+        targets = compat.resolve_targets()  # raises before anything is changed
+        _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets)
         return {"model": str(model)}
     model_dir = Path(model) if model is not None else Path(resolved.model.source)
     if model is not None and not _is_model_dir(model_dir):
         raise PlanError(f"model={model_dir}: not a checkpoint directory (no *.safetensors shards)")
     if _is_model_dir(model_dir):
-        check_plan_matches_model(resolved, load_checkpoint(model_dir))
+        checkpoint = load_checkpoint(model_dir)
+        require_complete(checkpoint)
+        check_plan_matches_model(resolved, checkpoint)
+    elif resolved.model.kind == "safetensors":
+        warnings.warn(f"selective-offload: the plan was made for {resolved.model.source}, which is not a checkpoint "
+                      f"directory from {os.getcwd()}: it is checked against the model when the engine starts; "
+                      "pass model= to check it now", UserWarning, stacklevel=2)
     targets = compat.resolve_targets()  # raises before anything is changed
     _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets)
     if _is_model_dir(model_dir):
         return {"model": str(model_dir)}
-    return {"model": resolved.model.source} if _hub_id(resolved.model.source) else {}
+    return {"model": resolved.model.source} if resolved.model.kind == "hub" else {}
 
 
 def _hub_id(text) -> bool:
     """A Hugging Face hub id (``ORG/NAME[@REVISION]``) that is not also a path here."""
     from .hub import parse_hub_id
 
-    return not isinstance(text, Plan) and not Path(text).exists() and parse_hub_id(str(text)) is not None
+    if isinstance(text, Plan) or parse_hub_id(str(text)) is None:
+        return False
+    try:
+        return not Path(text).exists()
+    except OSError:  # a name too long to be a path here
+        return True
 
 
 def _saved(plan: Plan, strict, report_path, embedding_mode) -> RunOptions:
@@ -149,14 +186,13 @@ def _install(plan: Plan | None, options: RunOptions, targets) -> None:
     options = options.with_default_report()
     global _last_report_path
     _last_report_path = Path(options.report_path)
-    for stale in report_paths(_last_report_path):
-        stale.unlink(missing_ok=True)
+    remove_reports(_last_report_path)
     os.environ.update(options.to_env())
     patches.apply(patches.Settings(plan, options), targets)
 
 
 def _plans_at_start(plan, device_memory) -> bool:
-    if isinstance(plan, Plan):
+    if isinstance(plan, Plan) or not isinstance(plan, (str, os.PathLike)):
         return False
     return str(plan) == AUTO_PLAN or (device_memory is None and _is_model_dir(Path(plan)))
 
@@ -168,6 +204,7 @@ def _enable_auto(plan, model, strict, report_path, embedding_mode) -> dict[str, 
     model_dir = Path(model) if model is not None else (None if str(plan) == AUTO_PLAN else Path(plan))
     if model_dir is not None and not _is_model_dir(model_dir):
         raise PlanError(f"{model_dir}: not a checkpoint directory (no *.safetensors shards) to plan at engine start")
+    device_memory_from_env()  # the worker reads it: a bad value is refused here, before any engine starts
     _install(None, RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None, embedding_mode),
              compat.resolve_targets())
     return {"model": str(model_dir)} if model_dir is not None else {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import struct
 import warnings
@@ -28,11 +29,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from . import jsonio
 from .errors import CheckpointError
 from .names import VLLM_HOST_TABLES
 from .quantization import quantized_tensors, scheme_from_config
 # The tensor facts live in .tensors (quantization reads them too); re-exported for callers.
-from .tensors import DTYPE_BITS, TensorInfo, tensor_nbytes  # noqa: F401
+from .tensors import DTYPE_BITS, MAX_DIM, TensorInfo, check_shape, tensor_nbytes  # noqa: F401
 
 MANIFEST_FORMAT = "selective-offload/manifest-v1"
 INDEX_NAME = "model.safetensors.index.json"
@@ -102,32 +104,43 @@ class ModelFacts:
             return None
 
         tie, source, notes = _resolve_tie(text, config, tensor_names, resolved_text, resolved)
+        architectures = config.get("architectures")
+        model_type = config.get("model_type")
         return cls(
-            architectures=tuple(config.get("architectures") or ()),
-            model_type=config.get("model_type"),
+            architectures=tuple(a for a in architectures if isinstance(a, str))
+            if isinstance(architectures, list) else (),
+            model_type=model_type if isinstance(model_type, str) else None,
             tie_word_embeddings=tie,
-            num_hidden_layers=pick("num_hidden_layers", "num_layers", "n_layer"),
-            hidden_size=pick("hidden_size", "d_model", "n_embd"),
-            vocab_size=pick("vocab_size"),
+            num_hidden_layers=_count(pick("num_hidden_layers", "num_layers", "n_layer")),
+            hidden_size=_count(pick("hidden_size", "d_model", "n_embd")),
+            vocab_size=_count(pick("vocab_size")),
             has_vision=any(k in config for k in ("vision_config", "visual", "vision_tower")),
             has_audio="audio_config" in config,
-            num_mtp_layers=int(pick(*_MTP_KEYS) or 0),
+            num_mtp_layers=_count(pick(*_MTP_KEYS)) or 0,
             num_experts=_positive_int(pick(*_NUM_EXPERTS_KEYS)),
             experts_per_token=_positive_int(pick(*_EXPERTS_PER_TOKEN_KEYS)),
-            vllm_host_tables=_declares_host_tables(config, pick),
+            vllm_host_tables=_declares_host_tables(architectures, pick),
             tie_source=source,
             notes=tuple(notes),
         )
 
 
-def _declares_host_tables(config: Mapping[str, Any], pick) -> bool:
-    arch = (config.get("architectures") or [None])[0]
-    field = VLLM_HOST_TABLES.get(arch, (None,))[0]
+def _declares_host_tables(architectures: Any, pick) -> bool:
+    arch = architectures[0] if isinstance(architectures, list) and architectures else None
+    field = VLLM_HOST_TABLES.get(arch, (None,))[0] if isinstance(arch, str) else None
     return bool(field and pick(field))
 
 
 def _positive_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_DIM else None
+
+
+def _count(value: Any) -> int | None:
+    """A count from a config (layers, sizes): a whole number from 0 up, else unknown (a
+    hand-edited config's ``"32"`` or ``1e400`` must not reach arithmetic)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DIM:
+        return value
+    return None
 
 
 def _resolve_tie(text: Mapping, config: Mapping, tensor_names, resolved_text, resolved) -> tuple[bool, str, list[str]]:
@@ -221,18 +234,25 @@ def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
 
 
 def _tensor_entry(name: str, entry: Any, where: str, path: Path) -> tuple[TensorInfo, int, int]:
-    """One header entry as a :class:`TensorInfo`, with its data span checked against its size."""
-    try:
-        dtype = entry["dtype"]
-        shape = tuple(int(d) for d in entry["shape"])
-        begin, end = (int(x) for x in entry["data_offsets"])
-    except (KeyError, TypeError, ValueError):
+    """One header entry as a :class:`TensorInfo`, with its data span checked against its
+    size, as safetensors checks it (typed fields, whole bytes)."""
+    at = f"{where}tensor {name[:80]!r}: "
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or "dtype" not in entry or "shape" not in entry or not (
+            isinstance(offsets, list) and len(offsets) == 2 and all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_DIM for x in offsets)):
         raise CheckpointError(
-            f"{where}tensor {name!r} lacks a valid dtype, shape or data_offsets; "
+            f"{where}tensor {name[:80]!r} lacks a valid dtype, shape or data_offsets; "
             "the shard is corrupt: fetch it again"
-        ) from None
-    expected = tensor_nbytes(dtype, shape, where=f"{where}tensor {name!r}: ")
-    if begin < 0 or end < begin or end - begin != expected:
+        )
+    dtype = entry["dtype"]
+    shape = check_shape(entry["shape"], at)
+    begin, end = offsets
+    expected = tensor_nbytes(dtype, shape, where=at)
+    if math.prod(shape) * DTYPE_BITS[dtype] % 8:
+        raise CheckpointError(f"{at}{math.prod(shape)} elements of {dtype} are not a whole number of bytes, which "
+                              "safetensors refuses; the shard is corrupt")
+    if end < begin or end - begin != expected:
         raise CheckpointError(
             f"{where}tensor {name!r} has data_offsets [{begin}, {end}] but its shape "
             f"{list(shape)} and dtype {dtype} need {expected} bytes; the shard is corrupt"
@@ -250,8 +270,8 @@ def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], b
     where = f"{path}: "
     raw, header_len, size = _read_header_bytes(path)
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = jsonio.parse(raw)
+    except ValueError as exc:
         raise CheckpointError(
             f"{where}header is not valid JSON ({exc}); the shard is corrupt: fetch it again"
         ) from None
@@ -264,24 +284,46 @@ def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], b
         if name != "__metadata__":
             tensors[name], begin, end = _tensor_entry(name, entry, where, path)
             spans.append((begin, end, name))
-    spans.sort()
-    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-        if b1 < e0 and e1 > b1:
-            raise CheckpointError(
-                f"{where}tensors {n0!r} [{b0}, {e0}] and {n1!r} [{b1}, {e1}] overlap; "
-                "the shard is corrupt: fetch it again"
-            )
-    data_end = max((e for _, e, _ in spans), default=0)
-    return tensors, data_end <= size - 8 - header_len
+    data_end = check_spans(spans, where)
+    available = size - 8 - header_len
+    if data_end < available:
+        raise CheckpointError(f"{where}{available - data_end} bytes follow the last tensor's data, which safetensors "
+                              "refuses (the header does not describe the file); the shard is corrupt: fetch it again")
+    return tensors, data_end <= available
+
+
+def check_spans(spans: list[tuple[int, int, str]], where: str) -> int:
+    """The tensors' data spans tile the data from byte 0 with no gap and no overlap, as
+    safetensors requires (sorted by offsets, each begins where the last ended: an overlap
+    hidden behind a zero-size tensor is caught too). Returns where the data ends."""
+    start, previous = 0, None
+    for begin, end, name in sorted(spans):
+        if begin != start:
+            what = (f"overlaps {previous!r}, which ends at {start}" if begin < start and previous is not None
+                    else f"leaves a gap: the data before it ends at {start}")
+            raise CheckpointError(f"{where}tensor {name[:80]!r} at [{begin}, {end}] {what}; safetensors refuses "
+                                  "tensors that do not follow each other; the shard is corrupt: fetch it again")
+        start, previous = end, name
+    return start
 
 
 def _read_json(path: Path, what: str) -> Any:
     try:
-        return json.loads(path.read_text())
+        return jsonio.read(path)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:
         raise CheckpointError(f"{path}: {what} is not valid JSON ({exc}); fix or re-fetch it") from None
+
+
+def require_complete(checkpoint: Checkpoint) -> None:
+    """Refuse to load a checkpoint whose shards hold less data than their headers say
+    (truncated, or still downloading): fine to plan, not to run."""
+    if checkpoint.incomplete_shards:
+        raise CheckpointError(
+            f"{checkpoint.incomplete_shards[0]}: the shard is shorter than its header says"
+            + (f" (and {len(checkpoint.incomplete_shards) - 1} more shards)" if len(checkpoint.incomplete_shards) > 1
+               else "") + ", so vLLM cannot load it; finish the download or fetch the shard again")
 
 
 def read_safetensors_dir(directory: str | os.PathLike) -> Checkpoint:
@@ -353,15 +395,12 @@ def read_manifest(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path}: the manifest lists no tensors")
     tensors: dict[str, TensorInfo] = {}
     for name, entry in entries.items():
-        try:
-            dtype, shape = entry["dtype"], tuple(int(d) for d in entry["shape"])
-        except (KeyError, TypeError, ValueError):
+        if not isinstance(entry, dict) or "dtype" not in entry or "shape" not in entry:
             raise CheckpointError(
-                f"{path}: tensor {name!r} needs a \"dtype\" and an integer \"shape\" list"
-            ) from None
-        if any(d < 0 for d in shape):
-            raise CheckpointError(f"{path}: tensor {name!r} has a negative dimension {list(shape)}")
-        nbytes = tensor_nbytes(dtype, shape, where=f"{path}: tensor {name!r}: ")
+                f"{path}: tensor {name[:80]!r} needs a \"dtype\" and an integer \"shape\" list"
+            )
+        dtype, shape = entry["dtype"], check_shape(entry["shape"], f"{path}: tensor {name[:80]!r}: ")
+        nbytes = tensor_nbytes(dtype, shape, where=f"{path}: tensor {name[:80]!r}: ")
         tensors[name] = TensorInfo(name, dtype, shape, nbytes)
     config = data.get("config") or {}
     return Checkpoint(str(data.get("source") or path), data.get("kind") or "manifest",
@@ -419,8 +458,16 @@ def _transformers_config(config_path: Path, raw: dict[str, Any]):
         from transformers import CONFIG_MAPPING
     except ImportError as exc:  # pragma: no cover - a declared dependency
         raise CheckpointError(f"planning from a config needs transformers ({exc})") from None
-    arch = (raw.get("architectures") or [None])[0]
-    model_type = raw.get("model_type")
+    architectures, model_type = raw.get("architectures"), raw.get("model_type")
+    if not (isinstance(architectures, list) and architectures and all(isinstance(a, str) for a in architectures)):
+        raise CheckpointError(
+            f"{config_path}: \"architectures\" is {json.dumps(architectures)[:60]}, but must name the model class "
+            "transformers builds, like [\"Qwen3ForCausalLM\"]; add it, or plan from the checkpoint's safetensors "
+            "headers or a manifest instead")
+    if not isinstance(model_type, str):
+        raise CheckpointError(f"{config_path}: \"model_type\" is {json.dumps(model_type)[:60]}, but must be a string "
+                              "like \"qwen3\"; add it, or plan from the checkpoint's headers or a manifest instead")
+    arch = architectures[0]
     unknown = (f"{config_path}: transformers {transformers.__version__} does not know the architecture "
                f"{arch!r} (model_type {model_type!r}), so its tensors cannot be estimated from the config; "
                "plan from the checkpoint's safetensors headers or a manifest instead")

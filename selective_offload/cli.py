@@ -225,8 +225,24 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
     return inputs
 
 
+def check_output(path: str | None, flag: str = "-o") -> None:
+    """Refuse, before any work, an output file that cannot be written where it is named."""
+    if path is None:
+        return
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise UserError(f"{flag} {path}: is a directory; name a file in it, like {target / 'plan.json'}")
+        if not target.parent.is_dir():
+            raise UserError(f"{flag} {path}: the directory {target.parent} does not exist; create it or name "
+                            "another file")
+    except OSError as exc:  # a name too long, a loop of links
+        raise UserError(f"{flag} {path[:200]}: cannot be used ({exc.strerror or exc}); name another file") from None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     check_picture_arguments(args)
+    check_output(args.output)
     profile = load_profile()
     inputs = inputs_from_args(args, profile)
     started = time.perf_counter()
@@ -295,8 +311,12 @@ def machine_notes(plan) -> list[str]:
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
+    check_output(args.output)
     checkpoint = read_model(args.model)
-    write_manifest(checkpoint, args.output)
+    try:
+        write_manifest(checkpoint, args.output)
+    except OSError as exc:
+        raise UserError(f"-o {args.output}: cannot write the manifest: {exc.strerror or exc}") from None
     print(f"wrote {args.output}: {len(checkpoint.tensors)} tensors, "
           f"{checkpoint.total_bytes / GB:.3f} GB ({checkpoint.kind})")
     return 0

@@ -211,7 +211,18 @@ class KvModel:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], kv_dtype_bytes: int = 2) -> "KvModel | None":
-        """The KV model of a ``config.json`` (its text part), or None when it says too little."""
+        """The KV model of a ``config.json`` (its text part), or None when it says too little
+        (or says it in values that are not numbers: a hand-edited ``"num_attention_heads": "4"``)."""
+        try:
+            kv = cls._from_config(config, kv_dtype_bytes)
+        except (TypeError, ValueError, ArithmeticError, KeyError):
+            return None
+        if kv is not None and not all(0 <= n <= 2**53 for n in (kv.full_bytes_per_token, kv.fixed_bytes_per_seq)):
+            return None
+        return kv
+
+    @classmethod
+    def _from_config(cls, config: Mapping[str, Any], kv_dtype_bytes: int) -> "KvModel | None":
         text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else None
         c = {**config, **(text or {})}
         layers = c.get("num_hidden_layers")

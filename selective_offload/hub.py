@@ -143,10 +143,13 @@ def remote_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
             if name in tensors:
                 raise CheckpointError(f"{where}tensor {name!r} is also in {tensors[name].shard}; the repository "
                                       "mixes two checkpoints")
-            entry = {"dtype": info.dtype, "shape": info.shape, "data_offsets": info.data_offsets}
+            # As a shard's JSON header holds them (lists), so the same checks apply.
+            entry = {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": list(info.data_offsets)}
             tensors[name], _, _ = _tensor_entry(name, entry, where, Path(filename))
     config = _read_json(Path(config_path), "config.json")
-    return Checkpoint(label, "safetensors", tensors, config if isinstance(config, dict) else {})
+    # Kind "hub": the plan records that its model is named by hub id (vLLM downloads it), not
+    # a local directory that may be missing from where the plan is used.
+    return Checkpoint(label, "hub", tensors, config if isinstance(config, dict) else {})
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -160,14 +163,20 @@ def _root_cause(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def _quiet_retries():
-    """huggingface_hub logs a warning per retry; the outcome is what the user needs (one
-    line), so its warnings are held back while it works."""
+    """huggingface_hub logs a warning per retry and draws a progress bar per file list; the
+    outcome is what the user needs (one line, and the CLI's own progress lines on a long
+    read), so both are held back while it works."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
     from huggingface_hub.utils import logging as hub_logging
 
     logger = hub_logging.get_logger("huggingface_hub")
     level = logger.level
+    bars_were_off = are_progress_bars_disabled()
     logger.setLevel(logging.ERROR)
+    disable_progress_bars()
     try:
         yield
     finally:
         logger.setLevel(level)
+        if not bars_were_off:
+            enable_progress_bars()

@@ -7,8 +7,10 @@ against the wrong figures. So the check is, per group: the class, the number of 
 the bytes in each dtype, and a digest of every tensor's shape and name relative to its
 group. Groups are matched by :func:`names.group_key`, so a plan made from names that
 differ only by wrappers (``model.language_model.layers`` against ``model.layers``) still
-matches. The whole-model fingerprint is the fast path: equal fingerprints and the same
-``tie_word_embeddings`` (which decides whether the embedding is hot), same model.
+matches. The groups are compared always, a matching whole-model fingerprint included: it
+names the model the plan was made for, and a hand-edited plan keeps it. The quantities
+the plan alone only bounds (prefetch buffers, the tower transient, each group's reads per
+step) are recomputed from the checkpoint and compared too.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from __future__ import annotations
 from .checkpoint import Checkpoint
 from .errors import PlanError
 from .names import group_key
-from .plan import GroupKind, GroupPlan, Plan
-from .planner import Group, group_tensors, model_fingerprint
+from .plan import LAYER_KINDS, GroupKind, GroupPlan, Placement, Plan
+from .planner import Group, group_tensors, model_fingerprint, prefetch_buffer_bytes, tower_transient_bytes
 from .sizes import fmt_bytes, size_arg
 
 
@@ -29,6 +31,9 @@ def _first_difference(planned: GroupPlan, actual: Group) -> str | None:
     name = planned.group
     if planned.cls != actual.cls:
         return f"{name} is {planned.cls} in the plan and {actual.cls} here ({actual.reason})"
+    if planned.kind != actual.kind or planned.layer_index != actual.layer_index or planned.mtp != actual.mtp:
+        return (f"{name} is kind {planned.kind}, layer {planned.layer_index}, mtp {planned.mtp} in the plan and "
+                f"kind {actual.kind}, layer {actual.layer_index}, mtp {actual.mtp} here")
     if planned.num_tensors and planned.num_tensors != actual.num_tensors:
         return f"{name} has {planned.num_tensors} tensors in the plan and {actual.num_tensors} here"
     if planned.bytes != actual.nbytes or (planned.dtype_bytes and dict(planned.dtype_bytes) != actual.dtype_bytes):
@@ -36,7 +41,33 @@ def _first_difference(planned: GroupPlan, actual: Group) -> str | None:
                 f"{_describe(actual.nbytes, actual.dtype_bytes)} here")
     if planned.shapes_digest and planned.shapes_digest != actual.shapes_digest:
         return f"{name} has the same bytes but other tensor shapes or names here"
+    if planned.est_read_bytes_per_step != actual.est_read_bytes_per_step:
+        return (f"{name}: a decode step reads {planned.est_read_bytes_per_step} bytes of it in the plan and "
+                f"{actual.est_read_bytes_per_step} here")
     return None
+
+
+def _derived_differences(plan: Plan, actual: dict[tuple, Group]) -> list[str]:
+    """The plan's stated prefetch buffers and tower transient against the same quantities
+    recomputed from this checkpoint's groups (the plan alone only bounds them)."""
+    segments = plan.inputs.cold_segments
+    mine = [actual.get(group_key(g.group, segments)) for g in plan.groups]
+    if any(g is None for g in mine):
+        return []
+    out = []
+    if plan.hot_layer_indices:
+        hot = set(plan.hot_layer_indices)  # the offloader's slots: the hot layers' parameters, experts included
+        buffers = prefetch_buffer_bytes([g for g in mine if g.kind in LAYER_KINDS and g.layer_index in hot],
+                                        plan.inputs.prefetch_step)
+        if plan.prefetch_buffer_bytes != buffers:
+            out.append(f"the prefetch buffers are {plan.prefetch_buffer_bytes} bytes in the plan and {buffers} "
+                       f"for this model's layers at prefetch_step {plan.inputs.prefetch_step}")
+    transient = max((tower_transient_bytes(a) for g, a in zip(plan.groups, mine)
+                     if g.placement == Placement.HOST_COLD), default=0)
+    if plan.est_transient_device_bytes != transient:
+        out.append(f"est_transient_device_bytes is {plan.est_transient_device_bytes} in the plan and {transient} "
+                   "for this model's towers")
+    return out
 
 
 def differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
@@ -59,7 +90,7 @@ def differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
             out.append(diff)
     out += [f"{g.name} ({fmt_bytes(g.nbytes)}) is in this model but not in the plan"
             for key, g in actual.items() if key not in matched]
-    return out
+    return out + _derived_differences(plan, actual)
 
 
 def check_plan_matches_model(plan: Plan, checkpoint: Checkpoint) -> list[str]:
@@ -67,9 +98,17 @@ def check_plan_matches_model(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     was made for another model than ``checkpoint``; return notes when it matches."""
     fingerprint = model_fingerprint(checkpoint)
     same_tie = plan.model.tie_word_embeddings == checkpoint.facts.tie_word_embeddings
-    if fingerprint == plan.model.fingerprint and same_tie:
-        return []
+    # Group by group always: the fingerprint says which model the plan names, not that its
+    # groups were left as the planner made them (a hand-edited group keeps the fingerprint).
     found = differences(plan, checkpoint)
+    if not found and fingerprint == plan.model.fingerprint and same_tie:
+        return []
+    if found and fingerprint == plan.model.fingerprint and same_tie:
+        raise PlanError(
+            f"the plan names this model ({checkpoint.source}, fingerprint {fingerprint}) but its groups do not "
+            f"match it: {found[0]}" + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+            + f"; was the plan edited? make it again: selective-offload plan {checkpoint.source} "
+            f"--device-memory {size_arg(plan.inputs.device_memory_bytes)} -o plan.json")
     if not found:
         return [f"the plan's fingerprint ({plan.model.fingerprint}) differs from {checkpoint.source}'s "
                 f"({fingerprint}), but every group has the same tensors: tensor names outside the groups "

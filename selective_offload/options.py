@@ -15,9 +15,18 @@ variable                       accepted values
 ``SELECTIVE_OFFLOAD_REPORT``   path of the report JSON; its directory must exist
                                and be writable; unset: a temporary file
 ``SELECTIVE_OFFLOAD_EMBEDDING`` ``auto`` (default), ``host`` or ``uva``
+``SELECTIVE_OFFLOAD_DEVICE_    with ``SELECTIVE_OFFLOAD_PLAN=auto``: the device memory
+MEMORY``                       to plan for (``24GiB``), in place of the card's
 ``SELECTIVE_OFFLOAD_LAST_REPORT`` where the report path of the last engine set-up is
                                recorded (default ``~/.cache/selective-offload/last-report``)
 =============================  ==================================================
+
+A report path is tried for real before any model is built: a trial file is created and
+written beside it and removed, so a directory that refuses files (``/proc``, a read-only
+mount), a name too long for the file system, and a target that is not a regular file
+(``/dev/full``, a directory, a pipe) are refused in one line while they can still be
+fixed. The report is later written to a temporary file and renamed over the target, which
+replaces nothing but a regular file.
 
 The report path is recorded because the default one is a new temporary directory per
 run: ``selective-offload report`` without a path reads the record, so a user who ran
@@ -39,6 +48,7 @@ ENV_REPORT = "SELECTIVE_OFFLOAD_REPORT"
 ENV_STRICT = "SELECTIVE_OFFLOAD_STRICT"
 ENV_EMBEDDING = "SELECTIVE_OFFLOAD_EMBEDDING"
 ENV_LAST_REPORT = "SELECTIVE_OFFLOAD_LAST_REPORT"
+ENV_DEVICE_MEMORY = "SELECTIVE_OFFLOAD_DEVICE_MEMORY"
 ENV_VARS = (ENV_PLAN, ENV_REPORT, ENV_STRICT, ENV_EMBEDDING)
 #: ``SELECTIVE_OFFLOAD_PLAN=auto``: plan inside the worker, from the real card.
 AUTO_PLAN = "auto"
@@ -62,17 +72,76 @@ def parse_flag(name: str, value: str | None, default: bool = False) -> bool:
     raise UserError(f"{name}={value!r} is not a yes/no value; use one of 1, true, yes, on or 0, false, no, off")
 
 
+#: What the report writer adds to a report's file name: another rank's suffix
+#: (``.rank<k>``, k < 10**6) on the target; its temporary files have short names of their own.
+RANK_SUFFIX_ROOM = len(".rank999999")
+
+
+def temporary_name(path: Path) -> Path:
+    """The temporary file a report is written to before it is renamed over ``path``:
+    beside it (a rename is atomic within one file system), and short whatever the target's
+    name, so it always fits where the target fits."""
+    return path.with_name(f".so-{os.getpid()}-{abs(hash(path.name)) % 10**8}.tmp")
+
+
 def check_report_path(path: str | os.PathLike, what: str = ENV_REPORT) -> Path:
-    """Refuse, before any model is built, a report path that cannot be written."""
+    """Refuse, before any model is built, a report path that cannot be written: tried for
+    real with a trial file beside it."""
     path = Path(path)
+    try:
+        return _check_report_path(path, what)
+    except OSError as exc:  # a name too long for is_dir() itself, a loop of links
+        raise UserError(f"{what}={str(path)[:200]}: cannot be used ({exc.strerror or exc}); name a file with a "
+                        "shorter path in a writable directory") from None
+
+
+def _check_report_path(path: Path, what: str) -> Path:
     if path.is_dir():
         raise UserError(f"{what}={path}: is a directory; name a file in it, like {path / 'report.json'}")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{what}={path}: is not a regular file (a device, a pipe or a socket), and the report "
+                        "replaces its file; name a regular file")
     parent = path.parent
     if not parent.is_dir():
         raise UserError(f"{what}={path}: the directory {parent} does not exist; create it or name another file")
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(path.name.encode()) + RANK_SUFFIX_ROOM > name_max:
+        raise UserError(f"{what}={str(path)[:80]}...: the file name is {len(path.name.encode())} bytes, and with "
+                        f"the {RANK_SUFFIX_ROOM} bytes other workers' reports add it would not fit this file "
+                        f"system's {name_max}; name a shorter file")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UserError(f"{what}={path}: cannot be written (permission denied); name a file in a writable directory")
+    trial = temporary_name(path)
+    try:
+        with open(trial, "w") as f:
+            f.write("{}\n")
+    except OSError as exc:
+        raise UserError(f"{what}={path}: a trial file beside it could not be written ({exc.strerror or exc}); "
+                        "name a file in a writable directory on a normal file system") from None
+    finally:
+        try:
+            trial.unlink()
+        except OSError:
+            pass
     return path
+
+
+def device_memory_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
+    """``SELECTIVE_OFFLOAD_DEVICE_MEMORY`` in bytes (``None`` when unset); a bad value is
+    refused naming the variable, in whichever process reads it first."""
+    from .sizes import parse_size
+
+    text = environ.get(ENV_DEVICE_MEMORY, "").strip()
+    if not text:
+        return None
+    value = parse_size(text, ENV_DEVICE_MEMORY)
+    if value <= 0:
+        raise UserError(f"{ENV_DEVICE_MEMORY}={text!r}: must be more than 0, like 24GiB (or unset it to plan "
+                        "for the card's memory)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -100,12 +169,15 @@ class RunOptions:
         plan = environ.get(ENV_PLAN, "").strip()
         if not plan:
             return None
-        return cls(
+        options = cls(
             plan_path=plan,
             strict=parse_flag(ENV_STRICT, environ.get(ENV_STRICT)),
             report_path=environ.get(ENV_REPORT, "").strip() or None,
             embedding_mode=environ.get(ENV_EMBEDDING, "").strip() or "auto",
         ).validate()
+        if plan == AUTO_PLAN:
+            device_memory_from_env(environ)
+        return options
 
     def with_default_report(self) -> "RunOptions":
         """These options with a report file in a new temporary directory when none is named;

@@ -5,9 +5,16 @@ A plan is what ``selective-offload plan -o plan.json`` writes and what
 between machines and releases, so reading one is a validation, not a deserialisation:
 every field is checked for its type and range, placements, classes, kinds and the
 strategy are enums, and everything that can be derived from the groups (totals, the
-deficit, the shortfall, the prefetch buffers, the estimates) is derived, never trusted.
-A plan that would be silently misapplied is refused with one line naming the field and
-the fix.
+deficit, the shortfall, each group's class, MTP flag and reads, the strategy, the hot
+layers) is derived, and a stated value that disagrees is an error. What the plan alone
+can only bound (the prefetch buffers, the tower transient) is bounded here and compared
+exactly against the checkpoint by :mod:`.model_match`. The groups must hold every byte of
+the model: a byte in no group would be placed by no one and counted nowhere. The rules
+that depend on a group's kind or class are tables (``KIND_CLASS``, ``CLASS_PLACEMENTS``,
+``PLACEMENT_KINDS``, ``LAYER_INDEX_KINDS``, ``PARTIAL_READ_KINDS``), so a new kind states
+its rules in one place.
+A ``Plan`` object is checked by the same reader (:meth:`Plan.checked`). A plan that would
+be silently misapplied is refused with one line naming the field and the fix.
 
 The JSON format (``"format": "selective-offload/plan-v3"``) is documented in the README.
 v3 adds the routed experts of a MoE layer as a group of their own (kind ``experts``, with
@@ -31,6 +38,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import jsonio
 from .errors import PlanError
 from .estimate import (
     DEFAULT_ACCEPT_RATE,
@@ -47,8 +55,19 @@ from .estimate import (
     flops_per_token,
     step_cost,
 )
-from .names import DEFAULT_COLD_SEGMENTS, EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, has_segment
-from .sizes import GB, GiB
+from .names import (
+    DEFAULT_COLD_SEGMENTS,
+    EMBED_SEGMENTS,
+    MTP_SEGMENTS,
+    NEVER_COLD_SEGMENTS,
+    cold_prefix,
+    VLLM_HOST_TABLES,
+    experts_prefix,
+    has_segment,
+    host_table_prefix,
+    layer_of,
+)
+from .sizes import GB, MAX_BYTES, MAX_GBPS, MAX_TFLOPS, MIN_GBPS, GiB
 
 FORMAT_PREFIX = "selective-offload/plan-v"
 #: The format this release writes, and the oldest one it still reads.
@@ -63,6 +82,10 @@ REFERENCE_VRAM_GBPS = 472.0
 DEFAULT_KV_CACHE_BYTES = 1 * GiB
 #: CUDA context, activations, CUDA graphs and allocator slack.
 DEFAULT_RESERVE_BYTES = 2 * GiB
+#: The largest integer a plan holds (bytes, counts, tokens); see sizes.MAX_BYTES.
+MAX_PLAN_INT = MAX_BYTES
+#: The largest other number a plan holds (estimates, GiB).
+MAX_PLAN_NUMBER = 1e18
 
 EST_IGNORES: tuple[str, ...] = (
     "compute beyond a matmul's best rate: with --compute-tflops (or a probe of the GPU) a layer costs "
@@ -131,6 +154,25 @@ HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT, Placement.HOST_UVA)
 #: Kinds of group that belong to one decoder layer (and carry its ``layer_index``).
 LAYER_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS)
 
+# Per-kind rules, as tables, so a new kind (or placement) states its rules in one place.
+#: Kinds whose groups carry a ``layer_index`` (the decoder layer their name is in).
+LAYER_INDEX_KINDS: frozenset[GroupKind] = frozenset(LAYER_KINDS)
+#: Kinds whose class is fixed (a cold-kind group's class depends on its name: see
+#: :meth:`Plan.expected_class`).
+KIND_CLASS: dict[GroupKind, GroupClass] = {GroupKind.LAYER: GroupClass.HOT, GroupKind.EXPERTS: GroupClass.HOT,
+                                          GroupKind.MODULE: GroupClass.HOT}
+#: Placements allowed for each class, and the kinds a placement is limited to.
+CLASS_PLACEMENTS: dict[GroupClass, frozenset[Placement]] = {
+    GroupClass.COLD: frozenset({Placement.DEVICE, Placement.HOST_COLD}),
+    GroupClass.HOT: frozenset({Placement.DEVICE, Placement.HOST_HOT, Placement.HOST_UVA}),
+    GroupClass.ABSENT: frozenset({Placement.ABSENT}),
+}
+PLACEMENT_KINDS: dict[Placement, frozenset[GroupKind]] = {Placement.HOST_HOT: frozenset(LAYER_KINDS),
+                                                          Placement.HOST_UVA: frozenset({GroupKind.EXPERTS})}
+#: Kinds of hot groups a decode step reads only in part (their ``est_read_bytes_per_step``
+#: is bounded by their bytes, not equal to them). Every other hot group is read in full.
+PARTIAL_READ_KINDS: frozenset[GroupKind] = frozenset({GroupKind.EXPERTS})
+
 
 # --------------------------------------------------------------------------- field reading
 
@@ -173,18 +215,21 @@ class _Reader:
         value = self.raw(key, default, optional=optional)
         if value is None and (optional or default is None):
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-            self._bad(key, value, "an integer" + (f" >= {minimum}" if minimum is not None else ""))
+        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum) \
+                or abs(value) > MAX_PLAN_INT:
+            self._bad(key, value, "an integer" + (f" >= {minimum}" if minimum is not None else "")
+                      + f" and at most {MAX_PLAN_INT}")
         return value
 
     def number(self, key: str, *, positive: bool, default: Any = ..., optional: bool = False) -> float | None:
         value = self.raw(key, default, optional=optional)
         if value is None and (optional or default is None):
             return None
-        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and _finite(value)
               and (value > 0 if positive else value >= 0))
         if not ok:
-            self._bad(key, value, "a finite number " + ("> 0" if positive else ">= 0"))
+            self._bad(key, value, "a finite number " + ("> 0" if positive else ">= 0")
+                      + f" and at most {MAX_PLAN_NUMBER:g}")
         return float(value)
 
     def str(self, key: str, *, default: Any = ..., nonempty: bool = False) -> str:
@@ -216,6 +261,20 @@ class _Reader:
         """Notes for fields this version does not know (tolerated)."""
         return [f"{self.where}: field {self._name(k)!r} is not known to this selective-offload "
                 "and was ignored" for k in self.data if k not in self.seen]
+
+
+def _finite(value: Any) -> bool:
+    """A number a plan can hold: finite and within :data:`MAX_PLAN_NUMBER` (a huge integer
+    would overflow the float arithmetic of the estimates)."""
+    try:
+        return math.isfinite(value) and abs(value) <= MAX_PLAN_NUMBER
+    except (TypeError, OverflowError):
+        return False
+
+
+def _int_list(value: Any, limit: int = MAX_PLAN_INT) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= limit for i in value)
 
 
 def _json_type(value: Any) -> str:
@@ -309,13 +368,19 @@ class PlanInputs:
         return self.max_model_len // 2 if self.max_model_len else 0
 
     def validate(self) -> None:
+        self._check_types()
         if self.device_memory_bytes <= 0:
             raise PlanError("device memory must be more than 0 bytes; give it like --device-memory 24GiB")
         for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps), ("UVA read", self.uva_gbps)):
-            if value is not None and not (value > 0 and math.isfinite(value)):
-                raise PlanError(f"{label} bandwidth {value!r} GB/s must be a positive number")
-        if self.compute_tflops is not None and not (self.compute_tflops > 0 and math.isfinite(self.compute_tflops)):
-            raise PlanError(f"compute rate {self.compute_tflops!r} TFLOP/s must be a positive number")
+            if value is None and label == "UVA read":
+                continue  # the default factor of the link rate
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:
+                raise PlanError(f"{label} bandwidth {value!r} GB/s must be a number from {MIN_GBPS:g} to "
+                                f"{MAX_GBPS:g} GB/s, like 13.9")
+        tflops = self.compute_tflops
+        if tflops is not None and (isinstance(tflops, bool) or not isinstance(tflops, (int, float))
+                                   or not 0 < tflops <= MAX_TFLOPS):
+            raise PlanError(f"compute rate {tflops!r} TFLOP/s must be a positive number of at most {MAX_TFLOPS:g}")
         if self.kv_cache_bytes < 0 or self.reserve_bytes < 0:
             raise PlanError("KV cache and reserve sizes must be zero or more bytes")
         if self.weight_budget_bytes <= 0:
@@ -351,6 +416,26 @@ class PlanInputs:
         bad = [s for s in self.cold_segments if not s or "." in s]
         if bad:
             raise PlanError(f"cold segment {bad[0]!r} must be one name segment without dots, like visual")
+
+    def _check_types(self) -> None:
+        """Every integer field an integer in range, every number finite: a Plan built in
+        Python gets the checks a plan file gets from its reader."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or f.name in ("link_gbps", "vram_gbps"):
+                continue
+            if f.type in ("int", "int | None"):
+                if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PLAN_INT:
+                    raise PlanError(f"{f.name} {value!r} must be an integer of at most {MAX_PLAN_INT}")
+            elif f.type in ("float", "float | None"):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+                    raise PlanError(f"{f.name} {value!r} must be a finite number")
+            elif f.type == "bool" and not isinstance(value, bool):
+                raise PlanError(f"{f.name} {value!r} must be True or False")
+            elif f.type == "str" and not isinstance(value, str):
+                raise PlanError(f"{f.name} {value!r} must be a string")
+        if not isinstance(self.cold_segments, (tuple, list)) or not all(isinstance(s, str) for s in self.cold_segments):
+            raise PlanError(f"cold_segments {self.cold_segments!r} must be a list of name segments")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
@@ -447,9 +532,9 @@ class GroupPlan:
         r.context = f"group {name}"
         kind = r.choice("kind", GroupKind)
         layer_index = r.int("layer_index", default=None)
-        if (kind in LAYER_KINDS) != (layer_index is not None):
-            r.fail(f"kind is {kind} but layer_index is {json.dumps(layer_index)}; a layer or experts group, and "
-                   "only those, has a layer_index")
+        if (kind in LAYER_INDEX_KINDS) != (layer_index is not None):
+            r.fail(f"kind is {kind} but layer_index is {json.dumps(layer_index)}; a group of kind "
+                   f"{' or '.join(sorted(LAYER_INDEX_KINDS))}, and only such a group, has a layer_index")
         if version == 1:
             # v1 wrote the per-step reads split by where they land; one of the two is the read.
             r.seen.update({"est_link_bytes_per_step", "est_vram_bytes_per_step"})
@@ -475,27 +560,36 @@ class GroupPlan:
         return group, r.unknown()
 
     def check(self, where: str) -> None:
-        """Class, kind and placement must agree; raise naming the group otherwise."""
+        """Class, kind and placement must agree, the name must be the layer its index says;
+        raise naming the group otherwise."""
         problem = None
-        if self.placement == Placement.ABSENT and self.cls != GroupClass.ABSENT:
-            problem = f"placement absent is only for a group of class absent, not {self.cls}"
-        elif self.cls == GroupClass.ABSENT and self.placement != Placement.ABSENT:
-            problem = f"a group of class absent (not loaded) cannot be placed {self.placement}"
-        elif self.placement == Placement.HOST_COLD and self.cls != GroupClass.COLD:
-            problem = f"placement host-cold is for cold groups, and this one is {self.cls}"
-        elif self.placement == Placement.HOST_HOT and self.kind not in LAYER_KINDS:
-            problem = f"placement host-hot is for decoder layers (kind layer or experts), and this one is {self.kind}"
-        elif self.placement == Placement.HOST_UVA and self.kind != GroupKind.EXPERTS:
-            problem = f"placement host-uva is for routed experts (kind experts), and this one is {self.kind}"
-        elif self.kind == GroupKind.EXPERTS and self.cls != GroupClass.HOT:
-            problem = f"routed experts are read every step (class hot), not {self.cls}"
+        kinds = PLACEMENT_KINDS.get(self.placement)
+        layer = layer_of(self.group)
+        if self.placement not in CLASS_PLACEMENTS[self.cls]:
+            allowed = ", ".join(sorted(CLASS_PLACEMENTS[self.cls]))
+            problem = f"a group of class {self.cls} cannot be placed {self.placement} (only {allowed})"
+        elif kinds is not None and self.kind not in kinds:
+            problem = (f"placement {self.placement} is for groups of kind {' or '.join(sorted(kinds))}, "
+                       f"and this one is {self.kind}")
         elif self.kind == GroupKind.EXPERTS and not 1 <= self.experts_per_token <= self.num_experts:
             problem = (f"routed experts need 1 <= experts_per_token <= num_experts, and these are "
                        f"{self.experts_per_token} of {self.num_experts}")
         elif self.kind != GroupKind.EXPERTS and (self.num_experts or self.experts_per_token):
             problem = f"num_experts and experts_per_token are for kind experts only, and this one is {self.kind}"
+        elif self.kind == GroupKind.EXPERTS and experts_prefix(f"{self.group}.weight") != self.group:
+            problem = "a group of kind experts is the routed experts module of one layer, named like " \
+                      "model.layers.N.mlp.experts"
         elif self.dtype_bytes and sum(self.dtype_bytes.values()) != self.bytes:
             problem = f"bytes {self.bytes} is not the sum of dtype_bytes ({sum(self.dtype_bytes.values())})"
+        elif self.layer_index is not None and (layer is None or layer[1] != self.layer_index):
+            problem = (f"layer_index {self.layer_index} is not the layer its name is in "
+                       f"({'no layers.N in the name' if layer is None else f'layer {layer[1]}'})")
+        elif (self.kind in LAYER_INDEX_KINDS) != (self.layer_index is not None):
+            problem = f"kind is {self.kind} but layer_index is {self.layer_index}"
+        elif self.kind == GroupKind.LAYER and self.group != f"{layer[0]}.{layer[1]}":
+            problem = f"a group of kind layer is one whole decoder layer, named like {layer[0]}.{layer[1]}"
+        elif not 0 <= self.est_read_bytes_per_step <= self.bytes:
+            problem = f"est_read_bytes_per_step {self.est_read_bytes_per_step} is more than its {self.bytes} bytes"
         if problem:
             raise PlanError(f"{where}: group {self.group}: {problem}; fix it or {REPLAN}")
 
@@ -548,8 +642,8 @@ class Estimate:
         values = {}
         for f in fields(cls):
             value = r.raw(f.name, f.default if f.default is not MISSING else ...)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                r._bad(f.name, value, "a number >= 0")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < 0:
+                r._bad(f.name, value, f"a finite number >= 0 and at most {MAX_PLAN_NUMBER:g}")
             values[f.name] = float(value)
         return cls(**values)
 
@@ -584,8 +678,7 @@ class BulkBaseline:
     @classmethod
     def read(cls, r: _Reader) -> "BulkBaseline":
         touched = r.raw("layers_touched")
-        if not isinstance(touched, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                                                    for i in touched):
+        if not _int_list(touched):
             r._bad("layers_touched", touched, "a list of layer indices")
         return cls(cpu_offload_gb=r.number("cpu_offload_gb", positive=False), offloaded_bytes=r.int("offloaded_bytes"),
                    offloaded_tensors=r.int("offloaded_tensors"), layers_touched=tuple(touched),
@@ -623,15 +716,20 @@ class PlannedModel:
     @classmethod
     def read(cls, r: _Reader) -> tuple["PlannedModel", list[str]]:
         kv = r.raw("kv", None)
-        if kv is not None and not isinstance(kv, Mapping):
-            r._bad("kv", kv, "an object or null")
+        if kv is not None:
+            kr = r.child("kv")
+            sliding = kr.raw("sliding", [])
+            if not isinstance(sliding, list) or not all(_int_list(w) and len(w) == 2 for w in sliding):
+                kr._bad("sliding", sliding, "a list of [window, bytes per token] pairs")
+            kv = KvModel(kr.int("full_bytes_per_token", default=0), tuple(tuple(w) for w in sliding),
+                         kr.int("fixed_bytes_per_seq", default=0), kr.str("description", default=""))
         model = cls(source=r.str("source"), kind=r.str("kind", default="safetensors"),
                     architectures=r.str_list("architectures", default=[]),
                     fingerprint=r.str("fingerprint", nonempty=True), num_tensors=r.int("num_tensors"),
                     total_bytes=r.int("total_bytes"), tie_word_embeddings=r.bool("tie_word_embeddings"),
                     num_hidden_layers=r.int("num_hidden_layers", default=None),
                     num_mtp_layers=r.int("num_mtp_layers", default=0),
-                    kv=None if kv is None else KvModel.from_dict(kv))
+                    kv=kv)
         return model, r.unknown()
 
 
@@ -659,7 +757,7 @@ class Alternative:
     @classmethod
     def read(cls, r: _Reader) -> "Alternative":
         hot = r.raw("hot_layer_indices")
-        if not isinstance(hot, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hot):
+        if not _int_list(hot):
             r._bad("hot_layer_indices", hot, "a list of layer indices")
         return cls(label=r.str("label"), strategy=r.choice("strategy", Strategy),
                    host_cold_bytes=r.int("host_cold_bytes"), host_hot_bytes=r.int("host_hot_bytes"),
@@ -745,9 +843,10 @@ class Plan:
             return 0
         if self.stored_prefetch_buffer_bytes is not None:
             return self.stored_prefetch_buffer_bytes
+        hot = set(self.hot_layer_indices)
         per_layer: dict[int, int] = {}
         for g in self.groups:
-            if g.kind in LAYER_KINDS:  # the offloader copies a layer's experts with it
+            if g.kind in LAYER_KINDS and g.layer_index in hot:  # a layer's experts are copied with it
                 per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes
         return self.inputs.prefetch_step * max(per_layer.values(), default=0)
 
@@ -822,12 +921,17 @@ class Plan:
 
     # ---- consistency
     def validate(self, where: str = "plan") -> None:
-        """Raise :class:`PlanError` (one line) when the plan contradicts itself."""
+        """Raise :class:`PlanError` (one line) when the plan contradicts itself: every
+        derived quantity (class, MTP flag, coverage, hot layers, prefetch buffers, tower
+        transient, strategy) is recomputed, and a stated value that disagrees is an error."""
         self.check_groups(where)
+        self.check_derived(where)
+        self.check_bulk(where)
         self.check_strategy(where)
 
     def check_groups(self, where: str = "plan") -> None:
-        """Each group consistent in itself, unique, inside the model; hot layers agreeing."""
+        """Each group consistent in itself, unique, of the class its name and the inputs
+        give it, inside the model; together they hold every tensor of the model."""
         self.inputs.validate()
         if not self.groups:
             raise PlanError(f"{where}: the plan has no groups; {REPLAN}")
@@ -840,7 +944,8 @@ class Plan:
             seen.add(g.group)
             g.check(where)
             self._check_never_cold(g, where)
-            if g.layer_index is None:
+            self._check_class(g, where)
+            if g.kind not in LAYER_KINDS:
                 continue
             if g.layer_index in by_kind[g.kind]:
                 raise PlanError(f"{where}: group {g.group}: layer_index {g.layer_index} belongs to another "
@@ -850,8 +955,9 @@ class Plan:
                 raise PlanError(f"{where}: group {g.group}: layer_index {g.layer_index} is outside the model's "
                                 f"{n_layers} layers (0..{n_layers - 1}); {REPLAN}")
         self._check_experts_follow_layers(by_kind, where)
+        self._check_coverage(where)
         hot = tuple(sorted(g.layer_index for g in self.groups
-                           if g.kind == GroupKind.LAYER and g.placement == Placement.HOST_HOT))
+                           if g.placement == Placement.HOST_HOT and g.kind == GroupKind.LAYER))
         if tuple(self.hot_layer_indices) != hot:
             raise PlanError(f"{where}: hot_layer_indices {list(self.hot_layer_indices)} disagree with the groups "
                             f"placed host-hot (layers {list(hot)}); make them agree or {REPLAN}")
@@ -884,33 +990,198 @@ class Plan:
             return
         raise PlanError(f"{where}: group {g.group} is marked cold, but {why}; {REPLAN}")
 
+    def _is_mtp_layer(self, group: str) -> bool:
+        """A decoder layer past the model's last one, in a model that declares an MTP head
+        (DeepSeek-V3 stores its MTP head so)."""
+        layer, n = layer_of(group), self.model.num_hidden_layers
+        return bool(self.model.num_mtp_layers and n is not None and layer is not None and layer[1] >= n)
+
+    def _is_vllm_host_table(self, group: str) -> bool:
+        """An n-gram / per-layer embedding table of a model whose vLLM class keeps such
+        tables in host memory itself (:data:`names.VLLM_HOST_TABLES`)."""
+        return (host_table_prefix(group) == group
+                and any(a in VLLM_HOST_TABLES for a in self.model.architectures))
+
+    def expected_class(self, g: GroupPlan) -> tuple[GroupClass, bool, str] | None:
+        """The class and MTP flag the group's kind, name and the inputs give it (the
+        planner's rule), and why; ``None`` for a group of kind cold whose name is not a
+        cold module."""
+        if g.kind == GroupKind.MODULE and self._is_vllm_host_table(g.group):
+            return GroupClass.COLD, False, "vLLM keeps this n-gram table in host memory itself and gathers rows"
+        fixed = KIND_CLASS.get(g.kind)
+        if fixed is not None:
+            return fixed, False, f"a group of kind {g.kind} is read every step"
+        prefix = cold_prefix(g.group, self.inputs.cold_segments)
+        if prefix != g.group and not self._is_mtp_layer(g.group):
+            return None
+        if has_segment(g.group, MTP_SEGMENTS) if prefix == g.group else True:
+            if self.inputs.speculative == "mtp":
+                return GroupClass.HOT, True, "MTP speculative decoding runs the MTP head every step"
+            return (GroupClass.ABSENT, True, "an MTP head is not loaded without MTP speculative decoding "
+                    "(only an MTP head is ever absent: vLLM loads every other tensor)")
+        if has_segment(g.group, EMBED_SEGMENTS) and self.model.tie_word_embeddings:
+            return GroupClass.HOT, False, "the embedding is tied to the LM head"
+        return GroupClass.COLD, False, "a decode step does not read it in full"
+
+    def _check_class(self, g: GroupPlan, where: str) -> None:
+        expected = self.expected_class(g)
+        if expected is None:
+            raise PlanError(f"{where}: group {g.group} is of kind cold, but its name is not a module under one "
+                            f"of the cold segments ({', '.join(self.inputs.cold_segments)}); {REPLAN}")
+        cls, mtp, why = expected
+        if g.mtp != mtp:
+            raise PlanError(f"{where}: group {g.group}: mtp is {str(g.mtp).lower()}, but the group is "
+                            f"{'' if mtp else 'not '}an MTP head; {REPLAN}")
+        if g.cls != cls:
+            what = "placed absent (not loaded)" if g.cls == GroupClass.ABSENT else f"of class {g.cls}"
+            if g.cls == GroupClass.ABSENT:
+                why += "; only an MTP head is ever absent: vLLM loads every other tensor"
+            raise PlanError(f"{where}: group {g.group} is {what}, but it is {cls}: {why}; {REPLAN}")
+        if cls == GroupClass.ABSENT and g.est_read_bytes_per_step:
+            raise PlanError(f"{where}: group {g.group} is not loaded, so a step reads none of it, not "
+                            f"est_read_bytes_per_step {g.est_read_bytes_per_step}; {REPLAN}")
+        whole = ((cls == GroupClass.HOT and g.kind not in PARTIAL_READ_KINDS)
+                 or (cls == GroupClass.COLD and not has_segment(g.group, EMBED_SEGMENTS)
+                     and not self._is_vllm_host_table(g.group)))
+        expected = g.bytes if cls == GroupClass.HOT else 0
+        if whole and g.est_read_bytes_per_step != expected:
+            what = "read in full every step" if cls == GroupClass.HOT else "not read by a decode step"
+            raise PlanError(f"{where}: group {g.group} is {what}: est_read_bytes_per_step must be {expected}, "
+                            f"not {g.est_read_bytes_per_step}; {REPLAN}")
+        if g.kind == GroupKind.EXPERTS:
+            expected = experts_read_bytes(g.bytes, g.num_experts, g.experts_per_token)
+            if g.est_read_bytes_per_step != expected:
+                raise PlanError(f"{where}: group {g.group}: a step at batch 1 reads {g.experts_per_token} of its "
+                                f"{g.num_experts} routed experts (est), so est_read_bytes_per_step must be "
+                                f"{expected}, not {g.est_read_bytes_per_step}; {REPLAN}")
+
+    def _check_coverage(self, where: str) -> None:
+        """The groups hold every tensor of the model: a byte in no group is placed by no one
+        and counted nowhere."""
+        held = sum(g.bytes for g in self.groups)
+        if held != self.model.total_bytes:
+            raise PlanError(
+                f"{where}: the groups hold {held} bytes but the model ({self.model.source}) has "
+                f"{self.model.total_bytes}: {abs(held - self.model.total_bytes)} bytes are "
+                f"{'in no group' if held < self.model.total_bytes else 'counted twice or not in the model'} "
+                f"(was a group deleted or edited?); {REPLAN}")
+        if all(g.num_tensors for g in self.groups):
+            tensors = sum(g.num_tensors for g in self.groups)
+            if tensors != self.model.num_tensors:
+                raise PlanError(f"{where}: the groups hold {tensors} tensors but the model has "
+                                f"{self.model.num_tensors} (was a group deleted or edited?); {REPLAN}")
+
+    def prefetch_buffer_range(self) -> tuple[int, int]:
+        """The least and most the prefetch buffers can be for these hot layers: one slot per
+        parameter name, each as large as its largest copy, is at least the largest layer
+        and at most every layer (``prefetch_step`` slots of each), counting the hot layers
+        only: the offloader makes slots for what it offloads. A layer's routed experts are
+        copied with it, so they count in its bytes."""
+        hot = set(self.hot_layer_indices)
+        per_layer: dict[int, int] = {}
+        for g in self.groups:
+            if g.kind in LAYER_KINDS and g.layer_index in hot:
+                per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes
+        layers = list(per_layer.values())
+        if not self.hot_layer_indices or not layers:
+            return 0, 0
+        return self.inputs.prefetch_step * max(layers), self.inputs.prefetch_step * sum(layers)
+
+    def tower_transient_limit(self) -> int:
+        """The most an on-demand tower can hold on the device (two blocks and the rest of
+        the largest tower on the host, at most twice its bytes)."""
+        towers = [g.bytes for g in self.groups if g.placement == Placement.HOST_COLD
+                  and not has_segment(g.group, EMBED_SEGMENTS) and not self._is_vllm_host_table(g.group)]
+        return 2 * max(towers, default=0)
+
+    def check_derived(self, where: str = "plan") -> None:
+        """Stated quantities the groups bound: the prefetch buffers and the tower transient."""
+        low, high = self.prefetch_buffer_range()
+        stated = self.stored_prefetch_buffer_bytes
+        if stated is not None and not low <= stated <= high and (stated or self.hot_layer_indices):
+            raise PlanError(
+                f"{where}: prefetch_buffer_bytes {stated} cannot be right: prefetch_step "
+                f"{self.inputs.prefetch_step} slots of the offloaded layers' parameters need "
+                + (f"{low} to {high} bytes" if self.hot_layer_indices else "none without hot layers")
+                + f"; {REPLAN}")
+        limit = self.tower_transient_limit()
+        transient = self.est_transient_device_bytes
+        if transient > limit or (limit and not transient):
+            raise PlanError(
+                f"{where}: est_transient_device_bytes {transient} cannot be right: the towers placed on the host "
+                + (f"hold up to {limit} bytes on the device while they run (more than 0)" if limit else
+                   "are none, so nothing runs on demand (0)") + f"; {REPLAN}")
+
+    def check_bulk(self, where: str = "plan") -> None:
+        """The bulk baseline's device bytes and verdict follow from its offloaded bytes and
+        the groups (what it offloads needs the checkpoint's tensor order: bounded here)."""
+        bulk = self.bulk
+        if bulk is None:
+            return
+        loaded = sum(g.bytes for g in self.groups if g.placement != Placement.ABSENT)
+        layers = sum(g.bytes for g in self.groups if g.kind in LAYER_KINDS)
+        problem = None
+        if bulk.offloaded_bytes > layers:
+            problem = f"offloaded_bytes {bulk.offloaded_bytes} is more than the {layers} bytes of the decoder layers"
+        elif bulk.device_bytes != loaded - bulk.offloaded_bytes:
+            problem = (f"device_bytes {bulk.device_bytes} is not the {loaded} bytes loaded less the "
+                       f"{bulk.offloaded_bytes} offloaded")
+        elif bulk.fits != (bulk.device_bytes <= self.weight_budget_bytes):
+            problem = f"fits is {str(bulk.fits).lower()}, but {bulk.device_bytes} device bytes against the " \
+                      f"{self.weight_budget_bytes}-byte weight budget say otherwise"
+        if problem:
+            raise PlanError(f"{where}: bulk: {problem}; {REPLAN}")
+
+    def derived_strategy(self) -> Strategy:
+        """What the placement does: the strategy a plan must state."""
+        if self.shortfall_bytes or self.host_shortfall_bytes:
+            return Strategy.INFEASIBLE
+        if self.hot_layer_indices or any(g.placement == Placement.HOST_UVA for g in self.groups):
+            return Strategy.HOT_OFFLOAD  # hot bytes on the host: layers prefetched, or experts read in place
+        if self.host_cold_groups:
+            return Strategy.COLD_OFFLOAD
+        return Strategy.RESIDENT
+
     def check_strategy(self, where: str = "plan") -> None:
         """The strategy names what the placement does, and a feasible placement fits."""
-        # Hot bytes on the host: decoder layers prefetched, or routed experts read in place.
-        has_hot = bool(self.hot_layer_indices) or any(g.placement == Placement.HOST_UVA for g in self.groups)
-        has_cold = bool(self.host_cold_groups)
+        derived = self.derived_strategy()
+        if self.strategy == derived:
+            return
         shortfall = self.shortfall_bytes
-        wrong = None
         if self.strategy == Strategy.INFEASIBLE:
-            if not shortfall and not self.host_shortfall_bytes:
-                wrong = "it fits the weight budget and the host memory"
+            wrong = "it fits the weight budget and the host memory"
         elif shortfall:
             wrong = (f"the groups placed on the device need {shortfall / GB:.3f} GB more than the "
                      f"{self.weight_budget_bytes / GB:.3f} GB weight budget")
         elif self.host_shortfall_bytes:
             wrong = (f"the groups placed on the host need {self.host_shortfall_bytes / GB:.3f} GB more than the "
                      f"{self.inputs.host_memory_bytes / GB:.3f} GB of host memory")
-        elif self.strategy == Strategy.RESIDENT and (has_hot or has_cold):
+        elif self.strategy == Strategy.RESIDENT:
             wrong = "it places groups on the host"
-        elif self.strategy == Strategy.COLD_OFFLOAD and (has_hot or not has_cold):
+        elif self.strategy == Strategy.COLD_OFFLOAD:
             wrong = "cold_offload places cold groups, and only cold groups, on the host"
-        elif self.strategy == Strategy.HOT_OFFLOAD and not has_hot:
+        elif self.strategy == Strategy.HOT_OFFLOAD:
             wrong = "it places no decoder layer and no routed experts on the host"
-        if wrong:
-            raise PlanError(f"{where}: strategy is {self.strategy}, but {wrong}; {REPLAN}")
+        else:
+            wrong = f"the placement is {derived}"
+        raise PlanError(f"{where}: strategy is {self.strategy}, but {wrong}; {REPLAN}")
+
+    def require_feasible(self, what: str = "the plan") -> None:
+        """Refuse to apply an infeasible plan (enable(), and plans made at engine start)."""
+        if self.strategy != Strategy.INFEASIBLE:
+            return
+        if self.shortfall_bytes:
+            need = f"{self.shortfall_bytes / GB:.3f} GB more device memory is needed than it has"
+        else:
+            need = f"{self.host_shortfall_bytes / GB:.3f} GB more host memory is needed than it has"
+        raise PlanError(f"{what} is infeasible: {need}; plan for a larger card, a smaller KV cache or a "
+                        "smaller checkpoint")
 
     # ---- serialisation
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, derived: bool = True) -> dict[str, Any]:
+        """The plan as its JSON object; ``derived=False`` leaves out what is computed from
+        the fields (totals, estimates), so a plan of unchecked values can be written out to
+        be checked."""
         return {
             "format": PLAN_FORMAT,
             "model": self.model.to_dict(),
@@ -918,9 +1189,8 @@ class Plan:
             "strategy": self.strategy,
             "hot_layer_indices": list(self.hot_layer_indices),
             "est_transient_device_bytes": self.est_transient_device_bytes,
-            "prefetch_buffer_bytes": self.prefetch_buffer_bytes,
-            "totals": self.totals(),
-            "est": self.est.__dict__.copy(),
+            "prefetch_buffer_bytes": self.prefetch_buffer_bytes if derived else self.stored_prefetch_buffer_bytes,
+            **({"totals": self.totals(), "est": self.est.__dict__.copy()} if derived else {}),
             "bulk": None if self.bulk is None else self.bulk.to_dict(),
             "bulk_segments": None if self.bulk_segments is None else self.bulk_segments.to_dict(),
             "alternative": None if self.alternative is None else self.alternative.to_dict(),
@@ -930,10 +1200,29 @@ class Plan:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1) + "\n"
+        """The plan as strict JSON (no NaN or Infinity: every number a plan holds is bounded)."""
+        return jsonio.dumps(self.to_dict()) + "\n"
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(self.to_json())
+        text = self.to_json()
+        try:
+            Path(path).write_text(text)
+        except OSError as exc:
+            raise PlanError(f"{path}: cannot write the plan: {exc.strerror or exc}; name a file in an existing, "
+                            "writable directory") from None
+
+    @classmethod
+    def checked(cls, plan: "Plan", where: str = "the Plan object") -> "Plan":
+        """``plan`` validated as a plan file is: written out and read back through the same
+        typed reader (types, enums, bounds, derived quantities), so a Plan built or edited
+        in Python gets no fewer checks than a file, and its errors name it, not a copy."""
+        try:
+            data = jsonio.parse(json.dumps(plan.to_dict(derived=False), allow_nan=False, default=_not_json))
+        except (TypeError, ValueError, AttributeError, ArithmeticError, KeyError) as exc:
+            raise PlanError(f"{where}: is not a well-formed plan ({str(exc).splitlines()[0][:120]}); build it "
+                            "with make_plan() or Plan.load(), or " + REPLAN) from None
+        read = cls.from_dict(data, where=where)
+        return _with_load_notes(read, list(plan.load_notes) + list(read.load_notes))
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "plan") -> "Plan":
@@ -952,7 +1241,7 @@ class Plan:
             groups.append(group)
             notes += more
         hot = top.raw("hot_layer_indices")
-        if not isinstance(hot, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in hot):
+        if not _int_list(hot):
             top._bad("hot_layer_indices", hot, "a list of layer indices")
         bulk_raw = top.raw("bulk", None)
         alternative_raw = top.raw("alternative", None)
@@ -969,6 +1258,8 @@ class Plan:
         )
         top.seen.update({"est"})  # derived: recomputed from the groups
         plan.check_groups(where)
+        plan.check_derived(where)
+        plan.check_bulk(where)
         stored = _stored_totals(top, version)
         for name, value in stored.items():
             if value != getattr(plan, name):
@@ -984,12 +1275,18 @@ class Plan:
     def load(cls, path: str | os.PathLike) -> "Plan":
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = jsonio.read(path)
         except OSError as exc:
             raise PlanError(f"{path}: cannot read the plan: {exc.strerror or exc}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:
             raise PlanError(f"{path}: the plan is not valid JSON ({exc}); {REPLAN}") from None
         return cls.from_dict(data, where=str(path))
+
+
+def _not_json(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    raise TypeError(f"{type(value).__name__} {value!r} is not a plan value")
 
 
 def _stored_totals(top: _Reader, version: int) -> dict[str, int]:

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from dataclasses import dataclass, field, replace
 from typing import Callable
+from pathlib import Path
 
 from .checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
 from .names import (
@@ -393,11 +395,19 @@ def _place_cold(p: _Placing, inputs: PlanInputs) -> None:
         if p.over_budget() <= 0 and not inputs.all_cold:
             break
         p.where[g.name] = Placement.HOST_COLD
-        # The on-demand wrapper holds about two blocks and the non-block rest while it runs.
-        if g.largest_block_bytes:
-            p.transient = max(p.transient, 2 * g.largest_block_bytes + g.non_block_bytes)
-        elif not has_segment(g.name, EMBED_SEGMENTS):
-            p.transient = max(p.transient, g.nbytes)
+        p.transient = max(p.transient, tower_transient_bytes(g))
+
+
+def tower_transient_bytes(g: Group) -> int:
+    """Device bytes a cold group on the host holds while it runs: the on-demand wrapper
+    holds about two blocks and the non-block rest of a tower (the whole of a tower without
+    blocks); an embedding is gathered row by row and holds nothing, and so is an n-gram
+    table vLLM keeps on the host itself."""
+    if g.vllm_host:
+        return 0
+    if g.largest_block_bytes:
+        return 2 * g.largest_block_bytes + g.non_block_bytes
+    return 0 if has_segment(g.name, EMBED_SEGMENTS) else g.nbytes
 
 
 def prefetch_buffer_bytes(layers: list[Group], prefetch_step: int) -> int:
@@ -438,7 +448,9 @@ def _prefetch_fewest(p: _Placing, units: list[list[Group]], inputs: PlanInputs) 
     for i in chosen:
         for g in units[i]:
             p.where[g.name] = Placement.HOST_HOT
-    p.buffers = buffers
+    # The candidates' buffers decided how many layers go (never fewer than needed); the
+    # plan states what vLLM will allocate: slots for the chosen layers' parameters.
+    p.buffers = prefetch_buffer_bytes([g for i in chosen for g in units[i]], inputs.prefetch_step)
     return [units[i][0].layer_index for i in chosen]
 
 
@@ -601,8 +613,13 @@ def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: Pla
 
 def _planned_model(checkpoint: Checkpoint, kv: KvModel | None) -> PlannedModel:
     facts = checkpoint.facts
+    # A local checkpoint is named absolutely: the plan is used from other directories, and
+    # enable(plan) finds the model (and checks the plan against it) by this path.
+    source = checkpoint.source
+    if checkpoint.kind == "safetensors" and Path(source).exists():
+        source = os.path.abspath(source)
     return PlannedModel(
-        source=checkpoint.source, kind=checkpoint.kind, architectures=tuple(facts.architectures),
+        source=source, kind=checkpoint.kind, architectures=tuple(facts.architectures),
         fingerprint=model_fingerprint(checkpoint), num_tensors=len(checkpoint.tensors),
         total_bytes=checkpoint.total_bytes, tie_word_embeddings=facts.tie_word_embeddings,
         num_hidden_layers=facts.num_hidden_layers, num_mtp_layers=facts.num_mtp_layers, kv=kv,

@@ -60,8 +60,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from . import jsonio
 from .errors import UserError
-from .sizes import GB, GiB, size_arg
+from .sizes import GB, MAX_BYTES, MAX_GBPS, MIN_GBPS, GiB, size_arg
 
 PROFILE_FORMAT = "selective-offload/profile-v1"
 #: The environment variable that names the profile file.
@@ -188,8 +189,8 @@ class Profile:
         except UnicodeDecodeError:
             raise UserError(f"{path}: the profile is not text (not UTF-8 JSON); {REPROBE}") from None
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
+            data = jsonio.parse(text)
+        except ValueError as exc:  # bounded depth, no NaN/Infinity or numbers of thousands of digits
             raise UserError(f"{path}: the profile is not valid JSON ({exc}); {REPROBE}") from None
         return cls.from_dict(data, where=str(path))
 
@@ -321,16 +322,16 @@ def _read_profile(data: Any, where: str) -> Profile:
         value = data[name]
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-            raise bad(name, value, "a positive number of GB/s or null")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:
+            raise bad(name, value, f"a number of GB/s from {MIN_GBPS:g} to {MAX_GBPS:g}, or null")
         return float(value)
 
     def nbytes(name: str) -> int | None:
         value = data[name]
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad(name, value, "a whole number of bytes, 0 or more, or null")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BYTES:
+            raise bad(name, value, f"a whole number of bytes from 0 to {MAX_BYTES}, or null")
         return value
 
     def samples(name: str) -> dict[int, float]:
@@ -343,8 +344,8 @@ def _read_profile(data: Any, where: str) -> Profile:
                 size = int(key)
             except ValueError:
                 raise bad(name, raw, "an object of copy size in bytes -> median seconds") from None
-            if (size <= 0 or isinstance(secs, bool) or not isinstance(secs, (int, float))
-                    or not (math.isfinite(secs) and secs > 0)):
+            if (not 0 < size <= MAX_BYTES or isinstance(secs, bool) or not isinstance(secs, (int, float))
+                    or not 0 < secs <= 1e9):
                 raise bad(f"{name}[{key}]", secs, "a positive number of seconds for a positive size")
             out[size] = float(secs)
         return out

@@ -26,7 +26,6 @@ why, so the calling process can raise that line instead of vLLM's generic failur
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,8 +34,10 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
+from . import jsonio
 from .errors import PlanError
 from .names import group_key, group_keys
+from .options import temporary_name
 from .plan import HOST_PLACEMENTS, GroupPlan, Placement, Plan
 from .sizes import GB, fmt_bytes
 
@@ -111,7 +112,8 @@ class PlacementReport:
     unrouted_cold_bytes: int = 0
     unrouted_uva_bytes: int = 0
     est_link_bytes_per_step: int = 0
-    #: Parameters of the model that no plan group claims (name -> bytes).
+    #: Parameters of the model that no plan group claims (name -> bytes); a name that is
+    #: another name of a claimed parameter (a tied LM head) is not listed.
     unplanned: dict[str, int] = field(default_factory=dict)
     #: Counters of each wrapper (group -> counters), as of ``transfers_as_of``.
     transfers: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -140,17 +142,23 @@ class PlacementReport:
         return {**asdict(self), "ok": self.ok}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write atomically: a reader never sees half a report."""
+        """Write atomically: a reader never sees half a report. Only a regular file (or
+        nothing) is replaced: renaming over ``/dev/full`` as root would replace the device."""
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        os.replace(tmp, path)
+        if path.exists() and not path.is_file():
+            raise OSError(f"{path} is not a regular file; the report replaces only a regular file")
+        tmp = temporary_name(path)
+        try:
+            tmp.write_text(jsonio.dumps(self.to_dict()) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @classmethod
     def load_one(cls, path: str | os.PathLike) -> "PlacementReport":
         """One report file, as written."""
         try:
-            data = json.loads(Path(path).read_text())
+            data = jsonio.read(path)
             if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
                 raise ValueError(f"format {data.get('format') if isinstance(data, dict) else None!r}")
             data.pop("ok", None)
@@ -207,6 +215,14 @@ def report_paths(path: str | os.PathLike) -> list[Path]:
     return [base, *sorted(p for p in base.parent.glob(base.name + ".rank*") if p.name[len(base.name) + 5:].isdigit())]
 
 
+def remove_reports(path: str | os.PathLike) -> None:
+    """Remove a previous engine's report files, so they cannot speak for the next one;
+    only regular files (a report path naming a device must never unlink the device)."""
+    for p in report_paths(path):
+        if p.is_file():
+            p.unlink(missing_ok=True)
+
+
 def _render(r: PlacementReport) -> list[str]:
     lines = [f"selective-offload placement report (compute device {r.compute_device}"
              + ("; host memory is device memory here" if r.host_is_device else "") + ")"]
@@ -236,6 +252,9 @@ def _render(r: PlacementReport) -> list[str]:
         lines.append(f"host memory ({hm['policy']}): page-locked {fmt_bytes(hm['page_locked_bytes'])}"
                      + (f", {ratio:.3f}x the host bytes" if ratio is not None else "")
                      + (f"; resident set {fmt_bytes(hm['resident_set_bytes'])}" if hm.get("resident_set_bytes") else ""))
+    if r.unplanned:
+        lines.append(f"in no plan group: {fmt_bytes(sum(r.unplanned.values()))} in {len(r.unplanned)} parameter(s) "
+                     f"({', '.join(sorted(r.unplanned)[:4])}{' ...' if len(r.unplanned) > 4 else ''})")
     lines += [f"note: {note}" for note in r.notes]
     lines += [f"rank {label[4:]}: {'placement matches the plan' if v['ok'] else 'NOT realised'}"
               for label, v in r.ranks.items()]
@@ -279,13 +298,16 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
     m = _Matching({g.group: GroupLanding(g.group, g.placement, Placement.ABSENT, g.bytes) for g in plan.groups},
                   {g.group: {} for g in plan.groups})
     # Tied weights are listed under every name, so a re-tied lm_head finds its group too.
+    claimed: set[int] = set()
+    unclaimed: list[tuple[str, torch.Tensor, int]] = []
     for name, param in model.named_parameters(remove_duplicate=False):
         nbytes = size(param, name)
         keys = group_keys(name.rsplit(".", 1)[0] if "." in name else name, segments)
         planned = next((by_key[k] for k in keys if k in by_key), None)
         if planned is None:
-            m.unplanned[name] = nbytes
+            unclaimed.append((name, param, nbytes))
             continue
+        claimed.add(id(param))
         if id(param) in host_hot:
             m.record(planned.group, Placement.HOST_HOT, nbytes)
         elif id(param) in host_uva:
@@ -298,7 +320,23 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
             m.record(planned.group, STRAY_HOST, nbytes)
         else:
             m.record(planned.group, Placement.DEVICE, nbytes)
+    # Another name of a claimed parameter (a tied head) is counted under its group already.
+    m.unplanned = {name: nbytes for name, param, nbytes in unclaimed if id(param) not in claimed}
     return m
+
+
+def _honesty(m: _Matching, loaded_bytes: int) -> list[str]:
+    """What a plan that was edited or made for less than this model would hide: groups the
+    plan leaves out (absent) that the engine loaded anyway, and parameters in no group
+    (placed by no one, counted nowhere) above the tolerance."""
+    problems = [f"group {g.group} is planned absent (not loaded), but the engine loaded {fmt_bytes(g.loaded_bytes)} "
+                "of it" for g in m.landings.values() if g.planned == Placement.ABSENT and g.num_params]
+    uncovered = sum(m.unplanned.values())
+    if uncovered > TOLERANCE * max(loaded_bytes, 1):
+        names = sorted(m.unplanned, key=m.unplanned.get, reverse=True)
+        problems.append(f"{fmt_bytes(uncovered)} of the loaded model are in no plan group ({', '.join(names[:4])}"
+                        f"{' ...' if len(names) > 4 else ''}): the plan does not cover this model")
+    return problems
 
 
 def _count_drafter(m: _Matching, model: nn.Module, drafter: nn.Module, plan: Plan, host_cold: set[int],
@@ -431,6 +469,8 @@ def build_report(
                           host_hot=host_hot_params, routed=routed_names, size=size,
                           host_uva=host_uva_params, routed_uva=routed_uva_params)
     notes = list(notes)
+    loaded = sum(g.loaded_bytes for g in m.landings.values()) + sum(m.unplanned.values())
+    honesty = _honesty(m, loaded)  # the main model's own parameters, before the drafter's are counted
     if drafter is not None:
         _count_drafter(m, model, drafter, plan, host_cold_params, drafter_size, notes)
     for landing in m.landings.values():
@@ -447,8 +487,8 @@ def build_report(
                                     if m.landings[g.group].actual in HOST_PLACEMENTS),
         unplanned=m.unplanned, notes=notes,
     )
-    report.problems = (_missing_groups(m, plan, drafter is not None, drafter_expected, notes,
-                                       report.on_other_ranks if pipeline_part else None)
+    report.problems = (honesty + _missing_groups(m, plan, drafter is not None, drafter_expected, notes,
+                                                 report.on_other_ranks if pipeline_part else None)
                        + _verdict(m, report, routed_names is not None, routed_uva_params is not None))
     return report
 

@@ -14,6 +14,14 @@ from .errors import UserError
 
 GB = 1_000_000_000
 GiB = 1 << 30
+#: The largest size anything here takes: 2**53 bytes is 9 PB, and every integer up to it
+#: is exact as a float, so no arithmetic on a size overflows or rounds.
+MAX_BYTES = 2**53
+#: Bandwidths outside this range (decimal GB/s) are typos, and would make estimates of 0 or
+#: infinite seconds (which strict JSON cannot even write).
+MIN_GBPS, MAX_GBPS = 1e-3, 1e6
+#: A compute rate above this (TFLOP/s) is no real card's: a typo or a hand-edited plan.
+MAX_TFLOPS = 1e6
 
 _UNITS = {
     "": 1, "b": 1,
@@ -41,8 +49,8 @@ def parse_size(text: str | int | float, what: str = "size") -> int:
                 "units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB (for example 24GiB or 3.5GB)"
             )
         value, unit = float(match.group(1)), match.group(2).lower()
-    if not math.isfinite(value) or value < 0:
-        raise UserError(f"{what}: {text!r} must be a finite size of zero or more bytes")
+    if not math.isfinite(value) or value < 0 or value * _UNITS[unit] > MAX_BYTES:
+        raise UserError(f"{what}: {text!r} must be a size from 0 bytes to {MAX_BYTES} bytes (8 PiB)")
     return int(round(value * _UNITS[unit]))
 
 
@@ -54,8 +62,9 @@ def parse_bandwidth_gbps(text: str | float, what: str = "bandwidth") -> float:
         raise UserError(
             f"{what}: cannot read {text!r} as a bandwidth; give GB/s as a number, like 13.9"
         ) from None
-    if not math.isfinite(value) or value <= 0:
-        raise UserError(f"{what}: {text!r} GB/s must be a positive number of GB/s")
+    if not MIN_GBPS <= value <= MAX_GBPS:
+        raise UserError(f"{what}: {text!r} GB/s must be a number of GB/s from {MIN_GBPS:g} to {MAX_GBPS:g}, "
+                        "like 13.9")
     return value
 
 

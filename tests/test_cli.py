@@ -99,7 +99,7 @@ def _bad_inputs(tmp_path):
         "overlapping offsets": ([str(overlap), "--device-memory", "24GiB"], "overlap"),
         "unknown dtype": ([str(dtype), "--device-memory", "24GiB"], "unknown dtype 'Q3'"),
         "unparsable size": ([str(good), "--device-memory", "24 gigs"], "cannot read '24 gigs'"),
-        "negative bandwidth": ([str(good), "--device-memory", "24GiB", "--link-gbps", "-3"], "positive"),
+        "negative bandwidth": ([str(good), "--device-memory", "24GiB", "--link-gbps", "-3"], "from 0.001 to"),
         "zero device": ([str(good), "--device-memory", "0"], "more than 0"),
         "no room for weights": ([str(good), "--device-memory", "2GiB"], "leave nothing"),
         "bad cold list": ([str(good), "--device-memory", "8GiB", "--cold-segments", "model.visual"], "single name"),

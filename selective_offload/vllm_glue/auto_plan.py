@@ -28,17 +28,16 @@ from ..estimate import KV_DTYPE_BYTES, KvModel
 from ..plan import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..planner import make_plan
 from ..probe import load_profile, plan_bandwidths, plan_defaults
-from ..sizes import GiB, parse_size
-
-ENV_DEVICE_MEMORY = "SELECTIVE_OFFLOAD_DEVICE_MEMORY"
+from ..options import ENV_DEVICE_MEMORY, device_memory_from_env
+from ..sizes import GiB
 
 
 def device_memory_for(vllm_config, device: torch.device, checkpoint_bytes: int, kv_bytes: int,
                       reserve_bytes: int) -> tuple[int, str]:
     """The device memory the plan fits in, and where that figure came from."""
-    override = os.environ.get(ENV_DEVICE_MEMORY, "").strip()
-    if override:
-        return parse_size(override, ENV_DEVICE_MEMORY), f"{ENV_DEVICE_MEMORY}={override}"
+    override = device_memory_from_env()
+    if override is not None:
+        return override, f"{ENV_DEVICE_MEMORY}={os.environ[ENV_DEVICE_MEMORY].strip()}"
     if device.type == "cuda" and torch.cuda.is_available():
         _, total = torch.cuda.mem_get_info(device)
         share = float(getattr(vllm_config.cache_config, "gpu_memory_utilization", 0.9) or 0.9)
@@ -80,7 +79,16 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
         speculative="mtp" if mtp else None,
         spec_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0) or None if mtp else None,
     )
+    budget = device_memory - kv_bytes - DEFAULT_RESERVE_BYTES
+    if budget <= 0:  # PlanInputs would name the CLI's flags; here the inputs are the engine's
+        raise PlanError(f"SELECTIVE_OFFLOAD_PLAN=auto: device memory {device_memory / GiB:.2f} GiB ({memory_from}) "
+                        f"leaves nothing for weights after the KV cache {kv_bytes / GiB:.2f} GiB ({kv_from}) and "
+                        f"the {DEFAULT_RESERVE_BYTES / GiB:.0f} GiB reserve; "
+                        + (f"raise {ENV_DEVICE_MEMORY} to the card's memory" if memory_from.startswith(ENV_DEVICE_MEMORY)
+                           else "lower max_model_len or kv_cache_memory_bytes"))
     plan = make_plan(checkpoint, inputs)
+    # The rule enable() applies to a plan it is given: an infeasible plan is not run.
+    plan.require_feasible(f"the plan made at engine start for {model_dir} ({memory_from})")
     notes = [f"plan made at engine start: device memory {device_memory / GiB:.2f} GiB ({memory_from}); KV cache "
              f"{kv_bytes / GiB:.2f} GiB ({kv_from}); {link_from}; strategy {plan.strategy}"]
     if settings_options.report_path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import load_checkpoint
+from ..checkpoint import load_checkpoint, require_complete
 from ..errors import PlanError
 from ..model_match import check_plan_matches_model
 from ..plan import Plan
@@ -23,7 +23,9 @@ def check_model(plan: Plan, model: str) -> list[str]:
     """Check ``plan`` against the checkpoint at ``model`` when it is a local directory."""
     if not Path(model).is_dir():
         return [f"{model} is not a local directory: the plan is checked against the loaded model only"]
-    return check_plan_matches_model(plan, load_checkpoint(model))
+    checkpoint = load_checkpoint(model)
+    require_complete(checkpoint)
+    return check_plan_matches_model(plan, checkpoint)
 
 
 def stamp_compile_key(settings: Settings, vllm_config) -> str | None:
@@ -61,10 +63,10 @@ def make_engine_start(get_session):
                 return original(self, *args, **kwargs)
             vllm_config = kwargs.get("vllm_config", args[1] if len(args) > 1 else None)
             model = getattr(getattr(vllm_config, "model_config", None), "model", None)
-            if model is not None and s.settings.plan is not None:  # auto: the worker plans
+            if model is not None and not s.settings.auto:  # auto: the worker plans
                 for note in check_model(s.settings.plan, str(model)):
                     logger.info("selective-offload: %s", note)
-            if vllm_config is not None and s.settings.plan is not None:
+            if vllm_config is not None and not s.settings.auto:
                 note = stamp_compile_key(s.settings, vllm_config)
                 if note:
                     logger.warning("selective-offload: %s", note)

