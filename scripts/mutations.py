@@ -80,6 +80,7 @@ MUTATIONS = {
  "gpu-run-sweep-est-inverted": ("benchmarks/gpu_run.py", "        est = bulk[\"est_step_s\"] / sel[\"est_step_s\"] if bulk and sel else None", "        est = sel[\"est_step_s\"] / bulk[\"est_step_s\"] if bulk and sel else None"),
  "gpu-run-est-over-measured-inverted": ("benchmarks/gpu_run.py", "c[\"est_step_s\"] / _med(c[\"step_s\"]))", "_med(c[\"step_s\"]) / c[\"est_step_s\"])"),
  "gather-graph-unchecked": ("benchmarks/bench_gather.py", "        if not torch.equal(replay(other), reference(other)) or not torch.equal(replay(ids), reference(ids)):", "        if False:"),
+ "reference-note-names-both": ("selective_offload/cli.py", "    return reference_note(link=args.link_gbps is None, vram=args.vram_gbps is None)", "    return reference_note()"),
 }
 
 

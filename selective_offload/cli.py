@@ -25,6 +25,7 @@ from .probe import (
     default_profile_path,
     load_profile,
     plan_bandwidths,
+    reference_note,
     plan_defaults,
     run_probe,
 )
@@ -260,7 +261,8 @@ def _inputs_provenance(args: argparse.Namespace, profile) -> str | None:
     _, _, source = plan_bandwidths(profile)
     if profile is not None and profile.no_link_reason is None:
         return f"inputs not given as flags come from this machine's profile: {source}"
-    return source
+    # no profile of a GPU: only the rates the flags left out are the reference laptop's
+    return reference_note(link=args.link_gbps is None, vram=args.vram_gbps is None)
 
 
 def kv_tradeoff(checkpoint, inputs: PlanInputs) -> list[str]:

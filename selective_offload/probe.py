@@ -463,9 +463,19 @@ def plan_bandwidths(profile: Profile | None) -> tuple[float, float, str]:
     vram = measured["vram_gbps"] or REFERENCE_VRAM_GBPS
     if profile is not None and profile.no_link_reason is None:
         return link, vram, describe(profile)
-    return link, vram, (f"link {REFERENCE_LINK_GBPS} GB/s and VRAM {REFERENCE_VRAM_GBPS} GB/s are the reference "
-                        "laptop's (no `selective-offload probe` profile of a GPU here): measure yours with "
-                        "`selective-offload probe`")
+    return link, vram, reference_note()
+
+
+def reference_note(*, link: bool = True, vram: bool = True) -> str | None:
+    """The line saying which rates are the reference laptop's (no probe of a GPU here): the
+    link's, the VRAM's, or both (``None`` when neither is)."""
+    from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS
+
+    named = ([f"link {REFERENCE_LINK_GBPS} GB/s"] if link else []) + ([f"VRAM {REFERENCE_VRAM_GBPS} GB/s"] if vram else [])
+    if not named:
+        return None
+    return (f"{' and '.join(named)} {'are' if len(named) > 1 else 'is'} the reference laptop's (no "
+            "`selective-offload probe` profile of a GPU here): measure yours with `selective-offload probe`")
 
 
 def describe(profile: Profile) -> str:
