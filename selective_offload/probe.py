@@ -29,8 +29,9 @@ copies, the device synchronised before and after each copy:
 - **decode reads** (``decode_read_gbps``): a matrix-vector product over a bf16 weight as
   large as the largest copy, the shape of a batch-1 decode step's weight reads; bytes
   counted: the weight, once. Decode kernels read VRAM slower than a copy or a saturating
-  read kernel (two published runs on one DGX Spark read at about 0.7 of the latter), so
-  planning takes its VRAM rate from this when measured, else from the copy.
+  read kernel (published vLLM runs read at 0.6-0.78 of a datasheet or saturating rate), so
+  planning prices VRAM reads at this when measured, else at the copy's rate x
+  ``estimate.DEFAULT_DECODE_READ_FACTOR``.
 - **matmul** (``matmul_tflops``, ``matmul_dtype``): a square matrix product large enough to
   be compute-bound (bf16 on a GPU, float32 on the CPU), ``2 n^3`` FLOPs over its median
   time: the rate at which a decode step's FLOPs can run at best, so a layer costs at least
@@ -222,7 +223,7 @@ class Profile:
                          "(device-to-device copy, bytes read + written)")
         if self.decode_read_gbps is not None:
             lines.append(f"  decode reads   {_fmt_rate(self.decode_read_gbps)} GB/s (a bf16 matrix-vector product "
-                         "reading its weight once: what planning uses for VRAM)")
+                         "reading its weight once: the rate planning prices VRAM reads at)")
         if self.matmul_tflops is not None:
             lines.append(f"  matmul         {self.matmul_tflops:.3g} TFLOP/s ({self.matmul_dtype}, compute-bound size)")
         if self.device_memory_total_bytes is not None:
@@ -249,6 +250,8 @@ class Profile:
                 args.append(f"--uva-gbps {_fmt_rate(defaults['uva_gbps'])}")
             if defaults["vram_gbps"] is not None:
                 args.append(f"--vram-gbps {_fmt_rate(defaults['vram_gbps'])}")
+            if defaults["decode_read_gbps"] is not None:
+                args.append(f"--decode-read-gbps {_fmt_rate(defaults['decode_read_gbps'])}")
             if defaults["compute_tflops"] is not None:
                 args.append(f"--compute-tflops {defaults['compute_tflops']:.3g}")
             if defaults["device_memory_bytes"] is not None:
@@ -437,16 +440,19 @@ def load_profile(path: str | os.PathLike | None = None) -> Profile | None:
 def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
     """The :class:`~selective_offload.plan.PlanInputs` values a profile supplies: ``link_gbps``
     (the pinned host-to-device rate), ``uva_gbps`` (kernels reading host memory in place),
-    ``vram_gbps``, ``compute_tflops`` (the GPU's matmul rate) and ``device_memory_bytes``
-    (the device's total memory); ``None`` for what it cannot (no link, no GPU, no profile)."""
+    ``vram_gbps`` (the copy's), ``decode_read_gbps`` (a matrix-vector product's: the rate
+    planning prices VRAM at, when measured), ``compute_tflops`` (the GPU's matmul rate) and
+    ``device_memory_bytes`` (the device's total memory); ``None`` for what it cannot (no
+    link, no GPU, no profile)."""
     if profile is None:
-        return {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "compute_tflops": None,
-                "device_memory_bytes": None}
+        return {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "decode_read_gbps": None,
+                "compute_tflops": None, "device_memory_bytes": None}
     on_gpu = profile.device is not None
     return {
         "link_gbps": profile.link_gbps_pinned if profile.has_link else None,
         "uva_gbps": profile.uva_read_gbps if profile.has_link else None,
-        "vram_gbps": (profile.decode_read_gbps or profile.vram_gbps) if on_gpu else None,
+        "vram_gbps": profile.vram_gbps if on_gpu else None,
+        "decode_read_gbps": profile.decode_read_gbps if on_gpu else None,
         "compute_tflops": profile.matmul_tflops if on_gpu else None,
         "device_memory_bytes": (profile.device_memory_total_bytes
                                 if profile.device is not None and profile.device_memory_total_bytes else None),
@@ -490,6 +496,8 @@ def describe(profile: Profile) -> str:
         parts.append(f"UVA reads {_fmt_rate(defaults['uva_gbps'])} GB/s")
     if defaults["vram_gbps"] is not None:
         parts.append(f"VRAM {_fmt_rate(defaults['vram_gbps'])} GB/s")
+    if defaults["decode_read_gbps"] is not None:
+        parts.append(f"decode reads {_fmt_rate(defaults['decode_read_gbps'])} GB/s")
     if defaults["compute_tflops"] is not None:
         parts.append(f"matmul {defaults['compute_tflops']:.3g} TFLOP/s")
     if defaults["device_memory_bytes"] is not None:

@@ -18,7 +18,7 @@ from selective_offload.planner import TIE, PlanInputs, make_plan
 from selective_offload.sizes import GiB
 
 LINK = 13.9e9  # the reference laptop's link (README), which the plans default to
-UVA = 0.84 * LINK  # kernels reading host memory in place: the default UVA read rate (estimate.py)
+UVA = 0.86 * LINK  # kernels reading host memory in place: the default UVA read rate (estimate.py)
 
 
 def write(tmp_path, config, arch, **extra):
