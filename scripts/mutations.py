@@ -84,6 +84,7 @@ MUTATIONS = {
  "gpu-run-est-over-measured-inverted": ("benchmarks/gpu_run.py", "c[\"est_step_s\"] / _med(c[\"step_s\"]))", "_med(c[\"step_s\"]) / c[\"est_step_s\"])"),
  "gather-graph-unchecked": ("benchmarks/bench_gather.py", "        if not torch.equal(replay(other), reference(other)) or not torch.equal(replay(ids), reference(ids)):", "        if False:"),
  "reference-note-names-both": ("selective_offload/cli.py", "    return reference_note(link=args.link_gbps is None, vram=args.vram_gbps is None)", "    return reference_note()"),
+ "probe-uva-own-kernel": ("selective_offload/probe.py", "            out[size] = gemv_read_s(dev_view, repeats=repeats, warmup=warmup, cuda=cuda)", "            out[size] = _median_s(lambda: torch.sum(dev_view), repeats=repeats, warmup=warmup, cuda=cuda)"),
 }
 
 

@@ -20,8 +20,9 @@ copies, the device synchronised before and after each copy:
 - **host memcpy** (``host_memcpy_gbps``): a host-to-host copy, read + write counted as for
   VRAM. Without a GPU this is all there is: the CPU is the device, there is no link, and
   ``no_link_reason`` says so.
-- **UVA reads** (``uva_read_gbps``): a kernel (a sum) reading page-locked host memory in
-  place through a UVA device view, the way vLLM's ``cpu_offload_gb``, the UVA embedding and
+- **UVA reads** (``uva_read_gbps``): a kernel (a bf16 matrix-vector product, the decode
+  reads' shape: :func:`gemv_read_s`) reading page-locked host memory in place through a UVA
+  device view, the way vLLM's ``cpu_offload_gb``, the UVA embedding and
   experts read in place are read: the SMs issue the reads over the link, which reaches less
   than the copy engine does, and less as the buffer grows (nvbandwidth issue #42: an A100's
   in-kernel host reads fell from 25.1 to 16.5 GB/s between 1 and 20 GiB). So its sizes go
@@ -610,9 +611,30 @@ def _median_s(fn: Callable[[], Any], *, repeats: int, warmup: int, cuda) -> floa
     return statistics.median(times)
 
 
+#: Columns of the bf16 matrix the read measurements multiply (a hidden size of 8B-class models).
+READ_COLS = 4096
+
+
+def gemv_read_s(weight, *, repeats: int, warmup: int, cuda, cols: int = READ_COLS) -> float:
+    """Median seconds of one bf16 matrix-vector product over the bytes of ``weight`` (a
+    contiguous tensor of whole ``cols``-wide bf16 rows: device memory, or a UVA device view
+    of host memory), the device synchronised around each: a batch-1 decode step's read of a
+    weight, each byte once. The one measurement behind the probe's UVA and decode read rates
+    and ``benchmarks/bench_uva_read.py``."""
+    import torch
+
+    flat = weight.reshape(-1).view(torch.uint8)
+    rows = flat.numel() // (2 * cols)
+    if rows < 1:
+        raise ValueError(f"a read of {flat.numel()} bytes is less than one {cols}-wide bf16 row")
+    matrix = flat[: rows * cols * 2].view(torch.bfloat16).view(rows, cols)
+    x = torch.ones(cols, dtype=torch.bfloat16, device=matrix.device)
+    return _median_s(lambda: torch.mv(matrix, x), repeats=repeats, warmup=warmup, cuda=cuda)
+
+
 def uva_read_series(sizes: Sequence[int], *, repeats: int, warmup: int, cuda,
                     view: Callable[[Any], Any], pin: bool, required: int = 0) -> dict[int, float]:
-    """Median seconds of one kernel (a sum over 4-byte words) reading ``size`` bytes of host
+    """Median seconds of one read kernel (:func:`gemv_read_s`) over ``size`` bytes of host
     memory through ``view(host)``: on CUDA a UVA device view of page-locked memory
     (:func:`~selective_offload.wrappers.host_embedding.cuda_view_of_pinned`), so every byte
     crosses the link inside the kernel, as vLLM's ``cpu_offload_gb`` reads its weights.
@@ -624,11 +646,10 @@ def uva_read_series(sizes: Sequence[int], *, repeats: int, warmup: int, cuda,
     for n, size in enumerate(sizes):
         host = dev_view = None
         try:
-            host = torch.empty(size // 4, dtype=torch.int32, pin_memory=pin).fill_(1)
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=pin).fill_(0x3C)  # bf16 0x3C3C: 0.0115
             dev_view = view(host)
-            out[size] = _median_s(lambda: torch.sum(dev_view, dtype=torch.int64), repeats=repeats,
-                                  warmup=warmup, cuda=cuda)
-        except (RuntimeError, AssertionError, MemoryError) as exc:
+            out[size] = gemv_read_s(dev_view, repeats=repeats, warmup=warmup, cuda=cuda)
+        except (RuntimeError, AssertionError, MemoryError, ValueError) as exc:
             if n < required:
                 raise UserError(f"probe: could not measure UVA reads of {_fmt_size(size)} "
                                 f"({_one_line(exc)}); free memory, or try --quick") from None
@@ -638,15 +659,14 @@ def uva_read_series(sizes: Sequence[int], *, repeats: int, warmup: int, cuda,
 
 
 def decode_read_gbps(device, nbytes: int, *, repeats: int, warmup: int, cuda, cols: int = 8192) -> float:
-    """GB/s at which ``torch.mv`` reads a bf16 weight of about ``nbytes`` (``cols`` wide) on
-    ``device``: a batch-1 decode step's access pattern, each weight byte read once."""
+    """GB/s at which :func:`gemv_read_s` reads a bf16 weight of about ``nbytes`` (``cols``
+    wide) on ``device``: a batch-1 decode step's access pattern, each weight byte read once."""
     import torch
 
     rows = max(1, nbytes // (2 * cols))
     try:
         weight = torch.ones(rows, cols, dtype=torch.bfloat16, device=device)
-        x = torch.ones(cols, dtype=torch.bfloat16, device=device)
-        secs = _median_s(lambda: torch.mv(weight, x), repeats=repeats, warmup=warmup, cuda=cuda)
+        secs = gemv_read_s(weight, repeats=repeats, warmup=warmup, cuda=cuda, cols=cols)
     except (RuntimeError, AssertionError, MemoryError) as exc:
         raise UserError(f"probe: could not measure decode reads on {device} ({_one_line(exc)}); "
                         "free memory, or try --quick") from None

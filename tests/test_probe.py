@@ -84,7 +84,7 @@ def test_quick_cpu_measure_has_no_link_and_a_host_memcpy_rate(cpu_profile):
 
 def test_uva_read_series_times_a_kernel_reading_a_view_of_host_memory():
     """The UVA read measurement's code path on the CPU: the host tensor itself stands in for
-    the UVA device view (no CUDA device exists here), read by the same sum kernel; a size
+    the UVA device view (no CUDA device exists here), read by the same matrix-vector product; a size
     past the required ones that cannot be allocated is left out, a required one is one line."""
     from selective_offload.probe import uva_read_series
 
