@@ -542,17 +542,19 @@ def run(args) -> int:
     device_memory = device_memory or tiny_budget(ckpt)
 
     if args.link_gbps and args.vram_gbps:
-        bandwidth = {"link_gbps": args.link_gbps, "vram_gbps": args.vram_gbps, "source": "given"}
+        bandwidth = {"link_gbps": args.link_gbps, "vram_gbps": args.vram_gbps, "decode_read_gbps": None,
+                     "source": "given"}
     else:
         from _common import measure_link_gbps, measure_read_gbps
 
         probe = (256 << 20) if cuda else (64 << 20)
-        bandwidth = {"link_gbps": args.link_gbps or measure_link_gbps(probe, cuda),
-                     "vram_gbps": args.vram_gbps or measure_read_gbps(probe, cuda),
+        read = args.vram_gbps or measure_read_gbps(probe, cuda)  # measured: a GEMV, the way decode reads
+        bandwidth = {"link_gbps": args.link_gbps or measure_link_gbps(probe, cuda), "vram_gbps": read,
+                     "decode_read_gbps": None if args.vram_gbps else read,
                      "source": "measured here" + ("" if cuda else ": host memory copy and host GEMV read")}
     inputs = PlanInputs(device_memory_bytes=device_memory, kv_cache_bytes=kv, reserve_bytes=reserve,
                         link_gbps=bandwidth["link_gbps"], vram_gbps=bandwidth["vram_gbps"],
-                        bulk_cpu_offload_gb=args.bulk_gb)
+                        decode_read_gbps=bandwidth["decode_read_gbps"], bulk_cpu_offload_gb=args.bulk_gb)
     try:
         plan, rows = decide(ckpt, inputs, cuda, capped=cuda and not tiny)
     except UserError as err:

@@ -16,6 +16,10 @@ bf16 values, then timed (median of ``--iters`` calls, the device synchronised ar
   (``cuda_view_of_pinned``), which is what a decode kernel reading offloaded weights does;
 - ``device_gemv``: the same product over the device copy (the VRAM read rate, for scale).
 
+Both products are ``selective_offload.probe.gemv_read_s``, the measurement
+``selective-offload probe`` makes its UVA and decode read rates with: this script only
+sweeps sizes past the probe's and sets the copy beside each.
+
 The largest size is the reference plan's bulk offload on a 24 GiB card (``plan.bulk`` for
 the bundled Qwen3.8-27B-FP8 manifest: the bytes vLLM's ``cpu_offload_gb`` reads every
 step). Without CUDA there is no view to read through: the UVA rows are skipped with the
@@ -43,7 +47,7 @@ from _common import (  # noqa: E402
     today, worker_or_run, write_results,
 )
 
-HIDDEN = 4096  # columns of the bf16 matrix the GEMV reads
+from selective_offload.probe import READ_COLS as HIDDEN  # noqa: E402  (columns of the bf16 matrix read)
 NO_CUDA = "skipped: no CUDA device (a UVA view of page-locked host memory needs one)"
 
 
@@ -95,6 +99,7 @@ def measure(nbytes: int, iters: int, cuda: bool, view=None) -> dict:
 def _measure(row: dict, iters: int, cuda: bool, view_factory) -> None:
     import torch
 
+    from selective_offload.probe import gemv_read_s
     from selective_offload.wrappers import cuda_view_of_pinned
     from selective_offload.wrappers.page_locked import PageLockedLedger, PinPolicy
 
@@ -113,13 +118,17 @@ def _measure(row: dict, iters: int, cuda: bool, view_factory) -> None:
         secs = time_s(lambda: dst.copy_(host, non_blocking=cuda), iters, cuda, warmup=1)
         row["copy_gbps"] = nbytes / statistics.median(secs) / 1e9
         matrix = dst.view(torch.bfloat16).view(rows, HIDDEN)
-        row["device_gemv_gbps"] = nbytes / statistics.median(time_s(lambda: torch.mv(matrix, x), iters, cuda)) / 1e9
+        sync = device if cuda else None
+        row["device_gemv_gbps"] = nbytes / gemv_read_s(dst, repeats=iters, warmup=2, cuda=sync) / 1e9
         if cuda and view_factory is None:
             view_factory = lambda t: cuda_view_of_pinned(t, device)  # noqa: E731
         if view_factory is not None:
-            view = view_factory(host).view(torch.bfloat16).view(rows, HIDDEN)
-            row["uva_gemv_gbps"] = nbytes / statistics.median(time_s(lambda: torch.mv(view, x), iters, cuda)) / 1e9
+            raw = view_factory(host)
+            if raw.numel() * raw.element_size() != nbytes:
+                raise ValueError(f"the view holds {raw.numel() * raw.element_size()} bytes, not the buffer's {nbytes}")
+            row["uva_gemv_gbps"] = nbytes / gemv_read_s(raw, repeats=iters, warmup=2, cuda=sync) / 1e9
             row["uva_over_copy"] = row["uva_gemv_gbps"] / row["copy_gbps"]
+            view = raw.view(torch.bfloat16).view(rows, HIDDEN)
             # The view reads the same bytes as the device copy (summation order may differ).
             row["uva_equals_device"] = bool(torch.allclose(torch.mv(view, x).float(), torch.mv(matrix, x).float(),
                                                            rtol=2e-2, atol=1e-3))

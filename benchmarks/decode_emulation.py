@@ -737,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bandwidths: {bw}", flush=True)
     ckpt = load_checkpoint(BUNDLED[MODEL])
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=device_memory, link_gbps=bw["link_gbps"],
-                                      vram_gbps=bw["device_read_gbps"]))
+                                      vram_gbps=bw["device_read_gbps"], decode_read_gbps=bw["device_read_gbps"]))
     if plan.strategy == "infeasible" or plan.bulk is None:
         print(f"error: the plan for {args.device_memory} is {plan.strategy}; nothing to compare", file=sys.stderr)
         return 2
@@ -749,7 +749,8 @@ def main(argv: list[str] | None = None) -> int:
     if ks:
         try:
             plan_mtp = make_plan(ckpt, PlanInputs(device_memory_bytes=device_memory, link_gbps=bw["link_gbps"],
-                                                  vram_gbps=bw["device_read_gbps"], speculative="mtp"))
+                                                  vram_gbps=bw["device_read_gbps"],
+                                                  decode_read_gbps=bw["device_read_gbps"], speculative="mtp"))
         except (TypeError, ValueError, UserError) as err:
             verify["skipped"] = f"no plan for MTP speculative decoding: {str(err).splitlines()[0]}"
         if plan_mtp is not None:

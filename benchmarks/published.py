@@ -49,9 +49,9 @@ def load_points(path: Path = POINTS) -> list[dict]:
     return _load(path)["points"]
 
 
-def load_read_rate_checks(path: Path = POINTS) -> list[dict]:
-    """The calibrate-on-one, check-on-others read-rate checks of ``path``."""
-    return _load(path).get("read_rate_checks", [])
+def load_calibrations(path: Path = POINTS) -> list[dict]:
+    """Which point each default factor of the step model is calibrated on, and which validate it."""
+    return _load(path).get("calibrations", [])
 
 
 def load_acceptance(path: Path = POINTS) -> list[dict]:
@@ -96,6 +96,15 @@ def _load(path: Path) -> dict:
             if p["format_class"] not in TOLERANCE:
                 raise PublishedError(f"{where}: format_class {p['format_class']!r} has no tolerance "
                                      f"({', '.join(TOLERANCE)})")
+    for c in data.get("calibrations", []):
+        where = f"{path}: calibration {c.get('id')!r}"
+        roles = {p["id"]: p["role"] for p in points}
+        if roles.get(c.get("calibrate_on")) != "calibrates" or any(roles.get(v) != "validates" for v in c.get("validate", [])):
+            raise PublishedError(f"{where}: calibrate_on must name a point whose role is 'calibrates', and validate "
+                                 "points whose role is 'validates'")
+        if c.get("scales") not in ("est_link_s_per_step", "est_vram_s_per_step") or not isinstance(c.get("constant"), str):
+            raise PublishedError(f"{where}: needs 'constant' (a name in estimate.py) and 'scales' "
+                                 "(est_link_s_per_step or est_vram_s_per_step)")
     for s in data.get("acceptance_lengths", []):
         where = f"{path}: acceptance series {s.get('id')!r}"
         ks, lengths = s.get("draft_tokens"), s.get("measured_accepted_length")
@@ -106,9 +115,8 @@ def _load(path: Path) -> dict:
     return data
 
 
-def estimate(point: dict, vram_gbps: float | None = None) -> dict:
-    """Run the plan the point's arguments describe (with ``vram_gbps`` in place of its VRAM
-    rate, when given); the estimate it is compared with."""
+def estimate(point: dict) -> dict:
+    """Run the plan the point's arguments describe; the estimate it is compared with."""
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.cli import build_parser, inputs_from_args, resolve_model
     from selective_offload.planner import make_plan
@@ -116,8 +124,6 @@ def estimate(point: dict, vram_gbps: float | None = None) -> dict:
     args = build_parser().parse_args(["plan", *point["plan_args"]])
     checkpoint = load_checkpoint(resolve_model(args.model))
     inputs = inputs_from_args(args, profile=None)
-    if vram_gbps is not None:
-        inputs = replace(inputs, vram_gbps=vram_gbps)
 
     def chosen(plan):
         if point["compare"] == "bulk":
@@ -134,32 +140,33 @@ def estimate(point: dict, vram_gbps: float | None = None) -> dict:
             "est_vram_s_per_step": est.est_vram_s_per_step,
             "est_compute_s_per_step": est.est_compute_s_per_step, "uva_read_gbps": plan.inputs.uva_read_gbps,
             "link_gbps": plan.inputs.link_gbps, "vram_gbps": plan.inputs.vram_gbps,
+            "vram_read_gbps": plan.inputs.vram_read_gbps,
             "compute_tflops": plan.inputs.compute_tflops}
 
 
-def read_rate_rows(checks: list[dict], expressed: list[dict], points: list[dict]) -> list[dict]:
-    """A box's decode read rate calibrated on one point and checked on others: the rate at
-    which the calibration point's measured tok/s would come out (its plan's VRAM rate x
-    measured / est, for each end of a measured range), then each other point planned at
-    that rate, end against end."""
+def calibration_rows(calibrations: list[dict], expressed: list[dict]) -> list[dict]:
+    """Each default factor beside the point it is the arithmetic of and the points that
+    validate it: the factor at which the calibration point's measured tok/s comes out (for
+    each end of a measured range) is the default x the part of the step it scales / what the
+    measured step leaves for that part; the validating points' est/measured are their rows'."""
+    from selective_offload import estimate as est_module
+
     by_id = {r["id"]: r for r in expressed}
-    point_of = {p["id"]: p for p in points}
     rows = []
-    for c in checks:
-        cal = by_id.get(c["calibrate_on"])
-        if cal is None or any(v not in by_id for v in c["validate"]):
-            raise PublishedError(f"read-rate check {c.get('id')!r}: its points must be expressed points")
-        rates = [cal["vram_gbps"] * m / cal["est_tok_s"] for m in (cal["measured_tok_s"], cal["measured_tok_s_high"])]
-        for vid in c["validate"]:
-            v = by_id[vid]
-            ests = [estimate(point_of[vid], vram_gbps=rate)["est_tok_s"] for rate in rates]
-            ratios = [e / m for e, m in zip(ests, (v["measured_tok_s"], v["measured_tok_s_high"]))]
-            tol = TOLERANCE[v["format_class"]]
-            rows.append({"id": c["id"], "what": c["what"], "calibrate_on": cal["id"], "validates": vid,
-                         "read_rate_gbps": rates, "est_tok_s": ests,
-                         "measured_tok_s": [v["measured_tok_s"], v["measured_tok_s_high"]],
-                         "est_over_measured": ratios, "tolerance": tol,
-                         "within": all(abs(r - 1) <= tol for r in ratios)})
+    for c in calibrations:
+        cal = by_id[c["calibrate_on"]]
+        default = getattr(est_module, c["constant"], None)
+        if not isinstance(default, float):
+            raise PublishedError(f"calibration {c['id']!r}: estimate.py has no factor {c['constant']!r}")
+        part = cal[c["scales"]]
+        implied = [default * part / (1 / m - (cal["est_step_s"] - part))
+                   for m in (cal["measured_tok_s"], cal["measured_tok_s_high"])]
+        rows.append({"id": c["id"], "what": c["what"], "constant": c["constant"], "default": default,
+                     "calibrate_on": cal["id"], "implied": implied,
+                     "validates": [{"id": v, "est_over_measured": [by_id[v]["est_over_measured_low"],
+                                                                   by_id[v]["est_over_measured"]],
+                                    "within": by_id[v]["within"]} for v in c["validate"]],
+                     "no_validation": c.get("no_validation")})
     return rows
 
 
@@ -187,7 +194,7 @@ def acceptance_rows(series: list[dict]) -> list[dict]:
     return rows
 
 
-def run(points: list[dict], acceptance: list[dict] = (), read_rate_checks: list[dict] = ()) -> dict:
+def run(points: list[dict], acceptance: list[dict] = (), calibrations: list[dict] = ()) -> dict:
     rows, missing = [], []
     for p in points:
         measured = p.get("measured_tok_s")
@@ -210,7 +217,7 @@ def run(points: list[dict], acceptance: list[dict] = (), read_rate_checks: list[
                      "calibrates": p.get("calibrates"), "known_outside": p.get("known_outside")})
     return {"format": "selective-offload/published-results-v1", "points_file": "benchmarks/published.json",
             "expressed": rows, "not_expressed": missing, "acceptance": acceptance_rows(list(acceptance)),
-            "read_rate": read_rate_rows(list(read_rate_checks), rows, points)}
+            "calibrations": calibration_rows(list(calibrations), rows)}
 
 
 def _short(url: str) -> str:
@@ -227,7 +234,7 @@ def _cli(args: list[str]) -> str:
 
 def markdown(result: dict) -> str:
     """The table the README shows (regenerated, and checked by tests/test_published.py)."""
-    lines = ["| point | mechanism | measured tok/s | est tok/s | est/measured | tolerance | role | est tok/s, every byte "
+    lines = ["| point | mechanism | measured tok/s | est tok/s | est/measured | tolerance | role | est tok/s, UVA reads "
              "at the copy rate |", "|---|---|---|---|---|---|---|---|"]
     for r in result["expressed"]:
         verdict = "within" if r["within"] else "outside"
@@ -247,17 +254,20 @@ def markdown(result: dict) -> str:
                    f"compared with its {r['compare']} row."
                    + (f" Calibration: {r['calibrates']}." if r.get("calibrates") else "")
                    + (f" Known outside the tolerance: {r['known_outside']}." if r.get("known_outside") else ""))
-    if result.get("read_rate"):
-        out += ["", "A box's decode read rate, calibrated on one point and checked on another (each end of the "
-                "measured ranges against each other):", "",
-                "| check | calibrated on | read rate GB/s | checks | measured tok/s | est tok/s | est/measured |",
-                "|---|---|---|---|---|---|---|"]
-        for r in result["read_rate"]:
-            out.append(f"| {r['id']} | {r['calibrate_on']} | {r['read_rate_gbps'][0]:.1f}-{r['read_rate_gbps'][1]:.1f} | "
-                       f"{r['validates']} | {r['measured_tok_s'][0]:.2f}-{r['measured_tok_s'][1]:.2f} | "
-                       f"{r['est_tok_s'][0]:.2f}-{r['est_tok_s'][1]:.2f} | "
-                       f"{r['est_over_measured'][0]:.3f}-{r['est_over_measured'][1]:.3f} |")
-        out += ["", *(f"- **{r['id']}**: {r['what']}." for r in result["read_rate"])]
+    if result.get("calibrations"):
+        out += ["", "Each default factor of the step model (`selective_offload/estimate.py`), the one point it is "
+                "calibrated on (the factor at which that point's measurement comes out, each end of its range) and "
+                "the points that validate it:", "",
+                "| factor | default | calibrated on | factor the point gives | validated on (est/measured) |",
+                "|---|---|---|---|---|"]
+        for r in result["calibrations"]:
+            checks = "; ".join(f"{v['id']} {v['est_over_measured'][0]:.3f}"
+                               + (f"-{v['est_over_measured'][1]:.3f}" if v["est_over_measured"][1] != v["est_over_measured"][0]
+                                  else "") + ("" if v["within"] else " (outside)") for v in r["validates"])
+            out.append(f"| {r['constant']} | {r['default']:g} | {r['calibrate_on']} | "
+                       + (f"{r['implied'][0]:.3f}-{r['implied'][1]:.3f}" if abs(r['implied'][0] - r['implied'][1]) > 5e-4
+                          else f"{r['implied'][0]:.3f}") + f" | {checks or 'none: ' + r['no_validation']} |")
+        out += ["", *(f"- **{r['constant']}**: {r['what']}." for r in result["calibrations"])]
     if result.get("acceptance"):
         out += ["", "Tokens per step with K draft tokens, E(K, a) = (1 - a^(K+1)) / (1 - a) against measured mean "
                 "accepted lengths (bonus token included); a is calibrated on K=1:", "",
@@ -293,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = Path(args.points)
-        result = run(load_points(path), load_acceptance(path), load_read_rate_checks(path))
+        result = run(load_points(path), load_acceptance(path), load_calibrations(path))
     except PublishedError as exc:
         print(f"published.py: error: {exc}", file=sys.stderr)
         return 2
@@ -301,10 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['id']:<28} measured {r['measured_tok_s']:7.2f}-{r['measured_tok_s_high']:.2f} tok/s  "
               f"est {r['est_tok_s']:7.2f}  est/measured {r['est_over_measured_low']:.3f}-{r['est_over_measured']:.3f}  "
               f"({r['role']}; {'within' if r['within'] else 'OUTSIDE'} +-{r['tolerance']:.0%})")
-    for r in result["read_rate"]:
-        print(f"{r['id']:<28} read rate {r['read_rate_gbps'][0]:.1f}-{r['read_rate_gbps'][1]:.1f} GB/s from "
-              f"{r['calibrate_on']}: {r['validates']} est/measured {r['est_over_measured'][0]:.3f}-"
-              f"{r['est_over_measured'][1]:.3f}")
+    for r in result["calibrations"]:
+        print(f"{r['constant']:<28} default {r['default']:g}, {r['calibrate_on']} gives {r['implied'][0]:.3f}-"
+              f"{r['implied'][1]:.3f}; validated on {', '.join(v['id'] for v in r['validates']) or 'nothing'}")
     for r in result["acceptance"]:
         print(f"{r['id']:<28} K={r['draft_tokens']} measured length {r['measured_accepted_length']:.2f}  "
               f"est {r['est_tokens_per_step']:.2f}  est/measured {r['est_over_measured']:.3f}  ({r['role']})")

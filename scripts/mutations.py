@@ -70,7 +70,10 @@ MUTATIONS = {
  "mtp-not-estimated": ("selective_offload/checkpoint.py", "    if not n or layers is None or not hidden:", "    if True:"),
  "no-overlap": ("selective_offload/estimate.py", "        step += max(layers[j].copy_s, segment)", "        step += layers[j].copy_s + segment"),
  "batch-not-shared": ("selective_offload/estimate.py", "    tokens = n * expected_tokens_per_step(k, settings.accept_rate)", "    tokens = expected_tokens_per_step(k, settings.accept_rate)"),
- "uva-factor-1": ("selective_offload/estimate.py", "DEFAULT_UVA_READ_FACTOR = 0.84", "DEFAULT_UVA_READ_FACTOR = 1.0"),
+ "uva-factor-1": ("selective_offload/estimate.py", "DEFAULT_UVA_READ_FACTOR = 0.86", "DEFAULT_UVA_READ_FACTOR = 1.0"),
+ "decode-factor-1": ("selective_offload/estimate.py", "DEFAULT_DECODE_READ_FACTOR = 0.72", "DEFAULT_DECODE_READ_FACTOR = 1.0"),
+ "decode-factor-on-measured": ("selective_offload/estimate.py", "    return decode_read_gbps if decode_read_gbps is not None else vram_gbps * DEFAULT_DECODE_READ_FACTOR", "    return (decode_read_gbps if decode_read_gbps is not None else vram_gbps) * DEFAULT_DECODE_READ_FACTOR"),
+ "probe-decode-with-another-vram": ("selective_offload/cli.py", "              else measured[\"decode_read_gbps\"] if args.vram_gbps is None else None)", "              else measured[\"decode_read_gbps\"])"),
  "uva-at-copy-rate": ("selective_offload/estimate.py", "    uva_s = uva_bytes / gb_uva", "    uva_s = uva_bytes / gb_link"),
  "compute-not-priced": ("selective_offload/estimate.py", "    layer_s = [max(r / gb_vram + per_layer_kv, compute_s(f, tokens_per_pass)) for r, f in zip(reads, flops)]", "    layer_s = [r / gb_vram + per_layer_kv for r, f in zip(reads, flops)]"),
  "packed-params-not-counted": ("selective_offload/estimate.py", "PARAM_BITS = {\"U8\": 4, \"I32\": 4, \"U32\": 4, \"F4\": 4}", "PARAM_BITS = {}"),
@@ -78,7 +81,7 @@ MUTATIONS = {
  "family-acceptance-ignored": ("selective_offload/planner.py", "        inputs = replace(inputs, accept_rate=family.default)", "        inputs = replace(inputs, accept_rate=0.85)"),
  "probe-uva-not-supplied": ("selective_offload/probe.py", "        \"uva_gbps\": profile.uva_read_gbps if profile.has_link else None,", "        \"uva_gbps\": None,"),
  "probe-uva-with-another-link": ("selective_offload/cli.py", "        measured[\"uva_gbps\"] if args.link_gbps is None else None)", "        measured[\"uva_gbps\"])"),
- "probe-vram-from-copy": ("selective_offload/probe.py", "        \"vram_gbps\": (profile.decode_read_gbps or profile.vram_gbps) if on_gpu else None,", "        \"vram_gbps\": profile.vram_gbps if on_gpu else None,"),
+ "probe-decode-not-supplied": ("selective_offload/probe.py", "        \"decode_read_gbps\": profile.decode_read_gbps if on_gpu else None,", "        \"decode_read_gbps\": None,"),
  "hybrid-buffers-largest-only": ("selective_offload/planner.py", "    return prefetch_step * sum(largest.values())", "    return prefetch_step * max(g.nbytes for g in layers)"),
  "report-exit-0-always": ("selective_offload/report_cmd.py", "    return 0 if report.ok else EXIT_MISMATCH", "    return 0"),
  "last-report-not-recorded": ("selective_offload/options.py", "        remember_report_path(options.report_path)\n", ""),
@@ -141,6 +144,8 @@ MUTATIONS = {
 
  "page-locked-judged-at-load": ("selective_offload/vllm_glue/loading.py", "    if load.hot_offloader is not None and not load.post_init_done:", "    if False:"),
 
+ "reference-note-names-both": ("selective_offload/cli.py", "    return reference_note(link=args.link_gbps is None, vram=args.vram_gbps is None)", "    return reference_note()"),
+ "probe-uva-own-kernel": ("selective_offload/probe.py", "            out[size] = gemv_read_s(dev_view, repeats=repeats, warmup=warmup, cuda=cuda)", "            out[size] = _median_s(lambda: torch.sum(dev_view), repeats=repeats, warmup=warmup, cuda=cuda)"),
 }
 
 

@@ -18,13 +18,14 @@ from . import __version__
 from .checkpoint import load_checkpoint, write_manifest
 from .errors import UserError
 from .names import DEFAULT_COLD_SEGMENTS
-from .estimate import DEFAULT_ACCEPT_RATE, DEFAULT_UVA_READ_FACTOR, KV_DTYPE_BYTES
+from .estimate import DEFAULT_ACCEPT_RATE, DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR, KV_DTYPE_BYTES
 from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs, Strategy
 from .probe import (
     add_probe_arguments,
     default_profile_path,
     load_profile,
     plan_bandwidths,
+    reference_note,
     plan_defaults,
     run_probe,
 )
@@ -99,6 +100,10 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                         "the UVA embedding, experts read in place), decimal GB/s (default: the probe's when "
                         f"the link is the probe's too, else {DEFAULT_UVA_READ_FACTOR} x the link, the reference "
                         "laptop's measured fraction)")
+    p.add_argument("--decode-read-gbps", default=None, metavar="GB/S",
+                   help="rate at which decode kernels read VRAM, measured so (a batch-1 matrix-vector "
+                        "product), decimal GB/s (default: the probe's when the VRAM rate is the probe's too, else "
+                        f"{DEFAULT_DECODE_READ_FACTOR} x the VRAM rate, the fraction a published vLLM decode reaches)")
     p.add_argument("--compute-tflops", default=None, metavar="TFLOP/S",
                    help="the GPU's dense matmul rate for the weights' format, so each layer costs at least "
                         "its FLOPs (default: the probe's bf16 matmul rate; without one, compute is not priced)")
@@ -188,6 +193,8 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
                         f"on this machine ({default_profile_path()}) says it")
     uva = parse_bandwidth_gbps(args.uva_gbps, "--uva-gbps") if args.uva_gbps is not None else (
         measured["uva_gbps"] if args.link_gbps is None else None)  # the probe's UVA rate goes with its link
+    decode = (parse_bandwidth_gbps(args.decode_read_gbps, "--decode-read-gbps") if args.decode_read_gbps is not None
+              else measured["decode_read_gbps"] if args.vram_gbps is None else None)  # and its decode rate with its VRAM
     compute = None
     if args.compute_tflops is not None:
         try:
@@ -219,6 +226,7 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
         host_memory_bytes=_host_memory(args.host_memory),
         uva_gbps=uva,
         compute_tflops=compute if compute is not None else measured["compute_tflops"],
+        decode_read_gbps=decode,
     )
     if inputs.device_memory_bytes == 0:
         raise UserError("--device-memory: must be more than 0, like 24GiB")
@@ -276,7 +284,8 @@ def _inputs_provenance(args: argparse.Namespace, profile) -> str | None:
     _, _, source = plan_bandwidths(profile)
     if profile is not None and profile.no_link_reason is None:
         return f"inputs not given as flags come from this machine's profile: {source}"
-    return source
+    # no profile of a GPU: only the rates the flags left out are the reference laptop's
+    return reference_note(link=args.link_gbps is None, vram=args.vram_gbps is None)
 
 
 def kv_tradeoff(checkpoint, inputs: PlanInputs) -> list[str]:

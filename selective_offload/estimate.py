@@ -12,6 +12,10 @@ change what that costs per generated token are priced here; every figure is an e
   UVA embedding and experts read in place are read by the kernels through UVA: in line,
   no overlap (:func:`inline_step_s`), at the UVA read rate, which is below the copy rate
   (:data:`DEFAULT_UVA_READ_FACTOR`, or what ``selective-offload probe`` measured).
+- **Decode reads of VRAM.** A step's weights and KV are read by decode kernels (GEMVs and
+  small GEMMs, attention), which reach a fraction of a box's datasheet or saturating-read
+  rate (:data:`DEFAULT_DECODE_READ_FACTOR`), unless the rate given is one measured the way
+  decode reads (the probe's matrix-vector product: :func:`decode_read_rate`).
 - **Compute.** Given the card's matmul rate, each layer costs at least its FLOPs at the
   step's tokens (:func:`flops_per_token`); without one, compute is not priced.
 - **Batch.** ``N`` concurrent sequences share one pass over the weights (and one trip of
@@ -103,13 +107,37 @@ KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, 
 #: embedding, experts read in place) reach this fraction of the pinned copy rate, when no
 #: probe measured it (``selective-offload probe``: ``uva_read_gbps``). It is the reference
 #: laptop's arithmetic (SPEC.md: ``cpu_offload_gb=10``, 10.77 GB read in line at 1.05
-#: tok/s measured with 13.9 GB/s pinned copies leaves 918 ms for 10.77 GB: 0.84 of the copy
-#: rate), so it CALIBRATES the model on that point rather than validates it. Other
+#: tok/s measured with 13.9 GB/s pinned copies; the 20 GB left on the device, read at
+#: :data:`DEFAULT_DECODE_READ_FACTOR` of its 472 GB/s, take 48 ms of the 952 ms step, which
+#: leaves 905 ms for 10.77 GB: 0.86 of the copy rate), so it CALIBRATES the model on that
+#: point rather than validates it, and moves with the decode factor. Other
 #: published figures agree in direction only: kernels' host reads reach less than the copy
 #: engine and fall as the buffer grows (NVIDIA/nvbandwidth issue #42: an A100's
 #: ``host_to_device_memcpy_sm`` 25.13 GB/s at 1 GiB, 16.50 GB/s at 20 GiB; issue #24: an
 #: H100's 35.2 GB/s host-to-device against 52.8 GB/s device-to-host, both by SMs).
-DEFAULT_UVA_READ_FACTOR = 0.84
+DEFAULT_UVA_READ_FACTOR = 0.86
+
+#: Decode kernels read VRAM at this fraction of a box's datasheet (peak) or saturating-read
+#: rate, when no rate measured the way decode reads is given (``--decode-read-gbps``, the
+#: probe's ``decode_read_gbps``). CALIBRATED on one published point: vLLM 0.15.1 decoding
+#: nvidia/Llama-3.3-70B-Instruct-NVFP4 resident on a DGX Spark at 4.0-4.2 tok/s
+#: (NVIDIA/dgx-spark-playbooks issue #79) against the 232 GB/s a saturating-read kernel
+#: measures there (antirez/ds4 issue #773) gives 0.70-0.735; the middle, rounded. VALIDATED
+#: (benchmarks/published.json, est/measured in benchmarks/results/published.md) on
+#: gpt-oss-120b on the same box and image (resident MoE), and on two other boxes and vLLM
+#: releases against their datasheet rates: Llama-3.1-8B bf16 at batch 1 on an A100 40GB
+#: (vLLM 0.23.0, about 75 tok/s, "roughly 77% of the memory-bandwidth ceiling") and on an
+#: H100 80GB HBM3 (vLLM 0.21.0, 6.48 ms median time per output token). Published decode
+#: runs sit between 0.60 and 0.78 of a datasheet rate, so this is a default, not a law:
+#: the probe measures the box's own.
+DEFAULT_DECODE_READ_FACTOR = 0.72
+
+
+def decode_read_rate(vram_gbps: float, decode_read_gbps: float | None = None) -> float:
+    """GB/s at which a decode step reads VRAM: ``decode_read_gbps`` when measured the way
+    decode reads (or given), else ``vram_gbps`` (a datasheet or saturating-read figure) x
+    :data:`DEFAULT_DECODE_READ_FACTOR`."""
+    return decode_read_gbps if decode_read_gbps is not None else vram_gbps * DEFAULT_DECODE_READ_FACTOR
 
 
 def expert_read_fraction(num_experts: int, experts_per_token: int, tokens: int | float, *,
@@ -337,6 +365,9 @@ class StepSettings:
     uva_gbps: float | None = None
     #: The card's matmul rate for the weights' format (TFLOP/s); ``None``: compute not priced.
     compute_tflops: float | None = None
+    #: The rate decode kernels read VRAM at, measured so; ``None``: ``vram_gbps`` x
+    #: :data:`DEFAULT_DECODE_READ_FACTOR` (:func:`decode_read_rate`).
+    decode_read_gbps: float | None = None
 
 
 #: Bits one parameter takes in a stored dtype, for counting parameters (and so FLOPs) from
@@ -362,10 +393,12 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
 
     Each mechanism moves bytes at its own rate: the prefetch offloader's copies at the
     pinned copy rate (``link_gbps``), kernels reading host memory in place (bulk
-    ``cpu_offload_gb``, the UVA embedding, experts read in place) at the UVA read rate. With
+    ``cpu_offload_gb``, the UVA embedding, experts read in place) at the UVA read rate, and
+    VRAM at the rate decode kernels read it (:func:`decode_read_rate`). With
     a matmul rate, every layer (and the LM head, and each draft pass) costs at least its
     FLOPs at the step's tokens over that rate."""
-    gb_link, gb_vram = settings.link_gbps * 1e9, settings.vram_gbps * 1e9
+    gb_link = settings.link_gbps * 1e9
+    gb_vram = decode_read_rate(settings.vram_gbps, settings.decode_read_gbps) * 1e9
     gb_uva = (settings.uva_gbps if settings.uva_gbps is not None else settings.link_gbps * DEFAULT_UVA_READ_FACTOR) * 1e9
     flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
     n, k = max(1, settings.batch), max(0, settings.spec_tokens)

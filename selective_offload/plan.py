@@ -43,6 +43,7 @@ from .errors import PlanError
 from .estimate import (
     DEFAULT_ACCEPT_RATE,
     DEFAULT_UVA_READ_FACTOR,
+    decode_read_rate,
     EXPERTS_DEVICE,
     EXPERTS_PREFETCHED,
     EXPERTS_UVA,
@@ -99,8 +100,11 @@ EST_IGNORES: tuple[str, ...] = (
     "prefetch overlap: one slot ahead, copies and compute assumed not to slow each other (they "
     "share memory bandwidth); copies are priced at the pinned copy rate, which no published "
     "measurement of vLLM's prefetch offloader has checked",
-    "UVA reads in kernels at one rate whatever the buffer size (0.84 of the copy rate unless probed; "
+    "UVA reads in kernels at one rate whatever the buffer size (0.86 of the copy rate unless probed; "
     "in-kernel host reads fall as buffers grow past GBs)",
+    "VRAM read by decode kernels at one fraction of a datasheet or saturating-read rate (0.72 unless "
+    "the probe measured decode reads or --decode-read-gbps gives them; published vLLM decode runs reach "
+    "0.60-0.78 of a datasheet rate)",
     "speculative decoding: one acceptance rate for every draft position (measured accepted lengths fall "
     "1-11% below it at 2-4 drafts), and the drafts' KV",
     "routed experts (MoE): uniform routing assumed, a step of T tokens reading 1 - (1 - k/E)^T of a "
@@ -350,6 +354,10 @@ class PlanInputs:
     #: The card's dense matmul rate for the weights' format (TFLOP/s), so a layer costs at
     #: least its FLOPs; ``None``: compute is not priced (the plan says so).
     compute_tflops: float | None = None
+    #: The rate decode kernels read VRAM at, measured the way decode reads (the probe's
+    #: matrix-vector product, ``--decode-read-gbps``), GB/s; ``None``: ``vram_gbps`` (a
+    #: datasheet or saturating-read figure) x ``estimate.DEFAULT_DECODE_READ_FACTOR``.
+    decode_read_gbps: float | None = None
 
     @property
     def weight_budget_bytes(self) -> int:
@@ -359,6 +367,11 @@ class PlanInputs:
     def uva_read_gbps(self) -> float:
         """The UVA read rate the step model uses: given, else a published fraction of the link."""
         return self.uva_gbps if self.uva_gbps is not None else self.link_gbps * DEFAULT_UVA_READ_FACTOR
+
+    @property
+    def vram_read_gbps(self) -> float:
+        """The VRAM rate the step model uses: decode reads measured, else a fraction of ``vram_gbps``."""
+        return decode_read_rate(self.vram_gbps, self.decode_read_gbps)
 
     @property
     def context(self) -> int:
@@ -371,9 +384,10 @@ class PlanInputs:
         self._check_types()
         if self.device_memory_bytes <= 0:
             raise PlanError("device memory must be more than 0 bytes; give it like --device-memory 24GiB")
-        for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps), ("UVA read", self.uva_gbps)):
-            if value is None and label == "UVA read":
-                continue  # the default factor of the link rate
+        for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps), ("UVA read", self.uva_gbps),
+                             ("decode read", self.decode_read_gbps)):
+            if value is None and label in ("UVA read", "decode read"):
+                continue  # derived from the link / VRAM rate by their default factors
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:
                 raise PlanError(f"{label} bandwidth {value!r} GB/s must be a number from {MIN_GBPS:g} to "
                                 f"{MAX_GBPS:g} GB/s, like 13.9")
@@ -466,6 +480,7 @@ class PlanInputs:
             context_tokens=r.int("context_tokens", default=None),
             uva_gbps=r.number("uva_gbps", positive=True, default=None),
             compute_tflops=r.number("compute_tflops", positive=True, default=None),
+            decode_read_gbps=r.number("decode_read_gbps", positive=True, default=None),
         )
         try:
             inputs.validate()
@@ -634,7 +649,8 @@ class Estimate:
            *, pipelined: bool) -> "Estimate":
         accept = inputs.accept_rate if inputs.accept_rate is not None else DEFAULT_ACCEPT_RATE
         settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, inputs.batch, spec_tokens,
-                                accept, inputs.context, inputs.uva_read_gbps, inputs.compute_tflops)
+                                accept, inputs.context, inputs.uva_read_gbps, inputs.compute_tflops,
+                                inputs.decode_read_gbps)
         return cls(**step_cost(traffic, settings, kv, pipelined=pipelined))
 
     @classmethod

@@ -20,8 +20,9 @@ copies, the device synchronised before and after each copy:
 - **host memcpy** (``host_memcpy_gbps``): a host-to-host copy, read + write counted as for
   VRAM. Without a GPU this is all there is: the CPU is the device, there is no link, and
   ``no_link_reason`` says so.
-- **UVA reads** (``uva_read_gbps``): a kernel (a sum) reading page-locked host memory in
-  place through a UVA device view, the way vLLM's ``cpu_offload_gb``, the UVA embedding and
+- **UVA reads** (``uva_read_gbps``): a kernel (a bf16 matrix-vector product, the decode
+  reads' shape: :func:`gemv_read_s`) reading page-locked host memory in place through a UVA
+  device view, the way vLLM's ``cpu_offload_gb``, the UVA embedding and
   experts read in place are read: the SMs issue the reads over the link, which reaches less
   than the copy engine does, and less as the buffer grows (nvbandwidth issue #42: an A100's
   in-kernel host reads fell from 25.1 to 16.5 GB/s between 1 and 20 GiB). So its sizes go
@@ -29,8 +30,9 @@ copies, the device synchronised before and after each copy:
 - **decode reads** (``decode_read_gbps``): a matrix-vector product over a bf16 weight as
   large as the largest copy, the shape of a batch-1 decode step's weight reads; bytes
   counted: the weight, once. Decode kernels read VRAM slower than a copy or a saturating
-  read kernel (two published runs on one DGX Spark read at about 0.7 of the latter), so
-  planning takes its VRAM rate from this when measured, else from the copy.
+  read kernel (published vLLM runs read at 0.6-0.78 of a datasheet or saturating rate), so
+  planning prices VRAM reads at this when measured, else at the copy's rate x
+  ``estimate.DEFAULT_DECODE_READ_FACTOR``.
 - **matmul** (``matmul_tflops``, ``matmul_dtype``): a square matrix product large enough to
   be compute-bound (bf16 on a GPU, float32 on the CPU), ``2 n^3`` FLOPs over its median
   time: the rate at which a decode step's FLOPs can run at best, so a layer costs at least
@@ -223,7 +225,7 @@ class Profile:
                          "(device-to-device copy, bytes read + written)")
         if self.decode_read_gbps is not None:
             lines.append(f"  decode reads   {_fmt_rate(self.decode_read_gbps)} GB/s (a bf16 matrix-vector product "
-                         "reading its weight once: what planning uses for VRAM)")
+                         "reading its weight once: the rate planning prices VRAM reads at)")
         if self.matmul_tflops is not None:
             lines.append(f"  matmul         {self.matmul_tflops:.3g} TFLOP/s ({self.matmul_dtype}, compute-bound size)")
         if self.device_memory_total_bytes is not None:
@@ -250,6 +252,8 @@ class Profile:
                 args.append(f"--uva-gbps {_fmt_rate(defaults['uva_gbps'])}")
             if defaults["vram_gbps"] is not None:
                 args.append(f"--vram-gbps {_fmt_rate(defaults['vram_gbps'])}")
+            if defaults["decode_read_gbps"] is not None:
+                args.append(f"--decode-read-gbps {_fmt_rate(defaults['decode_read_gbps'])}")
             if defaults["compute_tflops"] is not None:
                 args.append(f"--compute-tflops {defaults['compute_tflops']:.3g}")
             if defaults["device_memory_bytes"] is not None:
@@ -438,16 +442,19 @@ def load_profile(path: str | os.PathLike | None = None) -> Profile | None:
 def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
     """The :class:`~selective_offload.plan.PlanInputs` values a profile supplies: ``link_gbps``
     (the pinned host-to-device rate), ``uva_gbps`` (kernels reading host memory in place),
-    ``vram_gbps``, ``compute_tflops`` (the GPU's matmul rate) and ``device_memory_bytes``
-    (the device's total memory); ``None`` for what it cannot (no link, no GPU, no profile)."""
+    ``vram_gbps`` (the copy's), ``decode_read_gbps`` (a matrix-vector product's: the rate
+    planning prices VRAM at, when measured), ``compute_tflops`` (the GPU's matmul rate) and
+    ``device_memory_bytes`` (the device's total memory); ``None`` for what it cannot (no
+    link, no GPU, no profile)."""
     if profile is None:
-        return {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "compute_tflops": None,
-                "device_memory_bytes": None}
+        return {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "decode_read_gbps": None,
+                "compute_tflops": None, "device_memory_bytes": None}
     on_gpu = profile.device is not None
     return {
         "link_gbps": profile.link_gbps_pinned if profile.has_link else None,
         "uva_gbps": profile.uva_read_gbps if profile.has_link else None,
-        "vram_gbps": (profile.decode_read_gbps or profile.vram_gbps) if on_gpu else None,
+        "vram_gbps": profile.vram_gbps if on_gpu else None,
+        "decode_read_gbps": profile.decode_read_gbps if on_gpu else None,
         "compute_tflops": profile.matmul_tflops if on_gpu else None,
         "device_memory_bytes": (profile.device_memory_total_bytes
                                 if profile.device is not None and profile.device_memory_total_bytes else None),
@@ -464,9 +471,19 @@ def plan_bandwidths(profile: Profile | None) -> tuple[float, float, str]:
     vram = measured["vram_gbps"] or REFERENCE_VRAM_GBPS
     if profile is not None and profile.no_link_reason is None:
         return link, vram, describe(profile)
-    return link, vram, (f"link {REFERENCE_LINK_GBPS} GB/s and VRAM {REFERENCE_VRAM_GBPS} GB/s are the reference "
-                        "laptop's (no `selective-offload probe` profile of a GPU here): measure yours with "
-                        "`selective-offload probe`")
+    return link, vram, reference_note()
+
+
+def reference_note(*, link: bool = True, vram: bool = True) -> str | None:
+    """The line saying which rates are the reference laptop's (no probe of a GPU here): the
+    link's, the VRAM's, or both (``None`` when neither is)."""
+    from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS
+
+    named = ([f"link {REFERENCE_LINK_GBPS} GB/s"] if link else []) + ([f"VRAM {REFERENCE_VRAM_GBPS} GB/s"] if vram else [])
+    if not named:
+        return None
+    return (f"{' and '.join(named)} {'are' if len(named) > 1 else 'is'} the reference laptop's (no "
+            "`selective-offload probe` profile of a GPU here): measure yours with `selective-offload probe`")
 
 
 def describe(profile: Profile) -> str:
@@ -481,6 +498,8 @@ def describe(profile: Profile) -> str:
         parts.append(f"UVA reads {_fmt_rate(defaults['uva_gbps'])} GB/s")
     if defaults["vram_gbps"] is not None:
         parts.append(f"VRAM {_fmt_rate(defaults['vram_gbps'])} GB/s")
+    if defaults["decode_read_gbps"] is not None:
+        parts.append(f"decode reads {_fmt_rate(defaults['decode_read_gbps'])} GB/s")
     if defaults["compute_tflops"] is not None:
         parts.append(f"matmul {defaults['compute_tflops']:.3g} TFLOP/s")
     if defaults["device_memory_bytes"] is not None:
@@ -593,9 +612,30 @@ def _median_s(fn: Callable[[], Any], *, repeats: int, warmup: int, cuda) -> floa
     return statistics.median(times)
 
 
+#: Columns of the bf16 matrix the read measurements multiply (a hidden size of 8B-class models).
+READ_COLS = 4096
+
+
+def gemv_read_s(weight, *, repeats: int, warmup: int, cuda, cols: int = READ_COLS) -> float:
+    """Median seconds of one bf16 matrix-vector product over the bytes of ``weight`` (a
+    contiguous tensor of whole ``cols``-wide bf16 rows: device memory, or a UVA device view
+    of host memory), the device synchronised around each: a batch-1 decode step's read of a
+    weight, each byte once. The one measurement behind the probe's UVA and decode read rates
+    and ``benchmarks/bench_uva_read.py``."""
+    import torch
+
+    flat = weight.reshape(-1).view(torch.uint8)
+    rows = flat.numel() // (2 * cols)
+    if rows < 1:
+        raise ValueError(f"a read of {flat.numel()} bytes is less than one {cols}-wide bf16 row")
+    matrix = flat[: rows * cols * 2].view(torch.bfloat16).view(rows, cols)
+    x = torch.ones(cols, dtype=torch.bfloat16, device=matrix.device)
+    return _median_s(lambda: torch.mv(matrix, x), repeats=repeats, warmup=warmup, cuda=cuda)
+
+
 def uva_read_series(sizes: Sequence[int], *, repeats: int, warmup: int, cuda,
                     view: Callable[[Any], Any], pin: bool, required: int = 0) -> dict[int, float]:
-    """Median seconds of one kernel (a sum over 4-byte words) reading ``size`` bytes of host
+    """Median seconds of one read kernel (:func:`gemv_read_s`) over ``size`` bytes of host
     memory through ``view(host)``: on CUDA a UVA device view of page-locked memory
     (:func:`~selective_offload.wrappers.host_embedding.cuda_view_of_pinned`), so every byte
     crosses the link inside the kernel, as vLLM's ``cpu_offload_gb`` reads its weights.
@@ -607,11 +647,10 @@ def uva_read_series(sizes: Sequence[int], *, repeats: int, warmup: int, cuda,
     for n, size in enumerate(sizes):
         host = dev_view = None
         try:
-            host = torch.empty(size // 4, dtype=torch.int32, pin_memory=pin).fill_(1)
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=pin).fill_(0x3C)  # bf16 0x3C3C: 0.0115
             dev_view = view(host)
-            out[size] = _median_s(lambda: torch.sum(dev_view, dtype=torch.int64), repeats=repeats,
-                                  warmup=warmup, cuda=cuda)
-        except (RuntimeError, AssertionError, MemoryError) as exc:
+            out[size] = gemv_read_s(dev_view, repeats=repeats, warmup=warmup, cuda=cuda)
+        except (RuntimeError, AssertionError, MemoryError, ValueError) as exc:
             if n < required:
                 raise UserError(f"probe: could not measure UVA reads of {_fmt_size(size)} "
                                 f"({_one_line(exc)}); free memory, or try --quick") from None
@@ -621,15 +660,14 @@ def uva_read_series(sizes: Sequence[int], *, repeats: int, warmup: int, cuda,
 
 
 def decode_read_gbps(device, nbytes: int, *, repeats: int, warmup: int, cuda, cols: int = 8192) -> float:
-    """GB/s at which ``torch.mv`` reads a bf16 weight of about ``nbytes`` (``cols`` wide) on
-    ``device``: a batch-1 decode step's access pattern, each weight byte read once."""
+    """GB/s at which :func:`gemv_read_s` reads a bf16 weight of about ``nbytes`` (``cols``
+    wide) on ``device``: a batch-1 decode step's access pattern, each weight byte read once."""
     import torch
 
     rows = max(1, nbytes // (2 * cols))
     try:
         weight = torch.ones(rows, cols, dtype=torch.bfloat16, device=device)
-        x = torch.ones(cols, dtype=torch.bfloat16, device=device)
-        secs = _median_s(lambda: torch.mv(weight, x), repeats=repeats, warmup=warmup, cuda=cuda)
+        secs = gemv_read_s(weight, repeats=repeats, warmup=warmup, cuda=cuda, cols=cols)
     except (RuntimeError, AssertionError, MemoryError) as exc:
         raise UserError(f"probe: could not measure decode reads on {device} ({_one_line(exc)}); "
                         "free memory, or try --quick") from None

@@ -10,6 +10,7 @@ Used by ``selective-offload plan`` and by the demo; it only formats, it decides 
 
 from __future__ import annotations
 
+from .estimate import DEFAULT_DECODE_READ_FACTOR
 from .checkpoint import Checkpoint
 from .plan import BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan
 from .sizes import GB
@@ -53,7 +54,8 @@ def _header(plan: Plan) -> list[str]:
         f"model     {m.source}  ({m.num_tensors} tensors, {_gb(m.total_bytes).strip()}, fingerprint {m.fingerprint})",
         f"budget    {_gb(inp.device_memory_bytes).strip()} device - {_gb(inp.kv_cache_bytes).strip()} KV cache"
         f" - {_gb(inp.reserve_bytes).strip()} reserve = {_gb(plan.weight_budget_bytes).strip()} for weights;"
-        f" link {inp.link_gbps} GB/s, VRAM {inp.vram_gbps} GB/s"
+        f" link {inp.link_gbps} GB/s, VRAM {inp.vram_gbps} GB/s (decode reads {inp.vram_read_gbps:.4g}"
+        + (")" if inp.decode_read_gbps is not None else f": {DEFAULT_DECODE_READ_FACTOR} x VRAM)")
         + (f"; speculative {inp.speculative}" if inp.speculative else ""),
         "",
     ]

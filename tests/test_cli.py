@@ -184,6 +184,24 @@ def test_bad_economics_flags_are_one_line(capsys, argv, match):
     assert code == EXIT_USAGE and match in err and err.count("\n") == 1
 
 
+def test_the_note_names_only_the_reference_rates_a_plan_took(capsys, tmp_path, monkeypatch):
+    """Without a probe of a GPU, a rate given as a flag is the user's: the note says only the
+    others are the reference laptop's (it once named both whatever was given)."""
+    monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(tmp_path / "none.json"))
+
+    def notes(*argv):
+        code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--json", *argv)
+        assert code == 0
+        return [n for n in json.loads(out)["notes"] if "reference laptop's" in n]
+
+    assert notes("--vram-gbps", "900") == [
+        "link 13.9 GB/s is the reference laptop's (no `selective-offload probe` profile of a GPU here): "
+        "measure yours with `selective-offload probe`"]
+    assert [n.split(" is the ")[0] for n in notes("--link-gbps", "25")] == ["VRAM 472.0 GB/s"]
+    assert notes("--link-gbps", "25", "--vram-gbps", "900") == []
+    assert notes()[0].startswith("link 13.9 GB/s and VRAM 472.0 GB/s are the reference laptop's")
+
+
 def test_probe_writes_a_profile_that_plan_uses(capsys, tmp_path, monkeypatch):
     """Here (no GPU) the probe measures host memcpy and says there is no link, so plan keeps
     the reference bandwidths and says where they come from; a GPU machine's profile (written

@@ -6,6 +6,7 @@ import pytest
 
 from selective_offload.checkpoint import Checkpoint, TensorInfo, tensor_nbytes
 from selective_offload.estimate import (
+    DEFAULT_DECODE_READ_FACTOR,
     KvModel,
     LayerCost,
     StepSettings,
@@ -63,10 +64,11 @@ def test_speculation_breaks_even_where_the_tokens_pay_for_the_longer_step():
 
 def test_draft_passes_and_tokens_in_the_step():
     """One offloaded 1 GB layer (1 s over a 1 GB/s link, hidden compute 0.01 s), an MTP head
-    plus LM head of 2 GB read from a 100 GB/s VRAM per draft: K=2 drafts add 0.04 s, and a
-    step yields E(2, 0.5) = 1.75 tokens."""
+    plus LM head of 2 GB read by decode kernels at 100 GB/s per draft: K=2 drafts add 0.04 s,
+    and a step yields E(2, 0.5) = 1.75 tokens."""
     traffic = Traffic(layers=((10 ** 9, True),), draft_bytes=2 * 10 ** 9)
-    cost = step_cost(traffic, StepSettings(1.0, 100.0, spec_tokens=2, accept_rate=0.5), None, pipelined=True)
+    cost = step_cost(traffic, StepSettings(1.0, 500.0, spec_tokens=2, accept_rate=0.5, decode_read_gbps=100.0), None,
+                     pipelined=True)
     assert cost["est_draft_s_per_step"] == pytest.approx(0.04)
     assert cost["est_step_s"] == pytest.approx(1.0 + 0.04)
     assert cost["est_tokens_per_step"] == pytest.approx(1.75)
@@ -81,19 +83,23 @@ def test_a_batch_shares_the_link_traffic():
     traffic = Traffic(layers=((10 ** 9, True), (10 ** 6, False)), row_bytes_host=10 ** 4)
     one = step_cost(traffic, StepSettings(1.0, 1000.0, batch=1), None, pipelined=True)
     eight = step_cost(traffic, StepSettings(1.0, 1000.0, batch=8), None, pipelined=True)
-    # the rows are read in place through UVA: 0.84 of the 1 GB/s link
-    assert eight["est_link_s_per_step"] - one["est_link_s_per_step"] == pytest.approx(7 * 10 ** 4 / 0.84e9)
+    # the rows are read in place through UVA: 0.86 of the 1 GB/s link
+    assert eight["est_link_s_per_step"] - one["est_link_s_per_step"] == pytest.approx(7 * 10 ** 4 / 0.86e9)
     assert eight["est_tok_s"] / one["est_tok_s"] == pytest.approx(8, rel=1e-3)
     assert eight["est_tok_s_per_seq"] == pytest.approx(one["est_tok_s"], rel=1e-3)
 
 
 def test_kv_reads_grow_with_batch_and_context():
     """2 layers x 1024 B per token of KV; 4 sequences at 1000 tokens read 8.192 MB: 8.192 ms
-    at 1 GB/s of VRAM, on top of the weights."""
+    when decode kernels read VRAM at 1 GB/s, on top of the weights; a datasheet 1 GB/s is
+    read at the default fraction of it."""
     kv = KvModel(full_bytes_per_token=2 * 1024)
     traffic = Traffic(layers=((10 ** 6, False), (10 ** 6, False)))
-    cost = step_cost(traffic, StepSettings(1.0, 1.0, batch=4, context_tokens=1000), kv, pipelined=False)
+    cost = step_cost(traffic, StepSettings(1.0, 9.0, batch=4, context_tokens=1000, decode_read_gbps=1.0), kv,
+                     pipelined=False)
     assert cost["est_vram_s_per_step"] == pytest.approx((2e6 + 4 * 1000 * 2048) / 1e9)
+    peak = step_cost(traffic, StepSettings(1.0, 1.0, batch=4, context_tokens=1000), kv, pipelined=False)
+    assert peak["est_vram_s_per_step"] == pytest.approx((2e6 + 4 * 1000 * 2048) / (DEFAULT_DECODE_READ_FACTOR * 1e9))
 
 
 # ---- KV bytes from configs

@@ -229,6 +229,23 @@ def test_uva_read_runs_its_uva_path_through_a_stand_in_view():
     assert "error" in bad and "uva_gemv_gbps" not in bad  # a wrong view is recorded, not raised
 
 
+def test_the_benchmark_and_the_probe_share_one_read_measurement(monkeypatch):
+    """benchmarks/bench_uva_read.py sweeps sizes over the probe's own read kernel
+    (probe.gemv_read_s), for the UVA view and the device copy alike: one measurement, not two
+    written apart; the probe's UVA series goes through it too."""
+    import bench_uva_read
+
+    from selective_offload import probe
+
+    calls = []
+    monkeypatch.setattr(probe, "gemv_read_s", lambda w, **kw: (calls.append(w.numel() * w.element_size()), 0.001)[1])
+    row = bench_uva_read.measure(1 << 20, 1, False, view=lambda t: t)
+    assert calls == [1 << 20, 1 << 20]  # the device copy, then the view
+    assert row["uva_gemv_gbps"] == row["device_gemv_gbps"] == pytest.approx((1 << 20) / 0.001 / 1e9)
+    assert probe.uva_read_series([1 << 20], repeats=1, warmup=0, cuda=None, view=lambda h: h, pin=False) == {
+        1 << 20: 0.001} and len(calls) == 3
+
+
 def test_uva_read_sizes_and_bad_input(tmp_path):
     import bench_uva_read
 

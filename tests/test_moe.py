@@ -271,7 +271,7 @@ def test_experts_read_in_place_are_host_bytes_priced_at_the_read_fraction(tmp_pa
     assert g.est_link_bytes_per_step == 80 * MB * K // E
     # Read in line over the link instead of from VRAM: the layer's k/E share of 80 MB.
     # read by the kernels in place: at the UVA read rate, not the copy rate
-    uva, vram = edited.inputs.uva_read_gbps * 1e9, edited.inputs.vram_gbps * 1e9
+    uva, vram = edited.inputs.uva_read_gbps * 1e9, edited.inputs.vram_read_gbps * 1e9
     added = 80 * MB * K / E * (1 / uva - 1 / vram)
     assert edited.est.est_step_s == pytest.approx(plan.est.est_step_s + added, rel=1e-9)
 

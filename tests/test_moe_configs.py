@@ -20,7 +20,7 @@ from selective_offload.sizes import GiB
 from helpers import write_config
 
 LINK = 13.9e9  # the reference laptop's link (README), which the plans default to
-UVA = 0.84 * LINK  # kernels reading host memory in place: the default UVA read rate (estimate.py)
+UVA = 0.86 * LINK  # kernels reading host memory in place: the default UVA read rate (estimate.py)
 
 
 def plan_of(path, gib, **inputs):

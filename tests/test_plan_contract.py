@@ -86,7 +86,7 @@ def test_totals_and_estimates_are_derived_from_the_groups(data, tmp_path):
     group(data, "model.embed_tokens")["est_link_bytes_per_step"] = 10**12  # derived: ignored
     plan = load(data, tmp_path)
     assert plan.host_cold_bytes == group(data, "model.embed_tokens")["bytes"]
-    assert plan.est.est_link_s_per_step == pytest.approx(plan.groups[0].est_read_bytes_per_step / (0.84 * 13.9e9))
+    assert plan.est.est_link_s_per_step == pytest.approx(plan.groups[0].est_read_bytes_per_step / (0.86 * 13.9e9))
 
 
 @pytest.mark.parametrize("hot,match", [

@@ -84,7 +84,7 @@ def test_quick_cpu_measure_has_no_link_and_a_host_memcpy_rate(cpu_profile):
 
 def test_uva_read_series_times_a_kernel_reading_a_view_of_host_memory():
     """The UVA read measurement's code path on the CPU: the host tensor itself stands in for
-    the UVA device view (no CUDA device exists here), read by the same sum kernel; a size
+    the UVA device view (no CUDA device exists here), read by the same matrix-vector product; a size
     past the required ones that cannot be allocated is left out, a required one is one line."""
     from selective_offload.probe import uva_read_series
 
@@ -168,7 +168,8 @@ def test_quick_gpu_measure_has_link_vram_and_device_memory(tmp_path):
     assert p.uva_read_gbps > 0 and sorted(p.uva_read_samples_s) == [4 * MiB, 16 * MiB, 64 * MiB]
     assert p.matmul_dtype == "bfloat16" and p.matmul_tflops > 0 and p.decode_read_gbps > 0
     assert plan_defaults(p) == {"link_gbps": p.link_gbps_pinned, "uva_gbps": p.uva_read_gbps,
-                                "vram_gbps": p.decode_read_gbps, "compute_tflops": p.matmul_tflops,
+                                "vram_gbps": p.vram_gbps, "decode_read_gbps": p.decode_read_gbps,
+                                "compute_tflops": p.matmul_tflops,
                                 "device_memory_bytes": p.device_memory_total_bytes}
 
 
@@ -318,8 +319,8 @@ def test_default_path_and_load_profile_honour_the_environment(tmp_path, monkeypa
 
 
 def test_plan_defaults_of_a_cpu_profile_supply_nothing(cpu_profile):
-    nothing = {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "compute_tflops": None,
-               "device_memory_bytes": None}
+    nothing = {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "decode_read_gbps": None,
+               "compute_tflops": None, "device_memory_bytes": None}
     assert plan_defaults(cpu_profile) == nothing  # the CPU's matmul rate is not a GPU's
     assert plan_defaults(None) == nothing
     line = describe(cpu_profile)
@@ -330,8 +331,8 @@ def test_plan_defaults_of_a_cpu_profile_supply_nothing(cpu_profile):
 
 def test_plan_defaults_of_a_gpu_profile_supply_link_vram_and_device_memory():
     p = gpu_profile()
-    assert plan_defaults(p) == {"link_gbps": 52.3, "uva_gbps": None, "vram_gbps": 3900.0, "compute_tflops": None,
-                                "device_memory_bytes": 150_119_071_744}
+    assert plan_defaults(p) == {"link_gbps": 52.3, "uva_gbps": None, "vram_gbps": 3900.0, "decode_read_gbps": None,
+                                "compute_tflops": None, "device_memory_bytes": 150_119_071_744}
     assert describe(p) == ("link 52.3 GB/s pinned, VRAM 3900 GB/s, device memory 139.81 GiB measured by "
                            "`selective-offload probe` on 2026-12-01, NVIDIA H200")
     # a profile that measured UVA reads and the matmul rate supplies them too
@@ -344,9 +345,11 @@ def test_plan_defaults_of_a_gpu_profile_supply_link_vram_and_device_memory():
            "pinned copy)" in text
     assert "matmul         701 TFLOP/s (bfloat16, compute-bound size)" in text
     assert "--link-gbps 52.3 --uva-gbps 40.1 --vram-gbps 3900 --compute-tflops 701" in text
-    # a measured decode read rate is what planning takes for VRAM, over the copy
+    # a measured decode read rate is what planning prices VRAM reads at, beside the copy's
     r = gpu_profile(decode_read_gbps=3100.0)
-    assert plan_defaults(r)["vram_gbps"] == 3100.0 and "--vram-gbps 3100" in r.render()
+    assert plan_defaults(r)["decode_read_gbps"] == 3100.0 and plan_defaults(r)["vram_gbps"] == 3900.0
+    assert "--vram-gbps 3900 --decode-read-gbps 3100" in r.render()
+    assert "VRAM 3900 GB/s, decode reads 3100 GB/s" in describe(r)
     assert "decode reads   3100 GB/s (a bf16 matrix-vector product reading its weight once" in r.render()
     assert describe(gpu_profile(integrated=True)).endswith("NVIDIA H200, integrated")
 

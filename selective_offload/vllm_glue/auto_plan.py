@@ -76,6 +76,7 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
     inputs = PlanInputs(
         device_memory_bytes=device_memory, kv_cache_bytes=kv_bytes,
         link_gbps=link, vram_gbps=vram, uva_gbps=measured["uva_gbps"], compute_tflops=measured["compute_tflops"],
+        decode_read_gbps=measured["decode_read_gbps"],
         speculative="mtp" if mtp else None,
         spec_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0) or None if mtp else None,
     )
