@@ -146,6 +146,10 @@ MUTATIONS = {
 
  "reference-note-names-both": ("selective_offload/cli.py", "    return reference_note(link=args.link_gbps is None, vram=args.vram_gbps is None)", "    return reference_note()"),
  "probe-uva-own-kernel": ("selective_offload/probe.py", "            out[size] = gemv_read_s(dev_view, repeats=repeats, warmup=warmup, cuda=cuda)", "            out[size] = _median_s(lambda: torch.sum(dev_view), repeats=repeats, warmup=warmup, cuda=cuda)"),
+ "experts-read-not-derived": ("selective_offload/plan.py", "        if g.kind == GroupKind.EXPERTS:\n            expected = experts_read_bytes(", "        if False:\n            expected = experts_read_bytes("),
+ "prefetch-range-all-layers": ("selective_offload/plan.py", "            if g.kind in LAYER_KINDS and g.layer_index in hot:\n                per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes\n        layers = list(per_layer.values())", "            if g.kind in LAYER_KINDS:\n                per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes\n        layers = list(per_layer.values())"),
+ "hub-kind-safetensors": ("selective_offload/hub.py", "    return Checkpoint(label, \"hub\", tensors", "    return Checkpoint(label, \"safetensors\", tensors"),
+ "host-tables-classed-hot": ("selective_offload/plan.py", "        if g.kind == GroupKind.MODULE and self._is_vllm_host_table(g.group):", "        if False:"),
 }
 
 

@@ -36,6 +36,18 @@ def in_process_engine():
 
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    _release_vllm_process_state()
     yield
     mp.undo()
     selective_offload.disable()
+    _release_vllm_process_state()
+
+
+def _release_vllm_process_state() -> None:
+    """vLLM sets up its distributed groups once per process and keeps them: an engine of a
+    dense model leaves no expert-parallel group, and a MoE engine started later in the
+    same process then fails in its constructor. Releasing them between modules (as vLLM's
+    own tests do) lets each module's engines set up the groups their model needs."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()

@@ -228,6 +228,8 @@ def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
     ({"num_experts": 0}, "1 <= experts_per_token <= num_experts"),
     ({"cls": "cold"}, "a group of class cold cannot be placed host-uva"),
     ({"layer_index": None}, "a group of kind experts or layer, and only such a group, has a layer_index"),
+    ({"est_read_bytes_per_step": 1}, r"reads 2 of its 8 routed experts \(est\), so est_read_bytes_per_step must be"),
+    ({"group": "model.layers.7.mlp"}, "a group of kind experts is the routed experts module of one layer"),
 ])
 def test_an_experts_group_is_checked(moe_plan, tmp_path, fields, match):
     _, plan = moe_plan
