@@ -235,3 +235,14 @@ def write_config(tmp_path: Path, config, arch: str, **extra) -> Path:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
     return path
+
+
+def nothing_applied() -> bool:
+    """No hook of the glue is installed and no SELECTIVE_OFFLOAD_* variable is set: what a
+    refused enable() must leave behind (never a half-applied patch)."""
+    import os
+
+    from selective_offload.options import ENV_VARS
+    from selective_offload.vllm_glue import patches
+
+    return not patches.is_applied() and not any(v in os.environ for v in ENV_VARS)

@@ -12,10 +12,10 @@ import os
 import pytest
 
 import selective_offload
-from helpers import save_tiny_qwen3, tight_plan
+from helpers import save_tiny_qwen3, tight_plan, nothing_applied
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError, UserError
-from selective_offload.options import ENV_VARS, RunOptions, parse_flag
+from selective_offload.options import RunOptions, parse_flag
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.vllm_glue import patches, plugin
 
@@ -30,10 +30,6 @@ def clean():
 @pytest.fixture(scope="module")
 def bf16(tmp_path_factory):
     return save_tiny_qwen3(tmp_path_factory.mktemp("bf16"), seed=1)
-
-
-def nothing_applied():
-    return not patches.is_applied() and not any(v in os.environ for v in ENV_VARS)
 
 
 # ---- the model is checked by its bytes

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 import selective_offload
-from helpers import save_tiny_qwen3, tight_plan, write_header_only, write_raw_header
+from helpers import save_tiny_qwen3, tight_plan, write_header_only, write_raw_header, nothing_applied
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.cli import EXIT_USAGE, main
 from selective_offload.errors import CheckpointError, PlanError, UserError
-from selective_offload.options import ENV_DEVICE_MEMORY, ENV_VARS
+from selective_offload.options import ENV_DEVICE_MEMORY
 from selective_offload.plan import Plan
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.vllm_glue import patches, plugin
@@ -36,10 +36,6 @@ def clean():
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return save_tiny_qwen3(tmp_path_factory.mktemp("tiny"), seed=3)
-
-
-def nothing_applied():
-    return not patches.is_applied() and not any(v in os.environ for v in ENV_VARS)
 
 
 def as_data(plan: Plan) -> dict:
