@@ -156,15 +156,17 @@ def measure_link_gbps(nbytes: int, cuda: bool, iters: int = 5) -> float:
 
 def measure_read_gbps(nbytes: int, cuda: bool, iters: int = 5, hidden: int = 4096) -> float:
     """Device read bandwidth in GB/s as a decode step uses it: a bf16 matrix-vector product
-    over ``nbytes`` of weights (every byte read once)."""
+    over ``nbytes`` of weights (every byte read once), timed by the probe's own measurement
+    (:func:`selective_offload.probe.gemv_read_s`)."""
     import torch
 
-    device = "cuda" if cuda else "cpu"
+    from selective_offload.probe import gemv_read_s
+
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     rows = max(1, nbytes // (2 * hidden))
     w = torch.empty(rows, hidden, dtype=torch.bfloat16, device=device).fill_(0.01)
-    x = torch.ones(hidden, dtype=torch.bfloat16, device=device)
-    secs = time_s(lambda: torch.mv(w, x), iters, cuda)
-    return rows * hidden * 2 / statistics.median(secs) / 1e9
+    seconds = gemv_read_s(w, repeats=iters, warmup=2, cuda=device if cuda else None, cols=hidden)
+    return rows * hidden * 2 / seconds / 1e9
 
 
 class BenchError(Exception):

@@ -85,7 +85,6 @@ from __future__ import annotations
 import argparse
 import gc
 import math
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -727,10 +726,11 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         from selective_offload.wrappers import cuda_view_of_pinned
 
+        from selective_offload.probe import gemv_read_s
+
         host = fill_random(torch.empty(probe, dtype=torch.uint8, pin_memory=True))
         view = cuda_view_of_pinned(host, device).view(torch.bfloat16).view(-1, 4096)
-        x = torch.ones(4096, dtype=torch.bfloat16, device=device)
-        bw["uva_read_gbps"] = view.numel() * 2 / statistics.median(time_s(lambda: torch.mv(view, x), 5, True)) / 1e9
+        bw["uva_read_gbps"] = view.numel() * 2 / gemv_read_s(view, repeats=5, warmup=2, cuda=device, cols=4096) / 1e9
         del host, view
     else:
         bw["note"] = "no CUDA: link and device are both host memory here"

@@ -151,10 +151,12 @@ def test_device_post_processing_is_one_layer_at_a_time_and_returns_at_exact_size
     assert {id(p) for p in layer.parameters()} <= xl.routed
 
 
-def test_host_copy_keeps_the_layout_at_exact_size():
+def test_the_way_back_to_the_host_keeps_the_layout_at_exact_size():
+    from selective_offload.vllm_glue.host_resident import to_host_exact
+
     base = torch.arange(64.0).view(8, 8)
     view = base[:, :4].t()  # strided, a slice of a larger storage
-    copy = experts.host_copy(view)
+    copy = to_host_exact(view)
     assert copy.stride() == view.stride() and torch.equal(copy, view)
     assert copy.untyped_storage().nbytes() < base.untyped_storage().nbytes()
 

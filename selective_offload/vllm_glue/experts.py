@@ -69,6 +69,7 @@ from ..names import group_key
 from ..plan import GroupKind, Placement, Plan
 from ..sizes import fmt_bytes
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy
+from .host_resident import to_host_exact
 
 #: The attribute vLLM's UVA offloader sets on a parameter it turned into a UVA view, and
 #: that vLLM reads (``device_loading_context``; the Triton fused-MoE kernel in 0.33).
@@ -203,11 +204,6 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def host_copy(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in pageable host memory of exactly its extent, its layout (strides) kept."""
-    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu").copy_(t)
-
-
 def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: ExpertsLoad,
                               device: torch.device | None,
                               onload: Callable[[torch.Tensor, torch.device], torch.Tensor] | None = None) -> None:
@@ -243,7 +239,7 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
         original(layer)
         for p in own_parameters(layer, xl):
             if p.device.type != "cpu" and not getattr(p, UVA_MARKER, False):
-                p.data = host_copy(p.data)
+                p.data = to_host_exact(p.data)
             if built_on_host or id(p) in kept:
                 xl.routed.add(id(p))
 
@@ -263,7 +259,7 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
                 xl.params.add(id(p))
                 continue
             if p.device.type != "cpu":
-                p.data = host_copy(p.data)  # not built on the host: the report counts it as moved
+                p.data = to_host_exact(p.data)  # not built on the host: the report counts it as moved
             held.append(p.data)
             locked = page_locked.lock(p.data, group) if page_locked is not None else False
             if views:
