@@ -711,7 +711,8 @@ class PlannedModel:
     """The model a plan was made for, and how it is recognised."""
 
     source: str
-    #: ``safetensors`` (headers), ``manifest``, or ``config`` (sizes estimated).
+    #: ``safetensors`` (headers of a local checkpoint), ``hub`` (headers read from a hub id,
+    #: which vLLM downloads), ``manifest``, or ``config`` (sizes estimated).
     kind: str
     architectures: tuple[str, ...]
     #: A hash of every tensor's name, dtype and shape (see :func:`planner.model_fingerprint`).

@@ -28,6 +28,17 @@ def no_last_report_record(tmp_path_factory):
     mp.undo()
 
 
+@pytest.fixture
+def nothing_enabled():
+    """Each test starts and ends with no plan enabled (a test that enables one, or whose
+    enable() is refused halfway, leaves nothing for the next)."""
+    import selective_offload
+
+    selective_offload.disable()
+    yield
+    selective_offload.disable()
+
+
 @pytest.fixture(scope="module")
 def in_process_engine():
     """Run vLLM engines in the test process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so tests

@@ -26,11 +26,7 @@ from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.vllm_glue import patches, plugin
 
 
-@pytest.fixture(autouse=True)
-def clean():
-    selective_offload.disable()
-    yield
-    selective_offload.disable()
+pytestmark = pytest.mark.usefixtures("nothing_enabled")
 
 
 @pytest.fixture(scope="module")
