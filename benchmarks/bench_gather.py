@@ -198,6 +198,7 @@ def graph_failure(graph, fn, reference, ids, vocab: int, replays: dict) -> str |
     try:
         replay = graph(fn, torch.zeros_like(ids))
         other = (ids * 7 + 1) % vocab
+        # mutation: gather-graph-unchecked
         if not torch.equal(replay(other), reference(other)) or not torch.equal(replay(ids), reference(ids)):
             return f"FAILED: a replay differs from F.embedding on the device table at {ids.numel()} tokens"
     except (RuntimeError, ValueError) as err:

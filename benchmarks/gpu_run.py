@@ -97,6 +97,7 @@ class NoVllm:
                                       name=name)
         return None
 
+# mutation: gpu-run-vllm-not-blocked
 sys.meta_path.insert(0, NoVllm())
 kind, target, *argv = sys.argv[1:]
 sys.argv = [target, *argv]
@@ -213,6 +214,7 @@ def run_section(section: Section, cmd: list[str], shown: str, limit_s: float, ou
         for line in proc.stdout:
             line = line.rstrip("\n")
             if line.startswith(BLOCKED):
+                # mutation: gpu-run-blocked-not-counted
                 blocked.append(line[len(BLOCKED):].strip())
             tail.append(line)
             del tail[:-40]
@@ -222,6 +224,7 @@ def run_section(section: Section, cmd: list[str], shown: str, limit_s: float, ou
     reader.start()
     timed_out = False
     try:
+        # mutation: gpu-run-no-time-limit
         proc.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
         timed_out = True
@@ -313,6 +316,7 @@ def selective_over_bulk(d: dict) -> list[dict] | str:
               if p.get("status") == "measured"}
     for b, ratio in (sweep.get("speedup_selective_over_bulk") or {}).items():
         bulk, sel = points.get(("bulk", int(b))), points.get(("selective", int(b)))
+        # mutation: gpu-run-sweep-est-inverted
         est = bulk["est_step_s"] / sel["est_step_s"] if bulk and sel else None
         rows.append(_row(f"batch {b} (matrix product), total tok/s", ratio, est))
     return rows or "bulk and selective were not both measured (see the decode-emulation results)"
@@ -347,6 +351,7 @@ def selective_mtp(d: dict) -> list[dict] | str:
 
 
 def est_over_measured(d: dict) -> list[dict] | str:
+    # mutation: gpu-run-est-over-measured-inverted
     rows = [_row(c["config"] + ("" if c.get("capped") else " (no cap)"), c["est_step_s"] / _med(c["step_s"]))
             for c in d.get("configs", []) if c.get("status") == "measured"]
     return rows or "no placement was measured"
@@ -602,6 +607,7 @@ def pack(out: Path, stem: str, log: Log) -> list[str]:
             tar.add(p, arcname=p.name)
     for p in files:
         if p.name not in keep:
+            # mutation: gpu-run-pack-keeps-all
             p.unlink()
     left = sorted(p.name for p in out.iterdir())
     log(f"packed {len(files)} files into {tar_path.name}; {out} holds {', '.join(left)}")
@@ -708,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         limit = section.small_limit_s if args.small else section.limit_s
         row = run_section(section, *command(section, python, out, name, args.small), limit, out, log)
         console_markdown(section, row, out, log.path)
+        # mutation: gpu-run-stops-at-failure
         rows.append(row)
 
     summary = {

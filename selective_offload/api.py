@@ -60,6 +60,7 @@ def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | No
                  **inputs: Any) -> Plan:
     """A validated :class:`Plan` from a plan object, a plan JSON file, or a model to plan now."""
     if isinstance(plan, Plan):
+        # mutation: plan-object-unchecked
         return Plan.checked(plan)
     if not isinstance(plan, (str, os.PathLike)):
         raise PlanError(f"enable() takes a Plan, a plan file or a model directory, not {type(plan).__name__}; "
@@ -146,6 +147,7 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
         raise PlanError(f"model={model_dir}: not a checkpoint directory (no *.safetensors shards)")
     if _is_model_dir(model_dir):
         checkpoint = load_checkpoint(model_dir)
+        # mutation: truncated-shard-enabled
         require_complete(checkpoint)
         check_plan_matches_model(resolved, checkpoint)
     elif resolved.model.kind == "safetensors":

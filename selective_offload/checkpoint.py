@@ -119,6 +119,7 @@ class ModelFacts:
             num_mtp_layers=_count(pick(*_MTP_KEYS)) or 0,
             num_experts=_positive_int(pick(*_NUM_EXPERTS_KEYS)),
             experts_per_token=_positive_int(pick(*_EXPERTS_PER_TOKEN_KEYS)),
+            # mutation: host-tables-on-device
             vllm_host_tables=_declares_host_tables(architectures, pick),
             tie_source=source,
             notes=tuple(notes),
@@ -163,6 +164,7 @@ def _resolve_tie(text: Mapping, config: Mapping, tensor_names, resolved_text, re
         value = getattr(obj, "tie_word_embeddings", None) if obj is not None else None
         if value is not None:
             return bool(value), label, []
+    # mutation: tie-default-true
     return False, "default", []
 
 
@@ -228,6 +230,7 @@ def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
                     f"{where}header length {header_len} runs past the end of the "
                     f"{size}-byte file; the shard is truncated or not safetensors: fetch it again"
                 )
+            # mutation: header-read-all, header-read-builtin
             return f.read(header_len), header_len, size
     except OSError as exc:
         raise CheckpointError(f"{where}cannot read: {exc.strerror or exc}") from None
@@ -298,6 +301,7 @@ def check_spans(spans: list[tuple[int, int, str]], where: str) -> int:
     hidden behind a zero-size tensor is caught too). Returns where the data ends."""
     start, previous = 0, None
     for begin, end, name in sorted(spans):
+        # mutation: spans-not-contiguous
         if begin != start:
             what = (f"overlaps {previous!r}, which ends at {start}" if begin < start and previous is not None
                     else f"leaves a gap: the data before it ends at {start}")
@@ -563,6 +567,7 @@ def _param_kind(name: str, tensor, owner, torch) -> str:
     in transformers 5) or ``other`` (embeddings, norms, biases, the LM head...)."""
     if name.endswith(".weight") and isinstance(owner, torch.nn.Linear) and tensor.dim() == 2:
         return "linear"
+    # mutation: fp8-experts-skipped
     if tensor.dim() == 3 and "experts" in name.split("."):
         return "experts"
     return "other"
@@ -575,6 +580,7 @@ def _estimate_unbuilt_mtp(tensors: dict[str, TensorInfo], facts: ModelFacts,
     decoder layer's tensors plus its input projection and norms. The embedding and LM head
     the head uses are the target's (vLLM shares them), so they are not counted again."""
     n, layers, hidden = facts.num_mtp_layers, facts.num_hidden_layers, facts.hidden_size
+    # mutation: mtp-not-estimated
     if not n or layers is None or not hidden:
         return tensors, []
     stacks = {}

@@ -192,8 +192,10 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
         raise UserError("--device-memory is needed (like 24GiB): no `selective-offload probe` profile of a GPU "
                         f"on this machine ({default_profile_path()}) says it")
     uva = parse_bandwidth_gbps(args.uva_gbps, "--uva-gbps") if args.uva_gbps is not None else (
+        # mutation: probe-uva-with-another-link
         measured["uva_gbps"] if args.link_gbps is None else None)  # the probe's UVA rate goes with its link
     decode = (parse_bandwidth_gbps(args.decode_read_gbps, "--decode-read-gbps") if args.decode_read_gbps is not None
+              # mutation: probe-decode-with-another-vram
               else measured["decode_read_gbps"] if args.vram_gbps is None else None)  # and its decode rate with its VRAM
     compute = None
     if args.compute_tflops is not None:
@@ -285,6 +287,7 @@ def _inputs_provenance(args: argparse.Namespace, profile) -> str | None:
     if profile is not None and profile.no_link_reason is None:
         return f"inputs not given as flags come from this machine's profile: {source}"
     # no profile of a GPU: only the rates the flags left out are the reference laptop's
+    # mutation: reference-note-names-both
     return reference_note(link=args.link_gbps is None, vram=args.vram_gbps is None)
 
 

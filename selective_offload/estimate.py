@@ -115,6 +115,7 @@ KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, 
 #: engine and fall as the buffer grows (NVIDIA/nvbandwidth issue #42: an A100's
 #: ``host_to_device_memcpy_sm`` 25.13 GB/s at 1 GiB, 16.50 GB/s at 20 GiB; issue #24: an
 #: H100's 35.2 GB/s host-to-device against 52.8 GB/s device-to-host, both by SMs).
+# mutation: uva-factor-1
 DEFAULT_UVA_READ_FACTOR = 0.86
 
 #: Decode kernels read VRAM at this fraction of a box's datasheet (peak) or saturating-read
@@ -130,6 +131,7 @@ DEFAULT_UVA_READ_FACTOR = 0.86
 #: H100 80GB HBM3 (vLLM 0.21.0, 6.48 ms median time per output token). Published decode
 #: runs sit between 0.60 and 0.78 of a datasheet rate, so this is a default, not a law:
 #: the probe measures the box's own.
+# mutation: decode-factor-1
 DEFAULT_DECODE_READ_FACTOR = 0.72
 
 
@@ -137,6 +139,7 @@ def decode_read_rate(vram_gbps: float, decode_read_gbps: float | None = None) ->
     """GB/s at which a decode step reads VRAM: ``decode_read_gbps`` when measured the way
     decode reads (or given), else ``vram_gbps`` (a datasheet or saturating-read figure) x
     :data:`DEFAULT_DECODE_READ_FACTOR`."""
+    # mutation: decode-factor-on-measured
     return decode_read_gbps if decode_read_gbps is not None else vram_gbps * DEFAULT_DECODE_READ_FACTOR
 
 
@@ -156,6 +159,7 @@ def expert_read_fraction(num_experts: int, experts_per_token: int, tokens: int |
     t = max(float(tokens), 0.0)
     if routing is not None:
         return sum(1.0 - (1.0 - min(max(p, 0.0), 1.0)) ** t for p in routing) / len(routing) if routing else 1.0
+    # mutation: expert-read-whole
     p = min(experts_per_token / num_experts, 1.0)
     return 1.0 - (1.0 - p) ** t
 
@@ -198,6 +202,7 @@ def pipelined_step_s(layers: list[LayerCost], other_s: float) -> tuple[float, fl
             segment = sum(l.compute_s for l in layers[prev:]) + other_s + sum(l.compute_s for l in layers[:j])
         else:
             segment = sum(l.compute_s for l in layers[prev:j])
+        # mutation: no-overlap
         step += max(layers[j].copy_s, segment)
     link = sum(layers[j].copy_s for j in offloaded)
     return step, compute + link - step
@@ -374,6 +379,7 @@ class StepSettings:
 #: bytes: 8-bit containers of quantized checkpoints hold two 4-bit values in U8 (NVFP4,
 #: MXFP4 blocks, bitsandbytes nf4) and eight in I32 (GPTQ, AWQ ``qweight``). Scales stored
 #: beside them are counted as parameters too (a few percent at most).
+# mutation: packed-params-not-counted
 PARAM_BITS = {"U8": 4, "I32": 4, "U32": 4, "F4": 4}
 
 
@@ -416,6 +422,7 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     flops = [float(f) for f in traffic.layer_flops] if len(traffic.layer_flops) == len(reads) else [0.0] * len(reads)
     uva_bytes = float(traffic.uva_bytes)
     for e in traffic.experts:
+        # mutation: expert-tokens-ignored
         read = e.read_bytes(tokens_per_pass)
         flops[e.layer] += e.flops_per_token
         if e.where == EXPERTS_UVA:
@@ -424,6 +431,7 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
             reads[e.layer] += read
             if e.where == EXPERTS_PREFETCHED:
                 copies[e.layer] += e.nbytes
+    # mutation: uva-at-copy-rate
     uva_s = uva_bytes / gb_uva
     copies_s = sum(copies) / gb_link
     layer_read_s = sum(reads) / gb_vram
@@ -434,6 +442,7 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     vram_s = layer_read_s + other_read_s + kv_s
     per_layer_kv = kv_s / len(traffic.layers) if traffic.layers else 0.0
     # A layer takes the longer of reading its weights (and its share of the KV) and its FLOPs.
+    # mutation: compute-not-priced
     layer_s = [max(r / gb_vram + per_layer_kv, compute_s(f, tokens_per_pass)) for r, f in zip(reads, flops)]
     compute = (sum(compute_s(f, tokens_per_pass) for f in flops) + compute_s(traffic.other_flops, tokens_per_pass)
                + k * compute_s(traffic.draft_flops, n))
@@ -442,11 +451,13 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
         core, hidden = pipelined_step_s(costs, other_s + (0.0 if traffic.layers else kv_s))
         # UVA reads are paid in line: they share the link with the prefetch copies, so
         # they hide no copy and no copy hides them.
+        # mutation: uva-hidden-by-prefetch
         step = core + rows_link_s + uva_s + draft_s
     else:
         hidden = 0.0
         device_s = sum(layer_s) + other_s + (0.0 if traffic.layers else kv_s)
         step = inline_step_s(device_s, link_s) + draft_s
+    # mutation: batch-not-shared
     tokens = n * expected_tokens_per_step(k, settings.accept_rate)
     tok_s = tokens / step if step > 0 else float("inf")
     return {"est_link_s_per_step": link_s, "est_vram_s_per_step": vram_s, "est_step_s": step, "est_tok_s": tok_s,

@@ -83,6 +83,7 @@ def cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
     if (snapshot / INDEX_NAME).is_file():
         index = _read_json(snapshot / INDEX_NAME, "the shard index")
         shards = set((index.get("weight_map") or {}).values()) if isinstance(index, dict) else set()
+        # mutation: hub-partial-cache-read
         return snapshot if shards and all((snapshot / s).is_file() for s in shards) else None
     return snapshot if (snapshot / SINGLE_FILE).is_file() else None
 
@@ -102,6 +103,7 @@ def remote_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
     )
 
     label = _label(repo_id, revision)
+    # mutation: hub-offline-not-checked
     if constants.is_offline_mode():
         raise CheckpointError(f"{label}: not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) with its "
                               "config.json and every safetensors shard, and HF_HUB_OFFLINE is set; unset it to read "
@@ -149,6 +151,7 @@ def remote_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
     config = _read_json(Path(config_path), "config.json")
     # Kind "hub": the plan records that its model is named by hub id (vLLM downloads it), not
     # a local directory that may be missing from where the plan is used.
+    # mutation: hub-kind-safetensors
     return Checkpoint(label, "hub", tensors, config if isinstance(config, dict) else {})
 
 

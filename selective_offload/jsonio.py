@@ -40,6 +40,7 @@ def _depth(value: Any) -> int:
 
 def _finite_float(text: str) -> float:
     value = float(text)
+    # mutation: json-huge-float
     if not math.isfinite(value):
         raise ValueError(f"the number {text[:40]} is too large (beyond a 64-bit float)")
     return value
@@ -50,6 +51,7 @@ def parse(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     failure is a ``ValueError`` whose message says what is wrong."""
     try:
         value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    # mutation: json-recursion-uncaught
     except RecursionError:
         raise ValueError(f"nested more than {max_depth} levels deep") from None
     except UnicodeDecodeError as exc:

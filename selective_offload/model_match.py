@@ -59,6 +59,7 @@ def _derived_differences(plan: Plan, actual: dict[tuple, Group]) -> list[str]:
         hot = set(plan.hot_layer_indices)  # the offloader's slots: the hot layers' parameters, experts included
         buffers = prefetch_buffer_bytes([g for g in mine if g.kind in LAYER_KINDS and g.layer_index in hot],
                                         plan.inputs.prefetch_step)
+        # mutation: model-buffers-unchecked
         if plan.prefetch_buffer_bytes != buffers:
             out.append(f"the prefetch buffers are {plan.prefetch_buffer_bytes} bytes in the plan and {buffers} "
                        f"for this model's layers at prefetch_step {plan.inputs.prefetch_step}")
@@ -74,6 +75,7 @@ def differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     """Every group that differs between ``plan`` and ``checkpoint``, in the plan's order."""
     segments = plan.inputs.cold_segments
     # A plan without expert groups (format v2 and older) keeps a MoE layer's experts in it.
+    # mutation: v2-plan-split-anyway
     split = any(g.kind == GroupKind.EXPERTS for g in plan.groups)
     actual = {group_key(g.name, segments): g for g in group_tensors(checkpoint, plan.inputs, split_experts=split)}
     out: list[str] = []
@@ -100,6 +102,7 @@ def check_plan_matches_model(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     same_tie = plan.model.tie_word_embeddings == checkpoint.facts.tie_word_embeddings
     # Group by group always: the fingerprint says which model the plan names, not that its
     # groups were left as the planner made them (a hand-edited group keeps the fingerprint).
+    # mutation: fingerprint-skips-groups, no-fingerprint-check
     found = differences(plan, checkpoint)
     if not found and fingerprint == plan.model.fingerprint and same_tie:
         return []

@@ -89,6 +89,7 @@ def cold_prefix(name: str, cold_segments: Iterable[str]) -> str | None:
         return None
     wanted = set(cold_segments) - set(NEVER_COLD_SEGMENTS)
     for i, seg in enumerate(parts):
+        # mutation: segment-substring
         if seg in wanted:
             return ".".join(parts[: i + 1])
     return None
@@ -120,9 +121,11 @@ def experts_prefix(name: str) -> str | None:
     if m is None:
         return None
     head, rest = name[:m.end() - 1], segments(name[m.end():])
+    # mutation: experts-not-split
     if ROUTED_EXPERTS_SEGMENT not in rest:
         return None
     at = rest.index(ROUTED_EXPERTS_SEGMENT) + 1
+    # mutation: runner-gate-is-expert
     if set(rest[at:]) & NOT_ROUTED_UNDER_EXPERTS:
         return None
     return ".".join([head, *rest[:at]])

@@ -65,6 +65,7 @@ def parse_flag(name: str, value: str | None, default: bool = False) -> bool:
     if value is None or not value.strip():
         return default
     text = value.strip().lower()
+    # mutation: strict-env-only-1
     if text in _TRUE:
         return True
     if text in _FALSE:
@@ -98,6 +99,7 @@ def check_report_path(path: str | os.PathLike, what: str = ENV_REPORT) -> Path:
 def _check_report_path(path: Path, what: str) -> Path:
     if path.is_dir():
         raise UserError(f"{what}={path}: is a directory; name a file in it, like {path / 'report.json'}")
+    # mutation: report-path-non-regular
     if path.exists() and not path.is_file():
         raise UserError(f"{what}={path}: is not a regular file (a device, a pipe or a socket), and the report "
                         "replaces its file; name a regular file")
@@ -108,6 +110,7 @@ def _check_report_path(path: Path, what: str) -> Path:
         name_max = os.pathconf(parent, "PC_NAME_MAX")
     except (OSError, ValueError):
         name_max = 255
+    # mutation: report-path-name-length
     if len(path.name.encode()) + RANK_SUFFIX_ROOM > name_max:
         raise UserError(f"{what}={str(path)[:80]}...: the file name is {len(path.name.encode())} bytes, and with "
                         f"the {RANK_SUFFIX_ROOM} bytes other workers' reports add it would not fit this file "
@@ -116,6 +119,7 @@ def _check_report_path(path: Path, what: str) -> Path:
         raise UserError(f"{what}={path}: cannot be written (permission denied); name a file in a writable directory")
     trial = temporary_name(path)
     try:
+        # mutation: report-path-no-trial
         with open(trial, "w") as f:
             f.write("{}\n")
     except OSError as exc:
@@ -175,6 +179,7 @@ class RunOptions:
             report_path=environ.get(ENV_REPORT, "").strip() or None,
             embedding_mode=environ.get(ENV_EMBEDDING, "").strip() or "auto",
         ).validate()
+        # mutation: device-memory-env-late
         if plan == AUTO_PLAN:
             device_memory_from_env(environ)
         return options
@@ -187,6 +192,7 @@ class RunOptions:
             return self
         directory = tempfile.mkdtemp(prefix="selective-offload-report-")
         options = RunOptions(self.plan_path, self.strict, str(Path(directory) / "report.json"), self.embedding_mode)
+        # mutation: last-report-not-recorded
         remember_report_path(options.report_path)
         return options
 

@@ -61,6 +61,7 @@ def picture_data(plan: Plan) -> dict[str, Any]:
         experts = g.kind == "experts"
         entry = {"group": g.group, "placement": str(g.placement), "bytes": g.bytes, "experts": experts}
         if g.layer_index is not None and g.kind in (GroupKind.LAYER, "experts"):
+            # mutation: picture-layers-not-stacked
             slot = by_layer.get(g.layer_index)
             if slot is None:
                 slot = by_layer[g.layer_index] = {"label": str(g.layer_index), "layer": g.layer_index, "stack": []}
@@ -85,6 +86,7 @@ def picture_data(plan: Plan) -> dict[str, Any]:
     bulk = plan.bulk
     if bulk is not None:
         absent = totals.get(Placement.ABSENT.value, 0)
+        # mutation: picture-bulk-absent-counted-on-device
         bulk_bytes = {Placement.DEVICE.value: plan.model.total_bytes - absent - bulk.offloaded_bytes,
                       "bulk": bulk.offloaded_bytes}
         if absent:
@@ -107,6 +109,7 @@ def _colours(placements: list[str]) -> dict[str, str]:
     colours = dict(COLOURS)
     spare = iter(_SPARE_COLOURS * 4)
     for p in placements:
+        # mutation: picture-unknown-placement-uncoloured
         colours.setdefault(p, next(spare))
     colours["bulk"] = "#8c613c"
     return colours

@@ -219,8 +219,9 @@ class _Reader:
         value = self.raw(key, default, optional=optional)
         if value is None and (optional or default is None):
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum) \
-                or abs(value) > MAX_PLAN_INT:
+        if (isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum)
+                # mutation: plan-int-unbounded
+                or abs(value) > MAX_PLAN_INT):
             self._bad(key, value, "an integer" + (f" >= {minimum}" if minimum is not None else "")
                       + f" and at most {MAX_PLAN_INT}")
         return value
@@ -596,6 +597,7 @@ class GroupPlan:
                       "model.layers.N.mlp.experts"
         elif self.dtype_bytes and sum(self.dtype_bytes.values()) != self.bytes:
             problem = f"bytes {self.bytes} is not the sum of dtype_bytes ({sum(self.dtype_bytes.values())})"
+        # mutation: layer-index-vs-name-unchecked
         elif self.layer_index is not None and (layer is None or layer[1] != self.layer_index):
             problem = (f"layer_index {self.layer_index} is not the layer its name is in "
                        f"({'no layers.N in the name' if layer is None else f'layer {layer[1]}'})")
@@ -989,6 +991,7 @@ class Plan:
             if layer is None:
                 raise PlanError(f"{where}: group {e.group}: routed experts of layer {index}, but no layer group "
                                 f"has layer_index {index}; {REPLAN}")
+            # mutation: experts-follow-layers-off
             if (e.placement == Placement.HOST_HOT) != (layer.placement == Placement.HOST_HOT):
                 raise PlanError(
                     f"{where}: group {e.group} is {e.placement} but its layer {layer.group} is {layer.placement}; "
@@ -1023,12 +1026,14 @@ class Plan:
         """The class and MTP flag the group's kind, name and the inputs give it (the
         planner's rule), and why; ``None`` for a group of kind cold whose name is not a
         cold module."""
+        # mutation: host-tables-classed-hot
         if g.kind == GroupKind.MODULE and self._is_vllm_host_table(g.group):
             return GroupClass.COLD, False, "vLLM keeps this n-gram table in host memory itself and gathers rows"
         fixed = KIND_CLASS.get(g.kind)
         if fixed is not None:
             return fixed, False, f"a group of kind {g.kind} is read every step"
         prefix = cold_prefix(g.group, self.inputs.cold_segments)
+        # mutation: cold-kind-any-name
         if prefix != g.group and not self._is_mtp_layer(g.group):
             return None
         if has_segment(g.group, MTP_SEGMENTS) if prefix == g.group else True:
@@ -1046,9 +1051,11 @@ class Plan:
             raise PlanError(f"{where}: group {g.group} is of kind cold, but its name is not a module under one "
                             f"of the cold segments ({', '.join(self.inputs.cold_segments)}); {REPLAN}")
         cls, mtp, why = expected
+        # mutation: mtp-flag-trusted
         if g.mtp != mtp:
             raise PlanError(f"{where}: group {g.group}: mtp is {str(g.mtp).lower()}, but the group is "
                             f"{'' if mtp else 'not '}an MTP head; {REPLAN}")
+        # mutation: absent-any-group
         if g.cls != cls:
             what = "placed absent (not loaded)" if g.cls == GroupClass.ABSENT else f"of class {g.cls}"
             if g.cls == GroupClass.ABSENT:
@@ -1061,10 +1068,12 @@ class Plan:
                  or (cls == GroupClass.COLD and not has_segment(g.group, EMBED_SEGMENTS)
                      and not self._is_vllm_host_table(g.group)))
         expected = g.bytes if cls == GroupClass.HOT else 0
+        # mutation: est-read-trusted
         if whole and g.est_read_bytes_per_step != expected:
             what = "read in full every step" if cls == GroupClass.HOT else "not read by a decode step"
             raise PlanError(f"{where}: group {g.group} is {what}: est_read_bytes_per_step must be {expected}, "
                             f"not {g.est_read_bytes_per_step}; {REPLAN}")
+        # mutation: experts-read-not-derived
         if g.kind == GroupKind.EXPERTS:
             expected = experts_read_bytes(g.bytes, g.num_experts, g.experts_per_token)
             if g.est_read_bytes_per_step != expected:
@@ -1076,6 +1085,7 @@ class Plan:
         """The groups hold every tensor of the model: a byte in no group is placed by no one
         and counted nowhere."""
         held = sum(g.bytes for g in self.groups)
+        # mutation: groups-need-not-cover
         if held != self.model.total_bytes:
             raise PlanError(
                 f"{where}: the groups hold {held} bytes but the model ({self.model.source}) has "
@@ -1097,6 +1107,7 @@ class Plan:
         hot = set(self.hot_layer_indices)
         per_layer: dict[int, int] = {}
         for g in self.groups:
+            # mutation: prefetch-range-all-layers
             if g.kind in LAYER_KINDS and g.layer_index in hot:
                 per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes
         layers = list(per_layer.values())
@@ -1115,6 +1126,7 @@ class Plan:
         """Stated quantities the groups bound: the prefetch buffers and the tower transient."""
         low, high = self.prefetch_buffer_range()
         stated = self.stored_prefetch_buffer_bytes
+        # mutation: prefetch-buffers-trusted
         if stated is not None and not low <= stated <= high and (stated or self.hot_layer_indices):
             raise PlanError(
                 f"{where}: prefetch_buffer_bytes {stated} cannot be right: prefetch_step "
@@ -1123,6 +1135,7 @@ class Plan:
                 + f"; {REPLAN}")
         limit = self.tower_transient_limit()
         transient = self.est_transient_device_bytes
+        # mutation: transient-trusted
         if transient > limit or (limit and not transient):
             raise PlanError(
                 f"{where}: est_transient_device_bytes {transient} cannot be right: the towers placed on the host "
@@ -1146,6 +1159,7 @@ class Plan:
         elif bulk.fits != (bulk.device_bytes <= self.weight_budget_bytes):
             problem = f"fits is {str(bulk.fits).lower()}, but {bulk.device_bytes} device bytes against the " \
                       f"{self.weight_budget_bytes}-byte weight budget say otherwise"
+        # mutation: bulk-trusted
         if problem:
             raise PlanError(f"{where}: bulk: {problem}; {REPLAN}")
 
@@ -1279,6 +1293,7 @@ class Plan:
         plan.check_bulk(where)
         stored = _stored_totals(top, version)
         for name, value in stored.items():
+            # mutation: totals-not-checked
             if value != getattr(plan, name):
                 raise PlanError(
                     f"{where}: {name} says {value} but the groups add up to {getattr(plan, name)} "

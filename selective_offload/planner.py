@@ -300,6 +300,7 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: 
             read = experts_read_bytes(read, num, k)
             reason = f"routed experts: a token reads {k} of {num} (est: uniform routing)"
         tower = cls == GroupClass.COLD and not has_segment(b.key, EMBED_SEGMENTS)
+        # mutation: compiled-tower-budgeted-by-blocks
         largest, rest = _block_sizes(b) if tower and not whole else (0, 0)
         dtype_bytes, digest = group_signature(b.key, b.tensors)
         params = {_in_layer(t.name): t.nbytes for t in b.tensors} if b.kind in LAYER_KINDS else {}
@@ -419,6 +420,7 @@ def prefetch_buffer_bytes(layers: list[Group], prefetch_step: int) -> int:
     for g in layers:
         for name, nbytes in (g.param_bytes or {"": g.nbytes}).items():
             largest[name] = max(largest.get(name, 0), nbytes)
+    # mutation: hybrid-buffers-largest-only
     return prefetch_step * sum(largest.values())
 
 
@@ -446,6 +448,7 @@ def _prefetch_fewest(p: _Placing, units: list[list[Group]], inputs: PlanInputs) 
                    if sum(g.nbytes for i in c for g in units[i]) - buffers >= remaining),
                   list(range(len(units))))
     for i in chosen:
+        # mutation: prefetch-leaves-experts
         for g in units[i]:
             p.where[g.name] = Placement.HOST_HOT
     # The candidates' buffers decided how many layers go (never fewer than needed); the
@@ -484,6 +487,7 @@ def _place_hot(p: _Placing, inputs: PlanInputs, step_s: Callable[[_Placing], flo
     best: tuple[tuple, dict[str, Placement], int, list[int]] | None = None
     for n in range(len(moe) + 1):
         p.where = dict(start)
+        # mutation: uva-not-in-menu
         for unit in moe[:n]:
             p.where[unit[1].name] = Placement.HOST_UVA
         uva = {u[0].layer_index for u in moe[:n]}
@@ -544,9 +548,11 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
         for t in sorted(by_layer[index], key=lambda t: t.name):
             if offloaded >= max_bytes:
                 break
+            # mutation: segment-baseline-all-params
             if params and not any(f".{p}." in f".{t.name}." for p in params):  # vLLM's segment match
                 continue
             offloaded += t.nbytes
+            # mutation: bulk-experts-read-whole
             into = experts_per_layer if experts_prefix(t.name) is not None else per_layer
             into[index] = into.get(index, 0) + t.nbytes
             count += 1
@@ -617,6 +623,7 @@ def _planned_model(checkpoint: Checkpoint, kv: KvModel | None) -> PlannedModel:
     # enable(plan) finds the model (and checks the plan against it) by this path.
     source = checkpoint.source
     if checkpoint.kind == "safetensors" and Path(source).exists():
+        # mutation: relative-model-source
         source = os.path.abspath(source)
     return PlannedModel(
         source=source, kind=checkpoint.kind, architectures=tuple(facts.architectures),
@@ -677,6 +684,7 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
     inputs, kv, kv_notes = _kv_inputs(checkpoint, inputs)
     family = acceptance_default(checkpoint.facts.model_type)
     if inputs.accept_rate is None:
+        # mutation: family-acceptance-ignored
         inputs = replace(inputs, accept_rate=family.default)
         if inputs.speculative == "mtp":
             kv_notes.append(f"acceptance {family.default:.2f}: the published rate for the {family.family} "
@@ -812,6 +820,7 @@ def best_draft_tokens(plan: Plan, plain: Plan, accept_rate: float) -> tuple[int,
     """The number of draft tokens (0: no speculation, the plain placement) with the highest
     est tok/s at ``accept_rate``, and that rate; ties go to fewer drafts."""
     best = (0, plain.est.est_tok_s)
+    # mutation: draft-tokens-fixed
     for k in range(1, MAX_DRAFT_TOKENS + 1):
         tok_s = spec_estimate(plan, k, accept_rate).est_tok_s
         if tok_s > best[1] * (1 + 1e-9):

@@ -326,6 +326,7 @@ def _read_profile(data: Any, where: str) -> Profile:
         value = data[name]
         if value is None:
             return None
+        # mutation: profile-rate-unbounded
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:
             raise bad(name, value, f"a number of GB/s from {MIN_GBPS:g} to {MAX_GBPS:g}, or null")
         return float(value)
@@ -452,8 +453,10 @@ def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
     on_gpu = profile.device is not None
     return {
         "link_gbps": profile.link_gbps_pinned if profile.has_link else None,
+        # mutation: probe-uva-not-supplied
         "uva_gbps": profile.uva_read_gbps if profile.has_link else None,
         "vram_gbps": profile.vram_gbps if on_gpu else None,
+        # mutation: probe-decode-not-supplied
         "decode_read_gbps": profile.decode_read_gbps if on_gpu else None,
         "compute_tflops": profile.matmul_tflops if on_gpu else None,
         "device_memory_bytes": (profile.device_memory_total_bytes
@@ -649,6 +652,7 @@ def uva_read_series(sizes: Sequence[int], *, repeats: int, warmup: int, cuda,
         try:
             host = torch.empty(size, dtype=torch.uint8, pin_memory=pin).fill_(0x3C)  # bf16 0x3C3C: 0.0115
             dev_view = view(host)
+            # mutation: probe-uva-own-kernel
             out[size] = gemv_read_s(dev_view, repeats=repeats, warmup=warmup, cuda=cuda)
         except (RuntimeError, AssertionError, MemoryError, ValueError) as exc:
             if n < required:

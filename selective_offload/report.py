@@ -44,6 +44,7 @@ from .sizes import GB, fmt_bytes
 REPORT_FORMAT = "selective-offload/report-v2"
 #: Misplaced (or unrouted) bytes above this fraction of the bytes, as loaded, of the
 #: groups the plan puts on the host make a report not ok.
+# mutation: threshold-30
 TOLERANCE = 0.01
 #: Page-locked host memory above this multiple of the host bytes (as loaded) is a warning
 #: (a note in the report)...
@@ -145,6 +146,7 @@ class PlacementReport:
         """Write atomically: a reader never sees half a report. Only a regular file (or
         nothing) is replaced: renaming over ``/dev/full`` as root would replace the device."""
         path = Path(path)
+        # mutation: report-replaces-non-regular
         if path.exists() and not path.is_file():
             raise OSError(f"{path} is not a regular file; the report replaces only a regular file")
         tmp = temporary_name(path)
@@ -176,6 +178,7 @@ class PlacementReport:
         tensor-parallel model, so each judges its own bytes)."""
         report = cls.load_one(path)
         missing = set(report.on_other_ranks)
+        # mutation: rank-files-not-merged
         for other in report_paths(str(path))[1:]:
             worker = cls.load_one(other)
             label = other.name.rsplit(".", 1)[-1]
@@ -219,6 +222,7 @@ def remove_reports(path: str | os.PathLike) -> None:
     """Remove a previous engine's report files, so they cannot speak for the next one;
     only regular files (a report path naming a device must never unlink the device)."""
     for p in report_paths(path):
+        # mutation: stale-report-unlinks-anything
         if p.is_file():
             p.unlink(missing_ok=True)
 
@@ -315,6 +319,7 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
                      routed=None if routed_uva is None else id(param) in routed_uva)
         elif id(param) in host_cold:
             m.record(planned.group, Placement.HOST_COLD, nbytes,
+                     # mutation: routed-by-storage
                      routed=None if routed is None else name in routed)
         elif param.device.type == "cpu" and not host_is_device:
             m.record(planned.group, STRAY_HOST, nbytes)
@@ -330,8 +335,10 @@ def _honesty(m: _Matching, loaded_bytes: int) -> list[str]:
     plan leaves out (absent) that the engine loaded anyway, and parameters in no group
     (placed by no one, counted nowhere) above the tolerance."""
     problems = [f"group {g.group} is planned absent (not loaded), but the engine loaded {fmt_bytes(g.loaded_bytes)} "
+                # mutation: report-absent-loaded-ok
                 "of it" for g in m.landings.values() if g.planned == Placement.ABSENT and g.num_params]
     uncovered = sum(m.unplanned.values())
+    # mutation: report-uncovered-ok
     if uncovered > TOLERANCE * max(loaded_bytes, 1):
         names = sorted(m.unplanned, key=m.unplanned.get, reverse=True)
         problems.append(f"{fmt_bytes(uncovered)} of the loaded model are in no plan group ({', '.join(names[:4])}"
@@ -381,6 +388,7 @@ def _missing_groups(m: _Matching, plan: Plan, drafter_loaded: bool, drafter_expe
 def _verdict(m: _Matching, report: PlacementReport, check_routing: bool, check_uva_routing: bool = False) -> list[str]:
     """Misplaced, unrouted and stray host bytes against the tolerance."""
     problems: list[str] = []
+    # mutation: report-uva-not-judged
     for kind, label in ((Placement.HOST_COLD, "cold"), (Placement.HOST_HOT, "hot"), (Placement.HOST_UVA, "uva")):
         loaded = landed = misplaced = 0
         wrong: list[str] = []
@@ -405,10 +413,12 @@ def _verdict(m: _Matching, report: PlacementReport, check_routing: bool, check_u
                 f"{TOLERANCE:.0%} of the {fmt_bytes(loaded)} the plan puts on the host: "
                 f"{', '.join(wrong[:6])}{' ...' if len(wrong) > 6 else ''}")
     for kind, label, checked in ((Placement.HOST_COLD, "cold", check_routing),
+                                 # mutation: uva-routing-not-checked
                                  (Placement.HOST_UVA, "uva", check_uva_routing)):
         moved = [g for g in m.landings.values() if g.planned == kind and g.moved_bytes]
         unrouted = sum(g.moved_bytes for g in moved)
         setattr(report, f"unrouted_{label}_bytes", unrouted)
+        # mutation: report-no-routing-check
         if checked and unrouted > TOLERANCE * getattr(report, f"loaded_host_{label}_bytes"):
             problems.append(
                 f"{fmt_bytes(unrouted)} of {label} bytes were allocated on the device while the model was "
@@ -519,6 +529,7 @@ def judge_host_memory(report: PlacementReport, *, policy: str, reason: str, lock
         report.notes.append(f"host weights are not page-locked: {reason}")
     if ratio is None:
         return
+    # mutation: page-locked-limit-off
     if ratio > PAGE_LOCKED_LIMIT:
         report.problems.append(f"{fmt_bytes(page_locked)} of host memory is page-locked, {ratio:.2f}x the "
                                f"{fmt_bytes(host)} on the host (limit {PAGE_LOCKED_LIMIT}x): RAM the system can "

@@ -62,6 +62,7 @@ def parse_bandwidth_gbps(text: str | float, what: str = "bandwidth") -> float:
         raise UserError(
             f"{what}: cannot read {text!r} as a bandwidth; give GB/s as a number, like 13.9"
         ) from None
+    # mutation: bandwidth-unbounded
     if not MIN_GBPS <= value <= MAX_GBPS:
         raise UserError(f"{what}: {text!r} GB/s must be a number of GB/s from {MIN_GBPS:g} to {MAX_GBPS:g}, "
                         "like 13.9")

@@ -1,7 +1,8 @@
-"""scripts/mutations.py stays runnable: every mutation names a file that exists and a piece of
-source text that occurs in it exactly once. A mutation whose text was edited away would
-print an error instead of breaking its line, and the claim that each key line has a test
-that catches it would go unchecked (this happened once, to ``no-routing``)."""
+"""scripts/mutations.py stays runnable: every mutation's marker stands once in the tree, with
+its text once in the lines after it, and every marker names a known mutation. A mutation
+whose text was edited away would print an error instead of breaking its line, and the claim
+that each key line has a test that catches it would go unchecked (this happened once, to
+``no-routing``, when mutations were still keyed by exact file text)."""
 
 import runpy
 from pathlib import Path
@@ -9,14 +10,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MUTATIONS = runpy.run_path(str(ROOT / "scripts" / "mutations.py"), run_name="not_main")["MUTATIONS"]
+TOOL = runpy.run_path(str(ROOT / "scripts" / "mutations.py"), run_name="not_main")
+MUTATIONS = TOOL["MUTATIONS"]
+FOUND = TOOL["markers"]()
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
-def test_each_mutation_still_finds_its_line_once(name):
-    path, old, new = MUTATIONS[name]
-    source = ROOT / path
-    assert source.is_file(), f"{name}: {path} does not exist"
+def test_each_mutation_finds_its_marker_and_text_once(name):
+    old, new, _ = MUTATIONS[name]
     assert old != new, f"{name}: the mutation changes nothing"
-    count = source.read_text().count(old)
-    assert count == 1, f"{name}: its text occurs {count} times in {path}, not once; update the mutation"
+    TOOL["locate"](name, FOUND)  # raises LookupError naming what is missing
+    path, text, broken = TOOL["mutated"](name)
+    assert broken != text
+
+
+def test_every_marker_names_a_known_mutation():
+    assert sorted(set(FOUND) - set(MUTATIONS)) == []

@@ -89,6 +89,7 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
                            else "lower max_model_len or kv_cache_memory_bytes"))
     plan = make_plan(checkpoint, inputs)
     # The rule enable() applies to a plan it is given: an infeasible plan is not run.
+    # mutation: auto-runs-infeasible
     plan.require_feasible(f"the plan made at engine start for {model_dir} ({memory_from})")
     notes = [f"plan made at engine start: device memory {device_memory / GiB:.2f} GiB ({memory_from}); KV cache "
              f"{kv_bytes / GiB:.2f} GiB ({kv_from}); {link_from}; strategy {plan.strategy}"]

@@ -32,6 +32,7 @@ def stamp_compile_key(settings: Settings, vllm_config) -> str | None:
     """Put the plan's identity where vLLM's compile-cache hash sees it; a note if it cannot."""
     extra = getattr(vllm_config, "additional_config", None)
     if isinstance(extra, dict):
+        # mutation: no-compile-key
         extra[COMPILE_KEY] = settings.identity
         return None
     return ("vLLM's additional_config is not a dict here, so its compile cache key does not "

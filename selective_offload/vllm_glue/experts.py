@@ -147,6 +147,7 @@ def routing_kwargs(xl: ExpertsLoad | None, routed_experts_cls: type) -> dict[str
     """:class:`ConstructOnHost` arguments that build the host-uva experts on the host."""
     if xl is None:
         return {}
+    # mutation: experts-not-routed
     return dict(modules=xl.group_of, named_by={routed_experts_cls: PREFIX_ARGUMENT})
 
 
@@ -160,6 +161,7 @@ def check_kernel(group: str, method: Any, device: torch.device) -> None:
     if device.type == "cpu":
         return  # the CPU build: host memory is the kernel's memory, no view involved
     kernel = _kernel(method)
+    # mutation: experts-kernel-check-off
     if kernel in UVA_KERNELS:
         return
     backend = (getattr(method, "unquantized_backend", None) or getattr(method, "fp8_backend", None)
@@ -197,6 +199,7 @@ def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[i
 
 def own_parameters(module: nn.Module, xl: ExpertsLoad) -> list[nn.Parameter]:
     """The experts module's own parameters (not those it shares with the rest of the layer)."""
+    # mutation: router-bias-viewed
     return [p for n, p in module.named_parameters() if n not in xl.shared]
 
 
@@ -219,6 +222,7 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
     """
     original = method.process_weights_after_loading
     move = onload or (lambda t, d: t.to(d))
+    # mutation: experts-post-processing-round-trip
     method.requires_device_loading = False
 
     def process_weights_after_loading(layer: nn.Module) -> None:
@@ -278,7 +282,9 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
 def mark_uva_view(param: nn.Parameter, accelerator_view: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """``param`` becomes a device view of its own page-locked host storage, marked as
     vLLM's UVA offloader marks its parameters (the object stays the same)."""
+    # mutation: uva-view-not-made
     param.data = accelerator_view(param.data)
+    # mutation: uva-not-marked
     setattr(param, UVA_MARKER, True)
 
 

@@ -93,6 +93,7 @@ def make_override_guard(get_session: GetSession):
                 return original(self, *args, **kwargs)
             before = s.loads
             model = original(self, *args, **kwargs)
+            # mutation: override-guard-off
             if s.loads == before:
                 vllm_config = kwargs.get("vllm_config", args[0] if args else None)
                 _not_applied(s, f"vLLM's {type(self).__name__} builds and loads the model itself (it overrides "
@@ -125,6 +126,7 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     start_notes: list[str] = []
+    # mutation: auto-plan-reused
     if s.settings.auto:  # SELECTIVE_OFFLOAD_PLAN=auto: plan here, from the real card, for this model
         plan, start_notes = plan_at_start(s.settings.options, vllm_config, model_config, device)
         s.settings = Settings(plan, s.settings.options)
@@ -197,6 +199,7 @@ def refuse_what_the_plan_cannot_survive(s: Session, vllm_config, device: torch.d
         raise PlanError(f"LoRA adapters on {embeds[0]} allocate their weights on the embedding weight's device, "
                         "which is the host with the host gather; use embedding_mode='uva' "
                         "(SELECTIVE_OFFLOAD_EMBEDDING=uva) on CUDA, or plan the embedding on the device")
+    # mutation: host-gather-under-graphs
     if embeds and mode == "host" and device.type == "cuda" and graphs_captured(vllm_config):
         raise PlanError(f"the host gather of {embeds[0]} is host work, which a CUDA graph cannot capture, and "
                         "this engine captures CUDA graphs; use SELECTIVE_OFFLOAD_EMBEDDING=uva (or auto), or "
@@ -239,6 +242,7 @@ def _load_drafter(s: Session, original, loader, vllm_config, model_config, prefi
     _keep_what_the_drafter_owns(s, drafter, main_device(s, vllm_config))
     main = s.main
     model = main.model() if main is not None else None
+    # mutation: drafter-counted-before-sharing
     if model is not None:
         _recount_at_first_step(s, model, drafter)
     return drafter
@@ -346,6 +350,7 @@ def _construct_drafter(s: Session, original, args, kwargs):
     """The drafter's embedding and LM head (every ``VocabParallelEmbedding``) in host memory:
     vLLM replaces them by the target's after loading, so they need no device memory."""
     t = s.targets
+    # mutation: drafter-not-routed
     mode = ConstructOnHost((), force=((t.ParallelLMHead, "lm_head"), (t.VocabParallelEmbedding, "embed_tokens")))
     with mode:
         drafter = original(*args, **kwargs)
@@ -358,6 +363,7 @@ def _construct_drafter(s: Session, original, args, kwargs):
         s.drafter_routed.add(n, drafter.get_submodule(n))
     s.drafter_routed_modules = routed
     # vLLM post-processes the drafter on the device; these stay where they were built.
+    # mutation: drafter-round-trip
     keep_on_host([(n, m) for v in routed for n, m in drafter.get_submodule(v).named_modules(prefix=v)], target)
     return drafter
 
@@ -406,6 +412,7 @@ def _keep_post_processing_on_host(model: nn.Module, load: Load) -> None:
     def record(nbytes: int) -> None:
         load.post_process_transient = max(load.post_process_transient, nbytes)
 
+    # mutation: hot-layers-round-trip
     load.notes.extend(keep_on_host(cold + hot, load.device, record))
 
 
@@ -453,6 +460,7 @@ def whole_tower_over_budget(plan, group: str, mechanism: str) -> list[str]:
     if not mechanism.startswith("on demand, whole"):
         return []
     planned = next((g.bytes for g in plan.groups if g.group == group), 0)
+    # mutation: whole-tower-budget-unchecked
     if planned <= plan.est_transient_device_bytes:
         return []
     return [f"{group} onloads whole ({planned} B while it runs) but the plan budgets {plan.est_transient_device_bytes} "
@@ -538,6 +546,7 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
     if load.post_process_transient:
         report.notes.append(f"post-processing on the device took a transient of up to "
                             f"{load.post_process_transient} B (one host module at a time)")
+    # mutation: page-locked-judged-at-load
     if load.hot_offloader is not None and not load.post_init_done:
         # vLLM's prefetch offloader settles the hot layers' host storage in post_init
         # (after this load): page-locked memory is judged then (judge_after_post_init).

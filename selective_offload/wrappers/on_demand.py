@@ -186,6 +186,7 @@ class OnDemandOffload:
         if self.page_locked is not None and self.pin:
             # One arena, one registration for the module: small tensors never share a
             # registered page (page_locked.lock_together).
+            # mutation: no-arena
             self.page_locked.lock_together([t for g in self._groups for t in g.tensors], self.name)
         for group in self._groups:
             for t in group.tensors:
