@@ -236,9 +236,11 @@ def test_the_benchmark_and_the_probe_share_one_read_measurement(monkeypatch):
     import bench_uva_read
 
     from selective_offload import probe
+    from selective_offload.probe import measurements  # the UVA series calls its own module's gemv_read_s
 
     calls = []
-    monkeypatch.setattr(probe, "gemv_read_s", lambda w, **kw: (calls.append(w.numel() * w.element_size()), 0.001)[1])
+    for where in (probe, measurements):
+        monkeypatch.setattr(where, "gemv_read_s", lambda w, **kw: (calls.append(w.numel() * w.element_size()), 0.001)[1])
     row = bench_uva_read.measure(1 << 20, 1, False, view=lambda t: t)
     assert calls == [1 << 20, 1 << 20]  # the device copy, then the view
     assert row["uva_gemv_gbps"] == row["device_gemv_gbps"] == pytest.approx((1 << 20) / 0.001 / 1e9)

@@ -110,7 +110,7 @@ def test_uva_read_series_times_a_kernel_reading_a_view_of_host_memory():
 
 
 def test_decode_read_rate_is_the_weight_bytes_of_a_matrix_vector_product(monkeypatch):
-    from selective_offload import probe
+    from selective_offload.probe import measurements as probe
 
     calls = []
     monkeypatch.setattr(probe, "_median_s", lambda fn, **kw: (calls.append(fn()), 0.25)[1])
@@ -119,7 +119,7 @@ def test_decode_read_rate_is_the_weight_bytes_of_a_matrix_vector_product(monkeyp
 
 
 def test_matmul_rate_counts_two_n_cubed_flops(monkeypatch):
-    from selective_offload import probe
+    from selective_offload.probe import measurements as probe
 
     monkeypatch.setattr(probe, "_median_s", lambda fn, **kw: (fn(), 0.5)[1])
     assert probe.matmul_tflops(torch.device("cpu"), 100, torch.float32, repeats=1, warmup=0, cuda=None) == \

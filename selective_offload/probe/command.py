@@ -1,0 +1,39 @@
+"""The ``selective-offload probe`` command: its options, and a run that measures, writes and prints.
+
+The entry point only: :mod:`.measurements` does the measuring, :mod:`.profile` the file and
+the lines printed. The CLI (``selective_offload.cli``) adds these options to its ``probe``
+subcommand and calls :func:`run_probe`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from .measurements import measure
+from .profile import PROFILE_ENV, default_profile_path
+
+
+def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``probe`` subcommand's options; ``run_probe`` takes the parsed namespace."""
+    parser.add_argument("-o", "--output", metavar="PATH", default=None,
+                        help=f"where to write the profile (default: ${PROFILE_ENV} when set, else "
+                             "~/.cache/selective-offload/profile.json)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small copies (4-64 MiB): well under a second, for tests and CI; the rates are understated")
+    parser.add_argument("--device", default=None, metavar="DEVICE",
+                        help="cuda, cuda:N or cpu (default: the current CUDA device when there is one, else the CPU)")
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    """Measure, print what was measured and where the profile went, write it; 0 on success.
+    Failures are one-line :class:`UserError` s (the CLI prints them and exits 2)."""
+    output = Path(args.output).expanduser() if getattr(args, "output", None) else default_profile_path()
+    started = time.perf_counter()
+    profile = measure(device=getattr(args, "device", None), quick=bool(getattr(args, "quick", False)))
+    took = time.perf_counter() - started
+    path = profile.save(output)
+    print(profile.render())
+    print(f"\nmeasured in {took:.2f} s; profile written to {path}")
+    return 0

@@ -1,0 +1,398 @@
+"""The probe's profile: what ``selective-offload probe`` measured on one machine, as a file.
+
+:class:`Profile` is the schema (one frozen dataclass, each field's unit in its name) with
+its serialisation, its reading, the lines it prints, and the values it supplies to
+planning (:func:`plan_defaults`). It lives in ``~/.cache/selective-offload/profile.json``
+by default (``$SELECTIVE_OFFLOAD_PROFILE`` moves it). :mod:`.measurements` makes one,
+:mod:`.command` writes and prints one, :mod:`.planning` turns one into a plan's bandwidths
+and the note naming where they came from. The rendering stays with the schema because
+the lines it prints are the fields and the flags :func:`plan_defaults` supplies.
+
+Rates are decimal GB/s (10^9 bytes per second), as links and memories are quoted; each
+is the one of the largest size measured, and the per-size medians are kept
+(``*_samples_s``: bytes -> median seconds) so a reader can see whether it had levelled off.
+
+Reading a profile is a validation: a file that is not JSON, has another format, lacks a
+field or holds a value that cannot be (a negative bandwidth, more free memory than total)
+is one :class:`UserError` line naming the file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .. import jsonio
+from ..errors import UserError
+from ..sizes import GB, MAX_BYTES, MAX_GBPS, MIN_GBPS, size_arg
+from .formats import fmt_gib, fmt_rate, fmt_size, largest_size
+
+PROFILE_FORMAT = "selective-offload/profile-v1"
+#: The environment variable that names the profile file.
+PROFILE_ENV = "SELECTIVE_OFFLOAD_PROFILE"
+
+#: What the VRAM and host-memcpy rates count: the bytes read plus the bytes written.
+COPY_BYTES_COUNTED = "read+write"
+#: The measurements whose per-size medians a profile keeps.
+SAMPLE_KINDS = ("h2d_pinned", "h2d_pageable", "d2d", "host_memcpy", "uva_read")
+
+REPROBE = "run `selective-offload probe` again, or delete the file"
+
+
+# --------------------------------------------------------------------------- the profile
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What ``selective-offload probe`` measured on one machine. Bandwidths are decimal GB/s;
+    a field is ``None`` where this machine has no such thing (no GPU: no link, no VRAM)."""
+
+    machine: str
+    date: str
+    torch_version: str
+    device: str | None
+    integrated: bool
+    link_gbps_pinned: float | None
+    link_gbps_pageable: float | None
+    vram_gbps: float | None
+    device_memory_total_bytes: int | None
+    device_memory_free_bytes: int | None
+    host_memcpy_gbps: float | None
+    no_link_reason: str | None
+    #: Per measurement (``h2d_pinned``, ``h2d_pageable``, ``d2d``, ``host_memcpy``): copy
+    #: size in bytes -> median seconds of one copy.
+    h2d_pinned_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    h2d_pageable_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    d2d_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    host_memcpy_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    #: A kernel reading page-locked host memory through a UVA view: bytes / second of the
+    #: largest buffer (GB/s); ``None``: not measured (no GPU, or a profile from before).
+    uva_read_gbps: float | None = None
+    uva_read_samples_s: Mapping[int, float] = field(default_factory=dict, hash=False)
+    #: A matrix-vector product reading a bf16 weight from VRAM (GB/s, the weight counted
+    #: once); ``None``: not measured.
+    decode_read_gbps: float | None = None
+    #: Dense matmul rate (TFLOP/s) in ``matmul_dtype``; ``None``: not measured.
+    matmul_tflops: float | None = None
+    matmul_dtype: str | None = None
+    #: Timed copies per size (the samples are their medians); ``None``: not recorded.
+    repeats: int | None = None
+    #: Made with ``--quick`` (small copies: the rates are understated).
+    quick: bool = False
+    #: What ``vram_gbps`` and ``host_memcpy_gbps`` count (link rates count each byte once).
+    copy_bytes_counted: str = COPY_BYTES_COUNTED
+    format: str = PROFILE_FORMAT
+
+    # ---- derived
+    @property
+    def has_link(self) -> bool:
+        return self.no_link_reason is None
+
+    @property
+    def day(self) -> str:
+        """The date the probe ran (``YYYY-MM-DD``)."""
+        return self.date[:10]
+
+    def samples(self, kind: str) -> Mapping[int, float]:
+        return getattr(self, f"{kind}_samples_s")
+
+    # ---- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for kind in SAMPLE_KINDS:
+            key = f"{kind}_samples_s"
+            data[key] = {str(size): secs for size, secs in sorted(data[key].items())}
+        data = {"format": data.pop("format"), **data}
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the profile as JSON (the folder is made; the file replaced in one step)."""
+        path = Path(path).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(self.to_json())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise UserError(f"{path}: cannot write the profile: {exc.strerror or exc}; "
+                            "give another path with --output") from None
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "profile") -> "Profile":
+        return _read_profile(data, where)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Profile":
+        path = Path(path).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read the profile: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise UserError(f"{path}: the profile is not text (not UTF-8 JSON); {REPROBE}") from None
+        try:
+            data = jsonio.parse(text)
+        except ValueError as exc:  # bounded depth, no NaN/Infinity or numbers of thousands of digits
+            raise UserError(f"{path}: the profile is not valid JSON ({exc}); {REPROBE}") from None
+        return cls.from_dict(data, where=str(path))
+
+    # ---- for people
+    def render(self) -> str:
+        """The lines ``selective-offload probe`` prints."""
+        lines = [f"selective-offload probe ({self.format}) on {self.date}"
+                 + (": quick (small copies, rates understated)" if self.quick else "")]
+        lines.append(f"  machine        {self.machine}; torch {self.torch_version}")
+        if self.device is None:
+            lines.append("  device         none (no GPU): the CPU is the device")
+        else:
+            kind = "integrated: one memory with the host" if self.integrated else "discrete"
+            lines.append(f"  device         {self.device} ({kind})")
+        largest = largest_size(self.h2d_pinned_samples_s) or largest_size(self.host_memcpy_samples_s)
+        of = f" ({fmt_size(largest)} copies, median of {self.repeats or '?'})" if largest else ""
+        if self.has_link:
+            lines.append(f"  link (H2D)     {fmt_rate(self.link_gbps_pinned)} GB/s pinned, "
+                         f"{fmt_rate(self.link_gbps_pageable)} GB/s pageable{of}")
+        else:
+            lines.append(f"  link (H2D)     none: {self.no_link_reason}")
+        if self.uva_read_gbps is not None:
+            of_uva = largest_size(self.uva_read_samples_s)
+            ratio = (f", {self.uva_read_gbps / self.link_gbps_pinned:.2f}x the pinned copy"
+                     if self.link_gbps_pinned else "")
+            lines.append(f"  UVA reads      {fmt_rate(self.uva_read_gbps)} GB/s (a kernel reading "
+                         f"{fmt_size(of_uva)} of page-locked host memory in place{ratio})")
+        if self.vram_gbps is not None:
+            lines.append(f"  VRAM           {fmt_rate(self.vram_gbps)} GB/s "
+                         "(device-to-device copy, bytes read + written)")
+        if self.decode_read_gbps is not None:
+            lines.append(f"  decode reads   {fmt_rate(self.decode_read_gbps)} GB/s (a bf16 matrix-vector product "
+                         "reading its weight once: the rate planning prices VRAM reads at)")
+        if self.matmul_tflops is not None:
+            lines.append(f"  matmul         {self.matmul_tflops:.3g} TFLOP/s ({self.matmul_dtype}, compute-bound size)")
+        if self.device_memory_total_bytes is not None:
+            free = ("" if self.device_memory_free_bytes is None
+                    else f", {self.device_memory_free_bytes / GB:.2f} GB free at probe")
+            lines.append(f"  device memory  {self.device_memory_total_bytes / GB:.2f} GB "
+                         f"({fmt_gib(self.device_memory_total_bytes)}) total{free}")
+        if self.host_memcpy_gbps is not None:
+            lines.append(f"  host memcpy    {fmt_rate(self.host_memcpy_gbps)} GB/s "
+                         f"(host-to-host copy, bytes read + written){of if not self.has_link else ''}")
+        for kind, counted in (("h2d_pinned", 1), ("h2d_pageable", 1), ("uva_read", 1), ("d2d", 2),
+                              ("host_memcpy", 2)):
+            samples = self.samples(kind)
+            if samples:
+                rates = ", ".join(f"{fmt_size(n)} {fmt_rate(counted * n / s / GB)}"
+                                  for n, s in sorted(samples.items()))
+                lines.append(f"    {kind:<14}{rates} GB/s")
+        defaults = plan_defaults(self)
+        if any(v is not None for v in defaults.values()):
+            args = []
+            if defaults["link_gbps"] is not None:
+                args.append(f"--link-gbps {fmt_rate(defaults['link_gbps'])}")
+            if defaults["uva_gbps"] is not None:
+                args.append(f"--uva-gbps {fmt_rate(defaults['uva_gbps'])}")
+            if defaults["vram_gbps"] is not None:
+                args.append(f"--vram-gbps {fmt_rate(defaults['vram_gbps'])}")
+            if defaults["decode_read_gbps"] is not None:
+                args.append(f"--decode-read-gbps {fmt_rate(defaults['decode_read_gbps'])}")
+            if defaults["compute_tflops"] is not None:
+                args.append(f"--compute-tflops {defaults['compute_tflops']:.3g}")
+            if defaults["device_memory_bytes"] is not None:
+                args.append(f"--device-memory {size_arg(defaults['device_memory_bytes'])}")
+            lines.append(f"  for planning   {' '.join(args)}")
+        else:
+            lines.append("  for planning   nothing: without a GPU there is no link or VRAM to measure; "
+                         "give --device-memory, --link-gbps and --vram-gbps of the target GPU")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+_REQUIRED = ("format", "machine", "date", "torch_version", "device", "integrated", "link_gbps_pinned",
+             "link_gbps_pageable", "vram_gbps", "device_memory_total_bytes", "device_memory_free_bytes",
+             "host_memcpy_gbps", "no_link_reason")
+
+
+def _read_profile(data: Any, where: str) -> Profile:
+    def bad(name: str, value: Any, want: str) -> UserError:
+        shown = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        return UserError(f"{where}: {name} is {shown}, but must be {want}; {REPROBE}")
+
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: a profile is a JSON object, not {type(data).__name__}; {REPROBE}")
+    fmt = data.get("format")
+    if fmt != PROFILE_FORMAT:
+        if isinstance(fmt, str) and fmt.startswith("selective-offload/profile-v"):
+            raise UserError(f"{where}: format {fmt!r} is not {PROFILE_FORMAT!r}, the one this release reads; "
+                            f"upgrade selective-offload, or {REPROBE}")
+        raise UserError(f"{where}: not a selective-offload profile (format is {json.dumps(fmt)}, "
+                        f"not {PROFILE_FORMAT!r}); {REPROBE}")
+    missing = [name for name in _REQUIRED if name not in data]
+    if missing:
+        raise UserError(f"{where}: the profile lacks {', '.join(missing)}; {REPROBE}")
+
+    def text(name: str, optional: bool = False) -> str | None:
+        value = data[name]
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value.strip() or "\n" in value:
+            raise bad(name, value, "a one-line string" + (" or null" if optional else ""))
+        return value
+
+    def rate(name: str) -> float | None:
+        value = data[name]
+        if value is None:
+            return None
+        # mutation: profile-rate-unbounded
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:
+            raise bad(name, value, f"a number of GB/s from {MIN_GBPS:g} to {MAX_GBPS:g}, or null")
+        return float(value)
+
+    def nbytes(name: str) -> int | None:
+        value = data[name]
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BYTES:
+            raise bad(name, value, f"a whole number of bytes from 0 to {MAX_BYTES}, or null")
+        return value
+
+    def samples(name: str) -> dict[int, float]:
+        raw = data.get(name, {})
+        if not isinstance(raw, dict):
+            raise bad(name, raw, "an object of copy size in bytes -> median seconds")
+        out = {}
+        for key, secs in raw.items():
+            try:
+                size = int(key)
+            except ValueError:
+                raise bad(name, raw, "an object of copy size in bytes -> median seconds") from None
+            if (not 0 < size <= MAX_BYTES or isinstance(secs, bool) or not isinstance(secs, (int, float))
+                    or not 0 < secs <= 1e9):
+                raise bad(f"{name}[{key}]", secs, "a positive number of seconds for a positive size")
+            out[size] = float(secs)
+        return out
+
+    date = text("date")
+    try:
+        dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
+    except ValueError:
+        raise bad("date", date, "an ISO date, like 2026-12-01T10:00:00+00:00") from None
+    integrated = data["integrated"]
+    if not isinstance(integrated, bool):
+        raise bad("integrated", integrated, "true or false")
+    repeats = data.get("repeats")
+    if repeats is not None and (isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1):
+        raise bad("repeats", repeats, "a whole number, 1 or more, or null")
+    quick = data.get("quick", False)
+    if not isinstance(quick, bool):
+        raise bad("quick", quick, "true or false")
+    counted = data.get("copy_bytes_counted", COPY_BYTES_COUNTED)
+    if counted != COPY_BYTES_COUNTED:
+        raise bad("copy_bytes_counted", counted, f"{COPY_BYTES_COUNTED!r}")
+    profile = Profile(
+        machine=text("machine"), date=date, torch_version=text("torch_version"),
+        device=text("device", optional=True), integrated=integrated,
+        link_gbps_pinned=rate("link_gbps_pinned"), link_gbps_pageable=rate("link_gbps_pageable"),
+        vram_gbps=rate("vram_gbps"), device_memory_total_bytes=nbytes("device_memory_total_bytes"),
+        device_memory_free_bytes=nbytes("device_memory_free_bytes"), host_memcpy_gbps=rate("host_memcpy_gbps"),
+        no_link_reason=text("no_link_reason", optional=True),
+        **{f"{k}_samples_s": samples(f"{k}_samples_s") for k in SAMPLE_KINDS},
+        uva_read_gbps=rate("uva_read_gbps") if "uva_read_gbps" in data else None,
+        decode_read_gbps=rate("decode_read_gbps") if "decode_read_gbps" in data else None,
+        matmul_tflops=rate("matmul_tflops") if "matmul_tflops" in data else None,
+        matmul_dtype=(text("matmul_dtype", optional=True) if "matmul_dtype" in data else None),
+        repeats=repeats, quick=quick,
+    )
+    _check_consistent(profile, bad)
+    return profile
+
+
+def _check_consistent(p: Profile, bad: Callable[[str, Any, str], UserError]) -> None:
+    """Values that each parse but cannot be together."""
+    if p.has_link and p.link_gbps_pinned is None:
+        raise bad("link_gbps_pinned", None, "a number when no_link_reason is null (there is a link)")
+    if not p.has_link and (p.link_gbps_pinned is not None or p.link_gbps_pageable is not None):
+        raise bad("no_link_reason", p.no_link_reason, "null when link rates are given")
+    if p.device is None:
+        for name in ("vram_gbps", "device_memory_total_bytes", "device_memory_free_bytes"):
+            if getattr(p, name) is not None:
+                raise bad(name, getattr(p, name), "null when device is null (no GPU)")
+        if p.integrated:
+            raise bad("integrated", True, "false when device is null (no GPU)")
+        if p.has_link:
+            raise bad("no_link_reason", None, "a reason when device is null (no GPU, no link)")
+    if p.uva_read_gbps is not None and not p.has_link:
+        raise bad("uva_read_gbps", p.uva_read_gbps, "null when there is no link (no GPU)")
+    if p.decode_read_gbps is not None and p.device is None:
+        raise bad("decode_read_gbps", p.decode_read_gbps, "null when device is null (no GPU)")
+    if (p.matmul_tflops is None) != (p.matmul_dtype is None):
+        raise bad("matmul_dtype", p.matmul_dtype, "given exactly when matmul_tflops is")
+    if p.device_memory_total_bytes == 0:
+        raise bad("device_memory_total_bytes", 0, "more than 0 bytes or null")
+    total, free = p.device_memory_total_bytes, p.device_memory_free_bytes
+    if free is not None and (total is None or free > total):
+        raise bad("device_memory_free_bytes", free,
+                  f"at most device_memory_total_bytes ({total})" if total is not None
+                  else "null when device_memory_total_bytes is null")
+
+
+# --------------------------------------------------------------------------- where it lives
+
+
+def default_profile_path() -> Path:
+    """``$SELECTIVE_OFFLOAD_PROFILE`` when set (and not empty), else
+    ``~/.cache/selective-offload/profile.json``."""
+    env = os.environ.get(PROFILE_ENV, "").strip()
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "selective-offload" / "profile.json"
+
+
+def load_profile(path: str | os.PathLike | None = None) -> Profile | None:
+    """The profile at ``path`` (default: :func:`default_profile_path`), or ``None`` when there
+    is no such file; a file that exists but cannot be used is a one-line :class:`UserError`."""
+    path = Path(path).expanduser() if path is not None else default_profile_path()
+    if not path.exists() and not path.is_symlink():
+        return None
+    return Profile.load(path)
+
+
+# --------------------------------------------------------------------------- what planning takes
+
+
+def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
+    """The :class:`~selective_offload.plan.PlanInputs` values a profile supplies: ``link_gbps``
+    (the pinned host-to-device rate), ``uva_gbps`` (kernels reading host memory in place),
+    ``vram_gbps`` (the copy's), ``decode_read_gbps`` (a matrix-vector product's: the rate
+    planning prices VRAM at, when measured), ``compute_tflops`` (the GPU's matmul rate) and
+    ``device_memory_bytes`` (the device's total memory); ``None`` for what it cannot (no
+    link, no GPU, no profile)."""
+    if profile is None:
+        return {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "decode_read_gbps": None,
+                "compute_tflops": None, "device_memory_bytes": None}
+    on_gpu = profile.device is not None
+    return {
+        "link_gbps": profile.link_gbps_pinned if profile.has_link else None,
+        # mutation: probe-uva-not-supplied
+        "uva_gbps": profile.uva_read_gbps if profile.has_link else None,
+        "vram_gbps": profile.vram_gbps if on_gpu else None,
+        # mutation: probe-decode-not-supplied
+        "decode_read_gbps": profile.decode_read_gbps if on_gpu else None,
+        "compute_tflops": profile.matmul_tflops if on_gpu else None,
+        "device_memory_bytes": (profile.device_memory_total_bytes
+                                if profile.device is not None and profile.device_memory_total_bytes else None),
+    }
+
+# The field names of a profile, in file order (for readers and the tests).
+PROFILE_FIELDS = tuple(f.name for f in fields(Profile))
