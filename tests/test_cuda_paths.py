@@ -221,7 +221,7 @@ def test_a_cold_module_post_processed_through_a_round_trip_is_still_built_on_the
     round trip): it was built on the host, and the report must still say so."""
     from selective_offload.report import build_report
     from selective_offload.wrappers.construct_on_host import ConstructOnHost
-    from test_report import Inner, checkpoint_of, plan_for
+    from builders import Inner, checkpoint_of, plan_for
 
     class Visual(nn.Sequential):
         def __init__(self, n, prefix=""):
@@ -450,8 +450,8 @@ def test_a_tower_whose_blocks_vllm_compiles_is_budgeted_whole():
     onload whole."""
     from selective_offload.planner import make_plan
     from selective_offload.vllm_glue.loading import whole_tower_over_budget
-    from test_planner import MB, toy
-    from test_planner import inputs as plan_inputs
+    from builders import MB, toy
+    from builders import inputs as plan_inputs
 
     blocks = make_plan(toy(), plan_inputs(530))
     assert blocks.est_transient_device_bytes == 2 * 9 * MB + 4 * MB
@@ -472,7 +472,7 @@ def test_page_locked_memory_is_judged_after_the_prefetch_offloaders_post_init():
     from selective_offload.options import RunOptions
     from selective_offload.vllm_glue.loading import finish, judge_after_post_init
     from selective_offload.vllm_glue.session import Load, Session, Settings
-    from test_report import Model, checkpoint_of, cold_ids, plan_for
+    from builders import Model, checkpoint_of, cold_ids, plan_for
 
     plan = plan_for(checkpoint_of())
     with torch.device("meta"):  # the device (no CUDA here: meta stands in)

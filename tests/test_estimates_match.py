@@ -259,7 +259,7 @@ def test_cli_takes_the_uva_rate_and_the_probe_s_only_with_its_link(capsys, tmp_p
     assert code == 2 and "--uva-gbps: cannot read 'fast'" in err and err.count("\n") == 1
     code, err = plan("--compute-tflops", "-3")
     assert code == 2 and "--compute-tflops: '-3' must be a positive number" in err and err.count("\n") == 1
-    from tests.test_probe import gpu_profile  # a hand-written H200-like profile
+    from builders import gpu_profile  # a hand-written H200-like profile
 
     gpu_profile(uva_read_gbps=40.0, uva_read_samples_s={GiB: GiB / 40e9}, matmul_tflops=700.0,
                 matmul_dtype="bfloat16", decode_read_gbps=3100.0).save(tmp_path / "p.json")

@@ -141,7 +141,7 @@ def test_1_derived_group_fields_are_recomputed(model, tmp_path, edit, match):
 
 
 def test_1_a_tower_transient_of_zero_is_refused(tmp_path):
-    from test_planner import inputs, toy
+    from builders import inputs, toy
 
     data = as_data(make_plan(toy(), inputs(560, all_cold=True)))
     assert data["est_transient_device_bytes"] > 0
@@ -156,7 +156,7 @@ def test_1_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_grou
     """The placement report of a model loaded against a plan that leaves bytes out: a CPU
     proxy (a torch module as vLLM would build it, matched by the report)."""
     import torch
-    from test_report import Model, checkpoint_of, plan_for
+    from builders import Model, checkpoint_of, plan_for
 
     from selective_offload.report import build_report
 
@@ -177,7 +177,7 @@ def test_1_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_grou
 
 def test_1_a_tied_head_is_not_counted_as_outside_the_plan(tmp_path):
     import torch
-    from test_report import Model, checkpoint_of, plan_for
+    from builders import Model, checkpoint_of, plan_for
 
     from selective_offload.report import build_report
 

@@ -17,7 +17,7 @@ from selective_offload.model_match import check_plan_matches_model
 from selective_offload.names import experts_prefix, group_key, group_keys
 from selective_offload.plan import Placement, Plan
 from selective_offload.planner import PlanInputs, group_tensors, make_plan
-from test_planner import MB, inputs, make_ckpt
+from builders import MB, inputs, make_ckpt
 
 E, K = 8, 2
 

@@ -11,7 +11,7 @@ import pytest
 from selective_offload.errors import PlanError
 from selective_offload.plan import PLAN_FORMAT, Placement, Plan, Strategy
 from selective_offload.planner import make_plan
-from test_planner import inputs, toy
+from builders import inputs, toy
 
 
 @pytest.fixture

@@ -5,42 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from selective_offload.checkpoint import Checkpoint, TensorInfo, load_checkpoint, tensor_nbytes
+from selective_offload.checkpoint import load_checkpoint
 from selective_offload.cli import BUNDLED
 from selective_offload.errors import PlanError
 from selective_offload.planner import Plan, PlanInputs, group_tensors, make_plan
 from selective_offload.sizes import GB, GiB
-
-MB = 1_000_000
-
-
-def make_ckpt(spec: dict[str, tuple[str, list[int]]], **config) -> Checkpoint:
-    tensors = {n: TensorInfo(n, d, tuple(s), tensor_nbytes(d, s)) for n, (d, s) in spec.items()}
-    return Checkpoint("test", "manifest", tensors, {"tie_word_embeddings": False, **config})
-
-
-def toy(layers: int = 8, *, vision: bool = True, mtp: bool = True, **config) -> Checkpoint:
-    """A model in round numbers: embed/lm_head 100 MB each, layers 50 MB, visual 40 MB
-    (4 blocks of 9 MB + 4 MB), mtp 30 MB. All BF16 (2 bytes per element)."""
-    spec = {
-        "model.embed_tokens.weight": ("BF16", [1000, 50_000]),
-        "lm_head.weight": ("BF16", [1000, 50_000]),
-        "model.norm.weight": ("BF16", [500]),
-    }
-    for i in range(layers):
-        spec[f"model.layers.{i}.mlp.w.weight"] = ("BF16", [1000, 25_000])
-    if vision:
-        for b in range(4):
-            spec[f"model.visual.blocks.{b}.w"] = ("BF16", [1000, 4500])
-        spec["model.visual.merger.w"] = ("BF16", [1000, 2000])
-    if mtp:
-        spec["mtp.layers.0.w"] = ("BF16", [1000, 15_000])
-    return make_ckpt(spec, **config)
-
-
-def inputs(budget_mb: float, **kw) -> PlanInputs:
-    return PlanInputs(device_memory_bytes=int(budget_mb * MB), kv_cache_bytes=0, reserve_bytes=0, **kw)
-
+from builders import MB, inputs, make_ckpt, toy
 
 def by_name(plan: Plan) -> dict[str, object]:
     return {g.group: g for g in plan.groups}

@@ -4,7 +4,6 @@ validation, where it lives, and what it supplies to planning."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 
@@ -25,6 +24,7 @@ from selective_offload.probe import (
     run_probe,
 )
 from selective_offload.sizes import GiB
+from builders import gpu_profile
 
 MiB = 1 << 20
 
@@ -32,23 +32,6 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def cpu_profile() -> Profile:
     return measure(device="cpu", quick=True)
-
-
-def gpu_profile(**changes) -> Profile:
-    """A hand-written H200-like profile (what a probe on a GPU writes)."""
-    base = Profile(
-        machine="Intel(R) Xeon(R) Platinum 8480+ (x86_64)", date="2026-12-01T10:00:00+00:00",
-        torch_version="2.9.0+cu128", device="NVIDIA H200", integrated=False,
-        link_gbps_pinned=52.3, link_gbps_pageable=19.8, vram_gbps=3900.0,
-        device_memory_total_bytes=150_119_071_744, device_memory_free_bytes=149_000_000_000,
-        host_memcpy_gbps=20.5, no_link_reason=None,
-        h2d_pinned_samples_s={64 * MiB: 0.0013, GiB: 0.0205},
-        h2d_pageable_samples_s={64 * MiB: 0.0035, GiB: 0.0542},
-        d2d_samples_s={64 * MiB: 0.000036, GiB: 0.000551},
-        host_memcpy_samples_s={64 * MiB: 0.0066, GiB: 0.105},
-        repeats=5,
-    )
-    return dataclasses.replace(base, **changes)
 
 
 def one_line_naming(exc: pytest.ExceptionInfo, path) -> str:

@@ -6,55 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from selective_offload.checkpoint import Checkpoint, TensorInfo, tensor_nbytes
 from selective_offload.errors import PlanError
-from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.report import TOLERANCE, PlacementReport, build_report
 from selective_offload.vllm_glue.offloader import select_layers
-
-
-class Layer(nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.qkv_proj = nn.Linear(n, 3 * n, bias=False)  # fused, as vLLM loads q/k/v
-
-
-class Inner(nn.Module):
-    def __init__(self, n, layers):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(64, n)
-        self.layers = nn.ModuleList(Layer(n) for _ in range(layers))
-        self.visualise = nn.Linear(n, n, bias=False)  # not the `visual` tower: hot, on the device
-
-
-class Model(nn.Module):
-    def __init__(self, n=16, layers=4):
-        super().__init__()
-        self.model = Inner(n, layers)
-        self.visual = nn.Sequential(nn.Linear(n, n), nn.Linear(n, n))
-        self.lm_head = nn.Linear(n, 64, bias=False)
-
-
-def checkpoint_of(n=16, layers=4, dtype="F32") -> Checkpoint:
-    """Checkpoint names as Hugging Face writes them (separate q/k/v, model.visual)."""
-    spec = {"model.embed_tokens.weight": [64, n], "lm_head.weight": [64, n], "model.visualise.weight": [n, n]}
-    for i in range(layers):
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            spec[f"model.layers.{i}.self_attn.{proj}.weight"] = [n, n]
-    for i in range(2):
-        spec[f"model.visual.{i}.weight"] = [n, n]
-        spec[f"model.visual.{i}.bias"] = [n]
-    tensors = {k: TensorInfo(k, dtype, tuple(v), tensor_nbytes(dtype, v)) for k, v in spec.items()}
-    return Checkpoint("test", "manifest", tensors, {"tie_word_embeddings": False, "num_hidden_layers": layers})
-
-
-def plan_for(ckpt, **kw):
-    return make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0,
-                                      reserve_bytes=0, all_cold=True, **kw))
-
-
-def cold_ids(model):
-    return {id(p) for p in [*model.model.embed_tokens.parameters(), *model.visual.parameters()]}
+from builders import Model, checkpoint_of, cold_ids, plan_for
 
 
 def report_of(model, plan, cold, **kw):
