@@ -9,7 +9,7 @@ as ``selective-offload plan config.json`` does.
 
     .venv/bin/python benchmarks/moe_reference_plans.py [--out benchmarks/results]
 
-Writes ``moe-plans-est-<date>.json`` and ``.md``; ``tests/test_moe_configs.py`` recomputes the
+Writes ``moe-plans-est-<date>.json`` and ``.md``; ``tests/unit/planner/test_moe_configs.py`` recomputes the
 figures and checks them against the newest such file, and the README's table against it.
 """
 

@@ -9,7 +9,7 @@ between two marker comments in README.md,
 
 and is rebuilt here from the newest results file of each kind (by the date in its name),
 so a table edited by hand, or a results file added or changed without regenerating, is a
-failing test (``tests/test_gpu_run.py``), not a silent drift. A new table is one function
+failing test (``tests/tools/test_gpu_run.py``), not a silent drift. A new table is one function
 in :data:`TABLES` and one pair of markers.
 
     python benchmarks/tables.py           # rewrite the tables in README.md

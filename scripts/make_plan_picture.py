@@ -5,7 +5,7 @@ prints (reference link and VRAM bandwidths, no host-memory check).
     python scripts/make_plan_picture.py [OUT_DIR]   # default: benchmarks/results
 
 Writes plan-picture-qwen3.8-27b-fp8.png and, beside it, .json: what the picture shows
-(picture.picture_data), which tests/test_picture.py recomputes and compares, so the
+(picture.picture_data), which tests/unit/test_picture.py recomputes and compares, so the
 picture in the README cannot silently drift from the plan it claims to show.
 """
 

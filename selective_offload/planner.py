@@ -25,7 +25,7 @@ closed from a menu per layer (:func:`_place_hot`): resident, routed experts read
 through UVA at the step's read fraction, or the whole layer prefetched.
 
 The reference arithmetic (the bundled Qwen3.8-27B-FP8-shaped manifest on a 24 GiB card)
-is asserted by ``tests/test_planner.py`` and shown in the README.
+is asserted by ``tests/unit/planner/test_planner.py`` and shown in the README.
 
 Every time and rate here is an estimate from bytes and bandwidths, labelled ``est_``
 (:mod:`selective_offload.estimate` prices a step; :data:`~selective_offload.plan.EST_IGNORES`

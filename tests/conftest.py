@@ -1,11 +1,36 @@
+"""The suite's tiers are its folders, and each folder's tests carry its marker:
+
+- ``unit/``: one module at a time, mirroring the package (no engine);
+- ``contract/``: what the project promises at its edges: vLLM's interfaces (checked against
+  its own sources) and the one-line answers to bad input;
+- ``engine/``: real vLLM engines on tiny models (slow: tens of seconds per engine);
+- ``gpu/``: behaviour only a CUDA device shows, skipped here with the reason;
+- ``tools/``: the project's scripts, benchmarks, set-up and demo.
+
+``pytest -m unit`` runs one tier; a test file outside these folders is refused.
+"""
 import sys
 from pathlib import Path
 
-# tests/helpers.py is imported by name from the tests.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# tests/helpers.py and tests/builders.py are imported by name from the tests.
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
 
 import pytest  # noqa: E402
+
+TIERS = ("unit", "contract", "engine", "gpu", "tools")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its folder's tier (before ``-m`` selects)."""
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(HERE).parts
+        if len(parts) < 2 or parts[0] not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test belongs in one of the tier folders "
+                                    f"tests/{{{','.join(TIERS)}}}/")
+        item.add_marker(parts[0])
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -10,6 +10,9 @@ from selective_offload.checkpoint import tensor_nbytes
 # The demo's tiny Qwen3 and engine arguments serve the tests too.
 from selective_offload.vllm_glue.demo import ENGINE_ARGS, save_tiny_qwen3, word_tokenizer  # noqa: F401
 
+#: The repository's root, whatever tier folder a test lives in.
+REPO = Path(__file__).resolve().parents[1]
+
 
 def write_header_only(path: Path, tensors: dict[str, tuple[str, list[int]]],
                       metadata: dict | None = None) -> Path:

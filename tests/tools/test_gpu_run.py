@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import REPO
+
+ROOT = REPO
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_run  # noqa: E402

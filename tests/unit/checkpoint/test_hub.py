@@ -18,8 +18,9 @@ import pytest
 from hub_server import COMMIT, FakeHub
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.hub import parse_hub_id
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 REPO = "tiny-org/tiny-qwen3"
 #: huggingface_hub's first range request for a shard's header (bytes 0-100000).
 FIRST_RANGE = 100_001

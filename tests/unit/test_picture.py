@@ -18,7 +18,9 @@ pytest.importorskip("matplotlib", reason="the picture needs matplotlib (the `pic
 from selective_offload.picture import COLOURS, draw, picture_data  # noqa: E402
 from selective_offload.plan import GroupKind, Placement  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO  # noqa: E402
+
+ROOT = REPO
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_plan_picture  # noqa: E402
 

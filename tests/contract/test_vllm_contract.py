@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 pytestmark = pytest.mark.vllm
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 SCRIPT = REPO / "tests" / "contract" / "check_vllm_contract.py"
 CUDA_RELEASE = "0.33.0"
 

@@ -9,9 +9,10 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from helpers import REPO
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 # A stand-in for python3: venv copies itself, pip writes a page of log and obeys FAKE_PIP.

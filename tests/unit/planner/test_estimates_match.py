@@ -24,8 +24,9 @@ from selective_offload.estimate import (
 )
 from selective_offload.planner import PlanInputs, best_draft_tokens, draft_flips, make_plan, spec_estimate
 from selective_offload.sizes import GiB
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 pytestmark = pytest.mark.vllm
 
 

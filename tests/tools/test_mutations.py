@@ -8,8 +8,9 @@ import runpy
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 TOOL = runpy.run_path(str(ROOT / "scripts" / "mutations.py"), run_name="not_main")
 MUTATIONS = TOOL["MUTATIONS"]
 FOUND = TOOL["markers"]()

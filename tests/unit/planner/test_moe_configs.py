@@ -18,6 +18,7 @@ from selective_offload.planner import TIE, PlanInputs, make_plan
 from selective_offload.sizes import GiB
 
 from helpers import write_config
+from helpers import REPO
 
 LINK = 13.9e9  # the reference laptop's link (README), which the plans default to
 UVA = 0.86 * LINK  # kernels reading host memory in place: the default UVA read rate (estimate.py)
@@ -228,7 +229,7 @@ def test_the_moe_reference_results_and_the_readme_are_what_the_planner_says(tmp_
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     sys.path.insert(0, str(root / "benchmarks"))
     import moe_reference_plans
 

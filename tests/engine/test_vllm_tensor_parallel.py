@@ -2,7 +2,7 @@
 
 Each rank holds half of the vocabulary's rows. The host embedding must serve that rank's
 shard through vLLM's own masking (on CUDA vLLM would take its fused lookup, which skips
-the host gather: the glue turns it off; tests/test_vllm_glue_units.py drives that branch).
+the host gather: the glue turns it off; tests/unit/vllm_glue/test_glue_units.py drives that branch).
 Every rank judges its own bytes and writes its own report file; the report read by the
 caller merges them.
 """

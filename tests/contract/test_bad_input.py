@@ -1,4 +1,4 @@
-"""Issue 17: what a hostile user hands us (hand-edited plans, damaged shards, odd paths and
+"""What a hostile user hands us (hand-edited plans, damaged shards, odd paths and
 environments) is refused in one line, or reported honestly; never a traceback, never a
 plan applied that did not land. Each test makes the call a user would make: the CLI,
 ``enable()``, ``Plan.load``, the plugin reading the environment.
@@ -82,7 +82,7 @@ def hot_plan(model_dir, **inputs):
 
 # ---- 1. a matching fingerprint never skips the groups; groups cover the model; absent is for MTP only
 
-def test_1_an_embedding_marked_absent_is_refused_with_the_fingerprint_kept(model, tmp_path):
+def test_an_embedding_marked_absent_is_refused_with_the_fingerprint_kept(model, tmp_path):
     data = as_data(tight_plan(model))
     group(data, "model.embed_tokens").update(cls="absent", placement="absent", est_read_bytes_per_step=0)
     data["strategy"] = "resident"
@@ -93,7 +93,7 @@ def test_1_an_embedding_marked_absent_is_refused_with_the_fingerprint_kept(model
             "ever absent")
 
 
-def test_1_a_plan_with_its_layer_groups_deleted_is_refused(model, tmp_path):
+def test_a_plan_with_its_layer_groups_deleted_is_refused(model, tmp_path):
     data = as_data(tight_plan(model))
     data["groups"] = [g for g in data["groups"] if g["kind"] != "layer"]
     del data["totals"]
@@ -102,7 +102,7 @@ def test_1_a_plan_with_its_layer_groups_deleted_is_refused(model, tmp_path):
             r"the groups hold \d+ bytes but the model \(.*\) has \d+: \d+ bytes are in no group")
 
 
-def test_1_layers_shrunk_to_fit_are_refused_by_the_model_check_although_the_fingerprint_matches(model, tmp_path):
+def test_layers_shrunk_to_fit_are_refused_by_the_model_check_although_the_fingerprint_matches(model, tmp_path):
     """Every stated total edited to agree with the shrunk layers: only the group-by-group
     comparison with the checkpoint can tell, and it runs although the fingerprint matches."""
     data = as_data(tight_plan(model))
@@ -133,14 +133,14 @@ def test_1_layers_shrunk_to_fit_are_refused_by_the_model_check_although_the_fing
     (lambda d: group(d, "model.norm").update(kind="cold", cls="cold", placement="host-cold"),
      "group model.norm is of kind cold, but its name is not a module under one of the cold segments"),
 ])
-def test_1_derived_group_fields_are_recomputed(model, tmp_path, edit, match):
+def test_derived_group_fields_are_recomputed(model, tmp_path, edit, match):
     data = as_data(tight_plan(model))
     edit(data)
     del data["totals"]
     refused(lambda: selective_offload.enable(write(data, tmp_path), model=model), match)
 
 
-def test_1_a_tower_transient_of_zero_is_refused(tmp_path):
+def test_a_tower_transient_of_zero_is_refused(tmp_path):
     from builders import inputs, toy
 
     data = as_data(make_plan(toy(), inputs(560, all_cold=True)))
@@ -152,7 +152,7 @@ def test_1_a_tower_transient_of_zero_is_refused(tmp_path):
         Plan.load(write(data, tmp_path))
 
 
-def test_1_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_group():
+def test_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_group():
     """The placement report of a model loaded against a plan that leaves bytes out: a CPU
     proxy (a torch module as vLLM would build it, matched by the report)."""
     import torch
@@ -175,7 +175,7 @@ def test_1_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_grou
                for p in report.problems), report.problems
 
 
-def test_1_a_tied_head_is_not_counted_as_outside_the_plan(tmp_path):
+def test_a_tied_head_is_not_counted_as_outside_the_plan(tmp_path):
     import torch
     from builders import Model, checkpoint_of, plan_for
 
@@ -192,14 +192,14 @@ def test_1_a_tied_head_is_not_counted_as_outside_the_plan(tmp_path):
 
 # ---- 2. prefetch_step and the prefetch buffers are recomputed
 
-def test_2_a_larger_prefetch_step_with_the_totals_kept_is_refused(model, tmp_path):
+def test_a_larger_prefetch_step_with_the_totals_kept_is_refused(model, tmp_path):
     data = as_data(hot_plan(model))
     data["inputs"]["prefetch_step"] = 3
     refused(lambda: selective_offload.enable(write(data, tmp_path), model=model),
             r"prefetch_buffer_bytes \d+ cannot be right: prefetch_step 3 slots")
 
 
-def test_2_prefetch_buffers_of_zero_are_refused(model, tmp_path):
+def test_prefetch_buffers_of_zero_are_refused(model, tmp_path):
     data = as_data(hot_plan(model))
     data["prefetch_buffer_bytes"] = 0
     del data["totals"]
@@ -207,7 +207,7 @@ def test_2_prefetch_buffers_of_zero_are_refused(model, tmp_path):
             r"prefetch_buffer_bytes 0 cannot be right")
 
 
-def test_2_buffers_within_the_bounds_but_not_this_models_are_refused_by_the_model_check(model, tmp_path):
+def test_buffers_within_the_bounds_but_not_this_models_are_refused_by_the_model_check(model, tmp_path):
     plan = hot_plan(model)
     data = as_data(plan)
     data["prefetch_buffer_bytes"] += 2  # still between the largest layer and all of them
@@ -220,7 +220,7 @@ def test_2_buffers_within_the_bounds_but_not_this_models_are_refused_by_the_mode
 
 # ---- 3. layer_index is the layer the name is in
 
-def test_3_a_layer_index_that_is_not_the_layer_named_is_refused(model, tmp_path):
+def test_a_layer_index_that_is_not_the_layer_named_is_refused(model, tmp_path):
     data = as_data(tight_plan(model))
     group(data, "model.layers.1")["layer_index"] = 2
     group(data, "model.layers.2")["layer_index"] = 1
@@ -237,7 +237,7 @@ def test_3_a_layer_index_that_is_not_the_layer_named_is_refused(model, tmp_path)
     ("device", "is not a regular file"),
     ("directory", "is a directory"),
 ])
-def test_4_report_paths_that_cannot_be_written_are_refused_before_anything_starts(model, tmp_path, case, match):
+def test_report_paths_that_cannot_be_written_are_refused_before_anything_starts(model, tmp_path, case, match):
     # A pipe stands for a device node (/dev/full as root): never a real device in a test.
     path = {"proc": "/proc/selective-offload-report.json", "name 250": tmp_path / ("r" * 245 + ".json"),
             "name 300": tmp_path / ("r" * 295 + ".json"), "device": tmp_path / "pipe", "directory": tmp_path}[case]
@@ -252,7 +252,7 @@ def test_4_report_paths_that_cannot_be_written_are_refused_before_anything_start
         assert path.exists()
 
 
-def test_4_the_report_never_replaces_what_is_not_a_regular_file(tmp_path):
+def test_the_report_never_replaces_what_is_not_a_regular_file(tmp_path):
     from selective_offload.report import PlacementReport, remove_reports
 
     fifo = tmp_path / "pipe"
@@ -280,7 +280,7 @@ class _Config:
         self.speculative_config = None
 
 
-def test_5_a_plan_made_at_engine_start_that_does_not_fit_is_refused(model, tmp_path, monkeypatch):
+def test_a_plan_made_at_engine_start_that_does_not_fit_is_refused(model, tmp_path, monkeypatch):
     import torch
 
     from selective_offload.options import RunOptions
@@ -297,7 +297,7 @@ def test_5_a_plan_made_at_engine_start_that_does_not_fit_is_refused(model, tmp_p
     assert plan.strategy == "resident" and any(ENV_DEVICE_MEMORY in n for n in notes)
 
 
-def test_7_the_device_memory_variable_is_checked_where_the_engine_is_started(model, monkeypatch, tmp_path):
+def test_the_device_memory_variable_is_checked_where_the_engine_is_started(model, monkeypatch, tmp_path):
     monkeypatch.setenv("SELECTIVE_OFFLOAD_PLAN", "auto")
     monkeypatch.setenv(ENV_DEVICE_MEMORY, "lots")
     with pytest.raises(UserError, match=f"{ENV_DEVICE_MEMORY}: cannot read 'lots' as a size"):
@@ -310,7 +310,7 @@ def test_7_the_device_memory_variable_is_checked_where_the_engine_is_started(mod
     assert not patches.is_applied()
 
 
-def test_7_device_memory_that_leaves_no_room_names_the_variable_not_cli_flags(model, tmp_path, monkeypatch):
+def test_device_memory_that_leaves_no_room_names_the_variable_not_cli_flags(model, tmp_path, monkeypatch):
     import torch
 
     from selective_offload.options import RunOptions
@@ -325,7 +325,7 @@ def test_7_device_memory_that_leaves_no_room_names_the_variable_not_cli_flags(mo
     assert "--" not in message  # no CLI flag named
 
 
-def test_6_auto_plans_each_model_the_engine_loads(model, tmp_path):
+def test_auto_plans_each_model_the_engine_loads(model, tmp_path):
     """Two models loaded one after the other under auto (engines in this process): each is
     planned for itself. A CPU proxy of the glue's load step: the session's settings after
     the first load are what the second sees."""
@@ -340,7 +340,7 @@ def test_6_auto_plans_each_model_the_engine_loads(model, tmp_path):
 
 # ---- 8. a truncated shard
 
-def test_8_a_truncated_shard_is_refused_by_enable(model, tmp_path):
+def test_a_truncated_shard_is_refused_by_enable(model, tmp_path):
     import shutil
 
     copy_dir = tmp_path / "copy"
@@ -354,7 +354,7 @@ def test_8_a_truncated_shard_is_refused_by_enable(model, tmp_path):
 
 # ---- 9. a plan made with a relative MODEL path
 
-def test_9_a_plan_made_from_a_relative_path_finds_its_model_from_elsewhere(model, tmp_path, monkeypatch, capsys):
+def test_a_plan_made_from_a_relative_path_finds_its_model_from_elsewhere(model, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(model.parent)
     code, _, err = cli(capsys, "plan", model.name, "--device-memory", "1GiB", "--kv-cache", "0",
                        "--reserve", "0", "-o", tmp_path / "plan.json")
@@ -363,7 +363,7 @@ def test_9_a_plan_made_from_a_relative_path_finds_its_model_from_elsewhere(model
     assert selective_offload.enable("plan.json") == {"model": str(model)}
 
 
-def test_9_a_plan_whose_model_is_not_here_says_so(model, tmp_path):
+def test_a_plan_whose_model_is_not_here_says_so(model, tmp_path):
     data = as_data(tight_plan(model))
     data["model"]["source"] = "relative/elsewhere"
     with pytest.warns(UserWarning, match="not a checkpoint directory from .*: it is checked against the model "
@@ -378,7 +378,7 @@ def test_9_a_plan_whose_model_is_not_here_says_so(model, tmp_path):
     ("bytes", "500", r"bytes of group model.embed_tokens is \"500\", but must be an integer"),
     ("bytes", 10**400, r"bytes of group model.embed_tokens is .*at most 9007199254740992"),
 ])
-def test_10_a_plan_object_is_validated_like_a_plan_file(model, field, value, match):
+def test_a_plan_object_is_validated_like_a_plan_file(model, field, value, match):
     plan = tight_plan(model)
     edited = dataclasses.replace(plan, groups=tuple(
         dataclasses.replace(g, **{field: value}) if g.group == "model.embed_tokens" else g for g in plan.groups))
@@ -386,7 +386,7 @@ def test_10_a_plan_object_is_validated_like_a_plan_file(model, field, value, mat
     assert message.startswith("the Plan object") and "/tmp/selective-offload-" not in message
 
 
-def test_10_plan_inputs_of_the_wrong_type_are_one_line(model):
+def test_plan_inputs_of_the_wrong_type_are_one_line(model):
     plan = tight_plan(model)
     edited = dataclasses.replace(plan, inputs=dataclasses.replace(plan.inputs, kv_cache_bytes="1GiB"))
     refused(lambda: selective_offload.enable(edited), "kv_cache_bytes")
@@ -401,7 +401,7 @@ def test_10_plan_inputs_of_the_wrong_type_are_one_line(model):
     ("NaN", "not valid JSON \\(NaN is not JSON"),
     ("1e400", "not valid JSON \\(the number 1e400 is too large"),
 ])
-def test_11_odd_numbers_and_nesting_in_a_plan_file_are_one_line(model, tmp_path, case, match):
+def test_odd_numbers_and_nesting_in_a_plan_file_are_one_line(model, tmp_path, case, match):
     text = tight_plan(model).to_json()
     embed_bytes = str(json.loads(text)["groups"][0]["bytes"])
     text = text.replace(f'"bytes": {embed_bytes}', {
@@ -419,7 +419,7 @@ def test_11_odd_numbers_and_nesting_in_a_plan_file_are_one_line(model, tmp_path,
     ("float shape", "shape [4.0] must be a list of whole numbers"),
     ("offsets", "lacks a valid dtype, shape or data_offsets"),
 ])
-def test_11_odd_shard_headers_are_one_line(capsys, tmp_path, case, match):
+def test_odd_shard_headers_are_one_line(capsys, tmp_path, case, match):
     header = {
         "nested": b'{"a": {"dtype": "F32", "shape": ' + b"[" * 100_000 + b"]" * 100_000 + b', "data_offsets": [0, 0]}}',
         "shape 1e400": b'{"a": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 0]}}',
@@ -437,7 +437,7 @@ def test_11_odd_shard_headers_are_one_line(capsys, tmp_path, case, match):
     ("architectures [5]", "\"architectures\" is [5], but must name the model class"),
     ("no architectures", "\"architectures\" is null, but must name the model class"),
 ])
-def test_11_odd_manifests_and_configs_are_one_line(capsys, tmp_path, case, match):
+def test_odd_manifests_and_configs_are_one_line(capsys, tmp_path, case, match):
     data = {"manifest dtype list": {"format": "selective-offload/manifest-v1",
                                     "tensors": {"x": {"dtype": ["BF16"], "shape": [2]}}},
             "architectures [5]": {"architectures": [5], "model_type": "qwen3"},
@@ -448,7 +448,7 @@ def test_11_odd_manifests_and_configs_are_one_line(capsys, tmp_path, case, match
 
 
 @pytest.mark.parametrize("command", ["plan", "manifest"])
-def test_11_output_into_a_missing_directory_is_one_line_before_any_work(capsys, tmp_path, command):
+def test_output_into_a_missing_directory_is_one_line_before_any_work(capsys, tmp_path, command):
     write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
     extra = ["--device-memory", "24GiB"] if command == "plan" else []
     cli_refuses(capsys, [command, tmp_path, *extra, "-o", tmp_path / "no" / "such" / "out.json"],
@@ -469,12 +469,12 @@ def test_11_output_into_a_missing_directory_is_one_line_before_any_work(capsys, 
     ("not from byte 0", {"a": {"dtype": "F32", "shape": [4], "data_offsets": [4, 20]}}, "leaves a gap"),
     ("half a byte", {"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}, "not a whole number of bytes"),
 ])
-def test_12_shard_headers_follow_the_safetensors_rules(capsys, tmp_path, case, header, match):
+def test_shard_headers_follow_the_safetensors_rules(capsys, tmp_path, case, header, match):
     write_raw_header(tmp_path / "model.safetensors", header)
     cli_refuses(capsys, ["plan", tmp_path, "--device-memory", "24GiB"], match)
 
 
-def test_12_bytes_after_the_last_tensor_are_refused(capsys, tmp_path):
+def test_bytes_after_the_last_tensor_are_refused(capsys, tmp_path):
     write_raw_header(tmp_path / "model.safetensors", {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
                      data=b"\0" * 20)
     cli_refuses(capsys, ["plan", tmp_path, "--device-memory", "24GiB"], "4 bytes follow the last tensor's data")
@@ -484,13 +484,13 @@ def test_12_bytes_after_the_last_tensor_are_refused(capsys, tmp_path):
 
 @pytest.mark.parametrize("flag,value", [("--vram-gbps", "1e300"), ("--link-gbps", "1e-300"),
                                         ("--device-memory", "1e300GiB")])
-def test_13_numbers_that_would_write_infinity_are_refused(capsys, tmp_path, flag, value):
+def test_numbers_that_would_write_infinity_are_refused(capsys, tmp_path, flag, value):
     write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
     args = {"--device-memory": "24GiB", flag: value}
     cli_refuses(capsys, ["plan", tmp_path, *[x for kv in args.items() for x in kv]], flag)
 
 
-def test_13_the_plan_written_is_strict_json(capsys, tmp_path):
+def test_the_plan_written_is_strict_json(capsys, tmp_path):
     write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
     code, _, err = cli(capsys, "plan", tmp_path, "--device-memory", "24GiB", "--vram-gbps", "1e6",
                        "--link-gbps", "0.001", "-o", tmp_path / "plan.json")
@@ -500,34 +500,34 @@ def test_13_the_plan_written_is_strict_json(capsys, tmp_path):
 
 # ---- 14. messages say what the input is
 
-def test_14_a_plan_file_with_device_memory_says_it_is_a_plan(model, tmp_path):
+def test_a_plan_file_with_device_memory_says_it_is_a_plan(model, tmp_path):
     path = tmp_path / "plan.json"
     tight_plan(model).save(path)
     refused(lambda: selective_offload.enable(path, device_memory="24GiB"),
             "is a plan already, and device_memory= plans a model; pass the plan alone")
 
 
-def test_14_a_device_is_not_called_a_directory():
+def test_a_device_is_not_called_a_directory():
     message = refused(lambda: selective_offload.enable("/dev/null"), "/dev/null: is neither a regular file nor a "
                                                                      "directory")
     assert "is a directory" not in message
 
 
-def test_14_header_only_shards_still_plan_with_a_note(capsys, tmp_path):
+def test_header_only_shards_still_plan_with_a_note(capsys, tmp_path):
     """Planning before the download finishes stays possible (a note says so); loading is refused (8)."""
     write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
     code, out, _ = cli(capsys, "plan", tmp_path, "--device-memory", "24GiB")
     assert code == 0 and "fine for planning, not for loading" in out
 
 
-def test_11_a_kv_model_of_the_wrong_type_in_a_plan_is_one_line(model, tmp_path):
+def test_a_kv_model_of_the_wrong_type_in_a_plan_is_one_line(model, tmp_path):
     data = as_data(tight_plan(model))
     data["model"]["kv"] = {"full_bytes_per_token": "lots", "sliding": []}
     refused(lambda: selective_offload.enable(write(data, tmp_path)), "model.kv.full_bytes_per_token is \"lots\"",
             PlanError)
 
 
-def test_11_a_config_with_words_for_numbers_still_plans(capsys, tmp_path):
+def test_a_config_with_words_for_numbers_still_plans(capsys, tmp_path):
     write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": "1", "num_attention_heads": "4",
                                                       "hidden_size": [16], "num_nextn_predict_layers": 1e300}))
@@ -540,7 +540,7 @@ def test_11_a_config_with_words_for_numbers_still_plans(capsys, tmp_path):
     (lambda t: json.dumps({**json.loads(t), "link_gbps_pinned": 10**400}), "link_gbps_pinned is"),
     (lambda t: json.dumps({**json.loads(t), "device_memory_total_bytes": 10**400}), "device_memory_total_bytes is"),
 ])
-def test_11_a_damaged_probe_profile_is_one_line(capsys, tmp_path, monkeypatch, edit, match):
+def test_a_damaged_probe_profile_is_one_line(capsys, tmp_path, monkeypatch, edit, match):
     """`plan` reads this machine's profile by default: a damaged one is one line too."""
     from selective_offload.probe import Profile
 
@@ -555,7 +555,7 @@ def test_11_a_damaged_probe_profile_is_one_line(capsys, tmp_path, monkeypatch, e
     cli_refuses(capsys, ["plan", tmp_path, "--device-memory", "24GiB"], match)
 
 
-def test_1_a_bulk_baseline_edited_to_look_worse_is_refused(model, tmp_path):
+def test_a_bulk_baseline_edited_to_look_worse_is_refused(model, tmp_path):
     data = as_data(hot_plan(model))
     assert data["bulk"] is not None
     data["bulk"]["fits"] = not data["bulk"]["fits"]

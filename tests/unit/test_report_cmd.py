@@ -13,8 +13,9 @@ import pytest
 
 from selective_offload.options import RunOptions
 from selective_offload.report import GroupLanding, PlacementReport, rank_path
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def run_cli(*args, env=None):

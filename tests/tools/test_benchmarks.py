@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = REPO / "benchmarks"
 
 
 def run(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -513,7 +514,7 @@ def test_the_readme_benchmark_figures_are_in_the_result_files_they_name():
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     readme = (root / "README.md").read_text()
     table = readme.split("Measured so far", 1)[1].split("\n\n", 2)[1]
     rows = [line for line in table.splitlines()

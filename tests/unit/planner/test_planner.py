@@ -11,6 +11,7 @@ from selective_offload.errors import PlanError
 from selective_offload.planner import Plan, PlanInputs, group_tensors, make_plan
 from selective_offload.sizes import GB, GiB
 from builders import MB, inputs, make_ckpt, toy
+from helpers import REPO
 
 def by_name(plan: Plan) -> dict[str, object]:
     return {g.group: g for g in plan.groups}
@@ -271,7 +272,7 @@ def test_the_readme_reference_table_is_what_the_planner_says(reference):
     """The README's figures for the reference checkpoint are the planner's, not typed by hand."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     base = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10))
     mtp = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, speculative="mtp"))
     batch = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, batch=8))
