@@ -159,7 +159,13 @@ MUTATIONS = {
  'experts-read-not-derived': ('        if g.kind == GroupKind.EXPERTS:\n            expected = experts_read_bytes(', '        if False:\n            expected = experts_read_bytes(', []),
  'prefetch-range-all-layers': ('            if g.kind in LAYER_KINDS and g.layer_index in hot:\n                per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes\n        layers = list(per_layer.values())', '            if g.kind in LAYER_KINDS:\n                per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes\n        layers = list(per_layer.values())', []),
  'hub-kind-safetensors': ('    return Checkpoint(label, "hub", tensors', '    return Checkpoint(label, "safetensors", tensors', []),
- 'host-tables-classed-hot': ('        if g.kind == GroupKind.MODULE and self._is_vllm_host_table(g.group):', '        if False:', []),}
+ 'host-tables-classed-hot': ('        if g.kind == GroupKind.MODULE and self._is_vllm_host_table(g.group):', '        if False:', []),
+ 'mxfp4-scale-group-64': ('MXFP4_BLOCK = 32', 'MXFP4_BLOCK = 64', ['tests/test_quantization.py::test_mxfp4_gpt_oss_experts_are_to_the_byte_what_gpt_oss_ships']),
+ 'nvfp4-default-group-32': ('NVFP4_GROUP = 16', 'NVFP4_GROUP = 32', ['tests/test_quantization.py::test_nvfp4_is_to_the_byte_what_modelopt_exports']),
+ 'mxfp8-scale-group-64': ('MXFP8_BLOCK = 32', 'MXFP8_BLOCK = 64', ['tests/test_quantization.py::test_modelopt_mxfp8_is_to_the_byte_what_the_mx_format_stores']),
+ 'modelopt-fp8-no-input-scale': ('            static_input_scale=True, exclude=exclude,', '            static_input_scale=False, exclude=exclude,', ['tests/test_quantization.py::test_modelopt_fp8_is_to_the_byte_what_modelopt_exports']),
+ 'ct-pack-factor-8': ('        pack = 32 // s.bits', '        pack = 8', ['tests/test_quantization.py::test_ct_pack_quantized_is_to_the_byte_what_llm_compressor_writes']),
+}
 
 
 def markers() -> dict[str, list[tuple[pathlib.Path, int]]]:

@@ -1,8 +1,11 @@
 """Quantized checkpoints' tensors from a config's quantization_config: names, dtypes and
-hand-computed byte counts per method, exclusions, and one-line errors for configs whose
-size cannot be estimated."""
+hand-computed byte counts per method, exclusions, one-line errors for configs whose size
+cannot be estimated, and, for every method whose format fixes its layout, the config-only
+list compared to the byte with the tensors that format's exporter writes."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -528,3 +531,224 @@ def test_descriptions_are_one_line():
     for cfg in (FP8_BLOCK, FP8_STATIC, MXFP4, NVFP4, AWQ, GPTQ, BNB4, BNB8, CT_W4A16, CT_NVFP4):
         desc = scheme(cfg).description
         assert desc and "\n" not in desc
+
+
+# --------------------------------------------------------------------------- exact layouts
+#
+# Where a method's format fixes what a checkpoint stores, the config-only list must be that
+# list to the byte: names, dtypes, shapes and bytes. Each test below writes the tensors a
+# real exporter writes (the exporter and the format named at each) into a safetensors file
+# and reads them back from that file's own header, bytes from its data offsets; the layout
+# is computed here from the format's definition, never from the code under test.
+
+
+ST_DTYPE = {"uint8": "U8", "int32": "I32", "int64": "I64", "float16": "F16", "bfloat16": "BF16",
+            "float32": "F32", "float8_e4m3fn": "F8_E4M3"}
+
+
+def exported(tmp_path, layout):
+    """``layout`` (name -> (torch dtype, shape)) saved as an exporter saves it, and read back
+    from the file's header: name -> (dtype, shape, bytes the file gives its data)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.safetensors"
+    save_file({n: torch.zeros(shape, dtype=getattr(torch, dt)) for n, (dt, shape) in layout.items()}, str(path))
+    raw = path.read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    header.pop("__metadata__", None)
+    assert {n: ST_DTYPE[dt] for n, (dt, _) in layout.items()} == {n: e["dtype"] for n, e in header.items()}
+    return {n: (e["dtype"], tuple(e["shape"]), e["data_offsets"][1] - e["data_offsets"][0])
+            for n, e in header.items()}
+
+
+def planned(cfg, params, dtype="BF16"):
+    """The config-only tensors of ``params`` (name -> (shape, kind) or (shape, kind, transposed))."""
+    s = scheme(cfg)
+    out = {}
+    for name, (shape, kind, *transposed) in params.items():
+        for t in quantized_tensors(s, name, shape, dtype, kind, transposed=bool(transposed and transposed[0])):
+            out[t.name] = (t.dtype, t.shape, t.nbytes)
+    return out
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+LAYER = "model.layers.0."
+Q, O = LAYER + "self_attn.q_proj", LAYER + "mlp.down_proj"
+LINEARS = {Q + ".weight": ((384, 256), "linear"), O + ".weight": ((320, 384), "linear")}
+
+# OCP Microscaling Formats (MX) v1.0: a block of k = 32 elements shares one E8M0 scale (a
+# byte); an MXFP4 element is E2M1, 4 bits, so two share a byte.
+MX_K, E2M1_BITS = 32, 4
+
+
+def test_mxfp4_gpt_oss_experts_are_to_the_byte_what_gpt_oss_ships(tmp_path):
+    # gpt-oss as OpenAI published it (openai/gpt-oss-20b and -120b shards; transformers'
+    # Mxfp4GptOssExperts declares the same): per layer and projection, every expert's
+    # [out, in] matrix as <proj>_blocks U8 [experts, out, in/32, 16] and <proj>_scales U8
+    # [experts, out, in/32]. gate_up_proj is [2 * intermediate, hidden], down_proj
+    # [hidden, intermediate]; transformers builds both transposed ([experts, in, out]).
+    experts, hidden, inter = 4, 96, 64
+    block_bytes = MX_K * E2M1_BITS // 8
+    x = LAYER + "mlp.experts."
+    layout = {
+        x + "gate_up_proj_blocks": ("uint8", (experts, 2 * inter, hidden // MX_K, block_bytes)),
+        x + "gate_up_proj_scales": ("uint8", (experts, 2 * inter, hidden // MX_K)),
+        x + "down_proj_blocks": ("uint8", (experts, hidden, inter // MX_K, block_bytes)),
+        x + "down_proj_scales": ("uint8", (experts, hidden, inter // MX_K)),
+    }
+    params = {x + "gate_up_proj": ((experts, hidden, 2 * inter), "experts", True),
+              x + "down_proj": ((experts, inter, hidden), "experts", True)}
+    assert planned(MXFP4, params) == exported(tmp_path, layout)
+
+
+def test_mxfp4_config_only_gpt_oss_experts_are_what_gpt_oss_ships(tmp_path):
+    # The same layout reached the way a plan reaches it: transformers' own gpt-oss model
+    # built from a config.json (its experts transposed), with the bf16 expert biases the
+    # shipped checkpoint keeps beside the blocks ([experts, 2 * intermediate], [experts, hidden]).
+    transformers = pytest.importorskip("transformers")
+    from helpers import write_config
+    from selective_offload.checkpoint import load_checkpoint
+
+    experts, hidden, inter = 4, 96, 64
+    config = transformers.GptOssConfig(num_hidden_layers=1, num_local_experts=experts, num_experts_per_tok=2,
+                                       hidden_size=hidden, intermediate_size=inter, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=24, vocab_size=128)
+    path = write_config(tmp_path, config, "GptOssForCausalLM", quantization_config=MXFP4)
+    x = LAYER + "mlp.experts."
+    mine = {n: (t.dtype, t.shape, t.nbytes) for n, t in load_checkpoint(path).tensors.items() if n.startswith(x)}
+    block_bytes = MX_K * E2M1_BITS // 8
+    shipped = exported(tmp_path, {
+        x + "gate_up_proj_blocks": ("uint8", (experts, 2 * inter, hidden // MX_K, block_bytes)),
+        x + "gate_up_proj_scales": ("uint8", (experts, 2 * inter, hidden // MX_K)),
+        x + "gate_up_proj_bias": ("bfloat16", (experts, 2 * inter)),
+        x + "down_proj_blocks": ("uint8", (experts, hidden, inter // MX_K, block_bytes)),
+        x + "down_proj_scales": ("uint8", (experts, hidden, inter // MX_K)),
+        x + "down_proj_bias": ("bfloat16", (experts, hidden)),
+    })
+    assert mine == shipped
+
+
+def test_block_fp8_is_to_the_byte_what_deepseek_style_checkpoints_store(tmp_path):
+    # DeepSeek-V3 and Qwen3-*-FP8 (`weight_block_size: [128, 128]`; transformers' FP8Linear
+    # declares the same): weight F8_E4M3 [out, in]; weight_scale_inv F32, one per 128 x 128
+    # block, the last row and column of blocks partial: [ceil(out/128), ceil(in/128)]
+    # (DeepSeek-V3's kv_a_proj_with_mqa has 576 outputs: 4.5 blocks, stored as 5).
+    params = {LAYER + "self_attn.kv_a_proj_with_mqa.weight": ((576, 256), "linear"),
+              O + ".weight": ((300, 200), "linear")}
+    layout = {}
+    for name, ((out, inp), _) in params.items():
+        module = name.removesuffix(".weight")
+        layout[module + ".weight"] = ("float8_e4m3fn", (out, inp))
+        layout[module + ".weight_scale_inv"] = ("float32", (ceil_div(out, 128), ceil_div(inp, 128)))
+    assert planned(FP8_BLOCK, params) == exported(tmp_path, layout)
+
+
+@pytest.mark.parametrize("cfg", [
+    NVFP4,
+    {"quant_method": "modelopt", "quant_algo": "NVFP4"},  # no group_size: the format's 16
+    {"quant_method": "modelopt_fp4"},
+], ids=["group-16", "no-group-size", "modelopt_fp4"])
+def test_nvfp4_is_to_the_byte_what_modelopt_exports(tmp_path, cfg):
+    # NVIDIA ModelOpt's NVFP4 export (nvidia/*-FP4 checkpoints; vLLM's ModelOpt NVFP4 linear
+    # method loads them, defaulting group_size to 16): E2M1 two a byte, weight U8 [out, in/2];
+    # one E4M3 scale per 16 elements, weight_scale F8_E4M3 [out, in/16]; the FP32 per-tensor
+    # weight_scale_2 and input_scale are 0-d.
+    layout = {}
+    for module, ((out, inp), _) in zip((Q, O), LINEARS.values()):
+        layout[module + ".weight"] = ("uint8", (out, inp * E2M1_BITS // 8))
+        layout[module + ".weight_scale"] = ("float8_e4m3fn", (out, inp // 16))
+        layout[module + ".weight_scale_2"] = ("float32", ())
+        layout[module + ".input_scale"] = ("float32", ())
+    assert planned(cfg, LINEARS) == exported(tmp_path, layout)
+
+
+def test_modelopt_fp8_is_to_the_byte_what_modelopt_exports(tmp_path):
+    # ModelOpt's per-tensor FP8 export (nvidia/Llama-3.1-8B-Instruct-FP8 and the like): weight
+    # F8_E4M3 [out, in] with 0-d F32 weight_scale and input_scale (static activation scales).
+    layout = {}
+    for module, ((out, inp), _) in zip((Q, O), LINEARS.values()):
+        layout[module + ".weight"] = ("float8_e4m3fn", (out, inp))
+        layout[module + ".weight_scale"] = ("float32", ())
+        layout[module + ".input_scale"] = ("float32", ())
+    cfg = {"quant_method": "modelopt", "quant_algo": "FP8", "exclude_modules": ["lm_head"]}
+    assert planned(cfg, LINEARS) == exported(tmp_path, layout)
+
+
+def test_modelopt_mxfp8_is_to_the_byte_what_the_mx_format_stores(tmp_path):
+    # ModelOpt MXFP8 (vLLM's ModelOpt MXFP8 method, block 1 x 32): weight F8_E4M3 [out, in];
+    # one E8M0 scale byte per 32 elements of a row, weight_scale U8 [out, in/32].
+    params = {Q + ".weight": ((384, 256), "linear"), O + ".weight": ((288, 96), "linear")}
+    layout = {}
+    for name, ((out, inp), _) in params.items():
+        module = name.removesuffix(".weight")
+        layout[module + ".weight"] = ("float8_e4m3fn", (out, inp))
+        layout[module + ".weight_scale"] = ("uint8", (out, inp // MX_K))
+    assert planned({"quant_method": "modelopt", "quant_algo": "MXFP8"}, params) == exported(tmp_path, layout)
+
+
+# int4 packed into int32: eight values a word.
+INT4_PER_I32 = 32 // 4
+
+
+def test_gptq_int4_is_to_the_byte_what_autogptq_writes(tmp_path):
+    # AutoGPTQ / GPTQModel QuantLinear (vLLM's GPTQ linear method loads the same): qweight I32
+    # [in/8, out] (packed along the input), qzeros I32 [in/group, out/8] (packed along the
+    # output), scales F16 [in/group, out], g_idx I32 [in].
+    params = {Q + ".weight": ((384, 256), "linear"), O + ".weight": ((512, 384), "linear")}
+    layout = {}
+    for name, ((out, inp), _) in params.items():
+        module = name.removesuffix(".weight")
+        layout[module + ".qweight"] = ("int32", (inp // INT4_PER_I32, out))
+        layout[module + ".qzeros"] = ("int32", (inp // 128, out // INT4_PER_I32))
+        layout[module + ".scales"] = ("float16", (inp // 128, out))
+        layout[module + ".g_idx"] = ("int32", (inp,))
+    assert planned(GPTQ, params) == exported(tmp_path, layout)
+
+
+def test_awq_int4_is_to_the_byte_what_autoawq_writes(tmp_path):
+    # AutoAWQ WQLinear_GEMM (`version: gemm`; vLLM's AWQ linear method loads the same):
+    # qweight I32 [in, out/8] and qzeros I32 [in/group, out/8], both packed along the output,
+    # scales F16 [in/group, out].
+    params = {Q + ".weight": ((384, 256), "linear"), O + ".weight": ((512, 384), "linear")}
+    layout = {}
+    for name, ((out, inp), _) in params.items():
+        module = name.removesuffix(".weight")
+        layout[module + ".qweight"] = ("int32", (inp, out // INT4_PER_I32))
+        layout[module + ".qzeros"] = ("int32", (inp // 128, out // INT4_PER_I32))
+        layout[module + ".scales"] = ("float16", (inp // 128, out))
+    assert planned(AWQ, params) == exported(tmp_path, layout)
+
+
+CT_PACKED = {
+    # llm-compressor's presets, as its config.json states them.
+    "W4A16": ct({"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128},
+                fmt="pack-quantized"),
+    "W4A16_ASYM": ct({"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
+                      "group_size": 128}, fmt="pack-quantized"),
+    "W8A16": ct({"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+                fmt="pack-quantized"),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(CT_PACKED))
+def test_ct_pack_quantized_is_to_the_byte_what_llm_compressor_writes(tmp_path, preset):
+    # compressed-tensors' pack-quantized format (PackedQuantizationCompressor, what
+    # llm-compressor saves): int values packed into int32 along the input, 32/bits a word,
+    # weight_packed I32 [out, in/(32/bits)]; weight_scale in the model's dtype (BF16), per
+    # group [out, in/group] or per channel [out, 1]; the original shape as weight_shape I64
+    # [2]; asymmetric zero points I32, packed along the output: [out/(32/bits), in/group].
+    weights = CT_PACKED[preset]["config_groups"]["group_0"]["weights"]
+    per_word = 32 // weights["num_bits"]
+    layout = {}
+    for module, ((out, inp), _) in zip((Q, O), LINEARS.values()):
+        groups = ceil_div(inp, weights["group_size"]) if weights["strategy"] == "group" else 1
+        layout[module + ".weight_packed"] = ("int32", (out, ceil_div(inp, per_word)))
+        layout[module + ".weight_scale"] = ("bfloat16", (out, groups))
+        layout[module + ".weight_shape"] = ("int64", (2,))
+        if not weights["symmetric"]:
+            layout[module + ".weight_zero_point"] = ("int32", (ceil_div(out, per_word), groups))
+    assert planned(CT_PACKED[preset], LINEARS) == exported(tmp_path, layout)
