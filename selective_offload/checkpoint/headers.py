@@ -1,0 +1,189 @@
+"""Safetensors shards read by their headers alone: a directory, an index, one shard.
+
+The planner needs each tensor's name and byte size, which a shard's header holds (8 bytes
+of length and a few KB of JSON); tensor data is never read, so a large checkpoint is read
+in milliseconds and shards whose data has not been downloaded yet still plan (they are
+recorded as incomplete: fine to plan, not to load). Every header entry is checked as
+safetensors checks it (typed fields, whole bytes, a byte span that matches the shape and
+dtype, spans that tile the data with no gap or overlap), so a corrupt shard is refused
+here, naming the file, and not in the middle of a vLLM load. :func:`tensor_entry` is the
+entry check; the hub reader (:mod:`.hub`) applies it to headers read over HTTP.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+from .. import jsonio
+from ..errors import CheckpointError
+from ..tensors import DTYPE_BITS, MAX_DIM, TensorInfo, check_shape, tensor_nbytes
+from .base import Checkpoint, read_json
+
+INDEX_NAME = "model.safetensors.index.json"
+#: A header larger than this is not a safetensors header (the format caps it at 100 MB).
+MAX_HEADER_BYTES = 100_000_000
+
+
+def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
+    """The raw JSON header of a shard, its length and the file size: 8 + header bytes read."""
+    where = f"{path}: "
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(
+                    f"{where}file is {size} bytes, too short for a safetensors header; "
+                    "the download is incomplete: fetch the shard again"
+                )
+            (header_len,) = struct.unpack("<Q", head)
+            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+                raise CheckpointError(
+                    f"{where}header length {header_len} runs past the end of the "
+                    f"{size}-byte file; the shard is truncated or not safetensors: fetch it again"
+                )
+            # mutation: header-read-all, header-read-builtin
+            return f.read(header_len), header_len, size
+    except OSError as exc:
+        raise CheckpointError(f"{where}cannot read: {exc.strerror or exc}") from None
+
+
+def tensor_entry(name: str, entry: Any, where: str, path: Path) -> tuple[TensorInfo, int, int]:
+    """One header entry as a :class:`TensorInfo`, with its data span checked against its
+    size, as safetensors checks it (typed fields, whole bytes)."""
+    at = f"{where}tensor {name[:80]!r}: "
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or "dtype" not in entry or "shape" not in entry or not (
+            isinstance(offsets, list) and len(offsets) == 2 and all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_DIM for x in offsets)):
+        raise CheckpointError(
+            f"{where}tensor {name[:80]!r} lacks a valid dtype, shape or data_offsets; "
+            "the shard is corrupt: fetch it again"
+        )
+    dtype = entry["dtype"]
+    shape = check_shape(entry["shape"], at)
+    begin, end = offsets
+    expected = tensor_nbytes(dtype, shape, where=at)
+    if math.prod(shape) * DTYPE_BITS[dtype] % 8:
+        raise CheckpointError(f"{at}{math.prod(shape)} elements of {dtype} are not a whole number of bytes, which "
+                              "safetensors refuses; the shard is corrupt")
+    if end < begin or end - begin != expected:
+        raise CheckpointError(
+            f"{where}tensor {name!r} has data_offsets [{begin}, {end}] but its shape "
+            f"{list(shape)} and dtype {dtype} need {expected} bytes; the shard is corrupt"
+        )
+    return TensorInfo(name, dtype, shape, expected, str(path)), begin, end
+
+
+def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], bool]:
+    """Read one shard's header; return its tensors and whether all their data is present.
+
+    Reads the 8-byte length and the JSON header, nothing else. Raises
+    :class:`CheckpointError` naming the file for a truncated or corrupt header.
+    """
+    path = Path(path)
+    where = f"{path}: "
+    raw, header_len, size = _read_header_bytes(path)
+    try:
+        header = jsonio.parse(raw)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"{where}header is not valid JSON ({exc}); the shard is corrupt: fetch it again"
+        ) from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where}header is not a JSON object; the shard is corrupt")
+
+    tensors: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        if name != "__metadata__":
+            tensors[name], begin, end = tensor_entry(name, entry, where, path)
+            spans.append((begin, end, name))
+    data_end = check_spans(spans, where)
+    available = size - 8 - header_len
+    if data_end < available:
+        raise CheckpointError(f"{where}{available - data_end} bytes follow the last tensor's data, which safetensors "
+                              "refuses (the header does not describe the file); the shard is corrupt: fetch it again")
+    return tensors, data_end <= available
+
+
+def check_spans(spans: list[tuple[int, int, str]], where: str) -> int:
+    """The tensors' data spans tile the data from byte 0 with no gap and no overlap, as
+    safetensors requires (sorted by offsets, each begins where the last ended: an overlap
+    hidden behind a zero-size tensor is caught too). Returns where the data ends."""
+    start, previous = 0, None
+    for begin, end, name in sorted(spans):
+        # mutation: spans-not-contiguous
+        if begin != start:
+            what = (f"overlaps {previous!r}, which ends at {start}" if begin < start and previous is not None
+                    else f"leaves a gap: the data before it ends at {start}")
+            raise CheckpointError(f"{where}tensor {name[:80]!r} at [{begin}, {end}] {what}; safetensors refuses "
+                                  "tensors that do not follow each other; the shard is corrupt: fetch it again")
+        start, previous = end, name
+    return start
+
+
+def read_safetensors_dir(directory: str | os.PathLike) -> Checkpoint:
+    """Read every shard header of a checkpoint directory, and its ``config.json``."""
+    directory = Path(directory)
+    index_path = directory / INDEX_NAME
+    weight_map: dict[str, str] | None = None
+    if index_path.is_file():
+        index = read_json(index_path, "the shard index")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index_path}: has no 'weight_map' object; fix or re-fetch it")
+        shard_names = sorted(set(weight_map.values()))
+        missing = [s for s in shard_names if not (directory / s).is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{index_path}: names {len(missing)} shard(s) that are not in {directory} "
+                f"(first: {missing[0]}); finish the download"
+            )
+        shards = [directory / s for s in shard_names]
+    else:
+        shards = sorted(directory.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(
+            f"{directory}: no *.safetensors shards here; point at a checkpoint directory, "
+            "a manifest (.json) or a config.json"
+        )
+
+    tensors: dict[str, TensorInfo] = {}
+    incomplete: list[str] = []
+    for shard in shards:
+        shard_tensors, complete = read_shard_header(shard)
+        for name, info in shard_tensors.items():
+            if name in tensors:
+                raise CheckpointError(
+                    f"{shard}: tensor {name!r} is also in {tensors[name].shard}; "
+                    "the checkpoint mixes two downloads: remove the stray shard"
+                )
+            tensors[name] = info
+        if not complete:
+            incomplete.append(str(shard))
+    if weight_map is not None:
+        for name, shard_name in weight_map.items():
+            info = tensors.get(name)
+            if info is None or Path(info.shard).name != shard_name:
+                raise CheckpointError(
+                    f"{index_path}: maps {name!r} to {shard_name}, but that shard's header "
+                    "does not hold it; the index and shards disagree: re-fetch them"
+                )
+
+    config_path = directory / "config.json"
+    config = read_json(config_path, "config.json") if config_path.is_file() else {}
+    return Checkpoint(str(directory), "safetensors", tensors, config, incomplete)
+
+
+def read_safetensors_file(path: str | os.PathLike) -> Checkpoint:
+    """Read one ``.safetensors`` shard given by itself, and the ``config.json`` beside it."""
+    path = Path(path)
+    tensors, complete = read_shard_header(path)
+    config_path = path.parent / "config.json"
+    config = read_json(config_path, "config.json") if config_path.is_file() else {}
+    return Checkpoint(str(path), "safetensors", tensors, config, [] if complete else [str(path)])
