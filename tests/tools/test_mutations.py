@@ -27,3 +27,14 @@ def test_each_mutation_finds_its_marker_and_text_once(name):
 
 def test_every_marker_names_a_known_mutation():
     assert sorted(set(FOUND) - set(MUTATIONS)) == []
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_each_mutation_names_tests_that_exist(name):
+    tests = MUTATIONS[name][2]
+    assert tests, f"{name}: names no test that catches it"
+    for node in tests:
+        path, _, function = node.partition("::")
+        source = REPO / path
+        assert source.is_file(), f"{name}: {path} does not exist"
+        assert not function or f"def {function}(" in source.read_text(), f"{name}: {node} does not exist"
