@@ -6,7 +6,8 @@ experts), the routed experts of one MoE layer, one cold module, or one other mod
 gets a class (hot, cold, absent) and the bytes a text decode step reads from it (est), in
 model order. :mod:`.placement` then decides where each group goes; the model check
 (:mod:`selective_offload.model_match`) regroups a checkpoint the same way, and compares
-:func:`model_fingerprint` and :func:`group_signature`, to tell whether a plan was made for it.
+:func:`model_fingerprint` and each group's :func:`group_signature`, to tell whether a plan was
+made for it.
 """
 
 from __future__ import annotations
