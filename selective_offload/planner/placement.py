@@ -1,0 +1,182 @@
+"""Step two of planning: where each group goes, cold bytes to the host first, hot ones last.
+
+A decode step reads every resident weight once, so each hot byte kept on the host crosses
+the link every step; cold groups (:mod:`.grouping` says which) cost nothing there. So the
+cold set goes first (:func:`place_cold`), and only the rest of the deficit is closed from a
+menu per decoder layer (:func:`place_hot`): resident, a MoE layer's routed experts read in
+place through UVA, or the whole layer through the prefetch offloader. What a placement costs
+the device besides its resident bytes (prefetch buffers, a cold tower's transient) and the
+host (its shortfall) is counted here too, as is the strategy it amounts to.
+
+Placing never prices a step itself: :func:`place_hot` is handed the step model by
+:mod:`.make`, which composes grouping, placement, the vLLM baselines and the notes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..estimate import expert_read_fraction
+from ..names import EMBED_SEGMENTS, has_segment
+from ..plan import HOST_PLACEMENTS, LAYER_KINDS, GroupClass, GroupKind, Placement, PlanInputs, Strategy
+from .grouping import Group
+
+
+def _spread(count: int, total: int) -> list[int]:
+    """``count`` layer indices out of ``total``, evenly spaced and ending at the last one.
+
+    Spacing them out leaves resident layers between two offloaded ones, whose compute the
+    prefetch of the next offloaded layer can hide behind.
+    """
+    return sorted({(k + 1) * total // count - 1 for k in range(count)}) if count else []
+
+
+@dataclass
+class Placing:
+    """The placement being built: group name -> placement, and what it costs the device."""
+
+    groups: list[Group]
+    budget: int
+    where: dict[str, Placement] = field(default_factory=dict)
+    transient: int = 0
+    buffers: int = 0
+
+    def __post_init__(self) -> None:
+        self.where = {g.name: Placement.ABSENT if g.cls == GroupClass.ABSENT else
+                      Placement.HOST_COLD if g.vllm_host else Placement.DEVICE for g in self.groups}
+
+    def over_budget(self) -> int:
+        """Device bytes (resident, tower transient, prefetch buffers) above the budget."""
+        device = sum(g.nbytes for g in self.groups if self.where[g.name] == Placement.DEVICE)
+        return device + self.transient + self.buffers - self.budget
+
+
+def place_cold(p: Placing, inputs: PlanInputs) -> None:
+    """Cold modules to the host, largest first, until the deficit closes (or all of them)."""
+    for g in sorted((g for g in p.groups if g.cls == GroupClass.COLD and not g.vllm_host), key=lambda g: -g.nbytes):
+        if p.over_budget() <= 0 and not inputs.all_cold:
+            break
+        p.where[g.name] = Placement.HOST_COLD
+        p.transient = max(p.transient, tower_transient_bytes(g))
+
+
+def tower_transient_bytes(g: Group) -> int:
+    """Device bytes a cold group on the host holds while it runs: the on-demand wrapper
+    holds about two blocks and the non-block rest of a tower (the whole of a tower without
+    blocks); an embedding is gathered row by row and holds nothing, and so is an n-gram
+    table vLLM keeps on the host itself."""
+    if g.vllm_host:
+        return 0
+    if g.largest_block_bytes:
+        return 2 * g.largest_block_bytes + g.non_block_bytes
+    return 0 if has_segment(g.name, EMBED_SEGMENTS) else g.nbytes
+
+
+def prefetch_buffer_bytes(layers: list[Group], prefetch_step: int) -> int:
+    """vLLM's prefetch offloader keeps ``prefetch_step`` static device slots per parameter
+    *name*, each as large as that parameter's largest offloaded copy. In a uniform stack
+    that is the largest layer; a hybrid stack (linear- and full-attention layers, as
+    Qwen3.5's) needs slots for the union of both kinds' parameters."""
+    largest: dict[str, int] = {}
+    for g in layers:
+        for name, nbytes in (g.param_bytes or {"": g.nbytes}).items():
+            largest[name] = max(largest.get(name, 0), nbytes)
+    # mutation: hybrid-buffers-largest-only
+    return prefetch_step * sum(largest.values())
+
+
+def _layer_units(groups: list[Group]) -> list[list[Group]]:
+    """Decoder layers in stack order, each with its routed-experts group (if any): what the
+    prefetch offloader copies as one."""
+    by_index: dict[int, list[Group]] = {}
+    for g in groups:
+        if g.kind in LAYER_KINDS:
+            by_index.setdefault(g.layer_index, []).append(g)
+    return [sorted(by_index[i], key=lambda g: g.kind != GroupKind.LAYER) for i in sorted(by_index)
+            if any(g.kind == GroupKind.LAYER for g in by_index[i])]
+
+
+def _prefetch_fewest(p: Placing, units: list[list[Group]], inputs: PlanInputs) -> list[int]:
+    """The fewest spread-out decoder layers of ``units`` that close the rest of the deficit
+    (all of them when none do: the plan is then infeasible), net of the prefetch buffers
+    they need. A layer goes whole: the offloader copies its routed experts with it."""
+    p.buffers = 0
+    remaining = p.over_budget()
+    if remaining <= 0 or not units:
+        return []
+    buffers = prefetch_buffer_bytes([g for unit in units for g in unit], inputs.prefetch_step)
+    chosen = next((c for c in (_spread(n, len(units)) for n in range(1, len(units) + 1))
+                   if sum(g.nbytes for i in c for g in units[i]) - buffers >= remaining),
+                  list(range(len(units))))
+    for i in chosen:
+        # mutation: prefetch-leaves-experts
+        for g in units[i]:
+            p.where[g.name] = Placement.HOST_HOT
+    # The candidates' buffers decided how many layers go (never fewer than needed); the
+    # plan states what vLLM will allocate: slots for the chosen layers' parameters.
+    p.buffers = prefetch_buffer_bytes([g for i in chosen for g in units[i]], inputs.prefetch_step)
+    return [units[i][0].layer_index for i in chosen]
+
+
+def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float], tokens: int) -> list[int]:
+    """Close the rest of the deficit (after the cold set) at the least est step time.
+
+    The menu, per decoder layer: resident; a MoE layer's routed experts in host memory,
+    read in place through UVA (a step pays, in line, the read fraction of their bytes over
+    the link instead of from VRAM); or the whole layer, experts included, through the
+    prefetch offloader (every byte crosses the link each step, overlapped with the compute
+    of the layers before it, plus device buffers of a layer's size).
+
+    Why this search finds the cheapest combination the menu allows (under the step model):
+    a UVA read costs the same per byte wherever it sits in the stack (it is paid in line,
+    so order does not matter) and is cheapest per byte for the layers with the smallest
+    read fraction, so for a given number ``n`` of UVA layers the best choice is the ``n``
+    with the smallest fraction (largest first among equals, to free the most); prefetching
+    then takes the fewest spread-out layers of the rest, as for a dense model. Each ``n``
+    from 0 to every MoE layer is priced with the whole step model (``step_s``), and the
+    fastest placement that fits wins (the one with the smallest shortfall when none fits).
+    Once experts alone close the deficit, more of them only add link time: the search stops.
+    ``tokens``: the tokens one step serves (batch x tokens verified per sequence).
+    """
+    units = _layer_units(p.groups)
+    if p.over_budget() <= 0 or not units:
+        return []
+    moe = sorted((u for u in units if len(u) > 1),
+                 key=lambda u: (expert_read_fraction(u[1].num_experts, u[1].experts_per_token, tokens),
+                                -u[1].nbytes, u[0].layer_index))
+    start = dict(p.where)
+    best: tuple[tuple, dict[str, Placement], int, list[int]] | None = None
+    for n in range(len(moe) + 1):
+        p.where = dict(start)
+        # mutation: uva-not-in-menu
+        for unit in moe[:n]:
+            p.where[unit[1].name] = Placement.HOST_UVA
+        uva = {u[0].layer_index for u in moe[:n]}
+        hot = _prefetch_fewest(p, [u for u in units if u[0].layer_index not in uva], inputs)
+        over = p.over_budget()
+        key = (over > 0, max(over, 0), step_s(p) if over <= 0 else 0.0, n)
+        if best is None or key < best[0]:
+            best = (key, dict(p.where), p.buffers, hot)
+        if over <= 0 and not hot:
+            break
+    _, p.where, p.buffers, hot = best
+    return hot
+
+
+def host_bytes(p: Placing) -> int:
+    return sum(g.nbytes for g in p.groups if p.where[g.name] in HOST_PLACEMENTS)
+
+
+def host_shortfall(p: Placing, inputs: PlanInputs) -> int:
+    return 0 if inputs.host_memory_bytes is None else max(0, host_bytes(p) - inputs.host_memory_bytes)
+
+
+def strategy_of(p: Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
+    if p.over_budget() > 0 or host_shortfall(p, inputs):
+        return Strategy.INFEASIBLE
+    if hot or any(w == Placement.HOST_UVA for w in p.where.values()):  # hot bytes on the host
+        return Strategy.HOT_OFFLOAD
+    if any(w == Placement.HOST_COLD for w in p.where.values()):
+        return Strategy.COLD_OFFLOAD
+    return Strategy.RESIDENT
