@@ -39,7 +39,7 @@ MUTATIONS = {
  'layer-index-vs-name-unchecked': ('        elif self.layer_index is not None and (layer is None or layer[1] != self.layer_index):', '        elif False:', []),
  'prefetch-buffers-trusted': ('        if stated is not None and not low <= stated <= high and (stated or self.hot_layer_indices):', '        if False:', []),
  'transient-trusted': ('        if transient > limit or (limit and not transient):', '        if False:', []),
- 'plan-int-unbounded': ('                or abs(value) > MAX_PLAN_INT):', '                or False):', []),
+ 'plan-int-unbounded': ('                or abs(value) > self.max_int):', '                or False):', []),
  'plan-object-unchecked': ('        return Plan.checked(plan)', '        plan.validate()\n        return plan', []),
  'truncated-shard-enabled': ('        require_complete(checkpoint)\n', '', []),
  'relative-model-source': ('        source = os.path.abspath(source)', '        source = source', []),

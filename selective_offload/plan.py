@@ -40,6 +40,7 @@ from typing import Any, Mapping
 
 from . import jsonio
 from .errors import PlanError
+from .jsonio import FieldReader
 from .estimate import (
     DEFAULT_ACCEPT_RATE,
     DEFAULT_UVA_READ_FACTOR,
@@ -181,110 +182,16 @@ PARTIAL_READ_KINDS: frozenset[GroupKind] = frozenset({GroupKind.EXPERTS})
 # --------------------------------------------------------------------------- field reading
 
 
-class _Reader:
-    """Typed access to one JSON object of a plan; every failure is one :class:`PlanError`
-    line naming the file, the field and the fix."""
-
-    def __init__(self, data: Any, where: str, path: str, context: str = "") -> None:
-        self.where, self.path, self.context = where, path, context
-        if not isinstance(data, Mapping):
-            self.fail(f"must be an object, not {_json_type(data)}")
-        self.data = data
-        self.seen: set[str] = set()
-
-    def fail(self, problem: str, fix: str = REPLAN) -> None:
-        at = f"{self.path} ({self.context})" if self.context else self.path
-        raise PlanError(f"{self.where}: {at}: {problem}; {fix}")
-
-    def child(self, key: str) -> "_Reader":
-        return _Reader(self.raw(key), self.where, f"{self.path}.{key}" if self.path else key)
-
-    def raw(self, key: str, default: Any = ..., *, optional: bool = False) -> Any:
-        self.seen.add(key)
-        if key not in self.data:
-            if default is not ... or optional:
-                return None if default is ... else default
-            raise PlanError(f"{self.where}: {self._name(key)} is missing; {REPLAN}")
-        return self.data[key]
-
-    def _name(self, key: str) -> str:
-        name = f"{self.path}.{key}" if self.path else key
-        return f"{name} of {self.context}" if self.context else name
-
-    def _bad(self, key: str, value: Any, wanted: str, fix: str = REPLAN) -> None:
-        raise PlanError(f"{self.where}: {self._name(key)} is {json.dumps(value)[:60]}, "
-                        f"but must be {wanted}; {fix}")
-
-    def int(self, key: str, *, minimum: int | None = 0, default: Any = ..., optional: bool = False) -> int | None:
-        value = self.raw(key, default, optional=optional)
-        if value is None and (optional or default is None):
-            return None
-        if (isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum)
-                # mutation: plan-int-unbounded
-                or abs(value) > MAX_PLAN_INT):
-            self._bad(key, value, "an integer" + (f" >= {minimum}" if minimum is not None else "")
-                      + f" and at most {MAX_PLAN_INT}")
-        return value
-
-    def number(self, key: str, *, positive: bool, default: Any = ..., optional: bool = False) -> float | None:
-        value = self.raw(key, default, optional=optional)
-        if value is None and (optional or default is None):
-            return None
-        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and _finite(value)
-              and (value > 0 if positive else value >= 0))
-        if not ok:
-            self._bad(key, value, "a finite number " + ("> 0" if positive else ">= 0")
-                      + f" and at most {MAX_PLAN_NUMBER:g}")
-        return float(value)
-
-    def str(self, key: str, *, default: Any = ..., nonempty: bool = False) -> str:
-        value = self.raw(key, default)
-        if not isinstance(value, str) or (nonempty and not value):
-            self._bad(key, value, "a non-empty string" if nonempty else "a string")
-        return value
-
-    def bool(self, key: str, *, default: Any = ...) -> bool:
-        value = self.raw(key, default)
-        if not isinstance(value, bool):
-            self._bad(key, value, "true or false")
-        return value
-
-    def choice(self, key: str, enum: type[_Choice], *, default: Any = ...) -> Any:
-        value = self.raw(key, default)
-        if value not in enum.values():
-            self._bad(key, value, "one of " + ", ".join(enum.values()),
-                      fix="fix the spelling or " + REPLAN)
-        return enum(value)
-
-    def str_list(self, key: str, *, default: Any = ...) -> tuple[str, ...]:
-        value = self.raw(key, default)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            self._bad(key, value, "a list of strings")
-        return tuple(value)
-
-    def unknown(self) -> list[str]:
-        """Notes for fields this version does not know (tolerated)."""
-        return [f"{self.where}: field {self._name(k)!r} is not known to this selective-offload "
-                "and was ignored" for k in self.data if k not in self.seen]
-
-
-def _finite(value: Any) -> bool:
-    """A number a plan can hold: finite and within :data:`MAX_PLAN_NUMBER` (a huge integer
-    would overflow the float arithmetic of the estimates)."""
-    try:
-        return math.isfinite(value) and abs(value) <= MAX_PLAN_NUMBER
-    except (TypeError, OverflowError):
-        return False
+def _reader(data: Any, where: str, path: str = "") -> FieldReader:
+    """The typed reader of one JSON object of a plan: its errors are :class:`PlanError`
+    and say how to re-plan; integers and numbers are bounded as a plan's are."""
+    return FieldReader(data, where, path, error=PlanError, fix=REPLAN, max_int=MAX_PLAN_INT,
+                       max_number=MAX_PLAN_NUMBER)
 
 
 def _int_list(value: Any, limit: int = MAX_PLAN_INT) -> bool:
     return isinstance(value, list) and all(
         isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= limit for i in value)
-
-
-def _json_type(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(value), "a number")
 
 
 def format_version(data: Any, where: str) -> int:
@@ -443,7 +350,8 @@ class PlanInputs:
                 if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PLAN_INT:
                     raise PlanError(f"{f.name} {value!r} must be an integer of at most {MAX_PLAN_INT}")
             elif f.type in ("float", "float | None"):
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+                if (isinstance(value, bool) or not isinstance(value, (int, float))
+                        or not jsonio.finite_number(value, MAX_PLAN_NUMBER)):
                     raise PlanError(f"{f.name} {value!r} must be a finite number")
             elif f.type == "bool" and not isinstance(value, bool):
                 raise PlanError(f"{f.name} {value!r} must be True or False")
@@ -456,10 +364,10 @@ class PlanInputs:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
     @classmethod
-    def read(cls, r: _Reader) -> tuple["PlanInputs", list[str]]:
+    def read(cls, r: FieldReader) -> tuple["PlanInputs", list[str]]:
         speculative = r.raw("speculative", None)
         if speculative not in (None, "mtp"):
-            r._bad("speculative", speculative, "null or \"mtp\"")
+            r.bad("speculative", speculative, "null or \"mtp\"")
         inputs = cls(
             device_memory_bytes=r.int("device_memory_bytes", minimum=1),
             kv_cache_bytes=r.int("kv_cache_bytes"),
@@ -543,7 +451,7 @@ class GroupPlan:
         return out
 
     @classmethod
-    def read(cls, r: _Reader, version: int) -> tuple["GroupPlan", list[str]]:
+    def read(cls, r: FieldReader, version: int) -> tuple["GroupPlan", list[str]]:
         name = r.str("group", nonempty=True)
         r.context = f"group {name}"
         kind = r.choice("kind", GroupKind)
@@ -562,10 +470,10 @@ class GroupPlan:
         if not isinstance(dtype_bytes, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
                 for k, v in dtype_bytes.items()):
-            r._bad("dtype_bytes", dtype_bytes, "an object of dtype -> bytes (integers >= 0)")
+            r.bad("dtype_bytes", dtype_bytes, "an object of dtype -> bytes (integers >= 0)")
         digest = r.raw("shapes_digest", None)
         if digest is not None and not isinstance(digest, str):
-            r._bad("shapes_digest", digest, "a string or null")
+            r.bad("shapes_digest", digest, "a string or null")
         group = cls(
             group=name, kind=kind, cls=r.choice("cls", GroupClass), placement=r.choice("placement", Placement),
             reason=r.str("reason", default=""), bytes=r.int("bytes"), layer_index=layer_index,
@@ -656,12 +564,13 @@ class Estimate:
         return cls(**step_cost(traffic, settings, kv, pipelined=pipelined))
 
     @classmethod
-    def read(cls, r: _Reader) -> "Estimate":
+    def read(cls, r: FieldReader) -> "Estimate":
         values = {}
         for f in fields(cls):
             value = r.raw(f.name, f.default if f.default is not MISSING else ...)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < 0:
-                r._bad(f.name, value, f"a finite number >= 0 and at most {MAX_PLAN_NUMBER:g}")
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not jsonio.finite_number(value, MAX_PLAN_NUMBER) or value < 0):
+                r.bad(f.name, value, f"a finite number >= 0 and at most {MAX_PLAN_NUMBER:g}")
             values[f.name] = float(value)
         return cls(**values)
 
@@ -694,10 +603,10 @@ class BulkBaseline:
                 "cpu_offload_params": list(self.cpu_offload_params)}
 
     @classmethod
-    def read(cls, r: _Reader) -> "BulkBaseline":
+    def read(cls, r: FieldReader) -> "BulkBaseline":
         touched = r.raw("layers_touched")
         if not _int_list(touched):
-            r._bad("layers_touched", touched, "a list of layer indices")
+            r.bad("layers_touched", touched, "a list of layer indices")
         return cls(cpu_offload_gb=r.number("cpu_offload_gb", positive=False), offloaded_bytes=r.int("offloaded_bytes"),
                    offloaded_tensors=r.int("offloaded_tensors"), layers_touched=tuple(touched),
                    device_bytes=r.int("device_bytes", minimum=None), fits=r.bool("fits"),
@@ -733,13 +642,13 @@ class PlannedModel:
                 "kv": None if self.kv is None else self.kv.to_dict()}
 
     @classmethod
-    def read(cls, r: _Reader) -> tuple["PlannedModel", list[str]]:
+    def read(cls, r: FieldReader) -> tuple["PlannedModel", list[str]]:
         kv = r.raw("kv", None)
         if kv is not None:
             kr = r.child("kv")
             sliding = kr.raw("sliding", [])
             if not isinstance(sliding, list) or not all(_int_list(w) and len(w) == 2 for w in sliding):
-                kr._bad("sliding", sliding, "a list of [window, bytes per token] pairs")
+                kr.bad("sliding", sliding, "a list of [window, bytes per token] pairs")
             kv = KvModel(kr.int("full_bytes_per_token", default=0), tuple(tuple(w) for w in sliding),
                          kr.int("fixed_bytes_per_seq", default=0), kr.str("description", default=""))
         model = cls(source=r.str("source"), kind=r.str("kind", default="safetensors"),
@@ -774,10 +683,10 @@ class Alternative:
                 "hot_layer_indices": list(self.hot_layer_indices), "est": self.est.__dict__.copy()}
 
     @classmethod
-    def read(cls, r: _Reader) -> "Alternative":
+    def read(cls, r: FieldReader) -> "Alternative":
         hot = r.raw("hot_layer_indices")
         if not _int_list(hot):
-            r._bad("hot_layer_indices", hot, "a list of layer indices")
+            r.bad("hot_layer_indices", hot, "a list of layer indices")
         return cls(label=r.str("label"), strategy=r.choice("strategy", Strategy),
                    host_cold_bytes=r.int("host_cold_bytes"), host_hot_bytes=r.int("host_hot_bytes"),
                    hot_layer_indices=tuple(hot), est=Estimate.read(r.child("est")),
@@ -1258,22 +1167,22 @@ class Plan:
     @classmethod
     def from_dict(cls, data: Any, where: str = "plan") -> "Plan":
         version = format_version(data, where)
-        top = _Reader(data, where, "")
+        top = _reader(data, where, "")
         top.seen.add("format")
         model, notes = PlannedModel.read(top.child("model"))
         inputs, more = PlanInputs.read(top.child("inputs"))
         notes += more
         groups_raw = top.raw("groups")
         if not isinstance(groups_raw, list) or not groups_raw:
-            top._bad("groups", groups_raw, "a non-empty list of groups")
+            top.bad("groups", groups_raw, "a non-empty list of groups")
         groups = []
         for i, raw in enumerate(groups_raw):
-            group, more = GroupPlan.read(_Reader(raw, where, f"groups[{i}]"), version)
+            group, more = GroupPlan.read(_reader(raw, where, f"groups[{i}]"), version)
             groups.append(group)
             notes += more
         hot = top.raw("hot_layer_indices")
         if not _int_list(hot):
-            top._bad("hot_layer_indices", hot, "a list of layer indices")
+            top.bad("hot_layer_indices", hot, "a list of layer indices")
         bulk_raw = top.raw("bulk", None)
         alternative_raw = top.raw("alternative", None)
         segments_raw = top.raw("bulk_segments", None)
@@ -1321,7 +1230,7 @@ def _not_json(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} {value!r} is not a plan value")
 
 
-def _stored_totals(top: _Reader, version: int) -> dict[str, int]:
+def _stored_totals(top: FieldReader, version: int) -> dict[str, int]:
     """The totals a plan file states, to check against the groups."""
     if version == 1:
         # v1 wrote them at the top level; the ones it derived differently are not compared.
