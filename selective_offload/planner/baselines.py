@@ -33,7 +33,7 @@ from ..plan import (
     Plan,
     PlanInputs,
     Strategy,
-    _read_flops,
+    read_flops,
 )
 from ..sizes import GiB
 from .grouping import Group
@@ -127,7 +127,7 @@ def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: Pla
             row += g.est_read_bytes_per_step
         else:
             other += g.est_read_bytes_per_step
-            other_flops += _read_flops(g.dtype_bytes, g.est_read_bytes_per_step, g.nbytes)
+            other_flops += read_flops(g.dtype_bytes, g.est_read_bytes_per_step, g.nbytes)
     head = sum(g.est_read_bytes_per_step for g in groups if has_segment(g.name, NEVER_COLD_SEGMENTS))
     head_flops = sum(flops_per_token(g.dtype_bytes) for g in groups if has_segment(g.name, NEVER_COLD_SEGMENTS))
     speculating = inputs.speculative == "mtp"

@@ -1,0 +1,79 @@
+"""The plan as a contract: typed, validated when read, and consistent with itself.
+
+A plan is what ``selective-offload plan -o plan.json`` writes and what
+``selective_offload.enable()`` applies. Users edit plans by hand, and plans travel
+between machines and releases, so reading one is a validation, not a deserialisation:
+every field is checked for its type and range, placements, classes, kinds and the
+strategy are enums, and everything that can be derived from the groups (totals, the
+deficit, the shortfall, each group's class, MTP flag and reads, the strategy, the hot
+layers) is derived, and a stated value that disagrees is an error. What the plan alone
+can only bound (the prefetch buffers, the tower transient) is bounded here and compared
+exactly against the checkpoint by :mod:`selective_offload.model_match`. The groups must
+hold every byte of the model: a byte in no group would be placed by no one and counted
+nowhere. A ``Plan`` object is checked by the same reader (:meth:`Plan.checked`). A plan
+that would be silently misapplied is refused with one line naming the field and the fix.
+
+The package, bottom up (each module imports only those above it in this list):
+
+- :mod:`.vocabulary`: the format's name and versions, the enums, the per-kind rule tables.
+- :mod:`.inputs`: :class:`PlanInputs`, what a plan is made for, and its own validation.
+- :mod:`.parts`: the records a plan holds (groups, estimates, baselines, the model).
+- :mod:`.contents`: the plan's fields and everything derived from its groups.
+- :mod:`.checks`: stated against derived; refusals in one line.
+- :mod:`.io`: JSON in (bounded, versioned, migrated from v1/v2) and out.
+- :mod:`.document`: :class:`Plan`, the contents with the checks and the I/O as methods.
+
+Derived totals are written under ``"totals"`` for readers and, when present, checked on
+reading (an edited group with stale totals is caught); delete ``"totals"`` to accept the
+groups as they are. Estimates are written for readers and recomputed on reading.
+"""
+
+from .contents import TOTALS, PlanContents
+from .document import Plan
+from .inputs import PlanInputs
+from .io import format_version, plan_reader
+from .parts import (
+    EST_IGNORES,
+    Alternative,
+    BulkBaseline,
+    Estimate,
+    GroupPlan,
+    PlannedModel,
+    experts_read_bytes,
+    read_flops,
+)
+from .vocabulary import (
+    CLASS_PLACEMENTS,
+    DEFAULT_KV_CACHE_BYTES,
+    DEFAULT_RESERVE_BYTES,
+    FORMAT_PREFIX,
+    FORMAT_VERSION,
+    HOST_PLACEMENTS,
+    KIND_CLASS,
+    LAYER_INDEX_KINDS,
+    LAYER_KINDS,
+    MAX_PLAN_INT,
+    MAX_PLAN_NUMBER,
+    OLDEST_READABLE_VERSION,
+    PARTIAL_READ_KINDS,
+    PLACEMENT_KINDS,
+    PLAN_FORMAT,
+    REFERENCE_LINK_GBPS,
+    REFERENCE_VRAM_GBPS,
+    REPLAN,
+    GroupClass,
+    GroupKind,
+    Placement,
+    Strategy,
+)
+
+
+
+__all__ = [
+    "CLASS_PLACEMENTS", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "FORMAT_PREFIX",
+    "FORMAT_VERSION", "HOST_PLACEMENTS", "KIND_CLASS", "LAYER_INDEX_KINDS", "LAYER_KINDS", "MAX_PLAN_INT",
+    "MAX_PLAN_NUMBER", "OLDEST_READABLE_VERSION", "PARTIAL_READ_KINDS", "PLACEMENT_KINDS", "PLAN_FORMAT",
+    "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN", "TOTALS", "Alternative", "BulkBaseline", "Estimate",
+    "GroupClass", "GroupKind", "GroupPlan", "Placement", "Plan", "PlanContents", "PlanInputs", "PlannedModel",
+    "Strategy", "experts_read_bytes", "format_version", "plan_reader", "read_flops",
+]

@@ -1,0 +1,292 @@
+"""The plan's checks: does a plan agree with itself, and can it be applied?
+
+A plan states its groups and a few quantities that follow from them; the checks here
+recompute each (from :mod:`.contents`, which derives, and the rule tables of
+:mod:`.vocabulary`) and refuse, in one :class:`PlanError` line naming the field and the
+fix, a stated value that disagrees: each group's class, kind, placement and name
+(:func:`check_group`), the groups together covering the model (:func:`check_groups`),
+the bounds on the prefetch buffers and the tower transient (:func:`check_derived`), the
+bulk baseline (:func:`check_bulk`), the stated totals (:func:`check_totals`), the strategy
+(:func:`check_strategy`), and whether an infeasible plan is about to be applied
+(:func:`require_feasible`). :mod:`.io` runs them on every plan it reads; the ``Plan``
+methods of the same names call them.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..errors import PlanError
+from ..names import EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, experts_prefix, has_segment, layer_of
+from ..sizes import GB
+from .contents import PlanContents
+from .parts import GroupPlan, experts_read_bytes
+from .vocabulary import (
+    CLASS_PLACEMENTS,
+    LAYER_INDEX_KINDS,
+    LAYER_KINDS,
+    PARTIAL_READ_KINDS,
+    PLACEMENT_KINDS,
+    REPLAN,
+    GroupClass,
+    GroupKind,
+    Placement,
+    Strategy,
+)
+
+
+def check_group(g: GroupPlan, where: str) -> None:
+    """Class, kind and placement must agree, the name must be the layer its index says;
+    raise naming the group otherwise."""
+    problem = None
+    kinds = PLACEMENT_KINDS.get(g.placement)
+    layer = layer_of(g.group)
+    if g.placement not in CLASS_PLACEMENTS[g.cls]:
+        allowed = ", ".join(sorted(CLASS_PLACEMENTS[g.cls]))
+        problem = f"a group of class {g.cls} cannot be placed {g.placement} (only {allowed})"
+    elif kinds is not None and g.kind not in kinds:
+        problem = (f"placement {g.placement} is for groups of kind {' or '.join(sorted(kinds))}, "
+                   f"and this one is {g.kind}")
+    elif g.kind == GroupKind.EXPERTS and not 1 <= g.experts_per_token <= g.num_experts:
+        problem = (f"routed experts need 1 <= experts_per_token <= num_experts, and these are "
+                   f"{g.experts_per_token} of {g.num_experts}")
+    elif g.kind != GroupKind.EXPERTS and (g.num_experts or g.experts_per_token):
+        problem = f"num_experts and experts_per_token are for kind experts only, and this one is {g.kind}"
+    elif g.kind == GroupKind.EXPERTS and experts_prefix(f"{g.group}.weight") != g.group:
+        problem = "a group of kind experts is the routed experts module of one layer, named like " \
+                  "model.layers.N.mlp.experts"
+    elif g.dtype_bytes and sum(g.dtype_bytes.values()) != g.bytes:
+        problem = f"bytes {g.bytes} is not the sum of dtype_bytes ({sum(g.dtype_bytes.values())})"
+    # mutation: layer-index-vs-name-unchecked
+    elif g.layer_index is not None and (layer is None or layer[1] != g.layer_index):
+        problem = (f"layer_index {g.layer_index} is not the layer its name is in "
+                   f"({'no layers.N in the name' if layer is None else f'layer {layer[1]}'})")
+    elif (g.kind in LAYER_INDEX_KINDS) != (g.layer_index is not None):
+        problem = f"kind is {g.kind} but layer_index is {g.layer_index}"
+    elif g.kind == GroupKind.LAYER and g.group != f"{layer[0]}.{layer[1]}":
+        problem = f"a group of kind layer is one whole decoder layer, named like {layer[0]}.{layer[1]}"
+    elif not 0 <= g.est_read_bytes_per_step <= g.bytes:
+        problem = f"est_read_bytes_per_step {g.est_read_bytes_per_step} is more than its {g.bytes} bytes"
+    if problem:
+        raise PlanError(f"{where}: group {g.group}: {problem}; fix it or {REPLAN}")
+
+
+def validate(plan: PlanContents, where: str = "plan") -> None:
+    """Raise :class:`PlanError` (one line) when the plan contradicts itself: every
+    derived quantity (class, MTP flag, coverage, hot layers, prefetch buffers, tower
+    transient, strategy) is recomputed, and a stated value that disagrees is an error."""
+    check_groups(plan, where)
+    check_derived(plan, where)
+    check_bulk(plan, where)
+    check_strategy(plan, where)
+
+
+def check_groups(plan: PlanContents, where: str = "plan") -> None:
+    """Each group consistent in itself, unique, of the class its name and the inputs
+    give it, inside the model; together they hold every tensor of the model."""
+    plan.inputs.validate()
+    if not plan.groups:
+        raise PlanError(f"{where}: the plan has no groups; {REPLAN}")
+    seen: set[str] = set()
+    by_kind: dict[GroupKind, dict[int, GroupPlan]] = {kind: {} for kind in LAYER_KINDS}
+    n_layers = plan.model.num_hidden_layers
+    for g in plan.groups:
+        if g.group in seen:
+            raise PlanError(f"{where}: group {g.group} is listed twice; {REPLAN}")
+        seen.add(g.group)
+        check_group(g, where)
+        _check_never_cold(plan, g, where)
+        _check_class(plan, g, where)
+        if g.kind not in LAYER_KINDS:
+            continue
+        if g.layer_index in by_kind[g.kind]:
+            raise PlanError(f"{where}: group {g.group}: layer_index {g.layer_index} belongs to another "
+                            f"{g.kind} group too; {REPLAN}")
+        by_kind[g.kind][g.layer_index] = g
+        if n_layers is not None and not 0 <= g.layer_index < n_layers:
+            raise PlanError(f"{where}: group {g.group}: layer_index {g.layer_index} is outside the model's "
+                            f"{n_layers} layers (0..{n_layers - 1}); {REPLAN}")
+    _check_experts_follow_layers(by_kind, where)
+    _check_coverage(plan, where)
+    hot = tuple(sorted(g.layer_index for g in plan.groups
+                       if g.placement == Placement.HOST_HOT and g.kind == GroupKind.LAYER))
+    if tuple(plan.hot_layer_indices) != hot:
+        raise PlanError(f"{where}: hot_layer_indices {list(plan.hot_layer_indices)} disagree with the groups "
+                        f"placed host-hot (layers {list(hot)}); make them agree or {REPLAN}")
+
+
+def _check_experts_follow_layers(by_kind: Mapping[GroupKind, Mapping[int, GroupPlan]], where: str) -> None:
+    """Routed experts belong to a decoder layer, and the prefetch offloader copies a layer
+    whole, experts included: an experts group is host-hot exactly when its layer is."""
+    layers = by_kind[GroupKind.LAYER]
+    for index, e in by_kind[GroupKind.EXPERTS].items():
+        layer = layers.get(index)
+        if layer is None:
+            raise PlanError(f"{where}: group {e.group}: routed experts of layer {index}, but no layer group "
+                            f"has layer_index {index}; {REPLAN}")
+        # mutation: experts-follow-layers-off
+        if (e.placement == Placement.HOST_HOT) != (layer.placement == Placement.HOST_HOT):
+            raise PlanError(
+                f"{where}: group {e.group} is {e.placement} but its layer {layer.group} is {layer.placement}; "
+                "the prefetch offloader copies a whole layer, experts included, so the experts are host-hot "
+                f"exactly when their layer is (else device or host-uva); make them agree or {REPLAN}")
+
+
+def _check_never_cold(plan: PlanContents, g: GroupPlan, where: str) -> None:
+    if g.cls != GroupClass.COLD:
+        return
+    if has_segment(g.group, NEVER_COLD_SEGMENTS):
+        why = "the LM head is read in full every step and is never cold"
+    elif plan.model.tie_word_embeddings and has_segment(g.group, EMBED_SEGMENTS):
+        why = ("the model ties its embedding to the LM head (tie_word_embeddings), so the embedding "
+               "is read in full every step: hot, on the device")
+    else:
+        return
+    raise PlanError(f"{where}: group {g.group} is marked cold, but {why}; {REPLAN}")
+
+
+def _check_class(plan: PlanContents, g: GroupPlan, where: str) -> None:
+    expected = plan.expected_class(g)
+    if expected is None:
+        raise PlanError(f"{where}: group {g.group} is of kind cold, but its name is not a module under one "
+                        f"of the cold segments ({', '.join(plan.inputs.cold_segments)}); {REPLAN}")
+    cls, mtp, why = expected
+    # mutation: mtp-flag-trusted
+    if g.mtp != mtp:
+        raise PlanError(f"{where}: group {g.group}: mtp is {str(g.mtp).lower()}, but the group is "
+                        f"{'' if mtp else 'not '}an MTP head; {REPLAN}")
+    # mutation: absent-any-group
+    if g.cls != cls:
+        what = "placed absent (not loaded)" if g.cls == GroupClass.ABSENT else f"of class {g.cls}"
+        if g.cls == GroupClass.ABSENT:
+            why += "; only an MTP head is ever absent: vLLM loads every other tensor"
+        raise PlanError(f"{where}: group {g.group} is {what}, but it is {cls}: {why}; {REPLAN}")
+    if cls == GroupClass.ABSENT and g.est_read_bytes_per_step:
+        raise PlanError(f"{where}: group {g.group} is not loaded, so a step reads none of it, not "
+                        f"est_read_bytes_per_step {g.est_read_bytes_per_step}; {REPLAN}")
+    whole = ((cls == GroupClass.HOT and g.kind not in PARTIAL_READ_KINDS)
+             or (cls == GroupClass.COLD and not has_segment(g.group, EMBED_SEGMENTS)
+                 and not plan._is_vllm_host_table(g.group)))
+    expected = g.bytes if cls == GroupClass.HOT else 0
+    # mutation: est-read-trusted
+    if whole and g.est_read_bytes_per_step != expected:
+        what = "read in full every step" if cls == GroupClass.HOT else "not read by a decode step"
+        raise PlanError(f"{where}: group {g.group} is {what}: est_read_bytes_per_step must be {expected}, "
+                        f"not {g.est_read_bytes_per_step}; {REPLAN}")
+    # mutation: experts-read-not-derived
+    if g.kind == GroupKind.EXPERTS:
+        expected = experts_read_bytes(g.bytes, g.num_experts, g.experts_per_token)
+        if g.est_read_bytes_per_step != expected:
+            raise PlanError(f"{where}: group {g.group}: a step at batch 1 reads {g.experts_per_token} of its "
+                            f"{g.num_experts} routed experts (est), so est_read_bytes_per_step must be "
+                            f"{expected}, not {g.est_read_bytes_per_step}; {REPLAN}")
+
+
+def _check_coverage(plan: PlanContents, where: str) -> None:
+    """The groups hold every tensor of the model: a byte in no group is placed by no one
+    and counted nowhere."""
+    held = sum(g.bytes for g in plan.groups)
+    # mutation: groups-need-not-cover
+    if held != plan.model.total_bytes:
+        raise PlanError(
+            f"{where}: the groups hold {held} bytes but the model ({plan.model.source}) has "
+            f"{plan.model.total_bytes}: {abs(held - plan.model.total_bytes)} bytes are "
+            f"{'in no group' if held < plan.model.total_bytes else 'counted twice or not in the model'} "
+            f"(was a group deleted or edited?); {REPLAN}")
+    if all(g.num_tensors for g in plan.groups):
+        tensors = sum(g.num_tensors for g in plan.groups)
+        if tensors != plan.model.num_tensors:
+            raise PlanError(f"{where}: the groups hold {tensors} tensors but the model has "
+                            f"{plan.model.num_tensors} (was a group deleted or edited?); {REPLAN}")
+
+
+def check_derived(plan: PlanContents, where: str = "plan") -> None:
+    """Stated quantities the groups bound: the prefetch buffers and the tower transient."""
+    low, high = plan.prefetch_buffer_range()
+    stated = plan.stored_prefetch_buffer_bytes
+    # mutation: prefetch-buffers-trusted
+    if stated is not None and not low <= stated <= high and (stated or plan.hot_layer_indices):
+        raise PlanError(
+            f"{where}: prefetch_buffer_bytes {stated} cannot be right: prefetch_step "
+            f"{plan.inputs.prefetch_step} slots of the offloaded layers' parameters need "
+            + (f"{low} to {high} bytes" if plan.hot_layer_indices else "none without hot layers")
+            + f"; {REPLAN}")
+    limit = plan.tower_transient_limit()
+    transient = plan.est_transient_device_bytes
+    # mutation: transient-trusted
+    if transient > limit or (limit and not transient):
+        raise PlanError(
+            f"{where}: est_transient_device_bytes {transient} cannot be right: the towers placed on the host "
+            + (f"hold up to {limit} bytes on the device while they run (more than 0)" if limit else
+               "are none, so nothing runs on demand (0)") + f"; {REPLAN}")
+
+
+def check_bulk(plan: PlanContents, where: str = "plan") -> None:
+    """The bulk baseline's device bytes and verdict follow from its offloaded bytes and
+    the groups (what it offloads needs the checkpoint's tensor order: bounded here)."""
+    bulk = plan.bulk
+    if bulk is None:
+        return
+    loaded = sum(g.bytes for g in plan.groups if g.placement != Placement.ABSENT)
+    layers = sum(g.bytes for g in plan.groups if g.kind in LAYER_KINDS)
+    problem = None
+    if bulk.offloaded_bytes > layers:
+        problem = f"offloaded_bytes {bulk.offloaded_bytes} is more than the {layers} bytes of the decoder layers"
+    elif bulk.device_bytes != loaded - bulk.offloaded_bytes:
+        problem = (f"device_bytes {bulk.device_bytes} is not the {loaded} bytes loaded less the "
+                   f"{bulk.offloaded_bytes} offloaded")
+    elif bulk.fits != (bulk.device_bytes <= plan.weight_budget_bytes):
+        problem = f"fits is {str(bulk.fits).lower()}, but {bulk.device_bytes} device bytes against the " \
+                  f"{plan.weight_budget_bytes}-byte weight budget say otherwise"
+    # mutation: bulk-trusted
+    if problem:
+        raise PlanError(f"{where}: bulk: {problem}; {REPLAN}")
+
+
+def check_totals(plan: PlanContents, stated: Mapping[str, int], where: str) -> None:
+    """The totals a plan file states (see :func:`.io.stored_totals`) are what its groups
+    add up to: an edited group with stale totals is caught."""
+    for name, value in stated.items():
+        # mutation: totals-not-checked
+        if value != getattr(plan, name):
+            raise PlanError(
+                f"{where}: {name} says {value} but the groups add up to {getattr(plan, name)} "
+                "(was a group edited?); delete the \"totals\" object to accept the groups as they are, "
+                f"or {REPLAN}")
+
+
+def check_strategy(plan: PlanContents, where: str = "plan") -> None:
+    """The strategy names what the placement does, and a feasible placement fits."""
+    derived = plan.derived_strategy()
+    if plan.strategy == derived:
+        return
+    shortfall = plan.shortfall_bytes
+    if plan.strategy == Strategy.INFEASIBLE:
+        wrong = "it fits the weight budget and the host memory"
+    elif shortfall:
+        wrong = (f"the groups placed on the device need {shortfall / GB:.3f} GB more than the "
+                 f"{plan.weight_budget_bytes / GB:.3f} GB weight budget")
+    elif plan.host_shortfall_bytes:
+        wrong = (f"the groups placed on the host need {plan.host_shortfall_bytes / GB:.3f} GB more than the "
+                 f"{plan.inputs.host_memory_bytes / GB:.3f} GB of host memory")
+    elif plan.strategy == Strategy.RESIDENT:
+        wrong = "it places groups on the host"
+    elif plan.strategy == Strategy.COLD_OFFLOAD:
+        wrong = "cold_offload places cold groups, and only cold groups, on the host"
+    elif plan.strategy == Strategy.HOT_OFFLOAD:
+        wrong = "it places no decoder layer and no routed experts on the host"
+    else:
+        wrong = f"the placement is {derived}"
+    raise PlanError(f"{where}: strategy is {plan.strategy}, but {wrong}; {REPLAN}")
+
+
+def require_feasible(plan: PlanContents, what: str = "the plan") -> None:
+    """Refuse to apply an infeasible plan (enable(), and plans made at engine start)."""
+    if plan.strategy != Strategy.INFEASIBLE:
+        return
+    if plan.shortfall_bytes:
+        need = f"{plan.shortfall_bytes / GB:.3f} GB more device memory is needed than it has"
+    else:
+        need = f"{plan.host_shortfall_bytes / GB:.3f} GB more host memory is needed than it has"
+    raise PlanError(f"{what} is infeasible: {need}; plan for a larger card, a smaller KV cache or a "
+                    "smaller checkpoint")

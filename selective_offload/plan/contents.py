@@ -1,0 +1,273 @@
+"""What a plan holds, and everything that follows from its groups.
+
+A plan states its groups; the totals, the deficit, the shortfalls, the step's traffic and
+estimate, each group's expected class, the bounds on the prefetch buffers and the tower
+transient, and the strategy all follow from them and the inputs, and are computed here,
+never stored as the truth. :class:`PlanContents` is the record and these derivations;
+:mod:`.checks` compares what a plan states against them, :mod:`.io` reads and writes
+plans, and :class:`~selective_offload.plan.document.Plan` (the class everyone uses) adds
+both as methods. The split keeps the derivations below the checks and the I/O, so neither
+needs the class that calls it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..estimate import (
+    EXPERTS_DEVICE,
+    EXPERTS_PREFETCHED,
+    EXPERTS_UVA,
+    ExpertsRead,
+    Traffic,
+    expert_read_fraction,
+    flops_per_token,
+)
+from ..names import (
+    EMBED_SEGMENTS,
+    MTP_SEGMENTS,
+    NEVER_COLD_SEGMENTS,
+    VLLM_HOST_TABLES,
+    cold_prefix,
+    has_segment,
+    host_table_prefix,
+    layer_of,
+)
+from .inputs import PlanInputs
+from .parts import EST_IGNORES, Alternative, BulkBaseline, Estimate, GroupPlan, PlannedModel, read_flops
+from .vocabulary import KIND_CLASS, LAYER_KINDS, GroupClass, GroupKind, Placement, Strategy
+
+#: Totals derived from the groups, written under "totals" and checked when read.
+TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes", "absent_bytes", "cold_bytes",
+          "weight_budget_bytes", "deficit_bytes", "shortfall_bytes", "host_shortfall_bytes")
+
+#: Where the step model reads a placed experts group from.
+_EXPERTS_READ = {Placement.DEVICE: EXPERTS_DEVICE, Placement.HOST_HOT: EXPERTS_PREFETCHED,
+                 Placement.HOST_UVA: EXPERTS_UVA}
+
+
+@dataclass(frozen=True)
+class PlanContents:
+    """A plan's fields and what derives from them (see the module docstring)."""
+
+    model: PlannedModel
+    inputs: PlanInputs
+    strategy: Strategy
+    groups: tuple[GroupPlan, ...]
+    hot_layer_indices: tuple[int, ...]
+    #: Device memory an on-demand tower holds while it runs (est: two blocks and the rest).
+    est_transient_device_bytes: int
+    bulk: BulkBaseline | None
+    est_ignores: tuple[str, ...] = EST_IGNORES
+    notes: tuple[str, ...] = ()
+    #: Device bytes of vLLM's prefetch buffers (``prefetch_step`` slots of every parameter
+    #: name the offloaded layers have, each as large as its largest); ``None``: derived as
+    #: ``prefetch_step`` slots of the largest layer (plans before this field).
+    stored_prefetch_buffer_bytes: int | None = None
+    #: With speculative decoding asked for: the same input planned without it, to compare.
+    alternative: Alternative | None = None
+    #: MoE: vLLM's ``cpu_offload_gb`` with ``cpu_offload_params=experts`` (only routed experts).
+    bulk_segments: BulkBaseline | None = None
+    #: Notes from reading the plan (ignored unknown fields); not written back.
+    load_notes: tuple[str, ...] = field(default=(), compare=False)
+
+    # ---- derived from the groups (never stored as the truth)
+    def _sum(self, placement: Placement) -> int:
+        return sum(g.bytes for g in self.groups if g.placement == placement)
+
+    @property
+    def device_bytes(self) -> int:
+        return self._sum(Placement.DEVICE)
+
+    @property
+    def host_cold_bytes(self) -> int:
+        return self._sum(Placement.HOST_COLD)
+
+    @property
+    def host_hot_bytes(self) -> int:
+        return self._sum(Placement.HOST_HOT)
+
+    @property
+    def host_uva_bytes(self) -> int:
+        return self._sum(Placement.HOST_UVA)
+
+    @property
+    def absent_bytes(self) -> int:
+        return self._sum(Placement.ABSENT)
+
+    @property
+    def host_bytes(self) -> int:
+        """Every byte the plan puts in host memory: cold, hot layers and routed experts."""
+        return self.host_cold_bytes + self.host_hot_bytes + self.host_uva_bytes
+
+    @property
+    def baselines(self) -> tuple[BulkBaseline, ...]:
+        """vLLM's own offloads priced on the same input: bulk, then segment selection."""
+        return tuple(b for b in (self.bulk, self.bulk_segments) if b is not None)
+
+    @property
+    def cold_bytes(self) -> int:
+        return sum(g.bytes for g in self.groups if g.cls == GroupClass.COLD)
+
+    @property
+    def weight_budget_bytes(self) -> int:
+        return self.inputs.weight_budget_bytes
+
+    @property
+    def deficit_bytes(self) -> int:
+        """Bytes to load minus the weight budget (<= 0: everything fits on the device)."""
+        return sum(g.bytes for g in self.groups if g.placement != Placement.ABSENT) - self.weight_budget_bytes
+
+    @property
+    def prefetch_buffer_bytes(self) -> int:
+        """vLLM's prefetch offloader keeps ``prefetch_step`` device slots of every offloaded
+        parameter name; in a uniform stack that is the largest layer per slot."""
+        if not self.hot_layer_indices:
+            return 0
+        if self.stored_prefetch_buffer_bytes is not None:
+            return self.stored_prefetch_buffer_bytes
+        hot = set(self.hot_layer_indices)
+        per_layer: dict[int, int] = {}
+        for g in self.groups:
+            if g.kind in LAYER_KINDS and g.layer_index in hot:  # a layer's experts are copied with it
+                per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes
+        return self.inputs.prefetch_step * max(per_layer.values(), default=0)
+
+    @property
+    def shortfall_bytes(self) -> int:
+        """Device memory missing for this placement (0 when it fits)."""
+        need = self.device_bytes + self.est_transient_device_bytes + self.prefetch_buffer_bytes
+        return max(0, need - self.weight_budget_bytes)
+
+    @property
+    def host_shortfall_bytes(self) -> int:
+        """Host memory missing for the bytes placed on the host (0 when it fits, or unchecked)."""
+        if self.inputs.host_memory_bytes is None:
+            return 0
+        return max(0, self.host_bytes - self.inputs.host_memory_bytes)
+
+    @property
+    def est(self) -> Estimate:
+        """This placement's decode step (est): prefetch overlap, batch, drafts and KV priced."""
+        return Estimate.of(self.traffic(), self.inputs, self.model.kv, self.spec_tokens, pipelined=True)
+
+    @property
+    def spec_tokens(self) -> int:
+        """Draft tokens per step: 0 without speculative decoding."""
+        if self.inputs.speculative != "mtp":
+            return 0
+        return self.inputs.spec_tokens or max(1, self.model.num_mtp_layers)
+
+    def traffic(self) -> Traffic:
+        """The bytes a decode pass of this placement reads, by where from."""
+        stack = sorted((g for g in self.groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index)
+        layers = tuple((g.est_read_bytes_per_step, g.placement == Placement.HOST_HOT) for g in stack)
+        position = {g.layer_index: i for i, g in enumerate(stack)}
+        experts = tuple(
+            ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement],
+                        flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1))
+            for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
+        other = row_host = row_device = draft = 0
+        other_flops = draft_flops = 0.0
+        head = sum(g.est_read_bytes_per_step for g in self.groups
+                   if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.placement == Placement.DEVICE)
+        for g in self.groups:
+            if g.kind in LAYER_KINDS or g.placement == Placement.ABSENT:
+                continue
+            if g.mtp:
+                draft += g.bytes
+                draft_flops += flops_per_token(g.dtype_bytes)
+            elif has_segment(g.group, EMBED_SEGMENTS) and g.cls == GroupClass.COLD:
+                if g.placement == Placement.HOST_COLD:
+                    row_host += g.est_read_bytes_per_step
+                else:
+                    row_device += g.est_read_bytes_per_step
+            elif g.placement == Placement.DEVICE:
+                other += g.est_read_bytes_per_step
+                other_flops += read_flops(g.dtype_bytes, g.est_read_bytes_per_step, g.bytes)
+        head_flops = sum(flops_per_token(g.dtype_bytes) for g in self.groups
+                         if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.placement == Placement.DEVICE)
+        speculating = bool(self.spec_tokens)
+        return Traffic(layers, other, row_host, row_device, 0, (draft + head) if speculating else 0, experts,
+                       tuple(flops_per_token(g.dtype_bytes) for g in stack), other_flops,
+                       (draft_flops + head_flops) if speculating else 0.0)
+
+    @property
+    def host_cold_groups(self) -> list[str]:
+        return [g.group for g in self.groups if g.placement == Placement.HOST_COLD]
+
+    def placement_of(self, group: str) -> Placement | None:
+        return next((g.placement for g in self.groups if g.group == group), None)
+
+    def totals(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in TOTALS}
+
+    # ---- what the groups and the inputs imply, for the checks to compare against
+    def _is_mtp_layer(self, group: str) -> bool:
+        """A decoder layer past the model's last one, in a model that declares an MTP head
+        (DeepSeek-V3 stores its MTP head so)."""
+        layer, n = layer_of(group), self.model.num_hidden_layers
+        return bool(self.model.num_mtp_layers and n is not None and layer is not None and layer[1] >= n)
+
+    def _is_vllm_host_table(self, group: str) -> bool:
+        """An n-gram / per-layer embedding table of a model whose vLLM class keeps such
+        tables in host memory itself (:data:`names.VLLM_HOST_TABLES`)."""
+        return (host_table_prefix(group) == group
+                and any(a in VLLM_HOST_TABLES for a in self.model.architectures))
+
+    def expected_class(self, g: GroupPlan) -> tuple[GroupClass, bool, str] | None:
+        """The class and MTP flag the group's kind, name and the inputs give it (the
+        planner's rule), and why; ``None`` for a group of kind cold whose name is not a
+        cold module."""
+        # mutation: host-tables-classed-hot
+        if g.kind == GroupKind.MODULE and self._is_vllm_host_table(g.group):
+            return GroupClass.COLD, False, "vLLM keeps this n-gram table in host memory itself and gathers rows"
+        fixed = KIND_CLASS.get(g.kind)
+        if fixed is not None:
+            return fixed, False, f"a group of kind {g.kind} is read every step"
+        prefix = cold_prefix(g.group, self.inputs.cold_segments)
+        # mutation: cold-kind-any-name
+        if prefix != g.group and not self._is_mtp_layer(g.group):
+            return None
+        if has_segment(g.group, MTP_SEGMENTS) if prefix == g.group else True:
+            if self.inputs.speculative == "mtp":
+                return GroupClass.HOT, True, "MTP speculative decoding runs the MTP head every step"
+            return (GroupClass.ABSENT, True, "an MTP head is not loaded without MTP speculative decoding "
+                    "(only an MTP head is ever absent: vLLM loads every other tensor)")
+        if has_segment(g.group, EMBED_SEGMENTS) and self.model.tie_word_embeddings:
+            return GroupClass.HOT, False, "the embedding is tied to the LM head"
+        return GroupClass.COLD, False, "a decode step does not read it in full"
+
+    def prefetch_buffer_range(self) -> tuple[int, int]:
+        """The least and most the prefetch buffers can be for these hot layers: one slot per
+        parameter name, each as large as its largest copy, is at least the largest layer
+        and at most every layer (``prefetch_step`` slots of each), counting the hot layers
+        only: the offloader makes slots for what it offloads. A layer's routed experts are
+        copied with it, so they count in its bytes."""
+        hot = set(self.hot_layer_indices)
+        per_layer: dict[int, int] = {}
+        for g in self.groups:
+            # mutation: prefetch-range-all-layers
+            if g.kind in LAYER_KINDS and g.layer_index in hot:
+                per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes
+        layers = list(per_layer.values())
+        if not self.hot_layer_indices or not layers:
+            return 0, 0
+        return self.inputs.prefetch_step * max(layers), self.inputs.prefetch_step * sum(layers)
+
+    def tower_transient_limit(self) -> int:
+        """The most an on-demand tower can hold on the device (two blocks and the rest of
+        the largest tower on the host, at most twice its bytes)."""
+        towers = [g.bytes for g in self.groups if g.placement == Placement.HOST_COLD
+                  and not has_segment(g.group, EMBED_SEGMENTS) and not self._is_vllm_host_table(g.group)]
+        return 2 * max(towers, default=0)
+
+    def derived_strategy(self) -> Strategy:
+        """What the placement does: the strategy a plan must state."""
+        if self.shortfall_bytes or self.host_shortfall_bytes:
+            return Strategy.INFEASIBLE
+        if self.hot_layer_indices or any(g.placement == Placement.HOST_UVA for g in self.groups):
+            return Strategy.HOT_OFFLOAD  # hot bytes on the host: layers prefetched, or experts read in place
+        if self.host_cold_groups:
+            return Strategy.COLD_OFFLOAD
+        return Strategy.RESIDENT

@@ -1,0 +1,170 @@
+"""What a plan is made for: the card, the run and the rates, as :class:`PlanInputs`.
+
+The planner places groups against these inputs, the step model prices a placement with
+them, and every plan carries them, so a plan read elsewhere is judged against what it was
+made for. :meth:`PlanInputs.validate` is the inputs' own contract (sizes, rates and counts
+in range), checked whether the inputs came from the command line, from Python or from a
+plan file (:mod:`.io` reads them; :mod:`.checks` validates them first when it checks a plan).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from .. import jsonio
+from ..errors import PlanError
+from ..estimate import DEFAULT_UVA_READ_FACTOR, KV_DTYPE_BYTES, decode_read_rate
+from ..names import DEFAULT_COLD_SEGMENTS
+from ..sizes import GiB, MAX_GBPS, MAX_TFLOPS, MIN_GBPS
+from .vocabulary import (
+    DEFAULT_KV_CACHE_BYTES,
+    DEFAULT_RESERVE_BYTES,
+    MAX_PLAN_INT,
+    MAX_PLAN_NUMBER,
+    REFERENCE_LINK_GBPS,
+    REFERENCE_VRAM_GBPS,
+)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the plan is made for. Bytes are bytes; bandwidths are decimal GB/s."""
+
+    device_memory_bytes: int
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
+    #: CUDA context, activations, CUDA graphs and allocator slack.
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES
+    link_gbps: float = REFERENCE_LINK_GBPS
+    vram_gbps: float = REFERENCE_VRAM_GBPS
+    #: ``None``, or ``"mtp"`` for MTP speculative decoding (loads the ``mtp.*`` head).
+    speculative: str | None = None
+    cold_segments: tuple[str, ...] = DEFAULT_COLD_SEGMENTS
+    #: Device slots the prefetch offloader keeps per offloaded parameter.
+    prefetch_step: int = 1
+    #: vLLM's ``cpu_offload_gb`` (GiB) to price the bulk baseline at; ``None`` picks the
+    #: smallest whole number that covers the deficit.
+    bulk_cpu_offload_gb: float | None = None
+    #: Put every cold module on the host even when fewer would close the deficit: cold
+    #: bytes cost (almost) no link time, and what they free goes to the KV cache.
+    all_cold: bool = False
+    #: Host memory (RAM) the host bytes must fit in; ``None``: not checked.
+    host_memory_bytes: int | None = None
+    #: Concurrent decode sequences a step serves (they share one pass over the weights).
+    batch: int = 1
+    #: Draft tokens per step with speculative decoding; ``None``: the MTP head's layer count.
+    spec_tokens: int | None = None
+    #: Per-token acceptance rate of the drafts; ``None``: the published rate of the model's
+    #: family (``estimate.acceptance_default``), which planning fills in.
+    accept_rate: float | None = None
+    #: With both, the KV cache is sized from the model (replacing ``kv_cache_bytes``).
+    max_model_len: int | None = None
+    max_seqs: int | None = None
+    kv_cache_dtype: str = "auto"
+    #: Average context of a sequence during decode, for KV reads per step; ``None``: half
+    #: of ``max_model_len`` when given, else KV reads are not priced.
+    context_tokens: int | None = None
+    #: Kernels reading host memory in place through UVA (bulk ``cpu_offload_gb``, the UVA
+    #: embedding, experts read in place), GB/s; ``None``: ``link_gbps`` x
+    #: ``estimate.DEFAULT_UVA_READ_FACTOR`` (see :attr:`uva_read_gbps`).
+    uva_gbps: float | None = None
+    #: The card's dense matmul rate for the weights' format (TFLOP/s), so a layer costs at
+    #: least its FLOPs; ``None``: compute is not priced (the plan says so).
+    compute_tflops: float | None = None
+    #: The rate decode kernels read VRAM at, measured the way decode reads (the probe's
+    #: matrix-vector product, ``--decode-read-gbps``), GB/s; ``None``: ``vram_gbps`` (a
+    #: datasheet or saturating-read figure) x ``estimate.DEFAULT_DECODE_READ_FACTOR``.
+    decode_read_gbps: float | None = None
+
+    @property
+    def weight_budget_bytes(self) -> int:
+        return self.device_memory_bytes - self.kv_cache_bytes - self.reserve_bytes
+
+    @property
+    def uva_read_gbps(self) -> float:
+        """The UVA read rate the step model uses: given, else a published fraction of the link."""
+        return self.uva_gbps if self.uva_gbps is not None else self.link_gbps * DEFAULT_UVA_READ_FACTOR
+
+    @property
+    def vram_read_gbps(self) -> float:
+        """The VRAM rate the step model uses: decode reads measured, else a fraction of ``vram_gbps``."""
+        return decode_read_rate(self.vram_gbps, self.decode_read_gbps)
+
+    @property
+    def context(self) -> int:
+        """Tokens of context each sequence's KV read covers in a step (0: not priced)."""
+        if self.context_tokens is not None:
+            return self.context_tokens
+        return self.max_model_len // 2 if self.max_model_len else 0
+
+    def validate(self) -> None:
+        self._check_types()
+        if self.device_memory_bytes <= 0:
+            raise PlanError("device memory must be more than 0 bytes; give it like --device-memory 24GiB")
+        for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps), ("UVA read", self.uva_gbps),
+                             ("decode read", self.decode_read_gbps)):
+            if value is None and label in ("UVA read", "decode read"):
+                continue  # derived from the link / VRAM rate by their default factors
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:
+                raise PlanError(f"{label} bandwidth {value!r} GB/s must be a number from {MIN_GBPS:g} to "
+                                f"{MAX_GBPS:g} GB/s, like 13.9")
+        tflops = self.compute_tflops
+        if tflops is not None and (isinstance(tflops, bool) or not isinstance(tflops, (int, float))
+                                   or not 0 < tflops <= MAX_TFLOPS):
+            raise PlanError(f"compute rate {tflops!r} TFLOP/s must be a positive number of at most {MAX_TFLOPS:g}")
+        if self.kv_cache_bytes < 0 or self.reserve_bytes < 0:
+            raise PlanError("KV cache and reserve sizes must be zero or more bytes")
+        if self.weight_budget_bytes <= 0:
+            raise PlanError(
+                f"KV cache ({self.kv_cache_bytes / GiB:.2f} GiB) and reserve ({self.reserve_bytes / GiB:.2f} GiB) "
+                f"leave nothing of {self.device_memory_bytes / GiB:.2f} GiB of device memory for weights; "
+                "lower --kv-cache or --reserve, or give the card's real memory"
+            )
+        if self.speculative not in (None, "mtp"):
+            raise PlanError(f"speculative decoding {self.speculative!r} is not planned for; use 'mtp' or none")
+        if self.prefetch_step < 1:
+            raise PlanError(f"prefetch step {self.prefetch_step} must be 1 or more")
+        if self.bulk_cpu_offload_gb is not None and not (
+            self.bulk_cpu_offload_gb >= 0 and math.isfinite(self.bulk_cpu_offload_gb)
+        ):
+            raise PlanError(f"bulk cpu_offload_gb {self.bulk_cpu_offload_gb!r} must be 0 or more")
+        if not self.cold_segments:
+            raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
+        if self.batch < 1:
+            raise PlanError(f"batch {self.batch} must be 1 or more concurrent sequences")
+        if self.spec_tokens is not None and not 1 <= self.spec_tokens <= 16:
+            raise PlanError(f"speculative draft tokens {self.spec_tokens} must be between 1 and 16, like mtp:2")
+        if self.accept_rate is not None and not 0.0 <= self.accept_rate <= 1.0:
+            raise PlanError(f"acceptance rate {self.accept_rate!r} must be between 0 and 1, like 0.85")
+        for label, value in (("max model length", self.max_model_len), ("max sequences", self.max_seqs),
+                             ("context tokens", self.context_tokens)):
+            if value is not None and value < (0 if label == "context tokens" else 1):
+                raise PlanError(f"{label} {value} must be a positive number of tokens or sequences")
+        if self.kv_cache_dtype not in KV_DTYPE_BYTES:
+            raise PlanError(f"KV cache dtype {self.kv_cache_dtype!r}: use one of {', '.join(KV_DTYPE_BYTES)}")
+        if self.host_memory_bytes is not None and self.host_memory_bytes <= 0:
+            raise PlanError(f"host memory {self.host_memory_bytes} must be more than 0 bytes, like --host-memory 64GiB")
+        bad = [s for s in self.cold_segments if not s or "." in s]
+        if bad:
+            raise PlanError(f"cold segment {bad[0]!r} must be one name segment without dots, like visual")
+
+    def _check_types(self) -> None:
+        """Every integer field an integer in range, every number finite: a Plan built in
+        Python gets the checks a plan file gets from its reader."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or f.name in ("link_gbps", "vram_gbps"):
+                continue
+            if f.type in ("int", "int | None"):
+                if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PLAN_INT:
+                    raise PlanError(f"{f.name} {value!r} must be an integer of at most {MAX_PLAN_INT}")
+            elif f.type in ("float", "float | None"):
+                if (isinstance(value, bool) or not isinstance(value, (int, float))
+                        or not jsonio.finite_number(value, MAX_PLAN_NUMBER)):
+                    raise PlanError(f"{f.name} {value!r} must be a finite number")
+            elif f.type == "bool" and not isinstance(value, bool):
+                raise PlanError(f"{f.name} {value!r} must be True or False")
+            elif f.type == "str" and not isinstance(value, str):
+                raise PlanError(f"{f.name} {value!r} must be a string")
+        if not isinstance(self.cold_segments, (tuple, list)) or not all(isinstance(s, str) for s in self.cold_segments):
+            raise PlanError(f"cold_segments {self.cold_segments!r} must be a list of name segments")

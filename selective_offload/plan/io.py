@@ -1,0 +1,369 @@
+"""Plans in and out of JSON: reading with bounds, the format's versions, writing, files.
+
+Users edit plans by hand, and plans travel between machines and releases, so reading one
+is a validation, not a deserialisation: every field goes through
+:class:`~selective_offload.jsonio.FieldReader` (types, ranges, enums; one
+:class:`PlanError` line naming the file, the field and the fix), what can be derived is
+recomputed rather than read (estimates, each group's link and VRAM reads), and the plan
+read is put through :mod:`.checks` before it is returned. Fields this version does not know
+are ignored with a note; a newer format version is refused with "upgrade or re-plan".
+
+The format (``"format": "selective-offload/plan-v3"``) is documented in the README. v3 adds
+the routed experts of a MoE layer as a group of their own (kind ``experts``, with
+``num_experts`` and ``experts_per_token``) and the placement ``host-uva``; v2 and v1 plans
+are still read (they have no expert groups: a MoE layer is one group). v1 wrote each
+group's reads split by where they land, and its totals at the top level, where those it
+derived differently (the prefetch buffers among them) are not compared. Writing is the mirror
+of reading, kept beside it so a new field is added to both in one place. The functions
+that make a ``Plan`` take its class as an argument, so this module never imports
+:mod:`.document`, whose methods call it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import MISSING, fields, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from .. import jsonio
+from ..errors import PlanError
+from ..estimate import DEFAULT_ACCEPT_RATE, KvModel
+from ..jsonio import FieldReader
+from .checks import check_bulk, check_derived, check_groups, check_strategy, check_totals
+from .contents import TOTALS, PlanContents
+from .inputs import PlanInputs
+from .parts import EST_IGNORES, Alternative, BulkBaseline, Estimate, GroupPlan, PlannedModel
+from .vocabulary import (
+    FORMAT_PREFIX,
+    FORMAT_VERSION,
+    LAYER_INDEX_KINDS,
+    MAX_PLAN_INT,
+    MAX_PLAN_NUMBER,
+    OLDEST_READABLE_VERSION,
+    PLAN_FORMAT,
+    REPLAN,
+    GroupClass,
+    GroupKind,
+    Placement,
+    Strategy,
+)
+
+P = TypeVar("P", bound=PlanContents)
+
+
+def plan_reader(data: Any, where: str, path: str = "") -> FieldReader:
+    """The typed reader of one JSON object of a plan: its errors are :class:`PlanError`
+    and say how to re-plan; integers and numbers are bounded as a plan's are."""
+    return FieldReader(data, where, path, error=PlanError, fix=REPLAN, max_int=MAX_PLAN_INT,
+                       max_number=MAX_PLAN_NUMBER)
+
+
+def _int_list(value: Any, limit: int = MAX_PLAN_INT) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= limit for i in value)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def format_version(data: Any, where: str) -> int:
+    """The plan format version of ``data``, refusing what is not a plan or is too new."""
+    fmt = data.get("format") if isinstance(data, Mapping) else None
+    m = re.fullmatch(re.escape(FORMAT_PREFIX) + r"(\d+)", fmt) if isinstance(fmt, str) else None
+    if m is None:
+        raise PlanError(
+            f"{where}: not a selective-offload plan (its \"format\" is {json.dumps(fmt)}, expected "
+            f"\"{PLAN_FORMAT}\"); make one with `selective-offload plan MODEL --device-memory SIZE -o plan.json`"
+        )
+    version = int(m.group(1))
+    if version > FORMAT_VERSION:
+        raise PlanError(
+            f"{where}: plan format v{version} is newer than this selective-offload (reads "
+            f"v{OLDEST_READABLE_VERSION}..v{FORMAT_VERSION}): upgrade selective-offload or re-plan with this one"
+        )
+    if version < OLDEST_READABLE_VERSION:
+        raise PlanError(f"{where}: plan format v{version} is too old for this selective-offload "
+                        f"(reads v{OLDEST_READABLE_VERSION}..v{FORMAT_VERSION}); {REPLAN}")
+    return version
+
+
+def read_inputs(r: FieldReader) -> tuple[PlanInputs, list[str]]:
+    speculative = r.raw("speculative", None)
+    if speculative not in (None, "mtp"):
+        r.bad("speculative", speculative, "null or \"mtp\"")
+    inputs = PlanInputs(
+        device_memory_bytes=r.int("device_memory_bytes", minimum=1),
+        kv_cache_bytes=r.int("kv_cache_bytes"),
+        reserve_bytes=r.int("reserve_bytes"),
+        link_gbps=r.number("link_gbps", positive=True),
+        vram_gbps=r.number("vram_gbps", positive=True),
+        speculative=speculative,
+        cold_segments=r.str_list("cold_segments"),
+        prefetch_step=r.int("prefetch_step", minimum=1),
+        bulk_cpu_offload_gb=r.number("bulk_cpu_offload_gb", positive=False, default=None),
+        all_cold=r.bool("all_cold", default=False),
+        host_memory_bytes=r.int("host_memory_bytes", minimum=1, default=None),
+        batch=r.int("batch", minimum=1, default=1),
+        spec_tokens=r.int("spec_tokens", minimum=1, default=None),
+        accept_rate=r.number("accept_rate", positive=False, default=DEFAULT_ACCEPT_RATE),
+        max_model_len=r.int("max_model_len", minimum=1, default=None),
+        max_seqs=r.int("max_seqs", minimum=1, default=None),
+        kv_cache_dtype=r.str("kv_cache_dtype", default="auto"),
+        context_tokens=r.int("context_tokens", default=None),
+        uva_gbps=r.number("uva_gbps", positive=True, default=None),
+        compute_tflops=r.number("compute_tflops", positive=True, default=None),
+        decode_read_gbps=r.number("decode_read_gbps", positive=True, default=None),
+    )
+    try:
+        inputs.validate()
+    except PlanError as exc:
+        raise PlanError(f"{r.where}: inputs: {exc}") from None
+    return inputs, r.unknown()
+
+
+def read_group(r: FieldReader, version: int) -> tuple[GroupPlan, list[str]]:
+    name = r.str("group", nonempty=True)
+    r.context = f"group {name}"
+    kind = r.choice("kind", GroupKind)
+    layer_index = r.int("layer_index", default=None)
+    if (kind in LAYER_INDEX_KINDS) != (layer_index is not None):
+        r.fail(f"kind is {kind} but layer_index is {json.dumps(layer_index)}; a group of kind "
+               f"{' or '.join(sorted(LAYER_INDEX_KINDS))}, and only such a group, has a layer_index")
+    if version == 1:
+        # v1 wrote the per-step reads split by where they land; one of the two is the read.
+        r.seen.update({"est_link_bytes_per_step", "est_vram_bytes_per_step"})
+        read = r.int("est_link_bytes_per_step") + r.int("est_vram_bytes_per_step")
+    else:
+        r.seen.update({"est_link_bytes_per_step", "est_vram_bytes_per_step"})  # derived
+        read = r.int("est_read_bytes_per_step")
+    dtype_bytes = r.raw("dtype_bytes", {})
+    if not isinstance(dtype_bytes, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in dtype_bytes.items()):
+        r.bad("dtype_bytes", dtype_bytes, "an object of dtype -> bytes (integers >= 0)")
+    digest = r.raw("shapes_digest", None)
+    if digest is not None and not isinstance(digest, str):
+        r.bad("shapes_digest", digest, "a string or null")
+    group = GroupPlan(
+        group=name, kind=kind, cls=r.choice("cls", GroupClass), placement=r.choice("placement", Placement),
+        reason=r.str("reason", default=""), bytes=r.int("bytes"), layer_index=layer_index,
+        est_read_bytes_per_step=read, mtp=r.bool("mtp", default=False),
+        num_tensors=r.int("num_tensors", default=0), dtype_bytes=dict(dtype_bytes), shapes_digest=digest,
+        num_experts=r.int("num_experts", default=0), experts_per_token=r.int("experts_per_token", default=0),
+    )
+    return group, r.unknown()
+
+
+def read_estimate(r: FieldReader) -> Estimate:
+    values = {}
+    for f in fields(Estimate):
+        value = r.raw(f.name, f.default if f.default is not MISSING else ...)
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not jsonio.finite_number(value, MAX_PLAN_NUMBER) or value < 0):
+            r.bad(f.name, value, f"a finite number >= 0 and at most {MAX_PLAN_NUMBER:g}")
+        values[f.name] = float(value)
+    return Estimate(**values)
+
+
+def read_bulk(r: FieldReader) -> BulkBaseline:
+    touched = r.raw("layers_touched")
+    if not _int_list(touched):
+        r.bad("layers_touched", touched, "a list of layer indices")
+    return BulkBaseline(cpu_offload_gb=r.number("cpu_offload_gb", positive=False),
+                        offloaded_bytes=r.int("offloaded_bytes"),
+                        offloaded_tensors=r.int("offloaded_tensors"), layers_touched=tuple(touched),
+                        device_bytes=r.int("device_bytes", minimum=None), fits=r.bool("fits"),
+                        est=read_estimate(r.child("est")),
+                        cpu_offload_params=r.str_list("cpu_offload_params", default=[]))
+
+
+def read_model(r: FieldReader) -> tuple[PlannedModel, list[str]]:
+    kv = r.raw("kv", None)
+    if kv is not None:
+        kr = r.child("kv")
+        sliding = kr.raw("sliding", [])
+        if not isinstance(sliding, list) or not all(_int_list(w) and len(w) == 2 for w in sliding):
+            kr.bad("sliding", sliding, "a list of [window, bytes per token] pairs")
+        kv = KvModel(kr.int("full_bytes_per_token", default=0), tuple(tuple(w) for w in sliding),
+                     kr.int("fixed_bytes_per_seq", default=0), kr.str("description", default=""))
+    model = PlannedModel(source=r.str("source"), kind=r.str("kind", default="safetensors"),
+                         architectures=r.str_list("architectures", default=[]),
+                         fingerprint=r.str("fingerprint", nonempty=True), num_tensors=r.int("num_tensors"),
+                         total_bytes=r.int("total_bytes"), tie_word_embeddings=r.bool("tie_word_embeddings"),
+                         num_hidden_layers=r.int("num_hidden_layers", default=None),
+                         num_mtp_layers=r.int("num_mtp_layers", default=0),
+                         kv=kv)
+    return model, r.unknown()
+
+
+def read_alternative(r: FieldReader) -> Alternative:
+    hot = r.raw("hot_layer_indices")
+    if not _int_list(hot):
+        r.bad("hot_layer_indices", hot, "a list of layer indices")
+    return Alternative(label=r.str("label"), strategy=r.choice("strategy", Strategy),
+                       host_cold_bytes=r.int("host_cold_bytes"), host_hot_bytes=r.int("host_hot_bytes"),
+                       hot_layer_indices=tuple(hot), est=read_estimate(r.child("est")),
+                       host_uva_bytes=r.int("host_uva_bytes", default=0))
+
+
+def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
+    """The plan (of class ``cls``) that the JSON object ``data`` holds, read field by field
+    and checked: groups, derived bounds, bulk baseline, stated totals, strategy."""
+    version = format_version(data, where)
+    top = plan_reader(data, where, "")
+    top.seen.add("format")
+    model, notes = read_model(top.child("model"))
+    inputs, more = read_inputs(top.child("inputs"))
+    notes += more
+    groups_raw = top.raw("groups")
+    if not isinstance(groups_raw, list) or not groups_raw:
+        top.bad("groups", groups_raw, "a non-empty list of groups")
+    groups = []
+    for i, raw in enumerate(groups_raw):
+        group, more = read_group(plan_reader(raw, where, f"groups[{i}]"), version)
+        groups.append(group)
+        notes += more
+    hot = top.raw("hot_layer_indices")
+    if not _int_list(hot):
+        top.bad("hot_layer_indices", hot, "a list of layer indices")
+    bulk_raw = top.raw("bulk", None)
+    alternative_raw = top.raw("alternative", None)
+    segments_raw = top.raw("bulk_segments", None)
+    plan = cls(
+        model=model, inputs=inputs, strategy=top.choice("strategy", Strategy), groups=tuple(groups),
+        hot_layer_indices=tuple(hot), est_transient_device_bytes=top.int("est_transient_device_bytes"),
+        bulk=None if bulk_raw is None else read_bulk(top.child("bulk")),
+        est_ignores=top.str_list("est_ignores", default=list(EST_IGNORES)),
+        notes=top.str_list("notes", default=[]),
+        stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None) if version > 1 else None,
+        alternative=None if alternative_raw is None else read_alternative(top.child("alternative")),
+        bulk_segments=None if segments_raw is None else read_bulk(top.child("bulk_segments")),
+    )
+    top.seen.update({"est"})  # derived: recomputed from the groups
+    check_groups(plan, where)
+    check_derived(plan, where)
+    check_bulk(plan, where)
+    check_totals(plan, stored_totals(top, version), where)
+    check_strategy(plan, where)
+    notes += top.unknown()
+    return with_load_notes(plan, notes)
+
+
+def stored_totals(top: FieldReader, version: int) -> dict[str, int]:
+    """The totals a plan file states, to check against the groups."""
+    if version == 1:
+        # v1 wrote them at the top level; the ones it derived differently are not compared.
+        names = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "absent_bytes", "cold_bytes")
+        top.seen.update({"shortfall_bytes", "deficit_bytes", "weight_budget_bytes", "prefetch_buffer_bytes",
+                         "format"})
+        return {n: top.int(n, minimum=None) for n in names if n in top.data}
+    if "totals" not in top.data:
+        return {}
+    r = top.child("totals")
+    out = {n: r.int(n, minimum=None) for n in TOTALS if n in r.data}
+    return out
+
+
+def with_load_notes(plan: P, notes: list[str]) -> P:
+    return replace(plan, load_notes=tuple(notes)) if notes else plan
+
+
+def checked_plan(cls: type[P], plan: PlanContents, where: str = "the Plan object") -> P:
+    """``plan`` validated as a plan file is: written out and read back through the same
+    typed reader (types, enums, bounds, derived quantities), so a Plan built or edited
+    in Python gets no fewer checks than a file, and its errors name it, not a copy."""
+    try:
+        data = jsonio.parse(json.dumps(plan_to_dict(plan, derived=False), allow_nan=False, default=_not_json))
+    except (TypeError, ValueError, AttributeError, ArithmeticError, KeyError) as exc:
+        raise PlanError(f"{where}: is not a well-formed plan ({str(exc).splitlines()[0][:120]}); build it "
+                        "with make_plan() or Plan.load(), or " + REPLAN) from None
+    read = plan_from_dict(cls, data, where=where)
+    return with_load_notes(read, list(plan.load_notes) + list(read.load_notes))
+
+
+def load_plan(cls: type[P], path: str | os.PathLike) -> P:
+    path = Path(path)
+    try:
+        data = jsonio.read(path)
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read the plan: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise PlanError(f"{path}: the plan is not valid JSON ({exc}); {REPLAN}") from None
+    return plan_from_dict(cls, data, where=str(path))
+
+
+def _not_json(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    raise TypeError(f"{type(value).__name__} {value!r} is not a plan value")
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def inputs_to_dict(inputs: PlanInputs) -> dict[str, Any]:
+    return {f.name: (list(v) if isinstance(v := getattr(inputs, f.name), tuple) else v) for f in fields(inputs)}
+
+
+def group_to_dict(group: GroupPlan) -> dict[str, Any]:
+    out = {f.name: getattr(group, f.name) for f in fields(group)}
+    out["dtype_bytes"] = dict(group.dtype_bytes)
+    out["est_link_bytes_per_step"] = group.est_link_bytes_per_step
+    out["est_vram_bytes_per_step"] = group.est_vram_bytes_per_step
+    return out
+
+
+def bulk_to_dict(bulk: BulkBaseline) -> dict[str, Any]:
+    return {**{f.name: getattr(bulk, f.name) for f in fields(bulk)},
+            "layers_touched": list(bulk.layers_touched), "est": bulk.est.__dict__.copy(),
+            "cpu_offload_params": list(bulk.cpu_offload_params)}
+
+
+def model_to_dict(model: PlannedModel) -> dict[str, Any]:
+    return {**{f.name: getattr(model, f.name) for f in fields(model)}, "architectures": list(model.architectures),
+            "kv": None if model.kv is None else model.kv.to_dict()}
+
+
+def alternative_to_dict(alternative: Alternative) -> dict[str, Any]:
+    return {**{f.name: getattr(alternative, f.name) for f in fields(alternative)},
+            "hot_layer_indices": list(alternative.hot_layer_indices), "est": alternative.est.__dict__.copy()}
+
+
+def plan_to_dict(plan: PlanContents, *, derived: bool = True) -> dict[str, Any]:
+    """The plan as its JSON object; ``derived=False`` leaves out what is computed from
+    the fields (totals, estimates), so a plan of unchecked values can be written out to
+    be checked."""
+    return {
+        "format": PLAN_FORMAT,
+        "model": model_to_dict(plan.model),
+        "inputs": inputs_to_dict(plan.inputs),
+        "strategy": plan.strategy,
+        "hot_layer_indices": list(plan.hot_layer_indices),
+        "est_transient_device_bytes": plan.est_transient_device_bytes,
+        "prefetch_buffer_bytes": plan.prefetch_buffer_bytes if derived else plan.stored_prefetch_buffer_bytes,
+        **({"totals": plan.totals(), "est": plan.est.__dict__.copy()} if derived else {}),
+        "bulk": None if plan.bulk is None else bulk_to_dict(plan.bulk),
+        "bulk_segments": None if plan.bulk_segments is None else bulk_to_dict(plan.bulk_segments),
+        "alternative": None if plan.alternative is None else alternative_to_dict(plan.alternative),
+        "est_ignores": list(plan.est_ignores),
+        "notes": list(plan.notes),
+        "groups": [group_to_dict(g) for g in plan.groups],
+    }
+
+
+def plan_to_json(plan: PlanContents) -> str:
+    """The plan as strict JSON (no NaN or Infinity: every number a plan holds is bounded)."""
+    return jsonio.dumps(plan_to_dict(plan)) + "\n"
+
+
+def save_plan(plan: PlanContents, path: str | os.PathLike) -> None:
+    text = plan_to_json(plan)
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot write the plan: {exc.strerror or exc}; name a file in an existing, "
+                        "writable directory") from None

@@ -1,0 +1,190 @@
+"""The parts of a plan: each group's placement, a step's estimate, vLLM's own offload
+priced as a baseline, the model the plan is for, and the alternative placement.
+
+These are frozen records with the quantities that follow from their own fields (a group's
+link and VRAM reads per step, a baseline's label); what follows from all the groups
+together is :mod:`.contents`, whether the parts agree is :mod:`.checks`, and how they are
+read and written is :mod:`.io`. Estimates are labelled ``est`` and never stored as the
+truth: :class:`Estimate` is recomputed from the groups by :mod:`selective_offload.estimate`,
+and :data:`EST_IGNORES` says what that leaves out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ..estimate import (
+    DEFAULT_ACCEPT_RATE,
+    KvModel,
+    StepSettings,
+    Traffic,
+    expert_read_fraction,
+    flops_per_token,
+    step_cost,
+)
+from .inputs import PlanInputs
+from .vocabulary import HOST_PLACEMENTS, GroupClass, GroupKind, Placement, Strategy
+
+#: What the estimates leave out, written into every plan beside them.
+EST_IGNORES: tuple[str, ...] = (
+    "compute beyond a matmul's best rate: with --compute-tflops (or a probe of the GPU) a layer costs "
+    "at least its FLOPs (2 per parameter per token, counted from stored bytes) at that rate; kernels "
+    "that reach less at decode shapes (NVFP4 ran 4.7x slower than its bytes on the reference laptop) "
+    "run slower than estimated, and without a rate compute is not priced at all",
+    "attention compute, activations and sampling; KV reads are priced only with --max-model-len "
+    "or --context, and spread evenly over the layers",
+    "kernel launch, scheduling and Python overhead between kernels (the host gather's fixed host "
+    "work per step among them)",
+    "prefetch overlap: one slot ahead, copies and compute assumed not to slow each other (they "
+    "share memory bandwidth); copies are priced at the pinned copy rate, which no published "
+    "measurement of vLLM's prefetch offloader has checked",
+    "UVA reads in kernels at one rate whatever the buffer size (0.86 of the copy rate unless probed; "
+    "in-kernel host reads fall as buffers grow past GBs)",
+    "VRAM read by decode kernels at one fraction of a datasheet or saturating-read rate (0.72 unless "
+    "the probe measured decode reads or --decode-read-gbps gives them; published vLLM decode runs reach "
+    "0.60-0.78 of a datasheet rate)",
+    "speculative decoding: one acceptance rate for every draft position (measured accepted lengths fall "
+    "1-11% below it at 2-4 drafts), and the drafts' KV",
+    "routed experts (MoE): uniform routing assumed, a step of T tokens reading 1 - (1 - k/E)^T of a "
+    "layer's expert bytes; real routers favour some experts, so at T > 1 fewer distinct experts are "
+    "read than estimated",
+)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One group's class, placement and what identifies its tensors."""
+
+    group: str
+    kind: GroupKind
+    cls: GroupClass
+    placement: Placement
+    reason: str
+    bytes: int
+    layer_index: int | None
+    #: Bytes a decode step reads from this group at batch 1 (est): all of a layer, one row
+    #: of an embedding, nothing of a tower, k/E of a layer's routed experts.
+    est_read_bytes_per_step: int
+    mtp: bool = False
+    #: What the model check compares (rename-proof: names are relative to the group).
+    num_tensors: int = 0
+    dtype_bytes: Mapping[str, int] = field(default_factory=dict)
+    shapes_digest: str | None = None
+    #: Routed experts of the layer (E) and experts per token (k); 0 for every other kind.
+    num_experts: int = 0
+    experts_per_token: int = 0
+
+    @property
+    def on_host(self) -> bool:
+        return self.placement in HOST_PLACEMENTS
+
+    @property
+    def est_link_bytes_per_step(self) -> int:
+        """Bytes that cross the link per step at batch 1 (est): a prefetched layer whole
+        (experts included), a cold group's reads, the routed experts read through UVA."""
+        if self.placement == Placement.HOST_HOT:
+            return self.bytes
+        return self.est_read_bytes_per_step if self.on_host else 0
+
+    @property
+    def est_vram_bytes_per_step(self) -> int:
+        """Device memory reads per step (est); a prefetched layer is read from its buffer too."""
+        if self.placement in (Placement.DEVICE, Placement.HOST_HOT):
+            return self.est_read_bytes_per_step
+        return 0
+
+
+def experts_read_bytes(nbytes: int, num_experts: int, experts_per_token: int, tokens: int = 1) -> int:
+    """Bytes of a layer's routed experts that a step of ``tokens`` tokens reads (est)."""
+    return round(nbytes * expert_read_fraction(num_experts, experts_per_token, tokens))
+
+
+def read_flops(dtype_bytes: Mapping[str, int], read_bytes: int, nbytes: int) -> float:
+    """FLOPs per token of a module a step reads ``read_bytes`` of: its FLOPs in that share
+    (a module read whole every step computes whole; one read a row at a time, nothing)."""
+    return flops_per_token(dtype_bytes) * (read_bytes / nbytes) if nbytes and read_bytes else 0.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One decode step, estimated (:mod:`selective_offload.estimate`): link and VRAM time,
+    the link time the prefetch overlap hides, the drafts' time, the step, and tokens."""
+
+    est_link_s_per_step: float
+    est_vram_s_per_step: float
+    est_step_s: float
+    est_tok_s: float
+    est_tokens_per_step: float = 1.0
+    est_tok_s_per_seq: float = 0.0
+    est_hidden_link_s_per_step: float = 0.0
+    est_draft_s_per_step: float = 0.0
+    #: The step's FLOPs over the matmul rate (0 when no rate was given: not priced).
+    est_compute_s_per_step: float = 0.0
+
+    @classmethod
+    def of(cls, traffic: Traffic, inputs: PlanInputs, kv: KvModel | None, spec_tokens: int,
+           *, pipelined: bool) -> "Estimate":
+        accept = inputs.accept_rate if inputs.accept_rate is not None else DEFAULT_ACCEPT_RATE
+        settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, inputs.batch, spec_tokens,
+                                accept, inputs.context, inputs.uva_read_gbps, inputs.compute_tflops,
+                                inputs.decode_read_gbps)
+        return cls(**step_cost(traffic, settings, kv, pipelined=pipelined))
+
+
+@dataclass(frozen=True)
+class BulkBaseline:
+    """vLLM's own ``cpu_offload_gb``: parameters of the layer stack, in model order (with
+    ``cpu_offload_params``, only those whose names hold one of its segments)."""
+
+    cpu_offload_gb: float
+    offloaded_bytes: int
+    offloaded_tensors: int
+    #: Decoder layers with at least one parameter on the host.
+    layers_touched: tuple[int, ...]
+    device_bytes: int
+    fits: bool
+    est: Estimate
+    #: vLLM's ``cpu_offload_params`` (empty: every parameter is eligible).
+    cpu_offload_params: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The vLLM setting, as a user would pass it."""
+        return f"cpu_offload_gb={self.cpu_offload_gb:g}" + (
+            f", cpu_offload_params={','.join(self.cpu_offload_params)}" if self.cpu_offload_params else "")
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    """The model a plan was made for, and how it is recognised."""
+
+    source: str
+    #: ``safetensors`` (headers of a local checkpoint), ``hub`` (headers read from a hub id,
+    #: which vLLM downloads), ``manifest``, or ``config`` (sizes estimated).
+    kind: str
+    architectures: tuple[str, ...]
+    #: A hash of every tensor's name, dtype and shape (see :func:`planner.model_fingerprint`).
+    fingerprint: str
+    num_tensors: int
+    total_bytes: int
+    tie_word_embeddings: bool
+    num_hidden_layers: int | None
+    #: MTP layers the model declares (the default number of draft tokens).
+    num_mtp_layers: int = 0
+    #: KV-cache bytes per token and per sequence, from the config (None: unknown).
+    kv: KvModel | None = None
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """Another placement priced on the same input (with or without speculative decoding)."""
+
+    label: str
+    strategy: Strategy
+    host_cold_bytes: int
+    host_hot_bytes: int
+    hot_layer_indices: tuple[int, ...]
+    est: Estimate
+    host_uva_bytes: int = 0
+
