@@ -1,0 +1,126 @@
+"""The package's shape, kept by a test: no import circles, no file doing many jobs, and vLLM
+imported only by the glue. Read from the source with ``ast``, imports inside functions
+included: moving one side of a circle into a function hides it, it does not end it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+PACKAGE = REPO / "selective_offload"
+#: One reason to change per file: a module past this is doing more than one job.
+MAX_MODULE_LINES = 650
+#: Benchmarks time and print; past this a script is carrying a test suite or a library.
+MAX_BENCHMARK_LINES = 420
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Modules of the package that PATH imports anywhere, resolved to module names."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in found if m.startswith("selective_offload")}
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    edges = {}
+    for name, path in modules.items():
+        targets = set()
+        for m in imports_of(path):
+            while m and m not in modules:
+                m = m.rpartition(".")[0]
+            if m and m != name and not name.startswith(m + "."):  # a package's own __init__ is not a cycle
+                targets.add(m)
+        edges[name] = targets
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    found, state, stack = [], {}, []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(edges.get(n, ())):
+            if state.get(m) == 1:
+                found.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(edges):
+        if n not in state:
+            visit(n)
+    return found
+
+
+def test_the_package_has_no_import_circle():
+    assert cycles(graph()) == []
+
+
+def benchmark_graph() -> dict[str, set[str]]:
+    """The benchmark scripts import each other by file name (their folder is on sys.path)."""
+    scripts = {p.stem: p for p in (REPO / "benchmarks").glob("*.py")}
+    edges = {}
+    for name, path in scripts.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.add(node.module)
+        edges[name] = {m for m in found if m in scripts and m != name}
+    return edges
+
+
+def test_the_benchmarks_have_no_import_circle():
+    assert cycles(benchmark_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_does_many_jobs(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(REPO)} has {lines} lines: split it along its seams"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "benchmarks").glob("*.py")), ids=lambda p: p.name)
+def test_no_benchmark_script_carries_a_library(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_BENCHMARK_LINES, f"benchmarks/{path.name} has {lines} lines: move shared pieces out"
+
+
+def test_only_the_glue_imports_vllm():
+    outside = []
+    for path in PACKAGE.rglob("*.py"):
+        if "vllm_glue" in path.relative_to(PACKAGE).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            outside += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] == "vllm"]
+    assert outside == []
