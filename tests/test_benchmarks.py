@@ -181,7 +181,7 @@ def test_decode_emulation_report_renders_cuda_fields(tmp_path):
     result = json.loads(only(tmp_path, "decode-emulation-*-smoke.json").read_text())
     assert result["batch_sweep"]["batches"] == [1, 2] and result["verification"]["draft_k"] == [1]
     sys.path.insert(0, str(BENCH))
-    import decode_emulation
+    import emulation_report
 
     result["cuda"] = True
     result["bandwidth"]["uva_read_gbps"] = 40.0
@@ -192,7 +192,7 @@ def test_decode_emulation_report_renders_cuda_fields(tmp_path):
     result["batch_sweep"]["configs"][0]["under_cap"] = False
     result["batch_sweep"]["configs"][1]["rows"][1] = {"batch": 2, "status": "does not fit the cap",
                                                       "error": "CUDA out of memory"}
-    md = decode_emulation.markdown(result)
+    md = emulation_report.markdown(result)
     assert "UVA read 40.00 GB/s" in md and "binds" in md
     assert "| 20.00 | NO |" in md and "| selective | 2 | does not fit the cap |" in md
     assert "bulk: peak device 20.00 GB, under cap yes." in md
@@ -219,7 +219,7 @@ def test_emulation_sections_can_be_left_out(tmp_path):
 
 def test_break_even_acceptance():
     sys.path.insert(0, str(BENCH))
-    import decode_emulation as de
+    import emulation_estimate as de
 
     assert de.expected_tokens(3, 0.0) == 1.0 and de.expected_tokens(3, 1.0) == 4.0
     assert de.expected_tokens(1, 0.5) == pytest.approx(1.5)
