@@ -230,9 +230,10 @@ def test_break_even_acceptance():
 
 
 NO_CUDA = "skipped: no CUDA device"
-#: The construction and TP-lookup checks of gpu_mechanism_check.py: those that pass on any
-#: machine (the meta device standing in for the GPU where placement is the point), and
-#: those that need CUDA (passed there, skipped with the no-CUDA reason elsewhere).
+#: The construction and TP-lookup checks of tests/gpu (gpu_mechanism_check.py runs them):
+#: those that pass on any machine (the meta device standing in for the GPU where placement
+#: is the point), and those that need CUDA (passed there, skipped with the no-CUDA reason
+#: elsewhere).
 MECHANISM_ANYWHERE = [
     *(f"masked host lookup == masked device lookup ({t} tokens, TP rank 1 of 4)" for t in (1, 16, 256, 4096)),
     *(f"host lookup output is on the device and masked in place ({t} tokens)" for t in (1, 16, 256, 4096)),
@@ -294,10 +295,11 @@ HOST_MEMORY_CUDA = [
 
 
 def test_mechanism_check_small_runs_without_vllm(tmp_path):
-    """The GPU machine this script is for has torch and no vLLM: it runs with vLLM made
-    unimportable, and every check it records passed or was skipped for want of CUDA."""
+    """The GPU machine this script is for has torch and no vLLM (and perhaps no pytest): it
+    runs the tests of tests/gpu with vLLM and pytest made unimportable, and every check it
+    records passed or was skipped for want of CUDA."""
     script = str(BENCH / "gpu_mechanism_check.py")
-    code = ("import runpy, sys; sys.modules['vllm'] = None; "
+    code = ("import runpy, sys; sys.modules['vllm'] = None; sys.modules['pytest'] = None; "
             f"sys.argv = [{script!r}, '--small', '--out', {str(tmp_path)!r}]; "
             f"runpy.run_path({script!r}, run_name='__main__')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
