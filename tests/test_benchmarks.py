@@ -478,6 +478,7 @@ def test_e2e_report_renders_a_gpu_shaped_result(tmp_path):
     layers (selective is the cold-only plan), resident skipped, one failed engine."""
     sys.path.insert(0, str(BENCH))
     import bench_e2e
+    import e2e_report
 
     def measured(tok_s):
         m = {"decode_tok_s": {"median": tok_s, "min": tok_s * 0.9, "max": tok_s * 1.1, "n": 6},
@@ -502,10 +503,10 @@ def test_e2e_report_renders_a_gpu_shaped_result(tmp_path):
             {"name": "selective", "status": "same", "same_as": "cold_only", "reason": "no hot layers"},
         ],
     }
-    md = bench_e2e.markdown(result)
+    md = e2e_report.markdown(result)
     assert "| cold_only | 1 |" in md and "| selective (= cold_only) | 8 |" in md
     assert "failed: OutOfMemoryError" in md and "skipped: does not fit" in md
-    bench_e2e.chart(result, tmp_path / "chart.png")
+    e2e_report.chart(result, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").stat().st_size > 1000
 
 
