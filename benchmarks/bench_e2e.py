@@ -43,6 +43,11 @@ link cost: ``cold_only / resident`` should be close to 1.0.
     python benchmarks/bench_e2e.py --smoke    # 1 repetition, 8 tokens, batches 1 and 2
 
 Writes ``e2e-<cpu|cuda>-<machine>-<date>.json``, ``.md`` and ``.png`` under ``--out``.
+
+The pieces: ``e2e_plan.py`` (what each configuration runs, from the plans),
+``e2e_engine.py`` (one engine, measured in its own process, and the pooling of rounds),
+``e2e_report.py`` (the Markdown and the chart); this script checks the input, plans,
+starts the engines in alternating rounds and writes the results.
 """
 
 from __future__ import annotations

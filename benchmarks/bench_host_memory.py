@@ -25,6 +25,10 @@ short of the model (the embedding, the only cold module, goes to the host).
     python benchmarks/bench_host_memory.py --smoke      # tiny model, 1 x 2 engines
 
 Writes ``host-memory-<cpu|cuda>-<machine>-<date>.json`` and ``.md`` under ``--out``.
+
+The pieces: ``rss_sampling.py`` (the process tree's resident set, sampled) and
+``host_memory_report.py`` (the Markdown); this script builds the model and the plan,
+starts the engines and compares them.
 """
 
 from __future__ import annotations

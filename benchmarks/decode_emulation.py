@@ -102,7 +102,9 @@ from _common import (  # noqa: E402
 )
 from emulated_model import Shape  # noqa: E402
 from emulation_report import markdown  # noqa: E402
-from emulation_sections import Budget, Ctx, measure_placement, measure_routed_experts, measure_verification  # noqa: E402
+from emulation_sections import (  # noqa: E402
+    Budget, Ctx, measure_placement, measure_routed_experts, measure_verification,
+)
 
 MODEL = "qwen3.8-27b-fp8"
 
