@@ -128,6 +128,26 @@ def time_s(fn: Callable[[], object], iters: int, cuda: bool, warmup: int = 2,
     return out
 
 
+def median_us(fn: Callable[[], object], iters: int, cuda: bool, warmup: int = 3) -> float:
+    """Median wall microseconds of ``iters`` calls, the device synchronised around each one
+    (so launch and sync overhead are in: measured, not estimated); the mechanism checks'
+    timing (``benchmarks/gpu_mechanism_check.py`` and ``tests/gpu/``)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
 def fill_random(t, seed: int = 0):
     """Random bytes in ``t`` (positive bf16 values between ~1e-9 and ~0.7: no NaN,
     no infinity), made as one 1 MiB random block tiled over it, which is fast for GBs."""

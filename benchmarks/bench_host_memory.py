@@ -25,6 +25,10 @@ short of the model (the embedding, the only cold module, goes to the host).
     python benchmarks/bench_host_memory.py --smoke      # tiny model, 1 x 2 engines
 
 Writes ``host-memory-<cpu|cuda>-<machine>-<date>.json`` and ``.md`` under ``--out``.
+
+The pieces: ``rss_sampling.py`` (the process tree's resident set, sampled) and
+``host_memory_report.py`` (the Markdown); this script builds the model and the plan,
+starts the engines and compares them.
 """
 
 from __future__ import annotations
@@ -45,14 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import (  # noqa: E402
     BenchError,
     worker_or_run,
-    RESULTS_DIR, fmt, load_1min, machine, md_table, result_stem, shared_note, spread, today, write_results,
+    RESULTS_DIR, load_1min, machine, result_stem, shared_note, spread, today, write_results,
 )
+from host_memory_report import markdown  # noqa: E402
+from rss_sampling import TRANSIENT_SAMPLES, sample_tree  # noqa: E402
 
 CONFIGS = ("plain", "selective")
-#: A process seen in fewer samples than this is a helper (vLLM runs ``lscpu`` through a
-#: shell) or a fork about to exec, whose resident set is its parent's pages counted again:
-#: left out of the sums, listed apart.
-TRANSIENT_SAMPLES = 5
 FULL_MODEL = dict(vocab_size=131072, hidden_size=1024, intermediate_size=3072, num_hidden_layers=2,
                   num_attention_heads=8, num_key_value_heads=4, head_dim=128)
 SMOKE_MODEL = dict(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -83,8 +85,6 @@ SHOWS = (
     "(benchmarks/gpu_mechanism_check.py measures those); nor does it show device memory saved, "
     "which needs a GPU."
 )
-
-
 
 
 # --------------------------------------------------------------------------- worker
@@ -131,92 +131,7 @@ def worker(spec_path: Path) -> int:
         return 1
 
 
-# --------------------------------------------------------------------------- sampling
-
-
-def _hwm_bytes(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _cmd(p) -> str:
-    import psutil
-
-    try:
-        return " ".join(p.cmdline())[:120]
-    except psutil.Error:
-        return ""
-
-
-def _roles(per_pid: dict, root_pid: int) -> None:
-    """Name each process of the tree from its last command line: vLLM titles its engine
-    core ``VLLM::EngineCore`` and, on the CPU build, the process that holds the model
-    ``VLLM::Worker``."""
-    for pid, rec in per_pid.items():
-        cmd = rec["cmd"].strip()
-        if pid == root_pid:
-            rec["name"] = "worker (LLM)"
-        elif "VLLM::Worker" in cmd:
-            rec["name"] = "model worker (VLLM::Worker)"
-        elif "EngineCore" in cmd:
-            rec["name"] = "engine core"
-        elif "resource_tracker" in cmd:
-            rec["name"] = "resource tracker"
-        else:
-            rec["name"] = cmd.split(" -c ")[0].rsplit("/", 1)[-1][:40] or "?"
-
-
-def sample_tree(proc, interval_s: float, timeout_s: float) -> dict:
-    """RSS of ``proc`` and each descendant every ``interval_s`` until it exits. Returns
-    the summed samples (wall time, bytes) over the processes that lived through
-    ``TRANSIENT_SAMPLES`` samples or more, and each process's peak RSS and last VmHWM."""
-    import psutil
-
-    root = psutil.Process(proc.pid)
-    raw: list[tuple[float, dict[int, int]]] = []
-    per_pid: dict[int, dict] = {}
-    deadline = time.monotonic() + timeout_s
-    costs = []
-    while proc.poll() is None:
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise TimeoutError(f"the engine did not finish in {timeout_s:.0f} s")
-        t0 = time.perf_counter()
-        try:
-            procs = [root] + root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            break
-        sample: dict[int, int] = {}
-        for p in procs:
-            try:
-                rss = p.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                continue
-            sample[p.pid] = rss
-            rec = per_pid.setdefault(p.pid, {"name": None, "cmd": "", "peak_rss_bytes": 0,
-                                             "hwm_bytes": None, "samples": 0})
-            rec["cmd"] = _cmd(p) or rec["cmd"]  # vLLM retitles its processes once started
-            rec["peak_rss_bytes"] = max(rec["peak_rss_bytes"], rss)
-            rec["samples"] += 1
-            hwm = _hwm_bytes(p.pid)
-            if hwm is not None:
-                rec["hwm_bytes"] = hwm
-        raw.append((time.time(), sample))
-        costs.append(time.perf_counter() - t0)
-        time.sleep(max(0.0, interval_s - costs[-1]))
-    _roles(per_pid, root.pid)
-    kept = {pid for pid, rec in per_pid.items() if rec["samples"] >= TRANSIENT_SAMPLES or pid == root.pid}
-    for pid, rec in per_pid.items():
-        rec["transient"] = pid not in kept
-    samples = [(t, sum(b for pid, b in sample.items() if pid in kept)) for t, sample in raw]
-    return {"samples": samples, "per_process": per_pid,
-            "sample_cost_ms": statistics.median(costs) * 1e3 if costs else None}
+# --------------------------------------------------------------------------- an engine, sampled
 
 
 def run_engine(spec: dict, workdir: Path, interval_s: float, timeout_s: float, env: dict) -> dict:
@@ -471,96 +386,6 @@ def by_process(by: dict) -> list[dict]:
         b = statistics.median(p[n] for p in sel)
         rows.append({"process": n, "plain_peak_bytes": a, "selective_peak_bytes": b, "difference_bytes": b - a})
     return rows
-
-
-# --------------------------------------------------------------------------- output
-
-
-def _mb_spread(s: dict) -> str:
-    if s.get("median") is None:
-        return "n/a"
-    return f"{s['median'] / 1e6:.0f} ({s['min'] / 1e6:.0f}-{s['max'] / 1e6:.0f})"
-
-
-def markdown(r: dict) -> str:
-    m = r["model"]
-    rows = []
-    for c in r["configs"]:
-        if c["status"] != "measured":
-            rows.append([c["name"], f"failed: {'; '.join(e for e in c['errors'] if e)}"] + [""] * 5)
-            continue
-        rows.append([c["name"], _mb_spread(c["peak_rss_bytes"]), _mb_spread(c["peak_rss_load_bytes"]),
-                     _mb_spread(c["peak_rss_generate_bytes"]), _mb_spread(c["rss_loaded_bytes"]),
-                     _mb_spread(c["hwm_sum_bytes"]),
-                     f"{fmt(c['load_s']['median'], 1)} ({fmt(c['load_s']['min'], 1)}-{fmt(c['load_s']['max'], 1)})"])
-    cmp = r["comparison"]
-    lines = [
-        f"# Host memory of an engine: cold plan against plain vLLM, {r['machine']}",
-        "",
-        f"Date {r['date']}, vLLM {r['vllm']}, torch {r['torch']}, "
-        f"{'CUDA (' + r['device'] + ')' if r['cuda'] else 'CPU build, no GPU'}; "
-        f"{'smoke run: ' if r['smoke'] else ''}random Qwen3 built here (vocab {m['config']['vocab_size']} x "
-        f"hidden {m['config']['hidden_size']}, {m['config']['num_hidden_layers']} layers, untied), checkpoint "
-        f"{m['checkpoint_bytes'] / 1e6:.1f} MB in bf16, embedding {m['embedding_checkpoint_bytes'] / 1e6:.1f} MB "
-        f"in the checkpoint and {m['embedding_engine_bytes'] / 1e6:.1f} MB as the engine holds it (engine dtype "
-        f"{m['engine_dtype']}); {r['repeats']} engine(s) per configuration in alternating order, "
-        f"{r['prompts']} prompts x {r['max_tokens']} tokens; "
-        + (f"{r['cpu_threads']} CPU thread(s) per engine; " if r["cpu_threads"] else "")
-        + f"whole run {r['wall_s']:.0f} s; {r['load_note']}.",
-        "",
-        "Resident set of the engine's process tree, MB, median (min-max):",
-        "",
-        md_table(["config", "peak (whole run)", "peak while loading", "peak while generating",
-                  "at end of load", "sum of per-process VmHWM (upper bound)", "load s"], rows),
-    ]
-    if cmp:
-        p, d = cmp["peak_rss_bytes"], cmp["paired_peak_ratio"]
-        lines += [
-            f"**selective / plain, peak RSS: {p['ratio']:.3f}** (medians; "
-            f"{p['difference_bytes'] / 1e6:+.0f} MB, {p['difference_over_embedding']:+.2f}x the embedding's "
-            f"{m['embedding_engine_bytes'] / 1e6:.0f} MB); paired by repetition {fmt(d['median'], 3)} "
-            f"({fmt(d['min'], 3)}-{fmt(d['max'], 3)}). While loading: "
-            f"{cmp['peak_rss_load_bytes']['ratio']:.3f} ({cmp['peak_rss_load_bytes']['difference_bytes'] / 1e6:+.0f} MB); "
-            f"while generating: {cmp['peak_rss_generate_bytes']['ratio']:.3f} "
-            f"({cmp['peak_rss_generate_bytes']['difference_bytes'] / 1e6:+.0f} MB); at end of load: "
-            f"{cmp['rss_loaded_bytes']['ratio']:.3f} ({cmp['rss_loaded_bytes']['difference_bytes'] / 1e6:+.0f} MB). "
-            f"Noise: the peaks of identical plain engines spanned "
-            f"{cmp['noise_bytes']['plain_max_minus_min'] / 1e6:.0f} MB, the plan's "
-            f"{cmp['noise_bytes']['selective_max_minus_min'] / 1e6:.0f} MB. Generated tokens identical across "
-            f"all engines: {'yes' if cmp['same_tokens'] else 'NO'}.",
-            "",
-        ]
-    if cmp.get("by_process"):
-        lines += ["Where the difference lives, peak RSS per process (MB, medians):", "",
-                  md_table(["process", "plain", "selective", "difference"],
-                           [[x["process"], fmt(x["plain_peak_bytes"] / 1e6, 0), fmt(x["selective_peak_bytes"] / 1e6, 0),
-                             f"{x['difference_bytes'] / 1e6:+.1f}"] for x in cmp["by_process"]])]
-    runs = []
-    for name in ("plain", "selective"):
-        for i, x in enumerate(next(c for c in r["configs"] if c["name"] == name)["runs"]):
-            if x["status"] != "measured":
-                continue
-            procs = ", ".join(f"{p['name']} {p['peak_rss_bytes'] / 1e6:.0f}"
-                              + (f" (transient, {p['samples']} samples: not summed)" if p["transient"] else "")
-                              for p in x["processes"])
-            runs.append([f"{name} r{i + 1}", "first" if r["order"][i][0] == name else "second",
-                         fmt(x["peak_rss_bytes"] / 1e6, 0), fmt(x["peak_rss_load_bytes"] / 1e6, 0),
-                         fmt(x["peak_rss_generate_bytes"] / 1e6, 0), procs, x["samples"],
-                         fmt(x["sample_interval_ms"], 1)])
-    lines += ["Per engine (MB; per-process peaks by process name):", "",
-              md_table(["engine", "order", "peak", "peak loading", "peak generating", "process peaks",
-                        "samples", "interval ms"], runs)]
-    rep = r.get("report")
-    if rep:
-        hm = rep.get("host_memory") or {}
-        lines += [f"The plan's placement report (last engine): ok {rep['ok']}, "
-                  f"{rep['landed_host_cold_bytes'] / 1e6:.1f} MB of cold bytes on the host, host-memory "
-                  f"policy {hm.get('policy', 'n/a')} ({hm.get('reason', '')}), page-locked "
-                  f"{hm.get('page_locked_bytes', 'n/a')} B, RSS of the process that loaded the model, at the report: "
-                  f"{fmt((hm.get('resident_set_bytes') or 0) / 1e6, 0)} MB"
-                  + (f"; problems: {'; '.join(rep['problems'])}" if rep["problems"] else "") + ".", ""]
-    lines += [f"Method: {r['method']}", "", r["shows"], ""]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS_DIR, md_table  # noqa: E402
+from gpu_figures import FAMILIES, ratio_rows  # noqa: E402
+from gpu_sections import SECTIONS  # noqa: E402
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCK = re.compile(r"(<!-- results-table (?P<name>[a-z0-9-]+):[^>]*-->\n)(?P<body>.*?)(<!-- /results-table (?P=name) -->)",
@@ -108,8 +110,6 @@ def gpu_runs(results: Path) -> str:
     """The headline ratios of the newest full GPU run on each device (``gpu-run-cuda-*``,
     not ``--small``), with the sections a later ``--only`` rerun measured taken from it;
     before any run, every figure the run measures, marked not measured yet."""
-    import gpu_run
-
     def order(p: Path):  # by date; on one day the full run before its reruns
         return DATE.findall(p.stem)[-1:], "-only-" in p.stem, p.name
 
@@ -121,7 +121,7 @@ def gpu_runs(results: Path) -> str:
     if not runs:
         return ("No GPU run recorded yet: every figure below is **not measured yet**.\n\n"
                 + md_table(["figure", "measured", "what it proves"],
-                           [[f.label, "not measured yet", f.proves] for f in gpu_run.FAMILIES]))
+                           [[f.label, "not measured yet", f.proves] for f in FAMILIES]))
     parts = []
     for device, found in sorted(runs.items()):
         full = [r for r in found if not r[1].get("only")]
@@ -139,7 +139,7 @@ def gpu_runs(results: Path) -> str:
         status = ", ".join(f"{s['name']} {s['status']}" for s in sections.values())
         rows = []
         for family in families.values():
-            for i, row in enumerate(gpu_run.ratio_rows([family])):
+            for i, row in enumerate(ratio_rows([family])):
                 rows.append([row[0], row[1], row[2], family["proves"] if i == 0 else ""])
         parts.append(f"**{device}**, {base[1]['date']} (sections: {status}), from "
                      + " and ".join(f"`{p.stem}.md`" for p in sources) + ":\n\n"
@@ -148,14 +148,12 @@ def gpu_runs(results: Path) -> str:
 
 
 def gpu_budget(results: Path) -> str:
-    """The GPU run's sections, their commands and time limits, from ``gpu_run.SECTIONS``."""
-    import gpu_run
-
+    """The GPU run's sections, their commands and time limits, from ``gpu_sections.SECTIONS``."""
     rows = [[f"{i}. {s.name}", f"`python3 {s.target} {s.full.format(out='$OUT', name='<name>')}`",
              s.limit_s, s.est_s, f"`{s.small.format(out='$OUT', name='<name>')}`"]
-            for i, s in enumerate(gpu_run.SECTIONS, 1)]
-    est = [[int(x) for x in s.est_s.split("-")] for s in gpu_run.SECTIONS]
-    rows.append(["**whole run**", "", sum(s.limit_s for s in gpu_run.SECTIONS),
+            for i, s in enumerate(SECTIONS, 1)]
+    est = [[int(x) for x in s.est_s.split("-")] for s in SECTIONS]
+    rows.append(["**whole run**", "", sum(s.limit_s for s in SECTIONS),
                  f"{sum(e[0] for e in est)}-{sum(e[-1] for e in est)}", ""])
     return md_table(["section", "command (full run)", "limit s", "est s on an H200", "arguments with --small"], rows)
 

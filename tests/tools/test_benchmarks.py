@@ -182,7 +182,7 @@ def test_decode_emulation_report_renders_cuda_fields(tmp_path):
     result = json.loads(only(tmp_path, "decode-emulation-*-smoke.json").read_text())
     assert result["batch_sweep"]["batches"] == [1, 2] and result["verification"]["draft_k"] == [1]
     sys.path.insert(0, str(BENCH))
-    import decode_emulation
+    import emulation_report
 
     result["cuda"] = True
     result["bandwidth"]["uva_read_gbps"] = 40.0
@@ -193,7 +193,7 @@ def test_decode_emulation_report_renders_cuda_fields(tmp_path):
     result["batch_sweep"]["configs"][0]["under_cap"] = False
     result["batch_sweep"]["configs"][1]["rows"][1] = {"batch": 2, "status": "does not fit the cap",
                                                       "error": "CUDA out of memory"}
-    md = decode_emulation.markdown(result)
+    md = emulation_report.markdown(result)
     assert "UVA read 40.00 GB/s" in md and "binds" in md
     assert "| 20.00 | NO |" in md and "| selective | 2 | does not fit the cap |" in md
     assert "bulk: peak device 20.00 GB, under cap yes." in md
@@ -220,7 +220,7 @@ def test_emulation_sections_can_be_left_out(tmp_path):
 
 def test_break_even_acceptance():
     sys.path.insert(0, str(BENCH))
-    import decode_emulation as de
+    import emulation_estimate as de
 
     assert de.expected_tokens(3, 0.0) == 1.0 and de.expected_tokens(3, 1.0) == 4.0
     assert de.expected_tokens(1, 0.5) == pytest.approx(1.5)
@@ -231,9 +231,10 @@ def test_break_even_acceptance():
 
 
 NO_CUDA = "skipped: no CUDA device"
-#: The construction and TP-lookup checks of gpu_mechanism_check.py: those that pass on any
-#: machine (the meta device standing in for the GPU where placement is the point), and
-#: those that need CUDA (passed there, skipped with the no-CUDA reason elsewhere).
+#: The construction and TP-lookup checks of tests/gpu (gpu_mechanism_check.py runs them):
+#: those that pass on any machine (the meta device standing in for the GPU where placement
+#: is the point), and those that need CUDA (passed there, skipped with the no-CUDA reason
+#: elsewhere).
 MECHANISM_ANYWHERE = [
     *(f"masked host lookup == masked device lookup ({t} tokens, TP rank 1 of 4)" for t in (1, 16, 256, 4096)),
     *(f"host lookup output is on the device and masked in place ({t} tokens)" for t in (1, 16, 256, 4096)),
@@ -295,10 +296,11 @@ HOST_MEMORY_CUDA = [
 
 
 def test_mechanism_check_small_runs_without_vllm(tmp_path):
-    """The GPU machine this script is for has torch and no vLLM: it runs with vLLM made
-    unimportable, and every check it records passed or was skipped for want of CUDA."""
+    """The GPU machine this script is for has torch and no vLLM (and perhaps no pytest): it
+    runs the tests of tests/gpu with vLLM and pytest made unimportable, and every check it
+    records passed or was skipped for want of CUDA."""
     script = str(BENCH / "gpu_mechanism_check.py")
-    code = ("import runpy, sys; sys.modules['vllm'] = None; "
+    code = ("import runpy, sys; sys.modules['vllm'] = None; sys.modules['pytest'] = None; "
             f"sys.argv = [{script!r}, '--small', '--out', {str(tmp_path)!r}]; "
             f"runpy.run_path({script!r}, run_name='__main__')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -477,6 +479,7 @@ def test_e2e_report_renders_a_gpu_shaped_result(tmp_path):
     layers (selective is the cold-only plan), resident skipped, one failed engine."""
     sys.path.insert(0, str(BENCH))
     import bench_e2e
+    import e2e_report
 
     def measured(tok_s):
         m = {"decode_tok_s": {"median": tok_s, "min": tok_s * 0.9, "max": tok_s * 1.1, "n": 6},
@@ -501,10 +504,10 @@ def test_e2e_report_renders_a_gpu_shaped_result(tmp_path):
             {"name": "selective", "status": "same", "same_as": "cold_only", "reason": "no hot layers"},
         ],
     }
-    md = bench_e2e.markdown(result)
+    md = e2e_report.markdown(result)
     assert "| cold_only | 1 |" in md and "| selective (= cold_only) | 8 |" in md
     assert "failed: OutOfMemoryError" in md and "skipped: does not fit" in md
-    bench_e2e.chart(result, tmp_path / "chart.png")
+    e2e_report.chart(result, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").stat().st_size > 1000
 
 

@@ -23,7 +23,11 @@ from helpers import REPO
 ROOT = REPO
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import _common  # noqa: E402
+import gpu_figures  # noqa: E402
 import gpu_run  # noqa: E402
+import gpu_run_pack  # noqa: E402
+import gpu_sections  # noqa: E402
 import tables  # noqa: E402
 
 
@@ -44,7 +48,7 @@ def test_small_run_packs_what_the_device_tool_sends_back(small_run):
     out, summary, _ = small_run
     stem = summary["stem"]
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{stem}{ext}" for ext in (".json", ".log", ".md", ".tar.gz"))
-    assert gpu_run.check_returnable(out) == []
+    assert gpu_run_pack.check_returnable(out) == []
     with tarfile.open(out / f"{stem}.tar.gz") as tar:
         names = tar.getnames()
         assert all("/" not in n for n in names)
@@ -60,7 +64,7 @@ def test_small_run_packs_what_the_device_tool_sends_back(small_run):
 
 def test_small_run_records_every_section_and_needs_no_vllm(small_run):
     _, summary, stdout = small_run
-    assert [s["name"] for s in summary["sections"]] == [s.name for s in gpu_run.SECTIONS]
+    assert [s["name"] for s in summary["sections"]] == [s.name for s in gpu_sections.SECTIONS]
     for s in summary["sections"]:
         assert s["status"] == "ok" and s["exit_code"] == 0, s
         assert s["vllm_imports_blocked"] == [], s
@@ -68,13 +72,13 @@ def test_small_run_records_every_section_and_needs_no_vllm(small_run):
         assert any(n.endswith(".json") for n in s["files"]) and any(n.endswith(".md") for n in s["files"])
     env = summary["environment"]
     assert env["cuda"] is False and env["torch"] and summary["small"] is True
-    assert summary["stem"] == f"gpu-run-cpu-{gpu_run.slug(env['device'])}-{summary['date']}-small"
+    assert summary["stem"] == f"gpu-run-cpu-{_common.slug(env['device'])}-{summary['date']}-small"
     assert "## Headline ratios" in stdout  # the summary is the last thing printed
 
 
 def test_small_run_summary_has_every_ratio_measured_or_why_not(small_run):
     out, summary, _ = small_run
-    assert [f["key"] for f in summary["ratios"]] == [f.key for f in gpu_run.FAMILIES]
+    assert [f["key"] for f in summary["ratios"]] == [f.key for f in gpu_figures.FAMILIES]
     by = {f["key"]: f for f in summary["ratios"]}
     for f in summary["ratios"]:
         assert bool(f["rows"]) != bool(f["not_measured"]), f
@@ -105,15 +109,15 @@ def test_small_run_summary_has_every_ratio_measured_or_why_not(small_run):
         assert "no CUDA" in by[key]["not_measured"] or "no GPU" in by[key]["not_measured"], by[key]
     assert "cold-only" in by["cold_only_over_bulk"]["not_measured"]
     md = (out / f"{summary['stem']}.md").read_text()
-    for f in gpu_run.FAMILIES:
+    for f in gpu_figures.FAMILIES:
         assert f.label in md
     assert "## est / measured step time, decode emulation" in md and len(summary["placements"]) > 10
 
 
-def _section(tmp_path: Path, name: str, code: str, limit: int = 60) -> gpu_run.Section:
+def _section(tmp_path: Path, name: str, code: str, limit: int = 60) -> gpu_sections.Section:
     script = tmp_path / f"{name}.py"
     script.write_text(code)
-    return gpu_run.Section(name, str(script), "--out {out}", "--out {out}", limit, limit, "")
+    return gpu_sections.Section(name, str(script), "--out {out}", "--out {out}", limit, limit, "")
 
 
 def test_sections_run_with_vllm_blocked_and_counted(tmp_path):
@@ -158,8 +162,8 @@ def test_the_full_run_ends_inside_one_device_command():
     """The device tool runs one command for at most 10 minutes: the sections' limits leave a
     minute for the driver's own start (a torch import) and summary, so the summary is always
     written; every full-run section has its est on an H200."""
-    assert sum(s.limit_s for s in gpu_run.SECTIONS) + 60 <= 600
-    assert all(s.est_s and int(s.est_s.split("-")[-1]) <= s.limit_s for s in gpu_run.SECTIONS)
+    assert sum(s.limit_s for s in gpu_sections.SECTIONS) + 60 <= 600
+    assert all(s.est_s and int(s.est_s.split("-")[-1]) <= s.limit_s for s in gpu_sections.SECTIONS)
 
 
 def test_only_takes_known_sections(capsys):
@@ -191,7 +195,7 @@ def test_a_gpu_run_lands_in_the_readme_table(small_run, tmp_path):
     gpu-runs table (here the CPU run, relabelled as a full CUDA run)."""
     out, summary, _ = small_run
     results = tmp_path / "results"
-    copied = gpu_run.import_results(out / f"{summary['stem']}.tar.gz", results)
+    copied = gpu_run_pack.import_results(out / f"{summary['stem']}.tar.gz", results)
     assert copied and all(n.endswith((".json", ".md")) for n in copied)
     assert not any(n.endswith(".log") for n in copied)
     assert "No GPU run recorded yet" in tables.gpu_runs(results)  # a --small CPU run is not one
@@ -199,7 +203,7 @@ def test_a_gpu_run_lands_in_the_readme_table(small_run, tmp_path):
     (results / "gpu-run-cuda-nvidia-h200-2026-12-01.json").write_text(json.dumps(gpu))
     table = tables.gpu_runs(results)
     assert table.startswith("**NVIDIA H200**, ") and "gpu-run-cuda-nvidia-h200-2026-12-01.md" in table
-    for f in gpu_run.FAMILIES:
+    for f in gpu_figures.FAMILIES:
         assert f"| {f.label}" in table
     assert "| selective / bulk, decode tok/s: batch 1 (matrix-vector) | " in table
     # A later rerun of one section (--only) replaces that section's figures, not the others'.
@@ -294,7 +298,7 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
     uva["rows"].append({"bytes": 8 << 30, "error": "OffloadError: cudaHostRegister of 8 GiB failed"})
     for name, data in files.items():
         (tmp_path / name).write_text(json.dumps(data))
-    ratios = {f["key"]: f for f in gpu_run.ratios(sections, tmp_path)}
+    ratios = {f["key"]: f for f in gpu_figures.ratios(sections, tmp_path)}
     for key in ("uva_over_copy_emulation", "uva_over_copy_sizes", "uva_over_copy_probe", "pageable_over_pinned",
                 "page_locked_over_planned", "uva_embedding_over_device"):
         assert ratios[key]["rows"] and not ratios[key]["not_measured"], ratios[key]
@@ -309,9 +313,9 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
     assert uva_rows[2]["label"] == "CUDA graph replay, 1 token(s) per step"
     next(p for p in gather["paths"] if p["key"] == "uva_embedding_graph")["status"] = "FAILED: capture raised"
     (tmp_path / by_section["gather"]).write_text(json.dumps(gather))
-    failed = next(f for f in gpu_run.ratios(sections, tmp_path) if f["key"] == "uva_embedding_over_device")
+    failed = next(f for f in gpu_figures.ratios(sections, tmp_path) if f["key"] == "uva_embedding_over_device")
     assert failed["rows"][-1] == {"label": "CUDA graph replay", "measured": None, "est": None,
                                   "note": "FAILED: capture raised"}
     assert "cap binds" in ratios["selective_over_bulk"]["rows"][0]["note"]
-    rows = gpu_run.ratio_rows(list(ratios.values()))
+    rows = gpu_figures.ratio_rows(list(ratios.values()))
     assert any(r[1].startswith("n/a (OffloadError") for r in rows)

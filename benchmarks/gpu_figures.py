@@ -1,0 +1,276 @@
+"""The GPU run's headline figures: what each proves, and how it is read from a section's JSON.
+
+Why a module of its own: the driver (``gpu_run.py``) computes these ratios into its
+summary, and the README's tables (``tables.py``) list the same families and rows from the
+summaries it finds in ``benchmarks/results/``. Both import them from here; this module
+reads result files' data and imports neither of them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from _common import fmt
+
+
+@dataclass(frozen=True)
+class Family:
+    """A headline figure: which section measures it, what it proves, and how to read it
+    from the section's JSON (a list of rows, or a string: the reason it was not measured)."""
+
+    key: str
+    section: str
+    label: str
+    proves: str
+    read: Callable[[dict], "list[dict] | str"]
+
+
+def _row(label: str, measured, est=None, note: str = "") -> dict:
+    return {"label": label, "measured": measured, "est": est, "note": note}
+
+
+def _med(s: dict | None) -> float | None:
+    return None if not s else s.get("median")
+
+
+def _ok(d: dict, name: str) -> dict | None:
+    return next((c for c in d.get("configs", []) if c.get("config") == name and c.get("status") == "measured"), None)
+
+
+def selective_over_bulk(d: dict) -> list[dict] | str:
+    rows = []
+    cap = d.get("cap", {})
+    under = [c.get("under_cap") for c in d.get("configs", []) if c.get("capped")]
+    note = ("cap " + {True: "binds", False: "DOES NOT bind", None: "not checked (no CUDA)"}[cap.get("binds")]
+            + ("" if cap.get("binds") is None else
+               "; capped placements under it: " + ("yes" if all(u is not False for u in under) else "NO")))
+    if "speedup_selective_over_bulk" in d:
+        rows.append(_row("batch 1 (matrix-vector)", d["speedup_selective_over_bulk"], d.get("est_speedup_selective_over_bulk"), note))
+    sweep = d.get("batch_sweep") or {}
+    points = {(c["config"], p["batch"]): p for c in sweep.get("configs", []) for p in c.get("rows", [])
+              if p.get("status") == "measured"}
+    for b, ratio in (sweep.get("speedup_selective_over_bulk") or {}).items():
+        bulk, sel = points.get(("bulk", int(b))), points.get(("selective", int(b)))
+        # mutation: gpu-run-sweep-est-inverted
+        est = bulk["est_step_s"] / sel["est_step_s"] if bulk and sel else None
+        rows.append(_row(f"batch {b} (matrix product), total tok/s", ratio, est))
+    return rows or "bulk and selective were not both measured (see the decode-emulation results)"
+
+
+def cold_only_over_bulk(d: dict) -> list[dict] | str:
+    cold, bulk = _ok(d, "cold_only") or _ok(d, "cold-only"), _ok(d, "bulk")
+    if cold and bulk:
+        return [_row("batch 1", _med(bulk["step_s"]) / _med(cold["step_s"]), bulk["est_step_s"] / cold["est_step_s"])]
+    return ("the decode emulation has no cold-only placement: on the reference 24 GiB card the cold set alone "
+            "does not close the deficit (the plan needs hot layers too), so a cold-only plan does not fit")
+
+
+def selective_mtp(d: dict) -> list[dict] | str:
+    v = d.get("verification") or {}
+    if v.get("skipped"):
+        return f"skipped: {v['skipped']}"
+    sel = next((c for c in v.get("configs", []) if c.get("config") == "selective" and c.get("status") == "measured"),
+               None)
+    if sel is None:
+        return "the selective placement of the MTP plan was not measured"
+    rows = []
+    for p in sel["rows"]:
+        if p.get("status") != "measured" or not p["k"]:
+            continue
+        accept = p.get("break_even_accept_rate_vs_plain_plan", "n/a")
+        accept = "never (more than K + 1 tokens)" if accept is None else fmt(accept)
+        rows.append(_row(f"K = {p['k']}: step / plain step on the same placement", p.get("break_even_tokens_per_step"),
+                         p.get("est_break_even_tokens_per_step"),
+                         f"acceptance needed to beat the plan without MTP: {accept}"))
+    return rows or "no K >= 1 point was measured"
+
+
+def est_over_measured(d: dict) -> list[dict] | str:
+    # mutation: gpu-run-est-over-measured-inverted
+    rows = [_row(c["config"] + ("" if c.get("capped") else " (no cap)"), c["est_step_s"] / _med(c["step_s"]))
+            for c in d.get("configs", []) if c.get("status") == "measured"]
+    return rows or "no placement was measured"
+
+
+def uva_over_copy_emulation(d: dict) -> list[dict] | str:
+    bw = d.get("bandwidth") or {}
+    if not bw.get("uva_read_gbps"):
+        return "no CUDA: a UVA view of pinned memory needs a GPU" if not d.get("cuda") else "no UVA read rate recorded"
+    return [_row(f"{bw['probe_bytes'] / 2**30:g} GiB, bf16 GEMV through the view / pinned copy",
+                 bw["uva_read_gbps"] / bw["link_gbps"], None,
+                 f"UVA {bw['uva_read_gbps']:.2f} GB/s, copy {bw['link_gbps']:.2f} GB/s")]
+
+
+def uva_over_copy_sizes(d: dict) -> list[dict] | str:
+    if not d.get("cuda"):
+        return d.get("uva") or "no CUDA"
+    return [_row(f"{r['bytes'] / 2**30:.2f} GiB", r.get("uva_over_copy"), None,
+                 r["error"] if "error" in r else
+                 f"UVA GEMV {r['uva_gemv_gbps']:.2f}, copy {r['copy_gbps']:.2f} GB/s"
+                 + ("" if r.get("uva_equals_device") else "; the view's result DIFFERS from the device copy's"))
+            for r in d.get("rows", [])] or "no sizes measured"
+
+
+def uva_over_copy_probe(d: dict) -> list[dict] | str:
+    if d.get("no_link_reason"):
+        return d["no_link_reason"]
+    keys = sorted(k for k, v in d.items() if "uva" in k and k.endswith("gbps") and isinstance(v, (int, float)))
+    if not keys:
+        return "this probe does not measure a UVA read rate (no `*uva*_gbps` field in its profile)"
+    return [_row(f"{k} / link_gbps_pinned", d[k] / d["link_gbps_pinned"], None,
+                 f"{d[k]:.2f} / {d['link_gbps_pinned']:.2f} GB/s") for k in keys]
+
+
+def pageable_over_pinned(d: dict) -> list[dict] | str:
+    if d.get("no_link_reason"):
+        return d["no_link_reason"]
+    return [_row("host-to-device copy", d["link_gbps_pageable"] / d["link_gbps_pinned"], None,
+                 f"pageable {d['link_gbps_pageable']:.2f}, pinned {d['link_gbps_pinned']:.2f} GB/s, "
+                 f"VRAM {d['vram_gbps']:.0f} GB/s")]
+
+
+def page_locked_over_planned(d: dict) -> list[dict] | str:
+    hm = d.get("host_memory") or {}
+    if not hm.get("overall"):
+        return "no host-memory section in the mechanism results"
+    o = hm["overall"]
+    if not d.get("cuda"):
+        return ("no CUDA: nothing is page-locked without a GPU (est for torch's pinned blocks: "
+                f"{fmt(o.get('est_ratio_rounding'), 4)})")
+    return [_row("exact registration (the project's host weights)", o.get("ratio_exact"), 1.0),
+            _row("torch's pinned blocks (vLLM's own pins)", o.get("ratio_rounding"), o.get("est_ratio_rounding"),
+                 "est: every tensor rounded up to a power of two")]
+
+
+def _gather_ratio(d: dict, key: str) -> list[dict] | str:
+    path = next((p for p in d.get("paths", []) if p["key"] == key), None)
+    if path is None or path["status"] != "measured":
+        return path["status"] if path else f"no {key} path in the gather results"
+    rows = [r for r in d.get("rows", []) if r.get(f"{key}_s") and r.get("device_s")]
+    picked = [r for r in rows if r["tokens"] in (1, max(x["tokens"] for x in rows))] if rows else []
+    return [_row(f"{r['tokens']} token(s) per step", _med(r[f"{key}_s"]) / _med(r["device_s"]), None,
+                 f"{_med(r[f'{key}_s']) * 1e6:.1f} us vs {_med(r['device_s']) * 1e6:.1f} us") for r in picked] \
+        or "no rows"
+
+
+def uva_embedding_over_device(d: dict) -> list[dict] | str:
+    """The glue's UVA lookup called eagerly and replayed from a CUDA graph (where a failed
+    capture or a wrong replay is the row's note)."""
+    rows = []
+    for key, how in (("uva_embedding", "eager"), ("uva_embedding_graph", "CUDA graph replay")):
+        got = _gather_ratio(d, key)
+        if isinstance(got, str):
+            if key == "uva_embedding":
+                return got  # no UVA view at all (no CUDA)
+            rows.append(_row(how, None, None, got))
+        else:
+            rows += [{**r, "label": f"{how}, {r['label']}"} for r in got]
+    return rows
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("selective_over_bulk", "decode-emulation", "selective / bulk, decode tok/s",
+           "whether the plan decodes faster than vLLM's bulk `cpu_offload_gb` on the same 24 GiB card, and by how "
+           "much as batches share each step's link bytes", selective_over_bulk),
+    Family("cold_only_over_bulk", "decode-emulation", "cold-only / bulk, decode tok/s",
+           "whether moving only the bytes a step does not read already beats bulk", cold_only_over_bulk),
+    Family("selective_mtp", "decode-emulation", "selective+MTP: tokens a verify step must yield to break even",
+           "what MTP speculative decoding costs per step on the selective placement (well below K + 1 tokens: "
+           "verifying K + 1 tokens costs about one pass on a link-bound step)", selective_mtp),
+    Family("est_over_measured", "decode-emulation", "est / measured step time, batch 1, per placement",
+           "how far the planner's bytes-over-bandwidth estimate is from the step it prices", est_over_measured),
+    Family("uva_over_copy_emulation", "decode-emulation", "UVA read rate / pinned copy rate",
+           "what a kernel reading pinned host memory in place (bulk offload, the UVA embedding) gets of the link",
+           uva_over_copy_emulation),
+    Family("uva_over_copy_sizes", "uva-read", "UVA read rate / copy rate, by buffer size",
+           "whether a kernel reading page-locked host memory in place keeps the copy engine's rate up to the size "
+           "of a real offload (the largest size: the reference plan's bulk offload)", uva_over_copy_sizes),
+    Family("uva_over_copy_probe", "probe", "UVA read rate / pinned copy rate (probe)",
+           "the rate `plan` would price in-kernel host reads at, measured where plans are made", uva_over_copy_probe),
+    Family("pageable_over_pinned", "probe", "pageable / pinned copy rate",
+           "what page-locking host weights is worth: the copy rate pageable memory gets", pageable_over_pinned),
+    Family("page_locked_over_planned", "mechanism", "page-locked / planned host bytes",
+           "whether host weights lock exactly their bytes (no power-of-two rounding), and how much more torch's "
+           "pinned blocks (vLLM's own pins) lock",
+           page_locked_over_planned),
+    Family("uva_embedding_over_device", "gather", "UVA embedding / device embedding, time per lookup",
+           "that the glue's UVA embedding is graph-safe (a captured lookup replayed with new ids reads the right "
+           "rows) and what it costs a step against a resident table", uva_embedding_over_device),
+    Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
+           "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),
+)
+
+
+def ratios(sections: list[dict], out: Path) -> list[dict]:
+    """Each family's rows from its section's JSON, or one row saying why it is not measured."""
+    by_name = {s["name"]: s for s in sections}
+    result = []
+    for fam in FAMILIES:
+        entry = {"key": fam.key, "section": fam.section, "label": fam.label, "proves": fam.proves,
+                 "rows": [], "source": None, "not_measured": None}
+        sec = by_name.get(fam.section)
+        jsons = [n for n in (sec or {}).get("files", []) if n.endswith(".json")]
+        if sec is None:
+            entry["not_measured"] = f"the {fam.section} section was not run"
+        elif not jsons:
+            entry["not_measured"] = f"the {fam.section} section {sec['status']} before writing results"
+        else:
+            entry["source"] = jsons[0]
+            try:
+                got = fam.read(json.loads((out / jsons[0]).read_text()))
+            except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+                got = f"could not read {jsons[0]}: {type(exc).__name__}: {exc}"
+            if isinstance(got, str):
+                entry["not_measured"] = got
+            else:
+                entry["rows"] = got
+        result.append(entry)
+    return result
+
+
+def placements_table(sections: list[dict], out: Path) -> list[list]:
+    """est / measured for every decode-emulation point (batch 1, the sweep, verification)."""
+    sec = next((s for s in sections if s["name"] == "decode-emulation"), None)
+    jsons = [n for n in (sec or {}).get("files", []) if n.endswith(".json")]
+    if not jsons:
+        return []
+    d = json.loads((out / jsons[0]).read_text())
+    rows = []
+    for c in d.get("configs", []):
+        if c.get("status") == "measured":
+            rows.append([c["config"], "batch 1 (GEMV)", c["est_step_s"] * 1e3, _med(c["step_s"]) * 1e3])
+    for c in (d.get("batch_sweep") or {}).get("configs", []):
+        for p in c.get("rows", []):
+            if p.get("status") == "measured":
+                rows.append([c["config"], f"batch {p['batch']}", p["est_step_s"] * 1e3, _med(p["step_s"]) * 1e3])
+    for c in (d.get("verification") or {}).get("configs", []):
+        for p in c.get("rows", []):
+            if p.get("status") == "measured":
+                rows.append([c["config"] + " (MTP plan)", f"K = {p['k']}", p["est_step_s"] * 1e3,
+                             _med(p["step_s"]) * 1e3])
+    return [[a, b, f"{e:.2f}", f"{m:.2f}", fmt(e / m, 3)] for a, b, e, m in rows]
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    return fmt(value, 3) if isinstance(value, float) else str(value)
+
+
+def ratio_rows(families: list[dict], source_link: Callable[[str], str] = lambda s: f"`{s}`") -> list[list[str]]:
+    """The headline table's rows: figure, measured, est, from."""
+    rows = []
+    for f in families:
+        if f["not_measured"]:
+            rows.append([f["label"], f"not measured: {f['not_measured']}", "", ""])
+            continue
+        for r in f["rows"]:
+            label = f"{f['label']}: {r['label']}"
+            measured = ("n/a" if r["measured"] is None else _cell(r["measured"])) + (
+                f" ({r['note']})" if r.get("note") else "")
+            rows.append([label, measured, _cell(r["est"]), source_link(f["source"])])
+    return rows
+

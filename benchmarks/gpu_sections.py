@@ -1,0 +1,36 @@
+"""What the first GPU run runs: its sections, in order, with their arguments and time limits.
+
+Why a module of its own: the driver (``gpu_run.py``) runs these, and the README's budget
+table (``tables.py``) lists them; both import this data and neither imports the other's
+code for it, so there is no import circle between the driver and the tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    target: str  # a script path under the tree, or "-m module"
+    full: str  # arguments of the full run; {out}: the results directory, {name}: <cuda|cpu>-<machine>-<date>
+    small: str  # arguments with --small
+    limit_s: int  # time limit of the full run
+    small_limit_s: int  # time limit with --small
+    est_s: str  # est seconds of the full run on an H200 (not yet measured there)
+
+
+#: The sections, in order: one line each. est_s is what each should take on an H200, from
+#: its own docstring's arithmetic (host memory pinned and filled, the timed loops), not yet
+#: measured there. The limits add up to what one command of the device tool may run, less a
+#: minute for the driver's own start and summary (a test checks), so a run always ends
+#: with its summary written.
+SECTIONS: tuple[Section, ...] = tuple(Section(*row) for row in (
+    # name               what runs                             full-size arguments                                   --small arguments                                limits (full, small)  est_s
+    ("probe",            "-m selective_offload.cli",           "probe -o {out}/probe-{name}.json",                   "probe --quick -o {out}/probe-{name}-quick.json", 35, 60,   "10-25"),
+    ("mechanism",        "benchmarks/gpu_mechanism_check.py",  "--out {out}",                                        "--small --out {out}",                          250, 90,  "90-240"),
+    ("decode-emulation", "benchmarks/decode_emulation.py",     "--device-memory 24GiB --max-seconds 60 --out {out}", "--smoke --out {out}",                          150, 90,  "80-130"),
+    ("gather",           "benchmarks/bench_gather.py",         "--out {out}",                                        "--smoke --out {out}",                          40, 60,   "15-35"),
+    ("uva-read",         "benchmarks/bench_uva_read.py",       "--out {out}",                                        "--smoke --out {out}",                          40, 60,   "15-35"),
+))
