@@ -5,7 +5,7 @@ Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the tests can l
 the model. On the CPU build host memory is device memory: these tests prove the routing
 (the experts were built on the host, never under the device), the post-processing in
 place, the report and bit-identical tokens; the UVA views and their reads need a GPU
-(``benchmarks/gpu_mechanism_check.py``, and tests/unit/vllm_glue/test_experts_uva.py on vLLM's classes).
+(``tests/gpu/``, and tests/unit/vllm_glue/test_experts_uva.py on vLLM's classes).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the tests can l
 wrappers the glue attached; ``test_vllm_serve.py`` covers the spawned-process path. On the
 CPU build the compute device is the CPU, so host and device memory are one: these tests
 prove the routing, the wrappers, the report and bit-identical tokens, not memory savings
-(that needs a GPU: benchmarks/gpu_mechanism_check.py).
+(that needs a GPU: tests/gpu/).
 """
 
 from __future__ import annotations
