@@ -29,8 +29,8 @@ def _describe(nbytes: int, dtype_bytes: dict[str, int]) -> str:
 
 def _first_difference(planned: GroupPlan, actual: Group) -> str | None:
     name = planned.group
-    if planned.cls != actual.cls:
-        return f"{name} is {planned.cls} in the plan and {actual.cls} here ({actual.reason})"
+    if planned.role != actual.role:
+        return f"{name} is {planned.role} in the plan and {actual.role} here ({actual.reason})"
     if planned.kind != actual.kind or planned.layer_index != actual.layer_index or planned.mtp != actual.mtp:
         return (f"{name} is kind {planned.kind}, layer {planned.layer_index}, mtp {planned.mtp} in the plan and "
                 f"kind {actual.kind}, layer {actual.layer_index}, mtp {actual.mtp} here")

@@ -63,7 +63,7 @@ def _header(plan: Plan) -> list[str]:
 
 def _row(name: str, groups: list[GroupPlan]) -> str:
     first = groups[0]
-    return (f"{name:<40} {_gb(sum(g.bytes for g in groups)):>10} {first.cls:<6} {first.placement:<10} "
+    return (f"{name:<40} {_gb(sum(g.bytes for g in groups)):>10} {first.role:<6} {first.placement:<10} "
             f"{_step_bytes(sum(g.est_link_bytes_per_step for g in groups)):>10} "
             f"{_step_bytes(sum(g.est_vram_bytes_per_step for g in groups)):>10}")
 

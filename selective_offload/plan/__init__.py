@@ -43,13 +43,13 @@ from .parts import (
     read_flops,
 )
 from .vocabulary import (
-    CLASS_PLACEMENTS,
+    ROLE_PLACEMENTS,
     DEFAULT_KV_CACHE_BYTES,
     DEFAULT_RESERVE_BYTES,
     FORMAT_PREFIX,
     FORMAT_VERSION,
     HOST_PLACEMENTS,
-    KIND_CLASS,
+    KIND_ROLE,
     LAYER_INDEX_KINDS,
     LAYER_KINDS,
     MAX_PLAN_INT,
@@ -57,23 +57,28 @@ from .vocabulary import (
     OLDEST_READABLE_VERSION,
     PARTIAL_READ_KINDS,
     PLACEMENT_KINDS,
+    PLACEMENT_SERVING,
     PLAN_FORMAT,
     REFERENCE_LINK_GBPS,
     REFERENCE_VRAM_GBPS,
     REPLAN,
-    GroupClass,
+    SERVING_LOCATION,
+    SERVING_PLACEMENT,
     GroupKind,
+    Location,
     Placement,
+    Role,
+    Serving,
     Strategy,
 )
 
 
-
 __all__ = [
-    "CLASS_PLACEMENTS", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "FORMAT_PREFIX",
-    "FORMAT_VERSION", "HOST_PLACEMENTS", "KIND_CLASS", "LAYER_INDEX_KINDS", "LAYER_KINDS", "MAX_PLAN_INT",
-    "MAX_PLAN_NUMBER", "OLDEST_READABLE_VERSION", "PARTIAL_READ_KINDS", "PLACEMENT_KINDS", "PLAN_FORMAT",
-    "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN", "TOTALS", "Alternative", "BulkBaseline", "Estimate",
-    "GroupClass", "GroupKind", "GroupPlan", "Placement", "Plan", "PlanContents", "PlanInputs", "PlannedModel",
-    "Strategy", "experts_read_bytes", "format_version", "plan_reader", "read_flops",
+    "Alternative", "BulkBaseline", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "Estimate",
+    "FORMAT_PREFIX", "FORMAT_VERSION", "GroupKind", "GroupPlan", "HOST_PLACEMENTS", "KIND_ROLE",
+    "LAYER_INDEX_KINDS", "LAYER_KINDS", "Location", "MAX_PLAN_INT", "MAX_PLAN_NUMBER", "OLDEST_READABLE_VERSION",
+    "PARTIAL_READ_KINDS", "PLACEMENT_KINDS", "PLACEMENT_SERVING", "PLAN_FORMAT", "Placement", "Plan",
+    "PlanContents", "PlanInputs", "PlannedModel", "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN",
+    "ROLE_PLACEMENTS", "Role", "SERVING_LOCATION", "SERVING_PLACEMENT", "Serving", "Strategy", "TOTALS",
+    "experts_read_bytes", "format_version", "plan_reader", "read_flops",
 ]

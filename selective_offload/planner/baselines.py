@@ -28,7 +28,7 @@ from ..plan import (
     LAYER_KINDS,
     BulkBaseline,
     Estimate,
-    GroupClass,
+    Role,
     GroupKind,
     Plan,
     PlanInputs,
@@ -78,7 +78,7 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
             if not touched or touched[-1] != index:
                 touched.append(index)
     # vLLM keeps its own host tables (n-gram embeddings) on the host in this run too.
-    loaded = sum(g.nbytes for g in groups if g.cls != GroupClass.ABSENT and not g.vllm_host)
+    loaded = sum(g.nbytes for g in groups if g.role != Role.ABSENT and not g.vllm_host)
     device = loaded - offloaded
     return BulkBaseline(
         cpu_offload_gb=gb, offloaded_bytes=offloaded, offloaded_tensors=count,
@@ -118,12 +118,12 @@ def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: Pla
     other = row = draft = 0
     other_flops = draft_flops = 0.0
     for g in groups:
-        if g.kind in LAYER_KINDS or g.cls == GroupClass.ABSENT:
+        if g.kind in LAYER_KINDS or g.role == Role.ABSENT:
             continue
         if g.mtp:
             draft += g.nbytes
             draft_flops += flops_per_token(g.dtype_bytes)
-        elif has_segment(g.name, EMBED_SEGMENTS) and g.cls == GroupClass.COLD:
+        elif has_segment(g.name, EMBED_SEGMENTS) and g.role == Role.COLD:
             row += g.est_read_bytes_per_step
         else:
             other += g.est_read_bytes_per_step

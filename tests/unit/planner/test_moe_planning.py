@@ -121,7 +121,7 @@ def test_a_uniform_routing_profile_gives_the_uniform_fraction_and_a_skewed_one_l
 def test_a_moe_layer_is_its_experts_group_and_the_rest(fused):
     g = by_name(group_tensors(moe(fused=fused), inputs(10_000)))
     experts, layer = g["model.layers.1.mlp.experts"], g["model.layers.1"]
-    assert (experts.kind, experts.cls, experts.layer_index) == ("experts", "hot", 1)
+    assert (experts.kind, experts.role, experts.layer_index) == ("experts", "hot", 1)
     assert (experts.num_experts, experts.experts_per_token) == (E, K)
     assert experts.nbytes == 80 * MB and experts.est_read_bytes_per_step == 80 * MB * K // E
     # Attention, norms, router and the shared expert stay in the layer group, read whole.
@@ -461,7 +461,7 @@ def test_ngram_tables_vllm_keeps_on_the_host_are_counted_there(arch, field, tabl
     declared = make_ckpt(dict(spec), architectures=[arch], **{field: [1]})
     plan = make_plan(declared, inputs(10_000))
     g = by_name(plan)[f"model.layers.1.{table.split('.shard_')[0]}"]
-    assert (g.cls, g.placement, g.bytes) == ("cold", "host-cold", 300 * MB)
+    assert (g.role, g.placement, g.bytes) == ("cold", "host-cold", 300 * MB)
     assert plan.device_bytes == declared.total_bytes - 300 * MB and plan.strategy == "cold_offload"
     assert "EngramConfig.cpu_offload" in g.reason
     # Without the config field the same tensors are ordinary layer bytes.
