@@ -357,7 +357,10 @@ def inputs_to_dict(inputs: PlanInputs) -> dict[str, Any]:
 
 def group_to_dict(group: GroupPlan) -> dict[str, Any]:
     out = {f.name: getattr(group, f.name) for f in fields(group) if f.name != "placement"}
-    out["location"], out["serving"] = group.location, group.serving
+    if group.placement in Placement.values():
+        out["location"], out["serving"] = group.location, group.serving
+    else:  # an unchecked value of a Plan built in Python: written as it is, for the reader to refuse
+        out["location"], out["serving"] = None, group.placement
     out["dtype_bytes"] = dict(group.dtype_bytes)
     out["est_link_bytes_per_step"] = group.est_link_bytes_per_step
     out["est_vram_bytes_per_step"] = group.est_vram_bytes_per_step
