@@ -63,7 +63,8 @@ def _header(plan: Plan) -> list[str]:
 
 def _row(name: str, groups: list[GroupPlan]) -> str:
     first = groups[0]
-    return (f"{name:<40} {_gb(sum(g.bytes for g in groups)):>10} {first.role:<6} {first.location:<8} {first.serving:<9} "
+    return (f"{name:<40} {_gb(sum(g.bytes for g in groups)):>10} {first.role:<6} {first.location:<8} "
+            f"{first.serving:<9} "
             f"{_step_bytes(sum(g.est_link_bytes_per_step for g in groups)):>10} "
             f"{_step_bytes(sum(g.est_vram_bytes_per_step for g in groups)):>10}")
 
