@@ -3,10 +3,10 @@
 A plan is what ``selective-offload plan -o plan.json`` writes and what
 ``selective_offload.enable()`` applies. Users edit plans by hand, and plans travel
 between machines and releases, so reading one is a validation, not a deserialisation:
-every field is checked for its type and range, placements, classes, kinds and the
-strategy are enums, and everything that can be derived from the groups (totals, the
-deficit, the shortfall, each group's class, MTP flag and reads, the strategy, the hot
-layers) is derived, and a stated value that disagrees is an error. What the plan alone
+every field is checked for its type and range, roles, kinds, locations, servings and
+the strategy are enums, and everything that can be derived from the groups (totals, the
+deficit, the shortfall, each group's role, serving (gather or on-demand), MTP flag and
+reads, the strategy, the hot layers) is derived, and a stated value that disagrees is an error. What the plan alone
 can only bound (the prefetch buffers, the tower transient) is bounded here and compared
 exactly against the checkpoint by :mod:`selective_offload.model_match`. The groups must
 hold every byte of the model: a byte in no group would be placed by no one and counted
@@ -20,8 +20,19 @@ The package, bottom up (each module imports only those above it in this list):
 - :mod:`.parts`: the records a plan holds (groups, estimates, baselines, the model).
 - :mod:`.contents`: the plan's fields and everything derived from its groups.
 - :mod:`.checks`: stated against derived; refusals in one line.
-- :mod:`.io`: JSON in (bounded, versioned, migrated from v1/v2) and out.
+- :mod:`.io`: JSON in (bounded, versioned, migrated from v1-v3) and out.
 - :mod:`.document`: :class:`Plan`, the contents with the checks and the I/O as methods.
+
+The words (format v4): each group has a ``kind`` (``layer``, ``experts``, ``component``:
+a whole embedding, tower, projector or MTP head, ``module``), a ``role`` (``hot``: read
+every decode step; ``cold``: not read by one, or one row per token; ``absent``: not
+loaded), a ``location`` (``device``, ``host``, ``absent``) and a ``serving`` (``resident``;
+``gather``: a host embedding's rows gathered on the host; ``on-demand``: a host component
+onloaded block by block when it runs; ``prefetch``: vLLM's prefetch offloader; ``uva``:
+routed experts read in place; ``none``). Internally one :class:`Placement` holds where
+and how (the v3 words), and a group's serving and location are derived from it and the
+group. vLLM's own offload is priced under its settings' names (``vllm_cpu_offload_gb``,
+``vllm_cpu_offload_params``). Plans of v1-v3 are read with their words mapped to these.
 
 Derived totals are written under ``"totals"`` for readers and, when present, checked on
 reading (an edited group with stale totals is caught); delete ``"totals"`` to accept the

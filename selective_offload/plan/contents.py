@@ -1,7 +1,7 @@
 """What a plan holds, and everything that follows from its groups.
 
 A plan states its groups; the totals, the deficit, the shortfalls, the step's traffic and
-estimate, each group's expected class, the bounds on the prefetch buffers and the tower
+estimate, each group's expected role, the bounds on the prefetch buffers and the tower
 transient, and the strategy all follow from them and the inputs, and are computed here,
 never stored as the truth. :class:`PlanContents` is the record and these derivations;
 :mod:`.checks` compares what a plan states against them, :mod:`.io` reads and writes
@@ -102,7 +102,7 @@ class PlanContents:
 
     @property
     def baselines(self) -> tuple[BulkBaseline, ...]:
-        """vLLM's own offloads priced on the same input: bulk, then segment selection."""
+        """vLLM's own offloads priced on the same input: cpu_offload_gb, then with cpu_offload_params."""
         return tuple(b for b in (self.bulk, self.bulk_segments) if b is not None)
 
     @property
@@ -216,8 +216,8 @@ class PlanContents:
                 and any(a in VLLM_HOST_TABLES for a in self.model.architectures))
 
     def expected_role(self, g: GroupPlan) -> tuple[Role, bool, str] | None:
-        """The class and MTP flag the group's kind, name and the inputs give it (the
-        planner's rule), and why; ``None`` for a group of kind cold whose name is not a
+        """The role and MTP flag the group's kind, name and the inputs give it (the
+        planner's rule), and why; ``None`` for a group of kind component whose name is not a
         cold module."""
         # mutation: host-tables-classed-hot
         if g.kind == GroupKind.MODULE and self._is_vllm_host_table(g.group):

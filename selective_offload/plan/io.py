@@ -8,12 +8,20 @@ recomputed rather than read (estimates, each group's link and VRAM reads), and t
 read is put through :mod:`.checks` before it is returned. Fields this version does not know
 are ignored with a note; a newer format version is refused with "upgrade or re-plan".
 
-The format (``"format": "selective-offload/plan-v3"``) is documented in the README. v3 adds
-the routed experts of a MoE layer as a group of their own (kind ``experts``, with
-``num_experts`` and ``experts_per_token``) and the placement ``host-uva``; v2 and v1 plans
-are still read (they have no expert groups: a MoE layer is one group). v1 wrote each
-group's reads split by where they land, and its totals at the top level, where those it
-derived differently (the prefetch buffers among them) are not compared. Writing is the mirror
+The format (``"format": "selective-offload/plan-v4"``) is documented in the README. v4
+gives each group a ``role`` (``hot``, ``cold``, ``absent``), a ``location`` (``device``,
+``host``, ``absent``) apart from its ``serving`` (``resident``, ``gather``, ``on-demand``,
+``prefetch``, ``uva``, ``none``; gather vs on-demand follows from the group and is
+checked), names the kind of a whole embedding, tower, projector or MTP head
+``component``, and keys vLLM's baselines by its settings (``vllm_cpu_offload_gb``,
+``vllm_cpu_offload_params``). v3 plans are still read and applied: their ``cls``,
+``kind: cold``, ``placement`` and ``bulk``/``bulk_segments`` keys map to those
+(:data:`V4_KEYS`, :func:`read_kind`). v3 added the routed experts of a MoE layer as a
+group of their own (kind ``experts``, with ``num_experts`` and ``experts_per_token``) and
+the placement ``host-uva``; v2 and v1 plans are still read (they have no expert groups: a
+MoE layer is one group). v1 wrote each group's reads split by where they land, and its
+totals at the top level, where those it derived differently (the prefetch buffers among
+them) are not compared. Writing is the mirror
 of reading, kept beside it so a new field is added to both in one place. The functions
 that make a ``Plan`` take its class as an argument, so this module never imports
 :mod:`.document`, whose methods call it.

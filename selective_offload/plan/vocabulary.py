@@ -118,7 +118,7 @@ LAYER_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS)
 # Per-kind rules, as tables, so a new kind (or placement) states its rules in one place.
 #: Kinds whose groups carry a ``layer_index`` (the decoder layer their name is in).
 LAYER_INDEX_KINDS: frozenset[GroupKind] = frozenset(LAYER_KINDS)
-#: Kinds whose class is fixed (a cold-kind group's class depends on its name: see
+#: Kinds whose role is fixed (a component's role depends on its name: see
 #: :meth:`Plan.expected_role`).
 KIND_ROLE: dict[GroupKind, Role] = {GroupKind.LAYER: Role.HOT, GroupKind.EXPERTS: Role.HOT,
                                     GroupKind.MODULE: Role.HOT}

@@ -1,8 +1,8 @@
 """vLLM's own offload, priced on the same step model: the baselines a plan is compared with.
 
-vLLM offers two settings without this extension: ``cpu_offload_gb`` ("bulk": whole
+vLLM offers two settings without this extension: ``cpu_offload_gb`` (whole
 parameters of the decoder layers, in model order, until the GiB budget is met) and
-``cpu_offload_params`` ("segment selection": only parameters whose name holds one of the
+``cpu_offload_params`` (with it, only parameters whose name holds one of the
 given segments, such as ``experts``). :func:`price_bulk` prices either from the groups of
 :mod:`.grouping`, with its traffic per step, and :func:`baseline_notes` says when the
 selective plan does not beat one and why. Nothing here places a group; :mod:`.make` asks for
@@ -151,7 +151,7 @@ def baseline_notes(plan: Plan) -> list[str]:
             continue
         why = []
         if plan.hot_layer_indices or plan.est_transient_device_bytes:
-            why.append("its prefetch buffers and tower transient cost device memory the bulk offload does not need")
+            why.append("its prefetch buffers and tower transient cost device memory vLLM's cpu_offload_gb does not need")
         if plan.host_uva_bytes:
             why.append("a layer's routed experts go to the host whole, where vLLM's budget takes single tensors")
         times = f"est {mine * 1e3:.1f} ms against {theirs * 1e3:.1f} ms per step"

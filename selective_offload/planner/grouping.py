@@ -3,7 +3,7 @@ step reads from it.
 
 Groups are named by :mod:`selective_offload.names`' rule: one decoder layer (less its routed
 experts), the routed experts of one MoE layer, one cold module, or one other module. Each
-gets a class (hot, cold, absent) and the bytes a text decode step reads from it (est), in
+gets a role (hot, cold, absent) and the bytes a text decode step reads from it (est), in
 model order. :mod:`.placement` then decides where each group goes; the model check
 (:mod:`selective_offload.model_match`) regroups a checkpoint the same way, and compares
 :func:`model_fingerprint` and each group's :func:`group_signature`, to tell whether a plan was
@@ -159,7 +159,7 @@ def _experts_shape(b: _Bucket, facts) -> tuple[int, int, list[str]]:
 
 
 def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tuple[Role, str, int]:
-    """Step 3: a group's class, the reason, and the bytes a decode step reads from it (est)."""
+    """Step 3: a group's role, the reason, and the bytes a decode step reads from it (est)."""
     nbytes = sum(t.nbytes for t in b.tensors)
     if b.kind == GroupKind.COMPONENT:
         if b.mtp and inputs.speculative == "mtp":
