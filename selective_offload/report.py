@@ -16,7 +16,7 @@ allocated on the device while the model was built and moved to the host only aft
 loading need the device memory the plan meant to save, which is what runs a 24 GiB card
 out of memory at construction. So the report splits each cold group's host bytes into
 *routed* (allocated on the host at construction) and *moved* (moved after loading);
-moved bytes above the tolerance are a problem too. Routed experts placed ``host-uva`` are
+moved bytes above the tolerance are a problem too. Routed experts served ``uva`` are
 judged the same way: where they are, and whether they were built on the host.
 
 A report that is not ``ok`` is logged as a loud warning by the vLLM glue, or raised in
