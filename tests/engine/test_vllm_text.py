@@ -176,7 +176,7 @@ def test_a_plan_forcing_a_tied_embedding_to_the_host_is_refused(tied_with_lm_hea
     data = plan.to_dict()
     for g in data["groups"]:
         if g["group"] == "model.embed_tokens":
-            g["placement"], g["cls"] = "host-cold", "cold"
+            g.update(role="cold", location="host", serving="gather")
     del data["totals"]
     data["strategy"] = "cold_offload"
     (tmp_path / "forced.json").write_text(json.dumps(data))
