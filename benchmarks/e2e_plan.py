@@ -100,6 +100,6 @@ def tiny_budget(ckpt) -> int:
     from selective_offload.planner import PlanInputs, group_tensors
 
     groups = group_tensors(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes))
-    cold = sum(g.nbytes for g in groups if g.cls == "cold")
+    cold = sum(g.nbytes for g in groups if g.role == "cold")
     layer = max(g.nbytes for g in groups if g.kind == "layer")
     return ckpt.total_bytes - cold - layer // 2

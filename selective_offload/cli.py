@@ -129,10 +129,10 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                         "--max-model-len; without either, KV reads are not priced)")
     p.add_argument("--prefetch-step", type=int, default=1, metavar="N",
                    help="device slots per offloaded layer parameter in vLLM's prefetch offloader (default: 1)")
-    p.add_argument("--bulk-gb", default=None, metavar="GiB",
-                   help="price vLLM's bulk cpu_offload_gb at this many GiB, and for a MoE model its "
+    p.add_argument("--cpu-offload-gb", "--bulk-gb", dest="bulk_gb", default=None, metavar="GiB",
+                   help="price vLLM's own cpu_offload_gb at this many GiB, and for a MoE model its "
                         "cpu_offload_params=experts at the same budget (default: the smallest whole number "
-                        "that covers the deficit)")
+                        "that covers the deficit; --bulk-gb is the older name)")
     p.add_argument("--all-cold", action="store_true",
                    help="put every cold module on the host even when fewer would fit (frees device "
                         "memory for the KV cache; cold bytes cost almost no link time)")
@@ -180,9 +180,9 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
         try:
             bulk = float(args.bulk_gb)
         except ValueError:
-            raise UserError(f"--bulk-gb: {args.bulk_gb!r} is not a number of GiB, like 10") from None
+            raise UserError(f"--cpu-offload-gb: {args.bulk_gb!r} is not a number of GiB, like 10") from None
         if not bulk >= 0 or bulk == float("inf"):
-            raise UserError(f"--bulk-gb: {args.bulk_gb!r} must be a finite number of GiB, 0 or more")
+            raise UserError(f"--cpu-offload-gb: {args.bulk_gb!r} must be a finite number of GiB, 0 or more")
     if args.prefetch_step < 1:
         raise UserError(f"--prefetch-step: {args.prefetch_step} must be 1 or more")
     speculative, spec_tokens = _parse_speculative(args.speculative)
@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan which weights of a checkpoint live in host memory: the bytes a decode "
                     "step does not read (embedding, vision/audio towers, MTP head) first, then "
                     "exact decoder layers, or a MoE layer's routed experts read in place (top-k of E "
-                    "per token); priced next to vLLM's bulk cpu_offload_gb.",
+                    "per token); priced next to vLLM's own cpu_offload_gb.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -3,7 +3,7 @@
 A plan made for the bf16 checkpoint of a model names the same modules as its fp32 save,
 and a plan for a vocab-1024 model the same modules as the vocab-2048 one; applying it
 would put other bytes on the host than the plan priced, and the report would compare
-against the wrong figures. So the check is, per group: the class, the number of tensors,
+against the wrong figures. So the check is, per group: the role, the number of tensors,
 the bytes in each dtype, and a digest of every tensor's shape and name relative to its
 group. Groups are matched by :func:`names.group_key`, so a plan made from names that
 differ only by wrappers (``model.language_model.layers`` against ``model.layers``) still
@@ -29,8 +29,8 @@ def _describe(nbytes: int, dtype_bytes: dict[str, int]) -> str:
 
 def _first_difference(planned: GroupPlan, actual: Group) -> str | None:
     name = planned.group
-    if planned.cls != actual.cls:
-        return f"{name} is {planned.cls} in the plan and {actual.cls} here ({actual.reason})"
+    if planned.role != actual.role:
+        return f"{name} is {planned.role} in the plan and {actual.role} here ({actual.reason})"
     if planned.kind != actual.kind or planned.layer_index != actual.layer_index or planned.mtp != actual.mtp:
         return (f"{name} is kind {planned.kind}, layer {planned.layer_index}, mtp {planned.mtp} in the plan and "
                 f"kind {actual.kind}, layer {actual.layer_index}, mtp {actual.mtp} here")

@@ -1,11 +1,11 @@
 """A plan as a picture: which bytes go where, and what each placement costs per step.
 
-A 64-layer plan is a long table; the picture shows at a glance every group's bytes by
-placement (one bar per decoder layer, an MoE layer's routed experts hatched on top of the
-rest of the layer; the embedding, towers, head and MTP as bars of their own), the totals
-by placement beside vLLM's bulk ``cpu_offload_gb``, and the estimated decode step split
+A 64-layer plan is a long table; the picture shows at a glance every group's bytes by how
+it is served (one bar per decoder layer, an MoE layer's routed experts hatched on top of
+the rest of the layer; the embedding, towers, head and MTP as bars of their own), the
+totals by serving beside vLLM's own ``cpu_offload_gb``, and the estimated decode step split
 into VRAM time and link time (the part the prefetch overlap hides drawn apart), selective
-beside bulk. Every time is an estimate and says so.
+beside ``cpu_offload_gb``. Every time is an estimate and says so.
 
 :func:`picture_data` decides what is drawn (plain numbers, JSON-able, so a test can check
 the picture's content without comparing pixels); :func:`draw` only draws it, with
@@ -19,26 +19,30 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .plan import GroupKind, Placement, Plan
+from .plan import GroupKind, GroupPlan, Placement, Plan, Serving
 from .sizes import GB, GiB
 
-#: Colours of the known placements; a placement this module does not know (a newer plan
+#: Colours of the known servings; a serving this module does not know (a newer plan
 #: format) gets one of :data:`_SPARE_COLOURS` and its own legend entry.
 COLOURS = {
-    Placement.DEVICE.value: "#4c72b0",
-    Placement.HOST_COLD.value: "#55a868",
-    Placement.HOST_HOT.value: "#c44e52",
-    "host-uva": "#dd8452",
-    Placement.ABSENT.value: "#c8c8c8",
+    Serving.RESIDENT.value: "#4c72b0",
+    Serving.GATHER.value: "#55a868",
+    Serving.ON_DEMAND.value: "#8fc79a",
+    Serving.PREFETCH.value: "#c44e52",
+    Serving.UVA.value: "#dd8452",
+    Serving.NONE.value: "#c8c8c8",
 }
 _SPARE_COLOURS = ("#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 LABELS = {
-    Placement.DEVICE.value: "device",
-    Placement.HOST_COLD.value: "host, cold (not read per step)",
-    Placement.HOST_HOT.value: "host, hot (prefetched per step)",
-    "host-uva": "host, experts read in place (UVA)",
-    Placement.ABSENT.value: "absent (not loaded)",
+    Serving.RESIDENT.value: "device, resident",
+    Serving.GATHER.value: "host, rows gathered (embedding)",
+    Serving.ON_DEMAND.value: "host, onloaded on demand (towers)",
+    Serving.PREFETCH.value: "host, prefetched per step (vLLM's prefetch offloader)",
+    Serving.UVA.value: "host, experts read in place (UVA)",
+    Serving.NONE.value: "absent (not loaded)",
 }
+#: The key and legend of the bytes vLLM's cpu_offload_gb baseline puts on the host.
+CPU_OFFLOAD_GB = "cpu_offload_gb"
 #: Layer numbers shown on the axis: every this many, so 64 layers stay readable.
 LAYER_TICK_EVERY = 8
 INSTALL_HINT = "pip install 'selective-offload[picture]' (or pip install matplotlib)"
@@ -53,13 +57,18 @@ def _short(group: str) -> str:
     return parts[-1] if parts else group
 
 
+def _serving(g: GroupPlan) -> str:
+    """How ``g`` is served; a placement this release does not know is shown as it is named."""
+    return str(g.serving) if g.placement in Placement.values() else str(g.placement)
+
+
 def picture_data(plan: Plan) -> dict[str, Any]:
     """What the picture shows, as plain numbers (bytes, seconds)."""
     slots: list[dict[str, Any]] = []
     by_layer: dict[int, dict[str, Any]] = {}
     for g in plan.groups:
         experts = g.kind == "experts"
-        entry = {"group": g.group, "placement": str(g.placement), "bytes": g.bytes, "experts": experts}
+        entry = {"group": g.group, "serving": _serving(g), "bytes": g.bytes, "experts": experts}
         if g.layer_index is not None and g.kind in (GroupKind.LAYER, "experts"):
             # mutation: picture-layers-not-stacked
             slot = by_layer.get(g.layer_index)
@@ -74,7 +83,7 @@ def picture_data(plan: Plan) -> dict[str, Any]:
 
     totals: dict[str, int] = {}
     for g in plan.groups:
-        totals[str(g.placement)] = totals.get(str(g.placement), 0) + g.bytes
+        totals[_serving(g)] = totals.get(_serving(g), 0) + g.bytes
 
     def step(est) -> dict[str, float]:
         hidden = min(est.est_hidden_link_s_per_step, est.est_link_s_per_step)
@@ -85,12 +94,12 @@ def picture_data(plan: Plan) -> dict[str, Any]:
     rows = [{"label": f"selective ({plan.strategy})", "bytes": totals, "step": step(plan.est)}]
     bulk = plan.bulk
     if bulk is not None:
-        absent = totals.get(Placement.ABSENT.value, 0)
+        absent = totals.get(Serving.NONE.value, 0)
         # mutation: picture-bulk-absent-counted-on-device
-        bulk_bytes = {Placement.DEVICE.value: plan.model.total_bytes - absent - bulk.offloaded_bytes,
-                      "bulk": bulk.offloaded_bytes}
+        bulk_bytes = {Serving.RESIDENT.value: plan.model.total_bytes - absent - bulk.offloaded_bytes,
+                      CPU_OFFLOAD_GB: bulk.offloaded_bytes}
         if absent:
-            bulk_bytes[Placement.ABSENT.value] = absent
+            bulk_bytes[Serving.NONE.value] = absent
         rows.append({"label": f"vLLM cpu_offload_gb={bulk.cpu_offload_gb:g}"
                               + ("" if bulk.fits else " (does not fit)"),
                      "bytes": bulk_bytes, "step": step(bulk.est), "layers": list(bulk.layers_touched)})
@@ -101,17 +110,17 @@ def picture_data(plan: Plan) -> dict[str, Any]:
                  f"VRAM {inp.vram_gbps:g} GB/s",
         "slots": slots,
         "rows": rows,
-        "placements": list(dict.fromkeys([*COLOURS, *totals])),
+        "servings": list(dict.fromkeys([*COLOURS, *totals])),
     }
 
 
-def _colours(placements: list[str]) -> dict[str, str]:
+def _colours(servings: list[str]) -> dict[str, str]:
     colours = dict(COLOURS)
     spare = iter(_SPARE_COLOURS * 4)
-    for p in placements:
+    for p in servings:
         # mutation: picture-unknown-placement-uncoloured
         colours.setdefault(p, next(spare))
-    colours["bulk"] = "#8c613c"
+    colours[CPU_OFFLOAD_GB] = "#8c613c"
     return colours
 
 
@@ -131,7 +140,7 @@ def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
     plt = _pyplot()
     from matplotlib.patches import Patch
 
-    colours = _colours(data["placements"])
+    colours = _colours(data["servings"])
     used: dict[str, None] = {}
     fig = plt.figure(figsize=(15, 9), layout="constrained")
     grid = fig.add_gridspec(2, 2, height_ratios=[3, 2], width_ratios=[1, 1])
@@ -141,10 +150,10 @@ def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
         bottom = 0.0
         for e in slot["stack"]:
             height = e["bytes"] / GB
-            ax.bar(x, height, bottom=bottom, width=0.8, color=colours[e["placement"]],
+            ax.bar(x, height, bottom=bottom, width=0.8, color=colours[e["serving"]],
                    hatch="//" if e["experts"] else None, edgecolor="white" if e["experts"] else None, linewidth=0)
             bottom += height
-            used[e["placement"]] = None
+            used[e["serving"]] = None
     ticks = [x for x, s in enumerate(slots) if s["layer"] is None or s["layer"] % LAYER_TICK_EVERY == 0]
     ax.set_xticks(ticks, [slots[x]["label"] if slots[x]["layer"] is None else f"L{slots[x]['layer']}"
                           for x in ticks], rotation=60, ha="right", fontsize=9)
@@ -152,7 +161,7 @@ def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
     ax.set_ylabel("GB (checkpoint bytes)")
     layers = [s for s in slots if s["layer"] is not None]
     has_experts = any(e["experts"] for s in slots for e in s["stack"])
-    ax.set_title(f"every group's bytes by placement ({len(layers)} decoder layers, L0..L{max(len(layers) - 1, 0)}; "
+    ax.set_title(f"every group's bytes by serving ({len(layers)} decoder layers, L0..L{max(len(layers) - 1, 0)}; "
                  "other bars: embedding, towers, head, MTP" + ("; routed experts hatched" if has_experts else "")
                  + ")", fontsize=11)
     ax.grid(axis="y", alpha=0.3)
@@ -161,18 +170,18 @@ def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
     ax_bytes = fig.add_subplot(grid[1, 0])
     for y, row in enumerate(rows):
         left = 0.0
-        for placement, nbytes in row["bytes"].items():
+        for serving, nbytes in row["bytes"].items():
             width = nbytes / GB
-            ax_bytes.barh(y, width, left=left, color=colours[placement], height=0.6)
+            ax_bytes.barh(y, width, left=left, color=colours[serving], height=0.6)
             if width > 0.6:
                 ax_bytes.text(left + width / 2, y, f"{width:.2f}", ha="center", va="center", fontsize=9,
                               color="white")
             left += width
-            used[placement] = None
+            used[serving] = None
     ax_bytes.set_yticks(range(len(rows)), [r["label"] for r in rows])
     ax_bytes.invert_yaxis()
     ax_bytes.set_xlabel("GB")
-    ax_bytes.set_title("all weights by placement", fontsize=11)
+    ax_bytes.set_title("all weights by serving", fontsize=11)
 
     ax_step = fig.add_subplot(grid[1, 1])
     # Two bars per row, not one stack: link and VRAM time overlap (the prefetch hides link
@@ -203,18 +212,18 @@ def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
     step_handles.append(Patch(color="black", label="the step"))
     ax_step.legend(handles=step_handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=5)
 
-    handles = [Patch(color=colours[p], label=LABELS.get(p, p)) for p in used if p != "bulk"]
-    if any(r["bytes"].get("bulk") for r in rows):
-        handles.append(Patch(color=colours["bulk"], label="host, vLLM bulk (layers in model order)"))
+    handles = [Patch(color=colours[p], label=LABELS.get(p, p)) for p in used if p != CPU_OFFLOAD_GB]
+    if any(r["bytes"].get(CPU_OFFLOAD_GB) for r in rows):
+        handles.append(Patch(color=colours[CPU_OFFLOAD_GB], label="host, vLLM cpu_offload_gb (layers in model order)"))
     if has_experts:
         handles.append(Patch(facecolor="#999999", hatch="//", edgecolor="white", label="routed experts"))
     bulk_layers = next((r["layers"] for r in rows if r.get("layers")), None)
     if bulk_layers:
         xs = [x for x, s in enumerate(slots) if s["layer"] in set(bulk_layers)]
         top = max(sum(e["bytes"] for e in s["stack"]) for s in layers) / GB * 1.12
-        ax.hlines(top, xs[0] - 0.4, xs[-1] + 0.4, color=colours["bulk"], linewidth=3)
-        ax.text((xs[0] + xs[-1]) / 2, top, f"vLLM bulk offloads these {len(bulk_layers)} layers' parameters "
-                f"(model order), every step", ha="center", va="bottom", fontsize=9, color=colours["bulk"])
+        ax.hlines(top, xs[0] - 0.4, xs[-1] + 0.4, color=colours[CPU_OFFLOAD_GB], linewidth=3)
+        ax.text((xs[0] + xs[-1]) / 2, top, f"vLLM cpu_offload_gb offloads these {len(bulk_layers)} layers' parameters "
+                f"(model order), every step", ha="center", va="bottom", fontsize=9, color=colours[CPU_OFFLOAD_GB])
     ax.legend(handles=handles, fontsize=9, loc="upper center", ncol=3)
     fig.suptitle(data["title"], fontsize=12)
     for path in paths:

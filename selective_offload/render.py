@@ -63,7 +63,8 @@ def _header(plan: Plan) -> list[str]:
 
 def _row(name: str, groups: list[GroupPlan]) -> str:
     first = groups[0]
-    return (f"{name:<40} {_gb(sum(g.bytes for g in groups)):>10} {first.cls:<6} {first.placement:<10} "
+    return (f"{name:<40} {_gb(sum(g.bytes for g in groups)):>10} {first.role:<6} {first.location:<8} "
+            f"{first.serving:<9} "
             f"{_step_bytes(sum(g.est_link_bytes_per_step for g in groups)):>10} "
             f"{_step_bytes(sum(g.est_vram_bytes_per_step for g in groups)):>10}")
 
@@ -120,7 +121,8 @@ def _layer_rows(plan: Plan) -> list[str]:
 
 def _group_table(plan: Plan) -> list[str]:
     """One row per group; decoder layers (and their routed experts) folded."""
-    header = f"{'group':<40} {'bytes':>10} {'class':<6} {'placement':<10} {'link/step':>10} {'VRAM/step':>10}"
+    header = (f"{'group':<40} {'bytes':>10} {'role':<6} {'location':<8} {'serving':<9} {'link/step':>10} "
+              f"{'VRAM/step':>10}")
     lines = [header, "-" * len(header)]
     stack_done = False
     for g in plan.groups:
@@ -144,7 +146,8 @@ def _placement_summary(plan: Plan) -> list[str]:
         lines.append(f"routed experts in host memory, read in place through UVA ({len(uva)} layers, "
                      f"{_gb(plan.host_uva_bytes).strip()}): layers {ranges(sorted(g.layer_index for g in uva))}")
     if plan.hot_layer_indices:
-        lines.append(f"hot layers on the host ({len(plan.hot_layer_indices)}, {_gb(plan.host_hot_bytes).strip()}): "
+        lines.append(f"hot layers on the host, served by vLLM's prefetch offloader ({len(plan.hot_layer_indices)}, "
+                     f"{_gb(plan.host_hot_bytes).strip()}): "
                      f"{','.join(map(str, plan.hot_layer_indices))}")
         lines.append(f"prefetch buffers {_gb(plan.prefetch_buffer_bytes).strip()} on the device "
                      f"(prefetch_step={inp.prefetch_step} slot(s) of the largest layer)")
@@ -157,7 +160,7 @@ def _placement_summary(plan: Plan) -> list[str]:
 
 
 def _estimates(plan: Plan) -> list[str]:
-    """Selective against vLLM's bulk cpu_offload_gb (and without speculation, when it was
+    """Selective against vLLM's own cpu_offload_gb (and without speculation, when it was
     asked for), every figure labelled est_."""
     inp = plan.inputs
     batch = f", batch {inp.batch}" if inp.batch > 1 else ""
@@ -197,7 +200,7 @@ def _estimates(plan: Plan) -> list[str]:
 
 
 def _short(baseline: BulkBaseline) -> str:
-    return "segment selection" if baseline.cpu_offload_params else "bulk"
+    return "cpu_offload_params" if baseline.cpu_offload_params else "cpu_offload_gb"
 
 
 def render_plan(plan: Plan, checkpoint: Checkpoint | None = None) -> str:

@@ -16,7 +16,7 @@ allocated on the device while the model was built and moved to the host only aft
 loading need the device memory the plan meant to save, which is what runs a 24 GiB card
 out of memory at construction. So the report splits each cold group's host bytes into
 *routed* (allocated on the host at construction) and *moved* (moved after loading);
-moved bytes above the tolerance are a problem too. Routed experts placed ``host-uva`` are
+moved bytes above the tolerance are a problem too. Routed experts served ``uva`` are
 judged the same way: where they are, and whether they were built on the host.
 
 A report that is not ``ok`` is logged as a loud warning by the vLLM glue, or raised in
@@ -36,7 +36,7 @@ from torch import nn
 
 from . import jsonio
 from .errors import PlanError
-from .names import group_key, group_keys
+from .names import EMBED_SEGMENTS, group_key, group_keys, has_segment
 from .options import temporary_name
 from .plan import HOST_PLACEMENTS, GroupPlan, Placement, Plan
 from .sizes import GB, fmt_bytes
@@ -227,6 +227,19 @@ def remove_reports(path: str | os.PathLike) -> None:
             p.unlink(missing_ok=True)
 
 
+#: The placements a report records, in the plan's v4 serving words (a host placement of a
+#: cold group is said by :func:`_said`, which knows the group).
+_SAID = {Placement.DEVICE: "resident", Placement.HOST_HOT: "prefetch", Placement.HOST_UVA: "uva",
+         Placement.ABSENT: "none"}
+
+
+def _said(placement: str, group: str) -> str:
+    """A recorded placement as the plan calls it: how the group is (or was meant to be) served."""
+    if placement == Placement.HOST_COLD:
+        return "gather" if has_segment(group, EMBED_SEGMENTS) else "on-demand"
+    return _SAID.get(placement, placement)
+
+
 def _render(r: PlacementReport) -> list[str]:
     lines = [f"selective-offload placement report (compute device {r.compute_device}"
              + ("; host memory is device memory here" if r.host_is_device else "") + ")"]
@@ -239,13 +252,14 @@ def _render(r: PlacementReport) -> list[str]:
         if g not in resident:
             how = g.mechanism + (f"; built on the host: {fmt_bytes(g.routed_bytes)}, moved after loading: "
                                  f"{fmt_bytes(g.moved_bytes)}" if g.planned in BUILT_ON_HOST else "")
-            lines.append(f"{g.group:<32} {g.planned:<10} {g.actual:<10} {fmt_bytes(g.device_bytes):>11} "
+            lines.append(f"{g.group:<32} {_said(g.planned, g.group):<10} {_said(g.actual, g.group):<10} "
+                         f"{fmt_bytes(g.device_bytes):>11} "
                          f"{fmt_bytes(g.host_bytes):>11}  {how}")
     lines.append(f"{len(resident)} more groups resident on the device as planned "
                  f"({fmt_bytes(sum(g.device_bytes for g in resident))})")
     for label, planned, loaded, landed in (
-            ("cold", r.planned_host_cold_bytes, r.loaded_host_cold_bytes, r.landed_host_cold_bytes),
-            ("hot", r.planned_host_hot_bytes, r.loaded_host_hot_bytes, r.landed_host_hot_bytes),
+            ("gather and on-demand", r.planned_host_cold_bytes, r.loaded_host_cold_bytes, r.landed_host_cold_bytes),
+            ("prefetch", r.planned_host_hot_bytes, r.loaded_host_hot_bytes, r.landed_host_hot_bytes),
             ("uva", r.planned_host_uva_bytes, r.loaded_host_uva_bytes, r.landed_host_uva_bytes)):
         if planned or landed:
             lines.append(f"{label} on host: planned {fmt_bytes(planned)} of checkpoint bytes, "
@@ -380,7 +394,7 @@ def _missing_groups(m: _Matching, plan: Plan, drafter_loaded: bool, drafter_expe
         elif g.placement != Placement.ABSENT and g.bytes and elsewhere is not None:
             elsewhere.append(g.group)
         elif g.placement != Placement.ABSENT and g.bytes:
-            problems.append(f"group {g.group} ({g.bytes / GB:.3f} GB, planned {g.placement}) "
+            problems.append(f"group {g.group} ({g.bytes / GB:.3f} GB, planned {g.location}, served {g.serving}) "
                             "is not in the loaded model")
     return problems
 

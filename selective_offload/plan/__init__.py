@@ -3,10 +3,10 @@
 A plan is what ``selective-offload plan -o plan.json`` writes and what
 ``selective_offload.enable()`` applies. Users edit plans by hand, and plans travel
 between machines and releases, so reading one is a validation, not a deserialisation:
-every field is checked for its type and range, placements, classes, kinds and the
-strategy are enums, and everything that can be derived from the groups (totals, the
-deficit, the shortfall, each group's class, MTP flag and reads, the strategy, the hot
-layers) is derived, and a stated value that disagrees is an error. What the plan alone
+every field is checked for its type and range, roles, kinds, locations, servings and
+the strategy are enums, and everything that can be derived from the groups (totals, the
+deficit, the shortfall, each group's role, serving (gather or on-demand), MTP flag and
+reads, the strategy, the hot layers) is derived, and a stated value that disagrees is an error. What the plan alone
 can only bound (the prefetch buffers, the tower transient) is bounded here and compared
 exactly against the checkpoint by :mod:`selective_offload.model_match`. The groups must
 hold every byte of the model: a byte in no group would be placed by no one and counted
@@ -20,8 +20,19 @@ The package, bottom up (each module imports only those above it in this list):
 - :mod:`.parts`: the records a plan holds (groups, estimates, baselines, the model).
 - :mod:`.contents`: the plan's fields and everything derived from its groups.
 - :mod:`.checks`: stated against derived; refusals in one line.
-- :mod:`.io`: JSON in (bounded, versioned, migrated from v1/v2) and out.
+- :mod:`.io`: JSON in (bounded, versioned, migrated from v1-v3) and out.
 - :mod:`.document`: :class:`Plan`, the contents with the checks and the I/O as methods.
+
+The words (format v4): each group has a ``kind`` (``layer``, ``experts``, ``component``:
+a whole embedding, tower, projector or MTP head, ``module``), a ``role`` (``hot``: read
+every decode step; ``cold``: not read by one, or one row per token; ``absent``: not
+loaded), a ``location`` (``device``, ``host``, ``absent``) and a ``serving`` (``resident``;
+``gather``: a host embedding's rows gathered on the host; ``on-demand``: a host component
+onloaded block by block when it runs; ``prefetch``: vLLM's prefetch offloader; ``uva``:
+routed experts read in place; ``none``). Internally one :class:`Placement` holds where
+and how (the v3 words), and a group's serving and location are derived from it and the
+group. vLLM's own offload is priced under its settings' names (``vllm_cpu_offload_gb``,
+``vllm_cpu_offload_params``). Plans of v1-v3 are read with their words mapped to these.
 
 Derived totals are written under ``"totals"`` for readers and, when present, checked on
 reading (an edited group with stale totals is caught); delete ``"totals"`` to accept the
@@ -43,13 +54,13 @@ from .parts import (
     read_flops,
 )
 from .vocabulary import (
-    CLASS_PLACEMENTS,
+    ROLE_PLACEMENTS,
     DEFAULT_KV_CACHE_BYTES,
     DEFAULT_RESERVE_BYTES,
     FORMAT_PREFIX,
     FORMAT_VERSION,
     HOST_PLACEMENTS,
-    KIND_CLASS,
+    KIND_ROLE,
     LAYER_INDEX_KINDS,
     LAYER_KINDS,
     MAX_PLAN_INT,
@@ -57,23 +68,28 @@ from .vocabulary import (
     OLDEST_READABLE_VERSION,
     PARTIAL_READ_KINDS,
     PLACEMENT_KINDS,
+    PLACEMENT_SERVING,
     PLAN_FORMAT,
     REFERENCE_LINK_GBPS,
     REFERENCE_VRAM_GBPS,
     REPLAN,
-    GroupClass,
+    SERVING_LOCATION,
+    SERVING_PLACEMENT,
     GroupKind,
+    Location,
     Placement,
+    Role,
+    Serving,
     Strategy,
 )
 
 
-
 __all__ = [
-    "CLASS_PLACEMENTS", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "FORMAT_PREFIX",
-    "FORMAT_VERSION", "HOST_PLACEMENTS", "KIND_CLASS", "LAYER_INDEX_KINDS", "LAYER_KINDS", "MAX_PLAN_INT",
-    "MAX_PLAN_NUMBER", "OLDEST_READABLE_VERSION", "PARTIAL_READ_KINDS", "PLACEMENT_KINDS", "PLAN_FORMAT",
-    "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN", "TOTALS", "Alternative", "BulkBaseline", "Estimate",
-    "GroupClass", "GroupKind", "GroupPlan", "Placement", "Plan", "PlanContents", "PlanInputs", "PlannedModel",
-    "Strategy", "experts_read_bytes", "format_version", "plan_reader", "read_flops",
+    "Alternative", "BulkBaseline", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "Estimate",
+    "FORMAT_PREFIX", "FORMAT_VERSION", "GroupKind", "GroupPlan", "HOST_PLACEMENTS", "KIND_ROLE",
+    "LAYER_INDEX_KINDS", "LAYER_KINDS", "Location", "MAX_PLAN_INT", "MAX_PLAN_NUMBER", "OLDEST_READABLE_VERSION",
+    "PARTIAL_READ_KINDS", "PLACEMENT_KINDS", "PLACEMENT_SERVING", "PLAN_FORMAT", "Placement", "Plan",
+    "PlanContents", "PlanInputs", "PlannedModel", "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN",
+    "ROLE_PLACEMENTS", "Role", "SERVING_LOCATION", "SERVING_PLACEMENT", "Serving", "Strategy", "TOTALS",
+    "experts_read_bytes", "format_version", "plan_reader", "read_flops",
 ]

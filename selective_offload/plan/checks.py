@@ -3,18 +3,18 @@
 A plan states its groups and a few quantities that follow from them; the checks here
 recompute each (from :mod:`.contents`, which derives, and the rule tables of
 :mod:`.vocabulary`) and refuse, in one :class:`PlanError` line naming the field and the
-fix, a stated value that disagrees: each group's class, kind, placement and name
+fix, a stated value that disagrees: each group's role, kind, serving and name
 (:func:`check_group`), the groups together covering the model (:func:`check_groups`),
 the bounds on the prefetch buffers and the tower transient (:func:`check_derived`), the
-bulk baseline (:func:`check_bulk`), the stated totals (:func:`check_totals`), the strategy
-(:func:`check_strategy`), and whether an infeasible plan is about to be applied
+baseline of vLLM's cpu_offload_gb (:func:`check_bulk`), the stated totals
+(:func:`check_totals`), the strategy (:func:`check_strategy`), and whether an infeasible plan is about to be applied
 (:func:`require_feasible`). :mod:`.io` runs them on every plan it reads; the ``Plan``
 methods of the same names call them.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from ..errors import PlanError
 from ..names import EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, experts_prefix, has_segment, layer_of
@@ -22,30 +22,39 @@ from ..sizes import GB
 from .contents import PlanContents
 from .parts import GroupPlan, experts_read_bytes
 from .vocabulary import (
-    CLASS_PLACEMENTS,
+    ROLE_PLACEMENTS,
     LAYER_INDEX_KINDS,
     LAYER_KINDS,
     PARTIAL_READ_KINDS,
     PLACEMENT_KINDS,
+    PLACEMENT_SERVING,
     REPLAN,
-    GroupClass,
+    Role,
     GroupKind,
     Placement,
+    Serving,
     Strategy,
 )
 
 
+def serving_words(placements: Iterable[Placement]) -> str:
+    """The servings of ``placements``, as a user reads them (``resident, prefetch, uva``)."""
+    words = {w for p in placements for w in
+             ((Serving.GATHER, Serving.ON_DEMAND) if p == Placement.HOST_COLD else (PLACEMENT_SERVING[p],))}
+    return ", ".join(w for w in Serving if w in words)
+
+
 def check_group(g: GroupPlan, where: str) -> None:
-    """Class, kind and placement must agree, the name must be the layer its index says;
+    """Role, kind and serving must agree, the name must be the layer its index says;
     raise naming the group otherwise."""
     problem = None
     kinds = PLACEMENT_KINDS.get(g.placement)
     layer = layer_of(g.group)
-    if g.placement not in CLASS_PLACEMENTS[g.cls]:
-        allowed = ", ".join(sorted(CLASS_PLACEMENTS[g.cls]))
-        problem = f"a group of class {g.cls} cannot be placed {g.placement} (only {allowed})"
+    if g.placement not in ROLE_PLACEMENTS[g.role]:
+        problem = (f"a group of role {g.role} cannot be served {g.serving} "
+                   f"(only {serving_words(ROLE_PLACEMENTS[g.role])})")
     elif kinds is not None and g.kind not in kinds:
-        problem = (f"placement {g.placement} is for groups of kind {' or '.join(sorted(kinds))}, "
+        problem = (f"serving {g.serving} is for groups of kind {' or '.join(sorted(kinds))}, "
                    f"and this one is {g.kind}")
     elif g.kind == GroupKind.EXPERTS and not 1 <= g.experts_per_token <= g.num_experts:
         problem = (f"routed experts need 1 <= experts_per_token <= num_experts, and these are "
@@ -73,7 +82,7 @@ def check_group(g: GroupPlan, where: str) -> None:
 
 def validate(plan: PlanContents, where: str = "plan") -> None:
     """Raise :class:`PlanError` (one line) when the plan contradicts itself: every
-    derived quantity (class, MTP flag, coverage, hot layers, prefetch buffers, tower
+    derived quantity (role, MTP flag, coverage, hot layers, prefetch buffers, tower
     transient, strategy) is recomputed, and a stated value that disagrees is an error."""
     check_groups(plan, where)
     check_derived(plan, where)
@@ -82,7 +91,7 @@ def validate(plan: PlanContents, where: str = "plan") -> None:
 
 
 def check_groups(plan: PlanContents, where: str = "plan") -> None:
-    """Each group consistent in itself, unique, of the class its name and the inputs
+    """Each group consistent in itself, unique, of the role its name and the inputs
     give it, inside the model; together they hold every tensor of the model."""
     plan.inputs.validate()
     if not plan.groups:
@@ -96,7 +105,7 @@ def check_groups(plan: PlanContents, where: str = "plan") -> None:
         seen.add(g.group)
         check_group(g, where)
         _check_never_cold(plan, g, where)
-        _check_class(plan, g, where)
+        _check_role(plan, g, where)
         if g.kind not in LAYER_KINDS:
             continue
         if g.layer_index in by_kind[g.kind]:
@@ -112,12 +121,12 @@ def check_groups(plan: PlanContents, where: str = "plan") -> None:
                        if g.placement == Placement.HOST_HOT and g.kind == GroupKind.LAYER))
     if tuple(plan.hot_layer_indices) != hot:
         raise PlanError(f"{where}: hot_layer_indices {list(plan.hot_layer_indices)} disagree with the groups "
-                        f"placed host-hot (layers {list(hot)}); make them agree or {REPLAN}")
+                        f"served prefetch (layers {list(hot)}); make them agree or {REPLAN}")
 
 
 def _check_experts_follow_layers(by_kind: Mapping[GroupKind, Mapping[int, GroupPlan]], where: str) -> None:
     """Routed experts belong to a decoder layer, and the prefetch offloader copies a layer
-    whole, experts included: an experts group is host-hot exactly when its layer is."""
+    whole, experts included: an experts group is served prefetch exactly when its layer is."""
     layers = by_kind[GroupKind.LAYER]
     for index, e in by_kind[GroupKind.EXPERTS].items():
         layer = layers.get(index)
@@ -127,13 +136,13 @@ def _check_experts_follow_layers(by_kind: Mapping[GroupKind, Mapping[int, GroupP
         # mutation: experts-follow-layers-off
         if (e.placement == Placement.HOST_HOT) != (layer.placement == Placement.HOST_HOT):
             raise PlanError(
-                f"{where}: group {e.group} is {e.placement} but its layer {layer.group} is {layer.placement}; "
-                "the prefetch offloader copies a whole layer, experts included, so the experts are host-hot "
-                f"exactly when their layer is (else device or host-uva); make them agree or {REPLAN}")
+                f"{where}: group {e.group} is served {e.serving} but its layer {layer.group} is served "
+                f"{layer.serving}; the prefetch offloader copies a whole layer, experts included, so the experts "
+                f"are served prefetch exactly when their layer is (else resident or uva); make them agree or {REPLAN}")
 
 
 def _check_never_cold(plan: PlanContents, g: GroupPlan, where: str) -> None:
-    if g.cls != GroupClass.COLD:
+    if g.role != Role.COLD:
         return
     if has_segment(g.group, NEVER_COLD_SEGMENTS):
         why = "the LM head is read in full every step and is never cold"
@@ -145,10 +154,10 @@ def _check_never_cold(plan: PlanContents, g: GroupPlan, where: str) -> None:
     raise PlanError(f"{where}: group {g.group} is marked cold, but {why}; {REPLAN}")
 
 
-def _check_class(plan: PlanContents, g: GroupPlan, where: str) -> None:
-    expected = plan.expected_class(g)
+def _check_role(plan: PlanContents, g: GroupPlan, where: str) -> None:
+    expected = plan.expected_role(g)
     if expected is None:
-        raise PlanError(f"{where}: group {g.group} is of kind cold, but its name is not a module under one "
+        raise PlanError(f"{where}: group {g.group} is of kind component, but its name is not a module under one "
                         f"of the cold segments ({', '.join(plan.inputs.cold_segments)}); {REPLAN}")
     cls, mtp, why = expected
     # mutation: mtp-flag-trusted
@@ -156,21 +165,21 @@ def _check_class(plan: PlanContents, g: GroupPlan, where: str) -> None:
         raise PlanError(f"{where}: group {g.group}: mtp is {str(g.mtp).lower()}, but the group is "
                         f"{'' if mtp else 'not '}an MTP head; {REPLAN}")
     # mutation: absent-any-group
-    if g.cls != cls:
-        what = "placed absent (not loaded)" if g.cls == GroupClass.ABSENT else f"of class {g.cls}"
-        if g.cls == GroupClass.ABSENT:
+    if g.role != cls:
+        what = "placed absent (not loaded)" if g.role == Role.ABSENT else f"of role {g.role}"
+        if g.role == Role.ABSENT:
             why += "; only an MTP head is ever absent: vLLM loads every other tensor"
         raise PlanError(f"{where}: group {g.group} is {what}, but it is {cls}: {why}; {REPLAN}")
-    if cls == GroupClass.ABSENT and g.est_read_bytes_per_step:
+    if cls == Role.ABSENT and g.est_read_bytes_per_step:
         raise PlanError(f"{where}: group {g.group} is not loaded, so a step reads none of it, not "
                         f"est_read_bytes_per_step {g.est_read_bytes_per_step}; {REPLAN}")
-    whole = ((cls == GroupClass.HOT and g.kind not in PARTIAL_READ_KINDS)
-             or (cls == GroupClass.COLD and not has_segment(g.group, EMBED_SEGMENTS)
+    whole = ((cls == Role.HOT and g.kind not in PARTIAL_READ_KINDS)
+             or (cls == Role.COLD and not has_segment(g.group, EMBED_SEGMENTS)
                  and not plan._is_vllm_host_table(g.group)))
-    expected = g.bytes if cls == GroupClass.HOT else 0
+    expected = g.bytes if cls == Role.HOT else 0
     # mutation: est-read-trusted
     if whole and g.est_read_bytes_per_step != expected:
-        what = "read in full every step" if cls == GroupClass.HOT else "not read by a decode step"
+        what = "read in full every step" if cls == Role.HOT else "not read by a decode step"
         raise PlanError(f"{where}: group {g.group} is {what}: est_read_bytes_per_step must be {expected}, "
                         f"not {g.est_read_bytes_per_step}; {REPLAN}")
     # mutation: experts-read-not-derived
@@ -222,8 +231,8 @@ def check_derived(plan: PlanContents, where: str = "plan") -> None:
 
 
 def check_bulk(plan: PlanContents, where: str = "plan") -> None:
-    """The bulk baseline's device bytes and verdict follow from its offloaded bytes and
-    the groups (what it offloads needs the checkpoint's tensor order: bounded here)."""
+    """The baseline of vLLM's cpu_offload_gb: its device bytes and verdict follow from its
+    offloaded bytes and the groups (what it offloads needs the checkpoint's tensor order: bounded here)."""
     bulk = plan.bulk
     if bulk is None:
         return
@@ -240,7 +249,7 @@ def check_bulk(plan: PlanContents, where: str = "plan") -> None:
                   f"{plan.weight_budget_bytes}-byte weight budget say otherwise"
     # mutation: bulk-trusted
     if problem:
-        raise PlanError(f"{where}: bulk: {problem}; {REPLAN}")
+        raise PlanError(f"{where}: vllm_cpu_offload_gb: {problem}; {REPLAN}")
 
 
 def check_totals(plan: PlanContents, stated: Mapping[str, int], where: str) -> None:

@@ -1,7 +1,7 @@
 """What a plan holds, and everything that follows from its groups.
 
 A plan states its groups; the totals, the deficit, the shortfalls, the step's traffic and
-estimate, each group's expected class, the bounds on the prefetch buffers and the tower
+estimate, each group's expected role, the bounds on the prefetch buffers and the tower
 transient, and the strategy all follow from them and the inputs, and are computed here,
 never stored as the truth. :class:`PlanContents` is the record and these derivations;
 :mod:`.checks` compares what a plan states against them, :mod:`.io` reads and writes
@@ -35,7 +35,7 @@ from ..names import (
 )
 from .inputs import PlanInputs
 from .parts import EST_IGNORES, Alternative, BulkBaseline, Estimate, GroupPlan, PlannedModel, read_flops
-from .vocabulary import KIND_CLASS, LAYER_KINDS, GroupClass, GroupKind, Placement, Strategy
+from .vocabulary import KIND_ROLE, LAYER_KINDS, Role, GroupKind, Placement, Strategy
 
 #: Totals derived from the groups, written under "totals" and checked when read.
 TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes", "absent_bytes", "cold_bytes",
@@ -102,12 +102,12 @@ class PlanContents:
 
     @property
     def baselines(self) -> tuple[BulkBaseline, ...]:
-        """vLLM's own offloads priced on the same input: bulk, then segment selection."""
+        """vLLM's own offloads priced on the same input: cpu_offload_gb, then with cpu_offload_params."""
         return tuple(b for b in (self.bulk, self.bulk_segments) if b is not None)
 
     @property
     def cold_bytes(self) -> int:
-        return sum(g.bytes for g in self.groups if g.cls == GroupClass.COLD)
+        return sum(g.bytes for g in self.groups if g.role == Role.COLD)
 
     @property
     def weight_budget_bytes(self) -> int:
@@ -177,7 +177,7 @@ class PlanContents:
             if g.mtp:
                 draft += g.bytes
                 draft_flops += flops_per_token(g.dtype_bytes)
-            elif has_segment(g.group, EMBED_SEGMENTS) and g.cls == GroupClass.COLD:
+            elif has_segment(g.group, EMBED_SEGMENTS) and g.role == Role.COLD:
                 if g.placement == Placement.HOST_COLD:
                     row_host += g.est_read_bytes_per_step
                 else:
@@ -215,14 +215,14 @@ class PlanContents:
         return (host_table_prefix(group) == group
                 and any(a in VLLM_HOST_TABLES for a in self.model.architectures))
 
-    def expected_class(self, g: GroupPlan) -> tuple[GroupClass, bool, str] | None:
-        """The class and MTP flag the group's kind, name and the inputs give it (the
-        planner's rule), and why; ``None`` for a group of kind cold whose name is not a
+    def expected_role(self, g: GroupPlan) -> tuple[Role, bool, str] | None:
+        """The role and MTP flag the group's kind, name and the inputs give it (the
+        planner's rule), and why; ``None`` for a group of kind component whose name is not a
         cold module."""
         # mutation: host-tables-classed-hot
         if g.kind == GroupKind.MODULE and self._is_vllm_host_table(g.group):
-            return GroupClass.COLD, False, "vLLM keeps this n-gram table in host memory itself and gathers rows"
-        fixed = KIND_CLASS.get(g.kind)
+            return Role.COLD, False, "vLLM keeps this n-gram table in host memory itself and gathers rows"
+        fixed = KIND_ROLE.get(g.kind)
         if fixed is not None:
             return fixed, False, f"a group of kind {g.kind} is read every step"
         prefix = cold_prefix(g.group, self.inputs.cold_segments)
@@ -231,12 +231,12 @@ class PlanContents:
             return None
         if has_segment(g.group, MTP_SEGMENTS) if prefix == g.group else True:
             if self.inputs.speculative == "mtp":
-                return GroupClass.HOT, True, "MTP speculative decoding runs the MTP head every step"
-            return (GroupClass.ABSENT, True, "an MTP head is not loaded without MTP speculative decoding "
+                return Role.HOT, True, "MTP speculative decoding runs the MTP head every step"
+            return (Role.ABSENT, True, "an MTP head is not loaded without MTP speculative decoding "
                     "(only an MTP head is ever absent: vLLM loads every other tensor)")
         if has_segment(g.group, EMBED_SEGMENTS) and self.model.tie_word_embeddings:
-            return GroupClass.HOT, False, "the embedding is tied to the LM head"
-        return GroupClass.COLD, False, "a decode step does not read it in full"
+            return Role.HOT, False, "the embedding is tied to the LM head"
+        return Role.COLD, False, "a decode step does not read it in full"
 
     def prefetch_buffer_range(self) -> tuple[int, int]:
         """The least and most the prefetch buffers can be for these hot layers: one slot per

@@ -24,12 +24,12 @@ class Plan(PlanContents):
     # ---- consistency (see :mod:`.checks`)
     def validate(self, where: str = "plan") -> None:
         """Raise :class:`PlanError` (one line) when the plan contradicts itself: every
-        derived quantity (class, MTP flag, coverage, hot layers, prefetch buffers, tower
+        derived quantity (role, MTP flag, coverage, hot layers, prefetch buffers, tower
         transient, strategy) is recomputed, and a stated value that disagrees is an error."""
         checks.validate(self, where)
 
     def check_groups(self, where: str = "plan") -> None:
-        """Each group consistent in itself, unique, of the class its name and the inputs
+        """Each group consistent in itself, unique, of the role its name and the inputs
         give it, inside the model; together they hold every tensor of the model."""
         checks.check_groups(self, where)
 

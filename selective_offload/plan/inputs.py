@@ -127,7 +127,7 @@ class PlanInputs:
         if self.bulk_cpu_offload_gb is not None and not (
             self.bulk_cpu_offload_gb >= 0 and math.isfinite(self.bulk_cpu_offload_gb)
         ):
-            raise PlanError(f"bulk cpu_offload_gb {self.bulk_cpu_offload_gb!r} must be 0 or more")
+            raise PlanError(f"vllm_cpu_offload_gb {self.bulk_cpu_offload_gb!r} must be 0 or more")
         if not self.cold_segments:
             raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
         if self.batch < 1:

@@ -8,12 +8,20 @@ recomputed rather than read (estimates, each group's link and VRAM reads), and t
 read is put through :mod:`.checks` before it is returned. Fields this version does not know
 are ignored with a note; a newer format version is refused with "upgrade or re-plan".
 
-The format (``"format": "selective-offload/plan-v3"``) is documented in the README. v3 adds
-the routed experts of a MoE layer as a group of their own (kind ``experts``, with
-``num_experts`` and ``experts_per_token``) and the placement ``host-uva``; v2 and v1 plans
-are still read (they have no expert groups: a MoE layer is one group). v1 wrote each
-group's reads split by where they land, and its totals at the top level, where those it
-derived differently (the prefetch buffers among them) are not compared. Writing is the mirror
+The format (``"format": "selective-offload/plan-v4"``) is documented in the README. v4
+gives each group a ``role`` (``hot``, ``cold``, ``absent``), a ``location`` (``device``,
+``host``, ``absent``) apart from its ``serving`` (``resident``, ``gather``, ``on-demand``,
+``prefetch``, ``uva``, ``none``; gather vs on-demand follows from the group and is
+checked), names the kind of a whole embedding, tower, projector or MTP head
+``component``, and keys vLLM's baselines by its settings (``vllm_cpu_offload_gb``,
+``vllm_cpu_offload_params``). v3 plans are still read and applied: their ``cls``,
+``kind: cold``, ``placement`` and ``bulk``/``bulk_segments`` keys map to those
+(:data:`V4_KEYS`, :func:`read_kind`). v3 added the routed experts of a MoE layer as a
+group of their own (kind ``experts``, with ``num_experts`` and ``experts_per_token``) and
+the placement ``host-uva``; v2 and v1 plans are still read (they have no expert groups: a
+MoE layer is one group). v1 wrote each group's reads split by where they land, and its
+totals at the top level, where those it derived differently (the prefetch buffers among
+them) are not compared. Writing is the mirror
 of reading, kept beside it so a new field is added to both in one place. The functions
 that make a ``Plan`` take its class as an argument, so this module never imports
 :mod:`.document`, whose methods call it.
@@ -46,9 +54,14 @@ from .vocabulary import (
     OLDEST_READABLE_VERSION,
     PLAN_FORMAT,
     REPLAN,
-    GroupClass,
+    SERVING_LOCATION,
+    SERVING_PLACEMENT,
+    V3_KINDS,
     GroupKind,
+    Location,
     Placement,
+    Role,
+    Serving,
     Strategy,
 )
 
@@ -91,7 +104,17 @@ def format_version(data: Any, where: str) -> int:
     return version
 
 
-def read_inputs(r: FieldReader) -> tuple[PlanInputs, list[str]]:
+#: JSON keys that v4 names after vLLM's settings, and what v3 (and older) called them.
+V4_KEYS = {"vllm_cpu_offload_gb": "bulk", "vllm_cpu_offload_params": "bulk_segments"}
+V4_INPUT_KEYS = {"vllm_cpu_offload_gb": "bulk_cpu_offload_gb"}
+
+
+def key(name: str, version: int, keys: Mapping[str, str] = V4_KEYS) -> str:
+    """The JSON key a plan of ``version`` holds the v4 field ``name`` under."""
+    return keys.get(name, name) if version <= 3 else name
+
+
+def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInputs, list[str]]:
     speculative = r.raw("speculative", None)
     if speculative not in (None, "mtp"):
         r.bad("speculative", speculative, "null or \"mtp\"")
@@ -104,7 +127,8 @@ def read_inputs(r: FieldReader) -> tuple[PlanInputs, list[str]]:
         speculative=speculative,
         cold_segments=r.str_list("cold_segments"),
         prefetch_step=r.int("prefetch_step", minimum=1),
-        bulk_cpu_offload_gb=r.number("bulk_cpu_offload_gb", positive=False, default=None),
+        bulk_cpu_offload_gb=r.number(key("vllm_cpu_offload_gb", version, V4_INPUT_KEYS), positive=False,
+                                     default=None),
         all_cold=r.bool("all_cold", default=False),
         host_memory_bytes=r.int("host_memory_bytes", minimum=1, default=None),
         batch=r.int("batch", minimum=1, default=1),
@@ -128,7 +152,7 @@ def read_inputs(r: FieldReader) -> tuple[PlanInputs, list[str]]:
 def read_group(r: FieldReader, version: int) -> tuple[GroupPlan, list[str]]:
     name = r.str("group", nonempty=True)
     r.context = f"group {name}"
-    kind = r.choice("kind", GroupKind)
+    kind = read_kind(r, version)
     layer_index = r.int("layer_index", default=None)
     if (kind in LAYER_INDEX_KINDS) != (layer_index is not None):
         r.fail(f"kind is {kind} but layer_index is {json.dumps(layer_index)}; a group of kind "
@@ -148,14 +172,41 @@ def read_group(r: FieldReader, version: int) -> tuple[GroupPlan, list[str]]:
     digest = r.raw("shapes_digest", None)
     if digest is not None and not isinstance(digest, str):
         r.bad("shapes_digest", digest, "a string or null")
+    if version <= 3:
+        role, placement, serving = r.choice("cls", Role), r.choice("placement", Placement), None
+    else:
+        role, serving = r.choice("role", Role), read_serving(r)
+        placement = SERVING_PLACEMENT[serving]
     group = GroupPlan(
-        group=name, kind=kind, cls=r.choice("cls", GroupClass), placement=r.choice("placement", Placement),
+        group=name, kind=kind, role=role, placement=placement,
         reason=r.str("reason", default=""), bytes=r.int("bytes"), layer_index=layer_index,
         est_read_bytes_per_step=read, mtp=r.bool("mtp", default=False),
         num_tensors=r.int("num_tensors", default=0), dtype_bytes=dict(dtype_bytes), shapes_digest=digest,
         num_experts=r.int("num_experts", default=0), experts_per_token=r.int("experts_per_token", default=0),
     )
+    # mutation: stated-serving-trusted
+    if serving is not None and serving != group.serving:
+        r.fail(f"serving is {serving}, but a {group.role} {kind} group on the host is served {group.serving} "
+               "(an embedding or table: gather; a tower, projector or other component: on-demand)")
     return group, r.unknown()
+
+
+def read_kind(r: FieldReader, version: int) -> GroupKind:
+    """A group's kind; a v3 plan's ``cold`` is v4's ``component``."""
+    if version <= 3 and isinstance(r.data.get("kind"), str):
+        # mutation: v3-kind-unmapped
+        r.data = {**r.data, "kind": V3_KINDS.get(r.data["kind"], r.data["kind"])}
+    return r.choice("kind", GroupKind)
+
+
+def read_serving(r: FieldReader) -> Serving:
+    """A v4 group's serving, and its location, which must be where that serving keeps it."""
+    serving, location = r.choice("serving", Serving), r.choice("location", Location)
+    if SERVING_LOCATION[serving] != location:
+        r.fail(f"location is {location}, but a group served {serving} lives in "
+               f"{SERVING_LOCATION[serving]} (device: resident; host: gather, on-demand, prefetch, uva; "
+               "absent: none)")
+    return serving
 
 
 def read_estimate(r: FieldReader) -> Estimate:
@@ -217,7 +268,7 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
     top = plan_reader(data, where, "")
     top.seen.add("format")
     model, notes = read_model(top.child("model"))
-    inputs, more = read_inputs(top.child("inputs"))
+    inputs, more = read_inputs(top.child("inputs"), version)
     notes += more
     groups_raw = top.raw("groups")
     if not isinstance(groups_raw, list) or not groups_raw:
@@ -230,18 +281,19 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
     hot = top.raw("hot_layer_indices")
     if not _int_list(hot):
         top.bad("hot_layer_indices", hot, "a list of layer indices")
-    bulk_raw = top.raw("bulk", None)
+    bulk_key, segments_key = key("vllm_cpu_offload_gb", version), key("vllm_cpu_offload_params", version)
+    bulk_raw = top.raw(bulk_key, None)
     alternative_raw = top.raw("alternative", None)
-    segments_raw = top.raw("bulk_segments", None)
+    segments_raw = top.raw(segments_key, None)
     plan = cls(
         model=model, inputs=inputs, strategy=top.choice("strategy", Strategy), groups=tuple(groups),
         hot_layer_indices=tuple(hot), est_transient_device_bytes=top.int("est_transient_device_bytes"),
-        bulk=None if bulk_raw is None else read_bulk(top.child("bulk")),
+        bulk=None if bulk_raw is None else read_bulk(top.child(bulk_key)),
         est_ignores=top.str_list("est_ignores", default=list(EST_IGNORES)),
         notes=top.str_list("notes", default=[]),
         stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None) if version > 1 else None,
         alternative=None if alternative_raw is None else read_alternative(top.child("alternative")),
-        bulk_segments=None if segments_raw is None else read_bulk(top.child("bulk_segments")),
+        bulk_segments=None if segments_raw is None else read_bulk(top.child(segments_key)),
     )
     top.seen.update({"est"})  # derived: recomputed from the groups
     check_groups(plan, where)
@@ -306,11 +358,17 @@ def _not_json(value: Any) -> Any:
 
 
 def inputs_to_dict(inputs: PlanInputs) -> dict[str, Any]:
-    return {f.name: (list(v) if isinstance(v := getattr(inputs, f.name), tuple) else v) for f in fields(inputs)}
+    names = {v3: v4 for v4, v3 in V4_INPUT_KEYS.items()}
+    return {names.get(f.name, f.name): (list(v) if isinstance(v := getattr(inputs, f.name), tuple) else v)
+            for f in fields(inputs)}
 
 
 def group_to_dict(group: GroupPlan) -> dict[str, Any]:
-    out = {f.name: getattr(group, f.name) for f in fields(group)}
+    out = {f.name: getattr(group, f.name) for f in fields(group) if f.name != "placement"}
+    if group.placement in Placement.values():
+        out["location"], out["serving"] = group.location, group.serving
+    else:  # an unchecked value of a Plan built in Python: written as it is, for the reader to refuse
+        out["location"], out["serving"] = None, group.placement
     out["dtype_bytes"] = dict(group.dtype_bytes)
     out["est_link_bytes_per_step"] = group.est_link_bytes_per_step
     out["est_vram_bytes_per_step"] = group.est_vram_bytes_per_step
@@ -346,8 +404,8 @@ def plan_to_dict(plan: PlanContents, *, derived: bool = True) -> dict[str, Any]:
         "est_transient_device_bytes": plan.est_transient_device_bytes,
         "prefetch_buffer_bytes": plan.prefetch_buffer_bytes if derived else plan.stored_prefetch_buffer_bytes,
         **({"totals": plan.totals(), "est": plan.est.__dict__.copy()} if derived else {}),
-        "bulk": None if plan.bulk is None else bulk_to_dict(plan.bulk),
-        "bulk_segments": None if plan.bulk_segments is None else bulk_to_dict(plan.bulk_segments),
+        "vllm_cpu_offload_gb": None if plan.bulk is None else bulk_to_dict(plan.bulk),
+        "vllm_cpu_offload_params": None if plan.bulk_segments is None else bulk_to_dict(plan.bulk_segments),
         "alternative": None if plan.alternative is None else alternative_to_dict(plan.alternative),
         "est_ignores": list(plan.est_ignores),
         "notes": list(plan.notes),

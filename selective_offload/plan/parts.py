@@ -23,8 +23,19 @@ from ..estimate import (
     flops_per_token,
     step_cost,
 )
+from ..names import EMBED_SEGMENTS, has_segment
 from .inputs import PlanInputs
-from .vocabulary import HOST_PLACEMENTS, GroupClass, GroupKind, Placement, Strategy
+from .vocabulary import (
+    HOST_PLACEMENTS,
+    PLACEMENT_SERVING,
+    SERVING_LOCATION,
+    GroupKind,
+    Location,
+    Placement,
+    Role,
+    Serving,
+    Strategy,
+)
 
 #: What the estimates leave out, written into every plan beside them.
 EST_IGNORES: tuple[str, ...] = (
@@ -54,11 +65,11 @@ EST_IGNORES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """One group's class, placement and what identifies its tensors."""
+    """One group's role, placement and what identifies its tensors."""
 
     group: str
     kind: GroupKind
-    cls: GroupClass
+    role: Role
     placement: Placement
     reason: str
     bytes: int
@@ -78,6 +89,22 @@ class GroupPlan:
     @property
     def on_host(self) -> bool:
         return self.placement in HOST_PLACEMENTS
+
+    @property
+    def serving(self) -> Serving:
+        """How a step gets this group's bytes: a cold group on the host is gathered row by
+        row when it is an embedding (or another table, kind module), onloaded on demand
+        when it is a tower, projector or other component."""
+        if self.placement != Placement.HOST_COLD:
+            return PLACEMENT_SERVING[self.placement]
+        # mutation: gather-not-derived
+        gathered = has_segment(self.group, EMBED_SEGMENTS) or self.kind == GroupKind.MODULE
+        return Serving.GATHER if gathered else Serving.ON_DEMAND
+
+    @property
+    def location(self) -> Location:
+        """Where this group's bytes live during decode."""
+        return SERVING_LOCATION[self.serving]
 
     @property
     def est_link_bytes_per_step(self) -> int:

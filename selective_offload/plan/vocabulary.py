@@ -3,8 +3,8 @@ per-kind rules as tables.
 
 Everything else in :mod:`selective_offload.plan` speaks these words: the records
 (:mod:`.inputs`, :mod:`.parts`, :mod:`.contents`) hold them, :mod:`.checks` applies the
-tables, :mod:`.io` reads and writes them. The rules that depend on a group's kind or class
-are tables (``KIND_CLASS``, ``CLASS_PLACEMENTS``, ``PLACEMENT_KINDS``,
+tables, :mod:`.io` reads and writes them. The rules that depend on a group's kind or role
+are tables (``KIND_ROLE``, ``ROLE_PLACEMENTS``, ``PLACEMENT_KINDS``,
 ``LAYER_INDEX_KINDS``, ``PARTIAL_READ_KINDS``), so a new kind (or placement) states its
 rules here, in one place. This module imports nothing of the project but sizes.
 """
@@ -17,7 +17,7 @@ from ..sizes import MAX_BYTES, GiB
 
 FORMAT_PREFIX = "selective-offload/plan-v"
 #: The format this release writes, and the oldest one it still reads.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 OLDEST_READABLE_VERSION = 1
 PLAN_FORMAT = f"{FORMAT_PREFIX}{FORMAT_VERSION}"
 REPLAN = "make the plan again with `selective-offload plan MODEL --device-memory SIZE -o plan.json`"
@@ -35,7 +35,7 @@ MAX_PLAN_NUMBER = 1e18
 
 
 class _Choice(str, Enum):
-    """A string enum that prints and serialises as its value (``host-cold``)."""
+    """A string enum that prints and serialises as its value (``on-demand``)."""
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -46,7 +46,9 @@ class _Choice(str, Enum):
 
 
 class Placement(_Choice):
-    """Where a group's bytes live during decode."""
+    """Where a group's bytes live during decode and how they are served, as one internal
+    value (the v3 words); a v4 plan writes it as :class:`Location` and :class:`Serving`
+    (see :data:`PLACEMENT_SERVING`), the host one splitting by group into gather and on-demand."""
 
     DEVICE = "device"
     HOST_COLD = "host-cold"   # host memory; a decode step does not read it (or one row per token)
@@ -55,15 +57,36 @@ class Placement(_Choice):
     HOST_UVA = "host-uva"     # host memory, read in place through UVA: only the routed experts a step uses
 
 
-class GroupClass(_Choice):
-    COLD = "cold"
-    HOT = "hot"
+class Location(_Choice):
+    """Where a group's bytes live during decode."""
+
+    DEVICE = "device"
+    HOST = "host"
     ABSENT = "absent"
+
+
+class Serving(_Choice):
+    """How a decode step gets a group's bytes."""
+
+    RESIDENT = "resident"    # on the device, read where they are
+    GATHER = "gather"        # a host embedding (or n-gram table): the rows a step needs gathered on the host
+    ON_DEMAND = "on-demand"  # a host tower, projector or other cold component: onloaded block by block when run
+    PREFETCH = "prefetch"    # vLLM's prefetch offloader: copied to a device buffer layer by layer ahead of use
+    UVA = "uva"              # read in place through UVA: only the routed experts a step uses
+    NONE = "none"            # not loaded for this run (an MTP head without MTP decoding)
+
+
+class Role(_Choice):
+    """What a decode step does with a group."""
+
+    COLD = "cold"      # not read by a decode step, or one row per token
+    HOT = "hot"        # read every decode step
+    ABSENT = "absent"  # not loaded
 
 
 class GroupKind(_Choice):
     LAYER = "layer"    # one decoder layer of the main stack
-    COLD = "cold"      # a whole cold module (embedding, tower, projector, MTP head)
+    COMPONENT = "component"  # a whole embedding, tower, projector or MTP head (its role follows from its name)
     MODULE = "module"  # any other parameters, by module path
     EXPERTS = "experts"  # the routed experts of one MoE decoder layer (the layer group holds the rest)
 
@@ -75,6 +98,19 @@ class Strategy(_Choice):
     INFEASIBLE = "infeasible"
 
 
+#: How each placement is served, and where it lives; a host placement of a cold group is
+#: gather or on-demand by the group (see :attr:`GroupPlan.serving`).
+PLACEMENT_SERVING: dict[Placement, Serving] = {Placement.DEVICE: Serving.RESIDENT, Placement.HOST_HOT: Serving.PREFETCH,
+                                               Placement.HOST_UVA: Serving.UVA, Placement.ABSENT: Serving.NONE}
+SERVING_PLACEMENT: dict[Serving, Placement] = {
+    **{serving: placement for placement, serving in PLACEMENT_SERVING.items()},
+    Serving.GATHER: Placement.HOST_COLD, Serving.ON_DEMAND: Placement.HOST_COLD}
+SERVING_LOCATION: dict[Serving, Location] = {
+    Serving.RESIDENT: Location.DEVICE, Serving.GATHER: Location.HOST, Serving.ON_DEMAND: Location.HOST,
+    Serving.PREFETCH: Location.HOST, Serving.UVA: Location.HOST, Serving.NONE: Location.ABSENT}
+#: The v3 words, read from older plans: its ``kind: cold`` is ``component``.
+V3_KINDS: dict[str, str] = {"cold": "component"}
+
 HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT, Placement.HOST_UVA)
 #: Kinds of group that belong to one decoder layer (and carry its ``layer_index``).
 LAYER_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS)
@@ -82,15 +118,15 @@ LAYER_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS)
 # Per-kind rules, as tables, so a new kind (or placement) states its rules in one place.
 #: Kinds whose groups carry a ``layer_index`` (the decoder layer their name is in).
 LAYER_INDEX_KINDS: frozenset[GroupKind] = frozenset(LAYER_KINDS)
-#: Kinds whose class is fixed (a cold-kind group's class depends on its name: see
-#: :meth:`Plan.expected_class`).
-KIND_CLASS: dict[GroupKind, GroupClass] = {GroupKind.LAYER: GroupClass.HOT, GroupKind.EXPERTS: GroupClass.HOT,
-                                          GroupKind.MODULE: GroupClass.HOT}
-#: Placements allowed for each class, and the kinds a placement is limited to.
-CLASS_PLACEMENTS: dict[GroupClass, frozenset[Placement]] = {
-    GroupClass.COLD: frozenset({Placement.DEVICE, Placement.HOST_COLD}),
-    GroupClass.HOT: frozenset({Placement.DEVICE, Placement.HOST_HOT, Placement.HOST_UVA}),
-    GroupClass.ABSENT: frozenset({Placement.ABSENT}),
+#: Kinds whose role is fixed (a component's role depends on its name: see
+#: :meth:`Plan.expected_role`).
+KIND_ROLE: dict[GroupKind, Role] = {GroupKind.LAYER: Role.HOT, GroupKind.EXPERTS: Role.HOT,
+                                    GroupKind.MODULE: Role.HOT}
+#: Placements allowed for each role, and the kinds a placement is limited to.
+ROLE_PLACEMENTS: dict[Role, frozenset[Placement]] = {
+    Role.COLD: frozenset({Placement.DEVICE, Placement.HOST_COLD}),
+    Role.HOT: frozenset({Placement.DEVICE, Placement.HOST_HOT, Placement.HOST_UVA}),
+    Role.ABSENT: frozenset({Placement.ABSENT}),
 }
 PLACEMENT_KINDS: dict[Placement, frozenset[GroupKind]] = {Placement.HOST_HOT: frozenset(LAYER_KINDS),
                                                           Placement.HOST_UVA: frozenset({GroupKind.EXPERTS})}

@@ -5,7 +5,7 @@ during the step crosses PCIe (34x slower than VRAM on the reference laptop, SPEC
 Some groups are not read by a text decode step at all, and cost nothing on the host:
 
 =============  ===========  ============================================================
-group          class        why
+group          role         why
 =============  ===========  ============================================================
 lm_head        hot, always  one vocab x hidden GEMM per step
 embed_tokens   cold         a gather: one row (hidden x dtype bytes) per token
@@ -14,7 +14,7 @@ mtp            absent/hot   vLLM drops ``mtp.`` keys unless MTP speculative deco
                             on; then the drafter runs every step
 =============  ===========  ============================================================
 
-``embed_tokens`` and ``lm_head`` have the same shape and dtype and opposite classes, so a
+``embed_tokens`` and ``lm_head`` have the same shape and dtype and opposite roles, so a
 size-ordered, name-blind policy (vLLM's ``cpu_offload_gb``) cannot tell them apart. Which
 names are cold is :mod:`selective_offload.names`' rule; with ``tie_word_embeddings`` the
 embedding *is* the LM head's weight and is hot.
@@ -36,9 +36,9 @@ reference laptop: never choose a format from it.
 
 How the modules relate (each imports only those above it; none imports this package):
 
-    grouping      tensors -> groups: class, est read per step, model order, fingerprints
+    grouping      tensors -> groups: role, est read per step, model order, fingerprints
     placement     groups -> placement: cold set first, then hot layers / routed experts
-    baselines     vLLM's cpu_offload_gb ("bulk") and cpu_offload_params ("segment selection")
+    baselines     vLLM's own cpu_offload_gb and cpu_offload_params
     speculation   MTP draft tokens: best K, where it flips, break-even acceptance
     notes         the plan's notes on its placement (infeasible, assumed, what bounds it)
     make          make_plan: composes the steps into a checked plan

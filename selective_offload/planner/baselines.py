@@ -1,8 +1,8 @@
 """vLLM's own offload, priced on the same step model: the baselines a plan is compared with.
 
-vLLM offers two settings without this extension: ``cpu_offload_gb`` ("bulk": whole
+vLLM offers two settings without this extension: ``cpu_offload_gb`` (whole
 parameters of the decoder layers, in model order, until the GiB budget is met) and
-``cpu_offload_params`` ("segment selection": only parameters whose name holds one of the
+``cpu_offload_params`` (with it, only parameters whose name holds one of the
 given segments, such as ``experts``). :func:`price_bulk` prices either from the groups of
 :mod:`.grouping`, with its traffic per step, and :func:`baseline_notes` says when the
 selective plan does not beat one and why. Nothing here places a group; :mod:`.make` asks for
@@ -28,7 +28,7 @@ from ..plan import (
     LAYER_KINDS,
     BulkBaseline,
     Estimate,
-    GroupClass,
+    Role,
     GroupKind,
     Plan,
     PlanInputs,
@@ -78,7 +78,7 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
             if not touched or touched[-1] != index:
                 touched.append(index)
     # vLLM keeps its own host tables (n-gram embeddings) on the host in this run too.
-    loaded = sum(g.nbytes for g in groups if g.cls != GroupClass.ABSENT and not g.vllm_host)
+    loaded = sum(g.nbytes for g in groups if g.role != Role.ABSENT and not g.vllm_host)
     device = loaded - offloaded
     return BulkBaseline(
         cpu_offload_gb=gb, offloaded_bytes=offloaded, offloaded_tensors=count,
@@ -118,12 +118,12 @@ def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: Pla
     other = row = draft = 0
     other_flops = draft_flops = 0.0
     for g in groups:
-        if g.kind in LAYER_KINDS or g.cls == GroupClass.ABSENT:
+        if g.kind in LAYER_KINDS or g.role == Role.ABSENT:
             continue
         if g.mtp:
             draft += g.nbytes
             draft_flops += flops_per_token(g.dtype_bytes)
-        elif has_segment(g.name, EMBED_SEGMENTS) and g.cls == GroupClass.COLD:
+        elif has_segment(g.name, EMBED_SEGMENTS) and g.role == Role.COLD:
             row += g.est_read_bytes_per_step
         else:
             other += g.est_read_bytes_per_step
@@ -151,7 +151,7 @@ def baseline_notes(plan: Plan) -> list[str]:
             continue
         why = []
         if plan.hot_layer_indices or plan.est_transient_device_bytes:
-            why.append("its prefetch buffers and tower transient cost device memory the bulk offload does not need")
+            why.append("its prefetch buffers and tower transient cost device memory vLLM's cpu_offload_gb does not need")
         if plan.host_uva_bytes:
             why.append("a layer's routed experts go to the host whole, where vLLM's budget takes single tensors")
         times = f"est {mine * 1e3:.1f} ms against {theirs * 1e3:.1f} ms per step"

@@ -3,7 +3,7 @@ step reads from it.
 
 Groups are named by :mod:`selective_offload.names`' rule: one decoder layer (less its routed
 experts), the routed experts of one MoE layer, one cold module, or one other module. Each
-gets a class (hot, cold, absent) and the bytes a text decode step reads from it (est), in
+gets a role (hot, cold, absent) and the bytes a text decode step reads from it (est), in
 model order. :mod:`.placement` then decides where each group goes; the model check
 (:mod:`selective_offload.model_match`) regroups a checkpoint the same way, and compares
 :func:`model_fingerprint` and each group's :func:`group_signature`, to tell whether a plan was
@@ -27,7 +27,7 @@ from ..names import (
     host_table_prefix,
     layer_of,
 )
-from ..plan import LAYER_KINDS, GroupClass, GroupKind, PlanInputs, experts_read_bytes
+from ..plan import LAYER_KINDS, Role, GroupKind, PlanInputs, experts_read_bytes
 
 _BLOCK_SEGMENTS = ("blocks", "layers", "layer")
 #: Model types whose vision blocks vLLM 0.33 builds under ``@support_torch_compile`` (read
@@ -44,7 +44,7 @@ class Group:
 
     name: str
     kind: GroupKind
-    cls: GroupClass
+    role: Role
     reason: str
     nbytes: int
     num_tensors: int
@@ -103,9 +103,9 @@ def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, _Bu
         prefix = cold_prefix(t.name, inputs.cold_segments)
         layer = layer_of(t.name)
         if prefix is not None:
-            bucket = _Bucket(prefix, GroupKind.COLD, mtp=has_segment(prefix, MTP_SEGMENTS))
+            bucket = _Bucket(prefix, GroupKind.COMPONENT, mtp=has_segment(prefix, MTP_SEGMENTS))
         elif layer is not None and _is_mtp_layer(layer[1], facts):
-            bucket = _Bucket(f"{layer[0]}.{layer[1]}", GroupKind.COLD, mtp=True)
+            bucket = _Bucket(f"{layer[0]}.{layer[1]}", GroupKind.COMPONENT, mtp=True)
         elif layer is not None and facts.vllm_host_tables and host_table_prefix(t.name) is not None:
             bucket = _Bucket(host_table_prefix(t.name), GroupKind.MODULE, vllm_host=True)
         elif layer is not None and experts_prefix(t.name) is not None:
@@ -158,34 +158,34 @@ def _experts_shape(b: _Bucket, facts) -> tuple[int, int, list[str]]:
     return num, k, notes
 
 
-def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tuple[GroupClass, str, int]:
-    """Step 3: a group's class, the reason, and the bytes a decode step reads from it (est)."""
+def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tuple[Role, str, int]:
+    """Step 3: a group's role, the reason, and the bytes a decode step reads from it (est)."""
     nbytes = sum(t.nbytes for t in b.tensors)
-    if b.kind == GroupKind.COLD:
+    if b.kind == GroupKind.COMPONENT:
         if b.mtp and inputs.speculative == "mtp":
-            return GroupClass.HOT, "MTP speculative decoding runs the MTP head every step", nbytes
+            return Role.HOT, "MTP speculative decoding runs the MTP head every step", nbytes
         if b.mtp:
-            return GroupClass.ABSENT, "vLLM drops mtp.* keys without MTP speculative decoding", 0
+            return Role.ABSENT, "vLLM drops mtp.* keys without MTP speculative decoding", 0
         if has_segment(b.key, EMBED_SEGMENTS) and tie_word_embeddings:
-            return GroupClass.HOT, "tie_word_embeddings: the embedding is the LM head's weight", nbytes
+            return Role.HOT, "tie_word_embeddings: the embedding is the LM head's weight", nbytes
         if has_segment(b.key, EMBED_SEGMENTS):
             row = max((_row_bytes(t) for t in b.tensors if t.name.endswith("weight")), default=0)
-            return GroupClass.COLD, "a gather: one row per token per step", row
-        return GroupClass.COLD, "read only in prefill, once per image or clip", 0
+            return Role.COLD, "a gather: one row per token per step", row
+        return Role.COLD, "read only in prefill, once per image or clip", 0
     if b.vllm_host:
         row = max((_row_bytes(t) for t in b.tensors if t.name.endswith("weight")), default=0)
-        return (GroupClass.COLD, "n-gram embedding table: vLLM keeps it in pinned host memory itself "
+        return (Role.COLD, "n-gram embedding table: vLLM keeps it in pinned host memory itself "
                 "(EngramConfig.cpu_offload) and gathers rows per token", row)
     if b.kind == GroupKind.MODULE and has_segment(b.key, NEVER_COLD_SEGMENTS):
         if tie_word_embeddings:
-            return (GroupClass.HOT, "stored although tied: counted on the device in case vLLM keeps it "
+            return (Role.HOT, "stored although tied: counted on the device in case vLLM keeps it "
                     "apart from the embedding", nbytes)
-        return GroupClass.HOT, "one vocab x hidden GEMM per step", nbytes
+        return Role.HOT, "one vocab x hidden GEMM per step", nbytes
     if b.kind == GroupKind.LAYER:
-        return GroupClass.HOT, "decoder layer: read every step", nbytes
+        return Role.HOT, "decoder layer: read every step", nbytes
     if b.kind == GroupKind.EXPERTS:  # the read is priced with E and k in group_tensors
-        return GroupClass.HOT, "routed experts: a token reads k of E", nbytes
-    return GroupClass.HOT, "read every step", nbytes
+        return Role.HOT, "routed experts: a token reads k of E", nbytes
+    return Role.HOT, "read every step", nbytes
 
 
 def _block_sizes(b: _Bucket) -> tuple[int, int]:
@@ -233,7 +233,7 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: 
             num, k, _ = _experts_shape(b, facts)
             read = experts_read_bytes(read, num, k)
             reason = f"routed experts: a token reads {k} of {num} (est: uniform routing)"
-        tower = cls == GroupClass.COLD and not has_segment(b.key, EMBED_SEGMENTS)
+        tower = cls == Role.COLD and not has_segment(b.key, EMBED_SEGMENTS)
         # mutation: compiled-tower-budgeted-by-blocks
         largest, rest = _block_sizes(b) if tower and not whole else (0, 0)
         dtype_bytes, digest = group_signature(b.key, b.tensors)

@@ -91,7 +91,7 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     def placed(p: Placing, hot: list[int], **extra) -> Plan:
         return Plan(
             model=model, inputs=inputs, strategy=strategy_of(p, hot, inputs),
-            groups=tuple(GroupPlan(g.name, g.kind, g.cls, p.where[g.name], g.reason, g.nbytes, g.layer_index,
+            groups=tuple(GroupPlan(g.name, g.kind, g.role, p.where[g.name], g.reason, g.nbytes, g.layer_index,
                                    g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest,
                                    g.num_experts, g.experts_per_token) for g in groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=p.transient,

@@ -19,7 +19,7 @@ from typing import Callable
 
 from ..estimate import expert_read_fraction
 from ..names import EMBED_SEGMENTS, has_segment
-from ..plan import HOST_PLACEMENTS, LAYER_KINDS, GroupClass, GroupKind, Placement, PlanInputs, Strategy
+from ..plan import HOST_PLACEMENTS, LAYER_KINDS, Role, GroupKind, Placement, PlanInputs, Strategy
 from .grouping import Group
 
 
@@ -43,7 +43,7 @@ class Placing:
     buffers: int = 0
 
     def __post_init__(self) -> None:
-        self.where = {g.name: Placement.ABSENT if g.cls == GroupClass.ABSENT else
+        self.where = {g.name: Placement.ABSENT if g.role == Role.ABSENT else
                       Placement.HOST_COLD if g.vllm_host else Placement.DEVICE for g in self.groups}
 
     def over_budget(self) -> int:
@@ -54,7 +54,7 @@ class Placing:
 
 def place_cold(p: Placing, inputs: PlanInputs) -> None:
     """Cold modules to the host, largest first, until the deficit closes (or all of them)."""
-    for g in sorted((g for g in p.groups if g.cls == GroupClass.COLD and not g.vllm_host), key=lambda g: -g.nbytes):
+    for g in sorted((g for g in p.groups if g.role == Role.COLD and not g.vllm_host), key=lambda g: -g.nbytes):
         if p.over_budget() <= 0 and not inputs.all_cold:
             break
         p.where[g.name] = Placement.HOST_COLD

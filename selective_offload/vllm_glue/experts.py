@@ -1,9 +1,9 @@
 """Routed experts in host memory, read in place by the fused-MoE kernel through UVA views.
 
 At batch 1 a MoE decode step reads only the top-k routed experts of each layer. A plan
-that places a layer's experts ``host-uva`` keeps them in host memory and lets the kernel
+that serves a layer's experts ``uva`` keeps them in host memory and lets the kernel
 read the experts it routes to over the link, inside the kernel, with no copy per step
-(vLLM's own bulk offload reads host weights the same way). One load, for each such group:
+(vLLM's own cpu_offload_gb reads host weights the same way). One load, for each such group:
 
 1. **construction**: vLLM builds the routed experts in ``RoutedExperts.__init__`` (its
    ``layer_name`` is the FusedMoE ``prefix``, which is the plan's group name, compared
@@ -31,14 +31,14 @@ the ledger and the report still prove where the experts were built and are.
 
 This is our own UVA path, not vLLM's offloader (vLLM keeps one offloader per model); it
 composes with the exact-layer prefetch offloader for hot dense layers because they touch
-disjoint modules (a plan puts an experts group ``host-hot`` exactly when its layer is).
+disjoint modules (a plan serves an experts group ``prefetch`` exactly when its layer is).
 
 Which fused-MoE kernels read UVA views (vLLM 0.33, read from its sources). The kernel is
 the quant method's ``experts_cls``, chosen when the layer is built, so a plan is refused
 right after construction, before any weight loads, when the kernel is not one of these:
 
 =====================================  =======  ==================================================
-kernel (``experts_cls``)               host-uva why
+kernel (``experts_cls``)               uva      why
 =====================================  =======  ==================================================
 ``TritonExperts`` (unquantized, FP8    yes      vLLM reads host weights through it itself: its
 W8A8 and block FP8, INT8 via Triton)            ``_weights_host_resident`` checks the UVA marker
@@ -82,7 +82,7 @@ PREFIX_ARGUMENT = "layer_name"
 #: the check accepts (for Triton's the unquantized method only makes the weights
 #: contiguous; the CPU build repacks them on the host). Any other runs on the device.
 IN_PLACE_METHODS = frozenset({"UnquantizedFusedMoEMethod"})
-#: What the report says serves a host-uva group.
+#: What the report says serves a group served ``uva``.
 MECHANISM_VIEW = "uva (the fused-MoE kernel reads the routed experts in place through a device view)"
 MECHANISM_CPU = "uva (host memory is the device's memory here: the kernel reads the experts in place, no view)"
 
@@ -96,15 +96,15 @@ def uva_groups(plan: Plan | None) -> list[str]:
 
 @dataclass
 class ExpertsLoad:
-    """What one main-model load does to the plan's host-uva experts, for the report."""
+    """What one main-model load does to the plan's uva-served experts, for the report."""
 
-    #: ``group_key`` -> group name, for every host-uva experts group.
+    #: ``group_key`` -> group name, for every uva-served experts group.
     groups: dict[tuple, str]
     cold_segments: tuple[str, ...]
     #: Module name of each ``RoutedExperts`` built for a group -> the group.
     modules: dict[str, str] = field(default_factory=dict)
     #: ``id()`` of expert parameters built on the host (at construction, or post-processed
-    #: on the host from such), and of the final host-uva parameters.
+    #: on the host from such), and of the final uva-served parameters.
     routed: set[int] = field(default_factory=set)
     params: set[int] = field(default_factory=set)
     #: Group -> how its post-processing ran, and the largest device transient of one layer.
@@ -126,7 +126,7 @@ class ExpertsLoad:
         return cls({group_key(n, segments): n for n in names}, segments)
 
     def group_of(self, prefix: str) -> str | None:
-        """The host-uva group a FusedMoE ``prefix`` (vLLM's name) builds, or ``None``."""
+        """The uva-served group a FusedMoE ``prefix`` (vLLM's name) builds, or ``None``."""
         return self.groups.get(group_key(prefix, self.cold_segments))
 
     def is_expert_module(self, name: str) -> bool:
@@ -134,7 +134,7 @@ class ExpertsLoad:
 
 
 def refuse_before_load(xl: ExpertsLoad | None, device: torch.device, policy: PinPolicy | None) -> None:
-    """A host-uva plan that cannot run here, refused before anything is built."""
+    """A plan of uva-served experts that cannot run here, refused before anything is built."""
     if xl is None or device.type != "cuda":
         return
     if policy is not None and not policy.locks:
@@ -144,7 +144,7 @@ def refuse_before_load(xl: ExpertsLoad | None, device: torch.device, policy: Pin
 
 
 def routing_kwargs(xl: ExpertsLoad | None, routed_experts_cls: type) -> dict[str, Any]:
-    """:class:`ConstructOnHost` arguments that build the host-uva experts on the host."""
+    """:class:`ConstructOnHost` arguments that build the uva-served experts on the host."""
     if xl is None:
         return {}
     # mutation: experts-not-routed
@@ -157,7 +157,7 @@ def _kernel(method: Any) -> str:
 
 
 def check_kernel(group: str, method: Any, device: torch.device) -> None:
-    """Refuse, with one line, a host-uva group whose fused-MoE kernel does not read UVA views."""
+    """Refuse, with one line, a uva-served group whose fused-MoE kernel does not read UVA views."""
     if device.type == "cpu":
         return  # the CPU build: host memory is the kernel's memory, no view involved
     kernel = _kernel(method)
@@ -173,7 +173,7 @@ def check_kernel(group: str, method: Any, device: torch.device) -> None:
 
 
 def find_modules(model: nn.Module, xl: ExpertsLoad, routed_experts_cls: type) -> None:
-    """Record the built ``RoutedExperts`` module of each host-uva group."""
+    """Record the built ``RoutedExperts`` module of each uva-served group."""
     for name, module in model.named_modules():
         if isinstance(module, routed_experts_cls):
             group = xl.group_of(getattr(module, PREFIX_ARGUMENT, "") or name)
@@ -252,7 +252,7 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
 
 def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked: PageLockedLedger | None,
            accelerator_view: Callable[[torch.Tensor], torch.Tensor]) -> set[int]:
-    """Page-lock each host-uva expert parameter in place and, on CUDA, make it a UVA view
+    """Page-lock each uva-served expert parameter in place and, on CUDA, make it a UVA view
     marked as vLLM marks its own. Returns the parameters' ``id()``."""
     views = device.type == "cuda"
     for name, group in xl.modules.items():

@@ -26,7 +26,7 @@ Only what becomes the cold module's own parameters and buffers stays on the host
   module-global cache hands to a hot module too (vLLM's rotary-embedding cache), or a
   tensor something outside the model still holds.
 
-Routed experts (a MoE layer's ``experts`` placed ``host-uva``) are routed by their exact
+Routed experts (a MoE layer's ``experts`` served ``uva``) are routed by their exact
 module, not by a segment: ``modules`` maps a constructing module's prefix to the label of
 its plan group (or ``None``), and ``named_by`` names classes whose ``__init__`` carries
 that prefix under another argument (vLLM's ``RoutedExperts`` gets the FusedMoE prefix as
@@ -103,7 +103,7 @@ class ConstructOnHost(TorchFunctionMode):
     prefix, checked in order (a speculative drafter's embedding and LM head, which vLLM
     replaces by the target's after loading). ``modules`` maps a prefix that has no cold
     segment to a label when that exact module is to be built on the host (a plan's
-    ``host-uva`` experts), and ``named_by`` names classes whose ``__init__`` carries its
+    ``uva``-served experts), and ``named_by`` names classes whose ``__init__`` carries its
     prefix under another argument (``{RoutedExperts: "layer_name"}``).
     """
 

@@ -84,7 +84,8 @@ def hot_plan(model_dir, **inputs):
 
 def test_an_embedding_marked_absent_is_refused_with_the_fingerprint_kept(model, tmp_path):
     data = as_data(tight_plan(model))
-    group(data, "model.embed_tokens").update(cls="absent", placement="absent", est_read_bytes_per_step=0)
+    group(data, "model.embed_tokens").update(role="absent", location="absent", serving="none",
+                                                  est_read_bytes_per_step=0)
     data["strategy"] = "resident"
     del data["totals"]
     path = write(data, tmp_path)
@@ -115,7 +116,7 @@ def test_layers_shrunk_to_fit_are_refused_by_the_model_check_although_the_finger
             g["dtype_bytes"] = {"BF16": g["bytes"]}
             shrunk += cut
     data["model"]["total_bytes"] -= shrunk
-    data["bulk"] = None  # the bulk baseline's offloaded bytes would give the shrinking away
+    data["vllm_cpu_offload_gb"] = None  # the cpu_offload_gb baseline's offloaded bytes would give it away
     del data["totals"]
     path = write(data, tmp_path)
     Plan.load(path)  # consistent in itself: only the checkpoint can refute it
@@ -125,13 +126,13 @@ def test_layers_shrunk_to_fit_are_refused_by_the_model_check_although_the_finger
 
 
 @pytest.mark.parametrize("edit,match", [
-    (lambda d: group(d, "model.embed_tokens").update(mtp=True, cls="absent", placement="absent",
-                                                      est_read_bytes_per_step=0),
+    (lambda d: group(d, "model.embed_tokens").update(mtp=True, role="absent", location="absent",
+                                                      serving="none", est_read_bytes_per_step=0),
      "group model.embed_tokens: mtp is true, but the group is not an MTP head"),
     (lambda d: group(d, "model.layers.2").update(est_read_bytes_per_step=0),
      "group model.layers.2 is read in full every step: est_read_bytes_per_step must be"),
-    (lambda d: group(d, "model.norm").update(kind="cold", cls="cold", placement="host-cold"),
-     "group model.norm is of kind cold, but its name is not a module under one of the cold segments"),
+    (lambda d: group(d, "model.norm").update(kind="component", role="cold", location="host", serving="on-demand"),
+     "group model.norm is of kind component, but its name is not a module under one of the cold segments"),
 ])
 def test_derived_group_fields_are_recomputed(model, tmp_path, edit, match):
     data = as_data(tight_plan(model))
@@ -168,7 +169,7 @@ def test_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_group(
     assert "in no plan group" in report.render() and "placement does NOT match the plan" in report.render()
     embed = next(g for g in plan.groups if g.group == "model.embed_tokens")
     absent = dataclasses.replace(plan, groups=tuple(
-        dataclasses.replace(g, cls="absent", placement="absent") if g is embed else g for g in plan.groups))
+        dataclasses.replace(g, role="absent", placement="absent") if g is embed else g for g in plan.groups))
     report = build_report(torch_model, absent, compute_device=torch.device("cpu"), host_cold_params=set(),
                           host_hot_params=set())
     assert any("group model.embed_tokens is planned absent (not loaded), but the engine loaded" in p
@@ -374,7 +375,7 @@ def test_a_plan_whose_model_is_not_here_says_so(model, tmp_path):
 # ---- 10. Plan objects get the checks plan files get
 
 @pytest.mark.parametrize("field,value,match", [
-    ("placement", "hostcold", r"placement of group model.embed_tokens is \"hostcold\", but must be one of"),
+    ("placement", "hostcold", r"serving of group model.embed_tokens is \"hostcold\", but must be one of"),
     ("bytes", "500", r"bytes of group model.embed_tokens is \"500\", but must be an integer"),
     ("bytes", 10**400, r"bytes of group model.embed_tokens is .*at most 9007199254740992"),
 ])
@@ -555,8 +556,8 @@ def test_a_damaged_probe_profile_is_one_line(capsys, tmp_path, monkeypatch, edit
     cli_refuses(capsys, ["plan", tmp_path, "--device-memory", "24GiB"], match)
 
 
-def test_a_bulk_baseline_edited_to_look_worse_is_refused(model, tmp_path):
+def test_a_cpu_offload_gb_baseline_edited_to_look_worse_is_refused(model, tmp_path):
     data = as_data(hot_plan(model))
-    assert data["bulk"] is not None
-    data["bulk"]["fits"] = not data["bulk"]["fits"]
-    refused(lambda: selective_offload.enable(write(data, tmp_path)), "bulk: fits is", PlanError)
+    assert data["vllm_cpu_offload_gb"] is not None
+    data["vllm_cpu_offload_gb"]["fits"] = not data["vllm_cpu_offload_gb"]["fits"]
+    refused(lambda: selective_offload.enable(write(data, tmp_path)), "vllm_cpu_offload_gb: fits is", PlanError)

@@ -141,7 +141,7 @@ def test_mtp_speculative_decoding_with_the_embedding_on_the_host(mimo, mimo_plai
     plain, plain_speculative = mimo_plain
     plan = all_cold_plan(mimo, speculative="mtp")
     mtp = next(g for g in plan.groups if g.mtp)
-    assert (mtp.group, mtp.cls, mtp.placement) == ("model.mtp_layers", "hot", "device")
+    assert (mtp.group, mtp.role, mtp.placement) == ("model.mtp_layers", "hot", "device")
     tokens, report = generate_with_plan(plan, mimo, **SPEC)
     assert tokens == plain_speculative
     assert tokens == plain

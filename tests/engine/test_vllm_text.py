@@ -157,7 +157,7 @@ def test_tied_embedding_stays_on_device_and_tokens_match(request, which):
     ckpt = load_checkpoint(model)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0, reserve_bytes=0))
     embed = next(g for g in plan.groups if g.group == "model.embed_tokens")
-    assert (embed.cls, embed.placement) == ("hot", "device")
+    assert (embed.role, embed.placement) == ("hot", "device")
     selective_offload.disable()
     plain = generate_tokens(model)
     tokens, report = generate_with_plan(plan, model)
@@ -176,7 +176,7 @@ def test_a_plan_forcing_a_tied_embedding_to_the_host_is_refused(tied_with_lm_hea
     data = plan.to_dict()
     for g in data["groups"]:
         if g["group"] == "model.embed_tokens":
-            g["placement"], g["cls"] = "host-cold", "cold"
+            g.update(role="cold", location="host", serving="gather")
     del data["totals"]
     data["strategy"] = "cold_offload"
     (tmp_path / "forced.json").write_text(json.dumps(data))

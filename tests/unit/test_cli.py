@@ -20,14 +20,15 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def test_plan_bundled_reference_prints_table_and_bulk_comparison(capsys):
+def test_plan_bundled_reference_prints_table_and_cpu_offload_gb_comparison(capsys):
     code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--bulk-gb", "10")
     assert code == 0, err
-    assert "model.embed_tokens" in out and "host-cold" in out
+    embed = next(line for line in out.splitlines() if line.startswith("model.embed_tokens"))
+    assert embed.split()[3:6] == ["cold", "host", "gather"]
     assert "lm_head" in out
     assert "vLLM cpu_offload_gb=10" in out
     assert "strategy  hot_offload" in out
-    assert "est speed-up over bulk" in out
+    assert "est speed-up over cpu_offload_gb" in out
     assert "They ignore:" in out
 
 
@@ -103,13 +104,16 @@ def _bad_inputs(tmp_path):
         "zero device": ([str(good), "--device-memory", "0"], "more than 0"),
         "no room for weights": ([str(good), "--device-memory", "2GiB"], "leave nothing"),
         "bad cold list": ([str(good), "--device-memory", "8GiB", "--cold-segments", "model.visual"], "single name"),
-        "bad bulk": ([str(good), "--device-memory", "8GiB", "--bulk-gb", "ten"], "--bulk-gb"),
+        "bad cpu_offload_gb": ([str(good), "--device-memory", "8GiB", "--cpu-offload-gb", "ten"], "--cpu-offload-gb"),
+        "bad cpu_offload_gb, older name": ([str(good), "--device-memory", "8GiB", "--bulk-gb", "ten"],
+                                           "--cpu-offload-gb"),
     }
 
 
 @pytest.mark.parametrize("case", [
     "missing path", "no shards", "truncated header", "invalid json", "overlapping offsets",
-    "unknown dtype", "unparsable size", "negative bandwidth", "zero device", "no room for weights", "bad cold list", "bad bulk",
+    "unknown dtype", "unparsable size", "negative bandwidth", "zero device", "no room for weights", "bad cold list", "bad cpu_offload_gb",
+    "bad cpu_offload_gb, older name",
 ])
 def test_bad_input_is_one_line_exit_2_no_traceback(capsys, tmp_path, case):
     argv, expected = _bad_inputs(tmp_path)[case]

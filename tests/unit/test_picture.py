@@ -43,17 +43,18 @@ def test_the_readme_picture_is_the_reference_plans(tmp_path):
     assert png_size(png) == png_size(RESULTS / png.name) == (1500, 900)
 
 
-def test_every_group_is_drawn_by_placement_beside_bulk():
+def test_every_group_is_drawn_by_serving_beside_cpu_offload_gb():
     data = picture_data(make_plan_picture.reference_plan())
     plan = make_plan_picture.reference_plan()
     layers = [s for s in data["slots"] if s["layer"] is not None]
     assert [s["layer"] for s in layers] == list(range(64))
     drawn = {e["group"]: e for s in data["slots"] for e in s["stack"]}
     assert set(drawn) == {g.group for g in plan.groups}
-    assert all(drawn[g.group]["placement"] == g.placement and drawn[g.group]["bytes"] == g.bytes for g in plan.groups)
+    assert all(drawn[g.group]["serving"] == g.serving and drawn[g.group]["bytes"] == g.bytes for g in plan.groups)
+    assert drawn["model.embed_tokens"]["serving"] == "gather"
     selective, bulk = data["rows"]
     assert sum(selective["bytes"].values()) == sum(bulk["bytes"].values()) == plan.model.total_bytes
-    assert bulk["bytes"]["bulk"] == plan.bulk.offloaded_bytes and bulk["layers"] == list(plan.bulk.layers_touched)
+    assert bulk["bytes"]["cpu_offload_gb"] == plan.bulk.offloaded_bytes and bulk["layers"] == list(plan.bulk.layers_touched)
     st = selective["step"]
     assert st["est_link_exposed_s"] + st["est_link_hidden_s"] == pytest.approx(plan.est.est_link_s_per_step)
     assert st["est_step_s"] == plan.est.est_step_s and bulk["step"]["est_tok_s"] == plan.bulk.est.est_tok_s
@@ -62,7 +63,7 @@ def test_every_group_is_drawn_by_placement_beside_bulk():
 def moe_plan():
     """The reference plan with every decoder layer split as an MoE plan splits it (see the
     MoE plan interface): the layer's routed experts as a group of their own (128 experts,
-    top-8), some read in place from the host (host-uva), and one layer in a placement this
+    top-8), some read in place from the host (uva), and one layer in a placement this
     module has never heard of (on a layer group, which the step model prices as resident:
     an unknown way of reading experts cannot be priced at all). Built by hand so that the
     picture sees every placement at once, which no single planner plan has."""
@@ -86,8 +87,8 @@ def test_an_moe_plan_stacks_each_layers_experts_and_names_unknown_placements(tmp
     data = picture_data(moe_plan())
     layers = [s for s in data["slots"] if s["layer"] is not None]
     assert len(layers) == 64 and all(len(s["stack"]) == 2 and s["stack"][1]["experts"] for s in layers)
-    assert "host-uva" in data["placements"] and "host-nvme" in data["placements"]
-    assert data["rows"][0]["bytes"]["host-uva"] > 0
+    assert "uva" in data["servings"] and "host-nvme" in data["servings"]
+    assert data["rows"][0]["bytes"]["uva"] > 0
     draw(data, [tmp_path / "moe.svg", tmp_path / "moe.png"])
     svg = (tmp_path / "moe.svg").read_text()
     for label in ("host, experts read in place (UVA)", "host-nvme", "routed experts", "device",

@@ -37,6 +37,16 @@ def test_segment_rule_where_the_report_uses_it():
     assert report.landing("model.visual").num_params == 4
 
 
+def test_the_report_says_how_each_group_is_served():
+    """The report speaks the plan's words: the embedding gathered, the tower on demand; a
+    tower left on the device is resident there."""
+    model, plan = Model(), plan_for(checkpoint_of())
+    embed_only = {id(p) for p in model.model.embed_tokens.parameters()}
+    rows = {line.split()[0]: line.split()[1:3] for line in report_of(model, plan, embed_only).render().splitlines()
+            if line.startswith("model.")}
+    assert rows["model.embed_tokens"] == ["gather", "gather"] and rows["model.visual"] == ["on-demand", "resident"]
+
+
 def test_silent_non_offload_is_reported():
     """The cold set stays on the device: the report names the groups and is not ok."""
     model, plan = Model(), plan_for(checkpoint_of())

@@ -43,7 +43,7 @@ def test_llama3_8b_bf16_is_its_parameter_count_in_bytes(tmp_path):
     plan = plan_of(llama3(tmp_path))
     assert plan.model.total_bytes == pytest.approx(2 * (LINEAR + OTHER), rel=0.001)  # 8.03 B parameters
     g = groups(plan)
-    assert g["model.embed_tokens"].cls == "cold" and g["lm_head"].cls == "hot"
+    assert g["model.embed_tokens"].role == "cold" and g["lm_head"].role == "hot"
     assert plan.model.num_hidden_layers == 32 and len([x for x in g.values() if x.kind == "layer"]) == 32
 
 
@@ -105,10 +105,10 @@ def test_deepseek_v3_fp8_counts_its_experts_and_plans_fast(tmp_path):
     assert elapsed < 3.0
     assert plan.model.total_bytes == pytest.approx(688e9 - 3.7e9, rel=0.03)
     mtp = groups(plan)["model.layers.61"]
-    assert (mtp.mtp, mtp.cls, mtp.placement) == (True, "absent", "absent")
+    assert (mtp.mtp, mtp.role, mtp.placement) == (True, "absent", "absent")
     assert 10 * GB < mtp.bytes < 13 * GB  # one FP8 MoE layer
     assert any("num_nextn_predict_layers=1" in n and "estimate" in n for n in plan.notes)
-    assert groups(plan_of(path, device_memory_bytes=80 * GiB, speculative="mtp"))["model.layers.61"].cls == "hot"
+    assert groups(plan_of(path, device_memory_bytes=80 * GiB, speculative="mtp"))["model.layers.61"].role == "hot"
 
 
 def test_a_plan_that_needs_more_host_memory_than_there_is_is_infeasible(tmp_path):
@@ -145,9 +145,9 @@ def test_voxtral_states_no_tie_flag_and_keeps_its_lm_head(tmp_path):
     path.write_text(json.dumps({**data, "architectures": ["VoxtralForConditionalGeneration"]}))
     plan = plan_of(path)
     g = groups(plan)
-    assert any(name.endswith("lm_head") and x.cls == "hot" for name, x in g.items())
-    assert [x.cls for name, x in g.items() if name.endswith("embed_tokens")] == ["cold"]
-    assert [x.cls for name, x in g.items() if "audio_tower" in name.split(".")] == ["cold"]
+    assert any(name.endswith("lm_head") and x.role == "hot" for name, x in g.items())
+    assert [x.role for name, x in g.items() if name.endswith("embed_tokens")] == ["cold"]
+    assert [x.role for name, x in g.items() if "audio_tower" in name.split(".")] == ["cold"]
 
 
 def test_llama4_scout_keeps_its_lm_head_and_builds_fast(tmp_path):
@@ -159,16 +159,16 @@ def test_llama4_scout_keeps_its_lm_head_and_builds_fast(tmp_path):
     plan = plan_of(path)
     assert time.perf_counter() - started < 3.0  # buffers on meta: no GBs of real buffers
     g = groups(plan)
-    assert g["language_model.lm_head"].cls == "hot" and g["language_model.lm_head"].bytes > 2 * GB
-    assert g["vision_model"].cls == "cold"
+    assert g["language_model.lm_head"].role == "hot" and g["language_model.lm_head"].bytes > 2 * GB
+    assert g["vision_model"].role == "cold"
 
 
 def test_gemma3_is_tied_so_its_embedding_is_hot(tmp_path):
     plan = plan_of(write_config(tmp_path, transformers.Gemma3Config(), "Gemma3ForConditionalGeneration"))
     g = groups(plan)
     embed = next(x for n, x in g.items() if n.endswith("embed_tokens"))
-    assert embed.cls == "hot" and not any(n.endswith("lm_head") for n in g)
-    assert next(x for n, x in g.items() if n.endswith("vision_tower")).cls == "cold"
+    assert embed.role == "hot" and not any(n.endswith("lm_head") for n in g)
+    assert next(x for n, x in g.items() if n.endswith("vision_tower")).role == "cold"
 
 
 def test_gemma4_vision_and_audio_embedders_are_cold(tmp_path):
@@ -177,7 +177,7 @@ def test_gemma4_vision_and_audio_embedders_are_cold(tmp_path):
     which needs torchvision, which cannot load beside this machine's CPU torch)."""
     config = transformers.Gemma4Config(vision_config={}, audio_config={})
     plan = plan_of(write_config(tmp_path, config, "Gemma4ForConditionalGeneration"))
-    cold = {n.split(".")[-1]: x.cls for n, x in groups(plan).items()
+    cold = {n.split(".")[-1]: x.role for n, x in groups(plan).items()
             if n.split(".")[-1] in ("embed_vision", "embed_audio", "vision_tower", "audio_tower")}
     assert cold == dict.fromkeys(("embed_vision", "embed_audio", "vision_tower", "audio_tower"), "cold")
 
@@ -189,7 +189,7 @@ def test_llava_layer_count_comes_from_its_text_config(tmp_path):
     path.write_text(json.dumps({**data, "architectures": ["LlavaForConditionalGeneration"]}))
     plan = plan_of(path)
     assert plan.model.num_hidden_layers == 32
-    assert {n.split(".")[-1]: x.cls for n, x in groups(plan).items()
+    assert {n.split(".")[-1]: x.role for n, x in groups(plan).items()
             if n.split(".")[-1] in ("vision_tower", "multi_modal_projector")} == {
         "vision_tower": "cold", "multi_modal_projector": "cold"}
 
@@ -202,7 +202,7 @@ def test_qwen2_5_vl_tower_is_cold_and_layers_are_indexed(tmp_path):
                        "out_hidden_size": 3584})
     plan = plan_of(write_config(tmp_path, config, "Qwen2_5_VLForConditionalGeneration"))
     g = groups(plan)
-    assert next(x for n, x in g.items() if n.split(".")[-1] == "visual").cls == "cold"
+    assert next(x for n, x in g.items() if n.split(".")[-1] == "visual").role == "cold"
     assert sorted(x.layer_index for x in g.values() if x.kind == "layer") == list(range(28))
     assert plan.model.total_bytes == pytest.approx(2 * 8.29e9, rel=0.03)  # Qwen2.5-VL-7B: 8.29 B parameters
 
@@ -225,7 +225,7 @@ def test_qwen3_5_declared_mtp_head_is_estimated(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**data, "architectures": ["Qwen3_5ForConditionalGeneration"]}))
     g = groups(plan_of(path))
-    assert (g["mtp"].mtp, g["mtp"].cls) == (True, "absent") and g["mtp"].bytes > 0
+    assert (g["mtp"].mtp, g["mtp"].role) == (True, "absent") and g["mtp"].bytes > 0
 
 
 def test_glm4_moe_declared_mtp_layer_is_estimated(tmp_path):
@@ -259,8 +259,8 @@ def test_library_warnings_are_captured_not_leaked(tmp_path, capfd):
 def test_more_vision_language_families(tmp_path, config_class, arch, tower, tied):
     plan = plan_of(write_config(tmp_path, getattr(transformers, config_class)(), arch))
     g = groups(plan)
-    assert next(x for n, x in g.items() if n.split(".")[-1] == tower).cls == "cold"
+    assert next(x for n, x in g.items() if n.split(".")[-1] == tower).role == "cold"
     embed = next(x for n, x in g.items() if n.split(".")[-1] == "embed_tokens")
-    assert embed.cls == ("hot" if tied else "cold")
+    assert embed.role == ("hot" if tied else "cold")
     assert any(n.split(".")[-1] == "lm_head" for n in g) is not tied
     assert plan.model.num_hidden_layers and len([x for x in g.values() if x.kind == "layer"]) >= plan.model.num_hidden_layers

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from selective_offload.errors import PlanError
-from selective_offload.plan import PLAN_FORMAT, Placement, Plan, Strategy
+from selective_offload.plan import PLAN_FORMAT, Location, Plan, Serving, Strategy
 from selective_offload.planner import make_plan
-from builders import inputs, toy
+from builders import as_v3, inputs, toy
 
 
 @pytest.fixture
@@ -40,16 +40,39 @@ def one_line_error(data, tmp_path, match):
     return message
 
 
-@pytest.mark.parametrize("typo", ["host_cold", "gpu", "Host-Cold", None, 3])
-def test_a_misspelt_placement_is_refused_naming_the_group(data, tmp_path, typo):
-    group(data, "model.embed_tokens")["placement"] = typo
-    message = one_line_error(data, tmp_path, r"placement of group model.embed_tokens")
-    assert "device, host-cold, host-hot, absent" in message and "fix the spelling" in message
+@pytest.mark.parametrize("typo", ["host_cold", "gpu", "Gather", None, 3])
+def test_a_misspelt_serving_is_refused_naming_the_group(data, tmp_path, typo):
+    group(data, "model.embed_tokens")["serving"] = typo
+    message = one_line_error(data, tmp_path, r"serving of group model.embed_tokens")
+    assert "resident, gather, on-demand, prefetch, uva, none" in message and "fix the spelling" in message
+
+
+@pytest.mark.parametrize("typo", ["gpu", "Host", None])
+def test_a_misspelt_location_is_refused_naming_the_group(data, tmp_path, typo):
+    group(data, "model.embed_tokens")["location"] = typo
+    message = one_line_error(data, tmp_path, r"location of group model.embed_tokens")
+    assert "device, host, absent" in message and "fix the spelling" in message
+
+
+def test_a_location_the_serving_does_not_keep_is_refused(data, tmp_path):
+    group(data, "model.embed_tokens")["location"] = "device"
+    one_line_error(data, tmp_path, r"model.embed_tokens\): location is device, but a group served gather lives "
+                                   r"in host")
+
+
+def test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand(data, tmp_path):
+    """gather vs on-demand follows from the group, and a plan that states the other is refused."""
+    embed = group(data, "model.embed_tokens")
+    assert (embed["kind"], embed["role"], embed["location"], embed["serving"]) == \
+        ("component", "cold", "host", "gather")
+    embed["serving"] = "on-demand"
+    one_line_error(data, tmp_path, r"model.embed_tokens\): serving is on-demand, but a cold component group on "
+                                   r"the host is served gather")
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("cls", "cool", "cls of group model.embed_tokens.*cold, hot, absent"),
-    ("kind", "tower", "kind of group model.embed_tokens.*layer, cold, module"),
+    ("role", "cool", "role of group model.embed_tokens.*cold, hot, absent"),
+    ("kind", "tower", "kind of group model.embed_tokens.*layer, component, module"),
     ("bytes", -1, "bytes of group model.embed_tokens.*integer >= 0"),
     ("bytes", 1.5, "bytes of group model.embed_tokens.*integer"),
     ("bytes", True, "bytes of group model.embed_tokens.*integer"),
@@ -61,19 +84,19 @@ def test_every_group_field_is_typed(data, tmp_path, field, value, match):
     one_line_error(data, tmp_path, match)
 
 
-def test_class_and_placement_must_agree(data, tmp_path):
+def test_role_and_serving_must_agree(data, tmp_path):
     layer = group(data, "model.layers.0")
-    layer["placement"] = "host-cold"
-    one_line_error(data, tmp_path, r"model.layers.0: a group of class hot cannot be placed host-cold \(only device, host-hot, host-uva\)")
-    layer["placement"] = "device"
-    group(data, "model.norm")["placement"] = "host-hot"
-    one_line_error(data, tmp_path, "model.norm: placement host-hot is for groups of kind experts or layer, and this one is module")
+    layer.update(location="host", serving="on-demand")
+    one_line_error(data, tmp_path, r"model.layers.0: a group of role hot cannot be served on-demand \(only resident, prefetch, uva\)")
+    layer.update(location="device", serving="resident")
+    group(data, "model.norm").update(location="host", serving="prefetch")
+    one_line_error(data, tmp_path, "model.norm: serving prefetch is for groups of kind experts or layer, and this one is module")
 
 
 def test_an_edited_group_with_stale_totals_is_caught(data, tmp_path):
     """Moving the embedding back to the device is a valid placement, but the totals still
     say it is on the host; and without the totals the plan no longer fits its budget."""
-    group(data, "model.embed_tokens")["placement"] = "device"
+    group(data, "model.embed_tokens").update(location="device", serving="resident")
     one_line_error(data, tmp_path, r"device_bytes says 540001000 but the groups add up to 640001000 \(was a "
                                    r"group edited\?\); delete the \"totals\" object")
     del data["totals"]
@@ -90,7 +113,7 @@ def test_totals_and_estimates_are_derived_from_the_groups(data, tmp_path):
 
 
 @pytest.mark.parametrize("hot,match", [
-    ([2], r"hot_layer_indices \[2\] disagree with the groups placed host-hot \(layers \[\]\)"),
+    ([2], r"hot_layer_indices \[2\] disagree with the groups served prefetch \(layers \[\]\)"),
     (["1"], "hot_layer_indices.*a list of layer indices"),
 ])
 def test_hot_layer_indices_agree_with_the_groups(data, tmp_path, hot, match):
@@ -132,14 +155,14 @@ def test_inputs_that_leave_no_room_for_weights(data, tmp_path):
 
 
 def test_a_missing_field_is_named(data, tmp_path):
-    del group(data, "model.embed_tokens")["cls"]
-    one_line_error(data, tmp_path, "groups\\[0\\].cls of group model.embed_tokens is missing")
+    del group(data, "model.embed_tokens")["role"]
+    one_line_error(data, tmp_path, "groups\\[0\\].role of group model.embed_tokens is missing")
 
 
 def test_a_newer_format_says_upgrade_or_replan(data, tmp_path):
     data["format"] = "selective-offload/plan-v9"
     message = one_line_error(data, tmp_path, "plan format v9 is newer than this selective-offload")
-    assert "(reads v1..v3): upgrade selective-offload or re-plan" in message
+    assert "(reads v1..v4): upgrade selective-offload or re-plan" in message
 
 
 def test_not_a_plan_at_all(tmp_path):
@@ -159,8 +182,9 @@ def test_unknown_fields_are_tolerated_with_a_note(data, tmp_path):
 def test_a_v1_plan_is_still_read(data, tmp_path):
     """v1 kept totals at the top level and each group's reads split by where they land."""
     plan = load(copy.deepcopy(data), tmp_path)
-    v1 = {k: v for k, v in data.items() if k != "totals"}
-    v1.update(format="selective-offload/plan-v1", **data["totals"])
+    v3 = as_v3(data)
+    v1 = {k: v for k, v in v3.items() if k != "totals"}
+    v1.update(format="selective-offload/plan-v1", **v3["totals"])
     for g in v1["groups"]:
         for key in ("num_tensors", "dtype_bytes", "shapes_digest", "est_read_bytes_per_step"):
             del g[key]
@@ -170,13 +194,32 @@ def test_a_v1_plan_is_still_read(data, tmp_path):
     assert old.est == plan.est and old.totals() == plan.totals()
 
 
+def test_a_v3_plan_reads_to_the_same_plan_as_its_v4_twin(data, tmp_path):
+    """v3 wrote cls, kind cold, one placement per group and the baselines as bulk and
+    bulk_segments; it reads to the plan its v4 twin holds, with no unknown-field notes."""
+    v3 = as_v3(data)
+    assert {"device", "host-cold"} <= {g["placement"] for g in v3["groups"]}
+    assert any(g["kind"] == "cold" for g in v3["groups"]) and "bulk" in v3
+    old, new = load(v3, tmp_path), load(copy.deepcopy(data), tmp_path)
+    assert old == new and old.bulk == new.bulk and not old.load_notes
+
+
+def test_a_v3_plan_with_its_words_misspelt_is_refused(data, tmp_path):
+    v3 = as_v3(data)
+    group(v3, "model.embed_tokens")["placement"] = "gather"
+    message = one_line_error(v3, tmp_path, r"placement of group model.embed_tokens")
+    assert "device, host-cold, host-hot, absent, host-uva" in message
+
+
 def test_what_is_written_is_the_current_format(data):
-    assert data["format"] == PLAN_FORMAT == "selective-offload/plan-v3"
-    assert group(data, "model.embed_tokens")["placement"] == Placement.HOST_COLD == "host-cold"
+    assert data["format"] == PLAN_FORMAT == "selective-offload/plan-v4"
+    embed = group(data, "model.embed_tokens")
+    assert (embed["location"], embed["serving"]) == (Location.HOST, Serving.GATHER) == ("host", "gather")
+    assert "placement" not in embed and "cls" not in embed
 
 
 def test_the_lm_head_can_never_be_marked_cold(data, tmp_path):
     head = group(data, "lm_head")
-    head.update(cls="cold", kind="cold", placement="host-cold")
+    head.update(role="cold", kind="component", location="host", serving="on-demand")
     del data["totals"]
     one_line_error(data, tmp_path, "group lm_head is marked cold, but the LM head is read in full every step")

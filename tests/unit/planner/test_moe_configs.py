@@ -255,6 +255,6 @@ def test_a_48_layer_moe_plan_renders_in_a_few_rows(tmp_path):
     text = render_plan(plan_of(path, 24))
     table = text.split("\n\n")[1].splitlines()
     assert len(table) < 12, table
-    assert any("mlp.experts of those" in row and "host-uva" in row for row in table)
+    assert any("mlp.experts of those" in row and " host     uva " in row for row in table)
     assert "routed experts in host memory, read in place through UVA (32 layers" in text
     assert "vLLM cpu_offload_gb=36, cpu_offload_params=experts" in text

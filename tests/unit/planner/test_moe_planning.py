@@ -17,7 +17,7 @@ from selective_offload.model_match import check_plan_matches_model
 from selective_offload.names import experts_prefix, group_key, group_keys
 from selective_offload.plan import Placement, Plan
 from selective_offload.planner import PlanInputs, group_tensors, make_plan
-from builders import MB, inputs, make_ckpt
+from builders import MB, as_v3, inputs, make_ckpt
 
 E, K = 8, 2
 
@@ -121,7 +121,7 @@ def test_a_uniform_routing_profile_gives_the_uniform_fraction_and_a_skewed_one_l
 def test_a_moe_layer_is_its_experts_group_and_the_rest(fused):
     g = by_name(group_tensors(moe(fused=fused), inputs(10_000)))
     experts, layer = g["model.layers.1.mlp.experts"], g["model.layers.1"]
-    assert (experts.kind, experts.cls, experts.layer_index) == ("experts", "hot", 1)
+    assert (experts.kind, experts.role, experts.layer_index) == ("experts", "hot", 1)
     assert (experts.num_experts, experts.experts_per_token) == (E, K)
     assert experts.nbytes == 80 * MB and experts.est_read_bytes_per_step == 80 * MB * K // E
     # Attention, norms, router and the shared expert stay in the layer group, read whole.
@@ -190,15 +190,23 @@ def moe_plan():
     return ckpt, plan
 
 
-def test_a_v3_plan_round_trips_its_expert_groups(moe_plan, tmp_path):
+def test_a_plan_round_trips_its_expert_groups(moe_plan, tmp_path):
     _, plan = moe_plan
     data = json.loads(plan.to_json())
-    assert data["format"] == "selective-offload/plan-v3"
+    assert data["format"] == "selective-offload/plan-v4"
     experts = next(g for g in data["groups"] if g["group"] == "model.layers.7.mlp.experts")
     assert (experts["kind"], experts["num_experts"], experts["experts_per_token"]) == ("experts", E, K)
+    assert (experts["role"], experts["location"], experts["serving"]) == ("hot", "host", "uva")
     path = tmp_path / "plan.json"
     plan.save(path)
     assert Plan.load(path) == plan
+
+
+def test_a_v3_plan_of_experts_read_through_uva_reads_to_its_v4_twin(moe_plan, tmp_path):
+    _, plan = moe_plan
+    v3 = as_v3(json.loads(plan.to_json()))
+    assert {"host-uva", "host-hot"} <= {g["placement"] for g in v3["groups"]}
+    assert _load(v3, tmp_path) == plan
 
 
 def _load(data, tmp_path):
@@ -215,7 +223,7 @@ def _edit(plan, name, **fields):
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"placement": "host-uva"}, "placement host-uva is for groups of kind experts"),
+    ({"location": "host", "serving": "uva"}, "serving uva is for groups of kind experts"),
 ], ids=["host-uva-on-a-layer"])
 def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
     _, plan = moe_plan
@@ -226,7 +234,7 @@ def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
 @pytest.mark.parametrize("fields, match", [
     ({"experts_per_token": 9}, "1 <= experts_per_token <= num_experts"),
     ({"num_experts": 0}, "1 <= experts_per_token <= num_experts"),
-    ({"cls": "cold"}, "a group of class cold cannot be placed host-uva"),
+    ({"role": "cold"}, "a group of role cold cannot be served uva"),
     ({"layer_index": None}, "a group of kind experts or layer, and only such a group, has a layer_index"),
     ({"est_read_bytes_per_step": 1}, r"reads 2 of its 8 routed experts \(est\), so est_read_bytes_per_step must be"),
     ({"group": "model.layers.7.mlp"}, "a group of kind experts is the routed experts module of one layer"),
@@ -243,14 +251,14 @@ def test_expert_counts_belong_to_experts_groups_only(moe_plan, tmp_path):
         _load(_edit(plan, "model.layers.7", num_experts=8), tmp_path)
 
 
-def test_experts_are_host_hot_exactly_when_their_layer_is(tmp_path):
+def test_experts_are_served_prefetch_exactly_when_their_layer_is(tmp_path):
     plan = make_plan(moe(layers=4), inputs(10_000))  # resident
-    data = _edit(plan, "model.layers.1", placement="host-hot")
+    data = _edit(plan, "model.layers.1", location="host", serving="prefetch")
     data.update(hot_layer_indices=[1], strategy="hot_offload")
-    with pytest.raises(PlanError, match="host-hot exactly when their layer is"):
+    with pytest.raises(PlanError, match="served prefetch exactly when their layer is"):
         _load(data, tmp_path)
-    data = _edit(plan, "model.layers.2.mlp.experts", placement="host-hot")
-    with pytest.raises(PlanError, match="host-hot exactly when their layer is"):
+    data = _edit(plan, "model.layers.2.mlp.experts", location="host", serving="prefetch")
+    with pytest.raises(PlanError, match="served prefetch exactly when their layer is"):
         _load(data, tmp_path)
 
 
@@ -265,7 +273,7 @@ def test_routed_experts_without_their_layer_are_refused(moe_plan, tmp_path):
 
 def test_experts_read_in_place_are_host_bytes_priced_at_the_read_fraction(tmp_path):
     plan = make_plan(moe(layers=4), inputs(10_000))  # resident: no prefetch overlap to account for
-    data = _edit(plan, "model.layers.2.mlp.experts", placement="host-uva")
+    data = _edit(plan, "model.layers.2.mlp.experts", location="host", serving="uva")
     data["strategy"] = "hot_offload"
     edited = _load(data, tmp_path)
     g = by_name(edited)["model.layers.2.mlp.experts"]
@@ -284,7 +292,7 @@ def test_a_v2_plan_of_a_moe_model_is_read_and_still_matches_the_checkpoint(tmp_p
     ckpt = moe(layers=4)
     plan = make_plan(ckpt, inputs(10_000))
     merged = {g.name: g for g in group_tensors(ckpt, plan.inputs, split_experts=False)}
-    data = json.loads(plan.to_json())
+    data = as_v3(json.loads(plan.to_json()))
     data["format"] = "selective-offload/plan-v2"
     data.pop("totals")
     groups = []
@@ -461,7 +469,7 @@ def test_ngram_tables_vllm_keeps_on_the_host_are_counted_there(arch, field, tabl
     declared = make_ckpt(dict(spec), architectures=[arch], **{field: [1]})
     plan = make_plan(declared, inputs(10_000))
     g = by_name(plan)[f"model.layers.1.{table.split('.shard_')[0]}"]
-    assert (g.cls, g.placement, g.bytes) == ("cold", "host-cold", 300 * MB)
+    assert (g.role, g.placement, g.bytes) == ("cold", "host-cold", 300 * MB)
     assert plan.device_bytes == declared.total_bytes - 300 * MB and plan.strategy == "cold_offload"
     assert "EngramConfig.cpu_offload" in g.reason
     # Without the config field the same tensors are ordinary layer bytes.

@@ -24,7 +24,7 @@ def test_segment_match_is_dot_separated():
         "model.vision_tower_extra.w": ("BF16", [4]),
         "model.layers.0.w": ("BF16", [4]),
     })
-    classes = {g.name: g.cls for g in group_tensors(ckpt, inputs(1))}
+    classes = {g.name: g.role for g in group_tensors(ckpt, inputs(1))}
     assert classes["model.visual"] == "cold"
     assert classes["model.visualise"] == "hot"
     assert classes["model.vision_tower_extra"] == "hot"
@@ -37,32 +37,32 @@ def test_one_group_per_decoder_layer_with_its_index():
 
 def test_lm_head_is_never_cold_even_when_asked():
     plan = make_plan(toy(), inputs(100, cold_segments=("lm_head", "embed_tokens")))
-    assert by_name(plan)["lm_head"].cls == "hot"
+    assert by_name(plan)["lm_head"].role == "hot"
     assert by_name(plan)["lm_head"].placement == "device"
 
 
 def test_tied_embedding_is_hot():
     plan = make_plan(toy(tie_word_embeddings=True), inputs(400))
     embed = by_name(plan)["model.embed_tokens"]
-    assert embed.cls == "hot" and embed.placement == "device"
+    assert embed.role == "hot" and embed.placement == "device"
     assert "tie_word_embeddings" in embed.reason
 
 
 def test_tie_flag_nested_under_text_config_decides():
     plan = make_plan(toy(text_config={"tie_word_embeddings": True}), inputs(400))
-    assert by_name(plan)["model.embed_tokens"].cls == "hot"
+    assert by_name(plan)["model.embed_tokens"].role == "hot"
 
 
 def test_mtp_absent_without_speculative_decoding():
     plan = make_plan(toy(), inputs(10_000))
     mtp = by_name(plan)["mtp"]
-    assert (mtp.cls, mtp.placement, mtp.est_vram_bytes_per_step) == ("absent", "absent", 0)
+    assert (mtp.role, mtp.placement, mtp.est_vram_bytes_per_step) == ("absent", "absent", 0)
     assert plan.absent_bytes == 30 * MB
 
 
 def test_mtp_hot_with_mtp_speculative_decoding():
     plan = make_plan(toy(), inputs(10_000, speculative="mtp"))
-    assert by_name(plan)["mtp"].cls == "hot"
+    assert by_name(plan)["mtp"].role == "hot"
     assert plan.absent_bytes == 0
 
 
@@ -175,7 +175,7 @@ def test_nonsense_inputs_are_refused(bad):
 
 def test_custom_cold_segments_override_the_defaults():
     plan = make_plan(toy(), inputs(600, cold_segments=("visual",)))
-    classes = {g.group: g.cls for g in plan.groups}
+    classes = {g.group: g.role for g in plan.groups}
     assert classes["model.embed_tokens"] == "hot"
     assert classes["model.visual"] == "cold"
 
@@ -249,22 +249,22 @@ def test_mtp_head_stored_as_extra_decoder_layers_is_recognised():
     ckpt = make_ckpt({f"model.layers.{i}.w": ("BF16", [1000]) for i in range(5)},
                      num_hidden_layers=4, num_nextn_predict_layers=1)
     groups = {g.name: g for g in group_tensors(ckpt, inputs(1))}
-    assert groups["model.layers.4"].mtp and groups["model.layers.4"].cls == "absent"
+    assert groups["model.layers.4"].mtp and groups["model.layers.4"].role == "absent"
     assert [g.layer_index for g in groups.values() if g.kind == "layer"] == [0, 1, 2, 3]
     hot = {g.name: g for g in group_tensors(ckpt, inputs(1, speculative="mtp"))}
-    assert hot["model.layers.4"].cls == "hot"
+    assert hot["model.layers.4"].role == "hot"
 
 
 def test_mimo_mtp_layers_segment_is_an_mtp_group():
     ckpt = make_ckpt({"model.layers.0.w": ("BF16", [8]), "model.mtp_layers.0.input_proj.weight": ("BF16", [8])})
     groups = {g.name: g for g in group_tensors(ckpt, inputs(1))}
-    assert groups["model.mtp_layers"].mtp and groups["model.mtp_layers"].cls == "absent"
+    assert groups["model.mtp_layers"].mtp and groups["model.mtp_layers"].role == "absent"
 
 
 def test_projectors_are_cold():
     ckpt = make_ckpt({"model.connector.proj.weight": ("BF16", [8]),
                       "multi_modal_projector.linear_1.weight": ("BF16", [8])})
-    assert {g.name: g.cls for g in group_tensors(ckpt, inputs(1))} == {
+    assert {g.name: g.role for g in group_tensors(ckpt, inputs(1))} == {
         "model.connector": "cold", "multi_modal_projector": "cold"}
 
 
