@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 import selective_offload
-from helpers import ENGINE_ARGS, last_line, save_tiny_qwen3, tight_plan
+from helpers import ENGINE_ARGS, REPO, last_line, save_tiny_qwen3, tight_plan
 from selective_offload.errors import PlanError
 
 pytestmark = pytest.mark.vllm
@@ -59,7 +59,7 @@ def test_a_worker_error_is_the_last_line_of_llm(model, tmp_path):
     """Strict mode, a plan the CPU build cannot realise (hot layers need CUDA): the worker
     refuses it; the user's program ends with that reason, not with vLLM's generic line."""
     script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(tests=os.path.dirname(__file__), model=str(model))))
+    script.write_text(textwrap.dedent(SCRIPT.format(tests=str(REPO / "tests"), model=str(model))))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SELECTIVE_OFFLOAD_")}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
