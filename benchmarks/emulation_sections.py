@@ -82,6 +82,22 @@ def _free(ctx: Ctx) -> None:
         getattr(torch._C, "_host_emptyCache", lambda: None)()
 
 
+def _build_capped(ctx: Ctx, name: str, plan, shape: Shape):
+    """Build one placement under its device cap (every placement but ``resident`` is capped):
+    ``(model, runner, seconds to build, None)``, or ``(None, None, None, the OOM's first line)``
+    when it does not fit the cap."""
+    import torch
+
+    _cap_for(ctx, name != "resident")
+    t0 = time.perf_counter()
+    try:
+        emu = build(name, plan, shape, ctx.cuda, ctx.device)
+        runner = Runner(emu, ctx.prefetch_step, ctx.cuda, ctx.device)
+    except torch.OutOfMemoryError as err:
+        return None, None, None, str(err).splitlines()[0]
+    return emu, runner, time.perf_counter() - t0, None
+
+
 def measure_placement(ctx: Ctx, name: str, plan, shape: Shape, steps: int, batches: list[int],
                       sweep_steps: int) -> tuple[dict, dict | None]:
     """Section 1 (batch 1) and section 2 (the batch sweep) on one built placement."""
@@ -90,17 +106,13 @@ def measure_placement(ctx: Ctx, name: str, plan, shape: Shape, steps: int, batch
     row: dict = {"config": name}
     sweep: dict = {"config": name, "rows": []}
     capped = name != "resident"
-    _cap_for(ctx, capped)
-    t0 = time.perf_counter()
-    try:
-        emu = build(name, plan, shape, ctx.cuda, ctx.device)
-        runner = Runner(emu, ctx.prefetch_step, ctx.cuda, ctx.device)
-    except torch.OutOfMemoryError as err:
-        row.update(status="does not fit the cap", error=str(err).splitlines()[0])
+    emu, runner, build_s, error = _build_capped(ctx, name, plan, shape)
+    if error is not None:
+        row.update(status="does not fit the cap", error=error)
         sweep.update(status=row["status"])
         ctx.budget.skip(steps + sweep_steps * len(batches))
         return row, sweep
-    row["build_s"] = time.perf_counter() - t0
+    row["build_s"] = build_s
     row.update(predict(emu, ctx.bw))
     times = timed(lambda: runner.decode_step(1), steps, ctx.cuda, ctx.budget.deadline(steps))
     s = spread(times)
@@ -148,17 +160,13 @@ def measure_verification(ctx: Ctx, name: str, plan, shape: Shape, ks: list[int],
     capped = name != "resident"
     points = [0] + ks
     weight = steps * (len(points) + len(ks))
-    _cap_for(ctx, capped)
-    t0 = time.perf_counter()
-    try:
-        emu = build(name, plan, shape, ctx.cuda, ctx.device)
-        runner = Runner(emu, ctx.prefetch_step, ctx.cuda, ctx.device)
-    except torch.OutOfMemoryError as err:
-        out.update(status="does not fit the cap", error=str(err).splitlines()[0])
+    emu, runner, build_s, error = _build_capped(ctx, name, plan, shape)
+    if error is not None:
+        out.update(status="does not fit the cap", error=error)
         ctx.budget.skip(weight)
         return out
     runner.matvec = False
-    out.update(status="measured", capped=capped, build_s=time.perf_counter() - t0,
+    out.update(status="measured", capped=capped, build_s=build_s,
                host_pinned_bytes=emu.arena.buffer.numel())
     base = predict(emu, ctx.bw)
     dev_b, link_b = draft_bytes(emu)
