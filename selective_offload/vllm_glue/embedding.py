@@ -23,6 +23,7 @@ from torch import nn
 
 from ..options import RunOptions
 from ..wrappers import HostGather
+from ..wrappers.layout import host_copy_like
 from ..wrappers.page_locked import PageLockedLedger
 from ..wrappers.residency import OffloadError
 
@@ -69,7 +70,7 @@ def install_host_embedding(layer: nn.Module, device: torch.device, mode: str, ac
     """
     weight = layer.weight
     if weight.device.type != "cpu":
-        weight.data = weight.data.to("cpu")
+        weight.data = host_copy_like(weight.data)
     locked = page_locked.lock(weight.data, name) if page_locked is not None else False
     fused = bool(getattr(layer, "use_fused_embedding", False))
     if hasattr(layer, "use_fused_embedding"):

@@ -69,7 +69,7 @@ from ..names import group_key
 from ..plan import GroupKind, Placement, Plan
 from ..sizes import fmt_bytes
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy
-from .host_resident import to_host_exact
+from .host_resident import to_device, to_host_exact
 
 #: The attribute vLLM's UVA offloader sets on a parameter it turned into a UVA view, and
 #: that vLLM reads (``device_loading_context``; the Triton fused-MoE kernel in 0.33).
@@ -221,7 +221,7 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
     ``onload`` moves a tensor to the device (``Tensor.to``; a test passes a recording proxy).
     """
     original = method.process_weights_after_loading
-    move = onload or (lambda t, d: t.to(d))
+    move = onload or to_device
     # mutation: experts-post-processing-round-trip
     method.requires_device_loading = False
 

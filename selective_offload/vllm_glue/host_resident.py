@@ -36,6 +36,8 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from ..wrappers.layout import device_copy_like, host_copy_like
+
 #: Quant methods whose post-processing leaves a CUDA weight where it is (read in vLLM
 #: 0.33's sources; their names are checked by tests/contract/check_vllm_contract.py).
 IN_PLACE_METHODS = frozenset({"UnquantizedEmbeddingMethod", "UnquantizedLinearMethod"})
@@ -46,14 +48,14 @@ IN_PLACE, ONE_MODULE = "in place", "on the device, one module at a time"
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return t.to(device)
+    """``t`` on ``device``, its layout kept (:mod:`~selective_offload.wrappers.layout`)."""
+    return device_copy_like(t, device)
 
 
 def to_host_exact(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s values in a pageable host tensor of exactly its size (never torch's pinned,
-    rounded allocator: the owner page-locks it in place)."""
-    host = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu")
-    return host.copy_(t)
+    """``t``'s values in a pageable host tensor of exactly its span, its layout kept (never
+    torch's pinned, rounded allocator: the owner page-locks it in place)."""
+    return host_copy_like(t)
 
 
 def one_module_on_device(module: nn.Module, device: torch.device, run: Callable[[], None],

@@ -41,7 +41,7 @@ from ..wrappers.construct_on_host import ConstructOnHost
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy, resident_set_bytes, torch_pinned_bytes
 from .caller import check_model, stamp_compile_key
 from .embedding import embedding_mode, graphs_captured, install_host_embedding
-from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host
+from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host, to_device
 from .offloader import make_exact_prefetch_offloader
 from .auto_plan import plan_at_start
 from . import experts
@@ -268,7 +268,7 @@ def _keep_what_the_drafter_owns(s: Session, drafter: nn.Module, device: torch.de
         head = isinstance(module, t.ParallelLMHead)
         if (head and own_head) or (not head and own_embed and isinstance(module, t.VocabParallelEmbedding)):
             for p in module.parameters():
-                p.data = p.data.to(device)
+                p.data = to_device(p.data, device)
             s.drafter_routed.discard(module)
             if name in s.drafter_routed_modules:
                 s.drafter_routed_modules.remove(name)
@@ -285,7 +285,7 @@ def _recount_at_first_step(s: Session, model: nn.Module, drafter: nn.Module) -> 
             return
         kept = s.drafter_routed.params(drafter_now)
         for _, p in kept:
-            p.data = p.data.to(main.load.device)
+            p.data = to_device(p.data, main.load.device)
         if kept:
             main.load.notes.append(
                 f"the drafter kept its own {', '.join(n for n, _ in kept[:3])} (vLLM did not share them with the "

@@ -51,6 +51,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
 from ..names import cold_segment
+from .layout import device_copy_like
 
 _MAX_FRAMES = 64
 
@@ -190,7 +191,7 @@ class ConstructOnHost(TorchFunctionMode):
             # Held by this ledger, the loop and the getrefcount argument only: a temporary.
             if p in targets and p not in cold_ptrs | hot_ptrs and sys.getrefcount(t) > 3:
                 try:
-                    t.data = t.data.to(device)  # every holder sees it
+                    t.data = device_copy_like(t.data, device)  # every holder sees it
                     moved_back += t.numel() * t.element_size()
                 except RuntimeError:  # a device torch cannot swap storage to (meta)
                     left += t.numel() * t.element_size()
@@ -202,10 +203,10 @@ class ConstructOnHost(TorchFunctionMode):
 def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device``, the same object when torch can swap its storage in place."""
     try:
-        t.data = t.data.to(device)
+        t.data = device_copy_like(t.data, device)
         return t
     except RuntimeError:  # meta and other devices set_data refuses: a new object
-        moved = t.detach().to(device)
+        moved = device_copy_like(t.detach(), device)
         return nn.Parameter(moved, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else moved
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .layout import device_copy_like
 from .residency import (
     OffloadError,
     OffloadStats,
@@ -207,12 +208,9 @@ class OnDemandOffload:
             return
         side = ahead and self._side_stream is not None
         with torch.cuda.stream(self._side_stream) if side else contextlib.nullcontext():
-            copies = [
-                torch.empty(h.shape, dtype=h.dtype, device=self.device).copy_(
-                    h, non_blocking=self._cuda
-                )
-                for h in group.hosts
-            ]
+            # Same dtype, shape, strides and span as the host tensor (wrappers.layout).
+            # mutation: onload-contiguous
+            copies = [device_copy_like(h, self.device, non_blocking=self._cuda) for h in group.hosts]
             if side:
                 group.ready = torch.cuda.Event()
                 group.ready.record()
@@ -326,7 +324,7 @@ class OnDemandOffload:
                 if t.device != original:
                     if self.page_locked is not None:
                         self.page_locked.unlock(t.untyped_storage().data_ptr())
-                    t.data = t.data.to(original)
+                    t.data = device_copy_like(t.data, original)
         self._groups, self._blocks = [], []
         if getattr(self.module, _MARK, None) is self:
             delattr(self.module, _MARK)

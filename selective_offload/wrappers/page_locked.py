@@ -51,6 +51,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from .layout import pack_plan, storage_bytes, strided_like
 from .residency import OffloadError
 
 #: cudaHostRegisterPortable | cudaHostRegisterMapped: usable from every context, and
@@ -225,25 +226,25 @@ class PageLockedLedger:
         """Move ``tensors`` (parameters or buffers: their ``.data`` is replaced) into one
         page-aligned host arena and page-lock it with one registration. Returns whether it
         is locked (False when the policy does not lock: the tensors are then left as they
-        are). Values, shapes and dtypes are kept; strides become contiguous."""
+        are). Each tensor keeps its layout (:mod:`.layout`): dtype, shape, strides and its
+        storage span, copied as raw bytes; tensors that shared a storage share the arena's
+        copy of it, at the same offsets."""
         if not self.policy.locks:
             return False
         tensors = [t for t in tensors if t.numel()]
         if not tensors:
             return True
-        offsets, total = [], 0
-        for t in tensors:
-            total = _round_up(total, ARENA_ALIGN)
-            offsets.append(total)
-            total += t.numel() * t.element_size()
-        span = _round_up(total, PAGE)
+        sources = [t.data for t in tensors]
+        plan = pack_plan(sources, ARENA_ALIGN)
+        span = _round_up(plan.nbytes, PAGE)
         buf = torch.empty(span + PAGE, dtype=torch.uint8, device="cpu")
         start = (-buf.data_ptr()) % PAGE
-        for t, off in zip(tensors, offsets):
-            nbytes = t.numel() * t.element_size()
-            view = buf[start + off:start + off + nbytes].view(t.dtype).view(t.shape)
-            view.copy_(t.data)
-            t.data = view
+        arena = buf[start:start + span]
+        for at, source, lo, hi in plan.groups:
+            arena[at:at + hi - lo].copy_(storage_bytes(source, lo, hi))
+        for t, source, at in zip(tensors, sources, plan.at):
+            # mutation: arena-made-contiguous
+            t.data = strided_like(arena, source, at)
         storage = buf.untyped_storage()
         key = storage.data_ptr()
         try:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError
+from .layout import host_copy_like
 
 
 class OffloadError(UserError, ValueError):
@@ -134,12 +135,10 @@ def to_host(tensor: torch.Tensor, pin: bool, page_locked=None, purpose: str = ""
         )
     if page_locked is not None:
         # mutation: page-lock-copies
-        host = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+        host = tensor if tensor.device.type == "cpu" else host_copy_like(tensor)
         if pin:
             page_locked.lock(host, purpose)
         return host
     if tensor.device.type == "cpu" and (not pin or tensor.is_pinned()):
         return tensor
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
-    host.copy_(tensor)
-    return host
+    return host_copy_like(tensor, pin=pin)
