@@ -77,7 +77,7 @@ MUTATIONS = {
  'explicit-device-routed': ('        explicit = kwargs.get("device") is not None', '        explicit = False', ['tests/unit/wrappers/test_construct_on_host.py::test_explicit_devices_and_shared_caches_stay_on_the_device']),
  'shared-cache-kept-on-host': ('        keep = {p for p in targets if p in cold_ptrs and p not in hot_ptrs}', '        keep = set(targets)', ['tests/unit/wrappers/test_construct_on_host.py::test_explicit_devices_and_shared_caches_stay_on_the_device']),
  'rank-files-not-merged': ('        for other in report_paths(str(path))[1:]:', '        for other in []:', ['tests/unit/test_report.py::test_pipeline_ranks_each_hold_a_part_and_the_merge_finds_every_group']),
- 'page-lock-copies': ('        host = tensor if tensor.device.type == "cpu" else tensor.to("cpu")', '        host = tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")', ['tests/tools/test_mutations.py::test_each_mutation_finds_its_marker_and_text_once']),
+ 'page-lock-copies': ('        host = tensor if tensor.device.type == "cpu" else host_copy_like(tensor)', '        host = tensor.clone() if tensor.device.type == "cpu" else host_copy_like(tensor)', ['tests/tools/test_mutations.py::test_each_mutation_finds_its_marker_and_text_once']),
  'page-locked-limit-off': ('    if ratio > PAGE_LOCKED_LIMIT:', '    if False:', ['tests/unit/vllm_glue/test_cuda_paths.py::test_page_locked_memory_is_judged_after_the_prefetch_offloaders_post_init']),
  'tie-default-true': ('    return False, "default", []', '    return True, "default", []', ['tests/unit/checkpoint/test_checkpoint.py::test_the_tie_flag_is_resolved_as_vllm_resolves_it']),
  'fp8-experts-skipped': ('    if tensor.dim() == 3 and "experts" in name.split("."):', '    if False:', ['tests/unit/checkpoint/test_config_families.py::test_deepseek_v3_fp8_counts_its_experts_and_plans_fast']),
@@ -169,6 +169,9 @@ MUTATIONS = {
  'gather-not-derived': ('        gathered = has_segment(self.group, EMBED_SEGMENTS) or self.kind == GroupKind.MODULE', '        gathered = False', ['tests/unit/plan/test_plan_contract.py::test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand']),
  'stated-serving-trusted': ('    if serving is not None and serving != group.serving:', '    if False:', ['tests/unit/plan/test_plan_contract.py::test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand']),
  'v3-kind-unmapped': ('        r.data = {**r.data, "kind": V3_KINDS.get(r.data["kind"], r.data["kind"])}', '        r.data = {**r.data}', ['tests/unit/plan/test_plan_contract.py::test_a_v3_plan_reads_to_the_same_plan_as_its_v4_twin']),
+ 'layout-strides-dropped': ('    return typed.as_strided(like.shape, like.stride())', '    return typed[:like.numel()].view(like.shape)', ['tests/unit/wrappers/test_layout.py::test_every_host_and_device_copy_keeps_the_layout']),
+ 'arena-made-contiguous': ('            t.data = strided_like(arena, source, at)', '            t.data = arena[at:].view(source.dtype)[:source.numel()].view(source.shape)', ['tests/unit/wrappers/test_layout.py::test_an_arena_keeps_the_layout_of_each_tensor']),
+ 'onload-contiguous': ('            copies = [device_copy_like(h, self.device, non_blocking=self._cuda) for h in group.hosts]', '            copies = [torch.empty(h.shape, dtype=h.dtype, device=self.device).copy_(h) for h in group.hosts]', ['tests/unit/wrappers/test_layout.py::test_an_on_demand_onload_keeps_every_layout']),
 }
 
 

@@ -249,3 +249,43 @@ def nothing_applied() -> bool:
     from selective_offload.vllm_glue import patches
 
     return not patches.is_applied() and not any(v in os.environ for v in ENV_VARS)
+
+
+class PageRegistrar:
+    """Stands in for ``cudaHostRegister`` on a machine without CUDA, as the driver behaves:
+    it registers whole pages, refuses a registration that touches a page already registered
+    (CUDA error 712: :class:`AlreadyRegistered`), and answers ``is_pinned()`` for memory
+    inside a live registration (what torch reports once the driver registered it; the
+    ledger asks through ``PageLockedLedger.pinned``). ``registered`` keeps every
+    registration made, ``unregistered`` every address released."""
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}
+        self.unregistered: list[int] = []
+        self.refused: list[tuple[int, int]] = []
+        self._pages: dict[int, set[int]] = {}
+
+    def register(self, ptr: int, nbytes: int) -> None:
+        from selective_offload.wrappers.page_locked import PAGE, AlreadyRegistered
+
+        pages = set(range(ptr // PAGE, (ptr + nbytes - 1) // PAGE + 1))
+        if any(pages & held for held in self._pages.values()):
+            self.refused.append((ptr, nbytes))
+            raise AlreadyRegistered(ptr)
+        self._pages[ptr] = pages
+        self.registered[ptr] = nbytes
+
+    def unregister(self, ptr: int) -> None:
+        self.unregistered.append(ptr)
+        self._pages.pop(ptr, None)
+
+    def live(self) -> dict[int, int]:
+        return {p: n for p, n in self.registered.items() if p in self._pages}
+
+    def is_pinned(self, t) -> bool:
+        """Whether every byte ``t`` reaches lies inside one live registration."""
+        from selective_offload.wrappers.layout import span
+
+        lo, hi = span(t)
+        start = t.data_ptr()
+        return any(p <= start and start + (hi - lo) <= p + n for p, n in self.live().items())

@@ -31,7 +31,9 @@ a second ``cudaHostRegister`` over a page already registered fails (CUDA error 7
 that tensor is not locked. So a module's host tensors (a tower, a hot layer) are packed
 into one arena that starts and ends on page boundaries, registered once: no page is
 shared between registrations, and the bytes locked are the module's bytes plus at most
-its alignment padding.
+its alignment padding. Each tensor keeps its layout there (:mod:`.layout`): its whole
+storage span is copied as bytes and viewed with its own strides, so a column-major FP8
+weight or DeepGEMM's padded, MN-major scales reach the kernel as vLLM left them.
 
 Unregistering. Memory is unregistered when the module owning it is collected, after the
 device is synchronised; never at interpreter exit (the driver releases it with the
