@@ -108,8 +108,8 @@ MUTATIONS = {
  'progress-delay-ignored': ('        if after_s and done.wait(after_s):', '        if False:', ['tests/unit/test_progress.py::test_a_quick_step_that_asks_for_a_delay_prints_nothing']),
  'experts-not-routed': ('    return dict(modules=xl.group_of, named_by={routed_experts_cls: PREFIX_ARGUMENT})', '    return {}', ['tests/unit/vllm_glue/test_experts_uva.py::test_the_planned_experts_are_built_on_the_host_and_no_others']),
  'named-by-ignored': ('                if isinstance(local.get("self"), cls) and isinstance(local.get(argument), str):', '                if False:', ['tests/unit/vllm_glue/test_experts_uva.py::test_the_planned_experts_are_built_on_the_host_and_no_others']),
- 'uva-not-marked': ('    setattr(param, UVA_MARKER, True)', '    pass', ['tests/unit/vllm_glue/test_experts_uva.py::test_attach_page_locks_in_place_then_swaps_in_marked_uva_views']),
- 'uva-view-not-made': ('    param.data = accelerator_view(param.data)', '    pass', ['tests/unit/vllm_glue/test_experts_uva.py::test_attach_page_locks_in_place_then_swaps_in_marked_uva_views']),
+ 'uva-not-marked': ('    setattr(param, UVA_MARKER, True)', '    pass', ['tests/unit/vllm_glue/test_experts_uva.py::test_attach_locks_each_experts_module_in_one_arena_then_swaps_in_marked_uva_views']),
+ 'uva-view-not-made': ('    param.data = accelerator_view(host)', '    pass', ['tests/unit/vllm_glue/test_experts_uva.py::test_attach_locks_each_experts_module_in_one_arena_then_swaps_in_marked_uva_views']),
  'experts-post-processing-round-trip': ('    method.requires_device_loading = False', '    pass', ['tests/unit/vllm_glue/test_experts_uva.py::test_unquantized_post_processing_runs_in_place_and_stays_built_on_the_host']),
  'experts-kernel-check-off': ('    if kernel in UVA_KERNELS:\n        return', '    if True:\n        return', ['tests/unit/vllm_glue/test_experts_uva.py::test_a_kernel_that_does_not_read_uva_views_is_refused_before_loading']),
  'uva-routing-not-checked': ('(Placement.HOST_UVA, "uva", check_uva_routing)', '(Placement.HOST_UVA, "uva", False)', ['tests/tools/test_mutations.py::test_each_mutation_finds_its_marker_and_text_once']),
@@ -172,6 +172,10 @@ MUTATIONS = {
  'layout-strides-dropped': ('    return typed.as_strided(like.shape, like.stride())', '    return typed[:like.numel()].view(like.shape)', ['tests/unit/wrappers/test_layout.py::test_every_host_and_device_copy_keeps_the_layout']),
  'arena-made-contiguous': ('            t.data = strided_like(arena, source, at)', '            t.data = arena[at:].view(source.dtype)[:source.numel()].view(source.shape)', ['tests/unit/wrappers/test_layout.py::test_an_arena_keeps_the_layout_of_each_tensor']),
  'onload-contiguous': ('            copies = [device_copy_like(h, self.device, non_blocking=self._cuda) for h in group.hosts]', '            copies = [torch.empty(h.shape, dtype=h.dtype, device=self.device).copy_(h) for h in group.hosts]', ['tests/unit/wrappers/test_layout.py::test_an_on_demand_onload_keeps_every_layout']),
+ 'experts-locked-one-by-one': ('            page_locked.lock_together(params, group)', '            [page_locked.lock(p.data, group) for p in params]', ['tests/unit/vllm_glue/test_experts_uva.py::test_block_scales_reallocated_on_the_heap_are_refused_one_by_one_and_locked_in_arenas']),
+ 'experts-pinned-unchecked': ('                if not pinned:\n                    raise PlanError', '                if False:\n                    raise PlanError', ['tests/unit/vllm_glue/test_experts_uva.py::test_memory_the_driver_does_not_report_pinned_is_refused_before_any_view']),
+ 'expert-views-unregistered': ('            page_locked.release_with(module, hosts, keep_registered=views)', '            page_locked.release_with(module, hosts)', ['tests/unit/vllm_glue/test_experts_uva.py::test_expert_views_stay_registered_after_their_module_is_collected']),
+ 'uva-marker-trusted': ('    if record is None or not getattr(param, UVA_MARKER, False):\n        return False', '    if getattr(param, UVA_MARKER, False):\n        return True', ['tests/unit/vllm_glue/test_experts_uva.py::test_a_marker_left_by_a_reload_is_checked_against_the_storage']),
 }
 
 

@@ -15,10 +15,17 @@ read the experts it routes to over the link, inside the kernel, with no copy per
    that needs the device does so one layer at a time (the transient, one layer's experts,
    is noted), and its results come back to host memory of their exact size, never to
    torch's pinned allocator (which rounds each block up to a power of two);
-4. **after loading**: each parameter is page-locked in place at its exact size
-   (:class:`PageLockedLedger`), then on CUDA replaced by a UVA device view of itself
+4. **after loading**: each experts module's parameters are packed into one page-aligned
+   arena and page-locked with one registration (``PageLockedLedger.lock_together``: no
+   page shared with another registration, so small scale tensors that post-processing
+   reallocated side by side on the heap are all locked; each keeps its layout), checked
+   with ``is_pinned()``, then on CUDA each is replaced by a UVA device view of itself
    (vLLM's ``get_accelerator_view_from_cpu_tensor``) and marked
-   ``_vllm_is_uva_offloaded``, as vLLM's UVA offloader marks its own. The marker is what
+   ``_vllm_is_uva_offloaded``, as vLLM's UVA offloader marks its own. The arena stays
+   registered for the process's life (a captured CUDA graph may hold a view's address
+   after the module is gone). A marker is re-checked against the view recorded beside it
+   (:func:`is_live_view`), never trusted alone: vLLM's ``replace_parameter`` keeps the
+   Parameter object, marker included, when a reload gives it new data. The marker is what
    vLLM reads: ``device_loading_context`` re-offloads a marked parameter that a later
    post-processing replaced, and the Triton fused-MoE kernel groups each expert's tokens
    for marked weights instead of reading an expert once per (token, expert) pair. The
@@ -68,6 +75,7 @@ from ..errors import PlanError
 from ..names import group_key
 from ..plan import GroupKind, Placement, Plan
 from ..sizes import fmt_bytes
+from ..wrappers.layout import layout_of
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy
 from .host_resident import to_device, to_host_exact
 
@@ -76,6 +84,9 @@ from .host_resident import to_device, to_host_exact
 UVA_MARKER = "_vllm_is_uva_offloaded"
 #: Fused-MoE kernels that read expert weights through UVA views (see the table above).
 UVA_KERNELS = frozenset({"TritonExperts"})
+#: Set beside the marker on each parameter :func:`attach` made a view: the view's address,
+#: its layout and the page-locked host tensor it reads (what :func:`is_live_view` checks).
+VIEW_RECORD = "_selective_offload_uva_view"
 #: The argument of ``RoutedExperts.__init__`` that carries the FusedMoE ``prefix``.
 PREFIX_ARGUMENT = "layer_name"
 #: Quant methods that post-process routed experts in place on the host, for the kernels
@@ -242,7 +253,7 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
             xl.post_processing[group] = "post-processed in place on the host"
         original(layer)
         for p in own_parameters(layer, xl):
-            if p.device.type != "cpu" and not getattr(p, UVA_MARKER, False):
+            if p.device.type != "cpu" and not is_live_view(p):
                 p.data = to_host_exact(p.data)
             if built_on_host or id(p) in kept:
                 xl.routed.add(id(p))
@@ -252,28 +263,40 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
 
 def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked: PageLockedLedger | None,
            accelerator_view: Callable[[torch.Tensor], torch.Tensor]) -> set[int]:
-    """Page-lock each uva-served expert parameter in place and, on CUDA, make it a UVA view
-    marked as vLLM marks its own. Returns the parameters' ``id()``."""
+    """Page-lock each uva-served experts module's parameters in one arena (one registration,
+    no page shared with another) and, on CUDA, make each a UVA view marked as vLLM marks
+    its own. Returns the parameters' ``id()``."""
     views = device.type == "cuda"
     for name, group in xl.modules.items():
         module = model.get_submodule(name)
-        held = []
+        params = []
         for p in own_parameters(module, xl):
-            if getattr(p, UVA_MARKER, False):  # already a view (a reload)
+            if views and is_live_view(p):  # a reload that left the view in place
                 xl.params.add(id(p))
                 continue
             if p.device.type != "cpu":
                 p.data = to_host_exact(p.data)  # not built on the host: the report counts it as moved
-            held.append(p.data)
-            locked = page_locked.lock(p.data, group) if page_locked is not None else False
+            params.append(p)
+        if page_locked is not None and params:
+            # Small scale tensors reallocated on the heap share pages: registered one at a
+            # time, the second of two on one page is refused (CUDA error 712).
+            # mutation: experts-locked-one-by-one
+            page_locked.lock_together(params, group)
+        hosts = [p.data for p in params]
+        for p, host in zip(params, hosts):
             if views:
-                if not (locked or p.data.is_pinned()):
-                    raise PlanError(f"{group}: {name} could not be page-locked, so the kernel cannot read it "
-                                    "through UVA; allow pinned memory, or plan these experts on the device")
+                pinned = page_locked.pinned(host) if page_locked is not None else host.is_pinned()
+                # mutation: experts-pinned-unchecked
+                if not pinned:
+                    raise PlanError(f"{group}: {name} is not page-locked after registration (is_pinned() is false), "
+                                    "so the kernel cannot read it through UVA; allow pinned memory, or plan these "
+                                    "experts on the device")
                 mark_uva_view(p, accelerator_view)
             xl.params.add(id(p))
-        if page_locked is not None and held:
-            page_locked.release_with(module, held)
+        if page_locked is not None and hosts:
+            # A captured CUDA graph may still read a view after the module is collected.
+            # mutation: expert-views-unregistered
+            page_locked.release_with(module, hosts, keep_registered=views)
         how = xl.post_processing.get(group, "")
         xl.mechanisms[group] = (MECHANISM_VIEW if views else MECHANISM_CPU) + (f"; {how}" if how else "")
     return set(xl.params)
@@ -281,11 +304,25 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
 
 def mark_uva_view(param: nn.Parameter, accelerator_view: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """``param`` becomes a device view of its own page-locked host storage, marked as
-    vLLM's UVA offloader marks its parameters (the object stays the same)."""
+    vLLM's UVA offloader marks its parameters (the object stays the same), and the view
+    recorded (:func:`is_live_view`)."""
+    host = param.data
     # mutation: uva-view-not-made
-    param.data = accelerator_view(param.data)
+    param.data = accelerator_view(host)
     # mutation: uva-not-marked
     setattr(param, UVA_MARKER, True)
+    setattr(param, VIEW_RECORD, (param.data_ptr(), layout_of(param.data), host))
+
+
+def is_live_view(param: nn.Parameter) -> bool:
+    """Whether ``param`` still is the UVA view :func:`mark_uva_view` made: the marker is
+    checked against the storage, never trusted alone. vLLM's ``replace_parameter`` keeps
+    the Parameter object (and so its marker) when a reload gives it new data."""
+    record = getattr(param, VIEW_RECORD, None)
+    # mutation: uva-marker-trusted
+    if record is None or not getattr(param, UVA_MARKER, False):
+        return False
+    return param.data_ptr() == record[0] and layout_of(param.data) == record[1]
 
 
 def notes_for(xl: ExpertsLoad | None) -> list[str]:

@@ -14,6 +14,7 @@ import gc
 
 import pytest
 import torch
+from helpers import PageRegistrar
 
 from selective_offload.errors import PlanError
 from selective_offload.names import group_key
@@ -161,47 +162,100 @@ def test_the_way_back_to_the_host_keeps_the_layout_at_exact_size():
     assert copy.untyped_storage().nbytes() < base.untyped_storage().nbytes()
 
 
-class RecordingRegistrar:
-    def __init__(self):
-        self.registered: dict[int, int] = {}
-        self.unregistered: list[int] = []
-
-    def register(self, ptr, nbytes):
-        self.registered[ptr] = nbytes
-
-    def unregister(self, ptr):
-        self.unregistered.append(ptr)
+def uva_ledger(registrar=None) -> PageLockedLedger:
+    return PageLockedLedger(PinPolicy(PinPath.REGISTER, "test"), registrar=registrar or PageRegistrar())
 
 
-def test_attach_page_locks_in_place_then_swaps_in_marked_uva_views():
-    """On CUDA: each expert parameter is page-locked in place at its exact size, then its
-    ``.data`` becomes the device view vLLM's helper returns for that very storage (a
-    recorder stands for the helper), and it carries vLLM's UVA marker. The parameter
-    objects stay the same, so whatever holds them (the kernel's quant config) sees the
-    views. Releasing the model unlocks the memory."""
+def test_attach_locks_each_experts_module_in_one_arena_then_swaps_in_marked_uva_views():
+    """On CUDA: an experts module's parameters are packed into one page-aligned arena with
+    one registration (layouts and values kept), then each ``.data`` becomes the device view
+    vLLM's helper returns for that arena memory (a recorder stands for the helper), marked
+    as vLLM marks its own. The parameter objects stay the same, so whatever holds them
+    (the kernel's quant config) sees the views."""
+    from selective_offload.wrappers.layout import layout_of
+    from selective_offload.wrappers.page_locked import PAGE
+
     xl = experts_load(GROUP)
     model, mode = build_runners(xl, layers=1, device="cpu")
     find(model, xl)
     layer = model.layers[0].mlp.experts.routed_experts
-    before = {n: (p, p.untyped_storage().data_ptr(), p.numel() * p.element_size()) for n, p in layer.named_parameters()}
-    registrar = RecordingRegistrar()
-    ledger = PageLockedLedger(PinPolicy(PinPath.REGISTER, "test"), registrar=registrar)
+    before = {n: (p, layout_of(p.data), p.detach().clone()) for n, p in layer.named_parameters()}
+    ledger = uva_ledger()
     asked = []
 
     def accelerator_view(t):
-        asked.append((t.untyped_storage().data_ptr(), ledger.is_locked(t)))
+        asked.append((t.data_ptr(), ledger.pinned(t)))
         return t.view_as(t)  # stands for the device view of the same memory
 
     params = experts.attach(model, xl, torch.device("cuda"), ledger, accelerator_view)
-    assert registrar.registered == {ptr: n for _, ptr, n in before.values()}
-    assert sorted(asked) == sorted((ptr, True) for _, ptr, _ in before.values())
+    [(ptr, nbytes)] = ledger.registrar.registered.items()
+    assert ptr % PAGE == 0 and EXPERT_BYTES <= nbytes < EXPERT_BYTES + PAGE + 2 * 64
+    assert sorted(asked) == sorted((p.data_ptr(), True) for p in layer.parameters())
     for name, p in layer.named_parameters():
-        assert p is before[name][0] and getattr(p, experts.UVA_MARKER) is True
+        obj, layout, values = before[name]
+        assert p is obj and getattr(p, experts.UVA_MARKER) is True and experts.is_live_view(p)
+        assert layout_of(p.data) == layout and torch.equal(p.data, values)
     assert params == {id(p) for p, _, _ in before.values()}
     assert xl.mechanisms[GROUP].startswith("uva (")
-    del model, layer, before, p
+
+
+def test_expert_views_stay_registered_after_their_module_is_collected():
+    """A captured CUDA graph may still read a view's address after the model is released:
+    the arena stays registered (and held) until the process ends."""
+    import weakref
+
+    model, xl = block_fp8_model(layers=1)
+    ledger = uva_ledger()
+    experts.attach(model, xl, torch.device("cuda"), ledger, lambda t: t.view_as(t))
+    locked, gone = ledger.locked_bytes, weakref.ref(model.layers[0].mlp.experts)
+    del model
     gc.collect()
-    assert sorted(registrar.unregistered) == sorted(registrar.registered)
+    assert gone() is None  # the module was collected: only keep_registered holds the arena
+    assert ledger.registrar.unregistered == [] and ledger.locked_bytes == locked > 0
+
+
+def test_memory_the_driver_does_not_report_pinned_is_refused_before_any_view():
+    """After registration ``is_pinned()`` must be true (vLLM's view helper would otherwise
+    make a private device copy, or read unregistered memory): refused in one line."""
+    class NotPinning(PageRegistrar):
+        def is_pinned(self, t):
+            return False
+
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    find(model, xl)
+    views = []
+    with pytest.raises(PlanError) as err:
+        experts.attach(model, xl, torch.device("cuda"), uva_ledger(NotPinning()), views.append)
+    assert views == [] and "\n" not in str(err.value) and "is_pinned() is false" in str(err.value)
+
+
+def test_a_marker_left_by_a_reload_is_checked_against_the_storage():
+    """vLLM 0.33's ``replace_parameter`` keeps the Parameter object and rebinds ``.data``
+    when the new tensor differs (model_executor/utils.py:82): the UVA marker survives on
+    memory that is no view. attach re-checks the marker against the recorded view and
+    redoes that parameter (locked, viewed); a reload that wrote into the view in place
+    leaves it as it is."""
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    find(model, xl)
+    layer = model.layers[0].mlp.experts.routed_experts
+    ledger = uva_ledger()
+    viewed = []
+
+    def accelerator_view(t):
+        viewed.append(t.data_ptr())
+        return t.view_as(t)
+
+    experts.attach(model, xl, torch.device("cuda"), ledger, accelerator_view)
+    with torch.no_grad():
+        layer.w2_weight.copy_(torch.ones_like(layer.w2_weight))  # in place: still the view
+    layer.w13_weight.data = torch.randn(layer.w13_weight.shape)  # rebound: a stale marker
+    assert getattr(layer.w13_weight, experts.UVA_MARKER) and not experts.is_live_view(layer.w13_weight)
+    viewed.clear()
+    experts.attach(model, xl, torch.device("cuda"), ledger, accelerator_view)
+    assert viewed == [layer.w13_weight.data_ptr()] and len(ledger.registrar.registered) == 2
+    assert experts.is_live_view(layer.w13_weight) and ledger.pinned(layer.w13_weight.data)
 
 
 def test_on_the_cpu_build_there_is_no_view_but_the_placement_is_recorded():
@@ -268,7 +322,80 @@ def test_a_parameter_shared_with_the_router_is_never_moved_or_viewed():
     layer.e_score_correction_bias = bias
     find(model, xl)
     assert xl.shared == {"e_score_correction_bias"}
-    ledger = PageLockedLedger(PinPolicy(PinPath.REGISTER, "test"), registrar=RecordingRegistrar())
+    ledger = uva_ledger()
     params = experts.attach(model, xl, torch.device("cuda"), ledger, lambda t: t.view_as(t))
     assert id(bias) not in params and not getattr(bias, experts.UVA_MARKER, False) and not ledger.is_locked(bias)
     assert params == {id(layer.w13_weight), id(layer.w2_weight)}
+
+
+class BlockFp8Experts(torch.nn.Module):
+    """A block-FP8 routed experts module of Qwen3-30B-A3B-FP8's shape, every dimension
+    scaled down 8 times (128 experts, hidden 2048, intermediate 768, 128x128 blocks: here
+    16, 256, 96), its parameters created in the order vLLM 0.33's Fp8MoEMethod creates
+    them (quantization/fp8.py create_weights: the weights, then their block scales)."""
+
+    def __init__(self, e=16, h=256, i=96, block=128):
+        super().__init__()
+        fp8, blocks = torch.float8_e4m3fn, lambda n: -(-n // block)
+
+        def param(*shape, dtype=torch.float32):
+            return torch.nn.Parameter(torch.rand(shape).to(dtype), requires_grad=False)
+
+        self.w13_weight = param(e, 2 * i, h, dtype=fp8)
+        self.w2_weight = param(e, h, i, dtype=fp8)
+        self.w13_weight_scale_inv = param(e, blocks(2 * i), blocks(h))
+        self.w2_weight_scale_inv = param(e, blocks(h), blocks(i))
+
+
+def block_fp8_model(layers: int):
+    """``layers`` decoder layers of :class:`BlockFp8Experts`, each a uva-served group."""
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(layers))
+    for layer in model.layers:
+        layer.mlp = torch.nn.Module()
+        layer.mlp.experts = BlockFp8Experts()
+    groups = [f"model.layers.{i}.mlp.experts" for i in range(layers)]
+    xl = experts_load(*groups)
+    xl.modules = {f"layers.{i}.mlp.experts": g for i, g in enumerate(groups)}
+    return model, xl
+
+
+def shared_page_pairs(tensors) -> int:
+    from selective_offload.wrappers.layout import span
+    from selective_offload.wrappers.page_locked import PAGE
+
+    pages = []
+    for t in tensors:
+        lo, hi = span(t)
+        start = t.untyped_storage().data_ptr() + lo
+        pages.append(set(range(start // PAGE, (start + hi - lo - 1) // PAGE + 1)))
+    return sum(bool(a & b) for k, a in enumerate(pages) for b in pages[k + 1:])
+
+
+def test_block_scales_reallocated_on_the_heap_are_refused_one_by_one_and_locked_in_arenas():
+    """Finding 2 on a CPU proxy (``helpers.PageRegistrar`` refuses a page registered twice,
+    as CUDA does with error 712). Post-processed on the device one layer at a time, each
+    parameter comes back to the host one after another (the glue's way back, to_host_exact):
+    the small block scales land on the heap and share pages with their neighbours.
+    Registered one parameter at a time, some are refused and stay unlocked; attach's arenas lock every
+    one, one registration per module, no refusal."""
+    from selective_offload.vllm_glue.host_resident import to_host_exact
+
+    layers = 4
+    model, xl = block_fp8_model(layers)
+    for layer in model.layers:  # the way back from the device, in vLLM's parameter order
+        for p in layer.mlp.experts.parameters():
+            p.data = to_host_exact(p.data)
+    # The premise of the finding: the heap packs the small scales next to other parameters.
+    assert shared_page_pairs(list(model.parameters())) > 0
+
+    one_by_one = uva_ledger()
+    locked = [one_by_one.lock(p.data, "experts") for p in model.parameters()]
+    assert not all(locked) and one_by_one.refused_bytes > 0 and one_by_one.registrar.refused
+    assert not all(one_by_one.pinned(p.data) for p in model.parameters())
+
+    ledger = uva_ledger()
+    params = experts.attach(model, xl, torch.device("cuda"), ledger, lambda t: t.view_as(t))
+    assert params == {id(p) for p in model.parameters()}
+    assert ledger.refused_bytes == 0 and ledger.registrar.refused == [] and len(ledger.registrar.registered) == layers
+    assert all(ledger.pinned(p.data) and experts.is_live_view(p) for p in model.parameters())
