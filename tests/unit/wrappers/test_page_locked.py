@@ -11,6 +11,7 @@ import gc
 
 import pytest
 import torch
+from helpers import PageRegistrar
 from torch import nn
 
 from selective_offload.wrappers.page_locked import PageLockedLedger, PinPath, PinPolicy, resident_set_bytes
@@ -142,23 +143,6 @@ def test_a_refused_registration_is_not_counted_as_locked():
     assert not ledger.lock(t, "x") and ledger.locked_bytes == 0 and ledger.refused_bytes == 100
     ledger.unlock(t.untyped_storage().data_ptr())
     assert registrar.unregistered == []
-
-
-class PageRegistrar(RecordingRegistrar):
-    """Registers as the driver does, by whole pages: a page registered twice is error 712."""
-
-    def __init__(self):
-        super().__init__()
-        self.pages: set[int] = set()
-
-    def register(self, ptr, nbytes):
-        from selective_offload.wrappers.page_locked import PAGE, AlreadyRegistered
-
-        pages = set(range(ptr // PAGE, (ptr + nbytes - 1) // PAGE + 1))
-        if pages & self.pages:
-            raise AlreadyRegistered(ptr)
-        self.pages |= pages
-        super().register(ptr, nbytes)
 
 
 def test_small_tensors_of_two_modules_share_no_registered_page():
