@@ -171,6 +171,23 @@ def uva_embedding_over_device(d: dict) -> list[dict] | str:
     return rows
 
 
+def uva_moe_over_device(d: dict) -> list[dict] | str:
+    """The fused-MoE stand-in's graph replay on UVA views over the same on device copies."""
+    moe = d.get("fused_moe") or {}
+    if not d.get("cuda"):
+        return "no CUDA: UVA views and CUDA graphs need a GPU"
+    if moe.get("error"):
+        return moe["error"]
+    rows = []
+    for r in moe.get("rows", []):
+        note = r.get("error") or (f"UVA {r['uva_replay_us']:.0f} us, device {r['device_replay_us']:.0f} us"
+                                  + ("" if r.get("bit_equal") else "; the UVA replay DIFFERS from the device copy's"))
+        label = f"{r['phase']} ({r['tokens']} token(s)), {r.get('distinct_experts', '?')} experts read"
+        # mutation: gpu-run-moe-ratio-unread
+        rows.append(_row(label, r.get("uva_over_device"), None, note))
+    return rows or "no fused-MoE phase was measured"
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("selective_over_bulk", "decode-emulation", "selective / bulk, decode tok/s",
            "whether the plan decodes faster than vLLM's bulk `cpu_offload_gb` on the same 24 GiB card, and by how "
@@ -199,6 +216,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("uva_embedding_over_device", "gather", "UVA embedding / device embedding, time per lookup",
            "that the glue's UVA embedding is graph-safe (a captured lookup replayed with new ids reads the right "
            "rows) and what it costs a step against a resident table", uva_embedding_over_device),
+    Family("uva_moe_over_device", "mechanism", "fused-MoE on UVA experts / on device copies, time per layer",
+           "what reading a layer's routed experts in place from host memory costs a decode step and a 2048-token "
+           "prefill against device-resident experts (CUDA graph replays; a Triton stand-in for vLLM's TritonExperts)",
+           uva_moe_over_device),
     Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
            "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),
 )

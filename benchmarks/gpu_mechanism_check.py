@@ -10,7 +10,11 @@ a cold module's explicit-device, shared and globally held tensors land where the
 its ledger (``test_on_demand_tower``); host memory page-locked the project's way is
 exactly the planned bytes (``test_page_locked_host_memory``); the CUDA load paths of
 issue 16 (``test_cuda_load_paths``); routed experts read through a marked UVA view
-(``test_routed_experts_uva_view``). On a CPU-only machine the device asserts are listed as
+(``test_routed_experts_uva_view``); layouts kept through the arena (an FP8 ``.t()`` weight
+through it into CUTLASS's scaled matmul, adjacent small heap tensors as one arena, a hot
+layer's arena pinned: ``test_layouts_through_arenas``); a fused-MoE stand-in for vLLM's
+``TritonExperts`` on marked UVA views under CUDA graph capture and replay against device
+copies, decode and a 2048-token prefill timed (``test_fused_moe_uva_graph``). On a CPU-only machine the device asserts are listed as
 skipped, with the reason; the rest run, the meta device standing in for the GPU where
 placement is the point. The tests run through ``tests/gpu/runner.py``, so pytest need not
 be installed (a GPU image may lack it); ``pytest tests/gpu`` runs the same tests.
@@ -32,7 +36,7 @@ call, so they include launch and sync overhead: measured, not estimated.
 Results go to ``--out`` (default ``benchmarks/results/``) as JSON and Markdown named after
 the device and the date. Without CUDA (or with ``--small``) sizes shrink so the run takes
 seconds on two cores (1 torch thread). The full run on a GPU is an estimate, not a
-measurement: 1.5 to 4 minutes on an H100/H200-class machine, under 8. Its cost is host
+measurement: 1.7 to 4.5 minutes on an H100/H200-class machine, under 8. Its cost is host
 work, not the GPU: first-touching and pinning host memory (the 2.54 GB table copied to
 the host and pinned twice, 5.1 GB of drafter copies written, about 1.3 GiB more pinned for
 the TP shard and the cold weight; at 0.3 to 2 GB/s for first touch and pinning that is 10
@@ -40,7 +44,11 @@ to 60 s), building 2.4 G tower parameters on the CPU (each depth twice; 10 to 30
 timed loops (30 calls per figure, about 10 s; the host gather of 4096 rows is the slowest
 call, tens of ms), and the host-memory section (2.92 GB page-locked, filled, copied to the
 device, read back and compared, 2 ways x 2 repetitions, 4.8 GB of it in torch's rounded
-blocks: about 12 GB locked and 35 GB of host memory traffic, 20 to 60 s).
+blocks: about 12 GB locked and 35 GB of host memory traffic, 20 to 60 s); the arena and
+fused-MoE checks of issue 26 (1.2 GB of experts built on the device, copied to the host and
+pinned, Triton compiling its kernel per block shape, four graphs captured and replayed
+30 times each, the UVA prefill reading every expert over the link at tens of ms a replay:
+est 10 to 30 s).
 
 Usage: ``python benchmarks/gpu_mechanism_check.py [--small] [--out DIR]``. Exit status 1
 when an assert failed (the results are still written), 0 otherwise.
@@ -72,10 +80,11 @@ BANDWIDTH = "bandwidth"
 #: bandwidth, which asserts nothing and is measured here.
 STEPS = ("test_embedding_memory_and_gather", "test_masked_tp_lookup", "test_drafter_shared_modules",
          "test_cold_module_allocations", "test_on_demand_tower", BANDWIDTH, "test_page_locked_host_memory",
-         "test_cuda_load_paths", "test_routed_experts_uva_view")
+         "test_cuda_load_paths", "test_routed_experts_uva_view", "test_layouts_through_arenas",
+         "test_fused_moe_uva_graph")
 #: The results' sections, in the order the file gives them (None: its fixture failed).
 SECTIONS = ("embedding", "tp_lookup", "drafter", "explicit_device", "tower", "bandwidth", "host_memory",
-            "cuda_paths", "routed_experts")
+            "cuda_paths", "routed_experts", "layouts", "fused_moe")
 
 
 def device_name(cuda: bool) -> str:

@@ -29,7 +29,7 @@ class Section:
 SECTIONS: tuple[Section, ...] = tuple(Section(*row) for row in (
     # name               what runs                             full-size arguments                                   --small arguments                                limits (full, small)  est_s
     ("probe",            "-m selective_offload.cli",           "probe -o {out}/probe-{name}.json",                   "probe --quick -o {out}/probe-{name}-quick.json", 35, 60,   "10-25"),
-    ("mechanism",        "benchmarks/gpu_mechanism_check.py",  "--out {out}",                                        "--small --out {out}",                          250, 90,  "90-240"),
+    ("mechanism",        "benchmarks/gpu_mechanism_check.py",  "--out {out}",                                        "--small --out {out}",                          275, 90,  "100-270"),
     ("decode-emulation", "benchmarks/decode_emulation.py",     "--device-memory 24GiB --max-seconds 60 --out {out}", "--smoke --out {out}",                          150, 90,  "80-130"),
     ("gather",           "benchmarks/bench_gather.py",         "--out {out}",                                        "--smoke --out {out}",                          40, 60,   "15-35"),
     ("uva-read",         "benchmarks/bench_uva_read.py",       "--out {out}",                                        "--smoke --out {out}",                          40, 60,   "15-35"),

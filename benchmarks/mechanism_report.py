@@ -130,6 +130,8 @@ def markdown(results: dict) -> str:
         *part("bandwidth", _bandwidth),
         *part("host_memory", lambda hm: host_memory_markdown(hm, cuda)),
         *routed_experts_markdown(results.get("routed_experts")),
+        *layouts_markdown(results.get("layouts")),
+        *fused_moe_markdown(results.get("fused_moe")),
     ]
     return "\n".join(lines)
 
@@ -141,6 +143,30 @@ def routed_experts_markdown(r: dict | None) -> list[str]:
     return [f"## Routed experts: k of E through a UVA view against a whole-layer copy ({r['shape']}: "
             f"{e['num_experts']} experts top-{e['experts_per_token']}, {e['expert_bytes'] / 1e6:.2f} MB an expert; "
             f"{e['uva']})", "", *_table(*routed_expert_rows(e))]
+
+
+def layouts_markdown(r: dict | None) -> list[str]:
+    """Issue 26's arena checks (CUDA only: nothing measured without it)."""
+    if not r:
+        return []
+    return [_measures("## Layouts through the arena (FP8 `.t()` into CUTLASS, adjacent heap tensors, a hot layer)",
+                      {k: json.dumps(v) for k, v in r.items()})]
+
+
+def fused_moe_markdown(r: dict | None) -> list[str]:
+    """The fused-MoE stand-in on UVA views against device copies, graph replays timed."""
+    if not r or not (r.get("rows") or r.get("error")):
+        return []
+    shape = r["shape"]
+    rows = [[x["phase"], x["tokens"], x.get("distinct_experts", "n/a"), _fmt(x.get("uva_replay_us")),
+             _fmt(x.get("device_replay_us")), _fmt(x.get("uva_over_device"), 2), x.get("bit_equal", "n/a"),
+             x.get("error", "")] for x in r["rows"]]
+    return [f"## Fused-MoE stand-in (for TritonExperts) on UVA views under CUDA graph replay, per layer "
+            f"({shape['moe_experts']} experts, hidden {shape['moe_hidden']}, intermediate {shape['moe_inter']}, "
+            f"top-{shape['moe_top_k']}, bf16)", "",
+            *([f"Not measured: {r['error']}", ""] if r.get("error") else []),
+            *_table(["phase", "tokens", "experts read", "UVA replay us", "device replay us", "UVA / device",
+                     "bit-equal", "error"], rows)]
 
 
 def host_memory_markdown(hm: dict, cuda: bool) -> list[str]:

@@ -39,12 +39,20 @@ FULL = {"vocab": 248320, "hidden": 5120, "tower_hidden": 1280, "tower_depths": (
         "tower_tokens": 1024, "bandwidth_bytes": 1 << 30, "iters": 30, "tp_size": 4,
         "cold_rows": 8192, "cold_cols": 16384, "hot_rows": 5120, "hot_cols": 5120,
         "workspace_bytes": 128 << 20, "rope_positions": 131072, "rope_dim": 128,
-        "table_elems": 4 << 20, "host_shrink": 1, "host_repeats": 2, "expert_scale": 1.0}
+        "table_elems": 4 << 20, "host_shrink": 1, "host_repeats": 2, "expert_scale": 1.0,
+        # Qwen3-30B-A3B's MoE layer and attention (the fused-MoE and arena checks), an FP8
+        # (N, K) weight for CUTLASS's scaled matmul with M tokens, the small heap tensors.
+        "moe_experts": 128, "moe_hidden": 2048, "moe_inter": 768, "moe_top_k": 8, "moe_prefill": 2048,
+        "hot_q": 4096, "hot_kv": 512, "head_dim": 128, "fp8_n": 4096, "fp8_k": 2048, "fp8_m": 256,
+        "heap_scales": 64}
 SMALL = {"vocab": 32768, "hidden": 1024, "tower_hidden": 256, "tower_depths": (2, 4, 8),
          "tower_tokens": 64, "bandwidth_bytes": 64 << 20, "iters": 10, "tp_size": 4,
          "cold_rows": 1024, "cold_cols": 1024, "hot_rows": 512, "hot_cols": 512,
          "workspace_bytes": 1 << 20, "rope_positions": 4096, "rope_dim": 64,
-         "table_elems": 1 << 16, "host_shrink": 8, "host_repeats": 2, "expert_scale": 0.01}
+         "table_elems": 1 << 16, "host_shrink": 8, "host_repeats": 2, "expert_scale": 0.01,
+         "moe_experts": 8, "moe_hidden": 64, "moe_inter": 32, "moe_top_k": 2, "moe_prefill": 64,
+         "hot_q": 128, "hot_kv": 32, "head_dim": 16, "fp8_n": 256, "fp8_k": 128, "fp8_m": 32,
+         "heap_scales": 64}
 NO_CUDA_REASON = "no CUDA device"
 NO_VLLM_REASON = "vLLM is not importable here"
 NO_CUDA = f"skipped: {NO_CUDA_REASON}"

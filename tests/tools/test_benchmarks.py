@@ -270,6 +270,22 @@ CUDA_PATHS = [
     "hot layers after post_init compute what the resident layers do",
 ]
 NO_VLLM = "skipped: vLLM is not importable here"
+#: Issue 26's checks (layouts through the arena, the fused-MoE stand-in on UVA views under
+#: graph replay, is_pinned() after registration): CUDA only.
+ISSUE_26_CUDA = [
+    "an FP8 .t() weight keeps dtype, shape, strides and span through the arena, its UVA view and device copy",
+    "CUTLASS's scaled matmul on the arena's UVA view and device copy is bit-equal to the untouched weight's",
+    "adjacent small heap tensors locked as one arena: one registration, each is_pinned()",
+    "adjacent small heap tensors read on the device through their views equal their values",
+    "per-parameter lock() on the same heap layout: each refusal (error 712) counted, none reported locked",
+    "a hot layer's arena: one registration, every parameter is_pinned() with its layout kept",
+    "routed experts through attach(): each host tensor registered is_pinned(), each parameter a marked UVA view "
+    "with its layout, no device memory added",
+    *(f"fused-MoE stand-in replayed from a CUDA graph on UVA views equals the device-copy replay bit for bit ({p})"
+      for p in ("decode", "prefill")),
+    *(f"the fused-MoE stand-in equals the float32 per-expert reference within bf16 tolerance ({p})"
+      for p in ("decode", "prefill")),
+]
 MECHANISM_META = "tensor held only by a module-global cache is reported as left on the host " \
                  "(meta cannot swap storage in place)"
 HOST_SETS = ("embedding", "decoder layer")
@@ -312,7 +328,7 @@ def test_mechanism_check_small_runs_without_vllm(tmp_path):
     assert set(status.values()) <= {"passed", NO_CUDA} | ({NO_VLLM} if cuda else set()), status
     for name in MECHANISM_ANYWHERE + HOST_MEMORY_ANYWHERE:
         assert status.get(name) == "passed", (name, status.get(name))
-    for name in MECHANISM_CUDA + HOST_MEMORY_CUDA + CUDA_PATHS[:1]:
+    for name in MECHANISM_CUDA + HOST_MEMORY_CUDA + CUDA_PATHS[:1] + ISSUE_26_CUDA:
         assert status.get(name) == ("passed" if cuda else NO_CUDA), (name, status.get(name))
     for name in CUDA_PATHS[1:]:  # vLLM is unimportable in this run
         assert status.get(name) == (NO_VLLM if cuda else NO_CUDA), (name, status.get(name))

@@ -105,7 +105,7 @@ def test_small_run_summary_has_every_ratio_measured_or_why_not(small_run):
     assert len(by["selective_mtp"]["rows"]) == 3
     assert by["host_gather_over_device"]["rows"]
     for key in ("uva_over_copy_emulation", "uva_over_copy_sizes", "pageable_over_pinned",
-                "page_locked_over_planned", "uva_embedding_over_device"):
+                "page_locked_over_planned", "uva_embedding_over_device", "uva_moe_over_device"):
         assert "no CUDA" in by[key]["not_measured"] or "no GPU" in by[key]["not_measured"], by[key]
     assert "cold-only" in by["cold_only_over_bulk"]["not_measured"]
     md = (out / f"{summary['stem']}.md").read_text()
@@ -280,6 +280,10 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
     mech = files[by_section["mechanism"]]
     mech["cuda"] = True
     mech["host_memory"]["overall"].update(ratio_exact=1.0, ratio_rounding=1.62)
+    mech["fused_moe"] = {"rows": [
+        {"phase": "decode", "tokens": 1, "distinct_experts": 8, "uva_replay_us": 300.0, "device_replay_us": 60.0,
+         "uva_over_device": 5.0, "bit_equal": True},
+        {"phase": "prefill", "tokens": 2048, "error": "RuntimeError: capture failed"}]}
     dec = files[by_section["decode-emulation"]]
     dec["cuda"] = True
     dec["bandwidth"]["uva_read_gbps"] = 41.0
@@ -300,8 +304,10 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
         (tmp_path / name).write_text(json.dumps(data))
     ratios = {f["key"]: f for f in gpu_figures.ratios(sections, tmp_path)}
     for key in ("uva_over_copy_emulation", "uva_over_copy_sizes", "uva_over_copy_probe", "pageable_over_pinned",
-                "page_locked_over_planned", "uva_embedding_over_device"):
+                "page_locked_over_planned", "uva_embedding_over_device", "uva_moe_over_device"):
         assert ratios[key]["rows"] and not ratios[key]["not_measured"], ratios[key]
+    moe = ratios["uva_moe_over_device"]["rows"]
+    assert [r["measured"] for r in moe] == [5.0, None] and moe[1]["note"] == "RuntimeError: capture failed"
     assert ratios["uva_over_copy_emulation"]["rows"][0]["measured"] == pytest.approx(41.0 / dec["bandwidth"]["link_gbps"])
     assert [r["measured"] for r in ratios["uva_over_copy_sizes"]["rows"]] == [0.8, 0.8, None]
     assert "cudaHostRegister" in ratios["uva_over_copy_sizes"]["rows"][-1]["note"]
