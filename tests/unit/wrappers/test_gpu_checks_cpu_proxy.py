@@ -166,7 +166,7 @@ def test_a_hot_layers_arena_keeps_every_layout_and_reads_as_pinned():
     assert len(registrar.ranges) == 1
     for n, p in named.items():
         assert layout(p.data) == before[n], n
-        assert ledger.pinned(p.data) and torch.equal(p.data.view(torch.uint8), values[n].view(torch.uint8)), n
+        assert ledger.pinned(p.data) and torch.equal(p.data.flatten().view(torch.uint8), values[n].flatten().view(torch.uint8)), n
 
 
 def test_experts_through_attach_are_handed_to_the_view_pinned_and_come_back_marked():
