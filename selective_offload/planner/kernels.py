@@ -45,11 +45,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..plan.inputs import DEFAULT_CARD, parse_card
+
 #: The cards the table covers, as ``torch.cuda.get_device_capability`` spells them ("major.minor").
 CARDS = ("8.6", "8.9", "9.0", "10.0", "12.0")
-#: The card a plan assumes when none is given: the reference laptop's class (an RTX 4090
-#: Laptop GPU, Ada, SM 8.9).
-DEFAULT_CARD = "8.9"
 #: The settings a row can be made under: vLLM's default, and the switches the advice names.
 AUTO = "auto"
 DEEP_GEMM_OFF = "VLLM_USE_DEEP_GEMM=0"
@@ -81,7 +80,7 @@ KERNELS: dict[tuple[str, str], tuple[str, ...]] = {
     ("unquantized", AUTO): (_T, _T, _T, "TrtLlmBf16ExpertsMonolithic", "FlashInferExperts"),
     ("unquantized", DEEP_GEMM_OFF): (_T, _T, _T, "TrtLlmBf16ExpertsMonolithic", "FlashInferExperts"),
     ("unquantized", TRITON): (_T, _T, _T, _T, _T),
-    # 'marlin' is quantization-only: an unquantized layer falls through to auto (oracle/unquantized.py:431-434)
+    # 'marlin' is quantization-only: an unquantized layer falls through to auto (oracle/unquantized.py:306-309)
     ("unquantized", MARLIN): (_T, _T, _T, "TrtLlmBf16ExpertsMonolithic", "FlashInferExperts"),
     ("fp8-tensor", AUTO): (_M, _T, _T, _T, _T),
     ("fp8-tensor", DEEP_GEMM_OFF): (_M, _T, _T, _T, _T),
@@ -132,16 +131,6 @@ class Pick:
     @property
     def reads_uva(self) -> bool:
         return reads_uva(self.kernel)
-
-
-def parse_card(text: Any) -> str:
-    """``"8.9"`` (as ``torch.cuda.get_device_capability`` spells it, major.minor) checked;
-    raises ``ValueError`` with one line otherwise."""
-    parts = str(text).strip().split(".")
-    if len(parts) != 2 or not all(p.isdigit() and len(p) <= 2 for p in parts):
-        raise ValueError(f"compute capability {text!r} must be major.minor as torch.cuda.get_device_capability "
-                         f"gives it, like 8.9 (an RTX 4090 Laptop GPU) or 12.0")
-    return f"{int(parts[0])}.{int(parts[1])}"
 
 
 def card_of(capability: tuple[int, int]) -> str:
@@ -235,8 +224,8 @@ def method_of_vllm(method: Any) -> str | None:
 
 #: What a global backend switch costs the layers that stay on the device: not priced.
 SWITCH_UNPRICED = ("unpriced: no published speed ratio between these fused-MoE kernels is at hand; vLLM's oracle "
-                   "only orders them (it prefers Triton to FlashInfer on SM 9.0, oracle/unquantized.py:74-78, and "
-                   "Marlin to triton_kernels for MXFP4 on SM 12.x, oracle/mxfp4.py:425-433)")
+                   "only orders them (it prefers Triton to FlashInfer on SM 9.0, oracle/unquantized.py:76-80, and "
+                   "Marlin to triton_kernels for MXFP4 on SM 12.x, oracle/mxfp4.py:426-433)")
 
 
 def switch_note(method: str, card: str, setting: str) -> str:
@@ -268,3 +257,25 @@ def _short(kernel: str | None) -> str:
     if kernel is None:
         return "unknown"
     return kernel.removesuffix("Monolithic").removesuffix("Experts") or kernel
+
+
+def kernel_notes(kernel: Pick, assumed: bool) -> list[str]:
+    """The plan's notes on the card it was made for and the experts' kernel."""
+    card = (f"card: compute capability {kernel.card}" + (
+        f" (assumed: none was given; {DEFAULT_CARD} is the reference laptop's class; give "
+        "--compute-capability, as torch.cuda.get_device_capability spells it)" if assumed else ""))
+    if kernel.kernel is None:
+        what = ("the quantization method is not in the kernel table" if kernel.method is None
+                else f"compute capability {kernel.card} is not in the kernel table")
+        return [card, f"routed experts: {what}, so the fused-MoE kernel vLLM 0.33 picks is not known, and none are "
+                      "planned to be read in place through UVA (prefetch copies or resident instead)"]
+    line = f"routed experts: vLLM 0.33 picks {kernel.kernel} for {kernel.method} on SM {kernel.card}"
+    if kernel.reads_uva:
+        return [card, line + ", which reads them in place through UVA views"]
+    fix = advice(kernel.method, kernel.card)
+    why = (line + ", which is not known to read UVA views, so none are planned host-uva (the glue would refuse "
+           "them): prefetch copies or resident instead")
+    if fix:
+        why += (f"; with {fix} vLLM picks {kernel_for(kernel.method, kernel.card, fix)}, which does "
+                f"({switch_note(kernel.method, kernel.card, fix)})")
+    return [card, why]
