@@ -262,6 +262,7 @@ def _short(kernel: str | None) -> str:
 def kernel_notes(kernel: Pick, assumed: bool) -> list[str]:
     """The plan's notes on the card it was made for and the experts' kernel."""
     card = (f"card: compute capability {kernel.card}" + (
+        # mutation: card-default-unstated
         f" (assumed: none was given; {DEFAULT_CARD} is the reference laptop's class; give "
         "--compute-capability, as torch.cuda.get_device_capability spells it)" if assumed else ""))
     if kernel.kernel is None:
