@@ -20,6 +20,7 @@ from .errors import UserError
 from .names import DEFAULT_COLD_SEGMENTS
 from .estimate import DEFAULT_ACCEPT_RATE, DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR, KV_DTYPE_BYTES
 from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs, Strategy
+from .plan.inputs import parse_card
 from .probe import (
     add_probe_arguments,
     default_profile_path,
@@ -107,6 +108,11 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-tflops", default=None, metavar="TFLOP/S",
                    help="the GPU's dense matmul rate for the weights' format, so each layer costs at least "
                         "its FLOPs (default: the probe's bf16 matmul rate; without one, compute is not priced)")
+    p.add_argument("--compute-capability", default=None, metavar="MAJOR.MINOR",
+                   help="the card's compute capability as torch.cuda.get_device_capability gives it, like 8.9: "
+                        "it decides which fused-MoE kernel vLLM picks for routed experts, and so whether they can "
+                        "be read in place through UVA (default: the probe's, else 8.9, the reference laptop's "
+                        "class; the plan says which it assumed)")
     p.add_argument("--speculative", default=None, metavar="mtp[:K]",
                    help="plan for MTP speculative decoding with K draft tokens per step (default K: the "
                         "model's MTP layers): the MTP head is loaded and runs every step; the plan is also "
@@ -206,6 +212,12 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
         if not (compute > 0 and compute != float("inf")):
             raise UserError(f"--compute-tflops: {args.compute_tflops!r} must be a positive number of TFLOP/s, "
                             "like 200")
+    card = measured.get("compute_capability")
+    if args.compute_capability is not None:
+        try:
+            card = parse_card(args.compute_capability)
+        except ValueError as exc:
+            raise UserError(f"--compute-capability: {exc}") from None
     inputs = PlanInputs(
         device_memory_bytes=(parse_size(args.device_memory, "--device-memory") if args.device_memory is not None
                              else measured["device_memory_bytes"]),
@@ -229,6 +241,7 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
         uva_gbps=uva,
         compute_tflops=compute if compute is not None else measured["compute_tflops"],
         decode_read_gbps=decode,
+        compute_capability=card,
     )
     if inputs.device_memory_bytes == 0:
         raise UserError("--device-memory: must be more than 0, like 24GiB")

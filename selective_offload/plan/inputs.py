@@ -27,6 +27,21 @@ from .vocabulary import (
 )
 
 
+#: The card a plan assumes when none is given: the reference laptop's class (an RTX 4090
+#: Laptop GPU, Ada, compute capability 8.9).
+DEFAULT_CARD = "8.9"
+
+
+def parse_card(text: object) -> str:
+    """A compute capability as ``torch.cuda.get_device_capability`` spells it (major.minor,
+    like ``"8.9"``), checked; raises ``ValueError`` with one line otherwise."""
+    parts = str(text).strip().split(".")
+    if len(parts) != 2 or not all(p.isdigit() and len(p) <= 2 for p in parts):
+        raise ValueError(f"compute capability {text!r} must be major.minor as torch.cuda.get_device_capability "
+                         f"gives it, like 8.9 (an RTX 4090 Laptop GPU) or 12.0")
+    return f"{int(parts[0])}.{int(parts[1])}"
+
+
 @dataclass(frozen=True)
 class PlanInputs:
     """What the plan is made for. Bytes are bytes; bandwidths are decimal GB/s."""
@@ -75,10 +90,20 @@ class PlanInputs:
     #: matrix-vector product, ``--decode-read-gbps``), GB/s; ``None``: ``vram_gbps`` (a
     #: datasheet or saturating-read figure) x ``estimate.DEFAULT_DECODE_READ_FACTOR``.
     decode_read_gbps: float | None = None
+    #: The card's compute capability, as ``torch.cuda.get_device_capability`` spells it
+    #: ("8.9"): which fused-MoE kernel vLLM picks for the routed experts depends on it
+    #: (:mod:`selective_offload.planner.kernels`); ``None``: the plan assumes
+    #: ``kernels.DEFAULT_CARD`` and says so.
+    compute_capability: str | None = None
 
     @property
     def weight_budget_bytes(self) -> int:
         return self.device_memory_bytes - self.kv_cache_bytes - self.reserve_bytes
+
+    @property
+    def card(self) -> str:
+        """The compute capability the plan is made for: given, else :data:`DEFAULT_CARD`."""
+        return self.compute_capability or DEFAULT_CARD
 
     @property
     def uva_read_gbps(self) -> float:
@@ -144,6 +169,13 @@ class PlanInputs:
             raise PlanError(f"KV cache dtype {self.kv_cache_dtype!r}: use one of {', '.join(KV_DTYPE_BYTES)}")
         if self.host_memory_bytes is not None and self.host_memory_bytes <= 0:
             raise PlanError(f"host memory {self.host_memory_bytes} must be more than 0 bytes, like --host-memory 64GiB")
+        if self.compute_capability is not None:
+            try:
+                card = parse_card(self.compute_capability)
+            except ValueError as exc:
+                raise PlanError(str(exc)) from None
+            if card != self.compute_capability:
+                raise PlanError(f"compute capability {self.compute_capability!r} must be spelled {card!r}")
         bad = [s for s in self.cold_segments if not s or "." in s]
         if bad:
             raise PlanError(f"cold segment {bad[0]!r} must be one name segment without dots, like visual")

@@ -114,6 +114,14 @@ def key(name: str, version: int, keys: Mapping[str, str] = V4_KEYS) -> str:
     return keys.get(name, name) if version <= 3 else name
 
 
+def _card(r: FieldReader) -> str | None:
+    """The optional ``compute_capability`` (plans made before it have none)."""
+    value = r.raw("compute_capability", None)
+    if value is not None and not isinstance(value, str):
+        r.bad("compute_capability", value, "null or a string like \"8.9\"")
+    return value
+
+
 def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInputs, list[str]]:
     speculative = r.raw("speculative", None)
     if speculative not in (None, "mtp"):
@@ -141,6 +149,7 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
         uva_gbps=r.number("uva_gbps", positive=True, default=None),
         compute_tflops=r.number("compute_tflops", positive=True, default=None),
         decode_read_gbps=r.number("decode_read_gbps", positive=True, default=None),
+        compute_capability=_card(r),
     )
     try:
         inputs.validate()

@@ -20,6 +20,7 @@ from ..plan import GroupKind, GroupPlan, Placement, Plan, PlanInputs, PlannedMod
 from ..sizes import GB
 from .baselines import baseline_notes, price_bulk
 from .grouping import group_tensors, model_fingerprint
+from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
 from .placement import Placing, place_cold, place_hot, strategy_of
 from .speculation import with_alternative, with_draft_tokens
@@ -104,14 +105,17 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     facts = checkpoint.facts
     spec_tokens = (inputs.spec_tokens or max(1, facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0
     place_cold(placing, inputs)
-    hot = place_hot(placing, inputs, step_s, inputs.batch * (1 + spec_tokens))
+    has_experts = any(g.kind == GroupKind.EXPERTS for g in groups)
+    kernel = pick(method_of_config(checkpoint.config), inputs.card)
+    hot = place_hot(placing, inputs, step_s, inputs.batch * (1 + spec_tokens), uva=kernel.reads_uva)
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
     # MoE: vLLM's segment selection of the routed experts is the run a user would try next.
     segments = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens, params=("experts",))
                 if bulk is not None and any(g.kind == GroupKind.EXPERTS for g in groups) else None)
     plan = placed(placing, hot, bulk=bulk, bulk_segments=segments,
-                  notes=tuple(notes + plan_notes(groups, checkpoint, placing, inputs)))
+                  notes=tuple(notes + plan_notes(groups, checkpoint, placing, inputs)
+                              + (kernel_notes(kernel, inputs.compute_capability is None) if has_experts else [])))
     if inputs.compute_tflops:
         plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
     return replace(plan, notes=plan.notes + tuple(baseline_notes(plan)))

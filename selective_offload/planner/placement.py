@@ -119,7 +119,8 @@ def _prefetch_fewest(p: Placing, units: list[list[Group]], inputs: PlanInputs) -
     return [units[i][0].layer_index for i in chosen]
 
 
-def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float], tokens: int) -> list[int]:
+def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float], tokens: int,
+              uva: bool = True) -> list[int]:
     """Close the rest of the deficit (after the cold set) at the least est step time.
 
     The menu, per decoder layer: resident; a MoE layer's routed experts in host memory,
@@ -138,11 +139,14 @@ def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float]
     fastest placement that fits wins (the one with the smallest shortfall when none fits).
     Once experts alone close the deficit, more of them only add link time: the search stops.
     ``tokens``: the tokens one step serves (batch x tokens verified per sequence).
+    ``uva``: whether the fused-MoE kernel vLLM picks on the plan's card reads UVA views
+    (:mod:`.kernels`); without it the menu has no UVA entry (the glue would refuse one).
     """
     units = _layer_units(p.groups)
     if p.over_budget() <= 0 or not units:
         return []
-    moe = sorted((u for u in units if len(u) > 1),
+    # mutation: planner-ignores-kernel
+    moe = [] if not uva else sorted((u for u in units if len(u) > 1),
                  key=lambda u: (expert_read_fraction(u[1].num_experts, u[1].experts_per_token, tokens),
                                 -u[1].nbytes, u[0].layer_index))
     start = dict(p.where)

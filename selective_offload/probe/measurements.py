@@ -340,5 +340,5 @@ def measure(*, device: Any = None, sizes: Sequence[int] | None = None, repeats: 
         device_memory_total_bytes=int(total), device_memory_free_bytes=int(free), no_link_reason=None,
         h2d_pinned_samples_s=pinned, h2d_pageable_samples_s=pageable, d2d_samples_s=d2d,
         uva_read_gbps=_rate(uva, 1), uva_read_samples_s=uva, decode_read_gbps=decode, matmul_tflops=matmul,
-        matmul_dtype="bfloat16", **common,
+        matmul_dtype="bfloat16", compute_capability="{}.{}".format(*torch.cuda.get_device_capability(dev)), **common,
     )

@@ -80,6 +80,9 @@ class Profile:
     #: Dense matmul rate (TFLOP/s) in ``matmul_dtype``; ``None``: not measured.
     matmul_tflops: float | None = None
     matmul_dtype: str | None = None
+    #: The GPU's compute capability as ``torch.cuda.get_device_capability`` spells it
+    #: ("8.9"); ``None``: no GPU, or a profile from before it was recorded.
+    compute_capability: str | None = None
     #: Timed copies per size (the samples are their medians); ``None``: not recorded.
     repeats: int | None = None
     #: Made with ``--quick`` (small copies: the rates are understated).
@@ -155,7 +158,8 @@ class Profile:
             lines.append("  device         none (no GPU): the CPU is the device")
         else:
             kind = "integrated: one memory with the host" if self.integrated else "discrete"
-            lines.append(f"  device         {self.device} ({kind})")
+            cc = f", compute capability {self.compute_capability}" if self.compute_capability else ""
+            lines.append(f"  device         {self.device} ({kind}{cc})")
         largest = largest_size(self.h2d_pinned_samples_s) or largest_size(self.host_memcpy_samples_s)
         of = f" ({fmt_size(largest)} copies, median of {self.repeats or '?'})" if largest else ""
         if self.has_link:
@@ -312,6 +316,7 @@ def _read_profile(data: Any, where: str) -> Profile:
         decode_read_gbps=rate("decode_read_gbps") if "decode_read_gbps" in data else None,
         matmul_tflops=rate("matmul_tflops") if "matmul_tflops" in data else None,
         matmul_dtype=(text("matmul_dtype", optional=True) if "matmul_dtype" in data else None),
+        compute_capability=(text("compute_capability", optional=True) if "compute_capability" in data else None),
         repeats=repeats, quick=quick,
     )
     _check_consistent(profile, bad)
@@ -380,7 +385,7 @@ def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
     link, no GPU, no profile)."""
     if profile is None:
         return {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "decode_read_gbps": None,
-                "compute_tflops": None, "device_memory_bytes": None}
+                "compute_tflops": None, "device_memory_bytes": None, "compute_capability": None}
     on_gpu = profile.device is not None
     return {
         "link_gbps": profile.link_gbps_pinned if profile.has_link else None,
@@ -392,6 +397,7 @@ def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
         "compute_tflops": profile.matmul_tflops if on_gpu else None,
         "device_memory_bytes": (profile.device_memory_total_bytes
                                 if profile.device is not None and profile.device_memory_total_bytes else None),
+        "compute_capability": profile.compute_capability if on_gpu else None,
     }
 
 # The field names of a profile, in file order (for readers and the tests).

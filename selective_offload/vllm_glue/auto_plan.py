@@ -46,6 +46,15 @@ def device_memory_for(vllm_config, device: torch.device, checkpoint_bytes: int, 
     return checkpoint_bytes + kv_bytes + reserve_bytes, f"no device memory limit on {device}: the plan is resident"
 
 
+def card_of_worker(device: torch.device) -> str | None:
+    """The worker's compute capability ("8.9") when it is a CUDA device, else ``None`` (the
+    plan then says which card it assumed)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    # mutation: auto-card-not-read
+    return "{}.{}".format(*torch.cuda.get_device_capability(device))
+
+
 def kv_bytes_for(vllm_config, checkpoint) -> tuple[int, str]:
     explicit = getattr(vllm_config.cache_config, "kv_cache_memory_bytes", None)
     if explicit:
@@ -74,6 +83,7 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
     spec = vllm_config.speculative_config
     mtp = spec is not None and "mtp" in str(getattr(spec, "method", "") or "")
     inputs = PlanInputs(
+        compute_capability=card_of_worker(device),
         device_memory_bytes=device_memory, kv_cache_bytes=kv_bytes,
         link_gbps=link, vram_gbps=vram, uva_gbps=measured["uva_gbps"], compute_tflops=measured["compute_tflops"],
         decode_read_gbps=measured["decode_read_gbps"],

@@ -40,27 +40,14 @@ This is our own UVA path, not vLLM's offloader (vLLM keeps one offloader per mod
 composes with the exact-layer prefetch offloader for hot dense layers because they touch
 disjoint modules (a plan serves an experts group ``prefetch`` exactly when its layer is).
 
-Which fused-MoE kernels read UVA views (vLLM 0.33, read from its sources). The kernel is
-the quant method's ``experts_cls``, chosen when the layer is built, so a plan is refused
-right after construction, before any weight loads, when the kernel is not one of these:
-
-=====================================  =======  ==================================================
-kernel (``experts_cls``)               uva      why
-=====================================  =======  ==================================================
-``TritonExperts`` (unquantized, FP8    yes      vLLM reads host weights through it itself: its
-W8A8 and block FP8, INT8 via Triton)            ``_weights_host_resident`` checks the UVA marker
-CPU build kernels (``CPU*Experts``)    yes      no UVA: host memory is the compute device's memory
-Marlin (MXFP4/NVFP4/WNA16 W4A16)       no       vLLM PR #56118: "b_q_weight is not on GPU" for
-                                                host weights; UVA views not verified
-FlashInfer TRTLLM / CUTLASS,           no       weights shuffled for TMA-driven kernels; reading
-DeepGEMM, CUTLASS, triton_kernels               mapped host memory through them is not verified
-(gpt-oss MXFP4), AITER, MoonEP, XPU
-=====================================  =======  ==================================================
-
-An unquantized layer on CUDA can be sent to Triton with ``moe_backend="triton"``
-(``--moe-backend triton``). Quantized methods that post-process on the device (FP8 on
-Triton) take step 3's one-layer-at-a-time path; it is unit-tested on a CPU proxy here, not
-run on a GPU yet.
+Which fused-MoE kernels read UVA views is one table, the planner's
+(:mod:`selective_offload.planner.kernels`: vLLM 0.33's kernel per method, card and setting,
+checked against its oracles, and the evidence for each kernel that reads UVA views). The
+kernel is the quant method's ``experts_cls``, chosen when the layer is built, so a plan is
+refused right after construction, before any weight loads, when the table says the kernel
+does not; the refusal names the setting under which vLLM picks one that does. Quantized
+methods post-process on the device one layer at a time (step 3), as vLLM's own UVA offload
+does for Marlin (the table's evidence); unit-tested on a CPU proxy here, not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -73,6 +60,7 @@ from torch import nn
 
 from ..errors import PlanError
 from ..names import group_key
+from ..planner import kernels
 from ..plan import GroupKind, Placement, Plan
 from ..sizes import fmt_bytes
 from ..wrappers.layout import layout_of
@@ -82,8 +70,8 @@ from .host_resident import to_device, to_host_exact
 #: The attribute vLLM's UVA offloader sets on a parameter it turned into a UVA view, and
 #: that vLLM reads (``device_loading_context``; the Triton fused-MoE kernel in 0.33).
 UVA_MARKER = "_vllm_is_uva_offloaded"
-#: Fused-MoE kernels that read expert weights through UVA views (see the table above).
-UVA_KERNELS = frozenset({"TritonExperts"})
+#: Fused-MoE kernels that read expert weights through UVA views: the planner's table's.
+UVA_KERNELS = kernels.UVA_KERNELS
 #: Set beside the marker on each parameter :func:`attach` made a view: the view's address,
 #: its layout and the page-locked host tensor it reads (what :func:`is_live_view` checks).
 VIEW_RECORD = "_selective_offload_uva_view"
@@ -167,20 +155,36 @@ def _kernel(method: Any) -> str:
     return getattr(cls, "__name__", "") if cls is not None else ""
 
 
-def check_kernel(group: str, method: Any, device: torch.device) -> None:
-    """Refuse, with one line, a uva-served group whose fused-MoE kernel does not read UVA views."""
+def _card(device: torch.device) -> str | None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return kernels.card_of(torch.cuda.get_device_capability(device))
+
+
+def check_kernel(group: str, method: Any, device: torch.device, card: str | None = None) -> None:
+    """Refuse, with one line, a uva-served group whose fused-MoE kernel does not read UVA
+    views by the planner's table, naming a setting under which vLLM picks one that does.
+    ``card``: the device's compute capability (read from it when not given)."""
     if device.type == "cpu":
         return  # the CPU build: host memory is the kernel's memory, no view involved
     kernel = _kernel(method)
     # mutation: experts-kernel-check-off
-    if kernel in UVA_KERNELS:
+    if kernels.reads_uva(kernel):
         return
+    card = card or _card(device)
+    name = kernels.method_of_vllm(method)
+    fix = kernels.advice(name, card) if card else None
     backend = (getattr(method, "unquantized_backend", None) or getattr(method, "fp8_backend", None)
                or getattr(method, "mxfp4_backend", None) or getattr(method, "nvfp4_backend", None))
     chosen = f"{kernel or 'an unknown kernel'}" + (f" ({getattr(backend, 'value', backend)})" if backend else "")
-    raise PlanError(f"{group}: vLLM chose {chosen} for {type(method).__name__}, a fused-MoE kernel not known to read "
-                    "host memory through UVA views (only Triton's is); start vLLM with moe_backend='triton' "
-                    "(--moe-backend triton) where the method allows it, or plan these experts on the device")
+    on = f" on SM {card}" if card else ""
+    # mutation: refusal-advice-dropped
+    how = (f"start vLLM with {fix} (vLLM then picks {kernels.kernel_for(name, card, fix)}, which does)" if fix
+           else "no setting makes vLLM 0.33 pick one that does for this method on this card" if card
+           else "the card's compute capability is not known here, so no setting is named")
+    raise PlanError(f"{group}: vLLM chose {chosen} for {type(method).__name__}{on}, a fused-MoE kernel not known "
+                    f"to read host memory through UVA views; {how}, or plan these experts on the device "
+                    f"(selective-offload plan --compute-capability {card or 'MAJOR.MINOR'} does)")
 
 
 def find_modules(model: nn.Module, xl: ExpertsLoad, routed_experts_cls: type) -> None:

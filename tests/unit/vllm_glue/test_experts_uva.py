@@ -272,23 +272,44 @@ def test_on_the_cpu_build_there_is_no_view_but_the_placement_is_recorded():
 
 def test_a_kernel_that_does_not_read_uva_views_is_refused_before_loading():
     """vLLM's real unquantized method (its kernel chosen at construction: the CPU build's)
-    on a CUDA device is refused with one line naming the kernel and the way out; Triton's
-    kernel is accepted; on the CPU build nothing needs a view."""
+    on a CUDA device is refused with one line naming the kernel and, for the card, the
+    setting the kernel table says gets a UVA kernel; Triton's and Marlin's kernels are
+    accepted; on the CPU build nothing needs a view."""
     xl = experts_load(GROUP)
     model, _ = build_runners(xl, layers=1, device="cpu")
     method = model.layers[0].mlp.experts.routed_experts.quant_method
     with pytest.raises(PlanError) as err:
-        experts.check_kernel(GROUP, method, torch.device("cuda"))
+        experts.check_kernel(GROUP, method, torch.device("cuda"), card="12.0")
     line = str(err.value)
     assert "\n" not in line and line.startswith(GROUP) and method.experts_cls.__name__ in line
-    assert "--moe-backend triton" in line
+    assert "start vLLM with --moe-backend triton" in line and "SM 12.0" in line
+    with pytest.raises(PlanError, match="compute capability is not known here"):
+        experts.check_kernel(GROUP, method, torch.device("cuda"))  # no CUDA here: no card to advise for
     experts.check_kernel(GROUP, method, torch.device("cpu"))
 
-    class TritonExperts:  # the name the table accepts (vLLM's class needs Triton to import)
+    for name in ("TritonExperts", "MarlinExperts"):  # the names the table accepts (vLLM's classes need CUDA)
+        method.experts_cls = type(name, (), {})
+        experts.check_kernel(GROUP, method, torch.device("cuda"), card="9.0")
+
+
+def test_the_refusal_names_the_setting_the_table_gives_for_the_method_and_card():
+    """An FP8 block method on SM 12.0 (DeepGEMM, by the table) is told VLLM_USE_DEEP_GEMM=0,
+    one on SM 10.0 (FlashInfer TRTLLM) --moe-backend triton; gpt-oss MXFP4 on SM 9.0
+    (OpenAI's triton_kernels) --moe-backend marlin, never triton (which is triton_kernels)."""
+    class Fp8MoEMethod:
+        block_quant = True
+
+    class GptOssMxfp4MoEMethod:
         pass
 
-    method.experts_cls = TritonExperts
-    experts.check_kernel(GROUP, method, torch.device("cuda"))
+    for method, kernel, card, want in ((Fp8MoEMethod(), "TritonOrDeepGemmExperts", "12.0", "VLLM_USE_DEEP_GEMM=0"),
+                                       (Fp8MoEMethod(), "TrtLlmFp8ExpertsMonolithic", "10.0", "--moe-backend triton"),
+                                       (GptOssMxfp4MoEMethod(), "OAITritonMxfp4ExpertsMonolithic", "9.0",
+                                        "--moe-backend marlin")):
+        method.experts_cls = type(kernel, (), {})
+        with pytest.raises(PlanError) as err:
+            experts.check_kernel(GROUP, method, torch.device("cuda"), card=card)
+        assert f"start vLLM with {want} " in str(err.value), str(err.value)
 
 
 def test_uva_reads_need_page_locked_memory():

@@ -1,0 +1,225 @@
+"""Run vLLM 0.33's own MoE quant methods and kernel oracles for every row of
+``selective_offload.planner.kernels`` and say, per row, what vLLM picked.
+
+Run in a subprocess with 0.33's extracted sources first on ``sys.path`` (see
+tests/contract/test_kernel_table.py). One line per row: ``ok ROW``, ``FAIL ROW: why``, or
+``notrun ROW: why`` (then the row must be one the table lists in ``NOT_RUN``); then ``ok
+advice ...`` / ``FAIL advice ...`` for each card and method whose default kernel does not
+read UVA: the advised setting applied to the oracle must give a kernel that does.
+
+Stand-ins, each for what cannot exist here (no GPU, the CUDA wheel's compiled parts absent):
+
+- the platform: vLLM's own ``CudaPlatformBase`` with ``get_device_capability`` answering the
+  row's card (its compiled-op import, ``vllm._C_stable_libtorch``, is an empty module). Modules
+  are imported under the CPU platform first (their import-time probes call compiled ops), then
+  ``current_platform`` is switched to the stand-in: the oracles read it at call time;
+- the optional kernel packages the CUDA wheel ships or requires (flashinfer-python,
+  vendored DeepGEMM and triton_kernels, humming-kernels): their ``has_*`` probes answer yes.
+  Whether each kernel supports the card and the layer is still vLLM's own code;
+- every ``functools`` cache in vLLM is cleared between rows (capability probes are cached).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import os
+import sys
+import types
+from types import SimpleNamespace
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.pop("SELECTIVE_OFFLOAD_PLAN", None)
+for _name in ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"):
+    os.environ.pop(_name, None)
+
+import torch  # noqa: E402
+
+sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
+import vllm.platforms as platforms  # noqa: E402
+from vllm.platforms.cpu import CpuPlatform  # noqa: E402
+from vllm.platforms.cuda import CudaPlatformBase  # noqa: E402
+from vllm.platforms.interface import DeviceCapability  # noqa: E402
+
+from selective_offload.planner import kernels  # noqa: E402
+
+
+class StandInCuda(CudaPlatformBase):
+    """vLLM's CUDA platform, on the row's card."""
+
+    capability = (8, 9)
+
+    @classmethod
+    def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
+        return DeviceCapability(*cls.capability)
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return "stand-in"
+
+
+class Switch:
+    """``current_platform`` for every module, delegating to the CPU platform while modules
+    import and to :class:`StandInCuda` after."""
+
+    def __init__(self, target) -> None:
+        object.__setattr__(self, "target", target)
+
+    def __getattr__(self, name):
+        return getattr(object.__getattribute__(self, "target"), name)
+
+
+SWITCH = Switch(CpuPlatform())
+platforms._current_platform = SWITCH
+ORACLES = ("unquantized", "fp8", "mxfp4", "int_wna16", "nvfp4", "int8")
+for _o in ORACLES:  # import every kernel module the oracles can pick, under the CPU platform
+    _m = importlib.import_module(f"vllm.model_executor.layers.fused_moe.oracle.{_o}")
+    for _enum in [v for v in vars(_m).values() if isinstance(v, type) and v.__module__ == _m.__name__
+                  and hasattr(v, "__members__")]:
+        for _b in _enum:
+            try:
+                _m.backend_to_kernel_cls(_b)
+            except Exception:  # noqa: BLE001 - a backend with no kernel classes of its own
+                pass
+
+from compressed_tensors.quantization import QuantizationArgs  # noqa: E402
+from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
+from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory  # noqa: E402
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts  # noqa: E402
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod  # noqa: E402
+from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (  # noqa: E402
+    compressed_tensors_moe_w8a8_int8 as ct_int8,
+    compressed_tensors_moe_wna16 as ct_wna16,
+)
+from vllm.model_executor.layers.quantization.fp8 import Fp8Config  # noqa: E402
+from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config, ModelOptNvFp4FusedMoE  # noqa: E402
+from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod  # noqa: E402
+
+AVAILABLE = {"has_flashinfer", "has_flashinfer_moe", "has_flashinfer_cutlass_fused_moe",
+             "has_flashinfer_trtllm_fused_moe", "has_deep_gemm", "has_triton_kernels", "has_humming"}
+PREFIX = "model.layers.0.mlp.experts"
+
+
+def moe_config(activation: str, has_bias: bool, hidden: int, inter: int, experts: int, top_k: int):
+    """vLLM's FusedMoEConfig as its FusedMoEFactory makes it (built under the CPU platform)."""
+    with set_current_vllm_config(VllmConfig()), torch.device("meta"):
+        runner = FusedMoEFactory(num_experts=experts, top_k=top_k, hidden_size=hidden, intermediate_size=inter,
+                                 tp_size=1, dp_size=1, pcp_size=1, params_dtype=torch.bfloat16,
+                                 activation=activation, has_bias=has_bias, prefix=PREFIX)
+    return runner.routed_experts.moe_config
+
+
+QWEN3 = moe_config("silu", False, 2048, 768, 128, 8)        # Qwen3-30B-A3B's experts
+GPT_OSS = moe_config("swigluoai", True, 2880, 2880, 32, 4)  # gpt-oss-20b's experts
+
+
+def to_standin() -> None:
+    object.__setattr__(SWITCH, "target", StandInCuda())
+    for name, module in list(sys.modules.items()):
+        if name.startswith("vllm") and module is not None:
+            for attr in AVAILABLE & set(vars(module)):
+                if callable(vars(module)[attr]):
+                    setattr(module, attr, lambda: True)
+
+
+def clear_caches() -> None:
+    for name, module in list(sys.modules.items()):
+        if name.startswith("vllm") and module is not None:
+            for value in list(vars(module).values()):
+                if isinstance(value, functools._lru_cache_wrapper):
+                    value.cache_clear()
+
+
+def layer_of(config) -> RoutedExperts:
+    layer = RoutedExperts.__new__(RoutedExperts)
+    torch.nn.Module.__init__(layer)
+    layer.moe_config = config
+    return layer
+
+
+def build(method: str, moe_backend: str):
+    """vLLM's quant method for ``method`` (its constructor runs the oracle)."""
+    if method == "mxfp4":
+        return GptOssMxfp4MoEMethod(dataclasses.replace(GPT_OSS, moe_backend=moe_backend))
+    config = dataclasses.replace(QWEN3, moe_backend=moe_backend)
+    if method == "unquantized":
+        return UnquantizedFusedMoEMethod(config)
+    if method in ("fp8-tensor", "fp8-block"):
+        block = [128, 128] if method == "fp8-block" else None
+        return Fp8Config(True, "dynamic", None, block).get_quant_method(layer_of(config), PREFIX)
+    if method == "wna16":
+        weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=128)
+        return ct_wna16.CompressedTensorsWNA16MoEMethod(weights, None, config)
+    if method == "int8":
+        weights = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="channel")
+        acts = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True)
+        return ct_int8.CompressedTensorsW8A8Int8MoEMethod(weights, acts, config)
+    if method == "nvfp4":
+        return ModelOptNvFp4FusedMoE(ModelOptNvFp4Config(is_checkpoint_nvfp4_serialized=True), config)
+    raise KeyError(method)
+
+
+def oracle(method: str, card: str, setting: str) -> str:
+    """The kernel class vLLM builds; raises what vLLM raises."""
+    StandInCuda.capability = tuple(int(x) for x in card.split("."))
+    env, moe_backend = {}, "auto"
+    if setting == kernels.DEEP_GEMM_OFF:
+        env = {"VLLM_USE_DEEP_GEMM": "0"}
+    elif setting.startswith("--moe-backend "):
+        moe_backend = setting.split()[-1]
+    os.environ.update(env)
+    clear_caches()
+    config = VllmConfig()
+    object.__setattr__(config, "model_config", SimpleNamespace(
+        quantization_config=None, hf_text_config=SimpleNamespace(model_type="stand-in")))
+    try:
+        with set_current_vllm_config(config):
+            return build(method, moe_backend).experts_cls.__name__
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
+
+
+def main() -> int:
+    to_standin()
+    failed = 0
+    for (method, setting), row in kernels.KERNELS.items():
+        for card, expected in zip(kernels.CARDS, row):
+            label = f"{method} | {setting} | SM {card}"
+            try:
+                got = oracle(method, card, setting)
+            except ModuleNotFoundError as exc:
+                print(f"notrun {label}: {exc}", flush=True)
+                continue
+            except (ValueError, NotImplementedError) as exc:
+                got = kernels.REFUSED
+                why = " ".join(str(exc).split())[:160]
+            else:
+                why = ""
+            if got == expected:
+                print(f"ok {label}", flush=True)
+            else:
+                failed += 1
+                print(f"FAIL {label}: the table says {expected}, vLLM built {got} {why}".rstrip(), flush=True)
+    for method in kernels.METHODS:
+        for card in kernels.CARDS:
+            if kernels.reads_uva(kernels.kernel_for(method, card)):
+                continue
+            fix = kernels.advice(method, card)
+            label = f"advice {method} | SM {card} | {fix}"
+            try:
+                got = oracle(method, card, fix) if fix else None
+            except Exception as exc:  # noqa: BLE001 - the advice must build a kernel
+                got = f"{type(exc).__name__}: {exc}"
+            if fix and kernels.reads_uva(got):
+                print(f"ok {label}", flush=True)
+            else:
+                failed += 1
+                print(f"FAIL {label}: vLLM built {got}, which does not read UVA", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The kernel table (``selective_offload.planner.kernels``) is what vLLM 0.33's oracles say.
+
+``check_kernel_table.py`` runs in a subprocess with 0.33.0's extracted sources first on
+``sys.path`` (as test_vllm_contract.py runs its checks) and builds each row's quant method
+with the row's compute capability and setting (stand-ins named in that script). Every row
+must print ``ok``, or ``notrun`` for a row the table lists in ``NOT_RUN``; every advice line
+(the setting a refusal names, applied to the oracle) must print ``ok``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+
+from selective_offload.planner import kernels
+
+pytestmark = pytest.mark.vllm
+
+SCRIPT = REPO / "tests" / "contract" / "check_kernel_table.py"
+
+
+def _vllm_033():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vllm_sources", REPO / "scripts" / "vllm_sources.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    src, reason = module.ensure_vllm_sources("0.33.0")
+    if src is None:
+        pytest.skip(f"vLLM 0.33.0's sources could not be fetched: {reason}")
+    return src
+
+
+def test_every_row_is_what_vllm_033_builds(tmp_path):
+    src = _vllm_033()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(REPO)]), "VLLM_TARGET_DEVICE": "cpu",
+           "VLLM_LOGGING_LEVEL": "ERROR"}
+    proc = subprocess.run([sys.executable, str(SCRIPT)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    lines = proc.stdout.splitlines()
+    detail = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr (tail)\n{proc.stderr[-3000:]}"
+    failed = [line for line in lines if line.startswith("FAIL ")]
+    assert not failed, "\n".join(failed) + detail
+    ok = {line[3:] for line in lines if line.startswith("ok ") and not line.startswith("ok advice ")}
+    notrun = {line[7:].split(":")[0] for line in lines if line.startswith("notrun ")}
+    rows = {f"{m} | {s} | SM {c}" for (m, s) in kernels.KERNELS for c in kernels.CARDS}
+    listed = {f"{m} | {s} | SM {c}" for (m, s, c) in kernels.NOT_RUN}
+    assert notrun == listed, f"rows not run here: {sorted(notrun)}; the table lists {sorted(listed)}" + detail
+    assert ok | notrun == rows, f"rows with no answer: {sorted(rows - ok - notrun)}" + detail
+    advised = [line for line in lines if line.startswith("ok advice ")]
+    refusals = [(m, c) for m in kernels.METHODS for c in kernels.CARDS
+                if not kernels.reads_uva(kernels.kernel_for(m, c))]
+    assert refusals and len(advised) == len(refusals), detail
+    assert proc.returncode == 0, f"the script exited {proc.returncode}" + detail

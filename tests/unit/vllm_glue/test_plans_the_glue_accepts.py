@@ -1,0 +1,108 @@
+"""Every plan the planner makes for the reference MoE models, on each card it is told,
+is one the glue's kernel check accepts (config-only checkpoints, no hub).
+
+For each card and model: the plan is made with ``compute_capability`` set, and each experts
+group it serves ``host-uva`` goes through ``experts.check_kernel`` with the kernel the table
+says vLLM 0.33 builds for that method on that card (the method object is a stand-in named
+as vLLM's class: building vLLM's quantized MoE methods needs CUDA here; which kernel they
+pick is checked against vLLM's own oracles in tests/contract/test_kernel_table.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from helpers import write_config
+
+from selective_offload.checkpoint import load_checkpoint
+from selective_offload.errors import PlanError
+from selective_offload.planner import PlanInputs, kernels, make_plan
+from selective_offload.sizes import GiB
+from selective_offload.vllm_glue import auto_plan, experts
+
+MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+FP8_BLOCK = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+QWEN3_30B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+                 num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                 vocab_size=151936, tie_word_embeddings=False)
+
+
+def gpt_oss(layers, experts_):
+    """huggingface.co/openai/gpt-oss-20b and gpt-oss-120b, config.json."""
+    return (transformers.GptOssConfig(num_hidden_layers=layers, num_local_experts=experts_, num_experts_per_tok=4,
+                                      hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+                                      num_key_value_heads=8, head_dim=64, vocab_size=201088, tie_word_embeddings=False),
+            "GptOssForCausalLM", {"quantization_config": MXFP4, "experts_per_token": 4})
+
+
+#: (label, config builder, device memory in GiB): the issue's reference plans.
+MODELS = {
+    "gpt-oss-20b": (lambda: gpt_oss(24, 32), 8),
+    "gpt-oss-120b": (lambda: gpt_oss(36, 128), 24),
+    "Qwen3-30B-A3B": (lambda: (transformers.Qwen3MoeConfig(**QWEN3_30B), "Qwen3MoeForCausalLM", {}), 24),
+    "Qwen3-30B-A3B-FP8": (lambda: (transformers.Qwen3MoeConfig(**QWEN3_30B), "Qwen3MoeForCausalLM",
+                                   {"quantization_config": FP8_BLOCK}), 24),
+}
+CARDS = ("8.6", "8.9", "9.0", "12.0")
+
+
+def plan_for(tmp_path, model, card):
+    build, gib = MODELS[model]
+    config, arch, extra = build()
+    checkpoint = load_checkpoint(write_config(tmp_path, config, arch, **extra))
+    return checkpoint, make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, compute_capability=card))
+
+
+def method_standin(method: str, kernel: str):
+    """An object named as vLLM's quant method for ``method``, its ``experts_cls`` named ``kernel``."""
+    name = {"unquantized": "UnquantizedFusedMoEMethod", "fp8-block": "Fp8MoEMethod", "mxfp4": "GptOssMxfp4MoEMethod"}
+    standin = type(name[method], (), {"block_quant": method == "fp8-block"})()
+    standin.experts_cls = type(kernel, (), {})
+    return standin
+
+
+@pytest.mark.parametrize("card", CARDS)
+@pytest.mark.parametrize("model", MODELS)
+def test_no_plan_is_one_the_glue_refuses(tmp_path, model, card):
+    checkpoint, plan = plan_for(tmp_path, model, card)
+    assert plan.inputs.compute_capability == card
+    method = kernels.method_of_config(checkpoint.config)
+    kernel = kernels.kernel_for(method, card)
+    uva = [g for g in plan.groups if g.placement == "host-uva"]
+    for g in uva:
+        experts.check_kernel(g.group, method_standin(method, kernel), torch.device("cuda"), card=card)
+    assert plan.strategy != "infeasible"
+    # Not vacuous: where the kernel reads UVA the plan does use it, and where it does not, the
+    # glue would have refused a host-uva group (and the plan says why it has none).
+    assert bool(uva) == kernels.reads_uva(kernel)
+    if not uva:
+        with pytest.raises(PlanError):
+            experts.check_kernel("g", method_standin(method, kernel), torch.device("cuda"), card=card)
+        assert any(f"picks {kernel}" in n and "not known to read UVA" in n for n in plan.notes)
+
+
+def test_gpt_oss_on_sm90_is_planned_without_uva_and_told_the_setting_that_allows_it(tmp_path):
+    _, plan = plan_for(tmp_path, "gpt-oss-120b", "9.0")
+    note = next(n for n in plan.notes if n.startswith("routed experts:"))
+    assert "OAITritonMxfp4ExpertsMonolithic" in note and "with --moe-backend marlin vLLM picks MarlinExperts" in note
+    assert "unpriced" in note and "global" in note  # the switch moves the device-resident layers too
+
+
+def test_a_plan_without_a_card_says_which_it_assumed(tmp_path):
+    build, gib = MODELS["gpt-oss-20b"]
+    config, arch, extra = build()
+    plan = make_plan(load_checkpoint(write_config(tmp_path, config, arch, **extra)),
+                     PlanInputs(device_memory_bytes=gib * GiB))
+    assert plan.inputs.compute_capability is None and plan.inputs.card == kernels.DEFAULT_CARD
+    assert any(n.startswith(f"card: compute capability {kernels.DEFAULT_CARD} (assumed") for n in plan.notes)
+    # mutation check: the assumed card is the one the experts were planned for
+    assert any(g.placement == "host-uva" for g in plan.groups)
+
+
+def test_auto_reads_the_card_from_the_worker(monkeypatch):
+    assert auto_plan.card_of_worker(torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert auto_plan.card_of_worker(torch.device("cuda")) == "9.0"
