@@ -169,6 +169,15 @@ MUTATIONS = {
  'gather-not-derived': ('        gathered = has_segment(self.group, EMBED_SEGMENTS) or self.kind == GroupKind.MODULE', '        gathered = False', ['tests/unit/plan/test_plan_contract.py::test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand']),
  'stated-serving-trusted': ('    if serving is not None and serving != group.serving:', '    if False:', ['tests/unit/plan/test_plan_contract.py::test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand']),
  'v3-kind-unmapped': ('        r.data = {**r.data, "kind": V3_KINDS.get(r.data["kind"], r.data["kind"])}', '        r.data = {**r.data}', ['tests/unit/plan/test_plan_contract.py::test_a_v3_plan_reads_to_the_same_plan_as_its_v4_twin']),
+ 'segment-rename-dropped': ('        return cold | {s for c in cold for s in self.segment_renames.get(c, ())}', '        return cold', ['tests/unit/test_names.py::test_a_renamed_embedding_is_found_by_its_name_in_the_model']),
+ 'mapped-module-not-stripped': ('            kept.setdefault(group, set()).add(mapped[: len(mapped) - len(rest) - 1] if rest else mapped)', '            kept.setdefault(group, set()).add(mapped)', ['tests/unit/test_names.py::test_a_renamed_embedding_is_found_by_its_name_in_the_model']),
+ 'renamed-leaf-not-stripped': ('.add(".".join(parts[: len(parts) - len(segments(rest))]))', '.add(".".join(parts))', ['tests/unit/test_names.py::test_renames_of_wrappers_keep_every_key']),
+ 'tensor-keys-unchecked': ('            if key in group_keys(m.rsplit(".", 1)[0], model_cold) and (key[0] == "cold") == (g in cold_groups):', '            if True:', ['tests/unit/test_names.py::test_names_that_cannot_be_mapped_are_refused_in_one_line']),
+ 'unnamed-groups-unchecked': ('    return [g for g in groups if layer_of(names.model_name(g)) is None and names.key(g, cold_segments) not in present]', '    return []', ['tests/unit/test_names.py::test_groups_with_no_module_in_the_built_model_are_named', 'tests/unit/vllm_glue/test_model_names.py::test_a_group_the_built_model_has_no_module_for_is_refused_in_one_line']),
+ 'runner-bias-in-experts': ('    if keys[0][0] == "experts" and experts_prefix(name) is None:', '    if False:', ['tests/unit/test_names.py::test_the_runners_copy_of_the_router_bias_keys_by_its_layer']),
+ 'class-mapping-ignored': ('    mapper = getattr(model_cls, "hf_to_vllm_mapper", None)', '    mapper = None', ['tests/unit/vllm_glue/test_model_names.py::test_gpt_oss_names_its_embedding_through_its_own_mapper']),
+ 'report-by-checkpoint-name': ('        by_key.setdefault(names.key(g.group, plan.inputs.cold_segments), g)', '        by_key.setdefault(ModelNames().key(g.group, plan.inputs.cold_segments), g)', ['tests/unit/test_report.py::test_a_group_the_model_names_otherwise_is_matched_by_its_name_in_the_model']),
+ 'cold-groups-by-checkpoint-name': ('    plan_groups = {cold_segment(load.names.model_name(g), segments): g', '    plan_groups = {cold_segment(g, segments): g', ['tests/engine/test_vllm_families.py::test_report_shows_the_embedding_and_experts_where_the_plan_put_them[gpt_oss]']),
 }
 
 

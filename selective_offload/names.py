@@ -277,10 +277,11 @@ def model_names(groups: Iterable[str], tensors: Iterable[str], mapping: NameMap 
         rest = tensor[len(group) + 1:]
         mapped_names.setdefault(group, []).append(mapped)
         if not rest or mapped.endswith("." + rest):  # renamed around the group: its module is what is left
+            # mutation: mapped-module-not-stripped
             kept.setdefault(group, set()).add(mapped[: len(mapped) - len(rest) - 1] if rest else mapped)
         else:  # renamed inside the group too: as many segments as it had below the group
             parts = segments(mapped)
-            # mutation: mapped-module-not-stripped
+            # mutation: renamed-leaf-not-stripped
             dropped.setdefault(group, set()).add(".".join(parts[: len(parts) - len(segments(rest))]))
     found = {g: kept.get(g) or dropped[g] for g in mapped_names}
     named = {g: _common(c) if len(c) > 1 else next(iter(c)) for g, c in found.items()}

@@ -97,6 +97,8 @@ def test_renames_of_wrappers_keep_every_key():
     assert dict(names.renamed) == {"model.visual": "visual"} and not names.segment_renames
     assert all(names.key(g, COLD) == group_key(g, COLD) for g in GROUPS) and not names.describe()
     assert model_names(GROUPS, TENSORS, None, COLD) == ModelNames(source="the model")
+    leaf = model_names(GROUPS, TENSORS, suffix_mapping(suffix=[(".norm.weight", ".norm.scale")]), COLD)
+    assert not leaf.renamed  # a leaf renamed inside its module: the module keeps its name
 
 
 def test_names_that_cannot_be_mapped_are_refused_in_one_line():
