@@ -14,12 +14,21 @@ vLLM renames some checkpoint modules (``model.visual`` becomes ``visual``,
 into ``qkv_proj``), so :func:`group_key` gives a key that survives those renames: the
 cold segment for a cold module, the layer index for a decoder layer, and the module path
 without ``model``/``language_model``/``text_model`` wrappers for anything else.
+
+Some renames change what that key sees: vLLM's gpt-oss names the checkpoint's
+``model.embed_tokens`` ``model.embedding``, which has no cold segment. Plans speak checkpoint
+names (what ``plan`` reads); when a plan meets the model, :func:`model_names` turns the
+model class's own tensor-name mapping into :class:`ModelNames`, the one translation that
+routing, the embedding, the experts and the report all key by.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from .errors import PlanError
 
 #: Segments whose modules a text decode step does not read: the token embedding, vision
 #: and audio towers and the projectors that feed their output to the language model (run
@@ -163,3 +172,153 @@ def group_keys(name: str, cold_segments: Iterable[str]) -> tuple[tuple, ...]:
     n-gram table's) own group, then its layer's (a plan without such groups keeps them there)."""
     key = group_key(name, cold_segments)
     return (key, ("layer", key[1])) if key[0] in ("experts", "host-table") else (key,)
+
+
+
+def parameter_group_keys(name: str, cold_segments: Iterable[str]) -> tuple[tuple, ...]:
+    """:func:`group_keys` of the module a parameter (its full name) is in. What vLLM's MoE
+    runner lists again under ``experts.`` and is not a routed expert (the router's
+    score-correction bias, ``...mlp.experts.e_score_correction_bias``: a leaf of the
+    runner) keys by its layer, as the checkpoint's ``...mlp.gate.e_score_correction_bias`` does."""
+    keys = group_keys(name.rsplit(".", 1)[0] if "." in name else name, cold_segments)
+    # mutation: runner-bias-in-experts
+    if keys[0][0] == "experts" and experts_prefix(name) is None:
+        return keys[1:]
+    return keys
+
+# --------------------------------------------------------------------------- the model's names
+
+#: A tensor's name as the checkpoint spells it -> as the model vLLM builds names it (``None``:
+#: the model does not load it). The model class's own mapping (vLLM's ``hf_to_vllm_mapper``).
+NameMap = Callable[[str], "str | None"]
+
+
+@dataclass(frozen=True)
+class ModelNames:
+    """The plan's groups as the model names them: a group's module name in the model where
+    it differs from the checkpoint's, and each renamed cold segment's spelling in the model.
+    Empty (the default) when the model loads the checkpoint's names as they are."""
+
+    #: Plan group -> its module name in the model, for the groups whose name differs.
+    renamed: Mapping[str, str] = field(default_factory=dict)
+    #: Cold segment as the checkpoint spells it -> as the model does (``embed_tokens`` -> ``embedding``).
+    segment_renames: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Where the mapping came from (``GptOssForCausalLM.hf_to_vllm_mapper``), for messages.
+    source: str = ""
+
+    def model_name(self, group: str) -> str:
+        return self.renamed.get(group, group)
+
+    def segments(self, cold_segments: Iterable[str]) -> frozenset[str]:
+        """The cold segments as the model spells them (the checkpoint's spelling kept too)."""
+        cold = frozenset(cold_segments)
+        # mutation: segment-rename-dropped
+        return cold | {s for c in cold for s in self.segment_renames.get(c, ())}
+
+    def key(self, group: str, cold_segments: Iterable[str]) -> tuple:
+        """The :func:`group_key` a plan group has in the model: compare with the model's names."""
+        return group_key(self.model_name(group), self.segments(cold_segments))
+
+    def describe(self) -> str:
+        """One line for the report: which plan groups the model names otherwise, and by what."""
+        pairs = ", ".join(f"{g} as {m}" for g, m in sorted(self.renamed.items())
+                          if group_key(g, ()) != group_key(m, ()))
+        return f"{self.source} names {pairs}: the plan's groups are matched to the model through it" if pairs else ""
+
+
+def _group_of(tensor: str, groups: frozenset[str]) -> str | None:
+    """The longest group ``tensor`` is under (or is)."""
+    parts = segments(tensor)
+    return next((g for n in range(len(parts), 0, -1) if (g := ".".join(parts[:n])) in groups), None)
+
+
+def _common(names: set[str]) -> str:
+    split = [segments(n) for n in names]
+    out = []
+    for parts in zip(*split):
+        if len(set(parts)) != 1:
+            break
+        out.append(parts[0])
+    return ".".join(out)
+
+
+def _unmappable(source: str, group: str, modules: set[str]) -> None:
+    raise PlanError(f"{source} puts the tensors of {group} under {', '.join(sorted(modules)[:3]) or 'no module'}, "
+                    "which the plan's naming rule cannot take for one group: selective-offload cannot map this "
+                    "model's names; run it without a plan")
+
+
+def model_names(groups: Iterable[str], tensors: Iterable[str], mapping: NameMap | None,
+                cold_segments: Iterable[str], source: str = "the model") -> ModelNames:
+    """Each plan group's module name in the model, from ``mapping`` applied to its tensors.
+
+    A tensor ``G.rest`` of group ``G`` (the longest group its name is under) maps to a name;
+    where that name still ends with ``rest``, the rename was of the group
+    (``.embed_tokens.weight`` -> ``.embedding.weight``, ``model.visual.`` -> ``visual.``) and
+    what is left is the group's module in the model. Where every tensor of the group was
+    renamed inside it too (``.gate_up_proj`` -> ``.w13_weight``), the module is the name less
+    as many segments as ``rest`` has. A cold group renamed off its cold segment
+    gives the model's spelling of that segment. Refused with one line (the names cannot
+    be mapped): a group whose tensors land where the model's names give another group's
+    key (split across modules, or a tensor of a hot group under a cold segment's spelling).
+    """
+    cold = frozenset(cold_segments)
+    if mapping is None:
+        return ModelNames(source=source)
+    groups = frozenset(groups)
+    kept: dict[str, set[str]] = {}
+    dropped: dict[str, set[str]] = {}
+    mapped_names: dict[str, list[str]] = {}
+    for tensor in tensors:
+        group = _group_of(tensor, groups)
+        mapped = mapping(tensor) if group is not None else None
+        if mapped is None:
+            continue
+        rest = tensor[len(group) + 1:]
+        mapped_names.setdefault(group, []).append(mapped)
+        if not rest or mapped.endswith("." + rest):  # renamed around the group: its module is what is left
+            # mutation: mapped-module-not-stripped
+            kept.setdefault(group, set()).add(mapped[: len(mapped) - len(rest) - 1] if rest else mapped)
+        else:  # renamed inside the group too: as many segments as it had below the group
+            parts = segments(mapped)
+            # mutation: renamed-leaf-not-stripped
+            dropped.setdefault(group, set()).add(".".join(parts[: len(parts) - len(segments(rest))]))
+    found = {g: kept.get(g) or dropped[g] for g in mapped_names}
+    named = {g: _common(c) if len(c) > 1 else next(iter(c)) for g, c in found.items()}
+    cold_groups = {g for g in named if group_key(g, cold)[0] == "cold"}
+    renames: dict[str, set[str]] = {}
+    for g in sorted(cold_groups):
+        last = segments(named[g])[-1]
+        if len(found[g]) > 1 or last in WRAPPER_SEGMENTS or last in NEVER_COLD_SEGMENTS or not named[g]:
+            _unmappable(source, g, found[g])
+        if cold_segment(named[g], cold) is None:
+            renames.setdefault(cold_segment(g, cold), set()).add(last)
+    result = ModelNames({g: m for g, m in named.items() if m != g},
+                        {c: tuple(sorted(s)) for c, s in renames.items()}, source)
+    model_cold = result.segments(cold)
+    for g, modules in found.items():
+        keys = {group_key(m, model_cold) for m in modules}
+        if len(keys) > 1 or not named[g] or (g in cold_groups and next(iter(keys))[0] != "cold"):
+            _unmappable(source, g, modules)
+        key = result.key(g, cold)
+        for m in mapped_names[g]:
+            # mutation: tensor-keys-unchecked
+            if key in group_keys(m.rsplit(".", 1)[0], model_cold) and (key[0] == "cold") == (g in cold_groups):
+                continue
+            got = group_key(m.rsplit(".", 1)[0], model_cold)
+            if got[0] == "cold" and g not in cold_groups:
+                raise PlanError(f"{source} names {m} (of the plan's {g}) under {got[1]}, the model's name of a cold "
+                                "group: selective-offload cannot tell them apart in this model; plan that cold "
+                                "group on the device (--cold-segments without it)")
+            _unmappable(source, g, {m})
+    return result
+
+
+def unnamed_groups(names: ModelNames, groups: Iterable[str], module_names: Iterable[str],
+                   cold_segments: Iterable[str]) -> list[str]:
+    """The plan groups (outside decoder layers) whose name in the model names no module of
+    the model built: a rename the model class makes that its mapping does not say."""
+    model_cold = names.segments(cold_segments)
+    present = {group_key(n, model_cold) for n in module_names}
+    # mutation: unnamed-groups-unchecked
+    return [g for g in groups if layer_of(names.model_name(g)) is None and names.key(g, cold_segments) not in present]

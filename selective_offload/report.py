@@ -3,8 +3,8 @@
 Silent non-offload is the failure this project exists to end (asking vLLM for
 ``cpu_offload_params={embed_tokens, visual, mtp}`` moved 0.5 GiB of a 4.31 GB cold set and
 said nothing), so after the model is loaded each of its parameters is matched to a plan
-group (by :func:`names.group_key`, which survives vLLM's renames) and its actual
-placement is read from the tensor itself and from the wrappers that own it.
+group (by :func:`names.group_key`, which survives vLLM's renames, of the group's name in
+the model: :class:`names.ModelNames`) and its actual placement is read from the tensor itself and from the wrappers that own it.
 
 Bytes are compared like with like. The plan counts checkpoint bytes; vLLM may hold a
 group in a wider dtype (a bf16 checkpoint in a float32 engine) or padded, so the verdict
@@ -36,7 +36,7 @@ from torch import nn
 
 from . import jsonio
 from .errors import PlanError
-from .names import EMBED_SEGMENTS, group_key, group_keys, has_segment
+from .names import EMBED_SEGMENTS, ModelNames, has_segment, parameter_group_keys
 from .options import temporary_name
 from .plan import HOST_PLACEMENTS, GroupPlan, Placement, Plan
 from .sizes import GB, fmt_bytes
@@ -308,11 +308,13 @@ class _Matching:
 
 def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, host_cold: set[int],
                       host_hot: set[int], routed: set[str] | None, size,
-                      host_uva: set[int] = frozenset(), routed_uva: set[int] | None = None) -> _Matching:
-    segments = plan.inputs.cold_segments
+                      host_uva: set[int] = frozenset(), routed_uva: set[int] | None = None,
+                      names: ModelNames = ModelNames()) -> _Matching:
+    segments = names.segments(plan.inputs.cold_segments)
     by_key: dict[tuple, GroupPlan] = {}
     for g in plan.groups:
-        by_key.setdefault(group_key(g.group, segments), g)
+        # mutation: report-by-checkpoint-name
+        by_key.setdefault(names.key(g.group, plan.inputs.cold_segments), g)
     m = _Matching({g.group: GroupLanding(g.group, g.placement, Placement.ABSENT, g.bytes) for g in plan.groups},
                   {g.group: {} for g in plan.groups})
     # Tied weights are listed under every name, so a re-tied lm_head finds its group too.
@@ -320,7 +322,7 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
     unclaimed: list[tuple[str, torch.Tensor, int]] = []
     for name, param in model.named_parameters(remove_duplicate=False):
         nbytes = size(param, name)
-        keys = group_keys(name.rsplit(".", 1)[0] if "." in name else name, segments)
+        keys = parameter_group_keys(name, segments)
         planned = next((by_key[k] for k in keys if k in by_key), None)
         if planned is None:
             unclaimed.append((name, param, nbytes))
@@ -463,6 +465,7 @@ def build_report(
     pipeline_part: bool = False,
     host_uva_params: set[int] = frozenset(),
     routed_uva_params: set[int] | None = None,
+    names: ModelNames | None = None,
 ) -> PlacementReport:
     """Match ``model``'s parameters to ``plan``'s groups and compare placements.
 
@@ -478,7 +481,8 @@ def build_report(
     this model is one pipeline-parallel rank's part, so groups it lacks may be on another.
     ``host_uva_params`` are the ``id()`` of routed-expert parameters held in host memory
     and read through UVA views, and ``routed_uva_params`` those of them built on the host
-    (``None``: not checked).
+    (``None``: not checked). ``names`` says how the model names the plan's groups (vLLM's
+    gpt-oss calls ``model.embed_tokens`` ``model.embedding``); the report keeps the plan's names.
     """
     loaded_bytes = loaded_bytes or {}
 
@@ -491,7 +495,7 @@ def build_report(
     host_is_device = compute_device.type == "cpu"
     m = _match_parameters(model, plan, host_is_device=host_is_device, host_cold=host_cold_params,
                           host_hot=host_hot_params, routed=routed_names, size=size,
-                          host_uva=host_uva_params, routed_uva=routed_uva_params)
+                          host_uva=host_uva_params, routed_uva=routed_uva_params, names=names or ModelNames())
     notes = list(notes)
     loaded = sum(g.loaded_bytes for g in m.landings.values()) + sum(m.unplanned.values())
     honesty = _honesty(m, loaded)  # the main model's own parameters, before the drafter's are counted

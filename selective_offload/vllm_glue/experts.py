@@ -6,8 +6,8 @@ read the experts it routes to over the link, inside the kernel, with no copy per
 (vLLM's own cpu_offload_gb reads host weights the same way). One load, for each such group:
 
 1. **construction**: vLLM builds the routed experts in ``RoutedExperts.__init__`` (its
-   ``layer_name`` is the FusedMoE ``prefix``, which is the plan's group name, compared
-   rename-proof by :func:`names.group_key`); :class:`ConstructOnHost` allocates them on the
+   ``layer_name`` is the FusedMoE ``prefix``, the plan's group as the model names it, compared
+   by :meth:`names.ModelNames.key`); :class:`ConstructOnHost` allocates them on the
    host, so they never take device memory, not even transiently, and its ledger proves it;
 2. **loading**: vLLM's ``weight_loader`` copies the checkpoint into that host storage;
 3. **post-processing**: a quant method that can post-process on the host does so in place
@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from ..errors import PlanError
-from ..names import group_key
+from ..names import ModelNames, group_key
 from ..planner import kernels
 from ..plan import GroupKind, Placement, Plan
 from ..sizes import fmt_bytes
@@ -97,9 +97,10 @@ def uva_groups(plan: Plan | None) -> list[str]:
 class ExpertsLoad:
     """What one main-model load does to the plan's uva-served experts, for the report."""
 
-    #: ``group_key`` -> group name, for every uva-served experts group.
+    #: The group's key in the model (``ModelNames.key``) -> group name, for every uva-served experts group.
     groups: dict[tuple, str]
-    cold_segments: tuple[str, ...]
+    #: The cold segments as the model spells them.
+    cold_segments: frozenset[str]
     #: Module name of each ``RoutedExperts`` built for a group -> the group.
     modules: dict[str, str] = field(default_factory=dict)
     #: ``id()`` of expert parameters built on the host (at construction, or post-processed
@@ -117,12 +118,12 @@ class ExpertsLoad:
     shared: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, plan: Plan | None) -> "ExpertsLoad | None":
-        names = uva_groups(plan)
-        if not names:
+    def of(cls, plan: Plan | None, names: ModelNames = ModelNames()) -> "ExpertsLoad | None":
+        groups = uva_groups(plan)
+        if not groups:
             return None
-        segments = tuple(plan.inputs.cold_segments)
-        return cls({group_key(n, segments): n for n in names}, segments)
+        segments = plan.inputs.cold_segments
+        return cls({names.key(g, segments): g for g in groups}, names.segments(segments))
 
     def group_of(self, prefix: str) -> str | None:
         """The uva-served group a FusedMoE ``prefix`` (vLLM's name) builds, or ``None``."""

@@ -44,7 +44,7 @@ from .embedding import embedding_mode, graphs_captured, install_host_embedding
 from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host, to_device
 from .offloader import make_exact_prefetch_offloader
 from .auto_plan import plan_at_start
-from . import experts
+from . import experts, model_names
 from .session import Attached, Load, Main, Session, Settings, logger, save_report
 
 GetSession = Callable[[], "Session | None"]
@@ -135,9 +135,10 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
                 pipeline_ranks=int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1),
                 page_locked=PageLockedLedger(pin_policy(s, device)))
     refuse_what_the_plan_cannot_survive(s, vllm_config, device, load.page_locked.policy)
-    load.experts = experts.ExpertsLoad.of(settings.plan)
+    load.names, names_notes = model_names.names_for(settings.plan, model_config)
+    load.experts = experts.ExpertsLoad.of(settings.plan, load.names)
     experts.refuse_before_load(load.experts, device, load.page_locked.policy)
-    load.notes += start_notes
+    load.notes += start_notes + names_notes
     load.notes += check_model(settings.plan, str(model_config.model))
     load.notes += list(settings.plan.load_notes)
     note = stamp_compile_key(settings, vllm_config)
@@ -314,7 +315,7 @@ def make_initialize_model(get_session: GetSession):
             load = s.active if s is not None else None
             if load is None or load.constructed:
                 return original(*args, **kwargs)
-            segments = load.settings.host_cold_segments
+            segments = load.cold_segments
             # Pageable allocations of exactly their size; page-locked in place after loading
             # (page_locked.py: pin_memory=True would round each block up to a power of two).
             mode = ConstructOnHost(segments, pin_memory=False,
@@ -324,6 +325,7 @@ def make_initialize_model(get_session: GetSession):
             with mode:
                 model = original(*args, **kwargs)
             load.constructed = True
+            model_names.refuse_unnamed(model, load.names, load.settings.plan)
             xl = load.experts
             if xl is not None:
                 experts.find_modules(model, xl, s.targets.RoutedExperts)
@@ -396,7 +398,7 @@ def _keep_post_processing_on_host(model: nn.Module, load: Load) -> None:
     """Keep cold modules and hot layers where they are through ``process_weights_after_loading``
     (:func:`host_resident.keep_on_host`: no device round trip, unless a quant method needs
     the device, and then one module at a time, back to exact-size host memory)."""
-    cold = _cold_modules(model, load.settings.host_cold_segments)
+    cold = _cold_modules(model, load.cold_segments)
     if load.device.type == "cpu":
         # vLLM's CPU build repacks linear weights for oneDNN and drops the parameter;
         # keep cold modules on plain F.linear so their weights stay parameters the
@@ -471,10 +473,11 @@ def whole_tower_over_budget(plan, group: str, mechanism: str) -> list[str]:
 def _attach_cold(s: Session, model: nn.Module, load: Load, vllm_config) -> set[int]:
     """Give each planned cold module its runtime wrapper; return the ids of host params."""
     t = s.targets
-    segments = load.settings.host_cold_segments
+    segments = load.cold_segments
     roots = [(n, m) for n, m in _cold_modules(model, segments) if cold_prefix(n, segments) == n]
     heads = [(n, m) for n, m in model.named_modules() if isinstance(m, t.ParallelLMHead)]
-    plan_groups = {cold_segment(g, segments): g for g in load.settings.plan.host_cold_groups}
+    # mutation: cold-groups-by-checkpoint-name
+    plan_groups = {cold_segment(load.names.model_name(g), segments): g for g in load.settings.plan.host_cold_groups}
     mode = embedding_mode(load.settings.options, load.device, vllm_config)
     owned: set[int] = set()
     s.attached.clear()
@@ -540,7 +543,7 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
                                       **(xl.mechanisms if xl is not None else {})},
                           pipeline_part=load.pipeline_ranks > 1,
                           host_uva_params=xl.params if xl is not None else frozenset(),
-                          routed_uva_params=xl.routed if xl is not None else None)
+                          routed_uva_params=xl.routed if xl is not None else None, names=load.names)
     report.problems[:0] = load.problems
     report.transfers = s.transfers()
     if load.post_process_transient:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..names import cold_segment
+from ..names import ModelNames, cold_segment
 from ..options import AUTO_PLAN, RunOptions
 from ..plan import Plan
 from ..report import PlacementReport, rank_path, remove_reports
@@ -91,6 +91,13 @@ class Load:
     page_locked: PageLockedLedger | None = None
     #: The plan's host-uva routed experts (``experts.ExpertsLoad``), when it has any.
     experts: Any = None
+    #: The plan's groups as the model vLLM builds names them (``model_names.names_for``).
+    names: ModelNames = field(default_factory=ModelNames)
+
+    @property
+    def cold_segments(self) -> frozenset[str]:
+        """The host-cold segments as the model spells them: what routing and wrapping match."""
+        return self.names.segments(self.settings.host_cold_segments)
 
 
 @dataclass

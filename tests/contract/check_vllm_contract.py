@@ -705,6 +705,37 @@ def _routed_experts_uva() -> None:
            "device_loading_context no longer re-offloads replaced UVA parameters as views")
 
 
+@check("model_class_names")
+def _model_class_names() -> None:
+    # The glue reads the model class before it is built (get_model_architecture) and maps
+    # the plan's checkpoint names through its hf_to_vllm_mapper's rename-only variant:
+    # gpt-oss builds the checkpoint's model.embed_tokens as model.embedding, and says so there.
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+    from vllm.model_executor.models import gpt_oss
+    from selective_offload.names import model_names
+    from selective_offload.vllm_glue.model_names import class_mapping
+
+    expect(params(get_model_architecture)[:1] == ["model_config"], "get_model_architecture no longer takes model_config")
+    expect("self.embedding = VocabParallelEmbedding(" in source(gpt_oss.GptOssModel),
+           "GptOssModel no longer builds its embedding as model.embedding")
+    mapper = gpt_oss.GptOssForCausalLM.hf_to_vllm_mapper
+    expect(callable(getattr(mapper, "get_rename_mapper", None)), "WeightsMapper has no get_rename_mapper")
+    mapping, where = class_mapping(gpt_oss.GptOssForCausalLM)
+    expect(mapping is not None and "hf_to_vllm_mapper" in where, "GptOssForCausalLM has no hf_to_vllm_mapper")
+    layer = "model.layers.0."
+    tensors = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+               *(layer + t for t in ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.sinks",
+                                     "mlp.router.weight", "mlp.router.bias", "mlp.experts.gate_up_proj",
+                                     "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj",
+                                     "mlp.experts.down_proj_bias"))]
+    groups = ["model.embed_tokens", "model.norm", "lm_head", "model.layers.0", "model.layers.0.mlp.experts"]
+    names = model_names(groups, tensors, mapping, ("embed_tokens",), where)
+    expect(dict(names.renamed) == {"model.embed_tokens": "model.embedding"},
+           f"gpt-oss's names map otherwise: {dict(names.renamed)}")
+    expect(mapping(layer + "mlp.experts.gate_up_proj") == layer + "mlp.experts.w13_weight",
+           "gpt-oss's routed experts are no longer named experts.w13_weight")
+
+
 @check("no_foreign_vllm_modules")
 def _no_foreign_vllm_modules() -> None:
     # Last: every vllm module the checks imported came from the tree under test.

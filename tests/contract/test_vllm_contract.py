@@ -52,6 +52,7 @@ CHECKS = [
     "compute_hash_additional_config",
     "compilation_config",
     "routed_experts_uva",
+    "model_class_names",
     "no_foreign_vllm_modules",
 ]
 

@@ -212,3 +212,26 @@ def test_an_integrated_gpu_is_said_to_save_nothing():
 def test_pageable_host_weights_are_noted_on_a_gpu_not_on_the_cpu_build():
     assert _judged("pageable").notes == ["host weights are not page-locked: because pageable"]
     assert _judged("pageable", host_is_device=True).notes == []
+
+
+def test_a_group_the_model_names_otherwise_is_matched_by_its_name_in_the_model():
+    """vLLM's gpt-oss builds the checkpoint's ``model.embed_tokens`` as ``model.embedding``:
+    through the model's names the report finds the embedding's bytes in its planned group
+    (the report keeps the plan's name); without them they are in no group and the
+    embedding group is missing."""
+    from selective_offload.names import model_names
+
+    model, ckpt = Model(), checkpoint_of()
+    plan = plan_for(ckpt)
+    model.model.embedding = model.model.embed_tokens
+    del model.model.embed_tokens
+    names = model_names([g.group for g in plan.groups], ckpt.tensors,
+                        lambda n: n.replace("model.embed_tokens.weight", "model.embedding.weight"),
+                        plan.inputs.cold_segments, "a gpt-oss-like model")
+    cold = {id(p) for p in [*model.model.embedding.parameters(), *model.visual.parameters()]}
+    report = report_of(model, plan, cold, names=names)
+    assert report.ok, report.problems
+    embedding = report.landing("model.embed_tokens")
+    assert (embedding.actual, embedding.host_bytes, embedding.num_params) == ("host-cold", 64 * 16 * 4, 1)
+    unmapped = report_of(model, plan, cold)
+    assert "model.embedding.weight" in unmapped.unplanned and not unmapped.ok

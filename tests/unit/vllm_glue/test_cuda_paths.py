@@ -354,7 +354,7 @@ def test_hot_layers_are_page_locked_once_at_their_size_after_post_init(vllm_post
     host_bytes = sum(p.numel() * p.element_size() for m in offloader.offloaded_modules for p in m.parameters())
 
     load = SimpleNamespace(device=CUDA, hot_offloader=offloader, notes=[], post_process_transient=0,
-                           settings=SimpleNamespace(host_cold_segments=frozenset()))
+                           settings=SimpleNamespace(host_cold_segments=frozenset()), cold_segments=frozenset())
     _keep_post_processing_on_host(model, load)
     vllm_post_processing.run(model)
     assert not [m for m in vllm_post_processing.trip.entered

