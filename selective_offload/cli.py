@@ -20,7 +20,7 @@ from .errors import UserError
 from .names import DEFAULT_COLD_SEGMENTS
 from .estimate import DEFAULT_ACCEPT_RATE, DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR, KV_DTYPE_BYTES
 from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs, Strategy
-from .plan.inputs import parse_card
+from .plan.inputs import moe_setting, parse_card
 from .probe import (
     add_probe_arguments,
     default_profile_path,
@@ -113,6 +113,13 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                         "it decides which fused-MoE kernel vLLM picks for routed experts, and so whether they can "
                         "be read in place through UVA (default: the probe's, else 8.9, the reference laptop's "
                         "class; the plan says which it assumed)")
+    p.add_argument("--moe-backend", default="auto", metavar="{auto,triton,marlin}",
+                   help="the fused-MoE backend the vLLM server will run with (its --moe-backend): with the card, "
+                        "it decides the kernel that reads the routed experts (default: auto, vLLM's own choice)")
+    p.add_argument("--no-deep-gemm", action="store_true",
+                   help="plan for a server started with VLLM_USE_DEEP_GEMM=0 (block-FP8 experts then take "
+                        "Triton on the cards where vLLM would pick DeepGEMM); --moe-backend triton|marlin "
+                        "decides the kernel whatever this says")
     p.add_argument("--speculative", default=None, metavar="mtp[:K]",
                    help="plan for MTP speculative decoding with K draft tokens per step (default K: the "
                         "model's MTP layers): the MTP head is loaded and runs every step; the plan is also "
@@ -218,6 +225,10 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
             card = parse_card(args.compute_capability)
         except ValueError as exc:
             raise UserError(f"--compute-capability: {exc}") from None
+    backend = str(args.moe_backend).lower().replace("-", "_")
+    if backend not in ("auto", "triton", "marlin"):
+        raise UserError(f"--moe-backend: {args.moe_backend!r} is not a backend the plan knows the kernel of; use "
+                        "auto (vLLM's choice), triton or marlin")
     inputs = PlanInputs(
         device_memory_bytes=(parse_size(args.device_memory, "--device-memory") if args.device_memory is not None
                              else measured["device_memory_bytes"]),
@@ -242,6 +253,7 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
         compute_tflops=compute if compute is not None else measured["compute_tflops"],
         decode_read_gbps=decode,
         compute_capability=card,
+        moe_setting=moe_setting(backend, deep_gemm=not args.no_deep_gemm),
     )
     if inputs.device_memory_bytes == 0:
         raise UserError("--device-memory: must be more than 0, like 24GiB")

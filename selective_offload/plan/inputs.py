@@ -32,6 +32,21 @@ from .vocabulary import (
 DEFAULT_CARD = "8.9"
 
 
+#: The settings of the vLLM server that change which fused-MoE kernel it builds, as a plan
+#: names them: vLLM's default, DeepGEMM turned off, and the two backends the project's
+#: UVA path accepts (``selective_offload.planner.kernels`` has what each builds per card).
+MOE_SETTINGS = ("auto", "VLLM_USE_DEEP_GEMM=0", "--moe-backend triton", "--moe-backend marlin")
+
+
+def moe_setting(backend: str = "auto", deep_gemm: bool = True) -> str:
+    """The :data:`MOE_SETTINGS` entry for vLLM's ``moe_backend`` and ``VLLM_USE_DEEP_GEMM``:
+    a chosen backend decides the kernel whatever DeepGEMM's switch says."""
+    backend = str(backend or "auto").lower().replace("-", "_")
+    if backend != "auto":
+        return f"--moe-backend {backend}"
+    return "auto" if deep_gemm else "VLLM_USE_DEEP_GEMM=0"
+
+
 def parse_card(text: object) -> str:
     """A compute capability as ``torch.cuda.get_device_capability`` spells it (major.minor,
     like ``"8.9"``), checked; raises ``ValueError`` with one line otherwise."""
@@ -95,6 +110,9 @@ class PlanInputs:
     #: (:mod:`selective_offload.planner.kernels`); ``None``: the plan assumes
     #: ``kernels.DEFAULT_CARD`` and says so.
     compute_capability: str | None = None
+    #: The vLLM setting the server runs with that changes the fused-MoE kernel
+    #: (:data:`MOE_SETTINGS`): the plan is made for the kernel that setting builds.
+    moe_setting: str = "auto"
 
     @property
     def weight_budget_bytes(self) -> int:
@@ -176,6 +194,10 @@ class PlanInputs:
                 raise PlanError(str(exc)) from None
             if card != self.compute_capability:
                 raise PlanError(f"compute capability {self.compute_capability!r} must be spelled {card!r}")
+        # mutation: moe-setting-unchecked
+        if self.moe_setting not in MOE_SETTINGS:
+            raise PlanError(f"MoE setting {self.moe_setting!r}: use one of {', '.join(map(repr, MOE_SETTINGS))} "
+                            "(--moe-backend triton|marlin, --no-deep-gemm)")
         bad = [s for s in self.cold_segments if not s or "." in s]
         if bad:
             raise PlanError(f"cold segment {bad[0]!r} must be one name segment without dots, like visual")

@@ -150,6 +150,7 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
         compute_tflops=r.number("compute_tflops", positive=True, default=None),
         decode_read_gbps=r.number("decode_read_gbps", positive=True, default=None),
         compute_capability=_card(r),
+        moe_setting=r.str("moe_setting", default="auto"),
     )
     try:
         inputs.validate()

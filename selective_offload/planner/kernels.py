@@ -45,16 +45,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..plan.inputs import DEFAULT_CARD, parse_card
+from ..plan.inputs import DEFAULT_CARD, MOE_SETTINGS, parse_card
 
 #: The cards the table covers, as ``torch.cuda.get_device_capability`` spells them ("major.minor").
 CARDS = ("8.6", "8.9", "9.0", "10.0", "12.0")
 #: The settings a row can be made under: vLLM's default, and the switches the advice names.
-AUTO = "auto"
-DEEP_GEMM_OFF = "VLLM_USE_DEEP_GEMM=0"
-TRITON = "--moe-backend triton"
-MARLIN = "--moe-backend marlin"
-SETTINGS = (AUTO, DEEP_GEMM_OFF, TRITON, MARLIN)
+#: (the plan's own vocabulary, :data:`selective_offload.plan.inputs.MOE_SETTINGS`).
+SETTINGS = AUTO, DEEP_GEMM_OFF, TRITON, MARLIN = MOE_SETTINGS
 #: A setting vLLM refuses for the method on that card (it raises when the layer is built).
 REFUSED = "(vLLM refuses)"
 
@@ -131,6 +128,11 @@ class Pick:
     @property
     def reads_uva(self) -> bool:
         return reads_uva(self.kernel)
+
+
+#: The ``plan`` flag that makes a plan for each setting.
+PLAN_FLAGS = {AUTO: "--moe-backend auto", DEEP_GEMM_OFF: "--no-deep-gemm", TRITON: "--moe-backend triton",
+              MARLIN: "--moe-backend marlin"}
 
 
 def card_of(capability: tuple[int, int]) -> str:
@@ -270,15 +272,19 @@ def kernel_notes(kernel: Pick, assumed: bool) -> list[str]:
                 else f"compute capability {kernel.card} is not in the kernel table")
         return [card, f"routed experts: {what}, so the fused-MoE kernel vLLM 0.33 picks is not known, and none are "
                       "planned to be read in place through UVA (prefetch copies or resident instead)"]
-    line = f"routed experts: vLLM 0.33 picks {kernel.kernel} for {kernel.method} on SM {kernel.card}"
+    under = f" under {kernel.setting}" if kernel.setting != AUTO else ""
+    line = f"routed experts: vLLM 0.33 picks {kernel.kernel} for {kernel.method} on SM {kernel.card}{under}"
     if kernel.reads_uva:
-        return [card, line + ", which reads them in place through UVA views"]
+        cost = f" (start vLLM with {kernel.setting}; {switch_note(kernel.method, kernel.card, kernel.setting)})" \
+            if under else ""
+        return [card, line + ", which reads them in place through UVA views" + cost]
     fix = advice(kernel.method, kernel.card)
     why = (line + ", which is not known to read UVA views, so none are planned host-uva (the glue would refuse "
            "them): prefetch copies or resident instead")
     if fix:
-        why += (f"; with {fix} vLLM picks {kernel_for(kernel.method, kernel.card, fix)}, which does "
-                f"({switch_note(kernel.method, kernel.card, fix)})")
+        # mutation: plan-flag-not-advised
+        why += (f"; with {fix} vLLM picks {kernel_for(kernel.method, kernel.card, fix)}, which does: make the plan "
+                f"with `plan {PLAN_FLAGS[fix]}` and start vLLM so ({switch_note(kernel.method, kernel.card, fix)})")
     return [card, why]
 
 

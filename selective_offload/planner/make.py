@@ -106,7 +106,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     spec_tokens = (inputs.spec_tokens or max(1, facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0
     place_cold(placing, inputs)
     has_experts = any(g.kind == GroupKind.EXPERTS for g in groups)
-    kernel = pick(method_of_config(checkpoint.config), inputs.card)
+    # mutation: plan-setting-ignored
+    kernel = pick(method_of_config(checkpoint.config), inputs.card, inputs.moe_setting)
     hot = place_hot(placing, inputs, step_s, inputs.batch * (1 + spec_tokens), uva=kernel.reads_uva)
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)

@@ -26,6 +26,7 @@ from ..checkpoint import load_checkpoint
 from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel
 from ..plan import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
+from ..plan.inputs import MOE_SETTINGS, moe_setting
 from ..planner import make_plan
 from ..probe import load_profile, plan_bandwidths, plan_defaults
 from ..options import ENV_DEVICE_MEMORY, device_memory_from_env
@@ -67,6 +68,18 @@ def kv_bytes_for(vllm_config, checkpoint) -> tuple[int, str]:
     return kv.cache_bytes(length, 1), f"one sequence of max_model_len {length} ({kv.description})"
 
 
+def setting_of_server(vllm_config) -> str:
+    """The MoE setting this server runs with (its ``moe_backend`` and ``VLLM_USE_DEEP_GEMM``),
+    in the plan's vocabulary; a backend the plan's table does not know is planned as vLLM's
+    default, and the glue's check at load decides on the kernel vLLM really builds."""
+    import vllm.envs as envs
+
+    backend = str(getattr(getattr(vllm_config, "kernel_config", None), "moe_backend", "auto") or "auto")
+    # mutation: server-setting-not-read
+    setting = moe_setting(backend, deep_gemm=bool(envs.VLLM_USE_DEEP_GEMM))
+    return setting if setting in MOE_SETTINGS else "auto"
+
+
 def plan_at_start(settings_options, vllm_config, model_config, device: torch.device) -> tuple[Plan, list[str]]:
     """Plan the checkpoint vLLM is loading for this card; write it beside the report."""
     model_dir = Path(str(model_config.model))
@@ -84,6 +97,7 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
     mtp = spec is not None and "mtp" in str(getattr(spec, "method", "") or "")
     inputs = PlanInputs(
         compute_capability=card_of_worker(device),
+        moe_setting=setting_of_server(vllm_config),
         device_memory_bytes=device_memory, kv_cache_bytes=kv_bytes,
         link_gbps=link, vram_gbps=vram, uva_gbps=measured["uva_gbps"], compute_tflops=measured["compute_tflops"],
         decode_read_gbps=measured["decode_read_gbps"],

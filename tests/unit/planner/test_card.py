@@ -69,3 +69,32 @@ def test_inputs_refuse_a_card_spelled_otherwise():
 def test_a_card_between_the_table_s_columns_uses_its_family_or_none():
     assert kernels.kernel_for("mxfp4", "12.1") == kernels.kernel_for("mxfp4", "12.0")
     assert kernels.kernel_for("mxfp4", "7.5") is None and not kernels.pick("mxfp4", "7.5").reads_uva
+
+
+def test_the_cli_takes_the_server_s_moe_setting_and_the_plan_file_keeps_it(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(tmp_path / "none.json"))
+    for argv, setting in ((("--moe-backend", "triton"), kernels.TRITON), (("--no-deep-gemm",), kernels.DEEP_GEMM_OFF),
+                          (("--moe-backend", "marlin", "--no-deep-gemm"), kernels.MARLIN), ((), kernels.AUTO)):
+        code, data = plan(capsys, *argv)
+        assert code == 0 and data["inputs"]["moe_setting"] == setting, argv
+    assert kernels.PLAN_FLAGS.keys() == set(kernels.SETTINGS)
+    code, err = plan(capsys, "--moe-backend", "flashinfer")
+    assert code == 2 and err.startswith("selective-offload") and "--moe-backend: 'flashinfer'" in err, err
+    assert err.count("\n") == 1, err
+
+
+def test_a_plan_file_with_a_setting_it_does_not_know_is_refused_in_one_line(tmp_path):
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.cli import BUNDLED
+    from selective_offload.planner import make_plan
+
+    made = make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]), PlanInputs(device_memory_bytes=24 * GiB,
+                                                                      moe_setting=kernels.TRITON))
+    made.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json").inputs.moe_setting == kernels.TRITON
+    data = json.loads((tmp_path / "plan.json").read_text())
+    data["inputs"]["moe_setting"] = "--moe-backend deep_gemm"
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="MoE setting '--moe-backend deep_gemm': use one of") as err:
+        Plan.load(tmp_path / "bad.json")
+    assert "\n" not in str(err.value)

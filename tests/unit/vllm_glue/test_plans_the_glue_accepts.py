@@ -106,3 +106,56 @@ def test_auto_reads_the_card_from_the_worker(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert auto_plan.card_of_worker(torch.device("cuda")) == "9.0"
+
+
+def _method(model: str) -> str | None:
+    return kernels.method_of_config({"quantization_config": MODELS[model][0]()[2].get("quantization_config")})
+
+
+#: The (model, card) pairs whose default kernel does not read UVA and for which a setting gives one that does.
+ADVISED = [(m, c) for m in MODELS for c in CARDS
+           if not kernels.reads_uva(kernels.kernel_for(_method(m), c)) and kernels.advice(_method(m), c)]
+
+
+def test_some_reference_plans_need_a_setting():
+    assert ADVISED  # else the test below checks nothing
+
+
+@pytest.mark.parametrize("model,card", ADVISED)
+def test_the_advice_in_the_plan_gives_a_plan_that_reads_experts_through_uva_and_that_the_glue_accepts(
+        tmp_path, model, card):
+    """Advice that works: where the default kernel does not read UVA, the note names a setting
+    and the ``plan`` flag for it; the plan made with that setting serves experts host-uva, and
+    the glue accepts them with the kernel vLLM 0.33 builds under that setting."""
+    checkpoint, plan = plan_for(tmp_path, model, card)
+    method = kernels.method_of_config(checkpoint.config)
+    assert method == _method(model)
+    fix = kernels.advice(method, card)
+    note = next(n for n in plan.notes if n.startswith("routed experts:"))
+    assert f"`plan {kernels.PLAN_FLAGS[fix]}`" in note, note
+    build, gib = MODELS[model]
+    advised = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, compute_capability=card,
+                                               moe_setting=fix))
+    uva = [g for g in advised.groups if g.placement == "host-uva"]
+    assert uva, f"{model} on SM {card} under {fix}: no experts read through UVA"
+    kernel = kernels.kernel_for(method, card, fix)
+    for g in uva:
+        experts.check_kernel(g.group, method_standin(method, kernel), torch.device("cuda"), card=card)
+    note = next(n for n in advised.notes if n.startswith("routed experts:"))
+    assert f"under {fix}" in note and f"start vLLM with {fix}" in note, note
+
+
+def test_auto_plans_for_the_server_s_moe_setting(monkeypatch):
+    import types
+
+    import vllm.envs as envs
+
+    def server(backend):
+        return types.SimpleNamespace(kernel_config=types.SimpleNamespace(moe_backend=backend))
+
+    monkeypatch.setattr(envs, "VLLM_USE_DEEP_GEMM", True, raising=False)
+    assert auto_plan.setting_of_server(server("auto")) == kernels.AUTO
+    assert auto_plan.setting_of_server(server("triton")) == kernels.TRITON
+    assert auto_plan.setting_of_server(server("flashinfer_cutlass")) == kernels.AUTO  # not in the table
+    monkeypatch.setattr(envs, "VLLM_USE_DEEP_GEMM", False, raising=False)
+    assert auto_plan.setting_of_server(server("auto")) == kernels.DEEP_GEMM_OFF
