@@ -58,6 +58,14 @@ REFUSED = "(vLLM refuses)"
 #: Fused-MoE kernels that read expert weights through UVA views (see the table above).
 UVA_KERNELS = frozenset({"TritonExperts", "MarlinExperts"})
 
+#: Kernels whose post-processing leaves the expert weights as something other than
+#: Parameters of the layer: for OAI triton_kernels (gpt-oss MXFP4 on SM 9.0, and under
+#: ``--moe-backend triton``) vLLM assigns triton_kernels tensors as plain attributes and moves
+#: the scales into the kernel's precision config (0.33 ``quantization/mxfp4.py:361-371``,
+#: ``fused_moe/oracle/mxfp4.py:1444-1472``). Neither vLLM's prefetch offloader nor a UVA view
+#: reaches them: they stay on the device, so no layer of theirs can be offloaded.
+WRAPPED_KERNELS = frozenset({"OAITritonMxfp4ExpertsMonolithic", "OAITritonExperts", "UnfusedOAITritonExperts"})
+
 #: Methods, with what vLLM builds for them (the class whose oracle call the rows follow).
 METHODS = {
     "unquantized": "bf16/fp16, UnquantizedFusedMoEMethod (oracle/unquantized.py)",
@@ -128,6 +136,11 @@ class Pick:
     @property
     def reads_uva(self) -> bool:
         return reads_uva(self.kernel)
+
+    @property
+    def moves(self) -> bool:
+        """Whether the experts' weights stay Parameters that an offload can move."""
+        return self.kernel not in WRAPPED_KERNELS
 
 
 #: The ``plan`` flag that makes a plan for each setting.
@@ -281,6 +294,11 @@ def kernel_notes(kernel: Pick, assumed: bool) -> list[str]:
     fix = advice(kernel.method, kernel.card)
     why = (line + ", which is not known to read UVA views, so none are planned host-uva (the glue would refuse "
            "them): prefetch copies or resident instead")
+    if not kernel.moves:
+        why = (line + ", which is not known to read UVA views and whose weights become triton_kernels tensors, "
+               "not Parameters (vLLM 0.33 "
+               "quantization/mxfp4.py:361-371): neither a prefetch copy nor a UVA view moves them, so every layer "
+               "with routed experts stays resident")
     if fix:
         # mutation: plan-flag-not-advised
         why += (f"; with {fix} vLLM picks {kernel_for(kernel.method, kernel.card, fix)}, which does: make the plan "

@@ -108,7 +108,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     has_experts = any(g.kind == GroupKind.EXPERTS for g in groups)
     # mutation: plan-setting-ignored
     kernel = pick(method_of_config(checkpoint.config), inputs.card, inputs.moe_setting)
-    hot = place_hot(placing, inputs, step_s, inputs.batch * (1 + spec_tokens), uva=kernel.reads_uva)
+    hot = place_hot(placing, inputs, step_s, inputs.batch * (1 + spec_tokens), uva=kernel.reads_uva,
+                    moves=kernel.moves)
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
     # MoE: vLLM's segment selection of the routed experts is the run a user would try next.

@@ -13,7 +13,7 @@ from ..checkpoint import Checkpoint
 from ..plan import Estimate, GroupKind, PlanInputs
 from ..sizes import GB
 from .grouping import Group, experts_notes
-from .placement import Placing, host_bytes, host_shortfall
+from .placement import HOST_PLACEMENTS, Placing, host_bytes, host_shortfall
 
 
 def plan_notes(groups: list[Group], checkpoint: Checkpoint, placing: Placing, inputs: PlanInputs) -> list[str]:
@@ -22,10 +22,13 @@ def plan_notes(groups: list[Group], checkpoint: Checkpoint, placing: Placing, in
     if not any(g.kind == GroupKind.LAYER for g in groups):
         notes.append("no decoder layer stack (`...layers.N.`) found: only cold modules can be offloaded")
     if shortfall > 0:
+        kept = [g for g in groups if g.kind == GroupKind.LAYER and placing.where[g.name] not in HOST_PLACEMENTS]
         notes.append(
             f"infeasible: {shortfall / GB:.3f} GB more device memory is needed even with every "
-            "cold module and every decoder layer on the host; use a larger card, a smaller "
-            "KV cache, or a smaller checkpoint"
+            + ("cold module and every decoder layer on the host; " if not kept else
+               f"cold module and every decoder layer that can move on the host ({len(kept)} with routed experts "
+               "stay resident: see the routed-experts note for the setting that moves them); ")
+            + "use a larger card, a smaller KV cache, or a smaller checkpoint"
         )
     if host_short > 0:
         notes.append(

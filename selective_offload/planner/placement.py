@@ -120,7 +120,7 @@ def _prefetch_fewest(p: Placing, units: list[list[Group]], inputs: PlanInputs) -
 
 
 def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float], tokens: int,
-              uva: bool = True) -> list[int]:
+              uva: bool = True, moves: bool = True) -> list[int]:
     """Close the rest of the deficit (after the cold set) at the least est step time.
 
     The menu, per decoder layer: resident; a MoE layer's routed experts in host memory,
@@ -141,6 +141,9 @@ def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float]
     ``tokens``: the tokens one step serves (batch x tokens verified per sequence).
     ``uva``: whether the fused-MoE kernel vLLM picks on the plan's card reads UVA views
     (:mod:`.kernels`); without it the menu has no UVA entry (the glue would refuse one).
+    ``moves``: whether the kernel's weights stay Parameters after post-processing; without
+    it no MoE layer is prefetched either (its experts would stay on the device), and only
+    layers without routed experts are candidates.
     """
     units = _layer_units(p.groups)
     if p.over_budget() <= 0 or not units:
@@ -157,7 +160,9 @@ def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float]
         for unit in moe[:n]:
             p.where[unit[1].name] = Placement.HOST_UVA
         uva = {u[0].layer_index for u in moe[:n]}
-        hot = _prefetch_fewest(p, [u for u in units if u[0].layer_index not in uva], inputs)
+        # mutation: wrapped-experts-prefetched
+        candidates = [u for u in units if u[0].layer_index not in uva and (moves or len(u) == 1)]
+        hot = _prefetch_fewest(p, candidates, inputs)
         over = p.over_budget()
         key = (over > 0, max(over, 0), step_s(p) if over <= 0 else 0.0, n)
         if best is None or key < best[0]:

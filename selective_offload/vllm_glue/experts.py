@@ -143,6 +143,27 @@ def refuse_before_load(xl: ExpertsLoad | None, device: torch.device, policy: Pin
                         "the experts on the device")
 
 
+def refuse_another_card(plan: Plan | None, device: torch.device, card: str | None = None) -> None:
+    """A plan whose routed experts leave the device, made for another card than this one,
+    refused before anything is built: which fused-MoE kernel vLLM builds, and so whether
+    the experts can be read in place or moved at all, depends on the card (the kernel
+    table); a plan made for another one may place them where this card's kernel cannot
+    serve them. ``card``: this device's compute capability (read from it when not given)."""
+    if plan is None or device.type != "cuda":
+        return
+    host = [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.placement in
+            (Placement.HOST_UVA, Placement.HOST_HOT)]
+    card = card or _card(device)
+    # mutation: another-card-accepted
+    if not host or card is None or card == plan.inputs.card:
+        return
+    made = "made for" if plan.inputs.compute_capability else "made without a card, assuming"
+    raise PlanError(f"the plan was {made} compute capability {plan.inputs.card} and this card is {card}: the routed "
+                    f"experts it puts on the host ({host[0]}, ...) are served by the kernel vLLM picks per card; make "
+                    f"the plan again with `selective-offload plan --compute-capability {card}`, or use "
+                    "SELECTIVE_OFFLOAD_PLAN=auto")
+
+
 def routing_kwargs(xl: ExpertsLoad | None, routed_experts_cls: type) -> dict[str, Any]:
     """:class:`ConstructOnHost` arguments that build the uva-served experts on the host."""
     if xl is None:

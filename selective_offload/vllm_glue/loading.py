@@ -138,6 +138,7 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     load.names, names_notes = model_names.names_for(settings.plan, model_config)
     load.experts = experts.ExpertsLoad.of(settings.plan, load.names)
     experts.refuse_before_load(load.experts, device, load.page_locked.policy)
+    experts.refuse_another_card(settings.plan, device)
     load.notes += start_notes + names_notes
     load.notes += check_model(settings.plan, str(model_config.model))
     load.notes += list(settings.plan.load_notes)

@@ -73,7 +73,12 @@ def test_no_plan_is_one_the_glue_refuses(tmp_path, model, card):
     uva = [g for g in plan.groups if g.placement == "host-uva"]
     for g in uva:
         experts.check_kernel(g.group, method_standin(method, kernel), torch.device("cuda"), card=card)
-    assert plan.strategy != "infeasible"
+    if kernels.pick(method, card).moves:
+        assert plan.strategy != "infeasible"
+    else:  # the kernel's weights are not Parameters: no layer with routed experts leaves the device
+        layers = {g.layer_index for g in plan.groups if g.kind == "experts"}
+        assert not [g.group for g in plan.groups if g.layer_index in layers and g.placement in ("host-hot", "host-uva")]
+        assert any("not Parameters" in n and "stays resident" in n for n in plan.notes)
     # Not vacuous: where the kernel reads UVA the plan does use it, and where it does not, the
     # glue would have refused a host-uva group (and the plan says why it has none).
     assert bool(uva) == kernels.reads_uva(kernel)
@@ -159,3 +164,18 @@ def test_auto_plans_for_the_server_s_moe_setting(monkeypatch):
     assert auto_plan.setting_of_server(server("flashinfer_cutlass")) == kernels.AUTO  # not in the table
     monkeypatch.setattr(envs, "VLLM_USE_DEEP_GEMM", False, raising=False)
     assert auto_plan.setting_of_server(server("auto")) == kernels.DEEP_GEMM_OFF
+
+
+def test_a_plan_with_experts_on_the_host_made_for_another_card_is_refused_before_load(tmp_path):
+    checkpoint, plan = plan_for(tmp_path, "gpt-oss-20b", "8.9")
+    assert any(g.placement == "host-uva" for g in plan.groups)
+    cuda = torch.device("cuda")
+    experts.refuse_another_card(plan, cuda, card="8.9")  # its own card
+    experts.refuse_another_card(plan, torch.device("cpu"))  # the CPU build: no kernel table
+    with pytest.raises(PlanError, match=r"made for compute capability 8.9 and this card is 9.0: .*"
+                                        r"plan --compute-capability 9.0") as err:
+        experts.refuse_another_card(plan, cuda, card="9.0")
+    assert "\n" not in str(err.value)
+    assumed = make_plan(checkpoint, PlanInputs(device_memory_bytes=8 * GiB))
+    with pytest.raises(PlanError, match="made without a card, assuming compute capability 8.9"):
+        experts.refuse_another_card(assumed, cuda, card="12.0")
