@@ -66,6 +66,22 @@ UVA_KERNELS = frozenset({"TritonExperts", "MarlinExperts"})
 #: reaches them: they stay on the device, so no layer of theirs can be offloaded.
 WRAPPED_KERNELS = frozenset({"OAITritonMxfp4ExpertsMonolithic", "OAITritonExperts", "UnfusedOAITritonExperts"})
 
+#: (method, kernel) pairs whose post-processing needs no device: vLLM 0.33 runs it on host
+#: tensors and leaves every byte and stride as loaded. Unquantized on Triton only makes the
+#: weights contiguous; block FP8 on Triton has no format conversion
+#: (``fused_moe/oracle/fp8.py:588-700`` has no Triton branch) and no requantization (that is
+#: per-tensor FP8's, ``quantization/fp8.py:752-761``, through a compiled op). Checked by
+#: running 0.33's own ``process_weights_after_loading`` on host tensors
+#: (tests/contract/check_kernel_table.py). Any other pair post-processes on the device.
+HOST_POST_PROCESSING = frozenset({("unquantized", "TritonExperts"), ("fp8-block", "TritonExperts")})
+
+
+def post_processes_on_host(method: str | None, kernel: str | None) -> bool:
+    """Whether vLLM's post-processing of ``method``'s experts for ``kernel`` runs on the host."""
+    # mutation: host-post-processing-any
+    return (method, kernel) in HOST_POST_PROCESSING
+
+
 #: Methods, with what vLLM builds for them (the class whose oracle call the rows follow).
 METHODS = {
     "unquantized": "bf16/fp16, UnquantizedFusedMoEMethod (oracle/unquantized.py)",

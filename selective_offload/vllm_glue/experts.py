@@ -10,7 +10,8 @@ read the experts it routes to over the link, inside the kernel, with no copy per
    by :meth:`names.ModelNames.key`); :class:`ConstructOnHost` allocates them on the
    host, so they never take device memory, not even transiently, and its ledger proves it;
 2. **loading**: vLLM's ``weight_loader`` copies the checkpoint into that host storage;
-3. **post-processing**: a quant method that can post-process on the host does so in place
+3. **post-processing**: a quant method that can post-process on the host (the kernel
+   table's ``HOST_POST_PROCESSING``: unquantized and block FP8 on Triton) does so in place
    (``requires_device_loading = False``: no ``device_loading_context`` round trip); one
    that needs the device does so one layer at a time (the transient, one layer's experts,
    is noted), and its results come back to host memory of their exact size, never to
@@ -45,9 +46,9 @@ Which fused-MoE kernels read UVA views is one table, the planner's
 checked against its oracles, and the evidence for each kernel that reads UVA views). The
 kernel is the quant method's ``experts_cls``, chosen when the layer is built, so a plan is
 refused right after construction, before any weight loads, when the table says the kernel
-does not; the refusal names the setting under which vLLM picks one that does. Quantized
-methods post-process on the device one layer at a time (step 3), as vLLM's own UVA offload
-does for Marlin (the table's evidence); unit-tested on a CPU proxy here, not run on a GPU yet.
+does not; the refusal names the setting under which vLLM picks one that does. Other
+quantized methods post-process on the device one layer at a time (step 3), as vLLM's own UVA
+offload does for Marlin (the table's evidence); unit-tested on a CPU proxy here, not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -77,10 +78,6 @@ UVA_KERNELS = kernels.UVA_KERNELS
 VIEW_RECORD = "_selective_offload_uva_view"
 #: The argument of ``RoutedExperts.__init__`` that carries the FusedMoE ``prefix``.
 PREFIX_ARGUMENT = "layer_name"
-#: Quant methods that post-process routed experts in place on the host, for the kernels
-#: the check accepts (for Triton's the unquantized method only makes the weights
-#: contiguous; the CPU build repacks them on the host). Any other runs on the device.
-IN_PLACE_METHODS = frozenset({"UnquantizedFusedMoEMethod"})
 #: What the report says serves a group served ``uva``.
 MECHANISM_VIEW = "uva (the fused-MoE kernel reads the routed experts in place through a device view)"
 MECHANISM_CPU = "uva (host memory is the device's memory here: the kernel reads the experts in place, no view)"
@@ -230,7 +227,10 @@ def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[i
         method = module.quant_method
         check_kernel(group, method, device)
         xl.routed |= {id(p) for p in own_parameters(module, xl) if _storage(p) in routed_storages}
-        on_device = device.type != "cpu" and type(method).__name__ not in IN_PLACE_METHODS
+        # Where vLLM's post-processing needs no device (the table's), it runs in place on the
+        # host; the CPU build repacks on the host anyway.
+        on_device = device.type != "cpu" and not kernels.post_processes_on_host(kernels.method_of_vllm(method),
+                                                                               _kernel(method))
         take_over_post_processing(module, method, group, xl, device if on_device else None)
 
 

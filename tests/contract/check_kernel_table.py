@@ -16,7 +16,14 @@ Stand-ins, each for what cannot exist here (no GPU, the CUDA wheel's compiled pa
 - the optional kernel packages the CUDA wheel ships or requires (flashinfer-python,
   vendored DeepGEMM and triton_kernels, humming-kernels): their ``has_*`` probes answer yes.
   Whether each kernel supports the card and the layer is still vLLM's own code;
-- every ``functools`` cache in vLLM is cleared between rows (capability probes are cached).
+- every ``functools`` cache in vLLM is cleared between rows (capability probes are cached);
+- for the host post-processing check, tensor parallelism is one rank
+  (``vllm.distributed.get_tensor_model_parallel_world_size`` answers 1: no process group here).
+
+Then ``ok host-post-processing ...`` / ``FAIL ...`` for each pair in the table's
+``HOST_POST_PROCESSING``: 0.33's own ``create_weights`` and ``process_weights_after_loading``
+run on host tensors (card 8.9, where vLLM builds that kernel), and every parameter must stay
+on the host with its bytes and strides.
 """
 
 from __future__ import annotations
@@ -182,6 +189,41 @@ def oracle(method: str, card: str, setting: str) -> str:
             os.environ.pop(key, None)
 
 
+def host_post_processing(method: str, kernel: str) -> str:
+    """Run 0.33's post-processing of ``method`` for ``kernel`` on host tensors; '' when every
+    parameter stays on the host with its bytes and strides, else what changed."""
+    import vllm.distributed as distributed
+
+    distributed.get_tensor_model_parallel_world_size = lambda: 1
+    StandInCuda.capability = (8, 9)
+    clear_caches()
+    config = VllmConfig()
+    object.__setattr__(config, "model_config", SimpleNamespace(
+        quantization_config=None, hf_text_config=SimpleNamespace(model_type="stand-in")))
+    with set_current_vllm_config(config):
+        quant = build(method, "auto")
+        if quant.experts_cls.__name__ != kernel:
+            return f"vLLM built {quant.experts_cls.__name__} on SM 8.9, not {kernel}"
+        layer = layer_of(dataclasses.replace(QWEN3, moe_backend="auto"))
+        quant.create_weights(layer, num_experts=4, hidden_size=256, intermediate_size_per_partition=128,
+                             params_dtype=torch.bfloat16, weight_loader=lambda *a, **k: None)
+        if method == "fp8-block":
+            layer.weight_block_size = [128, 128]
+        torch.manual_seed(0)
+        for p in layer.parameters():
+            p.data = (torch.rand(p.shape) + 0.5).to(p.dtype)
+        before = {n: (p.data.clone(), p.stride()) for n, p in layer.named_parameters()}
+        quant.process_weights_after_loading(layer)
+        for n, p in layer.named_parameters():
+            data, stride = before.get(n, (None, None))
+            if p.device.type != "cpu":
+                return f"{n} went to {p.device}"
+            if data is None or p.stride() != stride or not torch.equal(p.data.flatten().view(torch.uint8),
+                                                                       data.flatten().view(torch.uint8)):
+                return f"{n} changed (shape {tuple(p.shape)}, stride {p.stride()})"
+    return ""
+
+
 def main() -> int:
     to_standin()
     failed = 0
@@ -218,6 +260,16 @@ def main() -> int:
             else:
                 failed += 1
                 print(f"FAIL {label}: vLLM built {got}, which does not read UVA", flush=True)
+    for method, kernel in sorted(kernels.HOST_POST_PROCESSING):
+        try:
+            why = host_post_processing(method, kernel)
+        except Exception as exc:  # noqa: BLE001 - what needed a device says so
+            why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        if why:
+            failed += 1
+            print(f"FAIL host-post-processing {method} | {kernel}: {why}", flush=True)
+        else:
+            print(f"ok host-post-processing {method} | {kernel}", flush=True)
     return 1 if failed else 0
 
 

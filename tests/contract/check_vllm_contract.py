@@ -666,6 +666,7 @@ def _routed_experts_uva() -> None:
     from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
     from vllm.model_executor.model_loader import utils as loader_utils
     from vllm.model_executor.offloader import uva
+    from selective_offload.planner import kernels
     from selective_offload.vllm_glue import experts
 
     expect(experts.PREFIX_ARGUMENT in params(RoutedExperts.__init__),
@@ -676,7 +677,8 @@ def _routed_experts_uva() -> None:
            "RoutedExperts.__init__ no longer creates the expert weights")
     expect(any("self.experts_cls" in t for t in assign_targets(UnquantizedFusedMoEMethod.__init__)),
            "UnquantizedFusedMoEMethod.__init__ no longer sets experts_cls")
-    expect(UnquantizedFusedMoEMethod.__name__ in experts.IN_PLACE_METHODS, "unquantized MoE method renamed")
+    expect(kernels.method_of_vllm(UnquantizedFusedMoEMethod.__new__(UnquantizedFusedMoEMethod)) == "unquantized",
+           "unquantized MoE method renamed")
     for where, obj in (("device_loading_context", loader_utils.device_loading_context),
                        ("UVAOffloader", uva.UVAOffloader)):
         expect(f'"{experts.UVA_MARKER}"' in source(obj) and f"p.{experts.UVA_MARKER} = True" in source(obj),

@@ -4,7 +4,8 @@
 ``sys.path`` (as test_vllm_contract.py runs its checks) and builds each row's quant method
 with the row's compute capability and setting (stand-ins named in that script). Every row
 must print ``ok``, or ``notrun`` for a row the table lists in ``NOT_RUN``; every advice line
-(the setting a refusal names, applied to the oracle) must print ``ok``.
+(the setting a refusal names, applied to the oracle) must print ``ok``, and so must every pair
+the table says post-processes on the host (0.33's own method run on host tensors).
 """
 
 from __future__ import annotations
@@ -55,4 +56,6 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
     refusals = [(m, c) for m in kernels.METHODS for c in kernels.CARDS
                 if not kernels.reads_uva(kernels.kernel_for(m, c))]
     assert refusals and len(advised) == len(refusals), detail
+    on_host = {line[len("ok host-post-processing "):] for line in lines if line.startswith("ok host-post-processing ")}
+    assert on_host == {f"{m} | {k}" for m, k in kernels.HOST_POST_PROCESSING}, detail
     assert proc.returncode == 0, f"the script exited {proc.returncode}" + detail

@@ -18,6 +18,7 @@ from helpers import PageRegistrar
 
 from selective_offload.errors import PlanError
 from selective_offload.names import group_key
+from selective_offload.planner import kernels
 from selective_offload.vllm_glue import experts
 from selective_offload.wrappers.construct_on_host import ConstructOnHost
 from selective_offload.wrappers.page_locked import PageLockedLedger, PinPath, PinPolicy
@@ -117,6 +118,30 @@ def test_unquantized_post_processing_runs_in_place_and_stays_built_on_the_host()
     assert params and all(p.device.type == "cpu" for p in params)
     assert {id(p) for p in params} <= xl.routed
     assert xl.post_processing[GROUP] == "post-processed in place on the host" and xl.transient_bytes == 0
+
+
+def test_block_fp8_on_triton_post_processes_on_the_host_even_on_cuda():
+    """vLLM 0.33's block-FP8 post-processing for Triton needs no device (the table's
+    ``HOST_POST_PROCESSING``, checked against 0.33's own method in the contract tier): the
+    glue runs it in place on the host, with no device round trip, on a CUDA device too.
+    The method is a stand-in named as vLLM's (building Fp8MoEMethod needs CUDA here)."""
+    xl = experts_load(GROUP)
+    model, mode = build_runners(xl, layers=1, device="cpu")
+    find(model, xl)
+    result = mode.finish(model, xl.is_expert_module)
+    layer = model.layers[0].mlp.experts.routed_experts
+    ran = []
+    standin = type("Fp8MoEMethod", (torch.nn.Module,), {
+        "block_quant": True, "requires_device_loading": True,
+        "process_weights_after_loading": lambda self, layer: ran.append(layer)})()
+    standin.experts_cls = type("TritonExperts", (), {})
+    layer.quant_method = standin
+    experts.after_construction(model, xl, result.storages, torch.device("cuda"))
+    standin.process_weights_after_loading(layer)
+    assert ran == [layer] and standin.requires_device_loading is False
+    assert xl.post_processing[GROUP] == "post-processed in place on the host" and xl.transient_bytes == 0
+    assert all(p.device.type == "cpu" for p in layer.parameters())
+    assert not kernels.post_processes_on_host("fp8-tensor", "TritonExperts")  # requantizes through a compiled op
 
 
 def test_device_post_processing_is_one_layer_at_a_time_and_returns_at_exact_size():
