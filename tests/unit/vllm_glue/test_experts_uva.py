@@ -425,15 +425,23 @@ def test_block_scales_reallocated_on_the_heap_are_refused_one_by_one_and_locked_
     the small block scales land on the heap and share pages with their neighbours.
     Registered one parameter at a time, some are refused and stay unlocked; attach's arenas lock every
     one, one registration per module, no refusal."""
-    from selective_offload.vllm_glue.host_resident import to_host_exact
-
     layers = 4
     model, xl = block_fp8_model(layers)
-    for layer in model.layers:  # the way back from the device, in vLLM's parameter order
-        for p in layer.mlp.experts.parameters():
-            p.data = to_host_exact(p.data)
-    # The premise of the finding: the heap packs the small scales next to other parameters.
-    assert shared_page_pairs(list(model.parameters())) > 0
+    # The way back from the device, in vLLM's parameter order, onto a stand-in for the heap:
+    # one after another, 16-byte aligned, each its own storage, as malloc packs small blocks
+    # (the real heap's placement varies from run to run; this one does not).
+    params = list(model.parameters())
+    heap = bytearray(sum(-(-p.numel() * p.element_size() // 16) * 16 for p in params) + 16)
+    base = (-torch.frombuffer(heap, dtype=torch.uint8).data_ptr()) % 16
+    at = base
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        block = torch.frombuffer(memoryview(heap)[at:at + nbytes], dtype=torch.uint8)
+        block.copy_(p.data.contiguous().view(-1).view(torch.uint8))
+        p.data = block.view(p.dtype).view(p.shape)
+        at += -(-nbytes // 16) * 16
+    # The premise of the finding: small scales share pages with their neighbours.
+    assert shared_page_pairs(params) > 0
 
     one_by_one = uva_ledger()
     locked = [one_by_one.lock(p.data, "experts") for p in model.parameters()]
