@@ -204,6 +204,9 @@ def test_attach_locks_each_experts_module_in_one_arena_then_swaps_in_marked_uva_
     model, mode = build_runners(xl, layers=1, device="cpu")
     find(model, xl)
     layer = model.layers[0].mlp.experts.routed_experts
+    with torch.no_grad():  # values, not the allocator's leftovers (a NaN among them never equals itself)
+        for p in layer.parameters():
+            p.normal_()
     before = {n: (p, layout_of(p.data), p.detach().clone()) for n, p in layer.named_parameters()}
     ledger = uva_ledger()
     asked = []
