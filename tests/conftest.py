@@ -18,6 +18,14 @@ sys.path.insert(0, str(HERE))
 
 
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Property tests (hypothesis) search hostile inputs: the same examples on every run (a
+# failure in CI is one a developer sees again), in bounded time, writing nothing (no
+# example database in the checkout). A test may ask for more examples with @settings.
+settings.register_profile("suite", derandomize=True, database=None, deadline=None, max_examples=60,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 TIERS = ("unit", "contract", "engine", "gpu", "tools")
 
