@@ -7,7 +7,18 @@
 # (SETUP_LOG, default .venv/setup.log) that is named on screen. When a phase fails, the
 # log's last lines, the step that failed and the command to retry are printed.
 set -euo pipefail
+# The first line of every log this script writes: a file that does not start with it was
+# not written here, and is never replaced.
+header="# selective-offload setup log (scripts/setup.sh)"
+# A SETUP_LOG the caller gives is a path from the caller's directory, so it is made absolute
+# before the cd into the checkout (a relative one would otherwise land on the checkout's files).
+log=""
+if [ -n "${SETUP_LOG:-}" ]; then
+    # mutation: setup-log-resolved-late
+    case "$SETUP_LOG" in /*) log=$SETUP_LOG ;; *) log="$PWD/$SETUP_LOG" ;; esac
+fi
 cd "$(dirname "$0")/.."
+checkout=$PWD
 
 python=${PYTHON:-python3}
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
@@ -25,8 +36,21 @@ if [ -f "$stamp" ]; then
 fi
 
 mkdir -p .venv
-log=${SETUP_LOG:-.venv/setup.log}
-: >"$log"
+if [ -n "$log" ]; then
+    # mutation: setup-log-overwrites
+    if [ -e "$log" ] && { [ ! -f "$log" ] || { [ -s "$log" ] && [ "$(head -n 1 "$log")" != "$header" ]; }; }; then
+        echo "setup: SETUP_LOG=$SETUP_LOG ($log) exists and is not a log this script wrote; name a new file, or unset SETUP_LOG for .venv/setup.log" >&2
+        exit 2
+    fi
+    # mutation: setup-log-tracked-file-allowed
+    if [ -n "$(cd "$(dirname "$log")" 2>/dev/null && git -C "$checkout" ls-files -- "$(pwd -P)/$(basename "$log")" 2>/dev/null)" ]; then
+        echo "setup: SETUP_LOG=$SETUP_LOG ($log) is a file of this checkout; name a file outside it, or unset SETUP_LOG" >&2
+        exit 2
+    fi
+else
+    log=.venv/setup.log
+fi
+echo "$header" >"$log"
 started=$SECONDS
 tail_lines=${SETUP_TAIL:-30}
 failing=""

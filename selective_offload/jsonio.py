@@ -83,6 +83,7 @@ def read(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
     """Parse the JSON file at ``path``. Raises ``OSError`` (cannot read) or ``ValueError``
     (not bounded, valid JSON), for the caller to turn into its one-line error."""
     path = Path(path)
+    # mutation: json-read-non-regular
     if path.exists() and not path.is_file():
         raise OSError("not a regular file")
     with path.open("rb") as f:

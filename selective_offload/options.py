@@ -141,6 +141,10 @@ def device_memory_from_env(environ: Mapping[str, str] = os.environ) -> int | Non
     text = environ.get(ENV_DEVICE_MEMORY, "").strip()
     if not text:
         return None
+    # mutation: device-memory-env-uncut
+    if len(text) > 40:  # no size is this long; the message must not repeat thousands of characters
+        raise UserError(f"{ENV_DEVICE_MEMORY}: {text[:20]!r}... ({len(text)} characters) is not a size; write one "
+                        "like 24GiB (or unset it to plan for the card's memory)")
     value = parse_size(text, ENV_DEVICE_MEMORY)
     if value <= 0:
         raise UserError(f"{ENV_DEVICE_MEMORY}={text!r}: must be more than 0, like 24GiB (or unset it to plan "

@@ -289,13 +289,14 @@ def check_strategy(plan: PlanContents, where: str = "plan") -> None:
     raise PlanError(f"{where}: strategy is {plan.strategy}, but {wrong}; {REPLAN}")
 
 
-def require_feasible(plan: PlanContents, what: str = "the plan") -> None:
-    """Refuse to apply an infeasible plan (enable(), and plans made at engine start)."""
+def require_feasible(plan: PlanContents, what: str = "the plan", fix: str | None = None) -> None:
+    """Refuse to apply an infeasible plan (enable(), and plans made at engine start); ``fix``:
+    what to change, where the caller knows the inputs better (an engine's settings)."""
     if plan.strategy != Strategy.INFEASIBLE:
         return
     if plan.shortfall_bytes:
         need = f"{plan.shortfall_bytes / GB:.3f} GB more device memory is needed than it has"
     else:
         need = f"{plan.host_shortfall_bytes / GB:.3f} GB more host memory is needed than it has"
-    raise PlanError(f"{what} is infeasible: {need}; plan for a larger card, a smaller KV cache or a "
-                    "smaller checkpoint")
+    raise PlanError(f"{what} is infeasible: {need}; "
+                    + (fix or "plan for a larger card, a smaller KV cache or a smaller checkpoint"))

@@ -46,9 +46,9 @@ class Plan(PlanContents):
         """The strategy names what the placement does, and a feasible placement fits."""
         checks.check_strategy(self, where)
 
-    def require_feasible(self, what: str = "the plan") -> None:
+    def require_feasible(self, what: str = "the plan", fix: str | None = None) -> None:
         """Refuse to apply an infeasible plan (enable(), and plans made at engine start)."""
-        checks.require_feasible(self, what)
+        checks.require_feasible(self, what, fix)
 
     # ---- serialisation (see :mod:`.io`)
     def to_dict(self, *, derived: bool = True) -> dict[str, Any]:

@@ -42,6 +42,8 @@ COPY_BYTES_COUNTED = "read+write"
 SAMPLE_KINDS = ("h2d_pinned", "h2d_pageable", "d2d", "host_memcpy", "uva_read")
 
 REPROBE = "run `selective-offload probe` again, or delete the file"
+#: A profile is a few kilobytes; a file larger than this is not one (and is not read past it).
+MAX_PROFILE_BYTES = 1_000_000
 
 
 # --------------------------------------------------------------------------- the profile
@@ -134,19 +136,22 @@ class Profile:
         return _read_profile(data, where)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Profile":
+    def load(cls, path: str | os.PathLike, named_by: str | None = None) -> "Profile":
+        """The profile in the file at ``path``, read through the project's one bounded JSON
+        reader (:func:`jsonio.read`: a regular file only, so a FIFO is refused before it is
+        opened; at most :data:`MAX_PROFILE_BYTES` read; bounded depth and numbers).
+        ``named_by``: the environment variable that named the file, for the messages."""
         path = Path(path).expanduser()
+        where = f"{named_by}={path}" if named_by else str(path)
+        fix = f"point {named_by} at a profile `selective-offload probe` wrote, or unset it" if named_by else REPROBE
         try:
-            text = path.read_text()
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read the profile: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise UserError(f"{path}: the profile is not text (not UTF-8 JSON); {REPROBE}") from None
-        try:
-            data = jsonio.parse(text)
-        except ValueError as exc:  # bounded depth, no NaN/Infinity or numbers of thousands of digits
-            raise UserError(f"{path}: the profile is not valid JSON ({exc}); {REPROBE}") from None
-        return cls.from_dict(data, where=str(path))
+            # mutation: profile-size-bound-dropped
+            data = jsonio.read(path, max_bytes=MAX_PROFILE_BYTES)
+        except OSError as exc:  # missing, unreadable, or not a regular file (a FIFO, a directory)
+            raise UserError(f"{where}: cannot read the profile: {exc.strerror or exc}; {fix}") from None
+        except ValueError as exc:  # too large, not UTF-8, deep, NaN/Infinity, numbers of thousands of digits
+            raise UserError(f"{where}: the profile is not valid JSON ({str(exc)[:120]}); {fix}") from None
+        return cls.from_dict(data, where=where)
 
     # ---- for people
     def render(self) -> str:
@@ -226,21 +231,25 @@ _REQUIRED = ("format", "machine", "date", "torch_version", "device", "integrated
              "host_memcpy_gbps", "no_link_reason")
 
 
+def _shown(value: Any) -> str:
+    """``value`` as JSON for a message, cut to one short line."""
+    shown = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
 def _read_profile(data: Any, where: str) -> Profile:
     def bad(name: str, value: Any, want: str) -> UserError:
-        shown = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
-        if len(shown) > 60:
-            shown = shown[:57] + "..."
-        return UserError(f"{where}: {name} is {shown}, but must be {want}; {REPROBE}")
+        # mutation: profile-message-uncut
+        return UserError(f"{where}: {name[:80]} is {_shown(value)}, but must be {want}; {REPROBE}")
 
     if not isinstance(data, dict):
         raise UserError(f"{where}: a profile is a JSON object, not {type(data).__name__}; {REPROBE}")
     fmt = data.get("format")
     if fmt != PROFILE_FORMAT:
-        if isinstance(fmt, str) and fmt.startswith("selective-offload/profile-v"):
+        if isinstance(fmt, str) and fmt.startswith("selective-offload/profile-v") and len(fmt) < 60:
             raise UserError(f"{where}: format {fmt!r} is not {PROFILE_FORMAT!r}, the one this release reads; "
                             f"upgrade selective-offload, or {REPROBE}")
-        raise UserError(f"{where}: not a selective-offload profile (format is {json.dumps(fmt)}, "
+        raise UserError(f"{where}: not a selective-offload profile (format is {_shown(fmt)}, "
                         f"not {PROFILE_FORMAT!r}); {REPROBE}")
     missing = [name for name in _REQUIRED if name not in data]
     if missing:
@@ -367,10 +376,17 @@ def default_profile_path() -> Path:
 def load_profile(path: str | os.PathLike | None = None) -> Profile | None:
     """The profile at ``path`` (default: :func:`default_profile_path`), or ``None`` when there
     is no such file; a file that exists but cannot be used is a one-line :class:`UserError`."""
-    path = Path(path).expanduser() if path is not None else default_profile_path()
-    if not path.exists() and not path.is_symlink():
-        return None
-    return Profile.load(path)
+    named_by = None
+    if path is None:
+        path, named_by = default_profile_path(), (PROFILE_ENV if os.environ.get(PROFILE_ENV, "").strip() else None)
+    path = Path(path).expanduser()
+    try:
+        if not path.exists() and not path.is_symlink():
+            return None
+    except OSError as exc:  # a name too long, a loop of links
+        raise UserError(f"{named_by or 'the profile'}={str(path)[:200]}: cannot be used ({exc.strerror or exc})"
+                        + (f"; point {named_by} at a profile file, or unset it" if named_by else "")) from None
+    return Profile.load(path, named_by)
 
 
 # --------------------------------------------------------------------------- what planning takes

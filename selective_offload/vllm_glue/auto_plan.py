@@ -29,7 +29,7 @@ from ..plan import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..plan.inputs import MOE_SETTINGS, moe_setting
 from ..planner import make_plan
 from ..probe import load_profile, plan_bandwidths, plan_defaults
-from ..options import ENV_DEVICE_MEMORY, device_memory_from_env
+from ..options import ENV_DEVICE_MEMORY, ENV_PLAN, device_memory_from_env
 from ..sizes import GiB
 
 
@@ -80,6 +80,13 @@ def setting_of_server(vllm_config) -> str:
     return setting if setting in MOE_SETTINGS else "auto"
 
 
+def _what_to_change(memory_from: str) -> str:
+    """The engine's settings that give the plan more room, the device memory's source first."""
+    memory = (f"raise {ENV_DEVICE_MEMORY} toward the card's memory" if memory_from.startswith(ENV_DEVICE_MEMORY)
+              else "raise gpu_memory_utilization, use a larger card")
+    return f"{memory}, lower max_model_len or kv_cache_memory_bytes, or serve a smaller checkpoint"
+
+
 def plan_at_start(settings_options, vllm_config, model_config, device: torch.device) -> tuple[Plan, list[str]]:
     """Plan the checkpoint vLLM is loading for this card; write it beside the report."""
     model_dir = Path(str(model_config.model))
@@ -114,7 +121,8 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
     plan = make_plan(checkpoint, inputs)
     # The rule enable() applies to a plan it is given: an infeasible plan is not run.
     # mutation: auto-runs-infeasible
-    plan.require_feasible(f"the plan made at engine start for {model_dir} ({memory_from})")
+    plan.require_feasible(f"{ENV_PLAN}=auto: the plan made at engine start for {model_dir} ({memory_from})",
+                          _what_to_change(memory_from))
     notes = [f"plan made at engine start: device memory {device_memory / GiB:.2f} GiB ({memory_from}); KV cache "
              f"{kv_bytes / GiB:.2f} GiB ({kv_from}); {link_from}; strategy {plan.strategy}"]
     if settings_options.report_path:

@@ -44,3 +44,6 @@ def test_5_an_infeasible_plan_made_at_engine_start_stops_the_engine(two_models, 
     selective_offload.enable("auto")
     with pytest.raises(Exception, match="the plan made at engine start for .* is infeasible"):
         generate_tokens(model, prompts=[[1, 2, 3]], max_tokens=2)
+    # Asked afterwards, the report names the infeasibility and the variable, not "no plan was enabled".
+    report = selective_offload.placement_report()
+    assert "is infeasible: " in (report.error or "") and f"raise {ENV_DEVICE_MEMORY}" in report.error, report.error

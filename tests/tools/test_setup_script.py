@@ -87,3 +87,63 @@ def test_a_failing_install_prints_the_logs_tail_and_how_to_retry(tmp_path):
     assert len(lines) == 37
     assert not list((repo / ".venv").glob(".installed-*")), "no stamp after a failure"
     assert "checking the install" not in proc.stderr
+
+
+def setup_from(cwd: Path, repo: Path, tmp_path: Path, log: str) -> subprocess.CompletedProcess:
+    """The script run as a user runs it from another directory, with SETUP_LOG given."""
+    env = {**os.environ, "PYTHON": str(tmp_path / "fake-python"), "FAKE_PIP": "ok", "SETUP_LOG": log}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
+                                  if not (Path(p) / "nvidia-smi").exists())
+    return subprocess.run(["bash", str(repo / "scripts" / "setup.sh")], capture_output=True, text=True,
+                          env=env, timeout=60, cwd=cwd)
+
+
+def test_a_relative_setup_log_is_the_callers_path_and_never_the_checkouts_file(tmp_path):
+    """`SETUP_LOG=README.md bash /path/to/checkout/scripts/setup.sh` from another directory:
+    the log lands in the caller's directory, and the checkout's README.md is untouched."""
+    repo = checkout(tmp_path)
+    readme = repo / "README.md"
+    readme.write_text("# the checkout's README\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = setup_from(elsewhere, repo, tmp_path, "README.md")
+    assert proc.returncode == 0, proc.stderr
+    assert readme.read_text() == "# the checkout's README\n"
+    log = (elsewhere / "README.md").read_text()
+    assert log.startswith("# selective-offload setup log") and "Collecting package-200" in log
+    assert str(elsewhere / "README.md") in proc.stderr.splitlines()[0]
+
+
+def test_a_setup_log_never_replaces_a_file_the_script_did_not_write(tmp_path):
+    """An existing file that is not one of this script's logs is refused in one line (exit
+    2) and left as it was; the script's own log is replaced on a rerun."""
+    repo = checkout(tmp_path)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    proc = setup_from(tmp_path, repo, tmp_path, "notes.txt")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "exists and is not a log this script wrote" in proc.stderr
+    assert notes.read_text() == "my notes\n"
+    assert not (repo / ".venv" / "bin").exists(), "refused before any work"
+    # A directory is not a log either.
+    assert setup_from(tmp_path, repo, tmp_path, str(tmp_path)).returncode == 2
+    # The script's own log from a run before is replaced.
+    first = setup_from(tmp_path, repo, tmp_path, "mine.log")
+    assert first.returncode == 0, first.stderr
+    for stamp in (repo / ".venv").glob(".installed-*"):
+        stamp.unlink()
+    again = setup_from(tmp_path, repo, tmp_path, "mine.log")
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "mine.log").read_text().count("# selective-offload setup log") == 1
+
+
+def test_a_setup_log_is_never_a_tracked_file_of_the_checkout(tmp_path):
+    """An empty tracked file (an empty __init__.py) passes the header rule, so a tracked
+    file of the checkout is refused by name."""
+    repo = checkout(tmp_path)
+    (repo / "empty.py").write_text("")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "empty.py"], check=True)
+    proc = setup_from(tmp_path, repo, tmp_path, str(repo / "empty.py"))
+    assert proc.returncode == 2 and "is a file of this checkout" in proc.stderr, proc.stderr
+    assert (repo / "empty.py").read_text() == ""
