@@ -20,6 +20,23 @@ FULL = Path("/dev/full")
 needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="/dev/full (a disk that is always full) is Linux's")
 
 
+@pytest.fixture
+def planned(monkeypatch) -> list:
+    """The models planned in this test: a refusal "before any work" plans none (a spy on
+    the CLI's make_plan, which still plans)."""
+    from selective_offload import cli
+
+    calls: list = []
+    real = cli.make_plan
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "make_plan", spy)
+    return calls
+
+
 def plan(capsys, *argv):
     code = main(["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--host-memory", "none", *argv])
     out, err = capsys.readouterr()
@@ -39,30 +56,34 @@ def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith(".so-"))
 
 
-def test_a_picture_into_proc_is_refused_before_any_work(capsys, tmp_path):
+def test_a_picture_into_proc_is_refused_before_any_work(capsys, tmp_path, planned):
     code, out, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--png", "/proc/picture.png")
     assert_one_line_refusal(code, out, err, "--png /proc/picture.png: cannot be written")
+    assert planned == []
     assert not (tmp_path / "plan.json").exists()  # refused before the plan was made and written
 
 
-def test_a_picture_onto_a_directory_is_refused_before_any_work(capsys, tmp_path):
+def test_a_picture_onto_a_directory_is_refused_before_any_work(capsys, tmp_path, planned):
     (tmp_path / "picture.png").mkdir()
     code, out, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--png", str(tmp_path / "picture.png"))
     assert_one_line_refusal(code, out, err, "picture.png: is a directory; name a file in it")
+    assert planned == []
     assert not (tmp_path / "plan.json").exists()
 
 
 @needs_dev_full
-def test_a_picture_onto_a_full_device_is_refused_before_any_work(capsys, tmp_path):
+def test_a_picture_onto_a_full_device_is_refused_before_any_work(capsys, tmp_path, planned):
     (tmp_path / "picture.svg").symlink_to(FULL)
     code, out, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--svg", str(tmp_path / "picture.svg"))
     assert_one_line_refusal(code, out, err, "picture.svg: is not a regular file")
+    assert planned == []
     assert not (tmp_path / "plan.json").exists() and (tmp_path / "picture.svg").resolve() == FULL
 
 
-def test_a_plan_output_into_proc_is_refused_before_any_work(capsys, tmp_path):
+def test_a_plan_output_into_proc_is_refused_before_any_work(capsys, tmp_path, planned):
     code, out, err = plan(capsys, "-o", "/proc/plan.json", "--png", str(tmp_path / "picture.png"))
     assert_one_line_refusal(code, out, err, "-o /proc/plan.json: cannot be written")
+    assert planned == []
     assert not (tmp_path / "picture.png").exists()
 
 
@@ -73,7 +94,7 @@ def test_two_outputs_naming_one_file_are_refused(capsys, tmp_path):
 
 @needs_dev_full
 def test_a_disk_full_while_writing_the_picture_is_one_line_and_leaves_the_users_files_as_they_were(
-        capsys, tmp_path, monkeypatch):
+        capsys, tmp_path, monkeypatch, planned):
     """The disk fills after the paths were tried: the picture's temporary file is made to
     land on /dev/full (the kernel's ENOSPC, not a stand-in), and neither the picture nor the
     plan asked for with it replaces the user's files, and no temporary file is left."""
@@ -95,7 +116,7 @@ def test_a_disk_full_while_writing_the_picture_is_one_line_and_leaves_the_users_
     code, out, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--svg", str(tmp_path / "picture.svg"))
     assert_one_line_refusal(code, out, err, "--svg", "picture.svg: cannot be written (No space left on device)",
                             "nothing was written")
-    assert calls["picture.svg"] == 2, calls
+    assert calls["picture.svg"] == 2 and len(planned) == 1, calls  # it failed at the end, after planning
     assert (tmp_path / "plan.json").read_text() == "the user's old plan\n"
     assert (tmp_path / "picture.svg").read_text() == "the user's old picture\n"
     assert leftovers(tmp_path) == []
@@ -114,7 +135,7 @@ def test_the_plan_and_its_pictures_are_written_whole_and_replace_old_files(capsy
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
-def test_a_picture_in_a_read_only_directory_is_refused_before_any_work(capsys, tmp_path):
+def test_a_picture_in_a_read_only_directory_is_refused_before_any_work(capsys, tmp_path, planned):
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
@@ -123,4 +144,5 @@ def test_a_picture_in_a_read_only_directory_is_refused_before_any_work(capsys, t
     finally:
         locked.chmod(0o700)
     assert_one_line_refusal(code, out, err, "p.png: cannot be written (Permission denied)")
+    assert planned == []
     assert not (tmp_path / "plan.json").exists()
