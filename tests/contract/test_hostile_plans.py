@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from selective_offload.checkpoint import load_checkpoint
@@ -207,6 +207,7 @@ def test_a_model_of_extreme_sizes_is_refused_in_one_line_or_planned_into_a_file_
     out_path.unlink(missing_ok=True)
     code, out, err = run_cli("plan", str(manifest), "--device-memory", "24GiB", "--host-memory", "none",
                              "-o", str(out_path))
+    event(f"exit {code}")
     if code == 2:
         assert err.startswith("selective-offload: error: ") and err.count("\n") == 1 and len(err) <= MAX_LINE, err
         assert not out_path.exists()
