@@ -21,6 +21,7 @@ from .names import DEFAULT_COLD_SEGMENTS
 from .estimate import DEFAULT_ACCEPT_RATE, DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR, KV_DTYPE_BYTES
 from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs, Strategy
 from .plan.inputs import moe_setting, parse_card
+from .plan.io import writable_json
 from .probe import (
     add_probe_arguments,
     default_profile_path,
@@ -30,7 +31,8 @@ from .probe import (
     plan_defaults,
     run_probe,
 )
-from .picture import add_picture_arguments, check_picture_arguments, write_pictures
+from .outputs import check_output_file, write_files
+from .picture import add_picture_arguments, check_picture_arguments, drawn_pictures, picture_outputs
 from .planner import make_plan
 from .progress import progress
 from .render import render_plan
@@ -262,22 +264,16 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
 
 def check_output(path: str | None, flag: str = "-o") -> None:
     """Refuse, before any work, an output file that cannot be written where it is named."""
-    if path is None:
-        return
-    target = Path(path)
-    try:
-        if target.is_dir():
-            raise UserError(f"{flag} {path}: is a directory; name a file in it, like {target / 'plan.json'}")
-        if not target.parent.is_dir():
-            raise UserError(f"{flag} {path}: the directory {target.parent} does not exist; create it or name "
-                            "another file")
-    except OSError as exc:  # a name too long, a loop of links
-        raise UserError(f"{flag} {path[:200]}: cannot be used ({exc.strerror or exc}); name another file") from None
+    if path is not None:
+        check_output_file(path, flag)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     check_picture_arguments(args)
     check_output(args.output)
+    named = [path for path in (args.output, *(p for _, p in picture_outputs(args))) if path]
+    if len({Path(p).absolute() for p in named}) < len(named):
+        raise UserError(f"-o, --png and --svg name the same file ({', '.join(named)}); name a file for each")
     profile = load_profile()
     inputs = inputs_from_args(args, profile)
     started = time.perf_counter()
@@ -287,11 +283,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     provenance = _inputs_provenance(args, profile)
     if provenance:
         plan = replace(plan, notes=plan.notes + (provenance,))
-    if args.output:
-        plan.save(args.output)
-    pictures = write_pictures(plan, args)
+    # Every output is made before any is written: a model beyond the plan format is refused
+    # here, and a picture that cannot be written leaves the plan file unwritten too.
+    text = writable_json(plan, where=args.model)
+    outputs = [("-o", args.output, text.encode())] if args.output else []
+    outputs += drawn_pictures(plan, args)
+    write_files(outputs)
+    pictures = [path for flag, path, _ in outputs if flag != "-o"]
     if args.json:
-        sys.stdout.write(plan.to_json())
+        sys.stdout.write(text)
     else:
         print(render_plan(plan, checkpoint))
         for note in machine_notes(plan):

@@ -265,8 +265,7 @@ class KvModel:
         kv_heads = c.get("num_key_value_heads") or heads
         head_dim = c.get("head_dim") or (c.get("hidden_size") // heads if heads and c.get("hidden_size") else None)
         types = c.get("layer_types")
-        if not isinstance(types, list) or len(types) != layers:
-            types = _layer_types(c, layers)
+        kinds = _listed_kinds(types) if isinstance(types, list) and len(types) == layers else _layer_kinds(c, layers)
         if c.get("kv_lora_rank"):  # MLA (DeepSeek): one latent plus the rope key per token
             per_token = (int(c["kv_lora_rank"]) + int(c.get("qk_rope_head_dim") or 0)) * kv_dtype_bytes
             desc = f"MLA latent {c['kv_lora_rank']}+{c.get('qk_rope_head_dim') or 0}"
@@ -275,10 +274,8 @@ class KvModel:
             desc = f"{kv_heads} KV heads x {head_dim}"
         else:
             return None
-        full = sum(1 for t in types if t in ("full_attention", "attention"))
+        full, sliding, linear = kinds
         window = c.get("sliding_window")
-        sliding = sum(1 for t in types if t in ("sliding_attention", "chunked_attention"))
-        linear = sum(1 for t in types if t in ("linear_attention", "mamba"))
         fixed = linear * _linear_state_bytes(c)
         desc += (f"; {full} full-attention layers" + (f", {sliding} sliding ({window})" if sliding else "")
                  + (f", {linear} linear-attention (fixed state)" if linear else ""))
@@ -286,13 +283,22 @@ class KvModel:
                    fixed, desc)
 
 
-def _layer_types(c: Mapping[str, Any], layers: int) -> list[str]:
-    """Layer kinds when the config does not list them: every ``full_attention_interval``-th
-    layer full (hybrid linear-attention stacks), else all full attention."""
+def _listed_kinds(types: list) -> tuple[int, int, int]:
+    """How many of the listed layers are full attention, sliding and linear."""
+    return (sum(1 for t in types if t in ("full_attention", "attention")),
+            sum(1 for t in types if t in ("sliding_attention", "chunked_attention")),
+            sum(1 for t in types if t in ("linear_attention", "mamba")))
+
+
+def _layer_kinds(c: Mapping[str, Any], layers: int) -> tuple[int, int, int]:
+    """Layer kinds (full, sliding, linear) when the config does not list them: every
+    ``full_attention_interval``-th layer full (hybrid linear-attention stacks), else all
+    full attention. Counted, not listed: a config may declare 2**53 layers."""
     interval = c.get("full_attention_interval")
     if isinstance(interval, int) and interval > 0:
-        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
-    return ["full_attention"] * layers
+        full = layers // interval
+        return full, 0, layers - full
+    return layers, 0, 0
 
 
 def _linear_state_bytes(c: Mapping[str, Any]) -> int:

@@ -15,10 +15,12 @@ matplotlib, which is needed for this and nothing else (the ``picture`` extra).
 from __future__ import annotations
 
 import argparse
+import io
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .outputs import check_output_file, write_files
 from .plan import GroupKind, GroupPlan, Placement, Plan, Serving
 from .sizes import GB, GiB
 
@@ -135,8 +137,9 @@ def _pyplot():
     return plt
 
 
-def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
-    """Draw :func:`picture_data`'s ``data`` into each of ``paths`` (.png, .svg, by suffix)."""
+def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
+    """:func:`picture_data`'s ``data`` drawn in the format of each of ``paths`` (.png, .svg,
+    by suffix), in memory: the files are written by the caller, all or none."""
     plt = _pyplot()
     from matplotlib.patches import Patch
 
@@ -226,9 +229,19 @@ def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
                 f"(model order), every step", ha="center", va="bottom", fontsize=9, color=colours[CPU_OFFLOAD_GB])
     ax.legend(handles=handles, fontsize=9, loc="upper center", ncol=3)
     fig.suptitle(data["title"], fontsize=12)
+    drawn = []
     for path in paths:
-        fig.savefig(path, dpi=100)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=Path(path).suffix.lower().lstrip(".") or "png", dpi=100)
+        drawn.append(buffer.getvalue())
     plt.close(fig)
+    return drawn
+
+
+def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
+    """Draw :func:`picture_data`'s ``data`` into each of ``paths`` (.png, .svg, by suffix),
+    each written whole or not at all (:func:`~.outputs.write_files`)."""
+    write_files([(f"--{Path(p).suffix.lower().lstrip('.')}", p, b) for p, b in zip(paths, drawn(data, paths))])
 
 
 def add_picture_arguments(p: argparse.ArgumentParser) -> None:
@@ -237,21 +250,30 @@ def add_picture_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--svg", metavar="FILE", default=None, help="also draw the plan as an SVG picture (as --png)")
 
 
+def picture_outputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The ``(flag, path)`` of each picture asked for."""
+    return [(flag, path) for flag, path in (("--png", getattr(args, "png", None)),
+                                            ("--svg", getattr(args, "svg", None))) if path]
+
+
 def check_picture_arguments(args: argparse.Namespace) -> None:
-    """Refuse, before any work, a picture that cannot be drawn or written."""
-    paths = [p for p in (getattr(args, "png", None), getattr(args, "svg", None)) if p]
-    for flag, path in (("--png", args.png), ("--svg", args.svg)):
-        if path and Path(path).suffix.lower() != "." + flag[2:]:
-            raise UserError(f"{flag} {path}: the file name must end in .{flag[2:]}")
-        if path and not Path(path).absolute().parent.is_dir():
-            raise UserError(f"{flag} {path}: the directory {Path(path).absolute().parent} does not exist")
-    if paths:
+    """Refuse, before any work, a picture that cannot be drawn or written: each file is
+    tried for real (:func:`~.outputs.check_output_file`), as the report path is."""
+    outputs = picture_outputs(args)
+    for flag, path in outputs:
+        if Path(path).suffix.lower() != "." + flag[2:]:
+            raise UserError(f"{flag} {path[:200]}: the file name must end in .{flag[2:]}")
+        # mutation: picture-path-not-tried
+        check_output_file(path, flag)
+    if outputs:
         _pyplot()
 
 
-def write_pictures(plan: Plan, args: argparse.Namespace) -> list[str]:
-    """Draw the plan into the files ``--png`` / ``--svg`` name; the paths written."""
-    paths = [p for p in (getattr(args, "png", None), getattr(args, "svg", None)) if p]
-    if paths:
-        draw(picture_data(plan), paths)
-    return paths
+def drawn_pictures(plan: Plan, args: argparse.Namespace) -> list[tuple[str, str, bytes]]:
+    """The plan drawn for each of ``--png`` / ``--svg``, as ``(flag, path, bytes)`` for
+    :func:`~.outputs.write_files` to write with the plan's other outputs."""
+    outputs = picture_outputs(args)
+    if not outputs:
+        return []
+    return [(flag, path, data) for (flag, path), data in
+            zip(outputs, drawn(picture_data(plan), [path for _, path in outputs]))]

@@ -47,12 +47,18 @@ def moe_setting(backend: str = "auto", deep_gemm: bool = True) -> str:
     return "auto" if deep_gemm else "VLLM_USE_DEEP_GEMM=0"
 
 
+def _shown(value: object) -> str:
+    """``repr(value)`` cut for a message: a hand-edited plan's 10 MB string is not echoed."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
 def parse_card(text: object) -> str:
     """A compute capability as ``torch.cuda.get_device_capability`` spells it (major.minor,
     like ``"8.9"``), checked; raises ``ValueError`` with one line otherwise."""
     parts = str(text).strip().split(".")
-    if len(parts) != 2 or not all(p.isdigit() and len(p) <= 2 for p in parts):
-        raise ValueError(f"compute capability {text!r} must be major.minor as torch.cuda.get_device_capability "
+    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 2 for p in parts):
+        raise ValueError(f"compute capability {_shown(text)} must be major.minor as torch.cuda.get_device_capability "
                          f"gives it, like 8.9 (an RTX 4090 Laptop GPU) or 12.0")
     return f"{int(parts[0])}.{int(parts[1])}"
 
@@ -149,12 +155,13 @@ class PlanInputs:
             if value is None and label in ("UVA read", "decode read"):
                 continue  # derived from the link / VRAM rate by their default factors
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:
-                raise PlanError(f"{label} bandwidth {value!r} GB/s must be a number from {MIN_GBPS:g} to "
+                raise PlanError(f"{label} bandwidth {_shown(value)} GB/s must be a number from {MIN_GBPS:g} to "
                                 f"{MAX_GBPS:g} GB/s, like 13.9")
         tflops = self.compute_tflops
         if tflops is not None and (isinstance(tflops, bool) or not isinstance(tflops, (int, float))
                                    or not 0 < tflops <= MAX_TFLOPS):
-            raise PlanError(f"compute rate {tflops!r} TFLOP/s must be a positive number of at most {MAX_TFLOPS:g}")
+            raise PlanError(f"compute rate {_shown(tflops)} TFLOP/s must be a positive number of at most "
+                            f"{MAX_TFLOPS:g}")
         if self.kv_cache_bytes < 0 or self.reserve_bytes < 0:
             raise PlanError("KV cache and reserve sizes must be zero or more bytes")
         if self.weight_budget_bytes <= 0:
@@ -164,13 +171,13 @@ class PlanInputs:
                 "lower --kv-cache or --reserve, or give the card's real memory"
             )
         if self.speculative not in (None, "mtp"):
-            raise PlanError(f"speculative decoding {self.speculative!r} is not planned for; use 'mtp' or none")
+            raise PlanError(f"speculative decoding {_shown(self.speculative)} is not planned for; use 'mtp' or none")
         if self.prefetch_step < 1:
             raise PlanError(f"prefetch step {self.prefetch_step} must be 1 or more")
         if self.bulk_cpu_offload_gb is not None and not (
             self.bulk_cpu_offload_gb >= 0 and math.isfinite(self.bulk_cpu_offload_gb)
         ):
-            raise PlanError(f"vllm_cpu_offload_gb {self.bulk_cpu_offload_gb!r} must be 0 or more")
+            raise PlanError(f"vllm_cpu_offload_gb {_shown(self.bulk_cpu_offload_gb)} must be 0 or more")
         if not self.cold_segments:
             raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
         if self.batch < 1:
@@ -178,13 +185,13 @@ class PlanInputs:
         if self.spec_tokens is not None and not 1 <= self.spec_tokens <= 16:
             raise PlanError(f"speculative draft tokens {self.spec_tokens} must be between 1 and 16, like mtp:2")
         if self.accept_rate is not None and not 0.0 <= self.accept_rate <= 1.0:
-            raise PlanError(f"acceptance rate {self.accept_rate!r} must be between 0 and 1, like 0.85")
+            raise PlanError(f"acceptance rate {_shown(self.accept_rate)} must be between 0 and 1, like 0.85")
         for label, value in (("max model length", self.max_model_len), ("max sequences", self.max_seqs),
                              ("context tokens", self.context_tokens)):
             if value is not None and value < (0 if label == "context tokens" else 1):
                 raise PlanError(f"{label} {value} must be a positive number of tokens or sequences")
         if self.kv_cache_dtype not in KV_DTYPE_BYTES:
-            raise PlanError(f"KV cache dtype {self.kv_cache_dtype!r}: use one of {', '.join(KV_DTYPE_BYTES)}")
+            raise PlanError(f"KV cache dtype {_shown(self.kv_cache_dtype)}: use one of {', '.join(KV_DTYPE_BYTES)}")
         if self.host_memory_bytes is not None and self.host_memory_bytes <= 0:
             raise PlanError(f"host memory {self.host_memory_bytes} must be more than 0 bytes, like --host-memory 64GiB")
         if self.compute_capability is not None:
@@ -193,14 +200,14 @@ class PlanInputs:
             except ValueError as exc:
                 raise PlanError(str(exc)) from None
             if card != self.compute_capability:
-                raise PlanError(f"compute capability {self.compute_capability!r} must be spelled {card!r}")
+                raise PlanError(f"compute capability {_shown(self.compute_capability)} must be spelled {_shown(card)}")
         # mutation: moe-setting-unchecked
         if self.moe_setting not in MOE_SETTINGS:
-            raise PlanError(f"MoE setting {self.moe_setting!r}: use one of {', '.join(map(repr, MOE_SETTINGS))} "
+            raise PlanError(f"MoE setting {_shown(self.moe_setting)}: use one of {', '.join(map(repr, MOE_SETTINGS))} "
                             "(--moe-backend triton|marlin, --no-deep-gemm)")
         bad = [s for s in self.cold_segments if not s or "." in s]
         if bad:
-            raise PlanError(f"cold segment {bad[0]!r} must be one name segment without dots, like visual")
+            raise PlanError(f"cold segment {_shown(bad[0])} must be one name segment without dots, like visual")
 
     def _check_types(self) -> None:
         """Every integer field an integer in range, every number finite: a Plan built in
@@ -211,14 +218,14 @@ class PlanInputs:
                 continue
             if f.type in ("int", "int | None"):
                 if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PLAN_INT:
-                    raise PlanError(f"{f.name} {value!r} must be an integer of at most {MAX_PLAN_INT}")
+                    raise PlanError(f"{f.name} {_shown(value)} must be an integer of at most {MAX_PLAN_INT}")
             elif f.type in ("float", "float | None"):
                 if (isinstance(value, bool) or not isinstance(value, (int, float))
                         or not jsonio.finite_number(value, MAX_PLAN_NUMBER)):
-                    raise PlanError(f"{f.name} {value!r} must be a finite number")
+                    raise PlanError(f"{f.name} {_shown(value)} must be a finite number")
             elif f.type == "bool" and not isinstance(value, bool):
-                raise PlanError(f"{f.name} {value!r} must be True or False")
+                raise PlanError(f"{f.name} {_shown(value)} must be True or False")
             elif f.type == "str" and not isinstance(value, str):
-                raise PlanError(f"{f.name} {value!r} must be a string")
+                raise PlanError(f"{f.name} {_shown(value)} must be a string")
         if not isinstance(self.cold_segments, (tuple, list)) or not all(isinstance(s, str) for s in self.cold_segments):
-            raise PlanError(f"cold_segments {self.cold_segments!r} must be a list of name segments")
+            raise PlanError(f"cold_segments {_shown(self.cold_segments)} must be a list of name segments")

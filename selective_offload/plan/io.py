@@ -38,9 +38,10 @@ from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
 from .. import jsonio
-from ..errors import PlanError
+from ..errors import PlanError, UserError
 from ..estimate import DEFAULT_ACCEPT_RATE, KvModel
 from ..jsonio import FieldReader
+from ..outputs import write_files
 from .checks import check_bulk, check_derived, check_groups, check_strategy, check_totals
 from .contents import TOTALS, PlanContents
 from .inputs import PlanInputs
@@ -67,6 +68,9 @@ from .vocabulary import (
 
 P = TypeVar("P", bound=PlanContents)
 
+#: A format version of more digits than this is refused before it is converted.
+MAX_VERSION_DIGITS = 6
+
 
 def plan_reader(data: Any, where: str, path: str = "") -> FieldReader:
     """The typed reader of one JSON object of a plan: its errors are :class:`PlanError`
@@ -86,13 +90,18 @@ def _int_list(value: Any, limit: int = MAX_PLAN_INT) -> bool:
 def format_version(data: Any, where: str) -> int:
     """The plan format version of ``data``, refusing what is not a plan or is too new."""
     fmt = data.get("format") if isinstance(data, Mapping) else None
-    m = re.fullmatch(re.escape(FORMAT_PREFIX) + r"(\d+)", fmt) if isinstance(fmt, str) else None
+    m = re.fullmatch(re.escape(FORMAT_PREFIX) + r"([0-9]+)", fmt) if isinstance(fmt, str) else None
     if m is None:
         raise PlanError(
-            f"{where}: not a selective-offload plan (its \"format\" is {json.dumps(fmt)}, expected "
+            f"{where}: not a selective-offload plan (its \"format\" is {json.dumps(fmt)[:80]}, expected "
             f"\"{PLAN_FORMAT}\"); make one with `selective-offload plan MODEL --device-memory SIZE -o plan.json`"
         )
-    version = int(m.group(1))
+    digits = m.group(1)
+    # mutation: plan-format-version-unbounded
+    if len(digits) > MAX_VERSION_DIGITS:  # int() of thousands of digits raises, and no format is that new
+        raise PlanError(f"{where}: plan format version {digits[:12]}... ({len(digits)} digits) is not one this "
+                        f"selective-offload reads (v{OLDEST_READABLE_VERSION}..v{FORMAT_VERSION}); {REPLAN}")
+    version = int(digits)
     if version > FORMAT_VERSION:
         raise PlanError(
             f"{where}: plan format v{version} is newer than this selective-offload (reads "
@@ -358,6 +367,19 @@ def load_plan(cls: type[P], path: str | os.PathLike) -> P:
     return plan_from_dict(cls, data, where=str(path))
 
 
+def plan_from_text(cls: type[P], text: str | bytes, where: str) -> P:
+    """The plan a file's text holds, read as :func:`load_plan` reads a file (the same size
+    bound, parser and typed reader)."""
+    raw = text.encode() if isinstance(text, str) else text
+    if len(raw) > jsonio.MAX_FILE_BYTES:
+        raise PlanError(f"{where}: the plan is not valid JSON (larger than {jsonio.MAX_FILE_BYTES} bytes); {REPLAN}")
+    try:
+        data = jsonio.parse(raw)
+    except ValueError as exc:
+        raise PlanError(f"{where}: the plan is not valid JSON ({exc}); {REPLAN}") from None
+    return plan_from_dict(cls, data, where=where)
+
+
 def _not_json(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
@@ -428,10 +450,27 @@ def plan_to_json(plan: PlanContents) -> str:
     return jsonio.dumps(plan_to_dict(plan)) + "\n"
 
 
-def save_plan(plan: PlanContents, path: str | os.PathLike) -> None:
+def writable_json(plan: PlanContents, where: str) -> str:
+    """The plan's JSON, once it is known to read back: read through :func:`plan_from_text`,
+    the reader's own bounds (integers to :data:`MAX_PLAN_INT`, numbers to
+    :data:`MAX_PLAN_NUMBER`, the file size, the checks), so no file written is one the
+    reader refuses. A model beyond them (10**9 experts, sizes past 2**53 bytes) is refused
+    here, in one line naming ``where`` (the model) and the field, before anything is written."""
     text = plan_to_json(plan)
     try:
-        Path(path).write_text(text)
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot write the plan: {exc.strerror or exc}; name a file in an existing, "
-                        "writable directory") from None
+        # mutation: plan-writer-unbounded
+        plan_from_text(type(plan), text, where="")
+    except PlanError as exc:
+        problem = str(exc).removeprefix(": ").removesuffix("; " + REPLAN)
+        raise PlanError(f"{where}: the model is beyond what a plan file holds ({problem[:300]}), so no plan is "
+                        "written: this selective-offload plans models whose sizes and counts fit the plan "
+                        "format") from None
+    return text
+
+
+def save_plan(plan: PlanContents, path: str | os.PathLike) -> None:
+    text = writable_json(plan, where=plan.model.source[:200])
+    try:
+        write_files([("the plan", path, text.encode())])
+    except UserError as exc:
+        raise PlanError(str(exc)) from None
