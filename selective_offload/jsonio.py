@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
@@ -91,6 +93,33 @@ def read(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
     if len(raw) > max_bytes:
         raise ValueError(f"larger than {max_bytes} bytes")
     return parse(raw)
+
+
+def read_text(path: str | Path, *, max_bytes: int) -> str:
+    """The text of a small file that must be one (a record holding a path): a regular file,
+    opened without blocking (a FIFO would wait for a writer for ever), at most ``max_bytes``,
+    UTF-8 without control characters but line ends. Raises ``OSError`` (cannot read, or not
+    a regular file) or ``ValueError`` (not such text), for the caller's one line."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        # mutation: record-not-regular
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("not a regular file")
+        raw = b""
+        while len(raw) <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - len(raw))):
+            raw += chunk
+    finally:
+        os.close(fd)
+    # mutation: record-unbounded
+    if len(raw) > max_bytes:
+        raise ValueError(f"larger than {max_bytes} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text ({exc.reason})") from None
+    if any(ord(c) < 32 and c not in "\r\n\t" or ord(c) == 127 for c in text):
+        raise ValueError("holds control characters, so it is not text")
+    return text
 
 
 def dumps(data: Any, *, indent: int | None = 1) -> str:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from . import jsonio
 from .errors import UserError
 
 ENV_PLAN = "SELECTIVE_OFFLOAD_PLAN"
@@ -49,6 +50,8 @@ ENV_STRICT = "SELECTIVE_OFFLOAD_STRICT"
 ENV_EMBEDDING = "SELECTIVE_OFFLOAD_EMBEDDING"
 ENV_LAST_REPORT = "SELECTIVE_OFFLOAD_LAST_REPORT"
 ENV_DEVICE_MEMORY = "SELECTIVE_OFFLOAD_DEVICE_MEMORY"
+#: A last-report record holds one path: more than this is not one.
+MAX_RECORD_BYTES = 16384
 ENV_VARS = (ENV_PLAN, ENV_REPORT, ENV_STRICT, ENV_EMBEDDING)
 #: ``SELECTIVE_OFFLOAD_PLAN=auto``: plan inside the worker, from the real card.
 AUTO_PLAN = "auto"
@@ -238,10 +241,17 @@ def default_report_path(environ: Mapping[str, str] = os.environ) -> Path:
     if named:
         return Path(named)
     record = last_report_record()
+    fix = f"name the report file, like `selective-offload report /path/report.json`, or remove {str(record)[:200]}"
     try:
-        text = record.read_text().strip()
-    except OSError:
+        text = jsonio.read_text(record, max_bytes=MAX_RECORD_BYTES).strip()
+    except FileNotFoundError:
         text = ""
+    except OSError as exc:
+        raise UserError(f"{str(record)[:200]}: cannot read the last-report record: {exc.strerror or exc}; {fix}") from None
+    except ValueError as exc:
+        raise UserError(f"{str(record)[:200]}: not a last-report record (one path): {exc}; {fix}") from None
+    if len(text.splitlines()) > 1:
+        raise UserError(f"{str(record)[:200]}: not a last-report record: more than one line; {fix}")
     if not text:
         raise UserError(f"no report path given and none recorded in {record}: name the report file "
                         f"(the {ENV_REPORT} the server ran with), like `selective-offload report /path/report.json`")

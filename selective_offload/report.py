@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from . import jsonio
+from . import jsonio, report_files
 from .errors import PlanError
 from .names import EMBED_SEGMENTS, ModelNames, has_segment, parameter_group_keys
 from .options import temporary_name
@@ -131,6 +131,9 @@ class PlacementReport:
     #: Page-locked host memory against the host bytes: see :func:`judge_host_memory`.
     host_memory: dict[str, Any] = field(default_factory=dict)
     format: str = REPORT_FORMAT
+    #: How many worker ranks the engine ran (each writes a file): what :meth:`load` checks
+    #: the rank files against. ``None`` in a report of an older release.
+    world_size: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -158,29 +161,34 @@ class PlacementReport:
 
     @classmethod
     def load_one(cls, path: str | os.PathLike) -> "PlacementReport":
-        """One report file, as written."""
+        """One report file, as written, every field checked (``PlanError`` in one line)."""
         try:
             data = jsonio.read(path)
-            if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
-                raise ValueError(f"format {data.get('format') if isinstance(data, dict) else None!r}")
-            data.pop("ok", None)
-            data["groups"] = [GroupLanding(**g) for g in data.get("groups", [])]
-            return cls(**data)
         except OSError as exc:
-            raise PlanError(f"{path}: cannot read the placement report: {exc.strerror or exc}") from None
-        except (ValueError, TypeError) as exc:
-            raise PlanError(f"{path}: not a placement report of this selective-offload ({exc})") from None
+            raise PlanError(f"{str(path)[:300]}: cannot read the placement report: {exc.strerror or exc}; "
+                            f"{report_files.FIX}") from None
+        except ValueError as exc:
+            raise PlanError(f"{str(path)[:300]}: not a placement report of this selective-offload ({exc}); "
+                            f"{report_files.FIX}") from None
+        # mutation: report-fields-untyped
+        fields = report_files.read_fields(data, str(path), REPORT_FORMAT)
+        fields["groups"] = [GroupLanding(**g) for g in fields["groups"]]
+        return cls(**fields)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PlacementReport":
         """The report at ``path``, with every other worker rank's verdict merged in: a
         problem or error on any rank is the report's (each rank holds its own shard of a
-        tensor-parallel model, so each judges its own bytes)."""
+        tensor-parallel model, so each judges its own bytes). A rank with no file, a file
+        beyond the world size, or two files for one rank is a problem too."""
         report = cls.load_one(path)
         missing = set(report.on_other_ranks)
+        others = [(k, p, cls.load_one(p)) for k, p in report_files.rank_files(path)]
+        # mutation: rank-set-unchecked
+        report.problems += report_files.rank_problems(Path(path), [(k, p, w.world_size) for k, p, w in others],
+                                                      report.world_size)
         # mutation: rank-files-not-merged
-        for other in report_paths(str(path))[1:]:
-            worker = cls.load_one(other)
+        for _, other, worker in others:
             label = other.name.rsplit(".", 1)[-1]
             report.ranks[label] = {"ok": worker.ok, "landed_host_cold_bytes": worker.landed_host_cold_bytes,
                                    "landed_host_hot_bytes": worker.landed_host_hot_bytes,
@@ -214,8 +222,7 @@ def rank_path(path: str | os.PathLike, worker_rank: int) -> Path:
 
 def report_paths(path: str | os.PathLike) -> list[Path]:
     """The report file and every other rank's file beside it."""
-    base = Path(path)
-    return [base, *sorted(p for p in base.parent.glob(base.name + ".rank*") if p.name[len(base.name) + 5:].isdigit())]
+    return [Path(path), *(p for _, p in report_files.rank_files(path))]
 
 
 def remove_reports(path: str | os.PathLike) -> None:

@@ -37,7 +37,11 @@ def add_report_command(sub) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     path = Path(args.path) if args.path else default_report_path()
-    if not args.path and not path.exists():
+    try:
+        exists = path.exists()
+    except OSError as exc:  # a name too long, a loop of links
+        raise UserError(f"{str(path)[:200]}: cannot be read ({exc.strerror or exc}); name the report file") from None
+    if not args.path and not exists:
         raise UserError(f"{path}: no placement report there yet (the last path recorded): the engine set up "
                         "with the plan has not loaded a model, or wrote elsewhere; name the report file")
     report = PlacementReport.load(path)

@@ -183,7 +183,15 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def world_size() -> int:
+    """How many worker ranks there are (1 without a distributed group): each writes a report."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def save_report(report: PlacementReport, path: str) -> None:
+    # mutation: world-size-not-recorded
+    report.world_size = world_size()
     try:
         report.save(rank_path(path, rank()))
     except (OSError, ValueError) as exc:  # the reason must still reach the user, through the log and a raise

@@ -93,3 +93,114 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case):
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("selective-offload: error: ")
     assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- hostile report files (issue 29)
+
+
+def one_line_error(proc) -> str:
+    """The one line of a refused input (exit 2, nothing on stdout, no traceback)."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("selective-offload: error: "), proc.stderr
+    return lines[0]
+
+
+def test_a_report_field_of_another_type_is_exit_2_in_text_and_in_json(tmp_path):
+    """A group's byte count written as a string crashed the table with exit 1 (the "does not
+    match" status) while --json said "ok": true; both are one line and exit 2 now."""
+    path = tmp_path / "report.json"
+    a_report().save(path)
+    data = json.loads(path.read_text())
+    data["groups"][0]["host_bytes"] = "2048"
+    path.write_text(json.dumps(data))
+    for args in (["report", str(path)], ["report", str(path), "--json"]):
+        line = one_line_error(run_cli(*args))
+        assert str(path) in line and "groups[0].host_bytes" in line and "must be an integer" in line
+
+
+def written_by_ranks(path: Path, ranks, world_size) -> None:
+    for k in ranks:
+        report = a_report()
+        report.world_size = world_size
+        report.save(rank_path(path, k))
+
+
+def test_a_missing_rank_is_named_and_the_placement_does_not_match(tmp_path):
+    """Ranks 0, 1 and 3 of four wrote a report, rank 2 none: that is not "matches the plan"."""
+    path = tmp_path / "report.json"
+    written_by_ranks(path, (0, 1, 3), 4)
+    proc = run_cli("report", str(path))
+    assert proc.returncode == 1, proc.stderr
+    assert ("PLAN NOT REALISED: rank 2 of the world of 4 wrote no report (report.json.rank2 is missing)"
+            in proc.stdout)
+    assert proc.stdout.rstrip().endswith("placement does NOT match the plan")
+    data = json.loads(run_cli("report", str(path), "--json").stdout)
+    assert data["ok"] is False and any("rank 2" in p for p in data["problems"])
+
+
+def test_a_rank_file_with_a_leading_zero_is_named_as_a_duplicate(tmp_path):
+    """``.rank01`` beside ``.rank1`` (a copy, a stale file) is rank 1 twice: named, not merged silently."""
+    path = tmp_path / "report.json"
+    written_by_ranks(path, (0, 1), 2)
+    (tmp_path / "report.json.rank01").write_text((tmp_path / "report.json.rank1").read_text())
+    proc = run_cli("report", str(path))
+    assert proc.returncode == 1, proc.stderr
+    assert "report.json.rank01 is not a name a worker writes" in proc.stdout
+    assert "rank 1 has 2 report files (report.json.rank01, report.json.rank1)" in proc.stdout
+
+
+def test_a_rank_beyond_the_world_and_disagreeing_world_sizes_are_named(tmp_path):
+    path = tmp_path / "report.json"
+    written_by_ranks(path, (0, 1), 2)
+    written_by_ranks(path, (2,), 4)  # a previous, larger engine's file
+    out = run_cli("report", str(path)).stdout
+    assert "the rank files disagree on the world size (report.json: 2, report.json.rank1: 2, report.json.rank2: 4)" in out
+    assert "rank 3 of the world of 4 wrote no report" in out
+
+
+def test_reports_without_a_world_size_still_read_and_a_gap_is_named(tmp_path):
+    """Reports of the release before the world size was recorded: read as before; a gap below
+    the highest rank found is still a problem."""
+    path = tmp_path / "report.json"
+    for k in (0, 1, 3):
+        data = a_report().to_dict()
+        del data["world_size"]
+        rank_path(path, k).write_text(json.dumps(data))
+    proc = run_cli("report", str(path))
+    assert proc.returncode == 1 and "rank 2 wrote no report (report.json.rank2 is missing, rank 3's is there)" in proc.stdout
+    rank_path(path, 3).unlink()
+    assert run_cli("report", str(path)).returncode == 0
+
+
+def test_each_rank_records_the_world_size_it_ran_in(tmp_path):
+    """The glue's save stamps the world size (1 here: no distributed group)."""
+    from selective_offload.vllm_glue.session import save_report
+    save_report(a_report(), str(tmp_path / "report.json"))
+    assert PlacementReport.load(tmp_path / "report.json").world_size == 1
+
+
+@pytest.mark.parametrize("case", ["binary", "fifo", "directory", "huge", "control characters", "two lines"])
+def test_a_last_report_record_that_is_not_one_path_of_text_is_one_line(tmp_path, case):
+    """The record ``report`` reads with no path given: a FIFO used to hang, binary bytes to
+    raise a traceback. Every kind is one line naming the record, without blocking."""
+    record = tmp_path / "last-report"
+    if case == "binary":
+        record.write_bytes(b"\xff\xfe/tmp/report.json\n")
+    elif case == "fifo":
+        os.mkfifo(record)
+    elif case == "directory":
+        record.mkdir()
+    elif case == "huge":
+        record.write_text("/tmp/" + "a" * 100_000 + "\n")
+    elif case == "control characters":
+        record.write_text("/tmp/rep\x00ort.json\n")
+    else:
+        record.write_text("/tmp/a.json\n/tmp/b.json\n")
+    proc = run_cli("report", env={"SELECTIVE_OFFLOAD_LAST_REPORT": str(record), "SELECTIVE_OFFLOAD_REPORT": ""})
+    line = one_line_error(proc)
+    assert str(record) in line
+    expected = {"binary": "not UTF-8 text", "fifo": "not a regular file", "directory": "not a regular file",
+                "huge": "larger than", "control characters": "control characters", "two lines": "more than one line"}
+    assert expected[case] in line
