@@ -127,6 +127,23 @@ def check_spans(spans: list[tuple[int, int, str]], where: str) -> int:
     return start
 
 
+def shard_name_problem(name: object) -> str | None:
+    """What is wrong with a shard name from an index (a local one or the hub's), or ``None``.
+    A shard is a file of the checkpoint itself: a relative path inside it, with no ``..``
+    segment, no empty or absolute part and no backslash, ending in ``.safetensors``; an entry
+    that climbs out would plan another checkpoint's header, which vLLM never loads."""
+    if not isinstance(name, str) or not name:
+        return "a shard name that is not a non-empty string"
+    shown = repr(name[:80]) + ("..." if len(name) > 80 else "")
+    parts = name.split("/")
+    # mutation: shard-name-climbs-out
+    if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
+        return f"shard {shown} is not a file inside the checkpoint (absolute, '..', '.', empty part or backslash)"
+    if not name.endswith(".safetensors"):
+        return f"shard {shown} is not a .safetensors file"
+    return None
+
+
 def read_safetensors_dir(directory: str | os.PathLike) -> Checkpoint:
     """Read every shard header of a checkpoint directory, and its ``config.json``."""
     directory = Path(directory)
@@ -137,7 +154,11 @@ def read_safetensors_dir(directory: str | os.PathLike) -> Checkpoint:
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index_path}: has no 'weight_map' object; fix or re-fetch it")
-        shard_names = sorted(set(weight_map.values()))
+        shard_names = sorted(set(map(str, weight_map.values())))
+        for value in weight_map.values():
+            problem = shard_name_problem(value)
+            if problem:
+                raise CheckpointError(f"{index_path}: maps a tensor to {problem}; fix or re-fetch the index")
         missing = [s for s in shard_names if not (directory / s).is_file()]
         if missing:
             raise CheckpointError(

@@ -30,7 +30,7 @@ from ..errors import CheckpointError
 from ..tensors import TensorInfo
 from .base import Checkpoint, read_json
 from .from_config import manifest_from_config
-from .headers import INDEX_NAME, read_safetensors_dir, tensor_entry
+from .headers import INDEX_NAME, read_safetensors_dir, shard_name_problem, tensor_entry
 
 SINGLE_FILE = "model.safetensors"
 #: ``ORG/NAME`` or ``ORG/NAME@REVISION`` as the hub spells them (no leading dot or slash,
@@ -57,6 +57,14 @@ def hub_checkpoint(text: str) -> Checkpoint | None:
         raise CheckpointError(f"{text}: no such file or directory, and reading it as a Hugging Face hub id needs "
                               "huggingface_hub (pip install huggingface_hub)") from None
     repo_id, revision = parsed
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        # mutation: hub-id-unvalidated
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise CheckpointError(f"{text[:120]}: no such file or directory, and not a hub id huggingface_hub accepts "
+                              f"({' '.join(str(exc).split())[:200]})") from None
     cached = cached_snapshot(repo_id, revision)
     if cached is not None:
         return read_safetensors_dir(cached)
@@ -137,6 +145,9 @@ def remote_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
 
     tensors: dict[str, TensorInfo] = {}
     for filename in sorted(meta.files_metadata):
+        problem = shard_name_problem(filename)
+        if problem:
+            raise CheckpointError(f"{label}: the repository's shard index names {problem}; vLLM could not load it")
         where = f"{label}/{filename}: "
         for name, info in meta.files_metadata[filename].tensors.items():
             if name in tensors:

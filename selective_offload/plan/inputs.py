@@ -49,8 +49,7 @@ def moe_setting(backend: str = "auto", deep_gemm: bool = True) -> str:
 
 def _shown(value: object) -> str:
     """``repr(value)`` cut for a message: a hand-edited plan's 10 MB string is not echoed."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:80] + "..."
+    return jsonio.shown(value, 83)
 
 
 def parse_card(text: object) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import CheckpointError
+from ..jsonio import shown
 
 #: The way out every size error offers: sizes from the checkpoint itself.
 ACTION = "plan from the checkpoint's safetensors headers or a manifest instead"
@@ -18,8 +19,7 @@ ACTION = "plan from the checkpoint's safetensors headers or a manifest instead"
 
 def short(value: Any) -> str:
     """``value`` for an error message: its repr on one line, cut at 60 characters."""
-    text = repr(value).replace("\n", " ")
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shown(value, 60)
 
 
 def where_prefix(where: str) -> str:
