@@ -451,6 +451,8 @@ def _embedding_quant_method_call() -> None:
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
     layer = VocabParallelEmbedding(100, 8, disable_tp=True, prefix="model.embed_tokens")
+    with torch.no_grad():  # values, not the allocator's leftovers (a NaN never equals itself)
+        layer.weight.normal_()
     seen: list = []
     layer.quant_method.embedding = _shadow(seen)
     ids = torch.tensor([3, 99, 0])
@@ -489,6 +491,8 @@ def _embedding_fused_flag() -> None:
     expect(layer.tp_size == 2, f"tp_size {layer.tp_size}")
     expect(layer.use_fused_embedding is True,
            "use_fused_embedding is false for an unquantized TP=2 layer on CUDA")
+    with torch.no_grad():  # values, not the allocator's leftovers (a NaN never equals itself)
+        layer.weight.normal_()
     shadow: list = []
     fused: list = []
     layer.quant_method.embedding = _shadow(shadow)
