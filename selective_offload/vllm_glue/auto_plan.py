@@ -27,7 +27,7 @@ from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel
 from ..plan import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..plan.inputs import MOE_SETTINGS, moe_setting
-from ..planner import make_plan
+from ..planner import kernels, make_plan
 from ..probe import load_profile, plan_bandwidths, plan_defaults
 from ..options import ENV_DEVICE_MEMORY, ENV_PLAN, device_memory_from_env
 from ..sizes import GiB
@@ -53,7 +53,7 @@ def card_of_worker(device: torch.device) -> str | None:
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     # mutation: auto-card-not-read
-    return "{}.{}".format(*torch.cuda.get_device_capability(device))
+    return kernels.card_of(torch.cuda.get_device_capability(device))
 
 
 def kv_bytes_for(vllm_config, checkpoint) -> tuple[int, str]:

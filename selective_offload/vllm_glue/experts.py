@@ -66,6 +66,7 @@ from ..plan import GroupKind, Placement, Plan
 from ..sizes import fmt_bytes
 from ..wrappers.layout import layout_of
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy
+from .auto_plan import card_of_worker
 from .host_resident import to_device, to_host_exact
 
 #: The attribute vLLM's UVA offloader sets on a parameter it turned into a UVA view, and
@@ -150,7 +151,7 @@ def refuse_another_card(plan: Plan | None, device: torch.device, card: str | Non
         return
     host = [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.placement in
             (Placement.HOST_UVA, Placement.HOST_HOT)]
-    card = card or _card(device)
+    card = card or card_of_worker(device)
     # mutation: another-card-accepted
     if not host or card is None or card == plan.inputs.card:
         return
@@ -174,12 +175,6 @@ def _kernel(method: Any) -> str:
     return getattr(cls, "__name__", "") if cls is not None else ""
 
 
-def _card(device: torch.device) -> str | None:
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None
-    return kernels.card_of(torch.cuda.get_device_capability(device))
-
-
 def check_kernel(group: str, method: Any, device: torch.device, card: str | None = None) -> None:
     """Refuse, with one line, a uva-served group whose fused-MoE kernel does not read UVA
     views by the planner's table, naming a setting under which vLLM picks one that does.
@@ -190,7 +185,7 @@ def check_kernel(group: str, method: Any, device: torch.device, card: str | None
     # mutation: experts-kernel-check-off
     if kernels.reads_uva(kernel):
         return
-    card = card or _card(device)
+    card = card or card_of_worker(device)
     name = kernels.method_of_vllm(method)
     fix = kernels.advice(name, card) if card else None
     backend = (getattr(method, "unquantized_backend", None) or getattr(method, "fp8_backend", None)
