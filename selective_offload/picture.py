@@ -32,15 +32,17 @@ COLOURS = {
     Serving.ON_DEMAND.value: "#8fc79a",
     Serving.PREFETCH.value: "#c44e52",
     Serving.UVA.value: "#dd8452",
+    Serving.COMPUTE.value: "#8172b3",
     Serving.NONE.value: "#c8c8c8",
 }
-_SPARE_COLOURS = ("#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+_SPARE_COLOURS = ("#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 LABELS = {
     Serving.RESIDENT.value: "device, resident",
     Serving.GATHER.value: "host, rows gathered (embedding)",
     Serving.ON_DEMAND.value: "host, onloaded on demand (towers)",
     Serving.PREFETCH.value: "host, prefetched per step (vLLM's prefetch offloader)",
     Serving.UVA.value: "host, experts read in place (UVA)",
+    Serving.COMPUTE.value: "host, computed there by the CPU",
     Serving.NONE.value: "absent (not loaded)",
 }
 #: The key and legend of the bytes vLLM's cpu_offload_gb baseline puts on the host.

@@ -55,6 +55,7 @@ class Placement(_Choice):
     HOST_HOT = "host-hot"     # host memory; read every step, prefetched layer by layer
     ABSENT = "absent"         # not loaded for this run (an MTP head without MTP decoding)
     HOST_UVA = "host-uva"     # host memory, read in place through UVA: only the routed experts a step uses
+    HOST_COMPUTE = "host-compute"  # host memory, computed there by the host CPU at decode (only activations cross)
 
 
 class Location(_Choice):
@@ -73,6 +74,7 @@ class Serving(_Choice):
     ON_DEMAND = "on-demand"  # a host tower, projector or other cold component: onloaded block by block when run
     PREFETCH = "prefetch"    # vLLM's prefetch offloader: copied to a device buffer layer by layer ahead of use
     UVA = "uva"              # read in place through UVA: only the routed experts a step uses
+    COMPUTE = "compute"      # computed where they live by the host CPU (steps above the crossover read them from the device)
     NONE = "none"            # not loaded for this run (an MTP head without MTP decoding)
 
 
@@ -101,17 +103,19 @@ class Strategy(_Choice):
 #: How each placement is served, and where it lives; a host placement of a cold group is
 #: gather or on-demand by the group (see :attr:`GroupPlan.serving`).
 PLACEMENT_SERVING: dict[Placement, Serving] = {Placement.DEVICE: Serving.RESIDENT, Placement.HOST_HOT: Serving.PREFETCH,
-                                               Placement.HOST_UVA: Serving.UVA, Placement.ABSENT: Serving.NONE}
+                                               Placement.HOST_UVA: Serving.UVA, Placement.HOST_COMPUTE: Serving.COMPUTE,
+                                               Placement.ABSENT: Serving.NONE}
 SERVING_PLACEMENT: dict[Serving, Placement] = {
     **{serving: placement for placement, serving in PLACEMENT_SERVING.items()},
     Serving.GATHER: Placement.HOST_COLD, Serving.ON_DEMAND: Placement.HOST_COLD}
 SERVING_LOCATION: dict[Serving, Location] = {
     Serving.RESIDENT: Location.DEVICE, Serving.GATHER: Location.HOST, Serving.ON_DEMAND: Location.HOST,
-    Serving.PREFETCH: Location.HOST, Serving.UVA: Location.HOST, Serving.NONE: Location.ABSENT}
+    Serving.PREFETCH: Location.HOST, Serving.UVA: Location.HOST, Serving.COMPUTE: Location.HOST,
+    Serving.NONE: Location.ABSENT}
 #: The v3 words, read from older plans: its ``kind: cold`` is ``component``.
 V3_KINDS: dict[str, str] = {"cold": "component"}
 
-HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT, Placement.HOST_UVA)
+HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT, Placement.HOST_UVA, Placement.HOST_COMPUTE)
 #: Kinds of group that belong to one decoder layer (and carry its ``layer_index``).
 LAYER_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS)
 
@@ -125,11 +129,12 @@ KIND_ROLE: dict[GroupKind, Role] = {GroupKind.LAYER: Role.HOT, GroupKind.EXPERTS
 #: Placements allowed for each role, and the kinds a placement is limited to.
 ROLE_PLACEMENTS: dict[Role, frozenset[Placement]] = {
     Role.COLD: frozenset({Placement.DEVICE, Placement.HOST_COLD}),
-    Role.HOT: frozenset({Placement.DEVICE, Placement.HOST_HOT, Placement.HOST_UVA}),
+    Role.HOT: frozenset({Placement.DEVICE, Placement.HOST_HOT, Placement.HOST_UVA, Placement.HOST_COMPUTE}),
     Role.ABSENT: frozenset({Placement.ABSENT}),
 }
 PLACEMENT_KINDS: dict[Placement, frozenset[GroupKind]] = {Placement.HOST_HOT: frozenset(LAYER_KINDS),
-                                                          Placement.HOST_UVA: frozenset({GroupKind.EXPERTS})}
+                                                          Placement.HOST_UVA: frozenset({GroupKind.EXPERTS}),
+                                                          Placement.HOST_COMPUTE: frozenset({GroupKind.EXPERTS})}
 #: Kinds of hot groups a decode step reads only in part (their ``est_read_bytes_per_step``
 #: is bounded by their bytes, not equal to them). Every other hot group is read in full.
 PARTIAL_READ_KINDS: frozenset[GroupKind] = frozenset({GroupKind.EXPERTS})

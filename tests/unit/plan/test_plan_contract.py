@@ -44,7 +44,7 @@ def one_line_error(data, tmp_path, match):
 def test_a_misspelt_serving_is_refused_naming_the_group(data, tmp_path, typo):
     group(data, "model.embed_tokens")["serving"] = typo
     message = one_line_error(data, tmp_path, r"serving of group model.embed_tokens")
-    assert "resident, gather, on-demand, prefetch, uva, none" in message and "fix the spelling" in message
+    assert "resident, gather, on-demand, prefetch, uva, compute, none" in message and "fix the spelling" in message
 
 
 @pytest.mark.parametrize("typo", ["gpu", "Host", None])
@@ -87,7 +87,7 @@ def test_every_group_field_is_typed(data, tmp_path, field, value, match):
 def test_role_and_serving_must_agree(data, tmp_path):
     layer = group(data, "model.layers.0")
     layer.update(location="host", serving="on-demand")
-    one_line_error(data, tmp_path, r"model.layers.0: a group of role hot cannot be served on-demand \(only resident, prefetch, uva\)")
+    one_line_error(data, tmp_path, r"model.layers.0: a group of role hot cannot be served on-demand \(only resident, prefetch, uva, compute\)")
     layer.update(location="device", serving="resident")
     group(data, "model.norm").update(location="host", serving="prefetch")
     one_line_error(data, tmp_path, "model.norm: serving prefetch is for groups of kind experts or layer, and this one is module")
