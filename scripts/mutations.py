@@ -5,10 +5,11 @@
     .venv/bin/python scripts/mutations.py --list
 
 A mutation is keyed by a marker, not by a file: the comment ``# mutation: NAME`` (several
-names may share one, comma-separated) stands on its own line directly above the key line,
-anywhere under selective_offload/, benchmarks/ or scripts/. The text to replace must occur
-once in the lines that follow the marker (as many lines as the text has; other marker lines
-are skipped), so code can move between files, or within one, and its mutations move with it.
+names may share one, comma-separated; ``// mutation: NAME`` in a C source) stands on its own
+line directly above the key line, anywhere under selective_offload/, benchmarks/ or scripts/.
+The text to replace must occur once in the lines that follow the marker (as many lines as
+the text has; other marker lines are skipped), so code can move between files, or within
+one, and its mutations move with it.
 
 Each mutation also names the tests that catch it (pytest node ids); with no selection given
 those run, with ``-x``. It prints CAUGHT (pytest failed) or SURVIVED (a test is missing),
@@ -23,7 +24,9 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SEARCHED = ("selective_offload", "benchmarks", "scripts")
-MARKER = re.compile(r"^[ \t]*# mutation: ([a-z0-9-]+(?:, [a-z0-9-]+)*)[ \t]*$")
+MARKER = re.compile(r"^[ \t]*(?:#|//) mutation: ([a-z0-9-]+(?:, [a-z0-9-]+)*)[ \t]*$")
+#: Where a marker may stand: Python and shell files, and C sources (as ``// mutation: NAME``).
+SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
@@ -228,7 +231,7 @@ def markers() -> dict[str, list[tuple[pathlib.Path, int]]]:
     found: dict[str, list[tuple[pathlib.Path, int]]] = {}
     for folder in SEARCHED:
         for path in sorted((ROOT / folder).rglob("*")):
-            if path.suffix not in (".py", ".sh") or not path.is_file() or path.resolve() == pathlib.Path(__file__).resolve():
+            if path.suffix not in SUFFIXES or not path.is_file() or path.resolve() == pathlib.Path(__file__).resolve():
                 continue
             for i, line in enumerate(path.read_text().split("\n")):
                 m = MARKER.match(line)
