@@ -223,6 +223,12 @@ MUTATIONS = {
  'class-mapping-ignored': ('    mapper = getattr(model_cls, "hf_to_vllm_mapper", None)', '    mapper = None', ['tests/unit/vllm_glue/test_model_names.py::test_gpt_oss_names_its_embedding_through_its_own_mapper']),
  'report-by-checkpoint-name': ('        by_key.setdefault(names.key(g.group, plan.inputs.cold_segments), g)', '        by_key.setdefault(ModelNames().key(g.group, plan.inputs.cold_segments), g)', ['tests/unit/test_report.py::test_a_group_the_model_names_otherwise_is_matched_by_its_name_in_the_model']),
  'cold-groups-by-checkpoint-name': ('    plan_groups = {cold_segment(load.names.model_name(g), segments): g', '    plan_groups = {cold_segment(g, segments): g', ['tests/engine/test_vllm_families.py::test_report_shows_the_embedding_and_experts_where_the_plan_put_them[gpt_oss]']),
+ 'accumulate-topk-weight': ('c->out[ptok[s + q] * H + h] += pw[s + q] * (acc[q] + b2);', 'c->out[ptok[s + q] * H + h] += (acc[q] + b2);', ['tests/unit/cpu_kernels/test_kernel.py::test_each_pick_is_weighted_and_summed']),
+ 'accumulate-assign': ('c->out[ptok[s + q] * H + h] += pw', 'c->out[ptok[s + q] * H + h] = pw', ['tests/unit/cpu_kernels/test_kernel.py::test_each_pick_is_weighted_and_summed']),
+ 'swigluoai-clamp': ('            g = g < j->limit ? g : j->limit;', '            g = g;', ['tests/unit/cpu_kernels/test_kernel.py::test_swigluoai_clamps_gate_and_up_at_the_limit']),
+ 'fp8-scale-block-index': ('brow = shard * per_shard + (r - shard * j->I) / bn;', 'brow = r / bn;', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-fp8-block]']),
+ 'mxfp4-nibble-order': ('*w0 = _mm512_permutexvar_ps(lo, table), *w1 = _mm512_permutexvar_ps(hi, table);', '*w0 = _mm512_permutexvar_ps(hi, table), *w1 = _mm512_permutexvar_ps(lo, table);', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-mxfp4]']),
+ 'mxfp4-reference-nibble-order': ('torch.stack((w & 0x0F, w >> 4), dim=-1)', 'torch.stack((w >> 4, w & 0x0F), dim=-1)', ['tests/unit/cpu_kernels/test_reference.py::test_mxfp4_is_low_nibble_first_with_e8m0_scales_per_32']),
 }
 
 

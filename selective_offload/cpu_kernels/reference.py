@@ -31,6 +31,7 @@ def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None 
     if weights.fmt == "mxfp4":
         table = torch.tensor(E2M1, dtype=torch.float32, device=w.device)
         # Element 2i is byte i's low nibble, 2i+1 its high nibble.
+        # mutation: mxfp4-reference-nibble-order
         codes = torch.stack((w & 0x0F, w >> 4), dim=-1).reshape(*w.shape[:-1], w.shape[-1] * 2)
         values = table[codes.long()]
         factor = torch.exp2(scale.float() - 127.0)
