@@ -284,7 +284,8 @@ def read_alternative(r: FieldReader) -> Alternative:
     return Alternative(label=r.str("label"), strategy=r.choice("strategy", Strategy),
                        host_cold_bytes=r.int("host_cold_bytes"), host_hot_bytes=r.int("host_hot_bytes"),
                        hot_layer_indices=tuple(hot), est=read_estimate(r.child("est")),
-                       host_uva_bytes=r.int("host_uva_bytes", default=0))
+                       host_uva_bytes=r.int("host_uva_bytes", default=0),
+                       host_compute_bytes=r.int("host_compute_bytes", default=0))
 
 
 #: The fields of a plan's ``host_compute`` object that reading recomputes and compares.

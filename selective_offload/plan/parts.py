@@ -228,6 +228,7 @@ class Alternative:
     hot_layer_indices: tuple[int, ...]
     est: Estimate
     host_uva_bytes: int = 0
+    host_compute_bytes: int = 0
 
 
 

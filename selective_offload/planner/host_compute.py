@@ -34,6 +34,13 @@ def cpu_format(method: str | None, config: Mapping[str, Any] | None = None) -> s
     return CPU_FORMATS.get(method or "")
 
 
+def model_cpu_format(checkpoint: Any) -> str | None:
+    """The CPU kernel format of a checkpoint's routed experts (from its config's quantization)."""
+    from .kernels import method_of_config
+
+    return cpu_format(method_of_config(checkpoint.config), checkpoint.config)
+
+
 def claimed(fmt: str | None) -> bool:
     """Whether ``fmt`` has a CPU kernel the committed benchmark claims fast."""
     if fmt is None:
