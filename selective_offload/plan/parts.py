@@ -62,6 +62,10 @@ EST_IGNORES: tuple[str, ...] = (
     "routed experts (MoE): uniform routing assumed, a step of T tokens reading 1 - (1 - k/E)^T of a "
     "layer's expert bytes; real routers favour some experts, so at T > 1 fewer distinct experts are "
     "read than estimated",
+    "host-compute: the CPU kernel reads the experts a step uses at one rate (probed, --cpu-gbps, or the "
+    "reference host's 55 GB/s assumed) whatever the layer, and computes at least their FLOPs at one CPU "
+    "matmul rate; the CPU's and the GPU's work of a layer are sequential (no overlap); ranks sharing the "
+    "host split its memory bandwidth evenly; the per-layer hand-off is one fixed time",
 )
 
 
