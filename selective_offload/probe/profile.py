@@ -379,8 +379,9 @@ def _kernel_rates(raw: Any, bad: Callable[[str, Any, str], UserError]) -> dict[s
     out = {}
     for name, value in raw.items():
         # mutation: profile-kernel-rate-unbounded
+        rate_ok = not isinstance(value, bool) and isinstance(value, (int, float)) and MIN_GBPS <= value <= MAX_GBPS
         if (not isinstance(name, str) or not 0 < len(name) <= MAX_FORMAT_NAME or not name.isprintable()
-                or isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS):
+                or not rate_ok):
             raise bad("cpu_kernel_gbps", raw, want)
         out[name] = float(value)
     return out

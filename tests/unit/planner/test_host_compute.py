@@ -273,3 +273,14 @@ def test_the_anchors_are_the_published_files_and_match_by_model_and_card():
     assert [a.tok_s for a in anchors_for(("GptOssForCausalLM",), 24, 32, 8 * gib)] == [36.4]
     assert anchors_for(("Qwen3MoeForCausalLM",), 48, 128, 24 * gib) == []
     assert len(anchors_for(("GptOssForCausalLM",), 36, 128)) == 2
+
+
+def test_a_tie_is_not_a_win_for_the_cpu():
+    """The crossover is where the CPU is still cheaper: at equal cost the step copies. With
+    no FLOPs and no hand-off, a CPU reading at half the rate of link and VRAM read in turn
+    (1 / 0.5 = 1 / 1 + 1 / 1) ties at every step size."""
+    experts = [ExpertsRead(0, EXPERTS_BYTES, E, K, EXPERTS_CPU, 0.0)]
+    settings = StepSettings(1.0, 1.0, cpu_gbps=0.5, handoff_s=0.0, decode_read_gbps=1.0)
+    cpu, copied = host_compute_times(experts, 1, settings)
+    assert cpu == copied
+    assert host_compute_crossover(experts, settings) == 0
