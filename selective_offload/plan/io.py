@@ -19,7 +19,10 @@ checked), names the kind of a whole embedding, tower, projector or MTP head
 (:data:`V4_KEYS`, :func:`read_kind`). v3 added the routed experts of a MoE layer as a
 group of their own (kind ``experts``, with ``num_experts`` and ``experts_per_token``) and
 the placement ``host-uva``; v2 and v1 plans are still read (they have no expert groups: a
-MoE layer is one group). v1 wrote each group's reads split by where they land, and its
+MoE layer is one group). A v4 plan with routed experts served ``compute`` (host-compute)
+holds ``host_compute``: the CPU kernel's format, stored, and the crossover, threads and rates
+it was priced at, derived from the inputs and the groups and checked when read (a plan
+without it reads as ``host_compute`` None). v1 wrote each group's reads split by where they land, and its
 totals at the top level, where those it derived differently (the prefetch buffers among
 them) are not compared. Writing is the mirror
 of reading, kept beside it so a new field is added to both in one place. The functions
