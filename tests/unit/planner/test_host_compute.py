@@ -284,3 +284,20 @@ def test_a_tie_is_not_a_win_for_the_cpu():
     cpu, copied = host_compute_times(experts, 1, settings)
     assert cpu == copied
     assert host_compute_crossover(experts, settings) == 0
+
+
+def test_plan_takes_cpu_gbps_as_a_flag_and_shows_llama_cpps_figure_for_the_card(capsys, tmp_path, monkeypatch):
+    from selective_offload.cli import main
+
+    monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(tmp_path / "none.json"))
+    config = REPO / "benchmarks" / "published_models" / "gpt-oss-120b" / "config.json"
+    args = [str(config), "--device-memory", "24GiB", "--host-memory", "none"]
+    assert main(["plan", *args, "--cpu-gbps", "70", "--cpu-threads", "12", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["inputs"]["cpu_gbps"] == 70.0 and data["inputs"]["cpu_gbps_source"] == "flag"
+    assert data["host_compute"]["format"] == "mxfp4" and data["host_compute"]["threads"] == 12
+    assert data["host_compute"]["crossover_tokens"] >= 1
+    assert main(["plan", *args]) == 0
+    out = capsys.readouterr().out
+    assert "llama.cpp published: 33.1 tok/s (gpt-oss-120b, 24 GB card" in out
+    assert "mxfp4 kernel at 55 GB/s (assumed)" in out
