@@ -30,6 +30,12 @@ SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'crossover-inverted': ('        if tokens <= self.crossover_tokens:', '        if tokens > self.crossover_tokens:', ['tests/unit/wrappers/test_host_compute.py::test_crossover_is_inclusive_and_counts_accumulate']),
+ 'host-bytes-uncounted': ('        self.counts.host_bytes += self._distinct_host_experts(ids) * self.weights.expert_bytes', '        self.counts.host_bytes += 0', ['tests/unit/wrappers/test_host_compute.py::test_the_host_path_counts_each_distinct_expert_once']),
+ 'computed-experts-post-processed': ('            take_over_post_processing(module, method, group, xl, None, run_original=False)', '            take_over_post_processing(module, method, group, xl, None, run_original=True)', ['tests/engine/test_vllm_moe.py::test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device']),
+ 'host-compute-not-installed': ('    module._replace_quant_method(method_class()(method, experts))', '    pass', ['tests/engine/test_vllm_moe.py::test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device']),
+ 'report-compute-not-judged': ('                        (Placement.HOST_COMPUTE, "compute")):', '                        ):', ['tests/unit/planner/test_moe_planning.py::test_the_report_judges_host_computed_experts']),
+ 'host-compute-ranks-unchecked': ('    if ranks != plan.host_compute.ranks:', '    if False:', ['tests/unit/vllm_glue/test_host_compute_glue.py::test_a_plan_for_another_number_of_ranks_is_refused']),
  'reference-cpu-rate-unlabelled': ('REFERENCE_CPU_GBPS = 55.0', 'REFERENCE_CPU_GBPS = 65.0', ['tests/unit/planner/test_host_compute.py::test_bf16_experts_are_computed_on_the_host_and_the_plan_says_at_what_rate']),
  'cpu-rate-ignored': ('        cpu += max(read / ranks / cpu_rate, flops / ranks / cpu_flop_s) + settings.handoff_s', '        cpu += max(read / ranks / (settings.link_gbps * 1e9 / ranks), flops / ranks / cpu_flop_s) + settings.handoff_s', ['tests/unit/planner/test_host_compute.py::test_the_step_prices_host_compute_at_the_cpu_rate_and_one_hand_off_per_layer']),
  'crossover-cpu-rate-both-sides': ('        gpu += read / link + max(', '        gpu += read / cpu_rate + max(', ['tests/unit/planner/test_host_compute.py::test_the_crossover_is_the_last_step_size_the_cpu_still_wins_by_hand']),
@@ -175,7 +181,7 @@ MUTATIONS = {
  'segment-baseline-all-params': ('            if params and not any(f".{p}." in f".{t.name}." for p in params):', '            if False:', ['tests/unit/planner/test_moe_configs.py::test_gpt_oss_20b_on_8_gib_reads_top_4_of_32_experts_instead_of_whole_layers']),
  'host-tables-on-device': ('            vllm_host_tables=_declares_host_tables(architectures, pick),', '            vllm_host_tables=False,', ['tests/unit/planner/test_moe_planning.py::test_ngram_tables_vllm_keeps_on_the_host_are_counted_there']),
  'v2-plan-split-anyway': ('    split = any(g.kind == GroupKind.EXPERTS for g in plan.groups)', '    split = True', ['tests/unit/planner/test_moe_planning.py::test_a_v2_plan_of_a_moe_model_is_read_and_still_matches_the_checkpoint']),
- 'report-uva-not-judged': (', (Placement.HOST_UVA, "uva")):', '):', ['tests/unit/planner/test_moe_planning.py::test_the_report_finds_routed_experts_on_the_host_as_planned']),
+ 'report-uva-not-judged': (', (Placement.HOST_UVA, "uva"),', ',', ['tests/unit/planner/test_moe_planning.py::test_the_report_finds_routed_experts_on_the_host_as_planned']),
  'gpu-run-vllm-not-blocked': ('sys.meta_path.insert(0, NoVllm())', 'pass', ['tests/tools/test_gpu_run.py::test_sections_run_with_vllm_blocked_and_counted']),
  'gpu-run-blocked-not-counted': ('                blocked.append(line[len(BLOCKED):].strip())', '                pass', ['tests/tools/test_gpu_run.py::test_sections_run_with_vllm_blocked_and_counted']),
  'gpu-run-no-time-limit': ('        proc.wait(timeout=limit_s)', '        proc.wait()', ['tests/tools/test_gpu_run.py::test_a_failed_or_timed_out_section_is_recorded_and_the_rest_still_run']),

@@ -17,7 +17,7 @@ import torch
 from . import build
 from .weights import Activation, ExpertWeights
 
-FMT_CODE = {"bf16": 0, "mxfp4": 1, "fp8-block": 2}
+FMT_CODE = {"bf16": 0, "mxfp4": 1, "fp8-block": 2, "f32": 3}
 ACT_CODE = {"silu": 0, "swigluoai": 1}
 DT_NONE, DT_BF16, DT_F32 = 0, 1, 2
 STATUS = {1: "topk_ids holds an expert id >= the number of experts", 2: "the kernel's workspace could not be allocated",

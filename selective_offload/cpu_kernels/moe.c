@@ -33,7 +33,7 @@
 #include <immintrin.h>
 #endif
 
-enum { SO_BF16 = 0, SO_MXFP4 = 1, SO_FP8_BLOCK = 2 };
+enum { SO_BF16 = 0, SO_MXFP4 = 1, SO_FP8_BLOCK = 2, SO_F32 = 3 };
 enum { SO_SILU = 0, SO_SWIGLUOAI = 1 };
 enum { SO_DT_NONE = 0, SO_DT_BF16 = 1, SO_DT_F32 = 2 };
 
@@ -125,6 +125,7 @@ static inline float e8m0(uint8_t s) {
 /* Element k of a row, for the tail and the plain-C path. */
 static inline float element(int fmt, const void *row, const void *scale, int64_t bk, int64_t k) {
     if (fmt == SO_BF16) return bf16_to_f32(((const uint16_t *)row)[k]);
+    if (fmt == SO_F32) return ((const float *)row)[k];
     if (fmt == SO_MXFP4) {
         uint8_t b = ((const uint8_t *)row)[k / 2];
         return 0.5f * E2M1_X2[(k & 1) ? b >> 4 : b & 0xF] * e8m0(((const uint8_t *)scale)[k / 32]);
@@ -136,7 +137,10 @@ static inline float element(int fmt, const void *row, const void *scale, int64_t
 /* 32 elements from k (a multiple of 32) as two vectors, for X slots [k, k+16) and [k+16, k+32). */
 static inline __attribute__((always_inline)) void decode32(int fmt, const void *row, const void *scale, int64_t bk,
                                                            int64_t k, __m512 *w0, __m512 *w1) {
-    if (fmt == SO_BF16) {
+    if (fmt == SO_F32) {
+        *w0 = _mm512_loadu_ps((const float *)row + k);
+        *w1 = _mm512_loadu_ps((const float *)row + k + 16);
+    } else if (fmt == SO_BF16) {
         __m512i v = _mm512_loadu_si512((const void *)((const uint16_t *)row + k));
         *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
         *w1 = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
@@ -159,7 +163,9 @@ static inline __attribute__((always_inline)) void decode32(int fmt, const void *
 /* 32 elements from k as four vectors, for X slots k + 8q, q = 0..3. */
 static inline __attribute__((always_inline)) void decode32(int fmt, const void *row, const void *scale, int64_t bk,
                                                            int64_t k, __m256 *w) {
-    if (fmt == SO_BF16) {
+    if (fmt == SO_F32) {
+        for (int q = 0; q < 4; q++) w[q] = _mm256_loadu_ps((const float *)row + k + 8 * q);
+    } else if (fmt == SO_BF16) {
         const uint16_t *p = (const uint16_t *)row + k;
         __m256i v0 = _mm256_loadu_si256((const __m256i *)p), v1 = _mm256_loadu_si256((const __m256i *)(p + 16));
         __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
@@ -245,7 +251,7 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
 #else
     for (; k < whole; k++) {
         float w = element(fmt, row, scale, bk, k);
-        int64_t slot = fmt == SO_FP8_BLOCK ? k : perm32(k, len);
+        int64_t slot = (fmt == SO_FP8_BLOCK || fmt == SO_F32) ? k : perm32(k, len);
         for (int t = 0; t < n; t++) s[t] += w * X[t * ldx + slot];
     }
 #endif
@@ -269,6 +275,7 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
 SO_DOT_FMT(dot_bf16, SO_BF16)
 SO_DOT_FMT(dot_mxfp4, SO_MXFP4)
 SO_DOT_FMT(dot_fp8, SO_FP8_BLOCK)
+SO_DOT_FMT(dot_f32, SO_F32)
 
 /* Row r of matrix `which` (0: w13 [E, 2I, H], 1: w2 [E, H, I]) of expert e, dotted with n vectors. */
 static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const float *X, int64_t ldx, int n,
@@ -277,6 +284,8 @@ static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const 
     const void *w = which ? j->w2 : j->w13, *sc = which ? j->w2_scale : j->w13_scale;
     if (j->fmt == SO_BF16) {
         dot_bf16((const uint16_t *)w + (e * R + r) * C, NULL, 0, C, X, ldx, n, acc);
+    } else if (j->fmt == SO_F32) {
+        dot_f32((const float *)w + (e * R + r) * C, NULL, 0, C, X, ldx, n, acc);
     } else if (j->fmt == SO_MXFP4) {
         dot_mxfp4((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), 0, C, X,
                   ldx, n, acc);
@@ -326,7 +335,7 @@ void so_moe_job_run(void *arg) {
     so_moe_job *j = (so_moe_job *)arg;
     int64_t T = j->T, K = j->K, E = j->E, H = j->H, I = j->I, P = T * K;
     j->status = 0;
-    if (j->fmt < SO_BF16 || j->fmt > SO_FP8_BLOCK) { j->status = 3; return; }
+    if (j->fmt < SO_BF16 || j->fmt > SO_F32) { j->status = 3; return; }
     int64_t need = so_moe_workspace_bytes(T, K, E, H, I);
     char *ws = (char *)j->workspace, *own = NULL;
     if (!ws || j->workspace_bytes < need) {
@@ -374,7 +383,7 @@ void so_moe_job_run(void *arg) {
         pw[slot] = j->topk_weights[p];
     }
     /* The tokens as f32, in the order the format's row walk reads them (perm32). */
-    int permuted = j->fmt != SO_FP8_BLOCK;
+    int permuted = j->fmt != SO_FP8_BLOCK && j->fmt != SO_F32;
     const float *X = xf;
     if (j->x_dtype == SO_DT_F32 && !permuted) {
         X = (const float *)j->x;

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-FORMATS = ("bf16", "mxfp4", "fp8-block", "int4")
+FORMATS = ("bf16", "mxfp4", "fp8-block", "int4", "f32")
 #: Formats the kernel computes (int4 is named so callers can ask, and is refused).
-IMPLEMENTED = ("bf16", "mxfp4", "fp8-block")
+IMPLEMENTED = ("bf16", "mxfp4", "fp8-block", "f32")
 BIAS_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -91,6 +91,17 @@ class ExpertWeights:
         for name in ("w13_scale", "w2_scale"):
             if getattr(self, name) is not None:
                 raise ValueError(f"bf16 {name}: bf16 weights have no scales; pass None")
+
+    def _check_f32(self):
+        """Unquantized experts held in float32 (an engine run with ``dtype=float32``)."""
+        E, I2, H = self.w13.shape
+        if I2 % 2:
+            raise ValueError(f"f32 w13: {I2} rows is not 2 * intermediate (gate and up)")
+        self._expect("w13", self.w13, torch.float32, (E, I2, H), "[E, 2I, H]")
+        self._expect("w2", self.w2, torch.float32, (E, H, I2 // 2), "[E, H, I]")
+        for name in ("w13_scale", "w2_scale"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"f32 {name}: float32 weights have no scales; pass None")
 
     def _check_mxfp4(self):
         E, I2, Hh = self.w13.shape
