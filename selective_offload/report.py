@@ -253,6 +253,29 @@ def _said(placement: str, group: str) -> str:
     return _SAID.get(placement, placement)
 
 
+def _host_compute_lines(r: PlacementReport) -> list[str]:
+    """What each host-compute layer served, as of ``transfers_as_of``: steps and tokens on
+    the host CPU (and its time per step) and on the device path, and the expert bytes the
+    CPU read."""
+    lines = []
+    for group, counters in r.transfers.items():
+        served = counters.get("host_compute") if isinstance(counters, dict) else None
+        if not isinstance(served, dict):
+            continue
+        per_step = served.get("host_s_per_step")
+
+        def steps(n: Any) -> str:
+            return f"{n} step{'' if n == 1 else 's'}"
+
+        lines.append(f"compute {group} (as of {r.transfers_as_of}): host CPU {steps(served.get('host_steps', 0))}, "
+                     f"{served.get('host_tokens', 0)} tokens"
+                     + (f", {per_step * 1e3:.3f} ms per step" if isinstance(per_step, (int, float)) else "")
+                     + f", {fmt_bytes(int(served.get('host_bytes', 0) or 0))} of experts read; device path "
+                     f"{steps(served.get('device_steps', 0))}, {served.get('device_tokens', 0)} tokens (above "
+                     f"{counters.get('crossover_tokens')} tokens per step)")
+    return lines
+
+
 def _render(r: PlacementReport) -> list[str]:
     lines = [f"selective-offload placement report (compute device {r.compute_device}"
              + ("; host memory is device memory here" if r.host_is_device else "") + ")"]
@@ -278,6 +301,7 @@ def _render(r: PlacementReport) -> list[str]:
         if planned or landed:
             lines.append(f"{label} on host: planned {fmt_bytes(planned)} of checkpoint bytes, "
                          f"{fmt_bytes(loaded)} as loaded; landed {fmt_bytes(landed)}")
+    lines += _host_compute_lines(r)
     if r.host_memory:
         hm = r.host_memory
         ratio = hm.get("page_locked_to_host_ratio")

@@ -33,12 +33,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
-
 import torch
 
 from .. import cpu_kernels
 from ..cpu_kernels import Activation, ExpertWeights
+
+
+@dataclass
+class Slot:
+    """One step shape's fixed buffers and the kernel job that reads and writes them."""
+
+    x: torch.Tensor
+    ids: torch.Tensor
+    weights: torch.Tensor
+    out: torch.Tensor
+    job: "cpu_kernels.MoEJob"
 
 
 @dataclass
@@ -80,14 +89,12 @@ class HostExperts:
     """The routed experts of one MoE layer in host memory, served by the CPU at or below
     ``crossover_tokens`` tokens per step and copied to ``device`` above it.
 
-    ``kernel`` computes on the host (``cpu_kernels.moe``; a test may pass the reference).
     ``host_mask``: which experts live here (a bool/uint8 tensor of E); picks of the others
     (and ids < 0) are left to whoever computes them and contribute nothing here.
     """
 
     def __init__(self, group: str, weights: ExpertWeights, activation: Activation, *, crossover_tokens: int,
-                 threads: int | None, device: torch.device,
-                 kernel: Callable[..., torch.Tensor] | None = None, host_mask: torch.Tensor | None = None):
+                 threads: int | None, device: torch.device, host_mask: torch.Tensor | None = None):
         if crossover_tokens < 0:
             raise ValueError(f"{group}: the crossover must be a number of tokens >= 0, not {crossover_tokens}")
         self.group = group
@@ -96,10 +103,10 @@ class HostExperts:
         self.crossover_tokens = int(crossover_tokens)
         self.threads = threads
         self.device = torch.device(device)
-        self.kernel = kernel or cpu_kernels.moe
         self.host_mask = host_mask
         self.counts = ServingCounts()
         self._host_function = None  # made on the first CUDA step (:mod:`.host_function`)
+        self._slots: dict[tuple, Slot] = {}
 
     @property
     def on_cuda(self) -> bool:
@@ -128,18 +135,39 @@ class HostExperts:
             self.counts.host.add(tokens, None)  # the CPU's time is the host function's, off this thread
             return out
         start = time.perf_counter()
-        out = self.compute_on_host(x, topk_ids, topk_weights)
+        out = self.compute_on_host(x, topk_ids, topk_weights).to(x.dtype, copy=True)  # the buffer is reused
         self.counts.host.add(tokens, time.perf_counter() - start)
-        return out.to(x.dtype)
+        return out
 
-    def compute_on_host(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
-        """The kernel on host tensors (float32 [T, H]); counts the expert bytes read."""
+    def compute_on_host(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The kernel on host tensors (float32 [T, H], a buffer reused by the next step of
+        as many tokens); counts the expert bytes read."""
         ids = topk_ids.to(torch.int32)
         # mutation: host-bytes-uncounted
         self.counts.host_bytes += self._distinct_host_experts(ids) * self.weights.expert_bytes
-        return self.kernel(x.contiguous(), ids.contiguous(), topk_weights.to(torch.float32).contiguous(),
-                           self.weights, self.activation, out=out, threads=self.threads, host_mask=self.host_mask)
+        slot = self.slot(x, ids, pinned=False)
+        slot.x.copy_(x)
+        slot.ids.copy_(ids)
+        slot.weights.copy_(topk_weights)
+        return slot.job.run()
+
+    def slot(self, x: torch.Tensor, topk_ids: torch.Tensor, *, pinned: bool) -> "Slot":
+        """Fixed buffers and a kernel job for steps of ``x``'s shape: a job's sizes are fixed
+        when it is made, and making one costs more than the copies into its buffers; a
+        captured CUDA graph holds the pinned ones' addresses (:mod:`.host_function`)."""
+        key = (int(x.shape[0]), int(topk_ids.shape[1]), x.dtype, pinned)
+        slot = self._slots.get(key)
+        if slot is None:
+            tokens, k = key[0], key[1]
+            where = dict(device="cpu", pin_memory=pinned)
+            xs = torch.empty((tokens, x.shape[1]), dtype=x.dtype, **where)
+            ids = torch.zeros((tokens, k), dtype=torch.int32, **where)
+            weights = torch.zeros((tokens, k), dtype=torch.float32, **where)
+            out = torch.empty((tokens, x.shape[1]), dtype=torch.float32, **where)
+            job = cpu_kernels.MoEJob(xs, ids, weights, self.weights, self.activation, out=out, threads=self.threads,
+                                     host_mask=self.host_mask)
+            slot = self._slots[key] = Slot(xs, ids, weights, out, job)
+        return slot
 
     def _distinct_host_experts(self, ids: torch.Tensor) -> int:
         used = torch.unique(ids[ids >= 0])

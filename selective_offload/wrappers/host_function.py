@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,41 +62,15 @@ def launch_host_function(stream: torch.cuda.Stream, function: int, argument: int
         raise RuntimeError(f"cudaLaunchHostFunc failed with CUDA error {err}")
 
 
-@dataclass
-class _Slot:
-    x: torch.Tensor
-    ids: torch.Tensor
-    weights: torch.Tensor
-    out: torch.Tensor
-    job: "cpu_kernels.MoEJob"
-
-
 class HostFunction:
     """The stream-ordered host path of one layer (see the module's docstring)."""
 
     def __init__(self, experts: Any):
         """``experts``: the :class:`~.host_compute.HostExperts` whose host path this is."""
         self.experts = experts
-        self.slots: dict[tuple[int, int, torch.dtype], _Slot] = {}
-
-    def _slot(self, x: torch.Tensor, topk_ids: torch.Tensor) -> _Slot:
-        key = (int(x.shape[0]), int(topk_ids.shape[1]), x.dtype)
-        slot = self.slots.get(key)
-        if slot is None:
-            tokens, k = key[0], key[1]
-            pinned = dict(device="cpu", pin_memory=True)
-            xs = torch.empty((tokens, x.shape[1]), dtype=x.dtype, **pinned)
-            ids = torch.empty((tokens, k), dtype=torch.int32, **pinned)
-            weights = torch.empty((tokens, k), dtype=torch.float32, **pinned)
-            out = torch.empty((tokens, x.shape[1]), dtype=torch.float32, **pinned)
-            e = self.experts
-            job = cpu_kernels.MoEJob(xs, ids, weights, e.weights, e.activation, out=out, threads=e.threads,
-                                     host_mask=e.host_mask)
-            slot = self.slots[key] = _Slot(xs, ids, weights, out, job)
-        return slot
 
     def enqueue(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        slot = self._slot(x, topk_ids)
+        slot = self.experts.slot(x, topk_ids, pinned=True)
         stream = torch.cuda.current_stream(x.device)
         slot.x.copy_(x, non_blocking=True)
         slot.ids.copy_(topk_ids.to(torch.int32), non_blocking=True)

@@ -150,5 +150,7 @@ def test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device(com
         assert served["host_steps"] >= MAX_TOKENS - 1 and served["host_bytes"] > 0
         assert served["host_s_per_step"] > 0
     assert report.loaded_host_compute_bytes == report.landed_host_compute_bytes == len(names) * EXPERTS_BYTES_LOADED
-    assert "compute on host: planned" in report.render()
+    text = report.render()
+    assert "compute on host: planned" in text
+    assert f"compute {names[0]} (as of now): host CPU " in text and "device path 1 step, 14 tokens" in text
 
