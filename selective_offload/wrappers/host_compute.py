@@ -31,7 +31,9 @@ reads on the device.
 
 from __future__ import annotations
 
+import itertools
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 import torch
 
@@ -212,3 +214,34 @@ class HostExperts:
 
         return replace(w, w13=take(w.w13), w2=take(w.w2), w13_scale=take(w.w13_scale), w2_scale=take(w.w2_scale),
                        w13_bias=take(w.w13_bias), w2_bias=take(w.w2_bias))
+
+
+# ----------------------------------------------------------------------- the opaque op
+
+#: Live host experts by key: what the op below calls (held weakly: the model owns them).
+_LIVE: "weakref.WeakValueDictionary[int, HostExperts]" = weakref.WeakValueDictionary()
+_KEYS = itertools.count(1)
+
+
+def register(experts: HostExperts) -> int:
+    """A key :func:`on_host` finds ``experts`` by, for as long as they live."""
+    key = next(_KEYS)
+    _LIVE[key] = experts
+    return key
+
+
+@torch.library.custom_op("selective_offload::experts_on_host", mutates_args=())
+def on_host(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, key: int) -> torch.Tensor:
+    """The host experts registered under ``key`` applied to ``x``, as one op that
+    torch.compile (vLLM compiles the model with ``fullgraph``) does not trace into: inside
+    are a ctypes call and a step-dependent choice of path, neither of which it can trace.
+    A CUDA graph captures what it queues (the host path is stream-ordered)."""
+    experts = _LIVE.get(key)
+    if experts is None:
+        raise RuntimeError(f"selective-offload: no host experts are registered under key {key} (their model was released)")
+    return experts(x, topk_ids, topk_weights)
+
+
+@on_host.register_fake
+def _(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, key: int) -> torch.Tensor:
+    return torch.empty_like(x)
