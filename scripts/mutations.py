@@ -5,10 +5,11 @@
     .venv/bin/python scripts/mutations.py --list
 
 A mutation is keyed by a marker, not by a file: the comment ``# mutation: NAME`` (several
-names may share one, comma-separated) stands on its own line directly above the key line,
-anywhere under selective_offload/, benchmarks/ or scripts/. The text to replace must occur
-once in the lines that follow the marker (as many lines as the text has; other marker lines
-are skipped), so code can move between files, or within one, and its mutations move with it.
+names may share one, comma-separated; ``// mutation: NAME`` in a C source) stands on its own
+line directly above the key line, anywhere under selective_offload/, benchmarks/ or scripts/.
+The text to replace must occur once in the lines that follow the marker (as many lines as
+the text has; other marker lines are skipped), so code can move between files, or within
+one, and its mutations move with it.
 
 Each mutation also names the tests that catch it (pytest node ids); with no selection given
 those run, with ``-x``. It prints CAUGHT (pytest failed) or SURVIVED (a test is missing),
@@ -23,7 +24,9 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SEARCHED = ("selective_offload", "benchmarks", "scripts")
-MARKER = re.compile(r"^[ \t]*# mutation: ([a-z0-9-]+(?:, [a-z0-9-]+)*)[ \t]*$")
+MARKER = re.compile(r"^[ \t]*(?:#|//) mutation: ([a-z0-9-]+(?:, [a-z0-9-]+)*)[ \t]*$")
+#: Where a marker may stand: Python and shell files, and C sources (as ``// mutation: NAME``).
+SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
@@ -220,6 +223,12 @@ MUTATIONS = {
  'class-mapping-ignored': ('    mapper = getattr(model_cls, "hf_to_vllm_mapper", None)', '    mapper = None', ['tests/unit/vllm_glue/test_model_names.py::test_gpt_oss_names_its_embedding_through_its_own_mapper']),
  'report-by-checkpoint-name': ('        by_key.setdefault(names.key(g.group, plan.inputs.cold_segments), g)', '        by_key.setdefault(ModelNames().key(g.group, plan.inputs.cold_segments), g)', ['tests/unit/test_report.py::test_a_group_the_model_names_otherwise_is_matched_by_its_name_in_the_model']),
  'cold-groups-by-checkpoint-name': ('    plan_groups = {cold_segment(load.names.model_name(g), segments): g', '    plan_groups = {cold_segment(g, segments): g', ['tests/engine/test_vllm_families.py::test_report_shows_the_embedding_and_experts_where_the_plan_put_them[gpt_oss]']),
+ 'accumulate-topk-weight': ('c->out[ptok[s + q] * H + h] += pw[s + q] * (acc[q] + b2);', 'c->out[ptok[s + q] * H + h] += (acc[q] + b2);', ['tests/unit/cpu_kernels/test_kernel.py::test_each_pick_is_weighted_and_summed']),
+ 'accumulate-assign': ('c->out[ptok[s + q] * H + h] += pw', 'c->out[ptok[s + q] * H + h] = pw', ['tests/unit/cpu_kernels/test_kernel.py::test_each_pick_is_weighted_and_summed']),
+ 'swigluoai-clamp': ('            g = g < j->limit ? g : j->limit;', '            g = g;', ['tests/unit/cpu_kernels/test_kernel.py::test_swigluoai_clamps_gate_and_up_at_the_limit']),
+ 'fp8-scale-block-index': ('brow = shard * per_shard + (r - shard * j->I) / bn;', 'brow = r / bn;', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-fp8-block]']),
+ 'mxfp4-nibble-order': ('*w0 = _mm512_permutexvar_ps(lo, table), *w1 = _mm512_permutexvar_ps(hi, table);', '*w0 = _mm512_permutexvar_ps(hi, table), *w1 = _mm512_permutexvar_ps(lo, table);', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-mxfp4]']),
+ 'mxfp4-reference-nibble-order': ('torch.stack((w & 0x0F, w >> 4), dim=-1)', 'torch.stack((w >> 4, w & 0x0F), dim=-1)', ['tests/unit/cpu_kernels/test_reference.py::test_mxfp4_is_low_nibble_first_with_e8m0_scales_per_32']),
 }
 
 
@@ -228,7 +237,7 @@ def markers() -> dict[str, list[tuple[pathlib.Path, int]]]:
     found: dict[str, list[tuple[pathlib.Path, int]]] = {}
     for folder in SEARCHED:
         for path in sorted((ROOT / folder).rglob("*")):
-            if path.suffix not in (".py", ".sh") or not path.is_file() or path.resolve() == pathlib.Path(__file__).resolve():
+            if path.suffix not in SUFFIXES or not path.is_file() or path.resolve() == pathlib.Path(__file__).resolve():
                 continue
             for i, line in enumerate(path.read_text().split("\n")):
                 m = MARKER.match(line)

@@ -19,6 +19,9 @@ variable                       accepted values
 MEMORY``                       to plan for (``24GiB``), in place of the card's
 ``SELECTIVE_OFFLOAD_LAST_REPORT`` where the report path of the last engine set-up is
                                recorded (default ``~/.cache/selective-offload/last-report``)
+``SELECTIVE_OFFLOAD_KERNEL_    the folder the host-compute CPU kernels are compiled
+CACHE``                        into (default ``$XDG_CACHE_HOME`` or ``~/.cache``,
+                               then ``selective-offload/kernels``)
 =============================  ==================================================
 
 A report path is tried for real before any model is built: a trial file is created and
@@ -50,6 +53,7 @@ ENV_STRICT = "SELECTIVE_OFFLOAD_STRICT"
 ENV_EMBEDDING = "SELECTIVE_OFFLOAD_EMBEDDING"
 ENV_LAST_REPORT = "SELECTIVE_OFFLOAD_LAST_REPORT"
 ENV_DEVICE_MEMORY = "SELECTIVE_OFFLOAD_DEVICE_MEMORY"
+ENV_KERNEL_CACHE = "SELECTIVE_OFFLOAD_KERNEL_CACHE"
 #: A last-report record holds one path: more than this is not one.
 MAX_RECORD_BYTES = 16384
 ENV_VARS = (ENV_PLAN, ENV_REPORT, ENV_STRICT, ENV_EMBEDDING)

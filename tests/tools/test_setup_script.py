@@ -65,6 +65,7 @@ def test_setup_prints_one_line_per_phase_and_keeps_pips_log(tmp_path):
     assert len(lines) == 5  # pip's 400 lines went to the log, not the screen
     log = (repo / ".venv" / "setup.log").read_text()
     assert "Collecting package-200" in log and "+ .venv/bin/python -m pip install --progress-bar off -e" in log
+    assert "+ .venv/bin/python -m selective_offload.cpu_kernels build" in log  # compiled once, at set-up
     assert list((repo / ".venv").glob(".installed-cpu-*")), "the stamp"
     # Run again: the stamp says .venv matches this checkout, so nothing happens.
     again = setup(repo, tmp_path, "fail")

@@ -1,0 +1,49 @@
+"""Routed experts of an MoE layer computed on the host CPU at decode (host-compute).
+
+At batch 1 a token reads k experts' weights once, so a host that holds an expert can
+compute it in about the time its bytes take to read from host memory, instead of moving
+them over the link to the device. torch's own CPU paths reach that for bf16 but not for
+the quantised formats (they dequantise into memory first), so this sub-package carries a
+small C kernel (``moe.c``, compiled once per machine by the system compiler, see
+``build``) that dequantises in registers while it streams the weights, for the layouts
+vLLM's create_weights allocates. It imports no vLLM.
+
+    out[t] = sum_j topk_weights[t, j] * (W2[e] @ act(W13[e] @ x[t] + b13[e]) + b2[e]),
+    e = topk_ids[t, j], over the picks with e >= 0 and host_mask[e] set (the device
+    computes the others); float32 [T, H].
+
+``CLAIMED`` says which formats the project claims a fast kernel for: those whose committed
+benchmark (``benchmarks/bench_cpu_kernels.py``, the result file ``CLAIM_SOURCE``) read
+the weights at no less than ``CLAIM_BAR`` of this kind of machine's read bandwidth at
+batch 1. A test keeps the table and the file in agreement.
+"""
+
+from __future__ import annotations
+
+from . import build, reference
+from .build import KernelUnavailable, openmp_runtimes
+from .kernel import MoEJob, library, moe, read_gbps
+from .weights import FORMATS, IMPLEMENTED, Activation, ExpertWeights
+
+CLAIM_BAR = 0.6
+CLAIM_SOURCE = ""
+CLAIMED: dict[str, bool] = {"bf16": False, "mxfp4": False, "fp8-block": False, "int4": False}
+
+__all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "ExpertWeights", "KernelUnavailable",
+           "MoEJob", "library", "moe", "read_gbps", "reference", "unavailable_reason", "openmp_runtimes", "build"]
+
+
+def unavailable_reason(fmt: str) -> str | None:
+    """None when the compiled kernel serves ``fmt`` on this machine, else one line why not."""
+    if fmt not in FORMATS:
+        return f"host-compute: unknown format {fmt!r}; the formats are {', '.join(FORMATS)}"
+    if fmt not in IMPLEMENTED:
+        return f"host-compute: the {fmt} kernel is not implemented yet; keep these experts host-uva"
+    try:
+        library()
+    except KernelUnavailable as e:
+        return str(e)
+    if not CLAIMED.get(fmt):
+        return (f"host-compute: the {fmt} kernel read its weights at less than {CLAIM_BAR} of the read bandwidth "
+                f"in {CLAIM_SOURCE or 'no committed benchmark'}; keep these experts host-uva")
+    return None

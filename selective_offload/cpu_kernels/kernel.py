@@ -1,0 +1,187 @@
+"""The compiled kernel seen from Python: checked arguments in, one ctypes call, f32 out.
+
+:class:`MoEJob` is the form a CUDA graph needs: every pointer and size of one call in a C
+struct, kept alive with its tensors, so ``cudaLaunchHostFunc(stream, job.function_pointer,
+job.address)`` runs the host's experts with no Python on the way. :func:`moe` builds a
+job per call and runs it at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+
+import torch
+
+from . import build
+from .weights import Activation, ExpertWeights
+
+FMT_CODE = {"bf16": 0, "mxfp4": 1, "fp8-block": 2}
+ACT_CODE = {"silu": 0, "swigluoai": 1}
+DT_NONE, DT_BF16, DT_F32 = 0, 1, 2
+STATUS = {1: "topk_ids holds an expert id >= the number of experts", 2: "the kernel's workspace could not be allocated",
+          3: "the format code is not one the kernel knows"}
+
+
+class _Job(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("fmt", "act", "has_limit")] + [
+        ("alpha", ctypes.c_float), ("limit", ctypes.c_float)] + [
+        (n, ctypes.c_int64) for n in ("T", "K", "E", "H", "I", "block_n", "block_k", "x_dtype", "ids_i64",
+                                      "bias_dtype", "threads")] + [
+        (n, ctypes.c_void_p) for n in ("x", "topk_ids", "topk_weights", "host_mask", "w13", "w2", "w13_scale",
+                                       "w2_scale", "w13_bias", "w2_bias", "out", "workspace")] + [
+        ("workspace_bytes", ctypes.c_int64), ("status", ctypes.c_int64)]
+
+
+_LIB: ctypes.CDLL | None = None
+_ERROR: build.KernelUnavailable | None = None
+
+
+def library() -> ctypes.CDLL:
+    """This machine's compiled kernel (built on first use); KernelUnavailable when it cannot be."""
+    global _LIB, _ERROR
+    if _LIB is None and _ERROR is None:
+        try:
+            _LIB = build.load()
+            if _LIB.so_moe_job_size() != ctypes.sizeof(_Job):
+                raise build.KernelUnavailable(
+                    f"host-compute CPU kernels: the compiled job struct is {_LIB.so_moe_job_size()} bytes, Python's "
+                    f"{ctypes.sizeof(_Job)}; delete {build.cache_root()} to rebuild")
+        except build.KernelUnavailable as e:
+            _LIB, _ERROR = None, e
+    if _ERROR is not None:
+        raise _ERROR
+    return _LIB
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _cpu(name: str, t: torch.Tensor) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(f"host-compute kernel: {name} is on {t.device}; it computes on host (CPU) tensors only")
+    if not t.is_contiguous():
+        raise ValueError(f"host-compute kernel: {name} is not contiguous; pass a contiguous tensor")
+
+
+def _biases(weights: ExpertWeights) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+    """Both biases in one dtype the kernel reads (bf16 or f32), converted once and kept."""
+    b13, b2 = weights.w13_bias, weights.w2_bias
+    if b13 is None and b2 is None:
+        return None, None, DT_NONE
+    if b13 is not None and b2 is not None and b13.dtype == b2.dtype:
+        return b13, b2, DT_BF16 if b13.dtype == torch.bfloat16 else DT_F32
+    if "biases" not in weights._cache:
+        E, I, H = weights.num_experts, weights.intermediate, weights.hidden
+        weights._cache["biases"] = (
+            b13.float().contiguous() if b13 is not None else torch.zeros(E, 2 * I),
+            b2.float().contiguous() if b2 is not None else torch.zeros(E, H))
+    return *weights._cache["biases"], DT_F32
+
+
+class MoEJob:
+    """One call's arguments, fixed: re-run it after writing new values into the same x,
+    topk_ids and topk_weights tensors (what a CUDA graph replays). The tensors are kept
+    alive by the job. ``function_pointer`` is ``so_moe_job_run`` (a ``cudaHostFn_t``),
+    ``address`` its argument; after a run ``status`` is 0, or see :meth:`check`."""
+
+    def __init__(self, x, topk_ids, topk_weights, weights: ExpertWeights, activation: Activation, *,
+                 out: torch.Tensor, threads: int | None = None, host_mask: torch.Tensor | None = None,
+                 library_: ctypes.CDLL | None = None):
+        self.lib = library_ or library()
+        T, H, E = x.shape[0] if x.dim() == 2 else -1, weights.hidden, weights.num_experts
+        if x.dim() != 2 or x.shape[1] != H or x.dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"host-compute kernel: x is {x.dtype} {list(x.shape)}; expected bf16 or float32 [T, {H}]")
+        if topk_ids.dtype not in (torch.int32, torch.int64) or topk_ids.dim() != 2 or topk_ids.shape[0] != T:
+            raise ValueError(f"host-compute kernel: topk_ids is {topk_ids.dtype} {list(topk_ids.shape)}; "
+                             f"expected int32 or int64 [{T}, k]")
+        K = topk_ids.shape[1]
+        if topk_weights.dtype != torch.float32 or tuple(topk_weights.shape) != (T, K):
+            raise ValueError(f"host-compute kernel: topk_weights is {topk_weights.dtype} {list(topk_weights.shape)}; "
+                             f"expected float32 [{T}, {K}]")
+        if out.dtype != torch.float32 or tuple(out.shape) != (T, H):
+            raise ValueError(f"host-compute kernel: out is {out.dtype} {list(out.shape)}; expected float32 [{T}, {H}]")
+        if host_mask is not None:
+            if host_mask.dtype not in (torch.uint8, torch.bool) or tuple(host_mask.shape) != (E,):
+                raise ValueError(f"host-compute kernel: host_mask is {host_mask.dtype} {list(host_mask.shape)}; "
+                                 f"expected bool or uint8 [{E}]")
+            host_mask = host_mask.view(torch.uint8) if host_mask.dtype == torch.bool else host_mask
+        if weights.fmt not in FMT_CODE:
+            raise ValueError(f"host-compute kernel: format {weights.fmt!r} is not implemented")
+        b13, b2, bias_dtype = _biases(weights)
+        named = {**weights.tensors(), **dict(x=x, topk_ids=topk_ids, topk_weights=topk_weights, out=out,
+                                             host_mask=host_mask, w13_bias=b13, w2_bias=b2)}
+        for name, t in named.items():
+            if t is not None:
+                _cpu(name, t)
+        self.threads = int(threads) if threads else torch.get_num_threads()
+        nbytes = self.lib.so_moe_workspace_bytes(T, K, E, H, weights.intermediate)
+        self.workspace = torch.empty(nbytes, dtype=torch.uint8)
+        self.tensors = named  # kept alive as long as the job
+        self.out = out
+        lim = activation.limit
+        self.job = _Job(
+            fmt=FMT_CODE[weights.fmt], act=ACT_CODE[activation.kind], has_limit=int(lim is not None),
+            alpha=activation.alpha, limit=float(lim) if lim is not None else 0.0, T=T, K=K, E=E, H=H,
+            I=weights.intermediate, block_n=weights.block[0], block_k=weights.block[1],
+            x_dtype=DT_BF16 if x.dtype == torch.bfloat16 else DT_F32, ids_i64=int(topk_ids.dtype == torch.int64),
+            bias_dtype=bias_dtype, threads=self.threads, x=_ptr(x), topk_ids=_ptr(topk_ids),
+            topk_weights=_ptr(topk_weights), host_mask=_ptr(host_mask), w13=_ptr(weights.w13), w2=_ptr(weights.w2),
+            w13_scale=_ptr(weights.w13_scale), w2_scale=_ptr(weights.w2_scale), w13_bias=_ptr(b13),
+            w2_bias=_ptr(b2), out=_ptr(out), workspace=_ptr(self.workspace), workspace_bytes=nbytes, status=0)
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.job)
+
+    @property
+    def function_pointer(self) -> int:
+        return ctypes.cast(self.lib.so_moe_job_run, ctypes.c_void_p).value
+
+    @property
+    def status(self) -> int:
+        return int(self.job.status)
+
+    def check(self) -> None:
+        if self.job.status:
+            raise ValueError(f"host-compute kernel: {STATUS.get(self.status, f'status {self.status}')}")
+
+    def run(self) -> torch.Tensor:
+        self.lib.so_moe_job_run(self.address)
+        self.check()
+        return self.out
+
+
+def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: ExpertWeights,
+        activation: Activation, *, out: torch.Tensor | None = None, threads: int | None = None,
+        host_mask: torch.Tensor | None = None, library_: ctypes.CDLL | None = None) -> torch.Tensor:
+    """The host's picks of one MoE layer, float32 [T, H] (see the module docstring of
+    selective_offload.cpu_kernels for the formula); CPU tensors only."""
+    for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device.type != "cpu":
+            raise ValueError(f"host-compute kernel: {name} is on {t.device}; it computes on host (CPU) tensors only")
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        x = x.float()
+    if topk_weights.dtype != torch.float32:
+        topk_weights = topk_weights.float()
+    if out is None:
+        out = torch.empty(x.shape[0], weights.hidden, dtype=torch.float32)
+    job = MoEJob(x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous(), weights, activation, out=out,
+                 threads=threads, host_mask=host_mask, library_=library_)
+    return job.run()
+
+
+def read_gbps(threads: int, nbytes: int = 256 << 20, repeats: int = 7, library_: ctypes.CDLL | None = None) -> float:
+    """This machine's read bandwidth with ``threads`` threads (GB/s, 1e9 bytes), the median
+    of ``repeats`` sums of a buffer larger than the caches, by the C read kernel."""
+    lib = library_ or library()
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    lib.so_read_sum(buf.data_ptr(), buf.numel() * 4, threads)  # warm: threads started, pages touched
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        lib.so_read_sum(buf.data_ptr(), buf.numel() * 4, threads)
+        times.append(time.perf_counter() - t0)
+    return buf.numel() * 4 / statistics.median(times) / 1e9

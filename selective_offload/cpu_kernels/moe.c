@@ -1,0 +1,488 @@
+/* Routed experts of one MoE layer computed on the host CPU (selective-offload's host-compute).
+ *
+ * Plain C with OpenMP, no torch headers: Python calls it through ctypes with raw pointers,
+ * and a CUDA host function (cudaLaunchHostFunc) can call so_moe_job_run(job) with no Python,
+ * which is what lets a captured CUDA graph run the host's experts.
+ *
+ * Why a kernel of our own: at decode a token reads k experts' weights once, so the time is
+ * the bytes read over the host's read bandwidth, and only a kernel that dequantises in
+ * registers while it streams the weights gets near that bandwidth. The weights are read
+ * in the layouts vLLM's create_weights makes (before any post-processing), so the same
+ * host tensors serve this kernel and the device's UVA path.
+ *
+ * out[t] = sum_j w[t,j] * (W2[e] @ act(W13[e] @ x[t] + b13[e]) + b2[e]), e = ids[t,j],
+ * skipping picks whose id is negative or whose expert is not in the host set. Tokens are
+ * grouped by expert so each expert's rows are read once per call whatever the batch. The
+ * up projection is split over (expert, block of activation rows), then after a barrier the
+ * down projection over blocks of output rows, so every output element has one writer.
+ *
+ * The SIMD path is picked at compile time by the -march=native macros: AVX-512 (F+BW+VL),
+ * AVX2 with F16C and FMA, else plain C.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(SO_NO_SIMD)
+#define SO_AVX512 1
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && !defined(SO_NO_SIMD)
+#define SO_AVX2 1
+#include <immintrin.h>
+#endif
+
+enum { SO_BF16 = 0, SO_MXFP4 = 1, SO_FP8_BLOCK = 2 };
+enum { SO_SILU = 0, SO_SWIGLUOAI = 1 };
+enum { SO_DT_NONE = 0, SO_DT_BF16 = 1, SO_DT_F32 = 2 };
+
+/* Everything one call needs; Python's MoEJob mirrors it field by field (checked by size). */
+typedef struct {
+    int64_t fmt, act, has_limit;
+    float alpha, limit;
+    int64_t T, K, E, H, I;          /* tokens, picks per token, experts, hidden, intermediate */
+    int64_t block_n, block_k;       /* fp8-block scale block (rows, columns) */
+    int64_t x_dtype;                /* SO_DT_BF16 or SO_DT_F32, [T, H] */
+    int64_t ids_i64;                /* topk_ids int64 (1) or int32 (0), [T, K] */
+    int64_t bias_dtype;             /* SO_DT_NONE / BF16 / F32, both biases alike */
+    int64_t threads;
+    const void *x;
+    const void *topk_ids;
+    const float *topk_weights;      /* [T, K] */
+    const uint8_t *host_mask;       /* [E] or NULL (all experts on the host) */
+    const void *w13, *w2;
+    const void *w13_scale, *w2_scale;
+    const void *w13_bias, *w2_bias;
+    float *out;                     /* [T, H] f32, written whole */
+    void *workspace;                /* so_moe_workspace_bytes(); NULL: allocated per call */
+    int64_t workspace_bytes;
+    int64_t status;                 /* 0 ok; 1 an id >= E; 2 out of memory; 3 bad format */
+} so_moe_job;
+
+int64_t so_moe_job_size(void) { return (int64_t)sizeof(so_moe_job); }
+
+int64_t so_simd_level(void) {
+#if defined(SO_AVX512)
+    return 512;
+#elif defined(SO_AVX2)
+    return 256;
+#else
+    return 0;
+#endif
+}
+
+/* ---------------- element decoding, scalar ---------------- */
+
+static inline float bf16_to_f32(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* e2m1 (fp4) values times 2, sign in bit 3: exact in int8. */
+static const int8_t E2M1_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline float e4m3_to_f32(uint8_t b) {
+    /* The same bits as an IEEE half, scaled by 2^8 (e4m3 bias 7, half 15): exact. */
+    int exp = (b >> 3) & 0xF, man = b & 7;
+    float v = exp ? ldexpf(1.0f + man / 8.0f, exp - 7) : ldexpf(man / 8.0f, -6);
+    return (b & 0x80) ? -v : v;
+}
+
+static inline float load_bias(const void *p, int64_t dtype, int64_t i) {
+    if (dtype == SO_DT_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
+    if (dtype == SO_DT_F32) return ((const float *)p)[i];
+    return 0.0f;
+}
+
+/* ---------------- row dot products: acc[t] = row . X[t] for t < n (n <= NT) ----------------
+ *
+ * A row is walked 32 elements at a time; each step decodes them into f32 vectors (scaled)
+ * and multiplies them with every token's vector. bf16 and mxfp4 keep their bytes in the
+ * order they come and instead read X in a permuted order within each whole block of 32:
+ * element 2i at slot i, element 2i+1 at slot 16 + i (perm32), because both store even and
+ * odd elements together (the two halves of a 32-bit lane, the two nibbles of a byte) and
+ * splitting them is cheaper than interleaving. fp8 reads X in natural order. A row's tail
+ * past its last whole block of 32 is natural order in every format. */
+
+#define NT 4
+
+static inline int64_t perm32(int64_t k, int64_t len) {
+    if (k >= len - len % 32) return k;
+    int64_t i = k % 32;
+    return k - i + ((i & 1) ? 16 + i / 2 : i / 2);
+}
+
+static inline float e8m0(uint8_t s) {
+    uint32_t bits = (uint32_t)s << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return s ? f : 0x1p-127f;
+}
+
+/* Element k of a row, for the tail and the plain-C path. */
+static inline float element(int fmt, const void *row, const void *scale, int64_t bk, int64_t k) {
+    if (fmt == SO_BF16) return bf16_to_f32(((const uint16_t *)row)[k]);
+    if (fmt == SO_MXFP4) {
+        uint8_t b = ((const uint8_t *)row)[k / 2];
+        return 0.5f * E2M1_X2[(k & 1) ? b >> 4 : b & 0xF] * e8m0(((const uint8_t *)scale)[k / 32]);
+    }
+    return e4m3_to_f32(((const uint8_t *)row)[k]) * ((const float *)scale)[k / bk];
+}
+
+#if defined(SO_AVX512)
+/* 32 elements from k (a multiple of 32) as two vectors, for X slots [k, k+16) and [k+16, k+32). */
+static inline __attribute__((always_inline)) void decode32(int fmt, const void *row, const void *scale, int64_t bk,
+                                                           int64_t k, __m512 *w0, __m512 *w1) {
+    if (fmt == SO_BF16) {
+        __m512i v = _mm512_loadu_si512((const void *)((const uint16_t *)row + k));
+        *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        *w1 = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+    } else if (fmt == SO_MXFP4) {
+        static const float E2M1[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -.5f, -1, -1.5f, -2, -3, -4, -6};
+        __m512 table = _mm512_mul_ps(_mm512_loadu_ps(E2M1), _mm512_set1_ps(e8m0(((const uint8_t *)scale)[k / 32])));
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2)));
+        __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xF)), hi = _mm512_srli_epi32(v, 4);
+        // mutation: mxfp4-nibble-order
+        *w0 = _mm512_permutexvar_ps(lo, table), *w1 = _mm512_permutexvar_ps(hi, table);
+    } else {
+        __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((const uint8_t *)row + k)));
+        __m512i h = _mm512_and_si512(_mm512_slli_epi16(v, 7), _mm512_set1_epi16((short)0xBF80));
+        __m512 s = _mm512_set1_ps(((const float *)scale)[k / bk] * 256.0f);
+        *w0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s);
+        *w1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s);
+    }
+}
+#elif defined(SO_AVX2)
+/* 32 elements from k as four vectors, for X slots k + 8q, q = 0..3. */
+static inline __attribute__((always_inline)) void decode32(int fmt, const void *row, const void *scale, int64_t bk,
+                                                           int64_t k, __m256 *w) {
+    if (fmt == SO_BF16) {
+        const uint16_t *p = (const uint16_t *)row + k;
+        __m256i v0 = _mm256_loadu_si256((const __m256i *)p), v1 = _mm256_loadu_si256((const __m256i *)(p + 16));
+        __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+        w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+        w[1] = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+        w[2] = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
+        w[3] = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
+    } else if (fmt == SO_MXFP4) {
+        const __m128i table = _mm_loadu_si128((const __m128i *)E2M1_X2), low4 = _mm_set1_epi8(0x0F);
+        __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2));
+        __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(b, low4));
+        __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), low4));
+        __m256 s = _mm256_set1_ps(0.5f * e8m0(((const uint8_t *)scale)[k / 32]));
+        w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s);
+        w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s);
+        w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s);
+        w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s);
+    } else {
+        const uint8_t *p = (const uint8_t *)row + k;
+        __m256 s = _mm256_set1_ps(((const float *)scale)[k / bk] * 256.0f);
+        for (int q = 0; q < 4; q++) {
+            __m128i v = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(p + 8 * q)));
+            __m128i h = _mm_and_si128(_mm_slli_epi16(v, 7), _mm_set1_epi16((short)0xBF80));
+            w[q] = _mm256_mul_ps(_mm256_cvtph_ps(h), s);
+        }
+    }
+}
+#endif
+
+static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row, const void *scale, int64_t bk,
+                                                        int64_t len, const float *X, int64_t ldx, float *acc,
+                                                        const int n) {
+    int64_t whole = len - len % 32, k = 0;
+    float s[NT] = {0};
+#if defined(SO_AVX512)
+    __m512 a[NT][4];
+    for (int t = 0; t < n; t++)
+        for (int q = 0; q < 4; q++) a[t][q] = _mm512_setzero_ps();
+    for (; k + 64 <= whole; k += 64) {
+        __m512 w0, w1, w2, w3;
+        decode32(fmt, row, scale, bk, k, &w0, &w1);
+        decode32(fmt, row, scale, bk, k + 32, &w2, &w3);
+        for (int t = 0; t < n; t++) {
+            const float *x = X + t * ldx + k;
+            a[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), a[t][0]);
+            a[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), a[t][1]);
+            a[t][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(x + 32), a[t][2]);
+            a[t][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(x + 48), a[t][3]);
+        }
+    }
+    for (; k < whole; k += 32) {
+        __m512 w0, w1;
+        decode32(fmt, row, scale, bk, k, &w0, &w1);
+        for (int t = 0; t < n; t++) {
+            const float *x = X + t * ldx + k;
+            a[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), a[t][0]);
+            a[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), a[t][1]);
+        }
+    }
+    for (int t = 0; t < n; t++)
+        s[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
+#elif defined(SO_AVX2)
+    __m256 a[NT][2];
+    for (int t = 0; t < n; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    for (; k < whole; k += 32) {
+        __m256 w[4];
+        decode32(fmt, row, scale, bk, k, w);
+        for (int t = 0; t < n; t++) {
+            const float *x = X + t * ldx + k;
+            a[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x), a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), a[t][1]);
+            a[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), a[t][1]);
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        __m256 v = _mm256_add_ps(a[t][0], a[t][1]);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        h = _mm_hadd_ps(h, h);
+        h = _mm_hadd_ps(h, h);
+        s[t] = _mm_cvtss_f32(h);
+    }
+#else
+    for (; k < whole; k++) {
+        float w = element(fmt, row, scale, bk, k);
+        int64_t slot = fmt == SO_FP8_BLOCK ? k : perm32(k, len);
+        for (int t = 0; t < n; t++) s[t] += w * X[t * ldx + slot];
+    }
+#endif
+    for (; k < len; k++) {
+        float w = element(fmt, row, scale, bk, k);
+        for (int t = 0; t < n; t++) s[t] += w * X[t * ldx + k];
+    }
+    for (int t = 0; t < n; t++) acc[t] = s[t];
+}
+
+#define SO_DOT_FMT(NAME, FMT)                                                                              \
+    static void NAME(const void *row, const void *scale, int64_t bk, int64_t len, const float *X, int64_t ldx, \
+                     int n, float *acc) {                                                                  \
+        switch (n) {                                                                                       \
+            case 1: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 1); break;                                \
+            case 2: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 2); break;                                \
+            case 3: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 3); break;                                \
+            default: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 4); break;                               \
+        }                                                                                                  \
+    }
+SO_DOT_FMT(dot_bf16, SO_BF16)
+SO_DOT_FMT(dot_mxfp4, SO_MXFP4)
+SO_DOT_FMT(dot_fp8, SO_FP8_BLOCK)
+
+/* Row r of matrix `which` (0: w13 [E, 2I, H], 1: w2 [E, H, I]) of expert e, dotted with n vectors. */
+static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const float *X, int64_t ldx, int n,
+                    float *acc) {
+    int64_t R = which ? j->H : 2 * j->I, C = which ? j->I : j->H;
+    const void *w = which ? j->w2 : j->w13, *sc = which ? j->w2_scale : j->w13_scale;
+    if (j->fmt == SO_BF16) {
+        dot_bf16((const uint16_t *)w + (e * R + r) * C, NULL, 0, C, X, ldx, n, acc);
+    } else if (j->fmt == SO_MXFP4) {
+        dot_mxfp4((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), 0, C, X,
+                  ldx, n, acc);
+    } else {
+        int64_t bn = j->block_n, bk = j->block_k, cols = (C + bk - 1) / bk;
+        /* Block rows: w13 is [gate; up], each shard ceil(I / bn) block rows (vLLM's layout). */
+        int64_t per_shard = (j->I + bn - 1) / bn, brow, rows;
+        if (which) {
+            brow = r / bn;
+            rows = (j->H + bn - 1) / bn;
+        } else {
+            int64_t shard = r / j->I;
+            // mutation: fp8-scale-block-index
+            brow = shard * per_shard + (r - shard * j->I) / bn;
+            rows = 2 * per_shard;
+        }
+        dot_fp8((const uint8_t *)w + (e * R + r) * C, (const float *)sc + (e * rows + brow) * cols, bk, C, X, ldx, n,
+                acc);
+    }
+}
+
+static inline float activate(const so_moe_job *j, float g, float u) {
+    if (j->act == SO_SWIGLUOAI) {
+        if (j->has_limit) {
+            // mutation: swigluoai-clamp
+            g = g < j->limit ? g : j->limit;
+            u = u < -j->limit ? -j->limit : (u > j->limit ? j->limit : u);
+        }
+        return (u + 1.0f) * g / (1.0f + expf(-j->alpha * g));
+    }
+    return g / (1.0f + expf(-g)) * u;
+}
+
+/* ---------------- the call ---------------- */
+
+static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+int64_t so_moe_workspace_bytes(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I) {
+    int64_t P = T * K;
+    return align64(T * H * 4) + align64(P * I * 4) + align64(P * 8) + align64(P * 4) + align64((E + 1) * 8) * 3;
+}
+
+#define JB 8   /* activation rows per up-projection work item */
+#define HB 16  /* output rows per down-projection work item */
+
+void so_moe_job_run(void *arg) {
+    so_moe_job *j = (so_moe_job *)arg;
+    int64_t T = j->T, K = j->K, E = j->E, H = j->H, I = j->I, P = T * K;
+    j->status = 0;
+    if (j->fmt < SO_BF16 || j->fmt > SO_FP8_BLOCK) { j->status = 3; return; }
+    int64_t need = so_moe_workspace_bytes(T, K, E, H, I);
+    char *ws = (char *)j->workspace, *own = NULL;
+    if (!ws || j->workspace_bytes < need) {
+        own = ws = (char *)malloc((size_t)need);
+        if (!ws) { j->status = 2; return; }
+    }
+    float *xf = (float *)ws;
+    ws += align64(T * H * 4);
+    float *act = (float *)ws;
+    ws += align64(P * I * 4);
+    int64_t *ptok = (int64_t *)ws;
+    ws += align64(P * 8);
+    float *pw = (float *)ws;
+    ws += align64(P * 4);
+    int64_t *count = (int64_t *)ws;
+    ws += align64((E + 1) * 8);
+    int64_t *gexp = (int64_t *)ws;
+    ws += align64((E + 1) * 8);
+    int64_t *gstart = (int64_t *)ws;
+
+    /* Group the host's picks by expert (counting sort: stable, tokens ascending). */
+    memset(count, 0, (size_t)(E + 1) * 8);
+    for (int64_t p = 0; p < P; p++) {
+        int64_t e = j->ids_i64 ? ((const int64_t *)j->topk_ids)[p] : ((const int32_t *)j->topk_ids)[p];
+        if (e < 0) continue;
+        if (e >= E) { j->status = 1; free(own); return; }
+        if (j->host_mask && !j->host_mask[e]) continue;
+        count[e]++;
+    }
+    int64_t ng = 0, total = 0;
+    for (int64_t e = 0; e < E; e++) {
+        if (!count[e]) continue;
+        gexp[ng] = e;
+        gstart[ng] = total;
+        total += count[e];
+        count[e] = gstart[ng];  /* now the next free slot */
+        ng++;
+    }
+    gstart[ng] = total;
+    for (int64_t p = 0; p < P; p++) {
+        int64_t e = j->ids_i64 ? ((const int64_t *)j->topk_ids)[p] : ((const int32_t *)j->topk_ids)[p];
+        if (e < 0 || (j->host_mask && !j->host_mask[e])) continue;
+        int64_t slot = count[e]++;
+        ptok[slot] = p / K;
+        pw[slot] = j->topk_weights[p];
+    }
+    /* The tokens as f32, in the order the format's row walk reads them (perm32). */
+    int permuted = j->fmt != SO_FP8_BLOCK;
+    const float *X = xf;
+    if (j->x_dtype == SO_DT_F32 && !permuted) {
+        X = (const float *)j->x;
+    } else {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t k = 0; k < H; k++) {
+                int64_t i = t * H + k;
+                float v = j->x_dtype == SO_DT_F32 ? ((const float *)j->x)[i] : bf16_to_f32(((const uint16_t *)j->x)[i]);
+                xf[t * H + (permuted ? perm32(k, H) : k)] = v;
+            }
+    }
+    memset(j->out, 0, (size_t)(T * H * 4));
+    if (total == 0) { free(own); return; }
+
+    int64_t jblocks = (I + JB - 1) / JB, up_items = ng * jblocks, hblocks = (H + HB - 1) / HB;
+    int threads = j->threads > 0 ? (int)j->threads : 1;
+    const so_moe_job *c = j;
+#pragma omp parallel num_threads(threads)
+    {
+        float g[NT], u[NT], acc[NT];
+        /* Up projection and activation: act[slot, i] for the slots of each expert. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < up_items; it++) {
+            int64_t gi = it / jblocks, i0 = (it % jblocks) * JB, i1 = i0 + JB < I ? i0 + JB : I;
+            int64_t e = gexp[gi], s0 = gstart[gi], s1 = gstart[gi + 1];
+            for (int64_t i = i0; i < i1; i++) {
+                int64_t rg = c->act == SO_SWIGLUOAI ? 2 * i : i, ru = c->act == SO_SWIGLUOAI ? 2 * i + 1 : I + i;
+                float bg = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + rg);
+                float bu = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + ru);
+                for (int64_t s = s0; s < s1; s += NT) {
+                    int n = s1 - s < NT ? (int)(s1 - s) : NT;
+                    /* The tokens of these slots are not contiguous in X: dot one at a time
+                     * when they are not consecutive rows. */
+                    int consecutive = 1;
+                    for (int q = 1; q < n; q++) consecutive &= ptok[s + q] == ptok[s] + q;
+                    if (consecutive) {
+                        dot_row(c, 0, e, rg, X + ptok[s] * H, H, n, g);
+                        dot_row(c, 0, e, ru, X + ptok[s] * H, H, n, u);
+                    } else {
+                        for (int q = 0; q < n; q++) {
+                            dot_row(c, 0, e, rg, X + ptok[s + q] * H, H, 1, g + q);
+                            dot_row(c, 0, e, ru, X + ptok[s + q] * H, H, 1, u + q);
+                        }
+                    }
+                    int64_t slot = permuted ? perm32(i, I) : i;
+                    for (int q = 0; q < n; q++) act[(s + q) * I + slot] = activate(c, g[q] + bg, u[q] + bu);
+                }
+            }
+        }
+        /* (implicit barrier) Down projection: each thread owns a block of output rows. */
+#pragma omp for schedule(static)
+        for (int64_t hb = 0; hb < hblocks; hb++) {
+            int64_t h0 = hb * HB, h1 = h0 + HB < H ? h0 + HB : H;
+            for (int64_t h = h0; h < h1; h++) {
+                for (int64_t gi = 0; gi < ng; gi++) {
+                    int64_t e = gexp[gi], s0 = gstart[gi], s1 = gstart[gi + 1];
+                    float b2 = load_bias(c->w2_bias, c->bias_dtype, e * H + h);
+                    for (int64_t s = s0; s < s1; s += NT) {
+                        int n = s1 - s < NT ? (int)(s1 - s) : NT;
+                        dot_row(c, 1, e, h, act + s * I, I, n, acc);
+                        for (int q = 0; q < n; q++)
+                            // mutation: accumulate-topk-weight, accumulate-assign
+                            c->out[ptok[s + q] * H + h] += pw[s + q] * (acc[q] + b2);
+                    }
+                }
+            }
+        }
+    }
+    free(own);
+}
+
+/* Sum a buffer as floats with the same threads: the read bandwidth the kernel is judged
+ * against (the caller times it). */
+double so_read_sum(const void *buf, int64_t nbytes, int64_t threads) {
+    const float *f = (const float *)buf;
+    int64_t n = nbytes / 4;
+    double total = 0.0;
+#pragma omp parallel num_threads((int)(threads > 0 ? threads : 1)) reduction(+ : total)
+    {
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < (n + 4095) / 4096; c++) {
+            int64_t k = c * 4096, end = k + 4096 < n ? k + 4096 : n;
+#if defined(SO_AVX512)
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (; k + 64 <= end; k += 64) {
+                a0 = _mm512_add_ps(a0, _mm512_loadu_ps(f + k));
+                a1 = _mm512_add_ps(a1, _mm512_loadu_ps(f + k + 16));
+                a2 = _mm512_add_ps(a2, _mm512_loadu_ps(f + k + 32));
+                a3 = _mm512_add_ps(a3, _mm512_loadu_ps(f + k + 48));
+            }
+            total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#elif defined(SO_AVX2)
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (; k + 32 <= end; k += 32) {
+                a0 = _mm256_add_ps(a0, _mm256_loadu_ps(f + k));
+                a1 = _mm256_add_ps(a1, _mm256_loadu_ps(f + k + 8));
+                a2 = _mm256_add_ps(a2, _mm256_loadu_ps(f + k + 16));
+                a3 = _mm256_add_ps(a3, _mm256_loadu_ps(f + k + 24));
+            }
+            __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            h = _mm_hadd_ps(_mm_hadd_ps(h, h), _mm_hadd_ps(h, h));
+            total += _mm_cvtss_f32(h);
+#endif
+            float s = 0.0f;
+            for (; k < end; k++) s += f[k];
+            total += s;
+        }
+    }
+    return total;
+}

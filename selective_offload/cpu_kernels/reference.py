@@ -1,0 +1,96 @@
+"""The routed experts' computation in plain torch, float32: the kernel's oracle, and the
+path the runtime takes on the device above the crossover batch.
+
+Only torch operations, so it runs on whatever device the tensors are on (a CUDA tensor, a
+UVA view of host memory); nothing here calls the compiled kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .weights import Activation, ExpertWeights
+
+#: e2m1 (fp4) code -> value; bit 3 is the sign.
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def _rows(t: torch.Tensor, experts: torch.Tensor | None) -> torch.Tensor:
+    return t if experts is None else t.index_select(0, experts.to(t.device, torch.long))
+
+
+def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None = None) -> torch.Tensor:
+    """``which`` ("w13" or "w2") of the given experts (all when None) as float32
+    [n, rows, columns], on the weights' device."""
+    if which not in ("w13", "w2"):
+        raise ValueError(f"dequantize: which={which!r}; use 'w13' or 'w2'")
+    w = _rows(getattr(weights, which), experts)
+    if weights.fmt == "bf16":
+        return w.float()
+    scale = _rows(getattr(weights, which + "_scale"), experts)
+    if weights.fmt == "mxfp4":
+        table = torch.tensor(E2M1, dtype=torch.float32, device=w.device)
+        # Element 2i is byte i's low nibble, 2i+1 its high nibble.
+        # mutation: mxfp4-reference-nibble-order
+        codes = torch.stack((w & 0x0F, w >> 4), dim=-1).reshape(*w.shape[:-1], w.shape[-1] * 2)
+        values = table[codes.long()]
+        factor = torch.exp2(scale.float() - 127.0)
+        return (values.unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
+    # fp8-block: one scale per (block_n rows, block_k columns); w13's gate and up halves each
+    # start a new block row (vLLM's w13 scale is 2 * ceil(I / block_n) rows).
+    bn, bk = weights.block
+    rows, cols = w.shape[1], w.shape[2]
+    r = torch.arange(rows, device=w.device)
+    if which == "w13":
+        I = weights.intermediate
+        shard = r // I
+        brow = shard * (-(-I // bn)) + (r - shard * I) // bn
+    else:
+        brow = r // bn
+    bcol = torch.arange(cols, device=w.device) // bk
+    full = scale.index_select(1, brow).index_select(2, bcol)
+    return w.float() * full
+
+
+def activate(h: torch.Tensor, activation: Activation) -> torch.Tensor:
+    """act of the up projection's output h [..., 2I] -> [..., I]."""
+    if activation.kind == "silu":
+        I = h.shape[-1] // 2
+        return torch.nn.functional.silu(h[..., :I]) * h[..., I:]
+    g, u = h[..., 0::2], h[..., 1::2]
+    if activation.limit is not None:
+        g = g.clamp(max=activation.limit)
+        u = u.clamp(min=-activation.limit, max=activation.limit)
+    return (u + 1) * g * torch.sigmoid(activation.alpha * g)
+
+
+def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: ExpertWeights,
+                  activation: Activation, *, out: torch.Tensor | None = None, threads: int | None = None,
+                  host_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """out[t] = sum_j w[t, j] * (W2[e] @ act(W13[e] @ x[t] + b13[e]) + b2[e]), e = ids[t, j],
+    over the picks with e >= 0 and host_mask[e] set; float32 [T, H]. ``threads`` is
+    accepted for the same signature as the kernel and ignored."""
+    del threads
+    T, H = x.shape[0], weights.hidden
+    dev = weights.w13.device
+    xf = x.to(dev, torch.float32)
+    ids = topk_ids.to(dev, torch.long)
+    tw = topk_weights.to(dev, torch.float32)
+    keep = ids >= 0
+    if host_mask is not None:
+        keep &= host_mask.to(dev, torch.bool)[ids.clamp(min=0)]
+    result = torch.zeros(T, H, dtype=torch.float32, device=dev)
+    for e in torch.unique(ids[keep]).tolist():
+        tok, pick = torch.nonzero(keep & (ids == e), as_tuple=True)
+        one = torch.tensor([e], device=dev)
+        h = xf[tok] @ dequantize(weights, "w13", one)[0].T
+        if weights.w13_bias is not None:
+            h = h + weights.w13_bias[e].float()
+        y = activate(h, activation) @ dequantize(weights, "w2", one)[0].T
+        if weights.w2_bias is not None:
+            y = y + weights.w2_bias[e].float()
+        result.index_add_(0, tok, y * tw[tok, pick].unsqueeze(-1))
+    if out is not None:
+        out.copy_(result)
+        return out
+    return result

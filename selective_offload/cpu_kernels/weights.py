@@ -1,0 +1,145 @@
+"""One layer's routed experts as the host holds them, in vLLM's create_weights layouts.
+
+The layouts are the ones vLLM's MoE methods allocate before any post-processing (0.33's
+``unquantized_fused_moe_method``, ``quantization/mxfp4.py`` and ``quantization/fp8.py``),
+because those are the host tensors selective-offload keeps: the same bytes serve the
+device (read through UVA) and this kernel, with no second copy in another layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+FORMATS = ("bf16", "mxfp4", "fp8-block", "int4")
+#: Formats the kernel computes (int4 is named so callers can ask, and is refused).
+IMPLEMENTED = ("bf16", "mxfp4", "fp8-block")
+BIAS_DTYPES = (torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class Activation:
+    """``silu``: act = silu(g) * u with g the first I rows of w13 and u the next I
+    (alpha and limit unused). ``swigluoai`` (gpt-oss): g and u interleaved in w13's rows
+    (g even, u odd), g = min(g, limit), u = clamp(u, -limit, limit),
+    act = (u + 1) * g * sigmoid(alpha * g); ``limit=None`` clamps nothing."""
+
+    kind: str
+    alpha: float = 1.702
+    limit: float | None = 7.0
+
+    def __post_init__(self):
+        if self.kind not in ("silu", "swigluoai"):
+            raise ValueError(f"Activation kind {self.kind!r}: use 'silu' or 'swigluoai'")
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class ExpertWeights:
+    """w13 [E, 2I, ...] (gate and up) and w2 [E, H, ...] (down), with their scales and
+    optional biases (w13_bias [E, 2I], w2_bias [E, H], bf16 or f32). ``block`` is the
+    fp8-block scale block (rows, columns), vLLM's ``weight_block_size``."""
+
+    fmt: str
+    w13: torch.Tensor
+    w2: torch.Tensor
+    w13_scale: torch.Tensor | None = None
+    w2_scale: torch.Tensor | None = None
+    w13_bias: torch.Tensor | None = None
+    w2_bias: torch.Tensor | None = None
+    block: tuple[int, int] = (128, 128)
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.fmt not in FORMATS:
+            raise ValueError(f"ExpertWeights fmt {self.fmt!r}: use one of {', '.join(FORMATS)}")
+        if self.fmt not in IMPLEMENTED:
+            raise ValueError(f"ExpertWeights fmt {self.fmt!r}: not implemented by the host-compute kernel yet; "
+                             f"keep these experts host-uva")
+        for name in ("w13", "w2"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                raise ValueError(f"{self.fmt} {name}: expected a 3-D tensor [E, rows, columns], got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        getattr(self, "_check_" + self.fmt.replace("-", "_"))()
+        E, I, H = self.num_experts, self.intermediate, self.hidden
+        for name, shape in (("w13_bias", (E, 2 * I)), ("w2_bias", (E, H))):
+            t = getattr(self, name)
+            if t is not None:
+                self._expect(name, t, t.dtype if t.dtype in BIAS_DTYPES else torch.float32, shape,
+                             "(bf16 or float32)")
+
+    # -- layouts -------------------------------------------------------------------------------
+
+    def _expect(self, name, t, dtype, shape, note=""):
+        if t is None:
+            raise ValueError(f"{self.fmt} {name}: missing; expected {dtype} {list(shape)} {note}".rstrip())
+        if t.dtype != dtype or tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{self.fmt} {name}: got {t.dtype} {list(t.shape)}, expected {dtype} {list(shape)} "
+                             f"{note}".rstrip())
+
+    def _check_bf16(self):
+        E, I2, H = self.w13.shape
+        if I2 % 2:
+            raise ValueError(f"bf16 w13: {I2} rows is not 2 * intermediate (gate and up)")
+        self._expect("w13", self.w13, torch.bfloat16, (E, I2, H), "[E, 2I, H]")
+        self._expect("w2", self.w2, torch.bfloat16, (E, H, I2 // 2), "[E, H, I]")
+        for name in ("w13_scale", "w2_scale"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"bf16 {name}: bf16 weights have no scales; pass None")
+
+    def _check_mxfp4(self):
+        E, I2, Hh = self.w13.shape
+        H, I = 2 * Hh, self.w2.shape[2] * 2
+        if H % 32 or I % 32 or I2 != 2 * I:
+            raise ValueError(f"mxfp4: w13 {list(self.w13.shape)} and w2 {list(self.w2.shape)} are not "
+                             f"[E, 2I, H/2] and [E, H, I/2] with H and I multiples of 32")
+        self._expect("w13", self.w13, torch.uint8, (E, 2 * I, H // 2), "[E, 2I, H/2], two e2m1 per byte")
+        self._expect("w2", self.w2, torch.uint8, (E, H, I // 2), "[E, H, I/2], two e2m1 per byte")
+        self._expect("w13_scale", self.w13_scale, torch.uint8, (E, 2 * I, H // 32), "[E, 2I, H/32] e8m0")
+        self._expect("w2_scale", self.w2_scale, torch.uint8, (E, H, I // 32), "[E, H, I/32] e8m0")
+
+    def _check_fp8_block(self):
+        E, I2, H = self.w13.shape
+        bn, bk = self.block
+        if I2 % 2 or bn <= 0 or bk <= 0 or bk % 32:
+            raise ValueError(f"fp8-block: w13 {list(self.w13.shape)} with block {self.block} is not [E, 2I, H] with "
+                             f"block columns a multiple of 32")
+        I = I2 // 2
+        self._expect("w13", self.w13, torch.float8_e4m3fn, (E, 2 * I, H), "[E, 2I, H]")
+        self._expect("w2", self.w2, torch.float8_e4m3fn, (E, H, I), "[E, H, I]")
+        self._expect("w13_scale", self.w13_scale, torch.float32, (E, 2 * _ceil(I, bn), _ceil(H, bk)),
+                     f"[E, 2*ceil(I/{bn}), ceil(H/{bk})] (weight_scale_inv)")
+        self._expect("w2_scale", self.w2_scale, torch.float32, (E, _ceil(H, bn), _ceil(I, bk)),
+                     f"[E, ceil(H/{bn}), ceil(I/{bk})] (weight_scale_inv)")
+
+    # -- sizes ---------------------------------------------------------------------------------
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.w13.shape[0])
+
+    @property
+    def hidden(self) -> int:
+        return int(self.w2.shape[1])
+
+    @property
+    def intermediate(self) -> int:
+        return int(self.w13.shape[1]) // 2
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        names = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert: its weights, scales and biases (what one pick reads)."""
+        return self.nbytes // self.num_experts

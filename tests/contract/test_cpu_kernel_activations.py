@@ -1,0 +1,52 @@
+"""The host-compute kernel's activations are vLLM's: its reference (which the kernel is
+tested against) gives what vLLM's own native activations give on the same up-projection
+output, for the layouts each model family uses (silu: gate then up; gpt-oss's swigluoai:
+gate and up interleaved, clamped at the limit)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from selective_offload import cpu_kernels as ck
+from selective_offload.cpu_kernels import reference
+
+pytestmark = pytest.mark.vllm
+
+activation = pytest.importorskip("vllm.model_executor.layers.activation", reason="vLLM is not installed")
+
+
+def test_silu_is_vllms_silu_and_mul():
+    h = torch.randn(5, 2 * 24) * 4
+    want = activation.SiluAndMul.forward_native(h)
+    torch.testing.assert_close(reference.activate(h, ck.Activation("silu")), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("alpha, limit", [(1.702, 7.0), (1.0, 3.0)])
+def test_swigluoai_is_vllms_swigluoai_and_mul(alpha, limit):
+    h = torch.randn(5, 2 * 24) * 10  # many values past the limit
+    op = types.SimpleNamespace(alpha=alpha, limit=limit)  # forward_native reads only these
+    want = activation.SwigluOAIAndMul.forward_native(op, h)
+    got = reference.activate(h, ck.Activation("swigluoai", alpha=alpha, limit=limit))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert (h.abs() > limit).any()
+
+
+@pytest.mark.parametrize("kind", ["silu", "swigluoai"])
+def test_the_kernel_computes_w2_of_vllms_activation(kind):
+    """One bf16 expert, one token: the compiled kernel gives w2 @ vLLM's act(w13 @ x)."""
+    g = torch.Generator().manual_seed(0)
+    E, H, I = 2, 64, 32
+    w = ck.ExpertWeights("bf16", (torch.randn(E, 2 * I, H, generator=g) * 0.5).bfloat16(),
+                         (torch.randn(E, H, I, generator=g) * 0.5).bfloat16())
+    x = torch.randn(1, H, generator=g) * 3
+    h = x @ w.w13[1].float().T
+    if kind == "silu":
+        act = activation.SiluAndMul.forward_native(h)
+    else:
+        act = activation.SwigluOAIAndMul.forward_native(types.SimpleNamespace(alpha=1.702, limit=7.0), h)
+    want = act @ w.w2[1].float().T
+    got = ck.moe(x, torch.tensor([[1]]), torch.ones(1, 1), w, ck.Activation(kind))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))

@@ -1,0 +1,201 @@
+"""The compiled host-compute kernel against the pure-torch reference, every format.
+
+Tolerance: the kernel and the reference both compute in float32 from the same decoded
+weights, differing only in summation order, so they agree to float32 rounding over a
+dot product: rtol 1e-4 and atol 1e-4 of the output's largest magnitude (observed errors
+are near 1e-7 relative). The SIMD path this CPU has, the AVX2 path and the plain-C path
+are each built and checked (the AVX2 one only where the CPU runs AVX2).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from makers import experts, routing
+
+from selective_offload import cpu_kernels as ck
+from selective_offload.cpu_kernels import build, reference
+
+SHAPES = {"bf16": (80, 48), "mxfp4": (96, 64), "fp8-block": (80, 48)}  # (H, I); bf16/fp8 have a tail past 32s
+BLOCK = (32, 32)  # fp8: I = 48 is not a multiple of 32, so w13's up half starts a new block row
+
+
+def close(got, want):
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max().clamp(min=1e-6)))
+
+
+def make(fmt, E=6, bias=None, seed=0):
+    H, I = SHAPES[fmt]
+    return experts(fmt, E, H, I, bias=bias, seed=seed, block=BLOCK)
+
+
+def cpu_has(flag: str) -> bool:
+    return any(flag in line.split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
+
+
+VARIANTS = {"native": (), "avx2": ("-mno-avx512f",), "plain-c": ("-DSO_NO_SIMD",)}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def lib(request):
+    if request.param == "avx2" and not cpu_has("avx2"):
+        pytest.skip("this CPU has no AVX2")
+    lib = build.load(VARIANTS[request.param], quiet=True)
+    if request.param == "plain-c":
+        assert lib.so_simd_level() == 0
+    if request.param == "avx2":
+        assert lib.so_simd_level() == 256
+    return lib
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block"])
+@pytest.mark.parametrize("kind", ["silu", "swigluoai"])
+def test_every_format_matches_the_reference(lib, fmt, kind):
+    act = ck.Activation(kind)
+    for bias in (None, "bf16", "f32"):
+        w = make(fmt, bias=bias)
+        H = w.hidden
+        for T, K, seed in ((1, 1, 0), (1, 4, 1), (3, 2, 2), (9, 3, 3)):
+            ids, tw = routing(T, K, w.num_experts, seed)
+            for x in (torch.randn(T, H).bfloat16(), torch.randn(T, H)):
+                want = reference.moe_reference(x, ids, tw, w, act)
+                got = ck.moe(x, ids, tw, w, act, threads=2, library_=lib)
+                close(got, want)
+                assert want.abs().max() > 0
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block"])
+def test_host_mask_and_negative_ids_leave_those_picks_to_the_device(fmt):
+    w = make(fmt, bias="bf16")
+    ids, tw = routing(6, 3, w.num_experts, 4)
+    x = torch.randn(6, w.hidden).bfloat16()
+    act = ck.Activation("silu")
+    mask = torch.tensor([True, False, True, True, False, True])
+    got = ck.moe(x, ids, tw, w, act, host_mask=mask, threads=1)
+    close(got, reference.moe_reference(x, ids, tw, w, act, host_mask=mask))
+    # The masked-off picks are exactly what is missing: host part + device part = all.
+    device_ids = torch.where(mask[ids.clamp(min=0)] | (ids < 0), torch.full_like(ids, -1), ids)
+    rest = ck.moe(x, device_ids, tw, w, act, threads=1)
+    close(got + rest, ck.moe(x, ids, tw, w, act, threads=1))
+    # A token whose picks are all elsewhere gets zeros.
+    none = ck.moe(x, torch.full_like(ids, -1), tw, w, act)
+    assert torch.equal(none, torch.zeros_like(none))
+
+
+def test_each_pick_is_weighted_and_summed():
+    """Two picks of the same token: the output is the weighted sum of the two experts'
+    outputs, each computed alone with weight 1."""
+    w = make("bf16", bias="f32")
+    x = torch.randn(1, w.hidden).bfloat16()
+    act = ck.Activation("silu")
+    one = [ck.moe(x, torch.tensor([[e]], dtype=torch.int32), torch.ones(1, 1), w, act) for e in (2, 5)]
+    both = ck.moe(x, torch.tensor([[2, 5]], dtype=torch.int32), torch.tensor([[0.25, 0.75]]), w, act)
+    close(both, 0.25 * one[0] + 0.75 * one[1])
+    assert not torch.allclose(one[0], one[1])
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block"])
+def test_swigluoai_clamps_gate_and_up_at_the_limit(fmt):
+    """Inputs large enough that most gate and up values pass the limit of 7: the kernel
+    follows the clamped reference, and the unclamped one is far from it."""
+    w = make(fmt)
+    x = torch.randn(2, w.hidden) * 60
+    ids, tw = routing(2, 2, w.num_experts, 5, negative=False)
+    act = ck.Activation("swigluoai", alpha=1.702, limit=7.0)
+    got = ck.moe(x, ids, tw, w, act)
+    close(got, reference.moe_reference(x, ids, tw, w, act))
+    unclamped = reference.moe_reference(x, ids, tw, w, ck.Activation("swigluoai", limit=None))
+    assert (got - unclamped).abs().max() > 0.1 * unclamped.abs().max()
+    close(ck.moe(x, ids, tw, w, ck.Activation("swigluoai", limit=None)), unclamped)
+
+
+def test_an_id_past_the_experts_is_one_line():
+    w = make("bf16")
+    x = torch.randn(1, w.hidden)
+    with pytest.raises(ValueError, match="expert id >= the number of experts"):
+        ck.moe(x, torch.tensor([[w.num_experts]]), torch.ones(1, 1), w, ck.Activation("silu"))
+
+
+def test_a_job_reruns_on_new_inputs_written_in_place():
+    """What a CUDA graph does: the same job (its struct, its tensors) run again after new
+    tokens and picks are copied into its inputs; function_pointer and address are what
+    cudaLaunchHostFunc takes, and calling the pointer with the address runs the job."""
+    import ctypes
+
+    w = make("mxfp4", bias="bf16")
+    act = ck.Activation("swigluoai")
+    x = torch.zeros(2, w.hidden)
+    ids = torch.zeros(2, 2, dtype=torch.int64)
+    tw = torch.zeros(2, 2)
+    out = torch.empty(2, w.hidden)
+    job = ck.MoEJob(x, ids, tw, w, act, out=out, threads=2)
+    assert job.address == ctypes.addressof(job.job) and job.function_pointer
+    host_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(job.function_pointer)
+    for seed in (0, 1):
+        new_ids, new_tw = routing(2, 2, w.num_experts, seed)
+        x.copy_(torch.randn(2, w.hidden))
+        ids.copy_(new_ids)
+        tw.copy_(new_tw)
+        host_fn(job.address)
+        assert job.status == 0
+        close(out, reference.moe_reference(x, ids, tw, w, act))
+        out.zero_()
+        assert job.run() is out
+        close(out, reference.moe_reference(x, ids, tw, w, act))
+
+
+def test_bad_arguments_are_one_line():
+    w = make("bf16")
+    act = ck.Activation("silu")
+    x, ids, tw = torch.randn(1, w.hidden), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2)
+    cases = [
+        (dict(x=torch.randn(1, w.hidden + 1)), "x is"),
+        (dict(ids=ids.float()), "topk_ids is"),
+        (dict(tw=torch.ones(1, 3)), "topk_weights is"),
+        (dict(out=torch.empty(1, w.hidden, dtype=torch.bfloat16)), "out is"),
+        (dict(mask=torch.ones(w.num_experts + 1, dtype=torch.bool)), "host_mask is"),
+    ]
+    for change, message in cases:
+        with pytest.raises(ValueError, match=message) as e:
+            ck.moe(change.get("x", x), change.get("ids", ids), change.get("tw", tw), w, act, out=change.get("out"),
+                   host_mask=change.get("mask"))
+        assert "\n" not in str(e.value)
+    if torch.cuda.is_available():  # pragma: no cover - no CUDA here
+        with pytest.raises(ValueError, match="host \\(CPU\\) tensors only"):
+            ck.moe(x.cuda(), ids, tw, w, act)
+    strided = ck.ExpertWeights("bf16", w.w13.transpose(1, 2).contiguous().transpose(1, 2), w.w2)
+    with pytest.raises(ValueError, match="w13 is not contiguous"):
+        ck.moe(x, ids, tw, strided, act)
+    meta = torch.empty(1, w.hidden, device="meta")
+    with pytest.raises(ValueError, match="host \\(CPU\\) tensors only"):
+        ck.moe(meta, ids, tw, w, act)
+
+
+def test_weights_in_another_layout_are_refused_naming_the_tensor():
+    w = make("mxfp4")
+    cases = [
+        (dict(w13=w.w13.view(torch.int8)), "mxfp4 w13: got torch.int8"),
+        (dict(w13_scale=w.w13_scale[:, :-1]), "mxfp4 w13_scale: got torch.uint8 \\[6, 127, 3\\], expected"),
+        (dict(w13_scale=None), "mxfp4 w13_scale: missing"),
+        (dict(w2_bias=torch.zeros(6, 5)), "mxfp4 w2_bias: got"),
+    ]
+    base = dict(w13=w.w13, w2=w.w2, w13_scale=w.w13_scale, w2_scale=w.w2_scale)
+    for change, message in cases:
+        with pytest.raises(ValueError, match=message) as e:
+            ck.ExpertWeights("mxfp4", **{**base, **change})
+        assert "\n" not in str(e.value)
+    f = make("fp8-block")
+    with pytest.raises(ValueError, match="fp8-block w13_scale: got torch.float32"):
+        ck.ExpertWeights("fp8-block", f.w13, f.w2, f.w13_scale, f.w2_scale, block=(128, 128))
+    with pytest.raises(ValueError, match="not implemented"):
+        ck.ExpertWeights("int4", w.w13, w.w2)
+    with pytest.raises(ValueError, match="use one of"):
+        ck.ExpertWeights("fp4", w.w13, w.w2)
+
+
+def test_sizes_count_weights_scales_and_biases():
+    w = make("mxfp4", bias="bf16")
+    E, H, I = 6, 96, 64
+    assert (w.num_experts, w.hidden, w.intermediate) == (E, H, I)
+    per = 2 * I * H // 2 + H * I // 2 + 2 * I * H // 32 + H * I // 32 + 2 * (2 * I + H)
+    assert w.expert_bytes == per and w.nbytes == E * per
