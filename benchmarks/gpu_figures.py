@@ -208,7 +208,7 @@ def host_compute_over_uva(d: dict) -> list[dict] | str:
             continue
         cross = (layer.get("crossover") or {}).get("tokens")
         hand = handoff.get(layer["shape"])
-        note = (f"host {host * 1e6:.0f} us, UVA {uva * 1e6:.0f} us" if uva else f"host {host * 1e6:.0f} us, no UVA row") \
+        note = f"host {host * 1e6:.0f} us, " + (f"UVA {uva * 1e6:.0f} us" if uva else "no UVA row") \
             + (f", resident {res * 1e6:.0f} us" if res else "") \
             + (f"; hand-off (graph, empty job) {hand * 1e6:.0f} us" if hand else "") \
             + f"; host path wins up to T = {cross}" + (f"; correctness FAILED: {', '.join(failed)}" if failed else "")
