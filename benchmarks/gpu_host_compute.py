@@ -45,7 +45,8 @@ one part of that:
 Inputs cycle through several routings, so a timed call rarely finds its experts still in
 the CPU's caches from the previous call (a decode step reads every other layer between
 two reads of this one). Times are medians of per-call wall time, the device synchronised
-around each call; ``--max-seconds`` bounds the timed loops (setup comes on top).
+around each call; ``--max-seconds`` bounds the measuring from the first timed loop on (making
+and page-locking the weights comes on top; a loop past the bound still makes 3 calls).
 
 When the kernel cannot be built on the machine (no C compiler with OpenMP), the host
 paths are recorded as skipped with that one line, and the UVA and resident paths are
@@ -140,6 +141,7 @@ def run(args) -> int:
             print(f"{shape.name}: {weights.nbytes / 1e6:.1f} MB of experts made"
                   + (", page-locked in one arena" if locked else "") + f" in {time.perf_counter() - t0:.1f} s",
                   flush=True)
+        ctx.start_clock()
         result["handoff"] = handoff(ctx, layers)
         print(f"hand-off: {result['handoff']['status']}", flush=True)
         save()

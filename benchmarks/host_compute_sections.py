@@ -31,6 +31,10 @@ class Ctx:
         self.kernel: str = "unknown"  # "built", or the one line why not
         self.checks: list[dict] = []
 
+    def start_clock(self) -> None:
+        """The budget runs from the first timed loop (the weights' setup comes on top)."""
+        self.started = time.perf_counter()
+
     def deadline(self, share: float) -> float:
         """A deadline for the next loop: ``share`` of the whole budget from now, never past
         the budget's end (a loop past it still makes 3 calls)."""
@@ -80,7 +84,7 @@ def free_null() -> int:
 
 
 def handoff(ctx: Ctx, layers: list[tuple]) -> dict:
-    """The fixed cost of the host path, eager and from a graph (see the module docstring)."""
+    """The fixed cost of the host path, eager and from a graph (why: ``gpu_host_compute.py``)."""
     if not ctx.cuda:
         return {"status": NO_CUDA, "rows": []}
     import torch

@@ -159,3 +159,15 @@ def test_bad_arguments_are_one_line(tmp_path):
                           timeout=60, cwd=REPO)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --max-seconds")
     assert len(proc.stderr.splitlines()) == 1
+
+
+def test_a_view_that_cannot_be_made_is_recorded_and_the_rest_still_run():
+    """A refused view (OffloadError on the GPU machine, say) is the UVA rows' status; the
+    resident and host rows are still measured."""
+    def refuse(t):
+        raise RuntimeError("cudaHostRegister refused")
+
+    ctx, layer = _layer(refuse)
+    assert layer["status"]["uva"] == "FAILED: RuntimeError: cudaHostRegister refused"
+    assert layer["status"]["resident"] == "measured" and "uva_read_gbps" not in layer
+    assert all("uva_s" not in r and r["resident_s"]["median"] > 0 for r in layer["rows"])
