@@ -1,7 +1,11 @@
 """MoE reference plans: what `selective-offload plan` says for real MoE configs, beside the
 two vLLM offloads a user could run instead (bulk ``cpu_offload_gb`` and segment selection
-``cpu_offload_params=experts``), on the README's cards. Every figure is an estimate (est_)
-from bytes and bandwidths (the reference laptop's link and VRAM), not a measurement.
+``cpu_offload_params=experts``) and the plan without host-compute (routed experts read
+through UVA), on the README's cards. Every figure is an estimate (est_) from bytes and
+bandwidths (the reference laptop's link and VRAM, and a stated host kernel rate: the
+reference host's, ``estimate.REFERENCE_CPU_GBPS``, assumed), not a measurement. llama.cpp's
+published rate for the same model on a card of the same size is shown beside it where the
+project has one (``selective_offload.anchors``; another engine, host and format).
 
 Configs are built from each model's published ``config.json`` dimensions with transformers'
 own config classes (no download); tensor sizes come from the model built on the meta device,
@@ -24,7 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS_DIR, today, write_results  # noqa: E402
+from selective_offload.anchors import anchors_for  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402
+from selective_offload.estimate import ASSUMED_CPU_TFLOPS, ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS  # noqa: E402
 from selective_offload.planner import PlanInputs, make_plan  # noqa: E402
 from selective_offload.sizes import GB, GiB  # noqa: E402
 
@@ -68,27 +74,56 @@ def _est(est) -> dict:
 
 
 def reference_plans(workdir: Path) -> list[dict]:
-    """One entry per case: the model, the card, and the selective plan and each vLLM
-    baseline as rows (host bytes, est link and step time, est tok/s)."""
+    """One entry per case: the model, the card, the vLLM baselines, the plan without
+    host-compute and the host-compute plan as rows (host bytes, est link and step time, est
+    tok/s; the host-compute plan last), its crossover, and the llama.cpp anchors of the model."""
     out = []
     for label, build, gib in CASES:
         config, arch, extra = build()
         data = {**config.to_dict(), "architectures": [arch], "torch_dtype": "bfloat16", **extra}
         path = workdir / f"{arch}-{gib}.json"
         path.write_text(json.dumps(data))
-        plan = make_plan(load_checkpoint(path), PlanInputs(device_memory_bytes=gib * GiB))
-        uva = sorted(g.layer_index for g in plan.groups if g.placement == "host-uva")
+        checkpoint = load_checkpoint(path)
+        plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB))
+        uva_plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, host_compute=False))
         experts = [g for g in plan.groups if g.kind == "experts"]
         rows = [{"config": f"vLLM `{b.label}`", "host_gb": round(b.offloaded_bytes / GB, 2), "fits": b.fits,
                  **_est(b.est)} for b in plan.baselines]
-        rows.append({"config": f"selective: cold set + routed experts of {len(uva)} layers through UVA"
+        uva = sorted(g.layer_index for g in uva_plan.groups if g.placement == "host-uva")
+        rows.append({"config": f"selective, no host-compute: cold set + routed experts of {len(uva)} layers "
+                               "through UVA" + (f" + {len(uva_plan.hot_layer_indices)} hot layers"
+                                                if uva_plan.hot_layer_indices else ""),
+                     "host_gb": round(uva_plan.host_bytes / GB, 2), "fits": uva_plan.strategy != "infeasible",
+                     **_est(uva_plan.est)})
+        computed = sorted(g.layer_index for g in plan.groups if g.placement == "host-compute")
+        uva_left = sorted(g.layer_index for g in plan.groups if g.placement == "host-uva")
+        rows.append({"config": f"selective: cold set + routed experts of {len(computed)} layers computed on the "
+                               "host CPU" + (f" + {len(uva_left)} through UVA" if uva_left else "")
                                + (f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else ""),
                      "host_gb": round(plan.host_bytes / GB, 2), "fits": plan.strategy != "infeasible",
-                     **_est(plan.est)})
+                     **_est(plan.est), "est_cpu_ms": round(plan.est.est_cpu_s_per_step * 1e3, 1)})
+        record = plan.host_compute
+        anchors = anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts)
         out.append({"model": label, "device_memory_gib": gib, "total_gb": round(plan.model.total_bytes / GB, 2),
                     "num_experts": experts[0].num_experts, "experts_per_token": experts[0].experts_per_token,
-                    "moe_layers": len(experts), "rows": rows})
+                    "moe_layers": len(experts), "rows": rows,
+                    "crossover_tokens": record.crossover_tokens if record else None,
+                    "cpu_format": record.format if record else None,
+                    "llama_cpp": [{"tok_s": a.tok_s, "card_gb": a.card_gb, "setup": a.setup, "source": a.source,
+                                   "same_card": a.card_gb == gib} for a in anchors]})
     return out
+
+
+def _anchor_cell(p: dict) -> str:
+    same = [a for a in p["llama_cpp"] if a["same_card"]]
+    if same:
+        return "; ".join(f"{a['tok_s']:g} ({a['source']})" for a in same)
+    others = [a for a in p["llama_cpp"]]
+    if others:
+        return "none on this card size (" + "; ".join(
+            f"{a['tok_s']:g} on {str(a['card_gb']) + ' GB' if a['card_gb'] else 'the CPU alone'}, {a['source']}"
+            for a in others) + ")"
+    return "none"
 
 
 def markdown(plans: list[dict]) -> str:
@@ -99,6 +134,11 @@ def markdown(plans: list[dict]) -> str:
         for r in p["rows"]:
             lines.append(f"| {where} | {r['config']} | {r['host_gb']:.2f} GB | {r['est_link_ms']:.1f} ms | "
                          f"{r['est_step_ms']:.1f} ms | {r['est_tok_s']:.2f}{'' if r['fits'] else ' (does not fit)'} |")
+    lines += ["", "| model, card | host-compute format | crossover (tokens per step) | est CPU / step | "
+                  "llama.cpp published, same card size (tok/s) |", "|---|---|---|---|---|"]
+    for p in plans:
+        lines.append(f"| {p['model']}, {p['device_memory_gib']} GiB | {p['cpu_format']} | {p['crossover_tokens']} | "
+                     f"{p['rows'][-1]['est_cpu_ms']:.1f} ms | {_anchor_cell(p)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -111,8 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(plans)
     print(table)
     stem = f"moe-plans-est-{today()}"
-    write_results(args.out, stem, {"stem": stem, "link_gbps": 13.9, "vram_gbps": 472.0, "plans": plans},
-                  "# MoE reference plans (est, reference laptop link and VRAM)\n\n" + table)
+    write_results(args.out, stem, {"stem": stem, "link_gbps": 13.9, "vram_gbps": 472.0,
+                                   "cpu_gbps": REFERENCE_CPU_GBPS, "cpu_gbps_source": "assumed (the reference host's)",
+                                   "cpu_tflops": ASSUMED_CPU_TFLOPS, "handoff_s": ASSUMED_HANDOFF_S, "plans": plans},
+                  "# MoE reference plans (est, reference laptop link and VRAM, host kernel "
+                  f"{REFERENCE_CPU_GBPS:g} GB/s assumed)\n\n" + table)
     return 0
 
 

@@ -30,6 +30,18 @@ SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'reference-cpu-rate-unlabelled': ('REFERENCE_CPU_GBPS = 55.0', 'REFERENCE_CPU_GBPS = 65.0', ['tests/unit/planner/test_host_compute.py::test_bf16_experts_are_computed_on_the_host_and_the_plan_says_at_what_rate']),
+ 'cpu-rate-ignored': ('        cpu += max(read / ranks / cpu_rate, flops / ranks / cpu_flop_s) + settings.handoff_s', '        cpu += max(read / ranks / (settings.link_gbps * 1e9 / ranks), flops / ranks / cpu_flop_s) + settings.handoff_s', ['tests/unit/planner/test_host_compute.py::test_the_step_prices_host_compute_at_the_cpu_rate_and_one_hand_off_per_layer']),
+ 'crossover-cpu-rate-both-sides': ('        gpu += read / link + max(', '        gpu += read / cpu_rate + max(', ['tests/unit/planner/test_host_compute.py::test_the_crossover_is_the_last_step_size_the_cpu_still_wins_by_hand']),
+ 'crossover-ties-to-cpu': ('        return cpu < gpu', '        return cpu <= gpu', ['tests/unit/planner/test_host_compute.py::test_a_tie_is_not_a_win_for_the_cpu']),
+ 'host-compute-link-bytes': ('        if self.placement == Placement.HOST_COMPUTE:\n            return 0', '        if False:\n            return 0', ['tests/unit/planner/test_host_compute.py::test_the_step_prices_host_compute_at_the_cpu_rate_and_one_hand_off_per_layer']),
+ 'cpu-source-unchecked': ('        if (rate is None) != (self.cpu_gbps_source == "assumed"):', '        if False:', ['tests/unit/planner/test_host_compute.py::test_host_compute_round_trips_and_a_stated_field_that_disagrees_is_refused']),
+ 'unclaimed-format-read': ('    if claimed.get(fmt) is not True:', '    if fmt not in claimed:', ['tests/unit/planner/test_host_compute.py::test_host_compute_round_trips_and_a_stated_field_that_disagrees_is_refused']),
+ 'unclaimed-format-placed': ('    return CLAIMED.get(fmt) is True', '    return fmt in CLAIMED', ['tests/unit/planner/test_host_compute.py::test_an_unclaimed_format_stays_uva_with_the_reason_in_the_plan']),
+ 'host-compute-switch-ignored': ('    computes = claimed(fmt) and inputs.host_compute', '    computes = claimed(fmt)', ['tests/unit/planner/test_host_compute.py::test_bf16_experts_are_computed_on_the_host_and_the_plan_says_at_what_rate']),
+ 'profile-kernel-rate-unbounded': ('isinstance(value, (int, float)) and MIN_GBPS <= value <= MAX_GBPS', 'isinstance(value, (int, float))', ['tests/unit/planner/test_host_compute.py::test_a_profile_with_a_bad_host_compute_field_is_one_line']),
+ 'probe-cpu-rate-not-supplied': ('        "cpu_kernel_gbps": dict(profile.cpu_kernel_gbps) or None,', '        "cpu_kernel_gbps": None,', ['tests/unit/planner/test_host_compute.py::test_a_profile_with_kernel_rates_reads_back_and_supplies_the_models_format']),
+ 'probe-cpu-rate-ignored': ('    fmt = model_cpu_format(checkpoint)', '    fmt = "bf16"', ['tests/unit/planner/test_host_compute.py::test_a_profile_with_kernel_rates_reads_back_and_supplies_the_models_format']),
  'segment-substring': ('        if seg in wanted:\n            return', '        if any(w in seg for w in wanted):\n            return', ['tests/unit/planner/test_planner.py::test_segment_match_is_dot_separated']),
  'threshold-30': ('TOLERANCE = 0.01', 'TOLERANCE = 0.30', ['tests/contract/test_bad_input.py::test_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_group']),
  'no-fingerprint-check': ('    found = differences(plan, checkpoint)\n    if not found and', '    found = []\n    if not found and', ['tests/unit/test_model_match.py::test_another_dtype_is_named_with_both_sizes']),
@@ -145,7 +157,7 @@ MUTATIONS = {
  'hub-id-unvalidated': ('        validate_repo_id(repo_id)', '        pass', ['tests/contract/test_hostile_hub_names.py::test_a_repo_id_huggingface_hub_refuses_is_one_line']),
  'message-value-uncut': ('    return text if len(text) <= limit else text[:limit - 3] + "..."', '    return text', ['tests/contract/test_hostile_hub_names.py::test_an_architecture_name_of_megabytes_is_cut_in_its_line']),
  'advice-first-setting': ('    for setting in (DEEP_GEMM_OFF, TRITON, MARLIN):\n        if reads_uva(kernel_for(method, card, setting)):', '    for setting in (TRITON,):\n        if True:', ['tests/unit/vllm_glue/test_experts_uva.py::test_the_refusal_names_the_setting_the_table_gives_for_the_method_and_card', 'tests/contract/test_kernel_table.py::test_every_row_is_what_vllm_033_builds']),
- 'planner-ignores-kernel': ('    moe = [] if not uva else sorted(', '    moe = [] if False else sorted(', ['tests/unit/vllm_glue/test_plans_the_glue_accepts.py']),
+ 'planner-ignores-kernel': ('    moe = [] if not servings else sorted(', '    moe = [] if False else sorted(', ['tests/unit/vllm_glue/test_plans_the_glue_accepts.py']),
  'refusal-advice-dropped': ('    how = (f"start vLLM with {fix}', '    how = (f"start vLLM with something', ['tests/unit/vllm_glue/test_experts_uva.py::test_the_refusal_names_the_setting_the_table_gives_for_the_method_and_card']),
  'auto-card-not-read': ('    return kernels.card_of(torch.cuda.get_device_capability(device))', '    return None', ['tests/unit/vllm_glue/test_plans_the_glue_accepts.py::test_auto_reads_the_card_from_the_worker']),
  'card-default-unstated': ('        f" (assumed: none was given;', '        f" (none was given;', ['tests/unit/vllm_glue/test_plans_the_glue_accepts.py::test_a_plan_without_a_card_says_which_it_assumed']),
@@ -156,7 +168,7 @@ MUTATIONS = {
  'expert-tokens-ignored': ('        read = e.read_bytes(tokens_per_pass)', '        read = e.read_bytes(1)', ['tests/unit/planner/test_moe_configs.py::test_qwen3_30b_a3b_splits_every_layer_and_reads_8_of_128']),
  'uva-hidden-by-prefetch': ('        step = core + rows_link_s + uva_s + draft_s', '        step = core + rows_link_s + draft_s', ['tests/unit/planner/test_moe_planning.py::test_experts_read_in_place_are_host_bytes_priced_at_the_read_fraction']),
  'experts-not-split': ('    if ROUTED_EXPERTS_SEGMENT not in rest:\n        return None', '    if True:\n        return None', ['tests/unit/planner/test_moe_planning.py::test_routed_experts_are_a_whole_experts_segment_inside_a_layer']),
- 'uva-not-in-menu': ('        for unit in moe[:n]:\n            p.where[unit[1].name] = Placement.HOST_UVA', '        for unit in moe[:0]:\n            p.where[unit[1].name] = Placement.HOST_UVA', ['tests/unit/planner/test_moe_planning.py::test_routed_experts_read_through_uva_close_the_deficit_before_whole_layers']),
+ 'uva-not-in-menu': ('            for unit in moe[:n]:\n                p.where[unit[1].name] = serving', '            for unit in moe[:0]:\n                p.where[unit[1].name] = serving', ['tests/unit/planner/test_moe_planning.py::test_routed_experts_read_through_uva_close_the_deficit_before_whole_layers']),
  'prefetch-leaves-experts': ('        for g in units[i]:\n            p.where[g.name] = Placement.HOST_HOT', '        for g in units[i][:1]:\n            p.where[g.name] = Placement.HOST_HOT', ['tests/unit/planner/test_moe_planning.py::test_a_prefetched_layer_takes_its_experts_with_it']),
  'experts-follow-layers-off': ('        if (e.placement == Placement.HOST_HOT) != (layer.placement == Placement.HOST_HOT):', '        if False:', ['tests/unit/planner/test_moe_planning.py::test_experts_are_served_prefetch_exactly_when_their_layer_is']),
  'bulk-experts-read-whole': ('            into = experts_per_layer if experts_prefix(t.name) is not None else per_layer', '            into = per_layer', ['tests/unit/planner/test_moe_planning.py::test_a_plan_round_trips_its_expert_groups']),
@@ -230,8 +242,8 @@ MUTATIONS = {
  'accumulate-topk-weight': ('c->out[ptok[s + q] * H + h] += pw[s + q] * (acc[q] + b2);', 'c->out[ptok[s + q] * H + h] += (acc[q] + b2);', ['tests/unit/cpu_kernels/test_kernel.py::test_each_pick_is_weighted_and_summed']),
  'accumulate-assign': ('c->out[ptok[s + q] * H + h] += pw', 'c->out[ptok[s + q] * H + h] = pw', ['tests/unit/cpu_kernels/test_kernel.py::test_each_pick_is_weighted_and_summed']),
  'swigluoai-clamp': ('            g = g < j->limit ? g : j->limit;', '            g = g;', ['tests/unit/cpu_kernels/test_kernel.py::test_swigluoai_clamps_gate_and_up_at_the_limit']),
- 'fp8-scale-block-index': ('brow = shard * per_shard + (r - shard * j->I) / bn;', 'brow = r / bn;', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-fp8-block]']),
- 'mxfp4-nibble-order': ('*w0 = _mm512_permutexvar_ps(lo, table), *w1 = _mm512_permutexvar_ps(hi, table);', '*w0 = _mm512_permutexvar_ps(hi, table), *w1 = _mm512_permutexvar_ps(lo, table);', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-mxfp4]']),
+ 'fp8-scale-block-index': ('brow = shard * per_shard + (r - shard * j->I) / bn;', 'brow = r / bn;', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-fp8-block]', 'tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[plain-c-silu-fp8-block]']),
+ 'mxfp4-nibble-order': ('__m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);', '__m512i hi = _mm512_and_si512(v, low4), lo = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-mxfp4]']),
  'mxfp4-reference-nibble-order': ('torch.stack((w & 0x0F, w >> 4), dim=-1)', 'torch.stack((w >> 4, w & 0x0F), dim=-1)', ['tests/unit/cpu_kernels/test_reference.py::test_mxfp4_is_low_nibble_first_with_e8m0_scales_per_32']),
 }
 

@@ -18,9 +18,17 @@ from . import __version__
 from .checkpoint import load_checkpoint, write_manifest
 from .errors import UserError
 from .names import DEFAULT_COLD_SEGMENTS
-from .estimate import DEFAULT_ACCEPT_RATE, DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR, KV_DTYPE_BYTES
+from .estimate import (
+    ASSUMED_CPU_TFLOPS,
+    DEFAULT_ACCEPT_RATE,
+    DEFAULT_DECODE_READ_FACTOR,
+    DEFAULT_UVA_READ_FACTOR,
+    KV_DTYPE_BYTES,
+    REFERENCE_CPU_GBPS,
+)
 from .plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs, Strategy
-from .plan.inputs import moe_setting, parse_card
+from .plan.inputs import MAX_CPU_THREADS, MAX_RANKS, moe_setting, parse_card
+from .planner.host_compute import model_cpu_format
 from .plan.io import writable_json
 from .probe import (
     add_probe_arguments,
@@ -110,6 +118,22 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-tflops", default=None, metavar="TFLOP/S",
                    help="the GPU's dense matmul rate for the weights' format, so each layer costs at least "
                         "its FLOPs (default: the probe's bf16 matmul rate; without one, compute is not priced)")
+    p.add_argument("--cpu-gbps", default=None, metavar="GB/S",
+                   help="host-compute: the host CPU kernel's rate, decimal GB/s of expert weights read at batch 1 "
+                        "(default: what `selective-offload probe` measured here for the model's format, else "
+                        f"{REFERENCE_CPU_GBPS:g}, the reference host's, a 2-channel DDR5 machine; the plan says which)")
+    p.add_argument("--cpu-threads", type=int, default=None, metavar="N",
+                   help="host-compute: threads of the one CPU pool (default: the probe's, else all physical cores "
+                        "of one NUMA node, as the runtime finds them); split between --ranks")
+    p.add_argument("--cpu-tflops", default=None, metavar="TFLOP/S",
+                   help="host-compute: the CPU's matmul rate, for the crossover where prefill and large batches "
+                        f"leave the CPU (default: {ASSUMED_CPU_TFLOPS:g}, assumed)")
+    p.add_argument("--ranks", type=int, default=1, metavar="N",
+                   help="tensor- or expert-parallel ranks sharing this host: each computes its own share of the "
+                        "host experts with its share of the threads and of the host's memory bandwidth (default: 1)")
+    p.add_argument("--no-host-compute", action="store_true",
+                   help="do not compute routed experts on the host CPU: host experts are read through UVA "
+                        "(for a runtime without the CPU kernels)")
     p.add_argument("--compute-capability", default=None, metavar="MAJOR.MINOR",
                    help="the card's compute capability as torch.cuda.get_device_capability gives it, like 8.9: "
                         "it decides which fused-MoE kernel vLLM picks for routed experts, and so whether they can "
@@ -221,6 +245,16 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
         if not (compute > 0 and compute != float("inf")):
             raise UserError(f"--compute-tflops: {args.compute_tflops!r} must be a positive number of TFLOP/s, "
                             "like 200")
+    cpu_tflops = _positive(args.cpu_tflops, "--cpu-tflops", "TFLOP/s", "0.5") if args.cpu_tflops is not None else None
+    cpu = (parse_bandwidth_gbps(args.cpu_gbps, "--cpu-gbps") if args.cpu_gbps is not None else None)
+    threads = args.cpu_threads if args.cpu_threads is not None else measured["cpu_threads"]
+    if args.cpu_threads is not None and not 1 <= args.cpu_threads <= MAX_CPU_THREADS:
+        raise UserError(f"--cpu-threads: {args.cpu_threads} must be a whole number from 1 to {MAX_CPU_THREADS}")
+    if not 1 <= args.ranks <= MAX_RANKS:
+        raise UserError(f"--ranks: {args.ranks} must be a whole number from 1 to {MAX_RANKS}")
+    if threads is not None and threads < args.ranks:
+        raise UserError(f"--cpu-threads {threads} cannot be split between --ranks {args.ranks}; give at least "
+                        "one thread per rank")
     card = measured.get("compute_capability")
     if args.compute_capability is not None:
         try:
@@ -256,9 +290,35 @@ def inputs_from_args(args: argparse.Namespace, profile=None) -> PlanInputs:
         decode_read_gbps=decode,
         compute_capability=card,
         moe_setting=moe_setting(backend, deep_gemm=not args.no_deep_gemm),
+        cpu_gbps=cpu, cpu_gbps_source="flag" if cpu is not None else "assumed", cpu_threads=threads,
+        cpu_tflops=cpu_tflops, handoff_s=measured["handoff_s"], ranks=args.ranks,
+        host_compute=not args.no_host_compute,
     )
     if inputs.device_memory_bytes == 0:
         raise UserError("--device-memory: must be more than 0, like 24GiB")
+    return inputs
+
+
+def _positive(text: str, flag: str, unit: str, like: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise UserError(f"{flag}: {text!r} must be a positive number of {unit}, like {like}")
+    return value
+
+
+def with_measured_cpu_rate(inputs: PlanInputs, checkpoint, profile) -> PlanInputs:
+    """The probe's host kernel rate for the model's format, where no --cpu-gbps gave one
+    (the format is known only once the model is read)."""
+    if inputs.cpu_gbps is not None:
+        return inputs
+    rates = plan_defaults(profile)["cpu_kernel_gbps"] or {}
+    # mutation: probe-cpu-rate-ignored
+    fmt = model_cpu_format(checkpoint)
+    if fmt in rates:
+        return replace(inputs, cpu_gbps=rates[fmt], cpu_gbps_source="measured")
     return inputs
 
 
@@ -279,6 +339,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     checkpoint = read_model(args.model)
     read_s = time.perf_counter() - started
+    inputs = with_measured_cpu_rate(inputs, checkpoint, profile)
     plan = make_plan(checkpoint, inputs)
     provenance = _inputs_provenance(args, profile)
     if provenance:

@@ -34,6 +34,15 @@ change what that costs per generated token are priced here; every figure is an e
   place from host memory through UVA cross the link at that fraction, in line; experts
   resident on the device are read from VRAM at that fraction; experts inside a layer the
   prefetch offloader copies cross the link whole.
+- **Routed experts computed on the host CPU (host-compute).** The experts live in host
+  memory; at a step of ``T`` tokens the host reads the distinct experts the step uses at the
+  host kernel's rate and computes them (at least their FLOPs at the CPU's matmul rate), with
+  a fixed hand-off per layer (hidden states and top-k down, the weighted sum back). Above a
+  crossover ``T`` the same distinct experts are instead copied over the link at the pinned
+  copy rate and computed on the GPU (:func:`host_compute_crossover`). The CPU's work and the
+  GPU's work of a layer are sequential (the layer's output is the next layer's input, and
+  the GPU waits for the sum): no overlap is priced. Ranks sharing the host (tensor or expert
+  parallel) each compute their share with their share of the host's memory bandwidth.
 - **KV cache.** Bytes per token from the model's attention layers (KV heads x head dim,
   MLA's latent, sliding windows capped at their window) plus the fixed state of
   linear-attention layers (:class:`KvModel`); a step reads each sequence's context.
@@ -162,6 +171,27 @@ def expert_read_fraction(num_experts: int, experts_per_token: int, tokens: int |
     # mutation: expert-read-whole
     p = min(experts_per_token / num_experts, 1.0)
     return 1.0 - (1.0 - p) ** t
+
+
+#: The host kernel rate a plan assumes when neither a probe nor ``--cpu-gbps`` gives one
+#: (GB/s of expert weights read by the CPU kernel at batch 1): the reference host's, a
+#: 2-channel DDR5 machine (the issue's stated assumption, not a measurement). A plan that
+#: uses it labels it ``assumed``.
+# mutation: reference-cpu-rate-unlabelled
+REFERENCE_CPU_GBPS = 55.0
+#: The CPU's matmul rate for the crossover when neither a probe nor ``--cpu-tflops`` gives
+#: one (TFLOP/s): an assumption of about a third of the AVX2 FMA peak of a laptop CPU with 8
+#: performance cores (8 x 32 FLOP/cycle x 4 GHz ~ 1 TFLOP/s fp32) once weights are
+#: dequantized in the loop; it only decides where prefill and large batches leave the CPU.
+ASSUMED_CPU_TFLOPS = 0.3
+#: The per-layer hand-off when the probe has not measured one (seconds): two small pinned
+#: copies (hidden states and top-k to the host, the weighted sum back) and a stream
+#: synchronisation, assumed about 10 microseconds each (no published figure; the probe
+#: measures it as ``handoff_s``).
+ASSUMED_HANDOFF_S = 30e-6
+#: The most tokens per step the crossover search considers (a step of more tokens than
+#: this is prefill of a long prompt, always copied to the GPU when the CPU loses earlier).
+MAX_CROSSOVER_TOKENS = 1 << 20
 
 
 def expected_tokens_per_step(k: int, accept_rate: float) -> float:
@@ -341,8 +371,8 @@ class Traffic:
 
 
 #: Where a layer's routed experts are read from: VRAM, a prefetched copy of the whole layer,
-#: or host memory in place through UVA (in line).
-EXPERTS_DEVICE, EXPERTS_PREFETCHED, EXPERTS_UVA = "device", "prefetched", "uva"
+#: host memory in place through UVA (in line), or host memory by the host CPU (host-compute).
+EXPERTS_DEVICE, EXPERTS_PREFETCHED, EXPERTS_UVA, EXPERTS_CPU = "device", "prefetched", "uva", "cpu"
 
 
 @dataclass(frozen=True)
@@ -379,6 +409,12 @@ class StepSettings:
     #: The rate decode kernels read VRAM at, measured so; ``None``: ``vram_gbps`` x
     #: :data:`DEFAULT_DECODE_READ_FACTOR` (:func:`decode_read_rate`).
     decode_read_gbps: float | None = None
+    #: Host-compute: the host kernel's rate (GB/s of weights read), the CPU's matmul rate
+    #: (TFLOP/s), the per-layer hand-off (s) and the ranks sharing the host.
+    cpu_gbps: float = REFERENCE_CPU_GBPS
+    cpu_tflops: float = ASSUMED_CPU_TFLOPS
+    handoff_s: float = ASSUMED_HANDOFF_S
+    ranks: int = 1
 
 
 #: Bits one parameter takes in a stored dtype, for counting parameters (and so FLOPs) from
@@ -396,6 +432,60 @@ def flops_per_token(dtype_bytes: Mapping[str, int]) -> float:
 
     params = sum(nbytes * 8 / PARAM_BITS.get(dtype, DTYPE_BITS.get(dtype, 16)) for dtype, nbytes in dtype_bytes.items())
     return 2.0 * params
+
+
+def host_compute_times(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", tokens: float,
+                       settings: StepSettings) -> tuple[float, float]:
+    """What a step of ``tokens`` tokens costs the host-compute experts (est), both ways: on
+    the CPU (each rank reads its share of the distinct experts the step uses at its share of
+    the host's kernel rate, and computes at least its share of their FLOPs at its share of
+    the CPU's matmul rate), and copied over the link at the pinned copy rate and computed on
+    the GPU (read from VRAM once copied, at least their FLOPs at the GPU's rate when given).
+    Each layer adds one hand-off either way (the routing decision is on the host for both)."""
+    ranks = max(1, settings.ranks)
+    cpu_rate = settings.cpu_gbps * 1e9 / ranks  # the host's memory bandwidth, shared by its ranks
+    cpu_flop_s = settings.cpu_tflops * 1e12 / ranks
+    link = settings.link_gbps * 1e9
+    vram = decode_read_rate(settings.vram_gbps, settings.decode_read_gbps) * 1e9
+    gpu_flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
+    cpu = gpu = 0.0
+    for e in experts:
+        read = e.read_bytes(tokens)
+        flops = e.flops_per_token * tokens
+        # mutation: cpu-rate-ignored
+        cpu += max(read / ranks / cpu_rate, flops / ranks / cpu_flop_s) + settings.handoff_s
+        # mutation: crossover-cpu-rate-both-sides
+        gpu += read / link + max(read / vram, flops / gpu_flop_s if gpu_flop_s else 0.0) + settings.handoff_s
+    return cpu, gpu
+
+
+def host_compute_crossover(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", settings: StepSettings) -> int:
+    """The largest number of tokens per step at which computing the host-compute experts on
+    the CPU is still cheaper than copying the distinct experts the step uses over the link
+    and computing them on the GPU (:func:`host_compute_times`); 0 when the CPU loses even at
+    one token. The first crossing is found by doubling then bisection: under uniform
+    routing the copy's bytes level off as tokens grow while the CPU's FLOPs keep growing, so
+    once the CPU loses it keeps losing. At most :data:`MAX_CROSSOVER_TOKENS`."""
+    experts = [e for e in experts if e.where == EXPERTS_CPU]
+    if not experts:
+        return 0
+
+    def cpu_wins(t: int) -> bool:
+        cpu, gpu = host_compute_times(experts, t, settings)
+        # mutation: crossover-ties-to-cpu
+        return cpu < gpu
+
+    if not cpu_wins(1):
+        return 0
+    good, bad = 1, 2
+    while bad <= MAX_CROSSOVER_TOKENS and cpu_wins(bad):
+        good, bad = bad, bad * 2
+    if bad > MAX_CROSSOVER_TOKENS:
+        return MAX_CROSSOVER_TOKENS
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if cpu_wins(mid) else (good, mid)
+    return good
 
 
 def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, pipelined: bool) -> dict[str, float]:
@@ -427,7 +517,20 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     copies = [float(b) if host else 0.0 for b, host in traffic.layers]
     flops = [float(f) for f in traffic.layer_flops] if len(traffic.layer_flops) == len(reads) else [0.0] * len(reads)
     uva_bytes = float(traffic.uva_bytes)
+    on_cpu = [e for e in traffic.experts if e.where == EXPERTS_CPU]
+    cpu_s = host_link_s = 0.0
+    if on_cpu:
+        # Below the crossover the CPU computes them; above it they are copied and computed
+        # on the GPU (the copy is link time). Either way in line: no overlap is priced.
+        crossover = host_compute_crossover(on_cpu, settings)
+        cpu_path, gpu_path = host_compute_times(on_cpu, tokens_per_pass, settings)
+        if tokens_per_pass <= crossover:
+            cpu_s = cpu_path
+        else:
+            host_link_s = gpu_path
     for e in traffic.experts:
+        if e.where == EXPERTS_CPU:
+            continue
         # mutation: expert-tokens-ignored
         read = e.read_bytes(tokens_per_pass)
         flops[e.layer] += e.flops_per_token
@@ -444,7 +547,7 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     other_read_s = (traffic.other_device_bytes + traffic.row_bytes_device * tokens_per_pass) / gb_vram
     other_s = max(other_read_s, compute_s(traffic.other_flops, tokens_per_pass))
     draft_s = k * max(traffic.draft_bytes / gb_vram, compute_s(traffic.draft_flops, n))
-    link_s = copies_s + rows_link_s + uva_s
+    link_s = copies_s + rows_link_s + uva_s + host_link_s
     vram_s = layer_read_s + other_read_s + kv_s
     per_layer_kv = kv_s / len(traffic.layers) if traffic.layers else 0.0
     # A layer takes the longer of reading its weights (and its share of the KV) and its FLOPs.
@@ -458,14 +561,14 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
         # UVA reads are paid in line: they share the link with the prefetch copies, so
         # they hide no copy and no copy hides them.
         # mutation: uva-hidden-by-prefetch
-        step = core + rows_link_s + uva_s + draft_s
+        step = core + rows_link_s + uva_s + draft_s + cpu_s + host_link_s
     else:
         hidden = 0.0
         device_s = sum(layer_s) + other_s + (0.0 if traffic.layers else kv_s)
-        step = inline_step_s(device_s, link_s) + draft_s
+        step = inline_step_s(device_s, link_s) + draft_s + cpu_s
     # mutation: batch-not-shared
     tokens = n * expected_tokens_per_step(k, settings.accept_rate)
     tok_s = tokens / step if step > 0 else float("inf")
     return {"est_link_s_per_step": link_s, "est_vram_s_per_step": vram_s, "est_step_s": step, "est_tok_s": tok_s,
             "est_tokens_per_step": tokens, "est_tok_s_per_seq": tok_s / n, "est_hidden_link_s_per_step": hidden,
-            "est_draft_s_per_step": draft_s, "est_compute_s_per_step": compute}
+            "est_draft_s_per_step": draft_s, "est_compute_s_per_step": compute, "est_cpu_s_per_step": cpu_s}

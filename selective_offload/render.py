@@ -11,6 +11,7 @@ Used by ``selective-offload plan`` and by the demo; it only formats, it decides 
 from __future__ import annotations
 
 from .estimate import DEFAULT_DECODE_READ_FACTOR
+from .anchors import anchors_for
 from .checkpoint import Checkpoint
 from .plan import BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan
 from .sizes import GB
@@ -145,6 +146,18 @@ def _placement_summary(plan: Plan) -> list[str]:
     if uva:
         lines.append(f"routed experts in host memory, read in place through UVA ({len(uva)} layers, "
                      f"{_gb(plan.host_uva_bytes).strip()}): layers {ranges(sorted(g.layer_index for g in uva))}")
+    computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    record = plan.host_compute
+    if computed and record is not None:
+        threads = ("all physical cores of one NUMA node" if record.threads is None
+                   else f"{record.threads} thread{'s' if record.threads != 1 else ''}")
+        split = f", {record.ranks} ranks sharing the host" + (" (its cores split between them)" if record.threads is None
+                                                               else " each") if record.ranks > 1 else ""
+        lines.append(f"routed experts in host memory, computed there by the host CPU ({len(computed)} layers, "
+                     f"{_gb(plan.host_compute_bytes).strip()}): layers {ranges(sorted(g.layer_index for g in computed))}")
+        lines.append(f"host CPU  {record.format} kernel at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source}), "
+                     f"{threads}{split}; crossover {record.crossover_tokens} tokens per step (above it: copied over "
+                     f"the link, computed on the GPU); est CPU time {_ms(plan.est.est_cpu_s_per_step).strip()} per step")
     if plan.hot_layer_indices:
         lines.append(f"hot layers on the host, served by vLLM's prefetch offloader ({len(plan.hot_layer_indices)}, "
                      f"{_gb(plan.host_hot_bytes).strip()}): "
@@ -180,8 +193,14 @@ def _estimates(plan: Plan) -> list[str]:
     lines.append(summary(f"selective ({plan.strategy}{spec})", plan.host_bytes, plan.est))
     alt = plan.alternative
     if alt is not None:
-        lines.append(summary(f"selective, {alt.label}"[:54], alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes,
+        lines.append(summary(f"selective, {alt.label}"[:54], alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes
+                             + alt.host_compute_bytes,
                              alt.est) + f"  ({len(alt.hot_layer_indices)} hot layers)")
+    experts = [g for g in plan.groups if g.kind == GroupKind.EXPERTS]
+    if experts:
+        for anchor in anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts,
+                                  plan.inputs.device_memory_bytes):
+            lines.append(anchor.line())
     if plan.strategy != "infeasible":
         for baseline in plan.baselines:
             lines.append(f"est speed-up over {_short(baseline)}: {plan.est.est_tok_s / baseline.est.est_tok_s:.2f}x"

@@ -50,6 +50,10 @@ def toy(layers: int = 8, *, vision: bool = True, mtp: bool = True, **config) -> 
 
 
 def inputs(budget_mb: float, **kw) -> PlanInputs:
+    """Inputs of a ``budget_mb`` card with nothing kept back. Host-compute is off unless asked
+    for (``host_compute=True``): the tests built on this helper are about the UVA and prefetch
+    menu; tests/unit/planner/test_host_compute.py prices host-compute."""
+    kw.setdefault("host_compute", False)
     return PlanInputs(device_memory_bytes=int(budget_mb * MB), kv_cache_bytes=0, reserve_bytes=0, **kw)
 
 

@@ -29,7 +29,8 @@ every decode step; ``cold``: not read by one, or one row per token; ``absent``: 
 loaded), a ``location`` (``device``, ``host``, ``absent``) and a ``serving`` (``resident``;
 ``gather``: a host embedding's rows gathered on the host; ``on-demand``: a host component
 onloaded block by block when it runs; ``prefetch``: vLLM's prefetch offloader; ``uva``:
-routed experts read in place; ``none``). Internally one :class:`Placement` holds where
+routed experts read in place; ``compute``: routed experts computed where they live by the host
+CPU, up to the plan's crossover; ``none``). Internally one :class:`Placement` holds where
 and how (the v3 words), and a group's serving and location are derived from it and the
 group. vLLM's own offload is priced under its settings' names (``vllm_cpu_offload_gb``,
 ``vllm_cpu_offload_params``). Plans of v1-v3 are read with their words mapped to these.
@@ -49,6 +50,7 @@ from .parts import (
     BulkBaseline,
     Estimate,
     GroupPlan,
+    HostCompute,
     PlannedModel,
     experts_read_bytes,
     read_flops,
@@ -86,7 +88,7 @@ from .vocabulary import (
 
 __all__ = [
     "Alternative", "BulkBaseline", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "Estimate",
-    "FORMAT_PREFIX", "FORMAT_VERSION", "GroupKind", "GroupPlan", "HOST_PLACEMENTS", "KIND_ROLE",
+    "FORMAT_PREFIX", "FORMAT_VERSION", "GroupKind", "GroupPlan", "HOST_PLACEMENTS", "HostCompute", "KIND_ROLE",
     "LAYER_INDEX_KINDS", "LAYER_KINDS", "Location", "MAX_PLAN_INT", "MAX_PLAN_NUMBER", "OLDEST_READABLE_VERSION",
     "PARTIAL_READ_KINDS", "PLACEMENT_KINDS", "PLACEMENT_SERVING", "PLAN_FORMAT", "Placement", "Plan",
     "PlanContents", "PlanInputs", "PlannedModel", "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN",

@@ -85,6 +85,7 @@ def validate(plan: PlanContents, where: str = "plan") -> None:
     derived quantity (role, MTP flag, coverage, hot layers, prefetch buffers, tower
     transient, strategy) is recomputed, and a stated value that disagrees is an error."""
     check_groups(plan, where)
+    check_host_compute(plan, {}, where)
     check_derived(plan, where)
     check_bulk(plan, where)
     check_strategy(plan, where)
@@ -300,3 +301,39 @@ def require_feasible(plan: PlanContents, what: str = "the plan", fix: str | None
         need = f"{plan.host_shortfall_bytes / GB:.3f} GB more host memory is needed than it has"
     raise PlanError(f"{what} is infeasible: {need}; "
                     + (fix or "plan for a larger card, a smaller KV cache or a smaller checkpoint"))
+
+
+def claimed_formats() -> Mapping[str, bool]:
+    """The CPU kernel formats the committed benchmark claims (``cpu_kernels.claimed``);
+    imported when asked, so reading a plan without host-compute never imports it."""
+    from ..cpu_kernels.claimed import CLAIMED
+
+    return CLAIMED
+
+
+def check_host_compute(plan: PlanContents, stated: Mapping[str, object], where: str = "plan") -> None:
+    """Host-compute groups exactly when the plan names a CPU kernel format, that format one
+    with a fast kernel, and what the plan states of ``host_compute`` (the crossover, the
+    threads, the rates) what its inputs and groups give."""
+    computed = [g.group for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    fmt = plan.host_compute_format
+    if computed and fmt is None:
+        raise PlanError(f"{where}: group {computed[0]} is served compute, but the plan has no host_compute "
+                        f"(the CPU kernel's format); {REPLAN}")
+    if fmt is None:
+        return
+    if not computed:
+        raise PlanError(f"{where}: host_compute names format {fmt[:40]!r} but no group is served compute; "
+                        f"delete host_compute or {REPLAN}")
+    claimed = claimed_formats()
+    # mutation: unclaimed-format-read
+    if claimed.get(fmt) is not True:
+        why = "has no CPU kernel the committed benchmark claims fast" if fmt in claimed else "is not a CPU kernel format"
+        raise PlanError(f"{where}: host_compute format {fmt[:40]!r} {why} (claimed: "
+                        f"{', '.join(f for f, ok in claimed.items() if ok)}); serve those experts uva, or {REPLAN}")
+    record = plan.host_compute
+    for name, value in stated.items():
+        expected = getattr(record, name)
+        if value != expected:
+            raise PlanError(f"{where}: host_compute.{name} says {str(value)[:40]}, but the inputs and groups give "
+                            f"{expected}; delete it to accept the derived value, or {REPLAN}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..estimate import (
+    EXPERTS_CPU,
     EXPERTS_DEVICE,
     EXPERTS_PREFETCHED,
     EXPERTS_UVA,
@@ -34,16 +35,26 @@ from ..names import (
     layer_of,
 )
 from .inputs import PlanInputs
-from .parts import EST_IGNORES, Alternative, BulkBaseline, Estimate, GroupPlan, PlannedModel, read_flops
+from .parts import (
+    EST_IGNORES,
+    Alternative,
+    BulkBaseline,
+    Estimate,
+    GroupPlan,
+    HostCompute,
+    PlannedModel,
+    read_flops,
+)
 from .vocabulary import KIND_ROLE, LAYER_KINDS, Role, GroupKind, Placement, Strategy
 
 #: Totals derived from the groups, written under "totals" and checked when read.
-TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes", "absent_bytes", "cold_bytes",
+TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes", "host_compute_bytes",
+          "absent_bytes", "cold_bytes",
           "weight_budget_bytes", "deficit_bytes", "shortfall_bytes", "host_shortfall_bytes")
 
 #: Where the step model reads a placed experts group from.
 _EXPERTS_READ = {Placement.DEVICE: EXPERTS_DEVICE, Placement.HOST_HOT: EXPERTS_PREFETCHED,
-                 Placement.HOST_UVA: EXPERTS_UVA}
+                 Placement.HOST_UVA: EXPERTS_UVA, Placement.HOST_COMPUTE: EXPERTS_CPU}
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,9 @@ class PlanContents:
     alternative: Alternative | None = None
     #: MoE: vLLM's ``cpu_offload_gb`` with ``cpu_offload_params=experts`` (only routed experts).
     bulk_segments: BulkBaseline | None = None
+    #: Host-compute: the CPU kernel's format the host-compute experts are computed in (a key
+    #: of ``cpu_kernels.claimed.CLAIMED``); ``None`` exactly when no group is host-compute.
+    host_compute_format: str | None = None
     #: Notes from reading the plan (ignored unknown fields); not written back.
     load_notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -92,13 +106,26 @@ class PlanContents:
         return self._sum(Placement.HOST_UVA)
 
     @property
+    def host_compute_bytes(self) -> int:
+        return self._sum(Placement.HOST_COMPUTE)
+
+    @property
     def absent_bytes(self) -> int:
         return self._sum(Placement.ABSENT)
 
     @property
     def host_bytes(self) -> int:
         """Every byte the plan puts in host memory: cold, hot layers and routed experts."""
-        return self.host_cold_bytes + self.host_hot_bytes + self.host_uva_bytes
+        return self.host_cold_bytes + self.host_hot_bytes + self.host_uva_bytes + self.host_compute_bytes
+
+    @property
+    def host_compute(self) -> HostCompute | None:
+        """What the runtime reads to serve the host-compute experts (the crossover, threads,
+        rates), derived from the inputs and the groups; ``None`` when no group is host-compute."""
+        experts = [e for e in self.traffic().experts if e.where == EXPERTS_CPU]
+        if not experts or self.host_compute_format is None:
+            return None
+        return HostCompute.of(self.host_compute_format, self.inputs, experts)
 
     @property
     def baselines(self) -> tuple[BulkBaseline, ...]:
@@ -266,7 +293,8 @@ class PlanContents:
         """What the placement does: the strategy a plan must state."""
         if self.shortfall_bytes or self.host_shortfall_bytes:
             return Strategy.INFEASIBLE
-        if self.hot_layer_indices or any(g.placement == Placement.HOST_UVA for g in self.groups):
+        if self.hot_layer_indices or any(g.placement in (Placement.HOST_UVA, Placement.HOST_COMPUTE)
+                                         for g in self.groups):
             return Strategy.HOT_OFFLOAD  # hot bytes on the host: layers prefetched, or experts read in place
         if self.host_cold_groups:
             return Strategy.COLD_OFFLOAD

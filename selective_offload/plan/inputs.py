@@ -14,7 +14,14 @@ from dataclasses import dataclass, fields
 
 from .. import jsonio
 from ..errors import PlanError
-from ..estimate import DEFAULT_UVA_READ_FACTOR, KV_DTYPE_BYTES, decode_read_rate
+from ..estimate import (
+    ASSUMED_CPU_TFLOPS,
+    ASSUMED_HANDOFF_S,
+    DEFAULT_UVA_READ_FACTOR,
+    KV_DTYPE_BYTES,
+    REFERENCE_CPU_GBPS,
+    decode_read_rate,
+)
 from ..names import DEFAULT_COLD_SEGMENTS
 from ..sizes import GiB, MAX_GBPS, MAX_TFLOPS, MIN_GBPS
 from .vocabulary import (
@@ -36,6 +43,16 @@ DEFAULT_CARD = "8.9"
 #: names them: vLLM's default, DeepGEMM turned off, and the two backends the project's
 #: UVA path accepts (``selective_offload.planner.kernels`` has what each builds per card).
 MOE_SETTINGS = ("auto", "VLLM_USE_DEEP_GEMM=0", "--moe-backend triton", "--moe-backend marlin")
+
+
+#: Where a plan's host kernel rate (and its CPU matmul rate, and its hand-off) came from:
+#: the probe's profile of this machine, a flag, or the stated assumption (the reference
+#: host's 55 GB/s; :data:`~selective_offload.estimate.REFERENCE_CPU_GBPS`).
+CPU_SOURCES = ("measured", "flag", "assumed")
+#: Bounds on the host-compute inputs: threads of one host, ranks sharing it, a hand-off.
+MAX_CPU_THREADS = 4096
+MAX_RANKS = 1024
+MAX_HANDOFF_S = 1.0
 
 
 def moe_setting(backend: str = "auto", deep_gemm: bool = True) -> str:
@@ -118,6 +135,46 @@ class PlanInputs:
     #: The vLLM setting the server runs with that changes the fused-MoE kernel
     #: (:data:`MOE_SETTINGS`): the plan is made for the kernel that setting builds.
     moe_setting: str = "auto"
+    #: Host-compute (routed experts computed by the host CPU): the host kernel's rate, GB/s of
+    #: expert weights read at batch 1 (``--cpu-gbps``, the probe's per-format rate); ``None``:
+    #: the reference host's, :data:`~selective_offload.estimate.REFERENCE_CPU_GBPS`, assumed.
+    cpu_gbps: float | None = None
+    #: Where ``cpu_gbps`` came from (:data:`CPU_SOURCES`); ``assumed`` exactly when it is ``None``.
+    cpu_gbps_source: str = "assumed"
+    #: Threads of the one CPU pool (physical cores of one NUMA node) the host kernel runs
+    #: with; ``None``: all physical cores of one NUMA node, as the runtime finds them.
+    cpu_threads: int | None = None
+    #: The CPU's matmul rate (TFLOP/s) for the crossover; ``None``: assumed
+    #: (:data:`~selective_offload.estimate.ASSUMED_CPU_TFLOPS`).
+    cpu_tflops: float | None = None
+    #: The per-layer hand-off (seconds); ``None``: assumed
+    #: (:data:`~selective_offload.estimate.ASSUMED_HANDOFF_S`); the probe measures it.
+    handoff_s: float | None = None
+    #: Ranks sharing this host (tensor or expert parallel): each computes its own share of
+    #: the host experts with its share of the threads and of the host's memory bandwidth.
+    ranks: int = 1
+    #: Whether the planner may serve routed experts compute (False: ``--no-host-compute``, for
+    #: a runtime without the CPU kernels; host experts are then read through UVA).
+    host_compute: bool = True
+
+    @property
+    def host_cpu_gbps(self) -> float:
+        """The host kernel rate the step model uses: given (measured or a flag), else assumed."""
+        return self.cpu_gbps if self.cpu_gbps is not None else REFERENCE_CPU_GBPS
+
+    @property
+    def host_cpu_tflops(self) -> float:
+        return self.cpu_tflops if self.cpu_tflops is not None else ASSUMED_CPU_TFLOPS
+
+    @property
+    def host_handoff_s(self) -> float:
+        return self.handoff_s if self.handoff_s is not None else ASSUMED_HANDOFF_S
+
+    @property
+    def threads_per_rank(self) -> int | None:
+        """Threads each rank's host kernel runs with: the pool split between the ranks
+        (``None``: all physical cores of one NUMA node, split so by the runtime)."""
+        return None if self.cpu_threads is None else max(1, self.cpu_threads // self.ranks)
 
     @property
     def weight_budget_bytes(self) -> int:
@@ -161,6 +218,7 @@ class PlanInputs:
                                    or not 0 < tflops <= MAX_TFLOPS):
             raise PlanError(f"compute rate {_shown(tflops)} TFLOP/s must be a positive number of at most "
                             f"{MAX_TFLOPS:g}")
+        self._check_host_compute()
         if self.kv_cache_bytes < 0 or self.reserve_bytes < 0:
             raise PlanError("KV cache and reserve sizes must be zero or more bytes")
         if self.weight_budget_bytes <= 0:
@@ -207,6 +265,40 @@ class PlanInputs:
         bad = [s for s in self.cold_segments if not s or "." in s]
         if bad:
             raise PlanError(f"cold segment {_shown(bad[0])} must be one name segment without dots, like visual")
+
+    def _check_host_compute(self) -> None:
+        """The host-compute inputs in range, and the rate's source agreeing with whether one is given."""
+        rate = self.cpu_gbps
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                                 or not MIN_GBPS <= rate <= MAX_GBPS):
+            raise PlanError(f"host kernel rate {_shown(rate)} GB/s must be a number from {MIN_GBPS:g} to "
+                            f"{MAX_GBPS:g} GB/s, like --cpu-gbps 55")
+        if self.cpu_gbps_source not in CPU_SOURCES:
+            raise PlanError(f"cpu_gbps_source {_shown(self.cpu_gbps_source)}: use one of {', '.join(CPU_SOURCES)}")
+        # mutation: cpu-source-unchecked
+        if (rate is None) != (self.cpu_gbps_source == "assumed"):
+            raise PlanError(f"cpu_gbps_source {_shown(self.cpu_gbps_source)} does not fit cpu_gbps {_shown(rate)}: "
+                            "'assumed' exactly when no rate is given (measured or flag otherwise)")
+        tflops = self.cpu_tflops
+        if tflops is not None and (isinstance(tflops, bool) or not isinstance(tflops, (int, float))
+                                   or not 0 < tflops <= MAX_TFLOPS):
+            raise PlanError(f"CPU matmul rate {_shown(tflops)} TFLOP/s must be a positive number of at most "
+                            f"{MAX_TFLOPS:g}, like --cpu-tflops 0.5")
+        threads = self.cpu_threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or not 1 <= threads <= MAX_CPU_THREADS):
+            raise PlanError(f"CPU threads {_shown(threads)} must be a whole number from 1 to {MAX_CPU_THREADS}, "
+                            "like --cpu-threads 8")
+        handoff = self.handoff_s
+        if handoff is not None and (isinstance(handoff, bool) or not isinstance(handoff, (int, float))
+                                    or not 0 <= handoff <= MAX_HANDOFF_S):
+            raise PlanError(f"hand-off {_shown(handoff)} s must be a number from 0 to {MAX_HANDOFF_S:g} seconds")
+        ranks = self.ranks
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS:
+            raise PlanError(f"ranks {_shown(ranks)} must be a whole number from 1 to {MAX_RANKS}, like --ranks 2")
+        if threads is not None and threads < ranks:
+            raise PlanError(f"{threads} CPU threads cannot be split between {ranks} ranks; give at least one "
+                            "thread per rank")
 
     def _check_types(self) -> None:
         """Every integer field an integer in range, every number finite: a Plan built in

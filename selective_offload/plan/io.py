@@ -19,7 +19,10 @@ checked), names the kind of a whole embedding, tower, projector or MTP head
 (:data:`V4_KEYS`, :func:`read_kind`). v3 added the routed experts of a MoE layer as a
 group of their own (kind ``experts``, with ``num_experts`` and ``experts_per_token``) and
 the placement ``host-uva``; v2 and v1 plans are still read (they have no expert groups: a
-MoE layer is one group). v1 wrote each group's reads split by where they land, and its
+MoE layer is one group). A v4 plan with routed experts served ``compute`` (host-compute)
+holds ``host_compute``: the CPU kernel's format, stored, and the crossover, threads and rates
+it was priced at, derived from the inputs and the groups and checked when read (a plan
+without it reads as ``host_compute`` None). v1 wrote each group's reads split by where they land, and its
 totals at the top level, where those it derived differently (the prefetch buffers among
 them) are not compared. Writing is the mirror
 of reading, kept beside it so a new field is added to both in one place. The functions
@@ -42,10 +45,10 @@ from ..errors import PlanError, UserError
 from ..estimate import DEFAULT_ACCEPT_RATE, KvModel
 from ..jsonio import FieldReader
 from ..outputs import write_files
-from .checks import check_bulk, check_derived, check_groups, check_strategy, check_totals
+from .checks import check_bulk, check_derived, check_groups, check_host_compute, check_strategy, check_totals
 from .contents import TOTALS, PlanContents
 from .inputs import PlanInputs
-from .parts import EST_IGNORES, Alternative, BulkBaseline, Estimate, GroupPlan, PlannedModel
+from .parts import EST_IGNORES, Alternative, BulkBaseline, Estimate, GroupPlan, HostCompute, PlannedModel
 from .vocabulary import (
     FORMAT_PREFIX,
     FORMAT_VERSION,
@@ -160,6 +163,13 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
         decode_read_gbps=r.number("decode_read_gbps", positive=True, default=None),
         compute_capability=_card(r),
         moe_setting=r.str("moe_setting", default="auto"),
+        cpu_gbps=r.number("cpu_gbps", positive=True, default=None),
+        cpu_gbps_source=r.str("cpu_gbps_source", default="assumed"),
+        cpu_threads=r.int("cpu_threads", minimum=1, default=None),
+        cpu_tflops=r.number("cpu_tflops", positive=True, default=None),
+        handoff_s=r.number("handoff_s", positive=False, default=None),
+        ranks=r.int("ranks", minimum=1, default=1),
+        host_compute=r.bool("host_compute", default=True),
     )
     try:
         inputs.validate()
@@ -277,7 +287,31 @@ def read_alternative(r: FieldReader) -> Alternative:
     return Alternative(label=r.str("label"), strategy=r.choice("strategy", Strategy),
                        host_cold_bytes=r.int("host_cold_bytes"), host_hot_bytes=r.int("host_hot_bytes"),
                        hot_layer_indices=tuple(hot), est=read_estimate(r.child("est")),
-                       host_uva_bytes=r.int("host_uva_bytes", default=0))
+                       host_uva_bytes=r.int("host_uva_bytes", default=0),
+                       host_compute_bytes=r.int("host_compute_bytes", default=0))
+
+
+#: The fields of a plan's ``host_compute`` object that reading recomputes and compares.
+HOST_COMPUTE_FIELDS = tuple(f.name for f in fields(HostCompute))
+
+
+def read_host_compute(r: FieldReader) -> tuple[str, dict[str, Any]]:
+    """A plan's ``host_compute`` object: the CPU kernel's format, and what else it states
+    (every other field is derived from the inputs and the groups, and checked against them)."""
+    fmt = r.str("format", nonempty=True)
+    stated: dict[str, Any] = {}
+    for name in HOST_COMPUTE_FIELDS:
+        if name == "format" or name not in r.data:
+            continue
+        value = r.raw(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not jsonio.finite_number(value, MAX_PLAN_NUMBER):
+                r.bad(name, value, f"a finite number of at most {MAX_PLAN_NUMBER:g}")
+        elif value is not None and not isinstance(value, str):
+            r.bad(name, value, "a number, a string or null")
+        stated[name] = value
+    r.unknown()
+    return fmt, stated
 
 
 def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
@@ -304,6 +338,8 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
     bulk_raw = top.raw(bulk_key, None)
     alternative_raw = top.raw("alternative", None)
     segments_raw = top.raw(segments_key, None)
+    host_raw = top.raw("host_compute", None)
+    fmt, stated_host = (None, {}) if host_raw is None else read_host_compute(top.child("host_compute"))
     plan = cls(
         model=model, inputs=inputs, strategy=top.choice("strategy", Strategy), groups=tuple(groups),
         hot_layer_indices=tuple(hot), est_transient_device_bytes=top.int("est_transient_device_bytes"),
@@ -313,9 +349,11 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
         stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None) if version > 1 else None,
         alternative=None if alternative_raw is None else read_alternative(top.child("alternative")),
         bulk_segments=None if segments_raw is None else read_bulk(top.child(segments_key)),
+        host_compute_format=fmt,
     )
     top.seen.update({"est"})  # derived: recomputed from the groups
     check_groups(plan, where)
+    check_host_compute(plan, stated_host, where)
     check_derived(plan, where)
     check_bulk(plan, where)
     check_totals(plan, stored_totals(top, version), where)
@@ -423,6 +461,16 @@ def alternative_to_dict(alternative: Alternative) -> dict[str, Any]:
             "hot_layer_indices": list(alternative.hot_layer_indices), "est": alternative.est.__dict__.copy()}
 
 
+def _host_compute_to_dict(plan: PlanContents, derived: bool) -> dict[str, Any] | None:
+    """The ``host_compute`` object: the format, and (``derived``) what follows from it."""
+    if plan.host_compute_format is None:
+        return None
+    record = plan.host_compute if derived else None
+    if record is None:
+        return {"format": plan.host_compute_format}
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
 def plan_to_dict(plan: PlanContents, *, derived: bool = True) -> dict[str, Any]:
     """The plan as its JSON object; ``derived=False`` leaves out what is computed from
     the fields (totals, estimates), so a plan of unchecked values can be written out to
@@ -439,6 +487,7 @@ def plan_to_dict(plan: PlanContents, *, derived: bool = True) -> dict[str, Any]:
         "vllm_cpu_offload_gb": None if plan.bulk is None else bulk_to_dict(plan.bulk),
         "vllm_cpu_offload_params": None if plan.bulk_segments is None else bulk_to_dict(plan.bulk_segments),
         "alternative": None if plan.alternative is None else alternative_to_dict(plan.alternative),
+        "host_compute": _host_compute_to_dict(plan, derived),
         "est_ignores": list(plan.est_ignores),
         "notes": list(plan.notes),
         "groups": [group_to_dict(g) for g in plan.groups],

@@ -16,6 +16,8 @@ from typing import Mapping
 
 from ..estimate import (
     DEFAULT_ACCEPT_RATE,
+    ExpertsRead,
+    host_compute_crossover,
     KvModel,
     StepSettings,
     Traffic,
@@ -60,6 +62,10 @@ EST_IGNORES: tuple[str, ...] = (
     "routed experts (MoE): uniform routing assumed, a step of T tokens reading 1 - (1 - k/E)^T of a "
     "layer's expert bytes; real routers favour some experts, so at T > 1 fewer distinct experts are "
     "read than estimated",
+    "host-compute: the CPU kernel reads the experts a step uses at one rate (probed, --cpu-gbps, or the "
+    "reference host's 55 GB/s assumed) whatever the layer, and computes at least their FLOPs at one CPU "
+    "matmul rate; the CPU's and the GPU's work of a layer are sequential (no overlap); ranks sharing the "
+    "host split its memory bandwidth evenly; the per-layer hand-off is one fixed time",
 )
 
 
@@ -112,6 +118,9 @@ class GroupPlan:
         (experts included), a cold group's reads, the routed experts read through UVA."""
         if self.placement == Placement.HOST_HOT:
             return self.bytes
+        # mutation: host-compute-link-bytes
+        if self.placement == Placement.HOST_COMPUTE:
+            return 0  # computed where it lives: only hidden states and top-k cross
         return self.est_read_bytes_per_step if self.on_host else 0
 
     @property
@@ -120,6 +129,11 @@ class GroupPlan:
         if self.placement in (Placement.DEVICE, Placement.HOST_HOT):
             return self.est_read_bytes_per_step
         return 0
+
+    @property
+    def computed_on_host(self) -> bool:
+        """Host-compute: the host CPU computes this group where it lives (only activations cross)."""
+        return self.placement == Placement.HOST_COMPUTE
 
 
 def experts_read_bytes(nbytes: int, num_experts: int, experts_per_token: int, tokens: int = 1) -> int:
@@ -148,6 +162,9 @@ class Estimate:
     est_draft_s_per_step: float = 0.0
     #: The step's FLOPs over the matmul rate (0 when no rate was given: not priced).
     est_compute_s_per_step: float = 0.0
+    #: Host-compute: the host CPU's time on the routed experts it computes (0: none, or the
+    #: step is above the crossover and they are copied to the GPU, which is link time).
+    est_cpu_s_per_step: float = 0.0
 
     @classmethod
     def of(cls, traffic: Traffic, inputs: PlanInputs, kv: KvModel | None, spec_tokens: int,
@@ -155,7 +172,8 @@ class Estimate:
         accept = inputs.accept_rate if inputs.accept_rate is not None else DEFAULT_ACCEPT_RATE
         settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, inputs.batch, spec_tokens,
                                 accept, inputs.context, inputs.uva_read_gbps, inputs.compute_tflops,
-                                inputs.decode_read_gbps)
+                                inputs.decode_read_gbps, inputs.host_cpu_gbps, inputs.host_cpu_tflops,
+                                inputs.host_handoff_s, inputs.ranks)
         return cls(**step_cost(traffic, settings, kv, pipelined=pipelined))
 
 
@@ -214,4 +232,66 @@ class Alternative:
     hot_layer_indices: tuple[int, ...]
     est: Estimate
     host_uva_bytes: int = 0
+    host_compute_bytes: int = 0
 
+
+
+#: How the host CPU's work and the GPU's work of a host-compute layer are priced: one after
+#: the other (the layer's weighted sum is the next layer's input, and the GPU waits for it).
+HOST_COMPUTE_OVERLAP = "none: the CPU's and the GPU's work of a layer are sequential"
+
+
+@dataclass(frozen=True)
+class HostCompute:
+    """What the runtime needs to serve a plan's host-compute experts, all derived from the
+    plan's inputs and groups (and stated in the plan file, where reading checks it):
+    the CPU kernel's format, the crossover (the most tokens per step the CPU computes; above
+    it the step copies the distinct experts it uses over the link and computes them on the
+    GPU), the threads each rank's kernel runs with, the rates and the hand-off it was priced at."""
+
+    #: The CPU kernel's format (a key of ``selective_offload.cpu_kernels.claimed.CLAIMED``).
+    format: str
+    crossover_tokens: int
+    #: Threads per rank; ``None``: all physical cores of one NUMA node (split between ranks).
+    threads: int | None
+    ranks: int
+    cpu_gbps: float
+    cpu_gbps_source: str
+    cpu_tflops: float
+    cpu_tflops_source: str
+    handoff_s: float
+    handoff_source: str
+    overlap: str = HOST_COMPUTE_OVERLAP
+
+    @classmethod
+    def of(cls, fmt: str, inputs: PlanInputs, experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]") -> "HostCompute":
+        settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, inputs.batch, 0, DEFAULT_ACCEPT_RATE, 0,
+                                inputs.uva_read_gbps, inputs.compute_tflops, inputs.decode_read_gbps,
+                                inputs.host_cpu_gbps, inputs.host_cpu_tflops, inputs.host_handoff_s, inputs.ranks)
+        return cls(format=fmt, crossover_tokens=host_compute_crossover(experts, settings),
+                   threads=inputs.threads_per_rank, ranks=inputs.ranks,
+                   cpu_gbps=float(inputs.host_cpu_gbps), cpu_gbps_source=inputs.cpu_gbps_source,
+                   cpu_tflops=float(inputs.host_cpu_tflops),
+                   cpu_tflops_source="assumed" if inputs.cpu_tflops is None else "given",
+                   handoff_s=float(inputs.host_handoff_s),
+                   handoff_source="assumed" if inputs.handoff_s is None else "given")
+
+    def describe(self) -> str:
+        """One line for a plan's notes and its rendering."""
+        threads = ("all physical cores of one NUMA node" if self.threads is None
+                   else f"{self.threads} thread{'s' if self.threads != 1 else ''}")
+        if self.ranks > 1:
+            threads = (f"{self.ranks} ranks, each its own host-compute unit on its share of the experts with "
+                       + ("the node's physical cores split between them" if self.threads is None
+                          else f"{threads} each") + f"; the host's memory bandwidth shared ({self.cpu_gbps:g} GB/s "
+                       f"in all, {self.cpu_gbps / self.ranks:.3g} GB/s per rank)")
+        else:
+            threads = f"one CPU pool: {threads}"
+        rate = {"assumed": "assumed: the reference host's, a 2-channel DDR5 machine; measure yours with "
+                           "`selective-offload probe` or give --cpu-gbps",
+                "measured": "measured by `selective-offload probe`", "flag": "--cpu-gbps"}[self.cpu_gbps_source]
+        return (f"host-compute ({self.format}): the host CPU computes the routed experts it holds at "
+                f"{self.cpu_gbps:g} GB/s ({rate}); {threads}; crossover {self.crossover_tokens} tokens per step "
+                f"(above it the distinct experts a step uses are copied over the link and computed on the GPU; "
+                f"CPU matmul {self.cpu_tflops:g} TFLOP/s {self.cpu_tflops_source}, hand-off "
+                f"{self.handoff_s * 1e6:.0f} us per layer {self.handoff_source}); overlap {self.overlap}")

@@ -22,7 +22,8 @@ embedding *is* the LM head's weight and is hot.
 A MoE decoder layer reads only the routed experts its tokens are sent to (k of E per
 token), so its routed experts are a group of their own, and the hot part of the deficit is
 closed from a menu per layer (:func:`.placement.place_hot`): resident, routed experts read in place
-through UVA at the step's read fraction, or the whole layer prefetched.
+through UVA at the step's read fraction, routed experts computed where they live by the host
+CPU (host-compute, for formats with a claimed CPU kernel), or the whole layer prefetched.
 
 The reference arithmetic (the bundled Qwen3.8-27B-FP8-shaped manifest on a 24 GiB card)
 is asserted by ``tests/unit/planner/test_planner.py`` and shown in the README.
@@ -37,6 +38,7 @@ reference laptop: never choose a format from it.
 How the modules relate (each imports only those above it; none imports this package):
 
     grouping      tensors -> groups: role, est read per step, model order, fingerprints
+    host_compute  which CPU kernel format the routed experts are in, whether it is claimed, its notes
     placement     groups -> placement: cold set first, then hot layers / routed experts
     baselines     vLLM's own cpu_offload_gb and cpu_offload_params
     speculation   MTP draft tokens: best K, where it flips, break-even acceptance

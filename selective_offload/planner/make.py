@@ -20,6 +20,7 @@ from ..plan import GroupKind, GroupPlan, Placement, Plan, PlanInputs, PlannedMod
 from ..sizes import GB
 from .baselines import baseline_notes, price_bulk
 from .grouping import group_tensors, model_fingerprint
+from .host_compute import claimed, cpu_format, host_compute_notes, unclaimed_reason
 from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
 from .placement import Placing, place_cold, place_hot, strategy_of
@@ -89,14 +90,28 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     deficit = placing.over_budget()
     model = _planned_model(checkpoint, kv)
 
+    method = method_of_config(checkpoint.config)
+    fmt = cpu_format(method, checkpoint.config)
+    # mutation: host-compute-switch-ignored
+    computes = claimed(fmt) and inputs.host_compute
+    why_not = (None if computes else unclaimed_reason(method, fmt) if inputs.host_compute
+               else "host-compute is off for this plan (--no-host-compute), so host experts are served uva")
+
+    def reason(g, where: Placement) -> str:
+        if where == Placement.HOST_UVA and why_not is not None:
+            return f"{g.reason}; {why_not}"
+        return g.reason
+
     def placed(p: Placing, hot: list[int], **extra) -> Plan:
+        computed = any(w == Placement.HOST_COMPUTE for w in p.where.values())
         return Plan(
             model=model, inputs=inputs, strategy=strategy_of(p, hot, inputs),
-            groups=tuple(GroupPlan(g.name, g.kind, g.role, p.where[g.name], g.reason, g.nbytes, g.layer_index,
-                                   g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes, g.shapes_digest,
-                                   g.num_experts, g.experts_per_token) for g in groups),
+            groups=tuple(GroupPlan(g.name, g.kind, g.role, p.where[g.name], reason(g, p.where[g.name]), g.nbytes,
+                                   g.layer_index, g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes,
+                                   g.shapes_digest, g.num_experts, g.experts_per_token) for g in groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=p.transient,
-            stored_prefetch_buffer_bytes=p.buffers if hot else None, **{"bulk": None, **extra})
+            stored_prefetch_buffer_bytes=p.buffers if hot else None,
+            host_compute_format=fmt if computed else None, **{"bulk": None, **extra})
 
     def step_s(p: Placing) -> float:
         hot = sorted(g.layer_index for g in groups if g.kind == GroupKind.LAYER and p.where[g.name] == Placement.HOST_HOT)
@@ -107,9 +122,9 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     place_cold(placing, inputs)
     has_experts = any(g.kind == GroupKind.EXPERTS for g in groups)
     # mutation: plan-setting-ignored
-    kernel = pick(method_of_config(checkpoint.config), inputs.card, inputs.moe_setting)
-    hot = place_hot(placing, inputs, step_s, inputs.batch * (1 + spec_tokens), uva=kernel.reads_uva,
-                    moves=kernel.moves)
+    kernel = pick(method, inputs.card, inputs.moe_setting)
+    tokens = inputs.batch * (1 + spec_tokens)
+    hot = place_hot(placing, inputs, step_s, tokens, uva=kernel.reads_uva, moves=kernel.moves, compute=computes)
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
     # MoE: vLLM's segment selection of the routed experts is the run a user would try next.
@@ -118,6 +133,9 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     plan = placed(placing, hot, bulk=bulk, bulk_segments=segments,
                   notes=tuple(notes + plan_notes(groups, checkpoint, placing, inputs)
                               + (kernel_notes(kernel, inputs.compute_capability is None) if has_experts else [])))
+    if has_experts and why_not is not None:
+        plan = replace(plan, notes=plan.notes + (f"host-compute: {why_not}",))
+    plan = replace(plan, notes=plan.notes + tuple(host_compute_notes(plan.host_compute, tokens)))
     if inputs.compute_tflops:
         plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
     return replace(plan, notes=plan.notes + tuple(baseline_notes(plan)))

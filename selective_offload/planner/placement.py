@@ -120,55 +120,65 @@ def _prefetch_fewest(p: Placing, units: list[list[Group]], inputs: PlanInputs) -
 
 
 def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float], tokens: int,
-              uva: bool = True, moves: bool = True) -> list[int]:
+              uva: bool = True, moves: bool = True, compute: bool = False) -> list[int]:
     """Close the rest of the deficit (after the cold set) at the least est step time.
 
     The menu, per decoder layer: resident; a MoE layer's routed experts in host memory,
     read in place through UVA (a step pays, in line, the read fraction of their bytes over
-    the link instead of from VRAM); or the whole layer, experts included, through the
-    prefetch offloader (every byte crosses the link each step, overlapped with the compute
-    of the layers before it, plus device buffers of a layer's size).
+    the link instead of from VRAM); the same experts in host memory computed there by the
+    host CPU (host-compute: a step pays the read fraction of their bytes at the host
+    kernel's rate, and a hand-off per layer, in line; above the crossover the step copies
+    them instead); or the whole layer, experts included, through the prefetch offloader
+    (every byte crosses the link each step, overlapped with the compute of the layers
+    before it, plus device buffers of a layer's size).
 
     Why this search finds the cheapest combination the menu allows (under the step model):
-    a UVA read costs the same per byte wherever it sits in the stack (it is paid in line,
-    so order does not matter) and is cheapest per byte for the layers with the smallest
-    read fraction, so for a given number ``n`` of UVA layers the best choice is the ``n``
-    with the smallest fraction (largest first among equals, to free the most); prefetching
-    then takes the fewest spread-out layers of the rest, as for a dense model. Each ``n``
-    from 0 to every MoE layer is priced with the whole step model (``step_s``), and the
-    fastest placement that fits wins (the one with the smallest shortfall when none fits).
-    Once experts alone close the deficit, more of them only add link time: the search stops.
+    a UVA read (or a host-compute layer) costs the same per byte wherever it sits in the
+    stack (it is paid in line, so order does not matter) and is cheapest per byte for the
+    layers with the smallest read fraction, so for a given number ``n`` of host experts
+    groups the best choice is the ``n`` with the smallest fraction (largest first among
+    equals, to free the most); prefetching then takes the fewest spread-out layers of the
+    rest, as for a dense model. Each ``n`` from 0 to every MoE layer is priced with the
+    whole step model (``step_s``), once with the host experts served uva and once served
+    compute (the CPU threads are one pool the host-compute layers share, so the menu does
+    not mix the two: every host experts group is priced at the one rate), and the fastest
+    placement that fits wins (the one with the smallest shortfall when none fits). Once
+    experts alone close the deficit, more of them only add host time: the search stops.
     ``tokens``: the tokens one step serves (batch x tokens verified per sequence).
     ``uva``: whether the fused-MoE kernel vLLM picks on the plan's card reads UVA views
     (:mod:`.kernels`); without it the menu has no UVA entry (the glue would refuse one).
     ``moves``: whether the kernel's weights stay Parameters after post-processing; without
     it no MoE layer is prefetched either (its experts would stay on the device), and only
     layers without routed experts are candidates.
+    ``compute``: whether the experts' format has a CPU kernel the committed benchmark
+    claims (``cpu_kernels.claimed``); without it the menu has no host-compute entry.
     """
     units = _layer_units(p.groups)
     if p.over_budget() <= 0 or not units:
         return []
+    servings = ([Placement.HOST_UVA] if uva else []) + ([Placement.HOST_COMPUTE] if compute else [])
     # mutation: planner-ignores-kernel
-    moe = [] if not uva else sorted((u for u in units if len(u) > 1),
+    moe = [] if not servings else sorted((u for u in units if len(u) > 1),
                  key=lambda u: (expert_read_fraction(u[1].num_experts, u[1].experts_per_token, tokens),
                                 -u[1].nbytes, u[0].layer_index))
     start = dict(p.where)
     best: tuple[tuple, dict[str, Placement], int, list[int]] | None = None
-    for n in range(len(moe) + 1):
-        p.where = dict(start)
-        # mutation: uva-not-in-menu
-        for unit in moe[:n]:
-            p.where[unit[1].name] = Placement.HOST_UVA
-        uva = {u[0].layer_index for u in moe[:n]}
-        # mutation: wrapped-experts-prefetched
-        candidates = [u for u in units if u[0].layer_index not in uva and (moves or len(u) == 1)]
-        hot = _prefetch_fewest(p, candidates, inputs)
-        over = p.over_budget()
-        key = (over > 0, max(over, 0), step_s(p) if over <= 0 else 0.0, n)
-        if best is None or key < best[0]:
-            best = (key, dict(p.where), p.buffers, hot)
-        if over <= 0 and not hot:
-            break
+    for serving in servings or [Placement.HOST_UVA]:
+        for n in range(len(moe) + 1):
+            p.where = dict(start)
+            # mutation: uva-not-in-menu
+            for unit in moe[:n]:
+                p.where[unit[1].name] = serving
+            on_host = {u[0].layer_index for u in moe[:n]}
+            # mutation: wrapped-experts-prefetched
+            candidates = [u for u in units if u[0].layer_index not in on_host and (moves or len(u) == 1)]
+            hot = _prefetch_fewest(p, candidates, inputs)
+            over = p.over_budget()
+            key = (over > 0, max(over, 0), step_s(p) if over <= 0 else 0.0, n)
+            if best is None or key < best[0]:
+                best = (key, dict(p.where), p.buffers, hot)
+            if over <= 0 and not hot:
+                break
     _, p.where, p.buffers, hot = best
     return hot
 
@@ -184,7 +194,7 @@ def host_shortfall(p: Placing, inputs: PlanInputs) -> int:
 def strategy_of(p: Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
     if p.over_budget() > 0 or host_shortfall(p, inputs):
         return Strategy.INFEASIBLE
-    if hot or any(w == Placement.HOST_UVA for w in p.where.values()):  # hot bytes on the host
+    if hot or any(w in (Placement.HOST_UVA, Placement.HOST_COMPUTE) for w in p.where.values()):  # hot bytes on the host
         return Strategy.HOT_OFFLOAD
     if any(w == Placement.HOST_COLD for w in p.where.values()):
         return Strategy.COLD_OFFLOAD

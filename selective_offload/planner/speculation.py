@@ -33,7 +33,8 @@ def with_alternative(plan: Plan, plain: Plan) -> Plan:
     """The speculative plan, with the plan without speculation beside it and a recommendation."""
     k, a = plan.spec_tokens, plan.inputs.accept_rate
     alternative = Alternative("without speculative decoding", plain.strategy, plain.host_cold_bytes,
-                              plain.host_hot_bytes, plain.hot_layer_indices, plain.est, plain.host_uva_bytes)
+                              plain.host_hot_bytes, plain.hot_layer_indices, plain.est, plain.host_uva_bytes,
+                              plain.host_compute_bytes)
     faster = plan.est.est_tok_s > plain.est.est_tok_s
     even = break_even_accept_rate(plan.est.est_step_s, plain.est.est_step_s, k)
     note = (f"recommended: {'MTP speculative decoding' if faster else 'no speculative decoding'} "

@@ -284,6 +284,11 @@ def measure(*, device: Any = None, sizes: Sequence[int] | None = None, repeats: 
     common = dict(machine=machine_name(), date=date, torch_version=str(torch.__version__),
                   host_memcpy_gbps=_rate(host, 2), host_memcpy_samples_s=host,
                   repeats=repeats, quick=quick)
+    from .host_compute import measure_host_compute
+
+    cpu = measure_host_compute(device=dev if dev.type == "cuda" else None, quick=quick, repeats=repeats)
+    common.update(cpu_kernel_gbps=cpu["cpu_kernel_gbps"], cpu_threads=cpu["cpu_threads"],
+                  host_read_gbps=cpu["host_read_gbps"])
     matmul_n = QUICK_MATMUL_N if quick else FULL_MATMUL_N
     if dev.type == "cpu":
         common.update(matmul_tflops=matmul_tflops(dev, matmul_n, torch.float32, repeats=repeats, warmup=warmup,
@@ -340,5 +345,6 @@ def measure(*, device: Any = None, sizes: Sequence[int] | None = None, repeats: 
         device_memory_total_bytes=int(total), device_memory_free_bytes=int(free), no_link_reason=None,
         h2d_pinned_samples_s=pinned, h2d_pageable_samples_s=pageable, d2d_samples_s=d2d,
         uva_read_gbps=_rate(uva, 1), uva_read_samples_s=uva, decode_read_gbps=decode, matmul_tflops=matmul,
-        matmul_dtype="bfloat16", compute_capability="{}.{}".format(*torch.cuda.get_device_capability(dev)), **common,
+        matmul_dtype="bfloat16", compute_capability="{}.{}".format(*torch.cuda.get_device_capability(dev)),
+        handoff_s=cpu["handoff_s"], **common,
     )

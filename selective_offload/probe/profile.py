@@ -87,6 +87,17 @@ class Profile:
     compute_capability: str | None = None
     #: Timed copies per size (the samples are their medians); ``None``: not recorded.
     repeats: int | None = None
+    #: Host-compute: the host CPU kernel's rate per format it supports (GB/s of expert
+    #: weights read at batch 1, with ``cpu_threads`` threads); empty: not measured (no
+    #: kernels here, or a profile from before).
+    cpu_kernel_gbps: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: Threads the kernel rates were measured with (physical cores of one NUMA node).
+    cpu_threads: int | None = None
+    #: The host's memory read rate with those threads (GB/s): what the kernels' rates are bounded by.
+    host_read_gbps: float | None = None
+    #: One layer's hand-off (seconds): hidden states and top-k to the host and the sum back,
+    #: with the synchronisation between; ``None``: not measured (no GPU).
+    handoff_s: float | None = None
     #: Made with ``--quick`` (small copies: the rates are understated).
     quick: bool = False
     #: What ``vram_gbps`` and ``host_memcpy_gbps`` count (link rates count each byte once).
@@ -191,6 +202,14 @@ class Profile:
                     else f", {self.device_memory_free_bytes / GB:.2f} GB free at probe")
             lines.append(f"  device memory  {self.device_memory_total_bytes / GB:.2f} GB "
                          f"({fmt_gib(self.device_memory_total_bytes)}) total{free}")
+        if self.cpu_kernel_gbps:
+            rates = ", ".join(f"{fmt} {fmt_rate(gbps)}" for fmt, gbps in sorted(self.cpu_kernel_gbps.items()))
+            threads = f" with {self.cpu_threads} threads" if self.cpu_threads else ""
+            lines.append(f"  CPU kernels    {rates} GB/s of expert weights at batch 1{threads} (host-compute)")
+        if self.host_read_gbps is not None:
+            lines.append(f"  host reads     {fmt_rate(self.host_read_gbps)} GB/s (the CPU reading its memory)")
+        if self.handoff_s is not None:
+            lines.append(f"  hand-off       {self.handoff_s * 1e6:.1f} us per layer (hidden states down, sum back)")
         if self.host_memcpy_gbps is not None:
             lines.append(f"  host memcpy    {fmt_rate(self.host_memcpy_gbps)} GB/s "
                          f"(host-to-host copy, bytes read + written){of if not self.has_link else ''}")
@@ -216,6 +235,11 @@ class Profile:
                 args.append(f"--compute-tflops {defaults['compute_tflops']:.3g}")
             if defaults["device_memory_bytes"] is not None:
                 args.append(f"--device-memory {size_arg(defaults['device_memory_bytes'])}")
+            if defaults["cpu_kernel_gbps"]:
+                args.append("--cpu-gbps " + "|".join(f"{fmt_rate(v)} ({k})"
+                                                    for k, v in sorted(defaults["cpu_kernel_gbps"].items())))
+            if defaults["cpu_threads"] is not None:
+                args.append(f"--cpu-threads {defaults['cpu_threads']}")
             lines.append(f"  for planning   {' '.join(args)}")
         else:
             lines.append("  for planning   nothing: without a GPU there is no link or VRAM to measure; "
@@ -313,6 +337,13 @@ def _read_profile(data: Any, where: str) -> Profile:
     counted = data.get("copy_bytes_counted", COPY_BYTES_COUNTED)
     if counted != COPY_BYTES_COUNTED:
         raise bad("copy_bytes_counted", counted, f"{COPY_BYTES_COUNTED!r}")
+    threads = data.get("cpu_threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 4096):
+        raise bad("cpu_threads", threads, "a whole number of threads from 1 to 4096, or null")
+    handoff = data.get("handoff_s")
+    if handoff is not None and (isinstance(handoff, bool) or not isinstance(handoff, (int, float))
+                                or not 0 < handoff <= 1.0):
+        raise bad("handoff_s", handoff, "a positive number of seconds of at most 1, or null")
     profile = Profile(
         machine=text("machine"), date=date, torch_version=text("torch_version"),
         device=text("device", optional=True), integrated=integrated,
@@ -326,10 +357,34 @@ def _read_profile(data: Any, where: str) -> Profile:
         matmul_tflops=rate("matmul_tflops") if "matmul_tflops" in data else None,
         matmul_dtype=(text("matmul_dtype", optional=True) if "matmul_dtype" in data else None),
         compute_capability=(text("compute_capability", optional=True) if "compute_capability" in data else None),
+        cpu_kernel_gbps=_kernel_rates(data.get("cpu_kernel_gbps", {}), bad),
+        cpu_threads=threads, host_read_gbps=rate("host_read_gbps") if "host_read_gbps" in data else None,
+        handoff_s=None if handoff is None else float(handoff),
         repeats=repeats, quick=quick,
     )
     _check_consistent(profile, bad)
     return profile
+
+
+#: The most formats a profile's ``cpu_kernel_gbps`` holds, and the longest name of one.
+MAX_KERNEL_FORMATS, MAX_FORMAT_NAME = 16, 32
+
+
+def _kernel_rates(raw: Any, bad: Callable[[str, Any, str], UserError]) -> dict[str, float]:
+    """The profile's ``cpu_kernel_gbps``: format name -> GB/s, bounded."""
+    want = (f"an object of at most {MAX_KERNEL_FORMATS} format names (like \"bf16\") -> GB/s from "
+            f"{MIN_GBPS:g} to {MAX_GBPS:g}")
+    if not isinstance(raw, dict) or len(raw) > MAX_KERNEL_FORMATS:
+        raise bad("cpu_kernel_gbps", raw, want)
+    out = {}
+    for name, value in raw.items():
+        # mutation: profile-kernel-rate-unbounded
+        rate_ok = not isinstance(value, bool) and isinstance(value, (int, float)) and MIN_GBPS <= value <= MAX_GBPS
+        if (not isinstance(name, str) or not 0 < len(name) <= MAX_FORMAT_NAME or not name.isprintable()
+                or not rate_ok):
+            raise bad("cpu_kernel_gbps", raw, want)
+        out[name] = float(value)
+    return out
 
 
 def _check_consistent(p: Profile, bad: Callable[[str, Any, str], UserError]) -> None:
@@ -348,6 +403,8 @@ def _check_consistent(p: Profile, bad: Callable[[str, Any, str], UserError]) -> 
             raise bad("no_link_reason", None, "a reason when device is null (no GPU, no link)")
     if p.uva_read_gbps is not None and not p.has_link:
         raise bad("uva_read_gbps", p.uva_read_gbps, "null when there is no link (no GPU)")
+    if p.handoff_s is not None and not p.has_link:
+        raise bad("handoff_s", p.handoff_s, "null when there is no link (no GPU to hand off to)")
     if p.decode_read_gbps is not None and p.device is None:
         raise bad("decode_read_gbps", p.decode_read_gbps, "null when device is null (no GPU)")
     if (p.matmul_tflops is None) != (p.matmul_dtype is None):
@@ -398,10 +455,13 @@ def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
     ``vram_gbps`` (the copy's), ``decode_read_gbps`` (a matrix-vector product's: the rate
     planning prices VRAM at, when measured), ``compute_tflops`` (the GPU's matmul rate) and
     ``device_memory_bytes`` (the device's total memory); ``None`` for what it cannot (no
-    link, no GPU, no profile)."""
+    link, no GPU, no profile). For host-compute: ``cpu_kernel_gbps`` (the host kernel's rate
+    per format, ``None`` when none was measured; the plan takes its model's format's),
+    ``cpu_threads`` and ``handoff_s`` (the per-layer hand-off)."""
     if profile is None:
         return {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "decode_read_gbps": None,
-                "compute_tflops": None, "device_memory_bytes": None, "compute_capability": None}
+                "compute_tflops": None, "device_memory_bytes": None, "compute_capability": None,
+                "cpu_kernel_gbps": None, "cpu_threads": None, "handoff_s": None}
     on_gpu = profile.device is not None
     return {
         "link_gbps": profile.link_gbps_pinned if profile.has_link else None,
@@ -414,6 +474,10 @@ def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
         "device_memory_bytes": (profile.device_memory_total_bytes
                                 if profile.device is not None and profile.device_memory_total_bytes else None),
         "compute_capability": profile.compute_capability if on_gpu else None,
+        # mutation: probe-cpu-rate-not-supplied
+        "cpu_kernel_gbps": dict(profile.cpu_kernel_gbps) or None,
+        "cpu_threads": profile.cpu_threads,
+        "handoff_s": profile.handoff_s,
     }
 
 # The field names of a profile, in file order (for readers and the tests).

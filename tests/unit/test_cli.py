@@ -182,6 +182,12 @@ def test_speculative_plan_shows_both_placements_and_recommends_one(capsys):
     (["--max-model-len", "4096"], "give --max-model-len and --max-seqs together"),
     (["--batch", "0"], "batch 0 must be 1 or more"),
     (["--accept-rate", "1.5"], "acceptance rate 1.5 must be between 0 and 1"),
+    (["--cpu-gbps", "-5"], "--cpu-gbps: '-5' GB/s must be a number of GB/s from"),
+    (["--cpu-gbps", "fast"], "--cpu-gbps: cannot read 'fast'"),
+    (["--cpu-threads", "0"], "--cpu-threads: 0 must be a whole number from 1 to"),
+    (["--cpu-tflops", "0"], "--cpu-tflops: '0' must be a positive number of TFLOP/s"),
+    (["--ranks", "0"], "--ranks: 0 must be a whole number from 1 to"),
+    (["--cpu-threads", "2", "--ranks", "4"], "--cpu-threads 2 cannot be split between --ranks 4"),
 ])
 def test_bad_economics_flags_are_one_line(capsys, argv, match):
     code, _, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", *argv)

@@ -25,6 +25,9 @@ UVA = 0.86 * LINK  # kernels reading host memory in place: the default UVA read 
 
 
 def plan_of(path, gib, **inputs):
+    """The plan of the config at ``path`` on a ``gib`` card; host-compute off unless asked for
+    (these tests check the UVA arithmetic; the reference plans below are host-compute plans)."""
+    inputs.setdefault("host_compute", False)
     return make_plan(load_checkpoint(path), PlanInputs(device_memory_bytes=gib * GiB, **inputs))
 
 

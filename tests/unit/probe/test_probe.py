@@ -303,7 +303,8 @@ def test_default_path_and_load_profile_honour_the_environment(tmp_path, monkeypa
 
 def test_plan_defaults_of_a_cpu_profile_supply_nothing(cpu_profile):
     nothing = {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "decode_read_gbps": None,
-               "compute_tflops": None, "device_memory_bytes": None, "compute_capability": None}
+               "compute_tflops": None, "device_memory_bytes": None, "compute_capability": None,
+               "cpu_kernel_gbps": None, "cpu_threads": None, "handoff_s": None}
     assert plan_defaults(cpu_profile) == nothing  # the CPU's matmul rate is not a GPU's
     assert plan_defaults(None) == nothing
     line = describe(cpu_profile)
@@ -316,7 +317,8 @@ def test_plan_defaults_of_a_gpu_profile_supply_link_vram_and_device_memory():
     p = gpu_profile()
     assert plan_defaults(p) == {"link_gbps": 52.3, "uva_gbps": None, "vram_gbps": 3900.0, "decode_read_gbps": None,
                                 "compute_tflops": None, "device_memory_bytes": 150_119_071_744,
-                                "compute_capability": None}  # a profile from before the card was recorded
+                                "compute_capability": None,  # a profile from before the card was recorded
+                                "cpu_kernel_gbps": None, "cpu_threads": None, "handoff_s": None}
     assert plan_defaults(gpu_profile(compute_capability="9.0"))["compute_capability"] == "9.0"
     assert describe(p) == ("link 52.3 GB/s pinned, VRAM 3900 GB/s, device memory 139.81 GiB measured by "
                            "`selective-offload probe` on 2026-12-01, NVIDIA H200")

@@ -49,10 +49,13 @@ CARDS = ("8.6", "8.9", "9.0", "12.0")
 
 
 def plan_for(tmp_path, model, card):
+    """The plan of ``model`` for ``card`` with host-compute off: these tests check the glue's
+    UVA kernel check, which host-compute groups do not go through."""
     build, gib = MODELS[model]
     config, arch, extra = build()
     checkpoint = load_checkpoint(write_config(tmp_path, config, arch, **extra))
-    return checkpoint, make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, compute_capability=card))
+    return checkpoint, make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, compute_capability=card,
+                                                      host_compute=False))
 
 
 def method_standin(method: str, kernel: str):
@@ -99,7 +102,7 @@ def test_a_plan_without_a_card_says_which_it_assumed(tmp_path):
     build, gib = MODELS["gpt-oss-20b"]
     config, arch, extra = build()
     plan = make_plan(load_checkpoint(write_config(tmp_path, config, arch, **extra)),
-                     PlanInputs(device_memory_bytes=gib * GiB))
+                     PlanInputs(device_memory_bytes=gib * GiB, host_compute=False))
     assert plan.inputs.compute_capability is None and plan.inputs.card == kernels.DEFAULT_CARD
     assert any(n.startswith(f"card: compute capability {kernels.DEFAULT_CARD} (assumed") for n in plan.notes)
     # mutation check: the assumed card is the one the experts were planned for
@@ -140,7 +143,7 @@ def test_the_advice_in_the_plan_gives_a_plan_that_reads_experts_through_uva_and_
     assert f"`plan {kernels.PLAN_FLAGS[fix]}`" in note, note
     build, gib = MODELS[model]
     advised = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, compute_capability=card,
-                                               moe_setting=fix))
+                                               moe_setting=fix, host_compute=False))
     uva = [g for g in advised.groups if g.placement == "host-uva"]
     assert uva, f"{model} on SM {card} under {fix}: no experts read through UVA"
     kernel = kernels.kernel_for(method, card, fix)
@@ -176,6 +179,6 @@ def test_a_plan_with_experts_on_the_host_made_for_another_card_is_refused_before
                                         r"plan --compute-capability 9.0") as err:
         experts.refuse_another_card(plan, cuda, card="9.0")
     assert "\n" not in str(err.value)
-    assumed = make_plan(checkpoint, PlanInputs(device_memory_bytes=8 * GiB))
+    assumed = make_plan(checkpoint, PlanInputs(device_memory_bytes=8 * GiB, host_compute=False))
     with pytest.raises(PlanError, match="made without a card, assuming compute capability 8.9"):
         experts.refuse_another_card(assumed, cuda, card="12.0")
