@@ -29,6 +29,9 @@ class Ctx:
         self.deadline_total = max_seconds
         self.started = time.perf_counter()
         self.kernel: str = "unknown"  # "built", or the one line why not
+        #: The kernel's tolerance: float32's, or bf16's where the build holds the tokens and
+        #: the activation in bf16 (AVX512-BF16, as vLLM's device kernels do).
+        self.kernel_tol = TOL_F32
         self.checks: list[dict] = []
 
     def start_clock(self) -> None:
@@ -53,7 +56,10 @@ def build_kernel(ctx: Ctx) -> dict:
     try:
         lib = cpu_kernels.library()
         ctx.kernel = "built"
-        out = {"status": "built", "library": getattr(lib, "_name", None)}
+        bf16 = bool(lib.so_bf16_activations())
+        ctx.kernel_tol = TOL_BF16 if bf16 else TOL_F32
+        out = {"status": "built", "library": getattr(lib, "_name", None), "bf16_activations": bf16,
+               "tol": ctx.kernel_tol}
     except cpu_kernels.KernelUnavailable as exc:
         ctx.kernel = "skipped: the CPU kernel cannot be built here: " + str(exc).splitlines()[0]
         out = {"status": ctx.kernel}
@@ -209,7 +215,7 @@ def measure_layer(ctx: Ctx, shape: Shape, weights, tokens: tuple[int, ...], *, v
             outs = [torch.empty(T, shape.hidden, dtype=torch.float32) for _ in sets]
             jobs = [cpu_kernels.MoEJob(x, i, w, weights, act, out=o, threads=ctx.threads)
                     for (x, i, w), o in zip(sets, outs)]
-            paths.append(("kernel", lambda j: jobs[j].run(), TOL_F32))
+            paths.append(("kernel", lambda j: jobs[j].run(), ctx.kernel_tol))
             paths.append(("host_eager", lambda j: host(*on[j]), TOL_BF16))
         if copy is not None:
             paths.append(("device_path", lambda j: copy(*on[j]), TOL_BF16))
