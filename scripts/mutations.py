@@ -243,7 +243,7 @@ MUTATIONS = {
  'accumulate-assign': ('c->out[ptok[s + q] * H + h] += pw', 'c->out[ptok[s + q] * H + h] = pw', ['tests/unit/cpu_kernels/test_kernel.py::test_each_pick_is_weighted_and_summed']),
  'swigluoai-clamp': ('            g = g < j->limit ? g : j->limit;', '            g = g;', ['tests/unit/cpu_kernels/test_kernel.py::test_swigluoai_clamps_gate_and_up_at_the_limit']),
  'fp8-scale-block-index': ('brow = shard * per_shard + (r - shard * j->I) / bn;', 'brow = r / bn;', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-fp8-block]', 'tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[plain-c-silu-fp8-block]']),
- 'mxfp4-nibble-order': ('__m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);', '__m512i hi = _mm512_and_si512(v, low4), lo = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-mxfp4]']),
+ 'mxfp4-nibble-order': ('__m512i n0 = _mm512_and_si512(v, f), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);', '__m512i n1 = _mm512_and_si512(v, f), n0 = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-mxfp4]']),
  'mxfp4-reference-nibble-order': ('torch.stack((w & 0x0F, w >> 4), dim=-1)', 'torch.stack((w >> 4, w & 0x0F), dim=-1)', ['tests/unit/cpu_kernels/test_reference.py::test_mxfp4_is_low_nibble_first_with_e8m0_scales_per_32']),
 }
 

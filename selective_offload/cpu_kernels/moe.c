@@ -316,8 +316,8 @@ static inline int64_t perm16(int fmt, int64_t k, int64_t len) {
         } else {
             return k;
         }
-        int64_t e = k - B, l = e / 32, within = e % 32, h = within / 16, w = (within % 16) / 2, n = within % 2;
-        return B + (2 * n + h) * 8 * L + 8 * l + w;
+        int64_t e = k - B;
+        return B + (e % 4) * 8 * L + e / 4;  /* nibble e % 4 of word e / 4 */
     }
     if (fmt == SO_FP8_BLOCK) {
         int64_t c64 = len / 64 * 64;
@@ -336,10 +336,10 @@ static inline __m256 dp256(__m256 acc, __m256i a, const uint16_t *x) {
     return _mm256_dpbf16_ps(acc, (__m256bh)a, (__m256bh)_mm256_loadu_si256((const __m256i *)x));
 }
 
-static const uint8_t E2M1_BF16_HI[16] = {0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
-                                         0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0};
-static const uint8_t E2M1_BF16_LO[16] = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0,
-                                         0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0};
+/* e2m1 codes as bf16 (twice: vpermw indexes 32 words). */
+static const uint16_t E2M1_BF16_W[32] = {
+    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0,
+    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
 /* e4m3 subnormals (exponent 0) as bf16, by mantissa: m * 2^-9. */
 static const uint8_t E4M3_SUB_HI[16] = {0x00, 0x3B, 0x3B, 0x3B, 0x3C, 0x3C, 0x3C, 0x3C};
 static const uint8_t E4M3_SUB_LO[16] = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x20, 0x40, 0x60};
@@ -371,20 +371,21 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
             for (int t = 0; t < n; t++) a[t][0] = dp512(a[t][0], w0, X + t * ldx + k);
         }
     } else if (fmt == SO_MXFP4) {
+        /* Each 16-bit word of the row holds four e2m1 codes (elements 4j .. 4j+3); nibble
+         * k of every word, looked up in a table of bf16 values (vpermw), is one vector of
+         * bf16 weights. A 128-bit lane of it covers one scale block of 32 elements. */
         const uint8_t *q = (const uint8_t *)row, *sc = (const uint8_t *)scale;
-        const __m512i thi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)E2M1_BF16_HI));
-        const __m512i tlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)E2M1_BF16_LO));
-        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        const __m512i table = _mm512_loadu_si512((const void *)E2M1_BF16_W);
+        const __m512i f = _mm512_set1_epi16(0x0F);
         const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         for (; k + 128 <= len; k += 128) {
             PF(q + k / 2);
             __m512i v = _mm512_loadu_si512((const void *)(q + k / 2));
             // mutation: mxfp4-nibble-order
-            __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-            __m512i lh = _mm512_shuffle_epi8(thi, lo), ll = _mm512_shuffle_epi8(tlo, lo);
-            __m512i hh = _mm512_shuffle_epi8(thi, hi), hl = _mm512_shuffle_epi8(tlo, hi);
-            __m512i w0 = _mm512_unpacklo_epi8(ll, lh), w1 = _mm512_unpackhi_epi8(ll, lh);
-            __m512i w2 = _mm512_unpacklo_epi8(hl, hh), w3 = _mm512_unpackhi_epi8(hl, hh);
+            __m512i n0 = _mm512_and_si512(v, f), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);
+            __m512i n2 = _mm512_and_si512(_mm512_srli_epi16(v, 8), f), n3 = _mm512_srli_epi16(v, 12);
+            __m512i w0 = _mm512_permutexvar_epi16(n0, table), w1 = _mm512_permutexvar_epi16(n1, table);
+            __m512i w2 = _mm512_permutexvar_epi16(n2, table), w3 = _mm512_permutexvar_epi16(n3, table);
             uint32_t four;
             memcpy(&four, sc + k / 32, 4);
             __m512i e = _mm512_permutexvar_epi32(spread, _mm512_cvtepu8_epi32(_mm_cvtsi32_si128((int)four)));
@@ -399,19 +400,17 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
             }
         }
         if (len - k >= 64) {  /* one chunk of 64 in ymm halves (gpt-oss: 2880 = 22 * 128 + 64) */
-            __m256i v = _mm256_loadu_si256((const __m256i *)(q + k / 2)), l4 = _mm256_set1_epi8(0x0F);
-            __m256i lo = _mm256_and_si256(v, l4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), l4);
-            __m256i th = _mm512_castsi512_si256(thi), tl = _mm512_castsi512_si256(tlo);
-            __m256i lh = _mm256_shuffle_epi8(th, lo), ll = _mm256_shuffle_epi8(tl, lo);
-            __m256i hh = _mm256_shuffle_epi8(th, hi), hl = _mm256_shuffle_epi8(tl, hi);
-            __m256i w0 = _mm256_unpacklo_epi8(ll, lh), w1 = _mm256_unpackhi_epi8(ll, lh);
-            __m256i w2 = _mm256_unpacklo_epi8(hl, hh), w3 = _mm256_unpackhi_epi8(hl, hh);
+            __m256i v = _mm256_loadu_si256((const __m256i *)(q + k / 2)), f2 = _mm256_set1_epi16(0x0F);
+            __m256i tb = _mm512_castsi512_si256(table);
+            __m256i w0 = _mm256_permutexvar_epi16(_mm256_and_si256(v, f2), tb);
+            __m256i w1 = _mm256_permutexvar_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), f2), tb);
+            __m256i w2 = _mm256_permutexvar_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 8), f2), tb);
+            __m256i w3 = _mm256_permutexvar_epi16(_mm256_srli_epi16(v, 12), tb);
             __m256 sv = _mm256_set_m128(_mm_set1_ps(e8m0(sc[k / 32 + 1])), _mm_set1_ps(e8m0(sc[k / 32])));
             for (int t = 0; t < n; t++) {
                 const uint16_t *x = X + t * ldx + k;
-                __m256 z = _mm256_setzero_ps();
-                __m256 p = _mm256_add_ps(_mm256_add_ps(dp256(z, w0, x), dp256(z, w1, x + 16)),
-                                         _mm256_add_ps(dp256(z, w2, x + 32), dp256(z, w3, x + 48)));
+                __m256 p = dp256(dp256(_mm256_setzero_ps(), w0, x), w1, x + 16);
+                p = dp256(dp256(p, w2, x + 32), w3, x + 48);
                 a[t][0] = _mm512_add_ps(a[t][0], _mm512_castps256_ps512(_mm256_mul_ps(p, sv)));
             }
             k += 64;
