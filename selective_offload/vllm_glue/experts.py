@@ -241,7 +241,7 @@ def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[i
         method = module.quant_method
         xl.routed |= {id(p) for p in own_parameters(module, xl) if _storage(p) in routed_storages}
         if xl.is_computed(group):
-            host_compute.refuse_unsupported(group, method, module)
+            host_compute.refuse_unsupported(group, method, module, device)
             # mutation: computed-experts-post-processed
             take_over_post_processing(module, method, group, xl, None, run_original=False)
             continue

@@ -49,7 +49,7 @@ ACTIVATIONS = {"silu": "silu", "swigluoai": "swigluoai"}
 MECHANISM = "compute (the host CPU computes the routed experts where they live)"
 
 
-def format_of(group: str, method: Any, module: nn.Module) -> str:
+def format_of(group: str, method: Any, module: nn.Module, device: torch.device = torch.device("cpu")) -> str:
     """The CPU kernel's format for ``module``'s experts, or a one-line refusal."""
     name = kernels.method_of_vllm(method)
     by_dtype = FORMATS.get(name or "")
@@ -60,6 +60,9 @@ def format_of(group: str, method: Any, module: nn.Module) -> str:
         raise PlanError(f"{group}: the plan computes these routed experts on the host CPU, and the CPU kernels "
                         f"have no format for {what}; plan them host-uva or on the device")
     reason = cpu_kernels.unavailable_reason(fmt)
+    if reason is None and fmt in cpu_kernels.TORCH_FORMATS and device.type == "cuda":
+        reason = ("float32 experts are computed by torch's ops, with no C job a CUDA host function could run; "
+                  "serve the model in bf16 (--dtype bfloat16)")
     if reason is not None:
         raise PlanError(f"{group}: the plan computes these routed experts on the host CPU in {fmt}, and {reason}")
     return fmt
@@ -80,9 +83,9 @@ def activation_of(group: str, module: nn.Module) -> Activation:
     return Activation("silu")
 
 
-def refuse_unsupported(group: str, method: Any, module: nn.Module) -> None:
+def refuse_unsupported(group: str, method: Any, module: nn.Module, device: torch.device) -> None:
     """What the host path cannot honour, refused right after construction."""
-    format_of(group, method, module)
+    format_of(group, method, module, device)
     activation_of(group, module)
     if getattr(module, "apply_router_weight_on_input", False):
         raise PlanError(f"{group}: vLLM applies this layer's router weights to the input (Llama-4 style), which "
@@ -185,7 +188,7 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
             shared: frozenset[str] = frozenset()) -> HostExperts:
     """Serve ``module``'s routed experts on the host CPU from now on (after its parameters
     are page-locked where they are): the quant method is replaced, the weights kept."""
-    fmt = format_of(group, method, module)
+    fmt = format_of(group, method, module, device)
     setting = plan.host_compute
     if setting is None:
         raise PlanError(f"{group}: the plan computes these routed experts on the host but states no crossover "

@@ -147,6 +147,9 @@ class HostExperts:
         ids = topk_ids.to(torch.int32)
         # mutation: host-bytes-uncounted
         self.counts.host_bytes += self._distinct_host_experts(ids) * self.weights.expert_bytes
+        if self.weights.fmt in cpu_kernels.TORCH_FORMATS:  # no C job to reuse (cpu_kernels.moe)
+            return cpu_kernels.moe(x, ids, topk_weights, self.weights, self.activation, threads=self.threads,
+                                   host_mask=self.host_mask)
         slot = self.slot(x, ids, pinned=False)
         slot.x.copy_(x)
         slot.ids.copy_(ids)
