@@ -30,6 +30,7 @@ SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'host-output-halved': ('        out = self.compute_on_host(x, topk_ids, topk_weights).to(x.dtype, copy=True)', '        out = (self.compute_on_host(x, topk_ids, topk_weights) * 0.5).to(x.dtype, copy=True)', ['tests/engine/test_vllm_moe.py::test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs']),
  'crossover-inverted': ('        if tokens <= self.crossover_tokens:', '        if tokens > self.crossover_tokens:', ['tests/unit/wrappers/test_host_compute.py::test_crossover_is_inclusive_and_counts_accumulate']),
  'host-bytes-uncounted': ('        self.counts.host_bytes += self._distinct_host_experts(ids) * self.weights.expert_bytes', '        self.counts.host_bytes += 0', ['tests/unit/wrappers/test_host_compute.py::test_the_host_path_counts_each_distinct_expert_once']),
  'computed-experts-post-processed': ('            take_over_post_processing(module, method, group, xl, None, run_original=False)', '            take_over_post_processing(module, method, group, xl, None, run_original=True)', ['tests/engine/test_vllm_moe.py::test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device']),
