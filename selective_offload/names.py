@@ -140,6 +140,27 @@ def experts_prefix(name: str) -> str | None:
     return ".".join([head, *rest[:at]])
 
 
+#: The segment right under a decoder layer that holds its MLP (``model.layers.3.mlp``).
+MLP_SEGMENT = "mlp"
+
+
+def mlp_prefix(name: str) -> str | None:
+    """The dense MLP module ``name`` lies in (``model.layers.3.mlp``), or ``None``.
+
+    A dense decoder layer's MLP is everything under the ``mlp`` segment right under the
+    layer (``model.layers.3.mlp.gate_proj.weight``, vLLM's ``...mlp.gate_up_proj``), less
+    any routed experts (:func:`experts_prefix`: a MoE layer's MLP is its experts group, and
+    its router stays with the layer). The planner splits it out of its layer only when it
+    serves it host-compute, and only for a layer without routed experts."""
+    m = LAYER_RE.match(name if name.endswith(".") else name + ".")
+    if m is None:
+        return None
+    rest = segments(name[m.end():])
+    if len(rest) < 2 or rest[0] != MLP_SEGMENT or experts_prefix(name) is not None:
+        return None
+    return f"{name[:m.end() - 1]}.{MLP_SEGMENT}"
+
+
 def host_table_prefix(name: str) -> str | None:
     """The n-gram / per-layer embedding table ``name`` lies in, inside a decoder layer
     (``model.layers.3.engram.embed``), or ``None``: see :data:`VLLM_HOST_TABLES`."""

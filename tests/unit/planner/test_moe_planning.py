@@ -235,7 +235,7 @@ def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
     ({"experts_per_token": 9}, "1 <= experts_per_token <= num_experts"),
     ({"num_experts": 0}, "1 <= experts_per_token <= num_experts"),
     ({"role": "cold"}, "a group of role cold cannot be served uva"),
-    ({"layer_index": None}, "a group of kind experts or layer, and only such a group, has a layer_index"),
+    ({"layer_index": None}, "a group of kind experts or layer or mlp, and only such a group, has a layer_index"),
     ({"est_read_bytes_per_step": 1}, r"reads 2 of its 8 routed experts \(est\), so est_read_bytes_per_step must be"),
     ({"group": "model.layers.7.mlp"}, "a group of kind experts is the routed experts module of one layer"),
 ])
