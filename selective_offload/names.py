@@ -144,6 +144,12 @@ def experts_prefix(name: str) -> str | None:
 MLP_SEGMENT = "mlp"
 
 
+def in_mlp(name: str) -> bool:
+    """Whether ``name`` (a tensor, module or group) is a decoder layer's ``mlp`` module or under it."""
+    m = LAYER_RE.match(name if name.endswith(".") else name + ".")
+    return m is not None and segments(name[m.end():])[0] == MLP_SEGMENT
+
+
 def mlp_prefix(name: str) -> str | None:
     """The dense MLP module ``name`` lies in (``model.layers.3.mlp``), or ``None``.
 
@@ -156,6 +162,7 @@ def mlp_prefix(name: str) -> str | None:
     if m is None:
         return None
     rest = segments(name[m.end():])
+    # mutation: mlp-holds-experts
     if len(rest) < 2 or rest[0] != MLP_SEGMENT or experts_prefix(name) is not None:
         return None
     return f"{name[:m.end() - 1]}.{MLP_SEGMENT}"
@@ -184,7 +191,9 @@ def group_key(name: str, cold_segments: Iterable[str]) -> tuple:
         return ("cold", segment)
     layer = layer_of(name)
     if layer is not None:
-        return ("experts", layer[1]) if experts_prefix(name) is not None else ("layer", layer[1])
+        if experts_prefix(name) is not None:
+            return ("experts", layer[1])
+        return ("mlp", layer[1]) if in_mlp(name) else ("layer", layer[1])
     return ("module", ".".join(p for p in segments(name) if p not in WRAPPER_SEGMENTS))
 
 
@@ -192,7 +201,7 @@ def group_keys(name: str, cold_segments: Iterable[str]) -> tuple[tuple, ...]:
     """The keys to look ``name``'s plan group up by, best first: a routed expert's (or an
     n-gram table's) own group, then its layer's (a plan without such groups keeps them there)."""
     key = group_key(name, cold_segments)
-    return (key, ("layer", key[1])) if key[0] in ("experts", "host-table") else (key,)
+    return (key, ("layer", key[1])) if key[0] in ("experts", "host-table", "mlp") else (key,)
 
 
 
