@@ -78,7 +78,10 @@ def test_routed_experts_are_a_whole_experts_segment_inside_a_layer(name, prefix)
 def test_an_experts_key_falls_back_to_its_layer_for_plans_without_expert_groups():
     assert group_key("model.layers.3.mlp.experts.w13_weight", ()) == ("experts", 3)
     assert group_keys("model.layers.3.mlp.experts.w13_weight", ()) == (("experts", 3), ("layer", 3))
-    assert group_keys("model.layers.3.mlp.shared_experts.w", ()) == (("layer", 3),)
+    # a shared expert is under the layer's mlp: an mlp group first (a dense layer's, never a MoE
+    # layer's), then the layer, which holds it in every plan
+    assert group_keys("model.layers.3.mlp.shared_experts.w", ()) == (("mlp", 3), ("layer", 3))
+    assert group_keys("model.layers.3.self_attn.w", ()) == (("layer", 3),)
 
 
 # ---- E and k from the config
