@@ -84,6 +84,19 @@ def test_a_moe_layer_is_never_split_its_mlp_is_its_experts_group():
     assert set(moe) == {"model.layers.1", "model.layers.1.mlp.experts"}  # the router stays with the layer
 
 
+def test_the_mlp_names_rule():
+    from selective_offload.names import group_key, group_keys, mlp_prefix
+
+    assert mlp_prefix("model.layers.3.mlp.gate_proj.weight") == "model.layers.3.mlp"
+    assert mlp_prefix("model.layers.3.mlp.gate_up_proj.weight") == "model.layers.3.mlp"  # vLLM's fused name
+    assert mlp_prefix("model.layers.3.mlp.experts.w13_weight") is None
+    assert mlp_prefix("model.layers.3.mlp.experts.7.down_proj.weight") is None
+    assert mlp_prefix("model.layers.3.self_attn.o_proj.weight") is None and mlp_prefix("lm_head.weight") is None
+    assert group_key("model.layers.3.mlp", ()) == ("mlp", 3)
+    # a plan that did not split the layer finds its MLP's parameters in the layer's group
+    assert group_keys("model.layers.3.mlp.down_proj", ()) == (("mlp", 3), ("layer", 3))
+
+
 # ---- the menu
 
 
