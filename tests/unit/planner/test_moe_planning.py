@@ -78,7 +78,10 @@ def test_routed_experts_are_a_whole_experts_segment_inside_a_layer(name, prefix)
 def test_an_experts_key_falls_back_to_its_layer_for_plans_without_expert_groups():
     assert group_key("model.layers.3.mlp.experts.w13_weight", ()) == ("experts", 3)
     assert group_keys("model.layers.3.mlp.experts.w13_weight", ()) == (("experts", 3), ("layer", 3))
-    assert group_keys("model.layers.3.mlp.shared_experts.w", ()) == (("layer", 3),)
+    # a shared expert is under the layer's mlp: an mlp group first (a dense layer's, never a MoE
+    # layer's), then the layer, which holds it in every plan
+    assert group_keys("model.layers.3.mlp.shared_experts.w", ()) == (("mlp", 3), ("layer", 3))
+    assert group_keys("model.layers.3.self_attn.w", ()) == (("layer", 3),)
 
 
 # ---- E and k from the config
@@ -235,7 +238,7 @@ def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
     ({"experts_per_token": 9}, "1 <= experts_per_token <= num_experts"),
     ({"num_experts": 0}, "1 <= experts_per_token <= num_experts"),
     ({"role": "cold"}, "a group of role cold cannot be served uva"),
-    ({"layer_index": None}, "a group of kind experts or layer, and only such a group, has a layer_index"),
+    ({"layer_index": None}, "a group of kind experts or layer or mlp, and only such a group, has a layer_index"),
     ({"est_read_bytes_per_step": 1}, r"reads 2 of its 8 routed experts \(est\), so est_read_bytes_per_step must be"),
     ({"group": "model.layers.7.mlp"}, "a group of kind experts is the routed experts module of one layer"),
 ])
