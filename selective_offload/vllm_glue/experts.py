@@ -150,22 +150,13 @@ class ExpertsLoad:
         return cls({names.key(g, segments): g for g in groups}, names.segments(segments), computed=frozenset(computed),
                    mlps=frozenset(mlps))
 
-    def route(self, prefix: str) -> str | None:
-        """The host group a constructing module builds: an experts module by its own
-        ``prefix``; a dense MLP's linears by their parent's (vLLM passes each linear its
-        own ``prefix``, ``model.layers.0.mlp.gate_up_proj``)."""
-        group = self.group_of(prefix)
-        if group is None and self.mlps and "." in prefix:
-            parent = self.group_of(prefix.rsplit(".", 1)[0])
-            # mutation: mlp-linears-not-routed
-            group = parent if parent in self.mlps else None
-        return group
-
     def is_computed(self, group: str) -> bool:
         return group in self.computed
 
     def group_of(self, prefix: str) -> str | None:
-        """The uva-served group a FusedMoE ``prefix`` (vLLM's name) builds, or ``None``."""
+        """The host group a constructing module's ``prefix`` (vLLM's name) builds, or
+        ``None``: a FusedMoE's experts; a dense MLP's linears (``model.layers.0.mlp.gate_up_proj``
+        is in group ``model.layers.0.mlp``, by the names rule)."""
         return self.groups.get(group_key(prefix, self.cold_segments))
 
     def is_expert_module(self, name: str) -> bool:
@@ -209,7 +200,7 @@ def routing_kwargs(xl: ExpertsLoad | None, routed_experts_cls: type) -> dict[str
     if xl is None:
         return {}
     # mutation: experts-not-routed
-    return dict(modules=xl.route, named_by={routed_experts_cls: PREFIX_ARGUMENT})
+    return dict(modules=xl.group_of, named_by={routed_experts_cls: PREFIX_ARGUMENT})
 
 
 def _kernel(method: Any) -> str:
@@ -250,8 +241,8 @@ def find_modules(model: nn.Module, xl: ExpertsLoad, routed_experts_cls: type) ->
             group = xl.group_of(getattr(module, PREFIX_ARGUMENT, "") or name)
             if group is not None:
                 xl.modules[name] = group
-        elif xl.mlps and xl.group_of(name) in xl.mlps:
-            xl.modules[name] = xl.group_of(name)
+        elif xl.mlps and xl.group_of(name) in xl.mlps and not xl.is_expert_module(name):
+            xl.modules[name] = xl.group_of(name)  # the MLP itself (its linears come after it, inside it)
     outside = {id(p) for n, p in model.named_parameters(remove_duplicate=False)
                if not xl.is_expert_module(n.rsplit(".", 1)[0])}
     xl.shared = frozenset(n for m in xl.modules for n, p in model.get_submodule(m).named_parameters()
