@@ -241,7 +241,7 @@ def hot_layer_plan(model_dir):
 
     ckpt = load_checkpoint(model_dir)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 3 // 4, kv_cache_bytes=0,
-                                      reserve_bytes=0))
+                                      reserve_bytes=0, host_compute=False))  # whole layers prefetched
     assert plan.strategy == "hot_offload" and plan.hot_layer_indices
     return plan
 

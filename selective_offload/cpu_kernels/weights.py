@@ -82,26 +82,19 @@ class ExpertWeights:
             raise ValueError(f"{self.fmt} {name}: got {t.dtype} {list(t.shape)}, expected {dtype} {list(shape)} "
                              f"{note}".rstrip())
 
-    def _check_bf16(self):
+    def _check_bf16(self, dtype: torch.dtype = torch.bfloat16):
         E, I2, H = self.w13.shape
         if I2 % 2:
-            raise ValueError(f"bf16 w13: {I2} rows is not 2 * intermediate (gate and up)")
-        self._expect("w13", self.w13, torch.bfloat16, (E, I2, H), "[E, 2I, H]")
-        self._expect("w2", self.w2, torch.bfloat16, (E, H, I2 // 2), "[E, H, I]")
+            raise ValueError(f"{self.fmt} w13: {I2} rows is not 2 * intermediate (gate and up)")
+        self._expect("w13", self.w13, dtype, (E, I2, H), "[E, 2I, H]")
+        self._expect("w2", self.w2, dtype, (E, H, I2 // 2), "[E, H, I]")
         for name in ("w13_scale", "w2_scale"):
             if getattr(self, name) is not None:
-                raise ValueError(f"bf16 {name}: bf16 weights have no scales; pass None")
+                raise ValueError(f"{self.fmt} {name}: {dtype} weights have no scales; pass None")
 
     def _check_f32(self):
         """Unquantized experts held in float32 (an engine run with ``dtype=float32``)."""
-        E, I2, H = self.w13.shape
-        if I2 % 2:
-            raise ValueError(f"f32 w13: {I2} rows is not 2 * intermediate (gate and up)")
-        self._expect("w13", self.w13, torch.float32, (E, I2, H), "[E, 2I, H]")
-        self._expect("w2", self.w2, torch.float32, (E, H, I2 // 2), "[E, H, I]")
-        for name in ("w13_scale", "w2_scale"):
-            if getattr(self, name) is not None:
-                raise ValueError(f"f32 {name}: float32 weights have no scales; pass None")
+        self._check_bf16(torch.float32)
 
     def _check_mxfp4(self):
         E, I2, Hh = self.w13.shape

@@ -59,13 +59,19 @@ def format_of(group: str, method: Any, module: nn.Module, device: torch.device =
         what = f"{type(method).__name__}" + (f" with {dtype} weights" if name == "unquantized" else "")
         raise PlanError(f"{group}: the plan computes these routed experts on the host CPU, and the CPU kernels "
                         f"have no format for {what}; plan them host-uva or on the device")
+    refuse_unserved(f"{group}: the plan computes these routed experts on the host CPU in {fmt}", fmt, device)
+    return fmt
+
+
+def refuse_unserved(what: str, fmt: str, device: torch.device) -> None:
+    """``fmt`` served here, or a one-line refusal that starts with ``what``: its kernel
+    built and claimed, and on CUDA one with a C job a host function can run."""
     reason = cpu_kernels.unavailable_reason(fmt)
     if reason is None and fmt in cpu_kernels.TORCH_FORMATS and device.type == "cuda":
-        reason = ("float32 experts are computed by torch's ops, with no C job a CUDA host function could run; "
+        reason = ("float32 weights are computed by torch's ops, with no C job a CUDA host function could run; "
                   "serve the model in bf16 (--dtype bfloat16)")
     if reason is not None:
-        raise PlanError(f"{group}: the plan computes these routed experts on the host CPU in {fmt}, and {reason}")
-    return fmt
+        raise PlanError(f"{what}, and {reason}")
 
 
 def activation_of(group: str, module: nn.Module) -> Activation:
@@ -274,12 +280,7 @@ def mlp_format(group: str, mlp: nn.Module, device: torch.device) -> str:
         raise PlanError(f"{group}: its projections are in different formats ({', '.join(sorted(formats))}); plan this "
                         "MLP on the device")
     fmt = formats.pop()
-    reason = cpu_kernels.unavailable_reason(fmt)
-    if reason is None and fmt in cpu_kernels.TORCH_FORMATS and device.type == "cuda":
-        reason = ("float32 weights are computed by torch's ops, with no C job a CUDA host function could run; "
-                  "serve the model in bf16 (--dtype bfloat16)")
-    if reason is not None:
-        raise PlanError(f"{group}: the plan computes this MLP on the host CPU in {fmt}, and {reason}")
+    refuse_unserved(f"{group}: the plan computes this MLP on the host CPU in {fmt}", fmt, device)
     return fmt
 
 

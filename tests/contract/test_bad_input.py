@@ -72,10 +72,11 @@ def cli_refuses(capsys, argv, match):
 
 
 def hot_plan(model_dir, **inputs):
-    """A plan with decoder layers on the host (the device holds about half the model)."""
+    """A plan with decoder layers on the host, prefetched (the device holds about half the
+    model; the MLPs are not computed on the host, so whole layers are prefetched)."""
     ckpt = load_checkpoint(model_dir)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes // 2, kv_cache_bytes=0,
-                                      reserve_bytes=0, **inputs))
+                                      reserve_bytes=0, **{"host_compute": False, **inputs}))
     assert plan.strategy == "hot_offload", plan.notes
     return plan
 

@@ -226,7 +226,7 @@ def test_hot_layers_on_the_cpu_build_are_reported_not_silently_dropped(untied, u
     offloader needs CUDA): the report says so and is not ok, and strict mode refuses."""
     ckpt = load_checkpoint(untied)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 3 // 4, kv_cache_bytes=0,
-                                      reserve_bytes=0))
+                                      reserve_bytes=0, host_compute=False))  # whole layers prefetched
     assert plan.strategy == "hot_offload" and plan.hot_layer_indices
     tokens, report = generate_with_plan(plan, untied, strict=False)
     assert tokens == untied_plain_tokens
