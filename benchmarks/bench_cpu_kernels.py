@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's selective_offload
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

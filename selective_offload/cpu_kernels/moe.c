@@ -647,8 +647,9 @@ void so_moe_job_run(void *arg) {
                 }
             }
         }
-        /* (implicit barrier) Down projection: each thread owns a block of output rows. */
-#pragma omp for schedule(static)
+        /* (implicit barrier) Down projection: each block of output rows has one writer.
+         * Dynamic: on a shared machine a descheduled thread's share is taken by the others. */
+#pragma omp for schedule(dynamic, 1)
         for (int64_t hb = 0; hb < hblocks; hb++) {
             int64_t h0 = hb * HB, h1 = h0 + HB < H ? h0 + HB : H;
             for (int64_t h = h0; h < h1; h++) {
