@@ -562,7 +562,7 @@ def test_cpu_kernels_smoke(tmp_path):
             assert "not implemented" in r["status"]
             continue
         assert r["status"] == "measured" and r["kernel_gbps"] > 0 and r["read_gbps"] > 0
-        assert math.isclose(r["ratio"], r["kernel_gbps"] / r["read_gbps"])
+        assert r["ratios"] and r["ratio"] == sorted(r["ratios"])[len(r["ratios"]) // 2] > 0  # one repeat in smoke
         assert ("torch_ratio" in r) == (r["format"] == "bf16")
     assert result["claims"]["int4"] is False
     md = only(tmp_path, "cpu-kernels-cpu-*-smoke.md").read_text()
