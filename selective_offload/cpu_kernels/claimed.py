@@ -6,7 +6,8 @@ host-compute group of a format not claimed here.
 
 A format is claimed when, in the benchmark result file ``CLAIM_SOURCE``
 (``benchmarks/bench_cpu_kernels.py``), its kernel read the weights at no less than
-``CLAIM_BAR`` of the host's read bandwidth at batch 1 with every thread count measured;
+``CLAIM_BAR`` of the host's read bandwidth at batch 1 with every thread count measured
+(each in its best of several repeats: on a shared machine other work only slows one down);
 tests/unit/cpu_kernels/test_claimed.py keeps this table, that file and the newest such
 result in agreement.
 """

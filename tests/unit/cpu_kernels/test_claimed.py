@@ -27,7 +27,8 @@ def test_each_claim_is_what_the_committed_rows_give():
     assert result["claim_bar"] == claimed.CLAIM_BAR
     assert set(claimed.CLAIMED) == set(FORMATS)
     for fmt in FORMATS:
-        ratios = [r["ratio"] for r in result["rows"] if r["format"] == fmt and r["status"] == "measured"]
+        # each thread count's best repeat (the benchmark's rule: other work only slows one down)
+        ratios = [max(r["ratios"]) for r in result["rows"] if r["format"] == fmt and r["status"] == "measured"]
         verdict = bool(ratios) and min(ratios) >= claimed.CLAIM_BAR
         assert result["claims"][fmt] == verdict, fmt
         assert claimed.CLAIMED[fmt] == verdict, f"{fmt}: the table says {claimed.CLAIMED[fmt]}, the benchmark {verdict}"
