@@ -10,7 +10,9 @@ vLLM's create_weights allocates. It imports no vLLM.
 
     out[t] = sum_j topk_weights[t, j] * (W2[e] @ act(W13[e] @ x[t] + b13[e]) + b2[e]),
     e = topk_ids[t, j], over the picks with e >= 0 and host_mask[e] set (the device
-    computes the others); float32 [T, H].
+    computes the others); float32 [T, H]. Sums are float32; where the CPU has
+    AVX512-BF16 the tokens and the activation between the projections are held in bf16
+    (as vLLM's device kernels hold them), elsewhere in float32.
 
 ``CLAIMED`` (from ``claimed``) says which formats the project claims a fast kernel for:
 those whose committed benchmark (``benchmarks/bench_cpu_kernels.py``, the result file
