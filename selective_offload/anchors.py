@@ -35,10 +35,10 @@ class Anchor:
 LLAMA_CPP: tuple[Anchor, ...] = (
     Anchor("gpt-oss-120b", "GptOssForCausalLM", 36, 128, None, 25.6,
            "i9-14900K, every expert layer on the CPU",
-           "the project's issue text; its primary source was not located in this session"),
+           "gokawiil.com/article/74814 (a repost of a r/LocalLLaMA post: llama-server, --n-cpu-moe 36, 25.62 tok/s eval)"),
     Anchor("gpt-oss-120b", "GptOssForCausalLM", 36, 128, 24, 33.1,
            "RTX 3090 24 GB, --n-cpu-moe 25",
-           "the project's issue text; its primary source was not located in this session"),
+           "ai-maestro.online, 'Drastically improve prompt processing speed for --n-cpu-moe partially offloaded models' (informal llama-bench, gpt-oss-120b-F16.gguf, -ub 256, 33.14 tok/s)"),
     Anchor("gpt-oss-20b", "GptOssForCausalLM", 24, 32, 8, 36.4,
            "RTX 2080 8 GB + i9-10900X (quad-channel DDR4), MXFP4, --n-cpu-moe 12, llmfit bench --runs 3",
            "AlexsJones/llmfit PR #775"),

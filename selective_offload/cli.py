@@ -132,8 +132,9 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="tensor- or expert-parallel ranks sharing this host: each computes its own share of the "
                         "host experts with its share of the threads and of the host's memory bandwidth (default: 1)")
     p.add_argument("--no-host-compute", action="store_true",
-                   help="do not compute routed experts on the host CPU: host experts are read through UVA "
-                        "(for a runtime without the CPU kernels)")
+                   help="do not compute on the host CPU: host routed experts are read through UVA, and dense "
+                        "layers' MLPs stay in their layers (resident or prefetched) (for a runtime without the "
+                        "CPU kernels)")
     p.add_argument("--compute-capability", default=None, metavar="MAJOR.MINOR",
                    help="the card's compute capability as torch.cuda.get_device_capability gives it, like 8.9: "
                         "it decides which fused-MoE kernel vLLM picks for routed experts, and so whether they can "

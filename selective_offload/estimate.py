@@ -451,6 +451,7 @@ def host_compute_times(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", t
     cpu = gpu = 0.0
     for e in experts:
         read = e.read_bytes(tokens)
+        # mutation: mlp-flops-times-tokens-dropped
         flops = e.flops_per_token * tokens
         # mutation: cpu-rate-ignored
         cpu += max(read / ranks / cpu_rate, flops / ranks / cpu_flop_s) + settings.handoff_s
@@ -486,6 +487,34 @@ def host_compute_crossover(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]
         mid = (good + bad) // 2
         good, bad = (mid, bad) if cpu_wins(mid) else (good, mid)
     return good
+
+
+def host_compute_bound_tokens(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", settings: StepSettings) -> int | None:
+    """The fewest tokens per step at which the host-compute groups' FLOPs at the CPU's matmul
+    rate take at least as long as reading their bytes at the host kernel's rate (est): below
+    it a step of more tokens (a batch, a verify step of K + 1) costs the CPU the same bytes,
+    above it K + 1 times the FLOPs. Ranks divide both sides alike, so it does not depend on
+    them. ``None``: no host-compute group, or not within :data:`MAX_CROSSOVER_TOKENS`."""
+    experts = [e for e in experts if e.where == EXPERTS_CPU and e.flops_per_token > 0]
+    if not experts:
+        return None
+
+    def bound(t: int) -> bool:
+        read = sum(e.read_bytes(t) for e in experts) / (settings.cpu_gbps * 1e9)
+        # mutation: compute-bound-flops-untimed
+        return sum(e.flops_per_token * t for e in experts) / (settings.cpu_tflops * 1e12) >= read
+
+    if bound(1):
+        return 1
+    good, bad = 1, 2  # good: still bandwidth-bound
+    while bad <= MAX_CROSSOVER_TOKENS and not bound(bad):
+        good, bad = bad, bad * 2
+    if bad > MAX_CROSSOVER_TOKENS:
+        return None
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (good, mid) if bound(mid) else (mid, bad)
+    return bad
 
 
 def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, pipelined: bool) -> dict[str, float]:

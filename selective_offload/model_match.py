@@ -18,7 +18,7 @@ from __future__ import annotations
 from .checkpoint import Checkpoint
 from .errors import PlanError
 from .names import group_key
-from .plan import LAYER_KINDS, GroupKind, GroupPlan, Placement, Plan
+from .plan import PREFETCH_KINDS, GroupKind, GroupPlan, Placement, Plan
 from .planner import Group, group_tensors, model_fingerprint, prefetch_buffer_bytes, tower_transient_bytes
 from .sizes import fmt_bytes, size_arg
 
@@ -57,7 +57,7 @@ def _derived_differences(plan: Plan, actual: dict[tuple, Group]) -> list[str]:
     out = []
     if plan.hot_layer_indices:
         hot = set(plan.hot_layer_indices)  # the offloader's slots: the hot layers' parameters, experts included
-        buffers = prefetch_buffer_bytes([g for g in mine if g.kind in LAYER_KINDS and g.layer_index in hot],
+        buffers = prefetch_buffer_bytes([g for g in mine if g.kind in PREFETCH_KINDS and g.layer_index in hot],
                                         plan.inputs.prefetch_step)
         # mutation: model-buffers-unchecked
         if plan.prefetch_buffer_bytes != buffers:
@@ -77,7 +77,10 @@ def differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     # A plan without expert groups (format v2 and older) keeps a MoE layer's experts in it.
     # mutation: v2-plan-split-anyway
     split = any(g.kind == GroupKind.EXPERTS for g in plan.groups)
-    actual = {group_key(g.name, segments): g for g in group_tensors(checkpoint, plan.inputs, split_experts=split)}
+    # Only the dense MLPs a plan computes on the host are groups of their own.
+    mlps = {g.layer_index for g in plan.groups if g.kind == GroupKind.MLP}
+    actual = {group_key(g.name, segments): g
+              for g in group_tensors(checkpoint, plan.inputs, split_experts=split, split_mlp=mlps)}
     out: list[str] = []
     matched: set[tuple] = set()
     for planned in plan.groups:

@@ -140,6 +140,34 @@ def experts_prefix(name: str) -> str | None:
     return ".".join([head, *rest[:at]])
 
 
+#: The segment right under a decoder layer that holds its MLP (``model.layers.3.mlp``).
+MLP_SEGMENT = "mlp"
+
+
+def in_mlp(name: str) -> bool:
+    """Whether ``name`` (a tensor, module or group) is a decoder layer's ``mlp`` module or under it."""
+    m = LAYER_RE.match(name if name.endswith(".") else name + ".")
+    return m is not None and segments(name[m.end():])[0] == MLP_SEGMENT
+
+
+def mlp_prefix(name: str) -> str | None:
+    """The dense MLP module ``name`` lies in (``model.layers.3.mlp``), or ``None``.
+
+    A dense decoder layer's MLP is everything under the ``mlp`` segment right under the
+    layer (``model.layers.3.mlp.gate_proj.weight``, vLLM's ``...mlp.gate_up_proj``), less
+    any routed experts (:func:`experts_prefix`: a MoE layer's MLP is its experts group, and
+    its router stays with the layer). The planner splits it out of its layer only when it
+    serves it host-compute, and only for a layer without routed experts."""
+    m = LAYER_RE.match(name if name.endswith(".") else name + ".")
+    if m is None:
+        return None
+    rest = segments(name[m.end():])
+    # mutation: mlp-holds-experts
+    if len(rest) < 2 or rest[0] != MLP_SEGMENT or experts_prefix(name) is not None:
+        return None
+    return f"{name[:m.end() - 1]}.{MLP_SEGMENT}"
+
+
 def host_table_prefix(name: str) -> str | None:
     """The n-gram / per-layer embedding table ``name`` lies in, inside a decoder layer
     (``model.layers.3.engram.embed``), or ``None``: see :data:`VLLM_HOST_TABLES`."""
@@ -163,7 +191,9 @@ def group_key(name: str, cold_segments: Iterable[str]) -> tuple:
         return ("cold", segment)
     layer = layer_of(name)
     if layer is not None:
-        return ("experts", layer[1]) if experts_prefix(name) is not None else ("layer", layer[1])
+        if experts_prefix(name) is not None:
+            return ("experts", layer[1])
+        return ("mlp", layer[1]) if in_mlp(name) else ("layer", layer[1])
     return ("module", ".".join(p for p in segments(name) if p not in WRAPPER_SEGMENTS))
 
 
@@ -171,7 +201,7 @@ def group_keys(name: str, cold_segments: Iterable[str]) -> tuple[tuple, ...]:
     """The keys to look ``name``'s plan group up by, best first: a routed expert's (or an
     n-gram table's) own group, then its layer's (a plan without such groups keeps them there)."""
     key = group_key(name, cold_segments)
-    return (key, ("layer", key[1])) if key[0] in ("experts", "host-table") else (key,)
+    return (key, ("layer", key[1])) if key[0] in ("experts", "host-table", "mlp") else (key,)
 
 
 

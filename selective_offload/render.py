@@ -73,11 +73,11 @@ def _row(name: str, groups: list[GroupPlan]) -> str:
 #: More runs of consecutive layers than this, and layers fold by placement instead.
 MAX_LAYER_RUNS = 8
 
-_Unit = tuple[GroupPlan, "GroupPlan | None"]  # a decoder layer and its routed experts
+_Unit = tuple[GroupPlan, "GroupPlan | None"]  # a decoder layer and its routed experts (or its host-compute MLP)
 
 
 def _units(plan: Plan) -> list[_Unit]:
-    experts = {g.layer_index: g for g in plan.groups if g.kind == GroupKind.EXPERTS}
+    experts = {g.layer_index: g for g in plan.groups if g.kind in (GroupKind.EXPERTS, GroupKind.MLP)}
     return [(g, experts.get(g.layer_index)) for g in plan.groups if g.kind == GroupKind.LAYER]
 
 
@@ -99,7 +99,7 @@ def _unit_rows(units: list[_Unit], contiguous: bool) -> list[str]:
         name = f"{stack}.* ({len(units)} layers)"
     rows = [_row(name, layers)]
     if experts:
-        inner = experts[0].group[len(f"{stack}.{experts[0].layer_index}."):]  # mlp.experts
+        inner = experts[0].group[len(f"{stack}.{experts[0].layer_index}."):]  # mlp.experts, or a dense layer's mlp
         rows.append(_row(experts[0].group if len(units) == 1 else f"  {inner} of those", experts))
     return rows
 
@@ -127,7 +127,7 @@ def _group_table(plan: Plan) -> list[str]:
     lines = [header, "-" * len(header)]
     stack_done = False
     for g in plan.groups:
-        if g.kind in (GroupKind.LAYER, GroupKind.EXPERTS):
+        if g.kind in (GroupKind.LAYER, GroupKind.EXPERTS, GroupKind.MLP):
             if not stack_done:
                 lines += _layer_rows(plan)
                 stack_done = True
@@ -153,8 +153,12 @@ def _placement_summary(plan: Plan) -> list[str]:
                    else f"{record.threads} thread{'s' if record.threads != 1 else ''}")
         split = f", {record.ranks} ranks sharing the host" + (" (its cores split between them)" if record.threads is None
                                                                else " each") if record.ranks > 1 else ""
-        lines.append(f"routed experts in host memory, computed there by the host CPU ({len(computed)} layers, "
-                     f"{_gb(plan.host_compute_bytes).strip()}): layers {ranges(sorted(g.layer_index for g in computed))}")
+        for kind, what in ((GroupKind.EXPERTS, "routed experts"), (GroupKind.MLP, "dense MLPs")):
+            mine = [g for g in computed if g.kind == kind]
+            if mine:
+                lines.append(f"{what} in host memory, computed there by the host CPU ({len(mine)} layers, "
+                             f"{_gb(sum(g.bytes for g in mine)).strip()}): "
+                             f"layers {ranges(sorted(g.layer_index for g in mine))}")
         lines.append(f"host CPU  {record.format} kernel at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source}), "
                      f"{threads}{split}; crossover {record.crossover_tokens} tokens per step (above it: copied over "
                      f"the link, computed on the GPU); est CPU time {_ms(plan.est.est_cpu_s_per_step).strip()} per step")

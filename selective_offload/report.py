@@ -58,7 +58,7 @@ PAGE_LOCKED_LIMIT = 1.25
 STRAY_HOST = "host"
 #: Host placements whose bytes must be built on the host at construction (never on the
 #: device first): the cold set and the routed experts read through UVA.
-BUILT_ON_HOST = (Placement.HOST_COLD, Placement.HOST_UVA)
+BUILT_ON_HOST = (Placement.HOST_COLD, Placement.HOST_UVA, Placement.HOST_COMPUTE)
 
 
 @dataclass
@@ -98,20 +98,25 @@ class PlacementReport:
     planned_host_cold_bytes: int = 0
     planned_host_hot_bytes: int = 0
     planned_host_uva_bytes: int = 0
+    planned_host_compute_bytes: int = 0
     #: The same groups' bytes as vLLM loaded them (the verdict's yardstick).
     loaded_host_cold_bytes: int = 0
     loaded_host_hot_bytes: int = 0
     loaded_host_uva_bytes: int = 0
+    loaded_host_compute_bytes: int = 0
     #: Bytes, as loaded, found in each host placement.
     landed_host_cold_bytes: int = 0
     landed_host_hot_bytes: int = 0
     landed_host_uva_bytes: int = 0
+    landed_host_compute_bytes: int = 0
     misplaced_cold_bytes: int = 0
     misplaced_hot_bytes: int = 0
     misplaced_uva_bytes: int = 0
+    misplaced_compute_bytes: int = 0
     #: Host-cold (and host-uva) bytes that were moved after loading instead of built on the host.
     unrouted_cold_bytes: int = 0
     unrouted_uva_bytes: int = 0
+    unrouted_compute_bytes: int = 0
     est_link_bytes_per_step: int = 0
     #: Parameters of the model that no plan group claims (name -> bytes); a name that is
     #: another name of a claimed parameter (a tied LM head) is not listed.
@@ -193,6 +198,7 @@ class PlacementReport:
             report.ranks[label] = {"ok": worker.ok, "landed_host_cold_bytes": worker.landed_host_cold_bytes,
                                    "landed_host_hot_bytes": worker.landed_host_hot_bytes,
                                    "landed_host_uva_bytes": worker.landed_host_uva_bytes,
+                                   "landed_host_compute_bytes": worker.landed_host_compute_bytes,
                                    "problems": worker.problems, "error": worker.error}
             report.problems += [f"{label}: {p}" for p in worker.problems]
             if report.error is None and worker.error is not None:
@@ -237,7 +243,7 @@ def remove_reports(path: str | os.PathLike) -> None:
 #: The placements a report records, in the plan's v4 serving words (a host placement of a
 #: cold group is said by :func:`_said`, which knows the group).
 _SAID = {Placement.DEVICE: "resident", Placement.HOST_HOT: "prefetch", Placement.HOST_UVA: "uva",
-         Placement.ABSENT: "none"}
+         Placement.HOST_COMPUTE: "compute", Placement.ABSENT: "none"}
 
 
 def _said(placement: str, group: str) -> str:
@@ -245,6 +251,29 @@ def _said(placement: str, group: str) -> str:
     if placement == Placement.HOST_COLD:
         return "gather" if has_segment(group, EMBED_SEGMENTS) else "on-demand"
     return _SAID.get(placement, placement)
+
+
+def _host_compute_lines(r: PlacementReport) -> list[str]:
+    """What each host-compute layer served, as of ``transfers_as_of``: steps and tokens on
+    the host CPU (and its time per step) and on the device path, and the expert bytes the
+    CPU read."""
+    lines = []
+    for group, counters in r.transfers.items():
+        served = counters.get("host_compute") if isinstance(counters, dict) else None
+        if not isinstance(served, dict):
+            continue
+        per_step = served.get("host_s_per_step")
+
+        def steps(n: Any) -> str:
+            return f"{n} step{'' if n == 1 else 's'}"
+
+        lines.append(f"compute {group} (as of {r.transfers_as_of}): host CPU {steps(served.get('host_steps', 0))}, "
+                     f"{served.get('host_tokens', 0)} tokens"
+                     + (f", {per_step * 1e3:.3f} ms per step" if isinstance(per_step, (int, float)) else "")
+                     + f", {fmt_bytes(int(served.get('host_bytes', 0) or 0))} of experts read; device path "
+                     f"{steps(served.get('device_steps', 0))}, {served.get('device_tokens', 0)} tokens (above "
+                     f"{counters.get('crossover_tokens')} tokens per step)")
+    return lines
 
 
 def _render(r: PlacementReport) -> list[str]:
@@ -267,10 +296,12 @@ def _render(r: PlacementReport) -> list[str]:
     for label, planned, loaded, landed in (
             ("gather and on-demand", r.planned_host_cold_bytes, r.loaded_host_cold_bytes, r.landed_host_cold_bytes),
             ("prefetch", r.planned_host_hot_bytes, r.loaded_host_hot_bytes, r.landed_host_hot_bytes),
-            ("uva", r.planned_host_uva_bytes, r.loaded_host_uva_bytes, r.landed_host_uva_bytes)):
+            ("uva", r.planned_host_uva_bytes, r.loaded_host_uva_bytes, r.landed_host_uva_bytes),
+            ("compute", r.planned_host_compute_bytes, r.loaded_host_compute_bytes, r.landed_host_compute_bytes)):
         if planned or landed:
             lines.append(f"{label} on host: planned {fmt_bytes(planned)} of checkpoint bytes, "
                          f"{fmt_bytes(loaded)} as loaded; landed {fmt_bytes(landed)}")
+    lines += _host_compute_lines(r)
     if r.host_memory:
         hm = r.host_memory
         ratio = hm.get("page_locked_to_host_ratio")
@@ -316,6 +347,7 @@ class _Matching:
 def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, host_cold: set[int],
                       host_hot: set[int], routed: set[str] | None, size,
                       host_uva: set[int] = frozenset(), routed_uva: set[int] | None = None,
+                      host_compute: set[int] = frozenset(),
                       names: ModelNames = ModelNames()) -> _Matching:
     segments = names.segments(plan.inputs.cold_segments)
     by_key: dict[tuple, GroupPlan] = {}
@@ -339,6 +371,9 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
             m.record(planned.group, Placement.HOST_HOT, nbytes)
         elif id(param) in host_uva:
             m.record(planned.group, Placement.HOST_UVA, nbytes,
+                     routed=None if routed_uva is None else id(param) in routed_uva)
+        elif id(param) in host_compute:
+            m.record(planned.group, Placement.HOST_COMPUTE, nbytes,
                      routed=None if routed_uva is None else id(param) in routed_uva)
         elif id(param) in host_cold:
             m.record(planned.group, Placement.HOST_COLD, nbytes,
@@ -412,7 +447,9 @@ def _verdict(m: _Matching, report: PlacementReport, check_routing: bool, check_u
     """Misplaced, unrouted and stray host bytes against the tolerance."""
     problems: list[str] = []
     # mutation: report-uva-not-judged
-    for kind, label in ((Placement.HOST_COLD, "cold"), (Placement.HOST_HOT, "hot"), (Placement.HOST_UVA, "uva")):
+    for kind, label in ((Placement.HOST_COLD, "cold"), (Placement.HOST_HOT, "hot"), (Placement.HOST_UVA, "uva"),
+                        # mutation: report-compute-not-judged
+                        (Placement.HOST_COMPUTE, "compute")):
         loaded = landed = misplaced = 0
         wrong: list[str] = []
         for landing in m.landings.values():
@@ -437,7 +474,8 @@ def _verdict(m: _Matching, report: PlacementReport, check_routing: bool, check_u
                 f"{', '.join(wrong[:6])}{' ...' if len(wrong) > 6 else ''}")
     for kind, label, checked in ((Placement.HOST_COLD, "cold", check_routing),
                                  # mutation: uva-routing-not-checked
-                                 (Placement.HOST_UVA, "uva", check_uva_routing)):
+                                 (Placement.HOST_UVA, "uva", check_uva_routing),
+                                 (Placement.HOST_COMPUTE, "compute", check_uva_routing)):
         moved = [g for g in m.landings.values() if g.planned == kind and g.moved_bytes]
         unrouted = sum(g.moved_bytes for g in moved)
         setattr(report, f"unrouted_{label}_bytes", unrouted)
@@ -449,7 +487,7 @@ def _verdict(m: _Matching, report: PlacementReport, check_routing: bool, check_u
                 "the device needs them at construction, which is what the plan was to avoid")
     stray = sum(places.get(STRAY_HOST, 0) for places in m.by_place.values())
     if stray > TOLERANCE * max(report.loaded_host_cold_bytes + report.loaded_host_hot_bytes
-                               + report.loaded_host_uva_bytes, 1):
+                               + report.loaded_host_uva_bytes + report.loaded_host_compute_bytes, 1):
         problems.append(f"{fmt_bytes(stray)} are in host memory without the plan "
                         "(is vLLM's own cpu_offload_gb set as well?)")
     return problems
@@ -473,6 +511,7 @@ def build_report(
     host_uva_params: set[int] = frozenset(),
     routed_uva_params: set[int] | None = None,
     names: ModelNames | None = None,
+    host_compute_params: set[int] = frozenset(),
 ) -> PlacementReport:
     """Match ``model``'s parameters to ``plan``'s groups and compare placements.
 
@@ -488,7 +527,8 @@ def build_report(
     this model is one pipeline-parallel rank's part, so groups it lacks may be on another.
     ``host_uva_params`` are the ``id()`` of routed-expert parameters held in host memory
     and read through UVA views, and ``routed_uva_params`` those of them built on the host
-    (``None``: not checked). ``names`` says how the model names the plan's groups (vLLM's
+    (``None``: not checked); ``host_compute_params`` those computed on the host CPU (built on
+    the host too, checked against ``routed_uva_params``). ``names`` says how the model names the plan's groups (vLLM's
     gpt-oss calls ``model.embed_tokens`` ``model.embedding``); the report keeps the plan's names.
     """
     loaded_bytes = loaded_bytes or {}
@@ -502,7 +542,8 @@ def build_report(
     host_is_device = compute_device.type == "cpu"
     m = _match_parameters(model, plan, host_is_device=host_is_device, host_cold=host_cold_params,
                           host_hot=host_hot_params, routed=routed_names, size=size,
-                          host_uva=host_uva_params, routed_uva=routed_uva_params, names=names or ModelNames())
+                          host_uva=host_uva_params, routed_uva=routed_uva_params, host_compute=host_compute_params,
+                          names=names or ModelNames())
     notes = list(notes)
     loaded = sum(g.loaded_bytes for g in m.landings.values()) + sum(m.unplanned.values())
     honesty = _honesty(m, loaded)  # the main model's own parameters, before the drafter's are counted
@@ -518,6 +559,7 @@ def build_report(
         host_is_device=host_is_device, groups=list(m.landings.values()),
         planned_host_cold_bytes=plan.host_cold_bytes, planned_host_hot_bytes=plan.host_hot_bytes,
         planned_host_uva_bytes=plan.host_uva_bytes,
+        planned_host_compute_bytes=sum(g.bytes for g in plan.groups if g.placement == Placement.HOST_COMPUTE),
         est_link_bytes_per_step=sum(g.est_link_bytes_per_step for g in plan.groups
                                     if m.landings[g.group].actual in HOST_PLACEMENTS),
         unplanned=m.unplanned, notes=notes,
@@ -538,7 +580,8 @@ def judge_host_memory(report: PlacementReport, *, policy: str, reason: str, lock
     vLLM's prefetch offloader and post-processing pin through it too), or, where torch
     gives no count, the buffers this project pinned through it at the size asked for.
     """
-    host = report.landed_host_cold_bytes + report.landed_host_hot_bytes + report.landed_host_uva_bytes
+    host = (report.landed_host_cold_bytes + report.landed_host_hot_bytes + report.landed_host_uva_bytes
+            + report.landed_host_compute_bytes)
     registered = sum(n for how, n in locked_by_how.items() if how.startswith("registered"))
     through_torch = torch_pinned_bytes if torch_pinned_bytes is not None else locked_by_how.get("caching allocator", 0)
     page_locked = registered + through_torch

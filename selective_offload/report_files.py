@@ -24,12 +24,14 @@ from .jsonio import FieldReader
 FIX = "name a report file the engine wrote (or run the engine again to write a new one)"
 #: The byte counts of a report and of each group, every one an integer >= 0.
 REPORT_INTS = ("planned_host_cold_bytes", "planned_host_hot_bytes", "planned_host_uva_bytes",
-               "loaded_host_cold_bytes", "loaded_host_hot_bytes", "loaded_host_uva_bytes",
-               "landed_host_cold_bytes", "landed_host_hot_bytes", "landed_host_uva_bytes",
-               "misplaced_cold_bytes", "misplaced_hot_bytes", "misplaced_uva_bytes",
-               "unrouted_cold_bytes", "unrouted_uva_bytes", "est_link_bytes_per_step")
+               "planned_host_compute_bytes",
+               "loaded_host_cold_bytes", "loaded_host_hot_bytes", "loaded_host_uva_bytes", "loaded_host_compute_bytes",
+               "landed_host_cold_bytes", "landed_host_hot_bytes", "landed_host_uva_bytes", "landed_host_compute_bytes",
+               "misplaced_cold_bytes", "misplaced_hot_bytes", "misplaced_uva_bytes", "misplaced_compute_bytes",
+               "unrouted_cold_bytes", "unrouted_uva_bytes", "unrouted_compute_bytes", "est_link_bytes_per_step")
 GROUP_INTS = ("device_bytes", "host_bytes", "routed_bytes", "moved_bytes", "num_params")
-RANK_SUMMARY_INTS = ("landed_host_cold_bytes", "landed_host_hot_bytes", "landed_host_uva_bytes")
+RANK_SUMMARY_INTS = ("landed_host_cold_bytes", "landed_host_hot_bytes", "landed_host_uva_bytes",
+                     "landed_host_compute_bytes")
 #: A rank file is ``<report>.rank<digits>``; more digits than this is no rank of any machine.
 MAX_RANK_DIGITS = 9
 #: Ranks named one by one in a problem before the rest are counted.

@@ -126,6 +126,27 @@ def uva_experts_plan(model_dir, device_fraction: float = 0.7):
     return plan
 
 
+#: Host-compute inputs for the tiny models' plans. A tiny layer's experts are a few kB, so
+#: at a real hand-off (tens of microseconds) reading them through UVA is cheaper and the
+#: planner says so; priced with a negligible hand-off, the CPU wins as it does for real
+#: layers, and the CPU's matmul rate puts the crossover between a decode step of the four
+#: prompts (4 tokens) and their prefill (14).
+TINY_HOST_COMPUTE = dict(cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1, handoff_s=1e-9, cpu_tflops=0.04)
+
+
+def compute_experts_plan(model_dir, device_fraction: float = 0.7, **inputs):
+    """The planner's plan for a MoE checkpoint on a device whose budget the cold set cannot
+    close, with the host CPU computing routed experts (``host-compute``)."""
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.planner import PlanInputs, make_plan
+
+    ckpt = load_checkpoint(model_dir)
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * device_fraction),
+                                      kv_cache_bytes=0, reserve_bytes=0, **{**TINY_HOST_COMPUTE, **inputs}))
+    assert plan.host_compute is not None, plan.notes
+    return plan
+
+
 def save_tiny_idefics3(directory: Path, seed: int = 0) -> Path:
     """A random Idefics3 (vision_model + connector + 2-layer Llama text_model) with a
     word-level tokenizer and the PIL image processor, all built here (no hub).

@@ -25,11 +25,11 @@ from __future__ import annotations
 from . import build, reference
 from .build import KernelUnavailable, openmp_runtimes
 from .claimed import CLAIM_BAR, CLAIM_SOURCE, CLAIMED
-from .kernel import MoEJob, library, moe, read_gbps
+from .kernel import TORCH_FORMATS, MoEJob, library, moe, read_gbps
 from .weights import FORMATS, IMPLEMENTED, Activation, ExpertWeights
 
 __all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "ExpertWeights", "KernelUnavailable",
-           "MoEJob", "library", "moe", "read_gbps", "reference", "unavailable_reason", "openmp_runtimes", "build"]
+           "MoEJob", "TORCH_FORMATS", "library", "moe", "read_gbps", "reference", "unavailable_reason", "openmp_runtimes", "build"]
 
 
 def unavailable_reason(fmt: str) -> str | None:
@@ -38,6 +38,8 @@ def unavailable_reason(fmt: str) -> str | None:
         return f"host-compute: unknown format {fmt!r}; the formats are {', '.join(FORMATS)}"
     if fmt not in IMPLEMENTED:
         return f"host-compute: the {fmt} kernel is not implemented yet; keep these experts host-uva"
+    if fmt in TORCH_FORMATS:
+        return None
     try:
         library()
     except KernelUnavailable as e:

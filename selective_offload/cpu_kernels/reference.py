@@ -25,7 +25,7 @@ def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None 
     if which not in ("w13", "w2"):
         raise ValueError(f"dequantize: which={which!r}; use 'w13' or 'w2'")
     w = _rows(getattr(weights, which), experts)
-    if weights.fmt == "bf16":
+    if weights.fmt in ("bf16", "f32"):
         return w.float()
     scale = _rows(getattr(weights, which + "_scale"), experts)
     if weights.fmt == "mxfp4":

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-FORMATS = ("bf16", "mxfp4", "fp8-block", "int4")
+FORMATS = ("bf16", "mxfp4", "fp8-block", "int4", "f32")
 #: Formats the kernel computes (int4 is named so callers can ask, and is refused).
-IMPLEMENTED = ("bf16", "mxfp4", "fp8-block")
+IMPLEMENTED = ("bf16", "mxfp4", "fp8-block", "f32")
 BIAS_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -92,6 +92,17 @@ class ExpertWeights:
             if getattr(self, name) is not None:
                 raise ValueError(f"bf16 {name}: bf16 weights have no scales; pass None")
 
+    def _check_f32(self):
+        """Unquantized experts held in float32 (an engine run with ``dtype=float32``)."""
+        E, I2, H = self.w13.shape
+        if I2 % 2:
+            raise ValueError(f"f32 w13: {I2} rows is not 2 * intermediate (gate and up)")
+        self._expect("w13", self.w13, torch.float32, (E, I2, H), "[E, 2I, H]")
+        self._expect("w2", self.w2, torch.float32, (E, H, I2 // 2), "[E, H, I]")
+        for name in ("w13_scale", "w2_scale"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"f32 {name}: float32 weights have no scales; pass None")
+
     def _check_mxfp4(self):
         E, I2, Hh = self.w13.shape
         H, I = 2 * Hh, self.w2.shape[2] * 2
@@ -143,3 +154,31 @@ class ExpertWeights:
     def expert_bytes(self) -> int:
         """Bytes of one expert: its weights, scales and biases (what one pick reads)."""
         return self.nbytes // self.num_experts
+
+
+def random_experts(fmt: str, experts: int, hidden: int, intermediate: int, seed: int = 0) -> ExpertWeights:
+    """Random weights of ``fmt`` in its layout, of one layer's shape (for timing the kernel:
+    the probe's rate, the benchmark). Values are small and finite; codes are uniform."""
+    g = torch.Generator().manual_seed(seed)
+    E, H, I = experts, hidden, intermediate
+
+    def normal(*shape, dtype):
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    def codes(*shape):
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+
+    if fmt in ("bf16", "f32"):
+        dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
+        return ExpertWeights(fmt, normal(E, 2 * I, H, dtype=dtype), normal(E, H, I, dtype=dtype))
+    if fmt == "mxfp4":
+        def scales(*shape):
+            return torch.randint(120, 128, shape, generator=g, dtype=torch.uint8)
+        return ExpertWeights(fmt, codes(E, 2 * I, H // 2), codes(E, H, I // 2), w13_scale=scales(E, 2 * I, H // 32),
+                             w2_scale=scales(E, H, I // 32))
+    if fmt == "fp8-block":
+        bn, bk = 128, 128
+        return ExpertWeights(fmt, normal(E, 2 * I, H, dtype=torch.float8_e4m3fn), normal(E, H, I, dtype=torch.float8_e4m3fn),
+                             w13_scale=torch.rand(E, 2 * _ceil(I, bn), _ceil(H, bk), generator=g),
+                             w2_scale=torch.rand(E, _ceil(H, bn), _ceil(I, bk), generator=g))
+    raise ValueError(f"random_experts: format {fmt!r} has no kernel to time; use one of {', '.join(IMPLEMENTED)}")

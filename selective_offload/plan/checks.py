@@ -17,13 +17,14 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from ..errors import PlanError
-from ..names import EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, experts_prefix, has_segment, layer_of
+from ..names import EMBED_SEGMENTS, MLP_SEGMENT, NEVER_COLD_SEGMENTS, experts_prefix, has_segment, layer_of
 from ..sizes import GB
 from .contents import PlanContents
 from .parts import GroupPlan, experts_read_bytes
 from .vocabulary import (
     ROLE_PLACEMENTS,
     LAYER_INDEX_KINDS,
+    KIND_ONLY_PLACEMENT,
     LAYER_KINDS,
     PARTIAL_READ_KINDS,
     PLACEMENT_KINDS,
@@ -61,6 +62,13 @@ def check_group(g: GroupPlan, where: str) -> None:
                    f"{g.experts_per_token} of {g.num_experts}")
     elif g.kind != GroupKind.EXPERTS and (g.num_experts or g.experts_per_token):
         problem = f"num_experts and experts_per_token are for kind experts only, and this one is {g.kind}"
+    # mutation: mlp-kind-any-placement
+    elif g.kind in KIND_ONLY_PLACEMENT and g.placement != KIND_ONLY_PLACEMENT[g.kind]:
+        problem = (f"a group of kind {g.kind} is split out of its layer only to be served "
+                   f"{PLACEMENT_SERVING[KIND_ONLY_PLACEMENT[g.kind]]}, and this one is served {g.serving} "
+                   "(leave it in its layer's group)")
+    elif g.kind == GroupKind.MLP and (layer is None or g.group != f"{layer[0]}.{layer[1]}.{MLP_SEGMENT}"):
+        problem = "a group of kind mlp is the MLP of one dense decoder layer, named like model.layers.N.mlp"
     elif g.kind == GroupKind.EXPERTS and experts_prefix(f"{g.group}.weight") != g.group:
         problem = "a group of kind experts is the routed experts module of one layer, named like " \
                   "model.layers.N.mlp.experts"
@@ -140,6 +148,14 @@ def _check_experts_follow_layers(by_kind: Mapping[GroupKind, Mapping[int, GroupP
                 f"{where}: group {e.group} is served {e.serving} but its layer {layer.group} is served "
                 f"{layer.serving}; the prefetch offloader copies a whole layer, experts included, so the experts "
                 f"are served prefetch exactly when their layer is (else resident or uva); make them agree or {REPLAN}")
+    for index, m in by_kind[GroupKind.MLP].items():
+        if index not in layers:
+            raise PlanError(f"{where}: group {m.group}: the MLP of layer {index}, but no layer group "
+                            f"has layer_index {index}; {REPLAN}")
+        # mutation: mlp-in-moe-layer-accepted
+        if index in by_kind[GroupKind.EXPERTS]:
+            raise PlanError(f"{where}: group {m.group}: layer {index} has routed experts, and a MoE layer's MLP "
+                            f"is its experts group, not a group of kind mlp; {REPLAN}")
 
 
 def _check_never_cold(plan: PlanContents, g: GroupPlan, where: str) -> None:

@@ -45,7 +45,7 @@ from .parts import (
     PlannedModel,
     read_flops,
 )
-from .vocabulary import KIND_ROLE, LAYER_KINDS, Role, GroupKind, Placement, Strategy
+from .vocabulary import KIND_ROLE, LAYER_KINDS, PREFETCH_KINDS, Role, GroupKind, Placement, Strategy
 
 #: Totals derived from the groups, written under "totals" and checked when read.
 TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes", "host_compute_bytes",
@@ -156,7 +156,7 @@ class PlanContents:
         hot = set(self.hot_layer_indices)
         per_layer: dict[int, int] = {}
         for g in self.groups:
-            if g.kind in LAYER_KINDS and g.layer_index in hot:  # a layer's experts are copied with it
+            if g.kind in PREFETCH_KINDS and g.layer_index in hot:  # a layer's experts are copied with it
                 per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes
         return self.inputs.prefetch_step * max(per_layer.values(), default=0)
 
@@ -194,6 +194,11 @@ class PlanContents:
             ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement],
                         flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1))
             for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
+        # A dense layer's MLP, split out to be computed on the host, is one expert every token
+        # takes (E = k = 1): read whole, its FLOPs times the step's tokens.
+        experts += tuple(
+            ExpertsRead(position[g.layer_index], g.bytes, 1, 1, _EXPERTS_READ[g.placement], flops_per_token(g.dtype_bytes))
+            for g in self.groups if g.kind == GroupKind.MLP and g.layer_index in position)
         other = row_host = row_device = draft = 0
         other_flops = draft_flops = 0.0
         head = sum(g.est_read_bytes_per_step for g in self.groups
@@ -275,7 +280,7 @@ class PlanContents:
         per_layer: dict[int, int] = {}
         for g in self.groups:
             # mutation: prefetch-range-all-layers
-            if g.kind in LAYER_KINDS and g.layer_index in hot:
+            if g.kind in PREFETCH_KINDS and g.layer_index in hot:
                 per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes
         layers = list(per_layer.values())
         if not self.hot_layer_indices or not layers:

@@ -245,9 +245,11 @@ HOST_COMPUTE_OVERLAP = "none: the CPU's and the GPU's work of a layer are sequen
 class HostCompute:
     """What the runtime needs to serve a plan's host-compute experts, all derived from the
     plan's inputs and groups (and stated in the plan file, where reading checks it):
-    the CPU kernel's format, the crossover (the most tokens per step the CPU computes; above
-    it the step copies the distinct experts it uses over the link and computes them on the
-    GPU), the threads each rank's kernel runs with, the rates and the hand-off it was priced at."""
+    the CPU kernel's format (one per plan: routed experts and dense MLPs computed on the host
+    share it), the crossover (the most tokens per step the CPU computes, one for every
+    host-compute group: the largest step at which the CPU path of all of them together beats
+    copying them; above it the step copies the distinct experts it uses, and the MLPs, over
+    the link and computes them on the GPU), the threads each rank's kernel runs with, the rates and the hand-off it was priced at."""
 
     #: The CPU kernel's format (a key of ``selective_offload.cpu_kernels.claimed.CLAIMED``).
     format: str
@@ -281,7 +283,7 @@ class HostCompute:
         threads = ("all physical cores of one NUMA node" if self.threads is None
                    else f"{self.threads} thread{'s' if self.threads != 1 else ''}")
         if self.ranks > 1:
-            threads = (f"{self.ranks} ranks, each its own host-compute unit on its share of the experts with "
+            threads = (f"{self.ranks} ranks, each its own host-compute unit on its share of the experts (its shard of each MLP) with "
                        + ("the node's physical cores split between them" if self.threads is None
                           else f"{threads} each") + f"; the host's memory bandwidth shared ({self.cpu_gbps:g} GB/s "
                        f"in all, {self.cpu_gbps / self.ranks:.3g} GB/s per rank)")
@@ -290,8 +292,9 @@ class HostCompute:
         rate = {"assumed": "assumed: the reference host's, a 2-channel DDR5 machine; measure yours with "
                            "`selective-offload probe` or give --cpu-gbps",
                 "measured": "measured by `selective-offload probe`", "flag": "--cpu-gbps"}[self.cpu_gbps_source]
-        return (f"host-compute ({self.format}): the host CPU computes the routed experts it holds at "
+        return (f"host-compute ({self.format}): the host CPU computes the routed experts and dense MLPs it holds at "
                 f"{self.cpu_gbps:g} GB/s ({rate}); {threads}; crossover {self.crossover_tokens} tokens per step "
-                f"(above it the distinct experts a step uses are copied over the link and computed on the GPU; "
+                f"(one for all of them: above it the distinct experts a step uses, and the MLPs, are copied over the "
+                f"link and computed on the GPU; "
                 f"CPU matmul {self.cpu_tflops:g} TFLOP/s {self.cpu_tflops_source}, hand-off "
                 f"{self.handoff_s * 1e6:.0f} us per layer {self.handoff_source}); overlap {self.overlap}")

@@ -91,6 +91,7 @@ class GroupKind(_Choice):
     COMPONENT = "component"  # a whole embedding, tower, projector or MTP head (its role follows from its name)
     MODULE = "module"  # any other parameters, by module path
     EXPERTS = "experts"  # the routed experts of one MoE decoder layer (the layer group holds the rest)
+    MLP = "mlp"  # the MLP of one dense decoder layer, split out only when computed on the host (the layer group holds the rest)
 
 
 class Strategy(_Choice):
@@ -117,7 +118,9 @@ V3_KINDS: dict[str, str] = {"cold": "component"}
 
 HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT, Placement.HOST_UVA, Placement.HOST_COMPUTE)
 #: Kinds of group that belong to one decoder layer (and carry its ``layer_index``).
-LAYER_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS)
+LAYER_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS, GroupKind.MLP)
+#: Kinds the prefetch offloader copies with their layer (a host-compute MLP is never copied).
+PREFETCH_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS)
 
 # Per-kind rules, as tables, so a new kind (or placement) states its rules in one place.
 #: Kinds whose groups carry a ``layer_index`` (the decoder layer their name is in).
@@ -125,16 +128,20 @@ LAYER_INDEX_KINDS: frozenset[GroupKind] = frozenset(LAYER_KINDS)
 #: Kinds whose role is fixed (a component's role depends on its name: see
 #: :meth:`Plan.expected_role`).
 KIND_ROLE: dict[GroupKind, Role] = {GroupKind.LAYER: Role.HOT, GroupKind.EXPERTS: Role.HOT,
-                                    GroupKind.MODULE: Role.HOT}
+                                    GroupKind.MLP: Role.HOT, GroupKind.MODULE: Role.HOT}
 #: Placements allowed for each role, and the kinds a placement is limited to.
 ROLE_PLACEMENTS: dict[Role, frozenset[Placement]] = {
     Role.COLD: frozenset({Placement.DEVICE, Placement.HOST_COLD}),
     Role.HOT: frozenset({Placement.DEVICE, Placement.HOST_HOT, Placement.HOST_UVA, Placement.HOST_COMPUTE}),
     Role.ABSENT: frozenset({Placement.ABSENT}),
 }
-PLACEMENT_KINDS: dict[Placement, frozenset[GroupKind]] = {Placement.HOST_HOT: frozenset(LAYER_KINDS),
-                                                          Placement.HOST_UVA: frozenset({GroupKind.EXPERTS}),
-                                                          Placement.HOST_COMPUTE: frozenset({GroupKind.EXPERTS})}
+PLACEMENT_KINDS: dict[Placement, frozenset[GroupKind]] = {
+    Placement.HOST_HOT: frozenset(PREFETCH_KINDS),
+    Placement.HOST_UVA: frozenset({GroupKind.EXPERTS}),
+    Placement.HOST_COMPUTE: frozenset({GroupKind.EXPERTS, GroupKind.MLP})}
+#: Kinds that exist only under one placement: a dense layer's MLP is a group of its own only
+#: when it is computed on the host (elsewhere it stays in its layer's group).
+KIND_ONLY_PLACEMENT: dict[GroupKind, Placement] = {GroupKind.MLP: Placement.HOST_COMPUTE}
 #: Kinds of hot groups a decode step reads only in part (their ``est_read_bytes_per_step``
 #: is bounded by their bytes, not equal to them). Every other hot group is read in full.
 PARTIAL_READ_KINDS: frozenset[GroupKind] = frozenset({GroupKind.EXPERTS})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import Collection
 
 from ..checkpoint import DTYPE_BITS, Checkpoint, TensorInfo
 from ..names import (
@@ -26,6 +27,7 @@ from ..names import (
     has_segment,
     host_table_prefix,
     layer_of,
+    mlp_prefix,
 )
 from ..plan import LAYER_KINDS, Role, GroupKind, PlanInputs, experts_read_bytes
 
@@ -183,6 +185,8 @@ def _classify(b: _Bucket, tie_word_embeddings: bool, inputs: PlanInputs) -> tupl
         return Role.HOT, "one vocab x hidden GEMM per step", nbytes
     if b.kind == GroupKind.LAYER:
         return Role.HOT, "decoder layer: read every step", nbytes
+    if b.kind == GroupKind.MLP:
+        return Role.HOT, "dense MLP: read whole every step", nbytes
     if b.kind == GroupKind.EXPERTS:  # the read is priced with E and k in group_tensors
         return Role.HOT, "routed experts: a token reads k of E", nbytes
     return Role.HOT, "read every step", nbytes
@@ -214,15 +218,20 @@ def group_signature(key: str, tensors: list[TensorInfo]) -> tuple[dict[str, int]
     return dict(sorted(dtype_bytes.items())), h.hexdigest()[:16]
 
 
-def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: bool = True) -> list[Group]:
+def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: bool = True,
+                  split_mlp: "Collection[int] | bool" = ()) -> list[Group]:
     """Group and classify every tensor of ``checkpoint`` (no placement yet), in model order.
 
     Each MoE layer is two groups: its routed experts and the rest of the layer.
-    ``split_experts=False`` keeps them as one (how plans before format v3 grouped them)."""
+    ``split_experts=False`` keeps them as one (how plans before format v3 grouped them).
+    ``split_mlp``: the dense decoder layers (indices, or ``True``: every one) whose MLP is a
+    group of its own (:func:`split_mlps`); a plan splits exactly those it computes on the host."""
     buckets = _bucket_tensors(checkpoint, inputs)
     if not split_experts:
         buckets = _merge_experts(buckets)
     _keep_main_stack(buckets)
+    if split_mlp:
+        buckets = split_mlps(buckets, split_mlp)
     facts = checkpoint.facts
     whole = facts.model_type in COMPILED_BLOCK_TOWERS
     groups = []
@@ -243,6 +252,35 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: 
                             b.vllm_host))
     groups.sort(key=_model_order)
     return groups
+
+
+def dense_layers(buckets: "dict[str, _Bucket]") -> set[int]:
+    """Main-stack decoder layers without routed experts: the ones whose MLP may be split."""
+    layers = {b.layer_index for b in buckets.values() if b.kind == GroupKind.LAYER}
+    # mutation: mlp-split-moe-layers
+    return layers - {b.layer_index for b in buckets.values() if b.kind == GroupKind.EXPERTS}
+
+
+def split_mlps(buckets: "dict[str, _Bucket]", which: "Collection[int] | bool") -> "dict[str, _Bucket]":
+    """The MLP tensors (:func:`selective_offload.names.mlp_prefix`) of the dense layers
+    ``which`` names (``True``: all of them) moved out of their layer into an MLP group. A MoE
+    layer is never split this way: its MLP is its routed-experts group."""
+    dense = dense_layers(buckets)
+    wanted = dense if which is True else dense & set(which)
+    out: dict[str, _Bucket] = {}
+    for b in buckets.values():
+        if b.kind != GroupKind.LAYER or b.layer_index not in wanted:
+            out[b.key] = b
+            continue
+        rest = _Bucket(b.key, b.kind, b.layer_index, b.mtp, vllm_host=b.vllm_host)
+        out[b.key] = rest
+        for t in b.tensors:
+            prefix = mlp_prefix(t.name)
+            if prefix is None:
+                rest.tensors.append(t)
+            else:
+                out.setdefault(prefix, _Bucket(prefix, GroupKind.MLP, b.layer_index)).tensors.append(t)
+    return out
 
 
 def _in_layer(name: str) -> str:

@@ -23,6 +23,35 @@ from ..plan import HostCompute
 CPU_FORMATS = {"unquantized": "bf16", "mxfp4": "mxfp4", "fp8-block": "fp8-block", "wna16": "int4"}
 
 
+#: The same for a dense layer's MLP (its gate, up and down projections): MXFP4 quantizes
+#: only routed experts (gpt-oss), so a dense MLP beside them has no format known here.
+MLP_CPU_FORMATS = {method: fmt for method, fmt in CPU_FORMATS.items() if method != "mxfp4"}
+
+
+def mlp_cpu_format(method: str | None, config: Mapping[str, Any] | None = None) -> str | None:
+    """The CPU kernel format of a dense MLP's weights quantized by ``method`` (``None``: none)."""
+    fmt = cpu_format(method, config)
+    return fmt if method in MLP_CPU_FORMATS else None
+
+
+def mlp_unclaimed_note(fmt: str | None, mlp_bytes: int, link_gbps: float, cpu_gbps: float) -> str:
+    """Why a dense model's MLPs are not offered host-compute, and the alternative priced (a
+    bf16 host copy of block FP8 or int4 weights: more bytes for the CPU to read per step)."""
+    if fmt is None:
+        return ("host-compute: the dense MLPs' weights have no CPU kernel format (host-compute has "
+                f"{', '.join(sorted(set(MLP_CPU_FORMATS.values())))}): they are resident or prefetched with their layer")
+    line = (f"host-compute: the {fmt} CPU kernel is not claimed fast by the committed benchmark "
+            "(selective_offload/cpu_kernels/claimed.py), so no dense MLP is computed on the host")
+    if fmt in ("fp8-block", "int4") and mlp_bytes:
+        factor = 2 if fmt == "fp8-block" else 4
+        copy = factor * mlp_bytes
+        line += (f"; the alternative, a bf16 host copy of each MLP ({factor}x its {mlp_bytes / 1e9:.3f} GB: "
+                 f"{copy / 1e9:.3f} GB), would cost the CPU {copy / (cpu_gbps * 1e9) * 1e3:.1f} ms per layer per step "
+                 f"at {cpu_gbps:g} GB/s against {mlp_bytes / (cpu_gbps * 1e9) * 1e3:.1f} ms in {fmt} and "
+                 f"{mlp_bytes / (link_gbps * 1e9) * 1e3:.1f} ms to copy the same MLP over the link (est; not offered)")
+    return line
+
+
 def cpu_format(method: str | None, config: Mapping[str, Any] | None = None) -> str | None:
     """The CPU kernel format of experts quantized by ``method`` (``None``: none exists).
     Unquantized fp32 experts are not bf16: no CPU format."""
@@ -60,12 +89,21 @@ def unclaimed_reason(method: str | None, fmt: str | None) -> str:
             "(selective_offload/cpu_kernels/claimed.py), so host experts are served uva, not computed on the host")
 
 
-def host_compute_notes(record: HostCompute | None, tokens: int) -> list[str]:
+def host_compute_notes(record: HostCompute | None, tokens: int, bound_tokens: int | None = None,
+                       mlps: int = 0) -> list[str]:
     """The plan's lines on host-compute: the rates and their sources, the thread split, the
-    crossover, and whether this plan's own step (``tokens`` per step) is above it."""
+    crossover, the tokens per step at which the CPU turns compute-bound (a verify step of
+    K + 1 tokens costs it K + 1 times the FLOPs on the same bytes), and whether this plan's
+    own step (``tokens`` per step) is above the crossover."""
     if record is None:
         return []
     lines = [record.describe()]
+    if mlps:
+        lines.append(f"host-compute: the MLPs of {mlps} dense layer{'s' if mlps != 1 else ''} are computed on the "
+                     "host CPU (one expert every token takes); their attention, norms and KV stay on the GPU")
+    if bound_tokens is not None:
+        lines.append(f"host-compute: the CPU turns compute-bound at {bound_tokens} tokens per step (est: below it "
+                     f"the step reads the same host bytes whatever its tokens; this plan's step is {tokens})")
     if tokens > record.crossover_tokens:
         lines.append(f"a decode step of this plan ({tokens} tokens) is above the crossover "
                      f"({record.crossover_tokens}): its host experts are copied over the link and computed on the GPU")

@@ -17,10 +17,12 @@ from ..checkpoint import Checkpoint
 from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel, acceptance_default
 from ..plan import GroupKind, GroupPlan, Placement, Plan, PlanInputs, PlannedModel
+from ..names import mlp_prefix
 from ..sizes import GB
 from .baselines import baseline_notes, price_bulk
 from .grouping import group_tensors, model_fingerprint
-from .host_compute import claimed, cpu_format, host_compute_notes, unclaimed_reason
+from ..estimate import StepSettings, host_compute_bound_tokens
+from .host_compute import claimed, cpu_format, host_compute_notes, mlp_cpu_format, mlp_unclaimed_note, unclaimed_reason
 from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
 from .placement import Placing, place_cold, place_hot, strategy_of
@@ -86,8 +88,6 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
 def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes: list[str],
            with_bulk: bool) -> Plan:
     groups = group_tensors(checkpoint, inputs)
-    placing = Placing(groups, inputs.weight_budget_bytes)
-    deficit = placing.over_budget()
     model = _planned_model(checkpoint, kv)
 
     method = method_of_config(checkpoint.config)
@@ -96,6 +96,18 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     computes = claimed(fmt) and inputs.host_compute
     why_not = (None if computes else unclaimed_reason(method, fmt) if inputs.host_compute
                else "host-compute is off for this plan (--no-host-compute), so host experts are served uva")
+    has_experts = any(g.kind == GroupKind.EXPERTS for g in groups)
+    has_dense = any(g.kind == GroupKind.LAYER for g in groups) and bool(dense_layers_of(groups))
+    # A dense layer's MLP is offered host-compute in its own format when that format is
+    # claimed; it shares the plan's one CPU format (and pool) with host-compute experts.
+    mlp_fmt = mlp_cpu_format(method, checkpoint.config)
+    # mutation: unclaimed-mlp-format-computed
+    mlp_computes = (has_dense and inputs.host_compute and claimed(mlp_fmt)
+                    and (mlp_fmt == fmt or not computes))
+    # Priced with every dense MLP a group of its own; the plan keeps only the computed ones split.
+    priced = group_tensors(checkpoint, inputs, split_mlp=True) if mlp_computes else groups
+    placing = Placing(priced, inputs.weight_budget_bytes)
+    deficit = placing.over_budget()
 
     def reason(g, where: Placement) -> str:
         if where == Placement.HOST_UVA and why_not is not None:
@@ -103,39 +115,87 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
         return g.reason
 
     def placed(p: Placing, hot: list[int], **extra) -> Plan:
-        computed = any(w == Placement.HOST_COMPUTE for w in p.where.values())
+        computed = [g for g in p.groups if p.where[g.name] == Placement.HOST_COMPUTE]
+        plan_fmt = (fmt if any(g.kind == GroupKind.EXPERTS for g in computed) else mlp_fmt) if computed else None
         return Plan(
             model=model, inputs=inputs, strategy=strategy_of(p, hot, inputs),
             groups=tuple(GroupPlan(g.name, g.kind, g.role, p.where[g.name], reason(g, p.where[g.name]), g.nbytes,
                                    g.layer_index, g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes,
-                                   g.shapes_digest, g.num_experts, g.experts_per_token) for g in groups),
+                                   g.shapes_digest, g.num_experts, g.experts_per_token) for g in p.groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=p.transient,
             stored_prefetch_buffer_bytes=p.buffers if hot else None,
-            host_compute_format=fmt if computed else None, **{"bulk": None, **extra})
+            host_compute_format=plan_fmt, **{"bulk": None, **extra})
 
     def step_s(p: Placing) -> float:
-        hot = sorted(g.layer_index for g in groups if g.kind == GroupKind.LAYER and p.where[g.name] == Placement.HOST_HOT)
+        hot = sorted(g.layer_index for g in p.groups
+                     if g.kind == GroupKind.LAYER and p.where[g.name] == Placement.HOST_HOT)
         return placed(p, hot).est.est_step_s
 
     facts = checkpoint.facts
     spec_tokens = (inputs.spec_tokens or max(1, facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0
     place_cold(placing, inputs)
-    has_experts = any(g.kind == GroupKind.EXPERTS for g in groups)
     # mutation: plan-setting-ignored
     kernel = pick(method, inputs.card, inputs.moe_setting)
     tokens = inputs.batch * (1 + spec_tokens)
-    hot = place_hot(placing, inputs, step_s, tokens, uva=kernel.reads_uva, moves=kernel.moves, compute=computes)
+    hot = place_hot(placing, inputs, step_s, tokens, uva=kernel.reads_uva, moves=kernel.moves, compute=computes,
+                    mlp_compute=mlp_computes)
+    if mlp_computes:
+        placing = _keep_computed_mlps_split(checkpoint, inputs, placing)
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
     # MoE: vLLM's segment selection of the routed experts is the run a user would try next.
     segments = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens, params=("experts",))
                 if bulk is not None and any(g.kind == GroupKind.EXPERTS for g in groups) else None)
     plan = placed(placing, hot, bulk=bulk, bulk_segments=segments,
-                  notes=tuple(notes + plan_notes(groups, checkpoint, placing, inputs)
+                  notes=tuple(notes + plan_notes(placing.groups, checkpoint, placing, inputs)
                               + (kernel_notes(kernel, inputs.compute_capability is None) if has_experts else [])))
     if has_experts and why_not is not None:
         plan = replace(plan, notes=plan.notes + (f"host-compute: {why_not}",))
-    plan = replace(plan, notes=plan.notes + tuple(host_compute_notes(plan.host_compute, tokens)))
+    if has_dense and not mlp_computes and deficit > 0:
+        plan = replace(plan, notes=plan.notes + (_mlp_why_not(inputs, mlp_fmt, groups, computes, fmt),))
+    record = plan.host_compute
+    bound = None
+    if record is not None:
+        settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, cpu_gbps=inputs.host_cpu_gbps,
+                                cpu_tflops=inputs.host_cpu_tflops, handoff_s=inputs.host_handoff_s, ranks=inputs.ranks)
+        bound = host_compute_bound_tokens(plan.traffic().experts, settings)
+    mlps = sum(1 for g in plan.groups if g.kind == GroupKind.MLP)
+    plan = replace(plan, notes=plan.notes + tuple(host_compute_notes(record, tokens, bound, mlps)))
     if inputs.compute_tflops:
         plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
     return replace(plan, notes=plan.notes + tuple(baseline_notes(plan)))
+
+
+def dense_layers_of(groups) -> set[int]:
+    """Decoder layers without routed experts (their MLP may be computed on the host)."""
+    layers = {g.layer_index for g in groups if g.kind == GroupKind.LAYER}
+    return layers - {g.layer_index for g in groups if g.kind == GroupKind.EXPERTS}
+
+
+def _keep_computed_mlps_split(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing) -> Placing:
+    """The placement regrouped so that only the MLPs served compute are groups of their own:
+    every other MLP goes back into its layer, which the menu placed alike (resident, or
+    prefetched whole)."""
+    computed = {g.layer_index for g in p.groups if g.kind == GroupKind.MLP and p.where[g.name] == Placement.HOST_COMPUTE}
+    for g in p.groups:
+        if g.kind == GroupKind.MLP and g.layer_index not in computed:
+            layer = next(x for x in p.groups if x.kind == GroupKind.LAYER and x.layer_index == g.layer_index)
+            if p.where[g.name] != p.where[layer.name]:
+                raise AssertionError(f"{g.name} placed {p.where[g.name]} apart from its layer")  # a planner bug
+    final = group_tensors(checkpoint, inputs, split_mlp=computed)
+    out = Placing(final, p.budget)
+    out.where = {g.name: p.where[g.name] for g in final}
+    out.transient, out.buffers = p.transient, p.buffers
+    return out
+
+
+def _mlp_why_not(inputs: PlanInputs, mlp_fmt: str | None, groups, computes: bool, fmt: str | None) -> str:
+    if not inputs.host_compute:
+        return "host-compute is off for this plan (--no-host-compute): no dense MLP is computed on the host"
+    if claimed(mlp_fmt) and computes and mlp_fmt != fmt:
+        return (f"host-compute: the dense MLPs ({mlp_fmt}) and the routed experts ({fmt}) are in different CPU "
+                "formats and a plan has one: only the experts are computed on the host")
+    dense = dense_layers_of(groups)
+    mlp_bytes = max((sum(b for name, b in g.param_bytes.items() if mlp_prefix(f"{g.name}.{name}"))
+                     for g in groups if g.kind == GroupKind.LAYER and g.layer_index in dense), default=0)
+    return mlp_unclaimed_note(mlp_fmt, mlp_bytes, inputs.link_gbps, inputs.host_cpu_gbps)

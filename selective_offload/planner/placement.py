@@ -100,27 +100,30 @@ def _layer_units(groups: list[Group]) -> list[list[Group]]:
 def _prefetch_fewest(p: Placing, units: list[list[Group]], inputs: PlanInputs) -> list[int]:
     """The fewest spread-out decoder layers of ``units`` that close the rest of the deficit
     (all of them when none do: the plan is then infeasible), net of the prefetch buffers
-    they need. A layer goes whole: the offloader copies its routed experts with it."""
+    they need. A layer goes whole: the offloader copies its routed experts with it. What of
+    a layer is already on the host (a dense MLP computed there) stays: the rest is copied."""
     p.buffers = 0
     remaining = p.over_budget()
     if remaining <= 0 or not units:
         return []
-    buffers = prefetch_buffer_bytes([g for unit in units for g in unit], inputs.prefetch_step)
+    moved = [[g for g in unit if p.where[g.name] == Placement.DEVICE] for unit in units]
+    buffers = prefetch_buffer_bytes([g for unit in moved for g in unit], inputs.prefetch_step)
     chosen = next((c for c in (_spread(n, len(units)) for n in range(1, len(units) + 1))
-                   if sum(g.nbytes for i in c for g in units[i]) - buffers >= remaining),
+                   if sum(g.nbytes for i in c for g in moved[i]) - buffers >= remaining),
                   list(range(len(units))))
     for i in chosen:
         # mutation: prefetch-leaves-experts
-        for g in units[i]:
+        for g in moved[i]:
             p.where[g.name] = Placement.HOST_HOT
     # The candidates' buffers decided how many layers go (never fewer than needed); the
     # plan states what vLLM will allocate: slots for the chosen layers' parameters.
-    p.buffers = prefetch_buffer_bytes([g for i in chosen for g in units[i]], inputs.prefetch_step)
+    p.buffers = prefetch_buffer_bytes([g for i in chosen for g in moved[i]], inputs.prefetch_step)
     return [units[i][0].layer_index for i in chosen]
 
 
 def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float], tokens: int,
-              uva: bool = True, moves: bool = True, compute: bool = False) -> list[int]:
+              uva: bool = True, moves: bool = True, compute: bool = False,
+              mlp_compute: bool = False) -> list[int]:
     """Close the rest of the deficit (after the cold set) at the least est step time.
 
     The menu, per decoder layer: resident; a MoE layer's routed experts in host memory,
@@ -158,29 +161,57 @@ def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float]
         return []
     servings = ([Placement.HOST_UVA] if uva else []) + ([Placement.HOST_COMPUTE] if compute else [])
     # mutation: planner-ignores-kernel
-    moe = [] if not servings else sorted((u for u in units if len(u) > 1),
+    moe = [] if not servings else sorted((u for u in units if _kind_in(u, GroupKind.EXPERTS)),
                  key=lambda u: (expert_read_fraction(u[1].num_experts, u[1].experts_per_token, tokens),
                                 -u[1].nbytes, u[0].layer_index))
+    dense = [u for u in units if _kind_in(u, GroupKind.MLP)] if mlp_compute else []
     start = dict(p.where)
     best: tuple[tuple, dict[str, Placement], int, list[int]] | None = None
     for serving in servings or [Placement.HOST_UVA]:
+        # The MLPs share the CPU pool with host-compute experts (one rate), not with uva ones
+        # unless the experts have no compute entry at all.
+        mlps = len(dense) if serving == Placement.HOST_COMPUTE or not compute else 0
         for n in range(len(moe) + 1):
-            p.where = dict(start)
-            # mutation: uva-not-in-menu
-            for unit in moe[:n]:
-                p.where[unit[1].name] = serving
-            on_host = {u[0].layer_index for u in moe[:n]}
-            # mutation: wrapped-experts-prefetched
-            candidates = [u for u in units if u[0].layer_index not in on_host and (moves or len(u) == 1)]
-            hot = _prefetch_fewest(p, candidates, inputs)
-            over = p.over_budget()
-            key = (over > 0, max(over, 0), step_s(p) if over <= 0 else 0.0, n)
-            if best is None or key < best[0]:
-                best = (key, dict(p.where), p.buffers, hot)
-            if over <= 0 and not hot:
-                break
+            fit_at = None
+            for m in range(mlps + 1):
+                p.where = dict(start)
+                # mutation: uva-not-in-menu
+                for unit in moe[:n]:
+                    p.where[unit[1].name] = serving
+                computed = [dense[i] for i in _spread(m, len(dense))]
+                for unit in computed:
+                    p.where[unit[1].name] = Placement.HOST_COMPUTE
+                on_host = {u[0].layer_index for u in moe[:n]}
+                with_mlp = {u[0].layer_index for u in computed}
+                # mutation: wrapped-experts-prefetched
+                candidates = [u for u in units if u[0].layer_index not in on_host
+                              and (moves or not _kind_in(u, GroupKind.EXPERTS))]
+                # Prefetch the fewest spread-out of: whole layers only, the rests of the layers
+                # whose MLP is computed only, or any of them; each priced.
+                variants = [candidates] if not with_mlp else [
+                    [u for u in candidates if u[0].layer_index not in with_mlp],
+                    [u for u in candidates if u[0].layer_index in with_mlp], candidates]
+                base = dict(p.where)
+                for chosen_from in variants:
+                    p.where = dict(base)
+                    hot = _prefetch_fewest(p, chosen_from, inputs)
+                    over = p.over_budget()
+                    key = (over > 0, max(over, 0), step_s(p) if over <= 0 else 0.0, n, m)
+                    if best is None or key < best[0]:
+                        best = (key, dict(p.where), p.buffers, hot)
+                    if over <= 0 and not hot:
+                        fit_at = m
+                        break
+                if fit_at is not None:
+                    break  # more host MLPs only add host time
+            if fit_at == 0:
+                break  # more host experts only add host time
     _, p.where, p.buffers, hot = best
     return hot
+
+
+def _kind_in(unit: list[Group], kind: GroupKind) -> bool:
+    return any(g.kind == kind for g in unit)
 
 
 def host_bytes(p: Placing) -> int:

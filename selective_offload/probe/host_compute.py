@@ -22,7 +22,7 @@ from typing import Any, Callable
 #: and large enough (128 experts of 3 x 2048 x 768) that a batch-1 step reads far more than
 #: the CPU's caches hold.
 KERNEL_SHAPE = (2048, 768, 128, 8)
-QUICK_KERNEL_SHAPE = (1024, 384, 32, 4)
+QUICK_KERNEL_SHAPE = (1024, 512, 32, 4)
 
 
 def _cpus(text: str) -> set[int]:
@@ -132,8 +132,21 @@ def measure_host_compute(*, device: Any = None, quick: bool = False, repeats: in
 def _kernel_gbps(moe: Callable[..., Any], fmt: str, hidden: int, inter: int, experts: int, k: int,
                  threads: int, repeats: int) -> float:
     """GB/s of expert weights the kernel reads at batch 1: the bytes of the ``k`` experts one
-    token uses, over the median time of one call. The kernels' ``moe(fmt=..., hidden=...,
-    intermediate=..., experts=..., top_k=..., threads=...)`` is asked to make its own random
-    weights of that shape and return a callable running one token and the bytes it reads."""
-    run, read_bytes = moe(fmt=fmt, hidden=hidden, intermediate=inter, experts=experts, top_k=k, threads=threads)
-    return read_bytes / _median(run, repeats) / 1e9
+    token uses, over the median time of one call, on random weights of that shape and new
+    random experts each call (so no expert is read from the caches twice running)."""
+    import torch
+
+    from ..cpu_kernels import Activation
+    from ..cpu_kernels.weights import random_experts
+
+    weights = random_experts(fmt, experts, hidden, inter)
+    x = torch.randn(1, hidden).to(torch.bfloat16)
+    picks = torch.rand(1, k)
+    g = torch.Generator().manual_seed(1)
+    choices = [torch.randperm(experts, generator=g)[:k].view(1, k).to(torch.int32) for _ in range(max(repeats, 1) + 1)]
+    turn = iter(range(1 << 30))
+
+    def run():
+        moe(x, choices[next(turn) % len(choices)], picks, weights, Activation("silu"), threads=threads)
+
+    return k * weights.expert_bytes / _median(run, repeats) / 1e9

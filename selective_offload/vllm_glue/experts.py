@@ -67,6 +67,7 @@ from ..sizes import fmt_bytes
 from ..wrappers.layout import layout_of
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy
 from .auto_plan import card_of_worker
+from . import host_compute
 from .host_resident import to_device, to_host_exact
 
 #: The attribute vLLM's UVA offloader sets on a parameter it turned into a UVA view, and
@@ -91,11 +92,27 @@ def uva_groups(plan: Plan | None) -> list[str]:
     return [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.placement == Placement.HOST_UVA]
 
 
+def compute_groups(plan: Plan | None) -> list[str]:
+    """The experts groups the plan places in host memory, computed there by the host CPU
+    (:mod:`.host_compute`): built and page-locked as the uva-served ones, never viewed."""
+    if plan is None:
+        return []
+    return [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.placement == Placement.HOST_COMPUTE]
+
+
+def mlp_groups(plan: Plan | None) -> list[str]:
+    """The dense MLPs the plan computes on the host CPU (a group of kind ``mlp`` exists only
+    so served): built and page-locked on the host as the experts are, run as one expert."""
+    if plan is None:
+        return []
+    return [g.group for g in plan.groups if g.kind == "mlp" and g.placement == Placement.HOST_COMPUTE]
+
+
 @dataclass
 class ExpertsLoad:
-    """What one main-model load does to the plan's uva-served experts, for the report."""
+    """What one main-model load does to the plan's host experts (served uva or compute), for the report."""
 
-    #: The group's key in the model (``ModelNames.key``) -> group name, for every uva-served experts group.
+    #: The group's key in the model (``ModelNames.key``) -> group name, for every host experts group.
     groups: dict[tuple, str]
     #: The cold segments as the model spells them.
     cold_segments: frozenset[str]
@@ -114,17 +131,32 @@ class ExpertsLoad:
     #: outside it too (vLLM's runner passes the router's score-correction bias in): never
     #: moved or viewed here. Names, not ids: post-processing frees parameters, and ids are reused.
     shared: frozenset[str] = frozenset()
+    #: The groups served compute (the rest are served uva), and each one's host experts;
+    #: of them, the dense MLPs.
+    computed: frozenset[str] = frozenset()
+    mlps: frozenset[str] = frozenset()
+    compute: dict[str, Any] = field(default_factory=dict)
+    #: ``id()`` of the final parameters of the compute-served groups.
+    compute_params: set[int] = field(default_factory=set)
 
     @classmethod
     def of(cls, plan: Plan | None, names: ModelNames = ModelNames()) -> "ExpertsLoad | None":
-        groups = uva_groups(plan)
+        mlps = mlp_groups(plan)
+        computed = compute_groups(plan) + mlps
+        groups = uva_groups(plan) + computed
         if not groups:
             return None
         segments = plan.inputs.cold_segments
-        return cls({names.key(g, segments): g for g in groups}, names.segments(segments))
+        return cls({names.key(g, segments): g for g in groups}, names.segments(segments), computed=frozenset(computed),
+                   mlps=frozenset(mlps))
+
+    def is_computed(self, group: str) -> bool:
+        return group in self.computed
 
     def group_of(self, prefix: str) -> str | None:
-        """The uva-served group a FusedMoE ``prefix`` (vLLM's name) builds, or ``None``."""
+        """The host group a constructing module's ``prefix`` (vLLM's name) builds, or
+        ``None``: a FusedMoE's experts; a dense MLP's linears (``model.layers.0.mlp.gate_up_proj``
+        is in group ``model.layers.0.mlp``, by the names rule)."""
         return self.groups.get(group_key(prefix, self.cold_segments))
 
     def is_expert_module(self, name: str) -> bool:
@@ -135,8 +167,9 @@ def refuse_before_load(xl: ExpertsLoad | None, device: torch.device, policy: Pin
     """A plan of uva-served experts that cannot run here, refused before anything is built."""
     if xl is None or device.type != "cuda":
         return
-    if policy is not None and not policy.locks:
-        raise PlanError(f"the plan reads the routed experts of {next(iter(xl.groups.values()))} through UVA, which "
+    viewed = [g for g in xl.groups.values() if not xl.is_computed(g)]
+    if viewed and policy is not None and not policy.locks:
+        raise PlanError(f"the plan reads the routed experts of {viewed[0]} through UVA, which "
                         f"needs page-locked host memory, and here {policy.reason}; allow pinned memory, or plan "
                         "the experts on the device")
 
@@ -208,6 +241,8 @@ def find_modules(model: nn.Module, xl: ExpertsLoad, routed_experts_cls: type) ->
             group = xl.group_of(getattr(module, PREFIX_ARGUMENT, "") or name)
             if group is not None:
                 xl.modules[name] = group
+        elif xl.mlps and xl.group_of(name) in xl.mlps and not xl.is_expert_module(name):
+            xl.modules[name] = xl.group_of(name)  # the MLP itself (its linears come after it, inside it)
     outside = {id(p) for n, p in model.named_parameters(remove_duplicate=False)
                if not xl.is_expert_module(n.rsplit(".", 1)[0])}
     xl.shared = frozenset(n for m in xl.modules for n, p in model.get_submodule(m).named_parameters()
@@ -219,9 +254,20 @@ def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[i
     routing ledger's storages), and take over its post-processing."""
     for name, group in xl.modules.items():
         module = model.get_submodule(name)
-        method = module.quant_method
-        check_kernel(group, method, device)
         xl.routed |= {id(p) for p in own_parameters(module, xl) if _storage(p) in routed_storages}
+        if group in xl.mlps:
+            host_compute.mlp_format(group, module, device)
+            for part in host_compute.MLP_PARTS:
+                linear = getattr(module, part)
+                take_over_post_processing(linear, linear.quant_method, group, xl, None, run_original=False)
+            continue
+        method = module.quant_method
+        if xl.is_computed(group):
+            host_compute.refuse_unsupported(group, method, module, device)
+            # mutation: computed-experts-post-processed
+            take_over_post_processing(module, method, group, xl, None, run_original=False)
+            continue
+        check_kernel(group, method, device)
         # Where vLLM's post-processing needs no device (the table's), it runs in place on the
         # host; the CPU build repacks on the host anyway.
         on_device = device.type != "cpu" and not kernels.post_processes_on_host(kernels.method_of_vllm(method),
@@ -241,7 +287,8 @@ def _storage(t: torch.Tensor) -> int:
 
 def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: ExpertsLoad,
                               device: torch.device | None,
-                              onload: Callable[[torch.Tensor, torch.device], torch.Tensor] | None = None) -> None:
+                              onload: Callable[[torch.Tensor, torch.device], torch.Tensor] | None = None,
+                              run_original: bool = True) -> None:
     """Run ``method``'s post-processing of ``module`` without vLLM's round trip.
 
     vLLM's ``device_loading_context`` would copy the layer to the device and back into
@@ -251,6 +298,8 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
     transient), post-processed, and every parameter comes back to host memory of its
     exact size. Either way a layer built on the host stays counted as built there.
     ``onload`` moves a tensor to the device (``Tensor.to``; a test passes a recording proxy).
+    With ``run_original`` false the method's post-processing is not run at all: the
+    weights stay as loaded, the layout the host CPU kernel reads (:mod:`.host_compute`).
     """
     original = method.process_weights_after_loading
     move = onload or to_device
@@ -270,9 +319,12 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
             xl.transient_bytes = max(xl.transient_bytes, transient)
             xl.post_processing[group] = (f"post-processed on the device one layer at a time (a transient of "
                                          f"{fmt_bytes(transient)})")
+        elif not run_original:
+            xl.post_processing[group] = "kept as loaded (the CPU kernel reads the checkpoint's layout)"
         else:
             xl.post_processing[group] = "post-processed in place on the host"
-        original(layer)
+        if run_original:
+            original(layer)
         for p in own_parameters(layer, xl):
             if p.device.type != "cpu" and not is_live_view(p):
                 p.data = to_host_exact(p.data)
@@ -283,13 +335,15 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
 
 
 def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked: PageLockedLedger | None,
-           accelerator_view: Callable[[torch.Tensor], torch.Tensor]) -> set[int]:
-    """Page-lock each uva-served experts module's parameters in one arena (one registration,
-    no page shared with another) and, on CUDA, make each a UVA view marked as vLLM marks
-    its own. Returns the parameters' ``id()``."""
-    views = device.type == "cuda"
+           accelerator_view: Callable[[torch.Tensor], torch.Tensor], plan: Plan | None = None) -> set[int]:
+    """Page-lock each host experts module's parameters in one arena (one registration,
+    no page shared with another); on CUDA make each uva-served one a UVA view marked as
+    vLLM marks its own, and hand each compute-served one to the host CPU
+    (:func:`.host_compute.install`). Returns the uva-served parameters' ``id()``."""
     for name, group in xl.modules.items():
         module = model.get_submodule(name)
+        computed = xl.is_computed(group)
+        views = device.type == "cuda" and not computed
         params = []
         for p in own_parameters(module, xl):
             if views and is_live_view(p):  # a reload that left the view in place
@@ -304,6 +358,16 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
             # mutation: experts-locked-one-by-one
             page_locked.lock_together(params, group)
         hosts = [p.data for p in params]
+        if computed:
+            experts = (host_compute.install_mlp(group, module, plan, device) if group in xl.mlps else
+                       host_compute.install(group, module, module.quant_method, plan, device, xl.shared))
+            xl.compute[group] = experts
+            xl.compute_params |= {id(p) for p in params}
+            if page_locked is not None and hosts:
+                page_locked.release_with(module, hosts, keep_registered=device.type == "cuda")
+            how = xl.post_processing.get(group, "")
+            xl.mechanisms[group] = host_compute.mechanism(experts) + (f"; {how}" if how else "")
+            continue
         for p, host in zip(params, hosts):
             if views:
                 pinned = page_locked.pinned(host) if page_locked is not None else host.is_pinned()

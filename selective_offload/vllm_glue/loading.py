@@ -44,7 +44,7 @@ from .embedding import embedding_mode, graphs_captured, install_host_embedding
 from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host, to_device
 from .offloader import make_exact_prefetch_offloader
 from .auto_plan import plan_at_start
-from . import experts, model_names
+from . import experts, host_compute, model_names
 from .session import Attached, Load, Main, Session, Settings, logger, save_report
 
 GetSession = Callable[[], "Session | None"]
@@ -139,6 +139,8 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     load.experts = experts.ExpertsLoad.of(settings.plan, load.names)
     experts.refuse_before_load(load.experts, device, load.page_locked.policy)
     experts.refuse_another_card(settings.plan, device)
+    host_compute.refuse_graphs_above_crossover(settings.plan, vllm_config, device)
+    host_compute.refuse_other_ranks(settings.plan, vllm_config)
     load.notes += start_notes + names_notes
     load.notes += check_model(settings.plan, str(model_config.model))
     load.notes += list(settings.plan.load_notes)
@@ -162,7 +164,11 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
                              f"{len(offloader.layer_indices)} hot layers stay on the device")
     cold_params = _attach_cold(s, model, load, vllm_config)
     if load.experts is not None:
-        experts.attach(model, load.experts, load.device, load.page_locked, s.targets.accelerator_view)
+        experts.attach(model, load.experts, load.device, load.page_locked, s.targets.accelerator_view,
+                       settings.plan)
+        for group, host in load.experts.compute.items():  # their counters, live, in the report
+            s.attached[group] = Attached(weakref.ref(host), load.experts.mechanisms[group],
+                                         live=host_compute.live_counters(host))
     hot_params = {id(p) for m in getattr(offloader, "offloaded_modules", []) for p in m.parameters()}
     load.drafter_expected = vllm_config.speculative_config is not None
     finish(s, model, load, cold_params, hot_params)
@@ -544,6 +550,7 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
                                       **(xl.mechanisms if xl is not None else {})},
                           pipeline_part=load.pipeline_ranks > 1,
                           host_uva_params=xl.params if xl is not None else frozenset(),
+                          host_compute_params=xl.compute_params if xl is not None else frozenset(),
                           routed_uva_params=xl.routed if xl is not None else None, names=load.names)
     report.problems[:0] = load.problems
     report.transfers = s.transfers()

@@ -111,8 +111,12 @@ class Attached:
     ledger: Any = None
     events: list | None = None
     host_bytes: int = 0
+    #: Counters read from the wrapper as they are now (host-computed experts).
+    live: Any = None
 
     def counters(self) -> dict[str, Any]:
+        if self.live is not None:
+            return self.live()
         if self.ledger is None:
             return {}
         wrapper = self.wrapper()

@@ -214,3 +214,32 @@ def test_a_model_of_extreme_sizes_is_refused_in_one_line_or_planned_into_a_file_
     else:
         assert code in (0, 3), (code, err)
         Plan.load(out_path)
+
+
+@pytest.fixture(scope="module")
+def mlp_plan() -> dict:
+    """The reference plan with the block FP8 CPU kernel claimed: dense MLPs computed on the host."""
+    from selective_offload.cpu_kernels import claimed
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(claimed.CLAIMED, "fp8-block", True)
+        plan = make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]), PlanInputs(device_memory_bytes=24 * GiB))
+    data = json.loads(plan.to_json())
+    assert any(g["kind"] == "mlp" for g in data["groups"])
+    return data
+
+
+@given(data=st.data())
+def test_a_host_compute_mlp_plan_with_an_mlp_field_replaced_loads_or_is_one_line(mlp_plan, workdir, data):
+    from selective_offload.cpu_kernels import claimed
+
+    index = next(i for i, g in enumerate(mlp_plan["groups"]) if g["kind"] == "mlp")
+    paths = [*_paths(mlp_plan["groups"][index], ("groups", index)), *_paths(mlp_plan["host_compute"], ("host_compute",))]
+    path = data.draw(st.sampled_from(paths), label="field")
+    value = data.draw(st.one_of(JSON_VALUES, st.sampled_from(["mlp", "layer", "experts", "resident", "prefetch",
+                                                              "model.layers.3.mlp", "model.layers.3"])), label="value")
+    file = workdir / "mlp-field.json"
+    file.write_text(json.dumps(_replaced(mlp_plan, path, value)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(claimed.CLAIMED, "fp8-block", True)
+        assert_loads_or_one_line(file)

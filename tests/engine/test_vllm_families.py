@@ -6,7 +6,8 @@ dense first layer). Qwen3-MoE and the multimodal Idefics3 are in test_vllm_moe.p
 test_vllm_multimodal.py.
 
 Each family: one plain engine and one engine with the planner's strict plan (the
-embedding on the host, one layer's routed experts ``uva``), shared by the tests below.
+embedding on the host, routed experts computed by the host CPU,
+``host-compute``), shared by the tests below.
 On the CPU build host memory is device memory, so what is proven is the plan meeting the
 model vLLM built: every byte in its planned group, built there, and the same tokens.
 """
@@ -18,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 import selective_offload
-from helpers import TINY_MOE_FAMILIES, generate_tokens, generate_with_plan, save_tiny_moe, uva_experts_plan
+from helpers import TINY_MOE_FAMILIES, compute_experts_plan, generate_tokens, generate_with_plan, save_tiny_moe
 from selective_offload.plan import Placement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
@@ -27,17 +28,19 @@ pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 @pytest.fixture(scope="module", params=list(TINY_MOE_FAMILIES))
 def family(request, tmp_path_factory):
     model = save_tiny_moe(tmp_path_factory.mktemp(request.param), request.param, seed=5)
-    plan = uva_experts_plan(model)
+    plan = compute_experts_plan(model)
     selective_offload.disable()
     plain = generate_tokens(model)
     tokens, report = generate_with_plan(plan, model, strict=True)
-    return SimpleNamespace(name=request.param, model=model, plan=plan, plain=plain, tokens=tokens, report=report)
+    served = dict(report.transfers)
+    return SimpleNamespace(name=request.param, model=model, plan=plan, plain=plain, tokens=tokens, report=report,
+                           served=served)
 
 
 def test_the_plan_puts_the_embedding_and_routed_experts_on_the_host(family):
     plan = family.plan
     assert plan.host_cold_groups == ["model.embed_tokens"]
-    assert [g.group for g in plan.groups if g.placement == Placement.HOST_UVA]
+    assert [g.group for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
 
 
 def test_tokens_identical_to_plain_vllm(family):
@@ -48,7 +51,7 @@ def test_tokens_identical_to_plain_vllm(family):
 def test_report_shows_the_embedding_and_experts_where_the_plan_put_them(family):
     """The strict report is ok; the embedding group (by the plan's name, whatever vLLM
     calls the module) is all on the host, built there, served by the host gather; each
-    uva experts group likewise; no parameter of the model is in no group."""
+    host-compute experts group likewise, its decode steps served by the CPU kernel; no parameter of the model is in no group."""
     report = family.report
     assert report.ok, report.problems
     assert not report.unplanned
@@ -60,8 +63,10 @@ def test_report_shows_the_embedding_and_experts_where_the_plan_put_them(family):
     for g in family.plan.groups:
         landing = report.landing(g.group)
         assert landing.actual == g.placement and landing.num_params, g.group
-        if g.placement == Placement.HOST_UVA:
+        if g.placement == Placement.HOST_COMPUTE:
             assert landing.host_bytes and landing.routed_bytes == landing.host_bytes and landing.device_bytes == 0
+            served = family.served[g.group]["host_compute"]
+            assert served["host_steps"] and served["device_steps"], served  # decode on the CPU, prefill not
     said = [n for n in report.notes if "are matched to the model through it" in n]
     if family.name == "gpt_oss":
         assert said and "names model.embed_tokens as model.embedding" in said[0]

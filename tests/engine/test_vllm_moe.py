@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 import selective_offload
-from helpers import generate_tokens, generate_with_plan, save_tiny_qwen3_moe, uva_experts_plan
+from helpers import (MAX_TOKENS, PROMPTS, compute_experts_plan, generate_tokens, generate_with_plan,
+                     save_tiny_qwen3_moe, uva_experts_plan)
 from selective_offload.errors import PlanError
 from selective_offload.plan import GroupKind, Placement
 
@@ -101,3 +102,104 @@ def test_experts_not_built_on_the_host_are_reported(moe, plan, plain_tokens, mon
     assert any("of uva bytes were allocated on the device while the model was built" in p for p in report.problems)
     with pytest.raises(PlanError, match="not realised .*uva bytes were allocated on the device"):
         generate_with_plan(plan, moe, strict=True)
+
+
+# --------------------------------------------------------------------------- host-compute
+
+@pytest.fixture(scope="module")
+def compute_plan(moe):
+    return compute_experts_plan(moe)
+
+
+@pytest.fixture(scope="module")
+def computed(moe, compute_plan):
+    """One strict engine with the planner's host-compute plan: the embedding host-cold and
+    routed experts computed by the CPU kernel; the four prompts' prefill (14 tokens) above
+    the crossover, their decode steps (4 tokens or fewer) at or below it."""
+    return generate_with_plan(compute_plan, moe, strict=True)
+
+
+def test_the_compute_plan_puts_routed_experts_on_the_host_cpu(compute_plan):
+    computed_groups = [g for g in compute_plan.groups if g.placement == Placement.HOST_COMPUTE]
+    assert computed_groups and all(g.kind == GroupKind.EXPERTS for g in computed_groups)
+    assert not compute_plan.host_uva_bytes
+    assert 4 <= compute_plan.host_compute.crossover_tokens < sum(len(p) for p in PROMPTS)
+
+
+def test_host_computed_tokens_identical_to_plain_vllm(computed, plain_tokens):
+    """The CPU kernel (float32 here, as the engine runs) against vLLM's own CPU fused MoE."""
+    tokens, _ = computed
+    assert tokens == plain_tokens
+
+
+def test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device(computed, compute_plan):
+    """Every host-compute group: built on the host, its bytes there, planned and actual
+    ``compute``; its counters show the decode steps served by the CPU kernel and the
+    prefill step (above the crossover) by the device path."""
+    _, report = computed
+    assert report.ok, report.problems
+    names = [g.group for g in compute_plan.groups if g.placement == Placement.HOST_COMPUTE]
+    for name in names:
+        g = report.landing(name)
+        assert (g.planned, g.actual) == ("host-compute", "host-compute")
+        assert g.host_bytes == EXPERTS_BYTES_LOADED and g.device_bytes == 0 and g.routed_bytes == g.host_bytes
+        assert g.mechanism.startswith("compute (the host CPU computes")
+        assert "kept as loaded" in g.mechanism
+        served = report.transfers[name]["host_compute"]
+        assert served["device_steps"] >= 1 and served["device_tokens"] >= sum(len(p) for p in PROMPTS)
+        assert served["host_steps"] >= MAX_TOKENS - 1 and served["host_bytes"] > 0
+        assert served["host_s_per_step"] > 0
+    assert report.loaded_host_compute_bytes == report.landed_host_compute_bytes == len(names) * EXPERTS_BYTES_LOADED
+    text = report.render()
+    assert "compute on host: planned" in text
+    assert f"compute {names[0]} (as of now): host CPU " in text and "device path 1 step, 14 tokens" in text
+
+
+
+# ------------------------------------------------- host-compute on the C kernel, in bf16
+
+#: How far the C kernel's bf16 logprobs may be from plain vLLM's bf16 ones: both round
+#: the tokens and the activation to bf16, in different places and orders. The tiny model's
+#: experts add little to its residual stream, so the bound is tight: halving the experts'
+#: output (the kernel's accumulation broken) moves the logprobs past it.
+BF16_LOGPROB_TOLERANCE = 2e-3
+
+
+def prompt_logprobs(model, sequences, **engine_args):
+    """Each position's logprob of the next given token (teacher-forced), one prefill step."""
+    import gc
+
+    from vllm import LLM, SamplingParams
+
+    from helpers import ENGINE_ARGS
+
+    llm = LLM(model=str(model), **{**ENGINE_ARGS, "dtype": "bfloat16", **engine_args})
+    try:
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+        outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        return [[next(iter(p.values())).logprob if p else None for p in o.prompt_logprobs][1:] for o in outputs]
+    finally:
+        del llm
+        gc.collect()
+
+
+def test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs(moe, plain_tokens):
+    """A bf16 engine's experts go to the compiled kernel (float32 engines' go to torch's
+    ops). With a crossover above the whole prefill, every expert of the teacher-forced
+    sequences (the prompts and plain vLLM's greedy tokens) is computed by the C kernel."""
+    sequences = [list(p) + t for p, t in zip(PROMPTS, plain_tokens)]
+    plan = compute_experts_plan(moe, cpu_tflops=100.0)
+    assert plan.host_compute.crossover_tokens >= sum(map(len, sequences))
+    selective_offload.disable()
+    plain = prompt_logprobs(moe, sequences)
+    selective_offload.enable(plan, strict=True)
+    try:
+        computed = prompt_logprobs(moe, sequences)
+        report = selective_offload.placement_report()
+    finally:
+        selective_offload.disable()
+    worst = max(abs(a - b) for p, c in zip(plain, computed) for a, b in zip(p, c))
+    assert worst <= BF16_LOGPROB_TOLERANCE, worst
+    served = [c["host_compute"] for c in report.transfers.values() if "host_compute" in c]
+    assert served and all(s["host_steps"] >= 1 and s["device_steps"] == 0 for s in served)
+    assert all("kernel bf16" in g.mechanism for g in report.groups if g.planned == "host-compute")

@@ -1,6 +1,9 @@
-"""Tensor parallel on the CPU build: two ranks, one CPU core each.
+"""Tensor parallel on the CPU build: two ranks, one CPU core each, on a tiny Qwen3-MoE.
 
-Each rank holds half of the vocabulary's rows. The host embedding must serve that rank's
+Each rank holds half of the vocabulary's rows, and half of each routed expert (vLLM
+shards the intermediate dimension): each rank's share of the host-compute experts is its
+own host-compute unit, computed by its own CPU kernel on its core, its partial sum
+reduced by vLLM's all-reduce as for any MoE method. The host embedding must serve that rank's
 shard through vLLM's own masking (on CUDA vLLM would take its fused lookup, which skips
 the host gather: the glue turns it off; tests/unit/vllm_glue/test_glue_units.py drives that branch).
 Every rank judges its own bytes and writes its own report file; the report read by the
@@ -12,22 +15,33 @@ from __future__ import annotations
 import pytest
 
 import selective_offload
-from helpers import generate_tokens, generate_with_plan, save_tiny_qwen3, tight_plan
+from helpers import compute_experts_plan, generate_tokens, generate_with_plan, save_tiny_qwen3_moe
+from selective_offload.plan import Placement
 
 pytestmark = pytest.mark.vllm
 
 
-def test_two_ranks_with_the_embedding_on_the_host(tmp_path, monkeypatch):
+def test_two_ranks_with_the_embedding_and_computed_experts_on_the_host(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    model = save_tiny_qwen3(tmp_path / "m", seed=9)
+    model = save_tiny_qwen3_moe(tmp_path / "m", seed=9)
+    plan = compute_experts_plan(model, ranks=2, cpu_threads=2)  # the host's two cores, one per rank
+    computed = [g.group for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    assert computed and (plan.host_compute.ranks, plan.host_compute.threads) == (2, 1)
     selective_offload.disable()
     plain = generate_tokens(model, tensor_parallel_size=2)
-    tokens, report = generate_with_plan(tight_plan(model), model, tensor_parallel_size=2)
+    tokens, report = generate_with_plan(plan, model, tensor_parallel_size=2)
     assert tokens == plain
     assert report.ok, report.problems
-    shard = 1024 // 2 * 256 * 4  # half the vocabulary's rows, float32 in the engine
+    shard = 1024 // 2 * 128 * 4  # half the vocabulary's rows, float32 in the engine
     embed = report.landing("model.embed_tokens")
     assert (embed.actual, embed.host_bytes, embed.routed_bytes, embed.device_bytes) == ("host-cold", shard, shard, 0)
+    experts_shard = 8 * 3 * 64 * 128 * 4 // 2  # half of each expert's intermediate rows
+    for name in computed:
+        g = report.landing(name)
+        assert (g.actual, g.host_bytes, g.routed_bytes, g.device_bytes) == ("host-compute", experts_shard,
+                                                                           experts_shard, 0)
     assert report.ranks == {"rank1": {"ok": True, "landed_host_cold_bytes": shard, "landed_host_hot_bytes": 0,
-                                      "landed_host_uva_bytes": 0, "problems": [], "error": None}}
+                                      "landed_host_uva_bytes": 0,
+                                      "landed_host_compute_bytes": len(computed) * experts_shard,
+                                      "problems": [], "error": None}}

@@ -97,22 +97,19 @@ def test_an_edited_source_builds_into_its_own_folder(tmp_path, monkeypatch):
     assert build.build(quiet=True) == second  # built once
 
 
-def test_the_kernel_binds_to_torchs_openmp_runtime():
-    """The library is linked against ``libgomp.so.1``; loaded after torch, that name is
-    torch's copy, so one ``libgomp.so.1`` is mapped and it is torch's. (Wheels that vendor
-    their own copy under a hashed name, like sentencepiece's, which vLLM imports, map a
-    separate runtime of their own; the kernel does not use it.)"""
-    import torch
-
-    ck.library()
-    plain = [p for p in build.openmp_runtimes() if os.path.basename(p) == "libgomp.so.1"]
-    assert len(plain) == 1 and plain[0].startswith(os.path.dirname(torch.__file__)), build.openmp_runtimes()
-    # In a fresh process that imports only torch and the kernel, it is the only runtime.
-    proc = subprocess.run([sys.executable, "-c", "from selective_offload import cpu_kernels as ck; ck.library(); "
-                           "print('\\n'.join(ck.openmp_runtimes()))"], capture_output=True, text=True, cwd=REPO,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == plain
+def test_the_kernel_adds_no_openmp_runtime_and_binds_to_torchs():
+    """In a process of torch alone, loading the kernel maps no OpenMP runtime beside
+    torch's own (the kernel's threads are torch's pool). Run apart: in this process other
+    libraries (sentencepiece, imported by vLLM's tokenizers) map runtimes of their own."""
+    code = ("import os, torch\n"
+            "from selective_offload.cpu_kernels import build, library\n"
+            "before = build.openmp_runtimes()\n"
+            "library()\n"
+            "after = build.openmp_runtimes()\n"
+            "assert after == before and len(after) == 1, (before, after)\n"
+            "assert os.path.dirname(torch.__file__) in after[0], after\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_the_build_command_compiles_once_and_prints_where(tmp_path):

@@ -9,7 +9,10 @@ import json
 from helpers import REPO
 
 from selective_offload.cpu_kernels import claimed
-from selective_offload.cpu_kernels.weights import FORMATS
+from selective_offload.cpu_kernels import TORCH_FORMATS
+from selective_offload.cpu_kernels.weights import FORMATS as ALL_FORMATS
+
+FORMATS = tuple(f for f in ALL_FORMATS if f not in TORCH_FORMATS)  # the compiled kernel's
 
 RESULTS = REPO / "benchmarks" / "results"
 

@@ -78,7 +78,10 @@ def test_routed_experts_are_a_whole_experts_segment_inside_a_layer(name, prefix)
 def test_an_experts_key_falls_back_to_its_layer_for_plans_without_expert_groups():
     assert group_key("model.layers.3.mlp.experts.w13_weight", ()) == ("experts", 3)
     assert group_keys("model.layers.3.mlp.experts.w13_weight", ()) == (("experts", 3), ("layer", 3))
-    assert group_keys("model.layers.3.mlp.shared_experts.w", ()) == (("layer", 3),)
+    # a shared expert is under the layer's mlp: an mlp group first (a dense layer's, never a MoE
+    # layer's), then the layer, which holds it in every plan
+    assert group_keys("model.layers.3.mlp.shared_experts.w", ()) == (("mlp", 3), ("layer", 3))
+    assert group_keys("model.layers.3.self_attn.w", ()) == (("layer", 3),)
 
 
 # ---- E and k from the config
@@ -235,7 +238,7 @@ def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
     ({"experts_per_token": 9}, "1 <= experts_per_token <= num_experts"),
     ({"num_experts": 0}, "1 <= experts_per_token <= num_experts"),
     ({"role": "cold"}, "a group of role cold cannot be served uva"),
-    ({"layer_index": None}, "a group of kind experts or layer, and only such a group, has a layer_index"),
+    ({"layer_index": None}, "a group of kind experts or layer or mlp, and only such a group, has a layer_index"),
     ({"est_read_bytes_per_step": 1}, r"reads 2 of its 8 routed experts \(est\), so est_read_bytes_per_step must be"),
     ({"group": "model.layers.7.mlp"}, "a group of kind experts is the routed experts module of one layer"),
 ])
@@ -375,15 +378,15 @@ class _MoeModel(torch.nn.Module):
         self.lm_head = torch.nn.Linear(hidden, 64, bias=False)
 
 
-def _moe_checkpoint(hidden=16, inter=32, layers=4):
-    spec = {"model.embed_tokens.weight": ("F32", [64, hidden]), "lm_head.weight": ("F32", [64, hidden])}
+def _moe_checkpoint(hidden=16, inter=32, layers=4, dtype="F32", **config):
+    spec = {"model.embed_tokens.weight": (dtype, [64, hidden]), "lm_head.weight": (dtype, [64, hidden])}
     for i in range(layers):
         for proj in ("q_proj", "k_proj", "v_proj"):
-            spec[f"model.layers.{i}.self_attn.{proj}.weight"] = ("F32", [hidden, hidden])
-        spec[f"model.layers.{i}.mlp.gate.weight"] = ("F32", [E, hidden])
-        spec[f"model.layers.{i}.mlp.experts.gate_up_proj"] = ("F32", [E, 2 * inter, hidden])
-        spec[f"model.layers.{i}.mlp.experts.down_proj"] = ("F32", [E, hidden, inter])
-    return make_ckpt(spec, num_experts=E, num_experts_per_tok=K, num_hidden_layers=layers)
+            spec[f"model.layers.{i}.self_attn.{proj}.weight"] = (dtype, [hidden, hidden])
+        spec[f"model.layers.{i}.mlp.gate.weight"] = (dtype, [E, hidden])
+        spec[f"model.layers.{i}.mlp.experts.gate_up_proj"] = (dtype, [E, 2 * inter, hidden])
+        spec[f"model.layers.{i}.mlp.experts.down_proj"] = (dtype, [E, hidden, inter])
+    return make_ckpt(spec, num_experts=E, num_experts_per_tok=K, num_hidden_layers=layers, **config)
 
 
 def _uva_report(model, plan, uva_layers):
@@ -416,6 +419,37 @@ def test_the_report_finds_routed_experts_on_the_host_as_planned(uva_plan):
     assert report.landed_host_uva_bytes == report.loaded_host_uva_bytes == report.planned_host_uva_bytes
     assert report.landing("model.layers.1.mlp.experts").actual == "device"
     assert report.unplanned == {}
+
+
+def test_the_report_judges_host_computed_experts(uva_plan):
+    """A bf16 checkpoint's host experts are computed on the host CPU: found in the host
+    experts it computes, they land as planned; left with the device, they do not."""
+    from selective_offload.report import build_report
+
+    ckpt = _moe_checkpoint(dtype="BF16", torch_dtype="bfloat16")
+    one_group = E * 3 * 32 * 16 * 2
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes - 64 * 16 * 2 - one_group,
+                                      kv_cache_bytes=0, reserve_bytes=0, cpu_gbps=55.0, cpu_gbps_source="flag",
+                                      handoff_s=1e-9))
+    computed = [g.layer_index for g in plan.groups if g.placement == "host-compute"]
+    assert computed and plan.host_compute is not None
+    model = _MoeModel()
+    cold = {id(p) for p in model.model.embed_tokens.parameters()} if plan.host_cold_bytes else set()
+
+    def report(layers):
+        params = {id(p) for i in layers for p in model.model.layers[i].mlp.experts.parameters()}
+        return build_report(model, plan, compute_device=torch.device("cpu"), host_cold_params=cold,
+                            host_hot_params=set(), host_compute_params=params, routed_names=None)
+
+    good = report(computed)
+    assert good.ok, good.problems
+    landing = good.landing(f"model.layers.{computed[0]}.mlp.experts")
+    assert (landing.planned, landing.actual) == ("host-compute", "host-compute")
+    assert good.landed_host_compute_bytes == good.loaded_host_compute_bytes > 0
+    assert "compute on host: planned" in good.render()
+    bad = report([])
+    assert not bad.ok and bad.misplaced_compute_bytes == good.loaded_host_compute_bytes
+    assert any("of compute bytes (as loaded) did not land where planned" in p for p in bad.problems)
 
 
 def test_the_report_says_when_routed_experts_stayed_on_the_device(uva_plan):

@@ -273,9 +273,12 @@ def test_the_readme_reference_table_is_what_the_planner_says(reference):
     from pathlib import Path
 
     readme = (REPO / "README.md").read_text()
-    base = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10))
-    mtp = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, speculative="mtp"))
-    batch = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, batch=8))
+    # host-compute off: these rows are the prefetch plans whether or not fp8-block is claimed
+    base = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, host_compute=False))
+    mtp = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, speculative="mtp",
+                                          host_compute=False))
+    batch = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, batch=8,
+                                            host_compute=False))
     b = base.bulk
 
     def row(label, host, est, note=""):
@@ -302,3 +305,37 @@ def test_the_readme_reference_table_is_what_the_planner_says(reference):
              f"the deficit is\n  {mtp.deficit_bytes / GB:.2f} GB and {len(mtp.hot_layer_indices)} layers ({mtp.host_hot_bytes / GB:.2f} GB)"]
     missing = [n for n in prose if n not in readme]
     assert not missing, missing
+
+
+def test_the_readme_host_compute_rows_are_what_the_planner_says(reference, monkeypatch):
+    """The README's host-compute figures for the reference checkpoint (dense MLPs computed on
+    the host CPU, the block FP8 kernel claimed), beside the same inputs without host-compute."""
+    from selective_offload.cpu_kernels import claimed
+
+    readme = (REPO / "README.md").read_text()
+
+    def plan(claim, **kw):
+        monkeypatch.setitem(claimed.CLAIMED, "fp8-block", claim)
+        return make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, **kw))
+
+    def row(label, p):
+        est = p.est
+        mlps = sum(1 for g in p.groups if g.kind == "mlp")
+        host = p.host_cold_bytes + p.host_hot_bytes + p.host_compute_bytes
+        what = (f"{mlps} MLPs on the CPU, {len(p.hot_layer_indices)} hot layers" if mlps
+                else f"{len(p.hot_layer_indices)} hot layers")
+        return (f"| {label}: {what} | {host / GB:.2f} GB ({p.host_compute_bytes / GB:.2f} compute) | "
+                f"{est.est_link_s_per_step * 1e3:.0f} ms | {est.est_cpu_s_per_step * 1e3:.0f} ms | "
+                f"{est.est_step_s * 1e3:.0f} ms | {est.est_tok_s:.2f} |")
+
+    k1 = {"speculative": "mtp", "spec_tokens": 1}
+    rows = [row("selective, fp8-block unclaimed", plan(False)),
+            row("selective, fp8-block claimed", plan(True)),
+            row("selective + MTP K=1, fp8-block unclaimed", plan(False, **k1)),
+            row("selective + MTP K=1, fp8-block claimed", plan(True, **k1))]
+    missing = [r for r in rows if r not in readme]
+    assert not missing, missing
+    claimed_plan = plan(True)
+    assert any(g.kind == "mlp" for g in claimed_plan.groups)
+    bound = next(n for n in claimed_plan.notes if "turns compute-bound at" in n)
+    assert bound.split("compute-bound at ", 1)[1].split(" tokens", 1)[0] + " tokens per step" in readme

@@ -1,0 +1,341 @@
+"""Routed experts served ``compute``: vLLM's router on the device, the experts on the host CPU.
+
+A plan that serves a layer's routed experts ``compute`` keeps them in host memory, as a
+``uva`` plan does (built there at construction, page-locked in one arena), and has the
+host CPU compute them where they live (:class:`~selective_offload.wrappers.host_compute.HostExperts`).
+vLLM's structure is kept: its ``MoERunner`` runs the router (``select_experts``), the
+shared experts and the reduction as for any layer; only the quant method of this layer's
+``RoutedExperts`` is replaced, after loading, by :class:`HostComputeMethod`, whose
+``apply`` hands the tokens' hidden states and top-k to the host experts. That is vLLM's
+own seam between routing and the expert kernels (``RoutedExperts.forward_modular`` calls
+``quant_method.apply`` with the router's choice), the one SGLang's KTransformers wrapper
+uses too.
+
+Post-processing is not run for these experts: every fused-MoE kernel's post-processing
+repacks for that kernel (Marlin tiles, padded scales), and the CPU kernel reads the layout
+``create_weights`` made, the checkpoint's own. Steps above the crossover copy those bytes
+to the device and compute them there with plain torch ops, not vLLM's fused kernel.
+
+Which vLLM quant methods are served, and in which CPU format: :data:`FORMATS` (read from
+vLLM 0.33's ``create_weights`` of each; checked by tests/contract). A method not listed,
+or a format without a claimed kernel, is refused right after construction, in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import cpu_kernels
+from ..cpu_kernels import Activation, ExpertWeights
+from ..errors import PlanError
+from ..plan import Plan
+from ..planner import kernels
+from ..wrappers.host_compute import HostExperts
+
+#: The table's method (``kernels.method_of_vllm``) -> the CPU kernel's format, by the dtype
+#: vLLM loads the weights in (unquantized experts are in the model's dtype).
+FORMATS: dict[str, dict[torch.dtype | None, str]] = {
+    "unquantized": {torch.bfloat16: "bf16", torch.float32: "f32"},
+    "mxfp4": {None: "mxfp4"},
+    "fp8-block": {None: "fp8-block"},
+}
+#: vLLM's activations the CPU kernel computes, by ``MoEActivation`` value.
+ACTIVATIONS = {"silu": "silu", "swigluoai": "swigluoai"}
+MECHANISM = "compute (the host CPU computes the routed experts where they live)"
+
+
+def format_of(group: str, method: Any, module: nn.Module, device: torch.device = torch.device("cpu")) -> str:
+    """The CPU kernel's format for ``module``'s experts, or a one-line refusal."""
+    name = kernels.method_of_vllm(method)
+    by_dtype = FORMATS.get(name or "")
+    dtype = getattr(getattr(module, "w13_weight", None), "dtype", None)
+    fmt = None if by_dtype is None else by_dtype.get(dtype if None not in by_dtype else None)
+    if fmt is None:
+        what = f"{type(method).__name__}" + (f" with {dtype} weights" if name == "unquantized" else "")
+        raise PlanError(f"{group}: the plan computes these routed experts on the host CPU, and the CPU kernels "
+                        f"have no format for {what}; plan them host-uva or on the device")
+    reason = cpu_kernels.unavailable_reason(fmt)
+    if reason is None and fmt in cpu_kernels.TORCH_FORMATS and device.type == "cuda":
+        reason = ("float32 experts are computed by torch's ops, with no C job a CUDA host function could run; "
+                  "serve the model in bf16 (--dtype bfloat16)")
+    if reason is not None:
+        raise PlanError(f"{group}: the plan computes these routed experts on the host CPU in {fmt}, and {reason}")
+    return fmt
+
+
+def activation_of(group: str, module: nn.Module) -> Activation:
+    act = getattr(getattr(module, "activation", None), "value", getattr(module, "activation", None))
+    kind = ACTIVATIONS.get(str(act))
+    if kind is None:
+        raise PlanError(f"{group}: the CPU kernels do not compute the {act} activation; plan these routed "
+                        "experts host-uva or on the device")
+    if kind == "swigluoai":
+        config = getattr(module, "moe_config", None)
+        alpha = getattr(config, "swiglu_alpha", None)
+        limit = getattr(config, "swiglu_limit", None)
+        return Activation("swigluoai", alpha=1.702 if alpha is None else float(alpha),
+                          limit=7.0 if limit is None else float(limit))
+    return Activation("silu")
+
+
+def refuse_unsupported(group: str, method: Any, module: nn.Module, device: torch.device) -> None:
+    """What the host path cannot honour, refused right after construction."""
+    format_of(group, method, module, device)
+    activation_of(group, module)
+    if getattr(module, "apply_router_weight_on_input", False):
+        raise PlanError(f"{group}: vLLM applies this layer's router weights to the input (Llama-4 style), which "
+                        "the CPU kernels do not; plan these routed experts host-uva or on the device")
+
+
+def threads_of(setting: Any) -> int | None:
+    """The plan's threads per rank; unstated, this process's CPUs split between the ranks
+    (``None`` with one rank: the kernel takes torch's intra-op threads, which vLLM's CPU
+    worker binds to its cores)."""
+    if setting.threads is not None or setting.ranks <= 1:
+        return setting.threads
+    return max(1, len(os.sched_getaffinity(0)) // setting.ranks)
+
+
+def refuse_other_ranks(plan: Plan | None, vllm_config: Any) -> None:
+    """A plan priced for another number of ranks sharing the host (its threads and its
+    share of the host's bandwidth) refused before anything is built."""
+    if plan is None or plan.host_compute is None:
+        return
+    parallel = getattr(vllm_config, "parallel_config", None)
+    ranks = int(getattr(parallel, "tensor_parallel_size", 1) or 1) * int(getattr(parallel, "data_parallel_size", 1) or 1)
+    # mutation: host-compute-ranks-unchecked
+    if ranks != plan.host_compute.ranks:
+        raise PlanError(f"the plan computes routed experts on the host for {plan.host_compute.ranks} rank(s) sharing "
+                        f"its cores and memory, and this engine runs {ranks}; make the plan again with "
+                        f"`selective-offload plan --ranks {ranks}`")
+
+
+def weights_of(module: nn.Module, fmt: str, shared: frozenset[str] = frozenset(),
+               block: Any = None) -> ExpertWeights:
+    """The module's expert tensors, as loaded (no post-processing), for the CPU kernel."""
+    def get(*names: str) -> torch.Tensor | None:
+        for n in names:
+            t = getattr(module, n, None)
+            if isinstance(t, torch.Tensor) and n not in shared:
+                return t.data
+        return None
+
+    extra = {"block": tuple(block)} if fmt == "fp8-block" and block else {}
+    return ExpertWeights(fmt=fmt, w13=get("w13_weight"), w2=get("w2_weight"),
+                         w13_scale=get("w13_weight_scale_inv", "w13_weight_scale"),
+                         w2_scale=get("w2_weight_scale_inv", "w2_weight_scale"),
+                         w13_bias=get("w13_bias"), w2_bias=get("w2_bias"), **extra)
+
+
+def host_mask_of(module: nn.Module) -> torch.Tensor | None:
+    """With expert parallelism, the experts this rank holds (vLLM's ``expert_map``)."""
+    expert_map = getattr(module, "expert_map", None)
+    return None if expert_map is None else expert_map.to("cpu") >= 0
+
+
+@lru_cache(maxsize=1)
+def method_class() -> type:
+    """:class:`HostComputeMethod`, a subclass of vLLM's ``FusedMoEMethodBase`` (made on
+    first use, so importing this module needs no vLLM)."""
+    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+
+    from ..wrappers.host_compute import register
+
+    class HostComputeMethod(FusedMoEMethodBase, nn.Module):
+        """A layer's routed experts computed on the host CPU: ``apply`` gets the router's
+        top-k, as every modular method does, and returns the weighted sum (the runner
+        adds the shared experts and reduces, as for any method). A module, as vLLM's own
+        methods are (``RoutedExperts`` holds its method as a child); it holds no
+        parameters, and neither the replaced method nor the experts become children."""
+
+        def __init__(self, original: Any, experts: HostExperts):
+            nn.Module.__init__(self)
+            FusedMoEMethodBase.__init__(self, original.moe)
+            object.__setattr__(self, "original", original)
+            object.__setattr__(self, "experts", experts)
+            self.key = register(experts)
+
+        def create_weights(self, *args, **kwargs):  # the weights were made by the original method
+            raise AssertionError("HostComputeMethod replaces a quant method after loading")
+
+        def get_fused_moe_quant_config(self, layer):
+            return None
+
+        @property
+        def is_monolithic(self) -> bool:
+            return False
+
+        @property
+        def topk_indices_dtype(self):
+            return None
+
+        def process_weights_after_loading(self, layer) -> None:
+            return None  # a reload copies into the same host tensors; nothing to repack
+
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+            ids = topk_ids
+            expert_map = getattr(layer, "expert_map", None)
+            if expert_map is not None:  # global ids -> this rank's; -1 for another rank's
+                ids = expert_map[topk_ids.long()]
+            return torch.ops.selective_offload.experts_on_host(x, ids, topk_weights, self.key)
+
+    return HostComputeMethod
+
+
+def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torch.device,
+            shared: frozenset[str] = frozenset()) -> HostExperts:
+    """Serve ``module``'s routed experts on the host CPU from now on (after its parameters
+    are page-locked where they are): the quant method is replaced, the weights kept."""
+    fmt = format_of(group, method, module, device)
+    setting = plan.host_compute
+    if setting is None:
+        raise PlanError(f"{group}: the plan computes these routed experts on the host but states no crossover "
+                        f"(host_compute); make the plan again")
+    experts = HostExperts(group, weights_of(module, fmt, shared, getattr(method, "weight_block_size", None)),
+                          activation_of(group, module), crossover_tokens=setting.crossover_tokens,
+                          threads=threads_of(setting), device=device, host_mask=host_mask_of(module))
+    # mutation: host-compute-not-installed
+    module._replace_quant_method(method_class()(method, experts))
+    return experts
+
+
+def mechanism(experts: HostExperts) -> str:
+    threads = experts.threads or "all"
+    return (f"{MECHANISM}: kernel {experts.weights.fmt}, {threads} threads; steps of more than "
+            f"{experts.crossover_tokens} tokens copy the experts they use to the device")
+
+
+def live_counters(experts: HostExperts):
+    """What the report shows of ``experts``, read when asked; holds the counts, never the
+    weights (the model belongs to vLLM and is released with it)."""
+    counts, fixed = experts.counts, {"crossover_tokens": experts.crossover_tokens, "kernel": experts.weights.fmt,
+                                     "threads": experts.threads}
+    return lambda: {"host_compute": counts.as_dict(), **fixed}
+
+
+def refuse_graphs_above_crossover(plan: Plan | None, vllm_config: Any, device: torch.device) -> None:
+    """On CUDA, graph sizes above the crossover cannot be captured (see HostExperts):
+    refused before the engine captures them, naming the setting that caps them."""
+    if plan is None or plan.host_compute is None or device.type != "cuda":
+        return
+    compilation = getattr(vllm_config, "compilation_config", None)
+    sizes = list(getattr(compilation, "cudagraph_capture_sizes", None) or [])
+    enforce_eager = getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False)
+    crossover = plan.host_compute.crossover_tokens
+    if enforce_eager or not sizes or max(sizes) <= crossover:
+        return
+    raise PlanError(f"vLLM would capture CUDA graphs of up to {max(sizes)} tokens, and the plan computes routed "
+                    f"experts on the host up to {crossover} tokens per step; larger steps copy the experts they "
+                    f"route to, which a graph cannot capture: start vLLM with --max-cudagraph-capture-size "
+                    f"{crossover} (compilation_config={{'max_cudagraph_capture_size': {crossover}}})")
+
+
+# --------------------------------------------------------------------------- dense MLPs
+
+#: A dense MLP's fused projections as vLLM builds them (Qwen2/Qwen3/Llama/Mistral MLPs:
+#: ``gate_up_proj`` a MergedColumnParallelLinear of [gate; up], ``down_proj`` a
+#: RowParallelLinear, ``act_fn`` SiluAndMul).
+MLP_PARTS = ("gate_up_proj", "down_proj")
+#: The linear methods the CPU kernels read, by ``type(quant_method).__name__`` and weight dtype.
+LINEAR_FORMATS: dict[str, dict[torch.dtype | None, str]] = {
+    "UnquantizedLinearMethod": {torch.bfloat16: "bf16", torch.float32: "f32"},
+    "Fp8LinearMethod": {None: "fp8-block"},
+}
+
+
+def mlp_format(group: str, mlp: nn.Module, device: torch.device) -> str:
+    """The CPU kernel's format for a dense MLP's projections, or a one-line refusal."""
+    parts = [getattr(mlp, name, None) for name in MLP_PARTS]
+    if any(p is None or not hasattr(p, "quant_method") for p in parts):
+        raise PlanError(f"{group}: the plan computes this MLP on the host CPU, and vLLM built it as "
+                        f"{type(mlp).__name__} without fused gate_up_proj and down_proj linears; plan it on the device")
+    act = type(getattr(mlp, "act_fn", None)).__name__
+    if act != "SiluAndMul":
+        raise PlanError(f"{group}: the CPU kernels compute SiLU-gated MLPs, and this one's activation is {act}; "
+                        "plan it on the device")
+    formats = set()
+    for part in parts:
+        method = type(part.quant_method).__name__
+        by_dtype = LINEAR_FORMATS.get(method, {})
+        dtype = part.weight.dtype
+        fmt = by_dtype.get(dtype if None not in by_dtype else None)
+        if fmt == "fp8-block" and not getattr(part.quant_method, "block_quant", False):
+            fmt = None
+        if fmt is None:
+            raise PlanError(f"{group}: the CPU kernels have no format for {method} with {dtype} weights; plan this "
+                            "MLP on the device")
+        formats.add(fmt)
+    if len(formats) != 1:
+        raise PlanError(f"{group}: its projections are in different formats ({', '.join(sorted(formats))}); plan this "
+                        "MLP on the device")
+    fmt = formats.pop()
+    reason = cpu_kernels.unavailable_reason(fmt)
+    if reason is None and fmt in cpu_kernels.TORCH_FORMATS and device.type == "cuda":
+        reason = ("float32 weights are computed by torch's ops, with no C job a CUDA host function could run; "
+                  "serve the model in bf16 (--dtype bfloat16)")
+    if reason is not None:
+        raise PlanError(f"{group}: the plan computes this MLP on the host CPU in {fmt}, and {reason}")
+    return fmt
+
+
+def mlp_weights(group: str, mlp: nn.Module, fmt: str) -> ExpertWeights:
+    """The MLP as one expert: W13 = gate_up_proj's [gate; up] rows, W2 = down_proj's."""
+    gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    for part in (gate_up, down):
+        if getattr(part, "bias", None) is not None:
+            raise PlanError(f"{group}: {type(part).__name__} has a bias, which the host MLP does not add; plan this "
+                            "MLP on the device")
+
+    def scale(part: nn.Module) -> torch.Tensor | None:
+        t = getattr(part, "weight_scale_inv", None)
+        return None if t is None else t.data.unsqueeze(0)
+
+    block = getattr(gate_up.quant_method, "weight_block_size", None)
+    extra = {"block": tuple(block)} if fmt == "fp8-block" and block else {}
+    try:
+        return ExpertWeights(fmt, gate_up.weight.data.unsqueeze(0), down.weight.data.unsqueeze(0),
+                             w13_scale=scale(gate_up), w2_scale=scale(down), **extra)
+    except ValueError as exc:
+        raise PlanError(f"{group}: its weights are not in the layout the CPU kernel reads ({exc}); plan this MLP "
+                        "on the device") from None
+
+
+def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) -> HostExperts:
+    """Serve the dense MLP ``mlp`` on the host CPU from now on: an MoE of one expert that
+    every token takes, through the same host experts and op as routed experts. With tensor
+    parallelism each rank computes its shard and the partial sums are all-reduced, as
+    ``down_proj`` (a RowParallelLinear) would."""
+    from ..wrappers.host_compute import register
+
+    fmt = mlp_format(group, mlp, device)
+    setting = plan.host_compute
+    if setting is None:
+        raise PlanError(f"{group}: the plan computes this MLP on the host but states no crossover (host_compute); "
+                        "make the plan again")
+    experts = HostExperts(group, mlp_weights(group, mlp, fmt), Activation("silu"),
+                          crossover_tokens=setting.crossover_tokens, threads=threads_of(setting), device=device)
+    key = register(experts)
+    down = mlp.down_proj
+    reduce = bool(getattr(down, "reduce_results", True)) and int(getattr(down, "tp_size", 1) or 1) > 1
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        tokens = flat.shape[0]
+        ids = torch.zeros((tokens, 1), dtype=torch.int32, device=flat.device)
+        weights = torch.ones((tokens, 1), dtype=torch.float32, device=flat.device)
+        out = torch.ops.selective_offload.experts_on_host(flat, ids, weights, key)
+        if reduce:
+            from vllm.distributed import tensor_model_parallel_all_reduce
+
+            out = tensor_model_parallel_all_reduce(out)
+        return out.reshape(x.shape)
+
+    # mutation: host-mlp-not-installed
+    mlp.forward = forward
+    mlp._selective_offload_host_mlp = experts  # the model holds the host experts, as it holds the MLP
+    return experts

@@ -1,0 +1,251 @@
+"""One MoE layer's routed experts kept in host memory and computed there, by the host CPU.
+
+At batch 1 a decode step reads k of a layer's E experts. Read over the link (UVA), those
+bytes cross PCIe every step; computed where they live, only the hidden states cross (a few
+kB each way) and the experts are read at the host's memory bandwidth, several times the
+link's on a laptop. llama.cpp (``--n-cpu-moe``) and KTransformers serve experts this way.
+
+A step that carries many tokens turns the CPU compute-bound (prefill, large batches), so
+:class:`HostExperts` serves a step one of two ways, by its number of tokens:
+
+- **on the host** (``tokens <= crossover``): the tokens' hidden states, top-k ids and
+  weights go to the host, the CPU kernel (:mod:`selective_offload.cpu_kernels`) computes
+  the routed experts where their weights live, the weighted sum comes back;
+- **on the device** (above the crossover): the distinct experts the step routes to are
+  copied from the same page-locked host weights to the device and computed there, as
+  llama.cpp copies weights for ops of many tokens.
+
+The crossover is the plan's (:attr:`Plan.host_compute`), computed by the planner from the
+measured rates; the counts of steps and tokens served each way are kept for the report.
+
+On CUDA the host path is stream-ordered (:mod:`.host_function`): copies to fixed pinned
+buffers, a host function on the stream that runs the kernel with no Python, a copy back;
+a CUDA graph captures it, so vLLM's graphs need not be turned off. A step above the
+crossover cannot be captured (which experts it copies depends on the routing), so the
+glue refuses graph sizes above the crossover before the engine captures them.
+
+Weights stay in the layout vLLM's ``create_weights`` gave them (before any kernel's
+post-processing): the layout the CPU kernel reads, and :func:`cpu_kernels.reference.dequantize`
+reads on the device.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import weakref
+from dataclasses import dataclass, field, replace
+import torch
+
+from .. import cpu_kernels
+from ..cpu_kernels import Activation, ExpertWeights
+
+
+@dataclass
+class Slot:
+    """One step shape's fixed buffers and the kernel job that reads and writes them."""
+
+    x: torch.Tensor
+    ids: torch.Tensor
+    weights: torch.Tensor
+    out: torch.Tensor
+    job: "cpu_kernels.MoEJob"
+
+
+@dataclass
+class PathCount:
+    """Steps and tokens one path served, and the host time it took (where timed)."""
+
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    timed_steps: int = 0
+
+    def add(self, tokens: int, seconds: float | None) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        if seconds is not None:
+            self.seconds += seconds
+            self.timed_steps += 1
+
+    def per_step_s(self) -> float | None:
+        return self.seconds / self.timed_steps if self.timed_steps else None
+
+
+@dataclass
+class ServingCounts:
+    """What one host-compute layer served, for the report."""
+
+    host: PathCount = field(default_factory=PathCount)
+    device: PathCount = field(default_factory=PathCount)
+    #: Expert bytes the CPU read (each distinct expert of a step once).
+    host_bytes: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"host_steps": self.host.steps, "host_tokens": self.host.tokens,
+                "host_s_per_step": self.host.per_step_s(), "device_steps": self.device.steps,
+                "device_tokens": self.device.tokens, "host_bytes": self.host_bytes}
+
+
+class HostExperts:
+    """The routed experts of one MoE layer in host memory, served by the CPU at or below
+    ``crossover_tokens`` tokens per step and copied to ``device`` above it.
+
+    ``host_mask``: which experts live here (a bool/uint8 tensor of E); picks of the others
+    (and ids < 0) are left to whoever computes them and contribute nothing here.
+    """
+
+    def __init__(self, group: str, weights: ExpertWeights, activation: Activation, *, crossover_tokens: int,
+                 threads: int | None, device: torch.device, host_mask: torch.Tensor | None = None):
+        if crossover_tokens < 0:
+            raise ValueError(f"{group}: the crossover must be a number of tokens >= 0, not {crossover_tokens}")
+        self.group = group
+        self.weights = weights
+        self.activation = activation
+        self.crossover_tokens = int(crossover_tokens)
+        self.threads = threads
+        self.device = torch.device(device)
+        self.host_mask = host_mask
+        self.counts = ServingCounts()
+        self._host_function = None  # made on the first CUDA step (:mod:`.host_function`)
+        self._slots: dict[tuple, Slot] = {}
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The weighted sum of the routed experts for ``x`` ([T, H]), in ``x``'s dtype and device."""
+        tokens = int(x.shape[0])
+        # mutation: crossover-inverted
+        if tokens <= self.crossover_tokens:
+            return self._on_host(x, topk_ids, topk_weights)
+        return self._on_device(x, topk_ids, topk_weights)
+
+    __call__ = forward
+
+    # ------------------------------------------------------------------ the host path
+
+    def _on_host(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        tokens = int(x.shape[0])
+        if self.on_cuda:
+            from .host_function import HostFunction
+
+            if self._host_function is None:
+                self._host_function = HostFunction(self)
+            out = self._host_function.enqueue(x, topk_ids, topk_weights)
+            self.counts.host.add(tokens, None)  # the CPU's time is the host function's, off this thread
+            return out
+        start = time.perf_counter()
+        # mutation: host-output-halved
+        out = self.compute_on_host(x, topk_ids, topk_weights).to(x.dtype, copy=True)  # the buffer is reused
+        self.counts.host.add(tokens, time.perf_counter() - start)
+        return out
+
+    def compute_on_host(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The kernel on host tensors (float32 [T, H], a buffer reused by the next step of
+        as many tokens); counts the expert bytes read."""
+        ids = topk_ids.to(torch.int32)
+        # mutation: host-bytes-uncounted
+        self.counts.host_bytes += self._distinct_host_experts(ids) * self.weights.expert_bytes
+        if self.weights.fmt in cpu_kernels.TORCH_FORMATS:  # no C job to reuse (cpu_kernels.moe)
+            return cpu_kernels.moe(x, ids, topk_weights, self.weights, self.activation, threads=self.threads,
+                                   host_mask=self.host_mask)
+        slot = self.slot(x, ids, pinned=False)
+        slot.x.copy_(x)
+        slot.ids.copy_(ids)
+        slot.weights.copy_(topk_weights)
+        return slot.job.run()
+
+    def slot(self, x: torch.Tensor, topk_ids: torch.Tensor, *, pinned: bool) -> "Slot":
+        """Fixed buffers and a kernel job for steps of ``x``'s shape: a job's sizes are fixed
+        when it is made, and making one costs more than the copies into its buffers; a
+        captured CUDA graph holds the pinned ones' addresses (:mod:`.host_function`)."""
+        key = (int(x.shape[0]), int(topk_ids.shape[1]), x.dtype, pinned)
+        slot = self._slots.get(key)
+        if slot is None:
+            tokens, k = key[0], key[1]
+            where = dict(device="cpu", pin_memory=pinned)
+            xs = torch.empty((tokens, x.shape[1]), dtype=x.dtype, **where)
+            ids = torch.zeros((tokens, k), dtype=torch.int32, **where)
+            weights = torch.zeros((tokens, k), dtype=torch.float32, **where)
+            out = torch.empty((tokens, x.shape[1]), dtype=torch.float32, **where)
+            job = cpu_kernels.MoEJob(xs, ids, weights, self.weights, self.activation, out=out, threads=self.threads,
+                                     host_mask=self.host_mask)
+            slot = self._slots[key] = Slot(xs, ids, weights, out, job)
+        return slot
+
+    def _distinct_host_experts(self, ids: torch.Tensor) -> int:
+        used = torch.unique(ids[ids >= 0])
+        if self.host_mask is not None:
+            used = used[self.host_mask.to(torch.bool)[used.long()]]
+        return int(used.numel())
+
+    # ------------------------------------------------------------------ the device path
+
+    def _on_device(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        if self.on_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{self.group}: a CUDA graph of {int(x.shape[0])} tokens was captured, above the "
+                               f"plan's crossover of {self.crossover_tokens}: the experts such a step copies depend "
+                               "on its routing, so it cannot be captured; cap vLLM's graph sizes at the crossover")
+        start = time.perf_counter()
+        ids = topk_ids.to(torch.long)
+        valid = ids >= 0
+        if self.host_mask is not None:
+            valid &= self.host_mask.to(device=ids.device, dtype=torch.bool)[ids.clamp(min=0)]
+        used = torch.unique(ids[valid]).cpu()
+        if not used.numel():  # every pick is another's (device-resident experts)
+            self.counts.device.add(int(x.shape[0]), None)
+            return torch.zeros_like(x)
+        # Only the distinct experts of this step cross the link, from the page-locked weights.
+        sub = self._experts_on_device(used)
+        local = torch.full((self.weights.num_experts,), -1, dtype=torch.long, device=ids.device)
+        local[used.to(ids.device)] = torch.arange(used.numel(), device=ids.device)
+        remapped = torch.where(valid, local[ids.clamp(min=0)], torch.full_like(ids, -1))
+        out = cpu_kernels.reference.moe_reference(x, remapped.to(torch.int32), topk_weights.to(torch.float32), sub,
+                                                  self.activation)
+        self.counts.device.add(int(x.shape[0]), None if self.on_cuda else time.perf_counter() - start)
+        return out.to(x.dtype)
+
+    def _experts_on_device(self, used: torch.Tensor) -> ExpertWeights:
+        w = self.weights
+
+        def take(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            rows = t.index_select(0, used.to(t.device))
+            return rows.to(self.device) if self.device != rows.device else rows
+
+        return replace(w, w13=take(w.w13), w2=take(w.w2), w13_scale=take(w.w13_scale), w2_scale=take(w.w2_scale),
+                       w13_bias=take(w.w13_bias), w2_bias=take(w.w2_bias))
+
+
+# ----------------------------------------------------------------------- the opaque op
+
+#: Live host experts by key: what the op below calls (held weakly: the model owns them).
+_LIVE: "weakref.WeakValueDictionary[int, HostExperts]" = weakref.WeakValueDictionary()
+_KEYS = itertools.count(1)
+
+
+def register(experts: HostExperts) -> int:
+    """A key :func:`on_host` finds ``experts`` by, for as long as they live."""
+    key = next(_KEYS)
+    _LIVE[key] = experts
+    return key
+
+
+@torch.library.custom_op("selective_offload::experts_on_host", mutates_args=())
+def on_host(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, key: int) -> torch.Tensor:
+    """The host experts registered under ``key`` applied to ``x``, as one op that
+    torch.compile (vLLM compiles the model with ``fullgraph``) does not trace into: inside
+    are a ctypes call and a step-dependent choice of path, neither of which it can trace.
+    A CUDA graph captures what it queues (the host path is stream-ordered)."""
+    experts = _LIVE.get(key)
+    if experts is None:
+        raise RuntimeError(f"selective-offload: no host experts are registered under key {key} (their model was released)")
+    return experts(x, topk_ids, topk_weights)
+
+
+@on_host.register_fake
+def _(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, key: int) -> torch.Tensor:
+    return torch.empty_like(x)

@@ -1,0 +1,81 @@
+"""The host path of :class:`~.host_compute.HostExperts` on CUDA, stream-ordered and capturable.
+
+vLLM captures CUDA graphs by default. A host path that synchronised the stream and called
+Python would forbid them (``enforce_eager``) and stall the GPU. Instead each step, on the
+current stream: the hidden states, top-k ids and weights are copied into fixed page-locked
+buffers; a host function (``cudaLaunchHostFunc``) runs the CPU kernel's job
+(:class:`selective_offload.cpu_kernels.MoEJob`: every pointer and size of one call, run by
+C code with no Python and no CUDA call, as a host function must); the result is copied
+back. All three are stream operations, so a CUDA graph captures them as nodes and replays
+them; what else the GPU has queued runs before the host function starts, and the GPU
+waits only for the copy back. kt-kernel hands off the same way.
+
+One set of buffers and one job per number of tokens (a graph is captured per batch size,
+and a job's sizes are fixed); they live as long as the layer (a captured graph holds their
+addresses). Measured on a GPU by ``benchmarks/gpu_run.sh``; the CPU build has no stream
+and calls the kernel directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from typing import Any
+
+import torch
+
+from .. import cpu_kernels
+
+_CUDART: ctypes.CDLL | None = None
+
+
+def cudart() -> ctypes.CDLL:
+    """The CUDA runtime torch loaded (found by soname among loaded libraries first)."""
+    global _CUDART
+    if _CUDART is None:
+        names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
+        here = os.path.dirname(torch.__file__)
+        names += glob.glob(os.path.join(here, "..", "nvidia", "cuda_runtime", "lib", "libcudart.so*"))
+        errors = []
+        for name in names:
+            try:
+                lib = ctypes.CDLL(name)
+            except OSError as exc:
+                errors.append(str(exc))
+                continue
+            lib.cudaLaunchHostFunc.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            lib.cudaLaunchHostFunc.restype = ctypes.c_int
+            _CUDART = lib
+            break
+        else:
+            raise RuntimeError("host-compute on CUDA needs the CUDA runtime (libcudart) that torch uses, and none "
+                               f"could be loaded ({errors[-1] if errors else 'no candidates'})")
+    return _CUDART
+
+
+def launch_host_function(stream: torch.cuda.Stream, function: int, argument: int) -> None:
+    """Queue ``function(argument)`` (a C ``void (*)(void *)``) on ``stream``."""
+    err = cudart().cudaLaunchHostFunc(ctypes.c_void_p(stream.cuda_stream), ctypes.c_void_p(function),
+                                      ctypes.c_void_p(argument))
+    if err != 0:
+        raise RuntimeError(f"cudaLaunchHostFunc failed with CUDA error {err}")
+
+
+class HostFunction:
+    """The stream-ordered host path of one layer (see the module's docstring)."""
+
+    def __init__(self, experts: Any):
+        """``experts``: the :class:`~.host_compute.HostExperts` whose host path this is."""
+        self.experts = experts
+
+    def enqueue(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        slot = self.experts.slot(x, topk_ids, pinned=True)
+        stream = torch.cuda.current_stream(x.device)
+        slot.x.copy_(x, non_blocking=True)
+        slot.ids.copy_(topk_ids.to(torch.int32), non_blocking=True)
+        slot.weights.copy_(topk_weights.to(torch.float32), non_blocking=True)
+        launch_host_function(stream, slot.job.function_pointer, slot.job.address)
+        out = torch.empty(slot.out.shape, dtype=torch.float32, device=x.device)
+        out.copy_(slot.out, non_blocking=True)
+        return out.to(x.dtype)

@@ -1,0 +1,143 @@
+"""HostExperts: the host path at or below the crossover, the device path above it, on the
+real CPU kernel. Here the "device" is the CPU (no CUDA): the device path still copies only
+the distinct experts a step routes to and computes them with the reference's torch ops,
+which is what it does on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selective_offload import cpu_kernels
+from selective_offload.cpu_kernels import Activation, ExpertWeights
+from selective_offload.cpu_kernels.reference import moe_reference
+from selective_offload.wrappers.host_compute import HostExperts
+
+E, H, I, K = 8, 64, 32, 2
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def kernel_built():
+    try:
+        cpu_kernels.library()
+    except cpu_kernels.KernelUnavailable as exc:
+        pytest.skip(f"the CPU kernel cannot be built here: {exc}")
+
+
+def bf16_weights(seed: int = 0, bias: bool = False) -> ExpertWeights:
+    g = torch.Generator().manual_seed(seed)
+    def r(*shape):
+        return (torch.randn(*shape, generator=g) * 0.1).to(torch.bfloat16)
+    return ExpertWeights("bf16", r(E, 2 * I, H), r(E, H, I), w13_bias=r(E, 2 * I) if bias else None,
+                         w2_bias=r(E, H) if bias else None)
+
+
+def routing(tokens: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, H, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(tokens)]).to(torch.int32)
+    w = torch.rand(tokens, K, generator=g)
+    return x, ids, w / w.sum(-1, keepdim=True)
+
+
+def experts(crossover: int = 4, **kw) -> HostExperts:
+    return HostExperts("model.layers.0.mlp.experts", kw.pop("weights", bf16_weights()), kw.pop("activation", Activation("silu")),
+                       crossover_tokens=crossover, threads=1, device=torch.device("cpu"), **kw)
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 5, 17])
+def test_both_paths_compute_the_reference(tokens):
+    """At or below the crossover the host kernel serves the step, above it the device
+    path; both give the reference's sum (bf16 output, so a bf16 tolerance)."""
+    he = experts(crossover=4)
+    x, ids, w = routing(tokens)
+    out = he(x, ids, w)
+    want = moe_reference(x, ids, w, he.weights, he.activation)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-3)
+    on_host = tokens <= 4
+    assert (he.counts.host.steps, he.counts.device.steps) == ((1, 0) if on_host else (0, 1))
+    assert (he.counts.host.tokens if on_host else he.counts.device.tokens) == tokens
+
+
+def test_crossover_is_inclusive_and_counts_accumulate():
+    he = experts(crossover=3)
+    for tokens in (1, 3, 4, 3, 9):
+        he(*routing(tokens, seed=tokens))
+    assert (he.counts.host.steps, he.counts.host.tokens) == (3, 7)
+    assert (he.counts.device.steps, he.counts.device.tokens) == (2, 13)
+    assert he.counts.host.per_step_s() > 0
+
+
+def test_the_host_path_counts_each_distinct_expert_once():
+    he = experts(crossover=8)
+    x, ids, w = routing(6)
+    he(x, ids, w)
+    assert he.counts.host_bytes == len(set(ids.flatten().tolist())) * he.weights.expert_bytes
+
+
+def test_picks_of_experts_elsewhere_add_nothing_on_either_path():
+    """Experts not in the host set (another rank's, or device-resident) and ids < 0 are
+    left to whoever holds them: the same as the reference with those picks removed."""
+    mask = torch.tensor([i % 2 == 0 for i in range(E)])
+    for tokens in (2, 12):
+        he = experts(crossover=4, host_mask=mask)
+        x, ids, w = routing(tokens)
+        ids[0, 0] = -1
+        dropped = torch.where(mask[ids.clamp(min=0).long()] & (ids >= 0), ids, torch.full_like(ids, -1))
+        want = moe_reference(x, dropped, w, he.weights, he.activation)
+        torch.testing.assert_close(he(x, ids, w).float(), want, rtol=2e-2, atol=2e-3)
+
+
+def test_gpt_oss_activation_and_biases_on_both_paths():
+    act = Activation("swigluoai", alpha=1.702, limit=7.0)
+    for tokens in (1, 9):
+        he = experts(crossover=4, weights=bf16_weights(bias=True), activation=act)
+        x, ids, w = routing(tokens)
+        want = moe_reference(x, ids, w, he.weights, act)
+        torch.testing.assert_close(he(x, ids, w).float(), want, rtol=2e-2, atol=2e-3)
+
+
+def test_the_device_path_copies_only_the_experts_the_step_uses(monkeypatch):
+    he = experts(crossover=0)
+    x, ids, w = routing(3)
+    seen = []
+    real = he._experts_on_device
+    monkeypatch.setattr(he, "_experts_on_device", lambda used: seen.append(sorted(used.tolist())) or real(used))
+    he(x, ids, w)
+    assert seen == [sorted(set(ids.flatten().tolist()))]
+
+
+def test_a_negative_crossover_is_refused():
+    with pytest.raises(ValueError, match="crossover"):
+        experts(crossover=-1)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 9])
+def test_float32_experts_as_a_float32_engine_holds_them(tokens):
+    """vLLM holds unquantized experts in the engine's dtype: a float32 engine's experts are
+    served by the kernel's f32 format, to float32 accuracy."""
+    w = bf16_weights(seed=4)
+    f32 = ExpertWeights("f32", w.w13.float(), w.w2.float())
+    he = experts(crossover=4, weights=f32)
+    x, ids, wt = routing(tokens)
+    x = x.float()
+    torch.testing.assert_close(he(x, ids, wt), moe_reference(x, ids, wt, f32, he.activation), rtol=1e-5, atol=1e-6)
+
+
+def test_the_op_is_opaque_to_torch_compile():
+    """vLLM compiles the model with fullgraph: the host experts run as one registered op,
+    and the compiled function gives the eager result."""
+    from selective_offload.wrappers.host_compute import register
+
+    he = experts(crossover=4)
+    key = register(he)
+    x, ids, w = routing(2)
+
+    def layer(x, ids, w):
+        return torch.ops.selective_offload.experts_on_host(x * 2, ids, w, key) + 1
+
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, ids, w), layer(x, ids, w))
+    assert he.counts.host.steps == 2
