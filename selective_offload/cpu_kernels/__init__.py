@@ -10,27 +10,26 @@ vLLM's create_weights allocates. It imports no vLLM.
 
     out[t] = sum_j topk_weights[t, j] * (W2[e] @ act(W13[e] @ x[t] + b13[e]) + b2[e]),
     e = topk_ids[t, j], over the picks with e >= 0 and host_mask[e] set (the device
-    computes the others); float32 [T, H].
+    computes the others); float32 [T, H]. Sums are float32; where the CPU has
+    AVX512-BF16 the tokens and the activation between the projections are held in bf16
+    (as vLLM's device kernels hold them), elsewhere in float32.
 
-``CLAIMED`` says which formats the project claims a fast kernel for: those whose committed
-benchmark (``benchmarks/bench_cpu_kernels.py``, the result file ``CLAIM_SOURCE``) read
-the weights at no less than ``CLAIM_BAR`` of this kind of machine's read bandwidth at
-batch 1. A test keeps the table and the file in agreement.
+``CLAIMED`` (from ``claimed``) says which formats the project claims a fast kernel for:
+those whose committed benchmark (``benchmarks/bench_cpu_kernels.py``, the result file
+``CLAIM_SOURCE``) read the weights at no less than ``CLAIM_BAR`` of the machine's read
+bandwidth at batch 1. A test keeps the table and the file in agreement.
 """
 
 from __future__ import annotations
 
 from . import build, reference
 from .build import KernelUnavailable, openmp_runtimes
+from .claimed import CLAIM_BAR, CLAIM_SOURCE, CLAIMED
 from .kernel import TORCH_FORMATS, MoEJob, library, moe, read_gbps
 from .weights import FORMATS, IMPLEMENTED, Activation, ExpertWeights
 
-CLAIM_BAR = 0.6
-CLAIM_SOURCE = ""
-from .claimed import CLAIMED  # noqa: E402  (one table: the planner reads it too)
-
 __all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "ExpertWeights", "KernelUnavailable",
-           "MoEJob", "library", "moe", "read_gbps", "reference", "unavailable_reason", "openmp_runtimes", "build"]
+           "MoEJob", "TORCH_FORMATS", "library", "moe", "read_gbps", "reference", "unavailable_reason", "openmp_runtimes", "build"]
 
 
 def unavailable_reason(fmt: str) -> str | None:
@@ -47,5 +46,5 @@ def unavailable_reason(fmt: str) -> str | None:
         return str(e)
     if not CLAIMED.get(fmt):
         return (f"host-compute: the {fmt} kernel read its weights at less than {CLAIM_BAR} of the read bandwidth "
-                f"in {CLAIM_SOURCE or 'no committed benchmark'}; keep these experts host-uva")
+                f"in {CLAIM_SOURCE}; keep these experts host-uva")
     return None

@@ -617,43 +617,53 @@ void so_moe_job_run(void *arg) {
     const so_moe_job *c = j;
 #pragma omp parallel num_threads(threads)
     {
-        float g[NT], u[NT], acc[NT];
-        /* Up projection and activation: act[slot, i] for the slots of each expert. */
+        float g[JB][NT], u[JB][NT], acc[NT];
+        /* Up projection and activation: act[slot, i] for the slots of each expert. A work
+         * item's gate rows are read one after another, then its up rows (two sequential
+         * streams, not one row of each in turn). */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < up_items; it++) {
             int64_t gi = it / jblocks, i0 = (it % jblocks) * JB, i1 = i0 + JB < I ? i0 + JB : I;
             int64_t e = gexp[gi], s0 = gstart[gi], s1 = gstart[gi + 1];
-            for (int64_t i = i0; i < i1; i++) {
-                int64_t rg = c->act == SO_SWIGLUOAI ? 2 * i : i, ru = c->act == SO_SWIGLUOAI ? 2 * i + 1 : I + i;
-                float bg = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + rg);
-                float bu = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + ru);
-                for (int64_t s = s0; s < s1; s += NT) {
-                    int n = s1 - s < NT ? (int)(s1 - s) : NT;
-                    /* The tokens of these slots are not contiguous in X: dot one at a time
-                     * when they are not consecutive rows. */
-                    int consecutive = 1;
-                    for (int q = 1; q < n; q++) consecutive &= ptok[s + q] == ptok[s] + q;
-                    if (consecutive) {
-                        dot_row(c, 0, e, rg, X + ptok[s] * H, H, n, g);
-                        dot_row(c, 0, e, ru, X + ptok[s] * H, H, n, u);
-                    } else {
-                        for (int q = 0; q < n; q++) {
-                            dot_row(c, 0, e, rg, X + ptok[s + q] * H, H, 1, g + q);
-                            dot_row(c, 0, e, ru, X + ptok[s + q] * H, H, 1, u + q);
+            int swiglu = c->act == SO_SWIGLUOAI;
+            for (int64_t s = s0; s < s1; s += NT) {
+                int n = s1 - s < NT ? (int)(s1 - s) : NT;
+                /* Slots of consecutive tokens are consecutive rows of X, dotted together;
+                 * others one at a time. */
+                int consecutive = 1;
+                for (int q = 1; q < n; q++) consecutive &= ptok[s + q] == ptok[s] + q;
+                /* Rows in memory order: silu's gate rows then its up rows, swigluoai's
+                 * interleaved pairs in turn. */
+                for (int64_t step = 0; step < 2 * (i1 - i0); step++) {
+                        int64_t half = swiglu ? step % 2 : step / (i1 - i0);
+                        int64_t i = i0 + (swiglu ? step / 2 : step % (i1 - i0));
+                        int64_t r = swiglu ? 2 * i + half : i + half * I;
+                        float *dst = half ? u[i - i0] : g[i - i0];
+                        if (consecutive) {
+                            dot_row(c, 0, e, r, X + ptok[s] * H, H, n, dst);
+                        } else {
+                            for (int q = 0; q < n; q++) dot_row(c, 0, e, r, X + ptok[s + q] * H, H, 1, dst + q);
                         }
                     }
+                for (int64_t i = i0; i < i1; i++) {
+                    int64_t rg = swiglu ? 2 * i : i, ru = swiglu ? 2 * i + 1 : I + i;
+                    float bg = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + rg);
+                    float bu = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + ru);
                     int64_t slot = slot_of(fmt, i, I);
-                    for (int q = 0; q < n; q++) act[(s + q) * I + slot] = SO_STORE(activate(c, g[q] + bg, u[q] + bu));
+                    for (int q = 0; q < n; q++)
+                        act[(s + q) * I + slot] = SO_STORE(activate(c, g[i - i0][q] + bg, u[i - i0][q] + bu));
                 }
             }
         }
-        /* (implicit barrier) Down projection: each thread owns a block of output rows. */
-#pragma omp for schedule(static)
+        /* (implicit barrier) Down projection: each block of output rows has one writer, and
+         * reads each expert's rows of the block one after another. Dynamic: on a shared
+         * machine a descheduled thread's share is taken by the others. */
+#pragma omp for schedule(dynamic, 1)
         for (int64_t hb = 0; hb < hblocks; hb++) {
             int64_t h0 = hb * HB, h1 = h0 + HB < H ? h0 + HB : H;
-            for (int64_t h = h0; h < h1; h++) {
-                for (int64_t gi = 0; gi < ng; gi++) {
-                    int64_t e = gexp[gi], s0 = gstart[gi], s1 = gstart[gi + 1];
+            for (int64_t gi = 0; gi < ng; gi++) {
+                int64_t e = gexp[gi], s0 = gstart[gi], s1 = gstart[gi + 1];
+                for (int64_t h = h0; h < h1; h++) {
                     float b2 = load_bias(c->w2_bias, c->bias_dtype, e * H + h);
                     for (int64_t s = s0; s < s1; s += NT) {
                         int n = s1 - s < NT ? (int)(s1 - s) : NT;

@@ -41,12 +41,14 @@ def test_the_kernel_computes_w2_of_vllms_activation(kind):
     E, H, I = 2, 64, 32
     w = ck.ExpertWeights("bf16", (torch.randn(E, 2 * I, H, generator=g) * 0.5).bfloat16(),
                          (torch.randn(E, H, I, generator=g) * 0.5).bfloat16())
-    x = torch.randn(1, H, generator=g) * 3
-    h = x @ w.w13[1].float().T
+    x = (torch.randn(1, H, generator=g) * 3).bfloat16()  # as vLLM passes tokens
+    h = x.float() @ w.w13[1].float().T
     if kind == "silu":
         act = activation.SiluAndMul.forward_native(h)
     else:
         act = activation.SwigluOAIAndMul.forward_native(types.SimpleNamespace(alpha=1.702, limit=7.0), h)
     want = act @ w.w2[1].float().T
     got = ck.moe(x, torch.tensor([[1]]), torch.ones(1, 1), w, ck.Activation(kind))
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    # The AVX512-BF16 build holds the activation in bf16 (as vLLM's device kernels do).
+    tol = 1e-2 if ck.library().so_bf16_activations() else 1e-4
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * float(want.abs().max()))

@@ -546,3 +546,29 @@ def test_the_readme_benchmark_figures_are_in_the_result_files_they_name():
         assert figures, row
         missing = [f for f in figures if f not in text]
         assert not missing, f"{what.strip()}: {missing} not in {source.strip()}"
+
+
+def test_cpu_kernels_smoke(tmp_path):
+    """The host-compute kernels' benchmark: every format has a row per thread count (int4's
+    says it has no kernel), each measured row a ratio of the kernel's weight bytes per
+    second to the read bandwidth, and the claims follow the rows."""
+    proc = run("bench_cpu_kernels.py", "--smoke", "--threads", "1,2", "--out", str(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(only(tmp_path, "cpu-kernels-cpu-*-smoke.json").read_text())
+    assert [(r["format"], r["threads"]) for r in result["rows"]] == [
+        (f, t) for f in ("bf16", "mxfp4", "fp8-block", "int4") for t in (1, 2)]
+    for r in result["rows"]:
+        if r["format"] == "int4":
+            assert "not implemented" in r["status"]
+            continue
+        assert r["status"] == "measured" and r["kernel_gbps"] > 0 and r["read_gbps"] > 0
+        assert r["ratios"] and r["ratio"] == sorted(r["ratios"])[len(r["ratios"]) // 2] > 0  # one repeat in smoke
+        assert ("torch_ratio" in r) == (r["format"] == "bf16")
+    assert result["claims"]["int4"] is False
+    md = only(tmp_path, "cpu-kernels-cpu-*-smoke.md").read_text()
+    assert result["machine"] in md and "| bf16 |" in md
+
+
+def test_cpu_kernels_bench_refuses_bad_input_in_one_line(tmp_path):
+    proc = run("bench_cpu_kernels.py", "--formats", "fp4", "--out", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

@@ -1,0 +1,39 @@
+"""The claimed-formats table is the committed benchmark's verdict: the file it names is the
+newest full cpu-kernels result, its rows give the claims it records, and the table says
+the same. A new benchmark run that changes a verdict fails here until the table follows."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import REPO
+
+from selective_offload.cpu_kernels import claimed
+from selective_offload.cpu_kernels import TORCH_FORMATS
+from selective_offload.cpu_kernels.weights import FORMATS as ALL_FORMATS
+
+FORMATS = tuple(f for f in ALL_FORMATS if f not in TORCH_FORMATS)  # the compiled kernel's
+
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def test_the_table_names_the_newest_full_benchmark_result():
+    full = sorted((p for p in RESULTS.glob("cpu-kernels-cpu-*.json") if not p.stem.endswith("-smoke")),
+                  key=lambda p: (json.loads(p.read_text())["date"], p.name))
+    assert full, "no committed cpu-kernels benchmark result"
+    assert (REPO / claimed.CLAIM_SOURCE).resolve() == full[-1].resolve()
+
+
+def test_each_claim_is_what_the_committed_rows_give():
+    result = json.loads((REPO / claimed.CLAIM_SOURCE).read_text())
+    assert result["benchmark"] == "cpu-kernels" and not result["smoke"]
+    assert result["claim_bar"] == claimed.CLAIM_BAR
+    assert set(claimed.CLAIMED) == set(FORMATS)
+    for fmt in FORMATS:
+        # each thread count's best repeat (the benchmark's rule: other work only slows one down)
+        ratios = [max(r["ratios"]) for r in result["rows"] if r["format"] == fmt and r["status"] == "measured"]
+        verdict = bool(ratios) and min(ratios) >= claimed.CLAIM_BAR
+        assert result["claims"][fmt] == verdict, fmt
+        assert claimed.CLAIMED[fmt] == verdict, f"{fmt}: the table says {claimed.CLAIMED[fmt]}, the benchmark {verdict}"
+    # batch 1 with one thread and with all the machine's threads were both measured
+    assert {1, max(result["threads"])} <= {r["threads"] for r in result["rows"]}
