@@ -160,7 +160,8 @@ def test_an_integrated_gpu_is_named_in_the_plan_output(capsys, monkeypatch):
 
 
 def test_speculative_plan_shows_both_placements_and_recommends_one(capsys):
-    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--speculative", "mtp")
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--speculative", "mtp",
+                       "--no-host-compute")
     assert code == 0
     # no K and no acceptance given: the Qwen3.x family's published rate, and the K the
     # step model finds fastest on this (link-bound) placement, the largest considered
