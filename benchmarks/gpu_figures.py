@@ -188,6 +188,36 @@ def uva_moe_over_device(d: dict) -> list[dict] | str:
     return rows or "no fused-MoE phase was measured"
 
 
+def host_compute_over_uva(d: dict) -> list[dict] | str:
+    """Per layer shape at one token: the host path (graph replay, else eager) over the
+    UVA path and over resident experts; the hand-off and the crossover in the note."""
+    if not d.get("cuda"):
+        return ("no CUDA: the host path's stream hand-off and UVA views need a GPU (kernel here: "
+                f"{(d.get('kernel') or {}).get('status', 'unknown')})")
+    handoff = {r["what"].split(" ")[0]: _med(r.get("graph_s")) for r in (d.get("handoff") or {}).get("rows", [])}
+    failed = [f"{c.get('shape')} {c['path']} T={c['tokens']}" for c in d.get("correctness", []) if not c.get("ok")]
+    rows = []
+    for layer in d.get("layers", []):
+        one = next((r for r in layer.get("rows", []) if r["tokens"] == 1), {})
+        key = "host_graph_s" if one.get("host_graph_s") else "host_eager_s"
+        host, uva, res = _med(one.get(key)), _med(one.get("uva_s")), _med(one.get("resident_s"))
+        name = f"{layer['shape']} ({layer['fmt']}), 1 token, {'graph replay' if key == 'host_graph_s' else 'eager'}"
+        if host is None:
+            st = layer.get("status", {})
+            rows.append(_row(name, None, None, one.get("host_graph_error") or st.get("host_graph") or "not measured"))
+            continue
+        cross = (layer.get("crossover") or {}).get("tokens")
+        hand = handoff.get(layer["shape"])
+        note = f"host {host * 1e6:.0f} us, " + (f"UVA {uva * 1e6:.0f} us" if uva else "no UVA row") \
+            + (f", resident {res * 1e6:.0f} us" if res else "") \
+            + (f"; hand-off (graph, empty job) {hand * 1e6:.0f} us" if hand else "") \
+            + f"; host path wins up to T = {cross}" + (f"; correctness FAILED: {', '.join(failed)}" if failed else "")
+        # mutation: gpu-run-host-compute-ratio-inverted
+        rows.append(_row(f"{name}: host / UVA", host / uva if uva else None, None, note))
+        rows.append(_row(f"{name}: host / resident", host / res if res else None))
+    return rows or "no layer measured"
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("selective_over_bulk", "decode-emulation", "selective / bulk, decode tok/s",
            "whether the plan decodes faster than vLLM's bulk `cpu_offload_gb` on the same 24 GiB card, and by how "
@@ -220,6 +250,11 @@ FAMILIES: tuple[Family, ...] = (
            "what reading a layer's routed experts in place from host memory costs a decode step and a 2048-token "
            "prefill against device-resident experts (CUDA graph replays; a Triton stand-in for vLLM's TritonExperts)",
            uva_moe_over_device),
+    Family("host_compute_over_uva", "host-compute", "host-compute / UVA, time per MoE layer at decode",
+           "whether computing a layer's routed experts on the host CPU (only hidden states cross the link, handed "
+           "off on the stream inside a CUDA graph) beats the GPU reading them from host memory in place, for "
+           "gpt-oss-20b's MXFP4 and Qwen3-30B-A3B's bf16 layers, and up to how many tokens a step",
+           host_compute_over_uva),
     Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
            "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),
 )

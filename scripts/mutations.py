@@ -30,6 +30,8 @@ SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'host-mlp-not-installed': ('    mlp.forward = forward', '    pass', ['tests/engine/test_vllm_host_mlp.py::test_report_shows_each_mlp_built_and_computed_on_the_host']),
+ 'host-output-halved': ('        out = self.compute_on_host(x, topk_ids, topk_weights).to(x.dtype, copy=True)', '        out = (self.compute_on_host(x, topk_ids, topk_weights) * 0.5).to(x.dtype, copy=True)', ['tests/engine/test_vllm_moe.py::test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs']),
  'mlp-split-moe-layers': ('    return layers - {b.layer_index for b in buckets.values() if b.kind == GroupKind.EXPERTS}', '    return layers', ['tests/unit/planner/test_mlp_host_compute.py::test_a_moe_layer_is_never_split_its_mlp_is_its_experts_group']),
  'mlp-flops-times-tokens-dropped': ('        flops = e.flops_per_token * tokens', '        flops = e.flops_per_token', ['tests/unit/planner/test_mlp_host_compute.py::test_an_mlps_cpu_time_is_its_bytes_or_its_flops_times_the_tokens']),
  'compute-bound-flops-untimed': ('        return sum(e.flops_per_token * t for e in experts)', '        return sum(e.flops_per_token for e in experts)', ['tests/unit/planner/test_mlp_host_compute.py::test_an_mlps_cpu_time_is_its_bytes_or_its_flops_times_the_tokens']),
@@ -199,6 +201,10 @@ MUTATIONS = {
  'gpu-run-sweep-est-inverted': ('        est = bulk["est_step_s"] / sel["est_step_s"] if bulk and sel else None', '        est = sel["est_step_s"] / bulk["est_step_s"] if bulk and sel else None', ['tests/tools/test_gpu_run.py::test_small_run_summary_has_every_ratio_measured_or_why_not']),
  'gpu-run-est-over-measured-inverted': ('c["est_step_s"] / _med(c["step_s"]))', '_med(c["step_s"]) / c["est_step_s"])', ['tests/tools/test_gpu_run.py::test_small_run_summary_has_every_ratio_measured_or_why_not']),
  'gpu-run-moe-ratio-unread': ('        rows.append(_row(label, r.get("uva_over_device"), None, note))', '        rows.append(_row(label, r.get("uva_replay_us"), None, note))', ['tests/tools/test_gpu_run.py::test_cuda_shaped_results_give_every_cuda_figure']),
+ 'host-compute-check-off': ('    ok = bool(math.isfinite(err) and err <= tol * scale)', '    ok = True', ['tests/tools/test_gpu_host_compute.py::test_a_view_that_reads_other_experts_fails_the_check', 'tests/tools/test_gpu_host_compute.py::test_the_check_is_relative_to_the_reference_and_refuses_a_wrong_shape']),
+ 'host-compute-experts-repeat': ('BLOCK = (1 << 20) + 37', 'BLOCK = 1 << 20', ['tests/tools/test_gpu_host_compute.py::test_the_weights_differ_between_experts']),
+ 'host-compute-crossover-inverted': ('        if host is None or host > best:', '        if host is None or host < best:', ['tests/tools/test_gpu_host_compute.py::test_the_crossover_is_the_last_token_count_the_host_path_still_wins']),
+ 'gpu-run-host-compute-ratio-inverted': ('        rows.append(_row(f"{name}: host / UVA", host / uva if uva else None, None, note))', '        rows.append(_row(f"{name}: host / UVA", uva / host if uva else None, None, note))', ['tests/tools/test_gpu_host_compute.py::test_cuda_shaped_results_give_the_headline_figure']),
  'gather-graph-unchecked': ('        if not torch.equal(replay(other), reference(other)) or not torch.equal(replay(ids), reference(ids)):', '        if False:', ['tests/tools/test_benchmarks.py::test_gather_records_a_graph_replay_that_reads_the_wrong_rows']),
  'drafter-round-trip': ('    keep_on_host([(n, m) for v in routed for n, m in drafter.get_submodule(v).named_modules(prefix=v)], target)', '    pass', ['tests/unit/vllm_glue/test_cuda_paths.py::test_a_drafters_host_embedding_and_head_take_no_device_round_trip']),
  'in-place-method-round-trips': ('        if type(method).__name__ in in_place:\n            method.requires_device_loading = False', '        if type(method).__name__ in in_place:\n            pass', ['tests/unit/vllm_glue/test_cuda_paths.py::test_a_drafters_host_embedding_and_head_take_no_device_round_trip']),
@@ -251,8 +257,8 @@ MUTATIONS = {
  'accumulate-topk-weight': ('c->out[ptok[s + q] * H + h] += pw[s + q] * (acc[q] + b2);', 'c->out[ptok[s + q] * H + h] += (acc[q] + b2);', ['tests/unit/cpu_kernels/test_kernel.py::test_each_pick_is_weighted_and_summed']),
  'accumulate-assign': ('c->out[ptok[s + q] * H + h] += pw', 'c->out[ptok[s + q] * H + h] = pw', ['tests/unit/cpu_kernels/test_kernel.py::test_each_pick_is_weighted_and_summed']),
  'swigluoai-clamp': ('            g = g < j->limit ? g : j->limit;', '            g = g;', ['tests/unit/cpu_kernels/test_kernel.py::test_swigluoai_clamps_gate_and_up_at_the_limit']),
- 'fp8-scale-block-index': ('brow = shard * per_shard + (r - shard * j->I) / bn;', 'brow = r / bn;', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-fp8-block]']),
- 'mxfp4-nibble-order': ('*w0 = _mm512_permutexvar_ps(lo, table), *w1 = _mm512_permutexvar_ps(hi, table);', '*w0 = _mm512_permutexvar_ps(hi, table), *w1 = _mm512_permutexvar_ps(lo, table);', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-mxfp4]']),
+ 'fp8-scale-block-index': ('brow = shard * per_shard + (r - shard * j->I) / bn;', 'brow = r / bn;', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-fp8-block]', 'tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[plain-c-silu-fp8-block]']),
+ 'mxfp4-nibble-order': ('__m512i n0 = _mm512_and_si512(v, f), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);', '__m512i n1 = _mm512_and_si512(v, f), n0 = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-mxfp4]']),
  'mxfp4-reference-nibble-order': ('torch.stack((w & 0x0F, w >> 4), dim=-1)', 'torch.stack((w >> 4, w & 0x0F), dim=-1)', ['tests/unit/cpu_kernels/test_reference.py::test_mxfp4_is_low_nibble_first_with_e8m0_scales_per_32']),
 }
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from . import build, reference
 from .build import KernelUnavailable, openmp_runtimes
-from .kernel import MoEJob, library, moe, read_gbps
+from .kernel import TORCH_FORMATS, MoEJob, library, moe, read_gbps
 from .weights import FORMATS, IMPLEMENTED, Activation, ExpertWeights
 
 CLAIM_BAR = 0.6
@@ -39,6 +39,8 @@ def unavailable_reason(fmt: str) -> str | None:
         return f"host-compute: unknown format {fmt!r}; the formats are {', '.join(FORMATS)}"
     if fmt not in IMPLEMENTED:
         return f"host-compute: the {fmt} kernel is not implemented yet; keep these experts host-uva"
+    if fmt in TORCH_FORMATS:
+        return None
     try:
         library()
     except KernelUnavailable as e:

@@ -4,4 +4,4 @@ reads it before it offers host-compute for a layer's experts (a format marked Fa
 absent, stays host-uva, with the reason in the plan), and reading a plan refuses a
 host-compute group of a format not claimed here."""
 
-CLAIMED = {"bf16": True, "mxfp4": True, "fp8-block": False, "int4": False, "f32": True}
+CLAIMED = {"bf16": True, "mxfp4": True, "fp8-block": False, "int4": False}

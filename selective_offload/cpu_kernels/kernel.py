@@ -14,10 +14,12 @@ import time
 
 import torch
 
-from . import build
+from . import build, reference
 from .weights import Activation, ExpertWeights
 
-FMT_CODE = {"bf16": 0, "mxfp4": 1, "fp8-block": 2, "f32": 3}
+FMT_CODE = {"bf16": 0, "mxfp4": 1, "fp8-block": 2}
+#: Formats served by torch's own float32 ops instead of the C kernel (see :func:`moe`).
+TORCH_FORMATS = frozenset({"f32"})
 ACT_CODE = {"silu": 0, "swigluoai": 1}
 DT_NONE, DT_BF16, DT_F32 = 0, 1, 2
 STATUS = {1: "topk_ids holds an expert id >= the number of experts", 2: "the kernel's workspace could not be allocated",
@@ -109,7 +111,9 @@ class MoEJob:
                                  f"expected bool or uint8 [{E}]")
             host_mask = host_mask.view(torch.uint8) if host_mask.dtype == torch.bool else host_mask
         if weights.fmt not in FMT_CODE:
-            raise ValueError(f"host-compute kernel: format {weights.fmt!r} is not implemented")
+            raise ValueError(f"host-compute kernel: format {weights.fmt!r} has no C job"
+                             + (" (float32 experts are computed by torch's ops, with no job a CUDA host function could "
+                                "run: serve the model in bf16)" if weights.fmt in TORCH_FORMATS else ""))
         b13, b2, bias_dtype = _biases(weights)
         named = {**weights.tensors(), **dict(x=x, topk_ids=topk_ids, topk_weights=topk_weights, out=out,
                                              host_mask=host_mask, w13_bias=b13, w2_bias=b2)}
@@ -166,6 +170,12 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, wei
         x = x.float()
     if topk_weights.dtype != torch.float32:
         topk_weights = topk_weights.float()
+    if weights.fmt in TORCH_FORMATS:
+        # Experts an engine holds in float32 (vLLM's CPU build runs a model in float32 when
+        # asked): no compressed bytes to decode, so torch's float32 ops are the kernel,
+        # exact to float32 where the C kernel's AVX512-BF16 path rounds the tokens.
+        result = reference.moe_reference(x, topk_ids, topk_weights, weights, activation, host_mask=host_mask)
+        return result if out is None else out.copy_(result)
     if out is None:
         out = torch.empty(x.shape[0], weights.hidden, dtype=torch.float32)
     job = MoEJob(x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous(), weights, activation, out=out,

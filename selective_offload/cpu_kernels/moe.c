@@ -33,7 +33,7 @@
 #include <immintrin.h>
 #endif
 
-enum { SO_BF16 = 0, SO_MXFP4 = 1, SO_FP8_BLOCK = 2, SO_F32 = 3 };
+enum { SO_BF16 = 0, SO_MXFP4 = 1, SO_FP8_BLOCK = 2 };
 enum { SO_SILU = 0, SO_SWIGLUOAI = 1 };
 enum { SO_DT_NONE = 0, SO_DT_BF16 = 1, SO_DT_F32 = 2 };
 
@@ -61,6 +61,15 @@ typedef struct {
 } so_moe_job;
 
 int64_t so_moe_job_size(void) { return (int64_t)sizeof(so_moe_job); }
+
+/* 1 where the tokens and the activation are held in bf16 (the AVX512-BF16 path), else 0. */
+int64_t so_bf16_activations(void) {
+#if defined(SO_AVX512) && defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 int64_t so_simd_level(void) {
 #if defined(SO_AVX512)
@@ -108,6 +117,13 @@ static inline float load_bias(const void *p, int64_t dtype, int64_t i) {
  * past its last whole block of 32 is natural order in every format. */
 
 #define NT 4
+/* Software prefetch this many bytes ahead of the weights being read: the rows a thread
+ * walks follow each other in memory, and the hardware prefetcher alone leaves the loads
+ * waiting on memory. */
+#ifndef SO_PREFETCH
+#define SO_PREFETCH 1024
+#endif
+#define PF(p) _mm_prefetch((const char *)(p) + SO_PREFETCH, _MM_HINT_T0)
 
 static inline int64_t perm32(int64_t k, int64_t len) {
     if (k >= len - len % 32) return k;
@@ -125,7 +141,6 @@ static inline float e8m0(uint8_t s) {
 /* Element k of a row, for the tail and the plain-C path. */
 static inline float element(int fmt, const void *row, const void *scale, int64_t bk, int64_t k) {
     if (fmt == SO_BF16) return bf16_to_f32(((const uint16_t *)row)[k]);
-    if (fmt == SO_F32) return ((const float *)row)[k];
     if (fmt == SO_MXFP4) {
         uint8_t b = ((const uint8_t *)row)[k / 2];
         return 0.5f * E2M1_X2[(k & 1) ? b >> 4 : b & 0xF] * e8m0(((const uint8_t *)scale)[k / 32]);
@@ -137,10 +152,7 @@ static inline float element(int fmt, const void *row, const void *scale, int64_t
 /* 32 elements from k (a multiple of 32) as two vectors, for X slots [k, k+16) and [k+16, k+32). */
 static inline __attribute__((always_inline)) void decode32(int fmt, const void *row, const void *scale, int64_t bk,
                                                            int64_t k, __m512 *w0, __m512 *w1) {
-    if (fmt == SO_F32) {
-        *w0 = _mm512_loadu_ps((const float *)row + k);
-        *w1 = _mm512_loadu_ps((const float *)row + k + 16);
-    } else if (fmt == SO_BF16) {
+    if (fmt == SO_BF16) {
         __m512i v = _mm512_loadu_si512((const void *)((const uint16_t *)row + k));
         *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
         *w1 = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
@@ -149,7 +161,6 @@ static inline __attribute__((always_inline)) void decode32(int fmt, const void *
         __m512 table = _mm512_mul_ps(_mm512_loadu_ps(E2M1), _mm512_set1_ps(e8m0(((const uint8_t *)scale)[k / 32])));
         __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2)));
         __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xF)), hi = _mm512_srli_epi32(v, 4);
-        // mutation: mxfp4-nibble-order
         *w0 = _mm512_permutexvar_ps(lo, table), *w1 = _mm512_permutexvar_ps(hi, table);
     } else {
         __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((const uint8_t *)row + k)));
@@ -163,9 +174,7 @@ static inline __attribute__((always_inline)) void decode32(int fmt, const void *
 /* 32 elements from k as four vectors, for X slots k + 8q, q = 0..3. */
 static inline __attribute__((always_inline)) void decode32(int fmt, const void *row, const void *scale, int64_t bk,
                                                            int64_t k, __m256 *w) {
-    if (fmt == SO_F32) {
-        for (int q = 0; q < 4; q++) w[q] = _mm256_loadu_ps((const float *)row + k + 8 * q);
-    } else if (fmt == SO_BF16) {
+    if (fmt == SO_BF16) {
         const uint16_t *p = (const uint16_t *)row + k;
         __m256i v0 = _mm256_loadu_si256((const __m256i *)p), v1 = _mm256_loadu_si256((const __m256i *)(p + 16));
         __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
@@ -251,7 +260,7 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
 #else
     for (; k < whole; k++) {
         float w = element(fmt, row, scale, bk, k);
-        int64_t slot = (fmt == SO_FP8_BLOCK || fmt == SO_F32) ? k : perm32(k, len);
+        int64_t slot = fmt == SO_FP8_BLOCK ? k : perm32(k, len);
         for (int t = 0; t < n; t++) s[t] += w * X[t * ldx + slot];
     }
 #endif
@@ -263,7 +272,7 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
 }
 
 #define SO_DOT_FMT(NAME, FMT)                                                                              \
-    static void NAME(const void *row, const void *scale, int64_t bk, int64_t len, const float *X, int64_t ldx, \
+    static __attribute__((unused)) void NAME(const void *row, const void *scale, int64_t bk, int64_t len, const float *X, int64_t ldx, \
                      int n, float *acc) {                                                                  \
         switch (n) {                                                                                       \
             case 1: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 1); break;                                \
@@ -275,20 +284,207 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
 SO_DOT_FMT(dot_bf16, SO_BF16)
 SO_DOT_FMT(dot_mxfp4, SO_MXFP4)
 SO_DOT_FMT(dot_fp8, SO_FP8_BLOCK)
-SO_DOT_FMT(dot_f32, SO_F32)
 
-/* Row r of matrix `which` (0: w13 [E, 2I, H], 1: w2 [E, H, I]) of expert e, dotted with n vectors. */
-static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const float *X, int64_t ldx, int n,
+/* ---------------- the AVX512-BF16 path: tokens and activations as bf16, f32 sums ----------------
+ *
+ * Where the CPU has AVX512_BF16 the weights are decoded to bf16 (exact for bf16, e2m1 and
+ * e4m3 values) and multiplied with vdpbf16ps, which sums 32 products into 16 f32 lanes in
+ * one instruction: decoding to f32 first costs more instructions than reading the bytes
+ * takes. The tokens (bf16 already, as vLLM passes them) and the activation between the two
+ * projections are held in bf16, as vLLM's own kernels hold them on the device; the sums
+ * are f32. The decoded words come out of the byte shuffles in a lane order of their own,
+ * so X is stored in that order (perm16), and a row's tail past its last whole chunk in
+ * natural order, summed in plain C. */
+#if defined(SO_AVX512) && defined(__AVX512BF16__)
+#define SO_BF16DOT 1
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);  /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+/* Where element k of a row of len elements sits in X. */
+static inline int64_t perm16(int fmt, int64_t k, int64_t len) {
+    if (fmt == SO_MXFP4) {
+        int64_t c128 = len / 128 * 128, B, L;
+        if (k < c128) {
+            B = k / 128 * 128, L = 4;
+        } else if (len - c128 >= 64 && k < c128 + 64) {
+            B = c128, L = 2;
+        } else {
+            return k;
+        }
+        int64_t e = k - B;
+        return B + (e % 4) * 8 * L + e / 4;  /* nibble e % 4 of word e / 4 */
+    }
+    if (fmt == SO_FP8_BLOCK) {
+        int64_t c64 = len / 64 * 64;
+        if (k >= c64) return k;
+        int64_t B = k / 64 * 64, e = k - B, l = e / 16, h = (e % 16) / 8, w = e % 8;
+        return B + h * 32 + 8 * l + w;
+    }
+    return k;
+}
+
+static inline __m512 dp512(__m512 acc, __m512i a, const uint16_t *x) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)_mm512_loadu_si512((const void *)x));
+}
+
+static inline __m256 dp256(__m256 acc, __m256i a, const uint16_t *x) {
+    return _mm256_dpbf16_ps(acc, (__m256bh)a, (__m256bh)_mm256_loadu_si256((const __m256i *)x));
+}
+
+/* e2m1 codes as bf16 (twice: vpermw indexes 32 words). */
+static const uint16_t E2M1_BF16_W[32] = {
+    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0,
+    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
+/* e4m3 subnormals (exponent 0) as bf16, by mantissa: m * 2^-9. */
+static const uint8_t E4M3_SUB_HI[16] = {0x00, 0x3B, 0x3B, 0x3B, 0x3C, 0x3C, 0x3C, 0x3C};
+static const uint8_t E4M3_SUB_LO[16] = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x20, 0x40, 0x60};
+
+static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *row, const void *scale, int64_t bk,
+                                                          int64_t len, const uint16_t *X, int64_t ldx, float *acc,
+                                                          const int n) {
+    __m512 a[NT][4];
+    for (int t = 0; t < n; t++)
+        for (int q = 0; q < 4; q++) a[t][q] = _mm512_setzero_ps();
+    int64_t k = 0;
+    float s[NT] = {0};
+    if (fmt == SO_BF16) {
+        const uint16_t *w = (const uint16_t *)row;
+        for (; k + 128 <= len; k += 128) {
+            PF(w + k), PF(w + k + 32), PF(w + k + 64), PF(w + k + 96);
+            __m512i w0 = _mm512_loadu_si512((const void *)(w + k)), w1 = _mm512_loadu_si512((const void *)(w + k + 32));
+            __m512i w2 = _mm512_loadu_si512((const void *)(w + k + 64)), w3 = _mm512_loadu_si512((const void *)(w + k + 96));
+            for (int t = 0; t < n; t++) {
+                const uint16_t *x = X + t * ldx + k;
+                a[t][0] = dp512(a[t][0], w0, x);
+                a[t][1] = dp512(a[t][1], w1, x + 32);
+                a[t][2] = dp512(a[t][2], w2, x + 64);
+                a[t][3] = dp512(a[t][3], w3, x + 96);
+            }
+        }
+        for (; k + 32 <= len; k += 32) {
+            __m512i w0 = _mm512_loadu_si512((const void *)(w + k));
+            for (int t = 0; t < n; t++) a[t][0] = dp512(a[t][0], w0, X + t * ldx + k);
+        }
+    } else if (fmt == SO_MXFP4) {
+        /* Each 16-bit word of the row holds four e2m1 codes (elements 4j .. 4j+3); nibble
+         * k of every word, looked up in a table of bf16 values (vpermw), is one vector of
+         * bf16 weights. A 128-bit lane of it covers one scale block of 32 elements. */
+        const uint8_t *q = (const uint8_t *)row, *sc = (const uint8_t *)scale;
+        const __m512i table = _mm512_loadu_si512((const void *)E2M1_BF16_W);
+        const __m512i f = _mm512_set1_epi16(0x0F);
+        const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        for (; k + 128 <= len; k += 128) {
+            PF(q + k / 2);
+            __m512i v = _mm512_loadu_si512((const void *)(q + k / 2));
+            // mutation: mxfp4-nibble-order
+            __m512i n0 = _mm512_and_si512(v, f), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);
+            __m512i n2 = _mm512_and_si512(_mm512_srli_epi16(v, 8), f), n3 = _mm512_srli_epi16(v, 12);
+            __m512i w0 = _mm512_permutexvar_epi16(n0, table), w1 = _mm512_permutexvar_epi16(n1, table);
+            __m512i w2 = _mm512_permutexvar_epi16(n2, table), w3 = _mm512_permutexvar_epi16(n3, table);
+            uint32_t four;
+            memcpy(&four, sc + k / 32, 4);
+            __m512i e = _mm512_permutexvar_epi32(spread, _mm512_cvtepu8_epi32(_mm_cvtsi32_si128((int)four)));
+            __m512 sv = _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));  /* 2^(s-127); s = 0 reads as 0 */
+            for (int t = 0; t < n; t++) {
+                const uint16_t *x = X + t * ldx + k;
+                /* The four share the chunk's scales: summed unscaled, scaled once. Each chunk's
+                 * chain starts from zero, so chunks overlap in the out-of-order core. */
+                __m512 p = dp512(dp512(_mm512_setzero_ps(), w0, x), w1, x + 32);
+                p = dp512(dp512(p, w2, x + 64), w3, x + 96);
+                a[t][k / 128 % 4] = _mm512_fmadd_ps(p, sv, a[t][k / 128 % 4]);
+            }
+        }
+        if (len - k >= 64) {  /* one chunk of 64 in ymm halves (gpt-oss: 2880 = 22 * 128 + 64) */
+            __m256i v = _mm256_loadu_si256((const __m256i *)(q + k / 2)), f2 = _mm256_set1_epi16(0x0F);
+            __m256i tb = _mm512_castsi512_si256(table);
+            __m256i w0 = _mm256_permutexvar_epi16(_mm256_and_si256(v, f2), tb);
+            __m256i w1 = _mm256_permutexvar_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), f2), tb);
+            __m256i w2 = _mm256_permutexvar_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 8), f2), tb);
+            __m256i w3 = _mm256_permutexvar_epi16(_mm256_srli_epi16(v, 12), tb);
+            __m256 sv = _mm256_set_m128(_mm_set1_ps(e8m0(sc[k / 32 + 1])), _mm_set1_ps(e8m0(sc[k / 32])));
+            for (int t = 0; t < n; t++) {
+                const uint16_t *x = X + t * ldx + k;
+                __m256 p = dp256(dp256(_mm256_setzero_ps(), w0, x), w1, x + 16);
+                p = dp256(dp256(p, w2, x + 32), w3, x + 48);
+                a[t][0] = _mm512_add_ps(a[t][0], _mm512_castps256_ps512(_mm256_mul_ps(p, sv)));
+            }
+            k += 64;
+        }
+    } else {
+        const uint8_t *q = (const uint8_t *)row;
+        const float *sc = (const float *)scale;
+        const __m512i sign = _mm512_set1_epi8((char)0x80), seven = _mm512_set1_epi8(7), bias = _mm512_set1_epi8(60);
+        const __m512i f0 = _mm512_set1_epi8((char)0xF0), e78 = _mm512_set1_epi8(0x78);
+        const __m512i shi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)E4M3_SUB_HI));
+        const __m512i slo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)E4M3_SUB_LO));
+        if (bk % 64 == 0) {
+            for (; k + 64 <= len; k += 64) {
+                PF(q + k);
+                __m512i v = _mm512_loadu_si512((const void *)(q + k));
+                __m512i sg = _mm512_and_si512(v, sign), m = _mm512_and_si512(v, seven);
+                __m512i hi = _mm512_or_si512(sg, _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), seven), bias));
+                __m512i lo = _mm512_and_si512(_mm512_slli_epi16(v, 4), f0);
+                __mmask64 sub = _mm512_testn_epi8_mask(v, e78);
+                hi = _mm512_mask_mov_epi8(hi, sub, _mm512_or_si512(_mm512_shuffle_epi8(shi, m), sg));
+                lo = _mm512_mask_shuffle_epi8(lo, sub, slo, m);
+                __m512i w0 = _mm512_unpacklo_epi8(lo, hi), w1 = _mm512_unpackhi_epi8(lo, hi);
+                __m512 sv = _mm512_set1_ps(sc[k / bk]);
+                for (int t = 0; t < n; t++) {
+                    const uint16_t *x = X + t * ldx + k;
+                    __m512 p = dp512(dp512(_mm512_setzero_ps(), w0, x), w1, x + 32);
+                    a[t][k / 64 % 4] = _mm512_fmadd_ps(p, sv, a[t][k / 64 % 4]);
+                }
+            }
+        }
+    }
+    for (int t = 0; t < n; t++)
+        s[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
+    for (; k < len; k++) {  /* the tail, and fp8 rows whose scale block is not a multiple of 64 */
+        float w = element(fmt, row, scale, bk, k);
+        int64_t slot = perm16(fmt, k, len);
+        for (int t = 0; t < n; t++) s[t] += w * bf16_to_f32(X[t * ldx + slot]);
+    }
+    for (int t = 0; t < n; t++) acc[t] = s[t];
+}
+
+#define SO_DOT16_FMT(NAME, FMT)                                                                               \
+    static void NAME(const void *row, const void *scale, int64_t bk, int64_t len, const uint16_t *X, int64_t ldx, \
+                     int n, float *acc) {                                                                     \
+        switch (n) {                                                                                          \
+            case 1: dot16_n(FMT, row, scale, bk, len, X, ldx, acc, 1); break;                                 \
+            case 2: dot16_n(FMT, row, scale, bk, len, X, ldx, acc, 2); break;                                 \
+            case 3: dot16_n(FMT, row, scale, bk, len, X, ldx, acc, 3); break;                                 \
+            default: dot16_n(FMT, row, scale, bk, len, X, ldx, acc, 4); break;                                \
+        }                                                                                                     \
+    }
+SO_DOT16_FMT(dot16_bf16, SO_BF16)
+SO_DOT16_FMT(dot16_mxfp4, SO_MXFP4)
+SO_DOT16_FMT(dot16_fp8, SO_FP8_BLOCK)
+#endif
+
+/* Row r of matrix `which` (0: w13 [E, 2I, H], 1: w2 [E, H, I]) of expert e, dotted with n
+ * vectors of X (f32, or bf16 on the AVX512-BF16 path). */
+static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const void *X, int64_t ldx, int n,
                     float *acc) {
     int64_t R = which ? j->H : 2 * j->I, C = which ? j->I : j->H;
     const void *w = which ? j->w2 : j->w13, *sc = which ? j->w2_scale : j->w13_scale;
+#if defined(SO_BF16DOT)
+#define SO_DOT(FMT) dot16_##FMT
+    typedef const uint16_t *xptr;
+#else
+#define SO_DOT(FMT) dot_##FMT
+    typedef const float *xptr;
+#endif
     if (j->fmt == SO_BF16) {
-        dot_bf16((const uint16_t *)w + (e * R + r) * C, NULL, 0, C, X, ldx, n, acc);
-    } else if (j->fmt == SO_F32) {
-        dot_f32((const float *)w + (e * R + r) * C, NULL, 0, C, X, ldx, n, acc);
+        SO_DOT(bf16)((const uint16_t *)w + (e * R + r) * C, NULL, 0, C, (xptr)X, ldx, n, acc);
     } else if (j->fmt == SO_MXFP4) {
-        dot_mxfp4((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), 0, C, X,
-                  ldx, n, acc);
+        SO_DOT(mxfp4)((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), 0, C,
+                      (xptr)X, ldx, n, acc);
     } else {
         int64_t bn = j->block_n, bk = j->block_k, cols = (C + bk - 1) / bk;
         /* Block rows: w13 is [gate; up], each shard ceil(I / bn) block rows (vLLM's layout). */
@@ -302,9 +498,19 @@ static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const 
             brow = shard * per_shard + (r - shard * j->I) / bn;
             rows = 2 * per_shard;
         }
-        dot_fp8((const uint8_t *)w + (e * R + r) * C, (const float *)sc + (e * rows + brow) * cols, bk, C, X, ldx, n,
-                acc);
+        SO_DOT(fp8)((const uint8_t *)w + (e * R + r) * C, (const float *)sc + (e * rows + brow) * cols, bk, C,
+                    (xptr)X, ldx, n, acc);
     }
+#undef SO_DOT
+}
+
+/* Where element k of a row of len elements sits in X, on this build's path. */
+static inline int64_t slot_of(int fmt, int64_t k, int64_t len) {
+#if defined(SO_BF16DOT)
+    return perm16(fmt, k, len);
+#else
+    return fmt == SO_FP8_BLOCK ? k : perm32(k, len);
+#endif
 }
 
 static inline float activate(const so_moe_job *j, float g, float u) {
@@ -335,7 +541,7 @@ void so_moe_job_run(void *arg) {
     so_moe_job *j = (so_moe_job *)arg;
     int64_t T = j->T, K = j->K, E = j->E, H = j->H, I = j->I, P = T * K;
     j->status = 0;
-    if (j->fmt < SO_BF16 || j->fmt > SO_F32) { j->status = 3; return; }
+    if (j->fmt < SO_BF16 || j->fmt > SO_FP8_BLOCK) { j->status = 3; return; }
     int64_t need = so_moe_workspace_bytes(T, K, E, H, I);
     char *ws = (char *)j->workspace, *own = NULL;
     if (!ws || j->workspace_bytes < need) {
@@ -344,7 +550,7 @@ void so_moe_job_run(void *arg) {
     }
     float *xf = (float *)ws;
     ws += align64(T * H * 4);
-    float *act = (float *)ws;
+    float *actf = (float *)ws;
     ws += align64(P * I * 4);
     int64_t *ptok = (int64_t *)ws;
     ws += align64(P * 8);
@@ -383,18 +589,26 @@ void so_moe_job_run(void *arg) {
         pw[slot] = j->topk_weights[p];
     }
     /* The tokens as f32, in the order the format's row walk reads them (perm32). */
-    int permuted = j->fmt != SO_FP8_BLOCK && j->fmt != SO_F32;
-    const float *X = xf;
-    if (j->x_dtype == SO_DT_F32 && !permuted) {
-        X = (const float *)j->x;
-    } else {
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t k = 0; k < H; k++) {
-                int64_t i = t * H + k;
-                float v = j->x_dtype == SO_DT_F32 ? ((const float *)j->x)[i] : bf16_to_f32(((const uint16_t *)j->x)[i]);
-                xf[t * H + (permuted ? perm32(k, H) : k)] = v;
-            }
-    }
+#if defined(SO_BF16DOT)
+    typedef uint16_t xval;  /* X and the activation in bf16 */
+#define SO_STORE(v) f32_to_bf16(v)
+#else
+    typedef float xval;
+#define SO_STORE(v) (v)
+#endif
+    xval *X = (xval *)xf, *act = (xval *)actf;
+    int fmt = (int)j->fmt;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t k = 0; k < H; k++) {
+            int64_t i = t * H + k;
+            xval v;
+#if defined(SO_BF16DOT)
+            v = j->x_dtype == SO_DT_F32 ? f32_to_bf16(((const float *)j->x)[i]) : ((const uint16_t *)j->x)[i];
+#else
+            v = j->x_dtype == SO_DT_F32 ? ((const float *)j->x)[i] : bf16_to_f32(((const uint16_t *)j->x)[i]);
+#endif
+            X[t * H + slot_of(fmt, k, H)] = v;
+        }
     memset(j->out, 0, (size_t)(T * H * 4));
     if (total == 0) { free(own); return; }
 
@@ -428,8 +642,8 @@ void so_moe_job_run(void *arg) {
                             dot_row(c, 0, e, ru, X + ptok[s + q] * H, H, 1, u + q);
                         }
                     }
-                    int64_t slot = permuted ? perm32(i, I) : i;
-                    for (int q = 0; q < n; q++) act[(s + q) * I + slot] = activate(c, g[q] + bg, u[q] + bu);
+                    int64_t slot = slot_of(fmt, i, I);
+                    for (int q = 0; q < n; q++) act[(s + q) * I + slot] = SO_STORE(activate(c, g[q] + bg, u[q] + bu));
                 }
             }
         }

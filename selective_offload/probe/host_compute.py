@@ -22,7 +22,7 @@ from typing import Any, Callable
 #: and large enough (128 experts of 3 x 2048 x 768) that a batch-1 step reads far more than
 #: the CPU's caches hold.
 KERNEL_SHAPE = (2048, 768, 128, 8)
-QUICK_KERNEL_SHAPE = (1024, 384, 32, 4)
+QUICK_KERNEL_SHAPE = (1024, 512, 32, 4)
 
 
 def _cpus(text: str) -> set[int]:

@@ -240,7 +240,9 @@ class Profile:
                                                     for k, v in sorted(defaults["cpu_kernel_gbps"].items())))
             if defaults["cpu_threads"] is not None:
                 args.append(f"--cpu-threads {defaults['cpu_threads']}")
-            lines.append(f"  for planning   {' '.join(args)}")
+            gpu = "" if self.device is not None else ("; no GPU, so no link or VRAM: give --device-memory, --link-gbps "
+                                                      "and --vram-gbps of the target GPU")
+            lines.append(f"  for planning   {' '.join(args)}{gpu}")
         else:
             lines.append("  for planning   nothing: without a GPU there is no link or VRAM to measure; "
                          "give --device-memory, --link-gbps and --vram-gbps of the target GPU")

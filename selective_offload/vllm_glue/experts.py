@@ -100,6 +100,14 @@ def compute_groups(plan: Plan | None) -> list[str]:
     return [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.placement == Placement.HOST_COMPUTE]
 
 
+def mlp_groups(plan: Plan | None) -> list[str]:
+    """The dense MLPs the plan computes on the host CPU (a group of kind ``mlp`` exists only
+    so served): built and page-locked on the host as the experts are, run as one expert."""
+    if plan is None:
+        return []
+    return [g.group for g in plan.groups if g.kind == "mlp" and g.placement == Placement.HOST_COMPUTE]
+
+
 @dataclass
 class ExpertsLoad:
     """What one main-model load does to the plan's host experts (served uva or compute), for the report."""
@@ -123,26 +131,32 @@ class ExpertsLoad:
     #: outside it too (vLLM's runner passes the router's score-correction bias in): never
     #: moved or viewed here. Names, not ids: post-processing frees parameters, and ids are reused.
     shared: frozenset[str] = frozenset()
-    #: The groups served compute (the rest are served uva), and each one's host experts.
+    #: The groups served compute (the rest are served uva), and each one's host experts;
+    #: of them, the dense MLPs.
     computed: frozenset[str] = frozenset()
+    mlps: frozenset[str] = frozenset()
     compute: dict[str, Any] = field(default_factory=dict)
     #: ``id()`` of the final parameters of the compute-served groups.
     compute_params: set[int] = field(default_factory=set)
 
     @classmethod
     def of(cls, plan: Plan | None, names: ModelNames = ModelNames()) -> "ExpertsLoad | None":
-        computed = compute_groups(plan)
+        mlps = mlp_groups(plan)
+        computed = compute_groups(plan) + mlps
         groups = uva_groups(plan) + computed
         if not groups:
             return None
         segments = plan.inputs.cold_segments
-        return cls({names.key(g, segments): g for g in groups}, names.segments(segments), computed=frozenset(computed))
+        return cls({names.key(g, segments): g for g in groups}, names.segments(segments), computed=frozenset(computed),
+                   mlps=frozenset(mlps))
 
     def is_computed(self, group: str) -> bool:
         return group in self.computed
 
     def group_of(self, prefix: str) -> str | None:
-        """The uva-served group a FusedMoE ``prefix`` (vLLM's name) builds, or ``None``."""
+        """The host group a constructing module's ``prefix`` (vLLM's name) builds, or
+        ``None``: a FusedMoE's experts; a dense MLP's linears (``model.layers.0.mlp.gate_up_proj``
+        is in group ``model.layers.0.mlp``, by the names rule)."""
         return self.groups.get(group_key(prefix, self.cold_segments))
 
     def is_expert_module(self, name: str) -> bool:
@@ -227,6 +241,8 @@ def find_modules(model: nn.Module, xl: ExpertsLoad, routed_experts_cls: type) ->
             group = xl.group_of(getattr(module, PREFIX_ARGUMENT, "") or name)
             if group is not None:
                 xl.modules[name] = group
+        elif xl.mlps and xl.group_of(name) in xl.mlps and not xl.is_expert_module(name):
+            xl.modules[name] = xl.group_of(name)  # the MLP itself (its linears come after it, inside it)
     outside = {id(p) for n, p in model.named_parameters(remove_duplicate=False)
                if not xl.is_expert_module(n.rsplit(".", 1)[0])}
     xl.shared = frozenset(n for m in xl.modules for n, p in model.get_submodule(m).named_parameters()
@@ -238,10 +254,16 @@ def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[i
     routing ledger's storages), and take over its post-processing."""
     for name, group in xl.modules.items():
         module = model.get_submodule(name)
-        method = module.quant_method
         xl.routed |= {id(p) for p in own_parameters(module, xl) if _storage(p) in routed_storages}
+        if group in xl.mlps:
+            host_compute.mlp_format(group, module, device)
+            for part in host_compute.MLP_PARTS:
+                linear = getattr(module, part)
+                take_over_post_processing(linear, linear.quant_method, group, xl, None, run_original=False)
+            continue
+        method = module.quant_method
         if xl.is_computed(group):
-            host_compute.refuse_unsupported(group, method, module)
+            host_compute.refuse_unsupported(group, method, module, device)
             # mutation: computed-experts-post-processed
             take_over_post_processing(module, method, group, xl, None, run_original=False)
             continue
@@ -337,7 +359,8 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
             page_locked.lock_together(params, group)
         hosts = [p.data for p in params]
         if computed:
-            experts = host_compute.install(group, module, module.quant_method, plan, device, xl.shared)
+            experts = (host_compute.install_mlp(group, module, plan, device) if group in xl.mlps else
+                       host_compute.install(group, module, module.quant_method, plan, device, xl.shared))
             xl.compute[group] = experts
             xl.compute_params |= {id(p) for p in params}
             if page_locked is not None and hosts:

@@ -49,7 +49,7 @@ ACTIVATIONS = {"silu": "silu", "swigluoai": "swigluoai"}
 MECHANISM = "compute (the host CPU computes the routed experts where they live)"
 
 
-def format_of(group: str, method: Any, module: nn.Module) -> str:
+def format_of(group: str, method: Any, module: nn.Module, device: torch.device = torch.device("cpu")) -> str:
     """The CPU kernel's format for ``module``'s experts, or a one-line refusal."""
     name = kernels.method_of_vllm(method)
     by_dtype = FORMATS.get(name or "")
@@ -60,6 +60,9 @@ def format_of(group: str, method: Any, module: nn.Module) -> str:
         raise PlanError(f"{group}: the plan computes these routed experts on the host CPU, and the CPU kernels "
                         f"have no format for {what}; plan them host-uva or on the device")
     reason = cpu_kernels.unavailable_reason(fmt)
+    if reason is None and fmt in cpu_kernels.TORCH_FORMATS and device.type == "cuda":
+        reason = ("float32 experts are computed by torch's ops, with no C job a CUDA host function could run; "
+                  "serve the model in bf16 (--dtype bfloat16)")
     if reason is not None:
         raise PlanError(f"{group}: the plan computes these routed experts on the host CPU in {fmt}, and {reason}")
     return fmt
@@ -80,9 +83,9 @@ def activation_of(group: str, module: nn.Module) -> Activation:
     return Activation("silu")
 
 
-def refuse_unsupported(group: str, method: Any, module: nn.Module) -> None:
+def refuse_unsupported(group: str, method: Any, module: nn.Module, device: torch.device) -> None:
     """What the host path cannot honour, refused right after construction."""
-    format_of(group, method, module)
+    format_of(group, method, module, device)
     activation_of(group, module)
     if getattr(module, "apply_router_weight_on_input", False):
         raise PlanError(f"{group}: vLLM applies this layer's router weights to the input (Llama-4 style), which "
@@ -141,6 +144,8 @@ def method_class() -> type:
     first use, so importing this module needs no vLLM)."""
     from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 
+    from ..wrappers.host_compute import register
+
     class HostComputeMethod(FusedMoEMethodBase, nn.Module):
         """A layer's routed experts computed on the host CPU: ``apply`` gets the router's
         top-k, as every modular method does, and returns the weighted sum (the runner
@@ -153,6 +158,7 @@ def method_class() -> type:
             FusedMoEMethodBase.__init__(self, original.moe)
             object.__setattr__(self, "original", original)
             object.__setattr__(self, "experts", experts)
+            self.key = register(experts)
 
         def create_weights(self, *args, **kwargs):  # the weights were made by the original method
             raise AssertionError("HostComputeMethod replaces a quant method after loading")
@@ -176,7 +182,7 @@ def method_class() -> type:
             expert_map = getattr(layer, "expert_map", None)
             if expert_map is not None:  # global ids -> this rank's; -1 for another rank's
                 ids = expert_map[topk_ids.long()]
-            return self.experts(x, ids, topk_weights)
+            return torch.ops.selective_offload.experts_on_host(x, ids, topk_weights, self.key)
 
     return HostComputeMethod
 
@@ -185,7 +191,7 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
             shared: frozenset[str] = frozenset()) -> HostExperts:
     """Serve ``module``'s routed experts on the host CPU from now on (after its parameters
     are page-locked where they are): the quant method is replaced, the weights kept."""
-    fmt = format_of(group, method, module)
+    fmt = format_of(group, method, module, device)
     setting = plan.host_compute
     if setting is None:
         raise PlanError(f"{group}: the plan computes these routed experts on the host but states no crossover "
@@ -227,3 +233,109 @@ def refuse_graphs_above_crossover(plan: Plan | None, vllm_config: Any, device: t
                     f"experts on the host up to {crossover} tokens per step; larger steps copy the experts they "
                     f"route to, which a graph cannot capture: start vLLM with --max-cudagraph-capture-size "
                     f"{crossover} (compilation_config={{'max_cudagraph_capture_size': {crossover}}})")
+
+
+# --------------------------------------------------------------------------- dense MLPs
+
+#: A dense MLP's fused projections as vLLM builds them (Qwen2/Qwen3/Llama/Mistral MLPs:
+#: ``gate_up_proj`` a MergedColumnParallelLinear of [gate; up], ``down_proj`` a
+#: RowParallelLinear, ``act_fn`` SiluAndMul).
+MLP_PARTS = ("gate_up_proj", "down_proj")
+#: The linear methods the CPU kernels read, by ``type(quant_method).__name__`` and weight dtype.
+LINEAR_FORMATS: dict[str, dict[torch.dtype | None, str]] = {
+    "UnquantizedLinearMethod": {torch.bfloat16: "bf16", torch.float32: "f32"},
+    "Fp8LinearMethod": {None: "fp8-block"},
+}
+
+
+def mlp_format(group: str, mlp: nn.Module, device: torch.device) -> str:
+    """The CPU kernel's format for a dense MLP's projections, or a one-line refusal."""
+    parts = [getattr(mlp, name, None) for name in MLP_PARTS]
+    if any(p is None or not hasattr(p, "quant_method") for p in parts):
+        raise PlanError(f"{group}: the plan computes this MLP on the host CPU, and vLLM built it as "
+                        f"{type(mlp).__name__} without fused gate_up_proj and down_proj linears; plan it on the device")
+    act = type(getattr(mlp, "act_fn", None)).__name__
+    if act != "SiluAndMul":
+        raise PlanError(f"{group}: the CPU kernels compute SiLU-gated MLPs, and this one's activation is {act}; "
+                        "plan it on the device")
+    formats = set()
+    for part in parts:
+        method = type(part.quant_method).__name__
+        by_dtype = LINEAR_FORMATS.get(method, {})
+        dtype = part.weight.dtype
+        fmt = by_dtype.get(dtype if None not in by_dtype else None)
+        if fmt == "fp8-block" and not getattr(part.quant_method, "block_quant", False):
+            fmt = None
+        if fmt is None:
+            raise PlanError(f"{group}: the CPU kernels have no format for {method} with {dtype} weights; plan this "
+                            "MLP on the device")
+        formats.add(fmt)
+    if len(formats) != 1:
+        raise PlanError(f"{group}: its projections are in different formats ({', '.join(sorted(formats))}); plan this "
+                        "MLP on the device")
+    fmt = formats.pop()
+    reason = cpu_kernels.unavailable_reason(fmt)
+    if reason is None and fmt in cpu_kernels.TORCH_FORMATS and device.type == "cuda":
+        reason = ("float32 weights are computed by torch's ops, with no C job a CUDA host function could run; "
+                  "serve the model in bf16 (--dtype bfloat16)")
+    if reason is not None:
+        raise PlanError(f"{group}: the plan computes this MLP on the host CPU in {fmt}, and {reason}")
+    return fmt
+
+
+def mlp_weights(group: str, mlp: nn.Module, fmt: str) -> ExpertWeights:
+    """The MLP as one expert: W13 = gate_up_proj's [gate; up] rows, W2 = down_proj's."""
+    gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    for part in (gate_up, down):
+        if getattr(part, "bias", None) is not None:
+            raise PlanError(f"{group}: {type(part).__name__} has a bias, which the host MLP does not add; plan this "
+                            "MLP on the device")
+
+    def scale(part: nn.Module) -> torch.Tensor | None:
+        t = getattr(part, "weight_scale_inv", None)
+        return None if t is None else t.data.unsqueeze(0)
+
+    block = getattr(gate_up.quant_method, "weight_block_size", None)
+    extra = {"block": tuple(block)} if fmt == "fp8-block" and block else {}
+    try:
+        return ExpertWeights(fmt, gate_up.weight.data.unsqueeze(0), down.weight.data.unsqueeze(0),
+                             w13_scale=scale(gate_up), w2_scale=scale(down), **extra)
+    except ValueError as exc:
+        raise PlanError(f"{group}: its weights are not in the layout the CPU kernel reads ({exc}); plan this MLP "
+                        "on the device") from None
+
+
+def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) -> HostExperts:
+    """Serve the dense MLP ``mlp`` on the host CPU from now on: an MoE of one expert that
+    every token takes, through the same host experts and op as routed experts. With tensor
+    parallelism each rank computes its shard and the partial sums are all-reduced, as
+    ``down_proj`` (a RowParallelLinear) would."""
+    from ..wrappers.host_compute import register
+
+    fmt = mlp_format(group, mlp, device)
+    setting = plan.host_compute
+    if setting is None:
+        raise PlanError(f"{group}: the plan computes this MLP on the host but states no crossover (host_compute); "
+                        "make the plan again")
+    experts = HostExperts(group, mlp_weights(group, mlp, fmt), Activation("silu"),
+                          crossover_tokens=setting.crossover_tokens, threads=threads_of(setting), device=device)
+    key = register(experts)
+    down = mlp.down_proj
+    reduce = bool(getattr(down, "reduce_results", True)) and int(getattr(down, "tp_size", 1) or 1) > 1
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        tokens = flat.shape[0]
+        ids = torch.zeros((tokens, 1), dtype=torch.int32, device=flat.device)
+        weights = torch.ones((tokens, 1), dtype=torch.float32, device=flat.device)
+        out = torch.ops.selective_offload.experts_on_host(flat, ids, weights, key)
+        if reduce:
+            from vllm.distributed import tensor_model_parallel_all_reduce
+
+            out = tensor_model_parallel_all_reduce(out)
+        return out.reshape(x.shape)
+
+    # mutation: host-mlp-not-installed
+    mlp.forward = forward
+    mlp._selective_offload_host_mlp = experts  # the model holds the host experts, as it holds the MLP
+    return experts

@@ -31,7 +31,9 @@ reads on the device.
 
 from __future__ import annotations
 
+import itertools
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 import torch
 
@@ -135,6 +137,7 @@ class HostExperts:
             self.counts.host.add(tokens, None)  # the CPU's time is the host function's, off this thread
             return out
         start = time.perf_counter()
+        # mutation: host-output-halved
         out = self.compute_on_host(x, topk_ids, topk_weights).to(x.dtype, copy=True)  # the buffer is reused
         self.counts.host.add(tokens, time.perf_counter() - start)
         return out
@@ -145,6 +148,9 @@ class HostExperts:
         ids = topk_ids.to(torch.int32)
         # mutation: host-bytes-uncounted
         self.counts.host_bytes += self._distinct_host_experts(ids) * self.weights.expert_bytes
+        if self.weights.fmt in cpu_kernels.TORCH_FORMATS:  # no C job to reuse (cpu_kernels.moe)
+            return cpu_kernels.moe(x, ids, topk_weights, self.weights, self.activation, threads=self.threads,
+                                   host_mask=self.host_mask)
         slot = self.slot(x, ids, pinned=False)
         slot.x.copy_(x)
         slot.ids.copy_(ids)
@@ -212,3 +218,34 @@ class HostExperts:
 
         return replace(w, w13=take(w.w13), w2=take(w.w2), w13_scale=take(w.w13_scale), w2_scale=take(w.w2_scale),
                        w13_bias=take(w.w13_bias), w2_bias=take(w.w2_bias))
+
+
+# ----------------------------------------------------------------------- the opaque op
+
+#: Live host experts by key: what the op below calls (held weakly: the model owns them).
+_LIVE: "weakref.WeakValueDictionary[int, HostExperts]" = weakref.WeakValueDictionary()
+_KEYS = itertools.count(1)
+
+
+def register(experts: HostExperts) -> int:
+    """A key :func:`on_host` finds ``experts`` by, for as long as they live."""
+    key = next(_KEYS)
+    _LIVE[key] = experts
+    return key
+
+
+@torch.library.custom_op("selective_offload::experts_on_host", mutates_args=())
+def on_host(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, key: int) -> torch.Tensor:
+    """The host experts registered under ``key`` applied to ``x``, as one op that
+    torch.compile (vLLM compiles the model with ``fullgraph``) does not trace into: inside
+    are a ctypes call and a step-dependent choice of path, neither of which it can trace.
+    A CUDA graph captures what it queues (the host path is stream-ordered)."""
+    experts = _LIVE.get(key)
+    if experts is None:
+        raise RuntimeError(f"selective-offload: no host experts are registered under key {key} (their model was released)")
+    return experts(x, topk_ids, topk_weights)
+
+
+@on_host.register_fake
+def _(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, key: int) -> torch.Tensor:
+    return torch.empty_like(x)

@@ -154,3 +154,52 @@ def test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device(com
     assert "compute on host: planned" in text
     assert f"compute {names[0]} (as of now): host CPU " in text and "device path 1 step, 14 tokens" in text
 
+
+
+# ------------------------------------------------- host-compute on the C kernel, in bf16
+
+#: How far the C kernel's bf16 logprobs may be from plain vLLM's bf16 ones: both round
+#: the tokens and the activation to bf16, in different places and orders. The tiny model's
+#: experts add little to its residual stream, so the bound is tight: halving the experts'
+#: output (the kernel's accumulation broken) moves the logprobs past it.
+BF16_LOGPROB_TOLERANCE = 2e-3
+
+
+def prompt_logprobs(model, sequences, **engine_args):
+    """Each position's logprob of the next given token (teacher-forced), one prefill step."""
+    import gc
+
+    from vllm import LLM, SamplingParams
+
+    from helpers import ENGINE_ARGS
+
+    llm = LLM(model=str(model), **{**ENGINE_ARGS, "dtype": "bfloat16", **engine_args})
+    try:
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+        outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        return [[next(iter(p.values())).logprob if p else None for p in o.prompt_logprobs][1:] for o in outputs]
+    finally:
+        del llm
+        gc.collect()
+
+
+def test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs(moe, plain_tokens):
+    """A bf16 engine's experts go to the compiled kernel (float32 engines' go to torch's
+    ops). With a crossover above the whole prefill, every expert of the teacher-forced
+    sequences (the prompts and plain vLLM's greedy tokens) is computed by the C kernel."""
+    sequences = [list(p) + t for p, t in zip(PROMPTS, plain_tokens)]
+    plan = compute_experts_plan(moe, cpu_tflops=100.0)
+    assert plan.host_compute.crossover_tokens >= sum(map(len, sequences))
+    selective_offload.disable()
+    plain = prompt_logprobs(moe, sequences)
+    selective_offload.enable(plan, strict=True)
+    try:
+        computed = prompt_logprobs(moe, sequences)
+        report = selective_offload.placement_report()
+    finally:
+        selective_offload.disable()
+    worst = max(abs(a - b) for p, c in zip(plain, computed) for a, b in zip(p, c))
+    assert worst <= BF16_LOGPROB_TOLERANCE, worst
+    served = [c["host_compute"] for c in report.transfers.values() if "host_compute" in c]
+    assert served and all(s["host_steps"] >= 1 and s["device_steps"] == 0 for s in served)
+    assert all("kernel bf16" in g.mechanism for g in report.groups if g.planned == "host-compute")

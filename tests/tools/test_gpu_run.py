@@ -105,7 +105,7 @@ def test_small_run_summary_has_every_ratio_measured_or_why_not(small_run):
     assert len(by["selective_mtp"]["rows"]) == 3
     assert by["host_gather_over_device"]["rows"]
     for key in ("uva_over_copy_emulation", "uva_over_copy_sizes", "pageable_over_pinned",
-                "page_locked_over_planned", "uva_embedding_over_device", "uva_moe_over_device"):
+                "page_locked_over_planned", "uva_embedding_over_device", "uva_moe_over_device", "host_compute_over_uva"):
         assert "no CUDA" in by[key]["not_measured"] or "no GPU" in by[key]["not_measured"], by[key]
     assert "cold-only" in by["cold_only_over_bulk"]["not_measured"]
     md = (out / f"{summary['stem']}.md").read_text()
@@ -216,7 +216,7 @@ def test_a_gpu_run_lands_in_the_readme_table(small_run, tmp_path):
     merged = tables.gpu_runs(results)
     assert "| 123.456 (" in merged and "gpu-run-cuda-nvidia-h200-2026-12-01-only-gather.md" in merged
     assert merged.count("| selective / bulk, decode tok/s: batch 1 (matrix-vector) | ") == 1
-    assert "(sections: probe ok, mechanism ok, decode-emulation ok, gather ok, uva-read ok)" in merged
+    assert "(sections: probe ok, mechanism ok, decode-emulation ok, gather ok, uva-read ok, host-compute ok)" in merged
 
 
 def test_uva_read_runs_its_uva_path_through_a_stand_in_view():

@@ -97,13 +97,19 @@ def test_an_edited_source_builds_into_its_own_folder(tmp_path, monkeypatch):
     assert build.build(quiet=True) == second  # built once
 
 
-def test_one_openmp_runtime_is_mapped_and_it_is_torchs():
-    ck.library()
-    runtimes = build.openmp_runtimes()
-    import torch
-
-    assert len(runtimes) == 1, runtimes
-    assert os.path.dirname(torch.__file__) in runtimes[0]
+def test_the_kernel_adds_no_openmp_runtime_and_binds_to_torchs():
+    """In a process of torch alone, loading the kernel maps no OpenMP runtime beside
+    torch's own (the kernel's threads are torch's pool). Run apart: in this process other
+    libraries (sentencepiece, imported by vLLM's tokenizers) map runtimes of their own."""
+    code = ("import os, torch\n"
+            "from selective_offload.cpu_kernels import build, library\n"
+            "before = build.openmp_runtimes()\n"
+            "library()\n"
+            "after = build.openmp_runtimes()\n"
+            "assert after == before and len(after) == 1, (before, after)\n"
+            "assert os.path.dirname(torch.__file__) in after[0], after\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_the_build_command_compiles_once_and_prints_where(tmp_path):

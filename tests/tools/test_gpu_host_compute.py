@@ -1,0 +1,173 @@
+"""The GPU run's host-compute section (benchmarks/gpu_host_compute.py) on this CPU machine.
+
+Its --small form runs here as the driver runs it: the kernel and the reference parts are
+measured and checked, every CUDA-only part is recorded as skipped with its reason. The
+UVA and resident rows, CUDA-only in the run, are exercised through stand-in views (host
+tensors in place of device views), so their code and their correctness check run here;
+a view that reads another expert's bytes must fail that check.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from helpers import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gpu_figures  # noqa: E402
+import host_compute_layers as hl  # noqa: E402
+import host_compute_sections as hs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    out = tmp_path_factory.mktemp("host-compute")
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_host_compute.py"), "--small", "--out",
+                           str(out)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    (path,) = out.glob("host-compute-cpu-*-small.json")
+    assert path.with_suffix(".md").read_text().startswith("# Host-compute")
+    return json.loads(path.read_text())
+
+
+def test_small_run_records_what_it_measured_and_why_the_cuda_parts_were_not(small):
+    assert small["cuda"] is False and small["small"] is True and small["complete"] is True
+    assert small["threads"] == small["physical_cores"] >= 1
+    for key in ("handoff", "overlap"):
+        assert small[key]["status"] == hl.NO_CUDA and "no CUDA device" in small[key]["status"]
+    assert [layer["shape"] for layer in small["layers"]] == [s.name for s in hl.SMALL_SHAPES]
+    built = small["kernel"]["status"] == "built"
+    for layer in small["layers"]:
+        st = layer["status"]
+        for path in ("host_graph", "device_path", "uva", "resident", "uva_floor"):
+            assert "no CUDA device" in st[path], (path, st[path])
+        assert [r["tokens"] for r in layer["rows"]] == list(hl.SMALL_TOKENS)
+        assert layer["crossover"]["tokens"] is None and "not measured" in layer["crossover"]["note"]
+        for row in layer["rows"]:
+            assert row["distinct_experts"] >= 1
+            assert row["expert_bytes_read"] == row["distinct_experts"] * layer["expert_bytes"]
+            assert not any(k.startswith(("uva", "resident", "device_path", "host_graph")) for k in row), row
+            if built:
+                assert row["kernel_s"]["n"] >= 3 and row["kernel_s"]["median"] > 0
+                assert row["kernel_weights_gbps"] == pytest.approx(
+                    row["expert_bytes_read"] / row["kernel_s"]["median"] / 1e9)
+                assert row["host_eager_s"]["median"] > 0
+    if built:
+        assert small["bandwidth"]["read_gbps"] > 0 and small["bandwidth"]["threads"] == small["threads"]
+        checked = {(c["shape"], c["path"], c["tokens"]) for c in small["correctness"]}
+        assert checked == {(s.name, p, t) for s in hl.SMALL_SHAPES for p in ("kernel", "host_eager")
+                           for t in hl.CHECKED_TOKENS}
+        assert all(c["ok"] and c["max_abs_err"] <= c["tol"] * c["max_abs_ref"] for c in small["correctness"])
+        sweep = {t["shape"]: [r["threads"] for r in t["rows"]] for t in small["threads_sweep"]}
+        assert sweep == {s.name: hl.thread_counts(small["physical_cores"]) for s in hl.SMALL_SHAPES}
+    else:
+        assert small["bandwidth"]["status"].startswith("skipped: the CPU kernel cannot be built here")
+    assert small["correct"] is True
+    fam = gpu_figures.host_compute_over_uva(small)
+    assert isinstance(fam, str) and fam.startswith("no CUDA")
+
+
+def _layer(stand_in_view, shape=hl.SMALL_SHAPES[1]):
+    ctx = hs.Ctx(cuda=False, small=True, threads=1, iters=3, max_seconds=5)
+    hs.build_kernel(ctx)
+    weights = hl.make_weights(shape)
+    return ctx, hs.measure_layer(ctx, shape, weights, (1, 2), view=stand_in_view, resident=lambda t: t.clone())
+
+
+@pytest.mark.parametrize("shape", hl.SMALL_SHAPES, ids=lambda s: s.fmt)
+def test_the_uva_and_resident_rows_run_and_are_checked_through_stand_in_views(shape):
+    ctx, layer = _layer(lambda t: t, shape)
+    assert layer["status"]["uva"] == layer["status"]["resident"] == "measured"
+    assert layer["uva_read_gbps"] > 0
+    for row in layer["rows"]:
+        assert row["uva_s"]["median"] > 0 and row["resident_s"]["median"] > 0
+        assert row["uva_floor_s"] == pytest.approx(row["expert_bytes_read"] / (layer["uva_read_gbps"] * 1e9))
+    paths = {(c["path"], c["tokens"]): c for c in ctx.checks}
+    assert {("uva", 1), ("uva", 2), ("resident", 1), ("resident", 2)} <= set(paths)
+    assert all(c["ok"] for c in ctx.checks), ctx.checks
+
+
+def test_a_view_that_reads_other_experts_fails_the_check():
+    """Experts shifted by one (the right shape, another expert's bytes): the UVA row's
+    check must say NO, the resident row's (a true copy) yes."""
+    ctx, _ = _layer(lambda t: t.roll(1, 0).contiguous())
+    uva = [c for c in ctx.checks if c["path"] == "uva"]
+    assert uva and not any(c["ok"] for c in uva), uva
+    assert all(c["ok"] for c in ctx.checks if c["path"] == "resident")
+
+
+def test_the_check_is_relative_to_the_reference_and_refuses_a_wrong_shape():
+    import torch
+
+    want = torch.tensor([[2.0, -4.0]])
+    assert hl.check("p", 1, want + 3e-4, want, 1e-4)["ok"] is True  # 3e-4 <= 1e-4 * 4
+    assert hl.check("p", 1, want + 5e-4, want, 1e-4)["ok"] is False
+    assert hl.check("p", 1, want[:, :1], want, 1e-4)["ok"] is False
+
+
+def test_the_crossover_is_the_last_token_count_the_host_path_still_wins():
+    def row(t, host, copy, uva):
+        return {"tokens": t, "host_graph_s": {"median": host}, "device_path_s": {"median": copy},
+                "uva_s": {"median": uva}}
+
+    rows = [row(1, 1.0, 5.0, 3.0), row(2, 2.0, 5.0, 2.5), row(4, 4.0, 5.0, 3.0), row(8, 3.0, 9.0, 9.0)]
+    got = hl.crossover(rows)
+    assert got["tokens"] == 2 and got["host"] == "host_graph" and got["against"] == ["device_path", "uva"]
+    assert hl.crossover([row(1, 4.0, 5.0, 3.0)])["tokens"] is None
+    assert hl.crossover([{"tokens": 1, "host_eager_s": {"median": 1.0}}])["tokens"] is None
+
+
+def test_the_weights_differ_between_experts():
+    """The tiled fill must not repeat an expert (a path reading the wrong one would pass)."""
+    for shape in hl.SMALL_SHAPES + hl.SHAPES[1:]:
+        w = hl.make_weights(replace(shape, experts=3))
+        assert not any(bool((w.w13[a] == w.w13[b]).all()) for a, b in ((0, 1), (1, 2), (0, 2))), shape.name
+
+
+def test_cuda_shaped_results_give_the_headline_figure(small):
+    """What a CUDA run writes (the CPU file with the CUDA fields filled) gives host / UVA
+    and host / resident per layer, with the hand-off and the crossover in the note."""
+    d = json.loads(json.dumps(small))
+    d["cuda"] = True
+    d["handoff"] = {"status": "measured", "rows": [
+        {"what": "bare host function (free(NULL))", "graph_s": {"median": 5e-6}},
+        {"what": f"{hl.SMALL_SHAPES[0].name} host path, every pick -1 (copies and an empty job)",
+         "graph_s": {"median": 2e-5}}]}
+    first, second = d["layers"]
+    first["rows"][0].update(host_graph_s={"median": 4e-4}, uva_s={"median": 1e-3}, resident_s={"median": 2e-4})
+    first["crossover"] = {"tokens": 8}
+    second["rows"][0].pop("host_eager_s", None)
+    second["status"]["host_graph"] = "FAILED: RuntimeError: capture failed"
+    rows = gpu_figures.host_compute_over_uva(d)
+    assert [r["measured"] for r in rows[:2]] == pytest.approx([0.4, 2.0])
+    assert rows[0]["label"].endswith("graph replay: host / UVA")
+    assert "hand-off (graph, empty job) 20 us" in rows[0]["note"] and "wins up to T = 8" in rows[0]["note"]
+    assert rows[2]["measured"] is None and "capture failed" in rows[2]["note"]
+    d["correctness"] = [{"shape": "x", "path": "uva", "tokens": 1, "ok": False}]
+    assert "correctness FAILED: x uva T=1" in gpu_figures.host_compute_over_uva(d)[0]["note"]
+
+
+def test_bad_arguments_are_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_host_compute.py"), "--small",
+                           "--max-seconds", "0", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --max-seconds")
+    assert len(proc.stderr.splitlines()) == 1
+
+
+def test_a_view_that_cannot_be_made_is_recorded_and_the_rest_still_run():
+    """A refused view (OffloadError on the GPU machine, say) is the UVA rows' status; the
+    resident and host rows are still measured."""
+    def refuse(t):
+        raise RuntimeError("cudaHostRegister refused")
+
+    ctx, layer = _layer(refuse)
+    assert layer["status"]["uva"] == "FAILED: RuntimeError: cudaHostRegister refused"
+    assert layer["status"]["resident"] == "measured" and "uva_read_gbps" not in layer
+    assert all("uva_s" not in r and r["resident_s"]["median"] > 0 for r in layer["rows"])
