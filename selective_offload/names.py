@@ -193,7 +193,9 @@ def group_key(name: str, cold_segments: Iterable[str]) -> tuple:
     if layer is not None:
         if experts_prefix(name) is not None:
             return ("experts", layer[1])
-        return ("mlp", layer[1]) if in_mlp(name) else ("layer", layer[1])
+        # what vLLM's MoE runner holds under ``experts`` beside them (its gate) stays with the layer
+        dense = in_mlp(name) and ROUTED_EXPERTS_SEGMENT not in segments(name)
+        return ("mlp", layer[1]) if dense else ("layer", layer[1])
     return ("module", ".".join(p for p in segments(name) if p not in WRAPPER_SEGMENTS))
 
 

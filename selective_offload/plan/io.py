@@ -22,7 +22,9 @@ the placement ``host-uva``; v2 and v1 plans are still read (they have no expert 
 MoE layer is one group). A v4 plan with routed experts served ``compute`` (host-compute)
 holds ``host_compute``: the CPU kernel's format, stored, and the crossover, threads and rates
 it was priced at, derived from the inputs and the groups and checked when read (a plan
-without it reads as ``host_compute`` None). v1 wrote each group's reads split by where they land, and its
+without it reads as ``host_compute`` None). A v4 plan may also hold groups of kind ``mlp``
+(``model.layers.N.mlp``: the MLP of a dense layer, always served ``compute``, its layer
+group holding the rest); a plan without them keeps every dense layer whole. v1 wrote each group's reads split by where they land, and its
 totals at the top level, where those it derived differently (the prefetch buffers among
 them) are not compared. Writing is the mirror
 of reading, kept beside it so a new field is added to both in one place. The functions

@@ -4,7 +4,8 @@ A decode step reads every resident weight once, so each hot byte kept on the hos
 the link every step; cold groups (:mod:`.grouping` says which) cost nothing there. So the
 cold set goes first (:func:`place_cold`), and only the rest of the deficit is closed from a
 menu per decoder layer (:func:`place_hot`): resident, a MoE layer's routed experts read in
-place through UVA, or the whole layer through the prefetch offloader. What a placement costs
+place through UVA or computed on the host CPU, a dense layer's MLP computed on the host CPU
+(the rest resident or prefetched), or the whole layer through the prefetch offloader. What a placement costs
 the device besides its resident bytes (prefetch buffers, a cold tower's transient) and the
 host (its shortfall) is counted here too, as is the strategy it amounts to.
 
@@ -155,6 +156,13 @@ def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float]
     layers without routed experts are candidates.
     ``compute``: whether the experts' format has a CPU kernel the committed benchmark
     claims (``cpu_kernels.claimed``); without it the menu has no host-compute entry.
+    ``mlp_compute``: whether a dense layer's MLP (a group of its own in ``p.groups``: kind
+    mlp, split by the caller) may be computed on the host. Then a dense layer's menu is also
+    its MLP computed on the host with the rest resident, or with the rest prefetched: for
+    each number ``m`` of computed MLPs (spread out; an MLP is read whole, so each costs the
+    same per byte wherever it sits, and they share the one CPU pool with host-compute
+    experts), the fewest spread-out layers are prefetched from the whole layers only, the
+    rests of the computed ones only, or any of them, each priced with the whole step model.
     """
     units = _layer_units(p.groups)
     if p.over_budget() <= 0 or not units:

@@ -160,7 +160,8 @@ def test_an_integrated_gpu_is_named_in_the_plan_output(capsys, monkeypatch):
 
 
 def test_speculative_plan_shows_both_placements_and_recommends_one(capsys):
-    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--speculative", "mtp")
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--speculative", "mtp",
+                       "--no-host-compute")
     assert code == 0
     # no K and no acceptance given: the Qwen3.x family's published rate, and the K the
     # step model finds fastest on this (link-bound) placement, the largest considered
@@ -244,3 +245,22 @@ def test_the_kv_trade_off_is_printed_with_the_model_sized_cache(capsys):
     rows = {int(line.split()[0]): line.split() for line in out.split("KV cache trade-off", 1)[1].splitlines()[2:7]}
     assert sorted(rows) == [1, 2, 4, 8, 16]
     assert [float(rows[n][1]) for n in (1, 2, 4)] == [1.074, 2.147, 4.295]
+
+
+def test_plan_lists_host_compute_mlps_and_no_host_compute_turns_them_off(capsys, monkeypatch):
+    from selective_offload.cpu_kernels import claimed
+
+    monkeypatch.setitem(claimed.CLAIMED, "fp8-block", True)
+    code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--json")
+    assert code == 0, err
+    plan = Plan.from_dict(json.loads(out))
+    mlps = [g for g in plan.groups if g.kind == "mlp"]
+    assert mlps and all(g.serving == "compute" for g in mlps) and plan.host_compute.format == "fp8-block"
+    code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB")
+    assert code == 0, err
+    assert f"dense MLPs in host memory, computed there by the host CPU ({len(mlps)} layers" in out
+    assert "mlp of those" in out or any(line.startswith(mlps[0].group) for line in out.splitlines())
+    code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--json", "--no-host-compute")
+    assert code == 0, err
+    off = Plan.from_dict(json.loads(out))
+    assert not any(g.kind == "mlp" for g in off.groups) and off.host_compute is None and off.hot_layer_indices

@@ -151,3 +151,17 @@ def test_prefetch_buffers_of_a_hybrid_stack_cover_both_layer_kinds():
     largest_layer = max(g.nbytes for g in layers)
     assert prefetch_buffer_bytes(layers, 1) == 2 * 100 * 100 * 2 + 100 * 200 * 2 == largest_layer + 100 * 100 * 2
     assert prefetch_buffer_bytes(layers, 2) == 2 * prefetch_buffer_bytes(layers, 1)
+
+
+def test_the_compute_bound_step_is_where_the_cpus_flops_overtake_its_bytes_whatever_the_ranks():
+    from selective_offload.estimate import EXPERTS_CPU, EXPERTS_UVA, ExpertsRead, StepSettings, host_compute_bound_tokens
+
+    # a dense MLP (one expert every token takes): 10 MB read whole, 1e7 FLOPs per token
+    mlp = ExpertsRead(0, 10_000_000, 1, 1, EXPERTS_CPU, 1e7)
+    settings = StepSettings(13.9, 472.0, cpu_gbps=50.0, cpu_tflops=0.1)
+    # bytes: 10e6 / 50e9 = 0.2 ms; FLOPs: T x 1e7 / 1e11 = T x 0.1 ms -> bound from T = 2
+    assert host_compute_bound_tokens([mlp], settings) == 2
+    assert host_compute_bound_tokens([mlp], StepSettings(13.9, 472.0, cpu_gbps=50.0, cpu_tflops=0.1, ranks=4)) == 2
+    assert host_compute_bound_tokens([mlp], StepSettings(13.9, 472.0, cpu_gbps=10.0, cpu_tflops=0.1)) == 10  # 1 ms of bytes
+    assert host_compute_bound_tokens([mlp], StepSettings(13.9, 472.0, cpu_gbps=200.0, cpu_tflops=0.1)) == 1
+    assert host_compute_bound_tokens([ExpertsRead(0, 10_000_000, 1, 1, EXPERTS_UVA, 1e7)], settings) is None

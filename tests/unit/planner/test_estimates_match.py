@@ -36,9 +36,10 @@ def reference():
 
 @pytest.fixture(scope="module")
 def mtp_plans(reference):
-    """The reference checkpoint planned with MTP speculation, and without (24 GiB card)."""
-    spec = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, speculative="mtp"))
-    plain = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB))
+    """The reference checkpoint planned with MTP speculation, and without (24 GiB card), on
+    the prefetch menu (host-compute off: these are the link-bound plans)."""
+    spec = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, speculative="mtp", host_compute=False))
+    plain = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, host_compute=False))
     return spec, plain
 
 
@@ -305,11 +306,13 @@ def test_a_layer_costs_at_least_its_compute():
 
 
 def test_the_plan_says_what_bounds_the_step(reference):
-    link = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, compute_tflops=200.0))
+    # the prefetch plans (host-compute off): link-bound
+    link = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, compute_tflops=200.0, host_compute=False))
     assert any(n.startswith("link-bound: the host bytes decide the step (the step's FLOPs take 0.3 ms at "
                             "200 TFLOP/s") for n in link.notes)
     # at batch 512 the FLOPs exceed the VRAM reads but hide behind the copies: still link-bound
-    hidden = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, compute_tflops=200.0, batch=512))
+    hidden = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, compute_tflops=200.0, batch=512,
+                                             host_compute=False))
     assert any(n.startswith("link-bound") for n in hidden.notes)
     # on a card that holds it all, the FLOPs decide
     big = make_plan(reference, PlanInputs(device_memory_bytes=48 * GiB, compute_tflops=200.0, batch=1024))

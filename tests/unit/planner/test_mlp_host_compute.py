@@ -192,6 +192,27 @@ def test_block_fp8_mlps_are_computed_only_when_fp8_block_is_claimed(monkeypatch)
         Plan.from_dict(json.loads(plan.to_json()))
 
 
+def test_int4_mlps_are_not_offered_while_int4_is_unclaimed_and_the_bf16_copy_is_priced(monkeypatch):
+    from selective_offload.cpu_kernels import claimed
+
+    spec = {"model.embed_tokens.weight": ("BF16", [1000, 50_000]), "lm_head.weight": ("BF16", [1000, 50_000])}
+    for i in range(8):
+        spec[f"model.layers.{i}.self_attn.qkv_proj.weight"] = ("BF16", [H, 2500])
+        for name in ("gate_proj", "up_proj"):
+            spec[f"model.layers.{i}.mlp.{name}.qweight"] = ("I32", [H // 8, I])
+        spec[f"model.layers.{i}.mlp.down_proj.qweight"] = ("I32", [I // 8, H])
+    ckpt = make_ckpt(spec, num_hidden_layers=8, quantization_config={"quant_method": "gptq", "bits": 4})
+    monkeypatch.setitem(claimed.CLAIMED, "int4", False)
+    plan = plan_of(ckpt, ckpt.total_bytes / MB - 105)
+    mlp_bytes = 3 * H * I // 2
+    assert not mlps(plan) and plan.hot_layer_indices
+    note = next(n for n in plan.notes if "int4 CPU kernel is not claimed" in n)
+    assert f"4x its {mlp_bytes / 1e9:.3f} GB" in note
+    monkeypatch.setitem(claimed.CLAIMED, "int4", True)
+    computed = plan_of(ckpt, ckpt.total_bytes / MB - 105)
+    assert mlps(computed) and computed.host_compute.format == "int4"
+
+
 def test_a_hybrid_stack_computes_dense_mlps_and_experts_with_one_format_and_crossover():
     ckpt = dense(6, moe_layers=(2, 3, 4, 5))
     plan = plan_of(ckpt, ckpt.total_bytes / MB - 520)  # the embedding and more than every layer's experts

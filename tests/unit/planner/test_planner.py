@@ -215,7 +215,8 @@ def test_reference_bulk_10_gib_link_time(reference):
 
 @pytest.mark.parametrize("speculative,cold_gb,deficit_gb", [(None, 3.47, 7.86), ("mtp", 3.47, 8.34)])
 def test_reference_selective_plan(reference, speculative, cold_gb, deficit_gb):
-    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, speculative=speculative))
+    # the prefetch menu (host-compute off), whether or not the block FP8 CPU kernel is claimed
+    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, speculative=speculative, host_compute=False))
     assert plan.strategy == "hot_offload"
     assert plan.deficit_bytes / GB == pytest.approx(deficit_gb, abs=0.01)
     assert plan.host_cold_bytes / GB == pytest.approx(cold_gb, abs=0.01)
