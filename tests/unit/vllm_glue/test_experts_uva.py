@@ -17,7 +17,7 @@ import torch
 from helpers import PageRegistrar
 
 from selective_offload.errors import PlanError
-from selective_offload.names import group_key, group_keys
+from selective_offload.names import group_key
 from selective_offload.planner import kernels
 from selective_offload.vllm_glue import experts
 from selective_offload.wrappers.construct_on_host import ConstructOnHost
@@ -354,9 +354,8 @@ def test_what_vllms_moe_runner_holds_beside_the_experts_stays_with_the_layer():
     ``mlp.gate``): listed again under ``experts.``, it is still the layer's, not a routed
     expert, so the report does not count it as an expert byte on the device."""
     assert group_key("model.layers.0.mlp.experts.routed_experts", ()) == ("experts", 0)
-    # Keyed as the layer's MLP, which falls back to the layer itself (a MoE layer has no mlp group).
-    for name in ("model.layers.0.mlp.experts.gate", "model.layers.0.mlp.experts._shared_experts._layer.down_proj"):
-        assert group_keys(name, ()) == (("mlp", 0), ("layer", 0))
+    assert group_key("model.layers.0.mlp.experts.gate", ()) == ("layer", 0)
+    assert group_key("model.layers.0.mlp.experts._shared_experts._layer.down_proj", ()) == ("layer", 0)
     assert group_key("model.layers.0.mlp.experts.17.down_proj", ()) == ("experts", 0)
 
 
