@@ -147,6 +147,19 @@ def compute_experts_plan(model_dir, device_fraction: float = 0.7, **inputs):
     return plan
 
 
+def decode_on_host_plan(model_dir, **inputs):
+    """:func:`compute_experts_plan` with the first CPU matmul rate (of a few, rising) that
+    puts the crossover between a decode step of the four prompts (4 tokens) and their
+    prefill (14): a model's crossover depends on its shapes (a dense MLP, read whole by
+    every token, lowers it), so the rate is found for each model, not fixed."""
+    prefill = sum(len(p) for p in PROMPTS)
+    for tflops in (0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3):
+        plan = compute_experts_plan(model_dir, **{"cpu_tflops": tflops, **inputs})
+        if 4 <= plan.host_compute.crossover_tokens < prefill:
+            return plan
+    raise AssertionError(f"no CPU rate tried puts {model_dir}'s crossover between 4 and {prefill - 1} tokens")
+
+
 def save_tiny_idefics3(directory: Path, seed: int = 0) -> Path:
     """A random Idefics3 (vision_model + connector + 2-layer Llama text_model) with a
     word-level tokenizer and the PIL image processor, all built here (no hub).

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 import selective_offload
-from helpers import TINY_MOE_FAMILIES, compute_experts_plan, generate_tokens, generate_with_plan, save_tiny_moe
+from helpers import TINY_MOE_FAMILIES, decode_on_host_plan, generate_tokens, generate_with_plan, save_tiny_moe
 from selective_offload.plan import Placement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 @pytest.fixture(scope="module", params=list(TINY_MOE_FAMILIES))
 def family(request, tmp_path_factory):
     model = save_tiny_moe(tmp_path_factory.mktemp(request.param), request.param, seed=5)
-    plan = compute_experts_plan(model)
+    plan = decode_on_host_plan(model)
     selective_offload.disable()
     plain = generate_tokens(model)
     tokens, report = generate_with_plan(plan, model, strict=True)
