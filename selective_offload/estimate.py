@@ -53,7 +53,7 @@ Default acceptance rate: :data:`DEFAULT_ACCEPT_RATE`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 #: DeepSeek-V3's technical report (arXiv:2412.19437, section 5.4.3) measures 85-90%
 #: acceptance of its MTP head's second-token prediction; the low end is the default. No
@@ -476,17 +476,25 @@ def host_compute_crossover(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]
         # mutation: crossover-ties-to-cpu
         return cpu < gpu
 
-    if not cpu_wins(1):
-        return 0
-    good, bad = 1, 2
-    while bad <= MAX_CROSSOVER_TOKENS and cpu_wins(bad):
+    loses = _fewest_tokens(lambda t: not cpu_wins(t))
+    return MAX_CROSSOVER_TOKENS if loses is None else loses - 1
+
+
+def _fewest_tokens(holds: Callable[[int], bool]) -> int | None:
+    """The fewest tokens per step, up to :data:`MAX_CROSSOVER_TOKENS`, at which ``holds``
+    (false, then true for good as tokens grow) is true, by doubling then bisection; ``None``
+    when the doubling passes the bound first."""
+    if holds(1):
+        return 1
+    good, bad = 1, 2  # holds(good) is false
+    while bad <= MAX_CROSSOVER_TOKENS and not holds(bad):
         good, bad = bad, bad * 2
     if bad > MAX_CROSSOVER_TOKENS:
-        return MAX_CROSSOVER_TOKENS
+        return None
     while bad - good > 1:
         mid = (good + bad) // 2
-        good, bad = (mid, bad) if cpu_wins(mid) else (good, mid)
-    return good
+        good, bad = (good, mid) if holds(mid) else (mid, bad)
+    return bad
 
 
 def host_compute_bound_tokens(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", settings: StepSettings) -> int | None:
@@ -504,17 +512,7 @@ def host_compute_bound_tokens(experts: "tuple[ExpertsRead, ...] | list[ExpertsRe
         # mutation: compute-bound-flops-untimed
         return sum(e.flops_per_token * t for e in experts) / (settings.cpu_tflops * 1e12) >= read
 
-    if bound(1):
-        return 1
-    good, bad = 1, 2  # good: still bandwidth-bound
-    while bad <= MAX_CROSSOVER_TOKENS and not bound(bad):
-        good, bad = bad, bad * 2
-    if bad > MAX_CROSSOVER_TOKENS:
-        return None
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (good, mid) if bound(mid) else (mid, bad)
-    return bad
+    return _fewest_tokens(bound)
 
 
 def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, pipelined: bool) -> dict[str, float]:
