@@ -30,6 +30,7 @@ SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'host-mlp-not-reduced': ('        if reduce:', '        if False:', ['tests/engine/test_vllm_tensor_parallel.py::test_two_ranks_with_dense_mlps_computed_on_the_host']),
  'host-mlp-not-installed': ('    mlp.forward = forward', '    pass', ['tests/engine/test_vllm_host_mlp.py::test_report_shows_each_mlp_built_and_computed_on_the_host']),
  'host-output-halved': ('        out = self.compute_on_host(x, topk_ids, topk_weights).to(x.dtype, copy=True)', '        out = (self.compute_on_host(x, topk_ids, topk_weights) * 0.5).to(x.dtype, copy=True)', ['tests/engine/test_vllm_moe.py::test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs']),
  'mlp-split-moe-layers': ('    return layers - {b.layer_index for b in buckets.values() if b.kind == GroupKind.EXPERTS}', '    return layers', ['tests/unit/planner/test_mlp_host_compute.py::test_a_moe_layer_is_never_split_its_mlp_is_its_experts_group']),

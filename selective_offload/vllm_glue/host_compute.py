@@ -330,6 +330,7 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) ->
         ids = torch.zeros((tokens, 1), dtype=torch.int32, device=flat.device)
         weights = torch.ones((tokens, 1), dtype=torch.float32, device=flat.device)
         out = torch.ops.selective_offload.experts_on_host(flat, ids, weights, key)
+        # mutation: host-mlp-not-reduced
         if reduce:
             from vllm.distributed import tensor_model_parallel_all_reduce
 

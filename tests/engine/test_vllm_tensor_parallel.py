@@ -45,3 +45,30 @@ def test_two_ranks_with_the_embedding_and_computed_experts_on_the_host(tmp_path,
                                       "landed_host_uva_bytes": 0,
                                       "landed_host_compute_bytes": len(computed) * experts_shard,
                                       "problems": [], "error": None}}
+
+
+def test_two_ranks_with_dense_mlps_computed_on_the_host(tmp_path, monkeypatch):
+    """Each rank computes its shard of each host MLP (half its intermediate rows) and the
+    partial sums are all-reduced, as ``down_proj`` would: tokens as plain vLLM's."""
+    from helpers import TINY_HOST_COMPUTE, save_tiny_qwen3
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.planner import PlanInputs, make_plan
+
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    model = save_tiny_qwen3(tmp_path / "dense", seed=9)
+    ckpt = load_checkpoint(model)
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
+                                      reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": 0.1, "ranks": 2,
+                                                          "cpu_threads": 2}))
+    mlps = [g.group for g in plan.groups if g.kind == "mlp"]
+    assert mlps and plan.host_compute.ranks == 2
+    selective_offload.disable()
+    plain = generate_tokens(model, tensor_parallel_size=2)
+    tokens, report = generate_with_plan(plan, model, tensor_parallel_size=2)
+    assert tokens == plain
+    assert report.ok, report.problems
+    shard = 3 * 512 * 256 * 4 // 2  # half of each MLP's intermediate rows, float32 in the engine
+    for name in mlps:
+        g = report.landing(name)
+        assert (g.actual, g.host_bytes, g.device_bytes) == ("host-compute", shard, 0)
