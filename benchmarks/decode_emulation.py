@@ -180,7 +180,8 @@ def plan_mtp(ckpt, device_memory: int, device_memory_text: str, bw: dict, scale:
     try:
         plan = make_plan(ckpt, PlanInputs(device_memory_bytes=device_memory, link_gbps=bw["link_gbps"],
                                           vram_gbps=bw["device_read_gbps"],
-                                          decode_read_gbps=bw["device_read_gbps"], speculative="mtp"))
+                                          decode_read_gbps=bw["device_read_gbps"], speculative="mtp",
+                                          host_compute=False))
     except (TypeError, ValueError, UserError) as err:
         verify["skipped"] = f"no plan for MTP speculative decoding: {str(err).splitlines()[0]}"
     if plan is not None:
@@ -303,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     bw = measure_bandwidths(max(1 << 20, int((1 << 30) * scale)), cuda, device)
     ckpt = load_checkpoint(BUNDLED[MODEL])
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=device_memory, link_gbps=bw["link_gbps"],
-                                      vram_gbps=bw["device_read_gbps"], decode_read_gbps=bw["device_read_gbps"]))
+                                      vram_gbps=bw["device_read_gbps"], decode_read_gbps=bw["device_read_gbps"],
+                                      # the prefetch placement: host-compute is the host-compute section's
+                                      host_compute=False))
     if plan.strategy == "infeasible" or plan.bulk is None:
         print(f"error: the plan for {args.device_memory} is {plan.strategy}; nothing to compare", file=sys.stderr)
         return 2

@@ -343,6 +343,16 @@ static const uint16_t E2M1_BF16_W[32] = {
 /* e4m3 subnormals (exponent 0) as bf16, by mantissa: m * 2^-9. */
 static const uint8_t E4M3_SUB_HI[16] = {0x00, 0x3B, 0x3B, 0x3B, 0x3C, 0x3C, 0x3C, 0x3C};
 static const uint8_t E4M3_SUB_LO[16] = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x20, 0x40, 0x60};
+#if defined(__AVX512VBMI__)
+/* The bf16 bytes of each e4m3 magnitude (codes 0-127), exact: filled when the library loads. */
+static uint8_t E4M3_BF16_HI[128], E4M3_BF16_LO[128];
+__attribute__((constructor)) static void so_fill_e4m3_tables(void) {
+    for (int c = 0; c < 128; c++) {
+        uint16_t h = f32_to_bf16(e4m3_to_f32((uint8_t)c));
+        E4M3_BF16_HI[c] = (uint8_t)(h >> 8), E4M3_BF16_LO[c] = (uint8_t)h;
+    }
+}
+#endif
 
 static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *row, const void *scale, int64_t bk,
                                                           int64_t len, const uint16_t *X, int64_t ldx, float *acc,
@@ -418,20 +428,35 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
     } else {
         const uint8_t *q = (const uint8_t *)row;
         const float *sc = (const float *)scale;
-        const __m512i sign = _mm512_set1_epi8((char)0x80), seven = _mm512_set1_epi8(7), bias = _mm512_set1_epi8(60);
+        const __m512i sign = _mm512_set1_epi8((char)0x80);
+#if defined(__AVX512VBMI__)
+        /* Each code's bf16 bytes looked up from 128-entry tables (vpermi2b reads the low
+         * seven bits: the magnitude), the sign put back: four operations for 64 codes. */
+        const __m512i thi0 = _mm512_loadu_si512((const void *)E4M3_BF16_HI),
+                      thi1 = _mm512_loadu_si512((const void *)(E4M3_BF16_HI + 64));
+        const __m512i tlo0 = _mm512_loadu_si512((const void *)E4M3_BF16_LO),
+                      tlo1 = _mm512_loadu_si512((const void *)(E4M3_BF16_LO + 64));
+#else
+        const __m512i seven = _mm512_set1_epi8(7), bias = _mm512_set1_epi8(60);
         const __m512i f0 = _mm512_set1_epi8((char)0xF0), e78 = _mm512_set1_epi8(0x78);
         const __m512i shi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)E4M3_SUB_HI));
         const __m512i slo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)E4M3_SUB_LO));
+#endif
         if (bk % 64 == 0) {
             for (; k + 64 <= len; k += 64) {
                 PF(q + k);
                 __m512i v = _mm512_loadu_si512((const void *)(q + k));
+#if defined(__AVX512VBMI__)
+                __m512i hi = _mm512_or_si512(_mm512_permutex2var_epi8(thi0, v, thi1), _mm512_and_si512(v, sign));
+                __m512i lo = _mm512_permutex2var_epi8(tlo0, v, tlo1);
+#else
                 __m512i sg = _mm512_and_si512(v, sign), m = _mm512_and_si512(v, seven);
                 __m512i hi = _mm512_or_si512(sg, _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), seven), bias));
                 __m512i lo = _mm512_and_si512(_mm512_slli_epi16(v, 4), f0);
                 __mmask64 sub = _mm512_testn_epi8_mask(v, e78);
                 hi = _mm512_mask_mov_epi8(hi, sub, _mm512_or_si512(_mm512_shuffle_epi8(shi, m), sg));
                 lo = _mm512_mask_shuffle_epi8(lo, sub, slo, m);
+#endif
                 __m512i w0 = _mm512_unpacklo_epi8(lo, hi), w1 = _mm512_unpackhi_epi8(lo, hi);
                 __m512 sv = _mm512_set1_ps(sc[k / bk]);
                 for (int t = 0; t < n; t++) {

@@ -128,7 +128,10 @@ def test_ranks_share_the_host_bandwidth_and_split_its_threads():
 # ---- the menu
 
 
-def test_an_unclaimed_format_stays_uva_with_the_reason_in_the_plan():
+def test_an_unclaimed_format_stays_uva_with_the_reason_in_the_plan(monkeypatch):
+    from selective_offload.cpu_kernels.claimed import CLAIMED
+
+    monkeypatch.setitem(CLAIMED, "fp8-block", False)  # as if its benchmark had not reached the bar
     ckpt = moe(4, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
     plan = plan_of(ckpt, ckpt.total_bytes / MB - 200)
     assert not computed(plan) and plan.host_compute is None
@@ -189,7 +192,7 @@ def test_host_compute_round_trips_and_a_stated_field_that_disagrees_is_refused(t
 
     refused(lambda d: d["host_compute"].update(crossover_tokens=d["host_compute"]["crossover_tokens"] + 1),
             "host_compute.crossover_tokens says")
-    refused(lambda d: d["host_compute"].update(format="fp8-block"), "has no CPU kernel the committed benchmark")
+    refused(lambda d: d["host_compute"].update(format="int4"), "has no CPU kernel the committed benchmark")
     refused(lambda d: d["host_compute"].update(format="q4_k"), "is not a CPU kernel format")
     refused(lambda d: d.update(host_compute=None), "served compute, but the plan has no host_compute")
     refused(lambda d: d["inputs"].update(cpu_gbps_source="measured", cpu_gbps=None), "exactly when no rate")
