@@ -182,7 +182,8 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
 
 def read_group(r: FieldReader, version: int) -> tuple[GroupPlan, list[str]]:
     name = r.str("group", nonempty=True)
-    r.context = f"group {name}"
+    # A hostile name is never echoed whole in the messages that follow.
+    r.context = f"group {name if len(name) <= 120 else name[:117] + '...'}"
     kind = read_kind(r, version)
     layer_index = r.int("layer_index", default=None)
     if (kind in LAYER_INDEX_KINDS) != (layer_index is not None):
