@@ -23,7 +23,6 @@ or a format without a claimed kernel, is refused right after construction, in on
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from typing import Any
 
@@ -99,12 +98,14 @@ def refuse_unsupported(group: str, method: Any, module: nn.Module, device: torch
 
 
 def threads_of(setting: Any) -> int | None:
-    """The plan's threads per rank; unstated, this process's CPUs split between the ranks
-    (``None`` with one rank: the kernel takes torch's intra-op threads, which vLLM's CPU
-    worker binds to its cores)."""
+    """The plan's threads per rank; unstated, the physical cores of one NUMA node (the
+    probe's count, the plan's default) split between the ranks (``None`` with one rank: the
+    kernel takes torch's intra-op threads, which vLLM's CPU worker binds to its cores)."""
     if setting.threads is not None or setting.ranks <= 1:
         return setting.threads
-    return max(1, len(os.sched_getaffinity(0)) // setting.ranks)
+    from ..probe.host_compute import physical_cores_of_one_node
+
+    return max(1, physical_cores_of_one_node() // setting.ranks)
 
 
 def refuse_other_ranks(plan: Plan | None, vllm_config: Any) -> None:

@@ -147,7 +147,7 @@ class HostExperts:
         as many tokens); counts the expert bytes read."""
         ids = topk_ids.to(torch.int32)
         # mutation: host-bytes-uncounted
-        self.counts.host_bytes += self._distinct_host_experts(ids) * self.weights.expert_bytes
+        self.counts.host_bytes += int(self._picked(ids)[1].numel()) * self.weights.expert_bytes
         if self.weights.fmt in cpu_kernels.TORCH_FORMATS:  # no C job to reuse (cpu_kernels.moe)
             return cpu_kernels.moe(x, ids, topk_weights, self.weights, self.activation, threads=self.threads,
                                    host_mask=self.host_mask)
@@ -175,11 +175,14 @@ class HostExperts:
             slot = self._slots[key] = Slot(xs, ids, weights, out, job)
         return slot
 
-    def _distinct_host_experts(self, ids: torch.Tensor) -> int:
-        used = torch.unique(ids[ids >= 0])
+    def _picked(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which picks are this host's (id >= 0 and in the host set), and the distinct
+        experts they name (sorted, on the host)."""
+        ids = ids.to(torch.long)
+        valid = ids >= 0
         if self.host_mask is not None:
-            used = used[self.host_mask.to(torch.bool)[used.long()]]
-        return int(used.numel())
+            valid &= self.host_mask.to(device=ids.device, dtype=torch.bool)[ids.clamp(min=0)]
+        return valid, torch.unique(ids[valid]).cpu()
 
     # ------------------------------------------------------------------ the device path
 
@@ -190,10 +193,7 @@ class HostExperts:
                                "on its routing, so it cannot be captured; cap vLLM's graph sizes at the crossover")
         start = time.perf_counter()
         ids = topk_ids.to(torch.long)
-        valid = ids >= 0
-        if self.host_mask is not None:
-            valid &= self.host_mask.to(device=ids.device, dtype=torch.bool)[ids.clamp(min=0)]
-        used = torch.unique(ids[valid]).cpu()
+        valid, used = self._picked(ids)
         if not used.numel():  # every pick is another's (device-resident experts)
             self.counts.device.add(int(x.shape[0]), None)
             return torch.zeros_like(x)
