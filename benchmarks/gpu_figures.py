@@ -1,7 +1,7 @@
 """The GPU run's headline figures: what each proves, and how it is read from a section's JSON.
 
 Why a module of its own: the driver (``gpu_run.py``) computes these ratios into its
-summary, and the README's tables (``tables.py``) list the same families and rows from the
+summary, and the tables of docs/benchmarks.md (``tables.py``) list the same families and rows from the
 summaries it finds in ``benchmarks/results/``. Both import them from here; this module
 reads result files' data and imports neither of them.
 """

@@ -3,7 +3,7 @@ time limit, into one results directory, with a summary of the headline ratios.
 
 Why one prepared command: a GPU is lent to some tasks only, for minutes, on a machine
 image with its own Python and torch, no vLLM and no network. Whoever has one must be able
-to measure everything in one call, and the figures must reach the README through files
+to measure everything in one call, and the figures must reach docs/benchmarks.md through files
 (``benchmarks/tables.py``), never by hand.
 
 The sections are ``gpu_sections.SECTIONS``, run in order; a section that fails or runs past its
@@ -22,11 +22,11 @@ but no Markdown gets its console output as Markdown), the summary
 ``gpu-run-<cuda|cpu>-<machine>-<date>[-small].{json,md}`` and the whole console log
 ``<same stem>.log``. ``--pack`` (the default when ``$OUT`` is set and ``--out`` is not given)
 leaves four files: the summary's JSON and Markdown, the log, and one ``.tar.gz`` of
-everything, so the results fit what a device machine sends back (at most 8 files, 16 MiB
-each, in a flat folder).
+everything: a few small files in one flat folder (``gpu_run_pack``'s rules), easy to copy
+off the GPU machine.
 
 ``--import PATH`` (a ``.tar.gz`` from ``--pack``, or a results directory) copies the JSON and
-Markdown into ``benchmarks/results/`` and regenerates the README's tables.
+Markdown into ``benchmarks/results/`` and regenerates the tables of docs/benchmarks.md.
 
 Exit status: 0 when every section ran and exited 0, 1 otherwise (the summary is still
 written), 2 for bad input or an interpreter without torch.
@@ -51,7 +51,7 @@ from _common import RESULTS_DIR, md_table, slug, today  # noqa: E402
 from gpu_figures import placements_table, ratio_rows, ratios  # noqa: E402
 from gpu_run_pack import check_returnable, import_results, pack  # noqa: E402
 from gpu_sections import SECTIONS, Section  # noqa: E402
-import tables  # noqa: E402  (--import regenerates the README's tables; tables imports nothing of this driver)
+import tables  # noqa: E402  (--import regenerates the tables of docs/benchmarks.md; tables imports nothing of this driver)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                     + ", ".join(s.name for s in SECTIONS))
     ap.add_argument("--import", dest="import_path", type=Path, default=None, metavar="PATH",
                     help="copy a packed run's (or a directory's) JSON and Markdown into benchmarks/results/ and "
-                         "regenerate the README's tables; runs nothing")
+                         "regenerate the tables of docs/benchmarks.md; runs nothing")
     ap.add_argument("--results", type=Path, default=RESULTS_DIR, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     name = f"{'cuda' if env['cuda'] else 'cpu'}-{slug(env['device'])}-{today()}"
     only = [s.name for s in chosen] if args.only else None
     # A rerun of some sections is its own summary, never overwriting the full run's; the
-    # README's table takes those sections from it (benchmarks/tables.py).
+    # page's table takes those sections from it (benchmarks/tables.py).
     stem = f"gpu-run-{name}" + ("-small" if args.small else "") + (f"-only-{'-'.join(only)}" if only else "")
     use_env_out = args.out is None and bool(os.environ.get("OUT"))
     out = (args.out or (Path(os.environ["OUT"]) if use_env_out else ROOT / "benchmarks" / "out" / stem)).resolve()
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         pack(out, stem, log)
         problems = check_returnable(out)
         if problems:
-            log("WARNING: the device tool would not send all of this back: " + "; ".join(problems))
+            log("WARNING: these results break the packed form's rules: " + "; ".join(problems))
     ok = all(r["status"] == "ok" for r in rows)
     log(f"gpu_run: {'every section ok' if ok else 'NOT every section ok'} in {summary['wall_s']:.0f} s; "
         f"summary {out / stem}.md")

@@ -1,7 +1,8 @@
-"""A GPU run's results as the device tool can send them back, and back into the tree.
+"""A GPU run's results packed to leave the GPU machine, and back into the tree.
 
-Why a module of its own: what leaves the device machine is limited (at most 8 files, 16
-MiB each, plain names, one flat folder). ``pack`` folds a run's results into one archive
+Why a module of its own: a run's results should leave the GPU machine as a few small files
+with plain names in one flat folder (at most 8 files of at most 16 MiB each: easy to copy
+by hand, to keep as a batch job's output or a CI artifact). ``pack`` folds a run's results into one archive
 beside its summary and log, ``check_returnable`` says what would not come back, and
 ``import_results`` copies a returned run's JSON and Markdown into ``benchmarks/results/``
 (``gpu_run.py --import``). The driver calls these; they know nothing of its sections.
@@ -14,7 +15,8 @@ import tarfile
 from pathlib import Path
 from typing import Callable
 
-#: What the device tool sends back from $OUT (see README "The first GPU run").
+#: At most this many files, each at most this size, are left in $OUT: a run's results travel as a few
+#: small files (a summary, its Markdown, the console log, one archive of every section's output).
 RETURN_LIMITS = {"files": 8, "file_bytes": 16 << 20}
 SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -37,7 +39,7 @@ def pack(out: Path, stem: str, log: Callable[[str], None]) -> list[str]:
 
 
 def check_returnable(out: Path) -> list[str]:
-    """What the device tool would not send back (too many files, too large, odd names)."""
+    """What breaks the packed form's rules (too many files, too large, odd names)."""
     files = [p for p in out.rglob("*") if p.is_file()]
     problems = [f"{len(files)} files, more than {RETURN_LIMITS['files']}"] if len(files) > RETURN_LIMITS["files"] else []
     problems += [f"{p.name}: {p.stat().st_size} bytes, over 16 MiB" for p in files

@@ -1,6 +1,6 @@
 """What the first GPU run runs: its sections, in order, with their arguments and time limits.
 
-Why a module of its own: the driver (``gpu_run.py``) runs these, and the README's budget
+Why a module of its own: the driver (``gpu_run.py``) runs these, and the budget table of docs/benchmarks.md
 table (``tables.py``) lists them; both import this data and neither imports the other's
 code for it, so there is no import circle between the driver and the tables.
 """
@@ -23,7 +23,7 @@ class Section:
 
 #: The sections, in order: one line each. est_s is what each should take on an H200, from
 #: its own docstring's arithmetic (host memory pinned and filled, the timed loops), not yet
-#: measured there. The limits add up to what one command of the device tool may run, less a
+#: measured there. The limits add up to ten minutes (one batch slot on a shared GPU machine), less a
 #: minute for the driver's own start and summary (a test checks), so a run always ends
 #: with its summary written. host-compute's limit was taken from the others: each limit's
 #: headroom above its est (5 s from probe, mechanism, gather and uva-read) and 20 s of the

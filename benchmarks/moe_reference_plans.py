@@ -1,7 +1,7 @@
 """MoE reference plans: what `selective-offload plan` says for real MoE configs, beside the
 two vLLM offloads a user could run instead (bulk ``cpu_offload_gb`` and segment selection
 ``cpu_offload_params=experts``) and the plan without host-compute (routed experts read
-through UVA), on the README's cards. Every figure is an estimate (est_) from bytes and
+through UVA), on the cards docs/usage/moe.md names. Every figure is an estimate (est_) from bytes and
 bandwidths (the reference laptop's link and VRAM, and a stated host kernel rate: the
 reference host's, ``estimate.REFERENCE_CPU_GBPS``, assumed), not a measurement. llama.cpp's
 published rate for the same model on a card of the same size is shown beside it where the
@@ -14,7 +14,7 @@ as ``selective-offload plan config.json`` does.
     .venv/bin/python benchmarks/moe_reference_plans.py [--out benchmarks/results]
 
 Writes ``moe-plans-est-<date>.json`` and ``.md``; ``tests/unit/planner/test_moe_configs.py`` recomputes the
-figures and checks them against the newest such file, and the README's table against it.
+figures and checks them against the newest such file, and the table of docs/usage/moe.md against it.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def _cli(args: list[str]) -> str:
 
 
 def markdown(result: dict) -> str:
-    """The table the README shows (regenerated, and checked by tests/unit/planner/test_estimates_match.py)."""
+    """The table docs/design/step-model.md shows (regenerated, and checked by tests/unit/planner/test_estimates_match.py)."""
     lines = ["| point | mechanism | measured tok/s | est tok/s | est/measured | tolerance | role | est tok/s, UVA reads "
              "at the copy rate |", "|---|---|---|---|---|---|---|---|"]
     for r in result["expressed"]:

@@ -1,4 +1,4 @@
-"""Write the bundled manifest shaped like Qwen3.8-27B-FP8 (see ../shared/SPEC.md).
+"""Write the bundled manifest shaped like Qwen3.8-27B-FP8 (its measured facts: docs/design/reference-measurements.md).
 
 The real checkpoint is 30.89 GB: 64 decoder layers of about 0.38 GB (FP8 weights with
 block scales), ``lm_head`` and ``model.embed_tokens`` of 248320 x 5120 BF16 (2.543 GB
@@ -92,7 +92,7 @@ config = {
 }
 manifest = {
     "format": "selective-offload/manifest-v1",
-    "source": "bundled: Qwen3.8-27B-FP8 (shape-alike, byte totals from SPEC.md)",
+    "source": "bundled: Qwen3.8-27B-FP8 (shape-alike, byte totals from docs/design/reference-measurements.md)",
     "kind": "manifest",
     "config": config,
     "tensors": tensors,

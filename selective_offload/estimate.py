@@ -115,7 +115,7 @@ KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, 
 #: Kernels reading host memory in place through UVA (vLLM's ``cpu_offload_gb``, the UVA
 #: embedding, experts read in place) reach this fraction of the pinned copy rate, when no
 #: probe measured it (``selective-offload probe``: ``uva_read_gbps``). It is the reference
-#: laptop's arithmetic (SPEC.md: ``cpu_offload_gb=10``, 10.77 GB read in line at 1.05
+#: laptop's arithmetic (docs/design/reference-measurements.md: ``cpu_offload_gb=10``, 10.77 GB read in line at 1.05
 #: tok/s measured with 13.9 GB/s pinned copies; the 20 GB left on the device, read at
 #: :data:`DEFAULT_DECODE_READ_FACTOR` of its 472 GB/s, take 48 ms of the 952 ms step, which
 #: leaves 905 ms for 10.77 GB: 0.86 of the copy rate), so it CALIBRATES the model on that

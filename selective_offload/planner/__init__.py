@@ -1,7 +1,7 @@
 """Decide where every byte of a checkpoint goes: cold bytes to the host first, hot ones last.
 
 A decode step reads every resident weight once, so each byte kept in host memory and read
-during the step crosses PCIe (34x slower than VRAM on the reference laptop, SPEC.md).
+during the step crosses PCIe (34x slower than VRAM on the reference laptop: docs/design/reference-measurements.md).
 Some groups are not read by a text decode step at all, and cost nothing on the host:
 
 =============  ===========  ============================================================
@@ -26,12 +26,12 @@ through UVA at the step's read fraction, routed experts computed where they live
 CPU (host-compute, for formats with a claimed CPU kernel), or the whole layer prefetched.
 
 The reference arithmetic (the bundled Qwen3.8-27B-FP8-shaped manifest on a 24 GiB card)
-is asserted by ``tests/unit/planner/test_planner.py`` and shown in the README.
+is asserted by ``tests/unit/planner/test_planner.py`` and shown in docs/usage/planning.md.
 
 Every time and rate here is an estimate from bytes and bandwidths, labelled ``est_``
 (:mod:`selective_offload.estimate` prices a step; :data:`~selective_offload.plan.EST_IGNORES`
 says what it leaves out). benchmarks/published.py checks it against published
-measurements (the README shows which points calibrate it and which validate); it prices
+measurements (docs/design/step-model.md shows which points calibrate it and which validate); it prices
 compute only at a matmul's best rate, which does not explain how slow NVFP4 ran on the
 reference laptop: never choose a format from it.
 

@@ -1,8 +1,8 @@
-"""The first GPU run's driver (benchmarks/gpu_run.sh) and the README's generated tables.
+"""The GPU run's driver (benchmarks/gpu_run.sh) and the generated tables of docs/benchmarks.md.
 
 The driver runs end to end here in its --small form, as the GPU machine would run it in
 full: every section in its own process with vLLM blocked (this machine has vLLM, so the
-block is exercised), results packed to fit what the device tool sends back. The README's
+block is exercised), results packed into a few small files. The page's
 results tables must be exactly what benchmarks/tables.py makes of benchmarks/results/.
 """
 
@@ -159,7 +159,7 @@ def test_a_failed_or_timed_out_section_is_recorded_and_the_rest_still_run(tmp_pa
 
 
 def test_the_full_run_ends_inside_one_device_command():
-    """The device tool runs one command for at most 10 minutes: the sections' limits leave a
+    """The whole run stays under 10 minutes (a GPU machine's batch slot, a CI job): the sections' limits leave a
     minute for the driver's own start (a torch import) and summary, so the summary is always
     written; every full-run section has its est on an H200."""
     assert sum(s.limit_s for s in gpu_sections.SECTIONS) + 60 <= 600
@@ -171,23 +171,23 @@ def test_only_takes_known_sections(capsys):
     assert "unknown nope" in capsys.readouterr().err
 
 
-def test_the_readme_tables_are_what_the_results_files_make():
-    """Regenerate every marked table from benchmarks/results/: the README must not differ
+def test_the_benchmark_page_tables_are_what_the_results_files_make():
+    """Regenerate every marked table from benchmarks/results/: the page must not differ
     (a figure edited by hand, or a results file added or changed without regenerating)."""
-    text = tables.README.read_text()
+    text = tables.DOC.read_text()
     names = [m.group("name") for m in tables.BLOCK.finditer(text)]
     assert names == ["measured-cpu", "gpu-budget", "gpu-runs"]
     assert tables.regenerate(text, tables.RESULTS_DIR) == text, "run `python benchmarks/tables.py`"
 
 
 def test_tables_check_fails_on_a_hand_edited_figure(tmp_path, capsys):
-    readme = tmp_path / "README.md"
-    text = tables.README.read_text()
+    readme = tmp_path / "benchmarks.md"
+    text = tables.DOC.read_text()
     assert "| 8.0 ms median (page cache warm) |" in text
     readme.write_text(text.replace("| 8.0 ms median (page cache warm) |", "| 7.0 ms median (page cache warm) |"))
-    assert tables.main(["--check", "--readme", str(readme)]) == 1
+    assert tables.main(["--check", "--doc", str(readme)]) == 1
     assert "-| read headers" in capsys.readouterr().out
-    assert tables.main(["--readme", str(readme)]) == 0 and readme.read_text() == text
+    assert tables.main(["--doc", str(readme)]) == 0 and readme.read_text() == text
 
 
 def test_a_gpu_run_lands_in_the_readme_table(small_run, tmp_path):

@@ -25,11 +25,11 @@ def test_the_readme_kernel_block_is_the_generated_one():
 
 
 def test_no_typed_kernel_claim_outside_the_block():
-    """Outside the generated block the README names no card's default kernel in prose (the
+    """Outside the generated block neither the README nor docs/ names a card's default kernel in prose (the
     statement this issue found false: "FlashInfer by default on most cards")."""
     text = README.read_text()
     start, end = text.index(kernels.README_BEGIN), text.index(kernels.README_END)
-    outside = text[:start] + text[end:]
+    outside = text[:start] + text[end:] + "".join(p.read_text() for p in sorted((REPO / "docs").rglob("*.md")))
     assert not re.search(r"(FlashInfer|Marlin|DeepGEMM)[^.\n]*\bby default\b|defaults to (FlashInfer|Marlin)",
                          outside)
     assert "| Marlin (MXFP4, NVFP4, WNA16) | refused |" not in outside

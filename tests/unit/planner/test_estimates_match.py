@@ -155,13 +155,13 @@ def test_every_expressed_point_is_within_its_tolerance():
     assert validated and validated <= {r["id"] for r in result["expressed"] if r["role"] == "validates"}
 
 
-def test_the_readme_table_is_the_results_table():
+def test_the_step_model_page_shows_the_results_table():
     md = (ROOT / "benchmarks" / "results" / "published.md").read_text()
-    readme = (ROOT / "README.md").read_text()
-    shown = md.split("Not expressed by the step model", 1)[0]  # the README lists the rest in prose
+    page = (ROOT / "docs" / "design" / "step-model.md").read_text()
+    shown = md.split("Not expressed by the step model", 1)[0]  # the page lists the rest in prose
     table = [line for line in shown.splitlines() if line.startswith("|")]
     assert len(table) > 10
-    missing = [line for line in table if line not in readme]
+    missing = [line for line in table if line not in page]
     assert not missing, missing
 
 
@@ -189,7 +189,7 @@ def test_a_bad_points_file_is_one_line(tmp_path, edit, words):
 
 
 def test_the_default_uva_factor_is_the_reference_arithmetic(reference):
-    """SPEC.md's reference point: cpu_offload_gb=10 measured 1.05 tok/s with 13.9 GB/s copies;
+    """The reference point (docs/design/reference-measurements.md): cpu_offload_gb=10 measured 1.05 tok/s with 13.9 GB/s copies;
     what the step leaves for the UVA bytes after the device reads gives the factor. A
     calibration on that point (the literal here, so changing the default is caught)."""
     plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, link_gbps=13.9,

@@ -20,7 +20,7 @@ from selective_offload.sizes import GiB
 from helpers import write_config
 from helpers import REPO
 
-LINK = 13.9e9  # the reference laptop's link (README), which the plans default to
+LINK = 13.9e9  # the reference laptop's link (docs/design/reference-measurements.md), which the plans default to
 UVA = 0.86 * LINK  # kernels reading host memory in place: the default UVA read rate (estimate.py)
 
 
@@ -222,13 +222,13 @@ def test_gemma4_a4b_experts_sit_directly_under_the_layer(tmp_path):
     assert_beats_or_matches_every_baseline(plan)
 
 
-# ---- the README's MoE reference plans come from a results file the script writes
+# ---- docs/usage/moe.md's MoE reference plans come from a results file the script writes
 
 
-def test_the_moe_reference_results_and_the_readme_are_what_the_planner_says(tmp_path):
+def test_the_moe_reference_results_and_the_docs_are_what_the_planner_says(tmp_path):
     """benchmarks/moe_reference_plans.py wrote the newest moe-plans-est-*.json; the planner
     still says the same, every plan beats or matches the vLLM baselines beside it, and the
-    README's table is that file's table."""
+    table in docs/usage/moe.md is that file's table."""
     import sys
     from pathlib import Path
 
@@ -243,8 +243,8 @@ def test_the_moe_reference_results_and_the_readme_are_what_the_planner_says(tmp_
         *baselines, selective = case["rows"]
         assert selective["fits"] and all(selective["est_step_ms"] <= b["est_step_ms"] for b in baselines if b["fits"])
     table = newest.with_suffix(".md").read_text()
-    readme = (root / "README.md").read_text()
-    missing = [line for line in table.splitlines() if line.startswith("| ") and line not in readme]
+    page = (root / "docs" / "usage" / "moe.md").read_text()
+    missing = [line for line in table.splitlines() if line.startswith("| ") and line not in page]
     assert not missing, missing
 
 

@@ -1,5 +1,5 @@
 """The planner: classes by name segment, one group per decoder layer, cold bytes first,
-exact hot layers, the bulk baseline, and SPEC.md's reference arithmetic."""
+exact hot layers, the bulk baseline, and the reference arithmetic (docs/design/reference-measurements.md)."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def test_custom_cold_segments_override_the_defaults():
     assert classes["model.visual"] == "cold"
 
 
-# ---- SPEC.md's reference point, on the bundled Qwen3.8-27B-FP8-shaped manifest
+# ---- the reference point (docs/design/reference-measurements.md), on the bundled Qwen3.8-27B-FP8-shaped manifest
 
 @pytest.fixture(scope="module")
 def reference():
@@ -203,14 +203,14 @@ def test_bundled_manifest_reproduces_spec_table(reference):
 
 
 def test_reference_bulk_10_gib_link_time(reference):
-    """SPEC.md: 10 GB over 13.9 GB/s is 719 ms. vLLM's cpu_offload_gb counts GiB
+    """The reference measurements: 10 GB over 13.9 GB/s is 719 ms. vLLM's cpu_offload_gb counts GiB
     (int(gb * 1024**3)), so cpu_offload_gb=10 really moves >= 10.74 GB: ~773 ms at the copy
     rate, ~901 ms at the UVA read rate the kernels reach (0.86 of it)."""
     plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10))
     assert plan.bulk.offloaded_bytes >= 10 * GiB
     assert plan.bulk.offloaded_bytes - 10 * GiB < 0.2 * GB  # whole tensors, one layer at most
     assert plan.bulk.est.est_link_s_per_step == pytest.approx(0.901, abs=0.005)
-    assert 10e9 / (13.9 * GB) == pytest.approx(0.719, abs=0.001)  # SPEC's decimal arithmetic
+    assert 10e9 / (13.9 * GB) == pytest.approx(0.719, abs=0.001)  # the reference's decimal arithmetic
 
 
 @pytest.mark.parametrize("speculative,cold_gb,deficit_gb", [(None, 3.47, 7.86), ("mtp", 3.47, 8.34)])
@@ -230,7 +230,7 @@ def test_reference_selective_plan(reference, speculative, cold_gb, deficit_gb):
 
 
 def test_reference_cold_set_with_mtp_loaded_as_cold(reference):
-    """SPEC.md's 3.94 GB cold set is the three groups that match a cold segment."""
+    """The reference measurements' 3.94 GB cold set is the three groups that match a cold segment."""
     ckpt = reference
     cold = sum(g.nbytes for g in group_tensors(ckpt, PlanInputs(device_memory_bytes=GiB))
                if g.name in ("model.embed_tokens", "model.visual", "mtp"))
@@ -269,11 +269,11 @@ def test_projectors_are_cold():
         "model.connector": "cold", "multi_modal_projector": "cold"}
 
 
-def test_the_readme_reference_table_is_what_the_planner_says(reference):
-    """The README's figures for the reference checkpoint are the planner's, not typed by hand."""
+def test_the_planning_page_reference_table_is_what_the_planner_says(reference):
+    """docs/usage/planning.md's figures for the reference checkpoint are the planner's, not typed by hand."""
     from pathlib import Path
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "usage" / "planning.md").read_text()
     # host-compute off: these rows are the prefetch plans whether or not fp8-block is claimed
     base = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, host_compute=False))
     mtp = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, speculative="mtp",
@@ -308,12 +308,12 @@ def test_the_readme_reference_table_is_what_the_planner_says(reference):
     assert not missing, missing
 
 
-def test_the_readme_host_compute_rows_are_what_the_planner_says(reference, monkeypatch):
-    """The README's host-compute figures for the reference checkpoint (dense MLPs computed on
+def test_the_planning_page_host_compute_rows_are_what_the_planner_says(reference, monkeypatch):
+    """docs/usage/planning.md's host-compute figures for the reference checkpoint (dense MLPs computed on
     the host CPU, the block FP8 kernel claimed), beside the same inputs without host-compute."""
     from selective_offload.cpu_kernels import claimed
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "usage" / "planning.md").read_text()
 
     def plan(claim, **kw):
         monkeypatch.setitem(claimed.CLAIMED, "fp8-block", claim)

@@ -1,8 +1,8 @@
-"""The README's figures for the suite (count, skips, minutes) come from a results file.
+"""CONTRIBUTING.md's figures for the suite (count, skips, minutes) come from a results file.
 
 ``benchmarks/results/suite-*.json`` records one fresh-clone ``.ci/run``: the machine, pytest's
-summary counts and the wall times (pytest's own, and with the install). The README's Tests
-section quotes the newest one; this checks the quote against the file, so the figure cannot
+summary counts and the wall times (pytest's own, and with the install). CONTRIBUTING.md's
+Tests section quotes the newest one; this checks the quote against the file, so the figure cannot
 drift from what was measured.
 """
 
@@ -22,15 +22,15 @@ def newest_suite_record() -> dict:
     return json.loads(files[-1].read_text())
 
 
-def test_the_readme_quotes_the_newest_suite_run():
+def test_contributing_quotes_the_newest_suite_run():
     run = newest_suite_record()
     for key in ("machine", "passed", "skipped", "failed", "pytest_s", "total_s", "date"):
         assert key in run, key
     assert run["failed"] == 0  # only a passing run is quoted
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "CONTRIBUTING.md").read_text()
     quote = re.search(r"`\.ci/run` on a fresh clone of a (.+?) box(?: on (\S+))?: (\d+) passed, (\d+) skipped, "
                       r"pytest ([\d.]+) minutes, ([\d.]+) with the install", text.replace("\n", " "))
-    assert quote, "the README's Tests section does not quote the suite run"
+    assert quote, "CONTRIBUTING.md's Tests section does not quote the suite run"
     machine, date, passed, skipped, pytest_min, total_min = quote.groups()
     assert machine == run["machine"] and date == run["date"]
     assert (int(passed), int(skipped)) == (run["passed"], run["skipped"])
