@@ -218,6 +218,22 @@ def host_compute_over_uva(d: dict) -> list[dict] | str:
     return rows or "no layer measured"
 
 
+def host_mlp_over_copy(d: dict) -> list[dict] | str:
+    """A dense layer at one token: its MLP on the host CPU (attention on the GPU, one graph)
+    over the same layer with its MLP's bytes copied over the link."""
+    dense = d.get("dense_layer") or {}
+    if not d.get("cuda"):
+        return "no CUDA: the hand-off inside a layer and the link copy need a GPU"
+    if dense.get("status") != "measured":
+        return f"not measured: {dense.get('status', 'not reached')}"
+    note = (f"attention {dense['attention_s']['median'] * 1e6:.0f} us, MLP on the host "
+            f"{dense['mlp_host_s']['median'] * 1e6:.0f} us, its {dense['mlp_bytes'] / 1e6:.0f} MB copied "
+            f"{dense['mlp_copy_s']['median'] * 1e6:.0f} us")
+    # mutation: gpu-run-host-mlp-ratio-inverted
+    return [_row(f"{dense['shape']}, 1 token: layer with its MLP on the host / with it copied",
+                 dense["host_over_prefetch"], None, note)]
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("selective_over_bulk", "decode-emulation", "selective / bulk, decode tok/s",
            "whether the plan decodes faster than vLLM's bulk `cpu_offload_gb` on the same 24 GiB card, and by how "
@@ -255,6 +271,10 @@ FAMILIES: tuple[Family, ...] = (
            "off on the stream inside a CUDA graph) beats the GPU reading them from host memory in place, for "
            "gpt-oss-20b's MXFP4 and Qwen3-30B-A3B's bf16 layers, and up to how many tokens a step",
            host_compute_over_uva),
+    Family("host_mlp_over_copy", "host-compute", "dense layer, MLP on the host CPU / MLP copied over the link",
+           "whether computing a dense layer's MLP on the host CPU (attention on the GPU, one hand-off inside a "
+           "captured graph) beats carrying its bytes over the link as a prefetched layer does, for "
+           "Qwen3.8-27B-FP8's block FP8 MLP", host_mlp_over_copy),
     Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
            "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),
 )

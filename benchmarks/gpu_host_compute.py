@@ -1,6 +1,7 @@
 """One MoE layer's routed experts computed by the host CPU at decode (host-compute), against
 the GPU reading the same page-locked experts in place (UVA) and against experts resident
-on the device, at real layer shapes: gpt-oss-20b's (MXFP4) and Qwen3-30B-A3B's (bf16).
+on the device, at real layer shapes: gpt-oss-20b's (MXFP4) and Qwen3-30B-A3B's (bf16); and
+Qwen3.8-27B-FP8's dense MLP the same way, inside its layer beside the layer's attention.
 
 Why: host-compute trades a link read of the k experts a token picks for a hand-off (the
 hidden states to the host and back, a host function on the stream) plus a CPU read of the
@@ -37,6 +38,10 @@ one part of that:
   against the parts' sum; and the same chain queued first on the same stream, where
   stream order must serialise them. It shows whether the GPU keeps working while the CPU
   computes, which is what makes the hand-off cheap inside a model's step.
+- **dense layer** (``host_compute_dense.py``): Qwen3.8-27B's attention on the GPU and its
+  block FP8 MLP on the host CPU, as one captured sequence, against the same layer with the
+  MLP's bytes copied over the link (what a prefetched layer pays): whether computing a dense
+  layer's MLP where it lives beats carrying it.
 - **correctness**: every path's output against the reference on the CPU (the stated
   tolerance, relative to the output's largest magnitude: float32 paths and paths that
   return bf16 each their own), and a captured graph replayed after new inputs are written
@@ -78,8 +83,9 @@ from _common import (  # noqa: E402
     RESULTS_DIR, BenchError, device_name, load_1min, machine, result_stem, shared_note, today, worker_or_run,
     write_results,
 )
+from host_compute_dense import dense_layer  # noqa: E402
 from host_compute_layers import (  # noqa: E402
-    SHAPES, SMALL_SHAPES, SMALL_TOKENS, TOKENS, TOL_BF16, TOL_F32, make_weights, physical_cores,
+    DENSE_MLP, SHAPES, SMALL_SHAPES, SMALL_TOKENS, TOKENS, TOL_BF16, TOL_F32, make_weights, physical_cores,
 )
 from host_compute_report import markdown  # noqa: E402
 from host_compute_sections import (  # noqa: E402
@@ -101,14 +107,16 @@ def run(args) -> int:
     threads = args.threads or cores
     if not cuda:
         torch.set_num_threads(threads)
-    ctx = Ctx(cuda, small, threads, 3 if small and not cuda else args.iters, args.max_seconds)
+    shapes = SMALL_SHAPES if small else SHAPES
+    ctx = Ctx(cuda, small, threads, 3 if small and not cuda else args.iters, args.max_seconds, layers=len(shapes))
     load_before, started = load_1min(), time.perf_counter()
     result: dict = {"benchmark": "host-compute", "date": today(), "device": device_name(cuda), "cuda": cuda,
                     "machine": machine(), "torch": torch.__version__, "small": small, "threads": threads,
                     "physical_cores": cores, "logical_cpus": os.cpu_count(), "iters": ctx.iters,
                     "max_seconds": args.max_seconds, "tolerance": {"float32": TOL_F32, "bf16": TOL_BF16},
                     "handoff": {"status": "not reached", "rows": []}, "layers": [], "threads_sweep": [],
-                    "overlap": {"status": "not reached"}, "correctness": ctx.checks, "complete": False}
+                    "overlap": {"status": "not reached"}, "dense_layer": {"status": "not reached"},
+                    "correctness": ctx.checks, "complete": False}
     stem = result_stem("host-compute", cuda, result["device"]) + ("-small" if small else "")
 
     def save() -> tuple[Path, Path]:
@@ -129,7 +137,7 @@ def run(args) -> int:
     ledger = PageLockedLedger(PinPolicy.decide(cuda=cuda))
     layers, arenas = [], []
     try:
-        for shape in SMALL_SHAPES if small else SHAPES:
+        for shape in shapes:
             t0 = time.perf_counter()
             weights = make_weights(shape)
             # One page-aligned arena per layer, registered once, as the glue locks a layer's
@@ -153,6 +161,10 @@ def run(args) -> int:
             result["overlap"] = overlap(ctx, *layers[0])
         except Exception as exc:
             result["overlap"] = {"status": _reason(exc)}
+        save()
+        result["dense_layer"] = next((dense_layer(ctx, s, w) for s, w in layers if s.name == DENSE_MLP),
+                                     {"status": "no dense layer among the shapes"})
+        print(f"dense layer: {result['dense_layer']['status']}", flush=True)
         result["complete"] = True
     finally:
         if cuda:

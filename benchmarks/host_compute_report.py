@@ -75,6 +75,22 @@ def markdown(r: dict) -> str:
                              fmt(o["same_stream_overlap"], 2)]]),
                   f"GPU work: {o['matmul']} x {o['matmul_reps']}. Overlap: (sum - together) / the shorter part "
                   "(1: fully hidden, 0: serialised).", ""]
+    d = r.get("dense_layer") or {"status": "not reached"}
+    lines += ["## A dense layer: attention on the GPU, its MLP on the host CPU", ""]
+    if d["status"] != "measured":
+        lines += [f"Status: {d['status']}.", ""]
+    else:
+        a = d["attention"]
+        lines += [f"{d['shape']}: MLP {d['mlp_bytes'] / 1e6:.1f} MB (block FP8 codes and scales); attention "
+                  f"{a['heads']} query heads, {a['kv_heads']} KV heads, head_dim {a['head_dim']}, a "
+                  f"{a['context']}-token KV cache, its projections {a['bytes'] / 1e6:.1f} MB in bf16 on the device; "
+                  f"one token; {'graph replays' if d['graph'] else 'eager calls (no CUDA)'}. The prefetch row is the "
+                  f"attention plus the MLP's bytes copied {d['copy']} in line (none hidden behind other layers).", "",
+                  md_table(["attention us", "MLP on the host us", "layer, MLP on the host us",
+                            "MLP copied us (GB/s)", "layer, MLP copied us", "host / copied"],
+                           [[_us(d["attention_s"]), _us(d["mlp_host_s"]), _us(d["layer_host_s"]),
+                             f"{_us(d['mlp_copy_s'])} ({fmt(d.get('mlp_copy_gbps'))})",
+                             f"{d['layer_prefetch_s'] * 1e6:.1f}", fmt(d["host_over_prefetch"], 3)]])]
     lines += ["## Correctness", "",
               f"max |path - reference| <= tol x max |reference|, the reference on the CPU; tol {TOL_F32:g} for "
               f"float32 paths, {TOL_BF16:g} for paths that round to bf16 (the kernel's too where it holds the "

@@ -21,10 +21,12 @@ class Ctx:
     """What every measurement shares: the device, the kernel's state, the threads, the
     time left for timed loops, the results' correctness rows."""
 
-    def __init__(self, cuda: bool, small: bool, threads: int, iters: int, max_seconds: float):
+    def __init__(self, cuda: bool, small: bool, threads: int, iters: int, max_seconds: float, layers: int = 2):
         import torch
 
         self.cuda, self.small, self.threads, self.iters = cuda, small, threads, iters
+        #: The layers measured, which share the layers' part of the budget.
+        self.layers = layers
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         self.deadline_total = max_seconds
         self.started = time.perf_counter()
@@ -223,8 +225,8 @@ def measure_layer(ctx: Ctx, shape: Shape, weights, tokens: tuple[int, ...], *, v
             paths.append(("uva", lambda j: cpu_kernels.reference.moe_reference(*on[j], uva, act), TOL_F32))
         if dev is not None:
             paths.append(("resident", lambda j: cpu_kernels.reference.moe_reference(*on[j], dev, act), TOL_F32))
-        # Two layers share LAYERS_SHARE of the budget, split evenly over their T and paths.
-        budget = LAYERS_SHARE / 2 / len(tokens) / max(1, len(paths) + (1 if ctx.cuda and ctx.kernel_ok else 0))
+        # The layers share LAYERS_SHARE of the budget, split evenly over their T and paths.
+        budget = LAYERS_SHARE / ctx.layers / len(tokens) / max(1, len(paths) + (1 if ctx.cuda and ctx.kernel_ok else 0))
         for name, run, tol in paths:
             try:
                 if checked:

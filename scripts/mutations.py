@@ -30,6 +30,8 @@ SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'gpu-run-dense-layer-copy-uncounted': ('        result["layer_prefetch_s"] = result["attention_s"]["median"] + med', '        result["layer_prefetch_s"] = result["attention_s"]["median"]', ['tests/tools/test_gpu_host_compute.py::test_small_run_records_what_it_measured_and_why_the_cuda_parts_were_not']),
+ 'gpu-run-host-mlp-ratio-inverted': ('copied",\n                 dense["host_over_prefetch"], None, note)]', 'copied",\n                 1 / dense["host_over_prefetch"], None, note)]', ['tests/tools/test_gpu_host_compute.py::test_cuda_shaped_dense_layer_gives_its_headline_figure']),
  'host-mlp-not-reduced': ('        if reduce:', '        if False:', ['tests/engine/test_vllm_tensor_parallel.py::test_two_ranks_with_dense_mlps_computed_on_the_host']),
  'host-mlp-not-installed': ('    mlp.forward = forward', '    pass', ['tests/engine/test_vllm_host_mlp.py::test_report_shows_each_mlp_built_and_computed_on_the_host']),
  'host-output-halved': ('        out = self.compute_on_host(x, topk_ids, topk_weights).to(x.dtype, copy=True)', '        out = (self.compute_on_host(x, topk_ids, topk_weights) * 0.5).to(x.dtype, copy=True)', ['tests/engine/test_vllm_moe.py::test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs']),

@@ -21,6 +21,7 @@ from helpers import REPO
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_figures  # noqa: E402
+import host_compute_dense as hd  # noqa: E402
 import host_compute_layers as hl  # noqa: E402
 import host_compute_sections as hs  # noqa: E402
 
@@ -62,7 +63,15 @@ def test_small_run_records_what_it_measured_and_why_the_cuda_parts_were_not(smal
         assert small["bandwidth"]["read_gbps"] > 0 and small["bandwidth"]["threads"] == small["threads"]
         checked = {(c["shape"], c["path"], c["tokens"]) for c in small["correctness"]}
         assert checked == {(s.name, p, t) for s in hl.SMALL_SHAPES for p in ("kernel", "host_eager")
-                           for t in hl.CHECKED_TOKENS}
+                           for t in hl.CHECKED_TOKENS} | {(hl.DENSE_MLP, "dense layer (attention + host MLP)", 1)}
+        dense = small["dense_layer"]
+        assert dense["status"] == "measured" and dense["graph"] is False and "stand-in" in dense["copy"]
+        assert dense["mlp_bytes"] == next(L["layer_bytes"] for L in small["layers"] if L["shape"] == hl.DENSE_MLP)
+        for part in ("attention_s", "mlp_host_s", "layer_host_s", "mlp_copy_s"):
+            assert dense[part]["n"] >= 3 and dense[part]["median"] > 0, part
+        # the prefetch row is the attention plus the MLP's bytes copied, in line
+        assert dense["layer_prefetch_s"] == pytest.approx(dense["attention_s"]["median"] + dense["mlp_copy_s"]["median"])
+        assert dense["host_over_prefetch"] == pytest.approx(dense["layer_host_s"]["median"] / dense["layer_prefetch_s"])
         assert all(c["ok"] and c["max_abs_err"] <= c["tol"] * c["max_abs_ref"] for c in small["correctness"])
         sweep = {t["shape"]: [r["threads"] for r in t["rows"]] for t in small["threads_sweep"]}
         assert sweep == {s.name: hl.thread_counts(small["physical_cores"]) for s in hl.SMALL_SHAPES}
@@ -71,6 +80,7 @@ def test_small_run_records_what_it_measured_and_why_the_cuda_parts_were_not(smal
     assert small["correct"] is True
     fam = gpu_figures.host_compute_over_uva(small)
     assert isinstance(fam, str) and fam.startswith("no CUDA")
+    assert gpu_figures.host_mlp_over_copy(small).startswith("no CUDA")
 
 
 def _layer(stand_in_view, shape=hl.SMALL_SHAPES[1]):
@@ -139,7 +149,7 @@ def test_cuda_shaped_results_give_the_headline_figure(small):
         {"what": "bare host function (free(NULL))", "graph_s": {"median": 5e-6}},
         {"what": f"{hl.SMALL_SHAPES[0].name} host path, every pick -1 (copies and an empty job)",
          "graph_s": {"median": 2e-5}}]}
-    first, second = d["layers"]
+    first, second, *_ = d["layers"]
     first["rows"][0].update(host_graph_s={"median": 4e-4}, uva_s={"median": 1e-3}, resident_s={"median": 2e-4})
     first["crossover"] = {"tokens": 8}
     second["rows"][0].pop("host_eager_s", None)
@@ -171,3 +181,34 @@ def test_a_view_that_cannot_be_made_is_recorded_and_the_rest_still_run():
     assert layer["status"]["uva"] == "FAILED: RuntimeError: cudaHostRegister refused"
     assert layer["status"]["resident"] == "measured" and "uva_read_gbps" not in layer
     assert all("uva_s" not in r and r["resident_s"]["median"] > 0 for r in layer["rows"])
+
+
+def test_the_dense_layer_is_checked_against_attention_and_the_mlp_reference(monkeypatch):
+    """A host MLP that returns nothing of the MLP (zeros) must fail the layer's check; the
+    real one passes it."""
+    import torch
+
+    from selective_offload.wrappers.host_compute import HostExperts
+
+    shape = next(s for s in hl.SMALL_SHAPES if s.name == hl.DENSE_MLP)
+    weights = hl.make_weights(shape)
+    ctx = hs.Ctx(cuda=False, small=True, threads=1, iters=3, max_seconds=5)
+    if hs.build_kernel(ctx)["status"] != "built":
+        pytest.skip(f"the CPU kernel cannot be built here: {ctx.kernel}")
+    assert hd.dense_layer(ctx, shape, weights)["status"] == "measured"
+    assert [c["ok"] for c in ctx.checks] == [True]
+    monkeypatch.setattr(HostExperts, "__call__", lambda self, x, ids, w: torch.zeros_like(x))
+    hd.dense_layer(ctx, shape, weights)
+    assert [c["ok"] for c in ctx.checks] == [True, False]
+
+
+def test_cuda_shaped_dense_layer_gives_its_headline_figure(small):
+    d = json.loads(json.dumps(small))
+    d["cuda"] = True
+    d["dense_layer"].update(attention_s={"median": 1e-4}, mlp_host_s={"median": 5e-3}, layer_host_s={"median": 5.2e-3},
+                            mlp_copy_s={"median": 2e-2}, layer_prefetch_s=2.01e-2, host_over_prefetch=5.2e-3 / 2.01e-2)
+    (row,) = gpu_figures.host_mlp_over_copy(d)
+    assert row["measured"] == pytest.approx(0.2587, abs=1e-4)
+    assert "copied 20000 us" in row["note"] and "on the host 5000 us" in row["note"]
+    d["dense_layer"] = {"status": "FAILED: RuntimeError: capture failed"}
+    assert "capture failed" in gpu_figures.host_mlp_over_copy(d)
