@@ -380,7 +380,7 @@ def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]
     """The exact commands to save and apply the plan: this ``plan`` command as typed with
     ``-o plan.json`` (when it wrote no plan file), then ``vllm serve`` of the checkpoint with
     the plan named in ``SELECTIVE_OFFLOAD_PLAN`` and the server settings the plan assumed."""
-    typed = [a for a in getattr(args, "argv", None) or [] if a not in _PRINT_ONLY_FLAGS]
+    typed = [a for a in getattr(args, "argv", None) or [args.model] if a not in _PRINT_ONLY_FLAGS]
     commands = []
     target = args.output
     if target is None:

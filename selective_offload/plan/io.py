@@ -26,7 +26,9 @@ without it reads as ``host_compute`` None). A v4 plan may also hold groups of ki
 (``model.layers.N.mlp``: the MLP of a dense layer, always served ``compute``, its layer
 group holding the rest); a plan without them keeps every dense layer whole. v1 wrote each group's reads split by where they land, and its
 totals at the top level, where those it derived differently (the prefetch buffers among
-them) are not compared. Writing is the mirror
+them) are not compared. A plan names the estimate model its ``est`` figures come from
+(``est_model``, :data:`~.parts.EST_MODEL`); older files carried the prose list of what it
+leaves out (``est_ignores``), read and ignored, as the figures are made anew. Writing is the mirror
 of reading, kept beside it so a new field is added to both in one place. The functions
 that make a ``Plan`` take its class as an argument, so this module never imports
 :mod:`.document`, whose methods call it.
