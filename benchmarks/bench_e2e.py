@@ -295,7 +295,7 @@ def run(args) -> int:
 
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.errors import UserError
-    from selective_offload.planner import EST_IGNORES, PlanInputs
+    from selective_offload.planner import EST_MODEL, PlanInputs
     from selective_offload.vllm_glue.demo import build_tiny_model
 
     started, load_before = time.perf_counter(), load_1min()
@@ -348,7 +348,7 @@ def run(args) -> int:
                  "host_hot_bytes": plan.host_hot_bytes,
                  "bulk_cpu_offload_gb": plan.bulk.cpu_offload_gb if plan.bulk else None},
         "configs": results, "overhead_ratio": overhead, "noise_floor_ratio": noise,
-        "est_ignores": list(EST_IGNORES),
+        "est_model": EST_MODEL,
         "wall_s": time.perf_counter() - started,
     }
     result["load_note"] = shared_note(load_before, load_1min())

@@ -65,7 +65,8 @@ def markdown(r: dict) -> str:
           "says landed on the host (cold + hot) for the project's configurations, vLLM's "
           "UVA-offloaded parameter bytes for bulk.\n\n"
         + "est tok/s = batch / est_step_s: bytes per step over the bandwidths above (the planner's "
-          "model), which ignores: " + "; ".join(r["est_ignores"]) + "."
+          "model" + (f" {r['est_model']}; `selective-offload plan --explain` lists what it leaves out)."
+                     if "est_model" in r else "), which ignores: " + "; ".join(r["est_ignores"]) + ".")
         + ("" if r["cuda"] else " Here the engine runs float32 while the estimate counts the "
            "checkpoint's bf16 bytes, and a tiny model's step is all overhead: the ratio only says "
            "how far from bandwidth-bound it is.")

@@ -7,7 +7,9 @@ Bad input (a missing path, a corrupt header, a size it cannot read) prints one l
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import replace
@@ -43,9 +45,9 @@ from .outputs import check_output_file, write_files
 from .picture import add_picture_arguments, check_picture_arguments, drawn_pictures, picture_outputs
 from .planner import make_plan
 from .progress import progress
-from .render import render_plan
+from .render import Shown, render_plan
 from .report_cmd import add_report_command
-from .sizes import GB, parse_bandwidth_gbps, parse_size
+from .sizes import fmt_bytes, parse_bandwidth_gbps, parse_size
 
 #: Exit status of `plan` when nothing fits (the plan is still printed and written).
 EXIT_INFEASIBLE = 3
@@ -55,6 +57,11 @@ EXIT_USAGE = 2
 DATA_DIR = Path(__file__).resolve().parent / "data"
 #: Bundled manifests, usable by name in place of a path.
 BUNDLED = {"qwen3.8-27b-fp8": DATA_DIR / "qwen3.8-27b-fp8.manifest.json"}
+
+
+#: ``plan``'s MODEL in two lines (``manifest --help`` says more about each kind).
+PLAN_MODEL_HELP = (f"a checkpoint dir or shard, a manifest or config.json, a hub id ORG/NAME[@REV], or "
+                   f"a bundled name ({', '.join(BUNDLED)})")
 
 
 def resolve_model(path: str) -> Path:
@@ -93,95 +100,79 @@ def _parse_cold(text: str) -> tuple[str, ...]:
 
 
 def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device-memory", default=None, metavar="SIZE",
-                   help="total memory of the GPU, e.g. 24GiB (units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB); "
-                        "default: the total `selective-offload probe` measured on this machine")
-    p.add_argument("--kv-cache", default="1GiB", metavar="SIZE",
-                   help="device memory kept for the KV cache (default: 1GiB)")
-    p.add_argument("--reserve", default="2GiB", metavar="SIZE",
-                   help="device memory kept for the CUDA context, activations and CUDA graphs (default: 2GiB)")
-    p.add_argument("--link-gbps", default=None, metavar="GB/S",
-                   help="pinned host-to-device bandwidth in decimal GB/s (default: what `selective-offload probe` "
-                        f"measured here, else {REFERENCE_LINK_GBPS}, the reference laptop's PCIe 4.0 x8)")
-    p.add_argument("--vram-gbps", default=None, metavar="GB/S",
-                   help="device memory bandwidth in decimal GB/s (default: the probe's, else "
-                        f"{REFERENCE_VRAM_GBPS}, the reference laptop's)")
-    p.add_argument("--uva-gbps", default=None, metavar="GB/S",
-                   help="rate at which kernels read host memory in place through UVA (vLLM's cpu_offload_gb, "
-                        "the UVA embedding, experts read in place), decimal GB/s (default: the probe's when "
-                        f"the link is the probe's too, else {DEFAULT_UVA_READ_FACTOR} x the link, the reference "
-                        "laptop's measured fraction)")
-    p.add_argument("--decode-read-gbps", default=None, metavar="GB/S",
-                   help="rate at which decode kernels read VRAM, measured so (a batch-1 matrix-vector "
-                        "product), decimal GB/s (default: the probe's when the VRAM rate is the probe's too, else "
-                        f"{DEFAULT_DECODE_READ_FACTOR} x the VRAM rate, the fraction a published vLLM decode reaches)")
-    p.add_argument("--compute-tflops", default=None, metavar="TFLOP/S",
-                   help="the GPU's dense matmul rate for the weights' format, so each layer costs at least "
-                        "its FLOPs (default: the probe's bf16 matmul rate; without one, compute is not priced)")
-    p.add_argument("--cpu-gbps", default=None, metavar="GB/S",
-                   help="host-compute: the host CPU kernel's rate, decimal GB/s of expert weights read at batch 1 "
-                        "(default: what `selective-offload probe` measured here for the model's format, else "
-                        f"{REFERENCE_CPU_GBPS:g}, the reference host's, a 2-channel DDR5 machine; the plan says which)")
-    p.add_argument("--cpu-threads", type=int, default=None, metavar="N",
-                   help="host-compute: threads of the one CPU pool (default: the probe's, else all physical cores "
-                        "of one NUMA node, as the runtime finds them); split between --ranks")
-    p.add_argument("--cpu-tflops", default=None, metavar="TFLOP/S",
-                   help="host-compute: the CPU's matmul rate, for the crossover where prefill and large batches "
-                        f"leave the CPU (default: {ASSUMED_CPU_TFLOPS:g}, assumed)")
-    p.add_argument("--ranks", type=int, default=1, metavar="N",
-                   help="tensor- or expert-parallel ranks sharing this host: each computes its own share of the "
-                        "host experts with its share of the threads and of the host's memory bandwidth (default: 1)")
-    p.add_argument("--no-host-compute", action="store_true",
-                   help="do not compute on the host CPU: host routed experts are read through UVA, and dense "
-                        "layers' MLPs stay in their layers (resident or prefetched) (for a runtime without the "
-                        "CPU kernels)")
-    p.add_argument("--compute-capability", default=None, metavar="MAJOR.MINOR",
-                   help="the card's compute capability as torch.cuda.get_device_capability gives it, like 8.9: "
-                        "it decides which fused-MoE kernel vLLM picks for routed experts, and so whether they can "
-                        "be read in place through UVA (default: the probe's, else 8.9, the reference laptop's "
-                        "class; the plan says which it assumed)")
-    p.add_argument("--moe-backend", default="auto", metavar="{auto,triton,marlin}",
-                   help="the fused-MoE backend the vLLM server will run with (its --moe-backend): with the card, "
-                        "it decides the kernel that reads the routed experts (default: auto, vLLM's own choice)")
-    p.add_argument("--no-deep-gemm", action="store_true",
-                   help="plan for a server started with VLLM_USE_DEEP_GEMM=0 (block-FP8 experts then take "
-                        "Triton on the cards where vLLM would pick DeepGEMM); --moe-backend triton|marlin "
-                        "decides the kernel whatever this says")
-    p.add_argument("--speculative", default=None, metavar="mtp[:K]",
-                   help="plan for MTP speculative decoding with K draft tokens per step (default K: the "
-                        "model's MTP layers): the MTP head is loaded and runs every step; the plan is also "
-                        "made without speculation and the faster is recommended (default: off)")
-    p.add_argument("--accept-rate", type=float, default=None, metavar="A",
-                   help="per-token acceptance rate of the drafts (default: the published rate of the model's "
-                        "family: 0.65 for Qwen3.x MTP heads, 0.85 for DeepSeek-V3's, else "
-                        f"{DEFAULT_ACCEPT_RATE}; the plan also prices the published range; measure yours with "
-                        "vLLM's spec-decode metrics)")
-    p.add_argument("--batch", type=int, default=1, metavar="N",
-                   help="concurrent decode sequences (they share one pass over the weights; default 1)")
-    p.add_argument("--max-model-len", type=int, default=None, metavar="L",
-                   help="with --max-seqs: size the KV cache from the model's attention layers for N "
-                        "sequences of L tokens (replaces --kv-cache)")
-    p.add_argument("--max-seqs", type=int, default=None, metavar="N", help="see --max-model-len")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_DTYPE_BYTES),
-                   help="KV cache dtype for --max-model-len (default: auto, the model's 16-bit dtype)")
-    p.add_argument("--context", type=int, default=None, metavar="T",
-                   help="average context per sequence for the KV reads of a step (default: half of "
-                        "--max-model-len; without either, KV reads are not priced)")
-    p.add_argument("--prefetch-step", type=int, default=1, metavar="N",
-                   help="device slots per offloaded layer parameter in vLLM's prefetch offloader (default: 1)")
-    p.add_argument("--cpu-offload-gb", "--bulk-gb", dest="bulk_gb", default=None, metavar="GiB",
-                   help="price vLLM's own cpu_offload_gb at this many GiB, and for a MoE model its "
-                        "cpu_offload_params=experts at the same budget (default: the smallest whole number "
-                        "that covers the deficit; --bulk-gb is the older name)")
-    p.add_argument("--all-cold", action="store_true",
-                   help="put every cold module on the host even when fewer would fit (frees device "
-                        "memory for the KV cache; cold bytes cost almost no link time)")
-    p.add_argument("--host-memory", default=None, metavar="SIZE",
-                   help="host memory (RAM) the plan's host bytes must fit in; a plan that needs more is "
-                        "infeasible (default: this machine's RAM; 'none' to not check)")
-    p.add_argument("--cold-segments", default=",".join(DEFAULT_COLD_SEGMENTS), metavar="LIST",
-                   help="comma-separated name segments whose modules a decode step does not read "
-                        f"(default: {','.join(DEFAULT_COLD_SEGMENTS)}); lm_head is never cold")
+    """The plan's options in the groups a user looks for them in, one or two lines each
+    (the README and the module docstrings say the why)."""
+    card = p.add_argument_group("card and budget")
+    card.add_argument("--device-memory", default=None, metavar="SIZE",
+                      help="the GPU's memory, e.g. 24GiB (B, kB..TB, KiB..TiB); default: the probe's")
+    card.add_argument("--kv-cache", default="1GiB", metavar="SIZE",
+                      help="device memory kept for the KV cache (default: 1GiB)")
+    card.add_argument("--reserve", default="2GiB", metavar="SIZE",
+                      help="device memory kept for the CUDA context, activations, graphs (default: 2GiB)")
+    card.add_argument("--host-memory", default=None, metavar="SIZE",
+                      help="host RAM the host bytes must fit in (default: this machine's; 'none': no check)")
+    card.add_argument("--compute-capability", default=None, metavar="MAJOR.MINOR",
+                      help="the card's, like 8.9: picks vLLM's MoE kernel (default: the probe's, else 8.9)")
+    card.add_argument("--cold-segments", default=",".join(DEFAULT_COLD_SEGMENTS), metavar="LIST",
+                      help="comma-separated name segments a decode step does not read (default: the embedding, "
+                           "towers, projectors, MTP)")
+    card.add_argument("--all-cold", action="store_true",
+                      help="put every cold module on the host even when fewer would fit (frees KV room)")
+    rates = p.add_argument_group("machine rates (default: `selective-offload probe`'s, else the reference's)")
+    rates.add_argument("--link-gbps", default=None, metavar="GB/S",
+                       help=f"pinned host-to-device copy rate, decimal GB/s (reference: {REFERENCE_LINK_GBPS})")
+    rates.add_argument("--vram-gbps", default=None, metavar="GB/S",
+                       help=f"device memory bandwidth, decimal GB/s (reference: {REFERENCE_VRAM_GBPS})")
+    rates.add_argument("--uva-gbps", default=None, metavar="GB/S",
+                       help=f"kernels' in-place reads of host memory (default: {DEFAULT_UVA_READ_FACTOR} x the link)")
+    rates.add_argument("--decode-read-gbps", default=None, metavar="GB/S",
+                       help=f"decode kernels' VRAM read rate (default: {DEFAULT_DECODE_READ_FACTOR} x --vram-gbps)")
+    rates.add_argument("--compute-tflops", default=None, metavar="TFLOP/S",
+                       help="the GPU's matmul rate, to price FLOPs (default: the probe's; else not priced)")
+    rates.add_argument("--cpu-gbps", default=None, metavar="GB/S",
+                       help=f"host-compute: the CPU kernel's weight read rate (default: {REFERENCE_CPU_GBPS:g}, the "
+                            "reference host's)")
+    rates.add_argument("--cpu-threads", type=int, default=None, metavar="N",
+                       help="host-compute: threads of the CPU pool (default: physical cores of one NUMA node)")
+    rates.add_argument("--cpu-tflops", default=None, metavar="TFLOP/S",
+                       help=f"host-compute: the CPU's matmul rate, for the crossover (default: {ASSUMED_CPU_TFLOPS:g})")
+    rates.add_argument("--ranks", type=int, default=1, metavar="N",
+                       help="TP/EP ranks sharing this host's CPU and memory bandwidth (default: 1)")
+    rates.add_argument("--no-host-compute", action="store_true",
+                       help="compute nothing on the host CPU (host experts read through UVA, MLPs stay whole)")
+    work = p.add_argument_group("workload")
+    work.add_argument("--speculative", default=None, metavar="mtp[:K]",
+                      help="plan for MTP speculative decoding with K drafts (default K: the model's MTP layers)")
+    work.add_argument("--accept-rate", type=float, default=None, metavar="A",
+                      help=f"the drafts' acceptance rate (default: the family's published rate, else "
+                           f"{DEFAULT_ACCEPT_RATE})")
+    work.add_argument("--batch", type=int, default=1, metavar="N",
+                      help="concurrent decode sequences sharing a pass over the weights (default: 1)")
+    work.add_argument("--max-model-len", type=int, default=None, metavar="L",
+                      help="with --max-seqs: size the KV cache for N sequences of L tokens (replaces --kv-cache)")
+    work.add_argument("--max-seqs", type=int, default=None, metavar="N", help="see --max-model-len")
+    work.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_DTYPE_BYTES), metavar="DTYPE",
+                      help="KV cache dtype for --max-model-len: auto (the model's 16-bit dtype), fp8, bf16, ...")
+    work.add_argument("--context", type=int, default=None, metavar="T",
+                      help="average context per sequence, to price KV reads (default: half of --max-model-len)")
+    vllm = p.add_argument_group("vLLM: the server's settings and its own offload, priced beside the plan")
+    vllm.add_argument("--cpu-offload-gb", "--bulk-gb", dest="bulk_gb", default=None, metavar="GiB",
+                      help="price vLLM's cpu_offload_gb at this (default: the least that covers the deficit)")
+    vllm.add_argument("--moe-backend", default="auto", metavar="{auto,triton,marlin}",
+                      help="the server's --moe-backend: with the card, decides the experts' kernel (default: auto)")
+    vllm.add_argument("--no-deep-gemm", action="store_true",
+                      help="plan for a server started with VLLM_USE_DEEP_GEMM=0")
+    vllm.add_argument("--prefetch-step", type=int, default=1, metavar="N",
+                      help="device slots per offloaded layer in vLLM's prefetch offloader (default: 1)")
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    out = p.add_argument_group("output")
+    out.add_argument("-o", "--output", metavar="FILE", help="also write the plan as JSON to FILE (for vllm serve)")
+    out.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
+    out.add_argument("-v", "--verbose", action="store_true", help="also print every group and the planner's notes")
+    out.add_argument("--explain", action="store_true", help="also print what the estimate leaves out")
+    add_picture_arguments(out)
 
 
 def machine_ram_bytes() -> int | None:
@@ -355,15 +346,71 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(text)
     else:
-        print(render_plan(plan, checkpoint))
+        written = ((f"plan {args.output}",) if args.output else ()) + (
+            (f"picture: {', '.join(pictures)}",) if pictures else ())
+        shown = Shown(label=args.model, host_ram_from=None if inputs.host_memory_bytes is None else (
+                          "this machine's" if args.host_memory is None else "--host-memory"),
+                      rates_from=_rates_from(args, profile), next_commands=next_commands(args, plan, checkpoint),
+                      written=written)
+        print(render_plan(plan, checkpoint, verbose=args.verbose, explain=args.explain, shown=shown))
         for note in machine_notes(plan):
             print(f"note: {note}")
         if inputs.max_model_len and inputs.max_seqs:
             print("\n" + "\n".join(kv_tradeoff(checkpoint, inputs)))
-        print(f"\nread {len(checkpoint.tensors)} tensor headers in {read_s * 1e3:.1f} ms"
-              + (f"; plan written to {args.output}" if args.output else "")
-              + (f"; picture: {', '.join(pictures)}" if pictures else ""))
+        if args.verbose:
+            print(f"\nread {len(checkpoint.tensors)} tensor headers in {read_s * 1e3:.1f} ms")
     return EXIT_INFEASIBLE if plan.strategy == Strategy.INFEASIBLE else 0
+
+
+def _rates_from(args: argparse.Namespace, profile) -> dict[str, str]:
+    """Where the link and VRAM rates came from: a flag, this machine's probe, or the reference laptop."""
+    measured = plan_defaults(profile)
+    return {name: "given" if getattr(args, flag) is not None else "probed" if measured[key] is not None
+            else "reference"
+            for name, flag, key in (("link", "link_gbps", "link_gbps"), ("vram", "vram_gbps", "vram_gbps"))}
+
+
+#: Where ``next:`` saves the plan when the user gave no ``-o``.
+NEXT_PLAN_FILE = "plan.json"
+#: Flags that change only what ``plan`` prints: left out of the command ``next:`` repeats.
+_PRINT_ONLY_FLAGS = ("-v", "--verbose", "--explain")
+
+
+def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]:
+    """The exact commands to save and apply the plan: this ``plan`` command as typed with
+    ``-o plan.json`` (when it wrote no plan file), then ``vllm serve`` of the checkpoint with
+    the plan named in ``SELECTIVE_OFFLOAD_PLAN`` and the server settings the plan assumed."""
+    typed = [a for a in getattr(args, "argv", None) or [args.model] if a not in _PRINT_ONLY_FLAGS]
+    commands = []
+    target = args.output
+    if target is None:
+        target = NEXT_PLAN_FILE
+        # mutation: next-line-without-output
+        commands.append(shlex.join(["selective-offload", "plan", *typed, "-o", target]))
+    env = [f"SELECTIVE_OFFLOAD_PLAN={shlex.quote(str(target))}"] + (["VLLM_USE_DEEP_GEMM=0"] if args.no_deep_gemm
+                                                                     else [])
+    serve, comment = _served_model(args.model, checkpoint.kind)
+    flags = []
+    if args.max_model_len:
+        flags += ["--max-model-len", str(args.max_model_len)]
+    if str(args.moe_backend).lower() != "auto":
+        flags += ["--moe-backend", str(args.moe_backend)]
+    if plan.spec_tokens:
+        flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.spec_tokens})]
+    commands.append(" ".join(env + ["vllm", "serve", *map(shlex.quote, serve), *map(shlex.quote, flags)]))
+    return tuple(commands) + ((comment,) if comment else ())
+
+
+def _served_model(model: str, kind: str) -> tuple[list[str], str]:
+    """What ``vllm serve`` is given for the checkpoint planned: its directory, or its hub id
+    (and revision); a manifest or a config alone names no weights, so a placeholder says so."""
+    if kind == "hub":
+        name, _, revision = model.partition("@")
+        return ([name, "--revision", revision] if revision else [name]), ""
+    path = Path(model)
+    if kind == "safetensors":
+        return [str(path.parent if path.is_file() else path)], ""
+    return ["CHECKPOINT"], "# CHECKPOINT: the weights this " + ("manifest lists" if kind == "manifest" else "config describes")
 
 
 def _inputs_provenance(args: argparse.Namespace, profile) -> str | None:
@@ -389,7 +436,7 @@ def kv_tradeoff(checkpoint, inputs: PlanInputs) -> list[str]:
         except UserError as exc:
             lines.append(f"{n:>4} {str(exc)[:60]}")
             continue
-        lines.append(f"{n:>4} {plan.inputs.kv_cache_bytes / GB:>7.3f} GB {plan.host_bytes / GB:>8.3f} GB "
+        lines.append(f"{n:>4} {fmt_bytes(plan.inputs.kv_cache_bytes):>10} {fmt_bytes(plan.host_bytes):>11} "
                      f"{plan.strategy:<12} {plan.est.est_tok_s:>9.2f} {plan.est.est_tok_s_per_seq:>8.2f}")
     return lines
 
@@ -405,7 +452,7 @@ def machine_notes(plan) -> list[str]:
     props = torch.cuda.get_device_properties(0)
     if getattr(props, "is_integrated", False):
         return [f"this machine's GPU ({props.name}) is integrated, one memory with the host: the "
-                f"{host / GB:.3f} GB this plan puts on the host would free no device memory here"]
+                f"{fmt_bytes(host)} this plan puts on the host would free no device memory here"]
     return []
 
 
@@ -417,7 +464,7 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UserError(f"-o {args.output}: cannot write the manifest: {exc.strerror or exc}") from None
     print(f"wrote {args.output}: {len(checkpoint.tensors)} tensors, "
-          f"{checkpoint.total_bytes / GB:.3f} GB ({checkpoint.kind})")
+          f"{fmt_bytes(checkpoint.total_bytes)} ({checkpoint.kind})")
     return 0
 
 
@@ -442,16 +489,16 @@ def build_parser() -> argparse.ArgumentParser:
                   ".safetensors shard, a manifest .json, a config.json (sizes estimated), a Hugging Face hub "
                   "id ORG/NAME[@REVISION] (the local cache, else only the shard headers over HTTP; HF_ENDPOINT, "
                   f"HF_TOKEN, HF_HUB_OFFLINE honoured), or the name of a bundled manifest: {', '.join(BUNDLED)}")
-    p = sub.add_parser("plan", help="make a placement plan", description=(
-        "Make a placement plan and print it as a table, or as JSON with --json. The JSON "
-        "file written with -o is what selective_offload.enable() takes. Exit status: 0 when "
+    p = sub.add_parser("plan", help="make a placement plan", usage="%(prog)s MODEL --device-memory SIZE [options]",
+                       description=(
+        "Make a placement plan and print its verdict, the device and host totals, the estimate "
+        "and the commands that save and apply it (--verbose: every group; --json: the plan). The JSON "
+        "file written with -o is what vllm serve and selective_offload.enable() take. Exit status: 0 when "
         f"the plan fits, {EXIT_INFEASIBLE} when it is infeasible (still printed), "
         f"{EXIT_USAGE} for bad input."))
-    p.add_argument("model", metavar="MODEL", help=model_help)
+    p.add_argument("model", metavar="MODEL", help=PLAN_MODEL_HELP)
     _add_plan_arguments(p)
-    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
-    p.add_argument("-o", "--output", metavar="FILE", help="also write the plan as JSON to FILE")
-    add_picture_arguments(p)
+    _add_output_arguments(p)
     p.set_defaults(func=cmd_plan)
 
     m = sub.add_parser("manifest", help="write a manifest (tensor names, shapes, dtypes) of a model",
@@ -483,7 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv[1:]  # after the command's name: what `next:` repeats
     try:
         return args.func(args)
     except UserError as exc:

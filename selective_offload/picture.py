@@ -248,7 +248,7 @@ def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
 
 def add_picture_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--png", metavar="FILE", default=None,
-                   help=f"also draw the plan as a PNG picture (needs matplotlib: {INSTALL_HINT})")
+                   help="also draw the plan as a PNG picture (needs matplotlib)")
     p.add_argument("--svg", metavar="FILE", default=None, help="also draw the plan as an SVG picture (as --png)")
 
 

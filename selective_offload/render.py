@@ -1,33 +1,54 @@
-"""A plan as people read it: a group table (decoder layers folded) and a summary.
+"""A plan as people read it: the verdict first, then the totals they check, the estimate and
+the next command; ``--verbose`` adds the group table (decoder layers folded) and the notes,
+``--explain`` what the estimate leaves out.
 
-A MoE layer is two groups (the layer and its routed experts); consecutive layers placed
-alike fold into one row each for the layers and for their experts, and when a placement
-alternates too often to fold (hot layers spread through the stack), layers fold by
-placement instead, their indices listed in the summary.
+The default view (:func:`render_plan`) is a screenful that a user checks against
+``nvidia-smi`` and ``free``: line 1 is the model, the card and the verdict (and, when nothing
+fits, why, by how much and what to change); then device memory as weights + buffers +
+transients + KV + reserve of the card, the host bytes against the host RAM checked, the
+estimate rows beside vLLM's own offload with the rates they assume, and the commands to save
+and apply the plan (:class:`Shown` carries what only the command line knows: the name typed,
+where the rates and the RAM came from, the commands).
+
+In the detail, a MoE layer is two groups (the layer and its routed experts); consecutive
+layers placed alike fold into one row each for the layers and for their experts, and when a
+placement alternates too often to fold (hot layers spread through the stack), layers fold by
+placement instead, their indices listed in the summary. Every size goes through one
+formatter, :func:`~selective_offload.sizes.fmt_bytes` (the placement report's too).
 
 Used by ``selective-offload plan`` and by the demo; it only formats, it decides nothing.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from .estimate import DEFAULT_DECODE_READ_FACTOR
 from .anchors import anchors_for
 from .checkpoint import Checkpoint
-from .plan import BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan
-from .sizes import GB
+from .plan import EST_IGNORES, EST_MODEL, BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan, Strategy
+from .sizes import GiB, fmt_bytes
+
+#: A model with fewer weight bytes than this gets no tok/s figures: its decode step is kernel
+#: launches and Python between them, not bytes over a bandwidth, so the estimate (which prices
+#: only bytes) would print rates and speed-ups the model never reaches. A checkpoint anyone
+#: offloads is gigabytes; the demo's and the tests' random models are a few megabytes.
+MIN_PRICED_MODEL_BYTES = 64 << 20
+
+
+def priced(plan: Plan) -> bool:
+    """Whether the plan's model is large enough for its tok/s estimate to mean anything."""
+    # mutation: tiny-model-priced
+    return plan.model.total_bytes >= MIN_PRICED_MODEL_BYTES
 
 
 def _gb(nbytes: int | float) -> str:
-    return f"{nbytes / GB:7.3f} GB"
+    return fmt_bytes(nbytes)
 
 
 def _step_bytes(nbytes: int) -> str:
     """Per-step reads: a gathered embedding row is kilobytes, a layer is gigabytes."""
-    if not nbytes:
-        return "-"
-    if nbytes < 1_000_000:
-        return f"{nbytes / 1e3:.1f} kB"
-    return _gb(nbytes)
+    return fmt_bytes(nbytes) if nbytes else "-"
 
 
 def _ms(seconds: float) -> str:
@@ -217,8 +238,7 @@ def _estimates(plan: Plan) -> list[str]:
                      + ("; routed experts on the host are read top-k through UVA, like the plan's)"
                         if any(g.kind == GroupKind.EXPERTS for g in plan.groups) else ")"))
     lines += ["", f"est_ values are estimates from bytes / bandwidth{batch} (est_hidden: link time the "
-                  "prefetch overlap hides). They ignore:"]
-    lines += [f"  - {item}" for item in plan.est_ignores]
+                  "prefetch overlap hides); --explain lists what they leave out"]
     return lines
 
 
@@ -226,11 +246,234 @@ def _short(baseline: BulkBaseline) -> str:
     return "cpu_offload_params" if baseline.cpu_offload_params else "cpu_offload_gb"
 
 
-def render_plan(plan: Plan, checkpoint: Checkpoint | None = None) -> str:
-    """The human-readable plan. ``checkpoint`` (when at hand) adds notes about its shards."""
-    lines = _header(plan) + _group_table(plan) + _placement_summary(plan) + _estimates(plan)
-    lines += [f"note: {note}" for note in (*plan.notes, *plan.load_notes)]
+@dataclass(frozen=True)
+class Shown:
+    """What the command line knows of a plan and the plan does not: the model's name as the
+    user typed it, where the host RAM checked and the rates came from, and the commands that
+    save and apply the plan (the demo and the library have none of these)."""
+
+    #: The model as the user named it (default: the plan's source, cut short).
+    label: str | None = None
+    #: Whose RAM ``inputs.host_memory_bytes`` is: ``"this machine's"`` or ``"--host-memory"``.
+    host_ram_from: str | None = None
+    #: Where each bandwidth came from, by name (``link``, ``vram``): ``given``, ``probed`` or
+    #: ``reference`` (the reference laptop's, no probe of a GPU here).
+    rates_from: dict[str, str] = field(default_factory=dict)
+    #: The commands to run next (shell-quoted), first the one that saves the plan when none was saved.
+    next_commands: tuple[str, ...] = ()
+    #: Files written (the plan, pictures), as ``what path`` phrases.
+    written: tuple[str, ...] = ()
+
+
+#: The width of the default view's labels (``device``, ``host``, ``next:``).
+_LABEL = 7
+
+
+def _label(name: str, text: str) -> str:
+    return f"{name:<{_LABEL}}{text}"
+
+
+def _cont(text: str) -> str:
+    return " " * _LABEL + text
+
+
+#: The terminal width the default view is laid out for.
+WIDTH = 80
+
+
+def _wrapped(name: str, pieces: list[str]) -> list[str]:
+    """``pieces`` after a label, as many to a line as fit :data:`WIDTH` (a piece is never split)."""
+    lines = [name.ljust(_LABEL)]
+    for piece in pieces:
+        if len(lines[-1]) > _LABEL and len(lines[-1]) + len(piece.rstrip()) > WIDTH:
+            lines.append(" " * _LABEL)
+        lines[-1] += piece.lstrip() if len(lines[-1]) == _LABEL else piece
+    return [line.rstrip() for line in lines]
+
+
+def _card(nbytes: int) -> str:
+    """A card's memory as it is sold (24 GiB), or in decimal units when not a whole GiB."""
+    return f"{nbytes // GiB} GiB" if nbytes and nbytes % GiB == 0 else fmt_bytes(nbytes)
+
+
+def _model_name(plan: Plan, shown: Shown) -> str:
+    if shown.label:
+        return shown.label
+    source = plan.model.source.removeprefix("bundled: ").split(" (")[0]
+    return source if len(source) <= 60 else "..." + source[-57:]
+
+
+def verdict(plan: Plan, shown: Shown | None = None) -> str:
+    """Line 1: the model, the card and the verdict; when nothing fits, why, by how much and
+    what to change."""
+    shown = shown or Shown()
+    inp = plan.inputs
+    head = f"{_model_name(plan, shown)} on a {_card(inp.device_memory_bytes)} card"
+    if plan.model.kind == "config":
+        head += " (sizes estimated from config.json)"
+    # mutation: verdict-not-infeasible
+    if plan.strategy == Strategy.INFEASIBLE:
+        why = []
+        if plan.shortfall_bytes:
+            why.append(f"{fmt_bytes(plan.shortfall_bytes)} short of device memory even with all it can move on "
+                       "the host: a larger --device-memory, less --kv-cache or --reserve, or a smaller checkpoint")
+        if plan.host_shortfall_bytes:
+            whose = f" ({shown.host_ram_from})" if shown.host_ram_from else ""
+            why.append(f"{fmt_bytes(plan.host_bytes)} on the host is {fmt_bytes(plan.host_shortfall_bytes)} more "
+                       f"than the {fmt_bytes(inp.host_memory_bytes or 0)} of RAM{whose}: more RAM, a larger card "
+                       "or a smaller checkpoint")
+        return f"{head}: INFEASIBLE: " + "; and ".join(why or ["the placement does not fit"])
+    if not plan.host_bytes:
+        return f"{head}: fits, every weight on the device ({plan.strategy})"
+    return f"{head}: fits with {fmt_bytes(plan.host_bytes)} on the host ({plan.strategy})"
+
+
+def _device_lines(plan: Plan) -> list[str]:
+    """Device memory as ``nvidia-smi`` shows it used: weights + buffers + transients + KV +
+    reserve, of the card."""
+    inp = plan.inputs
+    parts = [(plan.device_bytes, "weights"), (plan.prefetch_buffer_bytes, "buffers"),
+             (plan.est_transient_device_bytes, "transient"), (inp.kv_cache_bytes, "KV"),
+             (inp.reserve_bytes, "reserve")]
+    shown = [f"{fmt_bytes(n)} {what}" for n, what in parts if n or what == "weights"]
+    used = sum(n for n, _ in parts)
+    pieces = [p + " + " for p in shown[:-1]] + [shown[-1] + " ", f"= {fmt_bytes(used)} "
+                                                f"of {fmt_bytes(inp.device_memory_bytes)}"]
+    if plan.absent_bytes:
+        pieces.append(f" ({fmt_bytes(plan.absent_bytes)} not loaded)")
+    return _wrapped("device", pieces)
+
+
+def _host_lines(plan: Plan, shown: Shown) -> list[str]:
+    """Host bytes as ``free`` shows them used, against the RAM checked (and whose), then by
+    how they are served."""
+    inp = plan.inputs
+    whose = f" ({shown.host_ram_from})" if shown.host_ram_from else ""
+    ram = ("(host RAM not checked)" if inp.host_memory_bytes is None
+           else f"of {fmt_bytes(inp.host_memory_bytes)} RAM{whose}")
+    if not plan.host_bytes:
+        return _wrapped("host", ["nothing ", ram])
+    parts = [(plan.host_cold_bytes, "cold"),
+             (plan.host_hot_bytes, f"prefetched ({len(plan.hot_layer_indices)} layers)"),
+             (plan.host_uva_bytes, "read in place (UVA)"), (plan.host_compute_bytes, "computed on the CPU")]
+    said = [f"{fmt_bytes(n)} {what}" for n, what in parts if n]
+    if len(said) == 1:
+        return _wrapped("host", [said[0] + " ", ram])
+    return _wrapped("host", [f"{fmt_bytes(plan.host_bytes)} ", ram + ": ", *(p + " + " for p in said[:-1]), said[-1]])
+
+
+def _speedups(plan: Plan) -> str:
+    if plan.strategy == Strategy.INFEASIBLE:
+        return ""
+    return ", ".join(f"{plan.est.est_tok_s / b.est.est_tok_s:.2f}x {_short(b)}" for b in plan.baselines
+                     if b.est.est_tok_s > 0)
+
+
+def _rates_line(plan: Plan, shown: Shown) -> str:
+    """The rates the estimate assumes, and where they came from, in one short line."""
+    inp = plan.inputs
+    link, vram = shown.rates_from.get("link"), shown.rates_from.get("vram")
+    words = {"given": "given", "probed": "this machine's probe", "reference": "reference laptop's"}
+    if link is None or vram is None:
+        text = f"link {inp.link_gbps:g}, VRAM {inp.vram_gbps:g} GB/s"
+    elif link == vram:
+        text = f"link {inp.link_gbps:g}, VRAM {inp.vram_gbps:g} GB/s: {words[link]}"
+        text += "; run selective-offload probe" if link == "reference" else ""
+    else:
+        text = f"link {inp.link_gbps:g} GB/s ({words[link]}), VRAM {inp.vram_gbps:g} GB/s ({words[vram]})"
+    if inp.compute_tflops is not None:
+        text += f", compute {inp.compute_tflops:g} TFLOP/s"
+    return _label("rates", text)
+
+
+def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
+    """vLLM's own offload and this plan, est tok/s and speed-up (none for a model too small
+    to price), then the rates they assume."""
+    if not priced(plan):
+        return _wrapped("est", [f"no tok/s: {fmt_bytes(plan.model.total_bytes)} of weights is below "
+                                f"{MIN_PRICED_MODEL_BYTES >> 20} MiB, ", "where a step is launch overhead, ",
+                                "not bytes over bandwidth"])
+    inp = plan.inputs
+    per_seq = inp.batch > 1
+    width = 30
+    lines = [f"{'estimate (bytes / bandwidth)':<{width}} {'host bytes':>10} {'ms/step':>8} {'tok/s':>7}"
+             + (f" {'per seq':>7}" if per_seq else "") + ("  speed-up" if plan.baselines else "")]
+
+    def row(label: str, host: int, est: Estimate, tail: str = "") -> str:
+        return (f"{label:<{width}} {fmt_bytes(host):>10} {est.est_step_s * 1e3:8.1f} {est.est_tok_s:7.2f}"
+                + (f" {est.est_tok_s_per_seq:7.2f}" if per_seq else "") + (f"  {tail}" if tail else ""))
+
+    for baseline in plan.baselines:
+        lines.append(row(f"vLLM {baseline.label}", baseline.offloaded_bytes, baseline.est,
+                         "" if baseline.fits else "(does not fit)"))
+    spec = f", MTP K={plan.spec_tokens}" if plan.spec_tokens else ""
+    alt = plan.alternative
+    lines.append(row(f"this plan ({plan.strategy}{spec})", plan.host_bytes, plan.est, _speedups(plan)))
+    if alt is not None:
+        lines.append(row(f"  {alt.label.replace('speculative decoding', 'speculation')}",
+                         alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes + alt.host_compute_bytes,
+                         alt.est, "slower" if plan.est.est_tok_s >= alt.est.est_tok_s else "faster"))
+    experts = [g for g in plan.groups if g.kind == GroupKind.EXPERTS]
+    if experts:
+        lines += [anchor.line() for anchor in anchors_for(plan.model.architectures, plan.model.num_hidden_layers,
+                                                          experts[0].num_experts, inp.device_memory_bytes)]
+    return lines + [_rates_line(plan, shown)]
+
+
+def _host_compute_line(plan: Plan) -> list[str]:
+    """Host-compute: the CPU kernel's format, its rate and where it came from, the crossover."""
+    record = plan.host_compute
+    computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    if record is None or not computed:
+        return []
+    layers = len({g.layer_index for g in computed})
+    return _wrapped("cpu", [f"{record.format} at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source}) ",
+                            f"on {layers} layers, ", f"crossover {record.crossover_tokens} tokens/step"])
+
+
+def summary(plan: Plan, checkpoint: Checkpoint | None = None, shown: Shown | None = None) -> list[str]:
+    """The default view: the verdict first (see the module docstring)."""
+    shown = shown or Shown()
+    lines = [verdict(plan, shown)]
+    lines += _device_lines(plan) + _host_lines(plan, shown)
     if checkpoint is not None and checkpoint.incomplete_shards:
-        lines.append(f"note: {len(checkpoint.incomplete_shards)} shard(s) hold headers without all their data "
-                     f"(first: {checkpoint.incomplete_shards[0]}): fine for planning, not for loading")
+        lines.append(_label("note", f"{len(checkpoint.incomplete_shards)} shard(s) hold headers without all their "
+                                    "data: fine for planning, not for loading"))
+    lines += _estimate_lines(plan, shown) + _host_compute_line(plan)
+    if shown.written:
+        lines.append(_label("wrote", "; ".join(shown.written)))
+    if shown.next_commands and plan.strategy != Strategy.INFEASIBLE:
+        lines.append(_label("next:", shown.next_commands[0]))
+        lines += [_cont(c) for c in shown.next_commands[1:]]
+    return lines
+
+
+def explanation() -> list[str]:
+    """What the estimate leaves out (``--explain``): the prose lives here, in code, and the
+    plan file names only the estimate model."""
+    return [f"the estimate ({EST_MODEL}) prices a step as bytes over bandwidth; it leaves out:",
+            *(f"  - {item}" for item in EST_IGNORES)]
+
+
+def render_plan(plan: Plan, checkpoint: Checkpoint | None = None, *, verbose: bool = False, explain: bool = False,
+                shown: Shown | None = None) -> str:
+    """The human-readable plan: the verdict first (:func:`summary`); ``verbose`` adds every
+    group and the notes, ``explain`` what the estimate leaves out. ``checkpoint`` (when at
+    hand) adds notes about its shards."""
+    lines = summary(plan, checkpoint, shown)
+    notes = [*plan.notes, *plan.load_notes]
+    if verbose:
+        lines += [""] + _header(plan) + _group_table(plan) + _placement_summary(plan)
+        lines += _estimates(plan) if priced(plan) else []
+        lines += [f"note: {note}" for note in notes]
+        if checkpoint is not None and checkpoint.incomplete_shards:
+            lines.append(f"note: {len(checkpoint.incomplete_shards)} shard(s) hold headers without all their data "
+                         f"(first: {checkpoint.incomplete_shards[0]}): fine for planning, not for loading")
+    if explain:
+        lines += [""] + explanation()
+    if not verbose:
+        more = ["--verbose: every group" + (f", {len(notes)} note{'s' if len(notes) > 1 else ''}" if notes else "")]
+        if not explain:
+            more.append("--explain: what the estimate omits")
+        lines.append(_label("more:", "; ".join(more)))
     return "\n".join(lines)

@@ -217,8 +217,9 @@ class PlacementReport:
         return cls(model_fingerprint=plan.model.fingerprint if plan else "", compute_device=compute_device,
                    host_is_device=compute_device == "cpu", error=error)
 
-    def render(self) -> str:
-        return "\n".join(_render(self))
+    def render(self, path: str | os.PathLike | None = None) -> str:
+        """The report as text, its verdict on the first line; ``path``: the file it was read from."""
+        return "\n".join(_render(self, path))
 
 
 def rank_path(path: str | os.PathLike, worker_rank: int) -> Path:
@@ -276,11 +277,23 @@ def _host_compute_lines(r: PlacementReport) -> list[str]:
     return lines
 
 
-def _render(r: PlacementReport) -> list[str]:
-    lines = [f"selective-offload placement report (compute device {r.compute_device}"
+def verdict_line(r: PlacementReport) -> str:
+    """The report's first line: whether the plan was applied and its placement realised."""
+    if r.error:
+        return f"PLAN NOT APPLIED: {r.error}"
+    # mutation: report-verdict-ok-always
+    if r.ok:
+        return "placement matches the plan"
+    n = len(r.problems)
+    return f"placement does NOT match the plan ({n} problem{'s' if n != 1 else ''} below)"
+
+
+def _render(r: PlacementReport, path: str | os.PathLike | None = None) -> list[str]:
+    lines = [verdict_line(r),
+             f"selective-offload placement report{f' {path}' if path else ''} (compute device {r.compute_device}"
              + ("; host memory is device memory here" if r.host_is_device else "") + ")"]
     if r.error:
-        return lines + [f"PLAN NOT APPLIED: {r.error}"]
+        return lines
     head = f"{'group':<32} {'planned':<10} {'actual':<10} {'device':>11} {'host':>11}  how"
     lines += [head, "-" * len(head)]
     resident = [g for g in r.groups if g.planned == g.actual == Placement.DEVICE]
@@ -315,7 +328,6 @@ def _render(r: PlacementReport) -> list[str]:
     lines += [f"rank {label[4:]}: {'placement matches the plan' if v['ok'] else 'NOT realised'}"
               for label, v in r.ranks.items()]
     lines += [f"PLAN NOT REALISED: {problem}" for problem in r.problems]
-    lines.append("placement matches the plan" if r.ok else "placement does NOT match the plan")
     return lines
 
 

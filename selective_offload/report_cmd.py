@@ -49,7 +49,6 @@ def cmd_report(args: argparse.Namespace) -> int:
         json.dump({**report.to_dict(), "path": str(path)}, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(f"{path}:")
-        print(report.render())
+        print(report.render(path))
     # mutation: report-exit-0-always
     return 0 if report.ok else EXIT_MISMATCH

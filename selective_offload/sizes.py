@@ -69,13 +69,9 @@ def parse_bandwidth_gbps(text: str | float, what: str = "bandwidth") -> float:
     return value
 
 
-def fmt_gb(nbytes: int | float) -> str:
-    """Decimal gigabytes with three decimals, the unit SPEC-style tables use."""
-    return f"{nbytes / GB:.3f} GB"
-
-
 def fmt_bytes(nbytes: int | float) -> str:
-    """Bytes with a unit that keeps three significant figures readable (kB, MB, GB)."""
+    """Bytes with a unit that keeps three significant figures readable (kB, MB, GB): the one
+    formatter of sizes the plan, the placement report and the CLI print."""
     for unit, scale in (("GB", GB), ("MB", 10**6), ("kB", 10**3)):
         if abs(nbytes) >= scale:
             return f"{nbytes / scale:.3f} {unit}" if unit == "GB" else f"{nbytes / scale:.1f} {unit}"

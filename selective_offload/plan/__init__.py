@@ -46,6 +46,7 @@ from .inputs import PlanInputs
 from .io import format_version, plan_reader
 from .parts import (
     EST_IGNORES,
+    EST_MODEL,
     Alternative,
     BulkBaseline,
     Estimate,
@@ -89,7 +90,7 @@ from .vocabulary import (
 
 
 __all__ = [
-    "Alternative", "BulkBaseline", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "Estimate",
+    "Alternative", "BulkBaseline", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "EST_MODEL", "Estimate",
     "FORMAT_PREFIX", "FORMAT_VERSION", "GroupKind", "GroupPlan", "HOST_PLACEMENTS", "HostCompute", "KIND_ROLE",
     "LAYER_INDEX_KINDS", "LAYER_KINDS", "Location", "MAX_PLAN_INT", "MAX_PLAN_NUMBER", "OLDEST_READABLE_VERSION",
     "PARTIAL_READ_KINDS", "PLACEMENT_KINDS", "PREFETCH_KINDS", "KIND_ONLY_PLACEMENT", "PLACEMENT_SERVING", "PLAN_FORMAT", "Placement", "Plan",

@@ -36,7 +36,6 @@ from ..names import (
 )
 from .inputs import PlanInputs
 from .parts import (
-    EST_IGNORES,
     Alternative,
     BulkBaseline,
     Estimate,
@@ -69,7 +68,6 @@ class PlanContents:
     #: Device memory an on-demand tower holds while it runs (est: two blocks and the rest).
     est_transient_device_bytes: int
     bulk: BulkBaseline | None
-    est_ignores: tuple[str, ...] = EST_IGNORES
     notes: tuple[str, ...] = ()
     #: Device bytes of vLLM's prefetch buffers (``prefetch_step`` slots of every parameter
     #: name the offloaded layers have, each as large as its largest); ``None``: derived as

@@ -26,7 +26,9 @@ without it reads as ``host_compute`` None). A v4 plan may also hold groups of ki
 (``model.layers.N.mlp``: the MLP of a dense layer, always served ``compute``, its layer
 group holding the rest); a plan without them keeps every dense layer whole. v1 wrote each group's reads split by where they land, and its
 totals at the top level, where those it derived differently (the prefetch buffers among
-them) are not compared. Writing is the mirror
+them) are not compared. A plan names the estimate model its ``est`` figures come from
+(``est_model``, :data:`~.parts.EST_MODEL`); older files carried the prose list of what it
+leaves out (``est_ignores``), read and ignored, as the figures are made anew. Writing is the mirror
 of reading, kept beside it so a new field is added to both in one place. The functions
 that make a ``Plan`` take its class as an argument, so this module never imports
 :mod:`.document`, whose methods call it.
@@ -50,7 +52,7 @@ from ..outputs import write_files
 from .checks import check_bulk, check_derived, check_groups, check_host_compute, check_strategy, check_totals
 from .contents import TOTALS, PlanContents
 from .inputs import PlanInputs
-from .parts import EST_IGNORES, Alternative, BulkBaseline, Estimate, GroupPlan, HostCompute, PlannedModel
+from .parts import EST_MODEL, Alternative, BulkBaseline, Estimate, GroupPlan, HostCompute, PlannedModel
 from .vocabulary import (
     FORMAT_PREFIX,
     FORMAT_VERSION,
@@ -347,14 +349,16 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
         model=model, inputs=inputs, strategy=top.choice("strategy", Strategy), groups=tuple(groups),
         hot_layer_indices=tuple(hot), est_transient_device_bytes=top.int("est_transient_device_bytes"),
         bulk=None if bulk_raw is None else read_bulk(top.child(bulk_key)),
-        est_ignores=top.str_list("est_ignores", default=list(EST_IGNORES)),
         notes=top.str_list("notes", default=[]),
         stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None) if version > 1 else None,
         alternative=None if alternative_raw is None else read_alternative(top.child("alternative")),
         bulk_segments=None if segments_raw is None else read_bulk(top.child(segments_key)),
         host_compute_format=fmt,
     )
-    top.seen.update({"est"})  # derived: recomputed from the groups
+    # derived: recomputed from the groups; the estimate model named (or, in older files, the
+    # prose list of what it leaves out) says how they were made, and they are made anew here
+    top.str("est_model", default=EST_MODEL)
+    top.seen.update({"est", "est_ignores"})
     check_groups(plan, where)
     check_host_compute(plan, stated_host, where)
     check_derived(plan, where)
@@ -491,7 +495,8 @@ def plan_to_dict(plan: PlanContents, *, derived: bool = True) -> dict[str, Any]:
         "vllm_cpu_offload_params": None if plan.bulk_segments is None else bulk_to_dict(plan.bulk_segments),
         "alternative": None if plan.alternative is None else alternative_to_dict(plan.alternative),
         "host_compute": _host_compute_to_dict(plan, derived),
-        "est_ignores": list(plan.est_ignores),
+        # mutation: plan-file-est-prose
+        "est_model": EST_MODEL,
         "notes": list(plan.notes),
         "groups": [group_to_dict(g) for g in plan.groups],
     }

@@ -6,7 +6,9 @@ link and VRAM reads per step, a baseline's label); what follows from all the gro
 together is :mod:`.contents`, whether the parts agree is :mod:`.checks`, and how they are
 read and written is :mod:`.io`. Estimates are labelled ``est`` and never stored as the
 truth: :class:`Estimate` is recomputed from the groups by :mod:`selective_offload.estimate`,
-and :data:`EST_IGNORES` says what that leaves out.
+:data:`EST_MODEL` names that model in every plan file, and :data:`EST_IGNORES` says what it
+leaves out (printed by ``selective-offload plan --explain``, never stored: prose in a file
+goes stale with the code that made it).
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ from .vocabulary import (
     Strategy,
 )
 
-#: What the estimates leave out, written into every plan beside them.
+#: The estimate model a plan's ``est`` figures come from, written into every plan file. A
+#: change to what :mod:`selective_offload.estimate` prices, or leaves out, names a new one.
+EST_MODEL = "bytes-over-bandwidth-v1"
+
+#: What the estimates of :data:`EST_MODEL` leave out (``selective-offload plan --explain``).
 EST_IGNORES: tuple[str, ...] = (
     "compute beyond a matmul's best rate: with --compute-tflops (or a probe of the GPU) a layer costs "
     "at least its FLOPs (2 per parameter per token, counted from stored bytes) at that rate; kernels "

@@ -48,7 +48,7 @@ How the modules relate (each imports only those above it; none imports this pack
 The planner never touches tensors; it returns a :class:`~selective_offload.plan.Plan`.
 """
 
-from ..plan import EST_IGNORES, Plan, PlanInputs
+from ..plan import EST_IGNORES, EST_MODEL, Plan, PlanInputs
 from .baselines import TIE, baseline_notes, price_bulk
 from .grouping import COMPILED_BLOCK_TOWERS, Group, experts_notes, group_signature, group_tensors, model_fingerprint
 from .make import make_plan
@@ -66,6 +66,7 @@ from .speculation import (
 __all__ = [
     "COMPILED_BLOCK_TOWERS",
     "EST_IGNORES",
+    "EST_MODEL",
     "TIE",
     "Group",
     "Placing",

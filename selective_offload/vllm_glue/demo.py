@@ -107,7 +107,7 @@ def run(workdir: Path, compare: bool = True) -> int:
     from .. import api
     from ..checkpoint import load_checkpoint
     from ..planner import PlanInputs, make_plan
-    from ..render import render_plan
+    from ..render import Shown, render_plan
     from ..report import PlacementReport
 
     model = build_tiny_model(workdir / "tiny-qwen3")
@@ -116,7 +116,7 @@ def run(workdir: Path, compare: bool = True) -> int:
     inputs = PlanInputs(device_memory_bytes=checkpoint.total_bytes - 1, kv_cache_bytes=0, reserve_bytes=0)
     plan = make_plan(checkpoint, inputs)
     print(f"== plan for {model} (a device budget 1 byte short of the model)")
-    print(render_plan(plan, checkpoint))
+    print(render_plan(plan, checkpoint, shown=Shown(label="the demo's tiny Qwen3")))
     print()
     report_path = workdir / "report.json"
     api.enable(plan, strict=True, report_path=report_path)

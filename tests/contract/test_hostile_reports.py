@@ -63,7 +63,9 @@ def assert_read_and_agreed(path: Path) -> int:
     rc_json, out_json, _ = cli("report", str(path), "--json")
     assert rc in (0, 1) and err == "" and rc_json == rc
     assert json.loads(out_json)["ok"] is (rc == 0)
-    assert out.rstrip().endswith("placement matches the plan" if rc == 0 else "placement does NOT match the plan")
+    first = out.splitlines()[0]
+    assert first == "placement matches the plan" if rc == 0 else first.startswith(
+        ("placement does NOT match the plan", "PLAN NOT APPLIED: "))
     return rc
 
 

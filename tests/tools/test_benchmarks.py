@@ -523,6 +523,9 @@ def test_e2e_report_renders_a_gpu_shaped_result(tmp_path):
     md = e2e_report.markdown(result)
     assert "| cold_only | 1 |" in md and "| selective (= cold_only) | 8 |" in md
     assert "failed: OutOfMemoryError" in md and "skipped: does not fit" in md
+    assert "which ignores: compute time." in md  # a result written before the estimate model was named
+    newer = {**{k: v for k, v in result.items() if k != "est_ignores"}, "est_model": "bytes-over-bandwidth-v1"}
+    assert "model bytes-over-bandwidth-v1; `selective-offload plan --explain` lists" in e2e_report.markdown(newer)
     e2e_report.chart(result, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").stat().st_size > 1000
 

@@ -20,8 +20,9 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def test_plan_bundled_reference_prints_table_and_cpu_offload_gb_comparison(capsys):
-    code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--bulk-gb", "10")
+def test_plan_bundled_reference_verbose_prints_table_and_cpu_offload_gb_comparison(capsys):
+    code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--bulk-gb", "10",
+                         "--verbose")
     assert code == 0, err
     embed = next(line for line in out.splitlines() if line.startswith("model.embed_tokens"))
     assert embed.split()[3:6] == ["cold", "host", "gather"]
@@ -29,7 +30,7 @@ def test_plan_bundled_reference_prints_table_and_cpu_offload_gb_comparison(capsy
     assert "vLLM cpu_offload_gb=10" in out
     assert "strategy  hot_offload" in out
     assert "est speed-up over cpu_offload_gb" in out
-    assert "They ignore:" in out
+    assert "They ignore" not in out and "leaves out:" not in out  # --explain's
 
 
 def test_plan_json_and_output_file_agree(capsys, tmp_path):
@@ -46,7 +47,7 @@ def test_plan_json_and_output_file_agree(capsys, tmp_path):
 def test_plan_real_checkpoint_dir(capsys, tmp_path):
     save_tiny_qwen3(tmp_path)
     code, out, err = run(capsys, "plan", str(tmp_path), "--device-memory", "5MB",
-                         "--kv-cache", "0", "--reserve", "0")
+                         "--kv-cache", "0", "--reserve", "0", "--verbose")
     assert code == 0, err
     assert "model.layers.0" in out and "model.embed_tokens" in out
 
@@ -55,12 +56,26 @@ def test_plan_from_config_alone_is_labelled(capsys, tmp_path):
     save_tiny_qwen3(tmp_path)
     code, out, err = run(capsys, "plan", str(tmp_path / "config.json"), "--device-memory", "8GiB")
     assert code == 0, err
+    assert "(sizes estimated from config.json)" in out.splitlines()[0]
+    code, out, err = run(capsys, "plan", str(tmp_path / "config.json"), "--device-memory", "8GiB", "--verbose")
     assert "planned from config.json alone" in out
 
 
-def test_infeasible_plan_exits_3(capsys):
-    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB")
+def test_infeasible_plan_exits_3_with_its_reason_on_line_1(capsys):
+    """Why, by how much and what to change, on the first line; no command to apply it."""
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB", "--host-memory", "none")
     assert code == EXIT_INFEASIBLE
+    first = out.splitlines()[0]
+    plan = Plan.from_dict(json.loads(run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB",
+                                         "--host-memory", "none", "--json")[1]))
+    assert first.startswith("qwen3.8-27b-fp8 on a 4 GiB card: INFEASIBLE: ")
+    assert f"{plan.shortfall_bytes / 1e9:.3f} GB short of device memory" in first and "--device-memory" in first
+    assert "next:" not in out
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--host-memory", "4GiB")
+    first = out.splitlines()[0]
+    assert code == EXIT_INFEASIBLE and "more than the 4.295 GB of RAM (--host-memory)" in first
+    assert "short of device memory" not in first
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB", "--verbose")
     assert "infeasible: short by" in out
 
 
@@ -69,7 +84,7 @@ def test_manifest_command_writes_a_plannable_manifest(capsys, tmp_path):
     code, out, _ = run(capsys, "manifest", str(tmp_path / "m"), "-o", str(tmp_path / "man.json"))
     assert code == 0 and "wrote" in out
     code, out, _ = run(capsys, "plan", str(tmp_path / "man.json"), "--device-memory", "8GiB")
-    assert code == 0 and "strategy  resident" in out
+    assert code == 0 and out.splitlines()[0].endswith(": fits, every weight on the device (resident)")
 
 
 def _bad_inputs(tmp_path):
@@ -161,7 +176,7 @@ def test_an_integrated_gpu_is_named_in_the_plan_output(capsys, monkeypatch):
 
 def test_speculative_plan_shows_both_placements_and_recommends_one(capsys):
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--speculative", "mtp",
-                       "--no-host-compute")
+                       "--no-host-compute", "--verbose")
     assert code == 0
     # no K and no acceptance given: the Qwen3.x family's published rate, and the K the
     # step model finds fastest on this (link-bound) placement, the largest considered
@@ -172,7 +187,7 @@ def test_speculative_plan_shows_both_placements_and_recommends_one(capsys):
     assert "selective, without speculative decoding" in out
     assert "note: recommended: MTP speculative decoding (est " in out and "breaks even at acceptance" in out
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--speculative", "mtp:3",
-                       "--accept-rate", "0.1")
+                       "--accept-rate", "0.1", "--verbose")
     assert "MTP K=3 a=0.10" in out and "note: recommended: no speculative decoding" in out
     assert "note: draft tokens: no speculation is estimated fastest at acceptance 0.10" in out
     assert "the recommendation flips to K=" in out and "note: acceptance" not in out  # given, not the family's
@@ -220,7 +235,7 @@ def test_probe_writes_a_profile_that_plan_uses(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(tmp_path / "profile.json"))
     code, out, _ = run(capsys, "probe", "--quick")
     assert code == 0 and (tmp_path / "profile.json").is_file() and "no link" in out.lower()
-    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB")
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--verbose")
     assert "link 13.9 GB/s and VRAM 472.0 GB/s are the reference laptop's" in out
     profile = json.loads((tmp_path / "profile.json").read_text())
     profile.update(device="NVIDIA H200", link_gbps_pinned=52.0, link_gbps_pageable=20.0, vram_gbps=3900.0,
@@ -238,7 +253,7 @@ def test_the_kv_trade_off_is_printed_with_the_model_sized_cache(capsys):
     """64 full-attention layers x 4 KV heads x 256 x 2 (K, V) x 2 B = 262,144 B per token:
     one 4096-token sequence is 1.074 GB, and N of them N times that."""
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--max-model-len", "4096",
-                       "--max-seqs", "4")
+                       "--max-seqs", "4", "--verbose")
     assert code == 0
     assert "KV cache 1.074 GB (est): 4 sequence(s)" not in out  # 4 sequences: 4.295 GB
     assert "note: KV cache 4.295 GB (est): 4 sequence(s) of 4096 tokens at 262.1 kB/token" in out
@@ -256,7 +271,7 @@ def test_plan_lists_host_compute_mlps_and_no_host_compute_turns_them_off(capsys,
     plan = Plan.from_dict(json.loads(out))
     mlps = [g for g in plan.groups if g.kind == "mlp"]
     assert mlps and all(g.serving == "compute" for g in mlps) and plan.host_compute.format == "fp8-block"
-    code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB")
+    code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--verbose")
     assert code == 0, err
     assert f"dense MLPs in host memory, computed there by the host CPU ({len(mlps)} layers" in out
     assert "mlp of those" in out or any(line.startswith(mlps[0].group) for line in out.splitlines())

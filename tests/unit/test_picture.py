@@ -109,7 +109,7 @@ def test_plan_png_and_svg_from_the_cli(tmp_path):
     proc = cli("plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--png", str(tmp_path / "p.png"),
                "--svg", str(tmp_path / "p.svg"))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.rstrip().endswith(f"picture: {tmp_path / 'p.png'}, {tmp_path / 'p.svg'}")
+    assert f"wrote  picture: {tmp_path / 'p.png'}, {tmp_path / 'p.svg'}" in proc.stdout.splitlines()
     assert png_size(tmp_path / "p.png") == (1500, 900) and "<svg" in (tmp_path / "p.svg").read_text()
 
 

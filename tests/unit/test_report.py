@@ -123,7 +123,7 @@ def test_a_failed_load_report_round_trips_with_its_reason(tmp_path):
     report.save(tmp_path / "r.json")
     loaded = PlacementReport.load(tmp_path / "r.json")
     assert not loaded.ok and loaded.error.startswith("the plan was made for another model")
-    assert loaded.render().splitlines()[-1] == "PLAN NOT APPLIED: the plan was made for another model: ..."
+    assert loaded.render().splitlines()[0] == "PLAN NOT APPLIED: the plan was made for another model: ..."
 
 
 def test_a_report_file_of_another_format_is_refused(tmp_path):

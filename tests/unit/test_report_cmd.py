@@ -38,7 +38,9 @@ def test_report_renders_and_exits_0_when_the_placement_matches(tmp_path):
     proc = run_cli("report", str(tmp_path / "report.json"))
     assert proc.returncode == 0, proc.stderr
     assert "model.embed_tokens" in proc.stdout and "host gather" in proc.stdout
-    assert proc.stdout.rstrip().endswith("placement matches the plan")
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "placement matches the plan"  # the verdict first, then whose report it is
+    assert str(tmp_path / "report.json") in lines[1]
 
 
 def test_report_merges_rank_files_and_exits_1_when_a_rank_misplaced(tmp_path):
@@ -49,7 +51,7 @@ def test_report_merges_rank_files_and_exits_1_when_a_rank_misplaced(tmp_path):
     proc = run_cli("report", str(path))
     assert proc.returncode == 1, proc.stderr
     assert "PLAN NOT REALISED: rank1: 1 kB of cold bytes did not land where planned" in proc.stdout
-    assert "placement does NOT match the plan" in proc.stdout
+    assert proc.stdout.splitlines()[0].startswith("placement does NOT match the plan (1 problem below)")
     as_json = run_cli("report", str(path), "--json")
     assert as_json.returncode == 1
     data = json.loads(as_json.stdout)
@@ -74,7 +76,8 @@ def test_report_defaults_to_the_path_the_plugin_recorded(tmp_path, monkeypatch):
     assert not_yet.returncode == 2 and "no placement report there yet" in not_yet.stderr
     a_report().save(options.report_path)
     proc = run_cli("report", env=env)
-    assert proc.returncode == 0 and proc.stdout.startswith(f"{options.report_path}:"), proc.stderr
+    assert proc.returncode == 0 and f"placement report {options.report_path} " in proc.stdout.splitlines()[1], (
+        proc.stderr)
     # A report file named in this shell's environment wins over the record.
     named = tmp_path / "named.json"
     a_report(["x"]).save(named)
@@ -135,7 +138,7 @@ def test_a_missing_rank_is_named_and_the_placement_does_not_match(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert ("PLAN NOT REALISED: rank 2 of the world of 4 wrote no report (report.json.rank2 is missing)"
             in proc.stdout)
-    assert proc.stdout.rstrip().endswith("placement does NOT match the plan")
+    assert proc.stdout.startswith("placement does NOT match the plan (1 problem below)\n")
     data = json.loads(run_cli("report", str(path), "--json").stdout)
     assert data["ok"] is False and any("rank 2" in p for p in data["problems"])
 

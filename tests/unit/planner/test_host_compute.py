@@ -150,7 +150,7 @@ def test_bf16_experts_are_computed_on_the_host_and_the_plan_says_at_what_rate():
     assert record.format == "bf16" and record.cpu_gbps == 55.0 and record.cpu_gbps_source == "assumed"
     assert record.threads is None and record.ranks == 1 and record.crossover_tokens >= 1
     assert any("assumed: the reference host's, a 2-channel DDR5 machine" in n for n in plan.notes)
-    text = render_plan(plan)
+    text = render_plan(plan, verbose=True)
     assert " host     compute " in text
     assert f"crossover {record.crossover_tokens} tokens per step" in text
     assert "all physical cores of one NUMA node" in text and "(assumed)" in text
@@ -303,4 +303,4 @@ def test_plan_takes_cpu_gbps_as_a_flag_and_shows_llama_cpps_figure_for_the_card(
     assert main(["plan", *args]) == 0
     out = capsys.readouterr().out
     assert "llama.cpp published: 33.1 tok/s (gpt-oss-120b, 24 GB card" in out
-    assert "mxfp4 kernel at 55 GB/s (assumed)" in out
+    assert "\ncpu    mxfp4 at 55 GB/s (assumed) on " in out

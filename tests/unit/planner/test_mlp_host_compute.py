@@ -297,7 +297,7 @@ def test_each_ranks_mlp_shard_is_its_own_unit_sharing_the_hosts_bandwidth():
 def test_the_rendering_lists_the_mlps_computed_on_the_host():
     ckpt = dense(8)
     plan = plan_of(ckpt, ckpt.total_bytes / MB - 160)
-    text = render_plan(plan)
+    text = render_plan(plan, verbose=True)
     n = len(mlps(plan))
     assert f"dense MLPs in host memory, computed there by the host CPU ({n} layers" in text
     assert "mlp" in text and "compute" in text

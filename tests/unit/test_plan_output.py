@@ -1,0 +1,175 @@
+"""What `selective-offload plan` prints by default: the verdict first, the totals a user checks
+against nvidia-smi and free, the estimate, and a `next:` line whose commands run; the rest
+behind --verbose and --explain, and no caveat block in the output or in the plan file."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import replace
+
+from helpers import save_tiny_qwen3
+from selective_offload import cli
+from selective_offload.cli import build_parser, main
+from selective_offload.plan import EST_IGNORES, EST_MODEL, Plan
+from selective_offload.render import MIN_PRICED_MODEL_BYTES, priced, render_plan
+from selective_offload.sizes import fmt_bytes
+
+REFERENCE = ["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def planned(capsys, *argv) -> Plan:
+    code, out, err = run(capsys, *argv, "--json")
+    assert code in (0, cli.EXIT_INFEASIBLE), err
+    return Plan.from_dict(json.loads(out))
+
+
+def next_commands(out: str) -> list[str]:
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("next:"))
+    commands = [lines[start].removeprefix("next:").strip()]
+    for line in lines[start + 1:]:
+        if not line.startswith(" "):
+            break
+        commands.append(line.strip())
+    return commands
+
+
+def test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_columns(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "machine_ram_bytes", lambda: 64 << 30)
+    code, out, err = run(capsys, *REFERENCE)
+    assert code == 0, err
+    plan = planned(capsys, *REFERENCE)
+    lines = out.splitlines()
+    assert lines[0] == (f"qwen3.8-27b-fp8 on a 24 GiB card: fits with {fmt_bytes(plan.host_bytes)} on the host "
+                        f"({plan.strategy})")
+    assert len(lines) <= 20, out
+    assert max(len(line) for line in lines) <= 80, out
+    # device memory as nvidia-smi adds it up, host bytes of whose RAM
+    used = (plan.device_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
+            + plan.inputs.kv_cache_bytes + plan.inputs.reserve_bytes)
+    assert f"= {fmt_bytes(used)} of {fmt_bytes(plan.inputs.device_memory_bytes)}" in out
+    assert used <= plan.inputs.device_memory_bytes
+    host = next(line for line in lines if line.startswith("host "))
+    assert host.startswith(f"host   {fmt_bytes(plan.host_bytes)} of {fmt_bytes(64 << 30)} RAM (this machine's)")
+    # the estimate rows: vLLM's baseline and this plan, tok/s and the speed-up, with the rates' source
+    base = next(line for line in lines if line.startswith("vLLM cpu_offload_gb="))
+    mine = next(line for line in lines if line.startswith("this plan (hot_offload)"))
+    assert f"{plan.bulk.est.est_tok_s:.2f}" in base.split() and f"{plan.est.est_tok_s:.2f}" in mine.split()
+    assert f"{plan.est.est_tok_s / plan.bulk.est.est_tok_s:.2f}x" in mine
+    assert "rates  link 13.9, VRAM 472 GB/s: reference laptop's; run selective-offload probe" in lines
+    record = plan.host_compute
+    assert any(line.startswith(f"cpu    {record.format} at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source})")
+               and f"crossover {record.crossover_tokens} tokens/step" in line for line in lines)
+    # one formatter: adaptive units, no "0.000 GB"
+    assert f"{fmt_bytes(plan.host_hot_bytes)} prefetched" in out and "MB prefetched" in out
+    code, verbose, _ = run(capsys, *REFERENCE, "--verbose")
+    assert "0.000 GB" not in verbose and "model.norm" in verbose and "kB" in verbose
+
+
+def test_the_next_line_saves_the_plan_and_serves_it_with_the_args_given(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, *REFERENCE, "--verbose", "--batch", "2")
+    assert code == 0
+    save, serve, *_ = next_commands(out)
+    words = shlex.split(save)
+    assert words[:2] == ["selective-offload", "plan"]
+    args = build_parser().parse_args(words[1:])
+    assert (args.model, args.device_memory, args.batch, args.output, args.verbose) == (
+        "qwen3.8-27b-fp8", "24GiB", 2, "plan.json", False)
+    assert main(words[1:]) == 0
+    capsys.readouterr()
+    assert Plan.load(tmp_path / "plan.json") == planned(capsys, *REFERENCE, "--batch", "2")
+    assert shlex.split(serve)[:3] == ["SELECTIVE_OFFLOAD_PLAN=plan.json", "vllm", "serve"]
+    # -o given: the plan is saved, only the serve command is next, its path quoted
+    target = tmp_path / "my plans" / "p.json"
+    target.parent.mkdir()
+    code, out, _ = run(capsys, *REFERENCE, "-o", str(target))
+    commands = next_commands(out)
+    assert not any(c.startswith("selective-offload") for c in commands)
+    assert shlex.split(commands[0])[:3] == [f"SELECTIVE_OFFLOAD_PLAN={target}", "vllm", "serve"]
+
+
+def test_a_checkpoint_directory_is_what_vllm_serve_is_given(capsys, tmp_path):
+    model = save_tiny_qwen3(tmp_path / "my model")
+    code, out, _ = run(capsys, "plan", str(model), "--device-memory", "5MB", "--kv-cache", "0", "--reserve", "0",
+                       "--max-model-len", "128", "--max-seqs", "1")
+    assert code == 0
+    save, serve = next_commands(out)[:2]
+    assert build_parser().parse_args(shlex.split(save)[1:]).model == str(model)
+    words = shlex.split(serve)
+    assert words[1:] == ["vllm", "serve", str(model), "--max-model-len", "128"]
+
+
+def test_no_caveat_block_by_default_nor_in_the_plan_file_and_explain_shows_it(capsys, tmp_path):
+    target = tmp_path / "plan.json"
+    code, out, _ = run(capsys, *REFERENCE, "-o", str(target))
+    assert code == 0
+    assert "They ignore" not in out and not any(item[:40] in out for item in EST_IGNORES)
+    data = json.loads(target.read_text())
+    assert "est_ignores" not in data and data["est_model"] == EST_MODEL
+    assert "They ignore" not in target.read_text()
+    code, explained, _ = run(capsys, *REFERENCE, "--explain")
+    assert all(f"  - {item}" in explained for item in EST_IGNORES) and EST_MODEL in explained
+
+
+def test_a_plan_file_with_the_older_prose_list_still_reads(capsys, tmp_path):
+    """Plans written before the estimate model was named carry the list itself: read, ignored."""
+    plan = planned(capsys, *REFERENCE)
+    data = plan.to_dict()
+    del data["est_model"]
+    data["est_ignores"] = ["compute time", "attention"]
+    older = Plan.from_dict(data, where="older.json")
+    assert older == plan and not older.load_notes
+
+
+def test_a_model_too_small_to_mean_anything_gets_no_tok_s(capsys, tmp_path):
+    model = save_tiny_qwen3(tmp_path / "tiny")
+    for extra in ([], ["--verbose"]):
+        code, out, _ = run(capsys, "plan", str(model), "--device-memory", "5MB", "--kv-cache", "0",
+                           "--reserve", "0", *extra)
+        assert code == 0
+        assert "no tok/s" in out
+        assert not re.search(r"tok/s\s", out.replace("no tok/s", "")) and "speed-up" not in out, out
+    plan = planned(capsys, "plan", str(model), "--device-memory", "5MB", "--kv-cache", "0", "--reserve", "0")
+    assert not priced(plan)
+    at = replace(plan, model=replace(plan.model, total_bytes=MIN_PRICED_MODEL_BYTES))
+    assert priced(at) and "tok/s" in render_plan(at)
+    below = replace(plan, model=replace(plan.model, total_bytes=MIN_PRICED_MODEL_BYTES - 1))
+    assert not priced(below) and "no tok/s" in render_plan(below)
+
+
+def test_plan_help_is_grouped_one_or_two_lines_an_option():
+    out = subprocess.run([sys.executable, "-m", "selective_offload.cli", "plan", "--help"], capture_output=True,
+                         text=True, check=True, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin",
+                                                     "PYTHONPATH": ":".join(sys.path)}).stdout
+    for group in ("card and budget:", "machine rates", "workload:", "vLLM:", "output:"):
+        assert f"\n{group}" in out, group
+    blocks: list[list[str]] = []
+    for line in out.splitlines():
+        if line.startswith("  -"):
+            blocks.append([line])
+        elif blocks and blocks[-1] and line.startswith(" " * 24) and line.strip():
+            blocks[-1].append(line)
+        elif blocks:
+            blocks.append([])  # a blank line or a group's title ends the option
+    options = [b for b in blocks if b]
+    assert len(options) >= 30
+
+    def help_lines(block: list[str]) -> int:
+        first = block[0]
+        return (1 if len(first) > 24 and first[22:24] == "  " and first[24] != " " else 0) + len(block) - 1
+
+    too_long = [b[0].split()[0] for b in options if help_lines(b) > 2]
+    assert not too_long, too_long
+    assert all(help_lines(b) >= 1 for b in options)
+
