@@ -35,7 +35,7 @@ _TORCH_TO_SAFETENSORS = {
 }
 
 
-def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
+def manifest_from_config(config_path: str | os.PathLike, raw: Any = None) -> Checkpoint:
     """Estimate a checkpoint's tensors from its ``config.json`` alone.
 
     The model class named in ``architectures`` is built on the meta device (no memory,
@@ -43,10 +43,12 @@ def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
     config's dtype would store them. Why this is an estimate: a quantized checkpoint's
     sizes come from its ``quantization_config`` (see :mod:`.quantization`), and an MTP
     head the config declares but transformers does not build is estimated from a decoder
-    layer's shapes; both are labelled in the plan's notes.
+    layer's shapes; both are labelled in the plan's notes. ``raw`` is the config when it was
+    already read (from the hub: ``config_path`` then only names it in messages).
     """
     config_path = Path(config_path)
-    raw = read_json(config_path, "config.json")
+    if raw is None:
+        raw = read_json(config_path, "config.json")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{config_path}: config.json is not a JSON object")
     scheme, quant_notes = scheme_from_config(raw.get("quantization_config"), str(config_path))

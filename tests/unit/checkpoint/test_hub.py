@@ -78,8 +78,8 @@ def test_plan_by_hub_id_reads_only_the_headers(model_dir, tmp_path):
     with FakeHub({REPO: model_dir}) as hub:
         remote = plan_json(cli("plan", REPO, *PLAN_ARGS, "--json", hub=hub, hf_home=tmp_path / "hf",
                                HF_TOKEN="hf_test_token"))
-        # Again: the cache now holds config.json and the index but no shard, which is not a
-        # snapshot to read; the headers come over HTTP again.
+        # Again: nothing was written to the cache (the headers are read, the weights are
+        # vLLM's to download), so config.json, the index and the headers come over HTTP again.
         again = plan_json(cli("plan", REPO, *PLAN_ARGS, "--json", hub=hub, hf_home=tmp_path / "hf"))
     assert again["groups"] == remote["groups"]
     assert remote["model"]["source"] == REPO
@@ -91,7 +91,8 @@ def test_plan_by_hub_id_reads_only_the_headers(model_dir, tmp_path):
         served = hub.served[f"{REPO}/{shard.name}"]
         assert 2 * header_end <= served <= 2 * max(FIRST_RANGE, header_end), (shard.name, served)
         assert served / 2 < shard.stat().st_size / 5, ("weights were read", shard.name, served)
-    assert hub.served[f"{REPO}/config.json"] == (model_dir / "config.json").stat().st_size  # then cached
+    assert hub.served[f"{REPO}/config.json"] == 2 * (model_dir / "config.json").stat().st_size
+    assert not [p for p in (tmp_path / "hf").rglob("*") if p.is_file()], "a header-only read writes no cache"
     assert all(rng for method, path, rng in hub.requests if method == "GET" and path.endswith(".safetensors"))
     assert hub.authorization == {"Bearer hf_test_token"}
 
@@ -123,7 +124,7 @@ def test_revision_manifest_and_the_local_cache(model_dir, tmp_path):
     ("offline", f"{REPO}: not in the local Hugging Face cache ({{hf_home}}/hub) with its config.json"),
     ("no repo", "tiny-org/absent: no such model on http://127.0.0.1:"),
     ("no revision", f"{REPO}@v9: no revision 'v9' in {REPO}"),
-    ("unreachable", f"{REPO}: cannot read it from http://127.0.0.1:9"),
+    ("unreachable", f"{REPO}: cannot read config.json from http://127.0.0.1:9"),
 ])
 def test_hub_failures_are_one_line_and_exit_2(model_dir, tmp_path, case, expected):
     args = {"offline": [REPO], "no repo": ["tiny-org/absent"], "no revision": [f"{REPO}@v9"],
