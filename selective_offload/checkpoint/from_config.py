@@ -20,8 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
-from ..jsonio import shown
+from ..errors import CheckpointError, cut
 from ..quantization import quantized_tensors, scheme_from_config
 from ..tensors import TensorInfo, tensor_nbytes
 from .base import Checkpoint, read_json
@@ -88,7 +87,8 @@ def _transformers_config(config_path: Path, raw: dict[str, Any]):
                               "like \"qwen3\"; add it, or plan from the checkpoint's headers or a manifest instead")
     arch = architectures[0]
     unknown = (f"{config_path}: transformers {transformers.__version__} does not know the architecture "
-               f"{shown(arch)} (model_type {shown(model_type)}), so its tensors cannot be estimated from the config; "
+               f"{cut(repr(arch))} (model_type {cut(repr(model_type))}), so its tensors cannot be estimated from the "
+               "config; "
                "plan from the checkpoint's safetensors headers or a manifest instead")
     if not model_type or model_type not in CONFIG_MAPPING:
         raise CheckpointError(unknown)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .. import jsonio
-from ..errors import CheckpointError
+from ..errors import CheckpointError, cut
 from ..tensors import DTYPE_BITS, MAX_DIM, TensorInfo, check_shape, tensor_nbytes
 from .base import Checkpoint, read_json
 
@@ -157,7 +157,7 @@ def shard_name_problem(name: object) -> str | None:
     that climbs out would plan another checkpoint's header, which vLLM never loads."""
     if not isinstance(name, str) or not name:
         return "a shard name that is not a non-empty string"
-    shown = repr(name[:80]) + ("..." if len(name) > 80 else "")
+    shown = cut(repr(name), 84)
     parts = name.split("/")
     # mutation: shard-name-climbs-out
     if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
@@ -231,8 +231,8 @@ def read_safetensors_dir(directory: str | os.PathLike) -> Checkpoint:
             f"{directory}: no *.safetensors shards here; point at a checkpoint directory, "
             "a manifest (.json) or a config.json"
         )
-    tensors, incomplete = collect_shards(((s, str(directory / s), *read_shard_header(directory / s)) for s in shard_names),
-                                         weight_map, str(index_path))
+    shards = ((s, str(directory / s), *read_shard_header(directory / s)) for s in shard_names)
+    tensors, incomplete = collect_shards(shards, weight_map, str(index_path))
     config_path = directory / "config.json"
     config = read_json(config_path, "config.json") if config_path.is_file() else {}
     return Checkpoint(str(directory), "safetensors", tensors, config, incomplete)

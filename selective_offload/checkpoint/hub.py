@@ -254,11 +254,6 @@ class _HubFiles:
         length = response.headers.get("Content-Length", "").strip()
         return start, int(length) if length.isdigit() and len(length) <= 20 else None
 
-    def json(self, filename: str, what: str) -> Any:
-        """A small JSON file of the repository, parsed as a local one is; ``None`` when absent."""
-        got = self.read(filename, 0, None, time.monotonic() + FILE_DEADLINE_S, FILE_DEADLINE_S, what)
-        return None if got is None else parse_json(got[0], f"{self.label}/{filename}", what)
-
     def header(self, filename: str) -> tuple[dict[str, TensorInfo], bool] | None:
         """One shard's tensors, read by range requests of its first bytes (the length prefix and
         the header, never past them) and parsed by :func:`.headers.parse_header`; ``None``
@@ -315,15 +310,17 @@ def remote_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
                               "config.json and every safetensors shard, and HF_HUB_OFFLINE is set; unset it to read "
                               "the headers from the hub, or download the model first")
     files = _HubFiles(repo_id, revision)
-    config = files.json("config.json", "config.json")
-    if config is None:
+    got = files.read("config.json", 0, None, time.monotonic() + FILE_DEADLINE_S, FILE_DEADLINE_S, "config.json")
+    if got is None:
         raise CheckpointError(f"{label}: the repository has no config.json, so it is not a transformers "
                               "model vLLM can load")
+    config = parse_json(got[0], f"{label}/config.json", "config.json")
     if not isinstance(config, dict):
         raise CheckpointError(f"{label}/config.json: config.json is not a JSON object")
     files.pin(files.commit)
-    index = files.json(INDEX_NAME, "the shard index")
-    weight_map = None if index is None else index_weight_map(index, f"{label}/{INDEX_NAME}")
+    got = files.read(INDEX_NAME, 0, None, time.monotonic() + FILE_DEADLINE_S, FILE_DEADLINE_S, "the shard index")
+    weight_map = None if got is None else index_weight_map(
+        parse_json(got[0], f"{label}/{INDEX_NAME}", "the shard index"), f"{label}/{INDEX_NAME}")
     names = sorted(set(weight_map.values())) if weight_map is not None else [SINGLE_FILE]
     shards = []
     for name in names:
