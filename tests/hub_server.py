@@ -9,7 +9,9 @@ A repository is a directory, or a ``{file: bytes}`` dict served from memory (a t
 change it between requests: hostile headers and indexes made per example). Two modes play
 a hostile or broken server: ``ignore_range`` answers every request ``200`` with the whole
 file, as a server that does not honour ranges does; ``drip`` (``{file: seconds}``) sends
-that file's body one byte every so many seconds, as a stalled server does. Bodies go out in small chunks and
+that file's body one byte every so many seconds, as a stalled server does;
+``range_from_start`` answers ``206`` but always from the file's first byte (saying so in its
+``Content-Range``), as a broken proxy may. Bodies go out in small chunks and
 ``served`` counts only what was written, so a client that stops reading early shows as
 the bytes it took (plus what the sockets buffer), not as the whole file."""
 
@@ -34,9 +36,10 @@ CHUNK = 16 * 1024
 
 class FakeHub:
     def __init__(self, repos: dict[str, Path | dict[str, bytes]], *, ignore_range: bool = False,
-                 drip: dict[str, float] | None = None):
+                 drip: dict[str, float] | None = None, range_from_start: bool = False):
         self.repos = repos
         self.ignore_range, self.drip = ignore_range, drip or {}
+        self.range_from_start = range_from_start
         self.served: Counter[str] = Counter()  # "repo/file" -> body bytes sent
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Range
         self.authorization: set[str] = set()
@@ -80,6 +83,8 @@ class FakeHub:
                 if rng:
                     a, b = re.match(r"bytes=(\d+)-(\d*)", rng).groups()
                     start, end = int(a), min(int(b) if b else len(data) - 1, len(data) - 1)
+                    if hub.range_from_start:  # a broken proxy: 206, but always from byte 0
+                        start, end = 0, end - start
                 chunk = data[start:end + 1]
                 self.send_response(206 if rng else 200)
                 self.send_header("X-Repo-Commit", COMMIT)

@@ -115,7 +115,8 @@ def cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
 #: Wall-clock seconds for one shard's header, both its range requests together. Header
 #: reads are a few kB to a few MB, so a server still sending after this is stalled or
 #: dripping (each read's own timeout, ``HF_HUB_DOWNLOAD_TIMEOUT``, never fires on a byte
-#: every few seconds); :meth:`_HubFiles.read` stops there and says so in one line.
+#: every few seconds); :meth:`_HubFiles.read` stops there (past it by at most one wait of
+#: the socket) and says so in one line.
 HEADER_DEADLINE_S = 60.0
 #: Wall-clock seconds for ``config.json`` or the shard index, each a few kB.
 FILE_DEADLINE_S = 60.0
@@ -159,10 +160,11 @@ class _HubFiles:
              what: str) -> tuple[bytes, int | None] | None:
         """Bytes ``[start, stop)`` of ``filename`` (``stop=None``: the whole file, at most
         :data:`..jsonio.MAX_FILE_BYTES`) and the file's size when the server says it;
-        ``None`` when the repository has no such file. The read ends by ``deadline`` (a
-        ``time.monotonic()``; ``budget_s`` is the deadline a message names, ``what`` the read):
-        each wait of the socket is bounded by what is left, and the deadline is checked
-        after every chunk, so a dripping server is stopped within it."""
+        ``None`` when the repository has no such file. ``deadline`` is a ``time.monotonic()``
+        (``budget_s`` the deadline a message names, ``what`` the read): it is checked after
+        every chunk, and each wait of the socket is at most ``HF_HUB_DOWNLOAD_TIMEOUT`` and
+        at most what was left of the deadline when the request began, so a dripping or
+        silent server is stopped by the deadline plus at most one such wait."""
         limit = (stop - start) if stop is not None else jsonio.MAX_FILE_BYTES + 1
         headers = dict(self.headers)
         if stop is not None:
@@ -252,6 +254,7 @@ class _HubFiles:
                                       f"{cut(response.headers.get('Content-Range', ''), 60)!r}; check HF_ENDPOINT")
             return 0, None if m.group(3) == "*" else int(m.group(3))
         length = response.headers.get("Content-Length", "").strip()
+        # mutation: hub-200-as-206
         return start, int(length) if length.isdigit() and len(length) <= 20 else None
 
     def header(self, filename: str) -> tuple[dict[str, TensorInfo], bool] | None:

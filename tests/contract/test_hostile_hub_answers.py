@@ -153,6 +153,20 @@ def test_a_server_ignoring_ranges_is_read_only_as_far_as_the_header(capsys, monk
     assert sum(1 for method, path, rng in hub.requests if path.endswith(SHARD) and rng) == 2
 
 
+def test_a_range_answered_from_elsewhere_is_one_line_naming_the_server(capsys, monkeypatch, tmp_path):
+    """A ``206`` whose Content-Range starts at another byte than asked (the second request of
+    a large header answered from byte 0) is refused, not parsed as the header's rest."""
+    tensors = {f"model.layers.0.mlp.experts.{j}.w": ("BF16", [4, 4]) for j in range(2000)}
+    body = shard(tensors)
+    assert 8 + struct.unpack("<Q", body[:8])[0] > hub_reader.FIRST_READ
+    files = repo(index=json.dumps({"weight_map": {name: SHARD for name in tensors}}).encode(),
+                 **{SHARD.replace(".", "__"): body})
+    with serving(monkeypatch, tmp_path, files, range_from_start=True) as hub:
+        err = plan_refused(capsys)
+    assert (f"{hub.url} answered the range request for bytes {hub_reader.FIRST_READ}- of {SHARD} with "
+            "Content-Range 'bytes 0-") in err, err
+
+
 @pytest.mark.parametrize("dripping", ["config.json", SHARD])
 def test_a_dripping_server_fails_at_the_deadline_in_one_line(capsys, monkeypatch, tmp_path, dripping):
     """A byte every 0.05 s never trips a read timeout; the deadline for the file stops it, and
