@@ -178,7 +178,7 @@ MUTATIONS = {
  'host-post-processing-any': ('    return (method, kernel) in HOST_POST_PROCESSING', '    return True', ['tests/unit/vllm_glue/test_experts_uva.py::test_block_fp8_on_triton_post_processes_on_the_host_even_on_cuda']),
  'shard-name-climbs-out': ('    if name.startswith("/") or "\\\\" in name or any(p in ("", ".", "..") for p in parts):', '    if False:', ['tests/contract/test_hostile_hub_names.py::test_an_index_entry_outside_the_checkpoint_is_refused']),
  'hub-id-unvalidated': ('        validate_repo_id(repo_id)', '        pass', ['tests/contract/test_hostile_hub_names.py::test_a_repo_id_huggingface_hub_refuses_is_one_line']),
- 'message-value-uncut': ('    return text if len(text) <= limit else text[:limit - 3] + "..."', '    return text', ['tests/contract/test_hostile_hub_names.py::test_an_architecture_name_of_megabytes_is_cut_in_its_line']),
+ 'message-value-uncut': ('    return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."', '    return text', ['tests/contract/test_hostile_hub_names.py::test_an_architecture_name_of_megabytes_is_cut_in_its_line']),
  'advice-first-setting': ('    for setting in (DEEP_GEMM_OFF, TRITON, MARLIN):\n        if reads_uva(kernel_for(method, card, setting)):', '    for setting in (TRITON,):\n        if True:', ['tests/unit/vllm_glue/test_experts_uva.py::test_the_refusal_names_the_setting_the_table_gives_for_the_method_and_card', 'tests/contract/test_kernel_table.py::test_every_row_is_what_vllm_033_builds']),
  'planner-ignores-kernel': ('    moe = [] if not servings else sorted(', '    moe = [] if False else sorted(', ['tests/unit/vllm_glue/test_plans_the_glue_accepts.py']),
  'refusal-advice-dropped': ('    how = (f"start vLLM with {fix}', '    how = (f"start vLLM with something', ['tests/unit/vllm_glue/test_experts_uva.py::test_the_refusal_names_the_setting_the_table_gives_for_the_method_and_card']),
@@ -268,6 +268,12 @@ MUTATIONS = {
  'fp8-scale-block-index': ('brow = shard * per_shard + (r - shard * j->I) / bn;', 'brow = r / bn;', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-fp8-block]', 'tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[plain-c-silu-fp8-block]']),
  'mxfp4-nibble-order': ('__m512i n0 = _mm512_and_si512(v, f), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);', '__m512i n1 = _mm512_and_si512(v, f), n0 = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);', ['tests/unit/cpu_kernels/test_kernel.py::test_every_format_matches_the_reference[native-silu-mxfp4]']),
  'mxfp4-reference-nibble-order': ('torch.stack((w & 0x0F, w >> 4), dim=-1)', 'torch.stack((w >> 4, w & 0x0F), dim=-1)', ['tests/unit/cpu_kernels/test_reference.py::test_mxfp4_is_low_nibble_first_with_e8m0_scales_per_32']),
+ 'header-length-unbounded': ('    if header_len > MAX_HEADER_BYTES:', '    if False:', ['tests/contract/test_hostile_hub_answers.py::test_a_length_prefix_past_the_format_bound_is_refused_before_reading_it']),
+ 'index-weight-map-unchecked': ('    if not isinstance(weight_map, dict):', '    if False:', ['tests/contract/test_hostile_hub_answers.py::test_a_hostile_index_on_the_hub_is_one_line']),
+ 'hub-read-past-range': ('                    if len(data) >= limit:', '                    if False:', ['tests/contract/test_hostile_hub_answers.py::test_a_server_ignoring_ranges_is_read_only_as_far_as_the_header']),
+ 'hub-no-deadline': ('                    if time.monotonic() > deadline:', '                    if False:', ['tests/contract/test_hostile_hub_answers.py::test_a_dripping_server_fails_at_the_deadline_in_one_line']),
+ 'hub-range-misplaced': ('            if m is None or int(m.group(1)) != start:', '            if m is None:', ['tests/contract/test_hostile_hub_answers.py::test_a_range_answered_from_elsewhere_is_one_line_naming_the_server']),
+ 'hub-200-as-206': ('        return start, int(length)', '        return 0, int(length)', ['tests/contract/test_hostile_hub_answers.py::test_a_server_ignoring_ranges_is_read_only_as_far_as_the_header']),
 }
 
 

@@ -19,3 +19,12 @@ class CheckpointError(UserError):
 
 class PlanError(UserError):
     """A plan that cannot be made, read, or applied to this model."""
+
+
+def cut(text: str, limit: int = 80) -> str:
+    """``text`` for a message: one line, at most ``limit`` characters (a hostile input's
+    10 MB string or a path of thousands of characters is never echoed whole; what is cut
+    ends in ``...``). The one place messages cut what they quote."""
+    text = str(text).replace("\r", " ").replace("\n", " ")
+    # mutation: message-value-uncut
+    return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."

@@ -127,14 +127,6 @@ def dumps(data: Any, *, indent: int | None = 1) -> str:
     return json.dumps(data, indent=indent, allow_nan=False)
 
 
-def shown(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` for a message: one line, cut at ``limit`` characters (a hostile input's
-    10 MB string is never echoed whole)."""
-    text = repr(value).replace("\n", " ")
-    # mutation: message-value-uncut
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def json_type(value: Any) -> str:
     """What kind of JSON value ``value`` is, as a message says it (``an object``, ``null``)."""
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",

@@ -17,32 +17,28 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from .errors import UserError
+from .errors import UserError, cut
 from .options import temporary_name
 
 #: A name longer than this is cut in messages (the rest says nothing a user needs).
 SHOWN_NAME = 200
 
 
-def _shown(path: str | os.PathLike) -> str:
-    text = str(path)
-    return text if len(text) <= SHOWN_NAME else text[:SHOWN_NAME] + "..."
-
-
 def check_output_file(path: str | os.PathLike, flag: str) -> Path:
     """Refuse, before any work, an output ``path`` (given with ``flag``) that cannot be
     written: one line saying why and what to name instead."""
-    target = Path(path)
+    target, named = Path(path), cut(str(path), SHOWN_NAME)
     try:
         if target.is_dir():
-            raise UserError(f"{flag} {_shown(path)}: is a directory; name a file in it, like "
-                            f"{_shown(target / ('out' + target.suffix))}")
+            raise UserError(f"{flag} {named}: is a directory; name a file in it, like "
+                            f"{cut(str(target / ('out' + target.suffix)), SHOWN_NAME)}")
         if target.exists() and not target.is_file():
-            raise UserError(f"{flag} {_shown(path)}: is not a regular file (a device, a pipe or a socket), and "
+            raise UserError(f"{flag} {named}: is not a regular file (a device, a pipe or a socket), and "
                             "the output replaces its file; name a regular file")
         parent = target.absolute().parent
         if not parent.is_dir():
-            raise UserError(f"{flag} {_shown(path)}: the directory {_shown(parent)} does not exist; create it or "
+            raise UserError(f"{flag} {named}: the directory {cut(str(parent), SHOWN_NAME)} does not exist; "
+                            "create it or "
                             "name another file")
         trial = temporary_name(target)
         try:
@@ -52,7 +48,7 @@ def check_output_file(path: str | os.PathLike, flag: str) -> Path:
         finally:
             trial.unlink(missing_ok=True)
     except OSError as exc:  # /proc, a read-only mount, a name too long, a loop of links
-        raise UserError(f"{flag} {_shown(path)}: cannot be written ({exc.strerror or exc}); name a file in a "
+        raise UserError(f"{flag} {named}: cannot be written ({exc.strerror or exc}); name a file in a "
                         "writable directory on a normal file system") from None
     return target
 
@@ -64,7 +60,7 @@ def write_files(outputs: Sequence[tuple[str, str | os.PathLike, bytes]]) -> None
     staged: list[tuple[Path, Path]] = []
     try:
         for flag, path, data in outputs:
-            target = Path(path)
+            target, named = Path(path), cut(str(path), SHOWN_NAME)
             tmp = temporary_name(target)
             staged.append((tmp, target))
             try:
@@ -72,16 +68,17 @@ def write_files(outputs: Sequence[tuple[str, str | os.PathLike, bytes]]) -> None
                 with open(tmp, "wb") as f:
                     f.write(data)
             except OSError as exc:
-                raise UserError(f"{flag} {_shown(path)}: cannot be written ({exc.strerror or exc}); nothing was "
+                raise UserError(f"{flag} {named}: cannot be written ({exc.strerror or exc}); nothing was "
                                 "written: free space or name a file elsewhere") from None
         for (tmp, target), (flag, path, _) in zip(staged, outputs):
+            named = cut(str(path), SHOWN_NAME)
             if target.exists() and not target.is_file():
-                raise UserError(f"{flag} {_shown(path)}: became something other than a regular file while "
+                raise UserError(f"{flag} {named}: became something other than a regular file while "
                                 "planning; it was not replaced")
             try:
                 os.replace(tmp, target)
             except OSError as exc:
-                raise UserError(f"{flag} {_shown(path)}: cannot be replaced ({exc.strerror or exc}); name a "
+                raise UserError(f"{flag} {named}: cannot be replaced ({exc.strerror or exc}); name a "
                                 "file in a writable directory") from None
     finally:
         for tmp, _ in staged:

@@ -5,7 +5,7 @@ config, whichever reader made it (:mod:`.headers` for safetensors shards and hub
 :mod:`.manifest` for a manifest, :mod:`.from_config` for a config alone). It lives apart
 from the readers so that each reader imports it and none imports another reader for it.
 :func:`read_json` is the one way the readers open a JSON file (an unreadable or invalid
-file is a :class:`CheckpointError` naming it); :func:`require_complete` is what the engine
+file is a :class:`CheckpointError` naming it), :func:`parse_json` its twin for fetched bytes; :func:`require_complete` is what the engine
 side asks before loading.
 """
 
@@ -71,6 +71,15 @@ def read_json(path: Path, what: str) -> Any:
         raise CheckpointError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise CheckpointError(f"{path}: {what} is not valid JSON ({exc}); fix or re-fetch it") from None
+
+
+def parse_json(raw: bytes, where: str, what: str) -> Any:
+    """:func:`read_json` for bytes already fetched (a hub answer), by the same bounded parser
+    and with the same message; ``where`` names where they came from."""
+    try:
+        return jsonio.parse(raw)
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: {what} is not valid JSON ({exc}); fix or re-fetch it") from None
 
 
 def require_complete(checkpoint: Checkpoint) -> None:

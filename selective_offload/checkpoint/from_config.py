@@ -20,8 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
-from ..jsonio import shown
+from ..errors import CheckpointError, cut
 from ..quantization import quantized_tensors, scheme_from_config
 from ..tensors import TensorInfo, tensor_nbytes
 from .base import Checkpoint, read_json
@@ -35,7 +34,7 @@ _TORCH_TO_SAFETENSORS = {
 }
 
 
-def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
+def manifest_from_config(config_path: str | os.PathLike, raw: Any = None) -> Checkpoint:
     """Estimate a checkpoint's tensors from its ``config.json`` alone.
 
     The model class named in ``architectures`` is built on the meta device (no memory,
@@ -43,10 +42,12 @@ def manifest_from_config(config_path: str | os.PathLike) -> Checkpoint:
     config's dtype would store them. Why this is an estimate: a quantized checkpoint's
     sizes come from its ``quantization_config`` (see :mod:`.quantization`), and an MTP
     head the config declares but transformers does not build is estimated from a decoder
-    layer's shapes; both are labelled in the plan's notes.
+    layer's shapes; both are labelled in the plan's notes. ``raw`` is the config when it was
+    already read (from the hub: ``config_path`` then only names it in messages).
     """
     config_path = Path(config_path)
-    raw = read_json(config_path, "config.json")
+    if raw is None:
+        raw = read_json(config_path, "config.json")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{config_path}: config.json is not a JSON object")
     scheme, quant_notes = scheme_from_config(raw.get("quantization_config"), str(config_path))
@@ -86,7 +87,8 @@ def _transformers_config(config_path: Path, raw: dict[str, Any]):
                               "like \"qwen3\"; add it, or plan from the checkpoint's headers or a manifest instead")
     arch = architectures[0]
     unknown = (f"{config_path}: transformers {transformers.__version__} does not know the architecture "
-               f"{shown(arch)} (model_type {shown(model_type)}), so its tensors cannot be estimated from the config; "
+               f"{cut(repr(arch))} (model_type {cut(repr(model_type))}), so its tensors cannot be estimated from the "
+               "config; "
                "plan from the checkpoint's safetensors headers or a manifest instead")
     if not model_type or model_type not in CONFIG_MAPPING:
         raise CheckpointError(unknown)

@@ -6,8 +6,10 @@ in milliseconds and shards whose data has not been downloaded yet still plan (th
 recorded as incomplete: fine to plan, not to load). Every header entry is checked as
 safetensors checks it (typed fields, whole bytes, a byte span that matches the shape and
 dtype, spans that tile the data with no gap or overlap), so a corrupt shard is refused
-here, naming the file, and not in the middle of a vLLM load. :func:`tensor_entry` is the
-entry check; the hub reader (:mod:`.hub`) applies it to headers read over HTTP.
+here, naming the file, and not in the middle of a vLLM load. The hub reader (:mod:`.hub`)
+fetches bytes and hands them here: :func:`check_header_length`, :func:`parse_header`,
+:func:`index_weight_map` and :func:`collect_shards` are the one set of rules for a header
+and an index, whether they came from disk or over HTTP.
 """
 
 from __future__ import annotations
@@ -16,16 +18,30 @@ import math
 import os
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from .. import jsonio
-from ..errors import CheckpointError
+from ..errors import CheckpointError, cut
 from ..tensors import DTYPE_BITS, MAX_DIM, TensorInfo, check_shape, tensor_nbytes
 from .base import Checkpoint, read_json
 
 INDEX_NAME = "model.safetensors.index.json"
 #: A header larger than this is not a safetensors header (the format caps it at 100 MB).
 MAX_HEADER_BYTES = 100_000_000
+
+
+def check_header_length(header_len: int, size: int | None, where: str) -> None:
+    """The length prefix of a shard's header, read from disk or over HTTP, within the format's
+    bound and inside the file (``size`` is ``None`` when a server does not say it)."""
+    # mutation: header-length-unbounded
+    if header_len > MAX_HEADER_BYTES:
+        raise CheckpointError(f"{where}header length {header_len} is more than the {MAX_HEADER_BYTES} bytes a "
+                              "safetensors header may hold; the shard is corrupt or not safetensors: fetch it again")
+    if size is not None and 8 + header_len > size:
+        raise CheckpointError(
+            f"{where}header length {header_len} runs past the end of the "
+            f"{size}-byte file; the shard is truncated or not safetensors: fetch it again"
+        )
 
 
 def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
@@ -41,11 +57,7 @@ def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
                     "the download is incomplete: fetch the shard again"
                 )
             (header_len,) = struct.unpack("<Q", head)
-            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
-                raise CheckpointError(
-                    f"{where}header length {header_len} runs past the end of the "
-                    f"{size}-byte file; the shard is truncated or not safetensors: fetch it again"
-                )
+            check_header_length(header_len, size, where)
             # mutation: header-read-all, header-read-builtin
             return f.read(header_len), header_len, size
     except OSError as exc:
@@ -86,8 +98,17 @@ def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], b
     :class:`CheckpointError` naming the file for a truncated or corrupt header.
     """
     path = Path(path)
-    where = f"{path}: "
     raw, header_len, size = _read_header_bytes(path)
+    return parse_header(raw, header_len, size, f"{path}: ", path)
+
+
+def parse_header(raw: bytes, header_len: int, size: int | None, where: str,
+                 path: Path) -> tuple[dict[str, TensorInfo], bool]:
+    """A shard's JSON header bytes (``header_len`` of them, read from disk or over HTTP) as its
+    tensors, and whether the ``size``-byte file holds all their data (``None``: not known, as
+    from a server that does not say). The one parser of a header, whatever it came from, so
+    a hostile hub answer is refused as a corrupt local shard is. ``path`` is what each
+    :class:`TensorInfo` names as its shard."""
     try:
         header = jsonio.parse(raw)
     except ValueError as exc:
@@ -104,6 +125,8 @@ def read_shard_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], b
             tensors[name], begin, end = tensor_entry(name, entry, where, path)
             spans.append((begin, end, name))
     data_end = check_spans(spans, where)
+    if size is None:
+        return tensors, True
     available = size - 8 - header_len
     if data_end < available:
         raise CheckpointError(f"{where}{available - data_end} bytes follow the last tensor's data, which safetensors "
@@ -134,7 +157,7 @@ def shard_name_problem(name: object) -> str | None:
     that climbs out would plan another checkpoint's header, which vLLM never loads."""
     if not isinstance(name, str) or not name:
         return "a shard name that is not a non-empty string"
-    shown = repr(name[:80]) + ("..." if len(name) > 80 else "")
+    shown = cut(repr(name), 84)
     parts = name.split("/")
     # mutation: shard-name-climbs-out
     if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
@@ -144,58 +167,72 @@ def shard_name_problem(name: object) -> str | None:
     return None
 
 
+def index_weight_map(index: Any, where: str) -> dict[str, str]:
+    """The ``weight_map`` of a parsed shard index (a local file's or the hub's), every entry a
+    shard inside the checkpoint (:func:`shard_name_problem`); ``where`` names the index."""
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    # mutation: index-weight-map-unchecked
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{where}: has no 'weight_map' object; fix or re-fetch it")
+    for value in weight_map.values():
+        problem = shard_name_problem(value)
+        if problem:
+            raise CheckpointError(f"{where}: maps a tensor to {problem}; fix or re-fetch the index")
+    return weight_map
+
+
+def collect_shards(shards: Iterable[tuple[str, str, dict[str, TensorInfo], bool]],
+                   weight_map: dict[str, str] | None, index_where: str) -> tuple[dict[str, TensorInfo], list[str]]:
+    """Every shard's tensors (each shard as its name in the checkpoint, as messages name it,
+    its tensors and whether its data is all there) as one map, and the incomplete shards, with the checks every
+    reader of shards applies, on disk or on the hub: no tensor in two shards, and an index
+    (``weight_map``, or ``None``) that maps each tensor to the shard that holds it."""
+    tensors: dict[str, TensorInfo] = {}
+    holder: dict[str, str] = {}
+    incomplete: list[str] = []
+    for shard, shown, shard_tensors, complete in shards:
+        for name, info in shard_tensors.items():
+            if name in tensors:
+                raise CheckpointError(
+                    f"{shown}: tensor {name[:80]!r} is also in {tensors[name].shard}; "
+                    "the checkpoint mixes two downloads: remove the stray shard"
+                )
+            tensors[name], holder[name] = info, shard
+        if not complete:
+            incomplete.append(shown)
+    if weight_map is not None:
+        for name, shard_name in weight_map.items():
+            if holder.get(name) != shard_name:
+                raise CheckpointError(
+                    f"{index_where}: maps {name[:80]!r} to {shard_name[:80]}, but that shard's header "
+                    "does not hold it; the index and shards disagree: re-fetch them"
+                )
+    return tensors, incomplete
+
+
 def read_safetensors_dir(directory: str | os.PathLike) -> Checkpoint:
     """Read every shard header of a checkpoint directory, and its ``config.json``."""
     directory = Path(directory)
     index_path = directory / INDEX_NAME
     weight_map: dict[str, str] | None = None
     if index_path.is_file():
-        index = read_json(index_path, "the shard index")
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index_path}: has no 'weight_map' object; fix or re-fetch it")
-        shard_names = sorted(set(map(str, weight_map.values())))
-        for value in weight_map.values():
-            problem = shard_name_problem(value)
-            if problem:
-                raise CheckpointError(f"{index_path}: maps a tensor to {problem}; fix or re-fetch the index")
+        weight_map = index_weight_map(read_json(index_path, "the shard index"), str(index_path))
+        shard_names = sorted(set(weight_map.values()))
         missing = [s for s in shard_names if not (directory / s).is_file()]
         if missing:
             raise CheckpointError(
                 f"{index_path}: names {len(missing)} shard(s) that are not in {directory} "
                 f"(first: {missing[0]}); finish the download"
             )
-        shards = [directory / s for s in shard_names]
     else:
-        shards = sorted(directory.glob("*.safetensors"))
-    if not shards:
+        shard_names = sorted(p.name for p in directory.glob("*.safetensors"))
+    if not shard_names:
         raise CheckpointError(
             f"{directory}: no *.safetensors shards here; point at a checkpoint directory, "
             "a manifest (.json) or a config.json"
         )
-
-    tensors: dict[str, TensorInfo] = {}
-    incomplete: list[str] = []
-    for shard in shards:
-        shard_tensors, complete = read_shard_header(shard)
-        for name, info in shard_tensors.items():
-            if name in tensors:
-                raise CheckpointError(
-                    f"{shard}: tensor {name!r} is also in {tensors[name].shard}; "
-                    "the checkpoint mixes two downloads: remove the stray shard"
-                )
-            tensors[name] = info
-        if not complete:
-            incomplete.append(str(shard))
-    if weight_map is not None:
-        for name, shard_name in weight_map.items():
-            info = tensors.get(name)
-            if info is None or Path(info.shard).name != shard_name:
-                raise CheckpointError(
-                    f"{index_path}: maps {name!r} to {shard_name}, but that shard's header "
-                    "does not hold it; the index and shards disagree: re-fetch them"
-                )
-
+    shards = ((s, str(directory / s), *read_shard_header(directory / s)) for s in shard_names)
+    tensors, incomplete = collect_shards(shards, weight_map, str(index_path))
     config_path = directory / "config.json"
     config = read_json(config_path, "config.json") if config_path.is_file() else {}
     return Checkpoint(str(directory), "safetensors", tensors, config, incomplete)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, fields
 
 from .. import jsonio
-from ..errors import PlanError
+from ..errors import PlanError, cut
 from ..estimate import (
     ASSUMED_CPU_TFLOPS,
     ASSUMED_HANDOFF_S,
@@ -64,17 +64,13 @@ def moe_setting(backend: str = "auto", deep_gemm: bool = True) -> str:
     return "auto" if deep_gemm else "VLLM_USE_DEEP_GEMM=0"
 
 
-def _shown(value: object) -> str:
-    """``repr(value)`` cut for a message: a hand-edited plan's 10 MB string is not echoed."""
-    return jsonio.shown(value, 83)
-
-
 def parse_card(text: object) -> str:
     """A compute capability as ``torch.cuda.get_device_capability`` spells it (major.minor,
     like ``"8.9"``), checked; raises ``ValueError`` with one line otherwise."""
     parts = str(text).strip().split(".")
     if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 2 for p in parts):
-        raise ValueError(f"compute capability {_shown(text)} must be major.minor as torch.cuda.get_device_capability "
+        raise ValueError(f"compute capability {cut(repr(text), 83)} must be major.minor as "
+                         "torch.cuda.get_device_capability "
                          f"gives it, like 8.9 (an RTX 4090 Laptop GPU) or 12.0")
     return f"{int(parts[0])}.{int(parts[1])}"
 
@@ -211,12 +207,12 @@ class PlanInputs:
             if value is None and label in ("UVA read", "decode read"):
                 continue  # derived from the link / VRAM rate by their default factors
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:
-                raise PlanError(f"{label} bandwidth {_shown(value)} GB/s must be a number from {MIN_GBPS:g} to "
+                raise PlanError(f"{label} bandwidth {cut(repr(value), 83)} GB/s must be a number from {MIN_GBPS:g} to "
                                 f"{MAX_GBPS:g} GB/s, like 13.9")
         tflops = self.compute_tflops
         if tflops is not None and (isinstance(tflops, bool) or not isinstance(tflops, (int, float))
                                    or not 0 < tflops <= MAX_TFLOPS):
-            raise PlanError(f"compute rate {_shown(tflops)} TFLOP/s must be a positive number of at most "
+            raise PlanError(f"compute rate {cut(repr(tflops), 83)} TFLOP/s must be a positive number of at most "
                             f"{MAX_TFLOPS:g}")
         self._check_host_compute()
         if self.kv_cache_bytes < 0 or self.reserve_bytes < 0:
@@ -228,13 +224,14 @@ class PlanInputs:
                 "lower --kv-cache or --reserve, or give the card's real memory"
             )
         if self.speculative not in (None, "mtp"):
-            raise PlanError(f"speculative decoding {_shown(self.speculative)} is not planned for; use 'mtp' or none")
+            raise PlanError(f"speculative decoding {cut(repr(self.speculative), 83)} is not planned for; "
+                            "use 'mtp' or none")
         if self.prefetch_step < 1:
             raise PlanError(f"prefetch step {self.prefetch_step} must be 1 or more")
         if self.bulk_cpu_offload_gb is not None and not (
             self.bulk_cpu_offload_gb >= 0 and math.isfinite(self.bulk_cpu_offload_gb)
         ):
-            raise PlanError(f"vllm_cpu_offload_gb {_shown(self.bulk_cpu_offload_gb)} must be 0 or more")
+            raise PlanError(f"vllm_cpu_offload_gb {cut(repr(self.bulk_cpu_offload_gb), 83)} must be 0 or more")
         if not self.cold_segments:
             raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
         if self.batch < 1:
@@ -242,13 +239,14 @@ class PlanInputs:
         if self.spec_tokens is not None and not 1 <= self.spec_tokens <= 16:
             raise PlanError(f"speculative draft tokens {self.spec_tokens} must be between 1 and 16, like mtp:2")
         if self.accept_rate is not None and not 0.0 <= self.accept_rate <= 1.0:
-            raise PlanError(f"acceptance rate {_shown(self.accept_rate)} must be between 0 and 1, like 0.85")
+            raise PlanError(f"acceptance rate {cut(repr(self.accept_rate), 83)} must be between 0 and 1, like 0.85")
         for label, value in (("max model length", self.max_model_len), ("max sequences", self.max_seqs),
                              ("context tokens", self.context_tokens)):
             if value is not None and value < (0 if label == "context tokens" else 1):
                 raise PlanError(f"{label} {value} must be a positive number of tokens or sequences")
         if self.kv_cache_dtype not in KV_DTYPE_BYTES:
-            raise PlanError(f"KV cache dtype {_shown(self.kv_cache_dtype)}: use one of {', '.join(KV_DTYPE_BYTES)}")
+            raise PlanError(f"KV cache dtype {cut(repr(self.kv_cache_dtype), 83)}: use one of "
+                            f"{', '.join(KV_DTYPE_BYTES)}")
         if self.host_memory_bytes is not None and self.host_memory_bytes <= 0:
             raise PlanError(f"host memory {self.host_memory_bytes} must be more than 0 bytes, like --host-memory 64GiB")
         if self.compute_capability is not None:
@@ -257,45 +255,50 @@ class PlanInputs:
             except ValueError as exc:
                 raise PlanError(str(exc)) from None
             if card != self.compute_capability:
-                raise PlanError(f"compute capability {_shown(self.compute_capability)} must be spelled {_shown(card)}")
+                raise PlanError(f"compute capability {cut(repr(self.compute_capability), 83)} must be spelled "
+                                f"{cut(repr(card), 83)}")
         # mutation: moe-setting-unchecked
         if self.moe_setting not in MOE_SETTINGS:
-            raise PlanError(f"MoE setting {_shown(self.moe_setting)}: use one of {', '.join(map(repr, MOE_SETTINGS))} "
+            raise PlanError(f"MoE setting {cut(repr(self.moe_setting), 83)}: use one of "
+                            f"{', '.join(map(repr, MOE_SETTINGS))} "
                             "(--moe-backend triton|marlin, --no-deep-gemm)")
         bad = [s for s in self.cold_segments if not s or "." in s]
         if bad:
-            raise PlanError(f"cold segment {_shown(bad[0])} must be one name segment without dots, like visual")
+            raise PlanError(f"cold segment {cut(repr(bad[0]), 83)} must be one name segment without dots, like visual")
 
     def _check_host_compute(self) -> None:
         """The host-compute inputs in range, and the rate's source agreeing with whether one is given."""
         rate = self.cpu_gbps
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
                                  or not MIN_GBPS <= rate <= MAX_GBPS):
-            raise PlanError(f"host kernel rate {_shown(rate)} GB/s must be a number from {MIN_GBPS:g} to "
+            raise PlanError(f"host kernel rate {cut(repr(rate), 83)} GB/s must be a number from {MIN_GBPS:g} to "
                             f"{MAX_GBPS:g} GB/s, like --cpu-gbps 55")
         if self.cpu_gbps_source not in CPU_SOURCES:
-            raise PlanError(f"cpu_gbps_source {_shown(self.cpu_gbps_source)}: use one of {', '.join(CPU_SOURCES)}")
+            raise PlanError(f"cpu_gbps_source {cut(repr(self.cpu_gbps_source), 83)}: use one of "
+                            f"{', '.join(CPU_SOURCES)}")
         # mutation: cpu-source-unchecked
         if (rate is None) != (self.cpu_gbps_source == "assumed"):
-            raise PlanError(f"cpu_gbps_source {_shown(self.cpu_gbps_source)} does not fit cpu_gbps {_shown(rate)}: "
+            raise PlanError(f"cpu_gbps_source {cut(repr(self.cpu_gbps_source), 83)} does not fit cpu_gbps "
+                            f"{cut(repr(rate), 83)}: "
                             "'assumed' exactly when no rate is given (measured or flag otherwise)")
         tflops = self.cpu_tflops
         if tflops is not None and (isinstance(tflops, bool) or not isinstance(tflops, (int, float))
                                    or not 0 < tflops <= MAX_TFLOPS):
-            raise PlanError(f"CPU matmul rate {_shown(tflops)} TFLOP/s must be a positive number of at most "
+            raise PlanError(f"CPU matmul rate {cut(repr(tflops), 83)} TFLOP/s must be a positive number of at most "
                             f"{MAX_TFLOPS:g}, like --cpu-tflops 0.5")
         threads = self.cpu_threads
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                     or not 1 <= threads <= MAX_CPU_THREADS):
-            raise PlanError(f"CPU threads {_shown(threads)} must be a whole number from 1 to {MAX_CPU_THREADS}, "
+            raise PlanError(f"CPU threads {cut(repr(threads), 83)} must be a whole number from 1 to {MAX_CPU_THREADS}, "
                             "like --cpu-threads 8")
         handoff = self.handoff_s
         if handoff is not None and (isinstance(handoff, bool) or not isinstance(handoff, (int, float))
                                     or not 0 <= handoff <= MAX_HANDOFF_S):
-            raise PlanError(f"hand-off {_shown(handoff)} s must be a number from 0 to {MAX_HANDOFF_S:g} seconds")
+            raise PlanError(f"hand-off {cut(repr(handoff), 83)} s must be a number from 0 to {MAX_HANDOFF_S:g} seconds")
         ranks = self.ranks
         if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS:
-            raise PlanError(f"ranks {_shown(ranks)} must be a whole number from 1 to {MAX_RANKS}, like --ranks 2")
+            raise PlanError(f"ranks {cut(repr(ranks), 83)} must be a whole number from 1 to {MAX_RANKS}, "
+                            "like --ranks 2")
         if threads is not None and threads < ranks:
             raise PlanError(f"{threads} CPU threads cannot be split between {ranks} ranks; give at least one "
                             "thread per rank")
@@ -309,14 +312,14 @@ class PlanInputs:
                 continue
             if f.type in ("int", "int | None"):
                 if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PLAN_INT:
-                    raise PlanError(f"{f.name} {_shown(value)} must be an integer of at most {MAX_PLAN_INT}")
+                    raise PlanError(f"{f.name} {cut(repr(value), 83)} must be an integer of at most {MAX_PLAN_INT}")
             elif f.type in ("float", "float | None"):
                 if (isinstance(value, bool) or not isinstance(value, (int, float))
                         or not jsonio.finite_number(value, MAX_PLAN_NUMBER)):
-                    raise PlanError(f"{f.name} {_shown(value)} must be a finite number")
+                    raise PlanError(f"{f.name} {cut(repr(value), 83)} must be a finite number")
             elif f.type == "bool" and not isinstance(value, bool):
-                raise PlanError(f"{f.name} {_shown(value)} must be True or False")
+                raise PlanError(f"{f.name} {cut(repr(value), 83)} must be True or False")
             elif f.type == "str" and not isinstance(value, str):
-                raise PlanError(f"{f.name} {_shown(value)} must be a string")
+                raise PlanError(f"{f.name} {cut(repr(value), 83)} must be a string")
         if not isinstance(self.cold_segments, (tuple, list)) or not all(isinstance(s, str) for s in self.cold_segments):
-            raise PlanError(f"cold_segments {_shown(self.cold_segments)} must be a list of name segments")
+            raise PlanError(f"cold_segments {cut(repr(self.cold_segments), 83)} must be a list of name segments")

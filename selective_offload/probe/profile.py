@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import jsonio
-from ..errors import UserError
+from ..errors import UserError, cut
 from ..sizes import GB, MAX_BYTES, MAX_GBPS, MIN_GBPS, size_arg
 from .formats import fmt_gib, fmt_rate, fmt_size, largest_size
 
@@ -257,16 +257,15 @@ _REQUIRED = ("format", "machine", "date", "torch_version", "device", "integrated
              "host_memcpy_gbps", "no_link_reason")
 
 
-def _shown(value: Any) -> str:
-    """``value`` as JSON for a message, cut to one short line."""
-    shown = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
-    return shown if len(shown) <= 60 else shown[:57] + "..."
+def _json_text(value: Any) -> str:
+    """``value`` as JSON for a message (a non-finite float as Python spells it)."""
+    return json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
 
 
 def _read_profile(data: Any, where: str) -> Profile:
     def bad(name: str, value: Any, want: str) -> UserError:
         # mutation: profile-message-uncut
-        return UserError(f"{where}: {name[:80]} is {_shown(value)}, but must be {want}; {REPROBE}")
+        return UserError(f"{where}: {name[:80]} is {cut(_json_text(value), 60)}, but must be {want}; {REPROBE}")
 
     if not isinstance(data, dict):
         raise UserError(f"{where}: a profile is a JSON object, not {type(data).__name__}; {REPROBE}")
@@ -275,7 +274,7 @@ def _read_profile(data: Any, where: str) -> Profile:
         if isinstance(fmt, str) and fmt.startswith("selective-offload/profile-v") and len(fmt) < 60:
             raise UserError(f"{where}: format {fmt!r} is not {PROFILE_FORMAT!r}, the one this release reads; "
                             f"upgrade selective-offload, or {REPROBE}")
-        raise UserError(f"{where}: not a selective-offload profile (format is {_shown(fmt)}, "
+        raise UserError(f"{where}: not a selective-offload profile (format is {cut(_json_text(fmt), 60)}, "
                         f"not {PROFILE_FORMAT!r}); {REPROBE}")
     missing = [name for name in _REQUIRED if name not in data]
     if missing:

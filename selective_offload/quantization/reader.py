@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import CheckpointError
-from ..jsonio import shown
+from ..errors import CheckpointError, cut
 
 #: The way out every size error offers: sizes from the checkpoint itself.
 ACTION = "plan from the checkpoint's safetensors headers or a manifest instead"
@@ -19,7 +18,7 @@ ACTION = "plan from the checkpoint's safetensors headers or a manifest instead"
 
 def short(value: Any) -> str:
     """``value`` for an error message: its repr on one line, cut at 60 characters."""
-    return shown(value, 60)
+    return cut(repr(value), 60)
 
 
 def where_prefix(where: str) -> str:
