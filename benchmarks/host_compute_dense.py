@@ -123,9 +123,8 @@ def dense_layer(ctx, shape: Shape, weights, att: Attention | None = None) -> dic
             runs = {"attention_s": lambda j: att_graph.replay(), "mlp_host_s": lambda j: mlp_graph.replay(),
                     "layer_host_s": lambda j: layer_graph.replay()}
         else:
-            holder = {}
             runs = {"attention_s": lambda j: attention(x, p, att), "mlp_host_s": lambda j: mlp(x),
-                    "layer_host_s": lambda j: holder.__setitem__("out", layer())}
+                    "layer_host_s": lambda j: layer()}
         for name, run in runs.items():
             result[name] = timed(run, len(inputs), ctx.iters, ctx.cuda, deadline,
                                  prepare=prepare if name != "mlp_host_s" else None)
@@ -142,7 +141,7 @@ def dense_layer(ctx, shape: Shape, weights, att: Attention | None = None) -> dic
         ctx.checks.append({"shape": shape.name, **check("dense layer (attention + host MLP)", 1, out.cpu(), want,
                                                          TOL_BF16)})
         # The prefetch path's link time for this MLP: its stored bytes, host to device.
-        src = [t for t in weights.tensors().values()]
+        src = list(weights.tensors().values())
         dst = [torch.empty_like(t, device=dev) for t in src]
 
         def copy(j):

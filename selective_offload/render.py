@@ -42,10 +42,6 @@ def priced(plan: Plan) -> bool:
     return plan.model.total_bytes >= MIN_PRICED_MODEL_BYTES
 
 
-def _gb(nbytes: int | float) -> str:
-    return fmt_bytes(nbytes)
-
-
 def _step_bytes(nbytes: int) -> str:
     """Per-step reads: a gathered embedding row is kilobytes, a layer is gigabytes."""
     return fmt_bytes(nbytes) if nbytes else "-"
@@ -73,9 +69,9 @@ def ranges(indices: list[int] | tuple[int, ...]) -> str:
 def _header(plan: Plan) -> list[str]:
     m, inp = plan.model, plan.inputs
     return [
-        f"model     {m.source}  ({m.num_tensors} tensors, {_gb(m.total_bytes).strip()}, fingerprint {m.fingerprint})",
-        f"budget    {_gb(inp.device_memory_bytes).strip()} device - {_gb(inp.kv_cache_bytes).strip()} KV cache"
-        f" - {_gb(inp.reserve_bytes).strip()} reserve = {_gb(plan.weight_budget_bytes).strip()} for weights;"
+        f"model     {m.source}  ({m.num_tensors} tensors, {fmt_bytes(m.total_bytes).strip()}, fingerprint {m.fingerprint})",
+        f"budget    {fmt_bytes(inp.device_memory_bytes).strip()} device - {fmt_bytes(inp.kv_cache_bytes).strip()} KV cache"
+        f" - {fmt_bytes(inp.reserve_bytes).strip()} reserve = {fmt_bytes(plan.weight_budget_bytes).strip()} for weights;"
         f" link {inp.link_gbps} GB/s, VRAM {inp.vram_gbps} GB/s (decode reads {inp.vram_read_gbps:.4g}"
         + (")" if inp.decode_read_gbps is not None else f": {DEFAULT_DECODE_READ_FACTOR} x VRAM)")
         + (f"; speculative {inp.speculative}" if inp.speculative else ""),
@@ -85,7 +81,7 @@ def _header(plan: Plan) -> list[str]:
 
 def _row(name: str, groups: list[GroupPlan]) -> str:
     first = groups[0]
-    return (f"{name:<40} {_gb(sum(g.bytes for g in groups)):>10} {first.role:<6} {first.location:<8} "
+    return (f"{name:<40} {fmt_bytes(sum(g.bytes for g in groups)):>10} {first.role:<6} {first.location:<8} "
             f"{first.serving:<9} "
             f"{_step_bytes(sum(g.est_link_bytes_per_step for g in groups)):>10} "
             f"{_step_bytes(sum(g.est_vram_bytes_per_step for g in groups)):>10}")
@@ -160,13 +156,13 @@ def _group_table(plan: Plan) -> list[str]:
 def _placement_summary(plan: Plan) -> list[str]:
     inp = plan.inputs
     lines = ["", f"strategy  {plan.strategy}"
-             + (f": short by {_gb(plan.shortfall_bytes).strip()}" if plan.shortfall_bytes else ""),
-             f"deficit   {_gb(plan.deficit_bytes).strip()} (weights to load minus the budget; <= 0 fits)",
-             f"cold set  {_gb(plan.cold_bytes).strip()}, of which {_gb(plan.host_cold_bytes).strip()} on the host"]
+             + (f": short by {fmt_bytes(plan.shortfall_bytes).strip()}" if plan.shortfall_bytes else ""),
+             f"deficit   {fmt_bytes(plan.deficit_bytes).strip()} (weights to load minus the budget; <= 0 fits)",
+             f"cold set  {fmt_bytes(plan.cold_bytes).strip()}, of which {fmt_bytes(plan.host_cold_bytes).strip()} on the host"]
     uva = [g for g in plan.groups if g.placement == Placement.HOST_UVA]
     if uva:
         lines.append(f"routed experts in host memory, read in place through UVA ({len(uva)} layers, "
-                     f"{_gb(plan.host_uva_bytes).strip()}): layers {ranges(sorted(g.layer_index for g in uva))}")
+                     f"{fmt_bytes(plan.host_uva_bytes).strip()}): layers {ranges(sorted(g.layer_index for g in uva))}")
     computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
     record = plan.host_compute
     if computed and record is not None:
@@ -178,22 +174,22 @@ def _placement_summary(plan: Plan) -> list[str]:
             mine = [g for g in computed if g.kind == kind]
             if mine:
                 lines.append(f"{what} in host memory, computed there by the host CPU ({len(mine)} layers, "
-                             f"{_gb(sum(g.bytes for g in mine)).strip()}): "
+                             f"{fmt_bytes(sum(g.bytes for g in mine)).strip()}): "
                              f"layers {ranges(sorted(g.layer_index for g in mine))}")
         lines.append(f"host CPU  {record.format} kernel at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source}), "
                      f"{threads}{split}; crossover {record.crossover_tokens} tokens per step (above it: copied over "
                      f"the link, computed on the GPU); est CPU time {_ms(plan.est.est_cpu_s_per_step).strip()} per step")
     if plan.hot_layer_indices:
         lines.append(f"hot layers on the host, served by vLLM's prefetch offloader ({len(plan.hot_layer_indices)}, "
-                     f"{_gb(plan.host_hot_bytes).strip()}): "
+                     f"{fmt_bytes(plan.host_hot_bytes).strip()}): "
                      f"{','.join(map(str, plan.hot_layer_indices))}")
-        lines.append(f"prefetch buffers {_gb(plan.prefetch_buffer_bytes).strip()} on the device "
+        lines.append(f"prefetch buffers {fmt_bytes(plan.prefetch_buffer_bytes).strip()} on the device "
                      f"(prefetch_step={inp.prefetch_step} slot(s) of the largest layer)")
     if plan.est_transient_device_bytes:
         lines.append(f"est transient device bytes while a cold tower runs: "
-                     f"{_gb(plan.est_transient_device_bytes).strip()}")
-    lines.append(f"device    {_gb(plan.device_bytes).strip()} resident weights; absent (not loaded): "
-                 f"{_gb(plan.absent_bytes).strip()}")
+                     f"{fmt_bytes(plan.est_transient_device_bytes).strip()}")
+    lines.append(f"device    {fmt_bytes(plan.device_bytes).strip()} resident weights; absent (not loaded): "
+                 f"{fmt_bytes(plan.absent_bytes).strip()}")
     return lines
 
 
@@ -206,7 +202,7 @@ def _estimates(plan: Plan) -> list[str]:
                  f"{'est_step':>10} {'est_tok/s':>9}" + (f" {'per seq':>8}" if inp.batch > 1 else "")]
 
     def summary(label: str, host: int, est: Estimate) -> str:
-        return (f"{label:<54} {_gb(host):>10} {_ms(est.est_link_s_per_step):>10} "
+        return (f"{label:<54} {fmt_bytes(host):>10} {_ms(est.est_link_s_per_step):>10} "
                 f"{_ms(est.est_hidden_link_s_per_step):>10} {_ms(est.est_vram_s_per_step):>10} "
                 f"{_ms(est.est_step_s):>10} {est.est_tok_s:9.2f}"
                 + (f" {est.est_tok_s_per_seq:8.2f}" if inp.batch > 1 else ""))
