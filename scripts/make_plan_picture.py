@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402
 from selective_offload.cli import BUNDLED  # noqa: E402
 from selective_offload.picture import draw, picture_data  # noqa: E402
-from selective_offload.plan import PlanInputs  # noqa: E402
+from selective_offload.plan_format import PlanInputs  # noqa: E402
 from selective_offload.planner import make_plan  # noqa: E402
 from selective_offload.sizes import GiB  # noqa: E402
 

@@ -30,6 +30,9 @@ SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'model-in-plan-place-silent': ('    if not (_hub_id(plan) or _is_model_dir(Path(plan))):', '    if True:', ['tests/unit/test_api_plan.py::test_a_model_in_the_plans_place_still_plans_and_warns_naming_the_call_to_write']),
+ 'python-plan-spelled-as-flags': ('    made, _, _, _ = plan_model(str(model), args, load_profile(), keyword)', '    made, _, _, _ = plan_model(str(model), args, load_profile())', ['tests/unit/test_api_plan.py::test_a_bad_option_is_one_line_naming_it_as_written_in_python']),
+ 'python-plan-provenance-dropped': ('    if provenance:', '    if False:', ['tests/unit/test_api_plan.py::test_plan_keeps_the_commands_defaults_and_says_where_its_rates_came_from']),
  'gpu-run-dense-layer-copy-uncounted': ('        result["layer_prefetch_s"] = result["attention_s"]["median"] + med', '        result["layer_prefetch_s"] = result["attention_s"]["median"]', ['tests/tools/test_gpu_host_compute.py::test_small_run_records_what_it_measured_and_why_the_cuda_parts_were_not']),
  'gpu-run-host-mlp-ratio-inverted': ('copied",\n                 dense["host_over_prefetch"], None, note)]', 'copied",\n                 1 / dense["host_over_prefetch"], None, note)]', ['tests/tools/test_gpu_host_compute.py::test_cuda_shaped_dense_layer_gives_its_headline_figure']),
  'host-mlp-not-reduced': ('        if reduce:', '        if False:', ['tests/engine/test_vllm_tensor_parallel.py::test_two_ranks_with_dense_mlps_computed_on_the_host']),
@@ -97,7 +100,7 @@ MUTATIONS = {
  'header-read-all': ('            return f.read(header_len), header_len, size', '            raw = f.read(header_len)\n            f.read()\n            return raw, header_len, size', ['tests/unit/checkpoint/test_checkpoint.py::test_reading_a_checkpoint_reads_only_its_headers']),
  'header-read-builtin': ('            return f.read(header_len), header_len, size', "            raw = f.read(header_len)\n            open(path, 'rb').read()\n            return raw, header_len, size", ['tests/unit/checkpoint/test_checkpoint.py::test_reading_a_checkpoint_reads_only_its_headers']),
  'no-routing': ('            if cold is not None:\n                target = torch.get_default_device()', '            if False:\n                target = torch.get_default_device()', ['tests/unit/wrappers/test_construct_on_host.py::test_prefixed_cold_modules_are_built_on_the_host']),
- 'totals-not-checked': ('        if value != getattr(plan, name):', '        if False:', ['tests/unit/plan/test_plan_contract.py::test_an_edited_group_with_stale_totals_is_caught']),
+ 'totals-not-checked': ('        if value != getattr(plan, name):', '        if False:', ['tests/unit/plan_format/test_plan_contract.py::test_an_edited_group_with_stale_totals_is_caught']),
  'report-no-routing-check': ('        if checked and unrouted > TOLERANCE', '        if False and unrouted > TOLERANCE', ['tests/unit/test_report.py::test_cold_bytes_moved_after_loading_are_a_problem']),
  'strict-env-only-1': ('    if text in _TRUE:', "    if text == '1':", ['tests/unit/test_enable.py::test_true_values']),
  'fused-lookup-kept': ('        layer.use_fused_embedding = False', '        pass', ['tests/unit/vllm_glue/test_glue_units.py::test_a_host_embedding_under_tensor_parallel_takes_the_masked_path']),
@@ -243,9 +246,9 @@ MUTATIONS = {
  'mxfp8-scale-group-64': ('MXFP8_BLOCK = 32', 'MXFP8_BLOCK = 64', ['tests/unit/quantization/test_quantization.py::test_modelopt_mxfp8_is_to_the_byte_what_the_mx_format_stores']),
  'modelopt-fp8-no-input-scale': ('            static_input_scale=True, exclude=exclude,', '            static_input_scale=False, exclude=exclude,', ['tests/unit/quantization/test_quantization.py::test_modelopt_fp8_is_to_the_byte_what_modelopt_exports']),
  'ct-pack-factor-8': ('        pack = 32 // s.bits', '        pack = 8', ['tests/unit/quantization/test_quantization.py::test_ct_pack_quantized_is_to_the_byte_what_llm_compressor_writes']),
- 'gather-not-derived': ('        gathered = has_segment(self.group, EMBED_SEGMENTS) or self.kind == GroupKind.MODULE', '        gathered = False', ['tests/unit/plan/test_plan_contract.py::test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand']),
- 'stated-serving-trusted': ('    if serving is not None and serving != group.serving:', '    if False:', ['tests/unit/plan/test_plan_contract.py::test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand']),
- 'v3-kind-unmapped': ('        r.data = {**r.data, "kind": V3_KINDS.get(r.data["kind"], r.data["kind"])}', '        r.data = {**r.data}', ['tests/unit/plan/test_plan_contract.py::test_a_v3_plan_reads_to_the_same_plan_as_its_v4_twin']),
+ 'gather-not-derived': ('        gathered = has_segment(self.group, EMBED_SEGMENTS) or self.kind == GroupKind.MODULE', '        gathered = False', ['tests/unit/plan_format/test_plan_contract.py::test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand']),
+ 'stated-serving-trusted': ('    if serving is not None and serving != group.serving:', '    if False:', ['tests/unit/plan_format/test_plan_contract.py::test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand']),
+ 'v3-kind-unmapped': ('        r.data = {**r.data, "kind": V3_KINDS.get(r.data["kind"], r.data["kind"])}', '        r.data = {**r.data}', ['tests/unit/plan_format/test_plan_contract.py::test_a_v3_plan_reads_to_the_same_plan_as_its_v4_twin']),
  'layout-strides-dropped': ('    return typed.as_strided(like.shape, like.stride())', '    return typed[:like.numel()].view(like.shape)', ['tests/unit/wrappers/test_layout.py::test_every_host_and_device_copy_keeps_the_layout']),
  'arena-made-contiguous': ('            t.data = strided_like(arena, source, at)', '            t.data = arena[at:].view(source.dtype)[:source.numel()].view(source.shape)', ['tests/unit/wrappers/test_layout.py::test_an_arena_keeps_the_layout_of_each_tensor']),
  'onload-contiguous': ('            copies = [device_copy_like(h, self.device, non_blocking=self._cuda) for h in group.hosts]', '            copies = [torch.empty(h.shape, dtype=h.dtype, device=self.device).copy_(h) for h in group.hosts]', ['tests/unit/wrappers/test_layout.py::test_an_on_demand_onload_keeps_every_layout']),

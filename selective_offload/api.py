@@ -1,4 +1,5 @@
-"""``enable(plan)`` before ``LLM(...)``; the same through ``vllm serve`` by environment.
+"""``plan(model, device_memory=...)``, then ``enable(plan)`` before ``LLM(...)``; the same
+through ``vllm serve`` by environment.
 
 vLLM builds the model in spawned processes (the engine core, its workers) that a
 monkeypatch in the calling process never reaches. So :func:`enable` writes the plan to a
@@ -8,6 +9,10 @@ reads that variable and installs the hooks. :func:`enable` also installs them in
 calling process: for engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), to
 check the model before an engine starts, and to raise a worker's reason for failing.
 Without the variable the plugin does nothing: importing this package changes nothing.
+
+:func:`enable` takes what :func:`plan` returns, a plan file, or ``"auto"`` (planned in the
+worker from the real card). Handing it a model in the plan's place still works, with a
+:class:`DeprecationWarning`: one kind of first argument is what makes a call readable.
 
 For ``vllm serve``::
 
@@ -28,7 +33,7 @@ from .checkpoint import INDEX_NAME, load_checkpoint, require_complete
 from .errors import PlanError, UserError
 from .model_match import check_plan_matches_model
 from .options import AUTO_PLAN, ENV_VARS, RunOptions, device_memory_from_env
-from .plan import FORMAT_PREFIX, Plan, PlanInputs
+from .plan_format import FORMAT_PREFIX, Plan, PlanInputs
 from .planner import make_plan
 from .report import PlacementReport, remove_reports
 from .sizes import parse_size
@@ -54,6 +59,28 @@ def _is_plan_file(path: Path) -> bool:
         return False
     return isinstance(data, dict) and isinstance(data.get("format"), str) and \
         data["format"].startswith(FORMAT_PREFIX)
+
+
+def plan(model: "str | os.PathLike", device_memory: "str | int | None" = None, **options: Any) -> Plan:
+    """Plan ``model`` for a card of ``device_memory``, as ``selective-offload plan`` does.
+
+    ``model`` is anything the command takes: a checkpoint directory or shard, a manifest, a
+    ``config.json``, a hub id (``ORG/NAME[@REVISION]``) or a bundled name. ``options`` are the
+    command's, each flag's name with ``_`` for ``-`` (``kv_cache="2GiB"``, ``cpu_gbps=40``,
+    ``no_host_compute=True``), with the same defaults, including this machine's
+    ``selective-offload probe`` profile where one exists. Without ``device_memory`` the
+    profile's card is planned for. The plan may be infeasible; it says why
+    (:meth:`Plan.require_feasible` raises it), and :func:`enable` refuses it.
+
+    Raises :class:`UserError` (one line naming the option as written here) for a bad value.
+    """
+    from .plan_options import keyword, options_from_keywords, plan_model
+    from .probe import load_profile
+
+    args = options_from_keywords({"device_memory": device_memory, **options})
+    # mutation: python-plan-spelled-as-flags
+    made, _, _, _ = plan_model(str(model), args, load_profile(), keyword)
+    return made
 
 
 def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | None = None,
@@ -110,16 +137,14 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
            **plan_inputs: Any) -> dict[str, Any]:
     """Apply ``plan`` to every vLLM engine this process starts from now on.
 
-    ``plan`` is a :class:`Plan`, a plan JSON file, a model directory (then planned here
-    for ``device_memory`` and ``plan_inputs``, or, without ``device_memory``, inside the
-    engine's worker from the real card), or ``"auto"`` (planned in the worker for
-    whatever model the engine loads). A Hugging Face hub id (``ORG/NAME[@REVISION]``) is
-    taken as ``plan`` with ``device_memory`` (planned here) and as ``model``, and read from
-    the local cache or by its safetensors headers alone (:mod:`selective_offload.hub`); the
-    worker plans at start only from a local checkpoint. The plan is
-    checked against the
-    checkpoint it will run on, here and now, when that is known: ``model``, or the
-    directory the plan was made from; otherwise when the engine starts. ``strict`` makes
+    ``plan`` is a :class:`Plan` (from :func:`plan`), a plan JSON file, or ``"auto"``
+    (planned in the engine's worker from the real card, for ``model`` or whatever model the
+    engine loads). Deprecated, still working: a model directory or a Hugging Face hub id in
+    the plan's place, planned here for ``device_memory`` and ``plan_inputs`` (the fields of
+    :class:`PlanInputs`), or, a directory without ``device_memory``, in the worker. The plan
+    is checked against the checkpoint it will run on, here and now, when that is known:
+    ``model`` (a directory, or a hub id read from the local cache or by its headers), or
+    the directory the plan was made from; otherwise when the engine starts. ``strict`` makes
     an unrealised plan an error instead of a loud warning. The placement report is
     written to ``report_path`` (default: a file in the temporary directory) and returned
     by :func:`placement_report`. Returns the engine arguments the plan supplies
@@ -133,6 +158,7 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
 
     # Options first, with a placeholder plan path: a bad option must not cost a plan read.
     RunOptions("", strict, str(report_path) if report_path else None, embedding_mode).validate()
+    _model_in_place_of_a_plan(plan, device_memory)
     if _plans_at_start(plan, device_memory):
         return _enable_auto(plan, model, strict, report_path, embedding_mode)
     resolved = resolve_plan(plan, device_memory, **plan_inputs)
@@ -159,6 +185,22 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     if _is_model_dir(model_dir):
         return {"model": str(model_dir)}
     return {"model": resolved.model.source} if resolved.model.kind == "hub" else {}
+
+
+def _model_in_place_of_a_plan(plan, device_memory) -> None:
+    """Warn (once per call site) where ``enable`` is handed a model to plan, saying the call
+    that replaces it."""
+    if isinstance(plan, Plan) or not isinstance(plan, (str, os.PathLike)) or str(plan) == AUTO_PLAN:
+        return
+    # mutation: model-in-plan-place-silent
+    if not (_hub_id(plan) or _is_model_dir(Path(plan))):
+        return
+    if device_memory is None:
+        instead = f"enable('auto', model={str(plan)!r}) to plan in the worker from the real card"
+    else:
+        instead = f"enable(selective_offload.plan({str(plan)!r}, device_memory={device_memory!r}))"
+    warnings.warn(f"selective-offload: enable() given a model in the plan's place is deprecated; write {instead}",
+                  DeprecationWarning, stacklevel=3)
 
 
 def _hub_id(text) -> bool:

@@ -3,7 +3,7 @@
 A decode step of a memory-bound model reads every resident weight once from VRAM, every
 offloaded weight once over the link, and each sequence's KV cache. The levers that
 change what that costs per generated token are priced here; every figure is an estimate
-(``est_``), and :data:`~selective_offload.plan.EST_IGNORES` says what it leaves out.
+(``est_``), and :data:`~selective_offload.plan_format.EST_IGNORES` says what it leaves out.
 
 - **Overlap and rate, as each mechanism moves bytes.** vLLM's prefetch offloader copies
   the next offloaded layer with the copy engine (the pinned copy rate) while the layers

@@ -18,7 +18,7 @@ from __future__ import annotations
 from .checkpoint import Checkpoint
 from .errors import PlanError
 from .names import group_key
-from .plan import PREFETCH_KINDS, GroupKind, GroupPlan, Placement, Plan
+from .plan_format import PREFETCH_KINDS, GroupKind, GroupPlan, Placement, Plan
 from .planner import Group, group_tensors, model_fingerprint, prefetch_buffer_bytes, tower_transient_bytes
 from .sizes import fmt_bytes, size_arg
 

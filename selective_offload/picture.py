@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import UserError
 from .outputs import check_output_file, write_files
-from .plan import GroupKind, GroupPlan, Placement, Plan, Serving
+from .plan_format import GroupKind, GroupPlan, Placement, Plan, Serving
 from .sizes import GB, GiB
 
 #: Colours of the known servings; a serving this module does not know (a newer plan

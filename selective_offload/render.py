@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from .estimate import DEFAULT_DECODE_READ_FACTOR
 from .anchors import anchors_for
 from .checkpoint import Checkpoint
-from .plan import EST_IGNORES, EST_MODEL, BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan, Strategy
+from .plan_format import EST_IGNORES, EST_MODEL, BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan, Strategy
 from .sizes import GiB, fmt_bytes
 
 #: A model with fewer weight bytes than this gets no tok/s figures: its decode step is kernel

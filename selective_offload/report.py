@@ -38,7 +38,7 @@ from . import jsonio, report_files
 from .errors import PlanError
 from .names import EMBED_SEGMENTS, ModelNames, has_segment, parameter_group_keys
 from .options import temporary_name
-from .plan import HOST_PLACEMENTS, GroupPlan, Placement, Plan
+from .plan_format import HOST_PLACEMENTS, GroupPlan, Placement, Plan
 from .sizes import GB, fmt_bytes
 
 REPORT_FORMAT = "selective-offload/report-v2"

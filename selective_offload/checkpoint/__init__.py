@@ -10,7 +10,7 @@ All three sources give the same :class:`Checkpoint`:
 * a manifest (JSON: tensor name -> shape and dtype, plus the config), written by
   :func:`write_manifest` or by hand, to plan without any weights;
 * a ``config.json`` alone, turned into a manifest by building the model on the meta
-  device (accelerate's ``init_empty_weights`` and transformers): an estimate, labelled so.
+  device with transformers: an estimate, labelled so.
 
 Byte sizes come from the header's ``data_offsets`` where there is a header, and from shape
 and dtype otherwise; the two are checked against each other so a corrupt header is caught

@@ -29,7 +29,7 @@ The reference arithmetic (the bundled Qwen3.8-27B-FP8-shaped manifest on a 24 Gi
 is asserted by ``tests/unit/planner/test_planner.py`` and shown in docs/usage/planning.md.
 
 Every time and rate here is an estimate from bytes and bandwidths, labelled ``est_``
-(:mod:`selective_offload.estimate` prices a step; :data:`~selective_offload.plan.EST_IGNORES`
+(:mod:`selective_offload.estimate` prices a step; :data:`~selective_offload.plan_format.EST_IGNORES`
 says what it leaves out). benchmarks/published.py checks it against published
 measurements (docs/design/step-model.md shows which points calibrate it and which validate); it prices
 compute only at a matmul's best rate, which does not explain how slow NVFP4 ran on the
@@ -45,10 +45,10 @@ How the modules relate (each imports only those above it; none imports this pack
     notes         the plan's notes on its placement (infeasible, assumed, what bounds it)
     make          make_plan: composes the steps into a checked plan
 
-The planner never touches tensors; it returns a :class:`~selective_offload.plan.Plan`.
+The planner never touches tensors; it returns a :class:`~selective_offload.plan_format.Plan`.
 """
 
-from ..plan import EST_IGNORES, EST_MODEL, Plan, PlanInputs
+from ..plan_format import EST_IGNORES, EST_MODEL, Plan, PlanInputs
 from .baselines import TIE, baseline_notes, price_bulk
 from .grouping import COMPILED_BLOCK_TOWERS, Group, experts_notes, group_signature, group_tensors, model_fingerprint
 from .make import make_plan

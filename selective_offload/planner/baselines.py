@@ -24,7 +24,7 @@ from ..estimate import (
     flops_per_token,
 )
 from ..names import EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, experts_prefix, has_segment, layer_of
-from ..plan import (
+from ..plan_format import (
     LAYER_KINDS,
     BulkBaseline,
     Estimate,

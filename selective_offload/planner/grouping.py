@@ -29,7 +29,7 @@ from ..names import (
     layer_of,
     mlp_prefix,
 )
-from ..plan import LAYER_KINDS, Role, GroupKind, PlanInputs, experts_read_bytes
+from ..plan_format import LAYER_KINDS, Role, GroupKind, PlanInputs, experts_read_bytes
 
 _BLOCK_SEGMENTS = ("blocks", "layers", "layer")
 #: Model types whose vision blocks vLLM 0.33 builds under ``@support_torch_compile`` (read

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..plan import HostCompute
+from ..plan_format import HostCompute
 
 #: The planner's quant methods (:data:`.kernels.METHODS`) -> the CPU kernel formats
 #: (``cpu_kernels.claimed.CLAIMED``'s keys): unquantized bf16/fp16 experts are read by the

@@ -45,12 +45,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..plan.inputs import DEFAULT_CARD, MOE_SETTINGS, parse_card
+from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS, parse_card
 
 #: The cards the table covers, as ``torch.cuda.get_device_capability`` spells them ("major.minor").
 CARDS = ("8.6", "8.9", "9.0", "10.0", "12.0")
 #: The settings a row can be made under: vLLM's default, and the switches the advice names.
-#: (the plan's own vocabulary, :data:`selective_offload.plan.inputs.MOE_SETTINGS`).
+#: (the plan's own vocabulary, :data:`selective_offload.plan_format.inputs.MOE_SETTINGS`).
 SETTINGS = AUTO, DEEP_GEMM_OFF, TRITON, MARLIN = MOE_SETTINGS
 #: A setting vLLM refuses for the method on that card (it raises when the layer is built).
 REFUSED = "(vLLM refuses)"

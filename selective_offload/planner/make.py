@@ -16,7 +16,7 @@ from pathlib import Path
 from ..checkpoint import Checkpoint
 from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel, acceptance_default
-from ..plan import GroupKind, GroupPlan, Placement, Plan, PlanInputs, PlannedModel
+from ..plan_format import GroupKind, GroupPlan, Placement, Plan, PlanInputs, PlannedModel
 from ..names import mlp_prefix
 from ..sizes import GB
 from .baselines import baseline_notes, price_bulk

@@ -10,7 +10,7 @@ notes are :mod:`.baselines`', the speculation's are :mod:`.speculation`'s.
 from __future__ import annotations
 
 from ..checkpoint import Checkpoint
-from ..plan import Estimate, GroupKind, PlanInputs
+from ..plan_format import Estimate, GroupKind, PlanInputs
 from ..sizes import GB
 from .grouping import Group, experts_notes
 from .placement import HOST_PLACEMENTS, Placing, host_bytes, host_shortfall

@@ -20,7 +20,7 @@ from typing import Callable
 
 from ..estimate import expert_read_fraction
 from ..names import EMBED_SEGMENTS, has_segment
-from ..plan import HOST_PLACEMENTS, LAYER_KINDS, Role, GroupKind, Placement, PlanInputs, Strategy
+from ..plan_format import HOST_PLACEMENTS, LAYER_KINDS, Role, GroupKind, Placement, PlanInputs, Strategy
 from .grouping import Group
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..estimate import MAX_DRAFT_TOKENS, AcceptanceDefault, expected_tokens_per_step
-from ..plan import Alternative, Estimate, Plan
+from ..plan_format import Alternative, Estimate, Plan
 
 
 def break_even_accept_rate(spec_step_s: float, plain_step_s: float, k: int) -> float | None:

@@ -1,8 +1,8 @@
 """What a plan takes from the probe's profile when no flag gives it, and the note that says so.
 
 A plan's link and VRAM bandwidths come from the profile where it measured them, else from
-the reference laptop's (:data:`~selective_offload.plan.REFERENCE_LINK_GBPS`,
-:data:`~selective_offload.plan.REFERENCE_VRAM_GBPS`); either way the plan's notes carry one
+the reference laptop's (:data:`~selective_offload.plan_format.REFERENCE_LINK_GBPS`,
+:data:`~selective_offload.plan_format.REFERENCE_VRAM_GBPS`); either way the plan's notes carry one
 line naming the source, so an estimate never passes for a measurement. The values a
 profile supplies are :func:`~.profile.plan_defaults`; this module adds the reference
 fallback and the wording, for the CLI's ``plan`` and the engine-start plan alike.
@@ -10,7 +10,7 @@ fallback and the wording, for the CLI's ``plan`` and the engine-start plan alike
 
 from __future__ import annotations
 
-from ..plan import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS
+from ..plan_format import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS
 from .formats import fmt_gib, fmt_rate
 from .profile import Profile, plan_defaults
 

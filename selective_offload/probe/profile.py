@@ -451,7 +451,7 @@ def load_profile(path: str | os.PathLike | None = None) -> Profile | None:
 
 
 def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
-    """The :class:`~selective_offload.plan.PlanInputs` values a profile supplies: ``link_gbps``
+    """The :class:`~selective_offload.plan_format.PlanInputs` values a profile supplies: ``link_gbps``
     (the pinned host-to-device rate), ``uva_gbps`` (kernels reading host memory in place),
     ``vram_gbps`` (the copy's), ``decode_read_gbps`` (a matrix-vector product's: the rate
     planning prices VRAM at, when measured), ``compute_tflops`` (the GPU's matmul rate) and

@@ -25,8 +25,8 @@ import torch
 from ..checkpoint import load_checkpoint
 from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel
-from ..plan import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
-from ..plan.inputs import MOE_SETTINGS, moe_setting
+from ..plan_format import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
+from ..plan_format.inputs import MOE_SETTINGS, moe_setting
 from ..planner import kernels, make_plan
 from ..probe import load_profile, plan_bandwidths, plan_defaults
 from ..options import ENV_DEVICE_MEMORY, ENV_PLAN, device_memory_from_env

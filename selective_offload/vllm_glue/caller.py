@@ -14,7 +14,7 @@ from pathlib import Path
 from ..checkpoint import load_checkpoint, require_complete
 from ..errors import PlanError
 from ..model_match import check_plan_matches_model
-from ..plan import Plan
+from ..plan_format import Plan
 from ..report import PlacementReport, report_paths
 from .session import COMPILE_KEY, Settings, clear_reports, logger
 

@@ -62,7 +62,7 @@ from torch import nn
 from ..errors import PlanError
 from ..names import ModelNames, group_key
 from ..planner import kernels
-from ..plan import GroupKind, Placement, Plan
+from ..plan_format import GroupKind, Placement, Plan
 from ..sizes import fmt_bytes
 from ..wrappers.layout import layout_of
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy

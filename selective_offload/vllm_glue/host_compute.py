@@ -32,7 +32,7 @@ from torch import nn
 from .. import cpu_kernels
 from ..cpu_kernels import Activation, ExpertWeights
 from ..errors import PlanError
-from ..plan import Plan
+from ..plan_format import Plan
 from ..planner import kernels
 from ..wrappers.host_compute import HostExperts
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from ..errors import PlanError, UserError
 from ..names import EMBED_SEGMENTS, cold_prefix, cold_segment, has_segment
-from ..plan import GroupKind, Placement
+from ..plan_format import GroupKind, Placement
 from ..report import PlacementReport, build_report, judge_host_memory
 from ..wrappers import offload_on_demand, refuse_if_tied
 from ..wrappers.construct_on_host import ConstructOnHost

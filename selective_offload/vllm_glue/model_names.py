@@ -24,7 +24,7 @@ from torch import nn
 from ..checkpoint import load_checkpoint
 from ..errors import PlanError
 from ..names import NameMap, ModelNames, model_names, unnamed_groups
-from ..plan import LAYER_KINDS, Placement, Plan
+from ..plan_format import LAYER_KINDS, Placement, Plan
 
 #: Tensor names tried for each group when the checkpoint is not a local directory (its
 #: headers cannot be read here): the leaves most modules have.

@@ -36,7 +36,6 @@ blocks, and only then lets the glue judge page-locked memory.
 
 from __future__ import annotations
 
-import logging
 import sys
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -44,10 +43,10 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 
+from ..log import logger
 from ..names import WRAPPER_SEGMENTS
 from .host_resident import to_host_exact
 
-logger = logging.getLogger("selective_offload")
 
 
 def select_layers(modules: Iterable[nn.Module], indices: Iterable[int], sink: list) -> Iterator[nn.Module]:

@@ -25,7 +25,7 @@ def register() -> None:
     options = RunOptions.from_env()
     if options is None:
         return
-    from ..plan import Plan
+    from ..plan_format import Plan
     from . import compat, patches
 
     plan = None if options.plan_path == AUTO_PLAN else Plan.load(options.plan_path)

@@ -17,22 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..log import logger
 from ..names import ModelNames, cold_segment
 from ..options import AUTO_PLAN, RunOptions
-from ..plan import Plan
+from ..plan_format import Plan
 from ..report import PlacementReport, rank_path, remove_reports
 from ..wrappers.page_locked import PageLockedLedger
 from .compat import Targets
 from .host_resident import HostResident
-
-try:  # vLLM's logger, so lines carry its format and reach its handlers in workers.
-    from vllm.logger import init_logger
-
-    logger = init_logger("vllm.selective_offload")
-except ImportError:  # pragma: no cover - this module is only imported with vLLM present
-    import logging
-
-    logger = logging.getLogger("selective_offload")
 
 #: The key under vLLM's ``additional_config`` that carries the plan's identity, so vLLM's
 #: compile caches (which hash ``additional_config``) never serve a graph built for

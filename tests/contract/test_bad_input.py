@@ -21,7 +21,7 @@ from selective_offload.checkpoint import load_checkpoint
 from selective_offload.cli import EXIT_USAGE, main
 from selective_offload.errors import CheckpointError, PlanError, UserError
 from selective_offload.options import ENV_DEVICE_MEMORY
-from selective_offload.plan import Plan
+from selective_offload.plan_format import Plan
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.vllm_glue import patches, plugin
 

@@ -14,7 +14,7 @@ pytest.importorskip("matplotlib", reason="the pictures need matplotlib (the `pic
 
 from selective_offload import outputs  # noqa: E402
 from selective_offload.cli import main  # noqa: E402
-from selective_offload.plan import Plan  # noqa: E402
+from selective_offload.plan_format import Plan  # noqa: E402
 
 FULL = Path("/dev/full")
 needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="/dev/full (a disk that is always full) is Linux's")
@@ -23,16 +23,17 @@ needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="/dev/full (a disk
 @pytest.fixture
 def planned(monkeypatch) -> list:
     """The models planned in this test: a refusal "before any work" plans none (a spy on
-    the CLI's make_plan, which still plans)."""
-    from selective_offload import cli
+    the make_plan that ``plan``'s options are planned with, which still plans)."""
+    from selective_offload import cli, plan_options
 
     calls: list = []
-    real = cli.make_plan
+    real = plan_options.make_plan
 
     def spy(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
+    monkeypatch.setattr(plan_options, "make_plan", spy)
     monkeypatch.setattr(cli, "make_plan", spy)
     return calls
 

@@ -1,7 +1,7 @@
 """Plans under hostile input, both ways: a plan file of any bytes is read by ``Plan.load``
 or refused with one bounded :class:`PlanError` line (never another exception), and `plan`
 never writes a file its own reader refuses: a model beyond the format's bounds is refused
-in one line, exit 2, before anything is written (selective_offload/plan/io.py,
+in one line, exit 2, before anything is written (selective_offload/plan_format/io.py,
 ``writable_json``). Named cases are the user's call; property tests (hypothesis, the
 suite's profile in tests/conftest.py) search around them."""
 
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.cli import BUNDLED, main
 from selective_offload.errors import PlanError
-from selective_offload.plan import MAX_PLAN_INT, Plan, PlanInputs
+from selective_offload.plan_format import MAX_PLAN_INT, Plan, PlanInputs
 from selective_offload.planner import make_plan
 from selective_offload.sizes import GiB
 

@@ -20,7 +20,7 @@ import pytest
 
 import selective_offload
 from helpers import TINY_MOE_FAMILIES, decode_on_host_plan, generate_tokens, generate_with_plan, save_tiny_moe
-from selective_offload.plan import Placement
+from selective_offload.plan_format import Placement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 

@@ -11,7 +11,7 @@ import pytest
 
 import selective_offload
 from helpers import PROMPTS, TINY_HOST_COMPUTE, generate_tokens, generate_with_plan, save_tiny_qwen3
-from selective_offload.plan import Placement
+from selective_offload.plan_format import Placement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 

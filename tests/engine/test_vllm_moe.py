@@ -16,7 +16,7 @@ import selective_offload
 from helpers import (MAX_TOKENS, PROMPTS, compute_experts_plan, generate_tokens, generate_with_plan,
                      save_tiny_qwen3_moe, uva_experts_plan)
 from selective_offload.errors import PlanError
-from selective_offload.plan import GroupKind, Placement
+from selective_offload.plan_format import GroupKind, Placement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 

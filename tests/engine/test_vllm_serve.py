@@ -131,7 +131,7 @@ def test_vllm_serve_with_one_variable_plans_at_engine_start(model, tmp_path, pla
     has. The CPU build has no device memory to fit in, so SELECTIVE_OFFLOAD_DEVICE_MEMORY
     stands for a card just short of the model (the embedding must go to the host)."""
     from selective_offload.checkpoint import load_checkpoint
-    from selective_offload.plan import Plan
+    from selective_offload.plan_format import Plan
 
     budget = load_checkpoint(model).total_bytes + (64 << 20) + 2 * (1 << 30) - 1000  # weights + KV + reserve
     with running_server(model, tmp_path, "auto", SELECTIVE_OFFLOAD_DEVICE_MEMORY=str(budget)) as (base, work):

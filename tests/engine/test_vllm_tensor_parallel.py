@@ -16,7 +16,7 @@ import pytest
 
 import selective_offload
 from helpers import compute_experts_plan, generate_tokens, generate_with_plan, save_tiny_qwen3_moe
-from selective_offload.plan import Placement
+from selective_offload.plan_format import Placement
 
 pytestmark = pytest.mark.vllm
 

@@ -124,3 +124,22 @@ def test_only_the_glue_imports_vllm():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             outside += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] == "vllm"]
     assert outside == []
+
+
+def logger_names(path: Path) -> list[str]:
+    """The first argument of every ``getLogger``/``init_logger`` call in ``path``, as written."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "getLogger", "init_logger"):
+            found.append(ast.unparse(node.args[0]) if node.args else "<root>")
+    return found
+
+
+def test_the_package_logs_through_one_logger_under_vllms_name():
+    """vLLM formats and routes the lines of loggers under ``vllm``; one name means one switch."""
+    from selective_offload.log import LOGGER_NAME
+
+    assert LOGGER_NAME.startswith("vllm.")
+    calls = {str(p.relative_to(REPO)): logger_names(p) for p in PACKAGE.rglob("*.py") if logger_names(p)}
+    assert calls == {"selective_offload/log.py": ["LOGGER_NAME"]}, calls

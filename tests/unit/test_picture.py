@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("matplotlib", reason="the picture needs matplotlib (the `picture` extra)")
 
 from selective_offload.picture import COLOURS, draw, picture_data  # noqa: E402
-from selective_offload.plan import GroupKind, Placement  # noqa: E402
+from selective_offload.plan_format import GroupKind, Placement  # noqa: E402
 
 from helpers import REPO  # noqa: E402
 

@@ -12,9 +12,9 @@ import sys
 from dataclasses import replace
 
 from helpers import save_tiny_qwen3
-from selective_offload import cli
+from selective_offload import cli, plan_options
 from selective_offload.cli import build_parser, main
-from selective_offload.plan import EST_IGNORES, EST_MODEL, Plan
+from selective_offload.plan_format import EST_IGNORES, EST_MODEL, Plan
 from selective_offload.render import MIN_PRICED_MODEL_BYTES, priced, render_plan
 from selective_offload.sizes import fmt_bytes
 
@@ -45,7 +45,7 @@ def next_commands(out: str) -> list[str]:
 
 
 def test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_columns(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "machine_ram_bytes", lambda: 64 << 30)
+    monkeypatch.setattr(plan_options, "machine_ram_bytes", lambda: 64 << 30)
     code, out, err = run(capsys, *REFERENCE)
     assert code == 0, err
     plan = planned(capsys, *REFERENCE)

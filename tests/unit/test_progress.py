@@ -9,7 +9,7 @@ import time
 
 import transformers
 
-from selective_offload import cli
+from selective_offload import cli, plan_options
 from selective_offload.progress import progress
 
 
@@ -40,7 +40,7 @@ def test_plan_from_a_large_config_says_it_is_building_on_stderr(tmp_path, monkey
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16).to_dict()
     config["architectures"] = ["Qwen3ForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    monkeypatch.setattr(cli, "PROGRESS_AFTER_S", 0.001)
+    monkeypatch.setattr(plan_options, "PROGRESS_AFTER_S", 0.001)
     status = cli.main(["plan", str(tmp_path / "config.json"), "--device-memory", "1GiB", "--kv-cache", "0",
                        "--reserve", "0", "--json"])
     out, err = capsys.readouterr()

@@ -10,7 +10,7 @@ import pytest
 
 from selective_offload.cli import main
 from selective_offload.errors import PlanError
-from selective_offload.plan import Plan, PlanInputs
+from selective_offload.plan_format import Plan, PlanInputs
 from selective_offload.planner import kernels
 from selective_offload.sizes import GiB
 

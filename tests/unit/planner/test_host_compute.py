@@ -21,7 +21,7 @@ from selective_offload.estimate import (
     host_compute_crossover,
     host_compute_times,
 )
-from selective_offload.plan import Plan
+from selective_offload.plan_format import Plan
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.probe import Profile
 from selective_offload.render import render_plan
@@ -218,7 +218,7 @@ def cpu_profile(**fields):
 
 
 def test_a_profile_with_kernel_rates_reads_back_and_supplies_the_models_format(tmp_path, monkeypatch):
-    from selective_offload.cli import with_measured_cpu_rate
+    from selective_offload.plan_options import with_measured_cpu_rate
     from selective_offload.probe import plan_defaults
 
     profile = cpu_profile(cpu_kernel_gbps={"bf16": 61.5, "mxfp4": 48.0}, cpu_threads=8, host_read_gbps=70.0)

@@ -20,7 +20,7 @@ from selective_offload.estimate import (
     host_compute_times,
 )
 from selective_offload.model_match import differences
-from selective_offload.plan import Plan
+from selective_offload.plan_format import Plan
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.planner.grouping import group_tensors
 from selective_offload.render import render_plan

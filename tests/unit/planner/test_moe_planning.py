@@ -15,7 +15,7 @@ from selective_offload.errors import PlanError
 from selective_offload.estimate import expert_read_fraction
 from selective_offload.model_match import check_plan_matches_model
 from selective_offload.names import experts_prefix, group_key, group_keys
-from selective_offload.plan import Placement, Plan
+from selective_offload.plan_format import Placement, Plan
 from selective_offload.planner import PlanInputs, group_tensors, make_plan
 from builders import MB, as_v3, inputs, make_ckpt
 

@@ -349,7 +349,7 @@ def test_plan_defaults_of_a_gpu_profile_supply_link_vram_and_device_memory():
 
 
 def test_plan_defaults_feed_plan_inputs():
-    from selective_offload.plan import PlanInputs
+    from selective_offload.plan_format import PlanInputs
 
     supplied = {k: v for k, v in plan_defaults(gpu_profile()).items() if v is not None}
     inputs = PlanInputs(**supplied)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from selective_offload.plan import Placement
+from selective_offload.plan_format import Placement
 from selective_offload.wrappers.page_locked import PAGE, PageLockedLedger, PinPolicy
 from selective_offload.wrappers.residency import OffloadError
 

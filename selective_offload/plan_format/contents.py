@@ -5,7 +5,7 @@ estimate, each group's expected role, the bounds on the prefetch buffers and the
 transient, and the strategy all follow from them and the inputs, and are computed here,
 never stored as the truth. :class:`PlanContents` is the record and these derivations;
 :mod:`.checks` compares what a plan states against them, :mod:`.io` reads and writes
-plans, and :class:`~selective_offload.plan.document.Plan` (the class everyone uses) adds
+plans, and :class:`~selective_offload.plan_format.document.Plan` (the class everyone uses) adds
 both as methods. The split keeps the derivations below the checks and the I/O, so neither
 needs the class that calls it.
 """

