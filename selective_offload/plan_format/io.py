@@ -8,7 +8,7 @@ recomputed rather than read (estimates, each group's link and VRAM reads), and t
 read is put through :mod:`.checks` before it is returned. Fields this version does not know
 are ignored with a note; a newer format version is refused with "upgrade or re-plan".
 
-The format (``"format": "selective-offload/plan-v4"``) is documented in the README. v4
+The format (``"format": "selective-offload/plan-v4"``) is documented in docs/reference/plan-format.md. v4
 gives each group a ``role`` (``hot``, ``cold``, ``absent``), a ``location`` (``device``,
 ``host``, ``absent``) apart from its ``serving`` (``resident``, ``gather``, ``on-demand``,
 ``prefetch``, ``uva``, ``none``; gather vs on-demand follows from the group and is

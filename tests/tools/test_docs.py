@@ -8,6 +8,7 @@ command whose option was renamed is caught here instead of by a user.
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import subprocess
@@ -148,3 +149,27 @@ def test_ci_runs_the_readme_test_command():
     ci = (REPO / ".ci" / "run").read_text()
     assert "scripts/test.sh" in ci
     assert any(c.startswith("bash scripts/test.sh") for c in readme_commands())
+
+
+def python_calls(page: Path) -> list[ast.Call]:
+    """The ``selective_offload.X(...)`` calls in ``page``'s Python blocks (``...`` allowed)."""
+    calls = []
+    for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL):
+        tree = ast.parse(block, filename=str(page))  # a block that does not parse fails here
+        calls += [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                  and node.func.value.id == "selective_offload"]
+    return calls
+
+
+@pytest.mark.parametrize("page", [README, REPO / "docs" / "usage" / "vllm.md"], ids=lambda p: p.name)
+def test_the_python_shown_calls_what_the_package_exports_with_options_it_takes(page):
+    import selective_offload
+    from selective_offload.plan_options import options_from_keywords
+
+    calls = python_calls(page)
+    assert {c.func.attr for c in calls} >= {"plan", "enable"}
+    for call in calls:
+        assert call.func.attr in selective_offload.__all__, f"{page.name}: selective_offload.{call.func.attr}"
+        if call.func.attr == "plan":
+            options_from_keywords({k.arg: ast.literal_eval(k.value) for k in call.keywords})
