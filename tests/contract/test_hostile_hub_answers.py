@@ -5,7 +5,8 @@ a server that answers a range request with ``200`` and the whole file (it was re
 end), and one that drips a byte at a time (it kept ``plan`` waiting past any timeout).
 
 Each is the user's call: ``selective-offload plan ORG/NAME`` in this process (exit 2 and
-one line, no traceback) or ``selective_offload.enable(ORG/NAME, ...)`` (a ``UserError``),
+one line, no traceback) or ``selective_offload.enable(selective_offload.plan(ORG/NAME, ...))``
+(a ``UserError``),
 with huggingface_hub pointed at the loopback fake hub (tests/hub_server.py) as
 ``HF_ENDPOINT`` points it, and property tests that search hostile headers and indexes."""
 
@@ -118,10 +119,11 @@ def test_a_hostile_index_on_the_hub_is_one_line(capsys, monkeypatch, tmp_path, c
     assert INDEX_NAME in err and said in err, err
 
 
-def test_enable_refuses_a_hostile_hub_answer_with_a_user_error(monkeypatch, tmp_path, nothing_enabled):
+def test_the_python_api_refuses_a_hostile_hub_answer_with_a_user_error(monkeypatch, tmp_path, nothing_enabled):
     with serving(monkeypatch, tmp_path, repo(**{SHARD.replace(".", "__"): shard(header=b"[" * 40_000)})):
         with pytest.raises(UserError, match=f"{REPO}/{SHARD}: header is not valid JSON"):
-            selective_offload.enable(REPO, device_memory="8GiB", kv_cache_bytes=0, reserve_bytes=0)
+            selective_offload.enable(selective_offload.plan(REPO, device_memory="8GiB", kv_cache="0", reserve="0",
+                                                            host_memory="none"))
 
 
 def test_a_length_prefix_past_the_format_bound_is_refused_before_reading_it(capsys, monkeypatch, tmp_path):

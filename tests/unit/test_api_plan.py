@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 import selective_offload
-from helpers import save_tiny_qwen3
+from helpers import nothing_applied, save_tiny_qwen3
 from selective_offload.cli import main
 from selective_offload.errors import UserError
 from selective_offload.plan_format import Plan
@@ -91,3 +91,16 @@ def test_a_model_in_the_plans_place_still_plans_and_warns_naming_the_call_to_wri
 def test_a_model_to_plan_in_the_worker_warns_naming_auto(tiny):
     with pytest.warns(DeprecationWarning, match=r"enable\('auto', model="):
         selective_offload.enable(tiny)
+
+
+def test_this_projects_pytest_config_makes_the_old_form_an_error_and_nothing_else(tiny):
+    """pyproject.toml's filterwarnings turns this deprecation, and only it, into an error
+    in the suite: a new test that hands enable() a model fails instead of keeping the old
+    form alive; a test about the old form says so with pytest.warns."""
+    with pytest.raises(DeprecationWarning, match=r"^selective-offload: enable\(\) given a model in the plan's place"):
+        selective_offload.enable(tiny, device_memory="1GiB", kv_cache_bytes=0, reserve_bytes=0)
+    assert nothing_applied()
+    with warnings.catch_warnings(record=True) as caught:  # the suite's filters kept, not reset
+        warnings.warn("another-library: enable() given a model is deprecated", DeprecationWarning)
+        warnings.warn("selective-offload: enable() given a model, as a UserWarning", UserWarning)
+    assert [type(w.message) for w in caught] == [DeprecationWarning, UserWarning]

@@ -101,9 +101,10 @@ def test_paths_that_are_not_plans_say_what_they_are(tmp_path, bf16):
     assert nothing_applied()
 
 
-def test_a_model_directory_with_device_memory_is_planned_on_the_spot(bf16):
-    args = selective_offload.enable(bf16, device_memory=load_checkpoint(bf16).total_bytes - 1000,
-                                    kv_cache_bytes=0, reserve_bytes=0)
+def test_a_model_directory_planned_for_device_memory_is_enabled_on_the_spot(bf16):
+    made = selective_offload.plan(bf16, device_memory=load_checkpoint(bf16).total_bytes - 1000,
+                                  kv_cache="0", reserve="0", host_memory="none")
+    args = selective_offload.enable(made)
     assert args == {"model": str(bf16)}
 
 
@@ -235,10 +236,10 @@ def test_a_plan_made_from_the_config_before_download_is_accepted_on_the_checkpoi
     assert args == {"model": str(model)}
 
 
-@pytest.mark.parametrize("how", ["auto", "model directory"])
+@pytest.mark.parametrize("how", ["auto", "auto for a model directory"])
 def test_enable_without_a_plan_plans_at_engine_start(bf16, how):
-    """enable("auto"), or a model directory without device_memory: the worker plans from
-    the real card; here nothing is planned yet, and the environment says auto."""
-    args = selective_offload.enable("auto" if how == "auto" else bf16)
+    """enable("auto"), or enable("auto", model=DIR): the worker plans from the real card;
+    here nothing is planned yet, and the environment says auto."""
+    args = selective_offload.enable("auto") if how == "auto" else selective_offload.enable("auto", model=bf16)
     assert args == ({} if how == "auto" else {"model": str(bf16)})
     assert patches.session().settings.plan is None and os.environ["SELECTIVE_OFFLOAD_PLAN"] == "auto"

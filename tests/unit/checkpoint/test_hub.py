@@ -153,9 +153,11 @@ def test_hub_failures_are_one_line_and_exit_2(model_dir, tmp_path, case, expecte
 
 
 def test_enable_takes_a_hub_id(model_dir, tmp_path):
-    """enable(ORG/NAME, device_memory=...) plans from the hub's headers; enable(plan,
-    model=ORG/NAME) checks the plan against them and hands vLLM the id; a plan for another
-    model is refused. Run in a subprocess: huggingface_hub reads HF_ENDPOINT at import."""
+    """plan(ORG/NAME, device_memory=...) plans from the hub's headers and enable() hands vLLM
+    the id; enable(plan, model=ORG/NAME) checks the plan against them; a plan for another
+    model is refused; a bare hub id in the plan's place is refused (and deprecated). Run in
+    a subprocess: huggingface_hub reads HF_ENDPOINT at import, and pytest's warning filters
+    do not reach it, so the code sets this project's deprecation to an error itself."""
     from selective_offload.planner import PlanInputs, make_plan
 
     ckpt = load_checkpoint(model_dir)
@@ -163,9 +165,12 @@ def test_enable_takes_a_hub_id(model_dir, tmp_path):
         .save(tmp_path / "plan.json")
     other = save_tiny(tmp_path / "other", vocab_size=2048)
     code = f"""
+import warnings
+warnings.filterwarnings("error", message="selective-offload: enable\\(\\) given a model", category=DeprecationWarning)
 import selective_offload
 from selective_offload.errors import PlanError
-print(selective_offload.enable({REPO!r}, device_memory="8MiB", kv_cache_bytes=0, reserve_bytes=0))
+print(selective_offload.enable(selective_offload.plan({REPO!r}, device_memory="8MiB", kv_cache="0", reserve="0",
+                                                      host_memory="none")))
 selective_offload.disable()
 print(selective_offload.enable({str(tmp_path / 'plan.json')!r}, model={REPO!r}))
 selective_offload.disable()
@@ -173,10 +178,14 @@ try:
     selective_offload.enable({str(tmp_path / 'plan.json')!r}, model="tiny-org/other")
 except PlanError as exc:
     print("refused:", exc)
-try:
-    selective_offload.enable({REPO!r})
-except PlanError as exc:
-    print("refused:", exc)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        selective_offload.enable({REPO!r})
+    except PlanError as exc:
+        print("refused:", exc)
+print("deprecated:", [str(w.message) for w in caught
+                      if w.category is DeprecationWarning and str(w.message).startswith("selective-offload")])
 """
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                "HF_HOME": str(tmp_path / "hf"), "NO_PROXY": "127.0.0.1", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -191,6 +200,9 @@ except PlanError as exc:
     assert lines[3] == (f"refused: {REPO}: no such plan file or model directory here; as a Hugging Face hub id it "
                         "is planned here, from its safetensors headers, with device_memory= (like '24GiB'); or "
                         f"pass a plan file from `selective-offload plan {REPO} --device-memory SIZE -o plan.json`")
+    assert lines[4] == ("deprecated: [\"selective-offload: enable() given a model in the plan's place is "
+                        f"deprecated; write enable('auto', model={REPO!r}) to plan in the worker from the real "
+                        "card\"]")
 
 
 def test_a_repository_without_safetensors_is_planned_from_its_config(model_dir, tmp_path):
