@@ -299,9 +299,9 @@ def _model_name(plan: Plan, shown: Shown) -> str:
     return source if len(source) <= 60 else "..." + source[-57:]
 
 
-def verdict(plan: Plan, shown: Shown | None = None) -> str:
-    """Line 1: the model, the card and the verdict; when nothing fits, why, by how much and
-    what to change."""
+def verdict(plan: Plan, shown: Shown | None = None) -> list[str]:
+    """Line 1: the model, the card and the verdict; when nothing fits, by how much on line 1
+    and what to change on the lines after it (so line 1 stays readable in a terminal)."""
     shown = shown or Shown()
     inp = plan.inputs
     head = f"{_model_name(plan, shown)} on a {_card(inp.device_memory_bytes)} card"
@@ -309,19 +309,22 @@ def verdict(plan: Plan, shown: Shown | None = None) -> str:
         head += " (sizes estimated from config.json)"
     # mutation: verdict-not-infeasible
     if plan.strategy == Strategy.INFEASIBLE:
-        why = []
+        short, fixes = [], []
         if plan.shortfall_bytes:
-            why.append(f"{fmt_bytes(plan.shortfall_bytes)} short of device memory even with all it can move on "
-                       "the host: a larger --device-memory, less --kv-cache or --reserve, or a smaller checkpoint")
+            short.append(f"{fmt_bytes(plan.shortfall_bytes)} short of device memory")
+            fixes += ["a larger --device-memory (all it can move is on the host already), ",
+                      "less --kv-cache or --reserve, "]
         if plan.host_shortfall_bytes:
             whose = f" ({shown.host_ram_from})" if shown.host_ram_from else ""
-            why.append(f"{fmt_bytes(plan.host_bytes)} on the host is {fmt_bytes(plan.host_shortfall_bytes)} more "
-                       f"than the {fmt_bytes(inp.host_memory_bytes or 0)} of RAM{whose}: more RAM, a larger card "
-                       "or a smaller checkpoint")
-        return f"{head}: INFEASIBLE: " + "; and ".join(why or ["the placement does not fit"])
+            short.append(f"{fmt_bytes(plan.host_shortfall_bytes)} short of host RAM")
+            fixes += [f"more RAM than the {fmt_bytes(inp.host_memory_bytes or 0)}{whose}, "]
+            fixes += [] if plan.shortfall_bytes else ["a larger card, "]
+        if not short:
+            return [f"{head}: INFEASIBLE: the placement does not fit"]
+        return [f"{head}: INFEASIBLE: " + ", ".join(short)] + _wrapped("fix", fixes + ["or a smaller checkpoint"])
     if not plan.host_bytes:
-        return f"{head}: fits, every weight on the device ({plan.strategy})"
-    return f"{head}: fits with {fmt_bytes(plan.host_bytes)} on the host ({plan.strategy})"
+        return [f"{head}: fits, every weight on the device ({plan.strategy})"]
+    return [f"{head}: fits with {fmt_bytes(plan.host_bytes)} on the host ({plan.strategy})"]
 
 
 def _device_lines(plan: Plan) -> list[str]:
@@ -430,7 +433,7 @@ def _host_compute_line(plan: Plan) -> list[str]:
 def summary(plan: Plan, checkpoint: Checkpoint | None = None, shown: Shown | None = None) -> list[str]:
     """The default view: the verdict first (see the module docstring)."""
     shown = shown or Shown()
-    lines = [verdict(plan, shown)]
+    lines = verdict(plan, shown)
     lines += _device_lines(plan) + _host_lines(plan, shown)
     if checkpoint is not None and checkpoint.incomplete_shards:
         lines.append(_label("note", f"{len(checkpoint.incomplete_shards)} shard(s) hold headers without all their "

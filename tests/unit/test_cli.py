@@ -62,19 +62,26 @@ def test_plan_from_config_alone_is_labelled(capsys, tmp_path):
 
 
 def test_infeasible_plan_exits_3_with_its_reason_on_line_1(capsys):
-    """Why, by how much and what to change, on the first line; no command to apply it."""
+    """By how much on the first line, what to change on the lines after it; no command to
+    apply it; short enough to read in a terminal when both device and host memory fall short."""
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB", "--host-memory", "none")
     assert code == EXIT_INFEASIBLE
-    first = out.splitlines()[0]
+    lines = out.splitlines()
     plan = Plan.from_dict(json.loads(run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB",
                                          "--host-memory", "none", "--json")[1]))
-    assert first.startswith("qwen3.8-27b-fp8 on a 4 GiB card: INFEASIBLE: ")
-    assert f"{plan.shortfall_bytes / 1e9:.3f} GB short of device memory" in first and "--device-memory" in first
+    assert lines[0] == f"qwen3.8-27b-fp8 on a 4 GiB card: INFEASIBLE: {plan.shortfall_bytes / 1e9:.3f} GB short of " \
+                       "device memory"
+    assert lines[1].startswith("fix    a larger --device-memory") and "--kv-cache" in " ".join(lines[1:3])
     assert "next:" not in out
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--host-memory", "4GiB")
-    first = out.splitlines()[0]
-    assert code == EXIT_INFEASIBLE and "more than the 4.295 GB of RAM (--host-memory)" in first
-    assert "short of device memory" not in first
+    lines = out.splitlines()
+    assert code == EXIT_INFEASIBLE and lines[0].endswith(" GB short of host RAM")
+    assert "short of device memory" not in lines[0]
+    assert "more RAM than the 4.295 GB (--host-memory)" in lines[1]
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB", "--host-memory", "4GiB")
+    lines = out.splitlines()
+    assert "short of device memory, " in lines[0] and lines[0].endswith("short of host RAM")
+    assert len(lines[0]) <= 110 and all(len(line) <= 80 for line in lines[1:])
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB", "--verbose")
     assert "infeasible: short by" in out
 
