@@ -11,6 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
+from ..outputs import check_output_file
 from .measurements import measure
 from .profile import PROFILE_ENV, default_profile_path
 
@@ -30,6 +31,13 @@ def run_probe(args: argparse.Namespace) -> int:
     """Measure, print what was measured and where the profile went, write it; 0 on success.
     Failures are one-line :class:`UserError` s (the CLI prints them and exits 2)."""
     output = Path(args.output).expanduser() if getattr(args, "output", None) else default_profile_path()
+    try:  # the folder is made, as Profile.save makes it, so the trial below can be written
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # refused in one line by the trial, which names the path
+    # Tried for real before measuring (a full probe takes a minute), as plan's outputs are.
+    # mutation: probe-output-not-tried
+    check_output_file(output, "--output")
     started = time.perf_counter()
     profile = measure(device=getattr(args, "device", None), quick=bool(getattr(args, "quick", False)))
     took = time.perf_counter() - started

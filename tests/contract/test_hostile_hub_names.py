@@ -15,6 +15,7 @@ from helpers import write_header_only
 
 from selective_offload.checkpoint.headers import INDEX_NAME, shard_name_problem
 from selective_offload.cli import EXIT_USAGE, main
+from selective_offload.errors import UserError
 
 
 def refused(capsys, *argv) -> str:
@@ -32,6 +33,30 @@ def test_a_repo_id_huggingface_hub_refuses_is_one_line(capsys, monkeypatch, tmp_
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     err = refused(capsys, "plan", repo_id, "--device-memory", "8GiB")
     assert "not a hub id huggingface_hub accepts" in err
+
+
+@pytest.mark.parametrize("repo_id", ["org/..", "a--b/c", "org/.hidden"])
+def test_a_repo_id_huggingface_hub_refuses_is_one_line_through_enable(monkeypatch, tmp_path, repo_id,
+                                                                      nothing_enabled):
+    """The same ids handed to ``enable()`` and ``plan()`` from Python (a ``HFValidationError``
+    traceback through ``enable()`` before): a :class:`UserError` of one line, nothing applied."""
+    import warnings
+
+    import selective_offload
+    from helpers import nothing_applied
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for call in (lambda: selective_offload.enable(repo_id, device_memory="8GiB"),
+                 lambda: selective_offload.plan(repo_id, device_memory="8GiB")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # enable() given a model: its own test
+            with pytest.raises(UserError, match="not a hub id huggingface_hub accepts") as caught:
+                call()
+        message = str(caught.value)
+        assert "\n" not in message and len(message) < 1000 and repo_id in message, message[:2000]
+        assert nothing_applied()
 
 
 def test_an_index_entry_outside_the_checkpoint_is_refused(capsys, tmp_path):

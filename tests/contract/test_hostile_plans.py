@@ -126,6 +126,29 @@ def test_a_format_version_of_5000_digits_is_one_line(tmp_path, valid_plan):
     assert "\n" not in str(caught.value) and len(str(caught.value)) < MAX_LINE
 
 
+def test_a_format_version_of_5000_digits_is_one_line_where_a_user_hands_the_plan_over(
+        tmp_path, valid_plan, monkeypatch, nothing_enabled):
+    """The same file as the user hands it over: ``enable(path)`` and the plugin reading
+    ``SELECTIVE_OFFLOAD_PLAN`` (the first process vLLM starts); each is one bounded line and
+    applies nothing (the uncaught ``ValueError`` of int() on 5000 digits was a traceback)."""
+    import selective_offload
+    from helpers import nothing_applied
+    from selective_offload.vllm_glue import plugin
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**valid_plan, "format": "selective-offload/plan-v" + "5" * 5000}))
+    with pytest.raises(PlanError, match=r"\(5000 digits\) is not one") as by_enable:
+        selective_offload.enable(path)
+    assert nothing_applied()
+    monkeypatch.setenv("SELECTIVE_OFFLOAD_PLAN", str(path))
+    with pytest.raises(PlanError, match=r"\(5000 digits\) is not one") as by_plugin:
+        plugin.register()
+    monkeypatch.delenv("SELECTIVE_OFFLOAD_PLAN")
+    assert nothing_applied()
+    for caught in (by_enable, by_plugin):
+        assert "\n" not in str(caught.value) and len(str(caught.value)) < MAX_LINE, str(caught.value)[:2000]
+
+
 # ---------------------------------------------------------------- property tests
 
 HUGE_INTS = st.one_of(st.integers(-2**70, 2**70), st.sampled_from([MAX_PLAN_INT, MAX_PLAN_INT + 1, -1, 2**64]))

@@ -113,6 +113,22 @@ def test_a_profile_named_as_an_argument_is_not_blamed_on_the_variable(tmp_path, 
     assert PROFILE_ENV not in str(info.value) and str(bad) in str(info.value)
 
 
+@pytest.mark.parametrize("case,says", [("into /proc", "cannot be written"), ("onto a directory", "is a directory")])
+def test_a_probe_output_that_cannot_be_written_is_refused_before_measuring(capsys, tmp_path, monkeypatch, case, says):
+    """`probe -o PATH` measured first (a minute on a GPU) and only then found it could not
+    write the profile; the path is tried first, as plan's outputs are."""
+    from selective_offload.probe import command
+
+    measured: list = []
+    monkeypatch.setattr(command, "measure", lambda **kw: measured.append(kw) or pytest.fail("measured first"))
+    target = "/proc/profile.json" if case == "into /proc" else str(tmp_path)
+    code = main(["probe", "--quick", "-o", target])
+    out, err = capsys.readouterr()
+    assert code == EXIT_USAGE and not out, (code, out, err)
+    assert err.count("\n") == 1 and err.startswith("selective-offload: error: --output ") and says in err, err
+    assert target in err and measured == []
+
+
 # --------------------------------------------------------------------------- property tests
 
 
