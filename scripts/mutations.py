@@ -30,6 +30,9 @@ SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'batch-unbounded': ('        if not 1 <= self.batch <= MAX_BATCH:', '        if not 1 <= self.batch:', ['tests/unit/test_api_plan.py::test_a_workload_out_of_bounds_names_the_option_as_the_caller_wrote_it']),
+ 'cold-segments-unbounded': ('        if len(self.cold_segments) > MAX_COLD_SEGMENTS:', '        if False:', ['tests/unit/test_api_plan.py::test_a_workload_out_of_bounds_names_the_option_as_the_caller_wrote_it']),
+ 'input-error-unnamed': ('        raise UserError(f"{spell(option)}: {exc}") from None', '        raise', ['tests/unit/test_api_plan.py::test_a_workload_out_of_bounds_names_the_option_as_the_caller_wrote_it']),
  'model-in-plan-place-silent': ('    if not (_hub_id(plan) or _is_model_dir(Path(plan))):', '    if True:', ['tests/unit/test_api_plan.py::test_a_model_in_the_plans_place_still_plans_and_warns_naming_the_call_to_write']),
  'python-plan-spelled-as-flags': ('    made, _, _, _ = plan_model(str(model), args, load_profile(), keyword)', '    made, _, _, _ = plan_model(str(model), args, load_profile())', ['tests/unit/test_api_plan.py::test_a_bad_option_is_one_line_naming_it_as_written_in_python']),
  'python-plan-provenance-dropped': ('    if provenance:', '    if False:', ['tests/unit/test_api_plan.py::test_plan_keeps_the_commands_defaults_and_says_where_its_rates_came_from']),

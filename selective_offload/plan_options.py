@@ -27,7 +27,7 @@ from .estimate import (
 )
 from .names import DEFAULT_COLD_SEGMENTS
 from .plan_format import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs
-from .plan_format.inputs import MAX_CPU_THREADS, MAX_RANKS, moe_setting, parse_card
+from .plan_format.inputs import MAX_CPU_THREADS, MAX_RANKS, InputError, moe_setting, parse_card
 from .planner import make_plan
 from .planner.host_compute import model_cpu_format
 from .probe import default_profile_path, plan_bandwidths, plan_defaults, reference_note
@@ -242,7 +242,30 @@ def inputs_from_args(args: argparse.Namespace, profile=None, spell: Callable[[st
     if backend not in ("auto", "triton", "marlin"):
         raise UserError(f"{spell('moe-backend')}: {args.moe_backend!r} is not a backend the plan knows the kernel of; use "
                         "auto (vLLM's choice), triton or marlin")
-    inputs = PlanInputs(
+    try:
+        inputs = _plan_inputs(args, spell, bulk, speculative, spec_tokens, measured, link, vram, uva, decode, compute,
+                              cpu, cpu_tflops, threads, card, backend)
+        inputs.validate()
+    except InputError as exc:
+        option = FIELD_OPTIONS.get(exc.field)
+        if option is None:
+            raise
+        # mutation: input-error-unnamed
+        raise UserError(f"{spell(option)}: {exc}") from None
+    if inputs.device_memory_bytes == 0:
+        raise UserError(f"{spell('device-memory')}: must be more than 0, like 24GiB")
+    return inputs
+
+
+#: The PlanInputs fields an option sets under another name (an error names the option).
+FIELD_OPTIONS = {"batch": "batch", "spec_tokens": "speculative", "accept_rate": "accept-rate",
+                 "max_model_len": "max-model-len", "max_seqs": "max-seqs", "context_tokens": "context",
+                 "prefetch_step": "prefetch-step", "cold_segments": "cold-segments"}
+
+
+def _plan_inputs(args, spell, bulk, speculative, spec_tokens, measured, link, vram, uva, decode, compute, cpu,
+                 cpu_tflops, threads, card, backend) -> PlanInputs:
+    return PlanInputs(
         device_memory_bytes=(parse_size(args.device_memory, spell('device-memory')) if args.device_memory is not None
                              else measured["device_memory_bytes"]),
         kv_cache_bytes=parse_size(args.kv_cache, spell('kv-cache')),
@@ -271,9 +294,6 @@ def inputs_from_args(args: argparse.Namespace, profile=None, spell: Callable[[st
         cpu_tflops=cpu_tflops, handoff_s=measured["handoff_s"], ranks=args.ranks,
         host_compute=not args.no_host_compute,
     )
-    if inputs.device_memory_bytes == 0:
-        raise UserError(f"{spell('device-memory')}: must be more than 0, like 24GiB")
-    return inputs
 
 
 def _positive(text: str, flag: str, unit: str, like: str) -> float:

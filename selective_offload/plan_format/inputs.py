@@ -53,6 +53,21 @@ CPU_SOURCES = ("measured", "flag", "assumed")
 MAX_CPU_THREADS = 4096
 MAX_RANKS = 1024
 MAX_HANDOFF_S = 1.0
+#: Bounds on the workload: far above any server's, low enough that arithmetic on them stays exact.
+MAX_BATCH = 1 << 16
+MAX_TOKENS = 1 << 26
+#: Bounds on the cold segment list: each is one module name segment, like ``visual``.
+MAX_COLD_SEGMENTS = 64
+MAX_SEGMENT_CHARS = 100
+
+
+class InputError(PlanError):
+    """A :class:`PlanInputs` field out of range; ``field`` names it, so a caller that took the
+    value under another name (a command-line flag, a keyword) can say which of its own it was."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def moe_setting(backend: str = "auto", deep_gemm: bool = True) -> str:
@@ -227,23 +242,28 @@ class PlanInputs:
             raise PlanError(f"speculative decoding {cut(repr(self.speculative), 83)} is not planned for; "
                             "use 'mtp' or none")
         if self.prefetch_step < 1:
-            raise PlanError(f"prefetch step {self.prefetch_step} must be 1 or more")
+            raise InputError("prefetch_step", f"prefetch step {self.prefetch_step} must be 1 or more")
         if self.bulk_cpu_offload_gb is not None and not (
             self.bulk_cpu_offload_gb >= 0 and math.isfinite(self.bulk_cpu_offload_gb)
         ):
             raise PlanError(f"vllm_cpu_offload_gb {cut(repr(self.bulk_cpu_offload_gb), 83)} must be 0 or more")
         if not self.cold_segments:
             raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
-        if self.batch < 1:
-            raise PlanError(f"batch {self.batch} must be 1 or more concurrent sequences")
+        # mutation: batch-unbounded
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise InputError("batch", f"batch {self.batch} must be from 1 to {MAX_BATCH} concurrent sequences")
         if self.spec_tokens is not None and not 1 <= self.spec_tokens <= 16:
-            raise PlanError(f"speculative draft tokens {self.spec_tokens} must be between 1 and 16, like mtp:2")
+            raise InputError("spec_tokens",
+                             f"speculative draft tokens {self.spec_tokens} must be between 1 and 16, like mtp:2")
         if self.accept_rate is not None and not 0.0 <= self.accept_rate <= 1.0:
-            raise PlanError(f"acceptance rate {cut(repr(self.accept_rate), 83)} must be between 0 and 1, like 0.85")
-        for label, value in (("max model length", self.max_model_len), ("max sequences", self.max_seqs),
-                             ("context tokens", self.context_tokens)):
-            if value is not None and value < (0 if label == "context tokens" else 1):
-                raise PlanError(f"{label} {value} must be a positive number of tokens or sequences")
+            raise InputError("accept_rate",
+                             f"acceptance rate {cut(repr(self.accept_rate), 83)} must be between 0 and 1, like 0.85")
+        for name, label, value, least, most in (
+                ("max_model_len", "max model length", self.max_model_len, 1, MAX_TOKENS),
+                ("max_seqs", "max sequences", self.max_seqs, 1, MAX_BATCH),
+                ("context_tokens", "context tokens", self.context_tokens, 0, MAX_TOKENS)):
+            if value is not None and not least <= value <= most:
+                raise InputError(name, f"{label} {value} must be a whole number from {least} to {most}")
         if self.kv_cache_dtype not in KV_DTYPE_BYTES:
             raise PlanError(f"KV cache dtype {cut(repr(self.kv_cache_dtype), 83)}: use one of "
                             f"{', '.join(KV_DTYPE_BYTES)}")
@@ -262,9 +282,14 @@ class PlanInputs:
             raise PlanError(f"MoE setting {cut(repr(self.moe_setting), 83)}: use one of "
                             f"{', '.join(map(repr, MOE_SETTINGS))} "
                             "(--moe-backend triton|marlin, --no-deep-gemm)")
-        bad = [s for s in self.cold_segments if not s or "." in s]
+        # mutation: cold-segments-unbounded
+        if len(self.cold_segments) > MAX_COLD_SEGMENTS:
+            raise InputError("cold_segments", f"{len(self.cold_segments)} cold segments are more than "
+                             f"{MAX_COLD_SEGMENTS}; name the few a decode step does not read, like visual")
+        bad = [s for s in self.cold_segments if not s or "." in s or len(s) > MAX_SEGMENT_CHARS]
         if bad:
-            raise PlanError(f"cold segment {cut(repr(bad[0]), 83)} must be one name segment without dots, like visual")
+            raise InputError("cold_segments", f"cold segment {cut(repr(bad[0]), 83)} must be one name segment without "
+                             f"dots, of at most {MAX_SEGMENT_CHARS} characters, like visual")
 
     def _check_host_compute(self) -> None:
         """The host-compute inputs in range, and the rate's source agreeing with whether one is given."""

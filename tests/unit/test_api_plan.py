@@ -104,3 +104,25 @@ def test_this_projects_pytest_config_makes_the_old_form_an_error_and_nothing_els
         warnings.warn("another-library: enable() given a model is deprecated", DeprecationWarning)
         warnings.warn("selective-offload: enable() given a model, as a UserWarning", UserWarning)
     assert [type(w.message) for w in caught] == [DeprecationWarning, UserWarning]
+
+
+@pytest.mark.parametrize("flag,value,keyword,kvalue,says", [
+    ("--batch", "0", "batch", 0, "batch 0 must be from 1 to"),
+    ("--batch", "100000000", "batch", 100000000, "batch 100000000 must be from 1 to"),
+    ("--context", "-5", "context", -5, "context tokens -5 must be a whole number from 0 to"),
+    ("--max-model-len", "1000000000", "max_model_len", 1000000000, "max model length 1000000000 must be"),
+    ("--speculative", "mtp:0", "speculative", "mtp:0", "speculative draft tokens 0 must be between 1 and 16"),
+    ("--accept-rate", "2", "accept_rate", 2.0, "acceptance rate 2.0 must be between 0 and 1"),
+    ("--cold-segments", "a" * 3000, "cold_segments", "a" * 3000, "must be one name segment without dots, of at most"),
+    ("--cold-segments", ",".join(f"s{i}" for i in range(65)), "cold_segments", ",".join(f"s{i}" for i in range(65)),
+     "65 cold segments are more than"),
+])
+def test_a_workload_out_of_bounds_names_the_option_as_the_caller_wrote_it(capsys, flag, value, keyword, kvalue, says):
+    """The bounds live on PlanInputs (one place); the command and plan() name their own spelling."""
+    code = main(["plan", REFERENCE, "--device-memory", "24GiB", flag, value])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"selective-offload: error: {flag}: ") and says in err
+    assert len(err.strip().splitlines()) == 1 and len(err) < 300
+    with pytest.raises(UserError) as info:
+        selective_offload.plan(REFERENCE, device_memory="24GiB", **{keyword: kvalue})
+    assert str(info.value).startswith(f"{keyword}=: ") and says in str(info.value)
