@@ -245,6 +245,8 @@ MUTATIONS = {
  'nvfp4-default-group-32': ('NVFP4_GROUP = 16', 'NVFP4_GROUP = 32', ['tests/unit/quantization/test_quantization.py::test_nvfp4_is_to_the_byte_what_modelopt_exports']),
  'mxfp8-scale-group-64': ('MXFP8_BLOCK = 32', 'MXFP8_BLOCK = 64', ['tests/unit/quantization/test_quantization.py::test_modelopt_mxfp8_is_to_the_byte_what_the_mx_format_stores']),
  'modelopt-fp8-no-input-scale': ('            static_input_scale=True, exclude=exclude,', '            static_input_scale=False, exclude=exclude,', ['tests/unit/quantization/test_quantization.py::test_modelopt_fp8_is_to_the_byte_what_modelopt_exports']),
+ 'quant-config-null-not-unset': ('            if self.fields.raw(key, None) is not None:', '            if key in self.cfg:', ['tests/unit/quantization/test_reader.py::test_the_first_key_set_is_read_and_null_is_unset']),
+ 'quant-config-int-text-refused': ('allow=allow, text=True)', 'allow=allow, text=False)', ['tests/unit/quantization/test_reader.py::test_integers_written_as_strings_read_as_integers']),
  'ct-pack-factor-8': ('        pack = 32 // s.bits', '        pack = 8', ['tests/unit/quantization/test_quantization.py::test_ct_pack_quantized_is_to_the_byte_what_llm_compressor_writes']),
  'gather-not-derived': ('        gathered = has_segment(self.group, EMBED_SEGMENTS) or self.kind == GroupKind.MODULE', '        gathered = False', ['tests/unit/plan_format/test_plan_contract.py::test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand']),
  'stated-serving-trusted': ('    if serving is not None and serving != group.serving:', '    if False:', ['tests/unit/plan_format/test_plan_contract.py::test_a_host_embedding_is_gathered_and_a_tower_is_served_on_demand']),
