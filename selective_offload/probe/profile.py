@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -255,115 +254,77 @@ class Profile:
 _REQUIRED = ("format", "machine", "date", "torch_version", "device", "integrated", "link_gbps_pinned",
              "link_gbps_pageable", "vram_gbps", "device_memory_total_bytes", "device_memory_free_bytes",
              "host_memcpy_gbps", "no_link_reason")
+#: What a ``*_samples_s`` object must be.
+_SAMPLES = "an object of copy size in bytes -> median seconds"
 
 
-def _json_text(value: Any) -> str:
-    """``value`` as JSON for a message (a non-finite float as Python spells it)."""
-    return json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+def _rate(r: jsonio.FieldReader, name: str, *, optional: bool = False) -> float | None:
+    """A rate in GB/s, or null (no such thing on this machine); ``optional``: may be absent
+    (a profile from before it was measured)."""
+    # mutation: profile-rate-unbounded
+    return r.number(name, minimum=MIN_GBPS, maximum=MAX_GBPS, unit="GB/s", nullable=True, optional=optional)
 
 
 def _read_profile(data: Any, where: str) -> Profile:
-    def bad(name: str, value: Any, want: str) -> UserError:
-        # mutation: profile-message-uncut
-        return UserError(f"{where}: {name[:80]} is {cut(_json_text(value), 60)}, but must be {want}; {REPROBE}")
-
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: a profile is a JSON object, not {type(data).__name__}; {REPROBE}")
-    fmt = data.get("format")
+    """The profile in ``data`` (a parsed file), read through :class:`jsonio.FieldReader`:
+    every failure one :class:`UserError` line naming ``where``, the field, and :data:`REPROBE`."""
+    r = jsonio.FieldReader(data, where, error=UserError, fix=REPROBE)
+    fmt = r.raw("format", optional=True)
     if fmt != PROFILE_FORMAT:
         if isinstance(fmt, str) and fmt.startswith("selective-offload/profile-v") and len(fmt) < 60:
             raise UserError(f"{where}: format {fmt!r} is not {PROFILE_FORMAT!r}, the one this release reads; "
                             f"upgrade selective-offload, or {REPROBE}")
-        raise UserError(f"{where}: not a selective-offload profile (format is {cut(_json_text(fmt), 60)}, "
+        raise UserError(f"{where}: not a selective-offload profile (format is {cut(jsonio.json_text(fmt), 60)}, "
                         f"not {PROFILE_FORMAT!r}); {REPROBE}")
-    missing = [name for name in _REQUIRED if name not in data]
-    if missing:
+    missing = [name for name in _REQUIRED if name not in r.data]
+    if missing:  # all of them at once, not the first
         raise UserError(f"{where}: the profile lacks {', '.join(missing)}; {REPROBE}")
 
-    def text(name: str, optional: bool = False) -> str | None:
-        value = data[name]
-        if value is None and optional:
-            return None
-        if not isinstance(value, str) or not value.strip() or "\n" in value:
-            raise bad(name, value, "a one-line string" + (" or null" if optional else ""))
-        return value
-
-    def rate(name: str) -> float | None:
-        value = data[name]
-        if value is None:
-            return None
-        # mutation: profile-rate-unbounded
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_GBPS <= value <= MAX_GBPS:
-            raise bad(name, value, f"a number of GB/s from {MIN_GBPS:g} to {MAX_GBPS:g}, or null")
-        return float(value)
-
     def nbytes(name: str) -> int | None:
-        value = data[name]
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BYTES:
-            raise bad(name, value, f"a whole number of bytes from 0 to {MAX_BYTES}, or null")
-        return value
+        return r.int(name, minimum=0, maximum=MAX_BYTES, unit="bytes", nullable=True)
 
     def samples(name: str) -> dict[int, float]:
-        raw = data.get(name, {})
-        if not isinstance(raw, dict):
-            raise bad(name, raw, "an object of copy size in bytes -> median seconds")
-        out = {}
-        for key, secs in raw.items():
+        raw = r.object(name, default={}, what=_SAMPLES)
+        out, entries = {}, r.within(raw, name)
+        for key in raw:
             try:
                 size = int(key)
             except ValueError:
-                raise bad(name, raw, "an object of copy size in bytes -> median seconds") from None
-            if (not 0 < size <= MAX_BYTES or isinstance(secs, bool) or not isinstance(secs, (int, float))
-                    or not 0 < secs <= 1e9):
-                raise bad(f"{name}[{key}]", secs, "a positive number of seconds for a positive size")
-            out[size] = float(secs)
+                size = 0
+            if not 0 < size <= MAX_BYTES:
+                r.bad(name, raw, _SAMPLES)
+            out[size] = entries.number(key, positive=True, maximum=1e9, unit="seconds")
         return out
 
-    date = text("date")
+    date = r.str("date", one_line=True)
     try:
         dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
     except ValueError:
-        raise bad("date", date, "an ISO date, like 2026-12-01T10:00:00+00:00") from None
-    integrated = data["integrated"]
-    if not isinstance(integrated, bool):
-        raise bad("integrated", integrated, "true or false")
-    repeats = data.get("repeats")
-    if repeats is not None and (isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1):
-        raise bad("repeats", repeats, "a whole number, 1 or more, or null")
-    quick = data.get("quick", False)
-    if not isinstance(quick, bool):
-        raise bad("quick", quick, "true or false")
-    counted = data.get("copy_bytes_counted", COPY_BYTES_COUNTED)
+        r.bad("date", date, "an ISO date, like 2026-12-01T10:00:00+00:00")
+    counted = r.raw("copy_bytes_counted", COPY_BYTES_COUNTED)
     if counted != COPY_BYTES_COUNTED:
-        raise bad("copy_bytes_counted", counted, f"{COPY_BYTES_COUNTED!r}")
-    threads = data.get("cpu_threads")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 4096):
-        raise bad("cpu_threads", threads, "a whole number of threads from 1 to 4096, or null")
-    handoff = data.get("handoff_s")
-    if handoff is not None and (isinstance(handoff, bool) or not isinstance(handoff, (int, float))
-                                or not 0 < handoff <= 1.0):
-        raise bad("handoff_s", handoff, "a positive number of seconds of at most 1, or null")
+        r.bad("copy_bytes_counted", counted, f"{COPY_BYTES_COUNTED!r}")
     profile = Profile(
-        machine=text("machine"), date=date, torch_version=text("torch_version"),
-        device=text("device", optional=True), integrated=integrated,
-        link_gbps_pinned=rate("link_gbps_pinned"), link_gbps_pageable=rate("link_gbps_pageable"),
-        vram_gbps=rate("vram_gbps"), device_memory_total_bytes=nbytes("device_memory_total_bytes"),
-        device_memory_free_bytes=nbytes("device_memory_free_bytes"), host_memcpy_gbps=rate("host_memcpy_gbps"),
-        no_link_reason=text("no_link_reason", optional=True),
+        machine=r.str("machine", one_line=True), date=date, torch_version=r.str("torch_version", one_line=True),
+        device=r.str("device", one_line=True, nullable=True), integrated=r.bool("integrated"),
+        link_gbps_pinned=_rate(r, "link_gbps_pinned"), link_gbps_pageable=_rate(r, "link_gbps_pageable"),
+        vram_gbps=_rate(r, "vram_gbps"), device_memory_total_bytes=nbytes("device_memory_total_bytes"),
+        device_memory_free_bytes=nbytes("device_memory_free_bytes"), host_memcpy_gbps=_rate(r, "host_memcpy_gbps"),
+        no_link_reason=r.str("no_link_reason", one_line=True, nullable=True),
         **{f"{k}_samples_s": samples(f"{k}_samples_s") for k in SAMPLE_KINDS},
-        uva_read_gbps=rate("uva_read_gbps") if "uva_read_gbps" in data else None,
-        decode_read_gbps=rate("decode_read_gbps") if "decode_read_gbps" in data else None,
-        matmul_tflops=rate("matmul_tflops") if "matmul_tflops" in data else None,
-        matmul_dtype=(text("matmul_dtype", optional=True) if "matmul_dtype" in data else None),
-        compute_capability=(text("compute_capability", optional=True) if "compute_capability" in data else None),
-        cpu_kernel_gbps=_kernel_rates(data.get("cpu_kernel_gbps", {}), bad),
-        cpu_threads=threads, host_read_gbps=rate("host_read_gbps") if "host_read_gbps" in data else None,
-        handoff_s=None if handoff is None else float(handoff),
-        repeats=repeats, quick=quick,
+        uva_read_gbps=_rate(r, "uva_read_gbps", optional=True),
+        decode_read_gbps=_rate(r, "decode_read_gbps", optional=True),
+        matmul_tflops=r.number("matmul_tflops", minimum=MIN_GBPS, maximum=MAX_GBPS, unit="TFLOP/s",
+                               nullable=True, optional=True),
+        matmul_dtype=r.str("matmul_dtype", one_line=True, nullable=True, default=None),
+        compute_capability=r.str("compute_capability", one_line=True, nullable=True, default=None),
+        cpu_kernel_gbps=_kernel_rates(r),
+        cpu_threads=r.int("cpu_threads", minimum=1, maximum=4096, unit="threads", nullable=True, optional=True),
+        host_read_gbps=_rate(r, "host_read_gbps", optional=True),
+        handoff_s=r.number("handoff_s", positive=True, maximum=1.0, unit="seconds", nullable=True, optional=True),
+        repeats=r.int("repeats", minimum=1, nullable=True, optional=True), quick=r.bool("quick", default=False),
     )
-    _check_consistent(profile, bad)
+    _check_consistent(profile, r.bad)
     return profile
 
 
@@ -371,52 +332,48 @@ def _read_profile(data: Any, where: str) -> Profile:
 MAX_KERNEL_FORMATS, MAX_FORMAT_NAME = 16, 32
 
 
-def _kernel_rates(raw: Any, bad: Callable[[str, Any, str], UserError]) -> dict[str, float]:
+def _kernel_rates(r: jsonio.FieldReader) -> dict[str, float]:
     """The profile's ``cpu_kernel_gbps``: format name -> GB/s, bounded."""
     want = (f"an object of at most {MAX_KERNEL_FORMATS} format names (like \"bf16\") -> GB/s from "
             f"{MIN_GBPS:g} to {MAX_GBPS:g}")
-    if not isinstance(raw, dict) or len(raw) > MAX_KERNEL_FORMATS:
-        raise bad("cpu_kernel_gbps", raw, want)
-    out = {}
-    for name, value in raw.items():
-        # mutation: profile-kernel-rate-unbounded
-        rate_ok = not isinstance(value, bool) and isinstance(value, (int, float)) and MIN_GBPS <= value <= MAX_GBPS
-        if (not isinstance(name, str) or not 0 < len(name) <= MAX_FORMAT_NAME or not name.isprintable()
-                or not rate_ok):
-            raise bad("cpu_kernel_gbps", raw, want)
-        out[name] = float(value)
-    return out
+    raw = r.object("cpu_kernel_gbps", default={}, what=want)
+    if len(raw) > MAX_KERNEL_FORMATS or not all(isinstance(n, str) and 0 < len(n) <= MAX_FORMAT_NAME
+                                                and n.isprintable() for n in raw):
+        r.bad("cpu_kernel_gbps", raw, want)
+    rates = r.within(raw, "cpu_kernel_gbps")
+    # mutation: profile-kernel-rate-unbounded
+    return {name: rates.number(name, minimum=MIN_GBPS, maximum=MAX_GBPS, unit="GB/s") for name in raw}
 
 
-def _check_consistent(p: Profile, bad: Callable[[str, Any, str], UserError]) -> None:
-    """Values that each parse but cannot be together."""
+def _check_consistent(p: Profile, bad: Callable[[str, Any, str], None]) -> None:
+    """Values that each parse but cannot be together (``bad`` raises)."""
     if p.has_link and p.link_gbps_pinned is None:
-        raise bad("link_gbps_pinned", None, "a number when no_link_reason is null (there is a link)")
+        bad("link_gbps_pinned", None, "a number when no_link_reason is null (there is a link)")
     if not p.has_link and (p.link_gbps_pinned is not None or p.link_gbps_pageable is not None):
-        raise bad("no_link_reason", p.no_link_reason, "null when link rates are given")
+        bad("no_link_reason", p.no_link_reason, "null when link rates are given")
     if p.device is None:
         for name in ("vram_gbps", "device_memory_total_bytes", "device_memory_free_bytes"):
             if getattr(p, name) is not None:
-                raise bad(name, getattr(p, name), "null when device is null (no GPU)")
+                bad(name, getattr(p, name), "null when device is null (no GPU)")
         if p.integrated:
-            raise bad("integrated", True, "false when device is null (no GPU)")
+            bad("integrated", True, "false when device is null (no GPU)")
         if p.has_link:
-            raise bad("no_link_reason", None, "a reason when device is null (no GPU, no link)")
+            bad("no_link_reason", None, "a reason when device is null (no GPU, no link)")
     if p.uva_read_gbps is not None and not p.has_link:
-        raise bad("uva_read_gbps", p.uva_read_gbps, "null when there is no link (no GPU)")
+        bad("uva_read_gbps", p.uva_read_gbps, "null when there is no link (no GPU)")
     if p.handoff_s is not None and not p.has_link:
-        raise bad("handoff_s", p.handoff_s, "null when there is no link (no GPU to hand off to)")
+        bad("handoff_s", p.handoff_s, "null when there is no link (no GPU to hand off to)")
     if p.decode_read_gbps is not None and p.device is None:
-        raise bad("decode_read_gbps", p.decode_read_gbps, "null when device is null (no GPU)")
+        bad("decode_read_gbps", p.decode_read_gbps, "null when device is null (no GPU)")
     if (p.matmul_tflops is None) != (p.matmul_dtype is None):
-        raise bad("matmul_dtype", p.matmul_dtype, "given exactly when matmul_tflops is")
+        bad("matmul_dtype", p.matmul_dtype, "given exactly when matmul_tflops is")
     if p.device_memory_total_bytes == 0:
-        raise bad("device_memory_total_bytes", 0, "more than 0 bytes or null")
+        bad("device_memory_total_bytes", 0, "more than 0 bytes or null")
     total, free = p.device_memory_total_bytes, p.device_memory_free_bytes
     if free is not None and (total is None or free > total):
-        raise bad("device_memory_free_bytes", free,
-                  f"at most device_memory_total_bytes ({total})" if total is not None
-                  else "null when device_memory_total_bytes is null")
+        bad("device_memory_free_bytes", free,
+            f"at most device_memory_total_bytes ({total})" if total is not None
+            else "null when device_memory_total_bytes is null")
 
 
 # --------------------------------------------------------------------------- where it lives

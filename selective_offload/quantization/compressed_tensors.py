@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .base import Builder, QuantScheme, cdiv, scale_shape
-from .reader import ConfigReader, short
+from .reader import ConfigReader
 
 _CT_FORMATS = ("dense", "int-quantized", "float-quantized", "naive-quantized", "pack-quantized",
                "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized")
@@ -43,56 +43,52 @@ def _ct_infer_format(weights: Mapping[str, Any], bits: int, wtype: str, group: i
     return "float-quantized"
 
 
-def _ct_group(r: ConfigReader, gname: str, group: Any, top_format: str | None,
+def _ct_group(g: ConfigReader, top_format: str | None,
               notes: list[str]) -> tuple[tuple[str, ...], QuantScheme | None]:
-    if not isinstance(group, Mapping):
-        raise r.fail(f"config_groups[{gname!r}] is not an object")
-    targets = r.names("targets", cfg=group)
+    """One of ``config_groups``, read by ``g`` (whose messages name the group's path)."""
+    targets = g.names("targets")
     if not targets:
-        raise r.fail(f"config_groups[{gname!r}] has no targets")
-    weights = group.get("weights")
-    if weights is None:
+        raise g.fail("has no targets")
+    if g.get("weights") is None:
         return targets, None  # activations only: weights stay as they are
-    if not isinstance(weights, Mapping):
-        raise r.fail(f"config_groups[{gname!r}].weights is not an object")
-    bits = r.get_int("num_bits", cfg=weights)
+    w = g.sub(g.get("weights"), "weights")
+    weights = w.cfg
+    bits = w.get_int("num_bits")
     if bits is None or bits > 16:
-        raise r.fail(f"config_groups[{gname!r}].weights needs num_bits between 1 and 16")
-    wtype = (r.get_str("type", cfg=weights, default="int") or "int").lower()
+        raise w.fail("needs num_bits between 1 and 16")
+    wtype = (w.get_str("type", default="int") or "int").lower()
     if wtype not in ("int", "float"):
-        raise r.fail(f"config_groups[{gname!r}].weights.type {wtype!r} is neither int nor float")
-    group_size = r.get_int("group_size", cfg=weights, allow=(-1,))
-    strategy = r.get_str("strategy", cfg=weights)
+        raise w.fail(f"type {wtype!r} is neither int nor float")
+    group_size = w.get_int("group_size", allow=(-1,))
+    strategy = w.get_str("strategy")
     if strategy is None:
         strategy = "tensor" if group_size is None else ("channel" if group_size == -1 else "group")
     strategy = strategy.lower()
     if strategy not in _CT_STRATEGIES:
-        raise r.fail(f"config_groups[{gname!r}].weights.strategy {strategy!r} is not one of {', '.join(_CT_STRATEGIES)}")
+        raise w.fail(f"strategy {strategy!r} is not one of {', '.join(_CT_STRATEGIES)}")
     if strategy in ("group", "tensor_group") and not (group_size and group_size > 0):
-        raise r.fail(f"config_groups[{gname!r}].weights has strategy {strategy} but no group_size")
+        raise w.fail(f"has strategy {strategy} but no group_size")
     block = None
     if strategy == "block":
-        raw = weights.get("block_structure")
-        if (not isinstance(raw, (list, tuple)) or len(raw) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in raw)):
-            raise r.fail(f"config_groups[{gname!r}].weights.block_structure must be two positive integers, "
-                          f"not {short(raw)}")
+        raw = w.get_ints("block_structure", length=2)
+        if raw is None:
+            raise w.fail("has strategy block but no block_structure")
         block = (raw[0], raw[1])
-    raw_scale = r.get_str("scale_dtype", cfg=weights)
+    raw_scale = w.get_str("scale_dtype")
     scale_dtype = _TORCH_TO_ST.get(raw_scale.removeprefix("torch.")) if raw_scale else None
-    inputs = group.get("input_activations")
+    inputs = g.get("input_activations")
     has_inputs = isinstance(inputs, Mapping)
-    fmt = r.get_str("format", cfg=group) or top_format
+    fmt = g.get_str("format") or top_format
     if fmt in (None, "mixed-precision"):
         fmt = _ct_infer_format(weights, bits, wtype, group_size, has_inputs, scale_dtype)
     if fmt not in _CT_FORMATS:
-        note = (f"{r.where}quantization_config (compressed-tensors): format {fmt!r} is not modelled; "
+        note = (f"{g.where}quantization_config (compressed-tensors): format {fmt!r} is not modelled; "
                 f"{wtype}{bits} weights counted as {bits}-bit packed with their scales")
         if note not in notes:
             notes.append(note)
         fmt = "pack-quantized" if wtype == "int" and bits <= 8 else "naive-quantized"
     if fmt == "pack-quantized" and (wtype != "int" or bits > 8):
-        raise r.fail(f"config_groups[{gname!r}] is pack-quantized but its weights are {wtype}{bits}")
+        raise g.fail(f"is pack-quantized but its weights are {wtype}{bits}")
     weight_dtype = None
     if fmt not in ("pack-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized", "dense"):
         weight_dtype = "F8_E4M3" if wtype == "float" and bits == 8 else ("I8" if bits <= 8 else "I16")
@@ -108,7 +104,7 @@ def _ct_group(r: ConfigReader, gname: str, group: Any, top_format: str | None,
         method="compressed-tensors", description=desc, layout="ct", bits=bits, strategy=strategy,
         group_size=group_size if group_size and group_size > 0 else None, block_size=block,
         weight_dtype=weight_dtype, scale_dtype=scale_dtype,
-        symmetric=r.get_bool("symmetric", cfg=weights, default=True),
+        symmetric=w.get_bool("symmetric", default=True),
         static_input_scale=bool(static_inputs), g_idx=actorder in ("group", True), format=fmt,
         dynamic_weights=weights.get("dynamic") is True,
     )
@@ -144,9 +140,9 @@ def parse_compressed_tensors(r: ConfigReader) -> tuple[QuantScheme, list[str]]:
             method="compressed-tensors", description="compressed-tensors without quantization groups (weights unchanged)",
             layout="groups", exclude=exclude,
         ), notes
-    if not isinstance(groups_cfg, Mapping):
-        raise r.fail(f"config_groups must be an object, not {short(groups_cfg)}")
-    groups = tuple(_ct_group(r, str(name), group, top_format, notes) for name, group in groups_cfg.items())
+    config_groups = r.sub(groups_cfg, "config_groups")
+    groups = tuple(_ct_group(config_groups.sub(group, str(name)), top_format, notes)
+                   for name, group in groups_cfg.items())
     descriptions = list(dict.fromkeys(sub.description for _, sub in groups if sub is not None))
     description = "; ".join(descriptions) or "compressed-tensors, activations only (weights unchanged)"
     return QuantScheme(

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, cut
+from ..jsonio import json_text, json_type
 from ..tensors import TensorInfo, tensor_nbytes
 from .awq import awq_tensors, parse_awq
 from .base import KINDS, Builder, QuantScheme
@@ -26,7 +27,7 @@ from .gptq import gptq_tensors, parse_gptq
 from .modelopt import mxfp8_tensors, nvfp4_tensors, parse_modelopt
 from .mxfp4 import mxfp4_tensors, parse_mxfp4
 from .packed import packed_tensors, parse_unknown
-from .reader import ACTION, ConfigReader, short, where_prefix
+from .reader import ACTION, FIX, ConfigReader, where_prefix
 
 #: ``quant_method`` (lower case, ``_`` as ``-``) -> its parser.
 PARSERS = {
@@ -131,9 +132,9 @@ def scheme_from_config(quantization_config: Mapping | None, where: str) -> tuple
         return None, []
     if not isinstance(quantization_config, Mapping):
         raise CheckpointError(
-            f"{where}quantization_config is {type(quantization_config).__name__} "
-            f"{short(quantization_config)}, not an object, so the quantized checkpoint's size "
-            f"cannot be estimated; fix config.json or {ACTION}"
+            f"{where}quantization_config is {json_type(quantization_config)} "
+            f"{cut(json_text(quantization_config), 60)}, not an object, so the quantized checkpoint's size "
+            f"cannot be estimated; {FIX}"
         )
     cfg = quantization_config
     if not cfg:
@@ -143,7 +144,7 @@ def scheme_from_config(quantization_config: Mapping | None, where: str) -> tuple
         method = _infer_method(cfg)
     if not isinstance(method, str) or not method:
         raise CheckpointError(
-            f"{where}quantization_config has quant_method {short(method)}, not a method name, "
+            f"{where}quantization_config has quant_method {cut(json_text(method), 60)}, not a method name, "
             f"so the quantized checkpoint's size cannot be estimated; {ACTION}"
         )
     key = method.lower().replace("_", "-")

@@ -13,7 +13,7 @@ rounding up once where a per-expert checkpoint rounds up twice.
 from __future__ import annotations
 
 from .base import Builder, QuantScheme, scale_shape
-from .reader import ConfigReader, short
+from .reader import ConfigReader
 
 _FP8_DTYPES = {"e4m3": "F8_E4M3", "float8_e4m3fn": "F8_E4M3", "e5m2": "F8_E5M2", "float8_e5m2": "F8_E5M2"}
 
@@ -32,13 +32,10 @@ def parse_fp8(r: ConfigReader) -> tuple[QuantScheme, list[str]]:
     activation = activation.lower()
     if activation not in ("dynamic", "static"):
         raise r.fail(f"activation_scheme {activation!r} is neither dynamic nor static")
-    block = r.get("weight_block_size")
+    block = r.get_ints("weight_block_size", length=2)
     exclude = r.names("ignored_layers", "modules_to_not_convert")
     e = weight_dtype.removeprefix("F8_").lower()
     if block is not None:
-        if (not isinstance(block, (list, tuple)) or len(block) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
-            raise r.fail(f"weight_block_size must be two positive integers, not {short(block)}")
         bo, bi = block
         return QuantScheme(
             method="fp8", description=f"FP8 {e}, {bo}x{bi} block scales", layout="fp8", bits=8,

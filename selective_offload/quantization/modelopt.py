@@ -72,28 +72,30 @@ def _modelopt_algo(r: ConfigReader, algo: str, group: int | None, exclude: tuple
 
 def parse_modelopt(r: ConfigReader) -> tuple[QuantScheme, list[str]]:
     inner = r.cfg.get("quantization")
-    section = inner if isinstance(inner, Mapping) else r.cfg
-    algo = r.get_str("quant_algo", cfg=section) or r.get_str("quant_algo")
+    section = r.sub(inner, "quantization") if isinstance(inner, Mapping) else r
+    algo = section.get_str("quant_algo") or r.get_str("quant_algo")
     if algo is None:
         method = r.method.lower().replace("_", "-")
         algo = {"modelopt-fp4": "NVFP4", "nvfp4": "NVFP4", "modelopt-mxfp8": "MXFP8"}.get(method)
     if algo is None:
         raise r.fail("names no quant_algo")
-    group = r.get_int("group_size", cfg=section) or r.get_int("group_size")
+    group = section.get_int("group_size") or r.get_int("group_size")
     # vLLM never quantizes these vision modules of a ModelOpt checkpoint.
-    exclude = r.names("exclude_modules", "ignore", cfg=section) + r.names("exclude_modules", "ignore") \
+    exclude = section.names("exclude_modules", "ignore") + r.names("exclude_modules", "ignore") \
         + ("vision_tower", "vision_model")
     exclude = tuple(dict.fromkeys(exclude))
     if algo.upper() != "MIXED_PRECISION":
         return _modelopt_algo(r, algo, group, exclude), []
-    layers = r.get("quantized_layers", cfg=section) or r.get("quantized_layers")
+    layers_at = section if section.get("quantized_layers") else r
+    layers = layers_at.get("quantized_layers")
     if not isinstance(layers, Mapping) or not layers:
         raise r.fail("quant_algo MIXED_PRECISION needs a quantized_layers object")
     groups = []
     for module, spec in layers.items():
         if not isinstance(spec, Mapping) or not isinstance(spec.get("quant_algo"), str):
             raise r.fail(f"quantized_layers[{module!r}] has no quant_algo")
-        sub = _modelopt_algo(r, spec["quant_algo"], r.get_int("group_size", cfg=spec) or group, ())
+        spec_group = layers_at.sub(spec, f"quantized_layers.{module}").get_int("group_size")
+        sub = _modelopt_algo(r, spec["quant_algo"], spec_group or group, ())
         groups.append(((str(module),), sub))
     algos = sorted({sub.description.split(" (")[0] for _, sub in groups})
     return QuantScheme(

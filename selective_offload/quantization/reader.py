@@ -1,24 +1,28 @@
 """Typed reads from a ``quantization_config``, for every method's parser.
 
-A config.json is user input: a ``group_size`` of ``"128"``, ``true`` or ``-7`` must give one
+A config.json is user input: a ``group_size`` of ``"abc"``, ``true`` or ``-7`` must give one
 line that names the file, the method and the key, and says what to do, whichever method
 reads it. So the parsers never index the mapping themselves; they ask a
-:class:`ConfigReader`, whose failures all end with the same way out (:data:`ACTION`).
+:class:`ConfigReader`, which reads through the project's one typed reader
+(:class:`~selective_offload.jsonio.FieldReader`) and whose failures all end with the same
+way out (:data:`ACTION`).
+
+What it adds to that reader is what configs in the wild do: one value under several names
+(``bits`` or ``w_bit``), ``null`` written for "not set", integers written as strings
+(``"bits": "4"``), and an exclusion list written as one string.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import CheckpointError, cut
+from ..errors import CheckpointError
+from ..jsonio import FieldReader
 
 #: The way out every size error offers: sizes from the checkpoint itself.
 ACTION = "plan from the checkpoint's safetensors headers or a manifest instead"
-
-
-def short(value: Any) -> str:
-    """``value`` for an error message: its repr on one line, cut at 60 characters."""
-    return cut(repr(value), 60)
+#: What every config error says to do.
+FIX = f"fix config.json or {ACTION}"
 
 
 def where_prefix(where: str) -> str:
@@ -29,65 +33,68 @@ def where_prefix(where: str) -> str:
 
 
 class ConfigReader:
-    """Typed reads from a quantization_config mapping; bad values raise one-line errors."""
+    """Typed reads from one object of a quantization_config (the top, or a part of it such
+    as ``config_groups.group_0.weights``: :meth:`sub`); bad values raise one-line
+    :class:`CheckpointError` naming the file, the method and the field's path.
 
-    def __init__(self, cfg: Mapping[str, Any], where: str, method: str):
+    ``where`` is the message prefix (:func:`where_prefix`), kept for the parsers' notes.
+    A key holding ``null`` counts as absent; of several keys the first that is set is read.
+    """
+
+    def __init__(self, cfg: Mapping[str, Any], where: str, method: str, path: str = ""):
         self.cfg, self.where, self.method = cfg, where, method
+        self.fields = FieldReader(cfg, f"{where}quantization_config ({method})", path,
+                                  error=CheckpointError, fix=FIX)
+
+    def sub(self, data: Any, key: str) -> "ConfigReader":
+        """A reader of ``data``, the object at ``key`` under this one (one that is not an
+        object is refused here, naming its path)."""
+        path = f"{self.fields.path}.{key}" if self.fields.path else key
+        return ConfigReader(data, self.where, self.method, path)
 
     def fail(self, problem: str) -> CheckpointError:
-        return CheckpointError(
-            f"{self.where}quantization_config ({self.method}): {problem}; fix config.json or {ACTION}"
-        )
+        """The error for ``problem`` (the caller raises it)."""
+        return self.fields.error_for(problem)
 
-    def get(self, *keys: str, cfg: Mapping[str, Any] | None = None) -> Any:
-        cfg = self.cfg if cfg is None else cfg
+    def _key(self, keys: tuple[str, ...]) -> str | None:
+        """The first of ``keys`` that is set (not absent, not null)."""
         for key in keys:
-            if cfg.get(key) is not None:
-                return cfg[key]
+            # mutation: quant-config-null-not-unset
+            if self.fields.raw(key, None) is not None:
+                return key
         return None
 
-    def get_int(self, *keys: str, default: int | None = None, cfg: Mapping[str, Any] | None = None,
-            minimum: int | None = 1, allow: tuple[int, ...] = ()) -> int | None:
-        value = self.get(*keys, cfg=cfg)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise self.fail(f"{keys[0]} must be an integer, not {short(value)}")
-        try:
-            number = int(value)
-        except ValueError:
-            raise self.fail(f"{keys[0]} must be an integer, not {short(value)}") from None
-        if minimum is not None and number < minimum and number not in allow:
-            raise self.fail(f"{keys[0]} must be at least {minimum}, not {number}")
-        return number
+    def get(self, *keys: str) -> Any:
+        """The raw value of the first of ``keys`` that is set, else ``None``."""
+        key = self._key(keys)
+        return None if key is None else self.cfg[key]
 
-    def get_bool(self, *keys: str, default: bool = False, cfg: Mapping[str, Any] | None = None) -> bool:
-        value = self.get(*keys, cfg=cfg)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.fail(f"{keys[0]} must be true or false, not {short(value)}")
-        return value
+    def get_int(self, *keys: str, default: int | None = None, minimum: int | None = 1,
+                allow: tuple[int, ...] = ()) -> int | None:
+        key = self._key(keys)
+        # mutation: quant-config-int-text-refused
+        return default if key is None else self.fields.int(key, minimum=minimum, allow=allow, text=True)
 
-    def get_str(self, *keys: str, default: str | None = None, cfg: Mapping[str, Any] | None = None) -> str | None:
-        value = self.get(*keys, cfg=cfg)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise self.fail(f"{keys[0]} must be a string, not {short(value)}")
-        return value
+    def get_bool(self, *keys: str, default: bool = False) -> bool:
+        key = self._key(keys)
+        return default if key is None else self.fields.bool(key)
 
-    def names(self, *keys: str, cfg: Mapping[str, Any] | None = None) -> tuple[str, ...]:
-        """Every entry of every list named by ``keys`` (exclusion lists)."""
-        cfg = self.cfg if cfg is None else cfg
+    def get_str(self, *keys: str, default: str | None = None) -> str | None:
+        key = self._key(keys)
+        return default if key is None else self.fields.str(key)
+
+    def get_ints(self, key: str, *, length: int) -> tuple[int, ...] | None:
+        """``length`` positive integers (a block shape), or ``None`` when not set."""
+        return None if self._key((key,)) is None else self.fields.int_list(key, length=length, minimum=1)
+
+    def names(self, *keys: str) -> tuple[str, ...]:
+        """Every entry of every list named by ``keys`` (exclusion lists; one string is a
+        list of one)."""
         entries: list[str] = []
         for key in keys:
-            value = cfg.get(key)
-            if value is None:
-                continue
+            value = self.get(key)
             if isinstance(value, str):
-                value = [value]
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-                raise self.fail(f"{key} must be a list of module names, not {short(value)}")
-            entries += value
+                entries.append(value)
+            elif value is not None:
+                entries += self.fields.str_list(key, of="module names")
         return tuple(dict.fromkeys(entries))

@@ -242,6 +242,7 @@ def test_a_profile_with_kernel_rates_reads_back_and_supplies_the_models_format(t
 
 
 @pytest.mark.parametrize("field,value", [("cpu_kernel_gbps", {"bf16": -1}), ("cpu_kernel_gbps", [1]),
+                                         ("cpu_kernel_gbps", {"bf16": 0}), ("cpu_kernel_gbps", {"bf16": 1e7}),
                                          ("cpu_kernel_gbps", {"": 3.0}), ("cpu_threads", 0),
                                          ("handoff_s", 5.0), ("host_read_gbps", "fast")])
 def test_a_profile_with_a_bad_host_compute_field_is_one_line(tmp_path, field, value):
