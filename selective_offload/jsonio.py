@@ -250,10 +250,11 @@ class FieldReader:
                 # mutation: plan-int-unbounded
                 or abs(number) > top):
             what = f"a whole number of {unit}" if unit else "an integer"
+            too_large = isinstance(number, int) and not isinstance(number, bool) and abs(number) > top
             if maximum is not None and minimum is not None:
                 what += f" from {minimum} to {top}"
-            else:
-                what += (f" >= {minimum}" if minimum is not None else "") + f" and at most {top}"
+            else:  # the reader's own bound is named only to the value that passed it
+                what += (f" >= {minimum}" if minimum is not None else "") + (f" and at most {top}" if too_large else "")
             what += (f" (or {', '.join(map(repr, allow))})" if allow else "") + (", or null" if nullable else "")
             self.bad(key, value, what)
         return number
