@@ -30,6 +30,7 @@ SUFFIXES = (".py", ".sh", ".c")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'output-dir-no-trial': ('            with open(trial, "wb") as f:', '            with open("/dev/null", "wb") as f:', ['tests/contract/test_hostile_outputs.py::test_a_demo_folder_that_cannot_be_written_is_one_line_before_vllm_starts']),
  'batch-unbounded': ('        if not 1 <= self.batch <= MAX_BATCH:', '        if not 1 <= self.batch:', ['tests/unit/test_api_plan.py::test_a_workload_out_of_bounds_names_the_option_as_the_caller_wrote_it']),
  'cold-segments-unbounded': ('        if len(self.cold_segments) > MAX_COLD_SEGMENTS:', '        if False:', ['tests/unit/test_api_plan.py::test_a_workload_out_of_bounds_names_the_option_as_the_caller_wrote_it']),
  'input-error-unnamed': ('        raise UserError(f"{spell(option)}: {exc}") from None', '        raise', ['tests/unit/test_api_plan.py::test_a_workload_out_of_bounds_names_the_option_as_the_caller_wrote_it']),

@@ -34,7 +34,7 @@ from .probe import (
     plan_defaults,
     run_probe,
 )
-from .outputs import check_output_file, write_files
+from .outputs import check_output_dir, check_output_file, write_files
 from .picture import add_picture_arguments, check_picture_arguments, drawn_pictures, picture_outputs
 from .planner import make_plan
 from .render import Shown, render_plan
@@ -190,6 +190,8 @@ def cmd_manifest(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.workdir is not None:
+        check_output_dir(args.workdir, "--workdir")  # before vLLM is imported: a bad folder costs nothing
     from .vllm_glue import demo  # imports vLLM: only for this command
 
     return demo.main(args.workdir, compare=not args.no_compare)

@@ -53,6 +53,27 @@ def check_output_file(path: str | os.PathLike, flag: str) -> Path:
     return target
 
 
+def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
+    """Make the folder ``path`` (given with ``flag``) and try a file in it, before any work:
+    a file, a device or an unwritable place is one line saying what to name instead."""
+    target, named = Path(path), cut(str(path), SHOWN_NAME)
+    try:
+        if target.exists() and not target.is_dir():
+            raise UserError(f"{flag} {named}: is not a folder; name a folder (it is made if missing)")
+        target.mkdir(parents=True, exist_ok=True)
+        trial = temporary_name(target / "trial")
+        try:
+            # mutation: output-dir-no-trial
+            with open(trial, "wb") as f:
+                f.write(b"\n")
+        finally:
+            trial.unlink(missing_ok=True)
+    except OSError as exc:  # /proc, a read-only mount, a name too long
+        raise UserError(f"{flag} {named}: cannot be written ({exc.strerror or exc}); name a folder on a "
+                        "writable file system") from None
+    return target
+
+
 def write_files(outputs: Sequence[tuple[str, str | os.PathLike, bytes]]) -> None:
     """Write each ``(flag, path, data)``: all to temporary files beside their targets first,
     then renamed over them; a failure (a full disk) is one line, and no target is touched

@@ -147,3 +147,21 @@ def test_a_picture_in_a_read_only_directory_is_refused_before_any_work(capsys, t
     assert_one_line_refusal(code, out, err, "p.png: cannot be written (Permission denied)")
     assert planned == []
     assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize("workdir,says", [
+    ("{file}", "is not a folder; name a folder"),
+    ("/dev/null", "is not a folder; name a folder"),
+    ("/proc/selective-offload-demo", "cannot be written"),
+    pytest.param("/sys/kernel", "cannot be written",  # a folder that exists, where not even root may add a file
+                 marks=pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="/sys/kernel is Linux's")),
+])
+def test_a_demo_folder_that_cannot_be_written_is_one_line_before_vllm_starts(capsys, tmp_path, workdir, says):
+    """The demo's folder is tried before vLLM is imported or a model is built; a file of the
+    user's named as the folder is left as it was."""
+    theirs = tmp_path / "notes.txt"
+    theirs.write_text("mine")
+    code = main(["demo", "--workdir", workdir.format(file=theirs)])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert theirs.read_text() == "mine"
