@@ -173,3 +173,19 @@ def test_the_python_shown_calls_what_the_package_exports_with_options_it_takes(p
         assert call.func.attr in selective_offload.__all__, f"{page.name}: selective_offload.{call.func.attr}"
         if call.func.attr == "plan":
             options_from_keywords({k.arg: ast.literal_eval(k.value) for k in call.keywords})
+
+
+def test_the_readme_runs_its_bundled_plan_and_quotes_what_it_prints(capsys):
+    """The README's `plan` of the bundled reference runs as shown, and the output it quotes
+    (the verdict line and the `next:` lines) is what that command prints today."""
+    runnable = [shlex.split(c) for c in readme_commands()
+                if c.startswith("selective-offload plan qwen3.8-27b-fp8") and " -o " not in c]
+    assert runnable, "the README shows no plan of the bundled reference that runs here"
+    for words in runnable:
+        assert cli.main(words[1:]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    quoted = re.search(r"```\n(qwen3\.8-27b-fp8 on a .*?)```", README.read_text(), flags=re.DOTALL)
+    assert quoted, "the README quotes no plan output"
+    shown = [line for line in quoted.group(1).splitlines() if line != "..."]
+    assert shown[0] == printed[0]
+    assert all(line in printed for line in shown), [line for line in shown if line not in printed]
