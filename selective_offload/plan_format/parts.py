@@ -18,6 +18,9 @@ from typing import Mapping
 
 from ..estimate import (
     DEFAULT_ACCEPT_RATE,
+    DEFAULT_DECODE_READ_FACTOR,
+    DEFAULT_UVA_READ_FACTOR,
+    REFERENCE_CPU_GBPS,
     ExpertsRead,
     host_compute_crossover,
     KvModel,
@@ -49,7 +52,7 @@ EST_MODEL = "bytes-over-bandwidth-v1"
 EST_IGNORES: tuple[str, ...] = (
     "compute beyond a matmul's best rate: with --compute-tflops (or a probe of the GPU) a layer costs "
     "at least its FLOPs (2 per parameter per token, counted from stored bytes) at that rate; kernels "
-    "that reach less at decode shapes (NVFP4 ran 4.7x slower than its bytes on the reference laptop) "
+    "that reach less at decode shapes (NVFP4 on the reference laptop: docs/design/reference-measurements.md) "
     "run slower than estimated, and without a rate compute is not priced at all",
     "attention compute, activations and sampling; KV reads are priced only with --max-model-len "
     "or --context, and spread evenly over the layers",
@@ -58,18 +61,19 @@ EST_IGNORES: tuple[str, ...] = (
     "prefetch overlap: one slot ahead, copies and compute assumed not to slow each other (they "
     "share memory bandwidth); copies are priced at the pinned copy rate, which no published "
     "measurement of vLLM's prefetch offloader has checked",
-    "UVA reads in kernels at one rate whatever the buffer size (0.86 of the copy rate unless probed; "
+    f"UVA reads in kernels at one rate whatever the buffer size ({DEFAULT_UVA_READ_FACTOR} of the copy rate "
+    "unless probed; "
     "in-kernel host reads fall as buffers grow past GBs)",
-    "VRAM read by decode kernels at one fraction of a datasheet or saturating-read rate (0.72 unless "
-    "the probe measured decode reads or --decode-read-gbps gives them; published vLLM decode runs reach "
-    "0.60-0.78 of a datasheet rate)",
+    f"VRAM read by decode kernels at one fraction of a datasheet or saturating-read rate "
+    f"({DEFAULT_DECODE_READ_FACTOR} unless the probe measured decode reads or --decode-read-gbps gives them; "
+    "published vLLM decode runs: docs/design/step-model.md)",
     "speculative decoding: one acceptance rate for every draft position (measured accepted lengths fall "
-    "1-11% below it at 2-4 drafts), and the drafts' KV",
+    "below it as drafts deepen: docs/design/step-model.md), and the drafts' KV",
     "routed experts (MoE): uniform routing assumed, a step of T tokens reading 1 - (1 - k/E)^T of a "
     "layer's expert bytes; real routers favour some experts, so at T > 1 fewer distinct experts are "
     "read than estimated",
     "host-compute: the CPU kernel reads the experts a step uses at one rate (probed, --cpu-gbps, or the "
-    "reference host's 55 GB/s assumed) whatever the layer, and computes at least their FLOPs at one CPU "
+    f"reference host's {REFERENCE_CPU_GBPS:g} GB/s assumed) whatever the layer, and computes at least their FLOPs at one CPU "
     "matmul rate; the CPU's and the GPU's work of a layer are sequential (no overlap); ranks sharing the "
     "host split its memory bandwidth evenly; the per-layer hand-off is one fixed time",
 )

@@ -5,8 +5,7 @@ Shared by both wrappers (:mod:`.host_embedding`, :mod:`.on_demand`); neither dec
 
 Why pin. A copy from pageable memory is staged by the driver through its own pinned
 bounce buffer, is slower, and blocks the host; pinned memory is read by DMA at link rate
-(13.9 GB/s measured on the reference card, PCIe 4.0 x8) and asynchronously, so the copy
-can overlap compute. Pinning exists only with CUDA: on a CPU-only machine host memory is
+and asynchronously, so the copy can overlap compute. Pinning exists only with CUDA: on a CPU-only machine host memory is
 plain memory and the same code runs unpinned (``pin=None`` means "pin where CUDA exists").
 
 Why ``param.data = host`` rather than a new Parameter. vLLM's ``weight_loader`` and
