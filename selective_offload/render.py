@@ -21,6 +21,8 @@ Used by ``selective-offload plan`` and by the demo; it only formats, it decides 
 
 from __future__ import annotations
 
+import textwrap
+
 from dataclasses import dataclass, field
 
 from .estimate import DEFAULT_DECODE_READ_FACTOR
@@ -450,8 +452,11 @@ def summary(plan: Plan, checkpoint: Checkpoint | None = None, shown: Shown | Non
 def explanation() -> list[str]:
     """What the estimate leaves out (``--explain``): the prose lives here, in code, and the
     plan file names only the estimate model."""
-    return [f"the estimate ({EST_MODEL}) prices a step as bytes over bandwidth; it leaves out:",
-            *(f"  - {item}" for item in EST_IGNORES)]
+    lines = [f"the estimate ({EST_MODEL}) prices a step as bytes over bandwidth;", "it leaves out:"]
+    for item in EST_IGNORES:
+        lines += textwrap.wrap(item, WIDTH, initial_indent="  - ", subsequent_indent="    ",
+                               break_on_hyphens=False)
+    return lines
 
 
 def render_plan(plan: Plan, checkpoint: Checkpoint | None = None, *, verbose: bool = False, explain: bool = False,
