@@ -1,6 +1,6 @@
 """One reading of ``plan``'s options, for the command and for :func:`selective_offload.plan`.
 
-Both take the same options with the same defaults (``cli.build_parser`` holds them) and the
+Both take the same options with the same defaults (:func:`add_plan_arguments` holds them) and the
 same checks, so a value the command refuses is refused from Python in the same words, with
 the option spelled as the caller wrote it (``--kv-cache`` or ``kv_cache=``).
 """
@@ -242,30 +242,7 @@ def inputs_from_args(args: argparse.Namespace, profile=None, spell: Callable[[st
     if backend not in ("auto", "triton", "marlin"):
         raise UserError(f"{spell('moe-backend')}: {args.moe_backend!r} is not a backend the plan knows the kernel of; use "
                         "auto (vLLM's choice), triton or marlin")
-    try:
-        inputs = _plan_inputs(args, spell, bulk, speculative, spec_tokens, measured, link, vram, uva, decode, compute,
-                              cpu, cpu_tflops, threads, card, backend)
-        inputs.validate()
-    except InputError as exc:
-        option = FIELD_OPTIONS.get(exc.field)
-        if option is None:
-            raise
-        # mutation: input-error-unnamed
-        raise UserError(f"{spell(option)}: {exc}") from None
-    if inputs.device_memory_bytes == 0:
-        raise UserError(f"{spell('device-memory')}: must be more than 0, like 24GiB")
-    return inputs
-
-
-#: The PlanInputs fields an option sets under another name (an error names the option).
-FIELD_OPTIONS = {"batch": "batch", "spec_tokens": "speculative", "accept_rate": "accept-rate",
-                 "max_model_len": "max-model-len", "max_seqs": "max-seqs", "context_tokens": "context",
-                 "prefetch_step": "prefetch-step", "cold_segments": "cold-segments"}
-
-
-def _plan_inputs(args, spell, bulk, speculative, spec_tokens, measured, link, vram, uva, decode, compute, cpu,
-                 cpu_tflops, threads, card, backend) -> PlanInputs:
-    return PlanInputs(
+    inputs = PlanInputs(
         device_memory_bytes=(parse_size(args.device_memory, spell('device-memory')) if args.device_memory is not None
                              else measured["device_memory_bytes"]),
         kv_cache_bytes=parse_size(args.kv_cache, spell('kv-cache')),
@@ -294,6 +271,30 @@ def _plan_inputs(args, spell, bulk, speculative, spec_tokens, measured, link, vr
         cpu_tflops=cpu_tflops, handoff_s=measured["handoff_s"], ranks=args.ranks,
         host_compute=not args.no_host_compute,
     )
+    validated(inputs, spell)
+    if inputs.device_memory_bytes == 0:
+        raise UserError(f"{spell('device-memory')}: must be more than 0, like 24GiB")
+    return inputs
+
+
+#: The PlanInputs fields an option sets under another name (an error names the option).
+FIELD_OPTIONS = {"batch": "batch", "spec_tokens": "speculative", "accept_rate": "accept-rate",
+                 "max_model_len": "max-model-len", "max_seqs": "max-seqs", "context_tokens": "context",
+                 "prefetch_step": "prefetch-step", "cold_segments": "cold-segments"}
+
+
+def validated(inputs: PlanInputs, spell: Callable[[str], str]) -> PlanInputs:
+    """``inputs`` checked by their own rules (:meth:`PlanInputs.validate`, the one place the
+    bounds live), an error naming the option that set the field as ``spell`` writes it."""
+    try:
+        inputs.validate()
+    except InputError as exc:
+        option = FIELD_OPTIONS.get(exc.field)
+        if option is None:
+            raise
+        # mutation: input-error-unnamed
+        raise UserError(f"{spell(option)}: {exc}") from None
+    return inputs
 
 
 def _positive(text: str, flag: str, unit: str, like: str) -> float:
