@@ -109,6 +109,10 @@ def reference_plans(workdir: Path) -> list[dict]:
                     "moe_layers": len(experts), "rows": rows,
                     "crossover_tokens": record.crossover_tokens if record else None,
                     "cpu_format": record.format if record else None,
+                    # why nothing is computed on the host, when nothing is: the plan's own note
+                    "no_host_compute": None if record else next(
+                        (n.split("(", 1)[0].strip().removeprefix("host-compute: ") for n in plan.notes
+                         if n.startswith("host-compute: the ")), None),
                     "llama_cpp": [{"tok_s": a.tok_s, "card_gb": a.card_gb, "setup": a.setup, "source": a.source,
                                    "same_card": a.card_gb == gib} for a in anchors]})
     return out
@@ -137,7 +141,8 @@ def markdown(plans: list[dict]) -> str:
     lines += ["", "| model, card | host-compute format | crossover (tokens per step) | est CPU / step | "
                   "llama.cpp published, same card size (tok/s) |", "|---|---|---|---|---|"]
     for p in plans:
-        lines.append(f"| {p['model']}, {p['device_memory_gib']} GiB | {p['cpu_format']} | {p['crossover_tokens']} | "
+        fmt = p["cpu_format"] or f"none: {p.get('no_host_compute') or 'the plan computes nothing on the host'}"
+        lines.append(f"| {p['model']}, {p['device_memory_gib']} GiB | {fmt} | {p['crossover_tokens'] or '-'} | "
                      f"{p['rows'][-1]['est_cpu_ms']:.1f} ms | {_anchor_cell(p)} |")
     return "\n".join(lines) + "\n"
 

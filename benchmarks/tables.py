@@ -87,12 +87,15 @@ def _host_memory(d: dict) -> tuple[str, str]:
 
 
 def _cpu_kernels(d: dict) -> tuple[str, str]:
-    one = [r for r in d["rows"] if r["threads"] == 1 and r["status"] == "measured"]
-    ratios = ", ".join(f"{r['format']} {r['ratio']:.2f}" for r in one)
-    return ("host-compute CPU kernels, batch 1, one thread: weights read per second / this machine's read "
+    measured = [r for r in d["rows"] if r["status"] == "measured"]
+    per_threads = "; ".join(
+        f"{t} thread{'s' if t > 1 else ''}: " + ", ".join(f"{r['format']} {r['ratio']:.2f}" for r in measured
+                                                       if r["threads"] == t)
+        for t in sorted({r["threads"] for r in measured}))
+    claimed = ", ".join(f for f, ok in d["claims"].items() if ok) or "none"
+    return (f"host-compute CPU kernels on {d['machine']}, batch 1: weights read per second / this machine's read "
             "bandwidth measured beside them",
-            f"{ratios} (claimed at {d['claim_bar']} or more: "
-            f"{', '.join(f for f, ok in d['claims'].items() if ok)})")
+            f"{per_threads} (claimed at {d['claim_bar']} or more at every thread count: {claimed})")
 
 
 #: The CPU table's rows: the newest file matching each pattern, read by its function.
@@ -103,6 +106,7 @@ CPU_ROWS: tuple[tuple[str, Callable[[dict], tuple[str, str]]], ...] = (
     ("gather-cpu-amd-epyc-*.json", _gather_one_token),
     ("host-memory-cpu-amd-epyc-*.json", _host_memory),
     ("cpu-kernels-cpu-amd-epyc-*.json", _cpu_kernels),
+    ("cpu-kernels-cpu-intel-xeon-*.json", _cpu_kernels),
 )
 
 

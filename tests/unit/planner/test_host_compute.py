@@ -291,8 +291,11 @@ def test_a_tie_is_not_a_win_for_the_cpu():
 
 
 def test_plan_takes_cpu_gbps_as_a_flag_and_shows_llama_cpps_figure_for_the_card(capsys, tmp_path, monkeypatch):
+    """With the MXFP4 kernel claimed (the claim itself is the benchmark's: test_claimed.py)."""
     from selective_offload.cli import main
+    from selective_offload.cpu_kernels import claimed
 
+    monkeypatch.setitem(claimed.CLAIMED, "mxfp4", True)
     monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(tmp_path / "none.json"))
     config = REPO / "benchmarks" / "published_models" / "gpt-oss-120b" / "config.json"
     args = [str(config), "--device-memory", "24GiB", "--host-memory", "none"]
