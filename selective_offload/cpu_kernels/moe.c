@@ -119,9 +119,11 @@ static inline float load_bias(const void *p, int64_t dtype, int64_t i) {
 #define NT 4
 /* Software prefetch this many bytes ahead of the weights being read: the rows a thread
  * walks follow each other in memory, and the hardware prefetcher alone leaves the loads
- * waiting on memory. */
+ * waiting on memory. A few rows ahead (rows are 1-6 KB in the layers benchmarked), not
+ * one: with two threads sharing the memory system the nearer distance left both waiting
+ * (benchmarks/bench_cpu_kernels.py measures it). */
 #ifndef SO_PREFETCH
-#define SO_PREFETCH 1024
+#define SO_PREFETCH 4096
 #endif
 #define PF(p) _mm_prefetch((const char *)(p) + SO_PREFETCH, _MM_HINT_T0)
 
