@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "== plan: bundled Qwen3.8-27B-FP8 (shape-alike manifest) on a 24 GiB card"
-.venv/bin/selective-offload plan qwen3.8-27b-fp8 --device-memory 24GiB --bulk-gb 10
+.venv/bin/selective-offload plan qwen3.8-27b-fp8 --device-memory 24GiB --cpu-offload-gb 10
 echo
 echo "== a tiny model through vLLM on this machine, with a plan applied"
 .venv/bin/selective-offload demo --workdir .demo
