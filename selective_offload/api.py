@@ -79,8 +79,7 @@ def plan(model: "str | os.PathLike", device_memory: "str | int | None" = None, *
 
     args = options_from_keywords({"device_memory": device_memory, **options})
     # mutation: python-plan-spelled-as-flags
-    made, _, _, _ = plan_model(str(model), args, load_profile(), keyword)
-    return made
+    return plan_model(str(model), args, load_profile(), keyword).plan
 
 
 def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | None = None,

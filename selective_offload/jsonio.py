@@ -270,7 +270,7 @@ class FieldReader:
         top = self.max_number if maximum is None else maximum
         low = (0 if minimum is None else minimum)
         ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and finite_number(value, top)
-              and (value > low if positive else value >= low) and value <= top)
+              and (value > low if positive else value >= low))
         if not ok:
             what = f"a number of {unit}" if unit else "a finite number"
             if minimum is not None and maximum is not None and not positive:

@@ -24,6 +24,17 @@ from .options import temporary_name
 SHOWN_NAME = 200
 
 
+def _write_trial(trial: Path) -> None:
+    """Write a byte to ``trial`` and remove it: what the file system says when an output is
+    written for real (OSError), said before any work."""
+    try:
+        # mutation: output-path-no-trial, output-dir-no-trial
+        with open(trial, "wb") as f:
+            f.write(b"\n")
+    finally:
+        trial.unlink(missing_ok=True)
+
+
 def check_output_file(path: str | os.PathLike, flag: str) -> Path:
     """Refuse, before any work, an output ``path`` (given with ``flag``) that cannot be
     written: one line saying why and what to name instead."""
@@ -40,13 +51,7 @@ def check_output_file(path: str | os.PathLike, flag: str) -> Path:
             raise UserError(f"{flag} {named}: the directory {cut(str(parent), SHOWN_NAME)} does not exist; "
                             "create it or "
                             "name another file")
-        trial = temporary_name(target)
-        try:
-            # mutation: output-path-no-trial
-            with open(trial, "wb") as f:
-                f.write(b"\n")
-        finally:
-            trial.unlink(missing_ok=True)
+        _write_trial(temporary_name(target))
     except OSError as exc:  # /proc, a read-only mount, a name too long, a loop of links
         raise UserError(f"{flag} {named}: cannot be written ({exc.strerror or exc}); name a file in a "
                         "writable directory on a normal file system") from None
@@ -61,13 +66,7 @@ def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
         if target.exists() and not target.is_dir():
             raise UserError(f"{flag} {named}: is not a folder; name a folder (it is made if missing)")
         target.mkdir(parents=True, exist_ok=True)
-        trial = temporary_name(target / "trial")
-        try:
-            # mutation: output-dir-no-trial
-            with open(trial, "wb") as f:
-                f.write(b"\n")
-        finally:
-            trial.unlink(missing_ok=True)
+        _write_trial(temporary_name(target / "trial"))
     except OSError as exc:  # /proc, a read-only mount, a name too long
         raise UserError(f"{flag} {named}: cannot be written ({exc.strerror or exc}); name a folder on a "
                         "writable file system") from None

@@ -13,9 +13,9 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
-from .checkpoint import load_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint
 from .errors import UserError
 from .estimate import (
     ASSUMED_CPU_TFLOPS,
@@ -26,7 +26,7 @@ from .estimate import (
     REFERENCE_CPU_GBPS,
 )
 from .names import DEFAULT_COLD_SEGMENTS
-from .plan_format import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, PlanInputs
+from .plan_format import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, Plan, PlanInputs
 from .plan_format.inputs import MAX_CPU_THREADS, MAX_RANKS, InputError, moe_setting, parse_card
 from .planner import make_plan
 from .planner.host_compute import model_cpu_format
@@ -157,7 +157,6 @@ def _parse_cold(text: str, spell) -> tuple[str, ...]:
     return segs
 
 
-
 def machine_ram_bytes() -> int | None:
     """This machine's physical memory, where the platform says."""
     try:
@@ -183,7 +182,8 @@ def _parse_speculative(text: str | None, spell) -> tuple[str | None, int | None]
         return None, None
     method, _, k = text.strip().partition(":")
     if method != "mtp" or (k and not k.isdigit()):
-        raise UserError(f"{spell('speculative')}: {text!r} is not understood; write mtp or mtp:K (K draft tokens, like mtp:2)")
+        raise UserError(f"{spell('speculative')}: {text!r} is not understood; write mtp or mtp:K "
+                        "(K draft tokens, like mtp:2)")
     return "mtp", int(k) if k else None
 
 
@@ -213,15 +213,8 @@ def inputs_from_args(args: argparse.Namespace, profile=None, spell: Callable[[st
     decode = (parse_bandwidth_gbps(args.decode_read_gbps, spell('decode-read-gbps')) if args.decode_read_gbps is not None
               # mutation: probe-decode-with-another-vram
               else measured["decode_read_gbps"] if args.vram_gbps is None else None)  # and its decode rate with its VRAM
-    compute = None
-    if args.compute_tflops is not None:
-        try:
-            compute = float(args.compute_tflops)
-        except ValueError:
-            compute = float("nan")
-        if not (compute > 0 and compute != float("inf")):
-            raise UserError(f"{spell('compute-tflops')}: {args.compute_tflops!r} must be a positive number of TFLOP/s, "
-                            "like 200")
+    compute = (_positive(args.compute_tflops, spell('compute-tflops'), "TFLOP/s", "200")
+               if args.compute_tflops is not None else None)
     cpu_tflops = _positive(args.cpu_tflops, spell('cpu-tflops'), "TFLOP/s", "0.5") if args.cpu_tflops is not None else None
     cpu = (parse_bandwidth_gbps(args.cpu_gbps, spell('cpu-gbps')) if args.cpu_gbps is not None else None)
     threads = args.cpu_threads if args.cpu_threads is not None else measured["cpu_threads"]
@@ -300,7 +293,7 @@ def validated(inputs: PlanInputs, spell: Callable[[str], str]) -> PlanInputs:
 def _positive(text: str, flag: str, unit: str, like: str) -> float:
     try:
         value = float(text)
-    except ValueError:
+    except (TypeError, ValueError):  # a keyword of plan() may hold any object
         value = float("nan")
     if not (value > 0 and value != float("inf")):
         raise UserError(f"{flag}: {text!r} must be a positive number of {unit}, like {like}")
@@ -369,10 +362,19 @@ def _inputs_provenance(args: argparse.Namespace, profile) -> str | None:
     return reference_note(link=args.link_gbps is None, vram=args.vram_gbps is None)
 
 
-def plan_model(model: str, args: argparse.Namespace, profile, spell: Callable[[str], str] = cli_flag):
+class Planned(NamedTuple):
+    """What :func:`plan_model` made: the plan, the checkpoint, the inputs it was planned for
+    (before the planner chose what they leave open) and the seconds the read took."""
+
+    plan: Plan
+    checkpoint: Checkpoint
+    inputs: PlanInputs
+    read_s: float
+
+
+def plan_model(model: str, args: argparse.Namespace, profile, spell: Callable[[str], str] = cli_flag) -> Planned:
     """Read ``model`` and plan it for the options in ``args``: the work of ``plan`` and of
-    :func:`selective_offload.plan`. Returns the plan, the checkpoint, the inputs it was planned
-    for (before the planner chose what they leave open) and the seconds the read took."""
+    :func:`selective_offload.plan`."""
     inputs = inputs_from_args(args, profile, spell)
     started = time.perf_counter()
     checkpoint = read_model(model)
@@ -383,4 +385,4 @@ def plan_model(model: str, args: argparse.Namespace, profile, spell: Callable[[s
     # mutation: python-plan-provenance-dropped
     if provenance:
         plan = replace(plan, notes=plan.notes + (provenance,))
-    return plan, checkpoint, inputs, read_s
+    return Planned(plan, checkpoint, inputs, read_s)

@@ -22,7 +22,6 @@ Used by ``selective-offload plan`` and by the demo; it only formats, it decides 
 from __future__ import annotations
 
 import textwrap
-
 from dataclasses import dataclass, field
 
 from .estimate import DEFAULT_DECODE_READ_FACTOR

@@ -48,7 +48,6 @@ from ..names import WRAPPER_SEGMENTS
 from .host_resident import to_host_exact
 
 
-
 def select_layers(modules: Iterable[nn.Module], indices: Iterable[int], sink: list) -> Iterator[nn.Module]:
     """Yield the modules at ``indices`` while collecting every module into ``sink``."""
     wanted = set(indices)

@@ -62,6 +62,7 @@ def test_plan_keeps_the_commands_defaults_and_says_where_its_rates_came_from(tmp
     ({"no_host_compute": "yes"}, "no_host_compute=: 'yes' must be True or False"),
     ({"batch": "two"}, "batch=: 'two' is not a whole number"),
     ({"kv_cache_dtype": "int3"}, "kv_cache_dtype=: 'int3' is not one of"),
+    ({"compute_tflops": [1]}, "compute_tflops=: [1] must be a positive number of TFLOP/s"),
 ])
 def test_a_bad_option_is_one_line_naming_it_as_written_in_python(keywords, says):
     with pytest.raises(UserError) as info:
