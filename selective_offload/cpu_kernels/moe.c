@@ -388,35 +388,40 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
          * bf16 weights. A 128-bit lane of it covers one scale block of 32 elements. */
         const uint8_t *q = (const uint8_t *)row, *sc = (const uint8_t *)scale;
         const __m512i table = _mm512_loadu_si512((const void *)E2M1_BF16_W);
-        const __m512i f = _mm512_set1_epi16(0x0F);
-        const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        /* vpermw reads the low five bits of each index and the table holds its 16 codes
+         * twice, so a shifted word indexes by its low nibble with no mask. */
+        /* The chunk's four scale bytes, broadcast as one dword, rotated so that 128-bit lane i
+         * holds byte i in the exponent field: 2^(s-127) with no shuffle (s = 0 reads as 0). */
+        // mutation: mxfp4-scale-lanes
+        const __m512i turn = _mm512_set_epi32(31, 31, 31, 31, 7, 7, 7, 7, 15, 15, 15, 15, 23, 23, 23, 23);
+        const __m512i expo = _mm512_set1_epi32(0x7F800000);
         for (; k + 128 <= len; k += 128) {
             PF(q + k / 2);
             __m512i v = _mm512_loadu_si512((const void *)(q + k / 2));
             // mutation: mxfp4-nibble-order
-            __m512i n0 = _mm512_and_si512(v, f), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);
-            __m512i n2 = _mm512_and_si512(_mm512_srli_epi16(v, 8), f), n3 = _mm512_srli_epi16(v, 12);
+            __m512i n0 = v, n1 = _mm512_srli_epi16(v, 4);
+            __m512i n2 = _mm512_srli_epi16(v, 8), n3 = _mm512_srli_epi16(v, 12);
             __m512i w0 = _mm512_permutexvar_epi16(n0, table), w1 = _mm512_permutexvar_epi16(n1, table);
             __m512i w2 = _mm512_permutexvar_epi16(n2, table), w3 = _mm512_permutexvar_epi16(n3, table);
-            uint32_t four;
+            int32_t four;
             memcpy(&four, sc + k / 32, 4);
-            __m512i e = _mm512_permutexvar_epi32(spread, _mm512_cvtepu8_epi32(_mm_cvtsi32_si128((int)four)));
-            __m512 sv = _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));  /* 2^(s-127); s = 0 reads as 0 */
+            __m512 sv = _mm512_castsi512_ps(_mm512_and_si512(_mm512_rolv_epi32(_mm512_set1_epi32(four), turn), expo));
             for (int t = 0; t < n; t++) {
                 const uint16_t *x = X + t * ldx + k;
                 /* The four share the chunk's scales: summed unscaled, scaled once. Each chunk's
-                 * chain starts from zero, so chunks overlap in the out-of-order core. */
+                 * chain starts from zero, so chunks overlap in the out-of-order core; the scaled
+                 * sum goes to one fixed accumulator (one picked by k would live in memory). */
                 __m512 p = dp512(dp512(_mm512_setzero_ps(), w0, x), w1, x + 32);
                 p = dp512(dp512(p, w2, x + 64), w3, x + 96);
-                a[t][k / 128 % 4] = _mm512_fmadd_ps(p, sv, a[t][k / 128 % 4]);
+                a[t][0] = _mm512_fmadd_ps(p, sv, a[t][0]);
             }
         }
         if (len - k >= 64) {  /* one chunk of 64 in ymm halves (gpt-oss: 2880 = 22 * 128 + 64) */
-            __m256i v = _mm256_loadu_si256((const __m256i *)(q + k / 2)), f2 = _mm256_set1_epi16(0x0F);
-            __m256i tb = _mm512_castsi512_si256(table);
-            __m256i w0 = _mm256_permutexvar_epi16(_mm256_and_si256(v, f2), tb);
-            __m256i w1 = _mm256_permutexvar_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), f2), tb);
-            __m256i w2 = _mm256_permutexvar_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 8), f2), tb);
+            __m256i v = _mm256_loadu_si256((const __m256i *)(q + k / 2));
+            __m256i tb = _mm512_castsi512_si256(table);  /* ymm vpermw reads four index bits: 16 codes */
+            __m256i w0 = _mm256_permutexvar_epi16(v, tb);
+            __m256i w1 = _mm256_permutexvar_epi16(_mm256_srli_epi16(v, 4), tb);
+            __m256i w2 = _mm256_permutexvar_epi16(_mm256_srli_epi16(v, 8), tb);
             __m256i w3 = _mm256_permutexvar_epi16(_mm256_srli_epi16(v, 12), tb);
             __m256 sv = _mm256_set_m128(_mm_set1_ps(e8m0(sc[k / 32 + 1])), _mm_set1_ps(e8m0(sc[k / 32])));
             for (int t = 0; t < n; t++) {
@@ -464,7 +469,7 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
                 for (int t = 0; t < n; t++) {
                     const uint16_t *x = X + t * ldx + k;
                     __m512 p = dp512(dp512(_mm512_setzero_ps(), w0, x), w1, x + 32);
-                    a[t][k / 64 % 4] = _mm512_fmadd_ps(p, sv, a[t][k / 64 % 4]);
+                    a[t][0] = _mm512_fmadd_ps(p, sv, a[t][0]);
                 }
             }
         }
