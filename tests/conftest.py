@@ -55,10 +55,10 @@ def no_machine_profile(tmp_path_factory):
 @pytest.fixture(autouse=True, scope="session")
 def short_worker_shutdown_grace():
     """vLLM waits VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS for the worker processes of a
-    multiprocess engine (tensor parallel, a served model) to leave on their own before it
-    signals them; on the CPU build they stay the whole grace, at every engine's shutdown.
-    The tests check what an engine produced, not how its workers leave, so one second
-    will do (a value set by the person running the suite stands)."""
+    multiprocess executor (tensor parallel) to leave on their own before it signals them;
+    on the CPU build they stay the whole grace, at every engine's shutdown. The tests check
+    what an engine produced, not how its workers leave, so one second will do (a value set
+    by the person running the suite stands)."""
     mp = pytest.MonkeyPatch()
     if "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS" not in os.environ:
         mp.setenv("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")

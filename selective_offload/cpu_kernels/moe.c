@@ -388,8 +388,6 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
          * bf16 weights. A 128-bit lane of it covers one scale block of 32 elements. */
         const uint8_t *q = (const uint8_t *)row, *sc = (const uint8_t *)scale;
         const __m512i table = _mm512_loadu_si512((const void *)E2M1_BF16_W);
-        /* vpermw reads the low five bits of each index and the table holds its 16 codes
-         * twice, so a shifted word indexes by its low nibble with no mask. */
         /* The chunk's four scale bytes, broadcast as one dword, rotated so that 128-bit lane i
          * holds byte i in the exponent field: 2^(s-127) with no shuffle (s = 0 reads as 0). */
         // mutation: mxfp4-scale-lanes
@@ -398,6 +396,8 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
         for (; k + 128 <= len; k += 128) {
             PF(q + k / 2);
             __m512i v = _mm512_loadu_si512((const void *)(q + k / 2));
+            /* vpermw reads the low five bits of each index and the table holds its 16 codes
+             * twice, so a shifted word indexes by its low nibble with no mask. */
             // mutation: mxfp4-nibble-order
             __m512i n0 = v, n1 = _mm512_srli_epi16(v, 4);
             __m512i n2 = _mm512_srli_epi16(v, 8), n3 = _mm512_srli_epi16(v, 12);
