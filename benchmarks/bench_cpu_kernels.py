@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     simd = {0: "plain C", 256: "AVX2", 512: "AVX-512"}.get(lib.so_simd_level(), "?")
     if lib.so_bf16_activations():
         simd += " with AVX512-BF16 (tokens and activations in bf16, f32 sums)"
+    if lib.so_int8_mxfp4():
+        simd += ", MXFP4 with AVX512-VNNI (tokens and activations in int8 per block of 32, int32 sums)"
     result = dict(benchmark="cpu-kernels", date=today(), machine=machine(), smoke=args.smoke, iters=iters, repeats=repeats,
                   threads=threads, simd=simd, claim_bar=ck.CLAIM_BAR, rows=rows, claims=claims(rows),
                   load_before=load_before, load_after=load_after,

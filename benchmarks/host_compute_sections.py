@@ -34,6 +34,8 @@ class Ctx:
         #: The kernel's tolerance: float32's, or bf16's where the build holds the tokens and
         #: the activation in bf16 (AVX512-BF16, as vLLM's device kernels do).
         self.kernel_tol = TOL_F32
+        #: Whether the build multiplies MXFP4 weights with int8 vectors (AVX512-VNNI).
+        self.int8_mxfp4 = False
         self.checks: list[dict] = []
 
     def start_clock(self) -> None:
@@ -59,9 +61,10 @@ def build_kernel(ctx: Ctx) -> dict:
         lib = cpu_kernels.library()
         ctx.kernel = "built"
         bf16 = bool(lib.so_bf16_activations())
+        ctx.int8_mxfp4 = bool(lib.so_int8_mxfp4())
         ctx.kernel_tol = TOL_BF16 if bf16 else TOL_F32
         out = {"status": "built", "library": getattr(lib, "_name", None), "bf16_activations": bf16,
-               "tol": ctx.kernel_tol}
+               "int8_mxfp4": ctx.int8_mxfp4, "tol": ctx.kernel_tol}
     except cpu_kernels.KernelUnavailable as exc:
         ctx.kernel = "skipped: the CPU kernel cannot be built here: " + str(exc).splitlines()[0]
         out = {"status": ctx.kernel}
@@ -211,31 +214,35 @@ def measure_layer(ctx: Ctx, shape: Shape, weights, tokens: tuple[int, ...], *, v
         # the CPU dequantises in memory, too slow for every T at real shapes.
         checked = T in CHECKED_TOKENS
         ref = [cpu_kernels.reference.moe_reference(x, i, w, weights, act) for x, i, w in sets[:2]] if checked else []
+        # The host paths' oracle: the reference with the vectors rounded as the kernel rounds
+        # them (int8 for MXFP4 where the build multiplies in int8).
+        host_ref = [cpu_kernels.reference.moe_reference(x, i, w, weights, act, int8_vectors=True)
+                    for x, i, w in sets[:2]] if checked and ctx.int8_mxfp4 and shape.fmt == "mxfp4" else ref
         iters = ctx.iters
-        paths: list[tuple[str, object, float]] = []
+        paths: list[tuple[str, object, float, list]] = []
         if ctx.kernel_ok:
             outs = [torch.empty(T, shape.hidden, dtype=torch.float32) for _ in sets]
             jobs = [cpu_kernels.MoEJob(x, i, w, weights, act, out=o, threads=ctx.threads)
                     for (x, i, w), o in zip(sets, outs)]
-            paths.append(("kernel", lambda j: jobs[j].run(), ctx.kernel_tol))
-            paths.append(("host_eager", lambda j: host(*on[j]), TOL_BF16))
+            paths.append(("kernel", lambda j: jobs[j].run(), ctx.kernel_tol, host_ref))
+            paths.append(("host_eager", lambda j: host(*on[j]), TOL_BF16, host_ref))
         if copy is not None:
-            paths.append(("device_path", lambda j: copy(*on[j]), TOL_BF16))
+            paths.append(("device_path", lambda j: copy(*on[j]), TOL_BF16, ref))
         if uva is not None:
-            paths.append(("uva", lambda j: cpu_kernels.reference.moe_reference(*on[j], uva, act), TOL_F32))
+            paths.append(("uva", lambda j: cpu_kernels.reference.moe_reference(*on[j], uva, act), TOL_F32, ref))
         if dev is not None:
-            paths.append(("resident", lambda j: cpu_kernels.reference.moe_reference(*on[j], dev, act), TOL_F32))
+            paths.append(("resident", lambda j: cpu_kernels.reference.moe_reference(*on[j], dev, act), TOL_F32, ref))
         # The layers share LAYERS_SHARE of the budget, split evenly over their T and paths.
         budget = LAYERS_SHARE / ctx.layers / len(tokens) / max(1, len(paths) + (1 if ctx.cuda and ctx.kernel_ok else 0))
-        for name, run, tol in paths:
+        for name, run, tol, want in paths:
             try:
                 if checked:
-                    ctx.checks.append({"shape": shape.name, **check(name, T, run(0), ref[0], tol)})
+                    ctx.checks.append({"shape": shape.name, **check(name, T, run(0), want[0], tol)})
                 row[f"{name}_s"] = timed(run, n, iters, ctx.cuda and name != "kernel", ctx.deadline(budget))
             except Exception as exc:
                 row[f"{name}_error"] = _reason(exc)
         if ctx.cuda and ctx.kernel_ok:
-            _host_graph(ctx, shape, host, sets, on, ref, row, checked, ctx.deadline(budget))
+            _host_graph(ctx, shape, host, sets, on, host_ref, row, checked, ctx.deadline(budget))
         med = (row.get("kernel_s") or {}).get("median")
         if med:
             row["kernel_weights_gbps"] = row["expert_bytes_read"] / med / 1e9

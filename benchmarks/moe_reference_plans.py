@@ -60,12 +60,23 @@ def _qwen3_30b_a3b():
     return config, "Qwen3MoeForCausalLM", {}
 
 
-#: (label, config builder, device memory in GiB)
+#: (label, config builder, device memory in GiB, the project's target for the host-compute
+#: plan in tok/s, set beside llama.cpp's published figures: docs/usage/moe.md)
 CASES = (
-    ("gpt-oss-20b (MXFP4)", lambda: _gpt_oss(24, 32), 8),
-    ("gpt-oss-120b (MXFP4)", lambda: _gpt_oss(36, 128), 24),
-    ("Qwen3-30B-A3B (bf16)", _qwen3_30b_a3b, 24),
+    ("gpt-oss-20b (MXFP4)", lambda: _gpt_oss(24, 32), 8, 40.0),
+    ("gpt-oss-120b (MXFP4)", lambda: _gpt_oss(36, 128), 24, 30.0),
+    ("Qwen3-30B-A3B (bf16)", _qwen3_30b_a3b, 24, 18.0),
 )
+
+
+def rate_for(target_tok_s: float, est, layers: int, handoff_s: float, cpu_gbps: float) -> float | None:
+    """The host kernel rate (GB/s) at which the same placement reaches ``target_tok_s``
+    (est): the step's CPU bytes over the time the target leaves them once the device's part
+    and the hand-offs are paid; None when those alone exceed the target's step."""
+    handoffs = layers * handoff_s
+    cpu_bytes = (est.est_cpu_s_per_step - handoffs) * cpu_gbps * 1e9
+    left = 1.0 / target_tok_s - (est.est_step_s - est.est_cpu_s_per_step) - handoffs
+    return cpu_bytes / left / 1e9 if left > 0 and cpu_bytes > 0 else None
 
 
 def _est(est) -> dict:
@@ -78,7 +89,7 @@ def reference_plans(workdir: Path) -> list[dict]:
     host-compute and the host-compute plan as rows (host bytes, est link and step time, est
     tok/s; the host-compute plan last), its crossover, and the llama.cpp anchors of the model."""
     out = []
-    for label, build, gib in CASES:
+    for label, build, gib, target in CASES:
         config, arch, extra = build()
         data = {**config.to_dict(), "architectures": [arch], "torch_dtype": "bfloat16", **extra}
         path = workdir / f"{arch}-{gib}.json"
@@ -103,11 +114,13 @@ def reference_plans(workdir: Path) -> list[dict]:
                      "host_gb": round(plan.host_bytes / GB, 2), "fits": plan.strategy != "infeasible",
                      **_est(plan.est), "est_cpu_ms": round(plan.est.est_cpu_s_per_step * 1e3, 1)})
         record = plan.host_compute
+        need = rate_for(target, plan.est, len(computed), ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS) if computed else None
         anchors = anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts)
         out.append({"model": label, "device_memory_gib": gib, "total_gb": round(plan.model.total_bytes / GB, 2),
                     "num_experts": experts[0].num_experts, "experts_per_token": experts[0].experts_per_token,
                     "moe_layers": len(experts), "rows": rows,
                     "crossover_tokens": record.crossover_tokens if record else None,
+                    "target_tok_s": target, "est_cpu_gbps_for_target": round(need, 1) if need else None,
                     "cpu_format": record.format if record else None,
                     # why nothing is computed on the host, when nothing is: the plan's own note
                     "no_host_compute": None if record else next(
@@ -139,11 +152,14 @@ def markdown(plans: list[dict]) -> str:
             lines.append(f"| {where} | {r['config']} | {r['host_gb']:.2f} GB | {r['est_link_ms']:.1f} ms | "
                          f"{r['est_step_ms']:.1f} ms | {r['est_tok_s']:.2f}{'' if r['fits'] else ' (does not fit)'} |")
     lines += ["", "| model, card | host-compute format | crossover (tokens per step) | est CPU / step | "
-                  "llama.cpp published, same card size (tok/s) |", "|---|---|---|---|---|"]
+                  "target tok/s (est host kernel rate it needs) | llama.cpp published, same card size (tok/s) |",
+              "|---|---|---|---|---|---|"]
     for p in plans:
         fmt = p["cpu_format"] or f"none: {p.get('no_host_compute') or 'the plan computes nothing on the host'}"
+        need = p["est_cpu_gbps_for_target"]
         lines.append(f"| {p['model']}, {p['device_memory_gib']} GiB | {fmt} | {p['crossover_tokens'] or '-'} | "
-                     f"{p['rows'][-1]['est_cpu_ms']:.1f} ms | {_anchor_cell(p)} |")
+                     f"{p['rows'][-1]['est_cpu_ms']:.1f} ms | {p['target_tok_s']:g} "
+                     f"({f'{need:g} GB/s' if need else '-'}) | {_anchor_cell(p)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -156,6 +156,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.so_simd_level.argtypes = []
     lib.so_bf16_activations.restype = i64
     lib.so_bf16_activations.argtypes = []
+    lib.so_int8_mxfp4.restype = i64
+    lib.so_int8_mxfp4.argtypes = []
     lib.so_moe_workspace_bytes.restype = i64
     lib.so_moe_workspace_bytes.argtypes = [i64] * 5
     lib.so_moe_job_run.restype = None

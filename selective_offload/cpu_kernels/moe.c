@@ -32,6 +32,11 @@
 #define SO_AVX2 1
 #include <immintrin.h>
 #endif
+/* AVX512-BF16 and AVX512-VNNI (every CPU with the first has the second): bf16 and fp8
+ * weights are multiplied in bf16 (vdpbf16ps), MXFP4 weights in int8 (vpdpbusd). */
+#if defined(SO_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VNNI__)
+#define SO_BF16DOT 1
+#endif
 
 enum { SO_BF16 = 0, SO_MXFP4 = 1, SO_FP8_BLOCK = 2 };
 enum { SO_SILU = 0, SO_SWIGLUOAI = 1 };
@@ -64,7 +69,16 @@ int64_t so_moe_job_size(void) { return (int64_t)sizeof(so_moe_job); }
 
 /* 1 where the tokens and the activation are held in bf16 (the AVX512-BF16 path), else 0. */
 int64_t so_bf16_activations(void) {
-#if defined(SO_AVX512) && defined(__AVX512BF16__)
+#if defined(SO_BF16DOT)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* 1 where MXFP4 experts multiply int8 tokens and activations (the same path), else 0. */
+int64_t so_int8_mxfp4(void) {
+#if defined(SO_BF16DOT)
     return 1;
 #else
     return 0;
@@ -117,6 +131,9 @@ static inline float load_bias(const void *p, int64_t dtype, int64_t i) {
  * past its last whole block of 32 is natural order in every format. */
 
 #define NT 4
+/* Bytes per 128 elements of an int8 vector for the MXFP4 path (its layout is described there). */
+#define Q8_CHUNK 256
+static inline int64_t q8_bytes(int64_t len) { return (len + 127) / 128 * Q8_CHUNK; }
 /* Software prefetch this many bytes ahead of the weights being read: the rows a thread
  * walks follow each other in memory, and the hardware prefetcher alone leaves the loads
  * waiting on memory. A few rows ahead (rows are 1-6 KB in the layers benchmarked), not
@@ -289,16 +306,16 @@ SO_DOT_FMT(dot_fp8, SO_FP8_BLOCK)
 
 /* ---------------- the AVX512-BF16 path: tokens and activations as bf16, f32 sums ----------------
  *
- * Where the CPU has AVX512_BF16 the weights are decoded to bf16 (exact for bf16, e2m1 and
- * e4m3 values) and multiplied with vdpbf16ps, which sums 32 products into 16 f32 lanes in
- * one instruction: decoding to f32 first costs more instructions than reading the bytes
- * takes. The tokens (bf16 already, as vLLM passes them) and the activation between the two
- * projections are held in bf16, as vLLM's own kernels hold them on the device; the sums
- * are f32. The decoded words come out of the byte shuffles in a lane order of their own,
- * so X is stored in that order (perm16), and a row's tail past its last whole chunk in
- * natural order, summed in plain C. */
-#if defined(SO_AVX512) && defined(__AVX512BF16__)
-#define SO_BF16DOT 1
+ * Where the CPU has AVX512_BF16 (and VNNI) bf16 and fp8 weights are decoded to bf16 (exact
+ * for bf16 and e4m3 values) and multiplied with vdpbf16ps, which sums 32 products into 16
+ * f32 lanes in one instruction: decoding to f32 first costs more instructions than reading
+ * the bytes takes. The tokens (bf16 already, as vLLM passes them) and the activation
+ * between the two projections are held in bf16, as vLLM's own kernels hold them on the
+ * device; the sums are f32. The decoded words come out of the byte shuffles in a lane
+ * order of their own, so X is stored in that order (perm16), and a row's tail past its
+ * last whole chunk in natural order, summed in plain C. MXFP4 weights take the int8 path
+ * below. */
+#if defined(SO_BF16DOT)
 
 static inline uint16_t f32_to_bf16(float f) {
     uint32_t u;
@@ -309,18 +326,6 @@ static inline uint16_t f32_to_bf16(float f) {
 
 /* Where element k of a row of len elements sits in X. */
 static inline int64_t perm16(int fmt, int64_t k, int64_t len) {
-    if (fmt == SO_MXFP4) {
-        int64_t c128 = len / 128 * 128, B, L;
-        if (k < c128) {
-            B = k / 128 * 128, L = 4;
-        } else if (len - c128 >= 64 && k < c128 + 64) {
-            B = c128, L = 2;
-        } else {
-            return k;
-        }
-        int64_t e = k - B;
-        return B + (e % 4) * 8 * L + e / 4;  /* nibble e % 4 of word e / 4 */
-    }
     if (fmt == SO_FP8_BLOCK) {
         int64_t c64 = len / 64 * 64;
         if (k >= c64) return k;
@@ -334,14 +339,6 @@ static inline __m512 dp512(__m512 acc, __m512i a, const uint16_t *x) {
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)_mm512_loadu_si512((const void *)x));
 }
 
-static inline __m256 dp256(__m256 acc, __m256i a, const uint16_t *x) {
-    return _mm256_dpbf16_ps(acc, (__m256bh)a, (__m256bh)_mm256_loadu_si256((const __m256i *)x));
-}
-
-/* e2m1 codes as bf16 (twice: vpermw indexes 32 words). */
-static const uint16_t E2M1_BF16_W[32] = {
-    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0,
-    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
 /* e4m3 subnormals (exponent 0) as bf16, by mantissa: m * 2^-9. */
 static const uint8_t E4M3_SUB_HI[16] = {0x00, 0x3B, 0x3B, 0x3B, 0x3C, 0x3C, 0x3C, 0x3C};
 static const uint8_t E4M3_SUB_LO[16] = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x20, 0x40, 0x60};
@@ -381,56 +378,6 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
         for (; k + 32 <= len; k += 32) {
             __m512i w0 = _mm512_loadu_si512((const void *)(w + k));
             for (int t = 0; t < n; t++) a[t][0] = dp512(a[t][0], w0, X + t * ldx + k);
-        }
-    } else if (fmt == SO_MXFP4) {
-        /* Each 16-bit word of the row holds four e2m1 codes (elements 4j .. 4j+3); nibble
-         * k of every word, looked up in a table of bf16 values (vpermw), is one vector of
-         * bf16 weights. A 128-bit lane of it covers one scale block of 32 elements. */
-        const uint8_t *q = (const uint8_t *)row, *sc = (const uint8_t *)scale;
-        const __m512i table = _mm512_loadu_si512((const void *)E2M1_BF16_W);
-        /* The chunk's four scale bytes, broadcast as one dword, rotated so that 128-bit lane i
-         * holds byte i in the exponent field: 2^(s-127) with no shuffle (s = 0 reads as 0). */
-        // mutation: mxfp4-scale-lanes
-        const __m512i turn = _mm512_set_epi32(31, 31, 31, 31, 7, 7, 7, 7, 15, 15, 15, 15, 23, 23, 23, 23);
-        const __m512i expo = _mm512_set1_epi32(0x7F800000);
-        for (; k + 128 <= len; k += 128) {
-            PF(q + k / 2);
-            __m512i v = _mm512_loadu_si512((const void *)(q + k / 2));
-            /* vpermw reads the low five bits of each index and the table holds its 16 codes
-             * twice, so a shifted word indexes by its low nibble with no mask. */
-            // mutation: mxfp4-nibble-order
-            __m512i n0 = v, n1 = _mm512_srli_epi16(v, 4);
-            __m512i n2 = _mm512_srli_epi16(v, 8), n3 = _mm512_srli_epi16(v, 12);
-            __m512i w0 = _mm512_permutexvar_epi16(n0, table), w1 = _mm512_permutexvar_epi16(n1, table);
-            __m512i w2 = _mm512_permutexvar_epi16(n2, table), w3 = _mm512_permutexvar_epi16(n3, table);
-            int32_t four;
-            memcpy(&four, sc + k / 32, 4);
-            __m512 sv = _mm512_castsi512_ps(_mm512_and_si512(_mm512_rolv_epi32(_mm512_set1_epi32(four), turn), expo));
-            for (int t = 0; t < n; t++) {
-                const uint16_t *x = X + t * ldx + k;
-                /* The four share the chunk's scales: summed unscaled, scaled once. Each chunk's
-                 * chain starts from zero, so chunks overlap in the out-of-order core; the scaled
-                 * sum goes to one fixed accumulator (one picked by k would live in memory). */
-                __m512 p = dp512(dp512(_mm512_setzero_ps(), w0, x), w1, x + 32);
-                p = dp512(dp512(p, w2, x + 64), w3, x + 96);
-                a[t][0] = _mm512_fmadd_ps(p, sv, a[t][0]);
-            }
-        }
-        if (len - k >= 64) {  /* one chunk of 64 in ymm halves (gpt-oss: 2880 = 22 * 128 + 64) */
-            __m256i v = _mm256_loadu_si256((const __m256i *)(q + k / 2));
-            __m256i tb = _mm512_castsi512_si256(table);  /* ymm vpermw reads four index bits: 16 codes */
-            __m256i w0 = _mm256_permutexvar_epi16(v, tb);
-            __m256i w1 = _mm256_permutexvar_epi16(_mm256_srli_epi16(v, 4), tb);
-            __m256i w2 = _mm256_permutexvar_epi16(_mm256_srli_epi16(v, 8), tb);
-            __m256i w3 = _mm256_permutexvar_epi16(_mm256_srli_epi16(v, 12), tb);
-            __m256 sv = _mm256_set_m128(_mm_set1_ps(e8m0(sc[k / 32 + 1])), _mm_set1_ps(e8m0(sc[k / 32])));
-            for (int t = 0; t < n; t++) {
-                const uint16_t *x = X + t * ldx + k;
-                __m256 p = dp256(dp256(_mm256_setzero_ps(), w0, x), w1, x + 16);
-                p = dp256(dp256(p, w2, x + 32), w3, x + 48);
-                a[t][0] = _mm512_add_ps(a[t][0], _mm512_castps256_ps512(_mm256_mul_ps(p, sv)));
-            }
-            k += 64;
         }
     } else {
         const uint8_t *q = (const uint8_t *)row;
@@ -495,12 +442,107 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
         }                                                                                                     \
     }
 SO_DOT16_FMT(dot16_bf16, SO_BF16)
-SO_DOT16_FMT(dot16_mxfp4, SO_MXFP4)
 SO_DOT16_FMT(dot16_fp8, SO_FP8_BLOCK)
+
+/* ---------------- MXFP4 in int8 (vpdpbusd) ----------------
+ *
+ * An e2m1 code times two is an integer in [-12, 12], so an MXFP4 row dotted with int8
+ * vectors is exact integer arithmetic per block of 32, scaled once per block. The vector
+ * (a token, or the activation between the projections) is quantised per block of 32 as
+ * llama.cpp quantises it for the same weights (q8_0: the block's largest magnitude maps
+ * to 127, rounded to nearest). Per 64 weight bytes this is two table lookups (vpshufb) and
+ * two 64-byte multiply-adds: half the multiply instructions of decoding the codes to bf16
+ * for vdpbf16ps, and a byte lookup the core issues more often than vpermw's word lookup
+ * (benchmarks/bench_cpu_kernels.py measured the two ways side by side when this one
+ * replaced the other).
+ *
+ * The vector is laid out per chunk of 128 elements (four blocks; 128-bit lane i of a
+ * weight vector is block i) as Q8_CHUNK bytes: the blocks' even elements (the low
+ * nibbles), their odd elements (the high nibbles), then 16 int32 and 16 f32 lanes aligned
+ * with vpdpbusd's sums: -12 * the block's sum of codes in its first lane (vpdpbusd takes
+ * the weights unsigned, as code + 12) and the block's scale / 2 in all four. A row's last
+ * chunk may hold one to three blocks: the absent ones are zero throughout, and their
+ * weight bytes and scales are loaded masked, so they add nothing. */
+/* e2m1 code + 12 as an unsigned byte (the codes times two, offset to be unsigned). */
+static const uint8_t E2M1_U8[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+/* x: len (a multiple of 32) floats in natural order; q: q8_bytes(len) bytes. */
+static void q8_quantize(const float *x, int64_t len, int8_t *q) {
+    memset(q, 0, (size_t)q8_bytes(len));
+    for (int64_t b = 0; b < len / 32; b++) {
+        const float *v = x + 32 * b;
+        int8_t *c = q + b / 4 * Q8_CHUNK;
+        int l = (int)(b % 4);
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f, half = 0.5f * (amax / 127.0f);
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int qi = (int)nearbyintf(v[i] * inv);
+            qi = qi > 127 ? 127 : (qi < -127 ? -127 : qi);
+            c[(i & 1) * 64 + 16 * l + i / 2] = (int8_t)qi;
+            sum += qi;
+        }
+        // mutation: mxfp4-q8-offset
+        int32_t corr = -12 * sum;
+        memcpy(c + 128 + 16 * l, &corr, 4);
+        for (int m = 0; m < 4; m++) memcpy(c + 192 + 16 * l + 4 * m, &half, 4);
+    }
+}
+
+static inline __attribute__((always_inline)) void dotq_n(const uint8_t *w, const uint8_t *sc, int64_t len,
+                                                         const int8_t *Q, int64_t ldq, float *acc, const int n) {
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)E2M1_U8));
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    /* The chunk's four scale bytes, broadcast as one dword, rotated so that 128-bit lane i
+     * holds byte i in the exponent field: 2^(s-127) with no shuffle (s = 0 reads as 0). */
+    // mutation: mxfp4-scale-lanes
+    const __m512i turn = _mm512_set_epi32(31, 31, 31, 31, 7, 7, 7, 7, 15, 15, 15, 15, 23, 23, 23, 23);
+    const __m512i expo = _mm512_set1_epi32(0x7F800000);
+    __m512 a[NT];
+    for (int t = 0; t < n; t++) a[t] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < len; k += 128) {
+        __m512i v;
+        int32_t four;
+        if (k + 128 <= len) {
+            PF(w + k / 2);
+            v = _mm512_loadu_si512((const void *)(w + k / 2));
+            memcpy(&four, sc + k / 32, 4);
+        } else {  /* the row's last 32, 64 or 96 elements */
+            int64_t blocks = (len - k) / 32;
+            v = _mm512_maskz_loadu_epi8(((__mmask64)1 << (16 * blocks)) - 1, (const void *)(w + k / 2));
+            // mutation: mxfp4-scale-tail-unmasked
+            four = _mm_cvtsi128_si32(_mm_maskz_loadu_epi8((__mmask16)((1u << blocks) - 1), (const void *)(sc + k / 32)));
+        }
+        // mutation: mxfp4-nibble-order
+        __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, low4));
+        __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+        __m512 sv = _mm512_castsi512_ps(_mm512_and_si512(_mm512_rolv_epi32(_mm512_set1_epi32(four), turn), expo));
+        for (int t = 0; t < n; t++) {
+            const int8_t *x = Q + t * ldq + k / 128 * Q8_CHUNK;
+            __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(x + 128)), lo,
+                                            _mm512_loadu_si512((const void *)x));
+            d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512((const void *)(x + 64)));
+            a[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sv, _mm512_loadu_ps((const float *)(x + 192))), a[t]);
+        }
+    }
+    for (int t = 0; t < n; t++) acc[t] = _mm512_reduce_add_ps(a[t]);
+}
+
+static void dotq_mxfp4(const uint8_t *w, const uint8_t *sc, int64_t len, const int8_t *Q, int64_t ldq, int n,
+                       float *acc) {
+    switch (n) {
+        case 1: dotq_n(w, sc, len, Q, ldq, acc, 1); break;
+        case 2: dotq_n(w, sc, len, Q, ldq, acc, 2); break;
+        case 3: dotq_n(w, sc, len, Q, ldq, acc, 3); break;
+        default: dotq_n(w, sc, len, Q, ldq, acc, 4); break;
+    }
+}
 #endif
 
 /* Row r of matrix `which` (0: w13 [E, 2I, H], 1: w2 [E, H, I]) of expert e, dotted with n
- * vectors of X (f32, or bf16 on the AVX512-BF16 path). */
+ * vectors of X, ldx elements apart (f32; bf16 on the AVX512-BF16 path, int8 vectors of
+ * q8_bytes each there for MXFP4). */
 static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const void *X, int64_t ldx, int n,
                     float *acc) {
     int64_t R = which ? j->H : 2 * j->I, C = which ? j->I : j->H;
@@ -515,8 +557,13 @@ static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const 
     if (j->fmt == SO_BF16) {
         SO_DOT(bf16)((const uint16_t *)w + (e * R + r) * C, NULL, 0, C, (xptr)X, ldx, n, acc);
     } else if (j->fmt == SO_MXFP4) {
+#if defined(SO_BF16DOT)
+        dotq_mxfp4((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), C,
+                   (const int8_t *)X, ldx, n, acc);
+#else
         SO_DOT(mxfp4)((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), 0, C,
                       (xptr)X, ldx, n, acc);
+#endif
     } else {
         int64_t bn = j->block_n, bk = j->block_k, cols = (C + bk - 1) / bk;
         /* Block rows: w13 is [gate; up], each shard ceil(I / bn) block rows (vLLM's layout). */
@@ -563,7 +610,8 @@ static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
 int64_t so_moe_workspace_bytes(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I) {
     int64_t P = T * K;
-    return align64(T * H * 4) + align64(P * I * 4) + align64(P * 8) + align64(P * 4) + align64((E + 1) * 8) * 3;
+    return align64(T * H * 4) + align64(P * I * 4) + align64(P * 8) + align64(P * 4) + align64((E + 1) * 8) * 3 +
+           align64(T * q8_bytes(H)) + align64(P * q8_bytes(I));
 }
 
 #define JB 8   /* activation rows per up-projection work item */
@@ -593,6 +641,10 @@ void so_moe_job_run(void *arg) {
     int64_t *gexp = (int64_t *)ws;
     ws += align64((E + 1) * 8);
     int64_t *gstart = (int64_t *)ws;
+    ws += align64((E + 1) * 8);
+    int8_t *Qx = (int8_t *)ws;  /* the MXFP4 path's int8 tokens and activations */
+    ws += align64(T * q8_bytes(H));
+    int8_t *Qa = (int8_t *)ws;
 
     /* Group the host's picks by expert (counting sort: stable, tokens ascending). */
     memset(count, 0, (size_t)(E + 1) * 8);
@@ -620,7 +672,8 @@ void so_moe_job_run(void *arg) {
         ptok[slot] = p / K;
         pw[slot] = j->topk_weights[p];
     }
-    /* The tokens as f32, in the order the format's row walk reads them (perm32). */
+    /* The tokens in the order the format's row walk reads them (perm32, perm16), or
+     * quantised to int8 vectors (MXFP4 on the AVX512-BF16 path). */
 #if defined(SO_BF16DOT)
     typedef uint16_t xval;  /* X and the activation in bf16 */
 #define SO_STORE(v) f32_to_bf16(v)
@@ -630,17 +683,33 @@ void so_moe_job_run(void *arg) {
 #endif
     xval *X = (xval *)xf, *act = (xval *)actf;
     int fmt = (int)j->fmt;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t k = 0; k < H; k++) {
-            int64_t i = t * H + k;
-            xval v;
 #if defined(SO_BF16DOT)
-            v = j->x_dtype == SO_DT_F32 ? f32_to_bf16(((const float *)j->x)[i]) : ((const uint16_t *)j->x)[i];
+    const int q8 = fmt == SO_MXFP4;
 #else
-            v = j->x_dtype == SO_DT_F32 ? ((const float *)j->x)[i] : bf16_to_f32(((const uint16_t *)j->x)[i]);
+    const int q8 = 0;
 #endif
-            X[t * H + slot_of(fmt, k, H)] = v;
-        }
+    if (q8) {
+        for (int64_t i = 0; i < T * H; i++)
+            xf[i] = j->x_dtype == SO_DT_F32 ? ((const float *)j->x)[i] : bf16_to_f32(((const uint16_t *)j->x)[i]);
+        for (int64_t t = 0; t < T; t++) q8_quantize(xf + t * H, H, Qx + t * q8_bytes(H));
+    } else {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t k = 0; k < H; k++) {
+                int64_t i = t * H + k;
+                xval v;
+#if defined(SO_BF16DOT)
+                v = j->x_dtype == SO_DT_F32 ? f32_to_bf16(((const float *)j->x)[i]) : ((const uint16_t *)j->x)[i];
+#else
+                v = j->x_dtype == SO_DT_F32 ? ((const float *)j->x)[i] : bf16_to_f32(((const uint16_t *)j->x)[i]);
+#endif
+                X[t * H + slot_of(fmt, k, H)] = v;
+            }
+    }
+    /* Where the row walks read their vectors: base, bytes between vectors, and the stride
+     * dot_row takes (elements of the vector's type). */
+    const char *xbase = q8 ? (const char *)Qx : (const char *)X, *abase = q8 ? (const char *)Qa : (const char *)act;
+    const int64_t xstep = q8 ? q8_bytes(H) : H * (int64_t)sizeof(xval), xld = q8 ? q8_bytes(H) : H;
+    const int64_t astep = q8 ? q8_bytes(I) : I * (int64_t)sizeof(xval), ald = q8 ? q8_bytes(I) : I;
     memset(j->out, 0, (size_t)(T * H * 4));
     if (total == 0) { free(own); return; }
 
@@ -672,9 +741,9 @@ void so_moe_job_run(void *arg) {
                         int64_t r = swiglu ? 2 * i + half : i + half * I;
                         float *dst = half ? u[i - i0] : g[i - i0];
                         if (consecutive) {
-                            dot_row(c, 0, e, r, X + ptok[s] * H, H, n, dst);
+                            dot_row(c, 0, e, r, xbase + ptok[s] * xstep, xld, n, dst);
                         } else {
-                            for (int q = 0; q < n; q++) dot_row(c, 0, e, r, X + ptok[s + q] * H, H, 1, dst + q);
+                            for (int q = 0; q < n; q++) dot_row(c, 0, e, r, xbase + ptok[s + q] * xstep, xld, 1, dst + q);
                         }
                     }
                 for (int64_t i = i0; i < i1; i++) {
@@ -682,10 +751,20 @@ void so_moe_job_run(void *arg) {
                     float bg = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + rg);
                     float bu = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + ru);
                     int64_t slot = slot_of(fmt, i, I);
-                    for (int q = 0; q < n; q++)
-                        act[(s + q) * I + slot] = SO_STORE(activate(c, g[i - i0][q] + bg, u[i - i0][q] + bu));
+                    for (int q = 0; q < n; q++) {
+                        float v = activate(c, g[i - i0][q] + bg, u[i - i0][q] + bu);
+                        if (q8)
+                            actf[(s + q) * I + i] = v;  /* f32, quantised once the row is whole */
+                        else
+                            act[(s + q) * I + slot] = SO_STORE(v);
+                    }
                 }
             }
+        }
+        /* (implicit barrier) The MXFP4 path quantises each slot's whole activation row. */
+        if (q8) {
+#pragma omp for schedule(static)
+            for (int64_t s = 0; s < total; s++) q8_quantize(actf + s * I, I, Qa + s * q8_bytes(I));
         }
         /* (implicit barrier) Down projection: each block of output rows has one writer, and
          * reads each expert's rows of the block one after another. Dynamic: on a shared
@@ -699,7 +778,7 @@ void so_moe_job_run(void *arg) {
                     float b2 = load_bias(c->w2_bias, c->bias_dtype, e * H + h);
                     for (int64_t s = s0; s < s1; s += NT) {
                         int n = s1 - s < NT ? (int)(s1 - s) : NT;
-                        dot_row(c, 1, e, h, act + s * I, I, n, acc);
+                        dot_row(c, 1, e, h, abase + s * astep, ald, n, acc);
                         for (int q = 0; q < n; q++)
                             // mutation: accumulate-topk-weight, accumulate-assign
                             c->out[ptok[s + q] * H + h] += pw[s + q] * (acc[q] + b2);

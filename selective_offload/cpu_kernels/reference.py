@@ -64,16 +64,30 @@ def activate(h: torch.Tensor, activation: Activation) -> torch.Tensor:
     return (u + 1) * g * torch.sigmoid(activation.alpha * g)
 
 
+def int8_blocks(v: torch.Tensor) -> torch.Tensor:
+    """v [..., n] (n a multiple of 32) as the kernel's int8 MXFP4 path holds it, back in
+    float32: each block of 32 scaled so its largest magnitude is 127, rounded to nearest
+    (even on ties), times the scale again (llama.cpp's q8_0)."""
+    b = v.float().unflatten(-1, (-1, 32))
+    amax = b.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(b * inv).clamp(-127, 127) * (amax / 127.0)).flatten(-2)
+
+
 def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: ExpertWeights,
                   activation: Activation, *, out: torch.Tensor | None = None, threads: int | None = None,
-                  host_mask: torch.Tensor | None = None) -> torch.Tensor:
+                  host_mask: torch.Tensor | None = None, int8_vectors: bool = False) -> torch.Tensor:
     """out[t] = sum_j w[t, j] * (W2[e] @ act(W13[e] @ x[t] + b13[e]) + b2[e]), e = ids[t, j],
-    over the picks with e >= 0 and host_mask[e] set; float32 [T, H]. ``threads`` is
-    accepted for the same signature as the kernel and ignored."""
+    over the picks with e >= 0 and host_mask[e] set; float32 [T, H]. ``int8_vectors``:
+    the tokens and the activation rounded as the kernel's int8 path rounds them
+    (:func:`int8_blocks`). ``threads`` is accepted for the same signature as the kernel
+    and ignored."""
     del threads
     T, H = x.shape[0], weights.hidden
     dev = weights.w13.device
     xf = x.to(dev, torch.float32)
+    rnd = int8_blocks if int8_vectors else (lambda v: v)
+    xf = rnd(xf)
     ids = topk_ids.to(dev, torch.long)
     tw = topk_weights.to(dev, torch.float32)
     keep = ids >= 0
@@ -86,7 +100,7 @@ def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         h = xf[tok] @ dequantize(weights, "w13", one)[0].T
         if weights.w13_bias is not None:
             h = h + weights.w13_bias[e].float()
-        y = activate(h, activation) @ dequantize(weights, "w2", one)[0].T
+        y = rnd(activate(h, activation)) @ dequantize(weights, "w2", one)[0].T
         if weights.w2_bias is not None:
             y = y + weights.w2_bias[e].float()
         result.index_add_(0, tok, y * tw[tok, pick].unsqueeze(-1))

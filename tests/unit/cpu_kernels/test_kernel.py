@@ -6,8 +6,13 @@ a dot product: rtol 1e-4 and atol 1e-4 of the output's largest magnitude (observ
 1e-7). The AVX512-BF16 build holds the tokens and the activation between the two
 projections in bf16 (as vLLM's device kernels do), which costs bf16's rounding (2^-9
 relative) once per element: rtol 1e-2 and atol 1e-2 of the largest magnitude (observed:
-near 2e-3). A wrong layout or a lost pick moves outputs by their own size. Every build this
-CPU can run is checked; the shapes cover each path's whole chunks and its tails.
+near 2e-3). The same build multiplies MXFP4 weights with int8 tokens and activations
+(per block of 32, as llama.cpp does for these weights): there the oracle is the reference
+with its vectors rounded the same way (``int8_vectors``), and the same tolerance covers a
+value that rounds to the other side of a step (observed: 1e-7 where none does, under 8e-3
+where one does); what int8 costs against the float reference is its own test. A wrong
+layout or a lost pick moves outputs by their own size. Every build this CPU can run is
+checked; the shapes cover each path's whole chunks and its tails.
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ BLOCK = (64, 64)  # fp8: I = 96 is not a multiple of 64, so w13's up half starts
 def close(got, want, lib=None):
     tol = 1e-2 if (lib or ck.library()).so_bf16_activations() else 1e-4
     torch.testing.assert_close(got, want, rtol=tol, atol=tol * float(want.abs().max().clamp(min=1e-6)))
+
+
+def oracle(x, ids, tw, w, act, lib=None, **kw):
+    """The reference, with the vectors rounded as this build's kernel rounds them."""
+    int8 = w.fmt == "mxfp4" and bool((lib or ck.library()).so_int8_mxfp4())
+    return reference.moe_reference(x, ids, tw, w, act, int8_vectors=int8, **kw)
 
 
 def make(fmt, E=6, bias=None, seed=0):
@@ -53,7 +64,7 @@ def lib(request):
     if request.param == "avx2":
         assert lib.so_simd_level() == 256
     if request.param == "avx512-f32":
-        assert lib.so_simd_level() == 512 and not lib.so_bf16_activations()
+        assert lib.so_simd_level() == 512 and not lib.so_bf16_activations() and not lib.so_int8_mxfp4()
     return lib
 
 
@@ -67,10 +78,74 @@ def test_every_format_matches_the_reference(lib, fmt, kind):
         for T, K, seed in ((1, 1, 0), (1, 4, 1), (3, 2, 2), (9, 3, 3)):
             ids, tw = routing(T, K, w.num_experts, seed)
             for x in (torch.randn(T, H).bfloat16(), torch.randn(T, H)):
-                want = reference.moe_reference(x, ids, tw, w, act)
+                want = oracle(x, ids, tw, w, act, lib)
                 got = ck.moe(x, ids, tw, w, act, threads=2, library_=lib)
                 close(got, want, lib)
                 assert want.abs().max() > 0
+
+
+def int8_build():
+    lib = ck.library()
+    if not lib.so_int8_mxfp4():
+        pytest.skip("this CPU has no AVX512-BF16 and AVX512-VNNI: its build has no int8 MXFP4 path")
+    return lib
+
+
+@pytest.mark.parametrize("H, I", [(256, 160), (160, 192), (192, 224), (224, 128)])
+def test_the_int8_mxfp4_path_reads_every_tail_of_a_row(H, I):
+    """A row's last chunk of 128 holds 0-3 whole blocks of 32 (gpt-oss's 2880 ends in two):
+    each count, in the tokens' rows (H) and the activation's (I), for one token and for a
+    batch that fills the four-token step and leaves one over."""
+    lib = int8_build()
+    w = experts("mxfp4", 5, H, I, bias="f32", seed=H + I)
+    act = ck.Activation("swigluoai")
+    for T, K in ((1, 2), (5, 1)):
+        ids, tw = routing(T, K, w.num_experts, T, negative=False)
+        x = torch.randn(T, H).bfloat16()
+        want = oracle(x, ids, tw, w, act, lib)
+        close(ck.moe(x, ids, tw, w, act, library_=lib), want, lib)
+        assert want.abs().max() > 0
+
+
+def test_the_int8_mxfp4_path_reads_no_scale_past_a_row():
+    """The last expert's last rows end in a part chunk, with their scale tensors followed
+    by 0xFF bytes in memory (e8m0's NaN code): a four-byte scale load there that were not
+    masked would multiply the absent blocks' zeros by infinity."""
+    lib = int8_build()
+    H, I, E = 224, 160, 3  # w13 rows end in three blocks of their last chunk, w2 rows in one
+    w = experts("mxfp4", E, H, I, seed=3)
+
+    def followed_by_ff(t):
+        room = torch.full((t.numel() + 64,), 0xFF, dtype=torch.uint8)
+        room[: t.numel()] = t.reshape(-1)
+        return room[: t.numel()].view(t.shape)
+
+    guarded = ck.ExpertWeights("mxfp4", w.w13, w.w2, followed_by_ff(w.w13_scale), followed_by_ff(w.w2_scale))
+    x = torch.randn(2, H).bfloat16()
+    ids, tw = torch.tensor([[E - 1], [E - 1]], dtype=torch.int32), torch.ones(2, 1)
+    act = ck.Activation("silu")
+    got = ck.moe(x, ids, tw, guarded, act, library_=lib)
+    assert torch.isfinite(got).all()
+    close(got, oracle(x, ids, tw, w, act, lib), lib)
+
+
+def test_int8_vectors_cost_mxfp4_little_against_the_float_reference():
+    """What int8 tokens and activations cost: within 5e-2 of the largest output of the
+    float32 reference (observed: up to 3e-2 on these random experts, whose codes are
+    uniform over e2m1's range), and nearer to it than to the same experts with a
+    neighbour's scales."""
+    lib = int8_build()
+    w = make("mxfp4", bias="bf16")
+    act = ck.Activation("swigluoai")
+    ids, tw = routing(4, 3, w.num_experts, 7)
+    x = torch.randn(4, w.hidden).bfloat16()
+    got = ck.moe(x, ids, tw, w, act, library_=lib)
+    want = reference.moe_reference(x, ids, tw, w, act)
+    peak = float(want.abs().max())
+    assert float((got - want).abs().max()) <= 5e-2 * peak
+    rolled = ck.ExpertWeights("mxfp4", w.w13, w.w2, w.w13_scale.roll(1, -1), w.w2_scale, w13_bias=w.w13_bias,
+                              w2_bias=w.w2_bias)
+    assert float((got - reference.moe_reference(x, ids, tw, rolled, act)).abs().max()) > 5e-2 * peak
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block"])
@@ -81,7 +156,7 @@ def test_host_mask_and_negative_ids_leave_those_picks_to_the_device(fmt):
     act = ck.Activation("silu")
     mask = torch.tensor([True, False, True, True, False, True])
     got = ck.moe(x, ids, tw, w, act, host_mask=mask, threads=1)
-    close(got, reference.moe_reference(x, ids, tw, w, act, host_mask=mask))
+    close(got, oracle(x, ids, tw, w, act, host_mask=mask))
     # The masked-off picks are exactly what is missing: host part + device part = all.
     device_ids = torch.where(mask[ids.clamp(min=0)] | (ids < 0), torch.full_like(ids, -1), ids)
     rest = ck.moe(x, device_ids, tw, w, act, threads=1)
@@ -114,8 +189,8 @@ def test_swigluoai_clamps_gate_and_up_at_the_limit(fmt):
     ids, tw = routing(2, 2, w.num_experts, 5, negative=False)
     act = ck.Activation("swigluoai", alpha=1.702, limit=7.0)
     got = ck.moe(x, ids, tw, w, act)
-    close(got, reference.moe_reference(x, ids, tw, w, act))
-    unclamped = reference.moe_reference(x, ids, tw, w, ck.Activation("swigluoai", limit=None))
+    close(got, oracle(x, ids, tw, w, act))
+    unclamped = oracle(x, ids, tw, w, ck.Activation("swigluoai", limit=None))
     assert (got - unclamped).abs().max() > 0.1 * unclamped.abs().max()
     close(ck.moe(x, ids, tw, w, ck.Activation("swigluoai", limit=None)), unclamped)
 
@@ -149,10 +224,10 @@ def test_a_job_reruns_on_new_inputs_written_in_place():
         tw.copy_(new_tw)
         host_fn(job.address)
         assert job.status == 0
-        close(out, reference.moe_reference(x, ids, tw, w, act))
+        close(out, oracle(x, ids, tw, w, act))
         out.zero_()
         assert job.run() is out
-        close(out, reference.moe_reference(x, ids, tw, w, act))
+        close(out, oracle(x, ids, tw, w, act))
 
 
 def test_bad_arguments_are_one_line():
