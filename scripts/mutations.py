@@ -25,8 +25,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SEARCHED = ("selective_offload", "benchmarks", "scripts")
 MARKER = re.compile(r"^[ \t]*(?:#|//) mutation: ([a-z0-9-]+(?:, [a-z0-9-]+)*)[ \t]*$")
-#: Where a marker may stand: Python and shell files, and C sources (as ``// mutation: NAME``).
-SUFFIXES = (".py", ".sh", ".c")
+#: Where a marker may stand: Python and shell files, and C sources and their included parts
+#: (as ``// mutation: NAME``).
+SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {

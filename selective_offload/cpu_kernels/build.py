@@ -4,9 +4,9 @@ Why compile on the user's machine and not ship a wheel: the kernel is built with
 ``-march=native`` so it uses the vector units this CPU has (AVX-512, AVX2, or plain C),
 and it stays a pure-Python package with no new dependency. The system compiler (``$CC``,
 else ``cc``, else ``gcc``) builds it on first use into a cache folder whose name is the
-SHA-256 of everything the binary depends on (the source, the flags, the compiler's
-version and this CPU's flags), so an edited source, another compiler or another CPU gets
-its own build and never a stale one. The library is written to a temporary file and
+SHA-256 of everything the binary depends on (moe.c and the parts it includes, the flags,
+the compiler's version and this CPU's flags), so an edited source, another compiler or
+another CPU gets its own build and never a stale one. The library is written to a temporary file and
 renamed into place, so processes building at the same time each end with a whole file.
 
 torch is imported before the library is loaded: torch ships its own ``libgomp.so.1``,
@@ -35,6 +35,9 @@ from ..errors import UserError
 from ..options import ENV_KERNEL_CACHE
 
 SOURCE = Path(__file__).with_name("moe.c")
+#: The folder of the parts moe.c includes (``*.h``: one translation unit), searched by the
+#: compiler (-I) so a copy of moe.c elsewhere still builds against them.
+PARTS = Path(__file__).parent
 LIBRARY = "libso_cpu_kernels.so"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 ADVICE = ("install a C compiler with OpenMP (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc), "
@@ -97,11 +100,17 @@ def cache_key(source: str, flags: tuple[str, ...], version: str, cpu_flags: str)
     return h.hexdigest()
 
 
+def sources_text() -> str:
+    """moe.c and every part beside it that it may include, named: what a build compiles."""
+    parts = sorted(PARTS.glob("*.h"))
+    return SOURCE.read_text() + "".join(f"\0{p.name}\0{p.read_text()}" for p in parts)
+
+
 def library_path(extra_flags: tuple[str, ...] = ()) -> tuple[Path, str, tuple[str, ...]]:
     """Where this machine's build lives (built or not), the compiler, and the flags."""
     cc = compiler()
     flags = FLAGS + tuple(extra_flags)
-    key = cache_key(SOURCE.read_text(), flags, _compiler_version(cc), _cpu_flags())
+    key = cache_key(sources_text(), flags, _compiler_version(cc), _cpu_flags())
     return cache_root() / key / LIBRARY, cc, flags
 
 
@@ -120,7 +129,7 @@ def build(extra_flags: tuple[str, ...] = (), quiet: bool = False) -> Path:
               f"{' '.join(flags)}) into {path.parent}", file=sys.stderr, flush=True)
     fd, tmp = tempfile.mkstemp(prefix=LIBRARY + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    cmd = [cc, *flags, "-o", tmp, str(SOURCE), "-lm"]
+    cmd = [cc, *flags, "-I", str(PARTS), "-o", tmp, str(SOURCE), "-lm"]
     try:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

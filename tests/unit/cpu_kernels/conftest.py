@@ -1,6 +1,6 @@
 """The kernels these tests load are compiled into a folder of this session (the
 SELECTIVE_OFFLOAD_KERNEL_CACHE variable), so a run never reuses a build another run made:
-an edited or mutated moe.c is compiled again, and the user's cache is left alone."""
+an edited or mutated moe.c (or a part it includes) is compiled again, and the user's cache is left alone."""
 
 import os
 

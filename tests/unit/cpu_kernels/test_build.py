@@ -97,6 +97,28 @@ def test_an_edited_source_builds_into_its_own_folder(tmp_path, monkeypatch):
     assert build.build(quiet=True) == second  # built once
 
 
+def test_an_edited_part_builds_into_its_own_folder_and_is_compiled(tmp_path, monkeypatch):
+    """moe.c includes its row kernels from parts beside it: editing one is a new build,
+    and the build compiles the edited part (its new symbol is in the library)."""
+    import ctypes
+    import shutil
+
+    monkeypatch.setenv("SELECTIVE_OFFLOAD_KERNEL_CACHE", str(tmp_path / "cache"))
+    first = build.build(quiet=True)
+    src = tmp_path / "src"
+    src.mkdir()
+    for part in [build.SOURCE, *build.PARTS.glob("*.h")]:
+        shutil.copy(part, src / part.name)
+    assert (src / "rows_int8.h").is_file()
+    with open(src / "rows_int8.h", "a") as f:
+        f.write("\nint so_edited_part(void) { return 11; }\n")
+    monkeypatch.setattr(build, "SOURCE", src / "moe.c")
+    monkeypatch.setattr(build, "PARTS", src)
+    second = build.build(quiet=True)
+    assert second.parent != first.parent
+    assert ctypes.CDLL(str(second)).so_edited_part() == 11
+
+
 def test_the_kernel_adds_no_openmp_runtime_and_binds_to_torchs():
     """In a process of torch alone, loading the kernel maps no OpenMP runtime beside
     torch's own (the kernel's threads are torch's pool). Run apart: in this process other

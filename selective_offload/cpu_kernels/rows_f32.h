@@ -1,0 +1,139 @@
+/* Part of moe.c's one translation unit (included once, by moe.c only): the f32 row dot
+ * products (AVX-512, AVX2, plain C), used where the CPU has no AVX512-BF16. */
+
+#if defined(SO_AVX512)
+/* 32 elements from k (a multiple of 32) as two vectors, for X slots [k, k+16) and [k+16, k+32). */
+static inline __attribute__((always_inline)) void decode32(int fmt, const void *row, const void *scale, int64_t bk,
+                                                           int64_t k, __m512 *w0, __m512 *w1) {
+    if (fmt == SO_BF16) {
+        __m512i v = _mm512_loadu_si512((const void *)((const uint16_t *)row + k));
+        *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        *w1 = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+    } else if (fmt == SO_MXFP4) {
+        static const float E2M1[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -.5f, -1, -1.5f, -2, -3, -4, -6};
+        __m512 table = _mm512_mul_ps(_mm512_loadu_ps(E2M1), _mm512_set1_ps(e8m0(((const uint8_t *)scale)[k / 32])));
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2)));
+        __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xF)), hi = _mm512_srli_epi32(v, 4);
+        *w0 = _mm512_permutexvar_ps(lo, table), *w1 = _mm512_permutexvar_ps(hi, table);
+    } else {
+        __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((const uint8_t *)row + k)));
+        __m512i h = _mm512_and_si512(_mm512_slli_epi16(v, 7), _mm512_set1_epi16((short)0xBF80));
+        __m512 s = _mm512_set1_ps(((const float *)scale)[k / bk] * 256.0f);
+        *w0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s);
+        *w1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s);
+    }
+}
+#elif defined(SO_AVX2)
+/* 32 elements from k as four vectors, for X slots k + 8q, q = 0..3. */
+static inline __attribute__((always_inline)) void decode32(int fmt, const void *row, const void *scale, int64_t bk,
+                                                           int64_t k, __m256 *w) {
+    if (fmt == SO_BF16) {
+        const uint16_t *p = (const uint16_t *)row + k;
+        __m256i v0 = _mm256_loadu_si256((const __m256i *)p), v1 = _mm256_loadu_si256((const __m256i *)(p + 16));
+        __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+        w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+        w[1] = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+        w[2] = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
+        w[3] = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
+    } else if (fmt == SO_MXFP4) {
+        const __m128i table = _mm_loadu_si128((const __m128i *)E2M1_X2), low4 = _mm_set1_epi8(0x0F);
+        __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2));
+        __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(b, low4));
+        __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), low4));
+        __m256 s = _mm256_set1_ps(0.5f * e8m0(((const uint8_t *)scale)[k / 32]));
+        w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s);
+        w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s);
+        w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s);
+        w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s);
+    } else {
+        const uint8_t *p = (const uint8_t *)row + k;
+        __m256 s = _mm256_set1_ps(((const float *)scale)[k / bk] * 256.0f);
+        for (int q = 0; q < 4; q++) {
+            __m128i v = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(p + 8 * q)));
+            __m128i h = _mm_and_si128(_mm_slli_epi16(v, 7), _mm_set1_epi16((short)0xBF80));
+            w[q] = _mm256_mul_ps(_mm256_cvtph_ps(h), s);
+        }
+    }
+}
+#endif
+
+static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row, const void *scale, int64_t bk,
+                                                        int64_t len, const float *X, int64_t ldx, float *acc,
+                                                        const int n) {
+    int64_t whole = len - len % 32, k = 0;
+    float s[NT] = {0};
+#if defined(SO_AVX512)
+    __m512 a[NT][4];
+    for (int t = 0; t < n; t++)
+        for (int q = 0; q < 4; q++) a[t][q] = _mm512_setzero_ps();
+    for (; k + 64 <= whole; k += 64) {
+        __m512 w0, w1, w2, w3;
+        decode32(fmt, row, scale, bk, k, &w0, &w1);
+        decode32(fmt, row, scale, bk, k + 32, &w2, &w3);
+        for (int t = 0; t < n; t++) {
+            const float *x = X + t * ldx + k;
+            a[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), a[t][0]);
+            a[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), a[t][1]);
+            a[t][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(x + 32), a[t][2]);
+            a[t][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(x + 48), a[t][3]);
+        }
+    }
+    for (; k < whole; k += 32) {
+        __m512 w0, w1;
+        decode32(fmt, row, scale, bk, k, &w0, &w1);
+        for (int t = 0; t < n; t++) {
+            const float *x = X + t * ldx + k;
+            a[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), a[t][0]);
+            a[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), a[t][1]);
+        }
+    }
+    for (int t = 0; t < n; t++)
+        s[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
+#elif defined(SO_AVX2)
+    __m256 a[NT][2];
+    for (int t = 0; t < n; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    for (; k < whole; k += 32) {
+        __m256 w[4];
+        decode32(fmt, row, scale, bk, k, w);
+        for (int t = 0; t < n; t++) {
+            const float *x = X + t * ldx + k;
+            a[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x), a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), a[t][1]);
+            a[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), a[t][1]);
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        __m256 v = _mm256_add_ps(a[t][0], a[t][1]);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        h = _mm_hadd_ps(h, h);
+        h = _mm_hadd_ps(h, h);
+        s[t] = _mm_cvtss_f32(h);
+    }
+#else
+    for (; k < whole; k++) {
+        float w = element(fmt, row, scale, bk, k);
+        int64_t slot = fmt == SO_FP8_BLOCK ? k : perm32(k, len);
+        for (int t = 0; t < n; t++) s[t] += w * X[t * ldx + slot];
+    }
+#endif
+    for (; k < len; k++) {
+        float w = element(fmt, row, scale, bk, k);
+        for (int t = 0; t < n; t++) s[t] += w * X[t * ldx + k];
+    }
+    for (int t = 0; t < n; t++) acc[t] = s[t];
+}
+
+#define SO_DOT_FMT(NAME, FMT)                                                                              \
+    static __attribute__((unused)) void NAME(const void *row, const void *scale, int64_t bk, int64_t len, const float *X, int64_t ldx, \
+                     int n, float *acc) {                                                                  \
+        switch (n) {                                                                                       \
+            case 1: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 1); break;                                \
+            case 2: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 2); break;                                \
+            case 3: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 3); break;                                \
+            default: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 4); break;                               \
+        }                                                                                                  \
+    }
+SO_DOT_FMT(dot_bf16, SO_BF16)
+SO_DOT_FMT(dot_mxfp4, SO_MXFP4)
+SO_DOT_FMT(dot_fp8, SO_FP8_BLOCK)

@@ -1,0 +1,100 @@
+/* Part of moe.c's one translation unit (included once, by moe.c only): MXFP4 rows dotted
+ * with int8 vectors (vpdpbusd), on the same CPUs as rows_bf16.h. */
+
+#if defined(SO_BF16DOT)
+
+/* ---------------- MXFP4 in int8 (vpdpbusd) ----------------
+ *
+ * An e2m1 code times two is an integer in [-12, 12], so an MXFP4 row dotted with int8
+ * vectors is exact integer arithmetic per block of 32, scaled once per block. The vector
+ * (a token, or the activation between the projections) is quantised per block of 32 as
+ * llama.cpp quantises it for the same weights (q8_0: the block's largest magnitude maps
+ * to 127, rounded to nearest). Per 64 weight bytes this is two table lookups (vpshufb) and
+ * two 64-byte multiply-adds: half the multiply instructions of decoding the codes to bf16
+ * for vdpbf16ps, and a byte lookup the core issues more often than vpermw's word lookup
+ * (benchmarks/bench_cpu_kernels.py measured the two ways side by side when this one
+ * replaced the other).
+ *
+ * The vector is laid out per chunk of 128 elements (four blocks; 128-bit lane i of a
+ * weight vector is block i) as Q8_CHUNK bytes: the blocks' even elements (the low
+ * nibbles), their odd elements (the high nibbles), then 16 int32 and 16 f32 lanes aligned
+ * with vpdpbusd's sums: -12 * the block's sum of codes in its first lane (vpdpbusd takes
+ * the weights unsigned, as code + 12) and the block's scale / 2 in all four. A row's last
+ * chunk may hold one to three blocks: the absent ones are zero throughout, and their
+ * weight bytes and scales are loaded masked, so they add nothing. */
+/* e2m1 code + 12 as an unsigned byte (the codes times two, offset to be unsigned). */
+static const uint8_t E2M1_U8[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+/* x: len (a multiple of 32) floats in natural order; q: q8_bytes(len) bytes. */
+static void q8_quantize(const float *x, int64_t len, int8_t *q) {
+    memset(q, 0, (size_t)q8_bytes(len));
+    for (int64_t b = 0; b < len / 32; b++) {
+        const float *v = x + 32 * b;
+        int8_t *c = q + b / 4 * Q8_CHUNK;
+        int l = (int)(b % 4);
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f, half = 0.5f * (amax / 127.0f);
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int qi = (int)nearbyintf(v[i] * inv);
+            qi = qi > 127 ? 127 : (qi < -127 ? -127 : qi);
+            c[(i & 1) * 64 + 16 * l + i / 2] = (int8_t)qi;
+            sum += qi;
+        }
+        // mutation: mxfp4-q8-offset
+        int32_t corr = -12 * sum;
+        memcpy(c + 128 + 16 * l, &corr, 4);
+        for (int m = 0; m < 4; m++) memcpy(c + 192 + 16 * l + 4 * m, &half, 4);
+    }
+}
+
+static inline __attribute__((always_inline)) void dotq_n(const uint8_t *w, const uint8_t *sc, int64_t len,
+                                                         const int8_t *Q, int64_t ldq, float *acc, const int n) {
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)E2M1_U8));
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    /* The chunk's four scale bytes, broadcast as one dword, rotated so that 128-bit lane i
+     * holds byte i in the exponent field: 2^(s-127) with no shuffle (s = 0 reads as 0). */
+    // mutation: mxfp4-scale-lanes
+    const __m512i turn = _mm512_set_epi32(31, 31, 31, 31, 7, 7, 7, 7, 15, 15, 15, 15, 23, 23, 23, 23);
+    const __m512i expo = _mm512_set1_epi32(0x7F800000);
+    __m512 a[NT];
+    for (int t = 0; t < n; t++) a[t] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < len; k += 128) {
+        __m512i v;
+        int32_t four;
+        if (k + 128 <= len) {
+            PF(w + k / 2);
+            v = _mm512_loadu_si512((const void *)(w + k / 2));
+            memcpy(&four, sc + k / 32, 4);
+        } else {  /* the row's last 32, 64 or 96 elements */
+            int64_t blocks = (len - k) / 32;
+            v = _mm512_maskz_loadu_epi8(((__mmask64)1 << (16 * blocks)) - 1, (const void *)(w + k / 2));
+            // mutation: mxfp4-scale-tail-unmasked
+            four = _mm_cvtsi128_si32(_mm_maskz_loadu_epi8((__mmask16)((1u << blocks) - 1), (const void *)(sc + k / 32)));
+        }
+        // mutation: mxfp4-nibble-order
+        __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, low4));
+        __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+        __m512 sv = _mm512_castsi512_ps(_mm512_and_si512(_mm512_rolv_epi32(_mm512_set1_epi32(four), turn), expo));
+        for (int t = 0; t < n; t++) {
+            const int8_t *x = Q + t * ldq + k / 128 * Q8_CHUNK;
+            __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(x + 128)), lo,
+                                            _mm512_loadu_si512((const void *)x));
+            d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512((const void *)(x + 64)));
+            a[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sv, _mm512_loadu_ps((const float *)(x + 192))), a[t]);
+        }
+    }
+    for (int t = 0; t < n; t++) acc[t] = _mm512_reduce_add_ps(a[t]);
+}
+
+static void dotq_mxfp4(const uint8_t *w, const uint8_t *sc, int64_t len, const int8_t *Q, int64_t ldq, int n,
+                       float *acc) {
+    switch (n) {
+        case 1: dotq_n(w, sc, len, Q, ldq, acc, 1); break;
+        case 2: dotq_n(w, sc, len, Q, ldq, acc, 2); break;
+        case 3: dotq_n(w, sc, len, Q, ldq, acc, 3); break;
+        default: dotq_n(w, sc, len, Q, ldq, acc, 4); break;
+    }
+}
+#endif
