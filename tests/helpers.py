@@ -349,6 +349,42 @@ TINY_MOE_FAMILIES = {
 }
 
 
+def save_tiny_mxfp4_gpt_oss(directory: Path, seed: int = 0) -> Path:
+    """A random tiny gpt-oss whose routed experts are stored as gpt-oss ships them: MXFP4
+    ``<proj>_blocks`` [E, out, in/32, 16] and e8m0 ``<proj>_scales`` [E, out, in/32] (random
+    codes, scales 2^-6 .. 2^-3), bf16 biases, and the checkpoint's ``quantization_config``.
+    Its experts are wider than the bf16 family's (8 of intermediate 512) so that at 4.25
+    bits they still outweigh the embedding the cold set takes."""
+    import json
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    extra = {**TINY_MOE_FAMILIES["gpt_oss"][2], "intermediate_size": 512, "num_local_experts": 8}
+    torch.manual_seed(seed)
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**{**_TINY, **extra}))
+    model.to(torch.bfloat16).save_pretrained(directory)
+    (shard,) = directory.glob("*.safetensors")
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, t in load_file(str(shard)).items():
+        if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            E, inputs, outputs = t.shape  # transformers holds them [E, in, out]
+            tensors[name + "_blocks"] = torch.randint(0, 256, (E, outputs, inputs // 32, 16), generator=g,
+                                                      dtype=torch.uint8)
+            tensors[name + "_scales"] = torch.randint(121, 125, (E, outputs, inputs // 32), generator=g,
+                                                      dtype=torch.uint8)
+        else:
+            tensors[name] = t
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
 def save_tiny_moe(directory: Path, family: str, seed: int = 0) -> Path:
     """A random tiny model of a :data:`TINY_MOE_FAMILIES` family, saved with save_pretrained
     in bf16 (the checkpoint layout transformers writes for that family)."""
