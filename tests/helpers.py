@@ -62,6 +62,22 @@ def generate_tokens(model: str, prompts=PROMPTS, max_tokens: int = MAX_TOKENS, *
         gc.collect()
 
 
+def prompt_logprobs(model, sequences, **engine_args):
+    """Each position's logprob of the next given token (teacher-forced), one prefill step."""
+    import gc
+
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=str(model), **{**ENGINE_ARGS, "dtype": "bfloat16", **engine_args})
+    try:
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+        outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        return [[next(iter(p.values())).logprob if p else None for p in o.prompt_logprobs][1:] for o in outputs]
+    finally:
+        del llm
+        gc.collect()
+
+
 def generate_with_plan(plan, model, prompts=PROMPTS, *, strict: bool = True, **engine_args):
     """Tokens and the placement report from an engine started with ``plan`` enabled."""
     import selective_offload

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 import selective_offload
-from helpers import (MAX_TOKENS, PROMPTS, compute_experts_plan, generate_tokens, generate_with_plan,
+from helpers import (MAX_TOKENS, PROMPTS, compute_experts_plan, generate_tokens, generate_with_plan, prompt_logprobs,
                      save_tiny_qwen3_moe, uva_experts_plan)
 from selective_offload.errors import PlanError
 from selective_offload.plan_format import GroupKind, Placement
@@ -155,7 +155,6 @@ def test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device(com
     assert f"compute {names[0]} (as of now): host CPU " in text and "device path 1 step, 14 tokens" in text
 
 
-
 # ------------------------------------------------- host-compute on the C kernel, in bf16
 
 #: How far the C kernel's bf16 logprobs may be from plain vLLM's bf16 ones: both round
@@ -163,24 +162,6 @@ def test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device(com
 #: experts add little to its residual stream, so the bound is tight: halving the experts'
 #: output (the kernel's accumulation broken) moves the logprobs past it.
 BF16_LOGPROB_TOLERANCE = 2e-3
-
-
-def prompt_logprobs(model, sequences, **engine_args):
-    """Each position's logprob of the next given token (teacher-forced), one prefill step."""
-    import gc
-
-    from vllm import LLM, SamplingParams
-
-    from helpers import ENGINE_ARGS
-
-    llm = LLM(model=str(model), **{**ENGINE_ARGS, "dtype": "bfloat16", **engine_args})
-    try:
-        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
-        outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
-        return [[next(iter(p.values())).logprob if p else None for p in o.prompt_logprobs][1:] for o in outputs]
-    finally:
-        del llm
-        gc.collect()
 
 
 def test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs(moe, plain_tokens):

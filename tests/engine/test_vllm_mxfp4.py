@@ -15,14 +15,13 @@ layout, a lost pick or a wrong scale moves them by whole units.
 
 from __future__ import annotations
 
-import gc
 from types import SimpleNamespace
 
 import pytest
 
 import selective_offload
-from helpers import (ENGINE_ARGS, PROMPTS, compute_experts_plan, decode_on_host_plan, generate_tokens,
-                     generate_with_plan, save_tiny_mxfp4_gpt_oss)
+from helpers import (PROMPTS, compute_experts_plan, decode_on_host_plan, generate_tokens, generate_with_plan,
+                     prompt_logprobs, save_tiny_mxfp4_gpt_oss)
 from selective_offload.plan_format import Placement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
@@ -33,32 +32,18 @@ LOGPROB_TOL = 0.5
 EXPERTS = "model.layers.0.mlp.experts"
 
 
-def next_token_logprobs(model, sequences):
-    """Each position's log-probability of the token that follows it, from one engine."""
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(model=str(model), **{**ENGINE_ARGS, **DTYPE})
-    try:
-        outs = llm.generate([{"prompt_token_ids": s} for s in sequences],
-                            SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
-        return [[next(iter(d.values())).logprob for d in o.prompt_logprobs[1:]] for o in outs]
-    finally:
-        del llm
-        gc.collect()
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     model = save_tiny_mxfp4_gpt_oss(tmp_path_factory.mktemp("mxfp4"), seed=5)
     selective_offload.disable()
     plain = generate_tokens(model, **DTYPE)
     sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
-    plain_lp = next_token_logprobs(model, sequences)
+    plain_lp = prompt_logprobs(model, sequences)
     # Every step on the host CPU: a crossover far above these steps' tokens.
     everything = compute_experts_plan(model, cpu_tflops=100.0)
     selective_offload.enable(everything, strict=True)
     try:
-        host_lp = next_token_logprobs(model, sequences)
+        host_lp = prompt_logprobs(model, sequences)
         host_report = selective_offload.placement_report()
     finally:
         selective_offload.disable()
