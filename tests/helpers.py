@@ -78,16 +78,22 @@ def prompt_logprobs(model, sequences, **engine_args):
         gc.collect()
 
 
-def generate_with_plan(plan, model, prompts=PROMPTS, *, strict: bool = True, **engine_args):
-    """Tokens and the placement report from an engine started with ``plan`` enabled."""
+def with_plan(plan, run, *, strict: bool = True):
+    """``run()`` (which starts an engine) with ``plan`` enabled: its result and the
+    placement report; the plan disabled afterwards whatever happens."""
     import selective_offload
 
     selective_offload.enable(plan, strict=strict)
     try:
-        tokens = generate_tokens(model, prompts, **engine_args)
-        return tokens, selective_offload.placement_report()
+        result = run()
+        return result, selective_offload.placement_report()
     finally:
         selective_offload.disable()
+
+
+def generate_with_plan(plan, model, prompts=PROMPTS, *, strict: bool = True, **engine_args):
+    """Tokens and the placement report from an engine started with ``plan`` enabled."""
+    return with_plan(plan, lambda: generate_tokens(model, prompts, **engine_args), strict=strict)
 
 
 def all_cold_plan(model_dir, **inputs):

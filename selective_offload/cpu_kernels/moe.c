@@ -167,6 +167,19 @@ static inline float element(int fmt, const void *row, const void *scale, int64_t
     return e4m3_to_f32(((const uint8_t *)row)[k]) * ((const float *)scale)[k / bk];
 }
 
+/* NAME(row, scale, bk, len, X, ldx, n, acc): KERNEL with the token count n (1 .. NT) a
+ * constant in each of its copies, so the compiler keeps every token's sums in registers. */
+#define SO_ROWS_BY_N(NAME, KERNEL, FMT, XT)                                                                   \
+    static __attribute__((unused)) void NAME(const void *row, const void *scale, int64_t bk, int64_t len,      \
+                                             const XT *X, int64_t ldx, int n, float *acc) {                    \
+        switch (n) {                                                                                          \
+            case 1: KERNEL(FMT, row, scale, bk, len, X, ldx, acc, 1); break;                                  \
+            case 2: KERNEL(FMT, row, scale, bk, len, X, ldx, acc, 2); break;                                  \
+            case 3: KERNEL(FMT, row, scale, bk, len, X, ldx, acc, 3); break;                                  \
+            default: KERNEL(FMT, row, scale, bk, len, X, ldx, acc, 4); break;                                 \
+        }                                                                                                     \
+    }
+
 /* The row dot products, by path: f32 (rows_f32.h), and where the CPU has AVX512-BF16 and
  * VNNI, bf16 and block FP8 in bf16 (rows_bf16.h) and MXFP4 in int8 (rows_int8.h). */
 #include "rows_f32.h"

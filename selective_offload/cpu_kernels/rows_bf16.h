@@ -128,16 +128,6 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
     for (int t = 0; t < n; t++) acc[t] = s[t];
 }
 
-#define SO_DOT16_FMT(NAME, FMT)                                                                               \
-    static void NAME(const void *row, const void *scale, int64_t bk, int64_t len, const uint16_t *X, int64_t ldx, \
-                     int n, float *acc) {                                                                     \
-        switch (n) {                                                                                          \
-            case 1: dot16_n(FMT, row, scale, bk, len, X, ldx, acc, 1); break;                                 \
-            case 2: dot16_n(FMT, row, scale, bk, len, X, ldx, acc, 2); break;                                 \
-            case 3: dot16_n(FMT, row, scale, bk, len, X, ldx, acc, 3); break;                                 \
-            default: dot16_n(FMT, row, scale, bk, len, X, ldx, acc, 4); break;                                \
-        }                                                                                                     \
-    }
-SO_DOT16_FMT(dot16_bf16, SO_BF16)
-SO_DOT16_FMT(dot16_fp8, SO_FP8_BLOCK)
+SO_ROWS_BY_N(dot16_bf16, dot16_n, SO_BF16, uint16_t)
+SO_ROWS_BY_N(dot16_fp8, dot16_n, SO_FP8_BLOCK, uint16_t)
 #endif

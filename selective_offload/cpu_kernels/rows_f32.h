@@ -124,16 +124,6 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
     for (int t = 0; t < n; t++) acc[t] = s[t];
 }
 
-#define SO_DOT_FMT(NAME, FMT)                                                                              \
-    static __attribute__((unused)) void NAME(const void *row, const void *scale, int64_t bk, int64_t len, const float *X, int64_t ldx, \
-                     int n, float *acc) {                                                                  \
-        switch (n) {                                                                                       \
-            case 1: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 1); break;                                \
-            case 2: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 2); break;                                \
-            case 3: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 3); break;                                \
-            default: dot_n(FMT, row, scale, bk, len, X, ldx, acc, 4); break;                               \
-        }                                                                                                  \
-    }
-SO_DOT_FMT(dot_bf16, SO_BF16)
-SO_DOT_FMT(dot_mxfp4, SO_MXFP4)
-SO_DOT_FMT(dot_fp8, SO_FP8_BLOCK)
+SO_ROWS_BY_N(dot_bf16, dot_n, SO_BF16, float)
+SO_ROWS_BY_N(dot_mxfp4, dot_n, SO_MXFP4, float)
+SO_ROWS_BY_N(dot_fp8, dot_n, SO_FP8_BLOCK, float)

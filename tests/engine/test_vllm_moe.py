@@ -14,7 +14,7 @@ import pytest
 
 import selective_offload
 from helpers import (MAX_TOKENS, PROMPTS, compute_experts_plan, generate_tokens, generate_with_plan, prompt_logprobs,
-                     save_tiny_qwen3_moe, uva_experts_plan)
+                     save_tiny_qwen3_moe, uva_experts_plan, with_plan)
 from selective_offload.errors import PlanError
 from selective_offload.plan_format import GroupKind, Placement
 
@@ -173,12 +173,7 @@ def test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs(moe, plain_tokens):
     assert plan.host_compute.crossover_tokens >= sum(map(len, sequences))
     selective_offload.disable()
     plain = prompt_logprobs(moe, sequences)
-    selective_offload.enable(plan, strict=True)
-    try:
-        computed = prompt_logprobs(moe, sequences)
-        report = selective_offload.placement_report()
-    finally:
-        selective_offload.disable()
+    computed, report = with_plan(plan, lambda: prompt_logprobs(moe, sequences))
     worst = max(abs(a - b) for p, c in zip(plain, computed) for a, b in zip(p, c))
     assert worst <= BF16_LOGPROB_TOLERANCE, worst
     served = [c["host_compute"] for c in report.transfers.values() if "host_compute" in c]

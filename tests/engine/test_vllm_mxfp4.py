@@ -21,7 +21,7 @@ import pytest
 
 import selective_offload
 from helpers import (PROMPTS, compute_experts_plan, decode_on_host_plan, generate_tokens, generate_with_plan,
-                     prompt_logprobs, save_tiny_mxfp4_gpt_oss)
+                     prompt_logprobs, save_tiny_mxfp4_gpt_oss, with_plan)
 from selective_offload.plan_format import Placement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
@@ -41,12 +41,7 @@ def run(tmp_path_factory):
     plain_lp = prompt_logprobs(model, sequences)
     # Every step on the host CPU: a crossover far above these steps' tokens.
     everything = compute_experts_plan(model, cpu_tflops=100.0)
-    selective_offload.enable(everything, strict=True)
-    try:
-        host_lp = prompt_logprobs(model, sequences)
-        host_report = selective_offload.placement_report()
-    finally:
-        selective_offload.disable()
+    host_lp, host_report = with_plan(everything, lambda: prompt_logprobs(model, sequences))
     decode = decode_on_host_plan(model)
     tokens, decode_report = generate_with_plan(decode, model, strict=True, **DTYPE)
     return SimpleNamespace(model=model, plain=plain, plain_lp=plain_lp, everything=everything, host_lp=host_lp,
