@@ -39,7 +39,9 @@ SOURCE = Path(__file__).with_name("moe.c")
 #: compiler (-I) so a copy of moe.c elsewhere still builds against them.
 PARTS = Path(__file__).parent
 LIBRARY = "libso_cpu_kernels.so"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+#: An undeclared function is an error, as GCC 14 makes it: a path compiled only on other
+#: CPUs (the variants tests/unit/cpu_kernels builds) must not call what it lacks.
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-Werror=implicit-function-declaration")
 ADVICE = ("install a C compiler with OpenMP (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc), "
           "or keep these experts host-uva (the device reads them from host memory)")
 

@@ -205,7 +205,7 @@ static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const 
         SO_DOT(bf16)((const uint16_t *)w + (e * R + r) * C, NULL, 0, C, (xptr)X, ldx, n, acc);
     } else if (j->fmt == SO_MXFP4) {
 #if defined(SO_BF16DOT)
-        dotq_mxfp4((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), C,
+        dotq_mxfp4((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), 0, C,
                    (const int8_t *)X, ldx, n, acc);
 #else
         SO_DOT(mxfp4)((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), 0, C,
@@ -252,6 +252,11 @@ static inline float activate(const so_moe_job *j, float g, float u) {
 }
 
 /* ---------------- the call ---------------- */
+
+/* Element i of the job's tokens as f32 (they come as bf16 or f32). */
+static inline float token_f32(const so_moe_job *j, int64_t i) {
+    return j->x_dtype == SO_DT_F32 ? ((const float *)j->x)[i] : bf16_to_f32(((const uint16_t *)j->x)[i]);
+}
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
@@ -319,6 +324,8 @@ void so_moe_job_run(void *arg) {
         ptok[slot] = p / K;
         pw[slot] = j->topk_weights[p];
     }
+    memset(j->out, 0, (size_t)(T * H * 4));
+    if (total == 0) { free(own); return; }
     /* The tokens in the order the format's row walk reads them (perm32, perm16), or
      * quantised to int8 vectors (MXFP4 on the AVX512-BF16 path). */
 #if defined(SO_BF16DOT)
@@ -332,14 +339,14 @@ void so_moe_job_run(void *arg) {
     int fmt = (int)j->fmt;
 #if defined(SO_BF16DOT)
     const int q8 = fmt == SO_MXFP4;
+    if (q8) {
+        for (int64_t i = 0; i < T * H; i++) xf[i] = token_f32(j, i);
+        for (int64_t t = 0; t < T; t++) q8_quantize(xf + t * H, H, Qx + t * q8_bytes(H));
+    } else
 #else
     const int q8 = 0;
 #endif
-    if (q8) {
-        for (int64_t i = 0; i < T * H; i++)
-            xf[i] = j->x_dtype == SO_DT_F32 ? ((const float *)j->x)[i] : bf16_to_f32(((const uint16_t *)j->x)[i]);
-        for (int64_t t = 0; t < T; t++) q8_quantize(xf + t * H, H, Qx + t * q8_bytes(H));
-    } else {
+    {
         for (int64_t t = 0; t < T; t++)
             for (int64_t k = 0; k < H; k++) {
                 int64_t i = t * H + k;
@@ -347,7 +354,7 @@ void so_moe_job_run(void *arg) {
 #if defined(SO_BF16DOT)
                 v = j->x_dtype == SO_DT_F32 ? f32_to_bf16(((const float *)j->x)[i]) : ((const uint16_t *)j->x)[i];
 #else
-                v = j->x_dtype == SO_DT_F32 ? ((const float *)j->x)[i] : bf16_to_f32(((const uint16_t *)j->x)[i]);
+                v = token_f32(j, i);
 #endif
                 X[t * H + slot_of(fmt, k, H)] = v;
             }
@@ -355,10 +362,8 @@ void so_moe_job_run(void *arg) {
     /* Where the row walks read their vectors: base, bytes between vectors, and the stride
      * dot_row takes (elements of the vector's type). */
     const char *xbase = q8 ? (const char *)Qx : (const char *)X, *abase = q8 ? (const char *)Qa : (const char *)act;
-    const int64_t xstep = q8 ? q8_bytes(H) : H * (int64_t)sizeof(xval), xld = q8 ? q8_bytes(H) : H;
-    const int64_t astep = q8 ? q8_bytes(I) : I * (int64_t)sizeof(xval), ald = q8 ? q8_bytes(I) : I;
-    memset(j->out, 0, (size_t)(T * H * 4));
-    if (total == 0) { free(own); return; }
+    const int64_t xld = q8 ? q8_bytes(H) : H, ald = q8 ? q8_bytes(I) : I, width = q8 ? 1 : (int64_t)sizeof(xval);
+    const int64_t xstep = xld * width, astep = ald * width;
 
     int64_t jblocks = (I + JB - 1) / JB, up_items = ng * jblocks, hblocks = (H + HB - 1) / HB;
     int threads = j->threads > 0 ? (int)j->threads : 1;
@@ -409,10 +414,12 @@ void so_moe_job_run(void *arg) {
             }
         }
         /* (implicit barrier) The MXFP4 path quantises each slot's whole activation row. */
+#if defined(SO_BF16DOT)
         if (q8) {
 #pragma omp for schedule(static)
             for (int64_t s = 0; s < total; s++) q8_quantize(actf + s * I, I, Qa + s * q8_bytes(I));
         }
+#endif
         /* (implicit barrier) Down projection: each block of output rows has one writer, and
          * reads each expert's rows of the block one after another. Dynamic: on a shared
          * machine a descheduled thread's share is taken by the others. */

@@ -49,8 +49,12 @@ static void q8_quantize(const float *x, int64_t len, int8_t *q) {
     }
 }
 
-static inline __attribute__((always_inline)) void dotq_n(const uint8_t *w, const uint8_t *sc, int64_t len,
-                                                         const int8_t *Q, int64_t ldq, float *acc, const int n) {
+/* The row kernels' common signature (SO_ROWS_BY_N); the format is MXFP4's and bk unused. */
+static inline __attribute__((always_inline)) void dotq_n(int fmt, const void *row, const void *scale, int64_t bk,
+                                                         int64_t len, const int8_t *Q, int64_t ldq, float *acc,
+                                                         const int n) {
+    (void)fmt, (void)bk;
+    const uint8_t *w = (const uint8_t *)row, *sc = (const uint8_t *)scale;
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)E2M1_U8));
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     /* The chunk's four scale bytes, broadcast as one dword, rotated so that 128-bit lane i
@@ -88,13 +92,5 @@ static inline __attribute__((always_inline)) void dotq_n(const uint8_t *w, const
     for (int t = 0; t < n; t++) acc[t] = _mm512_reduce_add_ps(a[t]);
 }
 
-static void dotq_mxfp4(const uint8_t *w, const uint8_t *sc, int64_t len, const int8_t *Q, int64_t ldq, int n,
-                       float *acc) {
-    switch (n) {
-        case 1: dotq_n(w, sc, len, Q, ldq, acc, 1); break;
-        case 2: dotq_n(w, sc, len, Q, ldq, acc, 2); break;
-        case 3: dotq_n(w, sc, len, Q, ldq, acc, 3); break;
-        default: dotq_n(w, sc, len, Q, ldq, acc, 4); break;
-    }
-}
+SO_ROWS_BY_N(dotq_mxfp4, dotq_n, SO_MXFP4, int8_t)
 #endif
