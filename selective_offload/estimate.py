@@ -41,7 +41,10 @@ change what that costs per generated token are priced here; every figure is an e
   crossover ``T`` the same distinct experts are instead copied over the link at the pinned
   copy rate and computed on the GPU (:func:`host_compute_crossover`). The CPU's work and the
   GPU's work of a layer are sequential (the layer's output is the next layer's input, and
-  the GPU waits for the sum): no overlap is priced. Ranks sharing the host (tensor or expert
+  the GPU waits for the sum). The copy engine does not wait: the prefetch offloader's next
+  copy runs behind the CPU's time as behind the GPU's, but the copy and the CPU kernel both
+  read host memory, so that stretch takes at least their host reads one after the other at
+  the kernel's rate (:func:`pipelined_step_s`). Ranks sharing the host (tensor or expert
   parallel) each compute their share with their share of the host's memory bandwidth.
 - **KV cache.** Bytes per token from the model's attention layers (KV heads x head dim,
   MLA's latent, sliding windows capped at their window) plus the fixed state of
@@ -205,11 +208,16 @@ def expected_tokens_per_step(k: int, accept_rate: float) -> float:
 
 @dataclass(frozen=True)
 class LayerCost:
-    """One decoder layer in a step: the time its compute takes (its weights and KV read
-    from VRAM, est) and, when it is offloaded, the time its copy over the link takes."""
+    """One decoder layer in a step: the time it takes (its weights and KV read from VRAM,
+    and the host CPU's part where it computes some of the layer there, est) and, when it is
+    offloaded, the time its copy over the link takes. ``host_s`` and ``copy_host_s`` are the
+    host memory's share of those: the bytes the CPU kernel reads, and the bytes the copy
+    reads from host memory, each at the host kernel's rate."""
 
     compute_s: float
     copy_s: float = 0.0
+    host_s: float = 0.0
+    copy_host_s: float = 0.0
 
 
 def pipelined_step_s(layers: list[LayerCost], other_s: float) -> tuple[float, float]:
@@ -220,6 +228,12 @@ def pipelined_step_s(layers: list[LayerCost], other_s: float) -> tuple[float, fl
     between and, cyclically across steps, the tail of one step (``other_s``: LM head,
     sampling) and the head of the next. So the step is the sum, over those segments, of
     ``max(copy, compute of the segment)``.
+
+    A segment whose layers compute on the host CPU hides the copy behind the CPU's time
+    too (the copy engine does not wait for the host), but both read host memory: the
+    segment also takes at least the copy's and the CPU kernel's host reads one after the
+    other at the host's rate (``copy_host_s + sum(host_s)``), so a copied byte costs the
+    CPU's work what a byte it reads itself does.
     """
     offloaded = [i for i, layer in enumerate(layers) if layer.copy_s > 0]
     compute = sum(layer.compute_s for layer in layers) + other_s
@@ -228,12 +242,14 @@ def pipelined_step_s(layers: list[LayerCost], other_s: float) -> tuple[float, fl
     step = 0.0
     for n, j in enumerate(offloaded):
         prev = offloaded[n - 1]
-        if n == 0:  # wraps around: from the last offloaded layer through the step's end
-            segment = sum(l.compute_s for l in layers[prev:]) + other_s + sum(l.compute_s for l in layers[:j])
-        else:
-            segment = sum(l.compute_s for l in layers[prev:j])
+        # wraps around for the first: from the last offloaded layer through the step's end
+        span = layers[prev:] + layers[:j] if n == 0 else layers[prev:j]
+        segment = sum(l.compute_s for l in span) + (other_s if n == 0 else 0.0)
+        host = sum(l.host_s for l in span)
+        # mutation: copy-host-contention-ignored
+        shared = layers[j].copy_host_s + host if host > 0 else 0.0
         # mutation: no-overlap
-        step += max(layers[j].copy_s, segment)
+        step += max(layers[j].copy_s, segment, shared)
     link = sum(layers[j].copy_s for j in offloaded)
     return step, compute + link - step
 
@@ -434,6 +450,27 @@ def flops_per_token(dtype_bytes: Mapping[str, int]) -> float:
     return 2.0 * params
 
 
+def host_compute_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -> tuple[float, float, float]:
+    """One host-compute group in a step of ``tokens`` tokens (est): its time on the CPU,
+    its time copied over the link and computed on the GPU, and the host memory's share of
+    the first (its bytes at the kernel's rate). :func:`host_compute_times` says how."""
+    ranks = max(1, settings.ranks)
+    cpu_rate = settings.cpu_gbps * 1e9 / ranks  # the host's memory bandwidth, shared by its ranks
+    cpu_flop_s = settings.cpu_tflops * 1e12 / ranks
+    link = settings.link_gbps * 1e9
+    vram = decode_read_rate(settings.vram_gbps, settings.decode_read_gbps) * 1e9
+    gpu_flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
+    read = e.read_bytes(tokens)
+    # mutation: mlp-flops-times-tokens-dropped
+    flops = e.flops_per_token * tokens
+    host = read / ranks / cpu_rate
+    # mutation: cpu-rate-ignored
+    cpu = max(host, flops / ranks / cpu_flop_s) + settings.handoff_s
+    # mutation: crossover-cpu-rate-both-sides
+    gpu = read / link + max(read / vram, flops / gpu_flop_s if gpu_flop_s else 0.0) + settings.handoff_s
+    return cpu, gpu, host
+
+
 def host_compute_times(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", tokens: float,
                        settings: StepSettings) -> tuple[float, float]:
     """What a step of ``tokens`` tokens costs the host-compute experts (est), both ways: on
@@ -442,21 +479,10 @@ def host_compute_times(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", t
     the CPU's matmul rate), and copied over the link at the pinned copy rate and computed on
     the GPU (read from VRAM once copied, at least their FLOPs at the GPU's rate when given).
     Each layer adds one hand-off either way (the routing decision is on the host for both)."""
-    ranks = max(1, settings.ranks)
-    cpu_rate = settings.cpu_gbps * 1e9 / ranks  # the host's memory bandwidth, shared by its ranks
-    cpu_flop_s = settings.cpu_tflops * 1e12 / ranks
-    link = settings.link_gbps * 1e9
-    vram = decode_read_rate(settings.vram_gbps, settings.decode_read_gbps) * 1e9
-    gpu_flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
     cpu = gpu = 0.0
     for e in experts:
-        read = e.read_bytes(tokens)
-        # mutation: mlp-flops-times-tokens-dropped
-        flops = e.flops_per_token * tokens
-        # mutation: cpu-rate-ignored
-        cpu += max(read / ranks / cpu_rate, flops / ranks / cpu_flop_s) + settings.handoff_s
-        # mutation: crossover-cpu-rate-both-sides
-        gpu += read / link + max(read / vram, flops / gpu_flop_s if gpu_flop_s else 0.0) + settings.handoff_s
+        c, g, _ = host_compute_time(e, tokens, settings)
+        cpu, gpu = cpu + c, gpu + g
     return cpu, gpu
 
 
@@ -546,15 +572,26 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     uva_bytes = float(traffic.uva_bytes)
     on_cpu = [e for e in traffic.experts if e.where == EXPERTS_CPU]
     cpu_s = host_link_s = 0.0
+    # Per layer, the CPU's time and its host reads' share of it (below the crossover).
+    layer_cpu = [0.0] * len(reads)
+    layer_host = [0.0] * len(reads)
+    cpu_elsewhere_s = 0.0  # of groups outside the layer stack: paid in line
     if on_cpu:
-        # Below the crossover the CPU computes them; above it they are copied and computed
-        # on the GPU (the copy is link time). Either way in line: no overlap is priced.
+        # Below the crossover the CPU computes them, in line with the layer's GPU work (the
+        # layer's output is the next layer's input); above it they are copied and computed
+        # on the GPU (the copy is link time, in line).
         crossover = host_compute_crossover(on_cpu, settings)
-        cpu_path, gpu_path = host_compute_times(on_cpu, tokens_per_pass, settings)
         if tokens_per_pass <= crossover:
-            cpu_s = cpu_path
+            for e in on_cpu:
+                cpu, _, host = host_compute_time(e, tokens_per_pass, settings)
+                cpu_s += cpu
+                if 0 <= e.layer < len(reads):
+                    layer_cpu[e.layer] += cpu
+                    layer_host[e.layer] += host
+                else:
+                    cpu_elsewhere_s += cpu
         else:
-            host_link_s = gpu_path
+            host_link_s = host_compute_times(on_cpu, tokens_per_pass, settings)[1]
     for e in traffic.experts:
         if e.where == EXPERTS_CPU:
             continue
@@ -583,12 +620,17 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     compute = (sum(compute_s(f, tokens_per_pass) for f in flops) + compute_s(traffic.other_flops, tokens_per_pass)
                + k * compute_s(traffic.draft_flops, n))
     if pipelined:
-        costs = [LayerCost(t, c / gb_link) for t, c in zip(layer_s, copies)]
+        # A layer's CPU time is part of the layer, so the next offloaded layer's copy runs
+        # behind it too, reading host memory beside the CPU kernel (pipelined_step_s).
+        host_rate = settings.cpu_gbps * 1e9 / max(1, settings.ranks)
+        # mutation: copies-not-hidden-by-cpu
+        costs = [LayerCost(t + cpu, c / gb_link, host, c / host_rate)
+                 for t, c, cpu, host in zip(layer_s, copies, layer_cpu, layer_host)]
         core, hidden = pipelined_step_s(costs, other_s + (0.0 if traffic.layers else kv_s))
         # UVA reads are paid in line: they share the link with the prefetch copies, so
         # they hide no copy and no copy hides them.
         # mutation: uva-hidden-by-prefetch
-        step = core + rows_link_s + uva_s + draft_s + cpu_s + host_link_s
+        step = core + rows_link_s + uva_s + draft_s + cpu_elsewhere_s + host_link_s
     else:
         hidden = 0.0
         device_s = sum(layer_s) + other_s + (0.0 if traffic.layers else kv_s)

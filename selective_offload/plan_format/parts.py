@@ -46,7 +46,7 @@ from .vocabulary import (
 
 #: The estimate model a plan's ``est`` figures come from, written into every plan file. A
 #: change to what :mod:`selective_offload.estimate` prices, or leaves out, names a new one.
-EST_MODEL = "bytes-over-bandwidth-v1"
+EST_MODEL = "bytes-over-bandwidth-v2"
 
 #: What the estimates of :data:`EST_MODEL` leave out (``selective-offload plan --explain``).
 EST_IGNORES: tuple[str, ...] = (
@@ -58,7 +58,7 @@ EST_IGNORES: tuple[str, ...] = (
     "or --context, and spread evenly over the layers",
     "kernel launch, scheduling and Python overhead between kernels (the host gather's fixed host "
     "work per step among them)",
-    "prefetch overlap: one slot ahead, copies and compute assumed not to slow each other (they "
+    "prefetch overlap: one slot ahead, copies and the GPU's compute assumed not to slow each other (they "
     "share memory bandwidth); copies are priced at the pinned copy rate, which no published "
     "measurement of vLLM's prefetch offloader has checked",
     f"UVA reads in kernels at one rate whatever the buffer size ({DEFAULT_UVA_READ_FACTOR} of the copy rate "
@@ -74,7 +74,9 @@ EST_IGNORES: tuple[str, ...] = (
     "read than estimated",
     "host-compute: the CPU kernel reads the experts a step uses at one rate (probed, --cpu-gbps, or the "
     f"reference host's {REFERENCE_CPU_GBPS:g} GB/s assumed) whatever the layer, and computes at least their FLOPs at one CPU "
-    "matmul rate; the CPU's and the GPU's work of a layer are sequential (no overlap); ranks sharing the "
+    "matmul rate; the CPU's and the GPU's work of a layer are sequential (no overlap); prefetch copies run "
+    "behind the CPU's time, and host memory serves the copy and the kernel one byte after the other at the "
+    "kernel's rate (no measurement of the two together); ranks sharing the "
     "host split its memory bandwidth evenly; the per-layer hand-off is one fixed time",
 )
 

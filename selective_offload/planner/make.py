@@ -80,7 +80,9 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
     plan = _place(checkpoint, inputs, kv, kv_notes, with_bulk)
     if inputs.speculative == "mtp":
         plain = _place(checkpoint, replace(inputs, speculative=None, spec_tokens=None), kv, [], False)
-        plan = with_alternative(with_draft_tokens(plan, plain, family), plain)
+        placed_tokens = inputs.batch * (1 + _placed_spec_tokens(inputs, checkpoint))
+        # mutation: draft-search-step-unrestated
+        plan = _restate_step(with_alternative(with_draft_tokens(plan, plain, family), plain), placed_tokens)
     plan.validate()
     return plan
 
@@ -131,8 +133,7 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                      if g.kind == GroupKind.LAYER and p.where[g.name] == Placement.HOST_HOT)
         return placed(p, hot).est.est_step_s
 
-    facts = checkpoint.facts
-    spec_tokens = (inputs.spec_tokens or max(1, facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0
+    spec_tokens = _placed_spec_tokens(inputs, checkpoint)
     place_cold(placing, inputs)
     # mutation: plan-setting-ignored
     kernel = pick(method, inputs.card, inputs.moe_setting)
@@ -153,17 +154,40 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
         plan = replace(plan, notes=plan.notes + (f"host-compute: {why_not}",))
     if has_dense and not mlp_computes and deficit > 0:
         plan = replace(plan, notes=plan.notes + (_mlp_why_not(inputs, mlp_fmt, groups, computes, fmt),))
-    record = plan.host_compute
+    plan = replace(plan, notes=plan.notes + _host_compute_lines(plan, tokens))
+    if inputs.compute_tflops:
+        plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
+    return replace(plan, notes=plan.notes + tuple(baseline_notes(plan)))
+
+
+def _placed_spec_tokens(inputs: PlanInputs, checkpoint: Checkpoint) -> int:
+    """Draft tokens a placement is made at: the given K, else one per MTP layer (at least
+    one; the draft search may then choose another K on the same placement)."""
+    return (inputs.spec_tokens or max(1, checkpoint.facts.num_mtp_layers)) if inputs.speculative == "mtp" else 0
+
+
+def _host_compute_lines(plan: Plan, tokens: int) -> tuple[str, ...]:
+    """The plan's host-compute notes for a step of ``tokens`` tokens (:func:`host_compute_notes`)."""
+    record, inputs = plan.host_compute, plan.inputs
     bound = None
     if record is not None:
         settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, cpu_gbps=inputs.host_cpu_gbps,
                                 cpu_tflops=inputs.host_cpu_tflops, handoff_s=inputs.host_handoff_s, ranks=inputs.ranks)
         bound = host_compute_bound_tokens(plan.traffic().experts, settings)
     mlps = sum(1 for g in plan.groups if g.kind == GroupKind.MLP)
-    plan = replace(plan, notes=plan.notes + tuple(host_compute_notes(record, tokens, bound, mlps)))
-    if inputs.compute_tflops:
-        plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
-    return replace(plan, notes=plan.notes + tuple(baseline_notes(plan)))
+    return tuple(host_compute_notes(record, tokens, bound, mlps))
+
+
+def _restate_step(plan: Plan, placed_tokens: int) -> Plan:
+    """The host-compute notes restated for the plan's own step once the draft search has
+    chosen its K (they were written for the ``placed_tokens`` the placement was made at)."""
+    tokens = plan.inputs.batch * (1 + (plan.spec_tokens or 0))
+    if tokens == placed_tokens:
+        return plan
+    old, new = _host_compute_lines(plan, placed_tokens), _host_compute_lines(plan, tokens)
+    kept = tuple(n for n in plan.notes if n not in old)
+    at = next((i for i, n in enumerate(plan.notes) if n in old), len(kept))
+    return replace(plan, notes=kept[:at] + new + kept[at:])
 
 
 def dense_layers_of(groups) -> set[int]:

@@ -46,6 +46,46 @@ def test_the_tail_of_the_step_hides_the_first_copy():
     assert pipelined_step_s(layers, 1.5) == (5.0, 4.5)
 
 
+
+def test_a_copy_runs_behind_the_cpus_time_and_shares_host_memory_with_it():
+    """Layer 0 computes 3 ms on the host CPU (2.5 ms of it the kernel's host reads), layer 1
+    is offloaded with a 3.5 ms copy whose host reads take 1 ms at the kernel's rate. The
+    copy runs behind the whole step (4 ms, the CPU's time included): max(3.5, 4, 1 + 2.5) =
+    4 ms. A copy reading 2 ms of host memory makes the shared reads bind: 2 + 2.5 = 4.5 ms.
+    Without host reads in its segment a copy's host share is not priced (a GPU-only step)."""
+    cpu_layer = LayerCost(3.0, host_s=2.5)
+    assert pipelined_step_s([cpu_layer, LayerCost(1.0, 3.5, copy_host_s=1.0)], 0.0) == (4.0, 3.5)
+    step, hidden = pipelined_step_s([cpu_layer, LayerCost(1.0, 3.5, copy_host_s=2.0)], 0.0)
+    assert (step, hidden) == (pytest.approx(4.5), pytest.approx(3.0))
+    assert pipelined_step_s([LayerCost(3.0), LayerCost(1.0, 3.5, copy_host_s=9.0)], 0.0) == (4.0, 3.5)
+
+
+def test_the_step_hides_a_copy_behind_a_layer_computed_on_the_host():
+    """Two layers: layer 0's MLP (1 GB, one expert every token takes) on the host CPU at 10
+    GB/s (100 ms + a 1 ms hand-off), layer 1 (0.5 GB) offloaded over a 10 GB/s link (50 ms).
+    Read from VRAM at 1000 GB/s the layers' own reads are about 0.5 ms. The copy hides
+    behind the CPU's time, and its 50 ms of host reads at 10 GB/s with the kernel's 100 ms
+    bind: 150 ms for the step, against 151.5 ms with the two paid one after the other."""
+    from selective_offload.estimate import EXPERTS_CPU, ExpertsRead
+
+    gb = 10 ** 9
+    traffic = Traffic(layers=((gb // 1000, False), (gb // 2, True)),
+                      experts=(ExpertsRead(0, gb, 1, 1, EXPERTS_CPU),))
+    settings = StepSettings(10.0, 1000.0, decode_read_gbps=1000.0, cpu_gbps=10.0, cpu_tflops=1e6, handoff_s=1e-3)
+    cost = step_cost(traffic, settings, None, pipelined=True)
+    assert cost["est_cpu_s_per_step"] == pytest.approx(0.101)
+    # the segment: the copy's host reads (0.05 s) then the kernel's (0.1 s) at the host's rate
+    assert cost["est_step_s"] == pytest.approx(0.15)
+    # with nothing offloaded the CPU's time is the layer's, in line with the GPU's reads
+    resident = Traffic(layers=((gb // 1000, False), (gb // 2, False)), experts=traffic.experts)
+    assert step_cost(resident, settings, None, pipelined=True)["est_step_s"] == pytest.approx(0.101 + 0.501e-3)
+    # a host four times as fast: the shared reads take 12.5 + 25 ms, the layers 26.5 ms, and
+    # the copy's own 50 ms over the link binds
+    fast = step_cost(traffic, StepSettings(10.0, 1000.0, decode_read_gbps=1000.0, cpu_gbps=40.0, cpu_tflops=1e6,
+                                           handoff_s=1e-3), None, pipelined=True)
+    assert fast["est_step_s"] == pytest.approx(0.05)
+
+
 # ---- speculative decoding
 
 @pytest.mark.parametrize("k,a,expected", [(0, 0.9, 1.0), (1, 0.85, 1.85), (2, 0.5, 1.75), (3, 1.0, 4.0),

@@ -76,7 +76,8 @@ def test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_col
     assert any(line.startswith(f"cpu    {record.format} at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source})")
                and f"crossover {record.crossover_tokens} tokens/step" in line for line in lines)
     # one formatter: adaptive units, no "0.000 GB"
-    assert f"{fmt_bytes(plan.host_hot_bytes)} prefetched" in out and "MB prefetched" in out
+    assert f"{fmt_bytes(plan.host_hot_bytes)} prefetched" in out and "0.000 GB" not in out
+    assert fmt_bytes(plan.prefetch_buffer_bytes).strip().endswith("MB") and fmt_bytes(plan.prefetch_buffer_bytes) in out
     code, verbose, _ = run(capsys, *REFERENCE, "--verbose")
     assert "0.000 GB" not in verbose and "model.norm" in verbose and "kB" in verbose
 

@@ -340,3 +340,17 @@ def test_the_planning_page_host_compute_rows_are_what_the_planner_says(reference
     assert any(g.kind == "mlp" for g in claimed_plan.groups)
     bound = next(n for n in claimed_plan.notes if "turns compute-bound at" in n)
     assert bound.split("compute-bound at ", 1)[1].split(" tokens", 1)[0] + " tokens per step" in readme
+    # the prose's MTP figures beside the K=1 row: at acceptance 0.85, and K=2 at the family's rate
+    high = plan(True, accept_rate=0.85, **k1)
+    k2 = plan(True, speculative="mtp", spec_tokens=2)
+    assert f"({high.est.est_tok_s:.2f} at acceptance {high.inputs.accept_rate:.2f};" in readme
+    assert f"estimated at {k2.est.est_tok_s:.2f} at {k2.inputs.accept_rate:.2f})" in readme
+
+
+def test_the_host_compute_notes_state_the_step_of_the_k_the_draft_search_chose(reference):
+    """`--speculative mtp` without a K places at one draft token, then the draft search may
+    choose another K on that placement: the notes speak of the plan's own step, once."""
+    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, speculative="mtp"))
+    assert plan.host_compute is not None and plan.spec_tokens != 1  # the search moved K (else this checks nothing)
+    bound = [n for n in plan.notes if "turns compute-bound at" in n]
+    assert len(bound) == 1 and bound[0].endswith(f"this plan's step is {1 + plan.spec_tokens})")
