@@ -234,6 +234,20 @@ def host_mlp_over_copy(d: dict) -> list[dict] | str:
                  dense["host_over_prefetch"], None, note)]
 
 
+def host_reads_together(d: dict) -> list[dict] | str:
+    """The CPU kernel's and the page-locked copies' rates while both read host memory, over
+    the kernel's rate alone: 1.0 is what the estimate prices for a prefetch copy run behind
+    the CPU's time."""
+    c = d.get("contention") or {}
+    if not d.get("cuda"):
+        return "no CUDA: the copy engine's reads of host memory need a GPU"
+    if c.get("status") != "measured":
+        return f"not measured: {c.get('status', 'not reached')}"
+    note = (f"kernel {c['kernel_gbps_alone']:.1f} GB/s alone, {c['kernel_gbps_beside']:.1f} beside copies at "
+            f"{c['copy_gbps_beside']:.1f} GB/s ({c['copy_gbps_alone']:.1f} alone)")
+    return [_row(f"{c['shape']}, 1 token: kernel + copies together / kernel alone", c["model_ratio"], 1.0, note)]
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("selective_over_bulk", "decode-emulation", "selective / bulk, decode tok/s",
            "whether the plan decodes faster than vLLM's bulk `cpu_offload_gb` on the same 24 GiB card, and by how "
@@ -275,6 +289,9 @@ FAMILIES: tuple[Family, ...] = (
            "whether computing a dense layer's MLP on the host CPU (attention on the GPU, one hand-off inside a "
            "captured graph) beats carrying its bytes over the link as a prefetched layer does, for "
            "Qwen3.8-27B-FP8's block FP8 MLP", host_mlp_over_copy),
+    Family("host_reads_together", "host-compute", "host reads: CPU kernel + prefetch copies together / kernel alone",
+           "whether a prefetch copy run behind the CPU's time costs the CPU kernel what the estimate prices (1.0: "
+           "host memory serves the two one byte after the other at the kernel's rate)", host_reads_together),
     Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
            "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),
 )

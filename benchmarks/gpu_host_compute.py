@@ -38,6 +38,13 @@ one part of that:
   against the parts' sum; and the same chain queued first on the same stream, where
   stream order must serialise them. It shows whether the GPU keeps working while the CPU
   computes, which is what makes the hand-off cheap inside a model's step.
+- **contention**: the kernel's rate at one token alone and while copies read host memory
+  beside it (on CUDA page-locked copies to the device on their own stream, as the prefetch
+  offloader's; without CUDA a second thread's host-to-host copy stands in), and the copies'
+  rate alone and beside it. The plan's estimate lets a prefetch copy run behind the CPU's
+  time with the two reads served one after the other at the kernel's rate; ``model_ratio``
+  (both rates together over the kernel's alone) is what that rule is checked against: 1.0
+  as priced, above it the estimate is conservative.
 - **dense layer** (``host_compute_dense.py``): Qwen3.8-27B's attention on the GPU and its
   block FP8 MLP on the host CPU, as one captured sequence, against the same layer with the
   MLP's bytes copied over the link (what a prefetched layer pays): whether computing a dense
@@ -61,7 +68,7 @@ parts are recorded as skipped with the reason; the kernel and the reference stil
     python benchmarks/gpu_host_compute.py [--small] [--max-seconds 25] [--threads N] [--out benchmarks/results]
 
 The pieces: ``host_compute_layers.py`` (the shapes, weights, inputs, timer, checks and
-crossover), ``host_compute_sections.py`` (the measurements) and ``host_compute_report.py``
+crossover), ``host_compute_sections.py`` and ``host_compute_contention.py`` (the measurements), ``host_compute_report.py``
 (the Markdown).
 
 Writes ``host-compute-<cpu|cuda>-<machine>-<date>[-small].json`` and ``.md``. Exit status 1
@@ -83,6 +90,7 @@ from _common import (  # noqa: E402
     RESULTS_DIR, BenchError, device_name, load_1min, machine, result_stem, shared_note, today, worker_or_run,
     write_results,
 )
+from host_compute_contention import contention  # noqa: E402
 from host_compute_dense import dense_layer  # noqa: E402
 from host_compute_layers import (  # noqa: E402
     DENSE_MLP, SHAPES, SMALL_SHAPES, SMALL_TOKENS, TOKENS, TOL_BF16, TOL_F32, make_weights, physical_cores,
@@ -115,7 +123,8 @@ def run(args) -> int:
                     "physical_cores": cores, "logical_cpus": os.cpu_count(), "iters": ctx.iters,
                     "max_seconds": args.max_seconds, "tolerance": {"float32": TOL_F32, "bf16": TOL_BF16},
                     "handoff": {"status": "not reached", "rows": []}, "layers": [], "threads_sweep": [],
-                    "overlap": {"status": "not reached"}, "dense_layer": {"status": "not reached"},
+                    "overlap": {"status": "not reached"}, "contention": {"status": "not reached"},
+                    "dense_layer": {"status": "not reached"},
                     "correctness": ctx.checks, "complete": False}
     stem = result_stem("host-compute", cuda, result["device"]) + ("-small" if small else "")
 
@@ -161,6 +170,11 @@ def run(args) -> int:
             result["overlap"] = overlap(ctx, *layers[0])
         except Exception as exc:
             result["overlap"] = {"status": _reason(exc)}
+        try:
+            result["contention"] = contention(ctx, *layers[0])
+        except Exception as exc:
+            result["contention"] = {"status": _reason(exc)}
+        print(f"contention: {result['contention']['status']}", flush=True)
         save()
         result["dense_layer"] = next((dense_layer(ctx, s, w) for s, w in layers if s.name == DENSE_MLP),
                                      {"status": "no dense layer among the shapes"})

@@ -75,6 +75,19 @@ def markdown(r: dict) -> str:
                              fmt(o["same_stream_overlap"], 2)]]),
                   f"GPU work: {o['matmul']} x {o['matmul_reps']}. Overlap: (sum - together) / the shorter part "
                   "(1: fully hidden, 0: serialised).", ""]
+    c = r.get("contention") or {"status": "not reached"}
+    lines += ["## Contention: the kernel and copies reading host memory together", ""]
+    if c["status"] != "measured":
+        lines += [f"Status: {c['status']}.", ""]
+    else:
+        lines += [md_table(["layer", "kernel threads", "kernel GB/s alone", "beside copies", "copies GB/s alone",
+                            "beside the kernel", "together / kernel alone"],
+                           [[c["shape"], str(c["kernel_threads"]), fmt(c["kernel_gbps_alone"], 2),
+                             fmt(c["kernel_gbps_beside"], 2), fmt(c["copy_gbps_alone"], 2),
+                             fmt(c["copy_gbps_beside"], 2), fmt(c["model_ratio"], 2)]]),
+                  f"Copies: {c['copier']}, {c['copy_bytes'] >> 20} MiB each. The plan's estimate serves a "
+                  "prefetch copy and the CPU kernel one byte after the other at the kernel's rate (1.00 in "
+                  "the last column); above it the estimate is conservative, below it optimistic.", ""]
     d = r.get("dense_layer") or {"status": "not reached"}
     lines += ["## A dense layer: attention on the GPU, its MLP on the host CPU", ""]
     if d["status"] != "measured":

@@ -212,3 +212,31 @@ def test_cuda_shaped_dense_layer_gives_its_headline_figure(small):
     assert "copied 20000 us" in row["note"] and "on the host 5000 us" in row["note"]
     d["dense_layer"] = {"status": "FAILED: RuntimeError: capture failed"}
     assert "capture failed" in gpu_figures.host_mlp_over_copy(d)
+
+
+def test_small_run_measures_the_kernel_beside_a_copier_and_names_the_stand_in(small):
+    """Without CUDA a host-to-host copying thread stands in for the copy engine, and says so;
+    the ratio the estimate's rule is checked against is the two rates together over the
+    kernel's alone, from the figures recorded beside it."""
+    c = small["contention"]
+    if small["kernel"]["status"] != "built":
+        assert c["status"] == small["kernel"]["status"]
+        return
+    assert c["status"] == "measured" and "stand-in" in c["copier"] and "no CUDA" in c["copier"]
+    assert c["kernel_threads"] == max(1, small["threads"] - 1)  # a core left to the copier
+    assert min(c["kernel_gbps_alone"], c["kernel_gbps_beside"], c["copy_gbps_alone"], c["copy_gbps_beside"]) > 0
+    assert c["model_ratio"] == pytest.approx((c["kernel_gbps_beside"] + c["copy_gbps_beside"]) / c["kernel_gbps_alone"])
+
+
+def test_cuda_shaped_contention_gives_its_headline_figure_against_the_estimates_one(small):
+    d = json.loads(json.dumps(small))
+    assert gpu_figures.host_reads_together(d).startswith("no CUDA")
+    d["cuda"] = True
+    d["contention"] = {"status": "measured", "shape": "gpt-oss-20b", "kernel_gbps_alone": 50.0,
+                       "kernel_gbps_beside": 45.0, "copy_gbps_alone": 25.0, "copy_gbps_beside": 20.0,
+                       "model_ratio": 1.3}
+    (row,) = gpu_figures.host_reads_together(d)
+    assert row["measured"] == 1.3 and row["est"] == 1.0
+    assert "45.0 beside copies at 20.0 GB/s (25.0 alone)" in row["note"]
+    d["contention"] = {"status": "FAILED: RuntimeError: no pinned memory"}
+    assert "no pinned memory" in gpu_figures.host_reads_together(d)
