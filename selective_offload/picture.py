@@ -93,6 +93,7 @@ def picture_data(plan: Plan) -> dict[str, Any]:
         hidden = min(est.est_hidden_link_s_per_step, est.est_link_s_per_step)
         return {"est_vram_s": est.est_vram_s_per_step, "est_link_exposed_s": est.est_link_s_per_step - hidden,
                 "est_link_hidden_s": hidden, "est_draft_s": est.est_draft_s_per_step,
+                "est_cpu_s": est.est_cpu_s_per_step,
                 "est_step_s": est.est_step_s, "est_tok_s": est.est_tok_s}
 
     rows = [{"label": f"selective ({plan.strategy})", "bytes": totals, "step": step(plan.est)}]
@@ -189,9 +190,10 @@ def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
     ax_bytes.set_title("all weights by serving", fontsize=11)
 
     ax_step = fig.add_subplot(grid[1, 1])
-    # Two bars per row, not one stack: link and VRAM time overlap (the prefetch hides link
-    # time behind compute), so the step is marked on its own, not the sum of the bars.
-    link_in_line, link_hidden, vram = "#c44e52", "#f2b5b7", "#4c72b0"
+    # Two bars per row, not one stack: link time overlaps the rest (the prefetch hides link
+    # time behind the GPU's and the host CPU's work), so the step is marked on its own, not
+    # the sum of the bars. The host CPU's time (host-compute) is in line with the GPU's.
+    link_in_line, link_hidden, vram, cpu, draft = "#c44e52", "#f2b5b7", "#4c72b0", colours[Serving.COMPUTE.value], "#e5ae38"
     for y, row in enumerate(rows):
         st = row["step"]
         exposed, hidden = st["est_link_exposed_s"] * 1e3, st["est_link_hidden_s"] * 1e3
@@ -199,7 +201,10 @@ def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
         ax_step.barh(y - 0.17, hidden, left=exposed, color=link_hidden, hatch="..", edgecolor="white", height=0.3)
         ax_step.barh(y + 0.17, st["est_vram_s"] * 1e3, color=vram, height=0.3)
         if st["est_draft_s"]:
-            ax_step.barh(y + 0.17, st["est_draft_s"] * 1e3, left=st["est_vram_s"] * 1e3, color="#8172b3", height=0.3)
+            ax_step.barh(y + 0.17, st["est_draft_s"] * 1e3, left=st["est_vram_s"] * 1e3, color=draft, height=0.3)
+        if st.get("est_cpu_s"):
+            ax_step.barh(y + 0.17, st["est_cpu_s"] * 1e3, left=(st["est_vram_s"] + st["est_draft_s"]) * 1e3,
+                         color=cpu, height=0.3)
         step_ms = st["est_step_s"] * 1e3
         ax_step.vlines(step_ms, y - 0.4, y + 0.4, color="black", linewidth=2)
         ax_step.text(max(step_ms, (exposed + hidden)), y, f"  est step {step_ms:.0f} ms\n  {st['est_tok_s']:.2f} tok/s",
@@ -208,12 +213,14 @@ def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
     ax_step.invert_yaxis()
     ax_step.set_xlabel("ms per decode step (est)")
     ax_step.margins(x=0.3)
-    ax_step.set_title("estimated decode step: link time and VRAM time (est)", fontsize=11)
+    ax_step.set_title("estimated decode step: link, VRAM and host CPU time (est)", fontsize=11)
     step_handles = [Patch(color=link_in_line, label="link, paid in line"),
                     Patch(facecolor=link_hidden, hatch="..", edgecolor="white", label="link, hidden behind compute"),
                     Patch(color=vram, label="VRAM reads")]
     if any(r["step"]["est_draft_s"] for r in rows):
-        step_handles.append(Patch(color="#8172b3", label="drafts (MTP)"))
+        step_handles.append(Patch(color=draft, label="drafts (MTP)"))
+    if any(r["step"].get("est_cpu_s") for r in rows):
+        step_handles.append(Patch(color=cpu, label="host CPU (host-compute)"))
     step_handles.append(Patch(color="black", label="the step"))
     ax_step.legend(handles=step_handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=5)
 

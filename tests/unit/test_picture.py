@@ -58,6 +58,8 @@ def test_every_group_is_drawn_by_serving_beside_cpu_offload_gb():
     st = selective["step"]
     assert st["est_link_exposed_s"] + st["est_link_hidden_s"] == pytest.approx(plan.est.est_link_s_per_step)
     assert st["est_step_s"] == plan.est.est_step_s and bulk["step"]["est_tok_s"] == plan.bulk.est.est_tok_s
+    # the host CPU's time is drawn beside the VRAM reads (in line with the GPU's work); bulk computes nothing
+    assert st["est_cpu_s"] == plan.est.est_cpu_s_per_step > 0 and bulk["step"]["est_cpu_s"] == 0
 
 
 def moe_plan():
@@ -92,7 +94,7 @@ def test_an_moe_plan_stacks_each_layers_experts_and_names_unknown_placements(tmp
     draw(data, [tmp_path / "moe.svg", tmp_path / "moe.png"])
     svg = (tmp_path / "moe.svg").read_text()
     for label in ("host, experts read in place (UVA)", "host-nvme", "routed experts", "device",
-                  "estimated decode step: link time and VRAM time (est)"):
+                  "estimated decode step: link, VRAM and host CPU time (est)"):
         assert label in svg, label
     assert png_size(tmp_path / "moe.png") == (1500, 900)
     assert "host-nvme" not in COLOURS
