@@ -218,14 +218,22 @@ def host_compute_over_uva(d: dict) -> list[dict] | str:
     return rows or "no layer measured"
 
 
+def _cuda_part(d: dict, key: str, why_cuda: str) -> dict | str:
+    """The run's ``key`` part when a GPU measured it, else the one line why not."""
+    part = d.get(key) or {}
+    if not d.get("cuda"):
+        return f"no CUDA: {why_cuda}"
+    if part.get("status") != "measured":
+        return f"not measured: {part.get('status', 'not reached')}"
+    return part
+
+
 def host_mlp_over_copy(d: dict) -> list[dict] | str:
     """A dense layer at one token: its MLP on the host CPU (attention on the GPU, one graph)
     over the same layer with its MLP's bytes copied over the link."""
-    dense = d.get("dense_layer") or {}
-    if not d.get("cuda"):
-        return "no CUDA: the hand-off inside a layer and the link copy need a GPU"
-    if dense.get("status") != "measured":
-        return f"not measured: {dense.get('status', 'not reached')}"
+    dense = _cuda_part(d, "dense_layer", "the hand-off inside a layer and the link copy need a GPU")
+    if isinstance(dense, str):
+        return dense
     note = (f"attention {dense['attention_s']['median'] * 1e6:.0f} us, MLP on the host "
             f"{dense['mlp_host_s']['median'] * 1e6:.0f} us, its {dense['mlp_bytes'] / 1e6:.0f} MB copied "
             f"{dense['mlp_copy_s']['median'] * 1e6:.0f} us")
@@ -238,11 +246,9 @@ def host_reads_together(d: dict) -> list[dict] | str:
     """The CPU kernel's and the page-locked copies' rates while both read host memory, over
     the kernel's rate alone: 1.0 is what the estimate prices for a prefetch copy run behind
     the CPU's time."""
-    c = d.get("contention") or {}
-    if not d.get("cuda"):
-        return "no CUDA: the copy engine's reads of host memory need a GPU"
-    if c.get("status") != "measured":
-        return f"not measured: {c.get('status', 'not reached')}"
+    c = _cuda_part(d, "contention", "the copy engine's reads of host memory need a GPU")
+    if isinstance(c, str):
+        return c
     note = (f"kernel {c['kernel_gbps_alone']:.1f} GB/s alone, {c['kernel_gbps_beside']:.1f} beside copies at "
             f"{c['copy_gbps_beside']:.1f} GB/s ({c['copy_gbps_alone']:.1f} alone)")
     return [_row(f"{c['shape']}, 1 token: kernel + copies together / kernel alone", c["model_ratio"], 1.0, note)]
