@@ -7,8 +7,9 @@ change what that costs per generated token are priced here; every figure is an e
 
 - **Overlap and rate, as each mechanism moves bytes.** vLLM's prefetch offloader copies
   the next offloaded layer with the copy engine (the pinned copy rate) while the layers
-  before it compute, so an offloaded layer costs about ``max(its copy, the compute it
-  hides behind)``, not the sum (:func:`pipelined_step_s`). Bulk ``cpu_offload_gb``, the
+  between it and the previous offloaded layer compute, so an offloaded layer costs about
+  ``max(its copy, the compute it hides behind)`` plus its own compute, not the sum
+  (:func:`pipelined_step_s`). Bulk ``cpu_offload_gb``, the
   UVA embedding and experts read in place are read by the kernels through UVA: in line,
   no overlap (:func:`inline_step_s`), at the UVA read rate, which is below the copy rate
   (:data:`DEFAULT_UVA_READ_FACTOR`, or what ``selective-offload probe`` measured).
@@ -223,11 +224,13 @@ class LayerCost:
 def pipelined_step_s(layers: list[LayerCost], other_s: float) -> tuple[float, float]:
     """Step time with the prefetch offloader, and how much link time it hides.
 
-    Each offloaded layer's copy starts when the previous offloaded layer starts computing
-    (one slot ahead) and overlaps everything computed from there up to it: the layers in
-    between and, cyclically across steps, the tail of one step (``other_s``: LM head,
-    sampling) and the head of the next. So the step is the sum, over those segments, of
-    ``max(copy, compute of the segment)``.
+    Each offloaded layer's copy starts when the previous offloaded layer has finished (vLLM
+    0.33's ``PrefetchOffloader`` forks its copy stream from the compute stream after that
+    layer's forward: the copy reuses the device slot that layer read) and overlaps
+    everything computed from there up to it: the layers in between and, cyclically across
+    steps, the tail of one step (``other_s``: LM head, sampling) and the head of the next.
+    So the step is the sum, over those segments, of ``max(copy, compute of the segment)``,
+    plus the offloaded layers' own compute, which no copy hides.
 
     A segment whose layers compute on the host CPU hides the copy behind the CPU's time
     too (the copy engine does not wait for the host), but both read host memory: the
@@ -243,13 +246,14 @@ def pipelined_step_s(layers: list[LayerCost], other_s: float) -> tuple[float, fl
     for n, j in enumerate(offloaded):
         prev = offloaded[n - 1]
         # wraps around for the first: from the last offloaded layer through the step's end
-        span = layers[prev:] + layers[:j] if n == 0 else layers[prev:j]
+        # mutation: prefetch-before-slot-free
+        span = layers[prev + 1:] + layers[:j] if n == 0 else layers[prev + 1:j]
         segment = sum(l.compute_s for l in span) + (other_s if n == 0 else 0.0)
         host = sum(l.host_s for l in span)
         # mutation: copy-host-contention-ignored
         shared = layers[j].copy_host_s + host if host > 0 else 0.0
         # mutation: no-overlap
-        step += max(layers[j].copy_s, segment, shared)
+        step += max(layers[j].copy_s, segment, shared) + layers[prev].compute_s
     link = sum(layers[j].copy_s for j in offloaded)
     return step, compute + link - step
 

@@ -23,41 +23,49 @@ from selective_offload.planner import PlanInputs, break_even_accept_rate, group_
 
 def test_one_offloaded_layer_hides_behind_the_rest_of_the_step():
     """Two layers, 1 ms of compute each; layer 0 is offloaded and its copy takes 3 ms. The
-    copy overlaps everything since the last offloaded layer started: the whole step (2 ms),
-    so the step is max(3, 2) = 3 ms and 2 ms of link time are hidden."""
+    copy starts once the last offloaded layer (itself, a step earlier) has run, so it
+    overlaps the rest of the step (1 ms): max(3, 1) + layer 0's own 1 ms = 4 ms, and 1 ms
+    of link time is hidden."""
     step, hidden = pipelined_step_s([LayerCost(1.0, 3.0), LayerCost(1.0)], 0.0)
-    assert (step, hidden) == (3.0, 2.0)
+    assert (step, hidden) == (4.0, 1.0)
     assert pipelined_step_s([LayerCost(1.0, 0.5), LayerCost(1.0)], 0.0) == (2.0, 0.5)  # copy fully hidden
 
 
 def test_two_offloaded_layers_each_hide_behind_their_segment():
-    """Layers [offloaded, offloaded], 1 ms compute and 2 ms copy each: each copy overlaps one
-    layer's compute, so the step is 2 + 2 = 4 ms, against 6 ms with no overlap (bulk)."""
-    layers = [LayerCost(1.0, 2.0), LayerCost(1.0, 2.0)]
-    assert pipelined_step_s(layers, 0.0) == (4.0, 2.0)
-    assert inline_step_s(2.0, 4.0) == 6.0
+    """Layers [offloaded, resident, offloaded, resident], 1 ms compute each, 2 ms copies:
+    each copy overlaps the resident layer after the previous offloaded one, so the step is
+    2 x (max(2, 1) + 1) = 6 ms, against 8 ms with no overlap (bulk). Two offloaded layers
+    side by side hide nothing: the second's copy reuses the slot the first is reading."""
+    layers = [LayerCost(1.0, 2.0), LayerCost(1.0), LayerCost(1.0, 2.0), LayerCost(1.0)]
+    assert pipelined_step_s(layers, 0.0) == (6.0, 2.0)
+    assert inline_step_s(4.0, 4.0) == 8.0
+    assert pipelined_step_s([LayerCost(1.0, 2.0), LayerCost(1.0, 2.0)], 0.0) == (6.0, 0.0)
+    # 1.5 ms copies: each hides behind the one resident layer before its own: 2 x (1.5 + 1)
+    short = [LayerCost(1.0, 1.5), LayerCost(1.0), LayerCost(1.0, 1.5), LayerCost(1.0)]
+    assert pipelined_step_s(short, 0.0) == (5.0, 2.0)
 
 
 def test_the_tail_of_the_step_hides_the_first_copy():
     """LM head and sampling (other_s) run before the next step's first offloaded layer, so
-    they hide 1.5 ms more of its 5 ms copy than the three layers alone (3 ms)."""
+    they hide 1.5 ms more of its 5 ms copy than the two layers after it alone (2 ms)."""
     layers = [LayerCost(1.0, 5.0), LayerCost(1.0), LayerCost(1.0)]
-    assert pipelined_step_s(layers, 0.0) == (5.0, 3.0)
-    assert pipelined_step_s(layers, 1.5) == (5.0, 4.5)
+    assert pipelined_step_s(layers, 0.0) == (6.0, 2.0)
+    assert pipelined_step_s(layers, 1.5) == (6.0, 3.5)
 
 
 
 def test_a_copy_runs_behind_the_cpus_time_and_shares_host_memory_with_it():
     """Layer 0 computes 3 ms on the host CPU (2.5 ms of it the kernel's host reads), layer 1
-    is offloaded with a 3.5 ms copy whose host reads take 1 ms at the kernel's rate. The
-    copy runs behind the whole step (4 ms, the CPU's time included): max(3.5, 4, 1 + 2.5) =
-    4 ms. A copy reading 2 ms of host memory makes the shared reads bind: 2 + 2.5 = 4.5 ms.
-    Without host reads in its segment a copy's host share is not priced (a GPU-only step)."""
+    (1 ms) is offloaded with a 3.5 ms copy whose host reads take 1 ms at the kernel's rate.
+    The copy runs behind layer 0 (the CPU's time included): max(3.5, 3, 1 + 2.5) + layer 1's
+    own 1 ms = 4.5 ms. A copy reading 2 ms of host memory makes the shared reads bind:
+    2 + 2.5 + 1 = 5.5 ms. Without host reads in its segment a copy's host share is not
+    priced (a GPU-only step)."""
     cpu_layer = LayerCost(3.0, host_s=2.5)
-    assert pipelined_step_s([cpu_layer, LayerCost(1.0, 3.5, copy_host_s=1.0)], 0.0) == (4.0, 3.5)
+    assert pipelined_step_s([cpu_layer, LayerCost(1.0, 3.5, copy_host_s=1.0)], 0.0) == (4.5, 3.0)
     step, hidden = pipelined_step_s([cpu_layer, LayerCost(1.0, 3.5, copy_host_s=2.0)], 0.0)
-    assert (step, hidden) == (pytest.approx(4.5), pytest.approx(3.0))
-    assert pipelined_step_s([LayerCost(3.0), LayerCost(1.0, 3.5, copy_host_s=9.0)], 0.0) == (4.0, 3.5)
+    assert (step, hidden) == (pytest.approx(5.5), pytest.approx(2.0))
+    assert pipelined_step_s([LayerCost(3.0), LayerCost(1.0, 3.5, copy_host_s=9.0)], 0.0) == (4.5, 3.0)
 
 
 def test_the_step_hides_a_copy_behind_a_layer_computed_on_the_host():
@@ -65,7 +73,7 @@ def test_the_step_hides_a_copy_behind_a_layer_computed_on_the_host():
     GB/s (100 ms + a 1 ms hand-off), layer 1 (0.5 GB) offloaded over a 10 GB/s link (50 ms).
     Read from VRAM at 1000 GB/s the layers' own reads are about 0.5 ms. The copy hides
     behind the CPU's time, and its 50 ms of host reads at 10 GB/s with the kernel's 100 ms
-    bind: 150 ms for the step, against 151.5 ms with the two paid one after the other."""
+    bind: 150 ms, plus layer 1's own 0.5 ms, which no copy hides."""
     from selective_offload.estimate import EXPERTS_CPU, ExpertsRead
 
     gb = 10 ** 9
@@ -75,15 +83,15 @@ def test_the_step_hides_a_copy_behind_a_layer_computed_on_the_host():
     cost = step_cost(traffic, settings, None, pipelined=True)
     assert cost["est_cpu_s_per_step"] == pytest.approx(0.101)
     # the segment: the copy's host reads (0.05 s) then the kernel's (0.1 s) at the host's rate
-    assert cost["est_step_s"] == pytest.approx(0.15)
+    assert cost["est_step_s"] == pytest.approx(0.15 + 0.5e-3)
     # with nothing offloaded the CPU's time is the layer's, in line with the GPU's reads
     resident = Traffic(layers=((gb // 1000, False), (gb // 2, False)), experts=traffic.experts)
     assert step_cost(resident, settings, None, pipelined=True)["est_step_s"] == pytest.approx(0.101 + 0.501e-3)
-    # a host four times as fast: the shared reads take 12.5 + 25 ms, the layers 26.5 ms, and
-    # the copy's own 50 ms over the link binds
+    # a host four times as fast: the shared reads take 12.5 + 25 ms, layer 0 26 ms, and the
+    # copy's own 50 ms over the link binds (then layer 1's 0.5 ms)
     fast = step_cost(traffic, StepSettings(10.0, 1000.0, decode_read_gbps=1000.0, cpu_gbps=40.0, cpu_tflops=1e6,
                                            handoff_s=1e-3), None, pipelined=True)
-    assert fast["est_step_s"] == pytest.approx(0.05)
+    assert fast["est_step_s"] == pytest.approx(0.05 + 0.5e-3)
 
 
 # ---- speculative decoding
@@ -103,16 +111,16 @@ def test_speculation_breaks_even_where_the_tokens_pay_for_the_longer_step():
 
 
 def test_draft_passes_and_tokens_in_the_step():
-    """One offloaded 1 GB layer (1 s over a 1 GB/s link, hidden compute 0.01 s), an MTP head
-    plus LM head of 2 GB read by decode kernels at 100 GB/s per draft: K=2 drafts add 0.04 s,
-    and a step yields E(2, 0.5) = 1.75 tokens."""
+    """One offloaded 1 GB layer (1 s over a 1 GB/s link; its own reads, 0.01 s, come after
+    its copy), an MTP head plus LM head of 2 GB read by decode kernels at 100 GB/s per
+    draft: K=2 drafts add 0.04 s, and a step yields E(2, 0.5) = 1.75 tokens."""
     traffic = Traffic(layers=((10 ** 9, True),), draft_bytes=2 * 10 ** 9)
     cost = step_cost(traffic, StepSettings(1.0, 500.0, spec_tokens=2, accept_rate=0.5, decode_read_gbps=100.0), None,
                      pipelined=True)
     assert cost["est_draft_s_per_step"] == pytest.approx(0.04)
-    assert cost["est_step_s"] == pytest.approx(1.0 + 0.04)
+    assert cost["est_step_s"] == pytest.approx(1.0 + 0.01 + 0.04)
     assert cost["est_tokens_per_step"] == pytest.approx(1.75)
-    assert cost["est_tok_s"] == pytest.approx(1.75 / 1.04)
+    assert cost["est_tok_s"] == pytest.approx(1.75 / 1.05)
 
 
 # ---- batch
