@@ -58,25 +58,24 @@ def contention(ctx: Ctx, shape: Shape, weights) -> dict:
     kernel_alone = kernel_loop(timer(seconds))
     if ctx.cuda:
         stream = torch.cuda.Stream()
-        t0 = time.perf_counter()
-        with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
-        stream.synchronize()
-        one = time.perf_counter() - t0
-        copies = max(2, round(seconds / max(one, 1e-6)))
-        t0 = time.perf_counter()
-        with torch.cuda.stream(stream):
-            for _ in range(copies):
-                dst.copy_(src, non_blocking=True)
-        stream.synchronize()
-        copy_alone = copies * size / (time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        with torch.cuda.stream(stream):
-            for _ in range(copies):
-                dst.copy_(src, non_blocking=True)
+
+        def queue(n: int) -> float:
+            """``n`` copies queued on the copy stream; the clock's start."""
+            t0 = time.perf_counter()
+            with torch.cuda.stream(stream):
+                for _ in range(n):
+                    dst.copy_(src, non_blocking=True)
+            return t0
+
+        def rate(n: int, t0: float) -> float:
+            stream.synchronize()
+            return n * size / (time.perf_counter() - t0)
+
+        copies = max(2, round(seconds * rate(1, queue(1)) / size))
+        copy_alone = rate(copies, queue(copies))
+        t0 = queue(copies)
         kernel_beside = kernel_loop(lambda: stream.query())
-        stream.synchronize()
-        copy_beside = copies * size / (time.perf_counter() - t0)
+        copy_beside = rate(copies, t0)
         copier = "page-locked host to device, own stream"
     else:
         def copy_for(stop) -> float:
@@ -91,13 +90,13 @@ def contention(ctx: Ctx, shape: Shape, weights) -> dict:
         timer_thread.start()
         copy_alone = copy_for(stop)
         stop = threading.Event()
-        rate: list[float] = []
-        worker = threading.Thread(target=lambda: rate.append(copy_for(stop)))
+        rates: list[float] = []
+        worker = threading.Thread(target=lambda: rates.append(copy_for(stop)))
         worker.start()
         kernel_beside = kernel_loop(timer(seconds))
         stop.set()
         worker.join()
-        copy_beside = rate[0]
+        copy_beside = rates[0]
         copier = "stand-in: a second thread copying host memory to host memory (no CUDA)"
     alone_gbps, beside_gbps = read / kernel_alone / 1e9, read / kernel_beside / 1e9
     return {"status": "measured", "shape": shape.name, "tokens": 1, "kernel_threads": threads, "copier": copier,

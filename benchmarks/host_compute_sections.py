@@ -372,4 +372,3 @@ def overlap(ctx: Ctx, shape: Shape, weights) -> dict:
             "other_stream_s": apart, "same_stream_s": same,
             "other_stream_overlap": (host_s + gpu_s - apart) / shorter,
             "same_stream_overlap": (host_s + gpu_s - same) / shorter}
-

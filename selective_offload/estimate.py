@@ -454,12 +454,16 @@ def flops_per_token(dtype_bytes: Mapping[str, int]) -> float:
     return 2.0 * params
 
 
+def host_rate(settings: StepSettings) -> float:
+    """One rank's share of the host kernel rate (bytes/s): its CPU reads' and its copies'."""
+    return settings.cpu_gbps * 1e9 / max(1, settings.ranks)
+
+
 def host_compute_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -> tuple[float, float, float]:
     """One host-compute group in a step of ``tokens`` tokens (est): its time on the CPU,
     its time copied over the link and computed on the GPU, and the host memory's share of
     the first (its bytes at the kernel's rate). :func:`host_compute_times` says how."""
     ranks = max(1, settings.ranks)
-    cpu_rate = settings.cpu_gbps * 1e9 / ranks  # the host's memory bandwidth, shared by its ranks
     cpu_flop_s = settings.cpu_tflops * 1e12 / ranks
     link = settings.link_gbps * 1e9
     vram = decode_read_rate(settings.vram_gbps, settings.decode_read_gbps) * 1e9
@@ -467,7 +471,7 @@ def host_compute_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -
     read = e.read_bytes(tokens)
     # mutation: mlp-flops-times-tokens-dropped
     flops = e.flops_per_token * tokens
-    host = read / ranks / cpu_rate
+    host = read / ranks / host_rate(settings)
     # mutation: cpu-rate-ignored
     cpu = max(host, flops / ranks / cpu_flop_s) + settings.handoff_s
     # mutation: crossover-cpu-rate-both-sides
@@ -577,8 +581,7 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     on_cpu = [e for e in traffic.experts if e.where == EXPERTS_CPU]
     cpu_s = host_link_s = 0.0
     # Per layer, the CPU's time and its host reads' share of it (below the crossover).
-    layer_cpu = [0.0] * len(reads)
-    layer_host = [0.0] * len(reads)
+    layer_cpu, layer_host = [0.0] * len(reads), [0.0] * len(reads)
     cpu_elsewhere_s = 0.0  # of groups outside the layer stack: paid in line
     if on_cpu:
         # Below the crossover the CPU computes them, in line with the layer's GPU work (the
@@ -626,9 +629,9 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     if pipelined:
         # A layer's CPU time is part of the layer, so the next offloaded layer's copy runs
         # behind it too, reading host memory beside the CPU kernel (pipelined_step_s).
-        host_rate = settings.cpu_gbps * 1e9 / max(1, settings.ranks)
+        rate = host_rate(settings)
         # mutation: copies-not-hidden-by-cpu
-        costs = [LayerCost(t + cpu, c / gb_link, host, c / host_rate)
+        costs = [LayerCost(t + cpu, c / gb_link, host, c / rate)
                  for t, c, cpu, host in zip(layer_s, copies, layer_cpu, layer_host)]
         core, hidden = pipelined_step_s(costs, other_s + (0.0 if traffic.layers else kv_s))
         # UVA reads are paid in line: they share the link with the prefetch copies, so

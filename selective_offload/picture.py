@@ -193,7 +193,8 @@ def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
     # Two bars per row, not one stack: link time overlaps the rest (the prefetch hides link
     # time behind the GPU's and the host CPU's work), so the step is marked on its own, not
     # the sum of the bars. The host CPU's time (host-compute) is in line with the GPU's.
-    link_in_line, link_hidden, vram, cpu, draft = "#c44e52", "#f2b5b7", "#4c72b0", colours[Serving.COMPUTE.value], "#e5ae38"
+    link_in_line, link_hidden, vram, draft = "#c44e52", "#f2b5b7", "#4c72b0", "#e5ae38"
+    cpu = colours[Serving.COMPUTE.value]
     for y, row in enumerate(rows):
         st = row["step"]
         exposed, hidden = st["est_link_exposed_s"] * 1e3, st["est_link_hidden_s"] * 1e3
