@@ -1,9 +1,9 @@
 """Host-compute CPU kernels at batch 1: how close each format's kernel comes to the host's
 read bandwidth.
 
-For each format, one real-shaped MoE layer's routed experts (bf16 and fp8-block:
-Qwen3-30B-A3B, E=128 k=8 H=2048 I=768; mxfp4: gpt-oss-20b, E=32 k=4 H=2880 I=2880, with
-biases and swigluoai) are computed for one token with new random expert ids every call (so
+For each format, one real-shaped MoE layer's routed experts (bf16, fp8-block and int4:
+Qwen3-30B-A3B, E=128 k=8 H=2048 I=768, int4 in GPTQ's groups of 128; mxfp4: gpt-oss-20b,
+E=32 k=4 H=2880 I=2880, with biases and swigluoai) are computed for one token with new random expert ids every call (so
 the weights come from memory, not from a cache). The figure is the weights' bytes read per
 second (the k experts' weights, scales and biases over the call's time, median of many
 calls), beside the read bandwidth of the C read kernel with the same threads, sampled in
@@ -12,7 +12,7 @@ so both see the same machine. The ratio is what ``CLAIMED`` in
 ``selective_offload.cpu_kernels`` is judged by (a format is claimed when every thread count
 measured reaches ``CLAIM_BAR`` in its best of ``--repeats`` whole measurements: on a
 shared machine other work only slows a repeat down; the row's ratio shown is their median). torch's own bf16 path (``F.linear`` per picked expert) is
-timed the same way beside the bf16 kernel. int4 has no kernel yet: its row says so.
+timed the same way beside the bf16 kernel.
 
     .venv/bin/python benchmarks/bench_cpu_kernels.py [--threads 1,2] [--iters 41] [--smoke] [--out DIR]
 
@@ -53,7 +53,8 @@ SMOKE = {"bf16": (8, 2, 256, 128), "mxfp4": (8, 2, 256, 128), "fp8-block": (8, 2
 
 def weights_of(fmt_: str, E: int, H: int, I: int, biases: bool) -> ck.ExpertWeights:
     """Random experts of the format's layout, made fast (GBs): bf16 values in (-1, 1),
-    fp8 bytes with no NaN, uniform mxfp4 nibbles with scales near 1."""
+    fp8 bytes with no NaN, uniform mxfp4 and int4 nibbles with scales near 1 (int4: groups
+    of 128 columns, bf16 scales, as GPTQ checkpoints of these models store them)."""
     g = torch.Generator().manual_seed(0)
 
     def u8(*shape, low=0, high=256):
@@ -71,6 +72,11 @@ def weights_of(fmt_: str, E: int, H: int, I: int, biases: bool) -> ck.ExpertWeig
     if fmt_ == "mxfp4":
         return ck.ExpertWeights("mxfp4", u8(E, 2 * I, H // 2), u8(E, H, I // 2), u8(E, 2 * I, H // 32, low=120, high=128),
                                 u8(E, H, I // 32, low=120, high=128), **extra)
+    if fmt_ == "int4":
+        def scales(*shape):
+            return (torch.rand(*shape, generator=g) * 0.02 + 0.01).bfloat16()
+        return ck.ExpertWeights("int4", u8(E, 2 * I, H // 2), u8(E, H, I // 2), scales(E, 2 * I, H // 128),
+                                scales(E, H, I // 128), **extra)
     bn, bk = 128, 128
     return ck.ExpertWeights("fp8-block", u8(E, 2 * I, H, high=0x70).view(torch.float8_e4m3fn),
                             u8(E, H, I, high=0x70).view(torch.float8_e4m3fn),
@@ -135,10 +141,6 @@ def run(formats, threads_list, iters, smoke, read_bytes, repeats=1):
         if smoke:
             E, K, H, I = SMOKE[f]
         base = dict(format=f, model=model, E=E, k=K, H=H, I=I, activation=kind)
-        reason = ck.unavailable_reason(f)
-        if f not in ck.IMPLEMENTED:
-            rows += [dict(base, threads=t, status=reason) for t in threads_list]
-            continue
         w = weights_of(f, E, H, I, biases)
         act = ck.Activation(kind)
         step = torch_bf16_step(w, act) if f == "bf16" else None
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if lib.so_bf16_activations():
         simd += " with AVX512-BF16 (tokens and activations in bf16, f32 sums)"
     if lib.so_int8_mxfp4():
-        simd += ", MXFP4 with AVX512-VNNI (tokens and activations in int8 per block of 32, int32 sums)"
+        simd += ", MXFP4 and int4 with AVX512-VNNI (tokens and activations in int8 per block of 32, int32 sums)"
     result = dict(benchmark="cpu-kernels", date=today(), machine=machine(), smoke=args.smoke, iters=iters, repeats=repeats,
                   threads=threads, simd=simd, claim_bar=ck.CLAIM_BAR, rows=rows, claims=claims(rows),
                   load_before=load_before, load_after=load_after,

@@ -6,7 +6,8 @@ them over the link to the device. torch's own CPU paths reach that for bf16 but 
 the quantised formats (they dequantise into memory first), so this sub-package carries a
 small C kernel (``moe.c``, compiled once per machine by the system compiler, see
 ``build``) that dequantises in registers while it streams the weights, for the layouts
-vLLM's create_weights allocates. It imports no vLLM.
+vLLM's create_weights allocates (int4: GPTQ's, held row-major, see ``weights``). It
+imports no vLLM.
 
     out[t] = sum_j topk_weights[t, j] * (W2[e] @ act(W13[e] @ x[t] + b13[e]) + b2[e]),
     e = topk_ids[t, j], over the picks with e >= 0 and host_mask[e] set (the device
@@ -26,7 +27,7 @@ from . import build, reference
 from .build import KernelUnavailable, openmp_runtimes
 from .claimed import CLAIM_BAR, CLAIM_SOURCE, CLAIMED
 from .kernel import TORCH_FORMATS, MoEJob, library, moe, read_gbps
-from .weights import FORMATS, IMPLEMENTED, Activation, ExpertWeights
+from .weights import FORMATS, Activation, ExpertWeights
 
 __all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "ExpertWeights", "KernelUnavailable",
            "MoEJob", "TORCH_FORMATS", "library", "moe", "read_gbps", "reference", "unavailable_reason", "openmp_runtimes", "build"]
@@ -36,14 +37,17 @@ def unavailable_reason(fmt: str) -> str | None:
     """None when the compiled kernel serves ``fmt`` on this machine, else one line why not."""
     if fmt not in FORMATS:
         return f"host-compute: unknown format {fmt!r}; the formats are {', '.join(FORMATS)}"
-    if fmt not in IMPLEMENTED:
-        return f"host-compute: the {fmt} kernel is not implemented yet; keep these experts host-uva"
     if fmt in TORCH_FORMATS:
         return None
     try:
         library()
     except KernelUnavailable as e:
         return str(e)
+    from .claimed import MEASURED
+
+    if not CLAIMED.get(fmt) and fmt not in MEASURED:
+        return (f"host-compute: the {fmt} kernel has not been measured in {CLAIM_SOURCE} (a run of "
+                f"benchmarks/bench_cpu_kernels.py on the claim's machine decides); keep these experts host-uva")
     if not CLAIMED.get(fmt):
         return (f"host-compute: the {fmt} kernel read its weights at less than {CLAIM_BAR} of the read bandwidth "
                 f"in {CLAIM_SOURCE}; keep these experts host-uva")

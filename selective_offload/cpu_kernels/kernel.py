@@ -17,7 +17,9 @@ import torch
 from . import build, reference
 from .weights import Activation, ExpertWeights
 
-FMT_CODE = {"bf16": 0, "mxfp4": 1, "fp8-block": 2}
+FMT_CODE = {"bf16": 0, "mxfp4": 1, "fp8-block": 2, "int4": 3}
+#: int4's code by its scales' dtype (the C side reads bf16 or f16 scales as they are).
+INT4_CODE = {torch.bfloat16: 3, torch.float16: 4}
 #: Formats served by torch's own float32 ops instead of the C kernel (see :func:`moe`).
 TORCH_FORMATS = frozenset({"f32"})
 ACT_CODE = {"silu": 0, "swigluoai": 1}
@@ -127,7 +129,7 @@ class MoEJob:
         self.out = out
         lim = activation.limit
         self.job = _Job(
-            fmt=FMT_CODE[weights.fmt], act=ACT_CODE[activation.kind], has_limit=int(lim is not None),
+            fmt=INT4_CODE[weights.w13_scale.dtype] if weights.fmt == "int4" else FMT_CODE[weights.fmt], act=ACT_CODE[activation.kind], has_limit=int(lim is not None),
             alpha=activation.alpha, limit=float(lim) if lim is not None else 0.0, T=T, K=K, E=E, H=H,
             I=weights.intermediate, block_n=weights.block[0], block_k=weights.block[1],
             x_dtype=DT_BF16 if x.dtype == torch.bfloat16 else DT_F32, ids_i64=int(topk_ids.dtype == torch.int64),

@@ -8,7 +8,9 @@
  * the bytes read over the host's read bandwidth, and only a kernel that dequantises in
  * registers while it streams the weights gets near that bandwidth. The weights are read
  * in the layouts vLLM's create_weights makes (before any post-processing), so the same
- * host tensors serve this kernel and the device's UVA path.
+ * host tensors serve this kernel and the device's UVA path; int4 is GPTQ's, transposed
+ * row-major in place by the glue (its packing is input-major, which a row walk cannot
+ * stream).
  *
  * out[t] = sum_j w[t,j] * (W2[e] @ act(W13[e] @ x[t] + b13[e]) + b2[e]), e = ids[t,j],
  * skipping picks whose id is negative or whose expert is not in the host set. Tokens are
@@ -33,12 +35,15 @@
 #include <immintrin.h>
 #endif
 /* AVX512-BF16 and AVX512-VNNI (every CPU with the first has the second): bf16 and fp8
- * weights are multiplied in bf16 (vdpbf16ps), MXFP4 weights in int8 (vpdpbusd). */
+ * weights are multiplied in bf16 (vdpbf16ps), MXFP4 and int4 weights in int8 (vpdpbusd). */
 #if defined(SO_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #define SO_BF16DOT 1
 #endif
 
-enum { SO_BF16 = 0, SO_MXFP4 = 1, SO_FP8_BLOCK = 2 };
+/* int4 is W4A16 with symmetric groups (value = (nibble - 8) * group scale, GPTQ's uint4b8),
+ * one code per scale dtype: bf16 or f16 scales as the checkpoint stores them. */
+enum { SO_BF16 = 0, SO_MXFP4 = 1, SO_FP8_BLOCK = 2, SO_INT4_BF16 = 3, SO_INT4_F16 = 4 };
+#define SO_IS_INT4(fmt) ((fmt) == SO_INT4_BF16 || (fmt) == SO_INT4_F16)
 enum { SO_SILU = 0, SO_SWIGLUOAI = 1 };
 enum { SO_DT_NONE = 0, SO_DT_BF16 = 1, SO_DT_F32 = 2 };
 
@@ -47,7 +52,8 @@ typedef struct {
     int64_t fmt, act, has_limit;
     float alpha, limit;
     int64_t T, K, E, H, I;          /* tokens, picks per token, experts, hidden, intermediate */
-    int64_t block_n, block_k;       /* fp8-block scale block (rows, columns) */
+    int64_t block_n, block_k;       /* fp8-block scale block (rows, columns); int4: the group
+                                     * (columns per scale) of w13 and of w2 */
     int64_t x_dtype;                /* SO_DT_BF16 or SO_DT_F32, [T, H] */
     int64_t ids_i64;                /* topk_ids int64 (1) or int32 (0), [T, K] */
     int64_t bias_dtype;             /* SO_DT_NONE / BF16 / F32, both biases alike */
@@ -76,7 +82,7 @@ int64_t so_bf16_activations(void) {
 #endif
 }
 
-/* 1 where MXFP4 experts multiply int8 tokens and activations (the same path), else 0. */
+/* 1 where MXFP4 and int4 experts multiply int8 tokens and activations (the same path), else 0. */
 int64_t so_int8_mxfp4(void) {
 #if defined(SO_BF16DOT)
     return 1;
@@ -114,6 +120,27 @@ static inline float e4m3_to_f32(uint8_t b) {
     return (b & 0x80) ? -v : v;
 }
 
+/* IEEE half -> float, in plain C (the int4 scales of fp16 checkpoints). */
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
+    if (exp == 0x1F) u = sign | 0x7F800000u | (man << 13);
+    else if (exp) u = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man) u = sign;
+    else {
+        float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Scale i of an int4 row: bf16 or f16 by the format code. */
+static inline float int4_scale(int fmt, const void *scale, int64_t i) {
+    uint16_t v = ((const uint16_t *)scale)[i];
+    return fmt == SO_INT4_BF16 ? bf16_to_f32(v) : f16_to_f32(v);
+}
+
 static inline float load_bias(const void *p, int64_t dtype, int64_t i) {
     if (dtype == SO_DT_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
     if (dtype == SO_DT_F32) return ((const float *)p)[i];
@@ -124,14 +151,14 @@ static inline float load_bias(const void *p, int64_t dtype, int64_t i) {
  *
  * A row is walked 32 elements at a time; each step decodes them into f32 vectors (scaled)
  * and multiplies them with every token's vector. bf16 and mxfp4 keep their bytes in the
- * order they come and instead read X in a permuted order within each whole block of 32:
+ * order they come (int4 too) and instead read X in a permuted order within each whole block of 32:
  * element 2i at slot i, element 2i+1 at slot 16 + i (perm32), because both store even and
  * odd elements together (the two halves of a 32-bit lane, the two nibbles of a byte) and
  * splitting them is cheaper than interleaving. fp8 reads X in natural order. A row's tail
  * past its last whole block of 32 is natural order in every format. */
 
 #define NT 4
-/* Bytes per 128 elements of an int8 vector for the MXFP4 path (its layout is described there). */
+/* Bytes per 128 elements of an int8 vector for the MXFP4 and int4 path (its layout is described there). */
 #define Q8_CHUNK 256
 static inline int64_t q8_bytes(int64_t len) { return (len + 127) / 128 * Q8_CHUNK; }
 /* Software prefetch this many bytes ahead of the weights being read: the rows a thread
@@ -164,6 +191,10 @@ static inline float element(int fmt, const void *row, const void *scale, int64_t
         uint8_t b = ((const uint8_t *)row)[k / 2];
         return 0.5f * E2M1_X2[(k & 1) ? b >> 4 : b & 0xF] * e8m0(((const uint8_t *)scale)[k / 32]);
     }
+    if (SO_IS_INT4(fmt)) {
+        uint8_t b = ((const uint8_t *)row)[k / 2];
+        return (float)((int)((k & 1) ? b >> 4 : b & 0xF) - 8) * int4_scale(fmt, scale, k / bk);
+    }
     return e4m3_to_f32(((const uint8_t *)row)[k]) * ((const float *)scale)[k / bk];
 }
 
@@ -181,7 +212,7 @@ static inline float element(int fmt, const void *row, const void *scale, int64_t
     }
 
 /* The row dot products, by path: f32 (rows_f32.h), and where the CPU has AVX512-BF16 and
- * VNNI, bf16 and block FP8 in bf16 (rows_bf16.h) and MXFP4 in int8 (rows_int8.h). */
+ * VNNI, bf16 and block FP8 in bf16 (rows_bf16.h) and MXFP4 and int4 in int8 (rows_int8.h). */
 #include "rows_f32.h"
 #include "rows_bf16.h"
 #include "rows_int8.h"
@@ -189,7 +220,7 @@ static inline float element(int fmt, const void *row, const void *scale, int64_t
 
 /* Row r of matrix `which` (0: w13 [E, 2I, H], 1: w2 [E, H, I]) of expert e, dotted with n
  * vectors of X, ldx elements apart (f32; bf16 on the AVX512-BF16 path, int8 vectors of
- * q8_bytes each there for MXFP4). */
+ * q8_bytes each there for MXFP4 and int4). */
 static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const void *X, int64_t ldx, int n,
                     float *acc) {
     int64_t R = which ? j->H : 2 * j->I, C = which ? j->I : j->H;
@@ -203,6 +234,17 @@ static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const 
 #endif
     if (j->fmt == SO_BF16) {
         SO_DOT(bf16)((const uint16_t *)w + (e * R + r) * C, NULL, 0, C, (xptr)X, ldx, n, acc);
+    } else if (SO_IS_INT4(j->fmt)) {
+        int64_t g = which ? j->block_k : j->block_n;  /* columns per scale */
+        const uint8_t *row = (const uint8_t *)w + (e * R + r) * (C / 2);
+        const uint16_t *s = (const uint16_t *)sc + (e * R + r) * (C / g);
+#if defined(SO_BF16DOT)
+        if (j->fmt == SO_INT4_BF16) dotq_int4_bf16(row, s, g, C, (const int8_t *)X, ldx, n, acc);
+        else dotq_int4_f16(row, s, g, C, (const int8_t *)X, ldx, n, acc);
+#else
+        if (j->fmt == SO_INT4_BF16) dot_int4_bf16(row, s, g, C, (xptr)X, ldx, n, acc);
+        else dot_int4_f16(row, s, g, C, (xptr)X, ldx, n, acc);
+#endif
     } else if (j->fmt == SO_MXFP4) {
 #if defined(SO_BF16DOT)
         dotq_mxfp4((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), 0, C,
@@ -273,7 +315,7 @@ void so_moe_job_run(void *arg) {
     so_moe_job *j = (so_moe_job *)arg;
     int64_t T = j->T, K = j->K, E = j->E, H = j->H, I = j->I, P = T * K;
     j->status = 0;
-    if (j->fmt < SO_BF16 || j->fmt > SO_FP8_BLOCK) { j->status = 3; return; }
+    if (j->fmt < SO_BF16 || j->fmt > SO_INT4_F16) { j->status = 3; return; }
     int64_t need = so_moe_workspace_bytes(T, K, E, H, I);
     char *ws = (char *)j->workspace, *own = NULL;
     if (!ws || j->workspace_bytes < need) {
@@ -294,7 +336,7 @@ void so_moe_job_run(void *arg) {
     ws += align64((E + 1) * 8);
     int64_t *gstart = (int64_t *)ws;
     ws += align64((E + 1) * 8);
-    int8_t *Qx = (int8_t *)ws;  /* the MXFP4 path's int8 tokens and activations */
+    int8_t *Qx = (int8_t *)ws;  /* the int8 path's tokens and activations (MXFP4, int4) */
     ws += align64(T * q8_bytes(H));
     int8_t *Qa = (int8_t *)ws;
 
@@ -327,7 +369,7 @@ void so_moe_job_run(void *arg) {
     memset(j->out, 0, (size_t)(T * H * 4));
     if (total == 0) { free(own); return; }
     /* The tokens in the order the format's row walk reads them (perm32, perm16), or
-     * quantised to int8 vectors (MXFP4 on the AVX512-BF16 path). */
+     * quantised to int8 vectors (MXFP4 and int4 on the AVX512-BF16 path). */
 #if defined(SO_BF16DOT)
     typedef uint16_t xval;  /* X and the activation in bf16 */
 #define SO_STORE(v) f32_to_bf16(v)
@@ -338,10 +380,10 @@ void so_moe_job_run(void *arg) {
     xval *X = (xval *)xf, *act = (xval *)actf;
     int fmt = (int)j->fmt;
 #if defined(SO_BF16DOT)
-    const int q8 = fmt == SO_MXFP4;
+    const int q8 = fmt == SO_MXFP4 || SO_IS_INT4(fmt);
     if (q8) {
         for (int64_t i = 0; i < T * H; i++) xf[i] = token_f32(j, i);
-        for (int64_t t = 0; t < T; t++) q8_quantize(xf + t * H, H, Qx + t * q8_bytes(H));
+        for (int64_t t = 0; t < T; t++) q8_quantize(fmt, xf + t * H, H, Qx + t * q8_bytes(H));
     } else
 #else
     const int q8 = 0;
@@ -413,11 +455,11 @@ void so_moe_job_run(void *arg) {
                 }
             }
         }
-        /* (implicit barrier) The MXFP4 path quantises each slot's whole activation row. */
+        /* (implicit barrier) The int8 path quantises each slot's whole activation row. */
 #if defined(SO_BF16DOT)
         if (q8) {
 #pragma omp for schedule(static)
-            for (int64_t s = 0; s < total; s++) q8_quantize(actf + s * I, I, Qa + s * q8_bytes(I));
+            for (int64_t s = 0; s < total; s++) q8_quantize(fmt, actf + s * I, I, Qa + s * q8_bytes(I));
         }
 #endif
         /* (implicit barrier) Down projection: each block of output rows has one writer, and

@@ -36,6 +36,12 @@ def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None 
         values = table[codes.long()]
         factor = torch.exp2(scale.float() - 127.0)
         return (values.unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
+    if weights.fmt == "int4":
+        # Element 2i is byte i's low nibble; value (nibble - 8) times its group's scale.
+        codes = torch.stack((w & 0x0F, w >> 4), dim=-1).reshape(*w.shape[:-1], w.shape[-1] * 2)
+        # mutation: int4-reference-zero
+        values = codes.float() - 8.0
+        return (values.unflatten(-1, (scale.shape[-1], -1)) * scale.float().unsqueeze(-1)).flatten(-2)
     # fp8-block: one scale per (block_n rows, block_k columns); w13's gate and up halves each
     # start a new block row (vLLM's w13 scale is 2 * ceil(I / block_n) rows).
     bn, bk = weights.block

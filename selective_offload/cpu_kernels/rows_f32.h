@@ -15,6 +15,12 @@ static inline __attribute__((always_inline)) void decode32(int fmt, const void *
         __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2)));
         __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xF)), hi = _mm512_srli_epi32(v, 4);
         *w0 = _mm512_permutexvar_ps(lo, table), *w1 = _mm512_permutexvar_ps(hi, table);
+    } else if (SO_IS_INT4(fmt)) {
+        __m512 s = _mm512_set1_ps(int4_scale(fmt, scale, k / bk)), eight = _mm512_set1_ps(8.0f);
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2)));
+        __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xF)), hi = _mm512_srli_epi32(v, 4);
+        *w0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(lo), eight), s);
+        *w1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(hi), eight), s);
     } else {
         __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((const uint8_t *)row + k)));
         __m512i h = _mm512_and_si512(_mm512_slli_epi16(v, 7), _mm512_set1_epi16((short)0xBF80));
@@ -41,6 +47,16 @@ static inline __attribute__((always_inline)) void decode32(int fmt, const void *
         __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(b, low4));
         __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), low4));
         __m256 s = _mm256_set1_ps(0.5f * e8m0(((const uint8_t *)scale)[k / 32]));
+        w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s);
+        w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s);
+        w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s);
+        w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s);
+    } else if (SO_IS_INT4(fmt)) {
+        const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+        __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2));
+        __m128i lo = _mm_sub_epi8(_mm_and_si128(b, low4), eight);
+        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), low4), eight);
+        __m256 s = _mm256_set1_ps(int4_scale(fmt, scale, k / bk));
         w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s);
         w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s);
         w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s);
@@ -127,3 +143,5 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
 SO_ROWS_BY_N(dot_bf16, dot_n, SO_BF16, float)
 SO_ROWS_BY_N(dot_mxfp4, dot_n, SO_MXFP4, float)
 SO_ROWS_BY_N(dot_fp8, dot_n, SO_FP8_BLOCK, float)
+SO_ROWS_BY_N(dot_int4_bf16, dot_n, SO_INT4_BF16, float)
+SO_ROWS_BY_N(dot_int4_f16, dot_n, SO_INT4_F16, float)

@@ -1,5 +1,5 @@
-/* Part of moe.c's one translation unit (included once, by moe.c only): MXFP4 rows dotted
- * with int8 vectors (vpdpbusd), on the same CPUs as rows_bf16.h. */
+/* Part of moe.c's one translation unit (included once, by moe.c only): MXFP4 and int4 rows
+ * dotted with int8 vectors (vpdpbusd), on the same CPUs as rows_bf16.h. */
 
 #if defined(SO_BF16DOT)
 
@@ -25,8 +25,12 @@
 /* e2m1 code + 12 as an unsigned byte (the codes times two, offset to be unsigned). */
 static const uint8_t E2M1_U8[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
-/* x: len (a multiple of 32) floats in natural order; q: q8_bytes(len) bytes. */
-static void q8_quantize(const float *x, int64_t len, int8_t *q) {
+/* x: len (a multiple of 32) floats in natural order; q: q8_bytes(len) bytes, laid out for
+ * fmt's weights: MXFP4 bytes are code + 12 and twice the value, int4 bytes the value + 8. */
+static void q8_quantize(int fmt, const float *x, int64_t len, int8_t *q) {
+    // mutation: mxfp4-q8-offset, int4-zero-point
+    const int32_t offset = fmt == SO_MXFP4 ? 12 : 8;
+    const float unit = fmt == SO_MXFP4 ? 0.5f : 1.0f;
     memset(q, 0, (size_t)q8_bytes(len));
     for (int64_t b = 0; b < len / 32; b++) {
         const float *v = x + 32 * b;
@@ -34,7 +38,7 @@ static void q8_quantize(const float *x, int64_t len, int8_t *q) {
         int l = (int)(b % 4);
         float amax = 0.0f;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
-        float inv = amax > 0.0f ? 127.0f / amax : 0.0f, half = 0.5f * (amax / 127.0f);
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f, scale = unit * (amax / 127.0f);
         int32_t sum = 0;
         for (int i = 0; i < 32; i++) {
             int qi = (int)nearbyintf(v[i] * inv);
@@ -42,10 +46,9 @@ static void q8_quantize(const float *x, int64_t len, int8_t *q) {
             c[(i & 1) * 64 + 16 * l + i / 2] = (int8_t)qi;
             sum += qi;
         }
-        // mutation: mxfp4-q8-offset
-        int32_t corr = -12 * sum;
+        int32_t corr = -offset * sum;
         memcpy(c + 128 + 16 * l, &corr, 4);
-        for (int m = 0; m < 4; m++) memcpy(c + 192 + 16 * l + 4 * m, &half, 4);
+        for (int m = 0; m < 4; m++) memcpy(c + 192 + 16 * l + 4 * m, &scale, 4);
     }
 }
 
@@ -93,4 +96,54 @@ static inline __attribute__((always_inline)) void dotq_n(int fmt, const void *ro
 }
 
 SO_ROWS_BY_N(dotq_mxfp4, dotq_n, SO_MXFP4, int8_t)
+
+/* ---------------- int4 (W4A16, symmetric groups) in int8 ----------------
+ *
+ * The same vectors and sums as MXFP4 with no table: a nibble is the value + 8 as an
+ * unsigned byte already (GPTQ's uint4b8), so the block's sum of codes enters at -8 and
+ * the vector's scale unhalved (q8_quantize by format). Each block of 32 is scaled by its
+ * group's scale (bk columns per scale, a multiple of 32): one broadcast per chunk when
+ * groups span whole chunks, else one per 128-bit lane. */
+static inline __attribute__((always_inline)) void dotq4_n(int fmt, const void *row, const void *scale, int64_t bk,
+                                                          int64_t len, const int8_t *Q, int64_t ldq, float *acc,
+                                                          const int n) {
+    const uint8_t *w = (const uint8_t *)row;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const int whole = bk % 128 == 0, per_group = (int)(bk / 32);
+    int64_t group = 0, next = bk;  /* the chunk's group when groups span whole chunks (no division) */
+    __m512 a[NT];
+    for (int t = 0; t < n; t++) a[t] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < len; k += 128) {
+        __m512i v;
+        __m512 sv;
+        int64_t blocks = k + 128 <= len ? 4 : (len - k) / 32;
+        if (blocks == 4) {
+            PF(w + k / 2);
+            v = _mm512_loadu_si512((const void *)(w + k / 2));
+        } else {  /* the row's last 32, 64 or 96 elements */
+            v = _mm512_maskz_loadu_epi8(((__mmask64)1 << (16 * blocks)) - 1, (const void *)(w + k / 2));
+        }
+        if (whole) {
+            if (k == next) group++, next += bk;
+            sv = _mm512_set1_ps(int4_scale(fmt, scale, group));
+        } else {  /* groups of 32 or 64: block l's scale in lane l; absent blocks 0 */
+            float f[4] = {0, 0, 0, 0};
+            for (int l = 0; l < blocks; l++) f[l] = int4_scale(fmt, scale, (int)(k / 32 + l) / per_group);
+            sv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_loadu_ps(f)));
+        }
+        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        for (int t = 0; t < n; t++) {
+            const int8_t *x = Q + t * ldq + k / 128 * Q8_CHUNK;
+            __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(x + 128)), lo,
+                                            _mm512_loadu_si512((const void *)x));
+            d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512((const void *)(x + 64)));
+            a[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sv, _mm512_loadu_ps((const float *)(x + 192))), a[t]);
+        }
+    }
+    for (int t = 0; t < n; t++) acc[t] = _mm512_reduce_add_ps(a[t]);
+}
+
+SO_ROWS_BY_N(dotq_int4_bf16, dotq4_n, SO_INT4_BF16, int8_t)
+SO_ROWS_BY_N(dotq_int4_f16, dotq4_n, SO_INT4_F16, int8_t)
 #endif

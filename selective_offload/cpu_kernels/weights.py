@@ -4,6 +4,11 @@ The layouts are the ones vLLM's MoE methods allocate before any post-processing 
 ``unquantized_fused_moe_method``, ``quantization/mxfp4.py`` and ``quantization/fp8.py``),
 because those are the host tensors selective-offload keeps: the same bytes serve the
 device (read through UVA) and this kernel, with no second copy in another layout.
+
+int4 (W4A16 with symmetric groups) is the exception: GPTQ's create_weights packs along the
+input dimension first ([E, K/8, N] int32), which a row walk cannot stream, so the glue
+holds its bytes transposed, row-major as compressed-tensors' ``weight_packed`` already is:
+the same number of bytes, once, in the layout below.
 """
 
 from __future__ import annotations
@@ -13,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 FORMATS = ("bf16", "mxfp4", "fp8-block", "int4", "f32")
-#: Formats the kernel computes (int4 is named so callers can ask, and is refused).
-IMPLEMENTED = ("bf16", "mxfp4", "fp8-block", "f32")
+#: int4's scales, as the checkpoint stores them (the model's dtype in vLLM's create_weights).
+INT4_SCALE_DTYPES = (torch.bfloat16, torch.float16)
 BIAS_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -42,7 +47,8 @@ def _ceil(a: int, b: int) -> int:
 class ExpertWeights:
     """w13 [E, 2I, ...] (gate and up) and w2 [E, H, ...] (down), with their scales and
     optional biases (w13_bias [E, 2I], w2_bias [E, H], bf16 or f32). ``block`` is the
-    fp8-block scale block (rows, columns), vLLM's ``weight_block_size``."""
+    fp8-block scale block (rows, columns), vLLM's ``weight_block_size``; for int4 it is
+    not given but read from the scales: (w13's group, w2's group), columns per scale."""
 
     fmt: str
     w13: torch.Tensor
@@ -57,9 +63,6 @@ class ExpertWeights:
     def __post_init__(self):
         if self.fmt not in FORMATS:
             raise ValueError(f"ExpertWeights fmt {self.fmt!r}: use one of {', '.join(FORMATS)}")
-        if self.fmt not in IMPLEMENTED:
-            raise ValueError(f"ExpertWeights fmt {self.fmt!r}: not implemented by the host-compute kernel yet; "
-                             f"keep these experts host-uva")
         for name in ("w13", "w2"):
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -106,6 +109,32 @@ class ExpertWeights:
         self._expect("w2", self.w2, torch.uint8, (E, H, I // 2), "[E, H, I/2], two e2m1 per byte")
         self._expect("w13_scale", self.w13_scale, torch.uint8, (E, 2 * I, H // 32), "[E, 2I, H/32] e8m0")
         self._expect("w2_scale", self.w2_scale, torch.uint8, (E, H, I // 32), "[E, H, I/32] e8m0")
+
+    def _check_int4(self):
+        """Row-major nibbles, element 2i in byte i's low half, value (nibble - 8) * scale of
+        its group: w13 uint8 [E, 2I, H/2], w2 uint8 [E, H, I/2], scales bf16 or f16
+        [E, 2I, H/g13] and [E, H, I/g2], groups of a multiple of 32 columns."""
+        E, I2, Hh = self.w13.shape
+        H, I = 2 * Hh, self.w2.shape[2] * 2
+        if I2 != 2 * I or tuple(self.w2.shape[:2]) != (E, H):
+            raise ValueError(f"int4: w13 {list(self.w13.shape)} and w2 {list(self.w2.shape)} are not [E, 2I, H/2] and "
+                             f"[E, H, I/2]")
+        self._expect("w13", self.w13, torch.uint8, (E, 2 * I, H // 2), "[E, 2I, H/2], two nibbles per byte")
+        self._expect("w2", self.w2, torch.uint8, (E, H, I // 2), "[E, H, I/2], two nibbles per byte")
+        groups = []
+        for name, rows, cols in (("w13_scale", 2 * I, H), ("w2_scale", H, I)):
+            t = getattr(self, name)
+            dtype = t.dtype if t is not None and t.dtype in INT4_SCALE_DTYPES else torch.bfloat16
+            n = t.shape[-1] if t is not None and t.dim() == 3 and t.shape[-1] > 0 else 0
+            if not n or cols % n or (cols // n) % 32:
+                raise ValueError(f"int4 {name}: {list(t.shape) if t is not None else 'missing'} does not split "
+                                 f"{cols} columns into groups of a multiple of 32; expected [E, {rows}, {cols}/group]")
+            self._expect(name, t, dtype, (E, rows, n), "(bf16 or f16)")
+            groups.append(cols // n)
+        if self.w13_scale.dtype != self.w2_scale.dtype:
+            raise ValueError(f"int4: w13_scale is {self.w13_scale.dtype} and w2_scale {self.w2_scale.dtype}; "
+                             "expected one dtype")
+        self.block = (groups[0], groups[1])
 
     def _check_fp8_block(self):
         E, I2, H = self.w13.shape
@@ -174,4 +203,9 @@ def random_experts(fmt: str, experts: int, hidden: int, intermediate: int, seed:
         return ExpertWeights(fmt, normal(E, 2 * I, H, dtype=torch.float8_e4m3fn), normal(E, H, I, dtype=torch.float8_e4m3fn),
                              w13_scale=torch.rand(E, 2 * _ceil(I, bn), _ceil(H, bk), generator=g),
                              w2_scale=torch.rand(E, _ceil(H, bn), _ceil(I, bk), generator=g))
-    raise ValueError(f"random_experts: format {fmt!r} has no kernel to time; use one of {', '.join(IMPLEMENTED)}")
+    if fmt == "int4":
+        group = 128 if hidden % 128 == 0 and intermediate % 128 == 0 else 32
+        return ExpertWeights(fmt, codes(E, 2 * I, H // 2), codes(E, H, I // 2),
+                             w13_scale=(torch.rand(E, 2 * I, H // group, generator=g) * 0.02).bfloat16(),
+                             w2_scale=(torch.rand(E, H, I // group, generator=g) * 0.02).bfloat16())
+    raise ValueError(f"random_experts: format {fmt!r} has no layout; use one of {', '.join(FORMATS)}")

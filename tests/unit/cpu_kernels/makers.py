@@ -12,7 +12,7 @@ def ceil(a, b):
 
 
 def experts(fmt: str, E: int, H: int, I: int, *, bias: str | None = None, seed: int = 0,
-            block=(128, 128)) -> ExpertWeights:
+            block=(128, 128), group: int = 32, scale_dtype=torch.bfloat16) -> ExpertWeights:
     g = torch.Generator().manual_seed(seed)
     biases = {}
     if bias:
@@ -32,6 +32,14 @@ def experts(fmt: str, E: int, H: int, I: int, *, bias: str | None = None, seed: 
             return t
         return ExpertWeights("mxfp4", q(E, 2 * I, H // 2), q(E, H, I // 2), s(E, 2 * I, H // 32), s(E, H, I // 32),
                              **biases)
+    if fmt == "int4":
+        def q(*shape):
+            return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+
+        def s(*shape):
+            return (torch.rand(*shape, generator=g) * 0.1 + 0.01).to(scale_dtype)
+        return ExpertWeights("int4", q(E, 2 * I, H // 2), q(E, H, I // 2), s(E, 2 * I, H // group),
+                             s(E, H, I // group), **biases)
     bn, bk = block
     return ExpertWeights("fp8-block", (torch.randn(E, 2 * I, H, generator=g) * 2).to(torch.float8_e4m3fn),
                          (torch.randn(E, H, I, generator=g) * 2).to(torch.float8_e4m3fn),

@@ -35,5 +35,7 @@ def test_each_claim_is_what_the_committed_rows_give():
         verdict = bool(ratios) and min(ratios) >= claimed.CLAIM_BAR
         assert result["claims"][fmt] == verdict, fmt
         assert claimed.CLAIMED[fmt] == verdict, f"{fmt}: the table says {claimed.CLAIMED[fmt]}, the benchmark {verdict}"
+    measured = {r["format"] for r in result["rows"] if r["status"] == "measured"}
+    assert set(claimed.MEASURED) == measured
     # batch 1 with one thread and with all the machine's threads were both measured
     assert {1, max(result["threads"])} <= {r["threads"] for r in result["rows"]}

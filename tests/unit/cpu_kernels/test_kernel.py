@@ -24,8 +24,9 @@ from makers import experts, routing
 from selective_offload import cpu_kernels as ck
 from selective_offload.cpu_kernels import build, reference
 
-# (H, I): bf16 304 = 2*128 + 32 + 16; mxfp4 224 = 128 + 64 + 32; fp8 208 = 3*64 + 16.
-SHAPES = {"bf16": (304, 160), "mxfp4": (224, 192), "fp8-block": (208, 96)}
+# (H, I): bf16 304 = 2*128 + 32 + 16; mxfp4 224 = 128 + 64 + 32; fp8 208 = 3*64 + 16; int4
+# (groups of 32) 224 and 160 = 128 + 32.
+SHAPES = {"bf16": (304, 160), "mxfp4": (224, 192), "fp8-block": (208, 96), "int4": (224, 160)}
 BLOCK = (64, 64)  # fp8: I = 96 is not a multiple of 64, so w13's up half starts a new block row
 
 
@@ -36,7 +37,7 @@ def close(got, want, lib=None):
 
 def oracle(x, ids, tw, w, act, lib=None, **kw):
     """The reference, with the vectors rounded as this build's kernel rounds them."""
-    int8 = w.fmt == "mxfp4" and bool((lib or ck.library()).so_int8_mxfp4())
+    int8 = w.fmt in ("mxfp4", "int4") and bool((lib or ck.library()).so_int8_mxfp4())
     return reference.moe_reference(x, ids, tw, w, act, int8_vectors=int8, **kw)
 
 
@@ -68,7 +69,7 @@ def lib(request):
     return lib
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block"])
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block", "int4"])
 @pytest.mark.parametrize("kind", ["silu", "swigluoai"])
 def test_every_format_matches_the_reference(lib, fmt, kind):
     act = ck.Activation(kind)
@@ -82,6 +83,23 @@ def test_every_format_matches_the_reference(lib, fmt, kind):
                 got = ck.moe(x, ids, tw, w, act, threads=2, library_=lib)
                 close(got, want, lib)
                 assert want.abs().max() > 0
+
+
+@pytest.mark.parametrize("group, H, I, scale_dtype", [(64, 192, 320, torch.float16), (128, 384, 256, torch.bfloat16),
+                                                     (128, 256, 640, torch.float16), (32, 96, 32, torch.float16)])
+def test_int4_groups_and_scale_dtypes_match_the_reference(lib, group, H, I, scale_dtype):
+    """int4 with each group size the kernel reads differently (32 and 64: a scale per
+    block of 32; 128: one per chunk of 128) and both scale dtypes, rows ending in whole and
+    part chunks."""
+    w = experts("int4", 5, H, I, seed=group + H, group=group, scale_dtype=scale_dtype)
+    assert w.block == (group, group)
+    act = ck.Activation("silu")
+    for T, K in ((1, 2), (6, 3)):
+        ids, tw = routing(T, K, w.num_experts, T + H)
+        x = torch.randn(T, H).bfloat16()
+        want = oracle(x, ids, tw, w, act, lib)
+        close(ck.moe(x, ids, tw, w, act, threads=2, library_=lib), want, lib)
+        assert want.abs().max() > 0
 
 
 def int8_build():
@@ -148,7 +166,24 @@ def test_int8_vectors_cost_mxfp4_little_against_the_float_reference():
     assert float((got - reference.moe_reference(x, ids, tw, rolled, act)).abs().max()) > 5e-2 * peak
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block"])
+def test_int8_vectors_cost_int4_little_against_the_float_reference():
+    """The same for int4 (uniform nibbles, groups of 128): within 5e-2 of the largest output
+    of the float32 reference, and nearer to it than to the experts with every group's scale
+    moved one group along."""
+    lib = int8_build()
+    w = experts("int4", 4, 256, 384, seed=11, group=128)
+    act = ck.Activation("silu")
+    ids, tw = routing(3, 2, w.num_experts, 8)
+    x = torch.randn(3, w.hidden).bfloat16()
+    got = ck.moe(x, ids, tw, w, act, library_=lib)
+    want = reference.moe_reference(x, ids, tw, w, act)
+    peak = float(want.abs().max())
+    assert float((got - want).abs().max()) <= 5e-2 * peak
+    rolled = ck.ExpertWeights("int4", w.w13, w.w2, w.w13_scale.roll(1, -1), w.w2_scale.roll(1, -1))
+    assert float((got - reference.moe_reference(x, ids, tw, rolled, act)).abs().max()) > 5e-2 * peak
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block", "int4"])
 def test_host_mask_and_negative_ids_leave_those_picks_to_the_device(fmt):
     w = make(fmt, bias="bf16")
     ids, tw = routing(6, 3, w.num_experts, 4)
@@ -273,8 +308,14 @@ def test_weights_in_another_layout_are_refused_naming_the_tensor():
     f = make("fp8-block")
     with pytest.raises(ValueError, match="fp8-block w13_scale: got torch.float32"):
         ck.ExpertWeights("fp8-block", f.w13, f.w2, f.w13_scale, f.w2_scale, block=(128, 128))
-    with pytest.raises(ValueError, match="not implemented"):
-        ck.ExpertWeights("int4", w.w13, w.w2)
+    q = make("int4")
+    for change, message in [(dict(w13_scale=None), "int4 w13_scale: missing does not split 224 columns"),
+                            (dict(w2_scale=q.w2_scale[:, :, :3]), "int4 w2_scale: .* does not split 160 columns"),
+                            (dict(w13_scale=q.w13_scale.float()), "int4 w13_scale: got torch.float32"),
+                            (dict(w2_scale=q.w2_scale.half()), "w13_scale is torch.bfloat16 and w2_scale torch.float16"),
+                            (dict(w13=q.w13.view(torch.int8)), "int4 w13: got torch.int8")]:
+        with pytest.raises(ValueError, match=message):
+            ck.ExpertWeights("int4", **{**dict(w13=q.w13, w2=q.w2, w13_scale=q.w13_scale, w2_scale=q.w2_scale), **change})
     with pytest.raises(ValueError, match="use one of"):
         ck.ExpertWeights("fp4", w.w13, w.w2)
 

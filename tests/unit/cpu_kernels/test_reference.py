@@ -33,6 +33,20 @@ def test_mxfp4_is_low_nibble_first_with_e8m0_scales_per_32():
     assert reference.dequantize(w, "w2").shape == (2, 64, 32)
 
 
+def test_int4_is_low_nibble_first_less_eight_times_its_group_scale():
+    """GPTQ's uint4b8 in row-major bytes: element 2i is byte i's low nibble, its value the
+    nibble less 8, times the scale of its group of 64 columns."""
+    w = experts("int4", 2, 128, 64, seed=5, group=64, scale_dtype=torch.float16)
+    got = reference.dequantize(w, "w13")
+    for e in range(2):
+        for r in range(0, 128, 9):
+            for c in range(128):
+                byte = int(w.w13[e, r, c // 2])
+                code = byte & 0xF if c % 2 == 0 else byte >> 4
+                assert got[e, r, c].item() == (code - 8) * float(w.w13_scale[e, r, c // 64]), (e, r, c)
+    assert reference.dequantize(w, "w2").shape == (2, 128, 64)
+
+
 def test_fp8_block_scales_follow_vllms_block_rows_per_shard():
     """w13's gate and up halves each start a new block row (vLLM's scale is
     2 * ceil(I / block) rows): with I = 48 and blocks of 32, the up half's first row is
