@@ -175,7 +175,7 @@ def decode_on_host_plan(model_dir, **inputs):
     prefill (14): a model's crossover depends on its shapes (a dense MLP, read whole by
     every token, lowers it), so the rate is found for each model, not fixed."""
     prefill = sum(len(p) for p in PROMPTS)
-    for tflops in (0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3):
+    for tflops in (0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8):
         plan = compute_experts_plan(model_dir, **{"cpu_tflops": tflops, **inputs})
         if 4 <= plan.host_compute.crossover_tokens < prefill:
             return plan
@@ -403,6 +403,41 @@ def save_tiny_mxfp4_gpt_oss(directory: Path, seed: int = 0) -> Path:
     config = json.loads((directory / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def save_tiny_gptq_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Path:
+    """A random tiny Qwen3 (``save_tiny_qwen3``'s) whose decoder linears are stored as a
+    GPTQ checkpoint stores them: 4-bit symmetric groups of ``group`` inputs, quantized and
+    packed by vLLM's own GPTQ oracle (``gptq_quantize_weights``, ``gptq_pack``: ``qweight``
+    [in/8, out] int32, fp16 ``scales`` [in/group, out], ``qzeros`` of the symmetric zero
+    point, ``g_idx``), and the checkpoint's ``quantization_config``."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from vllm.model_executor.layers.quantization.utils.quant_utils import gptq_pack, gptq_quantize_weights
+    from vllm.scalar_type import scalar_types
+
+    save_tiny_qwen3(directory, seed=seed)
+    (shard,) = directory.glob("*.safetensors")
+    tensors = {}
+    for name, t in load_file(str(shard)).items():
+        if ".layers." in name and name.endswith("_proj.weight"):
+            base, (out, inputs) = name.removesuffix(".weight"), t.shape
+            _, w_q, w_s = gptq_quantize_weights(t.float().T.contiguous(), scalar_types.uint4b8, group)
+            tensors[base + ".qweight"] = gptq_pack(w_q, 4, inputs, out)
+            tensors[base + ".scales"] = w_s.half()
+            # GPTQ's packed zero points (stored less one: 7 for uint4b8); vLLM reads none for symmetric groups
+            tensors[base + ".qzeros"] = torch.full((inputs // group, out // 8), 0x77777777, dtype=torch.int32)
+            tensors[base + ".g_idx"] = torch.arange(inputs, dtype=torch.int32) // group
+        else:
+            tensors[name] = t
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False,
+                                     "sym": True}
     (directory / "config.json").write_text(json.dumps(config))
     return directory
 

@@ -60,7 +60,21 @@ def cpu_format(method: str | None, config: Mapping[str, Any] | None = None) -> s
         dtype = str(config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or "bfloat16")
         if dtype.removeprefix("torch.") in ("float32", "float64"):
             return None
+    if method == "wna16" and config is not None and not int4_read(config):
+        return None
     return CPU_FORMATS.get(method or "")
+
+
+def int4_read(config: Mapping[str, Any]) -> bool:
+    """Whether the int4 kernel reads a W4A16 checkpoint's layout: GPTQ, symmetric, no
+    act-order, groups of a multiple of 32 columns or one per channel (what the glue's
+    ``gptq_rows`` rewrites; AWQ's zero points and compressed-tensors' layout it does not)."""
+    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+    method = str(qc.get("quant_method", "")).lower().replace("_", "-")
+    group = qc.get("group_size", 128)
+    # mutation: int4-asymmetric-planned
+    return (method in ("gptq", "gptq-marlin", "auto-gptq") and qc.get("bits") == 4 and qc.get("sym", True) is True
+            and not qc.get("desc_act", False) and isinstance(group, int) and (group == -1 or group % 32 == 0))
 
 
 def model_cpu_format(checkpoint: Any) -> str | None:

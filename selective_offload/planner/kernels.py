@@ -250,6 +250,7 @@ def method_of_vllm(method: Any) -> str | None:
         return "fp8-block" if getattr(method, "block_quant", False) else "fp8-tensor"
     return {"GptOssMxfp4MoEMethod": "mxfp4", "ModelOptNvFp4FusedMoE": "nvfp4",
             "CompressedTensorsWNA16MoEMethod": "wna16", "GPTQMarlinMoEMethod": "wna16", "AWQMarlinMoEMethod": "wna16",
+            "AutoGPTQMoEMethod": "wna16", "AutoAWQMoEMethod": "wna16",
             "CompressedTensorsW8A8Int8MoEMethod": "int8"}.get(name)
 
 

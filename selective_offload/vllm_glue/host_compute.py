@@ -16,6 +16,11 @@ repacks for that kernel (Marlin tiles, padded scales), and the CPU kernel reads 
 ``create_weights`` made, the checkpoint's own. Steps above the crossover copy those bytes
 to the device and compute them there with plain torch ops, not vLLM's fused kernel.
 
+GPTQ's int4 experts are the one layout changed: its create_weights packs along the input
+dimension first, which a row walk cannot stream, so each tensor is rewritten transposed in
+its own storage (:func:`gptq_rows`), the same bytes in the page-locked arena, and again
+after a reload. Symmetric 4-bit groups without act-order only (GPTQ's uint4b8).
+
 Which vLLM quant methods are served, and in which CPU format: :data:`FORMATS` (read from
 vLLM 0.33's ``create_weights`` of each; checked by tests/contract). A method not listed,
 or a format without a claimed kernel, is refused right after construction, in one line.
@@ -42,7 +47,11 @@ FORMATS: dict[str, dict[torch.dtype | None, str]] = {
     "unquantized": {torch.bfloat16: "bf16", torch.float32: "f32"},
     "mxfp4": {None: "mxfp4"},
     "fp8-block": {None: "fp8-block"},
+    "wna16": {None: "int4"},
 }
+#: The W4A16 methods whose create_weights layout :func:`gptq_rows` reads (vLLM 0.33's
+#: auto_gptq.py, and the names before its rename), for experts and for linears.
+GPTQ_METHODS = ("AutoGPTQMoEMethod", "GPTQMarlinMoEMethod", "AutoGPTQLinearMethod", "GPTQMarlinLinearMethod")
 #: vLLM's activations the CPU kernel computes, by ``MoEActivation`` value.
 ACTIVATIONS = {"silu": "silu", "swigluoai": "swigluoai"}
 MECHANISM = "compute (the host CPU computes the routed experts where they live)"
@@ -58,8 +67,63 @@ def format_of(group: str, method: Any, module: nn.Module, device: torch.device =
         what = f"{type(method).__name__}" + (f" with {dtype} weights" if name == "unquantized" else "")
         raise PlanError(f"{group}: the plan computes these routed experts on the host CPU, and the CPU kernels "
                         f"have no format for {what}; plan them host-uva or on the device")
+    if fmt == "int4":
+        refuse_unread_int4(group, method)
     refuse_unserved(f"{group}: the plan computes these routed experts on the host CPU in {fmt}", fmt, device)
     return fmt
+
+
+def refuse_unread_int4(group: str, method: Any, what: str = "these routed experts") -> None:
+    """W4A16 weights the int4 kernel reads: GPTQ's layout, 4-bit symmetric groups of a
+    multiple of 32 columns (or one per channel), no act-order; anything else one line."""
+    qc = getattr(method, "quant_config", None)
+    bits = getattr(getattr(qc, "quant_type", None), "size_bits", None)
+    group_size = getattr(qc, "group_size", None)
+    why = None
+    if type(method).__name__ not in GPTQ_METHODS:
+        why = f"{type(method).__name__}'s layout (the int4 kernel reads GPTQ's)"
+    elif bits != 4 or not getattr(qc, "is_sym", False):
+        why = f"{bits}-bit {'symmetric' if getattr(qc, 'is_sym', False) else 'asymmetric (zero points)'} weights"
+    elif getattr(qc, "desc_act", False):
+        why = "act-order (desc_act) groups"
+    elif not isinstance(group_size, int) or (group_size != -1 and group_size % 32):
+        why = f"groups of {group_size} columns (the kernel reads multiples of 32)"
+    if why is not None:
+        raise PlanError(f"{group}: the plan computes {what} on the host CPU in int4, and the int4 kernel "
+                        f"reads 4-bit symmetric GPTQ groups, not {why}; plan them host-uva or on the device")
+
+
+def rows_in_place(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One GPTQ weight as the int4 kernel reads it, rewritten in its own storage: qweight
+    ([E, K/8, N] or [K/8, N] int32, 8 nibbles of consecutive inputs per word) and scales
+    ([E, K/g, N] or [K/g, N]) transposed row-major (the output's rows, their inputs
+    consecutive: a word's nibbles are then bytes in the order the kernel reads, low nibble
+    first). Returns uint8 [E, N, K/2] and scales [E, N, K/g] (E = 1 for a linear)."""
+    q3, s3 = (q, scale) if q.dim() == 3 else (q.unsqueeze(0), scale.unsqueeze(0))
+    E, packed, N = q3.shape
+    # mutation: gptq-rows-not-transposed
+    q3.view(-1).copy_(q3.transpose(1, 2).contiguous().view(-1))
+    s3.view(-1).copy_(s3.transpose(1, 2).contiguous().view(-1))
+    return q3.view(-1).view(torch.uint8).view(E, N, packed * 4), s3.view(E, N, s3.shape[1])
+
+
+def gptq_rows(module: nn.Module, shared: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """GPTQ's experts as the int4 kernel reads them, each of w13/w2 rewritten in place
+    (:func:`rows_in_place`). Idempotent: a module already rewritten is read as it is."""
+    done = getattr(module, "_selective_offload_int4_rows", None)
+    if done is not None:
+        return done
+    out = {}
+    for which in ("w13", "w2"):
+        out[which], out[f"{which}_scale"] = rows_in_place(getattr(module, f"{which}_qweight").data,
+                                                         getattr(module, f"{which}_scales").data)
+    loaded = getattr(module, "_loaded_expert_biases", ())
+    for name in ("w13_bias", "w2_bias"):
+        t = getattr(module, name, None)
+        if isinstance(t, torch.Tensor) and name in loaded and name not in shared:
+            out[name] = t.data
+    module._selective_offload_int4_rows = out
+    return out
 
 
 def refuse_unserved(what: str, fmt: str, device: torch.device) -> None:
@@ -132,6 +196,8 @@ def weights_of(module: nn.Module, fmt: str, shared: frozenset[str] = frozenset()
                 return t.data
         return None
 
+    if fmt == "int4":
+        return ExpertWeights(fmt=fmt, **gptq_rows(module, shared))
     extra = {"block": tuple(block)} if fmt == "fp8-block" and block else {}
     return ExpertWeights(fmt=fmt, w13=get("w13_weight"), w2=get("w2_weight"),
                          w13_scale=get("w13_weight_scale_inv", "w13_weight_scale"),
@@ -182,7 +248,12 @@ def method_class() -> type:
             return None
 
         def process_weights_after_loading(self, layer) -> None:
-            return None  # a reload copies into the same host tensors; nothing to repack
+            # A reload copies into the same host tensors, in the checkpoint's layout: the
+            # one layout changed at install (GPTQ's int4) is rewritten again.
+            if self.experts.weights.fmt == "int4":
+                layer.__dict__.pop("_selective_offload_int4_rows", None)
+                gptq_rows(layer)
+            return None
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
             ids = topk_ids
@@ -252,6 +323,8 @@ MLP_PARTS = ("gate_up_proj", "down_proj")
 LINEAR_FORMATS: dict[str, dict[torch.dtype | None, str]] = {
     "UnquantizedLinearMethod": {torch.bfloat16: "bf16", torch.float32: "f32"},
     "Fp8LinearMethod": {None: "fp8-block"},
+    "AutoGPTQLinearMethod": {None: "int4"},
+    "GPTQMarlinLinearMethod": {None: "int4"},
 }
 
 
@@ -269,10 +342,13 @@ def mlp_format(group: str, mlp: nn.Module, device: torch.device) -> str:
     for part in parts:
         method = type(part.quant_method).__name__
         by_dtype = LINEAR_FORMATS.get(method, {})
-        dtype = part.weight.dtype
+        weight = getattr(part, "weight", None)
+        dtype = (weight if isinstance(weight, torch.Tensor) else part.qweight).dtype
         fmt = by_dtype.get(dtype if None not in by_dtype else None)
         if fmt == "fp8-block" and not getattr(part.quant_method, "block_quant", False):
             fmt = None
+        if fmt == "int4":
+            refuse_unread_int4(group, part.quant_method, "this MLP")
         if fmt is None:
             raise PlanError(f"{group}: the CPU kernels have no format for {method} with {dtype} weights; plan this "
                             "MLP on the device")
@@ -297,6 +373,8 @@ def mlp_weights(group: str, mlp: nn.Module, fmt: str) -> ExpertWeights:
         t = getattr(part, "weight_scale_inv", None)
         return None if t is None else t.data.unsqueeze(0)
 
+    if fmt == "int4":
+        return ExpertWeights(fmt, **mlp_rows(mlp))
     block = getattr(gate_up.quant_method, "weight_block_size", None)
     extra = {"block": tuple(block)} if fmt == "fp8-block" and block else {}
     try:
@@ -305,6 +383,35 @@ def mlp_weights(group: str, mlp: nn.Module, fmt: str) -> ExpertWeights:
     except ValueError as exc:
         raise PlanError(f"{group}: its weights are not in the layout the CPU kernel reads ({exc}); plan this MLP "
                         "on the device") from None
+
+
+def mlp_rows(mlp: nn.Module) -> dict[str, torch.Tensor]:
+    """A GPTQ MLP as one int4 expert, its projections rewritten in place (:func:`rows_in_place`);
+    idempotent, as :func:`gptq_rows`."""
+    done = getattr(mlp, "_selective_offload_int4_rows", None)
+    if done is None:
+        done = {}
+        for which, part in (("w13", mlp.gate_up_proj), ("w2", mlp.down_proj)):
+            done[which], done[f"{which}_scale"] = rows_in_place(part.qweight.data, part.scales.data)
+        mlp._selective_offload_int4_rows = done
+    return done
+
+
+def relayout_after_reload(mlp: nn.Module) -> None:
+    """A reload copies GPTQ's layout into the same tensors and then runs each projection's
+    post-processing (kept as loaded here): rewrite the MLP's rows again after it."""
+    for part in (mlp.gate_up_proj, mlp.down_proj):
+        method = part.quant_method
+        original = method.process_weights_after_loading
+
+        def process_weights_after_loading(layer, _original=original):
+            _original(layer)
+            # mutation: int4-reload-not-rewritten
+            mlp.__dict__.pop("_selective_offload_int4_rows", None)
+            if layer is mlp.down_proj:  # both projections reloaded: the MLP's rows again
+                mlp_rows(mlp)
+
+        method.process_weights_after_loading = process_weights_after_loading
 
 
 def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) -> HostExperts:
@@ -321,6 +428,8 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) ->
                         "make the plan again")
     experts = HostExperts(group, mlp_weights(group, mlp, fmt), Activation("silu"),
                           crossover_tokens=setting.crossover_tokens, threads=threads_of(setting), device=device)
+    if fmt == "int4":
+        relayout_after_reload(mlp)
     key = register(experts)
     down = mlp.down_proj
     reduce = bool(getattr(down, "reduce_results", True)) and int(getattr(down, "tp_size", 1) or 1) > 1

@@ -1,0 +1,146 @@
+"""GPTQ int4 experts for the host's int4 kernel, against vLLM's own parts: the layer's
+tensors made by vLLM's ``AutoGPTQMoEMethod.create_weights`` (its real shapes, K-first),
+filled by vLLM's GPTQ oracle (``gptq_quantize_weights``: the dequantized weights it
+rounds to, and ``gptq_pack``: the checkpoint's packing). The glue rewrites them row-major
+in their own storage; the kernel's output is then checked against the MoE computed with
+vLLM's dequantized weights. vLLM's CPU build has no int4 MoE kernel on a CPU without AMX,
+so no engine runs this format here; the layout is what these tests pin down."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from selective_offload import cpu_kernels as ck
+from selective_offload.errors import PlanError
+from selective_offload.planner import host_compute as planned
+from selective_offload.vllm_glue import host_compute
+
+E, H, I = 4, 256, 192
+
+
+def gptq_config(**overrides):
+    from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
+
+    return AutoGPTQConfig.from_config({"bits": 4, "group_size": 64, "desc_act": False, "sym": True,
+                                       "quant_method": "gptq", **overrides})
+
+
+def gptq_method(qc):
+    from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQMoEMethod
+
+    method = object.__new__(AutoGPTQMoEMethod)  # its __init__ picks a device kernel; the layout is create_weights'
+    method.quant_config, method.moe, method.input_dtype = qc, SimpleNamespace(w13_num_shards=2), None
+    return method
+
+
+@pytest.fixture(scope="module")
+def layer():
+    """A layer as vLLM builds and loads it, and vLLM's dequantized weights (float32)."""
+    from vllm.model_executor.layers.quantization.utils.quant_utils import gptq_pack, gptq_quantize_weights
+    from vllm.scalar_type import scalar_types
+
+    qc = gptq_config()
+    method = gptq_method(qc)
+    module = nn.Module()
+    type(method).create_weights(method, module, E, H, I, torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    ref = {"w13": [], "w2": []}
+    for which, (rows, cols) in (("w13", (2 * I, H)), ("w2", (H, I))):
+        q, s = getattr(module, f"{which}_qweight").data, getattr(module, f"{which}_scales").data
+        for e in range(E):
+            w = (torch.randn(rows, cols, generator=g) * 0.1).bfloat16()
+            w_ref, w_q, w_s = gptq_quantize_weights(w.T.contiguous(), scalar_types.uint4b8, 64)  # [K, N], as GPTQ
+            q[e].copy_(gptq_pack(w_q, 4, cols, rows))
+            s[e].copy_(w_s)
+            ref[which].append(w_ref.T.float())
+    return SimpleNamespace(module=module, method=method, w13=torch.stack(ref["w13"]), w2=torch.stack(ref["w2"]))
+
+
+def test_vllms_gptq_layout_is_rewritten_in_place_and_read_as_vllm_dequantizes_it(layer, monkeypatch):
+    with pytest.raises(PlanError, match="int4 kernel has not been measured in benchmarks/results/cpu-kernels-"):
+        host_compute.format_of("g", layer.method, layer.module)
+    monkeypatch.setitem(ck.claimed.CLAIMED, "int4", True)  # as if a benchmark had claimed it: the layout is tested
+    ptrs = {n: p.data_ptr() for n, p in layer.module.named_parameters()}
+    assert tuple(layer.module.w13_qweight.shape) == (E, H // 8, 2 * I)  # vLLM's K-first layout
+    assert host_compute.format_of("g", layer.method, layer.module) == "int4"
+    w = host_compute.weights_of(layer.module, "int4")
+    assert w.fmt == "int4" and w.block == (64, 64)
+    assert w.w13.data_ptr() == ptrs["w13_qweight"] and w.w2_scale.data_ptr() == ptrs["w2_scales"]
+    assert {n: p.data_ptr() for n, p in layer.module.named_parameters()} == ptrs  # no new storage
+    assert w.w13_bias is None and w.w2_bias is None  # vLLM's zero biases, not loaded from the checkpoint
+    # vLLM's dequantized weights are bf16 products ((q - 8) * s rounded), the reference's float32
+    torch.testing.assert_close(ck.reference.dequantize(w, "w13"), layer.w13, rtol=2 ** -8, atol=0)
+    torch.testing.assert_close(ck.reference.dequantize(w, "w2"), layer.w2, rtol=2 ** -8, atol=0)
+    assert host_compute.weights_of(layer.module, "int4").w13.data_ptr() == w.w13.data_ptr()  # read once
+
+    # the kernel against the MoE computed with vLLM's dequantized weights
+    x = torch.randn(3, H).bfloat16()
+    ids = torch.tensor([[0, 3], [1, 2], [3, 1]], dtype=torch.int32)
+    tw = torch.rand(3, 2)
+    want = ck.reference.moe_reference(x, ids, tw, ck.ExpertWeights("f32", layer.w13, layer.w2), ck.Activation("silu"))
+    got = ck.moe(x, ids, tw, w, ck.Activation("silu"))
+    assert float((got - want).abs().max()) <= 5e-2 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("overrides, why", [
+    (dict(sym=False), "asymmetric"), (dict(desc_act=True), "act-order"), (dict(bits=8), "8-bit"),
+])
+def test_int4_the_kernel_cannot_read_is_refused_in_one_line(overrides, why):
+    # vLLM refuses act-order, and its CPU build 4-bit asymmetric GPTQ, at the config itself:
+    # the glue's own check is set on a config vLLM made
+    qc = gptq_config(**{k: v for k, v in overrides.items() if k not in ("sym", "desc_act")})
+    if "sym" in overrides:
+        qc.is_sym = False
+    if "desc_act" in overrides:
+        qc.desc_act = True
+    with pytest.raises(PlanError, match=f"reads 4-bit symmetric GPTQ groups, not .*{why}") as e:
+        host_compute.refuse_unread_int4("model.layers.0.mlp.experts", gptq_method(qc))
+    assert "\n" not in str(e.value) and "host-uva" in str(e.value)
+    other = SimpleNamespace(quant_config=gptq_config())
+    with pytest.raises(PlanError, match="SimpleNamespace's layout"):
+        host_compute.refuse_unread_int4("g", other)
+
+
+def test_the_planner_offers_int4_only_for_the_layout_the_glue_reads():
+    def config(**qc):
+        return {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True,
+                                        "desc_act": False, **qc}}
+
+    assert planned.cpu_format("wna16", config()) == "int4"
+    assert planned.cpu_format("wna16", config(group_size=-1)) == "int4"
+    for bad in (dict(sym=False), dict(desc_act=True), dict(group_size=48), dict(quant_method="awq"),
+                dict(quant_method="compressed-tensors")):
+        assert planned.cpu_format("wna16", config(**bad)) is None, bad
+
+
+def test_a_reload_in_gptqs_layout_is_rewritten_again():
+    """A reload copies the checkpoint's K-first tensors into the same storage and runs each
+    projection's post-processing: the hook the glue installs rewrites the MLP's rows again,
+    into the same storage, so the kernel reads what it read before."""
+    from vllm.model_executor.layers.quantization.utils.quant_utils import gptq_pack
+
+    g = torch.Generator().manual_seed(1)
+    mlp = nn.Module()
+    packed = {}
+    for name, (k, n) in (("gate_up_proj", (H, 2 * I)), ("down_proj", (I, H))):
+        part = nn.Module()
+        codes = torch.randint(0, 16, (k, n), generator=g)
+        packed[name] = (gptq_pack(codes, 4, k, n), (torch.rand(k // 64, n, generator=g) + 0.5).bfloat16())
+        part.qweight, part.scales = nn.Parameter(packed[name][0].clone(), False), nn.Parameter(packed[name][1].clone(), False)
+        part.quant_method = SimpleNamespace(process_weights_after_loading=lambda layer: None)
+        setattr(mlp, name, part)
+    first = {k: v.clone() for k, v in host_compute.mlp_rows(mlp).items()}
+    host_compute.relayout_after_reload(mlp)
+    for name in ("gate_up_proj", "down_proj"):  # the reload, in module order
+        part = getattr(mlp, name)
+        part.qweight.data.copy_(packed[name][0])
+        part.scales.data.copy_(packed[name][1])
+        part.quant_method.process_weights_after_loading(part)
+    again = host_compute.mlp_rows(mlp)
+    assert again["w13"].data_ptr() == mlp.gate_up_proj.qweight.data_ptr()
+    for k, v in first.items():
+        assert torch.equal(again[k], v), k
