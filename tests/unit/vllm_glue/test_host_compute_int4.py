@@ -1,10 +1,12 @@
-"""GPTQ int4 experts for the host's int4 kernel, against vLLM's own parts: the layer's
-tensors made by vLLM's ``AutoGPTQMoEMethod.create_weights`` (its real shapes, K-first),
-filled by vLLM's GPTQ oracle (``gptq_quantize_weights``: the dequantized weights it
-rounds to, and ``gptq_pack``: the checkpoint's packing). The glue rewrites them row-major
-in their own storage; the kernel's output is then checked against the MoE computed with
-vLLM's dequantized weights. vLLM's CPU build has no int4 MoE kernel on a CPU without AMX,
-so no engine runs this format here; the layout is what these tests pin down."""
+"""int4 experts for the host's int4 kernel, against vLLM's own parts: the layer's tensors
+made by vLLM's ``AutoGPTQMoEMethod.create_weights`` (its real shapes, K-first), filled by
+vLLM's GPTQ oracle (``gptq_quantize_weights``: the dequantized weights it rounds to, and
+``gptq_pack``: the checkpoint's packing), which the glue rewrites row-major in their own
+storage; and ``CompressedTensorsWNA16MoEMethod.create_weights``' (N-first), filled by the
+compressed-tensors library, read as loaded. The kernel's output is checked against the MoE
+computed with vLLM's dequantized weights. vLLM's CPU build has no int4 MoE kernel on a CPU
+without AMX, so no engine runs int4 experts here (tests/engine/test_vllm_int4.py runs int4
+MLPs); the layout is what these tests pin down."""
 
 from __future__ import annotations
 
@@ -97,7 +99,7 @@ def test_int4_the_kernel_cannot_read_is_refused_in_one_line(overrides, why):
         qc.is_sym = False
     if "desc_act" in overrides:
         qc.desc_act = True
-    with pytest.raises(PlanError, match=f"reads 4-bit symmetric GPTQ groups, not .*{why}") as e:
+    with pytest.raises(PlanError, match=f"reads 4-bit symmetric groups, not .*{why}") as e:
         host_compute.refuse_unread_int4("model.layers.0.mlp.experts", gptq_method(qc))
     assert "\n" not in str(e.value) and "host-uva" in str(e.value)
     other = SimpleNamespace(quant_config=gptq_config())
@@ -116,6 +118,17 @@ def test_the_planner_offers_int4_only_for_the_layout_the_glue_reads():
                 dict(quant_method="compressed-tensors")):
         assert planned.cpu_format("wna16", config(**bad)) is None, bad
 
+    def ct(fmt="pack-quantized", **weights):
+        w = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128, **weights}
+        return {"quantization_config": {"quant_method": "compressed-tensors", "format": fmt,
+                                        "config_groups": {"group_0": {"targets": ["Linear"], "weights": w}}}}
+
+    assert planned.cpu_format("wna16", ct()) == "int4"
+    assert planned.cpu_format("wna16", ct(strategy="channel", group_size=None)) == "int4"
+    for bad in (dict(symmetric=False), dict(actorder="group"), dict(group_size=48)):
+        assert planned.cpu_format("wna16", ct(**bad)) is None, bad
+    assert planned.cpu_format("wna16", ct(fmt="marlin-24")) is None
+
 
 def test_a_reload_in_gptqs_layout_is_rewritten_again():
     """A reload copies the checkpoint's K-first tensors into the same storage and runs each
@@ -130,7 +143,8 @@ def test_a_reload_in_gptqs_layout_is_rewritten_again():
         part = nn.Module()
         codes = torch.randint(0, 16, (k, n), generator=g)
         packed[name] = (gptq_pack(codes, 4, k, n), (torch.rand(k // 64, n, generator=g) + 0.5).bfloat16())
-        part.qweight, part.scales = nn.Parameter(packed[name][0].clone(), False), nn.Parameter(packed[name][1].clone(), False)
+        part.qweight = nn.Parameter(packed[name][0].clone(), False)
+        part.scales = nn.Parameter(packed[name][1].clone(), False)
         part.quant_method = SimpleNamespace(process_weights_after_loading=lambda layer: None)
         setattr(mlp, name, part)
     first = {k: v.clone() for k, v in host_compute.mlp_rows(mlp).items()}
@@ -144,3 +158,49 @@ def test_a_reload_in_gptqs_layout_is_rewritten_again():
     assert again["w13"].data_ptr() == mlp.gate_up_proj.qweight.data_ptr()
     for k, v in first.items():
         assert torch.equal(again[k], v), k
+
+
+def test_compressed_tensors_experts_are_read_as_vllm_loads_them():
+    """compressed-tensors' W4A16 experts in vLLM's ``CompressedTensorsWNA16MoEMethod``
+    create_weights layout (N-first, its ``weight_packed`` and ``weight_scale``), filled by
+    the installed compressed-tensors library (its ``quantize`` and ``pack_to_int32``): read
+    as loaded, no byte moved, and dequantized as the library dequantizes them."""
+    from fractions import Fraction
+
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_wna16 as ct_moe)
+
+    cls = ct_moe.CompressedTensorsWNA16MoEMethod
+    method = object.__new__(cls)  # its __init__ picks a device kernel; the layout is create_weights'
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=64)
+    method.moe = SimpleNamespace(is_act_and_mul=True, has_bias=False)
+    method.num_bits, method.symmetric, method.strategy, method.group_size = 4, True, "group", 64
+    method.packed_factor, method.weight_quant = Fraction(32, 4), args
+    module = nn.Module()
+    cls.create_weights(method, module, E, H, I, torch.bfloat16)
+    assert tuple(module.w13_weight_packed.shape) == (E, 2 * I, H // 8)  # vLLM's N-first layout
+    g = torch.Generator().manual_seed(2)
+    want = {}
+    for which, (rows, cols) in (("w13", (2 * I, H)), ("w2", (H, I))):
+        deq = []
+        for e in range(E):
+            w = torch.randn(rows, cols, generator=g) * 0.1
+            scale = (w.unflatten(-1, (-1, 64)).abs().amax(-1) / 7.5).bfloat16()
+            q = quantize(w, scale, torch.zeros_like(scale, dtype=torch.int8), args, dtype=torch.int8)
+            getattr(module, f"{which}_weight_packed").data[e].copy_(pack_to_int32(q, 4))
+            getattr(module, f"{which}_weight_scale").data[e].copy_(scale)
+            deq.append(dequantize(q, scale.float(), None, args, dtype=torch.float32))
+        want[which] = torch.stack(deq)
+    ptrs = {n: p.data_ptr() for n, p in module.named_parameters()}
+    w = host_compute.weights_of(module, "int4")
+    assert w.block == (64, 64) and w.w13.data_ptr() == ptrs["w13_weight_packed"]
+    assert {n: p.data_ptr() for n, p in module.named_parameters()} == ptrs
+    torch.testing.assert_close(ck.reference.dequantize(w, "w13"), want["w13"], rtol=0, atol=0)
+    torch.testing.assert_close(ck.reference.dequantize(w, "w2"), want["w2"], rtol=0, atol=0)
+    host_compute.refuse_unread_int4("g", method)
+    method.symmetric = False
+    with pytest.raises(PlanError, match="asymmetric"):
+        host_compute.refuse_unread_int4("g", method)
