@@ -442,6 +442,38 @@ def save_tiny_gptq_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Pat
     return directory
 
 
+def save_tiny_awq_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Path:
+    """The same tiny Qwen3 as AutoAWQ stores it (GEMM): 4-bit groups of ``group`` inputs with
+    zero points, quantized and packed by vLLM's own oracle (``quantize_weights`` with zero
+    points, ``awq_pack``: ``qweight`` [in, out/8] and ``qzeros`` [in/group, out/8] int32 in
+    AWQ's column order, fp16 ``scales`` [in/group, out]), and its ``quantization_config``."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from vllm.model_executor.layers.quantization.utils.quant_utils import awq_pack, quantize_weights
+    from vllm.scalar_type import scalar_types
+
+    save_tiny_qwen3(directory, seed=seed)
+    (shard,) = directory.glob("*.safetensors")
+    tensors = {}
+    for name, t in load_file(str(shard)).items():
+        if ".layers." in name and name.endswith("_proj.weight"):
+            base, (out, inputs) = name.removesuffix(".weight"), t.shape
+            _, w_q, w_s, w_zp = quantize_weights(t.float().T.contiguous(), scalar_types.uint4, group, zero_points=True)
+            tensors[base + ".qweight"] = awq_pack(w_q, 4, inputs, out)
+            tensors[base + ".qzeros"] = awq_pack(w_zp, 4, inputs // group, out)
+            tensors[base + ".scales"] = w_s.half()
+        else:
+            tensors[name] = t
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+                                     "version": "gemm"}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
 def save_tiny_ct_int4_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Path:
     """The same tiny Qwen3 as compressed-tensors writes a W4A16 checkpoint (``pack-quantized``,
     4-bit symmetric groups of ``group``, lm_head left bf16): the scales set from each group's

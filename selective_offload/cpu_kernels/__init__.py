@@ -6,7 +6,7 @@ them over the link to the device. torch's own CPU paths reach that for bf16 but 
 the quantised formats (they dequantise into memory first), so this sub-package carries a
 small C kernel (``moe.c``, compiled once per machine by the system compiler, see
 ``build``) that dequantises in registers while it streams the weights, for the layouts
-vLLM's create_weights allocates (int4: GPTQ's, held row-major, see ``weights``). It
+vLLM's create_weights allocates (int4: held row-major, see ``weights``). It
 imports no vLLM.
 
     out[t] = sum_j topk_weights[t, j] * (W2[e] @ act(W13[e] @ x[t] + b13[e]) + b2[e]),

@@ -34,7 +34,8 @@ class _Job(ctypes.Structure):
         (n, ctypes.c_int64) for n in ("T", "K", "E", "H", "I", "block_n", "block_k", "x_dtype", "ids_i64",
                                       "bias_dtype", "threads")] + [
         (n, ctypes.c_void_p) for n in ("x", "topk_ids", "topk_weights", "host_mask", "w13", "w2", "w13_scale",
-                                       "w2_scale", "w13_bias", "w2_bias", "out", "workspace")] + [
+                                       "w2_scale", "w13_bias", "w2_bias", "w13_zeros", "w2_zeros", "out",
+                                       "workspace")] + [
         ("workspace_bytes", ctypes.c_int64), ("status", ctypes.c_int64)]
 
 
@@ -137,7 +138,8 @@ class MoEJob:
             bias_dtype=bias_dtype, threads=self.threads, x=_ptr(x), topk_ids=_ptr(topk_ids),
             topk_weights=_ptr(topk_weights), host_mask=_ptr(host_mask), w13=_ptr(weights.w13), w2=_ptr(weights.w2),
             w13_scale=_ptr(weights.w13_scale), w2_scale=_ptr(weights.w2_scale), w13_bias=_ptr(b13),
-            w2_bias=_ptr(b2), out=_ptr(out), workspace=_ptr(self.workspace), workspace_bytes=nbytes, status=0)
+            w2_bias=_ptr(b2), w13_zeros=_ptr(weights.w13_zeros), w2_zeros=_ptr(weights.w2_zeros), out=_ptr(out),
+            workspace=_ptr(self.workspace), workspace_bytes=nbytes, status=0)
 
     @property
     def address(self) -> int:

@@ -8,9 +8,9 @@
  * the bytes read over the host's read bandwidth, and only a kernel that dequantises in
  * registers while it streams the weights gets near that bandwidth. The weights are read
  * in the layouts vLLM's create_weights makes (before any post-processing), so the same
- * host tensors serve this kernel and the device's UVA path; int4 is GPTQ's, transposed
- * row-major in place by the glue (its packing is input-major, which a row walk cannot
- * stream).
+ * host tensors serve this kernel and the device's UVA path; int4 is held row-major (GPTQ's
+ * and AWQ's rewritten in place by the glue: their packing is input-major, which a row walk
+ * cannot stream).
  *
  * out[t] = sum_j w[t,j] * (W2[e] @ act(W13[e] @ x[t] + b13[e]) + b2[e]), e = ids[t,j],
  * skipping picks whose id is negative or whose expert is not in the host set. Tokens are
@@ -40,8 +40,9 @@
 #define SO_BF16DOT 1
 #endif
 
-/* int4 is W4A16 with symmetric groups (value = (nibble - 8) * group scale, GPTQ's uint4b8),
- * one code per scale dtype: bf16 or f16 scales as the checkpoint stores them. */
+/* int4 is W4A16 in groups: value = (nibble - z) * group scale, z = 8 for symmetric groups
+ * (GPTQ's uint4b8, compressed-tensors) or the group's zero point (AWQ); one code per scale
+ * dtype: bf16 or f16 scales as the checkpoint stores them. */
 enum { SO_BF16 = 0, SO_MXFP4 = 1, SO_FP8_BLOCK = 2, SO_INT4_BF16 = 3, SO_INT4_F16 = 4 };
 #define SO_IS_INT4(fmt) ((fmt) == SO_INT4_BF16 || (fmt) == SO_INT4_F16)
 enum { SO_SILU = 0, SO_SWIGLUOAI = 1 };
@@ -65,6 +66,8 @@ typedef struct {
     const void *w13, *w2;
     const void *w13_scale, *w2_scale;
     const void *w13_bias, *w2_bias;
+    const uint8_t *w13_zeros, *w2_zeros;  /* int4 zero points or NULL (8): [E, rows/2, groups],
+                                           * rows 2m and 2m+1 in a byte's low and high nibble */
     float *out;                     /* [T, H] f32, written whole */
     void *workspace;                /* so_moe_workspace_bytes(); NULL: allocated per call */
     int64_t workspace_bytes;
@@ -135,10 +138,25 @@ static inline float f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* An int4 row's groups, what the row kernels get as their ``scale`` for int4: the row's
+ * scales, and its zero points (a byte per group holding this row's and its neighbour's
+ * nibbles, ``shift`` 0 or 4) or NULL (8 throughout). */
+typedef struct {
+    const uint16_t *s;
+    const uint8_t *z;
+    int shift;
+} so_int4_row;
+
 /* Scale i of an int4 row: bf16 or f16 by the format code. */
 static inline float int4_scale(int fmt, const void *scale, int64_t i) {
-    uint16_t v = ((const uint16_t *)scale)[i];
+    uint16_t v = ((const so_int4_row *)scale)->s[i];
     return fmt == SO_INT4_BF16 ? bf16_to_f32(v) : f16_to_f32(v);
+}
+
+/* Zero point of group i of an int4 row. */
+static inline int int4_zero(const void *scale, int64_t i) {
+    const so_int4_row *g = (const so_int4_row *)scale;
+    return g->z ? (g->z[i] >> g->shift) & 0xF : 8;
 }
 
 static inline float load_bias(const void *p, int64_t dtype, int64_t i) {
@@ -193,7 +211,7 @@ static inline float element(int fmt, const void *row, const void *scale, int64_t
     }
     if (SO_IS_INT4(fmt)) {
         uint8_t b = ((const uint8_t *)row)[k / 2];
-        return (float)((int)((k & 1) ? b >> 4 : b & 0xF) - 8) * int4_scale(fmt, scale, k / bk);
+        return (float)((int)((k & 1) ? b >> 4 : b & 0xF) - int4_zero(scale, k / bk)) * int4_scale(fmt, scale, k / bk);
     }
     return e4m3_to_f32(((const uint8_t *)row)[k]) * ((const float *)scale)[k / bk];
 }
@@ -235,15 +253,15 @@ static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const 
     if (j->fmt == SO_BF16) {
         SO_DOT(bf16)((const uint16_t *)w + (e * R + r) * C, NULL, 0, C, (xptr)X, ldx, n, acc);
     } else if (SO_IS_INT4(j->fmt)) {
-        int64_t g = which ? j->block_k : j->block_n;  /* columns per scale */
-        const uint8_t *row = (const uint8_t *)w + (e * R + r) * (C / 2);
-        const uint16_t *s = (const uint16_t *)sc + (e * R + r) * (C / g);
+        int64_t g = which ? j->block_k : j->block_n, G = C / g;  /* columns per scale, groups per row */
+        const uint8_t *row = (const uint8_t *)w + (e * R + r) * (C / 2), *z = which ? j->w2_zeros : j->w13_zeros;
+        so_int4_row s = {(const uint16_t *)sc + (e * R + r) * G, z ? z + (e * R + r) / 2 * G : NULL, (int)(r & 1) * 4};
 #if defined(SO_BF16DOT)
-        if (j->fmt == SO_INT4_BF16) dotq_int4_bf16(row, s, g, C, (const int8_t *)X, ldx, n, acc);
-        else dotq_int4_f16(row, s, g, C, (const int8_t *)X, ldx, n, acc);
+        if (j->fmt == SO_INT4_BF16) dotq_int4_bf16(row, &s, g, C, (const int8_t *)X, ldx, n, acc);
+        else dotq_int4_f16(row, &s, g, C, (const int8_t *)X, ldx, n, acc);
 #else
-        if (j->fmt == SO_INT4_BF16) dot_int4_bf16(row, s, g, C, (xptr)X, ldx, n, acc);
-        else dot_int4_f16(row, s, g, C, (xptr)X, ldx, n, acc);
+        if (j->fmt == SO_INT4_BF16) dot_int4_bf16(row, &s, g, C, (xptr)X, ldx, n, acc);
+        else dot_int4_f16(row, &s, g, C, (xptr)X, ldx, n, acc);
 #endif
     } else if (j->fmt == SO_MXFP4) {
 #if defined(SO_BF16DOT)

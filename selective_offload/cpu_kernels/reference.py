@@ -39,8 +39,15 @@ def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None 
     if weights.fmt == "int4":
         # Element 2i is byte i's low nibble; value (nibble - 8) times its group's scale.
         codes = torch.stack((w & 0x0F, w >> 4), dim=-1).reshape(*w.shape[:-1], w.shape[-1] * 2)
-        # mutation: int4-reference-zero
-        values = codes.float() - 8.0
+        zeros = getattr(weights, which + "_zeros")
+        if zeros is None:
+            # mutation: int4-reference-zero
+            values = codes.float() - 8.0
+        else:  # rows 2m and 2m+1 in a byte's low and high nibble, one byte per group
+            z = _rows(zeros, experts)
+            # mutation: int4-reference-zero-rows
+            z = torch.stack((z & 0x0F, z >> 4), dim=2).reshape(z.shape[0], -1, z.shape[-1])
+            values = codes.float() - z.float().repeat_interleave(codes.shape[-1] // z.shape[-1], dim=-1)
         return (values.unflatten(-1, (scale.shape[-1], -1)) * scale.float().unsqueeze(-1)).flatten(-2)
     # fp8-block: one scale per (block_n rows, block_k columns); w13's gate and up halves each
     # start a new block row (vLLM's w13 scale is 2 * ceil(I / block_n) rows).

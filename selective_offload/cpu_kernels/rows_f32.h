@@ -16,7 +16,8 @@ static inline __attribute__((always_inline)) void decode32(int fmt, const void *
         __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xF)), hi = _mm512_srli_epi32(v, 4);
         *w0 = _mm512_permutexvar_ps(lo, table), *w1 = _mm512_permutexvar_ps(hi, table);
     } else if (SO_IS_INT4(fmt)) {
-        __m512 s = _mm512_set1_ps(int4_scale(fmt, scale, k / bk)), eight = _mm512_set1_ps(8.0f);
+        __m512 s = _mm512_set1_ps(int4_scale(fmt, scale, k / bk));
+        __m512 eight = _mm512_set1_ps((float)int4_zero(scale, k / bk));
         __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2)));
         __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xF)), hi = _mm512_srli_epi32(v, 4);
         *w0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(lo), eight), s);
@@ -52,7 +53,7 @@ static inline __attribute__((always_inline)) void decode32(int fmt, const void *
         w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s);
         w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s);
     } else if (SO_IS_INT4(fmt)) {
-        const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+        const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8((char)int4_zero(scale, k / bk));
         __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2));
         __m128i lo = _mm_sub_epi8(_mm_and_si128(b, low4), eight);
         __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), low4), eight);

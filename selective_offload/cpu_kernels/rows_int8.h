@@ -103,20 +103,23 @@ SO_ROWS_BY_N(dotq_mxfp4, dotq_n, SO_MXFP4, int8_t)
  * unsigned byte already (GPTQ's uint4b8), so the block's sum of codes enters at -8 and
  * the vector's scale unhalved (q8_quantize by format). Each block of 32 is scaled by its
  * group's scale (bk columns per scale, a multiple of 32): one broadcast per chunk when
- * groups span whole chunks, else one per 128-bit lane. */
+ * groups span whole chunks, else one per 128-bit lane. A group's zero point z other than 8
+ * (AWQ) adds (8 - z) * the block's sum of codes: (z - 8) times the -8 * sum the vector
+ * carries, over 8, in the sum's lane (one multiply per chunk, on that path only). */
 static inline __attribute__((always_inline)) void dotq4_n(int fmt, const void *row, const void *scale, int64_t bk,
                                                           int64_t len, const int8_t *Q, int64_t ldq, float *acc,
                                                           const int n) {
     const uint8_t *w = (const uint8_t *)row;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const int whole = bk % 128 == 0, per_group = (int)(bk / 32);
+    const int whole = bk % 128 == 0, per_group = (int)(bk / 32), zeros = ((const so_int4_row *)scale)->z != NULL;
     int64_t group = 0, next = bk;  /* the chunk's group when groups span whole chunks (no division) */
     __m512 a[NT];
     for (int t = 0; t < n; t++) a[t] = _mm512_setzero_ps();
     for (int64_t k = 0; k < len; k += 128) {
         __m512i v;
         __m512 sv;
+        __m512i zv = _mm512_setzero_si512();
         int64_t blocks = k + 128 <= len ? 4 : (len - k) / 32;
         if (blocks == 4) {
             PF(w + k / 2);
@@ -127,10 +130,18 @@ static inline __attribute__((always_inline)) void dotq4_n(int fmt, const void *r
         if (whole) {
             if (k == next) group++, next += bk;
             sv = _mm512_set1_ps(int4_scale(fmt, scale, group));
+            if (zeros) zv = _mm512_set1_epi32(int4_zero(scale, group) - 8);
         } else {  /* groups of 32 or 64: block l's scale in lane l; absent blocks 0 */
             float f[4] = {0, 0, 0, 0};
-            for (int l = 0; l < blocks; l++) f[l] = int4_scale(fmt, scale, (int)(k / 32 + l) / per_group);
+            int32_t zl[4] = {0, 0, 0, 0};
+            for (int l = 0; l < blocks; l++) {
+                int64_t gi = (int)(k / 32 + l) / per_group;
+                f[l] = int4_scale(fmt, scale, gi);
+                zl[l] = int4_zero(scale, gi) - 8;
+            }
             sv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_loadu_ps(f)));
+            if (zeros)
+                zv = _mm512_permutexvar_epi32(lanes, _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)zl)));
         }
         __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
         for (int t = 0; t < n; t++) {
@@ -138,7 +149,12 @@ static inline __attribute__((always_inline)) void dotq4_n(int fmt, const void *r
             __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(x + 128)), lo,
                                             _mm512_loadu_si512((const void *)x));
             d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512((const void *)(x + 64)));
-            a[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sv, _mm512_loadu_ps((const float *)(x + 192))), a[t]);
+            // mutation: int4-zero-points-ignored
+            if (zeros)
+                d = _mm512_add_epi32(
+                    d, _mm512_mullo_epi32(zv, _mm512_srai_epi32(_mm512_loadu_si512((const void *)(x + 128)), 3)));
+            __m512 bs = _mm512_mul_ps(sv, _mm512_loadu_ps((const float *)(x + 192)));
+            a[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), bs, a[t]);
         }
     }
     for (int t = 0; t < n; t++) acc[t] = _mm512_reduce_add_ps(a[t]);

@@ -5,10 +5,10 @@ The layouts are the ones vLLM's MoE methods allocate before any post-processing 
 because those are the host tensors selective-offload keeps: the same bytes serve the
 device (read through UVA) and this kernel, with no second copy in another layout.
 
-int4 (W4A16 with symmetric groups) is the exception: GPTQ's create_weights packs along the
-input dimension first ([E, K/8, N] int32), which a row walk cannot stream, so the glue
-holds its bytes transposed, row-major as compressed-tensors' ``weight_packed`` already is:
-the same number of bytes, once, in the layout below.
+int4 (W4A16) is the exception: GPTQ's and AWQ's create_weights pack along the input
+dimension first, which a row walk cannot stream, so the glue holds their bytes row-major,
+as compressed-tensors' ``weight_packed`` already is: the same number of bytes, once, in the
+layout below.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class ExpertWeights:
     """w13 [E, 2I, ...] (gate and up) and w2 [E, H, ...] (down), with their scales and
     optional biases (w13_bias [E, 2I], w2_bias [E, H], bf16 or f32). ``block`` is the
     fp8-block scale block (rows, columns), vLLM's ``weight_block_size``; for int4 it is
-    not given but read from the scales: (w13's group, w2's group), columns per scale."""
+    not given but read from the scales: (w13's group, w2's group), columns per scale, and
+    ``w13_zeros`` / ``w2_zeros`` its groups' zero points (None: 8, symmetric groups)."""
 
     fmt: str
     w13: torch.Tensor
@@ -58,6 +59,8 @@ class ExpertWeights:
     w13_bias: torch.Tensor | None = None
     w2_bias: torch.Tensor | None = None
     block: tuple[int, int] = (128, 128)
+    w13_zeros: torch.Tensor | None = None
+    w2_zeros: torch.Tensor | None = None
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -68,6 +71,8 @@ class ExpertWeights:
             if not isinstance(t, torch.Tensor) or t.dim() != 3:
                 raise ValueError(f"{self.fmt} {name}: expected a 3-D tensor [E, rows, columns], got "
                                  f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if self.fmt != "int4" and (self.w13_zeros is not None or self.w2_zeros is not None):
+            raise ValueError(f"{self.fmt}: zero points are int4's only; pass None")
         getattr(self, "_check_" + self.fmt.replace("-", "_"))()
         E, I, H = self.num_experts, self.intermediate, self.hidden
         for name, shape in (("w13_bias", (E, 2 * I)), ("w2_bias", (E, H))):
@@ -135,6 +140,14 @@ class ExpertWeights:
             raise ValueError(f"int4: w13_scale is {self.w13_scale.dtype} and w2_scale {self.w2_scale.dtype}; "
                              "expected one dtype")
         self.block = (groups[0], groups[1])
+        if (self.w13_zeros is None) != (self.w2_zeros is None):
+            raise ValueError("int4: zero points for one of w13 and w2 only; give both or neither (8)")
+        for name, rows, cols, g in (("w13_zeros", 2 * I, H, groups[0]), ("w2_zeros", H, I, groups[1])):
+            if getattr(self, name) is not None:
+                if rows % 2:
+                    raise ValueError(f"int4 {name}: {rows} rows do not pair into bytes")
+                self._expect(name, getattr(self, name), torch.uint8, (E, rows // 2, cols // g),
+                             "[E, rows/2, groups], rows 2m and 2m+1 in a byte's low and high nibble")
 
     def _check_fp8_block(self):
         E, I2, H = self.w13.shape
@@ -165,7 +178,7 @@ class ExpertWeights:
         return int(self.w13.shape[1]) // 2
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        names = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")
+        names = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias", "w13_zeros", "w2_zeros")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     @property

@@ -18,8 +18,8 @@ from ..plan_format import HostCompute
 #: The planner's quant methods (:data:`.kernels.METHODS`) -> the CPU kernel formats
 #: (``cpu_kernels.claimed.CLAIMED``'s keys): unquantized bf16/fp16 experts are read by the
 #: bf16 kernel, gpt-oss MXFP4 by the MXFP4 one, block FP8 by the block FP8 one, W4A16 int4
-#: (GPTQ and compressed-tensors in symmetric groups, see :func:`int4_read`; not AWQ) by the
-#: int4 one. Per-tensor FP8, NVFP4 and INT8 W8A8 have no CPU kernel format at all.
+#: (GPTQ, AWQ and compressed-tensors in the layouts :func:`int4_read` names) by the int4
+#: one. Per-tensor FP8, NVFP4 and INT8 W8A8 have no CPU kernel format at all.
 CPU_FORMATS = {"unquantized": "bf16", "mxfp4": "mxfp4", "fp8-block": "fp8-block", "wna16": "int4"}
 
 
@@ -66,10 +66,10 @@ def cpu_format(method: str | None, config: Mapping[str, Any] | None = None) -> s
 
 
 def int4_read(config: Mapping[str, Any]) -> bool:
-    """Whether the int4 kernel reads a W4A16 checkpoint's layout: 4-bit symmetric groups of
-    a multiple of 32 columns (or one per channel), no act-order, stored by GPTQ (the glue
-    rewrites its rows) or compressed-tensors' ``pack-quantized`` (read as loaded); not AWQ,
-    whose zero points the kernel does not read."""
+    """Whether the int4 kernel reads a W4A16 checkpoint's layout: 4-bit groups of a multiple
+    of 32 columns (or one per channel), no act-order, stored by GPTQ in symmetric groups or
+    AWQ (GEMM, with its zero points; the glue rewrites both row-major) or compressed-tensors'
+    symmetric ``pack-quantized`` (read as loaded)."""
     qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
     method = str(qc.get("quant_method", "")).lower().replace("_", "-")
     if method == "compressed-tensors":
@@ -80,6 +80,11 @@ def int4_read(config: Mapping[str, Any]) -> bool:
         return (str(qc.get("format") or groups[0].get("format") or "") == "pack-quantized" and w.get("num_bits") == 4
                 and w.get("symmetric", True) is True and w.get("actorder") != "group" and isinstance(group, int)
                 and (group == -1 or group % 32 == 0)) if w else False
+    if method in ("awq", "awq-marlin"):
+        group = qc.get("group_size", qc.get("q_group_size", 128))
+        return (qc.get("bits", qc.get("w_bit")) == 4 and qc.get("zero_point", True) is True
+                and str(qc.get("version", "gemm")).lower() == "gemm" and isinstance(group, int) and group > 0
+                and group % 32 == 0)
     group = qc.get("group_size", 128)
     # mutation: int4-asymmetric-planned
     return (method in ("gptq", "gptq-marlin", "auto-gptq") and qc.get("bits") == 4 and qc.get("sym", True) is True

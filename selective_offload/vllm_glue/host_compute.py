@@ -16,11 +16,12 @@ repacks for that kernel (Marlin tiles, padded scales), and the CPU kernel reads 
 ``create_weights`` made, the checkpoint's own. Steps above the crossover copy those bytes
 to the device and compute them there with plain torch ops, not vLLM's fused kernel.
 
-GPTQ's int4 weights are the one layout changed: its create_weights packs along the input
-dimension first, which a row walk cannot stream, so each tensor is rewritten transposed in
-its own storage (:func:`gptq_rows`), the same bytes in the page-locked arena, and again
-after a reload. compressed-tensors' int4 (``pack-quantized``) is row-major already and is
-read as loaded. Symmetric 4-bit groups without act-order only (value = nibble - 8).
+GPTQ's and AWQ's int4 weights are the one layout changed: their create_weights pack along
+the input dimension first, which a row walk cannot stream, so each tensor is rewritten
+row-major in its own storage (:func:`int4_rows`), the same bytes in the page-locked arena,
+and again after a reload. compressed-tensors' int4 (``pack-quantized``) is row-major
+already and is read as loaded. 4-bit groups without act-order: symmetric (value = nibble
+- 8), or AWQ's with zero points.
 
 Which vLLM quant methods are served, and in which CPU format: :data:`FORMATS` (read from
 vLLM 0.33's ``create_weights`` of each; checked by tests/contract). A method not listed,
@@ -50,9 +51,14 @@ FORMATS: dict[str, dict[torch.dtype | None, str]] = {
     "fp8-block": {None: "fp8-block"},
     "wna16": {None: "int4"},
 }
-#: The W4A16 methods whose create_weights layout :func:`gptq_rows` reads (vLLM 0.33's
+#: The W4A16 methods whose create_weights layout :func:`int4_rows` reads (vLLM 0.33's
 #: auto_gptq.py, and the names before its rename), for experts and for linears.
 GPTQ_METHODS = ("AutoGPTQMoEMethod", "GPTQMarlinMoEMethod", "AutoGPTQLinearMethod", "GPTQMarlinLinearMethod")
+#: The same for AWQ (the CPU build serves its linears by AutoAWQMarlinLinearMethod).
+AWQ_METHODS = ("AutoAWQMoEMethod", "AWQMarlinMoEMethod", "AutoAWQLinearMethod", "AutoAWQMarlinLinearMethod",
+               "AWQMarlinLinearMethod")
+#: AWQ packs eight output columns per int32 in this order: nibble i holds column AWQ_ORDER[i].
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 #: compressed-tensors' W4A16 experts method and linear scheme, whose layout is the kernel's
 #: (``weight_packed`` [.., N, K/8] int32 and ``weight_scale`` [.., N, K/g], row-major).
 CT_INT4 = ("CompressedTensorsWNA16MoEMethod", "CompressedTensorsWNA16")
@@ -84,16 +90,20 @@ def refuse_unread_int4(group: str, method: Any, what: str = "these routed expert
     if name in CT_INT4:
         bits, sym, group_size = method.num_bits, bool(method.symmetric), method.group_size
         act_order = getattr(getattr(method, "weight_quant", None), "actorder", None) == "group"
+    elif name in AWQ_METHODS:  # zero points the kernel reads: "symmetric" for its purpose
+        qc = method.quant_config
+        bits, sym, group_size, act_order = qc.weight_bits, bool(qc.zero_point), qc.group_size, False
     else:
         qc = getattr(method, "quant_config", None)
         bits = getattr(getattr(qc, "quant_type", None), "size_bits", None)
         sym, group_size = bool(getattr(qc, "is_sym", False)), getattr(qc, "group_size", None)
         act_order = bool(getattr(qc, "desc_act", False))
     why = None
-    if name not in GPTQ_METHODS + CT_INT4:
-        why = f"{name}'s layout (the int4 kernel reads GPTQ's and compressed-tensors')"
+    if name not in GPTQ_METHODS + AWQ_METHODS + CT_INT4:
+        why = f"{name}'s layout (the int4 kernel reads GPTQ's, AWQ's and compressed-tensors')"
     elif bits != 4 or not sym:
-        why = f"{bits}-bit {'symmetric' if sym else 'asymmetric (zero points)'} weights"
+        why = (f"{bits}-bit AWQ weights{'' if sym else ' without zero points'}" if name in AWQ_METHODS else
+               f"{bits}-bit {'symmetric' if sym else 'asymmetric (zero points)'} weights")
     elif act_order:
         why = "act-order groups"
     elif not isinstance(group_size, int) or (group_size != -1 and group_size % 32):
@@ -101,6 +111,35 @@ def refuse_unread_int4(group: str, method: Any, what: str = "these routed expert
     if why is not None:
         raise PlanError(f"{group}: the plan computes {what} on the host CPU in int4, and the int4 kernel "
                         f"reads 4-bit symmetric groups, not {why}; plan them host-uva or on the device")
+
+
+def _unpack_awq(q: torch.Tensor) -> torch.Tensor:
+    """AWQ's [.., rows, N/8] int32 as [.., rows, N] codes in column order."""
+    nibbles = torch.stack([(q >> (4 * i)) & 0xF for i in range(8)], dim=-1)
+    inverse = [AWQ_ORDER.index(c) for c in range(8)]
+    return nibbles[..., inverse].flatten(-2).to(torch.uint8)
+
+
+def awq_rows_in_place(q: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor | None):
+    """One AWQ weight as the int4 kernel reads it, rewritten in its own storages: qweight
+    ([E, K, N/8] or [K, N/8] int32, eight output columns per word in AWQ's order) as
+    row-major nibbles [E, N, K/2], scales ([.., K/g, N]) as [E, N, K/g], and qzeros ([..,
+    K/g, N/8], the same packing) as a byte per group for each pair of rows [E, N/2, K/g]
+    (row 2m's zero point in the low nibble): each the same bytes as before."""
+    q3, s3 = (q, scale) if q.dim() == 3 else (q.unsqueeze(0), scale.unsqueeze(0))
+    E, K, packed = q3.shape
+    codes = _unpack_awq(q3).transpose(1, 2)  # [E, N, K]
+    # mutation: awq-rows-not-rewritten
+    q3.view(-1).view(torch.uint8).copy_((codes[..., 0::2] | (codes[..., 1::2] << 4)).reshape(-1))
+    s3.view(-1).copy_(s3.transpose(1, 2).contiguous().view(-1))
+    N = packed * 8
+    out = [q3.view(-1).view(torch.uint8).view(E, N, K // 2), s3.view(E, N, s3.shape[1])]
+    if zeros is None:
+        return *out, None
+    z3 = zeros if zeros.dim() == 3 else zeros.unsqueeze(0)
+    z = _unpack_awq(z3).transpose(1, 2)  # [E, N, K/g]
+    z3.view(-1).view(torch.uint8).copy_((z[:, 0::2] | (z[:, 1::2] << 4)).reshape(-1))
+    return *out, z3.view(-1).view(torch.uint8).view(E, N // 2, z.shape[-1])
 
 
 def rows_in_place(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,16 +156,22 @@ def rows_in_place(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, t
     return q3.view(-1).view(torch.uint8).view(E, N, packed * 4), s3.view(E, N, s3.shape[1])
 
 
-def gptq_rows(module: nn.Module, shared: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """GPTQ's experts as the int4 kernel reads them, each of w13/w2 rewritten in place
-    (:func:`rows_in_place`). Idempotent: a module already rewritten is read as it is."""
+def int4_rows(module: nn.Module, awq: bool, shared: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """GPTQ's or AWQ's experts as the int4 kernel reads them, each of w13/w2 rewritten in
+    place (:func:`rows_in_place`, :func:`awq_rows_in_place`). Idempotent: a module already
+    rewritten is read as it is."""
     done = getattr(module, "_selective_offload_int4_rows", None)
     if done is not None:
         return done
     out = {}
     for which in ("w13", "w2"):
-        out[which], out[f"{which}_scale"] = rows_in_place(getattr(module, f"{which}_qweight").data,
-                                                         getattr(module, f"{which}_scales").data)
+        q, s = getattr(module, f"{which}_qweight").data, getattr(module, f"{which}_scales").data
+        if awq:
+            z = getattr(module, f"{which}_qzeros", None)
+            out[which], out[f"{which}_scale"], out[f"{which}_zeros"] = awq_rows_in_place(
+                q, s, z.data if isinstance(z, torch.Tensor) else None)
+        else:
+            out[which], out[f"{which}_scale"] = rows_in_place(q, s)
     loaded = getattr(module, "_loaded_expert_biases", ())
     for name in ("w13_bias", "w2_bias"):
         t = getattr(module, name, None)
@@ -197,7 +242,7 @@ def refuse_other_ranks(plan: Plan | None, vllm_config: Any) -> None:
 
 
 def weights_of(module: nn.Module, fmt: str, shared: frozenset[str] = frozenset(),
-               block: Any = None) -> ExpertWeights:
+               block: Any = None, method: Any = None) -> ExpertWeights:
     """The module's expert tensors, as loaded (no post-processing), for the CPU kernel."""
     def get(*names: str) -> torch.Tensor | None:
         for n in names:
@@ -212,7 +257,7 @@ def weights_of(module: nn.Module, fmt: str, shared: frozenset[str] = frozenset()
                              w2=get("w2_weight_packed").view(torch.uint8), w13_scale=get("w13_weight_scale"),
                              w2_scale=get("w2_weight_scale"), w13_bias=get("w13_bias"), w2_bias=get("w2_bias"))
     if fmt == "int4":
-        return ExpertWeights(fmt=fmt, **gptq_rows(module, shared))
+        return ExpertWeights(fmt=fmt, **int4_rows(module, type(method).__name__ in AWQ_METHODS, shared))
     extra = {"block": tuple(block)} if fmt == "fp8-block" and block else {}
     return ExpertWeights(fmt=fmt, w13=get("w13_weight"), w2=get("w2_weight"),
                          w13_scale=get("w13_weight_scale_inv", "w13_weight_scale"),
@@ -265,9 +310,9 @@ def method_class() -> type:
         def process_weights_after_loading(self, layer) -> None:
             # A reload copies into the same host tensors, in the checkpoint's layout: the
             # one layout changed at install (GPTQ's int4) is rewritten again.
-            if self.experts.weights.fmt == "int4":
+            if self.experts.weights.fmt == "int4" and not hasattr(layer, "w13_weight_packed"):
                 layer.__dict__.pop("_selective_offload_int4_rows", None)
-                gptq_rows(layer)
+                int4_rows(layer, type(self.original).__name__ in AWQ_METHODS)
             return None
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
@@ -289,7 +334,7 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
     if setting is None:
         raise PlanError(f"{group}: the plan computes these routed experts on the host but states no crossover "
                         f"(host_compute); make the plan again")
-    experts = HostExperts(group, weights_of(module, fmt, shared, getattr(method, "weight_block_size", None)),
+    experts = HostExperts(group, weights_of(module, fmt, shared, getattr(method, "weight_block_size", None), method),
                           activation_of(group, module), crossover_tokens=setting.crossover_tokens,
                           threads=threads_of(setting), device=device, host_mask=host_mask_of(module))
     # mutation: host-compute-not-installed
@@ -341,6 +386,7 @@ LINEAR_FORMATS: dict[str, dict[torch.dtype | None, str]] = {
     "AutoGPTQLinearMethod": {None: "int4"},
     "GPTQMarlinLinearMethod": {None: "int4"},
     "CompressedTensorsLinearMethod": {None: "int4"},  # its W4A16 scheme only (mlp_format)
+    **{name: {None: "int4"} for name in AWQ_METHODS if "Linear" in name},
 }
 
 
@@ -407,7 +453,7 @@ def mlp_weights(group: str, mlp: nn.Module, fmt: str) -> ExpertWeights:
 
 def mlp_rows(mlp: nn.Module) -> dict[str, torch.Tensor]:
     """A GPTQ MLP as one int4 expert, its projections rewritten in place (:func:`rows_in_place`);
-    idempotent, as :func:`gptq_rows`."""
+    idempotent, as :func:`int4_rows`."""
     parts = (("w13", mlp.gate_up_proj), ("w2", mlp.down_proj))
     if all(isinstance(getattr(p, "weight_packed", None), torch.Tensor) for _, p in parts):  # compressed-tensors
         return {k: v for which, p in parts for k, v in ((which, p.weight_packed.data.view(torch.uint8).unsqueeze(0)),
@@ -416,7 +462,12 @@ def mlp_rows(mlp: nn.Module) -> dict[str, torch.Tensor]:
     if done is None:
         done = {}
         for which, part in parts:
-            done[which], done[f"{which}_scale"] = rows_in_place(part.qweight.data, part.scales.data)
+            if type(part.quant_method).__name__ in AWQ_METHODS:
+                z = getattr(part, "qzeros", None)
+                done[which], done[f"{which}_scale"], done[f"{which}_zeros"] = awq_rows_in_place(
+                    part.qweight.data, part.scales.data, z.data if isinstance(z, torch.Tensor) else None)
+            else:
+                done[which], done[f"{which}_scale"] = rows_in_place(part.qweight.data, part.scales.data)
         mlp._selective_offload_int4_rows = done
     return done
 

