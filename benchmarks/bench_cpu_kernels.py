@@ -2,7 +2,7 @@
 read bandwidth.
 
 For each format, one real-shaped MoE layer's routed experts (bf16, fp8-block and int4:
-Qwen3-30B-A3B, E=128 k=8 H=2048 I=768, int4 in GPTQ's groups of 128; mxfp4: gpt-oss-20b,
+Qwen3-30B-A3B, E=128 k=8 H=2048 I=768, int4 in groups of 128 with zero points; mxfp4: gpt-oss-20b,
 E=32 k=4 H=2880 I=2880, with biases and swigluoai) are computed for one token with new random expert ids every call (so
 the weights come from memory, not from a cache). The figure is the weights' bytes read per
 second (the k experts' weights, scales and biases over the call's time, median of many
@@ -54,7 +54,8 @@ SMOKE = {"bf16": (8, 2, 256, 128), "mxfp4": (8, 2, 256, 128), "fp8-block": (8, 2
 def weights_of(fmt_: str, E: int, H: int, I: int, biases: bool) -> ck.ExpertWeights:
     """Random experts of the format's layout, made fast (GBs): bf16 values in (-1, 1),
     fp8 bytes with no NaN, uniform mxfp4 and int4 nibbles with scales near 1 (int4: groups
-    of 128 columns, bf16 scales, as GPTQ checkpoints of these models store them)."""
+    of 128 columns, bf16 scales, and AWQ's zero points: the slower of the kernel's two int4
+    paths, so a claim holds for symmetric groups too)."""
     g = torch.Generator().manual_seed(0)
 
     def u8(*shape, low=0, high=256):
@@ -76,7 +77,8 @@ def weights_of(fmt_: str, E: int, H: int, I: int, biases: bool) -> ck.ExpertWeig
         def scales(*shape):
             return (torch.rand(*shape, generator=g) * 0.02 + 0.01).bfloat16()
         return ck.ExpertWeights("int4", u8(E, 2 * I, H // 2), u8(E, H, I // 2), scales(E, 2 * I, H // 128),
-                                scales(E, H, I // 128), **extra)
+                                scales(E, H, I // 128), w13_zeros=u8(E, I, H // 128), w2_zeros=u8(E, H // 2, I // 128),
+                                **extra)
     bn, bk = 128, 128
     return ck.ExpertWeights("fp8-block", u8(E, 2 * I, H, high=0x70).view(torch.float8_e4m3fn),
                             u8(E, H, I, high=0x70).view(torch.float8_e4m3fn),

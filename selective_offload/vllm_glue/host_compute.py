@@ -84,8 +84,9 @@ def format_of(group: str, method: Any, module: nn.Module, device: torch.device =
 
 
 def refuse_unread_int4(group: str, method: Any, what: str = "these routed experts") -> None:
-    """W4A16 weights the int4 kernel reads: GPTQ's layout, 4-bit symmetric groups of a
-    multiple of 32 columns (or one per channel), no act-order; anything else one line."""
+    """W4A16 weights the int4 kernel reads: GPTQ's, AWQ's or compressed-tensors' layout,
+    4-bit groups of a multiple of 32 columns (or one per channel), symmetric or with AWQ's
+    zero points, no act-order; anything else one line."""
     name = type(method).__name__
     if name in CT_INT4:
         bits, sym, group_size = method.num_bits, bool(method.symmetric), method.group_size
@@ -110,7 +111,8 @@ def refuse_unread_int4(group: str, method: Any, what: str = "these routed expert
         why = f"groups of {group_size} columns (the kernel reads multiples of 32)"
     if why is not None:
         raise PlanError(f"{group}: the plan computes {what} on the host CPU in int4, and the int4 kernel "
-                        f"reads 4-bit symmetric groups, not {why}; plan them host-uva or on the device")
+                        f"reads 4-bit groups (symmetric, or AWQ's with zero points), not {why}; plan them "
+                        "host-uva or on the device")
 
 
 def _unpack_awq(q: torch.Tensor) -> torch.Tensor:
@@ -309,7 +311,7 @@ def method_class() -> type:
 
         def process_weights_after_loading(self, layer) -> None:
             # A reload copies into the same host tensors, in the checkpoint's layout: the
-            # one layout changed at install (GPTQ's int4) is rewritten again.
+            # one layout changed at install (GPTQ's and AWQ's int4) is rewritten again.
             if self.experts.weights.fmt == "int4" and not hasattr(layer, "w13_weight_packed"):
                 layer.__dict__.pop("_selective_offload_int4_rows", None)
                 int4_rows(layer, type(self.original).__name__ in AWQ_METHODS)
@@ -452,8 +454,9 @@ def mlp_weights(group: str, mlp: nn.Module, fmt: str) -> ExpertWeights:
 
 
 def mlp_rows(mlp: nn.Module) -> dict[str, torch.Tensor]:
-    """A GPTQ MLP as one int4 expert, its projections rewritten in place (:func:`rows_in_place`);
-    idempotent, as :func:`int4_rows`."""
+    """An int4 MLP as one expert: compressed-tensors' projections as loaded, GPTQ's and AWQ's
+    rewritten in place (:func:`rows_in_place`, :func:`awq_rows_in_place`); idempotent, as
+    :func:`int4_rows`."""
     parts = (("w13", mlp.gate_up_proj), ("w2", mlp.down_proj))
     if all(isinstance(getattr(p, "weight_packed", None), torch.Tensor) for _, p in parts):  # compressed-tensors
         return {k: v for which, p in parts for k, v in ((which, p.weight_packed.data.view(torch.uint8).unsqueeze(0)),
