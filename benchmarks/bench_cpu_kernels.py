@@ -2,9 +2,9 @@
 read bandwidth.
 
 For each format, one real-shaped MoE layer's routed experts (bf16, fp8-block and int4:
-Qwen3-30B-A3B, E=128 k=8 H=2048 I=768, int4 in groups of 128 with zero points; mxfp4: gpt-oss-20b,
-E=32 k=4 H=2880 I=2880, with biases and swigluoai) are computed for one token with new random expert ids every call (so
-the weights come from memory, not from a cache). The figure is the weights' bytes read per
+Qwen3-30B-A3B, E=128 k=8 H=2048 I=768, int4 in groups of 128 with zero points; mxfp4:
+gpt-oss-20b, E=32 k=4 H=2880 I=2880, with biases and swigluoai) are computed for one token
+with new random expert ids every call (so the weights come from memory, not from a cache). The figure is the weights' bytes read per
 second (the k experts' weights, scales and biases over the call's time, median of many
 calls), beside the read bandwidth of the C read kernel with the same threads, sampled in
 the same rounds (one kernel call, one read of a buffer larger than the caches, alternating),
