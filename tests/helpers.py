@@ -169,6 +169,27 @@ def compute_experts_plan(model_dir, device_fraction: float = 0.7, **inputs):
     return plan
 
 
+def host_kernel_against_plain(model, **engine_args):
+    """What the host-kernel engine tests compare, on ``model``: plain vLLM's greedy tokens
+    and their teacher-forced log-probabilities, the same under a plan that computes every
+    step on the host CPU (a crossover far above these steps' tokens) with its report, and
+    the tokens and report of the plan whose crossover splits decode from prefill."""
+    from types import SimpleNamespace
+
+    import selective_offload
+
+    selective_offload.disable()
+    plain = generate_tokens(model, **engine_args)
+    sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
+    plain_lp = prompt_logprobs(model, sequences)
+    everything = compute_experts_plan(model, cpu_tflops=100.0)
+    host_lp, host_report = with_plan(everything, lambda: prompt_logprobs(model, sequences))
+    decode = decode_on_host_plan(model)
+    tokens, decode_report = generate_with_plan(decode, model, strict=True, **engine_args)
+    return SimpleNamespace(model=model, plain=plain, plain_lp=plain_lp, everything=everything, host_lp=host_lp,
+                           host_report=host_report, decode=decode, tokens=tokens, decode_report=decode_report)
+
+
 def decode_on_host_plan(model_dir, **inputs):
     """:func:`compute_experts_plan` with the first CPU matmul rate (of a few, rising) that
     puts the crossover between a decode step of the four prompts (4 tokens) and their
@@ -407,39 +428,50 @@ def save_tiny_mxfp4_gpt_oss(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
-def save_tiny_gptq_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Path:
-    """A random tiny Qwen3 (``save_tiny_qwen3``'s) whose decoder linears are stored as a
-    GPTQ checkpoint stores them: 4-bit symmetric groups of ``group`` inputs, quantized and
-    packed by vLLM's own GPTQ oracle (``gptq_quantize_weights``, ``gptq_pack``: ``qweight``
-    [in/8, out] int32, fp16 ``scales`` [in/group, out], ``qzeros`` of the symmetric zero
-    point, ``g_idx``), and the checkpoint's ``quantization_config``."""
+def _requantized_qwen3(directory: Path, seed: int, quantize, quantization_config: dict) -> Path:
+    """``save_tiny_qwen3``'s model with each decoder linear's weight [out, in] replaced by
+    the tensors ``quantize(weight [in, out] float32)`` returns (named by suffix), and
+    ``quantization_config`` in its config."""
     import json
 
-    import torch
     from safetensors.torch import load_file, save_file
-    from vllm.model_executor.layers.quantization.utils.quant_utils import gptq_pack, gptq_quantize_weights
-    from vllm.scalar_type import scalar_types
 
     save_tiny_qwen3(directory, seed=seed)
     (shard,) = directory.glob("*.safetensors")
     tensors = {}
     for name, t in load_file(str(shard)).items():
         if ".layers." in name and name.endswith("_proj.weight"):
-            base, (out, inputs) = name.removesuffix(".weight"), t.shape
-            _, w_q, w_s = gptq_quantize_weights(t.float().T.contiguous(), scalar_types.uint4b8, group)
-            tensors[base + ".qweight"] = gptq_pack(w_q, 4, inputs, out)
-            tensors[base + ".scales"] = w_s.half()
-            # GPTQ's packed zero points (stored less one: 7 for uint4b8); vLLM reads none for symmetric groups
-            tensors[base + ".qzeros"] = torch.full((inputs // group, out // 8), 0x77777777, dtype=torch.int32)
-            tensors[base + ".g_idx"] = torch.arange(inputs, dtype=torch.int32) // group
+            base = name.removesuffix(".weight")
+            tensors.update({f"{base}.{k}": v for k, v in quantize(t.float().T.contiguous()).items()})
         else:
             tensors[name] = t
     save_file(tensors, str(shard), metadata={"format": "pt"})
     config = json.loads((directory / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False,
-                                     "sym": True}
+    config["quantization_config"] = quantization_config
     (directory / "config.json").write_text(json.dumps(config))
     return directory
+
+
+def save_tiny_gptq_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Path:
+    """A random tiny Qwen3 (``save_tiny_qwen3``'s) whose decoder linears are stored as a
+    GPTQ checkpoint stores them: 4-bit symmetric groups of ``group`` inputs, quantized and
+    packed by vLLM's own GPTQ oracle (``gptq_quantize_weights``, ``gptq_pack``: ``qweight``
+    [in/8, out] int32, fp16 ``scales`` [in/group, out], ``qzeros`` of the symmetric zero
+    point, ``g_idx``), and the checkpoint's ``quantization_config``."""
+    import torch
+    from vllm.model_executor.layers.quantization.utils.quant_utils import gptq_pack, gptq_quantize_weights
+    from vllm.scalar_type import scalar_types
+
+    def quantize(w):
+        inputs, out = w.shape
+        _, w_q, w_s = gptq_quantize_weights(w, scalar_types.uint4b8, group)
+        # GPTQ's packed zero points (stored less one: 7 for uint4b8); vLLM reads none for symmetric groups
+        return {"qweight": gptq_pack(w_q, 4, inputs, out), "scales": w_s.half(),
+                "qzeros": torch.full((inputs // group, out // 8), 0x77777777, dtype=torch.int32),
+                "g_idx": torch.arange(inputs, dtype=torch.int32) // group}
+
+    return _requantized_qwen3(directory, seed, quantize, {"quant_method": "gptq", "bits": 4, "group_size": group,
+                                                          "desc_act": False, "sym": True})
 
 
 def save_tiny_awq_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Path:
@@ -447,31 +479,17 @@ def save_tiny_awq_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Path
     zero points, quantized and packed by vLLM's own oracle (``quantize_weights`` with zero
     points, ``awq_pack``: ``qweight`` [in, out/8] and ``qzeros`` [in/group, out/8] int32 in
     AWQ's column order, fp16 ``scales`` [in/group, out]), and its ``quantization_config``."""
-    import json
-
-    import torch
-    from safetensors.torch import load_file, save_file
     from vllm.model_executor.layers.quantization.utils.quant_utils import awq_pack, quantize_weights
     from vllm.scalar_type import scalar_types
 
-    save_tiny_qwen3(directory, seed=seed)
-    (shard,) = directory.glob("*.safetensors")
-    tensors = {}
-    for name, t in load_file(str(shard)).items():
-        if ".layers." in name and name.endswith("_proj.weight"):
-            base, (out, inputs) = name.removesuffix(".weight"), t.shape
-            _, w_q, w_s, w_zp = quantize_weights(t.float().T.contiguous(), scalar_types.uint4, group, zero_points=True)
-            tensors[base + ".qweight"] = awq_pack(w_q, 4, inputs, out)
-            tensors[base + ".qzeros"] = awq_pack(w_zp, 4, inputs // group, out)
-            tensors[base + ".scales"] = w_s.half()
-        else:
-            tensors[name] = t
-    save_file(tensors, str(shard), metadata={"format": "pt"})
-    config = json.loads((directory / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
-                                     "version": "gemm"}
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory
+    def quantize(w):
+        inputs, out = w.shape
+        _, w_q, w_s, w_zp = quantize_weights(w, scalar_types.uint4, group, zero_points=True)
+        return {"qweight": awq_pack(w_q, 4, inputs, out), "qzeros": awq_pack(w_zp, 4, inputs // group, out),
+                "scales": w_s.half()}
+
+    return _requantized_qwen3(directory, seed, quantize, {"quant_method": "awq", "bits": 4, "group_size": group,
+                                                          "zero_point": True, "version": "gemm"})
 
 
 def save_tiny_ct_int4_qwen3(directory: Path, seed: int = 0, group: int = 64) -> Path:

@@ -22,13 +22,10 @@ K-first (the glue's rewrite skipped) the same check gave 0.21.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-import selective_offload
-from helpers import (PROMPTS, compute_experts_plan, decode_on_host_plan, generate_tokens, generate_with_plan,
-                     prompt_logprobs, save_tiny_awq_qwen3, save_tiny_ct_int4_qwen3, save_tiny_gptq_qwen3, with_plan)
+from helpers import (PROMPTS, host_kernel_against_plain, save_tiny_awq_qwen3, save_tiny_ct_int4_qwen3,
+                     save_tiny_gptq_qwen3)
 from selective_offload.cpu_kernels import claimed
 from selective_offload.plan_format import Placement
 
@@ -45,27 +42,13 @@ SAVERS = {"gptq": save_tiny_gptq_qwen3, "awq": save_tiny_awq_qwen3, "compressed-
 @pytest.fixture(scope="module", params=list(SAVERS))
 def run(request, tmp_path_factory):
     model = SAVERS[request.param](tmp_path_factory.mktemp(request.param), seed=9)
-    mp = pytest.MonkeyPatch()
-    mp.setitem(claimed.CLAIMED, "int4", True)
-    try:
-        selective_offload.disable()
-        plain = generate_tokens(model, **DTYPE)
-        sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
-        plain_lp = prompt_logprobs(model, sequences)
-        # every step on the host CPU: a crossover far above these steps' tokens
-        everything = compute_experts_plan(model, cpu_tflops=100.0)
-        host_lp, lp_report = with_plan(everything, lambda: prompt_logprobs(model, sequences))
-        plan = decode_on_host_plan(model)
-        tokens, report = generate_with_plan(plan, model, strict=True, **DTYPE)
-    finally:
-        mp.undo()
-    return SimpleNamespace(model=model, plain=plain, plain_lp=plain_lp, plan=plan, everything=everything,
-                           host_lp=host_lp,
-                           lp_report=lp_report, tokens=tokens, report=report)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(claimed.CLAIMED, "int4", True)
+        return host_kernel_against_plain(model, **DTYPE)
 
 
 def test_the_plans_compute_the_mlps_on_the_host_in_int4(run):
-    for plan in (run.plan, run.everything):
+    for plan in (run.decode, run.everything):
         assert plan.host_compute.format == "int4"
         mlps = [g for g in plan.groups if g.kind == "mlp"]
         assert mlps and all(g.placement == Placement.HOST_COMPUTE for g in mlps)
@@ -73,11 +56,11 @@ def test_the_plans_compute_the_mlps_on_the_host_in_int4(run):
 
 
 def test_decode_on_the_int4_kernel_and_prefill_on_the_device(run):
-    assert run.report.ok, run.report.problems
-    for g in (g for g in run.plan.groups if g.kind == "mlp"):
-        landing = run.report.landing(g.group)
+    assert run.decode_report.ok, run.decode_report.problems
+    for g in (g for g in run.decode.groups if g.kind == "mlp"):
+        landing = run.decode_report.landing(g.group)
         assert (landing.planned, landing.actual) == ("host-compute", "host-compute")
-        served = run.report.transfers[g.group]
+        served = run.decode_report.transfers[g.group]
         assert served["kernel"] == "int4", served
         assert served["host_compute"]["host_steps"] >= 31 and served["host_compute"]["device_steps"] >= 1, served
     assert [len(t) for t in run.tokens] == [32] * len(PROMPTS)
@@ -87,9 +70,9 @@ def test_decode_on_the_int4_kernel_and_prefill_on_the_device(run):
 
 
 def test_every_position_is_within_the_tolerance_of_plain_vllm_on_the_host_kernel(run):
-    assert run.lp_report.ok, run.lp_report.problems
+    assert run.host_report.ok, run.host_report.problems
     for g in (g for g in run.everything.groups if g.kind == "mlp"):
-        served = run.lp_report.transfers[g.group]["host_compute"]
+        served = run.host_report.transfers[g.group]["host_compute"]
         assert served["host_steps"] >= 1 and served["device_steps"] == 0, served
     worst = max(abs(a - b) for pa, pb in zip(run.plain_lp, run.host_lp) for a, b in zip(pa, pb))
     print(f"worst log-probability difference on the host kernel: {worst:.4f}")

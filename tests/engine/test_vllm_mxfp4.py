@@ -15,14 +15,10 @@ layout, a lost pick or a wrong scale moves them by whole units.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-import selective_offload
-from helpers import (PROMPTS, compute_experts_plan, decode_on_host_plan, generate_tokens, generate_with_plan,
-                     prompt_logprobs, save_tiny_mxfp4_gpt_oss, with_plan)
+from helpers import PROMPTS, host_kernel_against_plain, save_tiny_mxfp4_gpt_oss
 from selective_offload.plan_format import Placement
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine"),
@@ -39,18 +35,7 @@ EXPERTS = "model.layers.0.mlp.experts"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    model = save_tiny_mxfp4_gpt_oss(tmp_path_factory.mktemp("mxfp4"), seed=5)
-    selective_offload.disable()
-    plain = generate_tokens(model, **DTYPE)
-    sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
-    plain_lp = prompt_logprobs(model, sequences)
-    # Every step on the host CPU: a crossover far above these steps' tokens.
-    everything = compute_experts_plan(model, cpu_tflops=100.0)
-    host_lp, host_report = with_plan(everything, lambda: prompt_logprobs(model, sequences))
-    decode = decode_on_host_plan(model)
-    tokens, decode_report = generate_with_plan(decode, model, strict=True, **DTYPE)
-    return SimpleNamespace(model=model, plain=plain, plain_lp=plain_lp, everything=everything, host_lp=host_lp,
-                           host_report=host_report, decode=decode, tokens=tokens, decode_report=decode_report)
+    return host_kernel_against_plain(save_tiny_mxfp4_gpt_oss(tmp_path_factory.mktemp("mxfp4"), seed=5), **DTYPE)
 
 
 def test_the_plans_compute_mxfp4_experts_on_the_host(run):

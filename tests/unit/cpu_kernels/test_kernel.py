@@ -148,40 +148,32 @@ def test_the_int8_mxfp4_path_reads_no_scale_past_a_row():
     close(got, oracle(x, ids, tw, w, act, lib), lib)
 
 
-def test_int8_vectors_cost_mxfp4_little_against_the_float_reference():
+def _misplaced_scales(w):
+    """``w`` with its w13 scales (and int4's w2 scales) moved one group along."""
+    roll = {"w13_scale": w.w13_scale.roll(1, -1)}
+    if w.fmt == "int4":
+        roll["w2_scale"] = w.w2_scale.roll(1, -1)
+    return ck.ExpertWeights(w.fmt, **{**w.tensors(), **roll})
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "int4"])
+def test_int8_vectors_cost_little_against_the_float_reference(fmt):
     """What int8 tokens and activations cost: within 5e-2 of the largest output of the
-    float32 reference (observed: up to 3e-2 on these random experts, whose codes are
-    uniform over e2m1's range), and nearer to it than to the same experts with a
-    neighbour's scales."""
+    float32 reference (observed for MXFP4: up to 3e-2 on these random experts, whose codes
+    are uniform over e2m1's range; int4 here in groups of 128), and nearer to it than to the
+    same experts with their scales moved one group along."""
     lib = int8_build()
-    w = make("mxfp4", bias="bf16")
-    act = ck.Activation("swigluoai")
-    ids, tw = routing(4, 3, w.num_experts, 7)
-    x = torch.randn(4, w.hidden).bfloat16()
+    if fmt == "mxfp4":
+        w, act, (T, K) = make("mxfp4", bias="bf16"), ck.Activation("swigluoai"), (4, 3)
+    else:
+        w, act, (T, K) = experts("int4", 4, 256, 384, seed=11, group=128), ck.Activation("silu"), (3, 2)
+    ids, tw = routing(T, K, w.num_experts, 7)
+    x = torch.randn(T, w.hidden).bfloat16()
     got = ck.moe(x, ids, tw, w, act, library_=lib)
     want = reference.moe_reference(x, ids, tw, w, act)
     peak = float(want.abs().max())
     assert float((got - want).abs().max()) <= 5e-2 * peak
-    rolled = ck.ExpertWeights("mxfp4", w.w13, w.w2, w.w13_scale.roll(1, -1), w.w2_scale, w13_bias=w.w13_bias,
-                              w2_bias=w.w2_bias)
-    assert float((got - reference.moe_reference(x, ids, tw, rolled, act)).abs().max()) > 5e-2 * peak
-
-
-def test_int8_vectors_cost_int4_little_against_the_float_reference():
-    """The same for int4 (uniform nibbles, groups of 128): within 5e-2 of the largest output
-    of the float32 reference, and nearer to it than to the experts with every group's scale
-    moved one group along."""
-    lib = int8_build()
-    w = experts("int4", 4, 256, 384, seed=11, group=128)
-    act = ck.Activation("silu")
-    ids, tw = routing(3, 2, w.num_experts, 8)
-    x = torch.randn(3, w.hidden).bfloat16()
-    got = ck.moe(x, ids, tw, w, act, library_=lib)
-    want = reference.moe_reference(x, ids, tw, w, act)
-    peak = float(want.abs().max())
-    assert float((got - want).abs().max()) <= 5e-2 * peak
-    rolled = ck.ExpertWeights("int4", w.w13, w.w2, w.w13_scale.roll(1, -1), w.w2_scale.roll(1, -1))
-    assert float((got - reference.moe_reference(x, ids, tw, rolled, act)).abs().max()) > 5e-2 * peak
+    assert float((got - reference.moe_reference(x, ids, tw, _misplaced_scales(w), act)).abs().max()) > 5e-2 * peak
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block", "int4"])
