@@ -34,9 +34,17 @@ def mlp_cpu_format(method: str | None, config: Mapping[str, Any] | None = None) 
     return fmt if method in MLP_CPU_FORMATS else None
 
 
-def mlp_unclaimed_note(fmt: str | None, mlp_bytes: int, link_gbps: float, cpu_gbps: float) -> str:
+#: Why a W4A16 checkpoint has no CPU format when :func:`int4_read` says no.
+INT4_UNREAD = ("the int4 CPU kernel does not read this W4A16 layout (it reads GPTQ's and compressed-tensors' "
+               "symmetric groups and AWQ GEMM's zero points, in groups of a multiple of 32, without act-order)")
+
+
+def mlp_unclaimed_note(fmt: str | None, mlp_bytes: int, link_gbps: float, cpu_gbps: float,
+                       method: str | None = None) -> str:
     """Why a dense model's MLPs are not offered host-compute, and the alternative priced (a
     bf16 host copy of block FP8 or int4 weights: more bytes for the CPU to read per step)."""
+    if fmt is None and method == "wna16":
+        return f"host-compute: {INT4_UNREAD}: the dense MLPs are resident or prefetched with their layer"
     if fmt is None:
         return ("host-compute: the dense MLPs' weights have no CPU kernel format (host-compute has "
                 f"{', '.join(sorted(set(MLP_CPU_FORMATS.values())))}): they are resident or prefetched with their layer")
@@ -110,6 +118,8 @@ def claimed(fmt: str | None) -> bool:
 
 def unclaimed_reason(method: str | None, fmt: str | None) -> str:
     """Why a method's experts are not offered host-compute (for the plan's notes and the group's reason)."""
+    if fmt is None and method == "wna16":
+        return f"{INT4_UNREAD}, so host experts are served uva"
     if fmt is None:
         return (f"no CPU kernel format for {method or 'this quantization method'} experts (host-compute has "
                 f"{', '.join(sorted(set(CPU_FORMATS.values())))}), so host experts are served uva")

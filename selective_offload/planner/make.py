@@ -153,7 +153,7 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     if has_experts and why_not is not None:
         plan = replace(plan, notes=plan.notes + (f"host-compute: {why_not}",))
     if has_dense and not mlp_computes and deficit > 0:
-        plan = replace(plan, notes=plan.notes + (_mlp_why_not(inputs, mlp_fmt, groups, computes, fmt),))
+        plan = replace(plan, notes=plan.notes + (_mlp_why_not(inputs, mlp_fmt, groups, computes, fmt, method),))
     plan = replace(plan, notes=plan.notes + _host_compute_lines(plan, tokens))
     if inputs.compute_tflops:
         plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
@@ -213,7 +213,8 @@ def _keep_computed_mlps_split(checkpoint: Checkpoint, inputs: PlanInputs, p: Pla
     return out
 
 
-def _mlp_why_not(inputs: PlanInputs, mlp_fmt: str | None, groups, computes: bool, fmt: str | None) -> str:
+def _mlp_why_not(inputs: PlanInputs, mlp_fmt: str | None, groups, computes: bool, fmt: str | None,
+                 method: str | None) -> str:
     if not inputs.host_compute:
         return "host-compute is off for this plan (--no-host-compute): no dense MLP is computed on the host"
     if claimed(mlp_fmt) and computes and mlp_fmt != fmt:
@@ -222,4 +223,4 @@ def _mlp_why_not(inputs: PlanInputs, mlp_fmt: str | None, groups, computes: bool
     dense = dense_layers_of(groups)
     mlp_bytes = max((sum(b for name, b in g.param_bytes.items() if mlp_prefix(f"{g.name}.{name}"))
                      for g in groups if g.kind == GroupKind.LAYER and g.layer_index in dense), default=0)
-    return mlp_unclaimed_note(mlp_fmt, mlp_bytes, inputs.link_gbps, inputs.host_cpu_gbps)
+    return mlp_unclaimed_note(mlp_fmt, mlp_bytes, inputs.link_gbps, inputs.host_cpu_gbps, method)

@@ -132,6 +132,8 @@ def test_the_planner_offers_int4_only_for_the_layout_the_glue_reads():
     for bad in (dict(symmetric=False), dict(actorder="group"), dict(group_size=48)):
         assert planned.cpu_format("wna16", ct(**bad)) is None, bad
     assert planned.cpu_format("wna16", ct(fmt="marlin-24")) is None
+    assert planned.unclaimed_reason("wna16", None).startswith("the int4 CPU kernel does not read this W4A16 layout")
+    assert "does not read this W4A16 layout" in planned.mlp_unclaimed_note(None, 0, 13.9, 55.0, "wna16")
 
 
 def test_a_reload_in_gptqs_layout_is_rewritten_again():
