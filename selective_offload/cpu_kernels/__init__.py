@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from . import build, reference
 from .build import KernelUnavailable, openmp_runtimes
-from .claimed import CLAIM_BAR, CLAIM_SOURCE, CLAIMED
+from .claimed import CLAIM_BAR, CLAIM_SOURCE, CLAIMED, MEASURED
 from .kernel import TORCH_FORMATS, MoEJob, library, moe, read_gbps
 from .weights import FORMATS, Activation, ExpertWeights
 
@@ -43,8 +43,6 @@ def unavailable_reason(fmt: str) -> str | None:
         library()
     except KernelUnavailable as e:
         return str(e)
-    from .claimed import MEASURED
-
     if not CLAIMED.get(fmt) and fmt not in MEASURED:
         return (f"host-compute: the {fmt} kernel has not been measured in {CLAIM_SOURCE} (a run of "
                 f"benchmarks/bench_cpu_kernels.py on the claim's machine decides); keep these experts host-uva")

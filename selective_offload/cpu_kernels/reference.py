@@ -37,7 +37,8 @@ def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None 
         factor = torch.exp2(scale.float() - 127.0)
         return (values.unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
     if weights.fmt == "int4":
-        # Element 2i is byte i's low nibble; value (nibble - 8) times its group's scale.
+        # Element 2i is byte i's low nibble; value (nibble - z) times its group's scale, z 8
+        # or the group's zero point.
         codes = torch.stack((w & 0x0F, w >> 4), dim=-1).reshape(*w.shape[:-1], w.shape[-1] * 2)
         zeros = getattr(weights, which + "_zeros")
         if zeros is None:

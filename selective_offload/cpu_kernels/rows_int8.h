@@ -97,7 +97,7 @@ static inline __attribute__((always_inline)) void dotq_n(int fmt, const void *ro
 
 SO_ROWS_BY_N(dotq_mxfp4, dotq_n, SO_MXFP4, int8_t)
 
-/* ---------------- int4 (W4A16, symmetric groups) in int8 ----------------
+/* ---------------- int4 (W4A16, symmetric groups or zero points) in int8 ----------------
  *
  * The same vectors and sums as MXFP4 with no table: a nibble is the value + 8 as an
  * unsigned byte already (GPTQ's uint4b8), so the block's sum of codes enters at -8 and
@@ -137,7 +137,7 @@ static inline __attribute__((always_inline)) void dotq4_n(int fmt, const void *r
             for (int l = 0; l < blocks; l++) {
                 int64_t gi = (int)(k / 32 + l) / per_group;
                 f[l] = int4_scale(fmt, scale, gi);
-                zl[l] = int4_zero(scale, gi) - 8;
+                if (zeros) zl[l] = int4_zero(scale, gi) - 8;
             }
             sv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_loadu_ps(f)));
             if (zeros)

@@ -116,9 +116,10 @@ class ExpertWeights:
         self._expect("w2_scale", self.w2_scale, torch.uint8, (E, H, I // 32), "[E, H, I/32] e8m0")
 
     def _check_int4(self):
-        """Row-major nibbles, element 2i in byte i's low half, value (nibble - 8) * scale of
+        """Row-major nibbles, element 2i in byte i's low half, value (nibble - z) * scale of
         its group: w13 uint8 [E, 2I, H/2], w2 uint8 [E, H, I/2], scales bf16 or f16
-        [E, 2I, H/g13] and [E, H, I/g2], groups of a multiple of 32 columns."""
+        [E, 2I, H/g13] and [E, H, I/g2], groups of a multiple of 32 columns; z 8, or each
+        group's zero point in w13_zeros / w2_zeros [E, rows/2, groups]."""
         E, I2, Hh = self.w13.shape
         H, I = 2 * Hh, self.w2.shape[2] * 2
         if I2 != 2 * I or tuple(self.w2.shape[:2]) != (E, H):

@@ -78,7 +78,9 @@ def int4_read(config: Mapping[str, Any]) -> bool:
     of 32 columns (or one per channel), no act-order, stored by GPTQ in symmetric groups or
     AWQ (GEMM, with its zero points; the glue rewrites both row-major) or compressed-tensors'
     symmetric ``pack-quantized`` (read as loaded)."""
-    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+    from .kernels import quantization_config
+
+    qc = quantization_config(config)
     method = str(qc.get("quant_method", "")).lower().replace("_", "-")
     if method == "compressed-tensors":
         groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, Mapping)]

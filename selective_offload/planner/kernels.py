@@ -207,11 +207,17 @@ def advice(method: str | None, card: str) -> str | None:
     return None
 
 
+def quantization_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A ``config.json``'s ``quantization_config``, at the top or in its ``text_config``
+    (``{}``: unquantized)."""
+    return config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+
+
 def method_of_config(config: Mapping[str, Any]) -> str | None:
     """The table's method for a checkpoint's ``config.json`` (its ``quantization_config``),
     or ``None`` for a method the table does not cover (the planner then reads no experts
     through UVA)."""
-    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    qc = quantization_config(config)
     if not qc:
         return "unquantized"
     method = str(qc.get("quant_method", "")).lower().replace("_", "-")

@@ -158,6 +158,15 @@ def rows_in_place(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, t
     return q3.view(-1).view(torch.uint8).view(E, N, packed * 4), s3.view(E, N, s3.shape[1])
 
 
+def _rewritten(which: str, q: torch.Tensor, scale: torch.Tensor, zeros: Any, awq: bool) -> dict[str, torch.Tensor]:
+    """``which``'s tensors (``w13`` or ``w2``) for the int4 kernel, GPTQ's or AWQ's (with its
+    zero points, when it holds them) rewritten in place."""
+    if not awq:
+        return dict(zip((which, f"{which}_scale"), rows_in_place(q, scale)))
+    z = zeros.data if isinstance(zeros, torch.Tensor) else None
+    return dict(zip((which, f"{which}_scale", f"{which}_zeros"), awq_rows_in_place(q, scale, z)))
+
+
 def int4_rows(module: nn.Module, awq: bool, shared: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
     """GPTQ's or AWQ's experts as the int4 kernel reads them, each of w13/w2 rewritten in
     place (:func:`rows_in_place`, :func:`awq_rows_in_place`). Idempotent: a module already
@@ -167,13 +176,8 @@ def int4_rows(module: nn.Module, awq: bool, shared: frozenset[str] = frozenset()
         return done
     out = {}
     for which in ("w13", "w2"):
-        q, s = getattr(module, f"{which}_qweight").data, getattr(module, f"{which}_scales").data
-        if awq:
-            z = getattr(module, f"{which}_qzeros", None)
-            out[which], out[f"{which}_scale"], out[f"{which}_zeros"] = awq_rows_in_place(
-                q, s, z.data if isinstance(z, torch.Tensor) else None)
-        else:
-            out[which], out[f"{which}_scale"] = rows_in_place(q, s)
+        out.update(_rewritten(which, getattr(module, f"{which}_qweight").data, getattr(module, f"{which}_scales").data,
+                              getattr(module, f"{which}_qzeros", None), awq))
     loaded = getattr(module, "_loaded_expert_biases", ())
     for name in ("w13_bias", "w2_bias"):
         t = getattr(module, name, None)
@@ -465,12 +469,8 @@ def mlp_rows(mlp: nn.Module) -> dict[str, torch.Tensor]:
     if done is None:
         done = {}
         for which, part in parts:
-            if type(part.quant_method).__name__ in AWQ_METHODS:
-                z = getattr(part, "qzeros", None)
-                done[which], done[f"{which}_scale"], done[f"{which}_zeros"] = awq_rows_in_place(
-                    part.qweight.data, part.scales.data, z.data if isinstance(z, torch.Tensor) else None)
-            else:
-                done[which], done[f"{which}_scale"] = rows_in_place(part.qweight.data, part.scales.data)
+            done.update(_rewritten(which, part.qweight.data, part.scales.data, getattr(part, "qzeros", None),
+                                   type(part.quant_method).__name__ in AWQ_METHODS))
         mlp._selective_offload_int4_rows = done
     return done
 
