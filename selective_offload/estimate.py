@@ -57,7 +57,9 @@ Default acceptance rate: :data:`DEFAULT_ACCEPT_RATE`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
+
+from .kv_model import KV_DTYPE_BYTES, KvModel  # noqa: F401  (a step reads its KV; both re-exported here)
 
 #: DeepSeek-V3's technical report (arXiv:2412.19437, section 5.4.3) measures 85-90%
 #: acceptance of its MTP head's second-token prediction; the low end is the default. No
@@ -111,10 +113,6 @@ def acceptance_default(model_type: str | None) -> AcceptanceDefault:
         if text.startswith(prefixes):
             return found
     return GENERIC_ACCEPTANCE
-
-#: Bytes per element of vLLM's KV cache dtypes (``auto`` is the model's dtype: 2 for bf16).
-KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_e4m3": 1,
-                  "fp8_e5m2": 1, "float32": 4}
 
 #: Kernels reading host memory in place through UVA (vLLM's ``cpu_offload_gb``, the UVA
 #: embedding, experts read in place) reach this fraction of the pinned copy rate, when no
@@ -264,107 +262,6 @@ def inline_step_s(device_read_s: float, uva_read_s: float) -> float:
 
 
 @dataclass(frozen=True)
-class KvModel:
-    """KV-cache bytes of one sequence, from the model's attention layers (est)."""
-
-    #: Per token, summed over full-attention layers.
-    full_bytes_per_token: int = 0
-    #: (window, bytes per token summed over layers with that window).
-    sliding: tuple[tuple[int, int], ...] = ()
-    #: Per sequence, whatever its length: linear-attention (recurrent and conv) state.
-    fixed_bytes_per_seq: int = 0
-    description: str = ""
-
-    def bytes_per_seq(self, context: int) -> int:
-        return (self.full_bytes_per_token * context + sum(min(context, w) * b for w, b in self.sliding)
-                + self.fixed_bytes_per_seq)
-
-    def cache_bytes(self, max_model_len: int, max_seqs: int) -> int:
-        """The cache for ``max_seqs`` sequences of ``max_model_len`` tokens."""
-        return max_seqs * self.bytes_per_seq(max_model_len)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"full_bytes_per_token": self.full_bytes_per_token, "sliding": [list(s) for s in self.sliding],
-                "fixed_bytes_per_seq": self.fixed_bytes_per_seq, "description": self.description}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "KvModel":
-        return cls(int(data.get("full_bytes_per_token", 0)), tuple(tuple(map(int, s)) for s in data.get("sliding", ())),
-                   int(data.get("fixed_bytes_per_seq", 0)), str(data.get("description", "")))
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], kv_dtype_bytes: int = 2) -> "KvModel | None":
-        """The KV model of a ``config.json`` (its text part), or None when it says too little
-        (or says it in values that are not numbers: a hand-edited ``"num_attention_heads": "4"``)."""
-        try:
-            kv = cls._from_config(config, kv_dtype_bytes)
-        except (TypeError, ValueError, ArithmeticError, KeyError):
-            return None
-        if kv is not None and not all(0 <= n <= 2**53 for n in (kv.full_bytes_per_token, kv.fixed_bytes_per_seq)):
-            return None
-        return kv
-
-    @classmethod
-    def _from_config(cls, config: Mapping[str, Any], kv_dtype_bytes: int) -> "KvModel | None":
-        text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else None
-        c = {**config, **(text or {})}
-        layers = c.get("num_hidden_layers")
-        if not isinstance(layers, int) or layers <= 0:
-            return None
-        heads = c.get("num_attention_heads")
-        kv_heads = c.get("num_key_value_heads") or heads
-        head_dim = c.get("head_dim") or (c.get("hidden_size") // heads if heads and c.get("hidden_size") else None)
-        types = c.get("layer_types")
-        kinds = _listed_kinds(types) if isinstance(types, list) and len(types) == layers else _layer_kinds(c, layers)
-        if c.get("kv_lora_rank"):  # MLA (DeepSeek): one latent plus the rope key per token
-            per_token = (int(c["kv_lora_rank"]) + int(c.get("qk_rope_head_dim") or 0)) * kv_dtype_bytes
-            desc = f"MLA latent {c['kv_lora_rank']}+{c.get('qk_rope_head_dim') or 0}"
-        elif kv_heads and head_dim:
-            per_token = 2 * int(kv_heads) * int(head_dim) * kv_dtype_bytes
-            desc = f"{kv_heads} KV heads x {head_dim}"
-        else:
-            return None
-        full, sliding, linear = kinds
-        window = c.get("sliding_window")
-        fixed = linear * _linear_state_bytes(c)
-        desc += (f"; {full} full-attention layers" + (f", {sliding} sliding ({window})" if sliding else "")
-                 + (f", {linear} linear-attention (fixed state)" if linear else ""))
-        return cls(full * per_token, ((int(window), sliding * per_token),) if sliding and window else (),
-                   fixed, desc)
-
-
-def _listed_kinds(types: list) -> tuple[int, int, int]:
-    """How many of the listed layers are full attention, sliding and linear."""
-    return (sum(1 for t in types if t in ("full_attention", "attention")),
-            sum(1 for t in types if t in ("sliding_attention", "chunked_attention")),
-            sum(1 for t in types if t in ("linear_attention", "mamba")))
-
-
-def _layer_kinds(c: Mapping[str, Any], layers: int) -> tuple[int, int, int]:
-    """Layer kinds (full, sliding, linear) when the config does not list them: every
-    ``full_attention_interval``-th layer full (hybrid linear-attention stacks), else all
-    full attention. Counted, not listed: a config may declare 2**53 layers."""
-    interval = c.get("full_attention_interval")
-    if isinstance(interval, int) and interval > 0:
-        full = layers // interval
-        return full, 0, layers - full
-    return layers, 0, 0
-
-
-def _linear_state_bytes(c: Mapping[str, Any]) -> int:
-    """A gated-delta-net layer's state per sequence (Qwen3-Next, Qwen3.5): the recurrent
-    state (value heads x key dim x value dim, float32) and the convolution's last
-    ``kernel - 1`` inputs (in the model's dtype). Other linear attentions: 0 (noted)."""
-    v_heads, k_heads = c.get("linear_num_value_heads"), c.get("linear_num_key_heads")
-    k_dim, v_dim, kernel = c.get("linear_key_head_dim"), c.get("linear_value_head_dim"), c.get("linear_conv_kernel_dim")
-    if not all(isinstance(x, int) for x in (v_heads, k_heads, k_dim, v_dim, kernel)):
-        return 0
-    recurrent = v_heads * k_dim * v_dim * 4
-    conv = (kernel - 1) * (2 * k_heads * k_dim + v_heads * v_dim) * 2
-    return recurrent + conv
-
-
-@dataclass(frozen=True)
 class Traffic:
     """The bytes one decode pass moves, by where they are read from (a placement's view)."""
 
@@ -407,6 +304,10 @@ class ExpertsRead:
     where: str = EXPERTS_DEVICE
     #: FLOPs one token spends in this layer's routed experts (its k experts, est).
     flops_per_token: float = 0.0
+    #: Host-compute only: the share of the group's bytes that is also resident on the device,
+    #: computed there by the GPU while the CPU computes the rest of the step's picks (a split
+    #: of the layer's work between the two, est; 0: the CPU computes every pick).
+    device_share: float = 0.0
 
     def read_bytes(self, tokens: float) -> float:
         return self.nbytes * expert_read_fraction(self.num_experts, self.experts_per_token, tokens)
@@ -471,12 +372,28 @@ def host_compute_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -
     read = e.read_bytes(tokens)
     # mutation: mlp-flops-times-tokens-dropped
     flops = e.flops_per_token * tokens
-    host = read / ranks / host_rate(settings)
+    # The CPU's share of the picks (all of them unless some are resident on the device).
+    # mutation: device-share-read-by-cpu
+    on_host = 1.0 - min(max(e.device_share, 0.0), 1.0)
+    host = read * on_host / ranks / host_rate(settings)
     # mutation: cpu-rate-ignored
-    cpu = max(host, flops / ranks / cpu_flop_s) + settings.handoff_s
+    cpu = max(host, flops * on_host / ranks / cpu_flop_s) + settings.handoff_s
     # mutation: crossover-cpu-rate-both-sides
-    gpu = read / link + max(read / vram, flops / gpu_flop_s if gpu_flop_s else 0.0) + settings.handoff_s
+    gpu = read * on_host / link + max(read / vram, flops / gpu_flop_s if gpu_flop_s else 0.0) + settings.handoff_s
     return cpu, gpu, host
+
+
+def device_share_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -> float:
+    """The GPU's time on the picks of a host-compute group that land on its device share
+    (est): their bytes from VRAM at the decode read rate, at least their FLOPs at the GPU's
+    matmul rate when given. It runs while the CPU computes the rest (the two are joined
+    before the layer's output is used), so a layer costs the longer of the two, not both."""
+    share = min(max(e.device_share, 0.0), 1.0)
+    if share <= 0.0:
+        return 0.0
+    vram = decode_read_rate(settings.vram_gbps, settings.decode_read_gbps) * 1e9
+    gpu_flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
+    return share * max(e.read_bytes(tokens) / vram, e.flops_per_token * tokens / gpu_flop_s if gpu_flop_s else 0.0)
 
 
 def host_compute_times(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", tokens: float,
@@ -579,7 +496,7 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     flops = [float(f) for f in traffic.layer_flops] if len(traffic.layer_flops) == len(reads) else [0.0] * len(reads)
     uva_bytes = float(traffic.uva_bytes)
     on_cpu = [e for e in traffic.experts if e.where == EXPERTS_CPU]
-    cpu_s = host_link_s = 0.0
+    cpu_s = host_link_s = share_read_s = 0.0
     # Per layer, the CPU's time and its host reads' share of it (below the crossover).
     layer_cpu, layer_host = [0.0] * len(reads), [0.0] * len(reads)
     cpu_elsewhere_s = 0.0  # of groups outside the layer stack: paid in line
@@ -591,12 +508,17 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
         if tokens_per_pass <= crossover:
             for e in on_cpu:
                 cpu, _, host = host_compute_time(e, tokens_per_pass, settings)
+                share = device_share_time(e, tokens_per_pass, settings)
+                share_read_s += min(max(e.device_share, 0.0), 1.0) * e.read_bytes(tokens_per_pass) / gb_vram
                 cpu_s += cpu
+                # The device share runs beside the CPU: the layer waits for the longer.
+                # mutation: device-share-not-overlapped
+                both = max(cpu, share)
                 if 0 <= e.layer < len(reads):
-                    layer_cpu[e.layer] += cpu
+                    layer_cpu[e.layer] += both
                     layer_host[e.layer] += host
                 else:
-                    cpu_elsewhere_s += cpu
+                    cpu_elsewhere_s += both
         else:
             host_link_s = host_compute_times(on_cpu, tokens_per_pass, settings)[1]
     for e in traffic.experts:
@@ -619,7 +541,7 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     other_s = max(other_read_s, compute_s(traffic.other_flops, tokens_per_pass))
     draft_s = k * max(traffic.draft_bytes / gb_vram, compute_s(traffic.draft_flops, n))
     link_s = copies_s + rows_link_s + uva_s + host_link_s
-    vram_s = layer_read_s + other_read_s + kv_s
+    vram_s = layer_read_s + other_read_s + kv_s + share_read_s
     per_layer_kv = kv_s / len(traffic.layers) if traffic.layers else 0.0
     # A layer takes the longer of reading its weights (and its share of the KV) and its FLOPs.
     # mutation: compute-not-priced

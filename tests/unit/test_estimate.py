@@ -94,6 +94,35 @@ def test_the_step_hides_a_copy_behind_a_layer_computed_on_the_host():
     assert fast["est_step_s"] == pytest.approx(0.05 + 0.5e-3)
 
 
+
+def test_a_device_share_runs_beside_the_cpu_and_the_layer_waits_for_the_longer():
+    """One resident layer (1 MB read at 1000 GB/s: 1 us) whose MLP (1 GB, one expert every
+    token takes) is split: a quarter of its bytes on the device, read there at 1000 GB/s
+    (0.25 ms), the rest by the CPU at 10 GB/s (75 ms + a 1 ms hand-off). The two run at once,
+    so the step is the layer's own read and the longer of the two: 76 ms + 1 us, not their
+    sum; the CPU's time shrinks with its share, and the share's reads are VRAM time."""
+    from selective_offload.estimate import EXPERTS_CPU, ExpertsRead
+
+    gb = 10 ** 9
+
+    def cost(share, vram=1000.0):
+        at = StepSettings(10.0, vram, decode_read_gbps=vram, cpu_gbps=10.0, cpu_tflops=1e6, handoff_s=1e-3)
+        traffic = Traffic(layers=((gb // 1000, False),), experts=(ExpertsRead(0, gb, 1, 1, EXPERTS_CPU,
+                                                                            device_share=share),))
+        return step_cost(traffic, at, None, pipelined=True)
+
+    whole, split = cost(0.0), cost(0.25)
+    assert whole["est_cpu_s_per_step"] == pytest.approx(0.101)
+    assert split["est_cpu_s_per_step"] == pytest.approx(0.076)
+    assert split["est_step_s"] == pytest.approx(0.076 + 1e-6)
+    assert split["est_vram_s_per_step"] == pytest.approx(1e-6 + 0.25e-3)
+    # a slow device: its share (0.25 GB at 2 GB/s, 125 ms) outlasts the CPU's 76 ms and binds
+    slow = cost(0.25, vram=2.0)
+    assert slow["est_step_s"] == pytest.approx(0.125 + 0.5e-3)
+    # every byte on the device: the CPU reads nothing and only the hand-off is left beside it
+    assert cost(1.0)["est_cpu_s_per_step"] == pytest.approx(1e-3)
+
+
 # ---- speculative decoding
 
 @pytest.mark.parametrize("k,a,expected", [(0, 0.9, 1.0), (1, 0.85, 1.85), (2, 0.5, 1.75), (3, 1.0, 4.0),
