@@ -84,17 +84,23 @@ def _est(est) -> dict:
             "est_tok_s": round(est.est_tok_s, 2)}
 
 
-def reference_plans(workdir: Path) -> list[dict]:
-    """One entry per case: the model, the card, the vLLM baselines, the plan without
-    host-compute and the host-compute plan as rows (host bytes, est link and step time, est
-    tok/s; the host-compute plan last), its crossover, and the llama.cpp anchors of the model."""
-    out = []
+def case_checkpoints(workdir: Path):
+    """Each case's label, card (GiB), target and config-only checkpoint (its config.json
+    written into ``workdir``)."""
     for label, build, gib, target in CASES:
         config, arch, extra = build()
         data = {**config.to_dict(), "architectures": [arch], "torch_dtype": "bfloat16", **extra}
         path = workdir / f"{arch}-{gib}.json"
         path.write_text(json.dumps(data))
-        checkpoint = load_checkpoint(path)
+        yield label, gib, target, load_checkpoint(path)
+
+
+def reference_plans(workdir: Path) -> list[dict]:
+    """One entry per case: the model, the card, the vLLM baselines, the plan without
+    host-compute and the host-compute plan as rows (host bytes, est link and step time, est
+    tok/s; the host-compute plan last), its crossover, and the llama.cpp anchors of the model."""
+    out = []
+    for label, gib, target, checkpoint in case_checkpoints(workdir):
         plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB))
         uva_plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, host_compute=False))
         experts = [g for g in plan.groups if g.kind == "experts"]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -38,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's selective_offload
 
 from _common import RESULTS_DIR, today, write_results  # noqa: E402
-from moe_reference_plans import CASES  # noqa: E402
+from moe_reference_plans import case_checkpoints  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402
 from selective_offload.estimate import EXPERTS_CPU, ExpertsRead, Traffic, flops_per_token  # noqa: E402
 from selective_offload.names import layer_of  # noqa: E402
@@ -110,11 +109,7 @@ def _row(label: str, gib: int, target: float, plan, checkpoint) -> dict:
 
 def whatif_rows(workdir: Path) -> list[dict]:
     rows = []
-    for label, build, gib, target in CASES:
-        config, arch, extra = build()
-        path = workdir / f"{arch}-{gib}.json"
-        path.write_text(json.dumps({**config.to_dict(), "architectures": [arch], "torch_dtype": "bfloat16", **extra}))
-        checkpoint = load_checkpoint(path)
+    for label, gib, target, checkpoint in case_checkpoints(workdir):
         rows.append(_row(label, gib, target, make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB)),
                          checkpoint))
     checkpoint = load_checkpoint(DENSE)
