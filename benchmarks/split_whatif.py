@@ -120,7 +120,7 @@ def whatif_rows(workdir: Path) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| case, card | the plan (est tok/s) | split at once: device share | host bytes | est CPU / step | "
+    lines = ["| case, card | the plan (est tok/s) | split at once: device share | its bytes on the host | est CPU / step | "
              "est tok/s | target |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         p, s = r["plan"], r["split"]
