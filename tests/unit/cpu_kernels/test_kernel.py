@@ -110,11 +110,12 @@ def int8_build():
     return lib
 
 
-@pytest.mark.parametrize("H, I", [(256, 160), (160, 192), (192, 224), (224, 128)])
+@pytest.mark.parametrize("H, I", [(256, 160), (160, 192), (192, 224), (224, 128), (608, 544), (1088, 512)])
 def test_the_int8_mxfp4_path_reads_every_tail_of_a_row(H, I):
     """A row's last chunk of 128 holds 0-3 whole blocks of 32 (gpt-oss's 2880 ends in two):
     each count, in the tokens' rows (H) and the activation's (I), for one token and for a
-    batch that fills the four-token step and leaves one over."""
+    batch that fills the four-token step and leaves one over; and rows of four chunks and
+    more, whose chunks the kernel sums in four independent sums before the tail."""
     lib = int8_build()
     w = experts("mxfp4", 5, H, I, bias="f32", seed=H + I)
     act = ck.Activation("swigluoai")
