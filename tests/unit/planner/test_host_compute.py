@@ -174,7 +174,7 @@ def test_a_cpu_that_loses_at_one_token_leaves_every_step_to_the_copy():
 # ---- the plan file
 
 
-def test_host_compute_round_trips_and_a_stated_field_that_disagrees_is_refused(tmp_path):
+def test_host_compute_round_trips_and_a_stated_field_that_disagrees_is_refused(tmp_path, monkeypatch):
     ckpt = moe(4)
     plan = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_gbps=40.0, cpu_gbps_source="flag", cpu_threads=6)
     data = json.loads(plan.to_json())
@@ -192,7 +192,11 @@ def test_host_compute_round_trips_and_a_stated_field_that_disagrees_is_refused(t
 
     refused(lambda d: d["host_compute"].update(crossover_tokens=d["host_compute"]["crossover_tokens"] + 1),
             "host_compute.crossover_tokens says")
-    refused(lambda d: d["host_compute"].update(format="int4"), "has no CPU kernel the committed benchmark")
+    from selective_offload.cpu_kernels import claimed
+
+    with monkeypatch.context() as mp:  # a format the committed benchmark does not claim
+        mp.setitem(claimed.CLAIMED, "int4", False)
+        refused(lambda d: d["host_compute"].update(format="int4"), "has no CPU kernel the committed benchmark")
     refused(lambda d: d["host_compute"].update(format="q4_k"), "is not a CPU kernel format")
     refused(lambda d: d.update(host_compute=None), "served compute, but the plan has no host_compute")
     refused(lambda d: d["inputs"].update(cpu_gbps_source="measured", cpu_gbps=None), "exactly when no rate")
