@@ -103,6 +103,27 @@ def write_results(out: Path, stem: str, data: dict, markdown: str) -> tuple[Path
     return json_path, md_path
 
 
+def est_main(argv: list[str] | None, doc: str, name: str, make: Callable[[Path], list], markdown: Callable[[list], str],
+             key: str, title: str, **fields) -> int:
+    """The command line of a script that writes estimates, not measurements: ``--out``, the
+    rows ``make`` builds in a temporary folder, their table printed and written with them as
+    ``<name>-<date>.json`` (``fields`` beside the rows under ``key``) and ``.md`` (``title``
+    above the table)."""
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = make(Path(tmp))
+    table = markdown(rows)
+    print(table)
+    stem = f"{name}-{today()}"
+    write_results(args.out, stem, {"stem": stem, **fields, key: rows}, f"# {title}\n\n" + table)
+    return 0
+
+
 # --------------------------------------------------------------------------- timing
 
 

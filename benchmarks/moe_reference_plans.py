@@ -19,15 +19,13 @@ figures and checks them against the newest such file, and the table of docs/usag
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS_DIR, today, write_results  # noqa: E402
+from _common import est_main  # noqa: E402
 from selective_offload.anchors import anchors_for  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402
 from selective_offload.estimate import ASSUMED_CPU_TFLOPS, ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS  # noqa: E402
@@ -170,21 +168,11 @@ def markdown(plans: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        plans = reference_plans(Path(tmp))
-    table = markdown(plans)
-    print(table)
-    stem = f"moe-plans-est-{today()}"
-    write_results(args.out, stem, {"stem": stem, "link_gbps": 13.9, "vram_gbps": 472.0,
-                                   "cpu_gbps": REFERENCE_CPU_GBPS, "cpu_gbps_source": "assumed (the reference host's)",
-                                   "cpu_tflops": ASSUMED_CPU_TFLOPS, "handoff_s": ASSUMED_HANDOFF_S, "plans": plans},
-                  "# MoE reference plans (est, reference laptop link and VRAM, host kernel "
-                  f"{REFERENCE_CPU_GBPS:g} GB/s assumed)\n\n" + table)
-    return 0
-
+    return est_main(argv, __doc__, "moe-plans-est", reference_plans, markdown, "plans",
+                    "MoE reference plans (est, reference laptop link and VRAM, host kernel "
+                    f"{REFERENCE_CPU_GBPS:g} GB/s assumed)", link_gbps=13.9, vram_gbps=472.0,
+                    cpu_gbps=REFERENCE_CPU_GBPS, cpu_gbps_source="assumed (the reference host's)",
+                    cpu_tflops=ASSUMED_CPU_TFLOPS, handoff_s=ASSUMED_HANDOFF_S)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -27,19 +27,17 @@ recomputes the figures and checks them against the newest such file.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's selective_offload
 
-from _common import RESULTS_DIR, today, write_results  # noqa: E402
+from _common import est_main  # noqa: E402
 from moe_reference_plans import case_checkpoints  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402
-from selective_offload.estimate import EXPERTS_CPU, ExpertsRead, Traffic, flops_per_token  # noqa: E402
+from selective_offload.estimate import EXPERTS_CPU, ExpertsRead, flops_per_token  # noqa: E402
 from selective_offload.names import layer_of  # noqa: E402
 from selective_offload.plan_format import GroupKind, Placement  # noqa: E402
 from selective_offload.plan_format.parts import Estimate  # noqa: E402
@@ -131,19 +129,9 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = whatif_rows(Path(tmp))
-    table = markdown(rows)
-    print(table)
-    stem = f"split-whatif-est-{today()}"
-    write_results(args.out, stem, {"stem": stem, "rows": rows},
-                  "# What-if: host-compute work split between the GPU and the CPU of each layer at once (est, "
-                  "not built; reference laptop link and VRAM, host kernel 55 GB/s assumed)\n\n" + table)
-    return 0
-
+    return est_main(argv, __doc__, "split-whatif-est", whatif_rows, markdown, "rows",
+                    "What-if: host-compute work split between the GPU and the CPU of each layer at once (est, "
+                    "not built; reference laptop link and VRAM, host kernel 55 GB/s assumed)")
 
 if __name__ == "__main__":
     raise SystemExit(main())
