@@ -72,3 +72,43 @@ def test_two_ranks_with_dense_mlps_computed_on_the_host(tmp_path, monkeypatch):
     for name in mlps:
         g = report.landing(name)
         assert (g.actual, g.host_bytes, g.device_bytes) == ("host-compute", shard, 0)
+
+
+def test_two_ranks_with_int4_mlps_computed_on_the_host(tmp_path, monkeypatch):
+    """A GPTQ int4 Qwen3 over two ranks: each rank's shard of each MLP (half of gate_up's
+    output rows, half of down_proj's input columns with their groups) is rewritten row-major
+    and computed by its own int4 kernel, the partial sums all-reduced. int4 is claimed by
+    the committed kernel benchmark, so nothing sets the claim here: the worker processes read
+    the same table. The kernel rounds its tokens to int8, so the check is test_vllm_int4's:
+    plain vLLM's greedy tokens fed back, every position's log-probability within its
+    tolerance of plain vLLM's with the same two ranks."""
+    from helpers import PROMPTS, TINY_HOST_COMPUTE, prompt_logprobs, save_tiny_gptq_qwen3, with_plan
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.planner import PlanInputs, make_plan
+    from test_vllm_int4 import LOGPROB_TOL
+
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    model = save_tiny_gptq_qwen3(tmp_path / "gptq", seed=9)
+    ckpt = load_checkpoint(model)
+    # a CPU fast enough that every step, prefill too, stays on the host kernel
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
+                                      reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": 100.0, "ranks": 2,
+                                                          "cpu_threads": 2}))
+    mlps = [g.group for g in plan.groups if g.kind == "mlp"]
+    assert mlps and plan.host_compute.format == "int4" and plan.host_compute.ranks == 2
+    selective_offload.disable()
+    engine = dict(tensor_parallel_size=2, dtype="bfloat16")
+    plain = generate_tokens(model, **engine)
+    sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
+    plain_lp = prompt_logprobs(model, sequences, **engine)
+    host_lp, report = with_plan(plan, lambda: prompt_logprobs(model, sequences, **engine))
+    assert report.ok, report.problems
+    for name in mlps:  # (a spawned engine's counters are as of its loading: no steps yet)
+        assert report.landing(name).actual == "host-compute"
+        served = report.transfers[name]
+        assert (served["kernel"], served["threads"], served["crossover_tokens"]) == (
+            "int4", 1, plan.host_compute.crossover_tokens), served
+    worst = max(abs(a - b) for pa, pb in zip(plain_lp, host_lp) for a, b in zip(pa, pb))
+    print(f"worst log-probability difference, two ranks on the int4 kernel: {worst:.4f}")
+    assert worst <= LOGPROB_TOL, worst
