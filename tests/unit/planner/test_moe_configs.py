@@ -246,6 +246,9 @@ def test_the_moe_reference_results_and_the_docs_are_what_the_planner_says(tmp_pa
     page = (root / "docs" / "usage" / "moe.md").read_text()
     missing = [line for line in table.splitlines() if line.startswith("| ") and line not in page]
     assert not missing, missing
+    # the prose on the 4-bit build quotes its plan and the host rate its target needs
+    gptq = next(c for c in recorded if "GPTQ" in c["model"])
+    assert f"{gptq['rows'][-1]['est_tok_s']:.2f} tok/s" in page and f"{gptq['est_cpu_gbps_for_target']:g} GB/s" in page
 
 
 def test_a_48_layer_moe_plan_renders_in_a_few_rows(tmp_path):

@@ -30,6 +30,7 @@ def test_the_split_whatif_results_and_the_docs_are_what_the_step_model_says(tmp_
     page = (REPO / "docs" / "design" / "step-model.md").read_text()
     missing = [line for line in table.splitlines() if line.startswith("| ") and line not in page]
     assert not missing, missing
-    # the MoE page quotes the three MoE what-if figures from the same file
+    # the MoE page quotes the what-if figures of the three MoE plans with targets of their own
     moe = (REPO / "docs" / "usage" / "moe.md").read_text()
     assert all(f"{r['split']['est_tok_s']:.2f}" in moe for r in rows[:3])
+    assert "GPTQ" in rows[3]["case"] and f"{rows[3]['plan']['est_tok_s']:.2f} tok/s" in moe
