@@ -47,22 +47,32 @@ def test_two_ranks_with_the_embedding_and_computed_experts_on_the_host(tmp_path,
                                       "problems": [], "error": None}}
 
 
-def test_two_ranks_with_dense_mlps_computed_on_the_host(tmp_path, monkeypatch):
-    """Each rank computes its shard of each host MLP (half its intermediate rows) and the
-    partial sums are all-reduced, as ``down_proj`` would: tokens as plain vLLM's."""
-    from helpers import TINY_HOST_COMPUTE, save_tiny_qwen3
+def two_rank_mlp_plan(model, monkeypatch, cpu_tflops: float):
+    """Two ranks on the host's two cores (one each, spawned workers), and the plan of a dense
+    ``model`` whose budget its cold set cannot close, with its MLPs computed on the host by
+    both ranks' shards at the CPU matmul rate given (which sets the crossover); the MLP groups."""
+    from helpers import TINY_HOST_COMPUTE
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.planner import PlanInputs, make_plan
 
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    model = save_tiny_qwen3(tmp_path / "dense", seed=9)
     ckpt = load_checkpoint(model)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
-                                      reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": 0.1, "ranks": 2,
+                                      reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": cpu_tflops, "ranks": 2,
                                                           "cpu_threads": 2}))
     mlps = [g.group for g in plan.groups if g.kind == "mlp"]
     assert mlps and plan.host_compute.ranks == 2
+    return plan, mlps
+
+
+def test_two_ranks_with_dense_mlps_computed_on_the_host(tmp_path, monkeypatch):
+    """Each rank computes its shard of each host MLP (half its intermediate rows) and the
+    partial sums are all-reduced, as ``down_proj`` would: tokens as plain vLLM's."""
+    from helpers import save_tiny_qwen3
+
+    model = save_tiny_qwen3(tmp_path / "dense", seed=9)
+    plan, mlps = two_rank_mlp_plan(model, monkeypatch, cpu_tflops=0.1)
     selective_offload.disable()
     plain = generate_tokens(model, tensor_parallel_size=2)
     tokens, report = generate_with_plan(plan, model, tensor_parallel_size=2)
@@ -82,21 +92,13 @@ def test_two_ranks_with_int4_mlps_computed_on_the_host(tmp_path, monkeypatch):
     the same table. The kernel rounds its tokens to int8, so the check is test_vllm_int4's:
     plain vLLM's greedy tokens fed back, every position's log-probability within its
     tolerance of plain vLLM's with the same two ranks."""
-    from helpers import PROMPTS, TINY_HOST_COMPUTE, prompt_logprobs, save_tiny_gptq_qwen3, with_plan
-    from selective_offload.checkpoint import load_checkpoint
-    from selective_offload.planner import PlanInputs, make_plan
+    from helpers import PROMPTS, prompt_logprobs, save_tiny_gptq_qwen3, with_plan
     from test_vllm_int4 import LOGPROB_TOL
 
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     model = save_tiny_gptq_qwen3(tmp_path / "gptq", seed=9)
-    ckpt = load_checkpoint(model)
     # a CPU fast enough that every step, prefill too, stays on the host kernel
-    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
-                                      reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": 100.0, "ranks": 2,
-                                                          "cpu_threads": 2}))
-    mlps = [g.group for g in plan.groups if g.kind == "mlp"]
-    assert mlps and plan.host_compute.format == "int4" and plan.host_compute.ranks == 2
+    plan, mlps = two_rank_mlp_plan(model, monkeypatch, cpu_tflops=100.0)
+    assert plan.host_compute.format == "int4"
     selective_offload.disable()
     engine = dict(tensor_parallel_size=2, dtype="bfloat16")
     plain = generate_tokens(model, **engine)
