@@ -84,8 +84,9 @@ def split(plan, checkpoint) -> dict:
             if g.layer_index not in split_out:
                 layers[i] -= nbytes
             units.append(ExpertsRead(i, nbytes, 1, 1, EXPERTS_CPU, flops_per_token(by_dtype)))
-    on_device = {Placement.DEVICE, Placement.HOST_HOT, Placement.HOST_UVA, Placement.HOST_COMPUTE}
-    resident = sum(g.bytes for g in plan.groups if g.placement in on_device)
+    # every byte the plan does not leave cold or absent would be resident beside the shares
+    hot = {Placement.DEVICE, Placement.HOST_HOT, Placement.HOST_UVA, Placement.HOST_COMPUTE}
+    resident = sum(g.bytes for g in plan.groups if g.placement in hot)
     total = sum(u.nbytes for u in units)
     room = plan.weight_budget_bytes - plan.est_transient_device_bytes - (resident - total)
     share = min(max(room / total, 0.0), 1.0) if total else 0.0

@@ -312,6 +312,11 @@ class ExpertsRead:
     def read_bytes(self, tokens: float) -> float:
         return self.nbytes * expert_read_fraction(self.num_experts, self.experts_per_token, tokens)
 
+    @property
+    def share(self) -> float:
+        """:attr:`device_share`, held to [0, 1]."""
+        return min(max(self.device_share, 0.0), 1.0)
+
 
 @dataclass(frozen=True)
 class StepSettings:
@@ -374,7 +379,7 @@ def host_compute_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -
     flops = e.flops_per_token * tokens
     # The CPU's share of the picks (all of them unless some are resident on the device).
     # mutation: device-share-read-by-cpu
-    on_host = 1.0 - min(max(e.device_share, 0.0), 1.0)
+    on_host = 1.0 - e.share
     host = read * on_host / ranks / host_rate(settings)
     # mutation: cpu-rate-ignored
     cpu = max(host, flops * on_host / ranks / cpu_flop_s) + settings.handoff_s
@@ -388,12 +393,11 @@ def device_share_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -
     (est): their bytes from VRAM at the decode read rate, at least their FLOPs at the GPU's
     matmul rate when given. It runs while the CPU computes the rest (the two are joined
     before the layer's output is used), so a layer costs the longer of the two, not both."""
-    share = min(max(e.device_share, 0.0), 1.0)
-    if share <= 0.0:
+    if e.share <= 0.0:
         return 0.0
     vram = decode_read_rate(settings.vram_gbps, settings.decode_read_gbps) * 1e9
     gpu_flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
-    return share * max(e.read_bytes(tokens) / vram, e.flops_per_token * tokens / gpu_flop_s if gpu_flop_s else 0.0)
+    return e.share * max(e.read_bytes(tokens) / vram, e.flops_per_token * tokens / gpu_flop_s if gpu_flop_s else 0.0)
 
 
 def host_compute_times(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", tokens: float,
@@ -509,7 +513,7 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
             for e in on_cpu:
                 cpu, _, host = host_compute_time(e, tokens_per_pass, settings)
                 share = device_share_time(e, tokens_per_pass, settings)
-                share_read_s += min(max(e.device_share, 0.0), 1.0) * e.read_bytes(tokens_per_pass) / gb_vram
+                share_read_s += e.share * e.read_bytes(tokens_per_pass) / gb_vram
                 cpu_s += cpu
                 # The device share runs beside the CPU: the layer waits for the longer.
                 # mutation: device-share-not-overlapped
