@@ -10,11 +10,14 @@ calls), beside the read bandwidth of the C read kernel with the same threads, sa
 the same rounds (one kernel call, one read of a buffer larger than the caches, alternating),
 so both see the same machine. The ratio is what ``CLAIMED`` in
 ``selective_offload.cpu_kernels`` is judged by (a format is claimed when every thread count
-measured reaches ``CLAIM_BAR`` in its best of ``--repeats`` whole measurements: on a
-shared machine other work only slows a repeat down; the row's ratio shown is their median). torch's own bf16 path (``F.linear`` per picked expert) is
-timed the same way beside the bf16 kernel.
+measured reaches ``CLAIM_BAR`` in its best of ``--repeats`` whole measurements, taken in
+turns over the rows: on a shared machine other work only slows a repeat down, and a slow
+spell then lands on one repeat of several rows rather than every repeat of one; the row's
+ratio shown is their median). torch's own bf16 path (``F.linear`` per picked expert) is
+timed the same way beside the bf16 kernel, and on the AVX512-BF16 build the bf16 kernel
+with the other software-prefetch choice (moe.c picks one by CPU vendor).
 
-    .venv/bin/python benchmarks/bench_cpu_kernels.py [--threads 1,2] [--iters 41] [--smoke] [--out DIR]
+    .venv/bin/python benchmarks/bench_cpu_kernels.py [--threads 1,2] [--iters 41] [--repeats 3] [--smoke] [--out DIR]
 
 Writes ``cpu-kernels-cpu-<machine>-<date>.json`` and ``.md`` into ``benchmarks/results/``
 (or ``--out``); ``--smoke`` (tiny layers, a few calls, ``-smoke`` in the name) is what the
@@ -100,8 +103,10 @@ def torch_bf16_step(w: ck.ExpertWeights, act: ck.Activation):
     return step
 
 
-def measure(w, act, K, threads, iters, read_buf, lib, torch_step=None):
-    """Median seconds of the kernel (and torch's step) and of the read kernel, alternating."""
+def measure(w, act, K, threads, iters, read_buf, lib, torch_step=None, other_prefetch=False):
+    """Median seconds of the kernel (and torch's step, and with ``other_prefetch`` the same
+    kernel with the other software-prefetch choice for bf16 rows) and of the read kernel,
+    alternating."""
     E, H = w.num_experts, w.hidden
     x = torch.randn(1, H).bfloat16()
     ids = torch.zeros(1, K, dtype=torch.int32)
@@ -110,7 +115,8 @@ def measure(w, act, K, threads, iters, read_buf, lib, torch_step=None):
     job = ck.MoEJob(x, ids, tw, w, act, out=out, threads=threads)
     g = torch.Generator().manual_seed(threads)
     picks = [torch.randperm(E, generator=g)[:K] for _ in range(iters + 2)]
-    kernel_s, read_s, torch_s = [], [], []
+    kernel_s, read_s, torch_s, other_s = [], [], [], []
+    chosen = lib.so_bf16_prefetch()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -124,47 +130,73 @@ def measure(w, act, K, threads, iters, read_buf, lib, torch_step=None):
             if torch_step is not None:
                 torch_step(x, ids, tw)
             t3 = time.perf_counter()
+            if other_prefetch:
+                ids.copy_(picks[(r + 1) % len(picks)].view(1, K))  # other experts than the kernel's call read
+                lib.so_set_bf16_prefetch(1 - chosen)
+                try:
+                    job.run()
+                finally:
+                    lib.so_set_bf16_prefetch(chosen)
+            t4 = time.perf_counter()
             if r >= 2:  # the first two warm the threads and the code
                 kernel_s.append(t1 - t0)
                 read_s.append(t2 - t1)
                 torch_s.append(t3 - t2)
+                other_s.append(t4 - t3)
     finally:
         torch.set_num_threads(before)
     return (statistics.median(kernel_s), statistics.median(read_s),
-            statistics.median(torch_s) if torch_step is not None else None, kernel_s, read_s)
+            statistics.median(torch_s) if torch_step is not None else None, kernel_s, read_s,
+            statistics.median(other_s) if other_prefetch else None)
 
 
 def run(formats, threads_list, iters, smoke, read_bytes, repeats=1):
+    """Every (format, threads) row measured ``repeats`` times, the repeats taken in turns
+    over all rows (a slow spell of a shared machine then falls on several rows' one repeat,
+    not on one row's every repeat)."""
     lib = ck.library()
     read_buf = torch.ones(read_bytes // 4)
-    rows = []
+    layers = {}
     for f in formats:
         model, E, K, H, I, kind, biases = LAYERS[f]
         if smoke:
             E, K, H, I = SMOKE[f]
-        base = dict(format=f, model=model, E=E, k=K, H=H, I=I, activation=kind)
         w = weights_of(f, E, H, I, biases)
-        act = ck.Activation(kind)
-        step = torch_bf16_step(w, act) if f == "bf16" else None
-        nbytes = K * w.expert_bytes
+        layers[f] = (dict(format=f, model=model, E=E, k=K, H=H, I=I, activation=kind), w, ck.Activation(kind),
+                     torch_bf16_step(w, ck.Activation(kind)) if f == "bf16" else None,
+                     # The bf16 walk's software prefetch is chosen per CPU vendor: time the other choice beside it.
+                     f == "bf16" and bool(lib.so_bf16_activations()))
+    reps = {(f, t): [] for f in formats for t in threads_list}
+    for _ in range(repeats):
+        for f in formats:
+            _, w, act, step, alternate = layers[f]
+            for t in threads_list:
+                reps[f, t].append(measure(w, act, layers[f][0]["k"], t, iters, read_buf, lib, step,
+                                          other_prefetch=alternate))
+    rows = []
+    for f in formats:
+        base, w, _, step, alternate = layers[f]
+        nbytes = base["k"] * w.expert_bytes
         for t in threads_list:
-            reps = [measure(w, act, K, t, iters, read_buf, lib, step) for _ in range(repeats)]
-            ratios = [nbytes / k_s / (read_bytes / r_s) for k_s, r_s, *_ in reps]
-            k_s = statistics.median(r[0] for r in reps)
-            read_gbps = statistics.median(read_bytes / r[1] / 1e9 for r in reps)
-            ks = [v for r in reps for v in r[3]]
-            rs = [v for r in reps for v in r[4]]
+            ms = reps[f, t]
+            ratios = [nbytes / k_s / (read_bytes / r_s) for k_s, r_s, *_ in ms]
+            k_s = statistics.median(r[0] for r in ms)
+            read_gbps = statistics.median(read_bytes / r[1] / 1e9 for r in ms)
+            ks = [v for r in ms for v in r[3]]
+            rs = [v for r in ms for v in r[4]]
             row = dict(base, threads=t, status="measured", bytes_per_call=nbytes, kernel_s=k_s,
                        kernel_gbps=nbytes / k_s / 1e9, read_gbps=read_gbps, ratio=statistics.median(ratios),
                        ratios=ratios, kernel_s_min=min(ks), kernel_s_max=max(ks), read_gbps_min=read_bytes / max(rs) / 1e9,
                        read_gbps_max=read_bytes / min(rs) / 1e9, calls=len(ks))
             if step is not None:
-                t_s = statistics.median(r[2] for r in reps)
+                t_s = statistics.median(r[2] for r in ms)
                 row.update(torch_s=t_s, torch_gbps=nbytes / t_s / 1e9, torch_ratio=nbytes / t_s / 1e9 / read_gbps)
+            if alternate:
+                o_s = statistics.median(r[5] for r in ms)
+                row.update(other_prefetch_ratio=nbytes / o_s / 1e9 / read_gbps)
             rows.append(row)
             print(f"{f} threads={t}: {row['kernel_gbps']:.1f} GB/s of {read_gbps:.1f} read "
                   f"(ratio {row['ratio']:.2f}; repeats {', '.join(f'{r:.2f}' for r in ratios)})", file=sys.stderr, flush=True)
-        del w
     return rows
 
 
@@ -180,23 +212,24 @@ def claims(rows) -> dict:
 
 
 def markdown(result) -> str:
-    head = ["format", "layer", "threads", "MB/call", "kernel GB/s", "read GB/s", "ratio (repeats)", "torch bf16 F.linear ratio"]
+    head = ["format", "layer", "threads", "MB/call", "kernel GB/s", "read GB/s", "ratio (repeats)", "torch bf16 F.linear ratio",
+            "other bf16 prefetch ratio"]
     body = []
     for r in result["rows"]:
         layer = f"{r['model']} E={r['E']} k={r['k']} H={r['H']} I={r['I']} {r['activation']}"
         if r["status"] != "measured":
-            body.append([r["format"], layer, r["threads"], "", "", "", r["status"], ""])
+            body.append([r["format"], layer, r["threads"], "", "", "", r["status"], "", ""])
             continue
         body.append([r["format"], layer, r["threads"], fmt(r["bytes_per_call"] / 1e6, 1),
                      f"{fmt(r['kernel_gbps'], 1)}", f"{fmt(r['read_gbps'], 1)} ({fmt(r['read_gbps_min'], 0)}-"
                      f"{fmt(r['read_gbps_max'], 0)})", f"{fmt(r['ratio'])} ({', '.join(fmt(v) for v in r['ratios'])})",
-                     fmt(r.get("torch_ratio"))])
+                     fmt(r.get("torch_ratio")), fmt(r.get("other_prefetch_ratio"))])
     claimed = ", ".join(f for f, c in result["claims"].items() if c) or "none"
     return (f"# Host-compute CPU kernels at batch 1 ({result['date']}, {result['machine']})\n\n"
             f"Weights read per second by the kernel (the k picked experts' bytes over the call's median time, "
             f"{result['iters']} calls with new random ids each) against the C read kernel's bandwidth with the same "
             f"threads, sampled alternately in the same rounds (median, min-max); each row measured {result['repeats']} "
-            f"times, its ratio the median of theirs (each listed). Kernel build: {result['simd']}. "
+            f"times, the repeats taken in turns over the rows, its ratio the median of theirs (each listed). Kernel build: {result['simd']}. "
             f"{result['load_note']}.\n\n" + md_table(head, body) +
             f"\nClaimed (every thread count's best repeat at >= {result['claim_bar']} of the read bandwidth; other work "
             f"only slows a repeat down): {claimed}.\n")
@@ -235,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     lib = ck.library()
     simd = {0: "plain C", 256: "AVX2", 512: "AVX-512"}.get(lib.so_simd_level(), "?")
     if lib.so_bf16_activations():
-        simd += " with AVX512-BF16 (tokens and activations in bf16, f32 sums)"
+        simd += (" with AVX512-BF16 (tokens and activations in bf16, f32 sums; bf16 rows "
+                 + ("prefetched in software" if lib.so_bf16_prefetch() else "not prefetched in software (an AMD CPU)")
+                 + ", the other choice timed beside it)")
     if lib.so_int8_mxfp4():
         simd += ", MXFP4 and int4 with AVX512-VNNI (tokens and activations in int8 per block of 32, int32 sums)"
     result = dict(benchmark="cpu-kernels", date=today(), machine=machine(), smoke=args.smoke, iters=iters, repeats=repeats,

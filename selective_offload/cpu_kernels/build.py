@@ -169,6 +169,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.so_bf16_activations.argtypes = []
     lib.so_int8_mxfp4.restype = i64
     lib.so_int8_mxfp4.argtypes = []
+    lib.so_bf16_prefetch.restype = i64
+    lib.so_bf16_prefetch.argtypes = []
+    lib.so_set_bf16_prefetch.restype = None
+    lib.so_set_bf16_prefetch.argtypes = [i64]
     lib.so_moe_workspace_bytes.restype = i64
     lib.so_moe_workspace_bytes.argtypes = [i64] * 5
     lib.so_moe_job_run.restype = None

@@ -85,6 +85,30 @@ int64_t so_bf16_activations(void) {
 #endif
 }
 
+/* Whether the AVX512-BF16 path's bf16 row walk prefetches its weights in software (PF),
+ * chosen when the library loads: on Intel, where it was measured to lift two threads'
+ * rate; not on AMD, where the same prefetches cost a Zen 4 about a third of its rate at
+ * one thread (benchmarks/results/cpu-kernels-*: the build line names the choice, and
+ * bench_cpu_kernels.py --bf16-prefetch measures both). The other formats' walks decode
+ * more per byte and prefetch on both (without it MXFP4 and int4 fell on the same Zen 4).
+ * 0 on builds without that path. so_set_bf16_prefetch: a benchmark or test takes the other. */
+static int so_bf16_pf = 0;
+#if defined(SO_BF16DOT)
+__attribute__((constructor)) static void so_choose_bf16_prefetch(void) {
+    __builtin_cpu_init();
+    // mutation: bf16-prefetch-on-amd
+    so_bf16_pf = !__builtin_cpu_is("amd");
+}
+#endif
+int64_t so_bf16_prefetch(void) { return so_bf16_pf; }
+void so_set_bf16_prefetch(int64_t on) {
+#if defined(SO_BF16DOT)
+    so_bf16_pf = on != 0;
+#else
+    (void)on;
+#endif
+}
+
 /* 1 where MXFP4 and int4 experts multiply int8 tokens and activations (the same path), else 0. */
 int64_t so_int8_mxfp4(void) {
 #if defined(SO_BF16DOT)
@@ -331,7 +355,13 @@ int64_t so_moe_workspace_bytes(int64_t T, int64_t K, int64_t E, int64_t H, int64
            align64(T * q8_bytes(H)) + align64(P * q8_bytes(I));
 }
 
-#define JB 8   /* activation rows per up-projection work item */
+/* Activation rows per up-projection work item. An item reads its gate rows, then its up
+ * rows: two sequential streams of JB rows each (swigluoai's interleaved pairs: one of 2 JB).
+ * 32 rather than 8 makes each stream long
+ * enough for the hardware prefetcher to run ahead (int4's 1 KB rows made 8 KB streams at 8):
+ * on a Zen 4 the kernel benchmark measured every format faster with two threads, MXFP4
+ * and int4 most. */
+#define JB 32
 /* Output rows per down-projection work item. An item reads each picked expert's rows of its
  * block one after another, so a block is that many short streams: 64 rows keep each long
  * enough for the prefetch to run ahead where rows are short (int4's Qwen3-30B-A3B rows of

@@ -50,9 +50,10 @@ __attribute__((constructor)) static void so_fill_e4m3_tables(void) {
 }
 #endif
 
-static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *row, const void *scale, int64_t bk,
-                                                          int64_t len, const uint16_t *X, int64_t ldx, float *acc,
-                                                          const int n) {
+/* The bf16/fp8 row walk; pf: prefetch the bf16 weights ahead (a constant in each copy). */
+static inline __attribute__((always_inline)) void dot16_core(int fmt, const void *row, const void *scale, int64_t bk,
+                                                             int64_t len, const uint16_t *X, int64_t ldx, float *acc,
+                                                             const int n, const int pf) {
     __m512 a[NT][4];
     for (int t = 0; t < n; t++)
         for (int q = 0; q < 4; q++) a[t][q] = _mm512_setzero_ps();
@@ -61,7 +62,7 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
     if (fmt == SO_BF16) {
         const uint16_t *w = (const uint16_t *)row;
         for (; k + 128 <= len; k += 128) {
-            PF(w + k), PF(w + k + 32), PF(w + k + 64), PF(w + k + 96);
+            if (pf) PF(w + k), PF(w + k + 32), PF(w + k + 64), PF(w + k + 96);
             __m512i w0 = _mm512_loadu_si512((const void *)(w + k)), w1 = _mm512_loadu_si512((const void *)(w + k + 32));
             __m512i w2 = _mm512_loadu_si512((const void *)(w + k + 64)), w3 = _mm512_loadu_si512((const void *)(w + k + 96));
             for (int t = 0; t < n; t++) {
@@ -128,6 +129,15 @@ static inline __attribute__((always_inline)) void dot16_n(int fmt, const void *r
     for (int t = 0; t < n; t++) acc[t] = s[t];
 }
 
-SO_ROWS_BY_N(dot16_bf16, dot16_n, SO_BF16, uint16_t)
+#define dot16_n(fmt, row, scale, bk, len, X, ldx, acc, n) dot16_core(fmt, row, scale, bk, len, X, ldx, acc, n, 1)
+#define dot16_stream(fmt, row, scale, bk, len, X, ldx, acc, n) dot16_core(fmt, row, scale, bk, len, X, ldx, acc, n, 0)
+SO_ROWS_BY_N(dot16_bf16_pf, dot16_n, SO_BF16, uint16_t)
+SO_ROWS_BY_N(dot16_bf16_stream, dot16_stream, SO_BF16, uint16_t)
 SO_ROWS_BY_N(dot16_fp8, dot16_n, SO_FP8_BLOCK, uint16_t)
+
+static void dot16_bf16(const void *row, const void *scale, int64_t bk, int64_t len, const uint16_t *X, int64_t ldx,
+                       int n, float *acc) {
+    if (so_bf16_pf) dot16_bf16_pf(row, scale, bk, len, X, ldx, n, acc);
+    else dot16_bf16_stream(row, scale, bk, len, X, ldx, n, acc);
+}
 #endif
