@@ -108,8 +108,8 @@ def markdown(r: dict) -> str:
               f"max |path - reference| <= tol x max |reference|, the reference on the CPU; tol {TOL_F32:g} for "
               f"float32 paths, {TOL_BF16:g} for paths that round to bf16 (the kernel's too where it holds the "
               f"activation in bf16: {'yes' if r['kernel'].get('bf16_activations') else 'no'} here); the host paths "
-              f"of an MXFP4 layer against the reference with its vectors rounded to int8 as the kernel's are "
-              f"({'yes' if r['kernel'].get('int8_mxfp4') else 'no'} here).", "",
+              f"of an MXFP4 or int4 layer against the reference with its vectors rounded to int8 as the kernel's "
+              f"are, at the bf16 tolerance ({'yes' if r['kernel'].get('int8_mxfp4') else 'no'} here).", "",
               md_table(["layer", "path", "T", "max abs err", "max abs ref", "tol", "ok"],
                        [[c["shape"], c["path"], c["tokens"], fmt(c.get("max_abs_err"), 6),
                          fmt(c.get("max_abs_ref"), 3), fmt(c.get("tol"), 4) if c.get("tol") else c.get("note", ""),

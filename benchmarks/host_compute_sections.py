@@ -34,7 +34,7 @@ class Ctx:
         #: The kernel's tolerance: float32's, or bf16's where the build holds the tokens and
         #: the activation in bf16 (AVX512-BF16, as vLLM's device kernels do).
         self.kernel_tol = TOL_F32
-        #: Whether the build multiplies MXFP4 weights with int8 vectors (AVX512-VNNI).
+        #: Whether the build multiplies MXFP4 and int4 weights with int8 vectors (AVX512-VNNI, or AVX2).
         self.int8_mxfp4 = False
         self.checks: list[dict] = []
 
@@ -215,16 +215,19 @@ def measure_layer(ctx: Ctx, shape: Shape, weights, tokens: tuple[int, ...], *, v
         checked = T in CHECKED_TOKENS
         ref = [cpu_kernels.reference.moe_reference(x, i, w, weights, act) for x, i, w in sets[:2]] if checked else []
         # The host paths' oracle: the reference with the vectors rounded as the kernel rounds
-        # them (int8 for MXFP4 where the build multiplies in int8).
+        # them (int8 for MXFP4 and int4 where the build multiplies them in int8: the
+        # AVX512-BF16 build and the AVX2 one), at the tolerance of a path that rounds.
+        int8 = ctx.int8_mxfp4 and shape.fmt in ("mxfp4", "int4")
         host_ref = [cpu_kernels.reference.moe_reference(x, i, w, weights, act, int8_vectors=True)
-                    for x, i, w in sets[:2]] if checked and ctx.int8_mxfp4 and shape.fmt == "mxfp4" else ref
+                    for x, i, w in sets[:2]] if checked and int8 else ref
+        kernel_tol = TOL_BF16 if int8 else ctx.kernel_tol
         iters = ctx.iters
         paths: list[tuple[str, object, float, list]] = []
         if ctx.kernel_ok:
             outs = [torch.empty(T, shape.hidden, dtype=torch.float32) for _ in sets]
             jobs = [cpu_kernels.MoEJob(x, i, w, weights, act, out=o, threads=ctx.threads)
                     for (x, i, w), o in zip(sets, outs)]
-            paths.append(("kernel", lambda j: jobs[j].run(), ctx.kernel_tol, host_ref))
+            paths.append(("kernel", lambda j: jobs[j].run(), kernel_tol, host_ref))
             paths.append(("host_eager", lambda j: host(*on[j]), TOL_BF16, host_ref))
         if copy is not None:
             paths.append(("device_path", lambda j: copy(*on[j]), TOL_BF16, ref))

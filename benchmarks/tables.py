@@ -93,6 +93,11 @@ def _cpu_kernels(d: dict) -> tuple[str, str]:
                                                        if r["threads"] == t)
         for t in sorted({r["threads"] for r in measured}))
     claimed = ", ".join(f for f, ok in d["claims"].items() if ok) or "none"
+    build = d.get("build", "native")
+    if build != "native":
+        return (f"host-compute CPU kernels on {d['machine']}, its {build} build (as a CPU without AVX-512 compiles "
+                "them), batch 1: weights read per second / read bandwidth",
+                f"{per_threads} (at the claim bar at every thread count: {claimed}; this build claims nothing)")
     return (f"host-compute CPU kernels on {d['machine']}, batch 1: weights read per second / this machine's read "
             "bandwidth measured beside them",
             f"{per_threads} (claimed at {d['claim_bar']} or more at every thread count: {claimed})")
@@ -107,6 +112,7 @@ CPU_ROWS: tuple[tuple[str, Callable[[dict], tuple[str, str]]], ...] = (
     ("host-memory-cpu-amd-epyc-*.json", _host_memory),
     ("cpu-kernels-cpu-amd-epyc-*.json", _cpu_kernels),
     ("cpu-kernels-cpu-intel-xeon-*.json", _cpu_kernels),
+    ("cpu-kernels-avx2-cpu-amd-epyc-*.json", _cpu_kernels),
 )
 
 

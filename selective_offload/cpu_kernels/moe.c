@@ -39,6 +39,11 @@
 #if defined(SO_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #define SO_BF16DOT 1
 #endif
+/* MXFP4 and int4 weights multiply int8 vectors (rows_int8.h) on that path, and on AVX2
+ * (vpmaddubsw and vpmaddwd; vpdpbusd on 256 bits where the CPU has AVX-VNNI). */
+#if defined(SO_BF16DOT) || defined(SO_AVX2)
+#define SO_INT8DOT 1
+#endif
 
 /* int4 is W4A16 in groups: value = (nibble - z) * group scale, z = 8 for symmetric groups
  * (GPTQ's uint4b8, compressed-tensors) or the group's zero point (AWQ); one code per scale
@@ -111,7 +116,7 @@ void so_set_bf16_prefetch(int64_t on) {
 
 /* 1 where MXFP4 and int4 experts multiply int8 tokens and activations (the same path), else 0. */
 int64_t so_int8_mxfp4(void) {
-#if defined(SO_BF16DOT)
+#if defined(SO_INT8DOT)
     return 1;
 #else
     return 0;
@@ -266,8 +271,8 @@ static inline float element(int fmt, const void *row, const void *scale, int64_t
 
 
 /* Row r of matrix `which` (0: w13 [E, 2I, H], 1: w2 [E, H, I]) of expert e, dotted with n
- * vectors of X, ldx elements apart (f32; bf16 on the AVX512-BF16 path, int8 vectors of
- * q8_bytes each there for MXFP4 and int4). */
+ * vectors of X, ldx elements apart (f32; bf16 on the AVX512-BF16 path; int8 vectors of
+ * q8_bytes each for MXFP4 and int4 on the int8 paths, AVX512-BF16's and AVX2's). */
 static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const void *X, int64_t ldx, int n,
                     float *acc) {
     int64_t R = which ? j->H : 2 * j->I, C = which ? j->I : j->H;
@@ -285,7 +290,7 @@ static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const 
         int64_t g = which ? j->block_k : j->block_n, G = C / g;  /* columns per scale, groups per row */
         const uint8_t *row = (const uint8_t *)w + (e * R + r) * (C / 2), *z = which ? j->w2_zeros : j->w13_zeros;
         so_int4_row s = {(const uint16_t *)sc + (e * R + r) * G, z ? z + (e * R + r) / 2 * G : NULL, (int)(r & 1) * 4};
-#if defined(SO_BF16DOT)
+#if defined(SO_INT8DOT)
         if (j->fmt == SO_INT4_BF16) dotq_int4_bf16(row, &s, g, C, (const int8_t *)X, ldx, n, acc);
         else dotq_int4_f16(row, &s, g, C, (const int8_t *)X, ldx, n, acc);
 #else
@@ -293,7 +298,7 @@ static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const 
         else dot_int4_f16(row, &s, g, C, (xptr)X, ldx, n, acc);
 #endif
     } else if (j->fmt == SO_MXFP4) {
-#if defined(SO_BF16DOT)
+#if defined(SO_INT8DOT)
         dotq_mxfp4((const uint8_t *)w + (e * R + r) * (C / 2), (const uint8_t *)sc + (e * R + r) * (C / 32), 0, C,
                    (const int8_t *)X, ldx, n, acc);
 #else
@@ -426,7 +431,7 @@ void so_moe_job_run(void *arg) {
     memset(j->out, 0, (size_t)(T * H * 4));
     if (total == 0) { free(own); return; }
     /* The tokens in the order the format's row walk reads them (perm32, perm16), or
-     * quantised to int8 vectors (MXFP4 and int4 on the AVX512-BF16 path). */
+     * quantised to int8 vectors (MXFP4 and int4 on the int8 paths). */
 #if defined(SO_BF16DOT)
     typedef uint16_t xval;  /* X and the activation in bf16 */
 #define SO_STORE(v) f32_to_bf16(v)
@@ -436,7 +441,7 @@ void so_moe_job_run(void *arg) {
 #endif
     xval *X = (xval *)xf, *act = (xval *)actf;
     int fmt = (int)j->fmt;
-#if defined(SO_BF16DOT)
+#if defined(SO_INT8DOT)
     const int q8 = fmt == SO_MXFP4 || SO_IS_INT4(fmt);
     if (q8) {
         for (int64_t i = 0; i < T * H; i++) xf[i] = token_f32(j, i);
@@ -513,7 +518,7 @@ void so_moe_job_run(void *arg) {
             }
         }
         /* (implicit barrier) The int8 path quantises each slot's whole activation row. */
-#if defined(SO_BF16DOT)
+#if defined(SO_INT8DOT)
         if (q8) {
 #pragma omp for schedule(static)
             for (int64_t s = 0; s < total; s++) q8_quantize(fmt, actf + s * I, I, Qa + s * q8_bytes(I));

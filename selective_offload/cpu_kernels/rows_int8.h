@@ -1,7 +1,8 @@
 /* Part of moe.c's one translation unit (included once, by moe.c only): MXFP4 and int4 rows
- * dotted with int8 vectors (vpdpbusd), on the same CPUs as rows_bf16.h. */
+ * dotted with int8 vectors: vpdpbusd on 512 bits on the same CPUs as rows_bf16.h, and the
+ * same sums on 256 bits with AVX2 (below the AVX-512 kernels). */
 
-#if defined(SO_BF16DOT)
+#if defined(SO_INT8DOT)
 
 /* ---------------- MXFP4 in int8 (vpdpbusd) ----------------
  *
@@ -52,6 +53,7 @@ static void q8_quantize(int fmt, const float *x, int64_t len, int8_t *q) {
     }
 }
 
+#if defined(SO_BF16DOT)
 /* Independent sums per token: chunk c of a row adds into sum c % NA. With one sum per token
  * each chunk's multiply-add waits for the previous one, and while a chunk waits for its
  * weights from memory the chunks behind it queue on that chain instead of issuing their
@@ -190,4 +192,159 @@ static inline __attribute__((always_inline)) void dotq4_n(int fmt, const void *r
 
 SO_ROWS_BY_N(dotq_int4_bf16, dotq4_n, SO_INT4_BF16, int8_t)
 SO_ROWS_BY_N(dotq_int4_f16, dotq4_n, SO_INT4_F16, int8_t)
+#else /* AVX2 */
+
+/* ---------------- the same on AVX2 ----------------
+ *
+ * The vectors and sums of the AVX-512 kernels above, on 256 bits: a chunk of 128 elements
+ * is two 32-byte halves (blocks 0-1, then 2-3; 128-bit lane l of a half is one block), and
+ * q8_quantize's layout serves unchanged (each half's vector, sum and scale lanes are 32
+ * contiguous bytes of the chunk's). The four-product sums per int32 lane that vpdpbusd
+ * makes are vpmaddubsw (unsigned weight byte times signed vector byte, pairs added to
+ * int16) then vpmaddwd by ones (pairs added to int32): no pair can saturate int16, as a
+ * weight byte is at most 24 (MXFP4's code + 12) or 15 (int4) and a vector byte at most
+ * 127 in magnitude (2 * 24 * 127 < 32767). With AVX-VNNI (Intel since Alder Lake) the one
+ * instruction does it. Where the f32 path decoded each code to a float and multiplied it
+ * (AVX2 has no float lookup wider than a byte shuffle), this path does a byte lookup and
+ * half a multiply per weight byte: the kernel benchmark measured the f32 path far under
+ * the read bandwidth on AVX2 hosts. Each half sums into its own accumulator (two
+ * independent sums per token, as the AVX-512 kernels keep four). */
+
+/* a + the four-product sums of u (unsigned bytes) and s (signed bytes), per int32 lane. */
+static inline __m256i dp4_256(__m256i a, __m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(a, u, s);
+#else
+    // mutation: avx2-pairs-dropped
+    return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+static inline float hsum256(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_hadd_ps(h, h);
+    h = _mm_hadd_ps(h, h);
+    return _mm_cvtss_f32(h);
+}
+
+/* Half h of the chunk at k of a row of packed nibbles (w) with nb (1 or 2) of its blocks:
+ * the low and high nibbles as bytes, the absent block's zero; the row's bytes past its
+ * last block are not read. */
+static inline __attribute__((always_inline)) void nibbles_half(const uint8_t *w, int64_t k, int h, int nb,
+                                                               __m256i *lo, __m256i *hi) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const uint8_t *p = w + k / 2 + 32 * h;
+    __m256i v = nb == 2 ? _mm256_loadu_si256((const __m256i *)p)
+                        : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    *lo = _mm256_and_si256(v, low4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+}
+
+/* The row's sums for the n vectors, added up: acc[t]. */
+static inline __attribute__((always_inline)) void sums_out2(const __m256 *a, float *acc, const int n) {
+    for (int t = 0; t < n; t++) acc[t] = hsum256(_mm256_add_ps(a[2 * t], a[2 * t + 1]));
+}
+
+static inline __attribute__((always_inline)) void dotq_n(int fmt, const void *row, const void *scale, int64_t bk,
+                                                         int64_t len, const int8_t *Q, int64_t ldq, float *acc,
+                                                         const int n) {
+    (void)fmt, (void)bk;
+    const uint8_t *w = (const uint8_t *)row, *sc = (const uint8_t *)scale;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)E2M1_U8));
+    __m256 a[2 * NT];
+    for (int i = 0; i < 2 * n; i++) a[i] = _mm256_setzero_ps();
+    const __m256i half0 = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0), half1 = _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2);
+    for (int64_t k = 0; k < len; k += 128) {
+        int blocks = k + 128 <= len ? 4 : (int)((len - k) / 32);
+        /* The chunk's scale bytes as 2^(s-127) in four lanes (s = 0 reads as 0; an absent
+         * block's 0), then each half's two, one per 128-bit lane. */
+        int32_t four = 0;
+        if (blocks == 4) {
+            PF(w + k / 2);
+            memcpy(&four, sc + k / 32, 4);
+        } else {
+            memcpy(&four, sc + k / 32, (size_t)blocks);
+        }
+        // mutation: avx2-mxfp4-scale-lanes
+        __m256 s4 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(four)), 23));
+        for (int h = 0; 2 * h < blocks; h++) {
+            int nb = blocks - 2 * h >= 2 ? 2 : 1;
+            __m256i lo, hi;
+            nibbles_half(w, k, h, nb, &lo, &hi);
+            // mutation: avx2-mxfp4-nibble-order
+            lo = _mm256_shuffle_epi8(lut, lo);
+            hi = _mm256_shuffle_epi8(lut, hi);
+            __m256 sv = _mm256_permutevar8x32_ps(s4, h ? half1 : half0);
+            for (int t = 0; t < n; t++) {
+                const int8_t *x = Q + t * ldq + k / 128 * Q8_CHUNK + 32 * h;
+                __m256i d = dp4_256(_mm256_loadu_si256((const __m256i *)(x + 128)), lo,
+                                    _mm256_loadu_si256((const __m256i *)x));
+                d = dp4_256(d, hi, _mm256_loadu_si256((const __m256i *)(x + 64)));
+                a[2 * t + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
+                                               _mm256_mul_ps(sv, _mm256_loadu_ps((const float *)(x + 192))), a[2 * t + h]);
+            }
+        }
+    }
+    sums_out2(a, acc, n);
+}
+
+SO_ROWS_BY_N(dotq_mxfp4, dotq_n, SO_MXFP4, int8_t)
+
+/* int4: no table (a nibble is the value + 8 already), the group's scale and zero point per
+ * block (moe.c's int4_scale, int4_zero), as the AVX-512 kernel above. */
+static inline __attribute__((always_inline)) void dotq4_n(int fmt, const void *row, const void *scale, int64_t bk,
+                                                          int64_t len, const int8_t *Q, int64_t ldq, float *acc,
+                                                          const int n) {
+    const uint8_t *w = (const uint8_t *)row;
+    const int zeros = ((const so_int4_row *)scale)->z != NULL, whole = bk % 128 == 0;
+    int64_t group = 0, next = bk;  /* the chunk's group when groups span whole chunks (no division) */
+    __m256 chunk_s = _mm256_setzero_ps();
+    __m256i chunk_z = _mm256_setzero_si256();
+    __m256 a[2 * NT];
+    for (int i = 0; i < 2 * n; i++) a[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < len; k += 128) {
+        int blocks = k + 128 <= len ? 4 : (int)((len - k) / 32);
+        if (blocks == 4) PF(w + k / 2);
+        for (int h = 0; 2 * h < blocks; h++) {
+            int nb = blocks - 2 * h >= 2 ? 2 : 1;
+            __m256i lo, hi;
+            nibbles_half(w, k, h, nb, &lo, &hi);
+            __m256 sv;
+            __m256i zv = _mm256_setzero_si256();
+            if (whole) {  /* one group for the whole chunk: its scale and zero point, once */
+                if (h == 0) {
+                    if (k == next) group++, next += bk;
+                    chunk_s = _mm256_set1_ps(int4_scale(fmt, scale, group));
+                    if (zeros) chunk_z = _mm256_set1_epi32(int4_zero(scale, group) - 8);
+                }
+                sv = chunk_s, zv = chunk_z;
+            } else {  /* groups of 32 or 64: each block's own, the absent block's 0 */
+                float f[2] = {0, 0};
+                int32_t z[2] = {0, 0};
+                for (int l = 0; l < nb; l++) {
+                    int64_t gi = (k / 32 + 2 * h + l) * 32 / bk;
+                    f[l] = int4_scale(fmt, scale, gi);
+                    if (zeros) z[l] = int4_zero(scale, gi) - 8;
+                }
+                sv = _mm256_set_m128(_mm_set1_ps(f[1]), _mm_set1_ps(f[0]));
+                zv = _mm256_set_m128i(_mm_set1_epi32(z[1]), _mm_set1_epi32(z[0]));
+            }
+            for (int t = 0; t < n; t++) {
+                const int8_t *x = Q + t * ldq + k / 128 * Q8_CHUNK + 32 * h;
+                __m256i corr = _mm256_loadu_si256((const __m256i *)(x + 128));
+                __m256i d = dp4_256(corr, lo, _mm256_loadu_si256((const __m256i *)x));
+                d = dp4_256(d, hi, _mm256_loadu_si256((const __m256i *)(x + 64)));
+                // mutation: avx2-int4-zero-points-ignored
+                if (zeros) d = _mm256_add_epi32(d, _mm256_mullo_epi32(zv, _mm256_srai_epi32(corr, 3)));
+                a[2 * t + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
+                                               _mm256_mul_ps(sv, _mm256_loadu_ps((const float *)(x + 192))), a[2 * t + h]);
+            }
+        }
+    }
+    sums_out2(a, acc, n);
+}
+
+SO_ROWS_BY_N(dotq_int4_bf16, dotq4_n, SO_INT4_BF16, int8_t)
+SO_ROWS_BY_N(dotq_int4_f16, dotq4_n, SO_INT4_F16, int8_t)
+#endif /* AVX-512 or AVX2 */
 #endif

@@ -570,6 +570,22 @@ def test_cpu_kernels_smoke(tmp_path):
     assert result["machine"] in md and "| bf16 |" in md
 
 
+def test_cpu_kernels_avx2_build_is_written_apart_and_claims_nothing(tmp_path):
+    """``--build avx2`` measures the kernel as a CPU with only AVX2 compiles it (MXFP4 and
+    int4 on its int8 path): its result is named apart from the native build's, which alone
+    decide the claims (tests/unit/cpu_kernels/test_claimed.py reads cpu-kernels-cpu-*)."""
+    if "avx2" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("this CPU has no AVX2")
+    proc = run("bench_cpu_kernels.py", "--smoke", "--build", "avx2", "--threads", "1", "--formats", "mxfp4,int4",
+               "--out", str(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(tmp_path.glob("cpu-kernels-cpu-*"))
+    result = json.loads(only(tmp_path, "cpu-kernels-avx2-cpu-*-smoke.json").read_text())
+    assert result["build"] == "avx2" and "AVX2" in result["simd"] and "int8" in result["simd"]
+    assert "AVX512" not in result["simd"]
+    assert "claims nothing" in only(tmp_path, "cpu-kernels-avx2-cpu-*-smoke.md").read_text()
+
+
 def test_cpu_kernels_bench_refuses_bad_input_in_one_line(tmp_path):
     proc = run("bench_cpu_kernels.py", "--formats", "fp4", "--out", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

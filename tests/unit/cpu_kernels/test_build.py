@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -100,7 +102,6 @@ def test_an_edited_part_builds_into_its_own_folder_and_is_compiled(tmp_path, mon
     """moe.c includes its row kernels from parts beside it: editing one is a new build,
     and the build compiles the edited part (its new symbol is in the library)."""
     import ctypes
-    import shutil
 
     monkeypatch.setenv("SELECTIVE_OFFLOAD_KERNEL_CACHE", str(tmp_path / "cache"))
     first = build.build(quiet=True)
@@ -143,3 +144,18 @@ def test_the_build_command_compiles_once_and_prints_where(tmp_path):
     assert first.stderr.count("compiling the host-compute CPU kernels once") == 1
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert again.returncode == 0 and again.stderr == "" and again.stdout == first.stdout
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed to read the build")
+def test_the_avx2_int8_path_uses_avx_vnni_where_the_cpu_has_it():
+    """The AVX2 build's MXFP4 and int4 rows make their four-product sums with one vpdpbusd
+    on 256 bits where the CPU has AVX-VNNI (Intel since Alder Lake), else with vpmaddubsw
+    and vpmaddwd. This CPU may have neither that build nor that instruction, so both are
+    compiled for it and read, not run (the kernel tests run the one this CPU has)."""
+    def instructions(*flags: str) -> str:
+        path = build.build(("-mno-avx512f", *flags), quiet=True)
+        return subprocess.run(["objdump", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+
+    with_vnni, without = instructions("-mavxvnni"), instructions("-mno-avxvnni")
+    assert re.search(r"vpdpbusd.*%ymm", with_vnni)
+    assert not re.search(r"vpdpbusd", without) and re.search(r"vpmaddubsw.*%ymm", without)
