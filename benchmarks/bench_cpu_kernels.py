@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                  + ("prefetched in software" if lib.so_bf16_prefetch() else "not prefetched in software (an AMD CPU)")
                  + ", the other choice timed beside it)")
     if lib.so_int8_mxfp4():
-        simd += (", MXFP4 and int4 with " + ("AVX512-VNNI" if lib.so_simd_level() == 512 else "AVX2 (AVX-VNNI where present)")
+        simd += (", MXFP4 and int4 with " + ("AVX512-VNNI" if lib.so_int8_mxfp4() == 512 else "256-bit pair sums (AVX-VNNI where present)")
                  + " (tokens and activations in int8 per block of 32, int32 sums)")
     result = dict(benchmark="cpu-kernels", build=args.build, date=today(), machine=machine(), smoke=args.smoke, iters=iters, repeats=repeats,
                   threads=threads, simd=simd, claim_bar=ck.CLAIM_BAR, rows=rows, claims=claims(rows),

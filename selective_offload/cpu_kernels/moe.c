@@ -39,10 +39,14 @@
 #if defined(SO_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #define SO_BF16DOT 1
 #endif
-/* MXFP4 and int4 weights multiply int8 vectors (rows_int8.h) on that path, and on AVX2
- * (vpmaddubsw and vpmaddwd; vpdpbusd on 256 bits where the CPU has AVX-VNNI). */
-#if defined(SO_BF16DOT) || defined(SO_AVX2)
+/* MXFP4 and int4 weights multiply int8 vectors (rows_int8.h) on every SIMD build: on 512
+ * bits with vpdpbusd where the CPU has AVX512-VNNI, else on 256 bits (vpmaddubsw and
+ * vpmaddwd; vpdpbusd where it has AVX-VNNI). */
+#if defined(SO_AVX512) || defined(SO_AVX2)
 #define SO_INT8DOT 1
+#endif
+#if defined(SO_AVX512) && defined(__AVX512VNNI__)
+#define SO_INT8_512 1
 #endif
 
 /* int4 is W4A16 in groups: value = (nibble - z) * group scale, z = 8 for symmetric groups
@@ -114,10 +118,13 @@ void so_set_bf16_prefetch(int64_t on) {
 #endif
 }
 
-/* 1 where MXFP4 and int4 experts multiply int8 tokens and activations (the same path), else 0. */
+/* Where MXFP4 and int4 experts multiply int8 tokens and activations (rows_int8.h), the
+ * width of that path in bits (512 or 256), else 0. */
 int64_t so_int8_mxfp4(void) {
-#if defined(SO_INT8DOT)
-    return 1;
+#if defined(SO_INT8_512)
+    return 512;
+#elif defined(SO_INT8DOT)
+    return 256;
 #else
     return 0;
 #endif

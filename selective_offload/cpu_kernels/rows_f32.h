@@ -109,6 +109,39 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
 #elif defined(SO_AVX2)
     __m256 a[NT][2];
     for (int t = 0; t < n; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    if (fmt == SO_FP8_BLOCK && bk % 32 == 0) {
+        /* Block FP8: each scale block's products summed unscaled, then scaled once (the
+         * decoded values are the e4m3 bits as fp16, 2^-8 of their value: see decode32),
+         * and 16 codes widened per instruction: per weight byte half the instructions of
+         * decoding 32 at a time with their scale. */
+        const uint8_t *q = (const uint8_t *)row;
+        const float *sc = (const float *)scale;
+        const __m256i keep = _mm256_set1_epi16((short)0xBF80);
+        while (k < whole) {
+            int64_t end = (k / bk + 1) * bk < whole ? (k / bk + 1) * bk : whole;
+            __m256 b[NT][2];
+            for (int t = 0; t < n; t++) b[t][0] = b[t][1] = _mm256_setzero_ps();
+            for (; k < end; k += 32) {
+                PF(q + k);
+                __m256i v0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + k)));
+                __m256i v1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + k + 16)));
+                v0 = _mm256_and_si256(_mm256_slli_epi16(v0, 7), keep);
+                v1 = _mm256_and_si256(_mm256_slli_epi16(v1, 7), keep);
+                __m256 w[4] = {_mm256_cvtph_ps(_mm256_castsi256_si128(v0)), _mm256_cvtph_ps(_mm256_extracti128_si256(v0, 1)),
+                               _mm256_cvtph_ps(_mm256_castsi256_si128(v1)), _mm256_cvtph_ps(_mm256_extracti128_si256(v1, 1))};
+                for (int t = 0; t < n; t++) {
+                    const float *x = X + t * ldx + k;
+                    b[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x), b[t][0]);
+                    b[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), b[t][1]);
+                    b[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), b[t][0]);
+                    b[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), b[t][1]);
+                }
+            }
+            // mutation: avx2-fp8-block-scale
+            __m256 sv = _mm256_set1_ps(sc[(end - 1) / bk] * 256.0f);
+            for (int t = 0; t < n; t++) a[t][0] = _mm256_fmadd_ps(_mm256_add_ps(b[t][0], b[t][1]), sv, a[t][0]);
+        }
+    }
     for (; k < whole; k += 32) {
         __m256 w[4];
         decode32(fmt, row, scale, bk, k, w);

@@ -1,6 +1,7 @@
 /* Part of moe.c's one translation unit (included once, by moe.c only): MXFP4 and int4 rows
- * dotted with int8 vectors: vpdpbusd on 512 bits on the same CPUs as rows_bf16.h, and the
- * same sums on 256 bits with AVX2 (below the AVX-512 kernels). */
+ * dotted with int8 vectors: vpdpbusd on 512 bits where the CPU has AVX512-VNNI, and the
+ * same sums on 256 bits elsewhere (AVX2, and AVX-512 without VNNI: below the 512-bit
+ * kernels). */
 
 #if defined(SO_INT8DOT)
 
@@ -53,7 +54,7 @@ static void q8_quantize(int fmt, const float *x, int64_t len, int8_t *q) {
     }
 }
 
-#if defined(SO_BF16DOT)
+#if defined(SO_INT8_512)
 /* Independent sums per token: chunk c of a row adds into sum c % NA. With one sum per token
  * each chunk's multiply-add waits for the previous one, and while a chunk waits for its
  * weights from memory the chunks behind it queue on that chain instead of issuing their
@@ -192,7 +193,7 @@ static inline __attribute__((always_inline)) void dotq4_n(int fmt, const void *r
 
 SO_ROWS_BY_N(dotq_int4_bf16, dotq4_n, SO_INT4_BF16, int8_t)
 SO_ROWS_BY_N(dotq_int4_f16, dotq4_n, SO_INT4_F16, int8_t)
-#else /* AVX2 */
+#else /* 256 bits: AVX2, or AVX-512 without VNNI */
 
 /* ---------------- the same on AVX2 ----------------
  *

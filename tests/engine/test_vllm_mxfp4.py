@@ -8,7 +8,8 @@ log-probabilities: plain vLLM's greedy tokens fed back as prompts, and every pos
 log-probability of the next token under the host-compute engine within LOGPROB_TOL of
 plain vLLM's. Observed on a 2-core Intel Xeon, on three random models of this shape: 0.03
 to 0.28 for the int8 host path; 0.008 to 0.04 for the device path (the torch reference
-above the crossover), and 0.008 for the host path of the kernel's float32 build: the
+above the crossover), and 0.008 for a host path that decoded MXFP4 to float32 (the
+AVX-512 build without AVX512-BF16, before every SIMD build took the int8 path): the
 difference is int8's rounding, which random codes of uniform magnitude amplify; a wrong
 layout, a lost pick or a wrong scale moves them by whole units.
 """

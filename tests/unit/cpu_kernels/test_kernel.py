@@ -1,14 +1,14 @@
 """The compiled host-compute kernel against the pure-torch reference, every format.
 
-Tolerance: where the kernel keeps everything in float32 (the AVX-512 build without
-AVX512-BF16, plain C, and AVX2's bf16 and block FP8) it agrees with the float32 reference
-to float32 rounding over a dot product: rtol 1e-4 and atol 1e-4 of the output's largest
-magnitude (observed: near 1e-7). The AVX512-BF16 build holds the tokens and the
-activation between the two projections in bf16 (as vLLM's device kernels do), which costs
-bf16's rounding (2^-9 relative) once per element: rtol 1e-2 and atol 1e-2 of the largest
-magnitude (observed: near 2e-3). That build and the AVX2 one multiply MXFP4 and int4
-weights with int8 tokens and activations (per block of 32, as llama.cpp does for these
-weights): there the oracle is the reference with its vectors rounded the same way
+Tolerance: where the kernel keeps everything in float32 (plain C, and bf16 and block FP8
+on the builds without AVX512-BF16) it agrees with the float32 reference to float32
+rounding over a dot product: rtol 1e-4 and atol 1e-4 of the output's largest magnitude
+(observed: near 1e-7). The AVX512-BF16 build holds the tokens and the activation between
+the two projections in bf16 (as vLLM's device kernels do), which costs bf16's rounding
+(2^-9 relative) once per element: rtol 1e-2 and atol 1e-2 of the largest magnitude
+(observed: near 2e-3). Every SIMD build multiplies MXFP4 and int4 weights with int8 tokens
+and activations (per block of 32, as llama.cpp does for these weights; on 512 bits with
+AVX512-VNNI, else on 256): there the oracle is the reference with its vectors rounded the same way
 (``int8_vectors``), and the same tolerance covers a value that rounds to the other side of
 a step (observed: 1e-7 where none does, under 8e-3 where one does); what int8 costs
 against the float reference is its own test. A wrong layout or a lost pick moves outputs
@@ -54,7 +54,12 @@ def cpu_has(flag: str) -> bool:
     return any(flag in line.split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
 
 
-VARIANTS = {"native": (), "avx512-f32": ("-mno-avx512bf16",), "avx2": ("-mno-avx512f",), "plain-c": ("-DSO_NO_SIMD",)}
+#: Each build a CPU can get, compiled here by turning features off: AVX-512 without BF16
+#: (bf16 and block FP8 in float32, MXFP4 and int4 on the 512-bit int8 path: Ice Lake,
+#: Cascade Lake), AVX-512 without VNNI as well (the 256-bit int8 path in an AVX-512 build:
+#: Skylake-X), AVX2 (the 256-bit int8 path), plain C.
+VARIANTS = {"native": (), "avx512-f32": ("-mno-avx512bf16",), "avx512-no-vnni": ("-mno-avx512bf16", "-mno-avx512vnni"),
+            "avx2": ("-mno-avx512f",), "plain-c": ("-DSO_NO_SIMD",)}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -63,13 +68,16 @@ def lib(request):
         pytest.skip("this CPU has no AVX2")
     if request.param == "avx512-f32" and not (cpu_has("avx512f") and cpu_has("avx512_bf16")):
         pytest.skip("this CPU has no AVX512-BF16, so the native build is already the float32 AVX-512 one")
+    if request.param == "avx512-no-vnni" and not (cpu_has("avx512f") and cpu_has("avx512_vnni")):
+        pytest.skip("this CPU has no AVX512-VNNI, so the native build is already the one without it")
     lib = build.load(VARIANTS[request.param], quiet=True)
     if request.param == "plain-c":
-        assert lib.so_simd_level() == 0
+        assert lib.so_simd_level() == 0 and not lib.so_int8_mxfp4()
     if request.param == "avx2":
-        assert lib.so_simd_level() == 256
-    if request.param == "avx512-f32":
-        assert lib.so_simd_level() == 512 and not lib.so_bf16_activations() and not lib.so_int8_mxfp4()
+        assert lib.so_simd_level() == 256 and lib.so_int8_mxfp4() == 256
+    if request.param in ("avx512-f32", "avx512-no-vnni"):
+        width = 512 if request.param == "avx512-f32" else 256
+        assert lib.so_simd_level() == 512 and not lib.so_bf16_activations() and lib.so_int8_mxfp4() == width
     return lib
 
 
@@ -139,7 +147,7 @@ def test_bf16_rows_prefetch_by_vendor_and_compute_alike_either_way():
 def int8_build():
     lib = ck.library()
     if not lib.so_int8_mxfp4():
-        pytest.skip("this CPU has no AVX512-BF16 and AVX512-VNNI: its build has no int8 MXFP4 path")
+        pytest.skip("this CPU has no AVX2: its build (plain C) has no int8 MXFP4 path")
     return lib
 
 
