@@ -264,6 +264,7 @@ static inline __attribute__((always_inline)) void dotq_n(int fmt, const void *ro
             PF(w + k / 2);
             memcpy(&four, sc + k / 32, 4);
         } else {
+            // mutation: avx2-mxfp4-scale-tail-unmasked
             memcpy(&four, sc + k / 32, (size_t)blocks);
         }
         // mutation: avx2-mxfp4-scale-lanes

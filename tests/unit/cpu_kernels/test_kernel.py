@@ -144,20 +144,20 @@ def test_bf16_rows_prefetch_by_vendor_and_compute_alike_either_way():
     close(outs[0], oracle(x, ids, tw, w, act, lib), lib)
 
 
-def int8_build():
-    lib = ck.library()
+def int8_build(lib):
+    """``lib`` where it has the int8 path (every SIMD build: 512 or 256 bits)."""
     if not lib.so_int8_mxfp4():
-        pytest.skip("this CPU has no AVX2: its build (plain C) has no int8 MXFP4 path")
+        pytest.skip("this build (plain C) has no int8 MXFP4 path")
     return lib
 
 
 @pytest.mark.parametrize("H, I", [(256, 160), (160, 192), (192, 224), (224, 128), (608, 544), (1088, 512)])
-def test_the_int8_mxfp4_path_reads_every_tail_of_a_row(H, I):
+def test_the_int8_mxfp4_path_reads_every_tail_of_a_row(lib, H, I):
     """A row's last chunk of 128 holds 0-3 whole blocks of 32 (gpt-oss's 2880 ends in two):
     each count, in the tokens' rows (H) and the activation's (I), for one token and for a
     batch that fills the four-token step and leaves one over; and rows of four chunks and
     more, whose chunks the kernel sums in four independent sums before the tail."""
-    lib = int8_build()
+    lib = int8_build(lib)
     w = experts("mxfp4", 5, H, I, bias="f32", seed=H + I)
     act = ck.Activation("swigluoai")
     for T, K in ((1, 2), (5, 1)):
@@ -168,11 +168,11 @@ def test_the_int8_mxfp4_path_reads_every_tail_of_a_row(H, I):
         assert want.abs().max() > 0
 
 
-def test_the_int8_mxfp4_path_reads_no_scale_past_a_row():
+def test_the_int8_mxfp4_path_reads_no_scale_past_a_row(lib):
     """The last expert's last rows end in a part chunk, with their scale tensors followed
     by 0xFF bytes in memory (e8m0's NaN code): a four-byte scale load there that were not
     masked would multiply the absent blocks' zeros by infinity."""
-    lib = int8_build()
+    lib = int8_build(lib)
     H, I, E = 224, 160, 3  # w13 rows end in three blocks of their last chunk, w2 rows in one
     w = experts("mxfp4", E, H, I, seed=3)
 
@@ -199,12 +199,12 @@ def _misplaced_scales(w):
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "int4"])
-def test_int8_vectors_cost_little_against_the_float_reference(fmt):
+def test_int8_vectors_cost_little_against_the_float_reference(lib, fmt):
     """What int8 tokens and activations cost: within 5e-2 of the largest output of the
     float32 reference (observed for MXFP4: up to 3e-2 on these random experts, whose codes
     are uniform over e2m1's range; int4 here in groups of 128), and nearer to it than to the
     same experts with their scales moved one group along."""
-    lib = int8_build()
+    lib = int8_build(lib)
     if fmt == "mxfp4":
         w, act, (T, K) = make("mxfp4", bias="bf16"), ck.Activation("swigluoai"), (4, 3)
     else:
