@@ -98,7 +98,7 @@ int64_t so_bf16_activations(void) {
  * chosen when the library loads: on Intel, where it was measured to lift two threads'
  * rate; not on AMD, where the same prefetches cost a Zen 4 about a third of its rate at
  * one thread (benchmarks/results/cpu-kernels-*: the build line names the choice, and
- * bench_cpu_kernels.py --bf16-prefetch measures both). The other formats' walks decode
+ * bench_cpu_kernels.py times the other one beside it). The other formats' walks decode
  * more per byte and prefetch on both (without it MXFP4 and int4 fell on the same Zen 4).
  * 0 on builds without that path. so_set_bf16_prefetch: a benchmark or test takes the other. */
 static int so_bf16_pf = 0;
@@ -279,7 +279,7 @@ static inline float element(int fmt, const void *row, const void *scale, int64_t
 
 /* Row r of matrix `which` (0: w13 [E, 2I, H], 1: w2 [E, H, I]) of expert e, dotted with n
  * vectors of X, ldx elements apart (f32; bf16 on the AVX512-BF16 path; int8 vectors of
- * q8_bytes each for MXFP4 and int4 on the int8 paths, AVX512-BF16's and AVX2's). */
+ * q8_bytes each for MXFP4 and int4 on every SIMD build). */
 static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const void *X, int64_t ldx, int n,
                     float *acc) {
     int64_t R = which ? j->H : 2 * j->I, C = which ? j->I : j->H;
@@ -369,10 +369,9 @@ int64_t so_moe_workspace_bytes(int64_t T, int64_t K, int64_t E, int64_t H, int64
 
 /* Activation rows per up-projection work item. An item reads its gate rows, then its up
  * rows: two sequential streams of JB rows each (swigluoai's interleaved pairs: one of 2 JB).
- * 32 rather than 8 makes each stream long
- * enough for the hardware prefetcher to run ahead (int4's 1 KB rows made 8 KB streams at 8):
- * on a Zen 4 the kernel benchmark measured every format faster with two threads, MXFP4
- * and int4 most. */
+ * 32 rather than 8 makes each stream long enough for the hardware prefetcher to run ahead
+ * (int4's 1 KB rows made 8 KB streams at 8): on a Zen 4 the kernel benchmark measured every
+ * format faster with two threads, MXFP4 and int4 most. */
 #define JB 32
 /* Output rows per down-projection work item. An item reads each picked expert's rows of its
  * block one after another, so a block is that many short streams: 64 rows keep each long

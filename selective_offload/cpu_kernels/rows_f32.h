@@ -1,27 +1,17 @@
 /* Part of moe.c's one translation unit (included once, by moe.c only): the f32 row dot
- * products (AVX-512, AVX2, plain C), used where the CPU has no AVX512-BF16. */
+ * products (AVX-512, AVX2, plain C), used where the CPU has no AVX512-BF16: for bf16 and
+ * block FP8 on the SIMD builds (their MXFP4 and int4 take the int8 path, rows_int8.h), for
+ * every format in plain C. */
 
 #if defined(SO_AVX512)
-/* 32 elements from k (a multiple of 32) as two vectors, for X slots [k, k+16) and [k+16, k+32). */
+/* 32 bf16 or block-FP8 elements from k (a multiple of 32) as two vectors, for X slots [k,
+ * k+16) and [k+16, k+32). */
 static inline __attribute__((always_inline)) void decode32(int fmt, const void *row, const void *scale, int64_t bk,
                                                            int64_t k, __m512 *w0, __m512 *w1) {
     if (fmt == SO_BF16) {
         __m512i v = _mm512_loadu_si512((const void *)((const uint16_t *)row + k));
         *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
         *w1 = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
-    } else if (fmt == SO_MXFP4) {
-        static const float E2M1[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -.5f, -1, -1.5f, -2, -3, -4, -6};
-        __m512 table = _mm512_mul_ps(_mm512_loadu_ps(E2M1), _mm512_set1_ps(e8m0(((const uint8_t *)scale)[k / 32])));
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2)));
-        __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xF)), hi = _mm512_srli_epi32(v, 4);
-        *w0 = _mm512_permutexvar_ps(lo, table), *w1 = _mm512_permutexvar_ps(hi, table);
-    } else if (SO_IS_INT4(fmt)) {
-        __m512 s = _mm512_set1_ps(int4_scale(fmt, scale, k / bk));
-        __m512 eight = _mm512_set1_ps((float)int4_zero(scale, k / bk));
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2)));
-        __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xF)), hi = _mm512_srli_epi32(v, 4);
-        *w0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(lo), eight), s);
-        *w1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(hi), eight), s);
     } else {
         __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((const uint8_t *)row + k)));
         __m512i h = _mm512_and_si512(_mm512_slli_epi16(v, 7), _mm512_set1_epi16((short)0xBF80));
@@ -31,7 +21,7 @@ static inline __attribute__((always_inline)) void decode32(int fmt, const void *
     }
 }
 #elif defined(SO_AVX2)
-/* 32 elements from k as four vectors, for X slots k + 8q, q = 0..3. */
+/* 32 bf16 or block-FP8 elements from k as four vectors, for X slots k + 8q, q = 0..3. */
 static inline __attribute__((always_inline)) void decode32(int fmt, const void *row, const void *scale, int64_t bk,
                                                            int64_t k, __m256 *w) {
     if (fmt == SO_BF16) {
@@ -42,26 +32,6 @@ static inline __attribute__((always_inline)) void decode32(int fmt, const void *
         w[1] = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
         w[2] = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
         w[3] = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
-    } else if (fmt == SO_MXFP4) {
-        const __m128i table = _mm_loadu_si128((const __m128i *)E2M1_X2), low4 = _mm_set1_epi8(0x0F);
-        __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2));
-        __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(b, low4));
-        __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), low4));
-        __m256 s = _mm256_set1_ps(0.5f * e8m0(((const uint8_t *)scale)[k / 32]));
-        w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s);
-        w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s);
-        w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s);
-        w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s);
-    } else if (SO_IS_INT4(fmt)) {
-        const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8((char)int4_zero(scale, k / bk));
-        __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)row + k / 2));
-        __m128i lo = _mm_sub_epi8(_mm_and_si128(b, low4), eight);
-        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), low4), eight);
-        __m256 s = _mm256_set1_ps(int4_scale(fmt, scale, k / bk));
-        w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s);
-        w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s);
-        w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s);
-        w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s);
     } else {
         const uint8_t *p = (const uint8_t *)row + k;
         __m256 s = _mm256_set1_ps(((const float *)scale)[k / bk] * 256.0f);
@@ -201,7 +171,9 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
 }
 
 SO_ROWS_BY_N(dot_bf16, dot_n, SO_BF16, float)
-SO_ROWS_BY_N(dot_mxfp4, dot_n, SO_MXFP4, float)
 SO_ROWS_BY_N(dot_fp8, dot_n, SO_FP8_BLOCK, float)
+#if !defined(SO_INT8DOT)  /* plain C: MXFP4 and int4 decoded element by element */
+SO_ROWS_BY_N(dot_mxfp4, dot_n, SO_MXFP4, float)
 SO_ROWS_BY_N(dot_int4_bf16, dot_n, SO_INT4_BF16, float)
 SO_ROWS_BY_N(dot_int4_f16, dot_n, SO_INT4_F16, float)
+#endif
