@@ -243,6 +243,16 @@ static inline float e8m0(uint8_t s) {
     return s ? f : 0x1p-127f;
 }
 
+#if defined(SO_AVX512) || defined(SO_AVX2)
+/* The sum of a 256-bit vector's eight floats. */
+static inline float hsum256(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_hadd_ps(h, h);
+    h = _mm_hadd_ps(h, h);
+    return _mm_cvtss_f32(h);
+}
+#endif
+
 /* Element k of a row, for the tail and the plain-C path. */
 static inline float element(int fmt, const void *row, const void *scale, int64_t bk, int64_t k) {
     if (fmt == SO_BF16) return bf16_to_f32(((const uint16_t *)row)[k]);
@@ -582,10 +592,7 @@ double so_read_sum(const void *buf, int64_t nbytes, int64_t threads) {
                 a2 = _mm256_add_ps(a2, _mm256_loadu_ps(f + k + 16));
                 a3 = _mm256_add_ps(a3, _mm256_loadu_ps(f + k + 24));
             }
-            __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            h = _mm_hadd_ps(_mm_hadd_ps(h, h), _mm_hadd_ps(h, h));
-            total += _mm_cvtss_f32(h);
+            total += hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #endif
             float s = 0.0f;
             for (; k < end; k++) s += f[k];

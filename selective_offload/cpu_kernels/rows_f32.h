@@ -149,13 +149,7 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
             a[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), a[t][1]);
         }
     }
-    for (int t = 0; t < n; t++) {
-        __m256 v = _mm256_add_ps(a[t][0], a[t][1]);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        h = _mm_hadd_ps(h, h);
-        h = _mm_hadd_ps(h, h);
-        s[t] = _mm_cvtss_f32(h);
-    }
+    for (int t = 0; t < n; t++) s[t] = hsum256(_mm256_add_ps(a[t][0], a[t][1]));
 #else
     for (; k < whole; k++) {
         float w = element(fmt, row, scale, bk, k);

@@ -195,7 +195,7 @@ SO_ROWS_BY_N(dotq_int4_bf16, dotq4_n, SO_INT4_BF16, int8_t)
 SO_ROWS_BY_N(dotq_int4_f16, dotq4_n, SO_INT4_F16, int8_t)
 #else /* 256 bits: AVX2, or AVX-512 without VNNI */
 
-/* ---------------- the same on AVX2 ----------------
+/* ---------------- the same on 256 bits ----------------
  *
  * The vectors and sums of the AVX-512 kernels above, on 256 bits: a chunk of 128 elements
  * is two 32-byte halves (blocks 0-1, then 2-3; 128-bit lane l of a half is one block), and
@@ -205,11 +205,11 @@ SO_ROWS_BY_N(dotq_int4_f16, dotq4_n, SO_INT4_F16, int8_t)
  * int16) then vpmaddwd by ones (pairs added to int32): no pair can saturate int16, as a
  * weight byte is at most 24 (MXFP4's code + 12) or 15 (int4) and a vector byte at most
  * 127 in magnitude (2 * 24 * 127 < 32767). With AVX-VNNI (Intel since Alder Lake) the one
- * instruction does it. Where the f32 path decoded each code to a float and multiplied it
- * (AVX2 has no float lookup wider than a byte shuffle), this path does a byte lookup and
- * half a multiply per weight byte: the kernel benchmark measured the f32 path far under
- * the read bandwidth on AVX2 hosts. Each half sums into its own accumulator (two
- * independent sums per token, as the AVX-512 kernels keep four). */
+ * instruction does it. It replaced decoding each code to a float and multiplying it (AVX2
+ * has no float lookup wider than a byte shuffle) with a byte lookup and half a multiply per
+ * weight byte: the kernel benchmark measured that decoding far under the read bandwidth on
+ * AVX2 hosts. Each half sums into its own accumulator (two independent sums per token, as
+ * the AVX-512 kernels keep four). */
 
 /* a + the four-product sums of u (unsigned bytes) and s (signed bytes), per int32 lane. */
 static inline __m256i dp4_256(__m256i a, __m256i u, __m256i s) {
@@ -219,13 +219,6 @@ static inline __m256i dp4_256(__m256i a, __m256i u, __m256i s) {
     // mutation: avx2-pairs-dropped
     return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
-}
-
-static inline float hsum256(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_hadd_ps(h, h);
-    h = _mm_hadd_ps(h, h);
-    return _mm_cvtss_f32(h);
 }
 
 /* Half h of the chunk at k of a row of packed nibbles (w) with nb (1 or 2) of its blocks:
