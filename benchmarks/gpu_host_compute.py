@@ -45,6 +45,10 @@ one part of that:
   time with the two reads served one after the other at the kernel's rate; ``model_ratio``
   (both rates together over the kernel's alone) is what that rule is checked against: 1.0
   as priced, above it the estimate is conservative.
+- **device share** (``host_compute_share.py``): one token's layer with its first experts
+  also on the device, the GPU computing the picks that land there while the CPU computes
+  the rest, against the whole layer on the host and against its two parts alone: whether
+  the share's GPU time hides under the CPU's, as the plan's estimate prices it.
 - **dense layer** (``host_compute_dense.py``): Qwen3.8-27B's attention on the GPU and its
   block FP8 MLP on the host CPU, as one captured sequence, against the same layer with the
   MLP's bytes copied over the link (what a prefetched layer pays): whether computing a dense
@@ -68,8 +72,8 @@ parts are recorded as skipped with the reason; the kernel and the reference stil
     python benchmarks/gpu_host_compute.py [--small] [--max-seconds 25] [--threads N] [--out benchmarks/results]
 
 The pieces: ``host_compute_layers.py`` (the shapes, weights, inputs, timer, checks and
-crossover), ``host_compute_sections.py`` and ``host_compute_contention.py`` (the measurements), ``host_compute_report.py``
-(the Markdown).
+crossover), ``host_compute_sections.py``, ``host_compute_contention.py`` and ``host_compute_share.py`` (the
+measurements), ``host_compute_report.py`` (the Markdown).
 
 Writes ``host-compute-<cpu|cuda>-<machine>-<date>[-small].json`` and ``.md``. Exit status 1
 when a correctness check fails, 2 for bad input.
@@ -92,6 +96,7 @@ from _common import (  # noqa: E402
 )
 from host_compute_contention import contention  # noqa: E402
 from host_compute_dense import dense_layer  # noqa: E402
+from host_compute_share import device_share  # noqa: E402
 from host_compute_layers import (  # noqa: E402
     DENSE_MLP, SHAPES, SMALL_SHAPES, SMALL_TOKENS, TOKENS, TOL_BF16, TOL_F32, make_weights, physical_cores,
 )
@@ -124,6 +129,7 @@ def run(args) -> int:
                     "max_seconds": args.max_seconds, "tolerance": {"float32": TOL_F32, "bf16": TOL_BF16},
                     "handoff": {"status": "not reached", "rows": []}, "layers": [], "threads_sweep": [],
                     "overlap": {"status": "not reached"}, "contention": {"status": "not reached"},
+                    "device_share": {"status": "not reached"},
                     "dense_layer": {"status": "not reached"},
                     "correctness": ctx.checks, "complete": False}
     stem = result_stem("host-compute", cuda, result["device"]) + ("-small" if small else "")
@@ -175,6 +181,11 @@ def run(args) -> int:
         except Exception as exc:
             result["contention"] = {"status": _reason(exc)}
         print(f"contention: {result['contention']['status']}", flush=True)
+        try:
+            result["device_share"] = device_share(ctx, *layers[0])
+        except Exception as exc:
+            result["device_share"] = {"status": _reason(exc)}
+        print(f"device share: {result['device_share']['status']}", flush=True)
         save()
         result["dense_layer"] = next((dense_layer(ctx, s, w) for s, w in layers if s.name == DENSE_MLP),
                                      {"status": "no dense layer among the shapes"})

@@ -88,6 +88,19 @@ def markdown(r: dict) -> str:
                   f"Copies: {c['copier']}, {c['copy_bytes'] >> 20} MiB each. The plan's estimate serves a "
                   "prefetch copy and the CPU kernel one byte after the other at the kernel's rate (1.00 in "
                   "the last column); above it the estimate is conservative, below it optimistic.", ""]
+    s = r.get("device_share") or {"status": "not reached"}
+    lines += ["## Device share: the first experts on the device, computed there beside the CPU", ""]
+    if s["status"] != "measured":
+        lines += [f"Status: {s['status']}.", ""]
+    else:
+        lines += [md_table(["layer", "experts on the device", "whole layer on the host us", "with the share us",
+                            "host part alone us", "share alone us", "overlap", "shared / whole"],
+                           [[s["shape"], f"{s['on_device']} of {s['experts']} ({s['share_bytes'] / 1e6:.3g} MB)",
+                             _us(s["whole_s"]), _us(s["shared_s"]), _us(s["host_part_s"]), _us(s["share_part_s"]),
+                             fmt(s["overlap"], 2), fmt(s["shared_over_whole"], 3)]]),
+                  f"One token, {'graph replays' if s['graph'] else 'eager calls (no CUDA: the share runs on the CPU, in turn)'}. "
+                  "Overlap: (host part + share - with the share) / the shorter part (1: the share hidden under the "
+                  "CPU's time, as the plan prices it; 0: one after the other).", ""]
     d = r.get("dense_layer") or {"status": "not reached"}
     lines += ["## A dense layer: attention on the GPU, its MLP on the host CPU", ""]
     if d["status"] != "measured":

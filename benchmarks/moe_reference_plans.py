@@ -95,6 +95,21 @@ def _est(est) -> dict:
             "est_tok_s": round(est.est_tok_s, 2)}
 
 
+def _computed_row(plan) -> dict:
+    """A host-compute plan's row: which layers' experts the host CPU computes, the device
+    share of each (when the plan keeps one), and what else is offloaded."""
+    computed = [g for g in plan.groups if g.placement == "host-compute"]
+    uva_left = sorted(g.layer_index for g in plan.groups if g.placement == "host-uva")
+    share = next((g for g in computed if g.device_experts), None)
+    return {"config": f"selective: cold set + routed experts of {len(computed)} layers computed on the host CPU"
+                      + (f", the first {share.device_experts} of {share.num_experts} of each also on the device "
+                         f"({plan.device_share_bytes / GB:.2f} GB)" if share else "")
+                      + (f" + {len(uva_left)} through UVA" if uva_left else "")
+                      + (f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else ""),
+            "host_gb": round(plan.host_bytes / GB, 2), "fits": plan.strategy != "infeasible",
+            **_est(plan.est), "est_cpu_ms": round(plan.est.est_cpu_s_per_step * 1e3, 1)}
+
+
 def case_checkpoints(workdir: Path):
     """Each case's label, card (GiB), target and config-only checkpoint (its config.json
     written into ``workdir``)."""
@@ -123,13 +138,11 @@ def reference_plans(workdir: Path) -> list[dict]:
                                                 if uva_plan.hot_layer_indices else ""),
                      "host_gb": round(uva_plan.host_bytes / GB, 2), "fits": uva_plan.strategy != "infeasible",
                      **_est(uva_plan.est)})
+        if any(g.device_experts for g in plan.groups):  # the same without a device share, beside it
+            whole = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, device_share=False))
+            rows.append(_computed_row(whole))
+        rows.append(_computed_row(plan))
         computed = sorted(g.layer_index for g in plan.groups if g.placement == "host-compute")
-        uva_left = sorted(g.layer_index for g in plan.groups if g.placement == "host-uva")
-        rows.append({"config": f"selective: cold set + routed experts of {len(computed)} layers computed on the "
-                               "host CPU" + (f" + {len(uva_left)} through UVA" if uva_left else "")
-                               + (f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else ""),
-                     "host_gb": round(plan.host_bytes / GB, 2), "fits": plan.strategy != "infeasible",
-                     **_est(plan.est), "est_cpu_ms": round(plan.est.est_cpu_s_per_step * 1e3, 1)})
         record = plan.host_compute
         need = rate_for(target, plan.est, len(computed), ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS) if computed else None
         anchors = anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts)

@@ -35,7 +35,10 @@ COLOURS = {
     Serving.COMPUTE.value: "#8172b3",
     Serving.NONE.value: "#c8c8c8",
 }
-_SPARE_COLOURS = ("#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+#: A host-compute group's device share: a copy of its first experts or channels on the device.
+DEVICE_SHARE = "device share"
+COLOURS[DEVICE_SHARE] = "#64b5cd"
+_SPARE_COLOURS = ("#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#2f4b7c")
 LABELS = {
     Serving.RESIDENT.value: "device, resident",
     Serving.GATHER.value: "host, rows gathered (embedding)",
@@ -44,6 +47,7 @@ LABELS = {
     Serving.UVA.value: "host, experts read in place (UVA)",
     Serving.COMPUTE.value: "host, computed there by the CPU",
     Serving.NONE.value: "absent (not loaded)",
+    DEVICE_SHARE: "device, a copy of the first experts or MLP channels (device share)",
 }
 #: The key and legend of the bytes vLLM's cpu_offload_gb baseline puts on the host.
 CPU_OFFLOAD_GB = "cpu_offload_gb"
@@ -73,13 +77,16 @@ def picture_data(plan: Plan) -> dict[str, Any]:
     for g in plan.groups:
         experts = g.kind == "experts"
         entry = {"group": g.group, "serving": _serving(g), "bytes": g.bytes, "experts": experts}
-        if g.layer_index is not None and g.kind in (GroupKind.LAYER, "experts"):
+        if g.layer_index is not None and g.kind in (GroupKind.LAYER, GroupKind.EXPERTS, GroupKind.MLP):
             # mutation: picture-layers-not-stacked
             slot = by_layer.get(g.layer_index)
             if slot is None:
                 slot = by_layer[g.layer_index] = {"label": str(g.layer_index), "layer": g.layer_index, "stack": []}
                 slots.append(slot)
             slot["stack"].append(entry)
+            if g.device_share_bytes:
+                slot["stack"].append({"group": g.group, "serving": DEVICE_SHARE, "bytes": g.device_share_bytes,
+                                      "experts": experts})
         else:
             slots.append({"label": _short(g.group), "layer": None, "stack": [entry]})
     for slot in slots:  # the rest of a layer first, its routed experts on top
@@ -88,6 +95,8 @@ def picture_data(plan: Plan) -> dict[str, Any]:
     totals: dict[str, int] = {}
     for g in plan.groups:
         totals[_serving(g)] = totals.get(_serving(g), 0) + g.bytes
+    if plan.device_share_bytes:
+        totals[DEVICE_SHARE] = plan.device_share_bytes
 
     def step(est) -> dict[str, float]:
         hidden = min(est.est_hidden_link_s_per_step, est.est_link_s_per_step)

@@ -86,6 +86,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                        help="TP/EP ranks sharing this host's CPU and memory bandwidth (default: 1)")
     rates.add_argument("--no-host-compute", action="store_true",
                        help="compute nothing on the host CPU (host experts read through UVA, MLPs stay whole)")
+    rates.add_argument("--no-device-share", action="store_true",
+                       help="no device share: each layer's host-compute experts wholly on the host")
     work = p.add_argument_group("workload")
     work.add_argument("--speculative", default=None, metavar="mtp[:K]",
                       help="plan for MTP speculative decoding with K drafts (default K: the model's MTP layers)")
@@ -262,7 +264,7 @@ def inputs_from_args(args: argparse.Namespace, profile=None, spell: Callable[[st
         moe_setting=moe_setting(backend, deep_gemm=not args.no_deep_gemm),
         cpu_gbps=cpu, cpu_gbps_source="flag" if cpu is not None else "assumed", cpu_threads=threads,
         cpu_tflops=cpu_tflops, handoff_s=measured["handoff_s"], ranks=args.ranks,
-        host_compute=not args.no_host_compute,
+        host_compute=not args.no_host_compute, device_share=not args.no_device_share,
     )
     validated(inputs, spell)
     if inputs.device_memory_bytes == 0:

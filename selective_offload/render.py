@@ -332,7 +332,8 @@ def _device_lines(plan: Plan) -> list[str]:
     """Device memory as ``nvidia-smi`` shows it used: weights + buffers + transients + KV +
     reserve, of the card."""
     inp = plan.inputs
-    parts = [(plan.device_bytes, "weights"), (plan.prefetch_buffer_bytes, "buffers"),
+    parts = [(plan.device_bytes, "weights"), (plan.device_share_bytes, "device share"),
+             (plan.prefetch_buffer_bytes, "buffers"),
              (plan.est_transient_device_bytes, "transient"), (inp.kv_cache_bytes, "KV"),
              (inp.reserve_bytes, "reserve")]
     shown = [f"{fmt_bytes(n)} {what}" for n, what in parts if n or what == "weights"]

@@ -274,6 +274,11 @@ def _host_compute_lines(r: PlacementReport) -> list[str]:
                      + f", {fmt_bytes(int(served.get('host_bytes', 0) or 0))} of experts read; device path "
                      f"{steps(served.get('device_steps', 0))}, {served.get('device_tokens', 0)} tokens (above "
                      f"{counters.get('crossover_tokens')} tokens per step)")
+        share = counters.get("device_share")
+        if isinstance(share, dict):
+            lines[-1] += (f"; device share: {share.get('what')} on {share.get('device')} "
+                          f"({fmt_bytes(int(share.get('bytes', 0) or 0))}), "
+                          f"{served.get('device_share_picks', 0)} picks computed there")
     return lines
 
 

@@ -182,7 +182,7 @@ def host_kernel_against_plain(model, **engine_args):
     plain = generate_tokens(model, **engine_args)
     sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
     plain_lp = prompt_logprobs(model, sequences)
-    everything = compute_experts_plan(model, cpu_tflops=100.0)
+    everything = compute_experts_plan(model, cpu_tflops=100.0, device_share=False)  # the kernel computes every pick
     host_lp, host_report = with_plan(everything, lambda: prompt_logprobs(model, sequences))
     decode = decode_on_host_plan(model)
     tokens, decode_report = generate_with_plan(decode, model, strict=True, **engine_args)

@@ -19,6 +19,18 @@ def _rows(t: torch.Tensor, experts: torch.Tensor | None) -> torch.Tensor:
     return t if experts is None else t.index_select(0, experts.to(t.device, torch.long))
 
 
+_E2M1_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def _e2m1(device: torch.device) -> torch.Tensor:
+    """:data:`E2M1` on ``device``, made once: a host-to-device copy cannot be captured in a
+    CUDA graph, and the device share's path is captured (:func:`moe_picked`)."""
+    table = _E2M1_TABLES.get(device)
+    if table is None:
+        table = _E2M1_TABLES[device] = torch.tensor(E2M1, dtype=torch.float32).to(device)
+    return table
+
+
 def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None = None) -> torch.Tensor:
     """``which`` ("w13" or "w2") of the given experts (all when None) as float32
     [n, rows, columns], on the weights' device."""
@@ -29,7 +41,7 @@ def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None 
         return w.float()
     scale = _rows(getattr(weights, which + "_scale"), experts)
     if weights.fmt == "mxfp4":
-        table = torch.tensor(E2M1, dtype=torch.float32, device=w.device)
+        table = _e2m1(w.device)
         # Element 2i is byte i's low nibble, 2i+1 its high nibble.
         # mutation: mxfp4-reference-nibble-order
         codes = torch.stack((w & 0x0F, w >> 4), dim=-1).reshape(*w.shape[:-1], w.shape[-1] * 2)
@@ -122,3 +134,50 @@ def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         out.copy_(result)
         return out
     return result
+
+
+def moe_picked(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: ExpertWeights,
+               activation: Activation, *, gather_tokens: int = 8) -> torch.Tensor:
+    """The sum :func:`moe_reference` makes over the picks of ``weights``' experts (ids 0 to
+    E - 1; any other id, negative or past E, contributes nothing), without a host
+    synchronisation or a shape that depends on the routing, so a CUDA graph captures it. Up
+    to ``gather_tokens`` tokens, when the step picks fewer experts than there are, each of
+    the k pick slots gathers its tokens' experts and multiplies them batched (a decode step
+    reads the experts it picks); otherwise every expert is computed for every token and
+    weighted by its picks (the bytes read once). Weights are dequantized to float32 on the
+    way, as everywhere in this module: several times their bytes in memory traffic.
+    float32 [T, H], on the weights' device."""
+    dev = weights.w13.device
+    xf = x.to(dev, torch.float32)
+    ids = topk_ids.to(dev, torch.long)
+    E = weights.num_experts
+    inside = (ids >= 0) & (ids < E)
+    safe = torch.where(inside, ids, torch.zeros_like(ids))
+    # mutation: device-share-picks-unmasked
+    tw = torch.where(inside, topk_weights.to(dev, torch.float32), torch.zeros_like(ids, dtype=torch.float32))
+    out = torch.zeros(xf.shape[0], weights.hidden, dtype=torch.float32, device=dev)
+
+    def expert_out(w13: torch.Tensor, w2: torch.Tensor, b13, b2) -> torch.Tensor:
+        h = torch.bmm(w13, xf.unsqueeze(-1)).squeeze(-1) if w13.dim() == 3 else xf @ w13.T
+        h = h + b13.float() if b13 is not None else h
+        a = activate(h, activation)
+        y = torch.bmm(w2, a.unsqueeze(-1)).squeeze(-1) if w2.dim() == 3 else a @ w2.T
+        return y + b2.float() if b2 is not None else y
+
+    # Gather only where the step picks fewer experts than the share holds (a dense MLP's
+    # share is one expert every token takes: computed once for all tokens below).
+    if xf.shape[0] <= gather_tokens and ids.numel() < E:
+        for j in range(ids.shape[1]):
+            e = safe[:, j]
+            b13 = None if weights.w13_bias is None else weights.w13_bias.index_select(0, e)
+            b2 = None if weights.w2_bias is None else weights.w2_bias.index_select(0, e)
+            y = expert_out(dequantize(weights, "w13", e), dequantize(weights, "w2", e), b13, b2)
+            out += y * tw[:, j:j + 1]
+        return out
+    for e in range(E):
+        one = torch.full((1,), e, dtype=torch.long, device=dev)  # no host-to-device copy: capturable
+        b13 = None if weights.w13_bias is None else weights.w13_bias[e]
+        b2 = None if weights.w2_bias is None else weights.w2_bias[e]
+        y = expert_out(dequantize(weights, "w13", one)[0], dequantize(weights, "w2", one)[0], b13, b2)
+        out += y * (tw * (safe == e)).sum(-1, keepdim=True)
+    return out

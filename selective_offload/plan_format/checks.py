@@ -62,6 +62,18 @@ def check_group(g: GroupPlan, where: str) -> None:
                    f"{g.experts_per_token} of {g.num_experts}")
     elif g.kind != GroupKind.EXPERTS and (g.num_experts or g.experts_per_token):
         problem = f"num_experts and experts_per_token are for kind experts only, and this one is {g.kind}"
+    # mutation: device-experts-unchecked
+    elif g.device_experts and (g.kind != GroupKind.EXPERTS or g.placement != Placement.HOST_COMPUTE
+                               or not 0 < g.device_experts < g.num_experts):
+        problem = (f"device_experts ({g.device_experts}) is the device share of routed experts served compute, "
+                   f"between 1 and num_experts - 1 ({g.num_experts - 1}), and this group is {g.kind} served {g.serving}"
+                   if g.device_experts > 0 else f"device_experts must be >= 0, not {g.device_experts}")
+    # mutation: device-channels-unchecked
+    elif (g.device_channels or g.intermediate) and (g.kind != GroupKind.MLP or g.placement != Placement.HOST_COMPUTE
+                                                    or not 0 < g.device_channels < g.intermediate):
+        problem = (f"device_channels ({g.device_channels}) of intermediate ({g.intermediate}) is the device share of "
+                   f"a dense MLP served compute, 0 < device_channels < intermediate, and this group is {g.kind} "
+                   f"served {g.serving}")
     # mutation: mlp-kind-any-placement
     elif g.kind in KIND_ONLY_PLACEMENT and g.placement != KIND_ONLY_PLACEMENT[g.kind]:
         problem = (f"a group of kind {g.kind} is split out of its layer only to be served "

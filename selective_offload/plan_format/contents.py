@@ -47,7 +47,7 @@ from .parts import (
 from .vocabulary import KIND_ROLE, LAYER_KINDS, PREFETCH_KINDS, Role, GroupKind, Placement, Strategy
 
 #: Totals derived from the groups, written under "totals" and checked when read.
-TOTALS = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes", "host_compute_bytes",
+TOTALS = ("device_bytes", "device_share_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes", "host_compute_bytes",
           "absent_bytes", "cold_bytes",
           "weight_budget_bytes", "deficit_bytes", "shortfall_bytes", "host_shortfall_bytes")
 
@@ -90,6 +90,11 @@ class PlanContents:
     @property
     def device_bytes(self) -> int:
         return self._sum(Placement.DEVICE)
+
+    @property
+    def device_share_bytes(self) -> int:
+        """Device bytes of the host-compute experts' device shares (copies of host bytes)."""
+        return sum(g.device_share_bytes for g in self.groups)
 
     @property
     def host_cold_bytes(self) -> int:
@@ -161,7 +166,8 @@ class PlanContents:
     @property
     def shortfall_bytes(self) -> int:
         """Device memory missing for this placement (0 when it fits)."""
-        need = self.device_bytes + self.est_transient_device_bytes + self.prefetch_buffer_bytes
+        need = (self.device_bytes + self.device_share_bytes + self.est_transient_device_bytes
+                + self.prefetch_buffer_bytes)
         return max(0, need - self.weight_budget_bytes)
 
     @property
@@ -190,12 +196,16 @@ class PlanContents:
         position = {g.layer_index: i for i, g in enumerate(stack)}
         experts = tuple(
             ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement],
-                        flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1))
+                        flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1),
+                        # mutation: device-share-not-priced
+                        device_share=g.device_share)
             for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
         # A dense layer's MLP, split out to be computed on the host, is one expert every token
         # takes (E = k = 1): read whole, its FLOPs times the step's tokens.
         experts += tuple(
-            ExpertsRead(position[g.layer_index], g.bytes, 1, 1, _EXPERTS_READ[g.placement], flops_per_token(g.dtype_bytes))
+            ExpertsRead(position[g.layer_index], g.bytes, 1, 1, _EXPERTS_READ[g.placement], flops_per_token(g.dtype_bytes),
+                        # mutation: channel-share-not-priced
+                        device_share=g.device_share)
             for g in self.groups if g.kind == GroupKind.MLP and g.layer_index in position)
         other = row_host = row_device = draft = 0
         other_flops = draft_flops = 0.0

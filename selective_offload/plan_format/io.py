@@ -174,6 +174,7 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
         handoff_s=r.number("handoff_s", positive=False, default=None),
         ranks=r.int("ranks", minimum=1, default=1),
         host_compute=r.bool("host_compute", default=True),
+        device_share=r.bool("device_share", default=True),
     )
     try:
         inputs.validate()
@@ -217,6 +218,8 @@ def read_group(r: FieldReader, version: int) -> tuple[GroupPlan, list[str]]:
         est_read_bytes_per_step=read, mtp=r.bool("mtp", default=False),
         num_tensors=r.int("num_tensors", default=0), dtype_bytes=dict(dtype_bytes), shapes_digest=digest,
         num_experts=r.int("num_experts", default=0), experts_per_token=r.int("experts_per_token", default=0),
+        device_experts=r.int("device_experts", default=0),
+        device_channels=r.int("device_channels", default=0), intermediate=r.int("intermediate", default=0),
     )
     # mutation: stated-serving-trusted
     if serving is not None and serving != group.serving:
@@ -447,6 +450,9 @@ def group_to_dict(group: GroupPlan) -> dict[str, Any]:
     else:  # an unchecked value of a Plan built in Python: written as it is, for the reader to refuse
         out["location"], out["serving"] = None, group.placement
     out["dtype_bytes"] = dict(group.dtype_bytes)
+    for name in ("device_experts", "device_channels", "intermediate"):  # only a group with a device share
+        if not out[name]:
+            del out[name]
     out["est_link_bytes_per_step"] = group.est_link_bytes_per_step
     out["est_vram_bytes_per_step"] = group.est_vram_bytes_per_step
     return out

@@ -103,6 +103,29 @@ class GroupPlan:
     #: Routed experts of the layer (E) and experts per token (k); 0 for every other kind.
     num_experts: int = 0
     experts_per_token: int = 0
+    #: Host-compute routed experts only: how many of the layer's experts (the first, ids 0 to
+    #: n - 1) are also copied to the device, where the GPU computes the picks that land on
+    #: them while the CPU computes the rest (the layer's device share); 0 for every other group.
+    device_experts: int = 0
+    #: A host-compute dense MLP only: how many of its first intermediate channels (gate and up
+    #: rows, down columns) are also copied to the device, where the GPU computes them beside
+    #: the CPU, and its intermediate size I; 0 and 0 for every other group.
+    device_channels: int = 0
+    intermediate: int = 0
+
+    @property
+    def device_share(self) -> float:
+        """The share of this group's bytes also on the device (0 without a device share)."""
+        if self.device_experts:
+            return self.device_experts / self.num_experts
+        return self.device_channels / self.intermediate if self.device_channels else 0.0
+
+    @property
+    def device_share_bytes(self) -> int:
+        """Device bytes of this group's device share (its first experts, or its first channels)."""
+        if self.device_experts:
+            return self.bytes * self.device_experts // self.num_experts
+        return self.bytes * self.device_channels // self.intermediate if self.device_channels else 0
 
     @property
     def on_host(self) -> bool:

@@ -130,14 +130,23 @@ def unclaimed_reason(method: str | None, fmt: str | None) -> str:
 
 
 def host_compute_notes(record: HostCompute | None, tokens: int, bound_tokens: int | None = None,
-                       mlps: int = 0) -> list[str]:
+                       mlps: int = 0, shares: tuple[int, int, int, int, bool] | None = None) -> list[str]:
     """The plan's lines on host-compute: the rates and their sources, the thread split, the
     crossover, the tokens per step at which the CPU turns compute-bound (a verify step of
     K + 1 tokens costs it K + 1 times the FLOPs on the same bytes), and whether this plan's
-    own step (``tokens`` per step) is above the crossover."""
+    own step (``tokens`` per step) is above the crossover. ``shares``: the device shares
+    (layers, experts or channels per layer on the device, of how many, their device bytes,
+    whether they are dense MLPs' channels)."""
     if record is None:
         return []
     lines = [record.describe()]
+    if shares:
+        layers, on_device, of, nbytes, channels = shares
+        what = "MLP channels (gate and up rows, down columns)" if channels else "routed experts"
+        done = "those channels" if channels else "the picks that land there"
+        lines.append(f"host-compute: each of the {layers} layers keeps its first {on_device} of {of} {what} on the "
+                     f"device as well ({nbytes / 1e9:.3f} GB in all): the GPU computes {done} while the CPU computes "
+                     "the rest, and the layer waits for the longer (est)")
     if mlps:
         lines.append(f"host-compute: the MLPs of {mlps} dense layer{'s' if mlps != 1 else ''} are computed on the "
                      "host CPU (one expert every token takes); their attention, norms and KV stay on the GPU")

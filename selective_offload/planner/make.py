@@ -26,6 +26,7 @@ from .host_compute import claimed, cpu_format, host_compute_notes, mlp_cpu_forma
 from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
 from .placement import Placing, place_cold, place_hot, strategy_of
+from .shares import channel_shares, expert_shares
 from .speculation import with_alternative, with_draft_tokens
 
 
@@ -116,14 +117,15 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
             return f"{g.reason}; {why_not}"
         return g.reason
 
-    def placed(p: Placing, hot: list[int], **extra) -> Plan:
+    def placed(p: Placing, hot: list[int], shares: dict[str, tuple[int, int]] | None = None, **extra) -> Plan:
         computed = [g for g in p.groups if p.where[g.name] == Placement.HOST_COMPUTE]
         plan_fmt = (fmt if any(g.kind == GroupKind.EXPERTS for g in computed) else mlp_fmt) if computed else None
         return Plan(
             model=model, inputs=inputs, strategy=strategy_of(p, hot, inputs),
             groups=tuple(GroupPlan(g.name, g.kind, g.role, p.where[g.name], reason(g, p.where[g.name]), g.nbytes,
                                    g.layer_index, g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes,
-                                   g.shapes_digest, g.num_experts, g.experts_per_token) for g in p.groups),
+                                   g.shapes_digest, g.num_experts, g.experts_per_token,
+                                   *_share_fields(g.kind, (shares or {}).get(g.name))) for g in p.groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=p.transient,
             stored_prefetch_buffer_bytes=p.buffers if hot else None,
             host_compute_format=plan_fmt, **{"bulk": None, **extra})
@@ -142,12 +144,20 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                     mlp_compute=mlp_computes)
     if mlp_computes:
         placing = _keep_computed_mlps_split(checkpoint, inputs, placing)
+    shares: dict[str, tuple[int, int]] = {}
+    sharing = inputs.device_share and inputs.ranks == 1
+    split = (expert_shares(placing, inputs) if sharing and has_experts and computes and not hot else
+             channel_shares(checkpoint, inputs, placing, mlp_fmt) if sharing and mlp_computes and not has_experts
+             else None)
+    # mutation: device-shares-never-chosen
+    if split is not None and placed(split[0], [], split[1]).est.est_step_s < placed(placing, hot).est.est_step_s:
+        (placing, shares), hot = split, []
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
     # MoE: vLLM's segment selection of the routed experts is the run a user would try next.
     segments = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens, params=("experts",))
                 if bulk is not None and any(g.kind == GroupKind.EXPERTS for g in groups) else None)
-    plan = placed(placing, hot, bulk=bulk, bulk_segments=segments,
+    plan = placed(placing, hot, shares, bulk=bulk, bulk_segments=segments,
                   notes=tuple(notes + plan_notes(placing.groups, checkpoint, placing, inputs)
                               + (kernel_notes(kernel, inputs.compute_capability is None) if has_experts else [])))
     if has_experts and why_not is not None:
@@ -175,7 +185,11 @@ def _host_compute_lines(plan: Plan, tokens: int) -> tuple[str, ...]:
                                 cpu_tflops=inputs.host_cpu_tflops, handoff_s=inputs.host_handoff_s, ranks=inputs.ranks)
         bound = host_compute_bound_tokens(plan.traffic().experts, settings)
     mlps = sum(1 for g in plan.groups if g.kind == GroupKind.MLP)
-    return tuple(host_compute_notes(record, tokens, bound, mlps))
+    split = [g for g in plan.groups if g.device_share_bytes]
+    shares = None if not split else (len(split), split[0].device_experts or split[0].device_channels,
+                                     split[0].num_experts or split[0].intermediate, plan.device_share_bytes,
+                                     split[0].kind == GroupKind.MLP)
+    return tuple(host_compute_notes(record, tokens, bound, mlps, shares))
 
 
 def _restate_step(plan: Plan, placed_tokens: int) -> Plan:
@@ -188,6 +202,13 @@ def _restate_step(plan: Plan, placed_tokens: int) -> Plan:
     kept = tuple(n for n in plan.notes if n not in old)
     at = next((i for i, n in enumerate(plan.notes) if n in old), len(kept))
     return replace(plan, notes=kept[:at] + new + kept[at:])
+
+
+def _share_fields(kind: GroupKind, share: tuple[int, int] | None) -> tuple[int, int, int]:
+    """A group's device_experts, device_channels and intermediate from its share (count, I)."""
+    if share is None:
+        return 0, 0, 0
+    return (share[0], 0, 0) if kind == GroupKind.EXPERTS else (0, *share)
 
 
 def dense_layers_of(groups) -> set[int]:

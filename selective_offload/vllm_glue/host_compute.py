@@ -340,9 +340,20 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
     if setting is None:
         raise PlanError(f"{group}: the plan computes these routed experts on the host but states no crossover "
                         f"(host_compute); make the plan again")
-    experts = HostExperts(group, weights_of(module, fmt, shared, getattr(method, "weight_block_size", None), method),
-                          activation_of(group, module), crossover_tokens=setting.crossover_tokens,
-                          threads=threads_of(setting), device=device, host_mask=host_mask_of(module))
+    weights = weights_of(module, fmt, shared, getattr(method, "weight_block_size", None), method)
+    host_mask = host_mask_of(module)
+    on_device = next((g.device_experts for g in plan.groups if g.group == group), 0)
+    if on_device and host_mask is not None:
+        raise PlanError(f"{group}: the plan keeps a device share of {on_device} of these routed experts, and vLLM "
+                        "runs them expert-parallel; plan without expert parallelism (a device share is planned for "
+                        "one rank)")
+    if on_device >= weights.num_experts:
+        raise PlanError(f"{group}: the plan keeps a device share of {on_device} routed experts, and vLLM built "
+                        f"{weights.num_experts} here; make the plan again for this model")
+    experts = HostExperts(group, weights, activation_of(group, module), crossover_tokens=setting.crossover_tokens,
+                          threads=threads_of(setting), device=device, host_mask=host_mask,
+                          # mutation: device-share-ignored
+                          device_share=weights.leading(on_device, device) if on_device else None)
     # mutation: host-compute-not-installed
     module._replace_quant_method(method_class()(method, experts))
     return experts
@@ -350,8 +361,17 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
 
 def mechanism(experts: HostExperts) -> str:
     threads = experts.threads or "all"
+    share = experts.share
     return (f"{MECHANISM}: kernel {experts.weights.fmt}, {threads} threads; steps of more than "
-            f"{experts.crossover_tokens} tokens copy the experts they use to the device")
+            f"{experts.crossover_tokens} tokens copy the experts they use to the device"
+            + ("" if share is None else f"; {_share_words(experts)} also on {share.w13.device} "
+               f"({share.nbytes} bytes), computed there beside the CPU"))
+
+
+def _share_words(experts: HostExperts) -> str:
+    share = experts.share
+    return (f"channels 0-{share.intermediate - 1}" if experts.share_channels
+            else f"experts 0-{share.num_experts - 1}")
 
 
 def live_counters(experts: HostExperts):
@@ -359,7 +379,12 @@ def live_counters(experts: HostExperts):
     weights (the model belongs to vLLM and is released with it)."""
     counts, fixed = experts.counts, {"crossover_tokens": experts.crossover_tokens, "kernel": experts.weights.fmt,
                                      "threads": experts.threads}
-    return lambda: {"host_compute": counts.as_dict(), **fixed}
+    share = experts.share
+    if share is None:
+        return lambda: {"host_compute": counts.as_dict(), **fixed}
+    fixed["device_share"] = {"what": _share_words(experts), "bytes": share.nbytes, "device": str(share.w13.device)}
+    picks = experts.share_picks
+    return lambda: {"host_compute": {**counts.as_dict(), "device_share_picks": int(picks.item())}, **fixed}
 
 
 def refuse_graphs_above_crossover(plan: Plan | None, vllm_config: Any, device: torch.device) -> None:
@@ -492,6 +517,44 @@ def relayout_after_reload(mlp: nn.Module) -> None:
         method.process_weights_after_loading = process_weights_after_loading
 
 
+def split_mlp(group: str, weights: ExpertWeights, channels: int,
+              device: torch.device) -> tuple[ExpertWeights, ExpertWeights | None]:
+    """The MLP's host part and its device share (the first ``channels`` channels copied to
+    ``device``), rearranged in the MLP's own storage (:func:`cpu_kernels.channels.split_channels`);
+    without a share, the MLP as it is and ``None``."""
+    from ..cpu_kernels.channels import split_channels
+
+    if not channels:
+        return weights, None
+    try:
+        host, share = split_channels(weights, channels)
+    except ValueError as exc:
+        raise PlanError(f"{group}: the plan keeps the first {channels} channels of this MLP on the device, and they "
+                        f"cannot be split off here ({exc}); plan with --no-device-share") from None
+    # mutation: channel-share-not-copied
+    return host, share.leading(1, device)
+
+
+def resplit_after_reload(group: str, mlp: nn.Module, experts: HostExperts, fmt: str, channels: int) -> None:
+    """A reload copies the checkpoint's layout into the same tensors (and GPTQ's rows are
+    rewritten again by :func:`relayout_after_reload`): split them again in place, the host
+    part where the kernel reads it, and copy the new share into the device tensors a
+    captured graph holds."""
+    down = mlp.down_proj
+    original = down.quant_method.process_weights_after_loading
+
+    def process_weights_after_loading(layer, _original=original):
+        _original(layer)
+        # mutation: channel-resplit-skipped
+        if layer is down:  # both projections reloaded
+            host, share = split_mlp(group, mlp_weights(group, mlp, fmt), channels, torch.device("cpu"))
+            experts.weights = host
+            for name, t in share.tensors().items():
+                getattr(experts.share, name).copy_(t)
+
+    down.quant_method.process_weights_after_loading = process_weights_after_loading
+
+
 def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) -> HostExperts:
     """Serve the dense MLP ``mlp`` on the host CPU from now on: an MoE of one expert that
     every token takes, through the same host experts and op as routed experts. With tensor
@@ -504,10 +567,14 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) ->
     if setting is None:
         raise PlanError(f"{group}: the plan computes this MLP on the host but states no crossover (host_compute); "
                         "make the plan again")
-    experts = HostExperts(group, mlp_weights(group, mlp, fmt), Activation("silu"),
-                          crossover_tokens=setting.crossover_tokens, threads=threads_of(setting), device=device)
+    channels = next((g.device_channels for g in plan.groups if g.group == group), 0)
+    weights, share = split_mlp(group, mlp_weights(group, mlp, fmt), channels, device)
+    experts = HostExperts(group, weights, Activation("silu"), crossover_tokens=setting.crossover_tokens,
+                          threads=threads_of(setting), device=device, device_share=share, share_channels=True)
     if fmt == "int4" and not isinstance(getattr(mlp.gate_up_proj, "weight_packed", None), torch.Tensor):
         relayout_after_reload(mlp)  # GPTQ's rows, rewritten at install
+    if channels:
+        resplit_after_reload(group, mlp, experts, fmt, channels)
     key = register(experts)
     down = mlp.down_proj
     reduce = bool(getattr(down, "reduce_results", True)) and int(getattr(down, "tp_size", 1) or 1) > 1

@@ -93,10 +93,22 @@ class HostExperts:
 
     ``host_mask``: which experts live here (a bool/uint8 tensor of E); picks of the others
     (and ids < 0) are left to whoever computes them and contribute nothing here.
+
+    ``device_share``: the first experts' weights copied to the device (the layer's device
+    share, :meth:`ExpertWeights.leading`): the device computes the picks that land on them
+    (:func:`cpu_kernels.reference.moe_picked`, plain torch ops a CUDA graph captures) and
+    the host the rest, at or below the crossover as above it. On CUDA the host path is
+    queued on a side stream forked from the current one, so the device share runs while
+    the CPU computes, and the current stream waits for both before the sum.
+    ``share_channels``: the share is not the first experts but the first intermediate
+    channels of every expert (a dense MLP's, :func:`cpu_kernels.channels.split_channels`;
+    ``weights`` then holds the other channels): every pick is computed on both sides and
+    the two sums added.
     """
 
     def __init__(self, group: str, weights: ExpertWeights, activation: Activation, *, crossover_tokens: int,
-                 threads: int | None, device: torch.device, host_mask: torch.Tensor | None = None):
+                 threads: int | None, device: torch.device, host_mask: torch.Tensor | None = None,
+                 device_share: ExpertWeights | None = None, share_channels: bool = False):
         if crossover_tokens < 0:
             raise ValueError(f"{group}: the crossover must be a number of tokens >= 0, not {crossover_tokens}")
         self.group = group
@@ -105,7 +117,22 @@ class HostExperts:
         self.crossover_tokens = int(crossover_tokens)
         self.threads = threads
         self.device = torch.device(device)
+        self.share = device_share
+        if device_share is not None and share_channels and device_share.num_experts != weights.num_experts:
+            raise ValueError(f"{group}: a share of channels holds every expert ({weights.num_experts}), not "
+                             f"{device_share.num_experts}")
+        if device_share is not None and not share_channels:
+            mask = (torch.ones(weights.num_experts, dtype=torch.bool) if host_mask is None
+                    else host_mask.to(torch.bool).clone())
+            # mutation: device-share-also-on-host
+            mask[:device_share.num_experts] = False
+            host_mask = mask
+        if device_share is not None:
+            #: Picks the device share computed, counted on its device (no synchronisation).
+            self.share_picks = torch.zeros((), dtype=torch.long, device=device_share.w13.device)
+        self.share_channels = share_channels
         self.host_mask = host_mask
+        self._side_stream = None  # the host path's stream beside a device share (CUDA)
         self.counts = ServingCounts()
         self._host_function = None  # made on the first CUDA step (:mod:`.host_function`)
         self._slots: dict[tuple, Slot] = {}
@@ -120,7 +147,8 @@ class HostExperts:
         # mutation: crossover-inverted
         if tokens <= self.crossover_tokens:
             return self._on_host(x, topk_ids, topk_weights)
-        return self._on_device(x, topk_ids, topk_weights)
+        out = self._on_device(x, topk_ids, topk_weights)
+        return out if self.share is None else (out.float() + self._on_share(x, topk_ids, topk_weights)).to(x.dtype)
 
     __call__ = forward
 
@@ -133,14 +161,41 @@ class HostExperts:
 
             if self._host_function is None:
                 self._host_function = HostFunction(self)
-            out = self._host_function.enqueue(x, topk_ids, topk_weights)
+            out = (self._host_function.enqueue(x, topk_ids, topk_weights) if self.share is None
+                   else self._beside_share(x, topk_ids, topk_weights))
             self.counts.host.add(tokens, None)  # the CPU's time is the host function's, off this thread
             return out
         start = time.perf_counter()
-        # mutation: host-output-halved
-        out = self.compute_on_host(x, topk_ids, topk_weights).to(x.dtype, copy=True)  # the buffer is reused
+        out = self.compute_on_host(x, topk_ids, topk_weights)  # a buffer the next step reuses
         self.counts.host.add(tokens, time.perf_counter() - start)
-        return out
+        if self.share is not None:
+            out = out + self._on_share(x, topk_ids, topk_weights)
+        # mutation: host-output-halved
+        return out.to(x.dtype, copy=True)
+
+    def _beside_share(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """CUDA: the host path on a side stream forked from the current one, the device share
+        on the current stream meanwhile, joined before the sum (a graph captures the fork
+        and the join as it captures the host function)."""
+        main = torch.cuda.current_stream(x.device)
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(x.device)
+        side = self._side_stream
+        # Made on the current stream, which waits for the side stream before it reads (or
+        # frees) it or the inputs the side stream reads: no record_stream needed.
+        host = torch.empty((x.shape[0], x.shape[1]), dtype=torch.float32, device=x.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            self._host_function.enqueue(x, topk_ids, topk_weights, out=host)
+        share = self._on_share(x, topk_ids, topk_weights)
+        main.wait_stream(side)
+        return (host + share).to(x.dtype)
+
+    def _on_share(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The picks that land on the device share, computed where it lives (float32)."""
+        ids = topk_ids.to(self.share.w13.device)
+        self.share_picks += ((ids >= 0) & (ids < self.share.num_experts)).sum()
+        return cpu_kernels.reference.moe_picked(x, ids, topk_weights, self.share, self.activation)
 
     def compute_on_host(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The kernel on host tensors (float32 [T, H], a buffer reused by the next step of

@@ -69,13 +69,18 @@ class HostFunction:
         """``experts``: the :class:`~.host_compute.HostExperts` whose host path this is."""
         self.experts = experts
 
-    def enqueue(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    def enqueue(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """Queue the host path on the current stream; the result in ``x``'s dtype, or written
+        into ``out`` (float32 [T, H] on the device) and returned as it is."""
+        given = out is not None
         slot = self.experts.slot(x, topk_ids, pinned=True)
         stream = torch.cuda.current_stream(x.device)
         slot.x.copy_(x, non_blocking=True)
         slot.ids.copy_(topk_ids.to(torch.int32), non_blocking=True)
         slot.weights.copy_(topk_weights.to(torch.float32), non_blocking=True)
         launch_host_function(stream, slot.job.function_pointer, slot.job.address)
-        out = torch.empty(slot.out.shape, dtype=torch.float32, device=x.device)
+        if out is None:
+            out = torch.empty(slot.out.shape, dtype=torch.float32, device=x.device)
         out.copy_(slot.out, non_blocking=True)
-        return out.to(x.dtype)
+        return out if given else out.to(x.dtype)

@@ -120,8 +120,11 @@ def computed(moe, compute_plan):
 
 
 def test_the_compute_plan_puts_routed_experts_on_the_host_cpu(compute_plan):
+    """Every layer's routed experts computed on the host, the first five of each also on the
+    device (the room the planner left: its device share)."""
     computed_groups = [g for g in compute_plan.groups if g.placement == Placement.HOST_COMPUTE]
-    assert computed_groups and all(g.kind == GroupKind.EXPERTS for g in computed_groups)
+    assert len(computed_groups) == 4 and all(g.kind == GroupKind.EXPERTS for g in computed_groups)
+    assert all(g.device_experts == 5 for g in computed_groups) and compute_plan.shortfall_bytes == 0
     assert not compute_plan.host_uva_bytes
     assert 4 <= compute_plan.host_compute.crossover_tokens < sum(len(p) for p in PROMPTS)
 
@@ -149,10 +152,16 @@ def test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device(com
         assert served["device_steps"] >= 1 and served["device_tokens"] >= sum(len(p) for p in PROMPTS)
         assert served["host_steps"] >= MAX_TOKENS - 1 and served["host_bytes"] > 0
         assert served["host_s_per_step"] > 0
+        # the device share: experts 0-4 copied to the compute device, their picks computed there
+        share = report.transfers[name]["device_share"]
+        assert share == {"what": "experts 0-4", "bytes": 5 * EXPERTS_BYTES_LOADED // 8, "device": "cpu"}
+        assert served["device_share_picks"] > 0
+        assert "experts 0-4 also on cpu" in g.mechanism
     assert report.loaded_host_compute_bytes == report.landed_host_compute_bytes == len(names) * EXPERTS_BYTES_LOADED
     text = report.render()
     assert "compute on host: planned" in text
     assert f"compute {names[0]} (as of now): host CPU " in text and "device path 1 step, 14 tokens" in text
+    assert "; device share: experts 0-4 on cpu" in text
 
 
 # ------------------------------------------------- host-compute on the C kernel, in bf16
@@ -169,7 +178,7 @@ def test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs(moe, plain_tokens):
     ops). With a crossover above the whole prefill, every expert of the teacher-forced
     sequences (the prompts and plain vLLM's greedy tokens) is computed by the C kernel."""
     sequences = [list(p) + t for p, t in zip(PROMPTS, plain_tokens)]
-    plan = compute_experts_plan(moe, cpu_tflops=100.0)
+    plan = compute_experts_plan(moe, cpu_tflops=100.0, device_share=False)  # every pick on the C kernel
     assert plan.host_compute.crossover_tokens >= sum(map(len, sequences))
     selective_offload.disable()
     plain = prompt_logprobs(moe, sequences)

@@ -63,7 +63,14 @@ def test_small_run_records_what_it_measured_and_why_the_cuda_parts_were_not(smal
         assert small["bandwidth"]["read_gbps"] > 0 and small["bandwidth"]["threads"] == small["threads"]
         checked = {(c["shape"], c["path"], c["tokens"]) for c in small["correctness"]}
         assert checked == {(s.name, p, t) for s in hl.SMALL_SHAPES for p in ("kernel", "host_eager")
-                           for t in hl.CHECKED_TOKENS} | {(hl.DENSE_MLP, "dense layer (attention + host MLP)", 1)}
+                           for t in hl.CHECKED_TOKENS} | {(hl.DENSE_MLP, "dense layer (attention + host MLP)", 1),
+                                                         (hl.SMALL_SHAPES[0].name, "device_share", 1)}
+        share = small["device_share"]
+        assert share["status"] == "measured" and share["graph"] is False
+        assert 1 <= share["on_device"] < share["experts"] == hl.SMALL_SHAPES[0].experts and share["share_bytes"] > 0
+        for part in ("whole_s", "shared_s", "host_part_s", "share_part_s"):
+            assert share[part]["n"] >= 3 and share[part]["median"] > 0, part
+        assert share["shared_over_whole"] == pytest.approx(share["shared_s"]["median"] / share["whole_s"]["median"])
         dense = small["dense_layer"]
         assert dense["status"] == "measured" and dense["graph"] is False and "stand-in" in dense["copy"]
         assert dense["mlp_bytes"] == next(L["layer_bytes"] for L in small["layers"] if L["shape"] == hl.DENSE_MLP)

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("matplotlib", reason="the picture needs matplotlib (the `picture` extra)")
 
 from selective_offload.picture import COLOURS, draw, picture_data  # noqa: E402
+from selective_offload.sizes import GiB  # noqa: E402
 from selective_offload.plan_format import GroupKind, Placement  # noqa: E402
 
 from helpers import REPO  # noqa: E402
@@ -48,12 +49,18 @@ def test_every_group_is_drawn_by_serving_beside_cpu_offload_gb():
     plan = make_plan_picture.reference_plan()
     layers = [s for s in data["slots"] if s["layer"] is not None]
     assert [s["layer"] for s in layers] == list(range(64))
-    drawn = {e["group"]: e for s in data["slots"] for e in s["stack"]}
+    drawn = {e["group"]: e for s in data["slots"] for e in s["stack"] if e["serving"] != "device share"}
     assert set(drawn) == {g.group for g in plan.groups}
     assert all(drawn[g.group]["serving"] == g.serving and drawn[g.group]["bytes"] == g.bytes for g in plan.groups)
     assert drawn["model.embed_tokens"]["serving"] == "gather"
+    # each MLP's device share drawn on its layer, beside the MLP it copies
+    shares = {e["group"]: e["bytes"] for s in layers for e in s["stack"] if e["serving"] == "device share"}
+    assert plan.device_share_bytes and shares == {g.group: g.device_share_bytes for g in plan.groups
+                                                  if g.device_share_bytes}
     selective, bulk = data["rows"]
-    assert sum(selective["bytes"].values()) == sum(bulk["bytes"].values()) == plan.model.total_bytes
+    assert selective["bytes"]["device share"] == plan.device_share_bytes
+    assert sum(selective["bytes"].values()) - plan.device_share_bytes == sum(bulk["bytes"].values()) \
+        == plan.model.total_bytes
     assert bulk["bytes"]["cpu_offload_gb"] == plan.bulk.offloaded_bytes and bulk["layers"] == list(plan.bulk.layers_touched)
     st = selective["step"]
     assert st["est_link_exposed_s"] + st["est_link_hidden_s"] == pytest.approx(plan.est.est_link_s_per_step)
@@ -69,7 +76,13 @@ def moe_plan():
     module has never heard of (on a layer group, which the step model prices as resident:
     an unknown way of reading experts cannot be priced at all). Built by hand so that the
     picture sees every placement at once, which no single planner plan has."""
-    plan = make_plan_picture.reference_plan()
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.cli import BUNDLED
+    from selective_offload.planner import PlanInputs, make_plan
+
+    # without host-compute: every decoder layer one group, as the hand split below expects
+    plan = make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]),
+                     PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10.0, host_compute=False))
     groups = []
     for g in plan.groups:
         if g.kind != GroupKind.LAYER:

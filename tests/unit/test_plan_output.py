@@ -60,7 +60,7 @@ def test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_col
     assert len(lines) <= 20, out
     assert max(len(line) for line in lines) <= 80, out
     # device memory as nvidia-smi adds it up, host bytes of whose RAM
-    used = (plan.device_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
+    used = (plan.device_bytes + plan.device_share_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
             + plan.inputs.kv_cache_bytes + plan.inputs.reserve_bytes)
     assert f"= {fmt_bytes(used)} of {fmt_bytes(plan.inputs.device_memory_bytes)}" in out
     assert used <= plan.inputs.device_memory_bytes
@@ -75,9 +75,12 @@ def test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_col
     record = plan.host_compute
     assert any(line.startswith(f"cpu    {record.format} at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source})")
                and f"crossover {record.crossover_tokens} tokens/step" in line for line in lines)
-    # one formatter: adaptive units, no "0.000 GB"
-    assert f"{fmt_bytes(plan.host_hot_bytes)} prefetched" in out and "0.000 GB" not in out
-    assert fmt_bytes(plan.prefetch_buffer_bytes).strip().endswith("MB") and fmt_bytes(plan.prefetch_buffer_bytes) in out
+    # one formatter: adaptive units, no "0.000 GB" (the plan without a device share prefetches layers)
+    assert f"{fmt_bytes(plan.device_share_bytes)} device share" in out and "0.000 GB" not in out
+    code, whole, _ = run(capsys, *REFERENCE, "--no-device-share")
+    hot = planned(capsys, *REFERENCE, "--no-device-share")
+    assert hot.hot_layer_indices and f"{fmt_bytes(hot.host_hot_bytes)} prefetched" in whole and "0.000 GB" not in whole
+    assert fmt_bytes(hot.prefetch_buffer_bytes).strip().endswith("MB") and fmt_bytes(hot.prefetch_buffer_bytes) in whole
     code, verbose, _ = run(capsys, *REFERENCE, "--verbose")
     assert "0.000 GB" not in verbose and "model.norm" in verbose and "kB" in verbose
 

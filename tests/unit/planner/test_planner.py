@@ -323,16 +323,20 @@ def test_the_planning_page_host_compute_rows_are_what_the_planner_says(reference
         est = p.est
         mlps = sum(1 for g in p.groups if g.kind == "mlp")
         host = p.host_cold_bytes + p.host_hot_bytes + p.host_compute_bytes
-        what = (f"{mlps} MLPs on the CPU, {len(p.hot_layer_indices)} hot layers" if mlps
-                else f"{len(p.hot_layer_indices)} hot layers")
+        share = next((g for g in p.groups if g.device_channels), None)
+        what = (f"{mlps} MLPs on the CPU" + (f", the first {share.device_channels} of {share.intermediate} channels "
+                                              "of each also on the device" if share else "")
+                + f", {len(p.hot_layer_indices)} hot layers" if mlps else f"{len(p.hot_layer_indices)} hot layers")
         return (f"| {label}: {what} | {host / GB:.2f} GB ({p.host_compute_bytes / GB:.2f} compute) | "
                 f"{est.est_link_s_per_step * 1e3:.0f} ms | {est.est_cpu_s_per_step * 1e3:.0f} ms | "
                 f"{est.est_step_s * 1e3:.0f} ms | {est.est_tok_s:.2f} |")
 
     k1 = {"speculative": "mtp", "spec_tokens": 1}
     rows = [row("selective, fp8-block unclaimed", plan(False)),
+            row("selective, fp8-block claimed, no device share", plan(True, device_share=False)),
             row("selective, fp8-block claimed", plan(True)),
             row("selective + MTP K=1, fp8-block unclaimed", plan(False, **k1)),
+            row("selective + MTP K=1, fp8-block claimed, no device share", plan(True, device_share=False, **k1)),
             row("selective + MTP K=1, fp8-block claimed", plan(True, **k1))]
     missing = [r for r in rows if r not in readme]
     assert not missing, missing

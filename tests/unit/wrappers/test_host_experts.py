@@ -141,3 +141,57 @@ def test_the_op_is_opaque_to_torch_compile():
     compiled = torch.compile(layer, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x, ids, w), layer(x, ids, w))
     assert he.counts.host.steps == 2
+
+
+# ---- a device share: the first experts copied to the device, computed there beside the host
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 9])
+def test_a_device_share_computes_its_picks_and_the_host_the_rest_on_both_paths(tokens):
+    """Three of eight experts copied to the "device" (the CPU here): the sum is the
+    reference's over every pick, the host counts only the bytes of the experts it computed,
+    and the share counts the picks that landed on it."""
+    weights = bf16_weights(bias=True)
+    share = weights.leading(3, "cpu")
+    assert share.w13.data_ptr() != weights.w13.data_ptr() and share.num_experts == 3
+    act = Activation("swigluoai", alpha=1.702, limit=7.0)
+    he = experts(crossover=4, weights=weights, activation=act, device_share=share)
+    x, ids, w = routing(tokens)
+    want = moe_reference(x, ids, w, weights, act)
+    torch.testing.assert_close(he(x, ids, w).float(), want, rtol=2e-2, atol=2e-3)
+    assert int(he.share_picks) == int((ids < 3).sum())
+    if tokens <= 4:
+        assert he.counts.host_bytes == len(set(i for i in ids.flatten().tolist() if i >= 3)) * weights.expert_bytes
+
+
+def test_a_share_with_every_pick_on_it_leaves_the_host_nothing_to_add():
+    weights = bf16_weights()
+    he = experts(crossover=4, weights=weights, device_share=weights.leading(2, "cpu"))
+    x, ids, w = routing(2)
+    ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
+    want = moe_reference(x, ids, w, weights, he.activation)
+    torch.testing.assert_close(he(x, ids, w).float(), want, rtol=2e-2, atol=2e-3)
+    assert he.counts.host_bytes == 0 and int(he.share_picks) == 4
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block", "int4"])
+@pytest.mark.parametrize("tokens", [1, 3, 12])
+def test_the_share_path_matches_the_reference_without_a_synchronisation(fmt, tokens):
+    """``moe_picked`` (what a CUDA graph captures: no routing-dependent shape) against the
+    reference over the picks inside the share, gathered and per-expert alike; picks past the
+    share and negative ids add nothing."""
+    from selective_offload.cpu_kernels.reference import moe_picked
+    from selective_offload.cpu_kernels.weights import random_experts
+
+    weights = random_experts(fmt, 8, 128, 64, seed=3)
+    share = weights.leading(5, "cpu")
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, 128, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(tokens)]).to(torch.int32)
+    ids[0, 1] = -1
+    w = torch.rand(tokens, 2, generator=g)
+    inside = torch.where((ids >= 0) & (ids < 5), ids, torch.full_like(ids, -1))
+    want = moe_reference(x, inside, w, weights, Activation("silu"))
+    for gather in (0, 64):
+        got = moe_picked(x, ids, w, share, Activation("silu"), gather_tokens=gather)
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)  # float32, summed in another order

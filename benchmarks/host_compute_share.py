@@ -1,0 +1,76 @@
+"""The host-compute section's device-share measurement (``gpu_host_compute.py`` runs it after
+the contention): one MoE layer with its first experts copied to the device, the GPU computing
+the picks that land there while the host CPU computes the rest. What it is for is
+:func:`device_share`'s docstring."""
+
+from __future__ import annotations
+
+from host_compute_layers import ROUTINGS, TOL_BF16, Shape, activation, capture, check, make_inputs, timed
+from host_compute_sections import Ctx
+
+#: The share of a layer's experts copied to the device: about the share the planner gives the
+#: reference plans on their cards (docs/usage/moe.md's table).
+SHARE = 0.3
+
+
+def device_share(ctx: Ctx, shape: Shape, weights) -> dict:
+    """One token's layer served three ways, each a graph replay on CUDA (eager without):
+    the whole layer on the host CPU (``whole``); the same with the first experts also on the
+    device (``shared``: :class:`HostExperts` with ``device_share``, its host path on a side
+    stream forked from the current one, the device share on the current stream meanwhile);
+    and its two parts alone: the host path over the experts off the share (``host_part``)
+    and the share's torch path on the device (``share_part``). ``overlap`` is (host_part +
+    share_part - shared) / the shorter part: 1 when the GPU's share hides under the CPU's
+    time, as the plan's estimate prices it, 0 when the two run one after the other.
+
+    Without CUDA the "device" is the CPU and the two parts run in turn: the section checks
+    the code path and the sum, not the overlap."""
+    if not ctx.kernel_ok:
+        return {"status": ctx.kernel}
+    import torch
+
+    from selective_offload import cpu_kernels
+    from selective_offload.wrappers.host_compute import HostExperts
+
+    act = activation(shape)
+    on_device = max(1, round(SHARE * shape.experts))
+    if on_device >= shape.experts:
+        return {"status": f"{shape.name} has {shape.experts} experts: no share leaves the host any"}
+    share = weights.leading(on_device, ctx.device)
+    mask = torch.ones(shape.experts, dtype=torch.bool)
+    mask[:on_device] = False
+
+    def made(**kw):
+        return HostExperts(shape.name, weights, act, crossover_tokens=1, threads=ctx.threads, device=ctx.device, **kw)
+
+    whole, shared, host_part = made(), made(device_share=share), made(host_mask=mask)
+    sets = make_inputs(shape, 1, 2 if ctx.small else ROUTINGS, seed=31)
+    on = [tuple(t.to(ctx.device) for t in s) for s in sets]
+    x_in, i_in, w_in = (t.clone() for t in on[0])
+
+    def share_part(x, i, w):
+        return cpu_kernels.reference.moe_picked(x, i, w, share, act)
+
+    ref = cpu_kernels.reference.moe_reference(*sets[0], weights, act,
+                                              int8_vectors=ctx.int8_mxfp4 and shape.fmt in ("mxfp4", "int4"))
+    ctx.checks.append({"shape": shape.name, **check("device_share", 1, shared(*on[0]), ref, TOL_BF16)})
+    out: dict = {"status": "measured", "shape": shape.name, "tokens": 1, "experts": shape.experts,
+                 "on_device": on_device, "share_bytes": share.nbytes, "graph": ctx.cuda}
+    budget = 0.02
+    for name, fn in (("whole", whole), ("shared", shared), ("host_part", host_part), ("share_part", share_part)):
+        if ctx.cuda:  # a graph per path, fed by copying each routing into its captured inputs
+            graph, _ = capture(lambda fn=fn: fn(x_in, i_in, w_in))
+
+            def prepare(j):
+                for dst, src in zip((x_in, i_in, w_in), on[j]):
+                    dst.copy_(src)
+
+            out[f"{name}_s"] = timed(lambda j: graph.replay(), len(on), ctx.iters, True, ctx.deadline(budget),
+                                     prepare=prepare)
+        else:
+            out[f"{name}_s"] = timed(lambda j, fn=fn: fn(*on[j]), len(on), ctx.iters, False, ctx.deadline(budget))
+    med = {k: out[f"{k}_s"]["median"] for k in ("whole", "shared", "host_part", "share_part")}
+    shorter = min(med["host_part"], med["share_part"])
+    out["overlap"] = (med["host_part"] + med["share_part"] - med["shared"]) / shorter if shorter else None
+    out["shared_over_whole"] = med["shared"] / med["whole"] if med["whole"] else None
+    return out

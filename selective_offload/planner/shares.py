@@ -1,0 +1,120 @@
+"""Device shares: a host-compute layer split between the GPU and the CPU.
+
+A layer computed on the host a layer at a time leaves the GPU waiting while the CPU works
+(the layer's output is the next layer's input). With a device share, every layer's
+host-compute work is on the host and part of each layer's bytes is also copied to the
+device, where the GPU computes it while the CPU computes the rest; the layer waits for the
+longer (``estimate.device_share_time``). The device's reads then hide under the CPU's time
+instead of adding to the step, and every layer's CPU work shrinks alike. KTransformers'
+``gpu_experts_mask`` and SGLang's KT wrapper split MoE layers this way.
+
+- **Routed experts** (:func:`expert_shares`): the same number of each layer's first
+  experts on the device.
+- **A dense MLP** (:func:`channel_shares`): the same number of each layer's first
+  intermediate channels (gate and up rows, down columns), whole scale blocks or groups.
+
+The share is as large as the device memory the placement leaves once every layer's work is
+on the host and nothing is prefetched. The host keeps every byte too (a layer's experts, or
+an MLP's projections, are one tensor each there), so the host memory checked must hold all
+of them. Each function returns the candidate placement and its shares, or ``None``; the
+caller keeps whichever placement the step model prices faster.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from ..checkpoint import Checkpoint
+from ..plan_format import GroupKind, Placement, PlanInputs
+from .grouping import group_tensors
+from .kernels import quantization_config
+from .placement import Placing, host_shortfall
+
+#: Channels a dense MLP's share is a multiple of, at least: a block FP8 checkpoint's 128-row
+#: blocks (and its block columns), int4's groups (whichever is larger, as a common multiple).
+CHANNEL_ALIGN = 128
+
+
+def _room(trial: Placing, inputs: PlanInputs) -> int | None:
+    """Device bytes the trial placement leaves free; ``None`` when its host bytes do not fit."""
+    # mutation: device-share-host-unchecked
+    if host_shortfall(trial, inputs):  # every layer's bytes on the host must fit its memory too
+        return None
+    return -trial.over_budget()
+
+
+def expert_shares(p: Placing, inputs: PlanInputs) -> tuple[Placing, dict[str, tuple[int, int]]] | None:
+    """Every decoder layer's routed experts computed on the host, and the first ``m`` of each
+    also on the device, as many as the room holds (``m`` < E)."""
+    experts = [g for g in p.groups if g.kind == GroupKind.EXPERTS and not g.mtp
+               and p.where[g.name] in (Placement.DEVICE, Placement.HOST_COMPUTE)]
+    if not any(p.where[g.name] == Placement.HOST_COMPUTE for g in experts):
+        return None
+    trial = Placing(p.groups, p.budget)
+    trial.where = {**p.where, **{g.name: Placement.HOST_COMPUTE for g in experts}}
+    trial.transient, trial.buffers = p.transient, 0
+    room = _room(trial, inputs)
+    if room is None:
+        return None
+    per_expert = sum(g.nbytes / g.num_experts for g in experts)
+    share = min(int(room // per_expert) if room > 0 else 0, min(g.num_experts for g in experts) - 1)
+    while share > 0 and sum(g.nbytes * share // g.num_experts for g in experts) > room:
+        share -= 1
+    return (trial, {g.name: (share, 0) for g in experts}) if share > 0 else None
+
+
+def intermediate_size(config: Mapping[str, Any]) -> int | None:
+    """A dense model's MLP intermediate size from its config (or its ``text_config``)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
+    value = config.get("intermediate_size", text.get("intermediate_size"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def channel_align(config: Mapping[str, Any]) -> int:
+    """The multiple a dense MLP's share of channels is cut at: :data:`CHANNEL_ALIGN`, or a
+    common multiple with the checkpoint's FP8 blocks or int4 groups when they are larger."""
+    qc = quantization_config(config)
+    sizes = [CHANNEL_ALIGN]
+    block = qc.get("weight_block_size")
+    if isinstance(block, (list, tuple)):
+        sizes += [b for b in block if isinstance(b, int) and b > 0]
+    group = qc.get("group_size", qc.get("q_group_size"))
+    if isinstance(group, int) and group > 0:
+        sizes.append(group)
+    return math.lcm(*sizes)
+
+
+def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
+                   fmt: str | None) -> tuple[Placing, dict[str, tuple[int, int]]] | None:
+    """Every dense layer's MLP computed on the host (a group of its own), the rest of each
+    layer resident, nothing prefetched, and the first ``n`` intermediate channels of every
+    MLP also on the device (``n`` a multiple of :func:`channel_align`, below I). Only for a
+    placement that already serves hot bytes from the host: a model the device holds (with
+    its cold set on the host) stays resident."""
+    I = intermediate_size(checkpoint.config)
+    align = channel_align(checkpoint.config)
+    # mutation: channel-share-without-a-deficit
+    hot_on_host = any(w in (Placement.HOST_COMPUTE, Placement.HOST_HOT) for w in p.where.values())
+    if fmt is None or I is None or I <= align or not hot_on_host:  # only where the cold set was not enough
+        return None
+    groups = group_tensors(checkpoint, inputs, split_mlp=True)
+    trial = Placing(groups, p.budget)
+    for g in groups:
+        if g.kind == GroupKind.MLP:
+            trial.where[g.name] = Placement.HOST_COMPUTE
+        elif g.kind == GroupKind.LAYER:
+            trial.where[g.name] = Placement.DEVICE
+        elif g.name in p.where:
+            trial.where[g.name] = p.where[g.name]
+    trial.transient, trial.buffers = p.transient, 0
+    mlps = [g for g in groups if g.kind == GroupKind.MLP]
+    room = _room(trial, inputs)
+    if not mlps or room is None or room <= 0:
+        return None
+    per_channel = sum(g.nbytes / I for g in mlps)
+    # mutation: channel-share-unaligned
+    n = min(int(room // per_channel) // align * align, (I - 1) // align * align)
+    while n > 0 and sum(g.nbytes * n // I for g in mlps) > room:
+        n -= align
+    return (trial, {g.name: (n, I) for g in mlps}) if n > 0 else None

@@ -1,0 +1,123 @@
+"""A device share of the host-compute experts: every layer's routed experts computed on the
+host, the first few of each also copied to the device, where the GPU computes the picks
+that land there while the CPU computes the rest. Each figure is recomputed by hand from
+the inputs the test chooses (the checkpoint of test_host_compute.py: 8 experts of 10 MB a
+layer, 2 per token)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from builders import MB
+from selective_offload.errors import PlanError
+from selective_offload.estimate import ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS
+from selective_offload.plan_format import Plan
+from selective_offload.render import render_plan
+from test_host_compute import EXPERTS_BYTES, E, K, computed, moe, plan_of
+
+
+def shared(ckpt, short_mb, **kw):
+    return plan_of(ckpt, ckpt.total_bytes / MB - short_mb, **{"device_share": True, **kw})
+
+
+def test_the_room_left_holds_the_same_first_experts_of_every_layer_and_the_step_is_faster():
+    ckpt = moe(4)
+    # 300 MB short: the embedding (100 MB) goes cold; with every layer's experts (4 x 80 MB)
+    # on the host 120 MB of the budget is free: 3 experts of 10 MB in each of the 4 layers.
+    plan = shared(ckpt, 300)
+    host = computed(plan)
+    assert len(host) == 4 and all(g.device_experts == 3 for g in host)
+    assert plan.device_share_bytes == 4 * 3 * EXPERTS_BYTES // E and plan.shortfall_bytes == 0
+    assert plan.device_bytes + plan.device_share_bytes + plan.est_transient_device_bytes <= plan.weight_budget_bytes
+    # the CPU reads only the picks off the share: 5/8 of a step's k/E of each layer
+    per_layer = EXPERTS_BYTES * K / E * (1 - 3 / E) / (REFERENCE_CPU_GBPS * 1e9) + ASSUMED_HANDOFF_S
+    assert plan.est.est_cpu_s_per_step == pytest.approx(4 * per_layer, rel=1e-9)
+    whole = shared(ckpt, 300, device_share=False)
+    assert all(not g.device_experts for g in whole.groups) and len(computed(whole)) == 3
+    assert plan.est.est_step_s < whole.est.est_step_s
+    assert any("keeps its first 3 of 8 routed experts on the device" in n for n in plan.notes)
+    text = render_plan(plan, verbose=True)
+    assert "keeps its first 3 of 8 routed experts on the device" in text
+    assert "+ 120.0 MB device share = 260.0 MB of 260.0 MB" in text
+
+
+def test_no_share_when_the_room_holds_less_than_one_expert_a_layer_or_ranks_share_the_host():
+    ckpt = moe(4)
+    # 400 MB short: with every layer's experts on the host 20 MB is free, less than 4 x 10 MB
+    tight = shared(ckpt, 400)
+    assert not any(g.device_experts for g in tight.groups) and tight.device_share_bytes == 0
+    two = shared(ckpt, 300, ranks=2)
+    assert not any(g.device_experts for g in two.groups)
+    # the host keeps every expert of a shared layer: 420 MB, more than 400 MB of host memory
+    small_host = shared(ckpt, 300, host_memory_bytes=400 * MB)
+    assert not any(g.device_experts for g in small_host.groups) and small_host.strategy == "hot_offload"
+    assert shared(ckpt, 300, host_memory_bytes=420 * MB).device_share_bytes == 120 * MB
+
+
+def test_the_share_round_trips_and_a_share_the_plan_cannot_hold_is_refused_in_one_line():
+    ckpt = moe(4)
+    plan = shared(ckpt, 300)
+    data = json.loads(plan.to_json())
+    groups = {g["group"]: g for g in data["groups"]}
+    assert [g.get("device_experts") for g in groups.values() if g["serving"] == "compute"] == [3] * 4
+    assert all("device_experts" not in g for g in groups.values() if g["serving"] != "compute")
+    assert data["totals"]["device_share_bytes"] == plan.device_share_bytes
+    back = Plan.from_dict(data)
+    assert back.groups == plan.groups and back.est == plan.est and back.device_share_bytes == plan.device_share_bytes
+
+    def refused(edit, match):
+        bad = json.loads(plan.to_json())
+        edit(bad)
+        with pytest.raises(PlanError, match=match) as info:
+            Plan.from_dict(bad)
+        assert "\n" not in str(info.value)
+
+    first = next(i for i, g in enumerate(data["groups"]) if g["serving"] == "compute")
+    refused(lambda d: d["groups"][first].update(device_experts=E), "device_experts")
+    attn = next(i for i, g in enumerate(data["groups"]) if g["serving"] == "resident")
+    refused(lambda d: d["groups"][attn].update(device_experts=1), "device_experts")
+    refused(lambda d: d["totals"].update(device_share_bytes=0), "device_share_bytes")
+
+
+# ---- a dense MLP's share: its first intermediate channels
+
+
+def test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks():
+    from test_mlp_host_compute import MLP, dense
+    from test_mlp_host_compute import I as INTERMEDIATE
+    from test_mlp_host_compute import plan_of as dense_plan
+
+    ckpt = dense(8, intermediate_size=INTERMEDIATE)
+    # 150 MB short: the embedding (100 MB) goes cold, the MLPs close the rest
+    plan = dense_plan(ckpt, ckpt.total_bytes / MB - 150)
+    shared_mlps = [g for g in plan.groups if g.kind == "mlp"]
+    assert len(shared_mlps) == 8 and not plan.hot_layer_indices and plan.shortfall_bytes == 0
+    n = shared_mlps[0].device_channels
+    assert all((g.device_channels, g.intermediate) == (n, INTERMEDIATE) for g in shared_mlps) and n % 128 == 0
+    room = plan.weight_budget_bytes - plan.device_bytes - plan.est_transient_device_bytes
+    assert plan.device_share_bytes == 8 * (MLP * n // INTERMEDIATE) <= room
+    assert 8 * (MLP * (n + 128) // INTERMEDIATE) > room or n + 128 >= INTERMEDIATE  # the most whole blocks that fit
+    per_layer = MLP * (1 - n / INTERMEDIATE) / (REFERENCE_CPU_GBPS * 1e9) + ASSUMED_HANDOFF_S
+    assert plan.est.est_cpu_s_per_step == pytest.approx(8 * per_layer, rel=1e-9)
+    whole = dense_plan(ckpt, ckpt.total_bytes / MB - 150, device_share=False)
+    assert not whole.device_share_bytes and plan.est.est_step_s < whole.est.est_step_s
+    assert any(f"keeps its first {n} of {INTERMEDIATE} MLP channels (gate and up rows, down columns) on the device"
+               in x for x in plan.notes)
+    data = json.loads(plan.to_json())
+    back = Plan.from_dict(data)
+    assert back.groups == plan.groups and back.device_share_bytes == plan.device_share_bytes
+    mlp_at = next(i for i, g in enumerate(data["groups"]) if g["kind"] == "mlp")
+    layer_at = next(i for i, g in enumerate(data["groups"]) if g["kind"] == "layer")
+    for index, change in ((mlp_at, {"device_channels": INTERMEDIATE}), (layer_at, {"device_channels": 128,
+                                                                               "intermediate": INTERMEDIATE})):
+        bad = json.loads(plan.to_json())
+        bad["groups"][index].update(change)
+        with pytest.raises(PlanError, match="device_channels"):
+            Plan.from_dict(bad)
+    # a model the device holds once its embedding is on the host stays resident: no share
+    fits = dense_plan(ckpt, ckpt.total_bytes / MB - 50)
+    assert fits.strategy == "cold_offload" and not fits.device_share_bytes and not fits.host_compute_bytes
+    # without the config's intermediate size no share is planned (nothing to cut it at)
+    assert not dense_plan(dense(8), dense(8).total_bytes / MB - 150).device_share_bytes
