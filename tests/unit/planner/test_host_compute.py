@@ -54,6 +54,15 @@ EXPERTS_BYTES = 80 * MB
 FLOPS_PER_TOKEN = 2 * (EXPERTS_BYTES / 2) * K / E  # 2 FLOPs per bf16 parameter, k of E experts
 
 
+def refused_edit(plan, edit, match) -> None:
+    """``plan`` written, changed by ``edit`` (its JSON data), read back: refused in one line."""
+    bad = json.loads(plan.to_json())
+    edit(bad)
+    with pytest.raises(PlanError, match=match) as info:
+        Plan.from_dict(bad)
+    assert "\n" not in str(info.value)
+
+
 def computed(plan):
     return [g for g in plan.groups if g.placement == "host-compute"]
 
@@ -187,11 +196,7 @@ def test_host_compute_round_trips_and_a_stated_field_that_disagrees_is_refused(t
     assert back.host_compute == plan.host_compute and back.host_compute.threads == 6
 
     def refused(edit, match):
-        bad = json.loads(plan.to_json())
-        edit(bad)
-        with pytest.raises(PlanError, match=match) as info:
-            Plan.from_dict(bad)
-        assert "\n" not in str(info.value)
+        refused_edit(plan, edit, match)
 
     refused(lambda d: d["host_compute"].update(crossover_tokens=d["host_compute"]["crossover_tokens"] + 1),
             "host_compute.crossover_tokens says")
