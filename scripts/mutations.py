@@ -324,7 +324,7 @@ MUTATIONS = {
  'device-channels-unchecked': ('    elif (g.device_channels or g.intermediate) and (g.kind != GroupKind.MLP or g.placement != Placement.HOST_COMPUTE', '    elif False and (g.kind != GroupKind.MLP or g.placement != Placement.HOST_COMPUTE', ['tests/unit/planner/test_device_share.py::test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks']),
  'channel-share-not-copied': ('    return host, share.leading(1, device)', '    return host, share', ['tests/unit/vllm_glue/test_mlp_share.py::test_a_split_mlp_computes_the_whole_and_a_reload_is_split_again']),
  'channel-resplit-skipped': ('        if layer is down:  # both projections reloaded', '        if False:', ['tests/unit/vllm_glue/test_mlp_share.py::test_a_split_mlp_computes_the_whole_and_a_reload_is_split_again']),
- 'channel-share-unaligned': ('    n = min(int(room // per_channel) // align * align, (I - 1) // align * align)', '    n = min(int(room // per_channel), I - 1)', ['tests/unit/planner/test_device_share.py::test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks']),
+ 'channel-share-unaligned': ('    n = _most_that_fit([(g.nbytes, I) for g in mlps], room, align, I - 1)', '    n = _most_that_fit([(g.nbytes, I) for g in mlps], room, 1, I - 1)', ['tests/unit/planner/test_device_share.py::test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks']),
  'channel-share-without-a-deficit': ('    hot_on_host = any(w in (Placement.HOST_COMPUTE, Placement.HOST_HOT) for w in p.where.values())', '    hot_on_host = True', ['tests/unit/planner/test_device_share.py::test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks']),
 }
 

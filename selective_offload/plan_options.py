@@ -87,7 +87,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     rates.add_argument("--no-host-compute", action="store_true",
                        help="compute nothing on the host CPU (host experts read through UVA, MLPs stay whole)")
     rates.add_argument("--no-device-share", action="store_true",
-                       help="no device share: each layer's host-compute experts wholly on the host")
+                       help="no device share: each layer's host-compute experts or MLP wholly on the host")
     work = p.add_argument_group("workload")
     work.add_argument("--speculative", default=None, metavar="mtp[:K]",
                       help="plan for MTP speculative decoding with K drafts (default K: the model's MTP layers)")

@@ -47,8 +47,8 @@ from .parts import (
 from .vocabulary import KIND_ROLE, LAYER_KINDS, PREFETCH_KINDS, Role, GroupKind, Placement, Strategy
 
 #: Totals derived from the groups, written under "totals" and checked when read.
-TOTALS = ("device_bytes", "device_share_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes", "host_compute_bytes",
-          "absent_bytes", "cold_bytes",
+TOTALS = ("device_bytes", "device_share_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes",
+          "host_compute_bytes", "absent_bytes", "cold_bytes",
           "weight_budget_bytes", "deficit_bytes", "shortfall_bytes", "host_shortfall_bytes")
 
 #: Where the step model reads a placed experts group from.
@@ -93,7 +93,7 @@ class PlanContents:
 
     @property
     def device_share_bytes(self) -> int:
-        """Device bytes of the host-compute experts' device shares (copies of host bytes)."""
+        """Device bytes of the host-compute groups' device shares (copies of host bytes)."""
         return sum(g.device_share_bytes for g in self.groups)
 
     @property

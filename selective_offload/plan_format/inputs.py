@@ -167,8 +167,8 @@ class PlanInputs:
     #: Whether the planner may serve routed experts compute (False: ``--no-host-compute``, for
     #: a runtime without the CPU kernels; host experts are then read through UVA).
     host_compute: bool = True
-    #: Whether the planner may keep a device share of the host-compute experts (False:
-    #: ``--no-device-share``; every layer's routed experts are then on the host or the device).
+    #: Whether the planner may keep a device share of the host-compute layers (False:
+    #: ``--no-device-share``; every layer's experts or MLP are then on the host or the device).
     device_share: bool = True
 
     @property

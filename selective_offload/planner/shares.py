@@ -57,11 +57,20 @@ def expert_shares(p: Placing, inputs: PlanInputs) -> tuple[Placing, dict[str, tu
     room = _room(trial, inputs)
     if room is None:
         return None
-    per_expert = sum(g.nbytes / g.num_experts for g in experts)
-    share = min(int(room // per_expert) if room > 0 else 0, min(g.num_experts for g in experts) - 1)
-    while share > 0 and sum(g.nbytes * share // g.num_experts for g in experts) > room:
-        share -= 1
+    share = _most_that_fit([(g.nbytes, g.num_experts) for g in experts], room, 1,
+                           min(g.num_experts for g in experts) - 1)
     return (trial, {g.name: (share, 0) for g in experts}) if share > 0 else None
+
+
+def _most_that_fit(groups: list[tuple[int, int]], room: int, step: int, most: int) -> int:
+    """The largest multiple of ``step``, at most ``most``, such that that many units of every
+    group (``(bytes, units)``: its bytes over its experts or channels, rounded down) fit in
+    ``room`` bytes together; 0 when not even one step does."""
+    per_unit = sum(nbytes / units for nbytes, units in groups)
+    n = min(int(room // per_unit) // step * step if room > 0 else 0, most // step * step)
+    while n > 0 and sum(nbytes * n // units for nbytes, units in groups) > room:
+        n -= step
+    return max(n, 0)
 
 
 def intermediate_size(config: Mapping[str, Any]) -> int | None:
@@ -112,9 +121,6 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     room = _room(trial, inputs)
     if not mlps or room is None or room <= 0:
         return None
-    per_channel = sum(g.nbytes / I for g in mlps)
     # mutation: channel-share-unaligned
-    n = min(int(room // per_channel) // align * align, (I - 1) // align * align)
-    while n > 0 and sum(g.nbytes * n // I for g in mlps) > room:
-        n -= align
+    n = _most_that_fit([(g.nbytes, I) for g in mlps], room, align, I - 1)
     return (trial, {g.name: (n, I) for g in mlps}) if n > 0 else None
