@@ -236,8 +236,13 @@ class PlanContents:
     def host_cold_groups(self) -> list[str]:
         return [g.group for g in self.groups if g.placement == Placement.HOST_COLD]
 
+    def group_of(self, group: str) -> GroupPlan | None:
+        """The group named ``group`` (``None``: the plan has none)."""
+        return next((g for g in self.groups if g.group == group), None)
+
     def placement_of(self, group: str) -> Placement | None:
-        return next((g.placement for g in self.groups if g.group == group), None)
+        found = self.group_of(group)
+        return None if found is None else found.placement
 
     def totals(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in TOTALS}

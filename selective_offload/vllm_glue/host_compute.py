@@ -38,6 +38,7 @@ from torch import nn
 
 from .. import cpu_kernels
 from ..cpu_kernels import Activation, ExpertWeights
+from ..cpu_kernels.channels import split_channels
 from ..errors import PlanError
 from ..plan_format import Plan
 from ..planner import kernels
@@ -342,7 +343,8 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
                         f"(host_compute); make the plan again")
     weights = weights_of(module, fmt, shared, getattr(method, "weight_block_size", None), method)
     host_mask = host_mask_of(module)
-    on_device = next((g.device_experts for g in plan.groups if g.group == group), 0)
+    planned = plan.group_of(group)
+    on_device = planned.device_experts if planned is not None else 0
     if on_device and host_mask is not None:
         raise PlanError(f"{group}: the plan keeps a device share of {on_device} of these routed experts, and vLLM "
                         "runs them expert-parallel; plan without expert parallelism (a device share is planned for "
@@ -522,8 +524,6 @@ def split_mlp(group: str, weights: ExpertWeights, channels: int,
     """The MLP's host part and its device share (the first ``channels`` channels copied to
     ``device``), rearranged in the MLP's own storage (:func:`cpu_kernels.channels.split_channels`);
     without a share, the MLP as it is and ``None``."""
-    from ..cpu_kernels.channels import split_channels
-
     if not channels:
         return weights, None
     try:
@@ -547,7 +547,7 @@ def resplit_after_reload(group: str, mlp: nn.Module, experts: HostExperts, fmt: 
         _original(layer)
         # mutation: channel-resplit-skipped
         if layer is down:  # both projections reloaded
-            host, share = split_mlp(group, mlp_weights(group, mlp, fmt), channels, torch.device("cpu"))
+            host, share = split_channels(mlp_weights(group, mlp, fmt), channels)  # it fitted at install
             experts.weights = host
             for name, t in share.tensors().items():
                 getattr(experts.share, name).copy_(t)
@@ -567,7 +567,8 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) ->
     if setting is None:
         raise PlanError(f"{group}: the plan computes this MLP on the host but states no crossover (host_compute); "
                         "make the plan again")
-    channels = next((g.device_channels for g in plan.groups if g.group == group), 0)
+    planned = plan.group_of(group)
+    channels = planned.device_channels if planned is not None else 0
     weights, share = split_mlp(group, mlp_weights(group, mlp, fmt), channels, device)
     experts = HostExperts(group, weights, Activation("silu"), crossover_tokens=setting.crossover_tokens,
                           threads=threads_of(setting), device=device, device_share=share, share_channels=True)

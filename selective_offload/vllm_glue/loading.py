@@ -468,7 +468,8 @@ def whole_tower_over_budget(plan, group: str, mechanism: str) -> list[str]:
     the plan budgeted less (it counted two blocks, not knowing vLLM compiles them)."""
     if not mechanism.startswith("on demand, whole"):
         return []
-    planned = next((g.bytes for g in plan.groups if g.group == group), 0)
+    found = plan.group_of(group)
+    planned = found.bytes if found is not None else 0
     # mutation: whole-tower-budget-unchecked
     if planned <= plan.est_transient_device_bytes:
         return []
