@@ -1,6 +1,7 @@
 """The host-compute section's device-share measurement (``gpu_host_compute.py`` runs it after
-the contention): one MoE layer with its first experts copied to the device, the GPU computing
-the picks that land there while the host CPU computes the rest. What it is for is
+the contention): one MoE layer with its first experts held on the device (in bf16, as the
+worker holds them), the GPU computing the picks that land there while the host CPU computes
+the rest. What it is for is
 :func:`device_share`'s docstring."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from __future__ import annotations
 from host_compute_layers import ROUTINGS, TOL_BF16, Shape, activation, capture, check, make_inputs, timed
 from host_compute_sections import Ctx
 
-#: The share of a layer's experts copied to the device: about the share the planner gives the
-#: reference plans on their cards (docs/usage/moe.md's table).
+#: The share of a layer's experts held on the device: about the share the planner gives the
+#: bf16 reference plan on its card (docs/usage/moe.md's table).
 SHARE = 0.3
 
 
@@ -30,13 +31,14 @@ def device_share(ctx: Ctx, shape: Shape, weights) -> dict:
     import torch
 
     from selective_offload import cpu_kernels
+    from selective_offload.estimate import ExpertsRead, device_share_traffic
     from selective_offload.wrappers.host_compute import HostExperts
 
     act = activation(shape)
     on_device = max(1, round(SHARE * shape.experts))
     if on_device >= shape.experts:
         return {"status": f"{shape.name} has {shape.experts} experts: no share leaves the host any"}
-    share = weights.leading(on_device, ctx.device)
+    share = cpu_kernels.reference.held_share(weights, on_device, ctx.device)
     mask = torch.ones(shape.experts, dtype=torch.bool)
     mask[:on_device] = False
 
@@ -55,7 +57,12 @@ def device_share(ctx: Ctx, shape: Shape, weights) -> dict:
                                               int8_vectors=ctx.int8_mxfp4 and shape.fmt in ("mxfp4", "int4"))
     ctx.checks.append({"shape": shape.name, **check("device_share", 1, shared(*on[0]), ref, TOL_BF16)})
     out: dict = {"status": "measured", "shape": shape.name, "tokens": 1, "experts": shape.experts,
-                 "on_device": on_device, "share_bytes": share.nbytes, "graph": ctx.cuda}
+                 "on_device": on_device, "share_bytes": share.nbytes, "graph": ctx.cuda,
+                 # what the step model prices the share's path at (bytes it moves, est): share_part's
+                 # time against it is the rate the path reached, to set beside the card's decode reads
+                 "share_traffic_bytes_est": device_share_traffic(ExpertsRead(
+                     0, weights.nbytes, shape.experts, shape.k, "cpu", device_share=on_device / shape.experts,
+                     held_nbytes=share.nbytes * shape.experts // on_device), 1)[0]}
     budget = 0.02
     for name, fn in (("whole", whole), ("shared", shared), ("host_part", host_part), ("share_part", share_part)):
         if ctx.cuda:  # a graph per path, fed by copying each routing into its captured inputs
@@ -73,4 +80,5 @@ def device_share(ctx: Ctx, shape: Shape, weights) -> dict:
     shorter = min(med["host_part"], med["share_part"])
     out["overlap"] = (med["host_part"] + med["share_part"] - med["shared"]) / shorter if shorter else None
     out["shared_over_whole"] = med["shared"] / med["whole"] if med["whole"] else None
+    out["share_part_gbps"] = out["share_traffic_bytes_est"] / med["share_part"] / 1e9 if med["share_part"] else None
     return out

@@ -47,6 +47,10 @@ change what that costs per generated token are priced here; every figure is an e
   read host memory, so that stretch takes at least their host reads one after the other at
   the kernel's rate (:func:`pipelined_step_s`). Ranks sharing the host (tensor or expert
   parallel) each compute their share with their share of the host's memory bandwidth.
+  With a device share, part of each layer is also held on the device and the GPU computes
+  the picks that land there while the CPU computes the rest; the layer costs the longer of
+  the two, the GPU's part priced by the bytes its torch path moves
+  (:func:`device_share_traffic`: held in bf16, a decode step's pick slots gathered).
 - **KV cache.** Bytes per token from the model's attention layers (KV heads x head dim,
   MLA's latent, sliding windows capped at their window) plus the fixed state of
   linear-attention layers (:class:`KvModel`); a step reads each sequence's context.
@@ -191,6 +195,16 @@ ASSUMED_CPU_TFLOPS = 0.3
 #: synchronisation, assumed about 10 microseconds each (no published figure; the probe
 #: measures it as ``handoff_s``).
 ASSUMED_HANDOFF_S = 30e-6
+#: A device share is held on the device at least this wide (bits a parameter): a quantized
+#: or 8-bit checkpoint's share in bf16, a float32 one as it is. The GPU computes it with torch
+#: ops (``cpu_kernels.reference.moe_picked``), which read such a weight once per matmul; a
+#: quantized share would be dequantized at every step, many times its bytes in memory traffic.
+SHARE_MIN_BITS = 16
+#: The device share's path gathers each pick slot's expert up to this many tokens per step
+#: (:func:`share_gathers`), at this many times the expert's held bytes: the gather reads and
+#: writes it, the matmul reads the copy.
+SHARE_GATHER_TOKENS = 8
+SHARE_GATHER_TRAFFIC = 3
 #: The most tokens per step the crossover search considers (a step of more tokens than
 #: this is prefill of a long prompt, always copied to the GPU when the CPU loses earlier).
 MAX_CROSSOVER_TOKENS = 1 << 20
@@ -308,6 +322,9 @@ class ExpertsRead:
     #: computed there by the GPU while the CPU computes the rest of the step's picks (a split
     #: of the layer's work between the two, est; 0: the CPU computes every pick).
     device_share: float = 0.0
+    #: The group's bytes as a device share holds them (bf16: :func:`share_held_bytes`); 0:
+    #: :attr:`nbytes`.
+    held_nbytes: int = 0
 
     def read_bytes(self, tokens: float) -> float:
         return self.nbytes * expert_read_fraction(self.num_experts, self.experts_per_token, tokens)
@@ -388,16 +405,55 @@ def host_compute_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -
     return cpu, gpu, host
 
 
+def share_held_bytes(dtype_bytes: Mapping[str, int]) -> int:
+    """Bytes a group takes held as a device share: its parameters (counted from stored bytes
+    by dtype as :func:`flops_per_token` counts them, scales included: est), each at least
+    :data:`SHARE_MIN_BITS` wide."""
+    from .tensors import DTYPE_BITS
+
+    bits = {dtype: PARAM_BITS.get(dtype, DTYPE_BITS.get(dtype, 16)) for dtype in dtype_bytes}
+    return int(sum(nbytes * max(bits[dtype], SHARE_MIN_BITS) / bits[dtype] for dtype, nbytes in dtype_bytes.items()))
+
+
+def share_gathers(tokens: int, experts_per_token: int, share_experts: float) -> bool:
+    """Whether the device share's path gathers each pick slot's expert (``True``) or reads
+    every expert of the share once (``False``) for a step of ``tokens`` tokens: it gathers
+    up to :data:`SHARE_GATHER_TOKENS` tokens (the gathered experts are a step's transient
+    device memory) when the gathers move fewer bytes than reading the share once."""
+    # mutation: share-gathers-when-dearer
+    return tokens <= SHARE_GATHER_TOKENS and SHARE_GATHER_TRAFFIC * tokens * experts_per_token < share_experts
+
+
+def device_share_traffic(e: "ExpertsRead", tokens: int) -> tuple[float, float]:
+    """Bytes of VRAM traffic and FLOPs of the GPU's part of a host-compute group with a device
+    share, in a step of ``tokens`` tokens (est): what ``cpu_kernels.reference.moe_picked``
+    moves on the held share. Gathering, each of the step's ``tokens x k`` pick slots copies
+    its expert and reads the copy (:data:`SHARE_GATHER_TRAFFIC` times its held bytes: slots
+    whose pick lands on the host compute expert 0 with weight zero, as fixed shapes need);
+    otherwise every expert of the share is read once and computed for every token. A dense
+    MLP's share is one expert every token takes: read once."""
+    per_expert = (e.held_nbytes or e.nbytes) / e.num_experts
+    share_experts = e.share * e.num_experts
+    per_pick = e.flops_per_token / max(1, e.experts_per_token)  # one token's FLOPs in one expert
+    if e.num_experts > 1 and share_gathers(tokens, e.experts_per_token, share_experts):
+        slots = tokens * e.experts_per_token
+        # mutation: share-gather-priced-as-one-read
+        return SHARE_GATHER_TRAFFIC * slots * per_expert, slots * per_pick
+    return share_experts * per_expert, tokens * share_experts * per_pick
+
+
 def device_share_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -> float:
-    """The GPU's time on the picks of a host-compute group that land on its device share
-    (est): their bytes from VRAM at the decode read rate, at least their FLOPs at the GPU's
-    matmul rate when given. It runs while the CPU computes the rest (the two are joined
-    before the layer's output is used), so a layer costs the longer of the two, not both."""
+    """The GPU's time on the device share of a host-compute group (est): the bytes its path
+    moves from VRAM at the decode read rate, at least its FLOPs at the GPU's matmul rate when
+    given (:func:`device_share_traffic`). It runs while the CPU computes the rest (the two
+    are joined before the layer's output is used), so a layer costs the longer of the two,
+    not both."""
     if e.share <= 0.0:
         return 0.0
     vram = decode_read_rate(settings.vram_gbps, settings.decode_read_gbps) * 1e9
     gpu_flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
-    return e.share * max(e.read_bytes(tokens) / vram, e.flops_per_token * tokens / gpu_flop_s if gpu_flop_s else 0.0)
+    traffic, flops = device_share_traffic(e, max(1, round(tokens)))
+    return max(traffic / vram, flops / gpu_flop_s if gpu_flop_s else 0.0)
 
 
 def host_compute_times(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", tokens: float,
@@ -513,7 +569,7 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
             for e in on_cpu:
                 cpu, _, host = host_compute_time(e, tokens_per_pass, settings)
                 share = device_share_time(e, tokens_per_pass, settings)
-                share_read_s += e.share * e.read_bytes(tokens_per_pass) / gb_vram
+                share_read_s += device_share_traffic(e, tokens_per_pass)[0] / gb_vram
                 cpu_s += cpu
                 # The device share runs beside the CPU: the layer waits for the longer.
                 # mutation: device-share-not-overlapped

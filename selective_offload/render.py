@@ -28,19 +28,8 @@ from .estimate import DEFAULT_DECODE_READ_FACTOR
 from .anchors import anchors_for
 from .checkpoint import Checkpoint
 from .plan_format import EST_IGNORES, EST_MODEL, BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan, Strategy
+from .plan_format.contents import MIN_PRICED_MODEL_BYTES, priced  # noqa: F401  (the tok/s rule; re-exported)
 from .sizes import GiB, fmt_bytes
-
-#: A model with fewer weight bytes than this gets no tok/s figures: its decode step is kernel
-#: launches and Python between them, not bytes over a bandwidth, so the estimate (which prices
-#: only bytes) would print rates and speed-ups the model never reaches. A checkpoint anyone
-#: offloads is gigabytes; the demo's and the tests' random models are a few megabytes.
-MIN_PRICED_MODEL_BYTES = 64 << 20
-
-
-def priced(plan: Plan) -> bool:
-    """Whether the plan's model is large enough for its tok/s estimate to mean anything."""
-    # mutation: tiny-model-priced
-    return plan.model.total_bytes >= MIN_PRICED_MODEL_BYTES
 
 
 def _step_bytes(nbytes: int) -> str:

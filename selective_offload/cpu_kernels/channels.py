@@ -12,8 +12,8 @@ place (the same bytes, the same storage, a page-locked arena included) so that t
 part comes first and is contiguous: ``W13``'s rows (and its scales' and zero points' rows)
 as ``[gate n:, up n:, gate :n, up :n]``, ``W2``'s columns (and its scales' and zero points'
 group columns) as the ``[rows, n:]`` block followed by the ``[rows, :n]`` block. The
-device's part is the tail of each storage, copied to the device by the caller
-(:meth:`ExpertWeights.leading` of the returned share). A reload writes the checkpoint's
+device's part is the tail of each storage, held on the device by the caller
+(:func:`~selective_offload.cpu_kernels.reference.held_share` of the returned share, in bf16). A reload writes the checkpoint's
 layout back into the same tensors; splitting again restores the views' meaning.
 
 Every cut must fall on a whole scale block or group: ``n`` times a tensor's entries per

@@ -1,5 +1,6 @@
 """The routed experts' computation in plain torch, float32: the kernel's oracle, and the
-path the runtime takes on the device above the crossover batch.
+path the runtime takes on the device above the crossover batch; and a device share's own
+path (:func:`held_share`, :func:`moe_picked`), in bf16, which reads its weights once.
 
 Only torch operations, so it runs on whatever device the tensors are on (a CUDA tensor, a
 UVA view of host memory); nothing here calls the compiled kernel.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..estimate import share_gathers
 from .weights import Activation, ExpertWeights
 
 #: e2m1 (fp4) code -> value; bit 3 is the sign.
@@ -136,48 +138,85 @@ def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     return result
 
 
+def held_share(weights: ExpertWeights, count: int, device: torch.device | str, *,
+               into: ExpertWeights | None = None) -> ExpertWeights:
+    """The device share of ``weights``' first ``count`` experts as the device holds it: w13
+    and w2 in bf16 (float32 weights stay float32), dequantized one expert at a time on the
+    way (:func:`moe_picked` reads such a weight once per matmul; a quantized share would be
+    dequantized at every step, many times its bytes in memory traffic), biases as they are.
+    ``into``: a share made before, of the same shape, refilled in place (a captured graph
+    holds its tensors)."""
+    if not 0 < count <= weights.num_experts:
+        raise ValueError(f"{weights.fmt}: a share of 1 to {weights.num_experts} experts, not {count}")
+    H, I = weights.hidden, weights.intermediate
+    shapes = {"w13": (count, 2 * I, H), "w2": (count, H, I)}
+    fmt = "f32" if weights.fmt == "f32" else "bf16"
+    if into is None:
+        dtype = torch.float32 if fmt == "f32" else torch.bfloat16
+        held = {name: torch.empty(shape, dtype=dtype, device=device) for name, shape in shapes.items()}
+        for name in ("w13_bias", "w2_bias"):
+            t = getattr(weights, name)
+            if t is not None:
+                held[name] = torch.empty_like(t[:count], device=device)
+        into = ExpertWeights(fmt, **held)
+    elif into.fmt != fmt or {n: tuple(getattr(into, n).shape) for n in shapes} != shapes:
+        raise ValueError(f"held_share: the share to refill is not {count} {fmt} experts of this shape")
+    for name in ("w13", "w2"):
+        target = getattr(into, name)
+        for e in range(count):
+            one = torch.full((1,), e, dtype=torch.long)
+            # mutation: share-held-quantized
+            target[e].copy_(dequantize(weights, name, one)[0])
+    for name in ("w13_bias", "w2_bias"):
+        if getattr(weights, name) is not None:
+            getattr(into, name).copy_(getattr(weights, name)[:count])
+    return into
+
+
 def moe_picked(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: ExpertWeights,
-               activation: Activation, *, gather_tokens: int = 8) -> torch.Tensor:
-    """The sum :func:`moe_reference` makes over the picks of ``weights``' experts (ids 0 to
-    E - 1; any other id, negative or past E, contributes nothing), without a host
-    synchronisation or a shape that depends on the routing, so a CUDA graph captures it. Up
-    to ``gather_tokens`` tokens, when the step picks fewer experts than there are, each of
-    the k pick slots gathers its tokens' experts and multiplies them batched (a decode step
-    reads the experts it picks); otherwise every expert is computed for every token and
-    weighted by its picks (the bytes read once). Weights are dequantized to float32 on the
-    way, as everywhere in this module: several times their bytes in memory traffic.
-    float32 [T, H], on the weights' device."""
-    dev = weights.w13.device
-    xf = x.to(dev, torch.float32)
+               activation: Activation) -> torch.Tensor:
+    """The sum :func:`moe_reference` makes over the picks of a held share's experts
+    (:func:`held_share`: bf16; ids 0 to E - 1, any other id, negative or past E, contributes
+    nothing), without a host synchronisation or a shape that depends on the routing, so a
+    CUDA graph captures it. Matmuls run in the weights' dtype, which they read once. Where
+    ``estimate.share_gathers`` says so (a decode step picking few of the share's experts),
+    each of the k pick slots gathers its tokens' experts and multiplies them batched;
+    otherwise every expert is computed for every token and weighted by its picks (each read
+    once). ``estimate.device_share_traffic`` prices what this moves. float32 [T, H], on the
+    weights' device."""
+    if weights.fmt not in ("bf16", "f32"):
+        raise ValueError(f"moe_picked: {weights.fmt} weights; hold the share in bf16 first (held_share)")
+    dev, dtype = weights.w13.device, weights.w13.dtype
+    xw = x.to(dev, dtype)
     ids = topk_ids.to(dev, torch.long)
     E = weights.num_experts
     inside = (ids >= 0) & (ids < E)
     safe = torch.where(inside, ids, torch.zeros_like(ids))
     # mutation: device-share-picks-unmasked
     tw = torch.where(inside, topk_weights.to(dev, torch.float32), torch.zeros_like(ids, dtype=torch.float32))
-    out = torch.zeros(xf.shape[0], weights.hidden, dtype=torch.float32, device=dev)
+    out = torch.zeros(xw.shape[0], weights.hidden, dtype=torch.float32, device=dev)
 
     def expert_out(w13: torch.Tensor, w2: torch.Tensor, b13, b2) -> torch.Tensor:
-        h = torch.bmm(w13, xf.unsqueeze(-1)).squeeze(-1) if w13.dim() == 3 else xf @ w13.T
+        h = (torch.bmm(w13, xw.unsqueeze(-1)).squeeze(-1) if w13.dim() == 3
+             else torch.nn.functional.linear(xw, w13)).float()
         h = h + b13.float() if b13 is not None else h
-        a = activate(h, activation)
-        y = torch.bmm(w2, a.unsqueeze(-1)).squeeze(-1) if w2.dim() == 3 else a @ w2.T
+        a = activate(h, activation).to(dtype)
+        y = (torch.bmm(w2, a.unsqueeze(-1)).squeeze(-1) if w2.dim() == 3
+             else torch.nn.functional.linear(a, w2)).float()
         return y + b2.float() if b2 is not None else y
 
-    # Gather only where the step picks fewer experts than the share holds (a dense MLP's
-    # share is one expert every token takes: computed once for all tokens below).
-    if xf.shape[0] <= gather_tokens and ids.numel() < E:
+    # mutation: share-gathers-every-step
+    if share_gathers(xw.shape[0], ids.shape[1], E):
         for j in range(ids.shape[1]):
             e = safe[:, j]
             b13 = None if weights.w13_bias is None else weights.w13_bias.index_select(0, e)
             b2 = None if weights.w2_bias is None else weights.w2_bias.index_select(0, e)
-            y = expert_out(dequantize(weights, "w13", e), dequantize(weights, "w2", e), b13, b2)
+            y = expert_out(weights.w13.index_select(0, e), weights.w2.index_select(0, e), b13, b2)
             out += y * tw[:, j:j + 1]
         return out
-    for e in range(E):
-        one = torch.full((1,), e, dtype=torch.long, device=dev)  # no host-to-device copy: capturable
+    for e in range(E):  # views of each expert: read once, nothing copied, nothing on the host
         b13 = None if weights.w13_bias is None else weights.w13_bias[e]
         b2 = None if weights.w2_bias is None else weights.w2_bias[e]
-        y = expert_out(dequantize(weights, "w13", one)[0], dequantize(weights, "w2", one)[0], b13, b2)
+        y = expert_out(weights.w13[e], weights.w2[e], b13, b2)
         out += y * (tw * (safe == e)).sum(-1, keepdim=True)
     return out

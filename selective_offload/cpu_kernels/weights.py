@@ -191,15 +191,6 @@ class ExpertWeights:
         """Bytes of one expert: its weights, scales and biases (what one pick reads)."""
         return self.nbytes // self.num_experts
 
-    def leading(self, count: int, device: torch.device | str) -> "ExpertWeights":
-        """A copy of the first ``count`` experts (ids 0 to count - 1, every tensor's leading
-        rows) on ``device``, in their own storage: a device share of these experts."""
-        if not 0 < count <= self.num_experts:
-            raise ValueError(f"{self.fmt}: a share of 1 to {self.num_experts} experts, not {count}")
-        return ExpertWeights(self.fmt, block=self.block, **{
-            # mutation: device-share-not-copied
-            name: t[:count].to(device, copy=True).contiguous() for name, t in self.tensors().items()})
-
 
 def random_experts(fmt: str, experts: int, hidden: int, intermediate: int, seed: int = 0) -> ExpertWeights:
     """Random weights of ``fmt`` in its layout, of one layer's shape (for timing the kernel:

@@ -23,6 +23,7 @@ from ..estimate import (
     Traffic,
     expert_read_fraction,
     flops_per_token,
+    share_held_bytes,
 )
 from ..names import (
     EMBED_SEGMENTS,
@@ -54,6 +55,19 @@ TOTALS = ("device_bytes", "device_share_bytes", "host_cold_bytes", "host_hot_byt
 #: Where the step model reads a placed experts group from.
 _EXPERTS_READ = {Placement.DEVICE: EXPERTS_DEVICE, Placement.HOST_HOT: EXPERTS_PREFETCHED,
                  Placement.HOST_UVA: EXPERTS_UVA, Placement.HOST_COMPUTE: EXPERTS_CPU}
+
+
+#: A model with fewer weight bytes than this gets no tok/s figures: its decode step is kernel
+#: launches and Python between them, not bytes over a bandwidth, so the estimate (which prices
+#: only bytes) would print rates and speed-ups the model never reaches. A checkpoint anyone
+#: offloads is gigabytes; the demo's and the tests' random models are a few megabytes.
+MIN_PRICED_MODEL_BYTES = 64 << 20
+
+
+def priced(plan: "PlanContents") -> bool:
+    """Whether the plan's model is large enough for its tok/s estimate to mean anything."""
+    # mutation: tiny-model-priced
+    return plan.model.total_bytes >= MIN_PRICED_MODEL_BYTES
 
 
 @dataclass(frozen=True)
@@ -198,14 +212,14 @@ class PlanContents:
             ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement],
                         flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1),
                         # mutation: device-share-not-priced
-                        device_share=g.device_share)
+                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes))
             for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
         # A dense layer's MLP, split out to be computed on the host, is one expert every token
         # takes (E = k = 1): read whole, its FLOPs times the step's tokens.
         experts += tuple(
             ExpertsRead(position[g.layer_index], g.bytes, 1, 1, _EXPERTS_READ[g.placement], flops_per_token(g.dtype_bytes),
                         # mutation: channel-share-not-priced
-                        device_share=g.device_share)
+                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes))
             for g in self.groups if g.kind == GroupKind.MLP and g.layer_index in position)
         other = row_host = row_device = draft = 0
         other_flops = draft_flops = 0.0

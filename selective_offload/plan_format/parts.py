@@ -28,6 +28,7 @@ from ..estimate import (
     Traffic,
     expert_read_fraction,
     flops_per_token,
+    share_held_bytes,
     step_cost,
 )
 from ..names import EMBED_SEGMENTS, has_segment
@@ -104,11 +105,11 @@ class GroupPlan:
     num_experts: int = 0
     experts_per_token: int = 0
     #: Host-compute routed experts only: how many of the layer's experts (the first, ids 0 to
-    #: n - 1) are also copied to the device, where the GPU computes the picks that land on
+    #: n - 1) are also held on the device (in bf16), where the GPU computes the picks that land on
     #: them while the CPU computes the rest (the layer's device share); 0 for every other group.
     device_experts: int = 0
     #: A host-compute dense MLP only: how many of its first intermediate channels (gate and up
-    #: rows, down columns) are also copied to the device, where the GPU computes them beside
+    #: rows, down columns) are also held on the device (in bf16), where the GPU computes them beside
     #: the CPU, and its intermediate size I; 0 and 0 for every other group.
     device_channels: int = 0
     intermediate: int = 0
@@ -122,10 +123,12 @@ class GroupPlan:
 
     @property
     def device_share_bytes(self) -> int:
-        """Device bytes of this group's device share (its first experts, or its first channels)."""
+        """Device bytes of this group's device share (its first experts, or its first
+        channels), held in bf16 whatever the checkpoint's format (``estimate.share_held_bytes``)."""
+        held = share_held_bytes(self.dtype_bytes)
         if self.device_experts:
-            return self.bytes * self.device_experts // self.num_experts
-        return self.bytes * self.device_channels // self.intermediate if self.device_channels else 0
+            return held * self.device_experts // self.num_experts
+        return held * self.device_channels // self.intermediate if self.device_channels else 0
 
     @property
     def on_host(self) -> bool:

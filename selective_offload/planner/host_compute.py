@@ -142,11 +142,11 @@ def host_compute_notes(record: HostCompute | None, tokens: int, bound_tokens: in
     lines = [record.describe()]
     if shares:
         layers, on_device, of, nbytes, channels = shares
-        what = "MLP channels (gate and up rows, down columns)" if channels else "routed experts"
         done = "those channels" if channels else "the picks that land there"
-        lines.append(f"host-compute: each of the {layers} layers keeps its first {on_device} of {of} {what} on the "
-                     f"device as well ({nbytes / 1e9:.3f} GB in all): the GPU computes {done} while the CPU computes "
-                     "the rest, and the layer waits for the longer (est)")
+        lines.append(f"host-compute: each of the {layers} layers keeps its first {on_device} of {of} "
+                     f"{_share_what(channels)} on the device as well ({nbytes / 1e9:.3f} GB in all, held in bf16): "
+                     f"the GPU computes {done} while the CPU computes the rest, and the layer waits for the longer "
+                     "(est)")
     if mlps:
         lines.append(f"host-compute: the MLPs of {mlps} dense layer{'s' if mlps != 1 else ''} are computed on the "
                      "host CPU (one expert every token takes); their attention, norms and KV stay on the GPU")
@@ -157,3 +157,20 @@ def host_compute_notes(record: HostCompute | None, tokens: int, bound_tokens: in
         lines.append(f"a decode step of this plan ({tokens} tokens) is above the crossover "
                      f"({record.crossover_tokens}): its host experts are copied over the link and computed on the GPU")
     return lines
+
+
+def _share_what(channels: bool) -> str:
+    return "MLP channels (gate and up rows, down columns)" if channels else "routed experts"
+
+
+def declined_share_note(shares: tuple[int, int, int, int, bool], rates: tuple[float, float] | None,
+                        tokens: int) -> str:
+    """Why the plan keeps no device share where the device had room for one: the share it
+    priced (:func:`host_compute_notes`' ``shares``) and, when given, its rate and the rate of
+    the placement kept (tok/s)."""
+    layers, on_device, of, nbytes, channels = shares
+    priced = (f"priced at {rates[0]:.2f} tok/s against {rates[1]:.2f} without it" if rates
+              else "priced slower than the placement without it")
+    return (f"host-compute: no device share: the room left holds the first {on_device} of {of} "
+            f"{_share_what(channels)} of each of the {layers} layers ({nbytes / 1e9:.3f} GB held in bf16), {priced} "
+            f"at {tokens} token(s) per step (est: docs/design/step-model.md prices the share's path on the GPU)")

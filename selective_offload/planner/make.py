@@ -17,12 +17,14 @@ from ..checkpoint import Checkpoint
 from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel, acceptance_default
 from ..plan_format import GroupKind, GroupPlan, Placement, Plan, PlanInputs, PlannedModel
+from ..plan_format import contents as plan_contents
 from ..names import mlp_prefix
 from ..sizes import GB
 from .baselines import baseline_notes, price_bulk
 from .grouping import group_tensors, model_fingerprint
 from ..estimate import StepSettings, host_compute_bound_tokens
-from .host_compute import claimed, cpu_format, host_compute_notes, mlp_cpu_format, mlp_unclaimed_note, unclaimed_reason
+from .host_compute import (claimed, cpu_format, declined_share_note, host_compute_notes, mlp_cpu_format,
+                           mlp_unclaimed_note, unclaimed_reason)
 from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
 from .placement import Placing, place_cold, place_hot, strategy_of
@@ -149,9 +151,14 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     split = (expert_shares(placing, inputs) if sharing and has_experts and computes and not hot else
              channel_shares(checkpoint, inputs, placing, mlp_fmt) if sharing and mlp_computes and not has_experts
              else None)
-    # mutation: device-shares-never-chosen
-    if split is not None and placed(split[0], [], split[1]).est.est_step_s < placed(placing, hot).est.est_step_s:
-        (placing, shares), hot = split, []
+    declined = None
+    if split is not None:
+        candidate = placed(split[0], [], split[1])
+        # mutation: device-shares-never-chosen
+        if candidate.est.est_step_s < placed(placing, hot).est.est_step_s:
+            (placing, shares), hot = split, []
+        else:
+            declined = candidate
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
     # MoE: vLLM's segment selection of the routed experts is the run a user would try next.
@@ -165,6 +172,10 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     if has_dense and not mlp_computes and deficit > 0:
         plan = replace(plan, notes=plan.notes + (_mlp_why_not(inputs, mlp_fmt, groups, computes, fmt, method),))
     plan = replace(plan, notes=plan.notes + _host_compute_lines(plan, tokens))
+    # mutation: declined-share-unsaid
+    if declined is not None:  # the rates only where the model is large enough for them to mean anything
+        rates = (declined.est.est_tok_s, plan.est.est_tok_s) if plan_contents.priced(plan) else None
+        plan = replace(plan, notes=plan.notes + (declined_share_note(_shares_of(declined), rates, tokens),))
     if inputs.compute_tflops:
         plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
     return replace(plan, notes=plan.notes + tuple(baseline_notes(plan)))
@@ -185,11 +196,16 @@ def _host_compute_lines(plan: Plan, tokens: int) -> tuple[str, ...]:
                                 cpu_tflops=inputs.host_cpu_tflops, handoff_s=inputs.host_handoff_s, ranks=inputs.ranks)
         bound = host_compute_bound_tokens(plan.traffic().experts, settings)
     mlps = sum(1 for g in plan.groups if g.kind == GroupKind.MLP)
+    return tuple(host_compute_notes(record, tokens, bound, mlps, _shares_of(plan)))
+
+
+def _shares_of(plan: Plan) -> tuple[int, int, int, int, bool] | None:
+    """A plan's device shares as :func:`host_compute_notes` states them: layers, experts or
+    channels per layer on the device, of how many, their device bytes, whether channels."""
     split = [g for g in plan.groups if g.device_share_bytes]
-    shares = None if not split else (len(split), split[0].device_experts or split[0].device_channels,
-                                     split[0].num_experts or split[0].intermediate, plan.device_share_bytes,
-                                     split[0].kind == GroupKind.MLP)
-    return tuple(host_compute_notes(record, tokens, bound, mlps, shares))
+    return None if not split else (len(split), split[0].device_experts or split[0].device_channels,
+                                   split[0].num_experts or split[0].intermediate, plan.device_share_bytes,
+                                   split[0].kind == GroupKind.MLP)
 
 
 def _restate_step(plan: Plan, placed_tokens: int) -> Plan:

@@ -13,8 +13,12 @@ instead of adding to the step, and every layer's CPU work shrinks alike. KTransf
 - **A dense MLP** (:func:`channel_shares`): the same number of each layer's first
   intermediate channels (gate and up rows, down columns), whole scale blocks or groups.
 
-The share is as large as the device memory the placement leaves once every layer's work is
-on the host and nothing is prefetched. The host keeps every byte too (a layer's experts, or
+The share is held on the device in bf16 whatever the checkpoint's format (the GPU computes
+it with torch ops that read bf16 once, where a quantized share would be dequantized at every
+step: ``estimate.SHARE_MIN_BITS``), and it is as large as the device memory the
+placement leaves once every layer's work is on the host and nothing is prefetched; the step
+model prices what its path moves (``estimate.device_share_traffic``), so a share whose
+gathers cost the GPU more than the CPU saves is not kept. The host keeps every byte too (a layer's experts, or
 an MLP's projections, are one tensor each there), so the host memory checked must hold all
 of them. Each function returns the candidate placement and its shares, or ``None``; the
 caller keeps whichever placement the step model prices faster.
@@ -26,6 +30,7 @@ import math
 from typing import Any, Mapping
 
 from ..checkpoint import Checkpoint
+from ..estimate import share_held_bytes
 from ..plan_format import GroupKind, Placement, PlanInputs
 from .grouping import group_tensors
 from .kernels import quantization_config
@@ -57,7 +62,8 @@ def expert_shares(p: Placing, inputs: PlanInputs) -> tuple[Placing, dict[str, tu
     room = _room(trial, inputs)
     if room is None:
         return None
-    share = _most_that_fit([(g.nbytes, g.num_experts) for g in experts], room, 1,
+    # mutation: share-room-at-native-bytes
+    share = _most_that_fit([(share_held_bytes(g.dtype_bytes), g.num_experts) for g in experts], room, 1,
                            min(g.num_experts for g in experts) - 1)
     return (trial, {g.name: (share, 0) for g in experts}) if share > 0 else None
 
@@ -122,5 +128,5 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     if not mlps or room is None or room <= 0:
         return None
     # mutation: channel-share-unaligned
-    n = _most_that_fit([(g.nbytes, I) for g in mlps], room, align, I - 1)
+    n = _most_that_fit([(share_held_bytes(g.dtype_bytes), I) for g in mlps], room, align, I - 1)
     return (trial, {g.name: (n, I) for g in mlps}) if n > 0 else None

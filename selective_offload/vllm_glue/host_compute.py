@@ -39,6 +39,7 @@ from torch import nn
 from .. import cpu_kernels
 from ..cpu_kernels import Activation, ExpertWeights
 from ..cpu_kernels.channels import split_channels
+from ..cpu_kernels.reference import held_share
 from ..errors import PlanError
 from ..plan_format import Plan
 from ..planner import kernels
@@ -355,7 +356,7 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
     experts = HostExperts(group, weights, activation_of(group, module), crossover_tokens=setting.crossover_tokens,
                           threads=threads_of(setting), device=device, host_mask=host_mask,
                           # mutation: device-share-ignored
-                          device_share=weights.leading(on_device, device) if on_device else None)
+                          device_share=held_share(weights, on_device, device) if on_device else None)
     # mutation: host-compute-not-installed
     module._replace_quant_method(method_class()(method, experts))
     return experts
@@ -521,9 +522,9 @@ def relayout_after_reload(mlp: nn.Module) -> None:
 
 def split_mlp(group: str, weights: ExpertWeights, channels: int,
               device: torch.device) -> tuple[ExpertWeights, ExpertWeights | None]:
-    """The MLP's host part and its device share (the first ``channels`` channels copied to
-    ``device``), rearranged in the MLP's own storage (:func:`cpu_kernels.channels.split_channels`);
-    without a share, the MLP as it is and ``None``."""
+    """The MLP's host part and its device share (the first ``channels`` channels held on
+    ``device``: :func:`cpu_kernels.reference.held_share`), rearranged in the MLP's own storage
+    (:func:`cpu_kernels.channels.split_channels`); without a share, the MLP as it is and ``None``."""
     if not channels:
         return weights, None
     try:
@@ -532,13 +533,13 @@ def split_mlp(group: str, weights: ExpertWeights, channels: int,
         raise PlanError(f"{group}: the plan keeps the first {channels} channels of this MLP on the device, and they "
                         f"cannot be split off here ({exc}); plan with --no-device-share") from None
     # mutation: channel-share-not-copied
-    return host, share.leading(1, device)
+    return host, held_share(share, 1, device)
 
 
 def resplit_after_reload(group: str, mlp: nn.Module, experts: HostExperts, fmt: str, channels: int) -> None:
     """A reload copies the checkpoint's layout into the same tensors (and GPTQ's rows are
     rewritten again by :func:`relayout_after_reload`): split them again in place, the host
-    part where the kernel reads it, and copy the new share into the device tensors a
+    part where the kernel reads it, and hold the new share in the device tensors a
     captured graph holds."""
     down = mlp.down_proj
     original = down.quant_method.process_weights_after_loading
@@ -549,8 +550,7 @@ def resplit_after_reload(group: str, mlp: nn.Module, experts: HostExperts, fmt: 
         if layer is down:  # both projections reloaded
             host, share = split_channels(mlp_weights(group, mlp, fmt), channels)  # it fitted at install
             experts.weights = host
-            for name, t in share.tensors().items():
-                getattr(experts.share, name).copy_(t)
+            held_share(share, 1, experts.share.w13.device, into=experts.share)
 
     down.quant_method.process_weights_after_loading = process_weights_after_loading
 

@@ -94,8 +94,8 @@ class HostExperts:
     ``host_mask``: which experts live here (a bool/uint8 tensor of E); picks of the others
     (and ids < 0) are left to whoever computes them and contribute nothing here.
 
-    ``device_share``: the first experts' weights copied to the device (the layer's device
-    share, :meth:`ExpertWeights.leading`): the device computes the picks that land on them
+    ``device_share``: the first experts' weights held on the device in bf16 (the layer's
+    device share, :func:`cpu_kernels.reference.held_share`): the device computes the picks that land on them
     (:func:`cpu_kernels.reference.moe_picked`, plain torch ops a CUDA graph captures) and
     the host the rest, at or below the crossover as above it. On CUDA the host path is
     queued on a side stream forked from the current one, so the device share runs while

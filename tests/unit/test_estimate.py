@@ -242,3 +242,15 @@ def test_the_compute_bound_step_is_where_the_cpus_flops_overtake_its_bytes_whate
     assert host_compute_bound_tokens([mlp], StepSettings(13.9, 472.0, cpu_gbps=10.0, cpu_tflops=0.1)) == 10  # 1 ms of bytes
     assert host_compute_bound_tokens([mlp], StepSettings(13.9, 472.0, cpu_gbps=200.0, cpu_tflops=0.1)) == 1
     assert host_compute_bound_tokens([ExpertsRead(0, 10_000_000, 1, 1, EXPERTS_UVA, 1e7)], settings) is None
+
+
+def test_a_share_is_held_at_least_as_wide_as_bf16():
+    """Two bytes a parameter for packed 4-bit and 8-bit formats (dequantized to bf16), the
+    stored bytes for bf16 and float32 (neither narrowed)."""
+    from selective_offload.estimate import share_held_bytes
+
+    assert share_held_bytes({"BF16": 1000}) == 1000
+    assert share_held_bytes({"F32": 1000}) == 1000
+    assert share_held_bytes({"F8_E4M3": 1000, "F32": 8}) == 2008
+    assert share_held_bytes({"U8": 1000}) == 4000  # two 4-bit codes a byte
+    assert share_held_bytes({"I32": 1000}) == 4000  # eight 4-bit values in four bytes

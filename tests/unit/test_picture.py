@@ -53,14 +53,20 @@ def test_every_group_is_drawn_by_serving_beside_cpu_offload_gb():
     assert set(drawn) == {g.group for g in plan.groups}
     assert all(drawn[g.group]["serving"] == g.serving and drawn[g.group]["bytes"] == g.bytes for g in plan.groups)
     assert drawn["model.embed_tokens"]["serving"] == "gather"
-    # each MLP's device share drawn on its layer, beside the MLP it copies
-    shares = {e["group"]: e["bytes"] for s in layers for e in s["stack"] if e["serving"] == "device share"}
-    assert plan.device_share_bytes and shares == {g.group: g.device_share_bytes for g in plan.groups
-                                                  if g.device_share_bytes}
     selective, bulk = data["rows"]
-    assert selective["bytes"]["device share"] == plan.device_share_bytes
-    assert sum(selective["bytes"].values()) - plan.device_share_bytes == sum(bulk["bytes"].values()) \
-        == plan.model.total_bytes
+    assert "device share" not in selective["bytes"]  # the planner keeps none for this checkpoint (planning.md)
+    assert sum(selective["bytes"].values()) == sum(bulk["bytes"].values()) == plan.model.total_bytes
+    # each MLP's device share drawn on its layer, beside the MLP it copies (a share set by hand)
+    shared = replace(plan, groups=tuple(replace(g, device_channels=1024, intermediate=17920)
+                                        if g.kind == GroupKind.MLP else g for g in plan.groups))
+    drawn_shared = picture_data(shared)
+    shares = {e["group"]: e["bytes"] for s in drawn_shared["slots"] if s["layer"] is not None for e in s["stack"]
+              if e["serving"] == "device share"}
+    assert shared.device_share_bytes and shares == {g.group: g.device_share_bytes for g in shared.groups
+                                                    if g.device_share_bytes}
+    row = drawn_shared["rows"][0]
+    assert row["bytes"]["device share"] == shared.device_share_bytes
+    assert sum(row["bytes"].values()) - shared.device_share_bytes == plan.model.total_bytes
     assert bulk["bytes"]["cpu_offload_gb"] == plan.bulk.offloaded_bytes and bulk["layers"] == list(plan.bulk.layers_touched)
     st = selective["step"]
     assert st["est_link_exposed_s"] + st["est_link_hidden_s"] == pytest.approx(plan.est.est_link_s_per_step)

@@ -75,12 +75,10 @@ def test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_col
     record = plan.host_compute
     assert any(line.startswith(f"cpu    {record.format} at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source})")
                and f"crossover {record.crossover_tokens} tokens/step" in line for line in lines)
-    # one formatter: adaptive units, no "0.000 GB" (the plan without a device share prefetches layers)
-    assert f"{fmt_bytes(plan.device_share_bytes)} device share" in out and "0.000 GB" not in out
-    code, whole, _ = run(capsys, *REFERENCE, "--no-device-share")
-    hot = planned(capsys, *REFERENCE, "--no-device-share")
-    assert hot.hot_layer_indices and f"{fmt_bytes(hot.host_hot_bytes)} prefetched" in whole and "0.000 GB" not in whole
-    assert fmt_bytes(hot.prefetch_buffer_bytes).strip().endswith("MB") and fmt_bytes(hot.prefetch_buffer_bytes) in whole
+    # one formatter: adaptive units, no "0.000 GB" (the plan keeps no device share and prefetches layers)
+    assert not plan.device_share_bytes and "device share" not in out.split("more:")[0] and "0.000 GB" not in out
+    assert plan.hot_layer_indices and f"{fmt_bytes(plan.host_hot_bytes)} prefetched" in out
+    assert fmt_bytes(plan.prefetch_buffer_bytes).strip().endswith("MB") and fmt_bytes(plan.prefetch_buffer_bytes) in out
     code, verbose, _ = run(capsys, *REFERENCE, "--verbose")
     assert "0.000 GB" not in verbose and "model.norm" in verbose and "kB" in verbose
 

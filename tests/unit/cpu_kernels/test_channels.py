@@ -11,7 +11,7 @@ import torch
 from selective_offload import cpu_kernels
 from selective_offload.cpu_kernels import Activation
 from selective_offload.cpu_kernels.channels import split_channels
-from selective_offload.cpu_kernels.reference import moe_picked, moe_reference
+from selective_offload.cpu_kernels.reference import held_share, moe_picked, moe_reference
 from selective_offload.cpu_kernels.weights import ExpertWeights, random_experts
 
 H, I = 256, 512
@@ -48,8 +48,9 @@ def test_the_host_part_and_the_share_add_up_to_the_mlp(case, n):
     # the same storage, the host's part first (what the page-locked arena and the kernel read)
     assert host.w13.data_ptr() == storage == host.w13.untyped_storage().data_ptr()
     assert share.w13.data_ptr() == storage + host.w13.numel() * host.w13.element_size()
-    got = moe_reference(x, ids, w, host, act) + moe_picked(x, ids, w, share.leading(1, "cpu"), act)
-    torch.testing.assert_close(got, whole, rtol=1e-4, atol=1e-4)
+    got = moe_reference(x, ids, w, host, act) + moe_picked(x, ids, w, held_share(share, 1, "cpu"), act)
+    # the share is held and multiplied in bf16 (the host part here in float32): bf16's rounding
+    torch.testing.assert_close(got, whole, rtol=2e-2, atol=2e-2 * float(whole.abs().max()))
 
 
 @pytest.mark.parametrize("case", ["bf16", "fp8-block", "int4"])
@@ -63,7 +64,7 @@ def test_the_host_part_on_the_compiled_kernel(case):
     x, ids, w = one_token_each(2)
     whole = moe_reference(x, ids, w, weights, act)
     host, share = split_channels(weights, 128)
-    got = cpu_kernels.moe(x, ids, w, host, act, threads=1) + moe_picked(x, ids, w, share, act)
+    got = cpu_kernels.moe(x, ids, w, host, act, threads=1) + moe_picked(x, ids, w, held_share(share, 1, "cpu"), act)
     scale = float(whole.abs().max())
     assert float((got - whole).abs().max()) <= 2e-2 * scale  # the kernel rounds to bf16 / int8 on the way
 

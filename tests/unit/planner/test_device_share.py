@@ -113,3 +113,36 @@ def test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks(
     assert fits.strategy == "cold_offload" and not fits.device_share_bytes and not fits.host_compute_bytes
     # without the config's intermediate size no share is planned (nothing to cut it at)
     assert not dense_plan(dense(8), dense(8).total_bytes / MB - 150).device_share_bytes
+
+
+def test_a_quantized_share_is_sized_held_in_bf16_and_priced_by_what_its_path_moves(tmp_path):
+    """gpt-oss-20b (MXFP4) on 8 GiB: the room left once every layer's experts are on the host
+    holds as many of each layer's first experts as fit in bf16 (the worker holds them so),
+    not as many as fit in MXFP4; priced by the bytes its GPU path moves, the share loses to
+    the layer-at-a-time placement, and the plan says so with both rates."""
+    import sys
+
+    from helpers import REPO
+    from selective_offload.estimate import share_held_bytes
+    from selective_offload.planner import PlanInputs, make_plan
+    from selective_offload.sizes import GiB
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import moe_reference_plans
+
+    label, gib, _, ckpt = next(moe_reference_plans.case_checkpoints(tmp_path))
+    assert label.startswith("gpt-oss-20b") and gib == 8
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB))
+    assert not plan.device_share_bytes
+    note = next(n for n in plan.notes if n.startswith("host-compute: no device share"))
+    m = int(note.split("holds the first ", 1)[1].split(" of ", 1)[0])
+    experts = [g for g in plan.groups if g.kind == "experts"]
+    # every layer's experts on the host: the device keeps the rest of the plan's resident bytes
+    room = (plan.weight_budget_bytes - plan.est_transient_device_bytes
+            - (plan.device_bytes - sum(g.bytes for g in experts if g.placement == "device")))
+    held = sum(share_held_bytes(g.dtype_bytes) // g.num_experts for g in experts)  # one expert of every layer, bf16
+    assert m * held <= room < (m + 1) * held
+    assert sum(g.bytes // g.num_experts for g in experts) * (m + 1) <= room  # MXFP4 bytes would fit more
+    rates = note.split("priced at ", 1)[1]
+    assert float(rates.split(" tok/s", 1)[0]) < float(rates.split("against ", 1)[1].split(" ", 1)[0]) \
+        == round(plan.est.est_tok_s, 2)

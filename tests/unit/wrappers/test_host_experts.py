@@ -10,7 +10,7 @@ import torch
 
 from selective_offload import cpu_kernels
 from selective_offload.cpu_kernels import Activation, ExpertWeights
-from selective_offload.cpu_kernels.reference import moe_reference
+from selective_offload.cpu_kernels.reference import held_share, moe_reference
 from selective_offload.wrappers.host_compute import HostExperts
 
 E, H, I, K = 8, 64, 32, 2
@@ -143,7 +143,7 @@ def test_the_op_is_opaque_to_torch_compile():
     assert he.counts.host.steps == 2
 
 
-# ---- a device share: the first experts copied to the device, computed there beside the host
+# ---- a device share: the first experts held on the device, computed there beside the host
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 9])
@@ -152,13 +152,14 @@ def test_a_device_share_computes_its_picks_and_the_host_the_rest_on_both_paths(t
     reference's over every pick, the host counts only the bytes of the experts it computed,
     and the share counts the picks that landed on it."""
     weights = bf16_weights(bias=True)
-    share = weights.leading(3, "cpu")
+    share = held_share(weights, 3, "cpu")
     assert share.w13.data_ptr() != weights.w13.data_ptr() and share.num_experts == 3
     act = Activation("swigluoai", alpha=1.702, limit=7.0)
     he = experts(crossover=4, weights=weights, activation=act, device_share=share)
     x, ids, w = routing(tokens)
     want = moe_reference(x, ids, w, weights, act)
-    torch.testing.assert_close(he(x, ids, w).float(), want, rtol=2e-2, atol=2e-3)
+    # the share multiplies in bf16 (moe_picked): bf16's rounding of the float32 sum
+    torch.testing.assert_close(he(x, ids, w).float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
     assert int(he.share_picks) == int((ids < 3).sum())
     if tokens <= 4:
         assert he.counts.host_bytes == len(set(i for i in ids.flatten().tolist() if i >= 3)) * weights.expert_bytes
@@ -166,7 +167,7 @@ def test_a_device_share_computes_its_picks_and_the_host_the_rest_on_both_paths(t
 
 def test_a_share_with_every_pick_on_it_leaves_the_host_nothing_to_add():
     weights = bf16_weights()
-    he = experts(crossover=4, weights=weights, device_share=weights.leading(2, "cpu"))
+    he = experts(crossover=4, weights=weights, device_share=held_share(weights, 2, "cpu"))
     x, ids, w = routing(2)
     ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
     want = moe_reference(x, ids, w, weights, he.activation)
@@ -174,24 +175,61 @@ def test_a_share_with_every_pick_on_it_leaves_the_host_nothing_to_add():
     assert he.counts.host_bytes == 0 and int(he.share_picks) == 4
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block", "int4"])
-@pytest.mark.parametrize("tokens", [1, 3, 12])
-def test_the_share_path_matches_the_reference_without_a_synchronisation(fmt, tokens):
-    """``moe_picked`` (what a CUDA graph captures: no routing-dependent shape) against the
-    reference over the picks inside the share, gathered and per-expert alike; picks past the
-    share and negative ids add nothing."""
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block", "int4", "f32"])
+def test_a_held_share_is_its_experts_in_bf16_in_storage_of_its_own(fmt):
+    """``held_share``: the first experts dequantized to bf16 (what the device reads once per
+    matmul; float32 weights stay float32), biases kept; a refill writes a new split into the
+    same tensors."""
+    from selective_offload.cpu_kernels.reference import dequantize
+    from selective_offload.cpu_kernels.weights import random_experts
+
+    held = "f32" if fmt == "f32" else "bf16"
+    dtype = torch.float32 if fmt == "f32" else torch.bfloat16
+    weights = random_experts(fmt, 8, 128, 64, seed=3)
+    share = held_share(weights, 5, "cpu")
+    assert share.fmt == held and share.num_experts == 5 and share.w13.dtype == share.w2.dtype == dtype
+    for name in ("w13", "w2"):
+        want = dequantize(weights, name)[:5]
+        torch.testing.assert_close(getattr(share, name).float(), want, rtol=2 ** -8, atol=0)  # bf16 rounding only
+    ptr = share.w13.data_ptr()
+    other = random_experts(fmt, 8, 128, 64, seed=4)
+    assert held_share(other, 5, "cpu", into=share) is share and share.w13.data_ptr() == ptr
+    torch.testing.assert_close(share.w2.float(), dequantize(other, "w2")[:5], rtol=2 ** -8, atol=0)
+    with pytest.raises(ValueError, match=f"not 4 {held} experts of this shape"):
+        held_share(other, 4, "cpu", into=share)
+    with pytest.raises(ValueError, match="a share of 1 to 8 experts, not 9"):
+        held_share(weights, 9, "cpu")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8-block", "int4"])
+def test_the_share_path_refuses_weights_not_held(fmt):
     from selective_offload.cpu_kernels.reference import moe_picked
     from selective_offload.cpu_kernels.weights import random_experts
 
-    weights = random_experts(fmt, 8, 128, 64, seed=3)
-    share = weights.leading(5, "cpu")
+    with pytest.raises(ValueError, match="hold the share in bf16 first"):
+        moe_picked(torch.zeros(1, 128), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2),
+                   random_experts(fmt, 8, 128, 64), Activation("silu"))
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 12])
+def test_the_share_path_matches_the_reference_without_a_synchronisation(tokens):
+    """``moe_picked`` (what a CUDA graph captures: no routing-dependent shape) against the
+    reference over the picks inside the share: gathered at 1 and 3 tokens, every expert of
+    the share at 12 (``estimate.share_gathers``); picks past the share and negative ids add
+    nothing. Its matmuls run in bf16, so it is held to bf16's rounding of the float32 sum."""
+    from selective_offload.cpu_kernels.reference import moe_picked
+    from selective_offload.cpu_kernels.weights import random_experts
+    from selective_offload.estimate import share_gathers
+
+    weights = random_experts("bf16", 32, 128, 64, seed=3)
+    share = held_share(weights, 28, "cpu")
+    assert share_gathers(tokens, 2, 28) == (tokens < 12)
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, 128, generator=g).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(tokens)]).to(torch.int32)
+    ids = torch.stack([torch.randperm(32, generator=g)[:2] for _ in range(tokens)]).to(torch.int32)
     ids[0, 1] = -1
     w = torch.rand(tokens, 2, generator=g)
-    inside = torch.where((ids >= 0) & (ids < 5), ids, torch.full_like(ids, -1))
+    inside = torch.where((ids >= 0) & (ids < 28), ids, torch.full_like(ids, -1))
     want = moe_reference(x, inside, w, weights, Activation("silu"))
-    for gather in (0, 64):
-        got = moe_picked(x, ids, w, share, Activation("silu"), gather_tokens=gather)
-        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)  # float32, summed in another order
+    got = moe_picked(x, ids, w, share, Activation("silu"))
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))

@@ -1,0 +1,71 @@
+"""The device share's path moves what the step model prices (``estimate.device_share_traffic``).
+
+The planner keeps a device share only where the GPU's part, priced from the bytes the path
+moves, hides under the CPU's; those bytes are counted here on the path itself. A byte
+ledger (a dispatch mode) adds up every operator's inputs and outputs as it runs, as each
+operator is one kernel reading and writing memory on a GPU, eager or replayed from a
+captured graph; views move nothing, and a gather reads what it writes. The CPU build runs
+the same operators the device would."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from selective_offload.cpu_kernels import Activation
+from selective_offload.cpu_kernels.reference import held_share, moe_picked
+from selective_offload.cpu_kernels.weights import random_experts
+from selective_offload.estimate import ExpertsRead, device_share_traffic, share_gathers
+
+H, I = 2048, 512
+GATHERS = {"aten::index_select", "aten::index", "aten::gather"}
+
+
+def _bytes(values) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_flatten(values)[0] if isinstance(t, torch.Tensor))
+
+
+class ByteLedger(TorchDispatchMode):
+    """Bytes each operator reads and writes, summed."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            name = func._schema.name
+            self.bytes += 2 * _bytes(out) if name in GATHERS else _bytes((args, kwargs)) + _bytes(out)
+        return out
+
+
+def moved(tokens: int, experts: int, share: int, k: int, bias: bool = False) -> tuple[int, float]:
+    """(bytes the path moved, bytes the step model prices) for one step."""
+    weights = random_experts("fp8-block", experts, H, I, seed=1)
+    held = held_share(weights, share, "cpu")
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, H, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]).to(torch.int32)
+    w = torch.rand(tokens, k, generator=g)
+    with ByteLedger() as ledger:
+        moe_picked(x, ids, w, held, Activation("silu"))
+    e = ExpertsRead(0, weights.nbytes, experts, k, "cpu", device_share=share / experts,
+                    held_nbytes=held.nbytes * experts // share)
+    return ledger.bytes, device_share_traffic(e, tokens)[0]
+
+
+@pytest.mark.parametrize("tokens,experts,share,k", [
+    (1, 32, 28, 2),   # decode: two pick slots gathered
+    (4, 32, 28, 2),   # a few tokens: eight slots gathered
+    (9, 32, 28, 2),   # past the gather bound: every expert of the share read once
+    (1, 32, 4, 2),    # gathering would cost more than the share: read once
+    (3, 1, 1, 1),     # a dense MLP's share: one expert every token takes
+])
+def test_the_share_path_moves_what_the_step_model_prices(tokens, experts, share, k):
+    got, priced = moved(tokens, experts, share, k)
+    assert share_gathers(tokens, k, share) == (tokens <= 4 and share == 28)
+    # the model prices the weights; the tokens, activations and sums add a little
+    assert priced <= got <= 1.25 * priced, (got, priced)
