@@ -118,6 +118,9 @@ class HostExperts:
         self.threads = threads
         self.device = torch.device(device)
         self.share = device_share
+        if device_share is not None and device_share.fmt not in ("bf16", "f32"):
+            raise ValueError(f"{group}: a {device_share.fmt} device share; hold it in bf16 first "
+                             "(cpu_kernels.reference.held_share)")
         if device_share is not None and share_channels and device_share.num_experts != weights.num_experts:
             raise ValueError(f"{group}: a share of channels holds every expert ({weights.num_experts}), not "
                              f"{device_share.num_experts}")

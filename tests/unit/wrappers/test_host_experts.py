@@ -203,12 +203,18 @@ def test_a_held_share_is_its_experts_in_bf16_in_storage_of_its_own(fmt):
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8-block", "int4"])
 def test_the_share_path_refuses_weights_not_held(fmt):
+    """A share in a quantized format is refused where it is handed over (the layer's host
+    experts) and where it would be computed, not dequantized at every step."""
     from selective_offload.cpu_kernels.reference import moe_picked
     from selective_offload.cpu_kernels.weights import random_experts
 
+    weights = random_experts(fmt, 8, 128, 64)
     with pytest.raises(ValueError, match="hold the share in bf16 first"):
-        moe_picked(torch.zeros(1, 128), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2),
-                   random_experts(fmt, 8, 128, 64), Activation("silu"))
+        moe_picked(torch.zeros(1, 128), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2), weights,
+                   Activation("silu"))
+    with pytest.raises(ValueError, match=f"a {fmt} device share; hold it in bf16 first"):
+        HostExperts("g", weights, Activation("silu"), crossover_tokens=4, threads=1, device=torch.device("cpu"),
+                    device_share=random_experts(fmt, 3, 128, 64))
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 12])
