@@ -40,9 +40,9 @@ change what that costs per generated token are priced here; every figure is an e
   host kernel's rate and computes them (at least their FLOPs at the CPU's matmul rate), with
   a fixed hand-off per layer (hidden states and top-k down, the weighted sum back). Above a
   crossover ``T`` the same distinct experts are instead copied over the link at the pinned
-  copy rate and computed on the GPU (:func:`host_compute_crossover`). The CPU's work and the
-  GPU's work of a layer are sequential (the layer's output is the next layer's input, and
-  the GPU waits for the sum). The copy engine does not wait: the prefetch offloader's next
+  copy rate and computed on the GPU, in float32 (:func:`host_compute_crossover`). The CPU's
+  work and the GPU's work of a layer are sequential (the layer's output is the next layer's
+  input, and the GPU waits for the sum). The copy engine does not wait: the prefetch offloader's next
   copy runs behind the CPU's time as behind the GPU's, but the copy and the CPU kernel both
   read host memory, so that stretch takes at least their host reads one after the other at
   the kernel's rate (:func:`pipelined_step_s`). Ranks sharing the host (tensor or expert
@@ -205,6 +205,13 @@ SHARE_MIN_BITS = 16
 #: writes it, the matmul reads the copy.
 SHARE_GATHER_TOKENS = 8
 SHARE_GATHER_TRAFFIC = 3
+#: Above the crossover the worker copies a step's experts to the device and computes them
+#: with torch ops in float32 (``cpu_kernels.reference.moe_reference``), dequantizing each
+#: expert on the way: bytes of VRAM traffic per copied byte, by CPU format (est: the ops'
+#: reads and writes counted on the path, ``tests/unit/cpu_kernels/test_share_traffic.py``).
+#: A quantized expert's float32 intermediates are many times its bytes; a fused kernel
+#: reading the format where it lies would move about one.
+COPIED_PATH_TRAFFIC = {"bf16": 7.0, "fp8-block": 31.0, "int4": 58.0, "mxfp4": 65.0}
 #: The most tokens per step the crossover search considers (a step of more tokens than
 #: this is prefill of a long prompt, always copied to the GPU when the CPU loses earlier).
 MAX_CROSSOVER_TOKENS = 1 << 20
@@ -325,6 +332,9 @@ class ExpertsRead:
     #: The group's bytes as a device share holds them (bf16: :func:`share_held_bytes`); 0:
     #: :attr:`nbytes`.
     held_nbytes: int = 0
+    #: Host-compute only: bytes of VRAM traffic per byte copied to the device above the
+    #: crossover (:data:`COPIED_PATH_TRAFFIC` of the plan's CPU format).
+    copied_traffic: float = 1.0
 
     def read_bytes(self, tokens: float) -> float:
         return self.nbytes * expert_read_fraction(self.num_experts, self.experts_per_token, tokens)
@@ -400,8 +410,12 @@ def host_compute_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -
     host = read * on_host / ranks / host_rate(settings)
     # mutation: cpu-rate-ignored
     cpu = max(host, flops * on_host / ranks / cpu_flop_s) + settings.handoff_s
+    # Copied, the host's picks move COPIED_PATH_TRAFFIC times their bytes; the share, its own.
+    share = device_share_traffic(e, max(1, round(tokens)))[0] if e.share > 0.0 else 0.0
+    # mutation: copied-path-read-once
+    moved = read * on_host * e.copied_traffic + share
     # mutation: crossover-cpu-rate-both-sides
-    gpu = read * on_host / link + max(read / vram, flops / gpu_flop_s if gpu_flop_s else 0.0) + settings.handoff_s
+    gpu = read * on_host / link + max(moved / vram, flops / gpu_flop_s if gpu_flop_s else 0.0) + settings.handoff_s
     return cpu, gpu, host
 
 
@@ -462,7 +476,8 @@ def host_compute_times(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", t
     the CPU (each rank reads its share of the distinct experts the step uses at its share of
     the host's kernel rate, and computes at least its share of their FLOPs at its share of
     the CPU's matmul rate), and copied over the link at the pinned copy rate and computed on
-    the GPU (read from VRAM once copied, at least their FLOPs at the GPU's rate when given).
+    the GPU (:data:`COPIED_PATH_TRAFFIC` times their bytes moved in VRAM, at least their FLOPs
+    at the GPU's rate when given).
     Each layer adds one hand-off either way (the routing decision is on the host for both)."""
     cpu = gpu = 0.0
     for e in experts:

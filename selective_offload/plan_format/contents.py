@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..estimate import (
+    COPIED_PATH_TRAFFIC,
     EXPERTS_CPU,
     EXPERTS_DEVICE,
     EXPERTS_PREFETCHED,
@@ -208,18 +209,23 @@ class PlanContents:
         stack = sorted((g for g in self.groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index)
         layers = tuple((g.est_read_bytes_per_step, g.placement == Placement.HOST_HOT) for g in stack)
         position = {g.layer_index: i for i, g in enumerate(stack)}
+        # Above the crossover the worker copies host-compute groups to the device and computes
+        # them there in float32, many times their bytes in traffic for a quantized format.
+        copied = COPIED_PATH_TRAFFIC.get(self.host_compute_format or "", 1.0)
         experts = tuple(
             ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement],
                         flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1),
                         # mutation: device-share-not-priced
-                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes))
+                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
+                        copied_traffic=copied)
             for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
         # A dense layer's MLP, split out to be computed on the host, is one expert every token
         # takes (E = k = 1): read whole, its FLOPs times the step's tokens.
         experts += tuple(
             ExpertsRead(position[g.layer_index], g.bytes, 1, 1, _EXPERTS_READ[g.placement], flops_per_token(g.dtype_bytes),
                         # mutation: channel-share-not-priced
-                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes))
+                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
+                        copied_traffic=copied)
             for g in self.groups if g.kind == GroupKind.MLP and g.layer_index in position)
         other = row_host = row_device = draft = 0
         other_flops = draft_flops = 0.0

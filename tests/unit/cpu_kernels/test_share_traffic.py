@@ -1,7 +1,9 @@
-"""The device share's path moves what the step model prices (``estimate.device_share_traffic``).
+"""The device share's path, and the path above the crossover, move what the step model
+prices (``estimate.device_share_traffic``, ``estimate.COPIED_PATH_TRAFFIC``).
 
 The planner keeps a device share only where the GPU's part, priced from the bytes the path
-moves, hides under the CPU's; those bytes are counted here on the path itself. A byte
+moves, hides under the CPU's, and sets the crossover where the copied path's bytes cost more
+than the CPU's time; those bytes are counted here on the paths themselves. A byte
 ledger (a dispatch mode) adds up every operator's inputs and outputs as it runs, as each
 operator is one kernel reading and writing memory on a GPU, eager or replayed from a
 captured graph; views move nothing, and a gather reads what it writes. The CPU build runs
@@ -15,9 +17,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from selective_offload.cpu_kernels import Activation
-from selective_offload.cpu_kernels.reference import held_share, moe_picked
+from selective_offload.cpu_kernels.reference import held_share, moe_picked, moe_reference
 from selective_offload.cpu_kernels.weights import random_experts
-from selective_offload.estimate import ExpertsRead, device_share_traffic, share_gathers
+from selective_offload.estimate import COPIED_PATH_TRAFFIC, ExpertsRead, device_share_traffic, share_gathers
 
 H, I = 2048, 512
 GATHERS = {"aten::index_select", "aten::index", "aten::gather"}
@@ -69,3 +71,20 @@ def test_the_share_path_moves_what_the_step_model_prices(tokens, experts, share,
     assert share_gathers(tokens, k, share) == (tokens <= 4 and share == 28)
     # the model prices the weights; the tokens, activations and sums add a little
     assert priced <= got <= 1.25 * priced, (got, priced)
+
+
+@pytest.mark.parametrize("fmt", sorted(COPIED_PATH_TRAFFIC))
+@pytest.mark.parametrize("tokens", [16, 64])
+def test_the_copied_path_moves_what_the_crossover_prices(fmt, tokens):
+    # Above the crossover a step's experts, once copied, are computed by moe_reference on the
+    # device; the crossover prices that as COPIED_PATH_TRAFFIC times the copied bytes.
+    experts, k = 8, 2
+    weights = random_experts(fmt, experts, H, I, seed=2)
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, H, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]).to(torch.int32)
+    assert ids.unique().numel() == experts  # every copied expert computed
+    with ByteLedger() as ledger:
+        moe_reference(x, ids, torch.rand(tokens, k, generator=g), weights, Activation("silu"))
+    priced = COPIED_PATH_TRAFFIC[fmt] * weights.nbytes
+    assert priced <= ledger.bytes <= 1.25 * priced, (fmt, ledger.bytes / weights.nbytes)

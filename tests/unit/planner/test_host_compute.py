@@ -14,6 +14,7 @@ from helpers import REPO
 from selective_offload.anchors import LLAMA_CPP, anchors_for
 from selective_offload.errors import PlanError
 from selective_offload.estimate import (
+    COPIED_PATH_TRAFFIC,
     EXPERTS_CPU,
     ExpertsRead,
     StepSettings,
@@ -70,12 +71,13 @@ def computed(plan):
 # ---- the step model
 
 
-def hand_times(tokens, n, *, cpu, link, vram, cpu_tflops, handoff):
-    """What the docstring of host_compute_times says, for ``n`` layers of this test's experts."""
+def hand_times(tokens, n, *, cpu, link, vram, cpu_tflops, handoff, traffic=1.0):
+    """What the docstring of host_compute_times says, for ``n`` layers of this test's experts
+    (``traffic``: bytes the copied path moves in VRAM per byte copied)."""
     read = EXPERTS_BYTES * (1 - (1 - K / E) ** tokens)
     flops = FLOPS_PER_TOKEN * tokens
     on_cpu = n * (max(read / (cpu * 1e9), flops / (cpu_tflops * 1e12)) + handoff)
-    copied = n * (read / (link * 1e9) + read / (vram * 1e9) + handoff)
+    copied = n * (read / (link * 1e9) + traffic * read / (vram * 1e9) + handoff)
     return on_cpu, copied
 
 
@@ -94,6 +96,28 @@ def test_the_crossover_is_the_last_step_size_the_cpu_still_wins_by_hand():
     assert host_compute_crossover(experts, replace(settings, cpu_tflops=0.2)) > first_loss - 1
     # a CPU slower than the link at reading loses at one token already
     assert host_compute_crossover(experts, replace(settings, cpu_gbps=1.0)) == 0
+
+
+def test_the_crossover_prices_the_copied_path_as_it_runs():
+    """Copied experts are dequantized and computed in float32 by torch ops on the device,
+    COPIED_PATH_TRAFFIC times their bytes in VRAM traffic: the copy loses more steps to the
+    CPU than one read of the copy would."""
+    traffic = COPIED_PATH_TRAFFIC["bf16"]
+    experts = [ExpertsRead(i, EXPERTS_BYTES, E, K, EXPERTS_CPU, FLOPS_PER_TOKEN, copied_traffic=traffic)
+               for i in range(3)]
+    settings = StepSettings(10.0, 100.0, cpu_gbps=40.0, cpu_tflops=0.05, handoff_s=20e-6, decode_read_gbps=100.0)
+    rates = dict(cpu=40.0, link=10.0, vram=100.0, cpu_tflops=0.05, handoff=20e-6)
+    for t in (1, 17, 200):
+        assert host_compute_times(experts, t, settings) == pytest.approx(hand_times(t, 3, traffic=traffic, **rates))
+    first_loss = next(t for t in range(1, 2000) if (lambda c: c[0] >= c[1])(hand_times(t, 3, traffic=traffic, **rates)))
+    assert host_compute_crossover(experts, settings) == first_loss - 1
+    once = [replace(e, copied_traffic=1.0) for e in experts]
+    assert host_compute_crossover(once, settings) < first_loss - 1
+    # a plan of a bf16 checkpoint prices its host-compute groups' copies so
+    ckpt = moe(4)
+    plan = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_gbps=40.0, cpu_gbps_source="flag")
+    on_cpu = [e for e in plan.traffic().experts if e.where == EXPERTS_CPU]
+    assert on_cpu and all(e.copied_traffic == traffic for e in on_cpu)
 
 
 def test_the_step_prices_host_compute_at_the_cpu_rate_and_one_hand_off_per_layer():
@@ -174,12 +198,13 @@ def test_bf16_experts_are_computed_on_the_host_and_the_plan_says_at_what_rate():
 
 def test_a_cpu_that_loses_at_one_token_leaves_every_step_to_the_copy():
     """At 2 GB/s the CPU loses at one token (crossover 0): a decode step copies the experts
-    it uses at the pinned copy rate, which still beats reading them through UVA."""
+    it uses at the pinned copy rate and computes them in float32 on the device, which beats
+    reading them in place through a slow UVA link."""
     ckpt = moe(4)
-    plan = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_gbps=2.0, cpu_gbps_source="flag")
+    plan = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_gbps=2.0, cpu_gbps_source="flag", uva_gbps=6.0)
     assert plan.host_compute.crossover_tokens == 0 and plan.est.est_cpu_s_per_step == 0.0
     assert any("above the crossover (0)" in n for n in plan.notes)
-    uva = plan_of(ckpt, ckpt.total_bytes / MB - 200, host_compute=False)
+    uva = plan_of(ckpt, ckpt.total_bytes / MB - 200, host_compute=False, uva_gbps=6.0)
     assert plan.est.est_step_s < uva.est.est_step_s
 
 
