@@ -456,18 +456,18 @@ def device_share_traffic(e: "ExpertsRead", tokens: int) -> tuple[float, float]:
     return share_experts * per_expert, tokens * share_experts * per_pick
 
 
-def device_share_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -> float:
-    """The GPU's time on the device share of a host-compute group (est): the bytes its path
-    moves from VRAM at the decode read rate, at least its FLOPs at the GPU's matmul rate when
-    given (:func:`device_share_traffic`). It runs while the CPU computes the rest (the two
-    are joined before the layer's output is used), so a layer costs the longer of the two,
-    not both."""
+def device_share_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -> tuple[float, float]:
+    """The GPU's time on the device share of a host-compute group (est), and the bytes its
+    path moves in VRAM (:func:`device_share_traffic`): those bytes at the decode read rate,
+    at least its FLOPs at the GPU's matmul rate when given. It runs while the CPU computes
+    the rest (the two are joined before the layer's output is used), so a layer costs the
+    longer of the two, not both."""
     if e.share <= 0.0:
-        return 0.0
+        return 0.0, 0.0
     vram = decode_read_rate(settings.vram_gbps, settings.decode_read_gbps) * 1e9
     gpu_flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
     traffic, flops = device_share_traffic(e, max(1, round(tokens)))
-    return max(traffic / vram, flops / gpu_flop_s if gpu_flop_s else 0.0)
+    return max(traffic / vram, flops / gpu_flop_s if gpu_flop_s else 0.0), traffic
 
 
 def host_compute_times(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]", tokens: float,
@@ -583,8 +583,8 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
         if tokens_per_pass <= crossover:
             for e in on_cpu:
                 cpu, _, host = host_compute_time(e, tokens_per_pass, settings)
-                share = device_share_time(e, tokens_per_pass, settings)
-                share_read_s += device_share_traffic(e, tokens_per_pass)[0] / gb_vram
+                share, moved = device_share_time(e, tokens_per_pass, settings)
+                share_read_s += moved / gb_vram
                 cpu_s += cpu
                 # The device share runs beside the CPU: the layer waits for the longer.
                 # mutation: device-share-not-overlapped
