@@ -40,7 +40,7 @@ change what that costs per generated token are priced here; every figure is an e
   host kernel's rate and computes them (at least their FLOPs at the CPU's matmul rate), with
   a fixed hand-off per layer (hidden states and top-k down, the weighted sum back). Above a
   crossover ``T`` the same distinct experts are instead copied over the link at the pinned
-  copy rate and computed on the GPU, in float32 (:func:`host_compute_crossover`). The CPU's
+  copy rate and computed on the GPU by torch ops (:func:`host_compute_crossover`). The CPU's
   work and the GPU's work of a layer are sequential (the layer's output is the next layer's
   input, and the GPU waits for the sum). The copy engine does not wait: the prefetch offloader's next
   copy runs behind the CPU's time as behind the GPU's, but the copy and the CPU kernel both
@@ -206,12 +206,12 @@ SHARE_MIN_BITS = 16
 SHARE_GATHER_TOKENS = 8
 SHARE_GATHER_TRAFFIC = 3
 #: Above the crossover the worker copies a step's experts to the device and computes them
-#: with torch ops in float32 (``cpu_kernels.reference.moe_reference``), dequantizing each
-#: expert on the way: bytes of VRAM traffic per copied byte, by CPU format (est: the ops'
-#: reads and writes counted on the path, ``tests/unit/cpu_kernels/test_share_traffic.py``).
-#: A quantized expert's float32 intermediates are many times its bytes; a fused kernel
-#: reading the format where it lies would move about one.
-COPIED_PATH_TRAFFIC = {"bf16": 7.0, "fp8-block": 31.0, "int4": 58.0, "mxfp4": 65.0}
+#: with torch ops (``cpu_kernels.reference.moe_copied``): bf16 as it is, MXFP4 dequantized
+#: to bf16 by a byte table, block FP8 and int4 to float32. Bytes of VRAM traffic per copied
+#: byte, by CPU format (est: the ops' reads and writes counted on the path,
+#: ``tests/unit/cpu_kernels/test_share_traffic.py``); a fused kernel reading the format where
+#: it lies would move about one.
+COPIED_PATH_TRAFFIC = {"bf16": 1.0, "fp8-block": 31.0, "int4": 58.0, "mxfp4": 25.0}
 #: The most tokens per step the crossover search considers (a step of more tokens than
 #: this is prefill of a long prompt, always copied to the GPU when the CPU loses earlier).
 MAX_CROSSOVER_TOKENS = 1 << 20

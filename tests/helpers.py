@@ -153,7 +153,7 @@ def uva_experts_plan(model_dir, device_fraction: float = 0.7):
 #: planner says so; priced with a negligible hand-off, the CPU wins as it does for real
 #: layers, and the CPU's matmul rate puts the crossover between a decode step of the four
 #: prompts (4 tokens) and their prefill (14).
-TINY_HOST_COMPUTE = dict(cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1, handoff_s=1e-9, cpu_tflops=0.03)
+TINY_HOST_COMPUTE = dict(cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1, handoff_s=1e-9, cpu_tflops=0.04)
 
 
 def compute_experts_plan(model_dir, device_fraction: float = 0.7, **inputs):

@@ -1,6 +1,7 @@
-"""The routed experts' computation in plain torch, float32: the kernel's oracle, and the
-path the runtime takes on the device above the crossover batch; and a device share's own
-path (:func:`held_share`, :func:`moe_picked`), in bf16, which reads its weights once.
+"""The routed experts' computation in plain torch, float32: the kernel's oracle; the path
+the runtime takes on the device above the crossover batch (:func:`moe_copied`); and a
+device share's own path (:func:`held_share`, :func:`moe_picked`), in bf16, which reads its
+weights once.
 
 Only torch operations, so it runs on whatever device the tensors are on (a CUDA tensor, a
 UVA view of host memory); nothing here calls the compiled kernel.
@@ -220,3 +221,59 @@ def moe_picked(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
         y = expert_out(weights.w13[e], weights.w2[e], b13, b2)
         out += y * (tw * (safe == e)).sum(-1, keepdim=True)
     return out
+
+
+_MXFP4_BYTES: dict[torch.device, torch.Tensor] = {}
+
+
+def _mxfp4_bf16(weights: ExpertWeights, which: str, e: int) -> torch.Tensor:
+    """Expert ``e``'s ``which`` of MXFP4 weights in bf16, exactly (an e2m1 value times a power
+    of two is a bf16 value): each byte looked up in a table of its two values, each block of
+    32 times its scale. A few bytes of traffic a parameter, where :func:`dequantize`'s
+    float32 intermediates take tens."""
+    w, scale = getattr(weights, which)[e], getattr(weights, which + "_scale")[e]
+    table = _MXFP4_BYTES.get(w.device)
+    if table is None:
+        b, values = torch.arange(256), torch.tensor(E2M1)
+        # mutation: copied-mxfp4-nibble-order
+        table = torch.stack((values[b & 0x0F], values[b >> 4]), -1)
+        table = _MXFP4_BYTES[w.device] = table.bfloat16().to(w.device)
+    values = torch.nn.functional.embedding(w.int(), table).flatten(-2)  # byte i: elements 2i, 2i+1
+    factor = torch.exp2(scale.float() - 127.0).bfloat16()
+    return (values.unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
+
+
+def _one_expert(weights: ExpertWeights, which: str, e: int) -> torch.Tensor:
+    """Expert ``e``'s ``which`` as the copied path multiplies it: bf16 and float32 weights as
+    they are (a view), MXFP4 in bf16 (:func:`_mxfp4_bf16`), others in float32."""
+    if weights.fmt in ("bf16", "f32"):
+        return getattr(weights, which)[e]
+    if weights.fmt == "mxfp4":
+        # mutation: copied-mxfp4-through-float32
+        return _mxfp4_bf16(weights, which, e)
+    return dequantize(weights, which, torch.tensor([e], device=weights.w13.device))[0]
+
+
+def moe_copied(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: ExpertWeights,
+               activation: Activation) -> torch.Tensor:
+    """The sum :func:`moe_reference` makes (picks with id >= 0), as the device computes it
+    above the crossover, on experts copied there: each expert the step uses is multiplied in
+    the dtype :func:`_one_expert` gives it, its weights read once by each matmul, the sums
+    in float32. ``estimate.COPIED_PATH_TRAFFIC`` prices what this moves. float32 [T, H], on
+    the weights' device; not for a CUDA graph (the experts it visits depend on the routing)."""
+    dev = weights.w13.device
+    ids = topk_ids.to(dev, torch.long)
+    tw = topk_weights.to(dev, torch.float32)
+    keep = ids >= 0
+    result = torch.zeros(x.shape[0], weights.hidden, dtype=torch.float32, device=dev)
+    for e in torch.unique(ids[keep]).tolist():
+        tok, pick = torch.nonzero(keep & (ids == e), as_tuple=True)
+        w13, w2 = _one_expert(weights, "w13", e), _one_expert(weights, "w2", e)
+        h = torch.nn.functional.linear(x.to(dev)[tok].to(w13.dtype), w13).float()
+        if weights.w13_bias is not None:
+            h = h + weights.w13_bias[e].float()
+        y = torch.nn.functional.linear(activate(h, activation).to(w2.dtype), w2).float()
+        if weights.w2_bias is not None:
+            y = y + weights.w2_bias[e].float()
+        result.index_add_(0, tok, y * tw[tok, pick].unsqueeze(-1))
+    return result

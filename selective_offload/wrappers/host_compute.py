@@ -260,8 +260,7 @@ class HostExperts:
         local = torch.full((self.weights.num_experts,), -1, dtype=torch.long, device=ids.device)
         local[used.to(ids.device)] = torch.arange(used.numel(), device=ids.device)
         remapped = torch.where(valid, local[ids.clamp(min=0)], torch.full_like(ids, -1))
-        out = cpu_kernels.reference.moe_reference(x, remapped.to(torch.int32), topk_weights.to(torch.float32), sub,
-                                                  self.activation)
+        out = cpu_kernels.reference.moe_copied(x, remapped, topk_weights, sub, self.activation)
         self.counts.device.add(int(x.shape[0]), None if self.on_cuda else time.perf_counter() - start)
         return out.to(x.dtype)
 

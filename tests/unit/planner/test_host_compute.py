@@ -98,11 +98,11 @@ def test_the_crossover_is_the_last_step_size_the_cpu_still_wins_by_hand():
     assert host_compute_crossover(experts, replace(settings, cpu_gbps=1.0)) == 0
 
 
-def test_the_crossover_prices_the_copied_path_as_it_runs():
-    """Copied experts are dequantized and computed in float32 by torch ops on the device,
+def test_the_crossover_prices_the_copied_path_as_it_runs(monkeypatch):
+    """Copied experts are dequantized and computed by torch ops on the device, for MXFP4
     COPIED_PATH_TRAFFIC times their bytes in VRAM traffic: the copy loses more steps to the
     CPU than one read of the copy would."""
-    traffic = COPIED_PATH_TRAFFIC["bf16"]
+    traffic = COPIED_PATH_TRAFFIC["mxfp4"]
     experts = [ExpertsRead(i, EXPERTS_BYTES, E, K, EXPERTS_CPU, FLOPS_PER_TOKEN, copied_traffic=traffic)
                for i in range(3)]
     settings = StepSettings(10.0, 100.0, cpu_gbps=40.0, cpu_tflops=0.05, handoff_s=20e-6, decode_read_gbps=100.0)
@@ -113,7 +113,8 @@ def test_the_crossover_prices_the_copied_path_as_it_runs():
     assert host_compute_crossover(experts, settings) == first_loss - 1
     once = [replace(e, copied_traffic=1.0) for e in experts]
     assert host_compute_crossover(once, settings) < first_loss - 1
-    # a plan of a bf16 checkpoint prices its host-compute groups' copies so
+    # a plan prices its host-compute groups' copies at its format's traffic
+    monkeypatch.setitem(COPIED_PATH_TRAFFIC, "bf16", traffic)
     ckpt = moe(4)
     plan = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_gbps=40.0, cpu_gbps_source="flag")
     on_cpu = [e for e in plan.traffic().experts if e.where == EXPERTS_CPU]
@@ -198,13 +199,12 @@ def test_bf16_experts_are_computed_on_the_host_and_the_plan_says_at_what_rate():
 
 def test_a_cpu_that_loses_at_one_token_leaves_every_step_to_the_copy():
     """At 2 GB/s the CPU loses at one token (crossover 0): a decode step copies the experts
-    it uses at the pinned copy rate and computes them in float32 on the device, which beats
-    reading them in place through a slow UVA link."""
+    it uses at the pinned copy rate, which still beats reading them through UVA."""
     ckpt = moe(4)
-    plan = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_gbps=2.0, cpu_gbps_source="flag", uva_gbps=6.0)
+    plan = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_gbps=2.0, cpu_gbps_source="flag")
     assert plan.host_compute.crossover_tokens == 0 and plan.est.est_cpu_s_per_step == 0.0
     assert any("above the crossover (0)" in n for n in plan.notes)
-    uva = plan_of(ckpt, ckpt.total_bytes / MB - 200, host_compute=False, uva_gbps=6.0)
+    uva = plan_of(ckpt, ckpt.total_bytes / MB - 200, host_compute=False)
     assert plan.est.est_step_s < uva.est.est_step_s
 
 

@@ -96,7 +96,9 @@ def test_gpt_oss_activation_and_biases_on_both_paths():
         he = experts(crossover=4, weights=bf16_weights(bias=True), activation=act)
         x, ids, w = routing(tokens)
         want = moe_reference(x, ids, w, he.weights, act)
-        torch.testing.assert_close(he(x, ids, w).float(), want, rtol=2e-2, atol=2e-3)
+        # above the crossover bf16 weights multiply bf16 activations, as a GPU's fused MoE does
+        atol = 2e-3 if tokens <= 4 else 1e-2 * want.abs().max().item()
+        torch.testing.assert_close(he(x, ids, w).float(), want, rtol=2e-2, atol=atol)
 
 
 def test_the_device_path_copies_only_the_experts_the_step_uses(monkeypatch):
