@@ -206,12 +206,12 @@ SHARE_MIN_BITS = 16
 SHARE_GATHER_TOKENS = 8
 SHARE_GATHER_TRAFFIC = 3
 #: Above the crossover the worker copies a step's experts to the device and computes them
-#: with torch ops (``cpu_kernels.reference.moe_copied``): bf16 as it is, MXFP4 dequantized
-#: to bf16 by a byte table, block FP8 and int4 to float32. Bytes of VRAM traffic per copied
+#: with torch ops (``cpu_kernels.reference.moe_copied``): bf16 as it is, a quantized format
+#: dequantized to bf16 an expert at a time. Bytes of VRAM traffic per copied
 #: byte, by CPU format (est: the ops' reads and writes counted on the path,
 #: ``tests/unit/cpu_kernels/test_share_traffic.py``); a fused kernel reading the format where
 #: it lies would move about one.
-COPIED_PATH_TRAFFIC = {"bf16": 1.0, "fp8-block": 31.0, "int4": 58.0, "mxfp4": 25.0}
+COPIED_PATH_TRAFFIC = {"bf16": 1.0, "fp8-block": 9.0, "int4": 24.0, "mxfp4": 25.0}
 #: The most tokens per step the crossover search considers (a step of more tokens than
 #: this is prefill of a long prompt, always copied to the GPU when the CPU loses earlier).
 MAX_CROSSOVER_TOKENS = 1 << 20

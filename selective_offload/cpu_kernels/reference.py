@@ -65,20 +65,22 @@ def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None 
             z = torch.stack((z & 0x0F, z >> 4), dim=2).reshape(z.shape[0], -1, z.shape[-1])
             values = codes.float() - z.float().repeat_interleave(codes.shape[-1] // z.shape[-1], dim=-1)
         return (values.unflatten(-1, (scale.shape[-1], -1)) * scale.float().unsqueeze(-1)).flatten(-2)
-    # fp8-block: one scale per (block_n rows, block_k columns); w13's gate and up halves each
-    # start a new block row (vLLM's w13 scale is 2 * ceil(I / block_n) rows).
-    bn, bk = weights.block
-    rows, cols = w.shape[1], w.shape[2]
-    r = torch.arange(rows, device=w.device)
+    # fp8-block: one scale per (block_n rows, block_k columns) (:func:`_block_rows`).
+    bcol = torch.arange(w.shape[2], device=w.device) // weights.block[1]
+    full = scale.index_select(1, _block_rows(weights, which, w.device)).index_select(2, bcol)
+    return w.float() * full
+
+
+def _block_rows(weights: ExpertWeights, which: str, device: torch.device) -> torch.Tensor:
+    """Block FP8: the scale row of each of ``which``'s rows. w13's gate and up halves each
+    start a new block row (vLLM's w13 scale is 2 * ceil(I / block_n) rows)."""
+    bn = weights.block[0]
+    r = torch.arange(getattr(weights, which).shape[1], device=device)
     if which == "w13":
         I = weights.intermediate
         shard = r // I
-        brow = shard * (-(-I // bn)) + (r - shard * I) // bn
-    else:
-        brow = r // bn
-    bcol = torch.arange(cols, device=w.device) // bk
-    full = scale.index_select(1, brow).index_select(2, bcol)
-    return w.float() * full
+        return shard * (-(-I // bn)) + (r - shard * I) // bn
+    return r // bn
 
 
 def activate(h: torch.Tensor, activation: Activation) -> torch.Tensor:
@@ -223,35 +225,54 @@ def moe_picked(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     return out
 
 
-_MXFP4_BYTES: dict[torch.device, torch.Tensor] = {}
+_BYTE_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
 
 
-def _mxfp4_bf16(weights: ExpertWeights, which: str, e: int) -> torch.Tensor:
-    """Expert ``e``'s ``which`` of MXFP4 weights in bf16, exactly (an e2m1 value times a power
-    of two is a bf16 value): each byte looked up in a table of its two values, each block of
-    32 times its scale. A few bytes of traffic a parameter, where :func:`dequantize`'s
-    float32 intermediates take tens."""
-    w, scale = getattr(weights, which)[e], getattr(weights, which + "_scale")[e]
-    table = _MXFP4_BYTES.get(w.device)
+def _nibbles_bf16(w: torch.Tensor, kind: str) -> torch.Tensor:
+    """Packed 4-bit codes [rows, cols / 2] (element 2i in byte i's low nibble, 2i + 1 in its
+    high one) as bf16 values [rows, cols], each byte looked up in a table of its two values,
+    exact: e2m1 values (``"e2m1"``), codes 0 to 15 (``"code"``) or codes less 8 (``"code-8"``).
+    A few bytes of traffic a parameter, where :func:`dequantize`'s float32 intermediates take
+    tens."""
+    table = _BYTE_TABLES.get((kind, w.device))
     if table is None:
-        b, values = torch.arange(256), torch.tensor(E2M1)
-        # mutation: copied-mxfp4-nibble-order
+        b = torch.arange(256)
+        values = torch.tensor(E2M1) if kind == "e2m1" else torch.arange(16.0) - (8.0 if kind == "code-8" else 0.0)
+        # mutation: copied-nibble-order
         table = torch.stack((values[b & 0x0F], values[b >> 4]), -1)
-        table = _MXFP4_BYTES[w.device] = table.bfloat16().to(w.device)
-    values = torch.nn.functional.embedding(w.int(), table).flatten(-2)  # byte i: elements 2i, 2i+1
-    factor = torch.exp2(scale.float() - 127.0).bfloat16()
-    return (values.unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
+        table = _BYTE_TABLES[(kind, w.device)] = table.bfloat16().to(w.device)
+    return torch.nn.functional.embedding(w.int(), table).flatten(-2)
 
 
 def _one_expert(weights: ExpertWeights, which: str, e: int) -> torch.Tensor:
     """Expert ``e``'s ``which`` as the copied path multiplies it: bf16 and float32 weights as
-    they are (a view), MXFP4 in bf16 (:func:`_mxfp4_bf16`), others in float32."""
+    they are (a view); MXFP4 (exactly: an e2m1 value times a power of two is a bf16 value),
+    int4 and block FP8 dequantized to bf16 in a few passes over the expert, each value times
+    its scale rounded once; block FP8 whose columns do not fill whole blocks in float32
+    (:func:`dequantize`)."""
+    w = getattr(weights, which)[e]
     if weights.fmt in ("bf16", "f32"):
-        return getattr(weights, which)[e]
+        return w
+    scale = getattr(weights, which + "_scale")[e]
     if weights.fmt == "mxfp4":
+        factor = torch.exp2(scale.float() - 127.0).bfloat16()
         # mutation: copied-mxfp4-through-float32
-        return _mxfp4_bf16(weights, which, e)
-    return dequantize(weights, which, torch.tensor([e], device=weights.w13.device))[0]
+        return (_nibbles_bf16(w, "e2m1").unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
+    if weights.fmt == "int4":
+        zeros = getattr(weights, which + "_zeros")
+        if zeros is None:
+            values = _nibbles_bf16(w, "code-8").unflatten(-1, (scale.shape[-1], -1))
+        else:  # rows 2m and 2m+1 in a byte's low and high nibble, one byte per group
+            z = torch.stack((zeros[e] & 0x0F, zeros[e] >> 4), dim=1).reshape(-1, zeros.shape[-1])
+            # mutation: copied-int4-zero-rows
+            values = _nibbles_bf16(w, "code").unflatten(-1, (scale.shape[-1], -1)) - z.bfloat16().unsqueeze(-1)
+        return (values * scale.bfloat16().unsqueeze(-1)).flatten(-2)
+    bk = weights.block[1]
+    if w.shape[-1] % bk:
+        return dequantize(weights, which, torch.tensor([e], device=w.device))[0]
+    # mutation: copied-fp8-block-rows
+    rows = scale.index_select(0, _block_rows(weights, which, w.device)).bfloat16()  # [rows, column blocks]
+    return (w.bfloat16().unflatten(-1, (-1, bk)) * rows.unsqueeze(-1)).flatten(-2)
 
 
 def moe_copied(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: ExpertWeights,

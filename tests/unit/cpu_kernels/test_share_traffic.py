@@ -11,6 +11,7 @@ the same operators the device would."""
 
 from __future__ import annotations
 
+import makers
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -91,16 +92,24 @@ def test_the_copied_path_moves_what_the_crossover_prices(fmt, tokens):
     assert priced <= ledger.bytes <= 1.25 * priced, (fmt, ledger.bytes / (weights.expert_bytes * used))
 
 
-@pytest.mark.parametrize("fmt", sorted(COPIED_PATH_TRAFFIC) + ["f32"])
-def test_the_copied_path_sums_what_the_reference_sums(fmt):
-    # bf16 matmuls (bf16 and MXFP4 weights) round; float32 ones are the reference's own ops
-    weights = random_experts(fmt, 8, 256, 64, seed=3)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 256, generator=g)
-    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(5)]).to(torch.int32)
-    ids[1, 1] = -1
-    w = torch.rand(5, 2, generator=g)
+@pytest.mark.parametrize("fmt,kw", [("bf16", {}), ("mxfp4", {}), ("int4", {}), ("int4", dict(zeros=True)),
+                                     ("int4", dict(scale_dtype=torch.float16, group=64)), ("fp8-block", {}),
+                                     ("fp8-block", dict(block=(64, 96)))])  # 256 columns: not whole blocks
+def test_the_copied_path_sums_what_the_reference_sums(fmt, kw):
+    # quantized weights dequantized to bf16 (each value times its scale rounded once) and bf16
+    # matmuls round; a wrong nibble, zero point or scale moves the sums by whole units
+    weights = makers.experts(fmt, 8, 256, 64, seed=3, **kw)
+    ids, w = makers.routing(5, 2, 8)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(0))
     got = moe_copied(x, ids, w, weights, Activation("silu"))
     want = moe_reference(x, ids, w, weights, Activation("silu"))
-    rounds = fmt in ("bf16", "mxfp4")
-    assert torch.allclose(got, want, rtol=0.0, atol=(2e-2 if rounds else 1e-5) * want.abs().max().item())
+    assert torch.allclose(got, want, rtol=0.0, atol=2e-2 * want.abs().max().item())
+    assert not torch.allclose(got, torch.zeros_like(got))
+
+
+def test_float32_experts_copied_are_the_reference_exactly():
+    weights = random_experts("f32", 8, 256, 64, seed=3)
+    ids, w = makers.routing(5, 2, 8)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(moe_copied(x, ids, w, weights, Activation("silu")),
+                       moe_reference(x, ids, w, weights, Activation("silu")))
