@@ -42,11 +42,12 @@ change what that costs per generated token are priced here; every figure is an e
   crossover ``T`` the same distinct experts are instead copied over the link at the pinned
   copy rate and computed on the GPU by torch ops (:func:`host_compute_crossover`). The CPU's
   work and the GPU's work of a layer are sequential (the layer's output is the next layer's
-  input, and the GPU waits for the sum). The copy engine does not wait: the prefetch offloader's next
-  copy runs behind the CPU's time as behind the GPU's, but the copy and the CPU kernel both
-  read host memory, so that stretch takes at least their host reads one after the other at
-  the kernel's rate (:func:`pipelined_step_s`). Ranks sharing the host (tensor or expert
-  parallel) each compute their share with their share of the host's memory bandwidth.
+  input, and the GPU waits for the sum). The copy engine does not wait: the prefetch
+  offloader's next copy runs behind the CPU's time as behind the GPU's, but the copy and
+  the CPU kernel both read host memory, so that stretch takes at least their host reads
+  one after the other at the kernel's rate (:func:`pipelined_step_s`). Ranks sharing the
+  host (tensor or expert parallel) each compute their share with their share of the host's
+  memory bandwidth.
   With a device share, part of each layer is also held on the device and the GPU computes
   the picks that land there while the CPU computes the rest; the layer costs the longer of
   the two, the GPU's part priced by the bytes its torch path moves
@@ -207,8 +208,8 @@ SHARE_GATHER_TOKENS = 8
 SHARE_GATHER_TRAFFIC = 3
 #: Above the crossover the worker copies a step's experts to the device and computes them
 #: with torch ops (``cpu_kernels.reference.moe_copied``): bf16 as it is, a quantized format
-#: dequantized to bf16 an expert at a time. Bytes of VRAM traffic per copied
-#: byte, by CPU format (est: the ops' reads and writes counted on the path,
+#: dequantized to bf16 an expert at a time. Bytes of VRAM traffic per copied byte, by CPU
+#: format (est: the ops' reads and writes counted on the path,
 #: ``tests/unit/cpu_kernels/test_share_traffic.py``); a fused kernel reading the format where
 #: it lies would move about one.
 COPIED_PATH_TRAFFIC = {"bf16": 1.0, "fp8-block": 9.0, "int4": 24.0, "mxfp4": 25.0}

@@ -210,7 +210,8 @@ class PlanContents:
         layers = tuple((g.est_read_bytes_per_step, g.placement == Placement.HOST_HOT) for g in stack)
         position = {g.layer_index: i for i, g in enumerate(stack)}
         # Above the crossover the worker copies host-compute groups to the device and computes
-        # them there in float32, many times their bytes in traffic for a quantized format.
+        # them there with torch ops: a quantized format, dequantized first, moves many times
+        # its bytes.
         copied = COPIED_PATH_TRAFFIC.get(self.host_compute_format or "", 1.0)
         experts = tuple(
             ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement],

@@ -7,10 +7,11 @@ quantised per block of 32, as llama.cpp does for these weights), so the check is
 log-probabilities: plain vLLM's greedy tokens fed back as prompts, and every position's
 log-probability of the next token under the host-compute engine within LOGPROB_TOL of
 plain vLLM's. Observed on a 2-core Intel Xeon, on three random models of this shape: 0.03
-to 0.28 for the int8 host path; 0.008 to 0.04 for the device path (the torch reference
-above the crossover), and 0.008 for a host path that decoded MXFP4 to float32 (the
-AVX-512 build without AVX512-BF16, before every SIMD build took the int8 path): the
-difference is int8's rounding, which random codes of uniform magnitude amplify; a wrong
+to 0.28 for the int8 host path; 0.008 to 0.04 for the device path above the crossover while
+it computed in float32 (it now multiplies in bf16, ``reference.moe_copied``, as plain
+vLLM's kernel does; not observed since on an AMX machine); and 0.008 for a host path that
+decoded MXFP4 to float32 (the AVX-512 build without AVX512-BF16, before every SIMD build
+took the int8 path): the difference is int8's rounding, which random codes of uniform magnitude amplify; a wrong
 layout, a lost pick or a wrong scale moves them by whole units.
 """
 
@@ -58,7 +59,7 @@ def test_every_position_is_within_the_tolerance_of_plain_vllm_on_the_host_kernel
 
 def test_decode_on_the_host_and_prefill_on_the_device(run):
     """The crossover plan: decode steps on the CPU kernel, the prefill copied to the device
-    (the torch reference), so each prompt's first token, decided by the prefill, is plain
+    (``reference.moe_copied``), so each prompt's first token, decided by the prefill, is plain
     vLLM's; later tokens may part at a near tie (the check above bounds how far)."""
     assert run.decode_report.ok, run.decode_report.problems
     served = dict(run.decode_report.transfers)[EXPERTS]["host_compute"]
