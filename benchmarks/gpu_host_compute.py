@@ -20,9 +20,11 @@ one part of that:
   at or below its crossover: the stream-ordered host function, called eagerly and
   replayed from a graph, as vLLM replays its captured sizes); ``device_path`` (the same
   object above its crossover: the step's distinct experts copied to the device and
-  computed there); ``uva`` (the torch reference, ``cpu_kernels.reference.moe_reference``,
-  on UVA device views of the very page-locked tensors the CPU reads, so every expert
-  byte crosses the link inside a kernel); ``resident`` (the reference on device copies:
+  computed there, beside ``device_path_traffic_bytes_est``, the device-memory bytes the
+  crossover prices its torch ops at, ``estimate.COPIED_PATH_TRAFFIC``); ``uva`` (the
+  torch reference, ``cpu_kernels.reference.moe_reference``, on UVA device views of the
+  very page-locked tensors the CPU reads, so every expert byte crosses the link inside a
+  kernel); ``resident`` (the reference on device copies:
   the reference's own launch overhead, so ``uva - resident`` is the link's part);
   ``uva_floor`` (the step's distinct expert bytes over the UVA read rate of a
   matrix-vector product on the same view: what any kernel reading them in place pays at

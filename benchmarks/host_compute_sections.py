@@ -9,6 +9,8 @@ import ctypes
 import statistics
 import time
 
+from selective_offload.estimate import COPIED_PATH_TRAFFIC
+
 from host_compute_layers import (
     CHECKED_TOKENS, LAYERS_SHARE, NO_CUDA, ROUTINGS, TOL_BF16, TOL_F32, Shape, _reason, activation, capture, check,
     crossover, distinct, make_inputs, thread_counts, timed, with_tensors,
@@ -229,6 +231,8 @@ def measure_layer(ctx: Ctx, shape: Shape, weights, tokens: tuple[int, ...], *, v
                     for (x, i, w), o in zip(sets, outs)]
             paths.append(("kernel", lambda j: jobs[j].run(), kernel_tol, host_ref))
             paths.append(("host_eager", lambda j: host(*on[j]), TOL_BF16, host_ref))
+        # What the crossover prices the device path at beside its copy (est): the VRAM bytes its ops move.
+        row["device_path_traffic_bytes_est"] = row["expert_bytes_read"] * COPIED_PATH_TRAFFIC.get(shape.fmt, 1.0)
         if copy is not None:
             paths.append(("device_path", lambda j: copy(*on[j]), TOL_BF16, ref))
         if uva is not None:
