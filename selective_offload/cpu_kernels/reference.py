@@ -248,8 +248,9 @@ def _one_expert(weights: ExpertWeights, which: str, e: int) -> torch.Tensor:
     """Expert ``e``'s ``which`` as the copied path multiplies it: bf16 and float32 weights as
     they are (a view); MXFP4 (exactly: an e2m1 value times a power of two is a bf16 value),
     int4 and block FP8 dequantized to bf16 in a few passes over the expert, each value times
-    its scale rounded once; block FP8 whose columns do not fill whole blocks in float32
-    (:func:`dequantize`)."""
+    its scale in bf16 (a float32 or f16 scale rounded to bf16 first: :func:`held_share`'s
+    float32 products may round a last bit differently); block FP8 whose columns do not fill
+    whole blocks in float32 (:func:`dequantize`)."""
     w = getattr(weights, which)[e]
     if weights.fmt in ("bf16", "f32"):
         return w
