@@ -111,6 +111,51 @@ def test_the_device_path_copies_only_the_experts_the_step_uses(monkeypatch):
     assert seen == [sorted(set(ids.flatten().tolist()))]
 
 
+def test_the_device_path_copies_runs_of_experts_from_views_of_the_host_weights():
+    """Each run of consecutive experts a step uses is one copy whose source is a view of the
+    page-locked weights themselves (on a GPU: a DMA at the pinned rate); nothing gathers them
+    on the host first, which would copy them twice, the second time from pageable memory."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    he = experts(crossover=0)
+    storages = {t.untyped_storage().data_ptr() for t in he.weights.tensors().values()}
+    seen: list[tuple[str, int | None]] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            src = args[1].untyped_storage().data_ptr() if func.__name__.startswith("copy_") else None
+            seen.append((func._schema.name, src))
+            return func(*args, **(kwargs or {}))
+
+    used = torch.tensor([1, 2, 3, 6])  # two runs: 1-3 and 6
+    with Ops():
+        sub = he._experts_on_device(used)
+    copies = [src for name, src in seen if name == "aten::copy_"]
+    assert not [name for name, _ in seen if name in ("aten::index_select", "aten::index", "aten::gather")]
+    assert len(copies) == 2 * len(he.weights.tensors()) and set(copies) <= storages
+    for name, t in he.weights.tensors().items():
+        assert torch.equal(getattr(sub, name), t[used])
+
+
+def test_int4_zero_points_travel_with_their_experts_above_the_crossover():
+    """AWQ's zero points are per expert like its codes and scales: the device path copies
+    them with the step's experts."""
+    from dataclasses import replace
+
+    from selective_offload.cpu_kernels.weights import random_experts
+
+    g = torch.Generator().manual_seed(3)
+    weights = random_experts("int4", E, 256, 64)  # groups of 32: 8 per w13 row, 2 per w2 row
+    weights = replace(weights, w13_zeros=torch.randint(0, 256, (E, 64, 8), generator=g, dtype=torch.uint8),
+                      w2_zeros=torch.randint(0, 256, (E, 128, 2), generator=g, dtype=torch.uint8))
+    he = HostExperts("model.layers.0.mlp.experts", weights, Activation("silu"), crossover_tokens=0, threads=1,
+                     device=torch.device("cpu"))
+    x, ids, w = torch.randn(2, 256, generator=g), torch.tensor([[0, 5], [5, 2]], dtype=torch.int32), torch.rand(2, 2)
+    assert ids.unique().numel() < E
+    want = moe_reference(x, ids, w, weights, he.activation)
+    torch.testing.assert_close(he(x, ids, w).float(), want, rtol=0.0, atol=2e-2 * want.abs().max().item())
+
+
 def test_a_negative_crossover_is_refused():
     with pytest.raises(ValueError, match="crossover"):
         experts(crossover=-1)
