@@ -231,10 +231,10 @@ def measure_layer(ctx: Ctx, shape: Shape, weights, tokens: tuple[int, ...], *, v
                     for (x, i, w), o in zip(sets, outs)]
             paths.append(("kernel", lambda j: jobs[j].run(), kernel_tol, host_ref))
             paths.append(("host_eager", lambda j: host(*on[j]), TOL_BF16, host_ref))
-        # What the crossover prices the device path at beside its copy (est): the VRAM bytes its ops move.
-        row["device_path_traffic_bytes_est"] = row["expert_bytes_read"] * COPIED_PATH_TRAFFIC.get(shape.fmt, 1.0)
         if copy is not None:
             paths.append(("device_path", lambda j: copy(*on[j]), TOL_BF16, ref))
+            # what the crossover prices the path at beside its copy (est): the VRAM bytes its ops move
+            row["device_path_traffic_bytes_est"] = row["expert_bytes_read"] * COPIED_PATH_TRAFFIC.get(shape.fmt, 1.0)
         if uva is not None:
             paths.append(("uva", lambda j: cpu_kernels.reference.moe_reference(*on[j], uva, act), TOL_F32, ref))
         if dev is not None:

@@ -96,7 +96,7 @@ def test_the_copied_path_moves_what_the_crossover_prices(fmt, tokens):
                                      ("int4", dict(scale_dtype=torch.float16, group=64)), ("fp8-block", {}),
                                      ("fp8-block", dict(block=(64, 96)))])  # 256 columns: not whole blocks
 def test_the_copied_path_sums_what_the_reference_sums(fmt, kw):
-    # quantized weights dequantized to bf16 (each value times its scale rounded once) and bf16
+    # quantized weights dequantized to bf16 (each value times its scale, in bf16) and bf16
     # matmuls round; a wrong nibble, zero point or scale moves the sums by whole units
     weights = makers.experts(fmt, 8, 256, 64, seed=3, **kw)
     ids, w = makers.routing(5, 2, 8)
