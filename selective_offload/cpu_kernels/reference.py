@@ -260,14 +260,15 @@ def _one_expert(weights: ExpertWeights, which: str, e: int) -> torch.Tensor:
         # mutation: copied-mxfp4-through-float32
         return (_nibbles_bf16(w, "e2m1").unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
     if weights.fmt == "int4":
-        zeros = getattr(weights, which + "_zeros")
+        zeros, s = getattr(weights, which + "_zeros"), scale.bfloat16().unsqueeze(-1)
         if zeros is None:
-            values = _nibbles_bf16(w, "code-8").unflatten(-1, (scale.shape[-1], -1))
-        else:  # rows 2m and 2m+1 in a byte's low and high nibble, one byte per group
-            z = torch.stack((zeros[e] & 0x0F, zeros[e] >> 4), dim=1).reshape(-1, zeros.shape[-1])
-            # mutation: copied-int4-zero-rows
-            values = _nibbles_bf16(w, "code").unflatten(-1, (scale.shape[-1], -1)) - z.bfloat16().unsqueeze(-1)
-        return (values * scale.bfloat16().unsqueeze(-1)).flatten(-2)
+            return (_nibbles_bf16(w, "code-8").unflatten(-1, (scale.shape[-1], -1)) * s).flatten(-2)
+        # rows 2m and 2m+1 in a byte's low and high nibble, one byte per group; code * scale
+        # less zero * scale in one pass over the expert (the zeros' products are one a group)
+        z = torch.stack((zeros[e] & 0x0F, zeros[e] >> 4), dim=1).reshape(-1, zeros.shape[-1])
+        # mutation: copied-int4-zero-rows
+        shift = -(z.bfloat16().unsqueeze(-1) * s)
+        return torch.addcmul(shift, _nibbles_bf16(w, "code").unflatten(-1, (scale.shape[-1], -1)), s).flatten(-2)
     bk = weights.block[1]
     if w.shape[-1] % bk:
         return dequantize(weights, which, torch.tensor([e], device=w.device))[0]

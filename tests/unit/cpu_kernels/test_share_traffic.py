@@ -74,13 +74,15 @@ def test_the_share_path_moves_what_the_step_model_prices(tokens, experts, share,
     assert priced <= got <= 1.25 * priced, (got, priced)
 
 
-@pytest.mark.parametrize("fmt", sorted(COPIED_PATH_TRAFFIC))
+@pytest.mark.parametrize("fmt,zeros", [(f, False) for f in sorted(COPIED_PATH_TRAFFIC)] + [("int4", True)])
 @pytest.mark.parametrize("tokens", [3, 16])
-def test_the_copied_path_moves_what_the_crossover_prices(fmt, tokens):
+def test_the_copied_path_moves_what_the_crossover_prices(fmt, zeros, tokens):
     # Above the crossover a step's experts, once copied, are computed by moe_copied on the
-    # device; the crossover prices that as COPIED_PATH_TRAFFIC times the copied bytes.
+    # device; the crossover prices that as COPIED_PATH_TRAFFIC times the copied bytes, with
+    # or without zero points (AWQ's, groups of 128 as GPTQ's)
     experts, k = 8, 2
-    weights = random_experts(fmt, experts, H, I, seed=2)
+    weights = (makers.experts(fmt, experts, H, I, group=128, zeros=True) if zeros
+               else random_experts(fmt, experts, H, I, seed=2))
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, H, generator=g).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]).to(torch.int32)
