@@ -22,16 +22,30 @@ def _rows(t: torch.Tensor, experts: torch.Tensor | None) -> torch.Tensor:
     return t if experts is None else t.index_select(0, experts.to(t.device, torch.long))
 
 
-_E2M1_TABLES: dict[torch.device, torch.Tensor] = {}
+_NIBBLE_TABLES: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
 
 
-def _e2m1(device: torch.device) -> torch.Tensor:
-    """:data:`E2M1` on ``device``, made once: a host-to-device copy cannot be captured in a
-    CUDA graph, and the device share's path is captured (:func:`moe_picked`)."""
-    table = _E2M1_TABLES.get(device)
+def _nibbles(w: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
+    """Packed 4-bit codes [..., cols / 2] as ``dtype`` values [..., cols], exactly: element
+    2i is byte i's low nibble, 2i + 1 its high one. Each byte is looked up in a table of its
+    two values, e2m1 values (``"e2m1"``) or the codes 0 to 15 (``"code"``): a few bytes of
+    traffic a parameter, where unpacking the nibbles op by op takes tens. The table is made
+    once per device: a host-to-device copy cannot be captured in a CUDA graph."""
+    table = _NIBBLE_TABLES.get((kind, dtype, w.device))
     if table is None:
-        table = _E2M1_TABLES[device] = torch.tensor(E2M1, dtype=torch.float32).to(device)
-    return table
+        b = torch.arange(256)
+        values = torch.tensor(E2M1) if kind == "e2m1" else torch.arange(16.0)
+        # mutation: nibble-order
+        table = torch.stack((values[b & 0x0F], values[b >> 4]), -1)
+        table = _NIBBLE_TABLES[(kind, dtype, w.device)] = table.to(dtype).to(w.device)
+    return torch.nn.functional.embedding(w.int(), table).flatten(-2)
+
+
+def _zero_rows(z: torch.Tensor) -> torch.Tensor:
+    """int4 zero points [..., rows / 2, groups] as one per row [..., rows, groups]: rows 2m
+    and 2m + 1 are a byte's low and high nibble."""
+    # mutation: int4-reference-zero-rows
+    return torch.stack((z & 0x0F, z >> 4), dim=-2).flatten(-3, -2)
 
 
 def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None = None) -> torch.Tensor:
@@ -44,26 +58,18 @@ def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None 
         return w.float()
     scale = _rows(getattr(weights, which + "_scale"), experts)
     if weights.fmt == "mxfp4":
-        table = _e2m1(w.device)
-        # Element 2i is byte i's low nibble, 2i+1 its high nibble.
-        # mutation: mxfp4-reference-nibble-order
-        codes = torch.stack((w & 0x0F, w >> 4), dim=-1).reshape(*w.shape[:-1], w.shape[-1] * 2)
-        values = table[codes.long()]
         factor = torch.exp2(scale.float() - 127.0)
-        return (values.unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
+        return (_nibbles(w, "e2m1", torch.float32).unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
     if weights.fmt == "int4":
-        # Element 2i is byte i's low nibble; value (nibble - z) times its group's scale, z 8
-        # or the group's zero point.
-        codes = torch.stack((w & 0x0F, w >> 4), dim=-1).reshape(*w.shape[:-1], w.shape[-1] * 2)
+        # value (nibble - z) times its group's scale, z 8 or the group's zero point
+        codes = _nibbles(w, "code", torch.float32)
         zeros = getattr(weights, which + "_zeros")
         if zeros is None:
             # mutation: int4-reference-zero
-            values = codes.float() - 8.0
-        else:  # rows 2m and 2m+1 in a byte's low and high nibble, one byte per group
-            z = _rows(zeros, experts)
-            # mutation: int4-reference-zero-rows
-            z = torch.stack((z & 0x0F, z >> 4), dim=2).reshape(z.shape[0], -1, z.shape[-1])
-            values = codes.float() - z.float().repeat_interleave(codes.shape[-1] // z.shape[-1], dim=-1)
+            values = codes - 8.0
+        else:
+            z = _zero_rows(_rows(zeros, experts))
+            values = codes - z.float().repeat_interleave(codes.shape[-1] // z.shape[-1], dim=-1)
         return (values.unflatten(-1, (scale.shape[-1], -1)) * scale.float().unsqueeze(-1)).flatten(-2)
     # fp8-block: one scale per (block_n rows, block_k columns) (:func:`_block_rows`).
     bcol = torch.arange(w.shape[2], device=w.device) // weights.block[1]
@@ -225,25 +231,6 @@ def moe_picked(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     return out
 
 
-_BYTE_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
-
-
-def _nibbles_bf16(w: torch.Tensor, kind: str) -> torch.Tensor:
-    """Packed 4-bit codes [rows, cols / 2] (element 2i in byte i's low nibble, 2i + 1 in its
-    high one) as bf16 values [rows, cols], each byte looked up in a table of its two values,
-    exact: e2m1 values (``"e2m1"``), codes 0 to 15 (``"code"``) or codes less 8 (``"code-8"``).
-    A few bytes of traffic a parameter, where :func:`dequantize`'s float32 intermediates take
-    tens."""
-    table = _BYTE_TABLES.get((kind, w.device))
-    if table is None:
-        b = torch.arange(256)
-        values = torch.tensor(E2M1) if kind == "e2m1" else torch.arange(16.0) - (8.0 if kind == "code-8" else 0.0)
-        # mutation: copied-nibble-order
-        table = torch.stack((values[b & 0x0F], values[b >> 4]), -1)
-        table = _BYTE_TABLES[(kind, w.device)] = table.bfloat16().to(w.device)
-    return torch.nn.functional.embedding(w.int(), table).flatten(-2)
-
-
 def _one_expert(weights: ExpertWeights, which: str, e: int) -> torch.Tensor:
     """Expert ``e``'s ``which`` as the copied path multiplies it: bf16 and float32 weights as
     they are (a view); MXFP4 (exactly: an e2m1 value times a power of two is a bf16 value),
@@ -258,17 +245,16 @@ def _one_expert(weights: ExpertWeights, which: str, e: int) -> torch.Tensor:
     if weights.fmt == "mxfp4":
         factor = torch.exp2(scale.float() - 127.0).bfloat16()
         # mutation: copied-mxfp4-through-float32
-        return (_nibbles_bf16(w, "e2m1").unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
+        return (_nibbles(w, "e2m1", torch.bfloat16).unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
     if weights.fmt == "int4":
+        # code * scale less zero * scale in one pass over the expert (the zeros' products are
+        # one a group; a symmetric group's zero is 8)
         zeros, s = getattr(weights, which + "_zeros"), scale.bfloat16().unsqueeze(-1)
-        if zeros is None:
-            return (_nibbles_bf16(w, "code-8").unflatten(-1, (scale.shape[-1], -1)) * s).flatten(-2)
-        # rows 2m and 2m+1 in a byte's low and high nibble, one byte per group; code * scale
-        # less zero * scale in one pass over the expert (the zeros' products are one a group)
-        z = torch.stack((zeros[e] & 0x0F, zeros[e] >> 4), dim=1).reshape(-1, zeros.shape[-1])
-        # mutation: copied-int4-zero-rows
-        shift = -(z.bfloat16().unsqueeze(-1) * s)
-        return torch.addcmul(shift, _nibbles_bf16(w, "code").unflatten(-1, (scale.shape[-1], -1)), s).flatten(-2)
+        z = 8.0 if zeros is None else _zero_rows(zeros[e]).bfloat16().unsqueeze(-1)
+        # mutation: copied-int4-zero-ignored
+        shift = -(z * s)
+        codes = _nibbles(w, "code", torch.bfloat16).unflatten(-1, (scale.shape[-1], -1))
+        return torch.addcmul(shift, codes, s).flatten(-2)
     bk = weights.block[1]
     if w.shape[-1] % bk:
         return dequantize(weights, which, torch.tensor([e], device=w.device))[0]
