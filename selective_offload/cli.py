@@ -200,10 +200,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="selective-offload",
-        description="Plan which weights of a checkpoint live in host memory: the bytes a decode "
-                    "step does not read (embedding, vision/audio towers, MTP head) first, then "
-                    "exact decoder layers, or a MoE layer's routed experts read in place (top-k of E "
-                    "per token); priced next to vLLM's own cpu_offload_gb.",
+        description="Plan how each weight of a checkpoint larger than the GPU is served: resident, "
+                    "copied ahead, read in place from host memory (UVA), or computed on the host CPU "
+                    "where it lives (a MoE layer's routed experts, a dense layer's MLP). The bytes a "
+                    "decode step does not read (embedding, vision/audio towers, MTP head) go to the "
+                    "host first; the plan is priced next to vLLM's own cpu_offload_gb, and its report "
+                    "proves where every byte landed.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
