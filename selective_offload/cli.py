@@ -233,11 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the manifest JSON")
     m.set_defaults(func=cmd_manifest)
 
-    pr = sub.add_parser("probe", help="measure this machine's link, VRAM and device memory for `plan`",
-                        description="Measure host-to-device bandwidth (pinned and pageable), device memory "
-                                    "bandwidth and device memory with torch, print them and write a profile that "
-                                    "`plan` uses by default (flags still override). Without a GPU it measures host "
-                                    "memcpy and says there is no link.")
+    pr = sub.add_parser("probe", help="measure this machine's link, VRAM, device memory and host CPU kernels for "
+                                      "`plan`",
+                        description="Measure host-to-device bandwidth (pinned and pageable), in-place (UVA) reads, "
+                                    "device memory bandwidth, decode read and matmul rates and device memory with "
+                                    "torch; the host-compute CPU kernels' weight read rate per format, the threads "
+                                    "they ran with and the host's read bandwidth; and one layer's hand-off to the "
+                                    "host and back. Print them and write a profile that `plan` uses by default "
+                                    "(flags still override). Without a GPU it measures host memcpy and the CPU "
+                                    "kernels, and says there is no link.")
     add_probe_arguments(pr)
     pr.set_defaults(func=run_probe)
 

@@ -1,12 +1,16 @@
-"""``selective-offload probe``: measure this machine's link and memory, once, for planning.
+"""``selective-offload probe``: measure this machine's link, memory and host CPU kernels,
+once, for planning.
 
 The planner prices a plan in bytes / bandwidth, so the probe measures the host-to-device
-link, the device memory and its size with torch alone and keeps them in a small JSON
-profile that planning takes its defaults from. One job per module, lowest first:
+link, the device memory and its size with torch alone, and the host-compute CPU kernels'
+rate per format with the hand-off to them, and keeps them in a small JSON profile that
+planning takes its defaults from. One job per module, lowest first:
 
 - :mod:`.formats`: how a rate and a size are written for people.
 - :mod:`.profile`: the profile's schema, its reading (with bounds and consistency), saving
   and loading, where it lives, the lines it prints and the values it supplies to planning.
+- :mod:`.host_compute`: the host CPU kernels' rate per format, their threads, the host's
+  read rate and one layer's hand-off.
 - :mod:`.measurements`: the timed copies and read kernels that make a profile.
 - :mod:`.planning`: a plan's bandwidths from a profile, else the reference laptop's, and
   the note naming which.
