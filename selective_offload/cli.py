@@ -204,8 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "copied ahead, read in place from host memory (UVA), or computed on the host CPU "
                     "where it lives (a MoE layer's routed experts, a dense layer's MLP). The bytes a "
                     "decode step does not read (embedding, vision/audio towers, MTP head) go to the "
-                    "host first; the plan is priced next to vLLM's own cpu_offload_gb, and its report "
-                    "proves where every byte landed.",
+                    "host first. The plan is priced next to vLLM's own cpu_offload_gb, and the report an "
+                    "engine writes under it proves where every byte landed.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
