@@ -9,6 +9,8 @@ UVA view of host memory); nothing here calls the compiled kernel.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..estimate import share_gathers
@@ -120,27 +122,20 @@ def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     (:func:`int8_blocks`). ``threads`` is accepted for the same signature as the kernel
     and ignored."""
     del threads
-    T, H = x.shape[0], weights.hidden
     dev = weights.w13.device
     xf = x.to(dev, torch.float32)
     rnd = int8_blocks if int8_vectors else (lambda v: v)
     xf = rnd(xf)
     ids = topk_ids.to(dev, torch.long)
-    tw = topk_weights.to(dev, torch.float32)
     keep = ids >= 0
     if host_mask is not None:
         keep &= host_mask.to(dev, torch.bool)[ids.clamp(min=0)]
-    result = torch.zeros(T, H, dtype=torch.float32, device=dev)
-    for e in torch.unique(ids[keep]).tolist():
-        tok, pick = torch.nonzero(keep & (ids == e), as_tuple=True)
+
+    def float32(e: int) -> tuple[torch.Tensor, torch.Tensor]:
         one = torch.tensor([e], device=dev)
-        h = xf[tok] @ dequantize(weights, "w13", one)[0].T
-        if weights.w13_bias is not None:
-            h = h + weights.w13_bias[e].float()
-        y = rnd(activate(h, activation)) @ dequantize(weights, "w2", one)[0].T
-        if weights.w2_bias is not None:
-            y = y + weights.w2_bias[e].float()
-        result.index_add_(0, tok, y * tw[tok, pick].unsqueeze(-1))
+        return dequantize(weights, "w13", one)[0], dequantize(weights, "w2", one)[0]
+
+    result = _expert_sums(xf, ids, keep, topk_weights, weights, activation, float32, rnd)
     if out is not None:
         out.copy_(result)
         return out
@@ -270,18 +265,28 @@ def moe_copied(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     the dtype :func:`_one_expert` gives it, its weights read once by each matmul, the sums
     in float32. ``estimate.COPIED_PATH_TRAFFIC`` prices what this moves. float32 [T, H], on
     the weights' device; not for a CUDA graph (the experts it visits depend on the routing)."""
-    dev = weights.w13.device
-    ids = topk_ids.to(dev, torch.long)
-    tw = topk_weights.to(dev, torch.float32)
-    keep = ids >= 0
-    result = torch.zeros(x.shape[0], weights.hidden, dtype=torch.float32, device=dev)
+    ids = topk_ids.to(weights.w13.device, torch.long)
+    return _expert_sums(x.to(weights.w13.device), ids, ids >= 0, topk_weights, weights, activation,
+                        lambda e: (_one_expert(weights, "w13", e), _one_expert(weights, "w2", e)))
+
+
+def _expert_sums(x: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor, topk_weights: torch.Tensor,
+                 weights: ExpertWeights, activation: Activation,
+                 matrices: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+                 rnd: Callable[[torch.Tensor], torch.Tensor] = lambda v: v) -> torch.Tensor:
+    """The weighted sum over the picks ``keep`` marks, one expert at a time: its tokens times
+    the expert's w13 and w2 as ``matrices(e)`` gives them, each matmul in that matrix's dtype
+    with its products summed into float32, the biases and sums in float32; ``rnd`` rounds
+    the activation before the second matmul. float32 [T, H] on ``x``'s device."""
+    tw = topk_weights.to(x.device, torch.float32)
+    result = torch.zeros(x.shape[0], weights.hidden, dtype=torch.float32, device=x.device)
     for e in torch.unique(ids[keep]).tolist():
         tok, pick = torch.nonzero(keep & (ids == e), as_tuple=True)
-        w13, w2 = _one_expert(weights, "w13", e), _one_expert(weights, "w2", e)
-        h = torch.nn.functional.linear(x.to(dev)[tok].to(w13.dtype), w13).float()
+        w13, w2 = matrices(e)
+        h = torch.nn.functional.linear(x[tok].to(w13.dtype), w13).float()
         if weights.w13_bias is not None:
             h = h + weights.w13_bias[e].float()
-        y = torch.nn.functional.linear(activate(h, activation).to(w2.dtype), w2).float()
+        y = torch.nn.functional.linear(rnd(activate(h, activation)).to(w2.dtype), w2).float()
         if weights.w2_bias is not None:
             y = y + weights.w2_bias[e].float()
         result.index_add_(0, tok, y * tw[tok, pick].unsqueeze(-1))
