@@ -254,6 +254,23 @@ def host_reads_together(d: dict) -> list[dict] | str:
     return [_row(f"{c['shape']}, 1 token: kernel + copies together / kernel alone", c["model_ratio"], 1.0, note)]
 
 
+def native_share_over_bf16_share(d: dict) -> list[dict] | str:
+    """One MoE layer's device share at one token: held as the checkpoint stores it and read in
+    place by the prototype kernel, over held in bf16 and computed by the torch path plans
+    use; beside it the step model's ratio of the two paths' bytes (the native kernel's
+    reads over the bf16 path's priced traffic), which is what it would be at one rate."""
+    s = _cuda_part(d, "device_share", "the share's kernels run on a GPU")
+    if isinstance(s, str):
+        return s
+    n = s.get("native") or {}
+    if n.get("status") != "measured":
+        return f"not measured: {n.get('status', 'not reached')}"
+    note = (f"{n['native_gbps']:.0f} GB/s of {n['read_bytes_mean'] / 1e6:.1f} MB a step, {n['block_rows']} rows a "
+            f"program; the bf16 share {s['share_part_gbps']:.0f} GB/s on its priced traffic")
+    return [_row(f"{s['shape']}, {s['on_device']} of {s['experts']} experts, 1 token: native share / bf16 share",
+                 n["native_over_share_part"], n["read_bytes_mean"] / s["share_traffic_bytes_est"], note)]
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("selective_over_bulk", "decode-emulation", "selective / bulk, decode tok/s",
            "whether the plan decodes faster than vLLM's bulk `cpu_offload_gb` on the same 24 GiB card, and by how "
@@ -298,6 +315,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("host_reads_together", "host-compute", "host reads: CPU kernel + prefetch copies together / kernel alone",
            "whether a prefetch copy run behind the CPU's time costs the CPU kernel what the estimate prices (1.0: "
            "host memory serves the two one byte after the other at the kernel's rate)", host_reads_together),
+    Family("native_share_over_bf16_share", "host-compute",
+           "device share in the checkpoint's format / in bf16, time per MoE layer at decode",
+           "whether a device share held as the checkpoint stores it and read in place by id (a prototype kernel, "
+           "benchmarks/share_kernel.py) is cheaper for the GPU than the bf16 share plans keep today, as the step "
+           "model would price it: what decides whether plans for MXFP4 checkpoints keep a share",
+           native_share_over_bf16_share),
     Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
            "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),
 )

@@ -2,16 +2,23 @@
 the contention): one MoE layer with its first experts held on the device (in bf16, as the
 worker holds them), the GPU computing the picks that land there while the host CPU computes
 the rest. What it is for is
-:func:`device_share`'s docstring."""
+:func:`device_share`'s docstring; beside it, the same share held in the checkpoint's own
+format and computed by a prototype kernel (:func:`native_part`).
+"""
 
 from __future__ import annotations
 
-from host_compute_layers import ROUTINGS, TOL_BF16, Shape, activation, capture, check, make_inputs, timed
+import os
+
+from host_compute_layers import (ROUTINGS, TOL_BF16, TOL_F32, Shape, _reason, activation, capture, check, distinct,
+                                 make_inputs, timed)
 from host_compute_sections import Ctx
 
 #: The share of a layer's experts held on the device: about the share the planner gives the
 #: bf16 reference plan on its card (docs/usage/moe.md's table).
 SHARE = 0.3
+#: Rows per program the native kernel is timed with; the fastest is its time.
+NATIVE_BLOCK_ROWS = (16, 32, 64)
 
 
 def device_share(ctx: Ctx, shape: Shape, weights) -> dict:
@@ -81,4 +88,64 @@ def device_share(ctx: Ctx, shape: Shape, weights) -> dict:
     out["overlap"] = (med["host_part"] + med["share_part"] - med["shared"]) / shorter if shorter else None
     out["shared_over_whole"] = med["shared"] / med["whole"] if med["whole"] else None
     out["share_part_gbps"] = out["share_traffic_bytes_est"] / med["share_part"] / 1e9 if med["share_part"] else None
+    try:
+        out["native"] = native_part(ctx, shape, weights, on_device, sets, on, med["share_part"])
+    except Exception as exc:
+        out["native"] = {"status": _reason(exc)}
+    return out
+
+
+def native_part(ctx: Ctx, shape: Shape, weights, on_device: int, sets, on, share_part_s: float) -> dict:
+    """The same share held on the device as the checkpoint stores it (MXFP4 codes and scales,
+    or bf16) and computed by ``share_kernel.moe_native``, a prototype no plan uses, which
+    reads each pick's expert where it lies: what a share so held would cost the GPU, against
+    ``share_part`` (the bf16 share's torch path). Its rate is the bytes it reads (the stored
+    bytes of the routing's picks inside the share, averaged over the routings) over its
+    time, to set beside the card's decode read rate: a plan would price such a share at that
+    rate (``estimate.SHARE_MIN_BITS`` 0, ``SHARE_GATHER_TRAFFIC`` 1). Checked against the
+    reference over the share's picks, with one pick of each token forced into the share.
+
+    Without CUDA the kernel runs under Triton's interpreter (this section's process imports
+    no other Triton code): checked, not timed."""
+    import torch
+
+    from selective_offload import cpu_kernels
+
+    if not ctx.cuda:
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported (share_kernel's docstring)
+    try:
+        import share_kernel
+    except (ImportError, RuntimeError) as exc:
+        return {"status": f"skipped: {exc}"}
+    if shape.fmt not in share_kernel.FORMATS:
+        return {"status": f"skipped: the prototype reads {' and '.join(share_kernel.FORMATS)}, not {shape.fmt}"}
+    act = activation(shape)
+    held = share_kernel.native_share(weights, on_device, ctx.device)
+    x, ids, tw = sets[0]
+    ids = ids.clone()
+    ids[:, 0] = torch.arange(ids.shape[0], dtype=ids.dtype) % on_device
+    inside = torch.arange(shape.experts) < on_device
+    ref = cpu_kernels.reference.moe_reference(x, ids, tw, weights, act, host_mask=inside)
+    got = share_kernel.moe_native(x.to(ctx.device), ids.to(ctx.device), tw.to(ctx.device), held, act)
+    ctx.checks.append({"shape": shape.name, **check("device_share_native", 1, got, ref, TOL_F32)})
+    picked = [distinct(torch.where(i < on_device, i, -1)) * weights.expert_bytes for _, i, _ in sets]
+    out: dict = {"status": "checked under Triton's interpreter (no CUDA): not timed" if not ctx.cuda else "measured",
+                 "held_bytes": held.nbytes, "read_bytes_mean": sum(picked) / len(picked)}
+    if not ctx.cuda:
+        return out
+    x_in, i_in, w_in = (t.clone() for t in on[0])
+
+    def prepare(j):
+        for dst, src in zip((x_in, i_in, w_in), on[j]):
+            dst.copy_(src)
+
+    times = {}
+    for rows in NATIVE_BLOCK_ROWS:
+        graph, _ = capture(lambda rows=rows: share_kernel.moe_native(x_in, i_in, w_in, held, act, block_rows=rows))
+        times[rows] = timed(lambda j: graph.replay(), len(on), ctx.iters, True, ctx.deadline(0.01), prepare=prepare)
+    best = min(times, key=lambda r: times[r]["median"])
+    med = times[best]["median"]
+    out.update(block_rows=best, native_s=times[best], native_s_by_block_rows={str(r): t for r, t in times.items()},
+               native_gbps=out["read_bytes_mean"] / med / 1e9 if med else None,
+               native_over_share_part=med / share_part_s if share_part_s else None)
     return out

@@ -31,6 +31,11 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'share-kernel-nibble-order': ('            part = _e2m1(byte & 15) * ve[None, :] + _e2m1(byte >> 4) * vo[None, :]', '            part = _e2m1(byte & 15) * vo[None, :] + _e2m1(byte >> 4) * ve[None, :]', ['tests/tools/test_share_kernel.py::test_the_share_kernel_computes_the_shares_picks_as_the_reference_does']),
+ 'share-kernel-scale-bias': ('            acc += tl.sum(blocks * tl.exp2(scale.to(tl.float32) - 127.0), axis=1)', '            acc += tl.sum(blocks * tl.exp2(scale.to(tl.float32) - 128.0), axis=1)', ['tests/tools/test_share_kernel.py::test_the_share_kernel_computes_the_shares_picks_as_the_reference_does']),
+ 'share-kernel-interleave': ('        gate, up = 2 * i, 2 * i + 1', '        gate, up = i, I + i', ['tests/tools/test_share_kernel.py::test_the_share_kernel_computes_the_shares_picks_as_the_reference_does']),
+ 'share-kernel-clamp': ('            g = tl.minimum(g, limit)', '            g = g', ['tests/tools/test_share_kernel.py::test_the_share_kernel_computes_the_shares_picks_as_the_reference_does']),
+ 'share-kernel-outside-picks': ('    rm = h < tl.where(live, H, 0)', '    rm = hm', ['tests/tools/test_share_kernel.py::test_the_share_kernel_computes_the_shares_picks_as_the_reference_does']),
  'output-dir-no-trial': ('        with open(trial, "wb") as f:', '        with open("/dev/null", "wb") as f:', ['tests/contract/test_hostile_outputs.py::test_a_demo_folder_that_cannot_be_written_is_one_line_before_vllm_starts']),
  'batch-unbounded': ('        if not 1 <= self.batch <= MAX_BATCH:', '        if not 1 <= self.batch:', ['tests/unit/test_api_plan.py::test_a_workload_out_of_bounds_names_the_option_as_the_caller_wrote_it']),
  'cold-segments-unbounded': ('        if len(self.cold_segments) > MAX_COLD_SEGMENTS:', '        if False:', ['tests/unit/test_api_plan.py::test_a_workload_out_of_bounds_names_the_option_as_the_caller_wrote_it']),

@@ -64,13 +64,20 @@ def test_small_run_records_what_it_measured_and_why_the_cuda_parts_were_not(smal
         checked = {(c["shape"], c["path"], c["tokens"]) for c in small["correctness"]}
         assert checked == {(s.name, p, t) for s in hl.SMALL_SHAPES for p in ("kernel", "host_eager")
                            for t in hl.CHECKED_TOKENS} | {(hl.DENSE_MLP, "dense layer (attention + host MLP)", 1),
-                                                         (hl.SMALL_SHAPES[0].name, "device_share", 1)}
+                                                         (hl.SMALL_SHAPES[0].name, "device_share", 1),
+                                                         (hl.SMALL_SHAPES[0].name, "device_share_native", 1)}
         share = small["device_share"]
         assert share["status"] == "measured" and share["graph"] is False
         assert 1 <= share["on_device"] < share["experts"] == hl.SMALL_SHAPES[0].experts and share["share_bytes"] > 0
         for part in ("whole_s", "shared_s", "host_part_s", "share_part_s"):
             assert share[part]["n"] >= 3 and share[part]["median"] > 0, part
         assert share["shared_over_whole"] == pytest.approx(share["shared_s"]["median"] / share["whole_s"]["median"])
+        # the native share: checked under Triton's interpreter, its stored bytes held, nothing timed
+        native = share["native"]
+        assert native["status"].startswith("checked under Triton's interpreter") and "native_s" not in native
+        assert native["held_bytes"] * share["experts"] == pytest.approx(
+            share["on_device"] * next(L["layer_bytes"] for L in small["layers"] if L["shape"] == hl.SMALL_SHAPES[0].name))
+        assert 0 < native["read_bytes_mean"] <= native["held_bytes"]
         dense = small["dense_layer"]
         assert dense["status"] == "measured" and dense["graph"] is False and "stand-in" in dense["copy"]
         assert dense["mlp_bytes"] == next(L["layer_bytes"] for L in small["layers"] if L["shape"] == hl.DENSE_MLP)
@@ -88,6 +95,29 @@ def test_small_run_records_what_it_measured_and_why_the_cuda_parts_were_not(smal
     fam = gpu_figures.host_compute_over_uva(small)
     assert isinstance(fam, str) and fam.startswith("no CUDA")
     assert gpu_figures.host_mlp_over_copy(small).startswith("no CUDA")
+
+
+def test_a_measured_native_share_is_reported_beside_the_bf16_shares_time(small):
+    import host_compute_report
+
+    d = json.loads(json.dumps(small))
+    d["device_share"]["native"] = {"status": "measured", "held_bytes": 132e6, "read_bytes_mean": 15e6,
+                                   "block_rows": 32, "native_s": {"median": 5e-5, "n": 9},
+                                   "native_gbps": 300.0, "native_over_share_part": 0.125}
+    text = host_compute_report.markdown(d)
+    assert "(132 MB), computed by the prototype kernel" in text and "32 rows a program): 50.0 us, 300.0 GB/s" in text
+    assert "of the 15 MB it reads a step on average, 0.125 of the bf16 share's time" in text
+    assert "prototype kernel that reads it in place (benchmarks/share_kernel.py): checked under Triton's" in \
+        host_compute_report.markdown(small)
+    # the headline: the native share's time over the bf16 share's, beside the step model's ratio of their bytes
+    assert gpu_figures.native_share_over_bf16_share(small).startswith("no CUDA")
+    d["cuda"] = True
+    (row,) = gpu_figures.native_share_over_bf16_share(d)
+    assert row["measured"] == 0.125
+    assert row["est"] == pytest.approx(15e6 / d["device_share"]["share_traffic_bytes_est"])
+    assert row["note"].startswith("300 GB/s of 15.0 MB a step, 32 rows a program")
+    d["device_share"]["native"]["status"] = "FAILED: CompilationError: x"
+    assert gpu_figures.native_share_over_bf16_share(d) == "not measured: FAILED: CompilationError: x"
 
 
 def _layer(stand_in_view, shape=hl.SMALL_SHAPES[1]):
