@@ -239,6 +239,30 @@ static inline __attribute__((always_inline)) void sums_out2(const __m256 *a, flo
     for (int t = 0; t < n; t++) acc[t] = hsum256(_mm256_add_ps(a[2 * t], a[2 * t + 1]));
 }
 
+/* The chunk's half h into the accumulators a[2t + h]. Called with h a constant (0, then 1
+ * where the chunk has a third block), never in a loop over h: an accumulator indexed by a
+ * variable lives in memory, and each of its sums then waits on a store and a load (the
+ * AVX2 build's int4 and MXFP4 kernels ran at about half their rate so). */
+static inline __attribute__((always_inline)) void mxfp4_half(const uint8_t *w, int64_t k, const int h, int nb,
+                                                             __m256 s4, __m256i lut, const int8_t *Q, int64_t ldq,
+                                                             __m256 *a, const int n) {
+    const __m256i half0 = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0), half1 = _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2);
+    __m256i lo, hi;
+    nibbles_half(w, k, h, nb, &lo, &hi);
+    // mutation: avx2-mxfp4-nibble-order
+    lo = _mm256_shuffle_epi8(lut, lo);
+    hi = _mm256_shuffle_epi8(lut, hi);
+    __m256 sv = _mm256_permutevar8x32_ps(s4, h ? half1 : half0);
+    for (int t = 0; t < n; t++) {
+        const int8_t *x = Q + t * ldq + k / 128 * Q8_CHUNK + 32 * h;
+        __m256i d = dp4_256(_mm256_loadu_si256((const __m256i *)(x + 128)), lo,
+                            _mm256_loadu_si256((const __m256i *)x));
+        d = dp4_256(d, hi, _mm256_loadu_si256((const __m256i *)(x + 64)));
+        a[2 * t + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
+                                       _mm256_mul_ps(sv, _mm256_loadu_ps((const float *)(x + 192))), a[2 * t + h]);
+    }
+}
+
 static inline __attribute__((always_inline)) void dotq_n(int fmt, const void *row, const void *scale, int64_t bk,
                                                          int64_t len, const int8_t *Q, int64_t ldq, float *acc,
                                                          const int n) {
@@ -247,7 +271,6 @@ static inline __attribute__((always_inline)) void dotq_n(int fmt, const void *ro
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)E2M1_U8));
     __m256 a[2 * NT];
     for (int i = 0; i < 2 * n; i++) a[i] = _mm256_setzero_ps();
-    const __m256i half0 = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0), half1 = _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2);
     for (int64_t k = 0; k < len; k += 128) {
         int blocks = k + 128 <= len ? 4 : (int)((len - k) / 32);
         /* The chunk's scale bytes as 2^(s-127) in four lanes (s = 0 reads as 0; an absent
@@ -262,79 +285,73 @@ static inline __attribute__((always_inline)) void dotq_n(int fmt, const void *ro
         }
         // mutation: avx2-mxfp4-scale-lanes
         __m256 s4 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(four)), 23));
-        for (int h = 0; 2 * h < blocks; h++) {
-            int nb = blocks - 2 * h >= 2 ? 2 : 1;
-            __m256i lo, hi;
-            nibbles_half(w, k, h, nb, &lo, &hi);
-            // mutation: avx2-mxfp4-nibble-order
-            lo = _mm256_shuffle_epi8(lut, lo);
-            hi = _mm256_shuffle_epi8(lut, hi);
-            __m256 sv = _mm256_permutevar8x32_ps(s4, h ? half1 : half0);
-            for (int t = 0; t < n; t++) {
-                const int8_t *x = Q + t * ldq + k / 128 * Q8_CHUNK + 32 * h;
-                __m256i d = dp4_256(_mm256_loadu_si256((const __m256i *)(x + 128)), lo,
-                                    _mm256_loadu_si256((const __m256i *)x));
-                d = dp4_256(d, hi, _mm256_loadu_si256((const __m256i *)(x + 64)));
-                a[2 * t + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
-                                               _mm256_mul_ps(sv, _mm256_loadu_ps((const float *)(x + 192))), a[2 * t + h]);
-            }
-        }
+        mxfp4_half(w, k, 0, blocks >= 2 ? 2 : 1, s4, lut, Q, ldq, a, n);
+        if (blocks > 2) mxfp4_half(w, k, 1, blocks - 2, s4, lut, Q, ldq, a, n);
     }
     sums_out2(a, acc, n);
 }
 
 SO_ROWS_BY_N(dotq_mxfp4, dotq_n, SO_MXFP4, int8_t)
 
-/* int4: no table (a nibble is the value + 8 already), the group's scale and zero point per
- * block (moe.c's int4_scale, int4_zero), as the AVX-512 kernel above. */
+/* int4's half h, as mxfp4_half (h a constant): no table (a nibble is the value + 8
+ * already), sv and zv the scale and the zero point less 8 of the half's blocks. */
+static inline __attribute__((always_inline)) void int4_half(const uint8_t *w, int64_t k, const int h, int nb,
+                                                            __m256 sv, __m256i zv, int zeros, const int8_t *Q,
+                                                            int64_t ldq, __m256 *a, const int n) {
+    __m256i lo, hi;
+    nibbles_half(w, k, h, nb, &lo, &hi);
+    for (int t = 0; t < n; t++) {
+        const int8_t *x = Q + t * ldq + k / 128 * Q8_CHUNK + 32 * h;
+        __m256i corr = _mm256_loadu_si256((const __m256i *)(x + 128));
+        __m256i d = dp4_256(corr, lo, _mm256_loadu_si256((const __m256i *)x));
+        d = dp4_256(d, hi, _mm256_loadu_si256((const __m256i *)(x + 64)));
+        // mutation: avx2-int4-zero-points-ignored
+        if (zeros) d = _mm256_add_epi32(d, _mm256_mullo_epi32(zv, _mm256_srai_epi32(corr, 3)));
+        a[2 * t + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
+                                       _mm256_mul_ps(sv, _mm256_loadu_ps((const float *)(x + 192))), a[2 * t + h]);
+    }
+}
+
+/* Groups of 32 or 64 columns: the scale and zero point less 8 of each of the half's nb
+ * blocks, one per 128-bit lane (the absent block's 0). */
+static inline __attribute__((always_inline)) void int4_half_groups(int fmt, const void *scale, int64_t bk, int64_t k,
+                                                                   int h, int nb, int zeros, __m256 *sv, __m256i *zv) {
+    float f[2] = {0, 0};
+    int32_t z[2] = {0, 0};
+    for (int l = 0; l < nb; l++) {
+        int64_t gi = (k / 32 + 2 * h + l) * 32 / bk;
+        f[l] = int4_scale(fmt, scale, gi);
+        if (zeros) z[l] = int4_zero(scale, gi) - 8;
+    }
+    *sv = _mm256_set_m128(_mm_set1_ps(f[1]), _mm_set1_ps(f[0]));
+    *zv = _mm256_set_m128i(_mm_set1_epi32(z[1]), _mm_set1_epi32(z[0]));
+}
+
+/* int4: the group's scale and zero point per block (moe.c's int4_scale, int4_zero), as the
+ * AVX-512 kernel above. */
 static inline __attribute__((always_inline)) void dotq4_n(int fmt, const void *row, const void *scale, int64_t bk,
                                                           int64_t len, const int8_t *Q, int64_t ldq, float *acc,
                                                           const int n) {
     const uint8_t *w = (const uint8_t *)row;
     const int zeros = ((const so_int4_row *)scale)->z != NULL, whole = bk % 128 == 0;
     int64_t group = 0, next = bk;  /* the chunk's group when groups span whole chunks (no division) */
-    __m256 chunk_s = _mm256_setzero_ps();
-    __m256i chunk_z = _mm256_setzero_si256();
     __m256 a[2 * NT];
     for (int i = 0; i < 2 * n; i++) a[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < len; k += 128) {
         int blocks = k + 128 <= len ? 4 : (int)((len - k) / 32);
         if (blocks == 4) PF(w + k / 2);
-        for (int h = 0; 2 * h < blocks; h++) {
-            int nb = blocks - 2 * h >= 2 ? 2 : 1;
-            __m256i lo, hi;
-            nibbles_half(w, k, h, nb, &lo, &hi);
-            __m256 sv;
-            __m256i zv = _mm256_setzero_si256();
-            if (whole) {  /* one group for the whole chunk: its scale and zero point, once */
-                if (h == 0) {
-                    if (k == next) group++, next += bk;
-                    chunk_s = _mm256_set1_ps(int4_scale(fmt, scale, group));
-                    if (zeros) chunk_z = _mm256_set1_epi32(int4_zero(scale, group) - 8);
-                }
-                sv = chunk_s, zv = chunk_z;
-            } else {  /* groups of 32 or 64: each block's own, the absent block's 0 */
-                float f[2] = {0, 0};
-                int32_t z[2] = {0, 0};
-                for (int l = 0; l < nb; l++) {
-                    int64_t gi = (k / 32 + 2 * h + l) * 32 / bk;
-                    f[l] = int4_scale(fmt, scale, gi);
-                    if (zeros) z[l] = int4_zero(scale, gi) - 8;
-                }
-                sv = _mm256_set_m128(_mm_set1_ps(f[1]), _mm_set1_ps(f[0]));
-                zv = _mm256_set_m128i(_mm_set1_epi32(z[1]), _mm_set1_epi32(z[0]));
-            }
-            for (int t = 0; t < n; t++) {
-                const int8_t *x = Q + t * ldq + k / 128 * Q8_CHUNK + 32 * h;
-                __m256i corr = _mm256_loadu_si256((const __m256i *)(x + 128));
-                __m256i d = dp4_256(corr, lo, _mm256_loadu_si256((const __m256i *)x));
-                d = dp4_256(d, hi, _mm256_loadu_si256((const __m256i *)(x + 64)));
-                // mutation: avx2-int4-zero-points-ignored
-                if (zeros) d = _mm256_add_epi32(d, _mm256_mullo_epi32(zv, _mm256_srai_epi32(corr, 3)));
-                a[2 * t + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
-                                               _mm256_mul_ps(sv, _mm256_loadu_ps((const float *)(x + 192))), a[2 * t + h]);
-            }
+        __m256 s0, s1 = _mm256_setzero_ps();
+        __m256i z0 = _mm256_setzero_si256(), z1 = _mm256_setzero_si256();
+        if (whole) {  /* one group for the whole chunk: its scale and zero point, once */
+            if (k == next) group++, next += bk;
+            s0 = s1 = _mm256_set1_ps(int4_scale(fmt, scale, group));
+            if (zeros) z0 = z1 = _mm256_set1_epi32(int4_zero(scale, group) - 8);
+        } else {  /* groups of 32 or 64: each block's own */
+            int4_half_groups(fmt, scale, bk, k, 0, blocks >= 2 ? 2 : 1, zeros, &s0, &z0);
+            if (blocks > 2) int4_half_groups(fmt, scale, bk, k, 1, blocks - 2, zeros, &s1, &z1);
         }
+        int4_half(w, k, 0, blocks >= 2 ? 2 : 1, s0, z0, zeros, Q, ldq, a, n);
+        if (blocks > 2) int4_half(w, k, 1, blocks - 2, s1, z1, zeros, Q, ldq, a, n);
     }
     sums_out2(a, acc, n);
 }
