@@ -31,6 +31,7 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'what-if-pricing-leaks': ('        estimate.SHARE_MIN_BITS, estimate.SHARE_GATHER_TRAFFIC = saved', '        pass', ['tests/unit/planner/test_moe_configs.py::test_the_moe_reference_results_and_the_docs_are_what_the_planner_says']),
  'share-kernel-nibble-order': ('            part = _e2m1(byte & 15) * ve[None, :] + _e2m1(byte >> 4) * vo[None, :]', '            part = _e2m1(byte & 15) * vo[None, :] + _e2m1(byte >> 4) * ve[None, :]', ['tests/tools/test_share_kernel.py::test_the_share_kernel_computes_the_shares_picks_as_the_reference_does']),
  'share-kernel-scale-bias': ('            acc += tl.sum(blocks * tl.exp2(scale.to(tl.float32) - 127.0), axis=1)', '            acc += tl.sum(blocks * tl.exp2(scale.to(tl.float32) - 128.0), axis=1)', ['tests/tools/test_share_kernel.py::test_the_share_kernel_computes_the_shares_picks_as_the_reference_does']),
  'share-kernel-interleave': ('        gate, up = 2 * i, 2 * i + 1', '        gate, up = i, I + i', ['tests/tools/test_share_kernel.py::test_the_share_kernel_computes_the_shares_picks_as_the_reference_does']),

@@ -238,7 +238,12 @@ def test_the_moe_reference_results_and_the_docs_are_what_the_planner_says(tmp_pa
 
     newest = sorted((root / "benchmarks" / "results").glob("moe-plans-est-*.json"))[-1]
     recorded = json.loads(newest.read_text())["plans"]
+    from selective_offload import estimate
+
+    constants = estimate.SHARE_MIN_BITS, estimate.SHARE_GATHER_TRAFFIC
     assert moe_reference_plans.reference_plans(tmp_path) == recorded
+    # the not-built what-if prices inside its context only: the planner's constants are back
+    assert (estimate.SHARE_MIN_BITS, estimate.SHARE_GATHER_TRAFFIC) == constants
     for case in recorded:
         *baselines, selective = case["rows"]
         assert selective["fits"] and all(selective["est_step_ms"] <= b["est_step_ms"] for b in baselines if b["fits"])
@@ -246,6 +251,7 @@ def test_the_moe_reference_results_and_the_docs_are_what_the_planner_says(tmp_pa
     page = (root / "docs" / "usage" / "moe.md").read_text()
     missing = [line for line in table.splitlines() if line.startswith("| ") and line not in page]
     assert not missing, missing
+    assert f"benchmarks/results/{newest.with_suffix('.md').name}" in page  # the page names the file it quotes
     # the prose on the 4-bit build quotes its plan and the host rate its target needs
     gptq = next(c for c in recorded if "GPTQ" in c["model"])
     assert f"{gptq['rows'][-1]['est_tok_s']:.2f} tok/s" in page and f"{gptq['est_cpu_gbps_for_target']:g} GB/s" in page
