@@ -89,10 +89,72 @@ def test_picks_outside_the_share_contribute_nothing_and_the_share_is_held_as_sto
         assert r["held"] == r["stored"], name
 
 
+#: Without the interpreter: a share on the CPU is refused in one line, before any launch.
+REFUSED = r"""
+import sys
+import torch
+sys.path.insert(0, "benchmarks")
+import share_kernel
+from host_compute_layers import Shape, activation, make_weights
+shape = Shape("oss", "mxfp4", 8, 2, 64, 64, "swigluoai", True)
+held = share_kernel.native_share(make_weights(shape, seed=3), 4, "cpu")
+share_kernel.moe_native(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 2, dtype=torch.int32),
+                        torch.ones(1, 2), held, activation(shape))
+"""
+
+
 def test_without_cuda_or_the_interpreter_the_kernel_refuses_in_one_line():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'benchmarks'); import share_kernel"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    proc = subprocess.run([sys.executable, "-c", REFUSED], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=env)
     assert proc.returncode != 0
-    assert "TRITON_INTERPRET=1" in proc.stderr.strip().splitlines()[-1]
+    assert "TRITON_INTERPRET=1" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+
+
+#: Compiled ahead for NVIDIA targets with Triton's own compiler and ptxas (no GPU needed):
+#: one JSON line per (target, format), the cubin's size and the PTX's target line.
+COMPILED = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+sys.path.insert(0, "benchmarks")
+import share_kernel as sk
+for cc in (89, 90):
+    for mxfp4 in (True, False):
+        w = "*u8" if mxfp4 else "*bf16"
+        up = {"x_ptr": "*fp32", "ids_ptr": "*i32", "w_ptr": w, "s_ptr": w, "b_ptr": "*bf16", "act_ptr": "*fp32",
+              "H": "i32", "I": "i32", "M": "i32", "K": "i32", "alpha": "fp32", "limit": "fp32"}
+        down = {"act_ptr": "*fp32", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": w, "s_ptr": w, "b_ptr": "*bf16",
+                "y_ptr": "*fp32", "H": "i32", "I": "i32", "M": "i32"}
+        flags = {"MXFP4": mxfp4, "BIAS": mxfp4, "BLOCK_R": 32, "BLOCK_K": 256}
+        for fn, sig, consts in ((sk._up, up, {**flags, "SWIGLU": mxfp4, "CLAMP": mxfp4}), (sk._down, down, flags)):
+            sig = {**sig, **{name: "constexpr" for name in consts}}
+            k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts),
+                               target=GPUTarget("cuda", cc, 32))
+            target = next(line for line in k.asm["ptx"].splitlines() if line.startswith(".target"))
+            print(json.dumps({"cc": cc, "mxfp4": mxfp4, "fn": fn.__name__, "cubin": len(k.asm["cubin"]),
+                              "target": target}))
+"""
+
+
+def test_the_kernels_compile_for_the_gpus_a_plan_names():
+    """The proxy for "it builds on the card" that a CPU can give: Triton's NVIDIA backend
+    lowers both kernels, both formats, to cubins for sm_89 and sm_90."""
+    from triton.backends.nvidia import compiler as nvidia
+
+    try:
+        for cc in (89, 90):
+            nvidia.get_ptxas(cc)
+    except Exception as exc:  # the wheel ships ptxas; a build without it cannot compile ahead
+        pytest.skip(f"Triton's NVIDIA backend has no ptxas here: {exc}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(REPO), TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run([sys.executable, "-c", COMPILED], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert {(r["cc"], r["mxfp4"], r["fn"]) for r in rows} == {
+        (cc, m, fn) for cc in (89, 90) for m in (True, False) for fn in ("_up", "_down")}
+    for r in rows:
+        assert r["cubin"] > 0 and f"sm_{r['cc']}" in r["target"], r
