@@ -12,10 +12,13 @@ caller merges them.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import selective_offload
 from helpers import compute_experts_plan, generate_tokens, generate_with_plan, save_tiny_qwen3_moe
+from selective_offload.cpu_kernels import claimed
 from selective_offload.plan_format import Placement
 
 pytestmark = pytest.mark.vllm
@@ -87,15 +90,22 @@ def test_two_ranks_with_dense_mlps_computed_on_the_host(tmp_path, monkeypatch):
 def test_two_ranks_with_int4_mlps_computed_on_the_host(tmp_path, monkeypatch):
     """A GPTQ int4 Qwen3 over two ranks: each rank's shard of each MLP (half of gate_up's
     output rows, half of down_proj's input columns with their groups) is rewritten row-major
-    and computed by its own int4 kernel, the partial sums all-reduced. int4 is claimed by
-    the committed kernel benchmark, so nothing sets the claim here: the worker processes read
-    the same table. The kernel rounds its tokens to int8, so the check is test_vllm_int4's:
+    and computed by its own int4 kernel, the partial sums all-reduced. The committed kernel
+    benchmark does not claim int4, so the test claims it in this process and, through a
+    ``sitecustomize`` on the workers' PYTHONPATH, in the spawned workers, which check the
+    plan's format against the same table. The kernel rounds its tokens to int8, so the check is test_vllm_int4's:
     plain vLLM's greedy tokens fed back, every position's log-probability within its
     tolerance of plain vLLM's with the same two ranks."""
     from helpers import PROMPTS, prompt_logprobs, save_tiny_gptq_qwen3, with_plan
     from test_vllm_int4 import LOGPROB_TOL
 
     model = save_tiny_gptq_qwen3(tmp_path / "gptq", seed=9)
+    monkeypatch.setitem(claimed.CLAIMED, "int4", True)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("from selective_offload.cpu_kernels import claimed\n"
+                                           "claimed.CLAIMED['int4'] = True\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH")))))
     # a CPU fast enough that every step, prefill too, stays on the host kernel
     plan, mlps = two_rank_mlp_plan(model, monkeypatch, cpu_tflops=100.0)
     assert plan.host_compute.format == "int4"
