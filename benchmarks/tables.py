@@ -113,6 +113,7 @@ CPU_ROWS: tuple[tuple[str, Callable[[dict], tuple[str, str]]], ...] = (
     ("cpu-kernels-cpu-amd-epyc-*.json", _cpu_kernels),
     ("cpu-kernels-cpu-intel-xeon-*.json", _cpu_kernels),
     ("cpu-kernels-avx2-cpu-amd-epyc-*.json", _cpu_kernels),
+    ("cpu-kernels-avx2-cpu-intel-xeon-*.json", _cpu_kernels),
 )
 
 
