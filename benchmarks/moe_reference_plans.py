@@ -106,6 +106,12 @@ def _computed_row(plan) -> dict:
     computed = [g for g in plan.groups if g.placement == "host-compute"]
     uva_left = sorted(g.layer_index for g in plan.groups if g.placement == "host-uva")
     share = next((g for g in computed if g.device_experts), None)
+    if not computed:  # the planner declined host-compute: say why rather than "0 layers computed"
+        return {"config": f"selective: cold set + routed experts of {len(uva_left)} layers through UVA"
+                          + (f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else "")
+                          + f", none computed on the host ({_why_no_host_compute(plan) or 'the plan computes nothing there'})",
+                "host_gb": round(plan.host_bytes / GB, 2), "fits": plan.strategy != "infeasible",
+                **_est(plan.est), "est_cpu_ms": 0.0}
     return {"config": f"selective: cold set + routed experts of {len(computed)} layers computed on the host CPU"
                       + (f", the first {share.device_experts} of {share.num_experts} of each also on the device "
                          f"({plan.device_share_bytes / GB:.2f} GB)" if share else "")
@@ -113,6 +119,12 @@ def _computed_row(plan) -> dict:
                       + (f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else ""),
             "host_gb": round(plan.host_bytes / GB, 2), "fits": plan.strategy != "infeasible",
             **_est(plan.est), "est_cpu_ms": round(plan.est.est_cpu_s_per_step * 1e3, 1)}
+
+
+def _why_no_host_compute(plan) -> str | None:
+    """Why a plan computes nothing on the host, from its own note (None when it gives none)."""
+    return next((n.split("(", 1)[0].strip().removeprefix("host-compute: ") for n in plan.notes
+                 if n.startswith("host-compute: the ")), None)
 
 
 @contextmanager
@@ -189,9 +201,7 @@ def reference_plans(workdir: Path) -> list[dict]:
                     # not built: what a share held as stored and read in place would be priced at
                     "native_share_what_if": _what_if(checkpoint, gib) if record else None,
                     # why nothing is computed on the host, when nothing is: the plan's own note
-                    "no_host_compute": None if record else next(
-                        (n.split("(", 1)[0].strip().removeprefix("host-compute: ") for n in plan.notes
-                         if n.startswith("host-compute: the ")), None),
+                    "no_host_compute": None if record else _why_no_host_compute(plan),
                     "llama_cpp": [{"tok_s": a.tok_s, "card_gb": a.card_gb, "setup": a.setup, "source": a.source,
                                    "same_card": a.card_gb == gib} for a in anchors]})
     return out
