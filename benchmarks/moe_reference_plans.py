@@ -106,18 +106,16 @@ def _computed_row(plan) -> dict:
     computed = [g for g in plan.groups if g.placement == "host-compute"]
     uva_left = sorted(g.layer_index for g in plan.groups if g.placement == "host-uva")
     share = next((g for g in computed if g.device_experts), None)
-    if not computed:  # the planner declined host-compute: say why rather than "0 layers computed"
-        return {"config": f"selective: cold set + routed experts of {len(uva_left)} layers through UVA"
-                          + (f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else "")
-                          + f", none computed on the host ({_why_no_host_compute(plan) or 'the plan computes nothing there'})",
-                "host_gb": round(plan.host_bytes / GB, 2), "fits": plan.strategy != "infeasible",
-                **_est(plan.est), "est_cpu_ms": 0.0}
-    return {"config": f"selective: cold set + routed experts of {len(computed)} layers computed on the host CPU"
-                      + (f", the first {share.device_experts} of {share.num_experts} of each also on the device "
-                         f"({plan.device_share_bytes / GB:.2f} GB)" if share else "")
-                      + (f" + {len(uva_left)} through UVA" if uva_left else "")
-                      + (f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else ""),
-            "host_gb": round(plan.host_bytes / GB, 2), "fits": plan.strategy != "infeasible",
+    hot = f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else ""
+    if computed:
+        config = (f"selective: cold set + routed experts of {len(computed)} layers computed on the host CPU"
+                  + (f", the first {share.device_experts} of {share.num_experts} of each also on the device "
+                     f"({plan.device_share_bytes / GB:.2f} GB)" if share else "")
+                  + (f" + {len(uva_left)} through UVA" if uva_left else "") + hot)
+    else:  # the planner declined host-compute: say why rather than "0 layers computed"
+        config = (f"selective: cold set + routed experts of {len(uva_left)} layers through UVA{hot}, none computed "
+                  f"on the host ({_why_no_host_compute(plan) or 'the plan computes nothing there'})")
+    return {"config": config, "host_gb": round(plan.host_bytes / GB, 2), "fits": plan.strategy != "infeasible",
             **_est(plan.est), "est_cpu_ms": round(plan.est.est_cpu_s_per_step * 1e3, 1)}
 
 
