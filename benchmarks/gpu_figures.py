@@ -256,8 +256,8 @@ def host_reads_together(d: dict) -> list[dict] | str:
 
 def native_share_over_bf16_share(d: dict) -> list[dict] | str:
     """One MoE layer's device share at one token: held as the checkpoint stores it and read in
-    place by the prototype kernel, over held in bf16 and computed by the torch path plans
-    use; beside it the step model's ratio of the two paths' bytes (the native kernel's
+    place by the share kernel (what plans for MXFP4 checkpoints use), over held in bf16 and
+    computed by the torch path (what plans for the other formats use); beside it the step model's ratio of the two paths' bytes (the native kernel's
     reads over the bf16 path's priced traffic), which is what it would be at one rate."""
     s = _cuda_part(d, "device_share", "the share's kernels run on a GPU")
     if isinstance(s, str):
@@ -317,9 +317,9 @@ FAMILIES: tuple[Family, ...] = (
            "host memory serves the two one byte after the other at the kernel's rate)", host_reads_together),
     Family("native_share_over_bf16_share", "host-compute",
            "device share in the checkpoint's format / in bf16, time per MoE layer at decode",
-           "whether a device share held as the checkpoint stores it and read in place by id (a prototype kernel, "
-           "benchmarks/share_kernel.py) is cheaper for the GPU than the bf16 share plans keep today, as the step "
-           "model would price it: what decides whether plans for MXFP4 checkpoints keep a share",
+           "whether a device share held as the checkpoint stores it and read in place by id (the share kernel, "
+           "selective_offload/wrappers/share_kernel.py) is cheaper for the GPU than a bf16 share, as the step "
+           "model prices it: what the MXFP4 plans' shares rest on",
            native_share_over_bf16_share),
     Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
            "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),

@@ -51,8 +51,8 @@ one part of that:
   also on the device, the GPU computing the picks that land there while the CPU computes
   the rest, against the whole layer on the host and against its two parts alone: whether
   the share's GPU time hides under the CPU's, as the plan's estimate prices it; and the
-  same share held as the checkpoint stores it, computed by a prototype kernel that reads
-  it in place (``share_kernel.py``; under Triton's interpreter without CUDA, checked only).
+  same share held as the checkpoint stores it, computed by the share kernel that reads it
+  in place (``wrappers/share_kernel.py``; under Triton's interpreter without CUDA, checked only).
 - **dense layer** (``host_compute_dense.py``): Qwen3.8-27B's attention on the GPU and its
   block FP8 MLP on the host CPU, as one captured sequence, against the same layer with the
   MLP's bytes copied over the link (what a prefetched layer pays): whether computing a dense

@@ -104,14 +104,14 @@ def markdown(r: dict) -> str:
         n = s.get("native") or {"status": "not reached"}
         if n["status"] != "measured":
             lines += [f"The same share held as the checkpoint stores it ({s['shape']}'s format), computed by the "
-                      f"prototype kernel that reads it in place (benchmarks/share_kernel.py): {n['status']}.", ""]
+                      f"share kernel that reads it in place (selective_offload/wrappers/share_kernel.py): {n['status']}.", ""]
         else:
             lines += [f"The same share held as the checkpoint stores it ({n['held_bytes'] / 1e6:.3g} MB), computed by "
-                      f"the prototype kernel that reads each pick's expert in place (benchmarks/share_kernel.py, "
+                      f"the share kernel that reads each picked expert in place (wrappers/share_kernel.py, "
                       f"{n['block_rows']} rows a program): {_us(n['native_s'])} us, "
                       f"{fmt(n['native_gbps'], 1)} GB/s of the {n['read_bytes_mean'] / 1e6:.3g} MB it reads a step "
-                      f"on average, {fmt(n['native_over_share_part'], 3)} of the bf16 share's time. A plan would "
-                      "price such a share at the card's decode read rate: set the rate beside it.", ""]
+                      f"on average, {fmt(n['native_over_share_part'], 3)} of the bf16 share's time. A plan for an "
+                      "MXFP4 checkpoint prices its share at the card's decode read rate: set the rate beside it.", ""]
     d = r.get("dense_layer") or {"status": "not reached"}
     lines += ["## A dense layer: attention on the GPU, its MLP on the host CPU", ""]
     if d["status"] != "measured":

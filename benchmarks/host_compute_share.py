@@ -3,7 +3,7 @@ the contention): one MoE layer with its first experts held on the device (in bf1
 worker holds them), the GPU computing the picks that land there while the host CPU computes
 the rest. What it is for is
 :func:`device_share`'s docstring; beside it, the same share held in the checkpoint's own
-format and computed by a prototype kernel (:func:`native_part`).
+format and computed by the share kernel (:func:`native_part`).
 """
 
 from __future__ import annotations
@@ -97,13 +97,13 @@ def device_share(ctx: Ctx, shape: Shape, weights) -> dict:
 
 def native_part(ctx: Ctx, shape: Shape, weights, on_device: int, sets, on, share_part_s: float) -> dict:
     """The same share held on the device as the checkpoint stores it (MXFP4 codes and scales,
-    or bf16) and computed by ``share_kernel.moe_native``, a prototype no plan uses, which
-    reads each pick's expert where it lies: what a share so held would cost the GPU, against
+    or bf16) and computed by ``wrappers.share_kernel.moe_native``, which reads each picked
+    expert where it lies (what plans for MXFP4 checkpoints hold and run), against
     ``share_part`` (the bf16 share's torch path). Its rate is the bytes it reads (the stored
-    bytes of the routing's picks inside the share, averaged over the routings) over its
-    time, to set beside the card's decode read rate: a plan would price such a share at that
-    rate (``estimate.SHARE_MIN_BITS`` 0, ``SHARE_GATHER_TRAFFIC`` 1). Checked against the
-    reference over the share's picks, with one pick of each token forced into the share.
+    bytes of the routing's distinct picks inside the share, averaged over the routings) over
+    its time, to set beside the card's decode read rate, at which a plan prices such a share
+    (``estimate.device_share_traffic``). Checked against the reference over the share's
+    picks, with one pick of each token forced into the share.
 
     Without CUDA the kernel runs under Triton's interpreter (this section's process imports
     no other Triton code): checked, not timed."""
@@ -114,11 +114,11 @@ def native_part(ctx: Ctx, shape: Shape, weights, on_device: int, sets, on, share
     if not ctx.cuda:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported (share_kernel's docstring)
     try:
-        import share_kernel
+        from selective_offload.wrappers import share_kernel
     except ImportError as exc:
         return {"status": f"skipped: {exc}"}
     if shape.fmt not in share_kernel.FORMATS:
-        return {"status": f"skipped: the prototype reads {' and '.join(share_kernel.FORMATS)}, not {shape.fmt}"}
+        return {"status": f"skipped: the share kernel reads {' and '.join(share_kernel.FORMATS)}, not {shape.fmt}"}
     act = activation(shape)
     held = share_kernel.native_share(weights, on_device, ctx.device)
     x, ids, tw = sets[0]

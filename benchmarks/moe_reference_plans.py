@@ -5,10 +5,8 @@ through UVA), on the cards docs/usage/moe.md names. Every figure is an estimate 
 bandwidths (the reference laptop's link and VRAM, and a stated host kernel rate: the
 reference host's, ``estimate.REFERENCE_CPU_GBPS``, assumed), not a measurement. llama.cpp's
 published rate for the same model on a card of the same size is shown beside it where the
-project has one (``selective_offload.anchors``; another engine, host and format). A last
-table prices each plan again as if its device share were held as the checkpoint stores it
-and read in place (:func:`native_share_pricing`): not built, what the GPU run's timing of
-``share_kernel.py`` would have to confirm.
+project has one (``selective_offload.anchors``; another engine, host and format). Where a
+plan keeps a device share, the plan without one is shown beside it.
 
 Configs are built from each model's published ``config.json`` dimensions with transformers'
 own config classes (no download); tensor sizes come from the model built on the meta device,
@@ -24,13 +22,11 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import est_main  # noqa: E402
-from selective_offload import estimate  # noqa: E402
 from selective_offload.anchors import anchors_for  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402
 from selective_offload.estimate import ASSUMED_CPU_TFLOPS, ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS  # noqa: E402
@@ -125,35 +121,6 @@ def _why_no_host_compute(plan) -> str | None:
                  if n.startswith("host-compute: the ")), None)
 
 
-@contextmanager
-def native_share_pricing():
-    """The step model as it would price a device share held as the checkpoint stores it and
-    read in place by the router's ids, which no plan does yet (``share_kernel.py`` is a
-    prototype of such a kernel for MXFP4 and bf16, timed by the GPU run): each parameter at
-    its stored width (``estimate.SHARE_MIN_BITS`` 0) and each pick slot reading its expert
-    once (``SHARE_GATHER_TRAFFIC`` 1; slots whose pick is on the host still counted, as the
-    bf16 path computes them: conservative for a kernel that skips them). Restored after."""
-    saved = estimate.SHARE_MIN_BITS, estimate.SHARE_GATHER_TRAFFIC
-    estimate.SHARE_MIN_BITS, estimate.SHARE_GATHER_TRAFFIC = 0, 1
-    try:
-        yield
-    finally:
-        # mutation: what-if-pricing-leaks
-        estimate.SHARE_MIN_BITS, estimate.SHARE_GATHER_TRAFFIC = saved
-
-
-def _what_if(checkpoint, gib: int) -> dict | None:
-    """The plan priced with :func:`native_share_pricing`, when it then keeps a device share."""
-    with native_share_pricing():  # the plan's totals and estimate are derived when read: read them here
-        plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB))
-        share = next((g for g in plan.groups if g.device_experts), None)
-        if share is None:
-            return None
-        return {"device_experts": share.device_experts, "num_experts": share.num_experts,
-                "share_gb": round(plan.device_share_bytes / GB, 2), **_est(plan.est),
-                "est_cpu_ms": round(plan.est.est_cpu_s_per_step * 1e3, 1)}
-
-
 def case_checkpoints(workdir: Path):
     """Each case's label, card (GiB), target and config-only checkpoint (its config.json
     written into ``workdir``)."""
@@ -196,8 +163,6 @@ def reference_plans(workdir: Path) -> list[dict]:
                     "crossover_tokens": record.crossover_tokens if record else None,
                     "target_tok_s": target, "est_cpu_gbps_for_target": round(need, 1) if need else None,
                     "cpu_format": record.format if record else None,
-                    # not built: what a share held as stored and read in place would be priced at
-                    "native_share_what_if": _what_if(checkpoint, gib) if record else None,
                     # why nothing is computed on the host, when nothing is: the plan's own note
                     "no_host_compute": None if record else _why_no_host_compute(plan),
                     "llama_cpp": [{"tok_s": a.tok_s, "card_gb": a.card_gb, "setup": a.setup, "source": a.source,
@@ -234,14 +199,6 @@ def markdown(plans: list[dict]) -> str:
         lines.append(f"| {p['model']}, {p['device_memory_gib']} GiB | {fmt} | {p['crossover_tokens'] or '-'} | "
                      f"{p['rows'][-1]['est_cpu_ms']:.1f} ms | {p['target_tok_s']:g} "
                      f"({f'{need:g} GB/s' if need else '-'}) | {_anchor_cell(p)} |")
-    lines += ["", "| model, card | not built: a device share held as stored and read in place | est step | "
-                  "est tok/s | target tok/s |", "|---|---|---|---|---|"]
-    for p in plans:
-        w = p["native_share_what_if"]
-        share = (f"the first {w['device_experts']} of {w['num_experts']} experts of every layer also on the device "
-                 f"({w['share_gb']:.2f} GB)" if w else "no share even so")
-        step = f"{w['est_step_ms']:.1f} ms | {w['est_tok_s']:.2f}" if w else "- | -"
-        lines.append(f"| {p['model']}, {p['device_memory_gib']} GiB | {share} | {step} | {p['target_tok_s']:g} |")
     return "\n".join(lines) + "\n"
 
 

@@ -51,7 +51,8 @@ change what that costs per generated token are priced here; every figure is an e
   With a device share, part of each layer is also held on the device and the GPU computes
   the picks that land there while the CPU computes the rest; the layer costs the longer of
   the two, the GPU's part priced by the bytes its torch path moves
-  (:func:`device_share_traffic`: held in bf16, a decode step's pick slots gathered).
+  (:func:`device_share_traffic`: held in bf16, a decode step's pick slots gathered; MXFP4
+  experts held as stored, each picked one read once by the share kernel).
 - **KV cache.** Bytes per token from the model's attention layers (KV heads x head dim,
   MLA's latent, sliding windows capped at their window) plus the fixed state of
   linear-attention layers (:class:`KvModel`); a step reads each sequence's context.
@@ -64,60 +65,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from .acceptance import (  # noqa: F401  (a step's tokens under speculation; re-exported here)
+    ACCEPTANCE_DEFAULTS, DEFAULT_ACCEPT_RATE, GENERIC_ACCEPTANCE, MAX_DRAFT_TOKENS, AcceptanceDefault,
+    acceptance_default, expected_tokens_per_step)
 from .kv_model import KV_DTYPE_BYTES, KvModel  # noqa: F401  (a step reads its KV; both re-exported here)
-
-#: DeepSeek-V3's technical report (arXiv:2412.19437, section 5.4.3) measures 85-90%
-#: acceptance of its MTP head's second-token prediction; the low end is the default. No
-#: published figure was found for Qwen's MTP heads: pass ``--accept-rate`` from vLLM's own
-#: spec-decode metrics (accepted / draft tokens) for the model you run.
-DEFAULT_ACCEPT_RATE = 0.85
-
-
-@dataclass(frozen=True)
-class AcceptanceDefault:
-    """A published per-token acceptance rate of a family's MTP head: the default, the range
-    the sources report across workloads, and where each figure comes from."""
-
-    family: str
-    default: float
-    low: float
-    high: float
-    source: str
-
-
-#: Per family (matched on the config's ``model_type`` prefix), the acceptance a plan uses
-#: when ``--accept-rate`` is not given. Acceptance depends on the workload far more than on
-#: the format, so each carries the range the plan also prices.
-ACCEPTANCE_DEFAULTS: tuple[tuple[tuple[str, ...], AcceptanceDefault], ...] = (
-    (("qwen3",), AcceptanceDefault(
-        "Qwen3.x MTP head", 0.65, 0.48, 0.91,
-        "Qwen3.8-27B bf16, teacher-forced, K=1: 0.647 pooled, 0.908 code, 0.606 factual, 0.492 prose, "
-        "0.480 technical (tenstorrent/vllm issue #442); the NVFP4 build 0.835 (kekzl/imp PR #1839); "
-        "FP8 on coding prompts 0.90 at K=1 (SemiAnalysisAI/InferenceX PR #3304)")),
-    (("deepseek", "kimi"), AcceptanceDefault(
-        "DeepSeek-V3 MTP head", 0.85, 0.85, 0.90,
-        "DeepSeek-V3 technical report (arXiv:2412.19437, section 5.4.3): 85-90% for the second token")),
-)
-#: A family with no published figure: DeepSeek-V3's rate, priced across the widest range
-#: published for any family above.
-GENERIC_ACCEPTANCE = AcceptanceDefault(
-    "no published figure for this family", DEFAULT_ACCEPT_RATE, 0.48, 0.91,
-    "DeepSeek-V3's 0.85 (arXiv:2412.19437); range: the lowest and highest published for Qwen3.x heads "
-    "(tenstorrent/vllm issue #442)")
-#: Draft tokens the planner considers. Per-position acceptance falls with depth (Qwen3.8-27B
-#: FP8, coding: mean accepted length 1.90, 2.68, 3.28, 3.79 at K = 1-4, SemiAnalysisAI/
-#: InferenceX PR #3304; a constant rate from K=1 predicts 2.71, 3.44, 4.10), so the constant
-#: rate used here flatters deep drafts and the search stops at 4.
-MAX_DRAFT_TOKENS = 4
-
-
-def acceptance_default(model_type: str | None) -> AcceptanceDefault:
-    """The published acceptance of ``model_type`` 's MTP head (its family's), else the generic."""
-    text = (model_type or "").lower()
-    for prefixes, found in ACCEPTANCE_DEFAULTS:
-        if text.startswith(prefixes):
-            return found
-    return GENERIC_ACCEPTANCE
 
 #: Kernels reading host memory in place through UVA (vLLM's ``cpu_offload_gb``, the UVA
 #: embedding, experts read in place) reach this fraction of the pinned copy rate, when no
@@ -200,7 +151,14 @@ ASSUMED_HANDOFF_S = 30e-6
 #: or 8-bit checkpoint's share in bf16, a float32 one as it is. The GPU computes it with torch
 #: ops (``cpu_kernels.reference.moe_picked``), which read such a weight once per matmul; a
 #: quantized share would be dequantized at every step, many times its bytes in memory traffic.
+#: Routed experts of :data:`NATIVE_SHARE_FORMATS` are the exception.
 SHARE_MIN_BITS = 16
+#: Formats whose routed experts a device share holds as the checkpoint stores them: the GPU
+#: computes them with a kernel that reads them there by the router's ids
+#: (``wrappers.share_kernel``), each expert a step picks read once (:func:`device_share_traffic`).
+#: bf16 needs no such kernel to be held at its own width; block FP8 and int4 have none.
+# mutation: native-share-formats-empty
+NATIVE_SHARE_FORMATS = frozenset({"mxfp4"})
 #: The device share's path gathers each pick slot's expert up to this many tokens per step
 #: (:func:`share_gathers`), at this many times the expert's held bytes: the gather reads and
 #: writes it, the matmul reads the copy.
@@ -216,15 +174,6 @@ COPIED_PATH_TRAFFIC = {"bf16": 1.0, "fp8-block": 9.0, "int4": 24.0, "mxfp4": 25.
 #: The most tokens per step the crossover search considers (a step of more tokens than
 #: this is prefill of a long prompt, always copied to the GPU when the CPU loses earlier).
 MAX_CROSSOVER_TOKENS = 1 << 20
-
-
-def expected_tokens_per_step(k: int, accept_rate: float) -> float:
-    """Tokens a sequence gains per step with ``k`` draft tokens at acceptance ``accept_rate``."""
-    if k <= 0:
-        return 1.0
-    if accept_rate >= 1.0:
-        return float(k + 1)
-    return (1.0 - accept_rate ** (k + 1)) / (1.0 - accept_rate)
 
 
 @dataclass(frozen=True)
@@ -330,9 +279,11 @@ class ExpertsRead:
     #: computed there by the GPU while the CPU computes the rest of the step's picks (a split
     #: of the layer's work between the two, est; 0: the CPU computes every pick).
     device_share: float = 0.0
-    #: The group's bytes as a device share holds them (bf16: :func:`share_held_bytes`); 0:
+    #: The group's bytes as a device share holds them (:func:`share_held_bytes`); 0:
     #: :attr:`nbytes`.
     held_nbytes: int = 0
+    #: The device share is held as stored and read by the share kernel (:func:`share_native`).
+    share_native: bool = False
     #: Host-compute only: bytes of VRAM traffic per byte copied to the device above the
     #: crossover (:data:`COPIED_PATH_TRAFFIC` of the plan's CPU format).
     copied_traffic: float = 1.0
@@ -420,11 +371,22 @@ def host_compute_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -
     return cpu, gpu, host
 
 
-def share_held_bytes(dtype_bytes: Mapping[str, int]) -> int:
-    """Bytes a group takes held as a device share: its parameters (counted from stored bytes
-    by dtype as :func:`flops_per_token` counts them, scales included: est), each at least
+def share_native(fmt: str | None, experts: bool) -> bool:
+    """Whether a host-compute group's device share is held as stored and read by the share
+    kernel: routed experts (not a dense MLP's channels) of a :data:`NATIVE_SHARE_FORMATS` format."""
+    return experts and fmt in NATIVE_SHARE_FORMATS
+
+
+def share_held_bytes(dtype_bytes: Mapping[str, int], native: bool = False) -> int:
+    """Bytes a group takes held as a device share: its stored bytes when ``native``
+    (:func:`share_native`), else its parameters (counted from stored bytes by dtype as
+    :func:`flops_per_token` counts them, scales included: est), each at least
     :data:`SHARE_MIN_BITS` wide."""
     from .tensors import DTYPE_BITS
+
+    # mutation: native-share-held-wide
+    if native:
+        return int(sum(dtype_bytes.values()))
 
     bits = {dtype: PARAM_BITS.get(dtype, DTYPE_BITS.get(dtype, 16)) for dtype in dtype_bytes}
     return int(sum(nbytes * max(bits[dtype], SHARE_MIN_BITS) / bits[dtype] for dtype, nbytes in dtype_bytes.items()))
@@ -446,10 +408,17 @@ def device_share_traffic(e: "ExpertsRead", tokens: int) -> tuple[float, float]:
     its expert and reads the copy (:data:`SHARE_GATHER_TRAFFIC` times its held bytes: slots
     whose pick lands on the host compute expert 0 with weight zero, as fixed shapes need);
     otherwise every expert of the share is read once and computed for every token. A dense
-    MLP's share is one expert every token takes: read once."""
+    MLP's share is one expert every token takes: read once. A share held as stored
+    (:attr:`ExpertsRead.share_native`: ``wrappers.share_kernel``) reads each of its experts
+    the step picks once (the share's experts times the chance a step picks one:
+    :func:`expert_read_fraction`) and computes only the slots that picked them."""
     per_expert = (e.held_nbytes or e.nbytes) / e.num_experts
     share_experts = e.share * e.num_experts
     per_pick = e.flops_per_token / max(1, e.experts_per_token)  # one token's FLOPs in one expert
+    if e.share_native and e.num_experts > 1:
+        # mutation: native-share-read-whole
+        picked = share_experts * expert_read_fraction(e.num_experts, e.experts_per_token, tokens)
+        return picked * per_expert, tokens * e.experts_per_token * e.share * per_pick
     if e.num_experts > 1 and share_gathers(tokens, e.experts_per_token, share_experts):
         slots = tokens * e.experts_per_token
         # mutation: share-gather-priced-as-one-read

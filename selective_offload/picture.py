@@ -84,8 +84,8 @@ def picture_data(plan: Plan) -> dict[str, Any]:
                 slot = by_layer[g.layer_index] = {"label": str(g.layer_index), "layer": g.layer_index, "stack": []}
                 slots.append(slot)
             slot["stack"].append(entry)
-            if g.device_share_bytes:
-                slot["stack"].append({"group": g.group, "serving": DEVICE_SHARE, "bytes": g.device_share_bytes,
+            if plan.share_bytes(g):
+                slot["stack"].append({"group": g.group, "serving": DEVICE_SHARE, "bytes": plan.share_bytes(g),
                                       "experts": experts})
         else:
             slots.append({"label": _short(g.group), "layer": None, "stack": [entry]})

@@ -9,6 +9,7 @@ UVA view of host memory); nothing here calls the compiled kernel.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -143,15 +144,23 @@ def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
 
 
 def held_share(weights: ExpertWeights, count: int, device: torch.device | str, *,
-               into: ExpertWeights | None = None) -> ExpertWeights:
+               into: ExpertWeights | None = None, native: bool = False) -> ExpertWeights:
     """The device share of ``weights``' first ``count`` experts as the device holds it: w13
     and w2 in bf16 (float32 weights stay float32), dequantized one expert at a time on the
     way (:func:`moe_picked` reads such a weight once per matmul; a quantized share would be
     dequantized at every step, many times its bytes in memory traffic), biases as they are.
+    ``native``: every tensor copied as stored instead, for the share kernel that reads the
+    format where it lies (``estimate.share_native`` says which shares are so held).
     ``into``: a share made before, of the same shape, refilled in place (a captured graph
     holds its tensors)."""
     if not 0 < count <= weights.num_experts:
         raise ValueError(f"{weights.fmt}: a share of 1 to {weights.num_experts} experts, not {count}")
+    if native:
+        if into is not None:
+            raise ValueError("held_share: a share held as stored is made once, not refilled")
+        # mutation: native-share-not-copied
+        return replace(weights, **{name: t[:count].to(device, copy=True).contiguous()
+                                   for name, t in weights.tensors().items()})
     H, I = weights.hidden, weights.intermediate
     shapes = {"w13": (count, 2 * I, H), "w2": (count, H, I)}
     fmt = "f32" if weights.fmt == "f32" else "bf16"

@@ -25,6 +25,7 @@ from ..estimate import (
     expert_read_fraction,
     flops_per_token,
     share_held_bytes,
+    share_native,
 )
 from ..names import (
     EMBED_SEGMENTS,
@@ -109,7 +110,11 @@ class PlanContents:
     @property
     def device_share_bytes(self) -> int:
         """Device bytes of the host-compute groups' device shares (copies of host bytes)."""
-        return sum(g.device_share_bytes for g in self.groups)
+        return sum(self.share_bytes(g) for g in self.groups)
+
+    def share_bytes(self, g: GroupPlan) -> int:
+        """Device bytes of one group's device share, as this plan's CPU format holds it."""
+        return g.held_share_bytes(self.host_compute_format)
 
     @property
     def host_cold_bytes(self) -> int:
@@ -213,12 +218,13 @@ class PlanContents:
         # them there with torch ops: a quantized format, dequantized first, moves many times
         # its bytes.
         copied = COPIED_PATH_TRAFFIC.get(self.host_compute_format or "", 1.0)
+        native = share_native(self.host_compute_format, True)  # the experts' share held as stored
         experts = tuple(
             ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement],
                         flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1),
                         # mutation: device-share-not-priced
-                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
-                        copied_traffic=copied)
+                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes, native),
+                        share_native=native, copied_traffic=copied)
             for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
         # A dense layer's MLP, split out to be computed on the host, is one expert every token
         # takes (E = k = 1): read whole, its FLOPs times the step's tokens.

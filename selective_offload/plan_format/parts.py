@@ -29,6 +29,7 @@ from ..estimate import (
     expert_read_fraction,
     flops_per_token,
     share_held_bytes,
+    share_native,
     step_cost,
 )
 from ..names import EMBED_SEGMENTS, has_segment
@@ -105,8 +106,9 @@ class GroupPlan:
     num_experts: int = 0
     experts_per_token: int = 0
     #: Host-compute routed experts only: how many of the layer's experts (the first, ids 0 to
-    #: n - 1) are also held on the device (in bf16), where the GPU computes the picks that land on
-    #: them while the CPU computes the rest (the layer's device share); 0 for every other group.
+    #: n - 1) are also held on the device (in bf16; MXFP4 as stored), where the GPU computes
+    #: the picks that land on them while the CPU computes the rest (the layer's device share);
+    #: 0 for every other group.
     device_experts: int = 0
     #: A host-compute dense MLP only: how many of its first intermediate channels (gate and up
     #: rows, down columns) are also held on the device (in bf16), where the GPU computes them beside
@@ -121,11 +123,12 @@ class GroupPlan:
             return self.device_experts / self.num_experts
         return self.device_channels / self.intermediate if self.device_channels else 0.0
 
-    @property
-    def device_share_bytes(self) -> int:
+    def held_share_bytes(self, fmt: str | None) -> int:
         """Device bytes of this group's device share (its first experts, or its first
-        channels), held in bf16 whatever the checkpoint's format (``estimate.share_held_bytes``)."""
-        held = share_held_bytes(self.dtype_bytes)
+        channels) in a plan whose CPU format is ``fmt``: routed experts of a format the share
+        kernel reads as stored, at their stored size; any other share in bf16
+        (``estimate.share_native``, ``estimate.share_held_bytes``)."""
+        held = share_held_bytes(self.dtype_bytes, share_native(fmt, self.kind == GroupKind.EXPERTS))
         if self.device_experts:
             return held * self.device_experts // self.num_experts
         return held * self.device_channels // self.intermediate if self.device_channels else 0

@@ -22,7 +22,7 @@ from ..names import mlp_prefix
 from ..sizes import GB
 from .baselines import baseline_notes, price_bulk
 from .grouping import group_tensors, model_fingerprint
-from ..estimate import StepSettings, host_compute_bound_tokens
+from ..estimate import StepSettings, host_compute_bound_tokens, share_native
 from .host_compute import (claimed, cpu_format, declined_share_note, host_compute_notes, mlp_cpu_format,
                            mlp_unclaimed_note, unclaimed_reason)
 from .kernels import kernel_notes, method_of_config, pick
@@ -148,7 +148,7 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
         placing = _keep_computed_mlps_split(checkpoint, inputs, placing)
     shares: dict[str, tuple[int, int]] = {}
     sharing = inputs.device_share and inputs.ranks == 1
-    split = (expert_shares(placing, inputs) if sharing and has_experts and computes and not hot else
+    split = (expert_shares(placing, inputs, fmt) if sharing and has_experts and computes and not hot else
              channel_shares(checkpoint, inputs, placing, mlp_fmt) if sharing and mlp_computes and not has_experts
              else None)
     declined = None
@@ -199,13 +199,18 @@ def _host_compute_lines(plan: Plan, tokens: int) -> tuple[str, ...]:
     return tuple(host_compute_notes(record, tokens, bound, mlps, _shares_of(plan)))
 
 
-def _shares_of(plan: Plan) -> tuple[int, int, int, int, bool] | None:
+def _shares_of(plan: Plan) -> tuple[int, int, int, int, bool, str] | None:
     """A plan's device shares as :func:`host_compute_notes` states them: layers, experts or
-    channels per layer on the device, of how many, their device bytes, whether channels."""
-    split = [g for g in plan.groups if g.device_share_bytes]
-    return None if not split else (len(split), split[0].device_experts or split[0].device_channels,
-                                   split[0].num_experts or split[0].intermediate, plan.device_share_bytes,
-                                   split[0].kind == GroupKind.MLP)
+    channels per layer on the device, of how many, their device bytes, whether channels, and
+    how they are held (``estimate.share_native``)."""
+    split = [g for g in plan.groups if plan.share_bytes(g)]
+    if not split:
+        return None
+    channels = split[0].kind == GroupKind.MLP
+    held = (f"as stored ({plan.host_compute_format}, read in place)"
+            if share_native(plan.host_compute_format, not channels) else "in bf16")
+    return (len(split), split[0].device_experts or split[0].device_channels,
+            split[0].num_experts or split[0].intermediate, plan.device_share_bytes, channels, held)
 
 
 def _restate_step(plan: Plan, placed_tokens: int) -> Plan:

@@ -13,9 +13,11 @@ instead of adding to the step, and every layer's CPU work shrinks alike. KTransf
 - **A dense MLP** (:func:`channel_shares`): the same number of each layer's first
   intermediate channels (gate and up rows, down columns), whole scale blocks or groups.
 
-The share is held on the device in bf16 whatever the checkpoint's format (the GPU computes
-it with torch ops that read bf16 once, where a quantized share would be dequantized at every
-step: ``estimate.SHARE_MIN_BITS``), and it is as large as the device memory the
+Routed experts of an MXFP4 checkpoint are held on the device as stored and computed by the
+share kernel, which reads each picked expert there once (``wrappers.share_kernel``,
+``estimate.NATIVE_SHARE_FORMATS``); any other share is held in bf16 (the GPU computes it with
+torch ops that read bf16 once, where a quantized share would be dequantized at every step:
+``estimate.SHARE_MIN_BITS``). A share is as large as the device memory the
 placement leaves once every layer's work is on the host and nothing is prefetched; the step
 model prices what its path moves (``estimate.device_share_traffic``), so a share whose
 gathers cost the GPU more than the CPU saves is not kept. The host keeps every byte too (a layer's experts, or
@@ -30,7 +32,7 @@ import math
 from typing import Any, Mapping
 
 from ..checkpoint import Checkpoint
-from ..estimate import share_held_bytes
+from ..estimate import share_held_bytes, share_native
 from ..plan_format import GroupKind, Placement, PlanInputs
 from .grouping import group_tensors
 from .kernels import quantization_config
@@ -49,9 +51,10 @@ def _room(trial: Placing, inputs: PlanInputs) -> int | None:
     return -trial.over_budget()
 
 
-def expert_shares(p: Placing, inputs: PlanInputs) -> tuple[Placing, dict[str, tuple[int, int]]] | None:
+def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None) -> tuple[Placing, dict[str, tuple[int, int]]] | None:
     """Every decoder layer's routed experts computed on the host, and the first ``m`` of each
-    also on the device, as many as the room holds (``m`` < E)."""
+    also on the device, as many as the room holds (``m`` < E) held as the plan's CPU format
+    ``fmt`` holds a share (``estimate.share_native``)."""
     experts = [g for g in p.groups if g.kind == GroupKind.EXPERTS and not g.mtp
                and p.where[g.name] in (Placement.DEVICE, Placement.HOST_COMPUTE)]
     if not any(p.where[g.name] == Placement.HOST_COMPUTE for g in experts):
@@ -62,8 +65,9 @@ def expert_shares(p: Placing, inputs: PlanInputs) -> tuple[Placing, dict[str, tu
     room = _room(trial, inputs)
     if room is None:
         return None
-    # mutation: share-room-at-native-bytes
-    share = _most_that_fit([(share_held_bytes(g.dtype_bytes), g.num_experts) for g in experts], room, 1,
+    # mutation: share-room-at-native-bytes, share-room-held-wide
+    native = share_native(fmt, True)
+    share = _most_that_fit([(share_held_bytes(g.dtype_bytes, native), g.num_experts) for g in experts], room, 1,
                            min(g.num_experts for g in experts) - 1)
     return (trial, {g.name: (share, 0) for g in experts}) if share > 0 else None
 

@@ -41,6 +41,7 @@ from ..cpu_kernels import Activation, ExpertWeights
 from ..cpu_kernels.channels import split_channels
 from ..cpu_kernels.reference import held_share
 from ..errors import PlanError
+from ..estimate import share_native
 from ..plan_format import Plan
 from ..planner import kernels
 from ..wrappers.host_compute import HostExperts
@@ -356,7 +357,8 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
     experts = HostExperts(group, weights, activation_of(group, module), crossover_tokens=setting.crossover_tokens,
                           threads=threads_of(setting), device=device, host_mask=host_mask,
                           # mutation: device-share-ignored
-                          device_share=held_share(weights, on_device, device) if on_device else None)
+                          device_share=held_share(weights, on_device, device, native=share_native(fmt, True))
+                          if on_device else None)
     # mutation: host-compute-not-installed
     module._replace_quant_method(method_class()(method, experts))
     return experts

@@ -39,6 +39,15 @@ import torch
 
 from .. import cpu_kernels
 from ..cpu_kernels import Activation, ExpertWeights
+from ..estimate import NATIVE_SHARE_FORMATS, share_native
+
+
+def share_kernel_computes(fmt: str, device: torch.device | str) -> bool:
+    """Whether a device share of ``fmt`` on ``device`` is computed by the share kernel
+    (:mod:`.share_kernel`): a share held as stored (not bf16 or float32) on CUDA. On a CPU
+    device (vLLM's CPU build) :meth:`HostExperts._on_share` computes it with its stand-in."""
+    # mutation: share-kernel-never-called
+    return fmt not in ("bf16", "f32") and torch.device(device).type == "cuda"
 
 
 @dataclass
@@ -118,8 +127,10 @@ class HostExperts:
         self.threads = threads
         self.device = torch.device(device)
         self.share = device_share
-        if device_share is not None and device_share.fmt not in ("bf16", "f32"):
-            raise ValueError(f"{group}: a {device_share.fmt} device share; hold it in bf16 first "
+        if device_share is not None and device_share.fmt not in ("bf16", "f32") and (
+                share_channels or not share_native(device_share.fmt, True) or device_share.fmt != weights.fmt):
+            raise ValueError(f"{group}: a {device_share.fmt} device share; hold it in bf16 first, or as stored for "
+                             f"routed experts of {', '.join(sorted(NATIVE_SHARE_FORMATS))} "
                              "(cpu_kernels.reference.held_share)")
         if device_share is not None and share_channels and device_share.num_experts != weights.num_experts:
             raise ValueError(f"{group}: a share of channels holds every expert ({weights.num_experts}), not "
@@ -133,6 +144,9 @@ class HostExperts:
         if device_share is not None:
             #: Picks the device share computed, counted on its device (no synchronisation).
             self.share_picks = torch.zeros((), dtype=torch.long, device=device_share.w13.device)
+        #: The share is computed by the share kernel (:func:`share_kernel_computes`).
+        self.share_kernel = device_share is not None and share_kernel_computes(device_share.fmt,
+                                                                               device_share.w13.device)
         self.share_channels = share_channels
         self.host_mask = host_mask
         self._side_stream = None  # the host path's stream beside a device share (CUDA)
@@ -195,10 +209,23 @@ class HostExperts:
         return (host + share).to(x.dtype)
 
     def _on_share(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """The picks that land on the device share, computed where it lives (float32)."""
+        """The picks that land on the device share, computed where it lives (float32): a bf16
+        share with torch ops, a share held as stored by the share kernel (:mod:`.share_kernel`)
+        on CUDA. On a CPU device (vLLM's CPU build) there is no such kernel to run: its
+        stand-in there is the copied path's sums over the share's picks, each picked expert
+        dequantized as it is read, the same sums the kernel makes."""
         ids = topk_ids.to(self.share.w13.device)
-        self.share_picks += ((ids >= 0) & (ids < self.share.num_experts)).sum()
-        return cpu_kernels.reference.moe_picked(x, ids, topk_weights, self.share, self.activation)
+        inside = (ids >= 0) & (ids < self.share.num_experts)
+        self.share_picks += inside.sum()
+        if self.share.fmt in ("bf16", "f32"):
+            return cpu_kernels.reference.moe_picked(x, ids, topk_weights, self.share, self.activation)
+        if self.share_kernel:
+            from .share_kernel import moe_native
+
+            return moe_native(x, ids, topk_weights, self.share, self.activation)
+        # mutation: native-share-stand-in-unmasked
+        return cpu_kernels.reference.moe_copied(x, torch.where(inside, ids, -1), topk_weights, self.share,
+                                                self.activation)
 
     def compute_on_host(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The kernel on host tensors (float32 [T, H], a buffer reused by the next step of

@@ -66,3 +66,19 @@ def test_decode_on_the_host_and_prefill_on_the_device(run):
     assert served["host_steps"] and served["device_steps"], served
     assert [len(t) for t in run.tokens] == [32] * len(PROMPTS)
     assert [t[0] for t in run.tokens] == [p[0] for p in run.plain]
+
+
+def test_the_decode_plan_keeps_an_mxfp4_share_held_as_stored_and_computes_its_picks_there(run):
+    """The crossover plan keeps each layer's first experts on the device as stored (the
+    share kernel's format, ``estimate.NATIVE_SHARE_FORMATS``; on this CPU build torch's ops
+    on the stored experts stand in for the kernel, and the tokens above are checked with it):
+    the report shows each share at its stored size, not bf16's, and the picks it computed."""
+    shared = [g for g in run.decode.groups if g.device_experts]
+    assert shared and any("held as stored (mxfp4, read in place)" in n for n in run.decode.notes)
+    transfers = dict(run.decode_report.transfers)
+    for g in shared:
+        share = transfers[g.group]["device_share"]
+        assert share["what"] == f"experts 0-{g.device_experts - 1}" and share["device"] == "cpu"
+        assert share["bytes"] == run.decode.share_bytes(g), (share, run.decode.share_bytes(g))
+        assert transfers[g.group]["host_compute"]["device_share_picks"] > 0
+

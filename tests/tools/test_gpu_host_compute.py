@@ -105,9 +105,9 @@ def test_a_measured_native_share_is_reported_beside_the_bf16_shares_time(small):
                                    "block_rows": 32, "native_s": {"median": 5e-5, "n": 9},
                                    "native_gbps": 300.0, "native_over_share_part": 0.125}
     text = host_compute_report.markdown(d)
-    assert "(132 MB), computed by the prototype kernel" in text and "32 rows a program): 50.0 us, 300.0 GB/s" in text
+    assert "(132 MB), computed by the share kernel" in text and "32 rows a program): 50.0 us, 300.0 GB/s" in text
     assert "of the 15 MB it reads a step on average, 0.125 of the bf16 share's time" in text
-    assert "prototype kernel that reads it in place (benchmarks/share_kernel.py): checked under Triton's" in \
+    assert "share kernel that reads it in place (selective_offload/wrappers/share_kernel.py): checked under Triton's" in \
         host_compute_report.markdown(small)
     # the headline: the native share's time over the bf16 share's, beside the step model's ratio of their bytes
     assert gpu_figures.native_share_over_bf16_share(small).startswith("no CUDA")

@@ -254,3 +254,29 @@ def test_a_share_is_held_at_least_as_wide_as_bf16():
     assert share_held_bytes({"F8_E4M3": 1000, "F32": 8}) == 2008
     assert share_held_bytes({"U8": 1000}) == 4000  # two 4-bit codes a byte
     assert share_held_bytes({"I32": 1000}) == 4000  # eight 4-bit values in four bytes
+
+
+def test_an_mxfp4_expert_share_is_held_as_stored_and_reads_each_picked_expert_once():
+    """Routed experts of MXFP4 (``NATIVE_SHARE_FORMATS``) keep their stored bytes on the device;
+    a dense MLP's channels, and every other format, are held wide. The share kernel's traffic
+    is the share's experts the step picks (uniform routing: each with the chance
+    ``1 - (1 - k/E)^T``), each read once at its stored size, whatever the tokens; its FLOPs
+    are the slots that land in the share."""
+    from selective_offload.estimate import (EXPERTS_CPU, ExpertsRead, device_share_traffic, expert_read_fraction,
+                                            share_held_bytes, share_native)
+
+    assert share_native("mxfp4", True) and not share_native("mxfp4", False)
+    assert not share_native("bf16", True) and not share_native("int4", True) and not share_native(None, True)
+    stored = {"U8": 4000, "BF16": 64}
+    assert share_held_bytes(stored, True) == 4064 and share_held_bytes(stored) > 4 * 4000 - 1
+    E, k, m = 32, 4, 8  # 8 of 32 experts on the device, 1 MB each as stored
+    e = ExpertsRead(0, E * 10 ** 6, E, k, EXPERTS_CPU, flops_per_token=8e6, device_share=m / E,
+                    held_nbytes=E * 10 ** 6, share_native=True)
+    for tokens in (1, 3, 64):
+        traffic, flops = device_share_traffic(e, tokens)
+        assert traffic == pytest.approx(m * expert_read_fraction(E, k, tokens) * 10 ** 6)
+        assert flops == pytest.approx(tokens * k * (m / E) * 2e6)
+    # held wide and gathered instead: each pick slot copies its expert and reads the copy
+    wide = device_share_traffic(ExpertsRead(0, E * 10 ** 6, E, k, EXPERTS_CPU, flops_per_token=8e6,
+                                            device_share=m / E, held_nbytes=E * 10 ** 6), 1)[0]
+    assert wide > device_share_traffic(e, 1)[0] * k

@@ -62,8 +62,8 @@ def test_every_group_is_drawn_by_serving_beside_cpu_offload_gb():
     drawn_shared = picture_data(shared)
     shares = {e["group"]: e["bytes"] for s in drawn_shared["slots"] if s["layer"] is not None for e in s["stack"]
               if e["serving"] == "device share"}
-    assert shared.device_share_bytes and shares == {g.group: g.device_share_bytes for g in shared.groups
-                                                    if g.device_share_bytes}
+    assert shared.device_share_bytes and shares == {g.group: shared.share_bytes(g) for g in shared.groups
+                                                    if shared.share_bytes(g)}
     row = drawn_shared["rows"][0]
     assert row["bytes"]["device share"] == shared.device_share_bytes
     assert sum(row["bytes"].values()) - shared.device_share_bytes == plan.model.total_bytes

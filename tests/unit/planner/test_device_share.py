@@ -115,11 +115,12 @@ def test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks(
     assert not dense_plan(dense(8), dense(8).total_bytes / MB - 150).device_share_bytes
 
 
-def test_a_quantized_share_is_sized_held_in_bf16_and_priced_by_what_its_path_moves(tmp_path):
+def test_an_mxfp4_share_is_held_as_stored_sized_so_and_kept_for_the_faster_step(tmp_path):
     """gpt-oss-20b (MXFP4) on 8 GiB: the room left once every layer's experts are on the host
-    holds as many of each layer's first experts as fit in bf16 (the worker holds them so),
-    not as many as fit in MXFP4; priced by the bytes its GPU path moves, the share loses to
-    the layer-at-a-time placement, and the plan says so with both rates."""
+    holds as many of each layer's first experts as fit at their stored size (the share kernel
+    reads them so: ``estimate.NATIVE_SHARE_FORMATS``), more than would fit in bf16; priced by
+    the stored bytes of the share's picked experts, read once, the share beats the
+    layer-at-a-time placement, and the plan says how it is held."""
     import sys
 
     from helpers import REPO
@@ -133,8 +134,44 @@ def test_a_quantized_share_is_sized_held_in_bf16_and_priced_by_what_its_path_mov
     label, gib, _, ckpt = next(moe_reference_plans.case_checkpoints(tmp_path))
     assert label.startswith("gpt-oss-20b") and gib == 8
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB))
+    whole = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB, device_share=False))
+    experts = [g for g in plan.groups if g.kind == "experts"]
+    assert plan.host_compute_format == "mxfp4" and all(g.placement == "host-compute" for g in experts)
+    m = experts[0].device_experts
+    assert m and all(g.device_experts == m for g in experts)
+    stored = sum(g.bytes // g.num_experts for g in experts)  # one expert of every layer, as stored
+    assert plan.device_share_bytes == sum(g.bytes * m // g.num_experts for g in experts)
+    room = plan.weight_budget_bytes - plan.est_transient_device_bytes - plan.device_bytes
+    assert m * stored <= room < (m + 1) * stored
+    wide = sum(share_held_bytes(g.dtype_bytes) // g.num_experts for g in experts)  # the same in bf16
+    assert room // wide < m
+    assert plan.est.est_step_s < whole.est.est_step_s
+    assert any("held as stored (mxfp4, read in place)" in n for n in plan.notes)
+
+
+def test_a_share_held_wide_is_sized_so_and_declined_when_its_path_moves_more(tmp_path, monkeypatch):
+    """The same gpt-oss-20b plan with no format read as stored (``NATIVE_SHARE_FORMATS``
+    emptied: how block FP8 and int4 shares are held): the room holds as many of each layer's
+    first experts as fit in bf16, not as many as fit as stored; priced by the bytes its torch
+    path moves, the share loses to the layer-at-a-time placement, and the plan says so with
+    both rates."""
+    import sys
+
+    from helpers import REPO
+    from selective_offload import estimate
+    from selective_offload.estimate import share_held_bytes
+    from selective_offload.planner import PlanInputs, make_plan
+    from selective_offload.sizes import GiB
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import moe_reference_plans
+
+    monkeypatch.setattr(estimate, "NATIVE_SHARE_FORMATS", frozenset())
+    label, gib, _, ckpt = next(moe_reference_plans.case_checkpoints(tmp_path))
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB))
     assert not plan.device_share_bytes
     note = next(n for n in plan.notes if n.startswith("host-compute: no device share"))
+    assert "GB held in bf16)" in note
     m = int(note.split("holds the first ", 1)[1].split(" of ", 1)[0])
     experts = [g for g in plan.groups if g.kind == "experts"]
     # every layer's experts on the host: the device keeps the rest of the plan's resident bytes
@@ -142,7 +179,7 @@ def test_a_quantized_share_is_sized_held_in_bf16_and_priced_by_what_its_path_mov
             - (plan.device_bytes - sum(g.bytes for g in experts if g.placement == "device")))
     held = sum(share_held_bytes(g.dtype_bytes) // g.num_experts for g in experts)  # one expert of every layer, bf16
     assert m * held <= room < (m + 1) * held
-    assert sum(g.bytes // g.num_experts for g in experts) * (m + 1) <= room  # MXFP4 bytes would fit more
+    assert sum(g.bytes // g.num_experts for g in experts) * (m + 1) <= room  # stored bytes would fit more
     rates = note.split("priced at ", 1)[1]
     assert float(rates.split(" tok/s", 1)[0]) < float(rates.split("against ", 1)[1].split(" ", 1)[0]) \
         == round(plan.est.est_tok_s, 2)

@@ -251,7 +251,8 @@ def test_a_held_share_is_its_experts_in_bf16_in_storage_of_its_own(fmt):
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8-block", "int4"])
 def test_the_share_path_refuses_weights_not_held(fmt):
     """A share in a quantized format is refused where it is handed over (the layer's host
-    experts) and where it would be computed, not dequantized at every step."""
+    experts: MXFP4 only as the layer's own experts, as stored, for the share kernel) and
+    where the torch path would compute it, not dequantized at every step."""
     from selective_offload.cpu_kernels.reference import moe_picked
     from selective_offload.cpu_kernels.weights import random_experts
 
@@ -259,9 +260,43 @@ def test_the_share_path_refuses_weights_not_held(fmt):
     with pytest.raises(ValueError, match="hold the share in bf16 first"):
         moe_picked(torch.zeros(1, 128), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2), weights,
                    Activation("silu"))
+    other = random_experts("bf16" if fmt == "mxfp4" else fmt, 8, 128, 64)  # not the layer's own format
     with pytest.raises(ValueError, match=f"a {fmt} device share; hold it in bf16 first"):
-        HostExperts("g", weights, Activation("silu"), crossover_tokens=4, threads=1, device=torch.device("cpu"),
+        HostExperts("g", other, Activation("silu"), crossover_tokens=4, threads=1, device=torch.device("cpu"),
                     device_share=random_experts(fmt, 3, 128, 64))
+
+
+@pytest.mark.parametrize("crossover", [16, 0])
+def test_an_mxfp4_share_held_as_stored_is_a_copy_and_its_picks_match_the_reference(crossover):
+    """gpt-oss's MXFP4 experts with a share of their first 3 held as stored (copies: the
+    host's tensors are not the device's), computed on either side of the crossover: the layer's
+    sum is the reference's over every pick (the host's and the share's, picks past the share
+    masked off the share's side), to bf16's rounding; the share counted every pick it took."""
+    from selective_offload.cpu_kernels.weights import random_experts
+
+    from dataclasses import replace
+
+    g = torch.Generator().manual_seed(1)
+    weights = random_experts("mxfp4", 8, 128, 64, seed=5)
+    weights = replace(weights, w13_bias=(torch.randn(8, 128, generator=g) * 0.1).to(torch.bfloat16),
+                      w2_bias=(torch.randn(8, 128, generator=g) * 0.1).to(torch.bfloat16))
+    act = Activation("swigluoai", alpha=1.702, limit=7.0)
+    share = held_share(weights, 3, "cpu", native=True)
+    assert share.fmt == "mxfp4" and share.nbytes == 3 * weights.expert_bytes
+    for name, t in share.tensors().items():
+        host = getattr(weights, name)
+        assert torch.equal(t, host[:3]) and t.untyped_storage().data_ptr() != host.untyped_storage().data_ptr(), name
+    layer = HostExperts("g", weights, act, crossover_tokens=crossover, threads=1, device=torch.device("cpu"),
+                        device_share=share)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 128, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(8, generator=g)[:4] for _ in range(5)]).to(torch.int32)
+    ids[0, 0], ids[1, 1] = 1, 7
+    tw = torch.softmax(torch.randn(5, 4, generator=g), -1)
+    got = layer(x, ids, tw).float()
+    want = moe_reference(x, ids, tw, weights, act)
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()
+    assert int(layer.share_picks) == int(((ids >= 0) & (ids < 3)).sum())
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 12])
@@ -286,3 +321,14 @@ def test_the_share_path_matches_the_reference_without_a_synchronisation(tokens):
     want = moe_reference(x, inside, w, weights, Activation("silu"))
     got = moe_picked(x, ids, w, share, Activation("silu"))
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+def test_a_share_held_as_stored_goes_to_the_share_kernel_on_cuda_only():
+    """The rule the layer dispatches by (the CPU cannot run the CUDA side; the device a share
+    names is what it can see): MXFP4 on CUDA to the kernel; on the CPU to the stand-in; a bf16
+    share to torch's ops wherever it lies."""
+    from selective_offload.wrappers.host_compute import share_kernel_computes
+
+    assert share_kernel_computes("mxfp4", torch.device("cuda", 0)) and share_kernel_computes("mxfp4", "cuda")
+    assert not share_kernel_computes("mxfp4", "cpu")
+    assert not share_kernel_computes("bf16", "cuda") and not share_kernel_computes("f32", "cuda")

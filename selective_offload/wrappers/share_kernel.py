@@ -1,35 +1,35 @@
-"""A prototype of a device share read where it lies: the share's experts held on the device in
-the checkpoint's own format and computed by a kernel that reads them by the router's ids.
-The GPU run measures it (``host_compute_share.device_share``, ``native_part``); no plan uses
-it.
+"""A device share read where it lies: a host-compute layer's first experts held on the device
+in the checkpoint's own format and computed there by a kernel that reads them by the
+router's ids, while the CPU computes the picks that land on the host
+(:class:`~selective_offload.wrappers.host_compute.HostExperts`).
 
-Why: a plan's device share (``planner/shares.py``) holds its experts in bf16 and computes
-them with torch ops (``cpu_kernels.reference.moe_picked``), which read a bf16 weight once per
-matmul but first gather each pick slot's expert (a copy: fixed shapes for a CUDA graph).
-For an MXFP4 checkpoint the bf16 share takes 3.76 times the bytes the checkpoint stores, so
-the planner declines it for gpt-oss (the plan's note says so) and keeps whole layers on the
-device instead. A kernel that reads the experts in their own format, by id, moves about their
-stored bytes once, and a share so held costs VRAM at the checkpoint's size; the step model
-priced that way keeps a share for gpt-oss-20b and gpt-oss-120b (est, in the issue's
-notes). Whether a kernel like this one reaches the card's decode read rate at one token is
-the measurement that decides it, so it comes before any plan prices a share this way.
+Why: a share held in bf16 (``cpu_kernels.reference.held_share``) costs an MXFP4 checkpoint
+about four times the bytes it stores, and torch ops would dequantize a share held as stored at
+every step, many times its bytes in memory traffic. This kernel reads each picked expert's
+stored bytes once per step, so the share costs the device its stored size and the step
+model prices its traffic so (``estimate.NATIVE_SHARE_FORMATS``, ``device_share_traffic``).
 
-Two Triton kernels, one program per (pick slot, block of output rows), on a fixed grid (a
-graph captures it): ``_up`` computes act(W13[e] @ x[t] + b13[e]) for the slot's expert e,
-``_down`` W2[e] @ act + b2[e], times the slot's top-k weight; the slots' rows are summed in
-float32. A slot whose pick lies outside the share (a host expert, or -1) reads nothing: its
-loads are masked off and ``_down`` writes zeros. MXFP4's e2m1 codes and e8m0 scales (one per
-32 columns) are decoded in registers; bf16 is read as it is. The activation is
-:class:`~selective_offload.cpu_kernels.Activation`'s (silu with gate and up halves, or gpt-oss's
-clamped swiglu with interleaved rows), as ``cpu_kernels.reference.activate`` computes it.
+Two Triton kernels, one program per (block of output rows, expert of the share), on a fixed
+grid (a CUDA graph captures it): each program walks the step's pick slots and, for each
+slot that picked its expert, computes that slot's rows: ``_up`` act(W13[e] @ x[t] + b13[e]),
+``_down`` (W2[e] @ act + b2[e]) times the slot's top-k weight. A program whose expert no slot
+picked reads nothing but the ids; a slot picking its expert again rereads a block of rows the
+first read just brought into the cache. Slots whose pick lies outside the share (a host
+expert, or -1) are left zero. MXFP4's e2m1 codes and e8m0 scales (one per 32 columns) are
+decoded in registers; bf16 is read as it is (the benchmarks compare it with the bf16 share's
+torch path; plans use the kernel for ``NATIVE_SHARE_FORMATS`` only). The activation is
+:class:`~selective_offload.cpu_kernels.Activation`'s (silu with gate and up halves, or
+gpt-oss's clamped swiglu with interleaved rows), as ``cpu_kernels.reference.activate``
+computes it.
 
 Triton compiles it where torch sees a CUDA device. A share on the CPU runs under Triton's
 interpreter, which is how the tests check it against the reference: Triton decides that when
 it is imported, from ``TRITON_INTERPRET=1`` in the environment, for every kernel in the
 process, so such a process imports no other Triton code (no vLLM); without it,
-:func:`moe_native` refuses a CPU share. The tests also compile both kernels ahead for sm_89
-and sm_90 with Triton's NVIDIA backend, which needs no GPU: that they build for the card is
-checked here, how fast they run is not.
+:func:`moe_native` refuses a CPU share (the CPU build's engine computes its share with
+:func:`moe_held`'s stand-in instead). The tests also compile both kernels ahead for sm_89 and
+sm_90 with Triton's NVIDIA backend, which needs no GPU: that they build for the card is
+checked here; how fast they run, the GPU run measures (``benchmarks/host_compute_share.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from selective_offload.cpu_kernels import Activation, ExpertWeights
+from ..cpu_kernels import Activation, ExpertWeights
+from ..cpu_kernels.reference import held_share
 
 #: The formats the kernel reads: bf16 weights as they are, MXFP4 (uint8 pairs of e2m1
 #: codes, low nibble first; one e8m0 scale per 32 columns).
@@ -87,63 +88,62 @@ def _rows_dot(w_ptr, s_ptr, v_ptr, rows, live_rows, ncols,
 
 
 @triton.jit
-def _up(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, H, I, M, K, alpha, limit,
+def _up(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, H, I, SLOTS, K, alpha, limit,
         MXFP4: tl.constexpr, SWIGLU: tl.constexpr, BIAS: tl.constexpr, CLAMP: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    slot = tl.program_id(1)
-    e = tl.load(ids_ptr + slot).to(tl.int64)
-    live = (e >= 0) & (e < M)
-    e = tl.where(live, e, 0)
+    e = tl.program_id(1)  # the share's expert this program reads
     i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rm = i < tl.where(live, I, 0)  # a slot outside the share: no row
+    rm = i < I
     if SWIGLU:  # gpt-oss: gate and up rows interleaved
         # mutation: share-kernel-interleave
         gate, up = 2 * i, 2 * i + 1
     else:  # gate rows, then up rows
         gate, up = i, I + i
+    e64 = e.to(tl.int64)
     if MXFP4:
-        w_e = w_ptr + e * (2 * I) * (H // 2)
+        w_e = w_ptr + e64 * (2 * I) * (H // 2)
     else:
-        w_e = w_ptr + e * (2 * I) * H
-    s_e = s_ptr + e * (2 * I) * (H // 32)
-    x_t = x_ptr + (slot // K) * H
-    g = _rows_dot(w_e, s_e, x_t, gate, rm, H, MXFP4, BLOCK_R, BLOCK_K)
-    u = _rows_dot(w_e, s_e, x_t, up, rm, H, MXFP4, BLOCK_R, BLOCK_K)
-    if BIAS:
-        g += tl.load(b_ptr + e * (2 * I) + gate, mask=rm, other=0.0).to(tl.float32)
-        u += tl.load(b_ptr + e * (2 * I) + up, mask=rm, other=0.0).to(tl.float32)
-    if SWIGLU:
-        if CLAMP:
-            # mutation: share-kernel-clamp
-            g = tl.minimum(g, limit)
-            u = tl.minimum(tl.maximum(u, -limit), limit)
-        a = (u + 1.0) * g / (1.0 + tl.exp(-alpha * g))
-    else:
-        a = g / (1.0 + tl.exp(-g)) * u
-    tl.store(act_ptr + slot * I + i, a, mask=rm)
+        w_e = w_ptr + e64 * (2 * I) * H
+    s_e = s_ptr + e64 * (2 * I) * (H // 32)
+    for slot in range(0, SLOTS):
+        # mutation: share-kernel-outside-picks
+        if tl.load(ids_ptr + slot) == e:
+            x_t = x_ptr + (slot // K) * H
+            g = _rows_dot(w_e, s_e, x_t, gate, rm, H, MXFP4, BLOCK_R, BLOCK_K)
+            u = _rows_dot(w_e, s_e, x_t, up, rm, H, MXFP4, BLOCK_R, BLOCK_K)
+            if BIAS:
+                g += tl.load(b_ptr + e64 * (2 * I) + gate, mask=rm, other=0.0).to(tl.float32)
+                u += tl.load(b_ptr + e64 * (2 * I) + up, mask=rm, other=0.0).to(tl.float32)
+            if SWIGLU:
+                if CLAMP:
+                    # mutation: share-kernel-clamp
+                    g = tl.minimum(g, limit)
+                    u = tl.minimum(tl.maximum(u, -limit), limit)
+                a = (u + 1.0) * g / (1.0 + tl.exp(-alpha * g))
+            else:
+                a = g / (1.0 + tl.exp(-g)) * u
+            tl.store(act_ptr + slot * I + i, a, mask=rm)
 
 
 @triton.jit
-def _down(act_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, b_ptr, y_ptr, H, I, M,
+def _down(act_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, b_ptr, y_ptr, H, I, SLOTS,
           MXFP4: tl.constexpr, BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    slot = tl.program_id(1)
-    e = tl.load(ids_ptr + slot).to(tl.int64)
-    live = (e >= 0) & (e < M)
-    e = tl.where(live, e, 0)
+    e = tl.program_id(1)
     h = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     hm = h < H
-    # mutation: share-kernel-outside-picks
-    rm = h < tl.where(live, H, 0)
+    e64 = e.to(tl.int64)
     if MXFP4:
-        w_e = w_ptr + e * H * (I // 2)
+        w_e = w_ptr + e64 * H * (I // 2)
     else:
-        w_e = w_ptr + e * H * I
-    s_e = s_ptr + e * H * (I // 32)
-    y = _rows_dot(w_e, s_e, act_ptr + slot * I, h, rm, I, MXFP4, BLOCK_R, BLOCK_K)
-    if BIAS:
-        y += tl.load(b_ptr + e * H + h, mask=rm, other=0.0).to(tl.float32)
-    weight = tl.load(tw_ptr + slot).to(tl.float32)
-    tl.store(y_ptr + slot * H + h, tl.where(rm, y * weight, 0.0), mask=hm)
+        w_e = w_ptr + e64 * H * I
+    s_e = s_ptr + e64 * H * (I // 32)
+    for slot in range(0, SLOTS):
+        if tl.load(ids_ptr + slot) == e:
+            y = _rows_dot(w_e, s_e, act_ptr + slot * I, h, hm, I, MXFP4, BLOCK_R, BLOCK_K)
+            if BIAS:
+                y += tl.load(b_ptr + e64 * H + h, mask=hm, other=0.0).to(tl.float32)
+            weight = tl.load(tw_ptr + slot).to(tl.float32)
+            tl.store(y_ptr + slot * H + h, y * weight, mask=hm)
 
 
 def native_share(weights: ExpertWeights, count: int, device: torch.device | str) -> ExpertWeights:
@@ -151,11 +151,7 @@ def native_share(weights: ExpertWeights, count: int, device: torch.device | str)
     (copies of its tensors: the bytes a natively held share takes)."""
     if weights.fmt not in FORMATS:
         raise ValueError(f"share_kernel reads {' and '.join(FORMATS)}, not {weights.fmt}")
-    if not 0 < count <= weights.num_experts:
-        raise ValueError(f"{weights.fmt}: a share of 1 to {weights.num_experts} experts, not {count}")
-    names = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")
-    held = {n: getattr(weights, n)[:count].to(device).contiguous() for n in names if getattr(weights, n) is not None}
-    return ExpertWeights(weights.fmt, **held)
+    return held_share(weights, count, device, native=True)
 
 
 def moe_native(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, share: ExpertWeights,
@@ -180,18 +176,19 @@ def moe_native(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     ids = topk_ids.to(dev, torch.int32).contiguous()
     tw = topk_weights.to(dev, torch.float32).contiguous()
     act = torch.empty(T * K, I, dtype=torch.float32, device=dev)
-    y = torch.empty(T * K, H, dtype=torch.float32, device=dev)
+    # A slot no program writes (its pick is outside the share) adds zero to the sum.
+    y = torch.zeros(T * K, H, dtype=torch.float32, device=dev)
     s13 = share.w13_scale if mxfp4 else share.w13  # an unused pointer when bf16
     s2 = share.w2_scale if mxfp4 else share.w2
     b13 = share.w13_bias if share.w13_bias is not None else share.w13
     b2 = share.w2_bias if share.w2_bias is not None else share.w2
     swiglu = activation.kind == "swigluoai"
     limit = activation.limit if activation.limit is not None else 0.0
-    _up[(triton.cdiv(I, block_rows), T * K)](
-        xf, ids, share.w13, s13, b13, act, H, I, M, K, float(activation.alpha), float(limit),
+    _up[(triton.cdiv(I, block_rows), M)](
+        xf, ids, share.w13, s13, b13, act, H, I, T * K, K, float(activation.alpha), float(limit),
         MXFP4=mxfp4, SWIGLU=swiglu, BIAS=share.w13_bias is not None, CLAMP=swiglu and activation.limit is not None,
         BLOCK_R=block_rows, BLOCK_K=block_k)
-    _down[(triton.cdiv(H, block_rows), T * K)](
-        act, ids, tw, share.w2, s2, b2, y, H, I, M,
+    _down[(triton.cdiv(H, block_rows), M)](
+        act, ids, tw, share.w2, s2, b2, y, H, I, T * K,
         MXFP4=mxfp4, BIAS=share.w2_bias is not None, BLOCK_R=block_rows, BLOCK_K=block_k)
     return y.view(T, K, H).sum(1)
