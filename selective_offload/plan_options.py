@@ -303,15 +303,20 @@ def _positive(text: str, flag: str, unit: str, like: str) -> float:
 
 
 def with_measured_cpu_rate(inputs: PlanInputs, checkpoint, profile) -> PlanInputs:
-    """The probe's host kernel rate for the model's format, where no ``cpu_gbps`` was given
-    (the format is known only once the model is read)."""
+    """The probe's host kernel rate for the model's format, and the host's read rate it
+    measured beside it, where no ``cpu_gbps`` was given (the format is known only once the
+    model is read)."""
     if inputs.cpu_gbps is not None:
         return inputs
     rates = plan_defaults(profile)["cpu_kernel_gbps"] or {}
     # mutation: probe-cpu-rate-ignored
     fmt = model_cpu_format(checkpoint)
     if fmt in rates:
-        return replace(inputs, cpu_gbps=rates[fmt], cpu_gbps_source="measured")
+        # the host's read rate the probe measured beside it decides whether the kernel is
+        # claimed on this host (cpu_kernels.claimed.verdict)
+        # mutation: probe-read-rate-dropped
+        read = profile.host_read_gbps
+        return replace(inputs, cpu_gbps=rates[fmt], cpu_gbps_source="measured", cpu_read_gbps=read)
     return inputs
 
 

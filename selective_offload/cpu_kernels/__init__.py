@@ -18,14 +18,15 @@ imports no vLLM.
 ``CLAIMED`` (from ``claimed``) says which formats the project claims a fast kernel for:
 those whose committed benchmark (``benchmarks/bench_cpu_kernels.py``, the result file
 ``CLAIM_SOURCE``) read the weights at no less than ``CLAIM_BAR`` of the machine's read
-bandwidth at batch 1. A test keeps the table and the file in agreement.
+bandwidth at batch 1. A test keeps the table and the file in agreement. A plan made from a
+probe of its host is claimed there instead (``claimed.verdict``).
 """
 
 from __future__ import annotations
 
 from . import build, reference
 from .build import KernelUnavailable, openmp_runtimes
-from .claimed import CLAIM_BAR, CLAIM_SOURCE, CLAIMED, MEASURED
+from .claimed import CLAIM_BAR, CLAIM_SOURCE, CLAIMED
 from .kernel import TORCH_FORMATS, MoEJob, library, moe, read_gbps
 from .weights import FORMATS, Activation, ExpertWeights
 
@@ -34,7 +35,9 @@ __all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "Exp
 
 
 def unavailable_reason(fmt: str) -> str | None:
-    """None when the compiled kernel serves ``fmt`` on this machine, else one line why not."""
+    """None when the compiled kernel serves ``fmt`` on this machine, else one line why not.
+    Whether it is claimed fast is :func:`claimed.verdict`'s to say, for a plan (the plan's
+    reader asks it); the probe measures every format this says is served."""
     if fmt not in FORMATS:
         return f"host-compute: unknown format {fmt!r}; the formats are {', '.join(FORMATS)}"
     if fmt in TORCH_FORMATS:
@@ -43,10 +46,4 @@ def unavailable_reason(fmt: str) -> str | None:
         library()
     except KernelUnavailable as e:
         return str(e)
-    if not CLAIMED.get(fmt) and fmt not in MEASURED:
-        return (f"host-compute: the {fmt} kernel has not been measured in {CLAIM_SOURCE} (a run of "
-                f"benchmarks/bench_cpu_kernels.py on the claim's machine decides); keep these experts host-uva")
-    if not CLAIMED.get(fmt):
-        return (f"host-compute: the {fmt} kernel read its weights at less than {CLAIM_BAR} of the read bandwidth "
-                f"in {CLAIM_SOURCE}; keep these experts host-uva")
     return None

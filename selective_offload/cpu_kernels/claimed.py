@@ -10,6 +10,11 @@ A format is claimed when, in the benchmark result file ``CLAIM_SOURCE``
 (each in its best of several repeats: on a shared machine other work only slows one down);
 tests/unit/cpu_kernels/test_claimed.py keeps this table, that file and the newest such
 result in agreement.
+
+A plan made from a probe of its own host (``selective-offload probe``) is claimed there
+instead: the same bar, on that host's measured kernel rate for the format over its measured
+read rate (:func:`verdict`), so a kernel fast on the user's CPU is used there and one slow
+there is not, whichever machine ran the committed benchmark.
 """
 
 CLAIM_BAR = 0.6
@@ -17,3 +22,32 @@ CLAIM_SOURCE = "benchmarks/results/cpu-kernels-cpu-intel-xeon-processor-2026-12-
 CLAIMED = {"bf16": True, "mxfp4": True, "fp8-block": True, "int4": False}
 #: The formats ``CLAIM_SOURCE`` measured (a kernel newer than the file has no verdict yet).
 MEASURED = ("bf16", "mxfp4", "fp8-block", "int4")
+
+
+def verdict_for(fmt: str | None, inputs) -> tuple[bool, str]:
+    """:func:`verdict` for a plan's inputs (``PlanInputs``, or ``None``): the kernel rate and
+    the read rate the probe measured on its host when it gave them (``cpu_gbps_source``
+    ``measured``), else the committed benchmark's."""
+    # mutation: plan-reader-ignores-host-claim
+    measured = inputs is not None and inputs.cpu_gbps_source == "measured"
+    return verdict(fmt, inputs.cpu_gbps if measured else None, inputs.cpu_read_gbps if measured else None)
+
+
+def verdict(fmt: str | None, kernel_gbps: float | None = None, read_gbps: float | None = None) -> tuple[bool, str]:
+    """Whether ``fmt``'s CPU kernel is claimed fast for a plan, and one phrase saying by what:
+    on the planning host when its probe measured both the kernel's rate for ``fmt`` and the
+    host's read rate (the ratio at least :data:`CLAIM_BAR`), else by the committed benchmark
+    (:data:`CLAIMED`). The planner, the plan's reader and the worker all ask here."""
+    if fmt is None or fmt not in CLAIMED:
+        return False, f"{fmt or 'this format'} has no CPU kernel"
+    if fmt not in MEASURED and not (kernel_gbps and read_gbps):
+        return False, (f"the {fmt} CPU kernel has not been measured in {CLAIM_SOURCE} (a run of "
+                       "benchmarks/bench_cpu_kernels.py on the claim's machine decides)")
+    if kernel_gbps and read_gbps:
+        ratio = kernel_gbps / read_gbps
+        # mutation: host-claim-bar-ignored
+        fast = ratio >= CLAIM_BAR
+        return fast, (f"the probe measured the {fmt} CPU kernel on this host at {ratio:.2f} of its read rate "
+                      f"({kernel_gbps:.3g} of {read_gbps:.3g} GB/s; the bar is {CLAIM_BAR:g})")
+    return CLAIMED[fmt], (f"the {fmt} CPU kernel is {'' if CLAIMED[fmt] else 'not '}claimed fast by the committed "
+                          "benchmark (selective_offload/cpu_kernels/claimed.py)")

@@ -339,6 +339,7 @@ def claimed_formats() -> Mapping[str, bool]:
     return CLAIMED
 
 
+
 def check_host_compute(plan: PlanContents, stated: Mapping[str, object], where: str = "plan") -> None:
     """Host-compute groups exactly when the plan names a CPU kernel format, that format one
     with a fast kernel, and what the plan states of ``host_compute`` (the crossover, the
@@ -353,11 +354,14 @@ def check_host_compute(plan: PlanContents, stated: Mapping[str, object], where: 
     if not computed:
         raise PlanError(f"{where}: host_compute names format {fmt[:40]!r} but no group is served compute; "
                         f"delete host_compute or {REPLAN}")
+    from ..cpu_kernels.claimed import verdict_for
+
     claimed = claimed_formats()
+    ok, why = verdict_for(fmt, plan.inputs) if fmt in claimed else (False, "")
     # mutation: unclaimed-format-read
-    if claimed.get(fmt) is not True:
-        why = "has no CPU kernel the committed benchmark claims fast" if fmt in claimed else "is not a CPU kernel format"
-        raise PlanError(f"{where}: host_compute format {fmt[:40]!r} {why} (claimed: "
+    if not ok:
+        why = f": {why}" if fmt in claimed else " is not a CPU kernel format"
+        raise PlanError(f"{where}: host_compute format {fmt[:40]!r}{why} (claimed by the committed benchmark: "
                         f"{', '.join(f for f, ok in claimed.items() if ok)}); serve those experts uva, or {REPLAN}")
     record = plan.host_compute
     for name, value in stated.items():

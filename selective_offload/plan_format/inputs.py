@@ -152,6 +152,11 @@ class PlanInputs:
     cpu_gbps: float | None = None
     #: Where ``cpu_gbps`` came from (:data:`CPU_SOURCES`); ``assumed`` exactly when it is ``None``.
     cpu_gbps_source: str = "assumed"
+    #: The host's read rate the probe measured beside ``cpu_gbps`` (GB/s; only with
+    #: ``cpu_gbps_source`` ``measured``): the kernel is claimed fast on this host when
+    #: ``cpu_gbps`` is at least ``cpu_kernels.claimed.CLAIM_BAR`` of it
+    #: (``cpu_kernels.claimed.verdict``); ``None``: the committed benchmark's verdict.
+    cpu_read_gbps: float | None = None
     #: Threads of the one CPU pool (physical cores of one NUMA node) the host kernel runs
     #: with; ``None``: all physical cores of one NUMA node, as the runtime finds them.
     cpu_threads: int | None = None
@@ -309,6 +314,15 @@ class PlanInputs:
             raise PlanError(f"cpu_gbps_source {cut(repr(self.cpu_gbps_source), 83)} does not fit cpu_gbps "
                             f"{cut(repr(rate), 83)}: "
                             "'assumed' exactly when no rate is given (measured or flag otherwise)")
+        read = self.cpu_read_gbps
+        if read is not None and (isinstance(read, bool) or not isinstance(read, (int, float))
+                                 or not MIN_GBPS <= read <= MAX_GBPS):
+            raise PlanError(f"host read rate {cut(repr(read), 83)} GB/s must be a number from {MIN_GBPS:g} to "
+                            f"{MAX_GBPS:g} GB/s")
+        # mutation: host-read-rate-without-measurement
+        if read is not None and self.cpu_gbps_source != "measured":
+            raise PlanError(f"cpu_read_gbps {read:g} comes with a kernel rate the probe measured (cpu_gbps_source "
+                            f"'measured'), not {cut(repr(self.cpu_gbps_source), 40)}; delete it, or probe again")
         tflops = self.cpu_tflops
         if tflops is not None and (isinstance(tflops, bool) or not isinstance(tflops, (int, float))
                                    or not 0 < tflops <= MAX_TFLOPS):

@@ -169,6 +169,7 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
         moe_setting=r.str("moe_setting", default="auto"),
         cpu_gbps=r.number("cpu_gbps", positive=True, default=None),
         cpu_gbps_source=r.str("cpu_gbps_source", default="assumed"),
+        cpu_read_gbps=r.number("cpu_read_gbps", positive=True, default=None),
         cpu_threads=r.int("cpu_threads", minimum=1, default=None),
         cpu_tflops=r.number("cpu_tflops", positive=True, default=None),
         handoff_s=r.number("handoff_s", positive=False, default=None),

@@ -40,7 +40,7 @@ INT4_UNREAD = ("the int4 CPU kernel does not read this W4A16 layout (it reads GP
 
 
 def mlp_unclaimed_note(fmt: str | None, mlp_bytes: int, link_gbps: float, cpu_gbps: float,
-                       method: str | None = None) -> str:
+                       method: str | None = None, inputs: Any = None) -> str:
     """Why a dense model's MLPs are not offered host-compute, and the alternative priced (a
     bf16 host copy of block FP8 or int4 weights: more bytes for the CPU to read per step)."""
     if fmt is None and method == "wna16":
@@ -48,8 +48,7 @@ def mlp_unclaimed_note(fmt: str | None, mlp_bytes: int, link_gbps: float, cpu_gb
     if fmt is None:
         return ("host-compute: the dense MLPs' weights have no CPU kernel format (host-compute has "
                 f"{', '.join(sorted(set(MLP_CPU_FORMATS.values())))}): they are resident or prefetched with their layer")
-    line = (f"host-compute: the {fmt} CPU kernel is not claimed fast by the committed benchmark "
-            "(selective_offload/cpu_kernels/claimed.py), so no dense MLP is computed on the host")
+    line = f"host-compute: {claim_of(fmt, inputs)[1]}, so no dense MLP is computed on the host"
     if fmt in ("fp8-block", "int4") and mlp_bytes:
         factor = 2 if fmt == "fp8-block" else 4
         copy = factor * mlp_bytes
@@ -108,25 +107,31 @@ def model_cpu_format(checkpoint: Any) -> str | None:
     return cpu_format(method_of_config(checkpoint.config), checkpoint.config)
 
 
-def claimed(fmt: str | None) -> bool:
-    """Whether ``fmt`` has a CPU kernel the committed benchmark claims fast."""
+def claim_of(fmt: str | None, inputs: Any = None) -> tuple[bool, str]:
+    """Whether ``fmt``'s CPU kernel is claimed fast for a plan of ``inputs``, and by what
+    (``cpu_kernels.claimed.verdict``): on this host when the probe measured its rate and the
+    host's read rate, else by the committed benchmark."""
+    from ..cpu_kernels.claimed import verdict_for
+
+    return verdict_for(fmt, inputs)
+
+
+def claimed(fmt: str | None, inputs: Any = None) -> bool:
+    """Whether ``fmt`` has a CPU kernel claimed fast for a plan of ``inputs`` (:func:`claim_of`)."""
     if fmt is None:
         return False
-    from ..cpu_kernels.claimed import CLAIMED
-
     # mutation: unclaimed-format-placed
-    return CLAIMED.get(fmt) is True
+    return claim_of(fmt, inputs)[0] is True
 
 
-def unclaimed_reason(method: str | None, fmt: str | None) -> str:
+def unclaimed_reason(method: str | None, fmt: str | None, inputs: Any = None) -> str:
     """Why a method's experts are not offered host-compute (for the plan's notes and the group's reason)."""
     if fmt is None and method == "wna16":
         return f"{INT4_UNREAD}, so host experts are served uva"
     if fmt is None:
         return (f"no CPU kernel format for {method or 'this quantization method'} experts (host-compute has "
                 f"{', '.join(sorted(set(CPU_FORMATS.values())))}), so host experts are served uva")
-    return (f"the {fmt} CPU kernel is not claimed fast by the committed benchmark "
-            "(selective_offload/cpu_kernels/claimed.py), so host experts are served uva, not computed on the host")
+    return f"{claim_of(fmt, inputs)[1]}, so host experts are served uva, not computed on the host"
 
 
 def host_compute_notes(record: HostCompute | None, tokens: int, bound_tokens: int | None = None,

@@ -23,7 +23,7 @@ from ..sizes import GB
 from .baselines import baseline_notes, price_bulk
 from .grouping import group_tensors, model_fingerprint
 from ..estimate import StepSettings, host_compute_bound_tokens, share_native
-from .host_compute import (claimed, cpu_format, declined_share_note, host_compute_notes, mlp_cpu_format,
+from .host_compute import (claim_of, claimed, cpu_format, declined_share_note, host_compute_notes, mlp_cpu_format,
                            mlp_unclaimed_note, unclaimed_reason)
 from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
@@ -98,8 +98,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     method = method_of_config(checkpoint.config)
     fmt = cpu_format(method, checkpoint.config)
     # mutation: host-compute-switch-ignored
-    computes = claimed(fmt) and inputs.host_compute
-    why_not = (None if computes else unclaimed_reason(method, fmt) if inputs.host_compute
+    computes = claimed(fmt, inputs) and inputs.host_compute
+    why_not = (None if computes else unclaimed_reason(method, fmt, inputs) if inputs.host_compute
                else "host-compute is off for this plan (--no-host-compute), so host experts are served uva")
     has_experts = any(g.kind == GroupKind.EXPERTS for g in groups)
     has_dense = any(g.kind == GroupKind.LAYER for g in groups) and bool(dense_layers_of(groups))
@@ -107,7 +107,7 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     # claimed; it shares the plan's one CPU format (and pool) with host-compute experts.
     mlp_fmt = mlp_cpu_format(method, checkpoint.config)
     # mutation: unclaimed-mlp-format-computed
-    mlp_computes = (has_dense and inputs.host_compute and claimed(mlp_fmt)
+    mlp_computes = (has_dense and inputs.host_compute and claimed(mlp_fmt, inputs)
                     and (mlp_fmt == fmt or not computes))
     # Priced with every dense MLP a group of its own; the plan keeps only the computed ones split.
     priced = group_tensors(checkpoint, inputs, split_mlp=True) if mlp_computes else groups
@@ -169,6 +169,9 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                               + (kernel_notes(kernel, inputs.compute_capability is None) if has_experts else [])))
     if has_experts and why_not is not None:
         plan = replace(plan, notes=plan.notes + (f"host-compute: {why_not}",))
+    elif plan.host_compute is not None and inputs.cpu_read_gbps:  # claimed on this host, not by the benchmark
+        plan = replace(plan, notes=plan.notes + (f"host-compute: claimed on this host: "
+                                                 f"{claim_of(plan.host_compute_format, inputs)[1]}",))
     if has_dense and not mlp_computes and deficit > 0:
         plan = replace(plan, notes=plan.notes + (_mlp_why_not(inputs, mlp_fmt, groups, computes, fmt, method),))
     plan = replace(plan, notes=plan.notes + _host_compute_lines(plan, tokens))
@@ -259,10 +262,10 @@ def _mlp_why_not(inputs: PlanInputs, mlp_fmt: str | None, groups, computes: bool
                  method: str | None) -> str:
     if not inputs.host_compute:
         return "host-compute is off for this plan (--no-host-compute): no dense MLP is computed on the host"
-    if claimed(mlp_fmt) and computes and mlp_fmt != fmt:
+    if claimed(mlp_fmt, inputs) and computes and mlp_fmt != fmt:
         return (f"host-compute: the dense MLPs ({mlp_fmt}) and the routed experts ({fmt}) are in different CPU "
                 "formats and a plan has one: only the experts are computed on the host")
     dense = dense_layers_of(groups)
     mlp_bytes = max((sum(b for name, b in g.param_bytes.items() if mlp_prefix(f"{g.name}.{name}"))
                      for g in groups if g.kind == GroupKind.LAYER and g.layer_index in dense), default=0)
-    return mlp_unclaimed_note(mlp_fmt, mlp_bytes, inputs.link_gbps, inputs.host_cpu_gbps, method)
+    return mlp_unclaimed_note(mlp_fmt, mlp_bytes, inputs.link_gbps, inputs.host_cpu_gbps, method, inputs)

@@ -5,7 +5,9 @@ The kernels are ``selective_offload.cpu_kernels``' (``moe``, ``read_gbps``,
 ``unavailable_reason``), imported inside :func:`measure_host_compute`: a build without
 them, or a format whose kernel is unavailable here, is skipped with a one-line reason the
 probe prints, and the profile then holds no rate for it (planning assumes the reference
-host's and says so). The thread count is the physical cores of one NUMA node (one pool:
+host's and says so). Every format whose kernel is served here is timed, claimed by the
+committed benchmark or not: with the read rate beside them, the rates decide the claim of a
+plan made from this profile (``cpu_kernels.claimed.verdict``). The thread count is the physical cores of one NUMA node (one pool:
 the kernels of all host-compute layers share it), as :func:`physical_cores_of_one_node` finds them.
 """
 

@@ -12,13 +12,10 @@ caller merges them.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import selective_offload
 from helpers import compute_experts_plan, generate_tokens, generate_with_plan, save_tiny_qwen3_moe
-from selective_offload.cpu_kernels import claimed
 from selective_offload.plan_format import Placement
 
 pytestmark = pytest.mark.vllm
@@ -50,7 +47,7 @@ def test_two_ranks_with_the_embedding_and_computed_experts_on_the_host(tmp_path,
                                       "problems": [], "error": None}}
 
 
-def two_rank_mlp_plan(model, monkeypatch, cpu_tflops: float):
+def two_rank_mlp_plan(model, monkeypatch, cpu_tflops: float, **inputs):
     """Two ranks on the host's two cores (one each, spawned workers), and the plan of a dense
     ``model`` whose budget its cold set cannot close, with its MLPs computed on the host by
     both ranks' shards at the CPU matmul rate given (which sets the crossover); the MLP groups."""
@@ -63,7 +60,7 @@ def two_rank_mlp_plan(model, monkeypatch, cpu_tflops: float):
     ckpt = load_checkpoint(model)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
                                       reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": cpu_tflops, "ranks": 2,
-                                                          "cpu_threads": 2}))
+                                                          "cpu_threads": 2, **inputs}))
     mlps = [g.group for g in plan.groups if g.kind == "mlp"]
     assert mlps and plan.host_compute.ranks == 2
     return plan, mlps
@@ -91,24 +88,20 @@ def test_two_ranks_with_int4_mlps_computed_on_the_host(tmp_path, monkeypatch):
     """A GPTQ int4 Qwen3 over two ranks: each rank's shard of each MLP (half of gate_up's
     output rows, half of down_proj's input columns with their groups) is rewritten row-major
     and computed by its own int4 kernel, the partial sums all-reduced. The committed kernel
-    benchmark does not claim int4, so the test claims it in this process and, through a
-    ``sitecustomize`` on the workers' PYTHONPATH, in the spawned workers, which check the
-    plan's format against the same table. The kernel rounds its tokens to int8, so the check is test_vllm_int4's:
+    benchmark does not claim int4, so the plan is made as after a probe of a host where the
+    int4 kernel reads 0.75 of the host's read rate: claimed on that host, in the plan itself
+    (``inputs.cpu_read_gbps``), which the spawned workers read and check against the
+    plan's format against the same rule. The kernel rounds its tokens to int8, so the check is test_vllm_int4's:
     plain vLLM's greedy tokens fed back, every position's log-probability within its
     tolerance of plain vLLM's with the same two ranks."""
     from helpers import PROMPTS, prompt_logprobs, save_tiny_gptq_qwen3, with_plan
     from test_vllm_int4 import LOGPROB_TOL
 
     model = save_tiny_gptq_qwen3(tmp_path / "gptq", seed=9)
-    monkeypatch.setitem(claimed.CLAIMED, "int4", True)
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text("from selective_offload.cpu_kernels import claimed\n"
-                                           "claimed.CLAIMED['int4'] = True\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH")))))
     # a CPU fast enough that every step, prefill too, stays on the host kernel
-    plan, mlps = two_rank_mlp_plan(model, monkeypatch, cpu_tflops=100.0)
-    assert plan.host_compute.format == "int4"
+    plan, mlps = two_rank_mlp_plan(model, monkeypatch, cpu_tflops=100.0, cpu_gbps=30.0, cpu_gbps_source="measured",
+                                   cpu_read_gbps=40.0)
+    assert plan.host_compute.format == "int4" and any("claimed on this host" in n for n in plan.notes)
     selective_offload.disable()
     engine = dict(tensor_parallel_size=2, dtype="bfloat16")
     plain = generate_tokens(model, **engine)

@@ -39,3 +39,22 @@ def test_each_claim_is_what_the_committed_rows_give():
     assert set(claimed.MEASURED) == measured
     # batch 1 with one thread and with all the machine's threads were both measured
     assert {1, max(result["threads"])} <= {r["threads"] for r in result["rows"]}
+
+
+def test_a_probe_of_the_host_decides_the_claim_there(monkeypatch):
+    """The committed verdict without a measurement; with the host's kernel and read rates, the
+    same bar on their ratio, whichever way the committed benchmark went."""
+    for fmt in claimed.CLAIMED:
+        assert claimed.verdict(fmt)[0] is claimed.CLAIMED[fmt]
+        assert claimed.verdict(fmt, 20.0, None)[0] is claimed.CLAIMED[fmt]  # no read rate: not a host claim
+        ok, why = claimed.verdict(fmt, claimed.CLAIM_BAR * 30.0, 30.0)
+        assert ok and f"at {claimed.CLAIM_BAR:.2f} of its read rate" in why
+        ok, why = claimed.verdict(fmt, claimed.CLAIM_BAR * 30.0 - 0.1, 30.0)
+        assert not ok and "the probe measured" in why
+    assert claimed.verdict(None) == (False, "this format has no CPU kernel")
+    # a format the committed file has not measured: no verdict there, a probe's still counts
+    monkeypatch.setattr(claimed, "MEASURED", tuple(f for f in claimed.MEASURED if f != "int4"))
+    assert claimed.verdict("int4") == (False, f"the int4 CPU kernel has not been measured in {claimed.CLAIM_SOURCE} "
+                                              "(a run of benchmarks/bench_cpu_kernels.py on the claim's machine decides)")
+    assert claimed.verdict("int4", 20.0, 30.0)[0]
+    assert not claimed.verdict("q4_k", 50.0, 50.0)[0]

@@ -229,7 +229,7 @@ def test_host_compute_round_trips_and_a_stated_field_that_disagrees_is_refused(t
 
     with monkeypatch.context() as mp:  # a format the committed benchmark does not claim
         mp.setitem(claimed.CLAIMED, "int4", False)
-        refused(lambda d: d["host_compute"].update(format="int4"), "has no CPU kernel the committed benchmark")
+        refused(lambda d: d["host_compute"].update(format="int4"), "int4 CPU kernel is not claimed fast by the committed")
     refused(lambda d: d["host_compute"].update(format="q4_k"), "is not a CPU kernel format")
     refused(lambda d: d.update(host_compute=None), "served compute, but the plan has no host_compute")
     refused(lambda d: d["inputs"].update(cpu_gbps_source="measured", cpu_gbps=None), "exactly when no rate")
@@ -241,6 +241,37 @@ def test_host_compute_round_trips_and_a_stated_field_that_disagrees_is_refused(t
     uva.pop("host_compute")
     uva["totals"].pop("host_compute_bytes")
     assert Plan.from_dict(uva).host_compute is None
+
+
+def test_a_kernel_is_claimed_on_the_host_the_probe_measured(monkeypatch):
+    """With the probe's kernel rate and read rate, the claim is this host's: a format the
+    committed benchmark does not claim is computed where it reads at least the bar of the
+    host's read rate, a claimed one is not where it reads less; the plan says which, and
+    the plan's reader and the worker hold a plan to the same rule."""
+    from selective_offload.cpu_kernels import claimed
+
+    monkeypatch.setitem(claimed.CLAIMED, "bf16", False)  # as the committed benchmark says int4 today
+    ckpt = moe(4)
+    measured = dict(cpu_gbps=30.0, cpu_gbps_source="measured")
+    fast = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_read_gbps=40.0, **measured)  # 0.75 of the host's reads
+    assert computed(fast) and fast.host_compute.format == "bf16"
+    assert any(n.startswith("host-compute: claimed on this host: the probe measured the bf16 CPU kernel on this "
+                            "host at 0.75 of its read rate") for n in fast.notes)
+    back = Plan.from_dict(json.loads(fast.to_json()))
+    assert back.inputs.cpu_read_gbps == 40.0 and back.host_compute == fast.host_compute
+    # the same rate without the host's read rate beside it: the committed verdict, not claimed
+    committed = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_gbps=30.0, cpu_gbps_source="flag")
+    assert not computed(committed)
+    assert any("bf16 CPU kernel is not claimed fast by the committed benchmark" in n for n in committed.notes)
+    monkeypatch.setitem(claimed.CLAIMED, "bf16", True)
+    slow = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_read_gbps=60.0, **measured)  # 0.50: under the bar
+    assert not computed(slow) and slow.host_compute is None
+    assert any("at 0.50 of its read rate (30 of 60 GB/s; the bar is 0.6), so host experts are served uva" in n
+               for n in slow.notes)
+    # a measured plan edited to a read rate that puts its kernel under the bar, or a read rate
+    # without a measured kernel rate, is refused on reading
+    refused_edit(fast, lambda d: d["inputs"].update(cpu_read_gbps=80.0), "at 0.38 of its read rate")
+    refused_edit(fast, lambda d: d["inputs"].update(cpu_gbps_source="flag"), "comes with a kernel rate the probe")
 
 
 # ---- the probe
@@ -268,7 +299,7 @@ def test_a_profile_with_kernel_rates_reads_back_and_supplies_the_models_format(t
     ckpt = moe(4)
     inputs = PlanInputs(device_memory_bytes=ckpt.total_bytes - 200 * MB, kv_cache_bytes=0, reserve_bytes=0)
     measured = with_measured_cpu_rate(inputs, ckpt, read)
-    assert (measured.cpu_gbps, measured.cpu_gbps_source) == (61.5, "measured")
+    assert (measured.cpu_gbps, measured.cpu_gbps_source, measured.cpu_read_gbps) == (61.5, "measured", 70.0)
     plan = make_plan(ckpt, measured)
     assert plan.host_compute.cpu_gbps == 61.5 and "measured by `selective-offload probe`" in plan.host_compute.describe()
     # a flag wins over the profile; an fp8-block model takes no bf16 rate

@@ -188,7 +188,7 @@ def test_block_fp8_mlps_are_computed_only_when_fp8_block_is_claimed(monkeypatch)
     assert plan.est.est_tok_s > plain.est.est_tok_s
     # reading the plan once the claim is withdrawn refuses it
     monkeypatch.setitem(claimed.CLAIMED, "fp8-block", False)
-    with pytest.raises(PlanError, match="has no CPU kernel the committed benchmark"):
+    with pytest.raises(PlanError, match="CPU kernel is not claimed fast by the committed benchmark"):
         Plan.from_dict(json.loads(plan.to_json()))
 
 
