@@ -5,8 +5,9 @@ card's memory, the KV cache vLLM will want and the link. At engine start the wor
 them: the device memory vLLM may use (total x ``gpu_memory_utilization``), the KV cache
 (``kv_cache_memory_bytes`` when set, else one sequence of ``max_model_len`` tokens: the
 least vLLM will start with; what remains goes to the KV cache anyway), speculative
-settings from the engine's config, and the link measured by ``selective-offload probe``
-on this machine (else the reference laptop's). So ``vllm serve MODEL`` with one
+settings from the engine's config, and the link and host CPU kernel rates measured by
+``selective-offload probe`` on this machine (else the reference laptop's link and the
+reference host's kernel rate). So ``vllm serve MODEL`` with one
 environment variable is all a user does. The plan is written beside the report and shown
 in it.
 
@@ -27,6 +28,7 @@ from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel
 from ..plan_format import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..plan_format.inputs import MOE_SETTINGS, moe_setting
+from ..plan_options import with_measured_cpu_rate
 from ..planner import kernels, make_plan
 from ..probe import load_profile, plan_bandwidths, plan_defaults
 from ..options import ENV_DEVICE_MEMORY, ENV_PLAN, device_memory_from_env
@@ -118,6 +120,10 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
                         f"the {DEFAULT_RESERVE_BYTES / GiB:.0f} GiB reserve; "
                         + (f"raise {ENV_DEVICE_MEMORY} to the card's memory" if memory_from.startswith(ENV_DEVICE_MEMORY)
                            else "lower max_model_len or kv_cache_memory_bytes"))
+    # The host kernel's rate for the model's format and the host's read rate, where the probe
+    # measured them: they price host-compute and decide its claim on this host.
+    # mutation: auto-plan-ignores-probe-cpu-rate
+    inputs = with_measured_cpu_rate(inputs, checkpoint, profile)
     plan = make_plan(checkpoint, inputs)
     # The rule enable() applies to a plan it is given: an infeasible plan is not run.
     # mutation: auto-runs-infeasible
