@@ -31,6 +31,7 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'auto-plan-ignores-probe-handoff': ('        handoff_s=measured["handoff_s"],  # the per-layer hand-off the probe timed on this card', '        handoff_s=None,', ['tests/contract/test_auto_inputs.py::test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates']),
  'auto-plan-ignores-probe-cpu-rate': ('    inputs = with_measured_cpu_rate(inputs, checkpoint, profile)', '    pass', ['tests/contract/test_auto_inputs.py::test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates']),
  'plan-reader-ignores-host-claim': ('    measured = inputs is not None and inputs.cpu_gbps_source == "measured"', '    measured = False', ['tests/unit/planner/test_host_compute.py::test_a_kernel_is_claimed_on_the_host_the_probe_measured', 'tests/engine/test_vllm_tensor_parallel.py::test_two_ranks_with_int4_mlps_computed_on_the_host']),
  'host-claim-bar-ignored': ('        fast = ratio >= CLAIM_BAR', '        fast = True', ['tests/unit/cpu_kernels/test_claimed.py::test_a_probe_of_the_host_decides_the_claim_there', 'tests/unit/planner/test_host_compute.py::test_a_kernel_is_claimed_on_the_host_the_probe_measured']),

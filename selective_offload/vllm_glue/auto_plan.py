@@ -110,6 +110,8 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
         device_memory_bytes=device_memory, kv_cache_bytes=kv_bytes,
         link_gbps=link, vram_gbps=vram, uva_gbps=measured["uva_gbps"], compute_tflops=measured["compute_tflops"],
         decode_read_gbps=measured["decode_read_gbps"],
+        # mutation: auto-plan-ignores-probe-handoff
+        handoff_s=measured["handoff_s"],  # the per-layer hand-off the probe timed on this card
         speculative="mtp" if mtp else None,
         spec_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0) or None if mtp else None,
     )

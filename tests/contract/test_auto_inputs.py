@@ -79,26 +79,24 @@ def test_an_infeasible_plan_at_engine_start_says_by_how_much_and_what_to_change(
 
 
 def test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates(tmp_path, monkeypatch):
-    """A profile of this host (``selective-offload probe``) that measured the bf16 kernel and
-    the read rate: the plan made at engine start takes both into its inputs, as a plan made
+    """A profile of this host (``selective-offload probe``) that measured the bf16 kernel, the
+    read rate and the hand-off: the plan made at engine start takes them into its inputs, as a plan made
     with the CLI from the same profile does (they price host-compute and decide its claim on
     this host: test_host_compute.py); without the profile, neither."""
+    from builders import gpu_profile
     from helpers import save_tiny_qwen3_moe
-    from selective_offload.probe import Profile
     from selective_offload.probe.profile import PROFILE_ENV
 
     model = save_tiny_qwen3_moe(tmp_path / "moe", seed=5)
-    profile = Profile(machine="test x86_64", date="2026-12-06T00:00:00+00:00", torch_version="2.13", device=None,
-                      integrated=False, link_gbps_pinned=None, link_gbps_pageable=None, vram_gbps=None,
-                      device_memory_total_bytes=None, device_memory_free_bytes=None, host_memcpy_gbps=20.0,
-                      no_link_reason="no GPU here", cpu_kernel_gbps={"bf16": 30.0}, cpu_threads=2,
-                      host_read_gbps=40.0)
+    profile = gpu_profile(cpu_kernel_gbps={"bf16": 30.0}, cpu_threads=2, host_read_gbps=40.0, handoff_s=12e-6)
     profile.save(tmp_path / "profile.json")
     monkeypatch.setenv(ENV_DEVICE_MEMORY, "64GiB")
     config = engine_config(model)
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "absent.json"))
     plain, _ = plan_at_start(RunOptions("auto"), config, config.model_config, torch.device("cpu"))
     assert (plain.inputs.cpu_gbps, plain.inputs.cpu_gbps_source, plain.inputs.cpu_read_gbps) == (None, "assumed", None)
+    assert plain.inputs.handoff_s is None
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "profile.json"))
     plan, _ = plan_at_start(RunOptions("auto"), config, config.model_config, torch.device("cpu"))
     assert (plan.inputs.cpu_gbps, plan.inputs.cpu_gbps_source, plan.inputs.cpu_read_gbps) == (30.0, "measured", 40.0)
+    assert plan.inputs.handoff_s == 12e-6
