@@ -84,8 +84,9 @@ def picture_data(plan: Plan) -> dict[str, Any]:
                 slot = by_layer[g.layer_index] = {"label": str(g.layer_index), "layer": g.layer_index, "stack": []}
                 slots.append(slot)
             slot["stack"].append(entry)
-            if plan.share_bytes(g):
-                slot["stack"].append({"group": g.group, "serving": DEVICE_SHARE, "bytes": plan.share_bytes(g),
+            share = plan.share_bytes(g)
+            if share:
+                slot["stack"].append({"group": g.group, "serving": DEVICE_SHARE, "bytes": share,
                                       "experts": experts})
         else:
             slots.append({"label": _short(g.group), "layer": None, "stack": [entry]})

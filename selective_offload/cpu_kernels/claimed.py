@@ -40,14 +40,14 @@ def verdict(fmt: str | None, kernel_gbps: float | None = None, read_gbps: float 
     (:data:`CLAIMED`). The planner, the plan's reader and the worker all ask here."""
     if fmt is None or fmt not in CLAIMED:
         return False, f"{fmt or 'this format'} has no CPU kernel"
-    if fmt not in MEASURED and not (kernel_gbps and read_gbps):
-        return False, (f"the {fmt} CPU kernel has not been measured in {CLAIM_SOURCE} (a run of "
-                       "benchmarks/bench_cpu_kernels.py on the claim's machine decides)")
-    if kernel_gbps and read_gbps:
+    if kernel_gbps and read_gbps:  # measured on this host
         ratio = kernel_gbps / read_gbps
         # mutation: host-claim-bar-ignored
         fast = ratio >= CLAIM_BAR
         return fast, (f"the probe measured the {fmt} CPU kernel on this host at {ratio:.2f} of its read rate "
                       f"({kernel_gbps:.3g} of {read_gbps:.3g} GB/s; the bar is {CLAIM_BAR:g})")
+    if fmt not in MEASURED:
+        return False, (f"the {fmt} CPU kernel has not been measured in {CLAIM_SOURCE} (a run of "
+                       "benchmarks/bench_cpu_kernels.py on the claim's machine decides)")
     return CLAIMED[fmt], (f"the {fmt} CPU kernel is {'' if CLAIMED[fmt] else 'not '}claimed fast by the committed "
                           "benchmark (selective_offload/cpu_kernels/claimed.py)")

@@ -339,7 +339,6 @@ def claimed_formats() -> Mapping[str, bool]:
     return CLAIMED
 
 
-
 def check_host_compute(plan: PlanContents, stated: Mapping[str, object], where: str = "plan") -> None:
     """Host-compute groups exactly when the plan names a CPU kernel format, that format one
     with a fast kernel, and what the plan states of ``host_compute`` (the crossover, the

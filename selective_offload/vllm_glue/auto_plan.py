@@ -5,9 +5,9 @@ card's memory, the KV cache vLLM will want and the link. At engine start the wor
 them: the device memory vLLM may use (total x ``gpu_memory_utilization``), the KV cache
 (``kv_cache_memory_bytes`` when set, else one sequence of ``max_model_len`` tokens: the
 least vLLM will start with; what remains goes to the KV cache anyway), speculative
-settings from the engine's config, and the link and host CPU kernel rates measured by
-``selective-offload probe`` on this machine (else the reference laptop's link and the
-reference host's kernel rate). So ``vllm serve MODEL`` with one
+settings from the engine's config, and the link, the per-layer hand-off and the host CPU
+kernel rates measured by ``selective-offload probe`` on this machine (else the reference
+laptop's link, the assumed hand-off and the reference host's kernel rate). So ``vllm serve MODEL`` with one
 environment variable is all a user does. The plan is written beside the report and shown
 in it.
 
