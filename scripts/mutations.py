@@ -31,6 +31,7 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+    'int8-reference-reciprocal': ('    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))', '    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))', ['tests/unit/cpu_kernels/test_reference.py::test_int8_blocks_scale_by_127_over_the_largest_rounded_once_as_the_kernel_does']),
  'auto-plan-ignores-probe-handoff': ('        handoff_s=measured["handoff_s"],  # the per-layer hand-off the probe timed on this card', '        handoff_s=None,', ['tests/contract/test_auto_inputs.py::test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates']),
  'auto-plan-ignores-probe-cpu-rate': ('    inputs = with_measured_cpu_rate(inputs, checkpoint, profile)', '    pass', ['tests/contract/test_auto_inputs.py::test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates']),
  'plan-reader-ignores-host-claim': ('    measured = inputs is not None and inputs.cpu_gbps_source == "measured"', '    measured = False', ['tests/unit/planner/test_host_compute.py::test_a_kernel_is_claimed_on_the_host_the_probe_measured', 'tests/engine/test_vllm_tensor_parallel.py::test_two_ranks_with_int4_mlps_computed_on_the_host']),

@@ -110,7 +110,11 @@ def int8_blocks(v: torch.Tensor) -> torch.Tensor:
     (even on ties), times the scale again (llama.cpp's q8_0)."""
     b = v.float().unflatten(-1, (-1, 32))
     amax = b.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # 127 / amax rounded once, as the kernel's 127.0f / amax: torch's scalar / tensor is the
+    # tensor's reciprocal times the scalar, rounded twice, and a product landing a last bit
+    # from a half step then rounds the other way than the kernel's.
+    # mutation: int8-reference-reciprocal
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     return (torch.round(b * inv).clamp(-127, 127) * (amax / 127.0)).flatten(-2)
 
 

@@ -114,3 +114,17 @@ def test_the_reference_is_the_sum_over_picks_written_out():
             y = w.w2[e].float() @ (torch.nn.functional.silu(h[:16]) * h[16:]) + w.w2_bias[e]
             want += tw[t, j] * y
         assert torch.allclose(got[t], want, atol=1e-5)
+
+
+def test_int8_blocks_scale_by_127_over_the_largest_rounded_once_as_the_kernel_does():
+    """Each block of 32 is scaled by 127 / its largest magnitude, that quotient rounded once
+    to float32 as the kernel's ``127.0f / amax`` is (not torch's scalar / tensor, the
+    reciprocal times 127, rounded twice), then rounded to the nearest integer: over many
+    bf16 blocks some products land a last bit from a half step, where the two ways differ
+    and the oracle would disagree with the kernel by a whole int8 step."""
+    g = torch.Generator().manual_seed(3)
+    v = (torch.randn(4096, 32, generator=g) * 60).bfloat16().float()
+    amax = v.abs().amax(-1, keepdim=True)
+    inv = (127.0 / amax.double()).float()  # a correctly rounded float32 quotient
+    want = torch.round(v * inv) * (amax / 127.0)
+    assert torch.equal(reference.int8_blocks(v.flatten()).view(4096, 32), want)
