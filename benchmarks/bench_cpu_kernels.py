@@ -8,7 +8,8 @@ with new random expert ids every call (so the weights come from memory, not from
 second (the k experts' weights, scales and biases over the call's time, median of many
 calls), beside the read bandwidth of the C read kernel with the same threads, sampled in
 the same rounds (one kernel call, one read of a buffer larger than the caches, alternating),
-so both see the same machine. The ratio is what ``CLAIMED`` in
+so both see the same machine: ``selective_offload.cpu_kernels.timing``'s rounds and layers,
+which ``selective-offload probe`` runs on a user's host too. The ratio is what ``CLAIMED`` in
 ``selective_offload.cpu_kernels`` is judged by (a format is claimed when every thread count
 measured reaches ``CLAIM_BAR`` in its best of ``--repeats`` whole measurements, taken in
 turns over the rows: on a shared machine other work only slows a repeat down, and a slow
@@ -41,56 +42,13 @@ import torch.nn.functional as F  # noqa: E402
 from _common import RESULTS_DIR, fmt, load_1min, machine, md_table, result_stem, shared_note, today, write_results  # noqa: E402,E501
 
 from selective_offload import cpu_kernels as ck  # noqa: E402
-from selective_offload.cpu_kernels import build  # noqa: E402
+from selective_offload.cpu_kernels import build, timing  # noqa: E402
 
 #: The builds the benchmark can measure: the flags added to the native build's.
 BUILDS = {"native": (), "avx2": ("-mno-avx512f",)}
 
-#: format -> (model, E, k, H, I, activation, biases)
-LAYERS = {
-    "bf16": ("Qwen3-30B-A3B", 128, 8, 2048, 768, "silu", False),
-    "mxfp4": ("gpt-oss-20b", 32, 4, 2880, 2880, "swigluoai", True),
-    "fp8-block": ("Qwen3-30B-A3B", 128, 8, 2048, 768, "silu", False),
-    "int4": ("Qwen3-30B-A3B", 128, 8, 2048, 768, "silu", False),
-}
 #: The formats the compiled kernel is for (f32 experts are computed by torch, not timed here).
 KERNEL_FORMATS = tuple(f for f in ck.FORMATS if f not in ck.TORCH_FORMATS)
-SMOKE = {"bf16": (8, 2, 256, 128), "mxfp4": (8, 2, 256, 128), "fp8-block": (8, 2, 256, 128), "int4": (8, 2, 256, 128)}
-
-
-def weights_of(fmt_: str, E: int, H: int, I: int, biases: bool) -> ck.ExpertWeights:
-    """Random experts of the format's layout, made fast (GBs): bf16 values in (-1, 1),
-    fp8 bytes with no NaN, uniform mxfp4 and int4 nibbles with scales near 1 (int4: groups
-    of 128 columns, bf16 scales, and AWQ's zero points: the slower of the kernel's two int4
-    paths, so a claim holds for symmetric groups too)."""
-    g = torch.Generator().manual_seed(0)
-
-    def u8(*shape, low=0, high=256):
-        return torch.randint(low, high, shape, dtype=torch.uint8, generator=g)
-
-    extra = {}
-    if biases:
-        extra = dict(w13_bias=torch.randn(E, 2 * I, generator=g).bfloat16(), w2_bias=torch.randn(E, H, generator=g).bfloat16())
-    if fmt_ == "bf16":
-        def bf(*shape):  # bf16 bits 0x3c00-0x3f7f and their negatives: values 2^-7 .. ~1
-            bits = torch.randint(0x3C00, 0x3F80, shape, dtype=torch.int16, generator=g)
-            sign = torch.randint(0, 2, shape, dtype=torch.int16, generator=g) << 15
-            return (bits | sign).view(torch.bfloat16)
-        return ck.ExpertWeights("bf16", bf(E, 2 * I, H), bf(E, H, I), **extra)
-    if fmt_ == "mxfp4":
-        return ck.ExpertWeights("mxfp4", u8(E, 2 * I, H // 2), u8(E, H, I // 2), u8(E, 2 * I, H // 32, low=120, high=128),
-                                u8(E, H, I // 32, low=120, high=128), **extra)
-    if fmt_ == "int4":
-        def scales(*shape):
-            return (torch.rand(*shape, generator=g) * 0.02 + 0.01).bfloat16()
-        return ck.ExpertWeights("int4", u8(E, 2 * I, H // 2), u8(E, H, I // 2), scales(E, 2 * I, H // 128),
-                                scales(E, H, I // 128), w13_zeros=u8(E, I, H // 128), w2_zeros=u8(E, H // 2, I // 128),
-                                **extra)
-    bn, bk = 128, 128
-    return ck.ExpertWeights("fp8-block", u8(E, 2 * I, H, high=0x70).view(torch.float8_e4m3fn),
-                            u8(E, H, I, high=0x70).view(torch.float8_e4m3fn),
-                            torch.rand(E, 2 * -(-I // bn), -(-H // bk), generator=g) + 0.5,
-                            torch.rand(E, -(-H // bn), -(-I // bk), generator=g) + 0.5, block=(bn, bk), **extra)
 
 
 def torch_bf16_step(w: ck.ExpertWeights, act: ck.Activation):
@@ -107,51 +65,25 @@ def torch_bf16_step(w: ck.ExpertWeights, act: ck.Activation):
     return step
 
 
-def measure(w, act, K, threads, iters, read_buf, lib, torch_step=None, other_prefetch=False):
-    """Median seconds of the kernel (and torch's step, and with ``other_prefetch`` the same
-    kernel with the other software-prefetch choice for bf16 rows) and of the read kernel,
-    alternating."""
-    E, H = w.num_experts, w.hidden
-    x = torch.randn(1, H).bfloat16()
-    ids = torch.zeros(1, K, dtype=torch.int32)
-    tw = torch.rand(1, K)
-    out = torch.empty(1, H)
-    job = ck.MoEJob(x, ids, tw, w, act, out=out, threads=threads, library_=lib)
-    g = torch.Generator().manual_seed(threads)
-    picks = [torch.randperm(E, generator=g)[:K] for _ in range(iters + 2)]
-    kernel_s, read_s, torch_s, other_s = [], [], [], []
-    chosen = lib.so_bf16_prefetch()
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for r, p in enumerate(picks):
-            ids.copy_(p.view(1, K))
-            t0 = time.perf_counter()
-            job.run()
-            t1 = time.perf_counter()
-            lib.so_read_sum(read_buf.data_ptr(), read_buf.numel() * 4, threads)
-            t2 = time.perf_counter()
-            if torch_step is not None:
-                torch_step(x, ids, tw)
-            t3 = time.perf_counter()
-            if other_prefetch:
-                ids.copy_(picks[(r + 1) % len(picks)].view(1, K))  # other experts than the kernel's call read
-                lib.so_set_bf16_prefetch(1 - chosen)
-                try:
-                    job.run()
-                finally:
-                    lib.so_set_bf16_prefetch(chosen)
-            t4 = time.perf_counter()
-            if r >= 2:  # the first two warm the threads and the code
-                kernel_s.append(t1 - t0)
-                read_s.append(t2 - t1)
-                torch_s.append(t3 - t2)
-                other_s.append(t4 - t3)
-    finally:
-        torch.set_num_threads(before)
-    return (statistics.median(kernel_s), statistics.median(read_s),
-            statistics.median(torch_s) if torch_step is not None else None, kernel_s, read_s,
-            statistics.median(other_s) if other_prefetch else None)
+def measure(w, act, K, threads, iters, read_buf, lib, torch_step=None, other_prefetch=False) -> timing.Rounds:
+    """The kernel and the read kernel in alternating rounds (``timing.side_by_side``, what the
+    probe runs too), with torch's step and, with ``other_prefetch``, the same kernel with the
+    other software-prefetch choice for bf16 rows timed in the same rounds."""
+    beside = {}
+    if torch_step is not None:
+        beside["torch"] = lambda x, ids, tw, job, _next: torch_step(x, ids, tw)
+    if other_prefetch:
+        chosen = lib.so_bf16_prefetch()
+
+        def other(x, ids, tw, job, next_ids):
+            ids.copy_(next_ids)  # other experts than the kernel's call read
+            lib.so_set_bf16_prefetch(1 - chosen)
+            try:
+                job.run()
+            finally:
+                lib.so_set_bf16_prefetch(chosen)
+        beside["other"] = other
+    return timing.side_by_side(w, act, K, threads, iters, read_buf, lib, beside)
 
 
 def run(formats, threads_list, iters, smoke, read_bytes, repeats=1, lib=None):
@@ -162,12 +94,8 @@ def run(formats, threads_list, iters, smoke, read_bytes, repeats=1, lib=None):
     read_buf = torch.ones(read_bytes // 4)
     layers = {}
     for f in formats:
-        model, E, K, H, I, kind, biases = LAYERS[f]
-        if smoke:
-            E, K, H, I = SMOKE[f]
-        w = weights_of(f, E, H, I, biases)
-        layers[f] = (dict(format=f, model=model, E=E, k=K, H=H, I=I, activation=kind), w, ck.Activation(kind),
-                     torch_bf16_step(w, ck.Activation(kind)) if f == "bf16" else None,
+        base, w, act = timing.layer_of(f, small=smoke)
+        layers[f] = (base, w, act, torch_bf16_step(w, act) if f == "bf16" else None,
                      # The bf16 walk's software prefetch is chosen per CPU vendor: time the other choice beside it.
                      f == "bf16" and bool(lib.so_bf16_activations()))
     reps = {(f, t): [] for f in formats for t in threads_list}
@@ -183,20 +111,21 @@ def run(formats, threads_list, iters, smoke, read_bytes, repeats=1, lib=None):
         nbytes = base["k"] * w.expert_bytes
         for t in threads_list:
             ms = reps[f, t]
-            ratios = [nbytes / k_s / (read_bytes / r_s) for k_s, r_s, *_ in ms]
-            k_s = statistics.median(r[0] for r in ms)
-            read_gbps = statistics.median(read_bytes / r[1] / 1e9 for r in ms)
-            ks = [v for r in ms for v in r[3]]
-            rs = [v for r in ms for v in r[4]]
+            med = statistics.median
+            ratios = [nbytes / med(m.kernel_s) / (read_bytes / med(m.read_s)) for m in ms]
+            k_s = med(med(m.kernel_s) for m in ms)
+            read_gbps = med(m.read_gbps(read_bytes) for m in ms)
+            ks = [v for m in ms for v in m.kernel_s]
+            rs = [v for m in ms for v in m.read_s]
             row = dict(base, threads=t, status="measured", bytes_per_call=nbytes, kernel_s=k_s,
-                       kernel_gbps=nbytes / k_s / 1e9, read_gbps=read_gbps, ratio=statistics.median(ratios),
+                       kernel_gbps=nbytes / k_s / 1e9, read_gbps=read_gbps, ratio=med(ratios),
                        ratios=ratios, kernel_s_min=min(ks), kernel_s_max=max(ks), read_gbps_min=read_bytes / max(rs) / 1e9,
                        read_gbps_max=read_bytes / min(rs) / 1e9, calls=len(ks))
             if step is not None:
-                t_s = statistics.median(r[2] for r in ms)
+                t_s = med(med(m.beside_s["torch"]) for m in ms)
                 row.update(torch_s=t_s, torch_gbps=nbytes / t_s / 1e9, torch_ratio=nbytes / t_s / 1e9 / read_gbps)
             if alternate:
-                o_s = statistics.median(r[5] for r in ms)
+                o_s = med(med(m.beside_s["other"]) for m in ms)
                 row.update(other_prefetch_ratio=nbytes / o_s / 1e9 / read_gbps)
             rows.append(row)
             print(f"{f} threads={t}: {row['kernel_gbps']:.1f} GB/s of {read_gbps:.1f} read "
@@ -275,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     iters = min(args.iters, 3) if args.smoke else args.iters
     load_before, started = load_1min(), time.perf_counter()
     repeats = 1 if args.smoke else args.repeats
-    rows = run(formats, threads, iters, args.smoke, (16 << 20) if args.smoke else (256 << 20), repeats, lib)
+    rows = run(formats, threads, iters, args.smoke, timing.SMALL_READ_BYTES if args.smoke else timing.READ_BYTES, repeats, lib)
     load_after = load_1min()
     simd = {0: "plain C", 256: "AVX2", 512: "AVX-512"}.get(lib.so_simd_level(), "?")
     if lib.so_bf16_activations():

@@ -1,8 +1,8 @@
 """The probe's host-compute measurements: the host CPU kernel's rate per format, the
 threads it ran with, the host's read rate, and one layer's hand-off.
 
-The kernels are ``selective_offload.cpu_kernels``' (``moe``, ``read_gbps``,
-``unavailable_reason``), imported inside :func:`measure_host_compute`: a build without
+The kernels are ``selective_offload.cpu_kernels``', timed by its ``timing`` module as the
+committed benchmark times them, imported inside :func:`measure_host_compute`: a build without
 them, or a format whose kernel is unavailable here, is skipped with a one-line reason the
 probe prints, and the profile then holds no rate for it (planning assumes the reference
 host's and says so). Every format whose kernel is served here is timed, claimed by the
@@ -14,17 +14,17 @@ the kernels of all host-compute layers share it), as :func:`physical_cores_of_on
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-#: A layer of a routed-experts shape the kernel rate is measured on (hidden, expert
-#: intermediate, experts, experts per token): Qwen3-30B-A3B's, small enough to time quickly
-#: and large enough (128 experts of 3 x 2048 x 768) that a batch-1 step reads far more than
-#: the CPU's caches hold.
-KERNEL_SHAPE = (2048, 768, 128, 8)
-QUICK_KERNEL_SHAPE = (1024, 512, 32, 4)
+#: Counted rounds per format (the committed benchmark's calls per measurement), and with
+#: ``--quick``.
+CALLS, QUICK_CALLS = 41, 3
+#: The hidden size of the hand-off's token (Qwen3-30B-A3B's).
+KERNEL_HIDDEN = 2048
 
 
 def _cpus(text: str) -> set[int]:
@@ -92,63 +92,62 @@ def measure_host_compute(*, device: Any = None, quick: bool = False, repeats: in
                          say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The profile's host-compute fields (``cpu_kernel_gbps``, ``cpu_threads``,
     ``host_read_gbps``, ``handoff_s``) measured here; what cannot be measured is left out
-    (empty, ``None``) and ``say`` gets one line saying why (default: printed to stderr)."""
+    (empty, ``None``) and ``say`` gets one line saying why (default: printed to stderr).
+
+    The kernel rates and the read rate come from the same alternating rounds as the
+    committed benchmark's (``cpu_kernels.timing``: each format's layer, new random experts
+    every call, the first rounds not counted), so the ratio a plan made from this profile is
+    claimed by is measured as the committed claim is; the read rate is the median of every
+    format's rounds. ``quick``: the tiny layers and a few rounds (the rates understated)."""
     if say is None:
         def say(line: str) -> None:
             print(line, file=sys.stderr)
     out: dict[str, Any] = {"cpu_kernel_gbps": {}, "cpu_threads": None, "host_read_gbps": None, "handoff_s": None}
     if device is not None and getattr(device, "type", None) == "cuda":
         try:
-            out["handoff_s"] = handoff_s(device, KERNEL_SHAPE[0], repeats)
+            out["handoff_s"] = handoff_s(device, KERNEL_HIDDEN, repeats)
         except (RuntimeError, AssertionError) as exc:
             say(f"probe: hand-off not measured: {str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}")
     threads = physical_cores_of_one_node()
     try:
         from .. import cpu_kernels
+        from ..cpu_kernels import timing
         from ..cpu_kernels.claimed import CLAIMED
 
-        moe, read_gbps, unavailable = cpu_kernels.moe, cpu_kernels.read_gbps, cpu_kernels.unavailable_reason
+        read_gbps, unavailable = cpu_kernels.read_gbps, cpu_kernels.unavailable_reason
     except (ImportError, AttributeError) as exc:
         say(f"probe: host CPU kernels not measured: selective_offload.cpu_kernels is not available here "
             f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})")
         return out
     out["cpu_threads"] = threads
-    try:
-        out["host_read_gbps"] = float(read_gbps(threads))
-    except Exception as exc:  # the kernels' own failure, reported in one line, never a traceback
-        say(f"probe: host read rate not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}")
-    hidden, inter, experts, k = QUICK_KERNEL_SHAPE if quick else KERNEL_SHAPE
+    read_bytes = timing.SMALL_READ_BYTES if quick else timing.READ_BYTES
+    calls = QUICK_CALLS if quick else CALLS
+    read_s: list[float] = []
+    read_buf = None
     for fmt in CLAIMED:
         reason = unavailable(fmt)
         if reason:
             say(f"probe: CPU kernel for {fmt} skipped: {str(reason).splitlines()[0][:160]}")
             continue
         try:
-            out["cpu_kernel_gbps"][fmt] = _kernel_gbps(moe, fmt, hidden, inter, experts, k, threads, repeats)
+            import torch
+
+            lib = cpu_kernels.library()
+            if read_buf is None:
+                read_buf = torch.ones(read_bytes // 4)
+            base, weights, act = timing.layer_of(fmt, small=quick)
+            nbytes = base["k"] * weights.expert_bytes
+            rounds = timing.side_by_side(weights, act, base["k"], threads, calls, read_buf, lib)
+            del weights  # the next format's layer is made next (GBs)
+            out["cpu_kernel_gbps"][fmt] = rounds.kernel_gbps(nbytes)
+            read_s += rounds.read_s
         except Exception as exc:  # an API or kernel failure: one line, the other formats still measured
             say(f"probe: CPU kernel for {fmt} not measured: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:120] if str(exc) else ''}")
+    try:
+        # mutation: probe-read-rate-apart
+        out["host_read_gbps"] = (read_bytes / statistics.median(read_s) / 1e9 if read_s
+                                 else float(read_gbps(threads)))
+    except Exception as exc:  # the kernels' own failure, reported in one line, never a traceback
+        say(f"probe: host read rate not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}")
     return out
-
-
-def _kernel_gbps(moe: Callable[..., Any], fmt: str, hidden: int, inter: int, experts: int, k: int,
-                 threads: int, repeats: int) -> float:
-    """GB/s of expert weights the kernel reads at batch 1: the bytes of the ``k`` experts one
-    token uses, over the median time of one call, on random weights of that shape and new
-    random experts each call (so no expert is read from the caches twice running)."""
-    import torch
-
-    from ..cpu_kernels import Activation
-    from ..cpu_kernels.weights import random_experts
-
-    weights = random_experts(fmt, experts, hidden, inter)
-    x = torch.randn(1, hidden).to(torch.bfloat16)
-    picks = torch.rand(1, k)
-    g = torch.Generator().manual_seed(1)
-    choices = [torch.randperm(experts, generator=g)[:k].view(1, k).to(torch.int32) for _ in range(max(repeats, 1) + 1)]
-    turn = iter(range(1 << 30))
-
-    def run():
-        moe(x, choices[next(turn) % len(choices)], picks, weights, Activation("silu"), threads=threads)
-
-    return k * weights.expert_bytes / _median(run, repeats) / 1e9

@@ -205,6 +205,13 @@ class Profile:
             rates = ", ".join(f"{fmt} {fmt_rate(gbps)}" for fmt, gbps in sorted(self.cpu_kernel_gbps.items()))
             threads = f" with {self.cpu_threads} threads" if self.cpu_threads else ""
             lines.append(f"  CPU kernels    {rates} GB/s of expert weights at batch 1{threads} (host-compute)")
+            if self.host_read_gbps:
+                from ..cpu_kernels.claimed import CLAIM_BAR, verdict
+
+                kernels = sorted(self.cpu_kernel_gbps.items())
+                fast = [f for f, gbps in kernels if verdict(f, gbps, self.host_read_gbps)[0]]
+                lines.append("    of reads     " + ", ".join(f"{f} {gbps / self.host_read_gbps:.2f}" for f, gbps in kernels)
+                             + f"; claimed fast on this host (at least {CLAIM_BAR:g}): {', '.join(fast) or 'none'}")
         if self.host_read_gbps is not None:
             lines.append(f"  host reads     {fmt_rate(self.host_read_gbps)} GB/s (the CPU reading its memory)")
         if self.handoff_s is not None:

@@ -362,6 +362,16 @@ def test_plan_defaults_feed_plan_inputs():
     assert inputs.uva_read_gbps == 40.1 and inputs.compute_tflops == 701.0
 
 
+def test_render_says_which_kernels_are_claimed_on_this_host():
+    """With the host's read rate, the probe's summary gives each kernel's ratio to it and the
+    formats a plan made from this profile claims there (``claimed.verdict``'s bar)."""
+    text = gpu_profile(cpu_kernel_gbps={"bf16": 30.0, "int4": 10.0}, cpu_threads=8, host_read_gbps=40.0).render()
+    assert "of reads     bf16 0.75, int4 0.25; claimed fast on this host (at least 0.6): bf16" in text
+    text = gpu_profile(cpu_kernel_gbps={"int4": 10.0}, cpu_threads=8, host_read_gbps=40.0).render()
+    assert "claimed fast on this host (at least 0.6): none" in text
+    assert "of reads" not in gpu_profile(cpu_kernel_gbps={"int4": 10.0}, cpu_threads=8).render()
+
+
 def test_render_of_a_gpu_profile():
     text = gpu_profile().render()
     assert "NVIDIA H200 (discrete)" in text
