@@ -112,6 +112,8 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
         decode_read_gbps=measured["decode_read_gbps"],
         # mutation: auto-plan-ignores-probe-handoff
         handoff_s=measured["handoff_s"],  # the per-layer hand-off the probe timed on this card
+        # mutation: auto-plan-ignores-probe-threads
+        cpu_threads=measured["cpu_threads"],  # the pool the probe timed the host kernels with
         speculative="mtp" if mtp else None,
         spec_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0) or None if mtp else None,
     )

@@ -80,8 +80,8 @@ def test_an_infeasible_plan_at_engine_start_says_by_how_much_and_what_to_change(
 
 def test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates(tmp_path, monkeypatch):
     """A profile of this host (``selective-offload probe``) that measured the bf16 kernel, the
-    read rate and the hand-off: the plan made at engine start takes them into its inputs, as a plan made
-    with the CLI from the same profile does (they price host-compute and decide its claim on
+    read rate, the hand-off and the threads it timed the kernel with: the plan made at engine
+    start takes them into its inputs, as a plan made with the CLI from the same profile does (they price host-compute and decide its claim on
     this host: test_host_compute.py); without the profile, neither."""
     from builders import gpu_profile
     from helpers import save_tiny_qwen3_moe
@@ -95,8 +95,8 @@ def test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates(tmp_pa
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "absent.json"))
     plain, _ = plan_at_start(RunOptions("auto"), config, config.model_config, torch.device("cpu"))
     assert (plain.inputs.cpu_gbps, plain.inputs.cpu_gbps_source, plain.inputs.cpu_read_gbps) == (None, "assumed", None)
-    assert plain.inputs.handoff_s is None
+    assert plain.inputs.handoff_s is None and plain.inputs.cpu_threads is None
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "profile.json"))
     plan, _ = plan_at_start(RunOptions("auto"), config, config.model_config, torch.device("cpu"))
     assert (plan.inputs.cpu_gbps, plan.inputs.cpu_gbps_source, plan.inputs.cpu_read_gbps) == (30.0, "measured", 40.0)
-    assert plan.inputs.handoff_s == 12e-6
+    assert plan.inputs.handoff_s == 12e-6 and plan.inputs.cpu_threads == 2  # the threads the rates were timed with
