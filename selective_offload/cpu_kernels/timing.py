@@ -56,8 +56,10 @@ def layer_weights(fmt: str, E: int, H: int, I: int, biases: bool, seed: int = 0)
         extra = dict(w13_bias=torch.randn(E, 2 * I, generator=g).bfloat16(), w2_bias=torch.randn(E, H, generator=g).bfloat16())
     if fmt == "bf16":
         def bf(*shape):  # bf16 bits 0x3c00-0x3f7f and their negatives: values 2^-7 .. ~1
-            bits = torch.randint(0x3C00, 0x3F80, shape, dtype=torch.int16, generator=g)
-            bits |= torch.randint(0, 2, shape, dtype=torch.int16, generator=g) << 15
+            bits = torch.empty(shape, dtype=torch.int16)
+            for e in range(shape[0]):  # an expert at a time: the layer's bytes, not three times them
+                bits[e] = torch.randint(0x3C00, 0x3F80, shape[1:], dtype=torch.int16, generator=g)
+                bits[e] |= torch.randint(0, 2, shape[1:], dtype=torch.int16, generator=g) << 15
             return bits.view(torch.bfloat16)
         return ExpertWeights("bf16", bf(E, 2 * I, H), bf(E, H, I), **extra)
     if fmt == "mxfp4":
