@@ -110,6 +110,8 @@ def measure_host_compute(*, device: Any = None, quick: bool = False, repeats: in
             say(f"probe: hand-off not measured: {str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}")
     threads = physical_cores_of_one_node()
     try:
+        import torch
+
         from .. import cpu_kernels
         from ..cpu_kernels import timing
         from ..cpu_kernels.claimed import CLAIMED
@@ -130,8 +132,6 @@ def measure_host_compute(*, device: Any = None, quick: bool = False, repeats: in
             say(f"probe: CPU kernel for {fmt} skipped: {str(reason).splitlines()[0][:160]}")
             continue
         try:
-            import torch
-
             lib = cpu_kernels.library()
             if read_buf is None:
                 read_buf = torch.ones(read_bytes // 4)
