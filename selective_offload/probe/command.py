@@ -8,12 +8,18 @@ subcommand and calls :func:`run_probe`.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from ..outputs import check_output_file
+from ..progress import progress
 from .measurements import measure
 from .profile import PROFILE_ENV, default_profile_path
+
+#: A probe that outlasts this many seconds says what it measures, and every ten seconds how
+#: long it has run (a full probe takes about a minute; ``--quick`` stays silent).
+PROGRESS_AFTER_S = 3.0
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +45,10 @@ def run_probe(args: argparse.Namespace) -> int:
     # mutation: probe-output-not-tried
     check_output_file(output, "--output")
     started = time.perf_counter()
-    profile = measure(device=getattr(args, "device", None), quick=bool(getattr(args, "quick", False)))
+    # mutation: probe-progress-silent
+    with progress("selective-offload probe: measuring this machine", after_s=PROGRESS_AFTER_S, stream=sys.stderr,
+                  note="copies, device reads, and the host CPU kernels on each format's layer"):
+        profile = measure(device=getattr(args, "device", None), quick=bool(getattr(args, "quick", False)))
     took = time.perf_counter() - started
     path = profile.save(output)
     print(profile.render())

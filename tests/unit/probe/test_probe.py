@@ -420,6 +420,30 @@ def test_run_probe_end_to_end(tmp_path, capsys):
     assert profile.render() in printed
 
 
+def test_a_long_probe_says_what_it_measures_on_stderr(tmp_path, monkeypatch, capsys):
+    """A probe that outlasts ``PROGRESS_AFTER_S`` says what it measures and when it is done,
+    on stderr (stdout keeps the profile's summary alone); a quick one says nothing there."""
+    import time as time_
+
+    from selective_offload.probe import command
+
+    assert run_probe(_args(["--output", str(tmp_path / "q.json"), "--quick", "--device", "cpu"])) == 0
+    assert "measuring" not in capsys.readouterr().err
+    real = command.measure
+
+    def slow(**kw):
+        time_.sleep(0.3)
+        return real(**kw)
+
+    monkeypatch.setattr(command, "measure", slow)
+    monkeypatch.setattr(command, "PROGRESS_AFTER_S", 0.05)
+    assert run_probe(_args(["--output", str(tmp_path / "p.json"), "--quick", "--device", "cpu"])) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("selective-offload probe: measuring this machine (copies, device reads, and the host CPU "
+                          "kernels on each format's layer) ...\n"), err
+    assert "selective-offload probe: measuring this machine: done in " in err and "measuring" not in out
+
+
 def test_run_probe_writes_to_the_default_path(tmp_path, monkeypatch, capsys):
     target = tmp_path / "env.json"
     monkeypatch.setenv(PROFILE_ENV, str(target))
