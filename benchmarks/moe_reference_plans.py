@@ -116,9 +116,10 @@ def _computed_row(plan) -> dict:
 
 
 def _why_no_host_compute(plan) -> str | None:
-    """Why a plan computes nothing on the host, from its own note (None when it gives none)."""
-    return next((n.split("(", 1)[0].strip().removeprefix("host-compute: ") for n in plan.notes
-                 if n.startswith("host-compute: the ")), None)
+    """Why a plan computes nothing on the host (its cause, without the parenthesised
+    details; None when it gives none)."""
+    declined = plan.host_compute_declined
+    return declined.split("(", 1)[0].strip() if declined else None
 
 
 def case_checkpoints(workdir: Path):

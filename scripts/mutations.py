@@ -31,6 +31,7 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+    'declined-host-compute-unsaid': ('    if declined:  # the first thing a user comparing with llama.cpp\'s --n-cpu-moe asks', '    if False:', ['tests/unit/planner/test_moe_configs.py::test_the_summary_says_why_host_experts_are_not_computed_on_the_host']),
     'probe-progress-silent': ('    with progress("selective-offload probe: measuring this machine", after_s=PROGRESS_AFTER_S, stream=sys.stderr,', '    with progress("selective-offload probe: measuring this machine", after_s=1e9, stream=sys.stderr,', ['tests/unit/probe/test_probe.py::test_a_long_probe_says_what_it_measures_on_stderr']),
     'auto-plan-ignores-probe-threads': ('        cpu_threads=measured["cpu_threads"],  # the pool the probe timed the host kernels with', '        cpu_threads=None,', ['tests/contract/test_auto_inputs.py::test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates']),
     'int8-reference-reciprocal': ('    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))', '    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))', ['tests/unit/cpu_kernels/test_reference.py::test_int8_blocks_scale_by_127_over_the_largest_rounded_once_as_the_kernel_does']),

@@ -411,9 +411,14 @@ def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
 
 
 def _host_compute_line(plan: Plan) -> list[str]:
-    """Host-compute: the CPU kernel's format, its rate and where it came from, the crossover."""
+    """Host-compute: the CPU kernel's format, its rate and where it came from, the crossover;
+    or, where the plan computes none of its host experts there, why not."""
     record = plan.host_compute
     computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    declined = plan.host_compute_declined
+    # mutation: declined-host-compute-unsaid
+    if declined:  # the first thing a user comparing with llama.cpp's --n-cpu-moe asks
+        return _wrapped("cpu", [f"{word} " for word in f"not computed on the host: {declined}".split()])
     if record is None or not computed:
         return []
     layers = len({g.layer_index for g in computed})

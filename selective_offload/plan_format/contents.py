@@ -47,7 +47,8 @@ from .parts import (
     PlannedModel,
     read_flops,
 )
-from .vocabulary import KIND_ROLE, LAYER_KINDS, PREFETCH_KINDS, Role, GroupKind, Placement, Strategy
+from .vocabulary import (HOST_COMPUTE_NOTE, KIND_ROLE, LAYER_KINDS, PREFETCH_KINDS, SERVED_UVA, GroupKind, Placement, Role,
+                         Strategy)
 
 #: Totals derived from the groups, written under "totals" and checked when read.
 TOTALS = ("device_bytes", "device_share_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes",
@@ -131,6 +132,17 @@ class PlanContents:
     @property
     def host_compute_bytes(self) -> int:
         return self._sum(Placement.HOST_COMPUTE)
+
+    @property
+    def host_compute_declined(self) -> str | None:
+        """Why this plan computes none of its host experts on the CPU (the planner's note,
+        its cause alone), or None: it computes some, or the planner gave no such note."""
+        if any(g.placement == Placement.HOST_COMPUTE for g in self.groups):
+            return None
+        for note in self.notes:
+            if note.startswith(HOST_COMPUTE_NOTE) and SERVED_UVA in note:
+                return note.removeprefix(HOST_COMPUTE_NOTE).split(f", {SERVED_UVA}", 1)[0]
+        return None
 
     @property
     def absent_bytes(self) -> int:

@@ -22,6 +22,11 @@ OLDEST_READABLE_VERSION = 1
 PLAN_FORMAT = f"{FORMAT_PREFIX}{FORMAT_VERSION}"
 REPLAN = "make the plan again with `selective-offload plan MODEL --device-memory SIZE -o plan.json`"
 
+#: The planner's note when a plan computes none of its host experts on the CPU:
+#: ``HOST_COMPUTE_NOTE + cause + ", " + SERVED_UVA`` (:attr:`Plan.host_compute_declined` reads it back).
+HOST_COMPUTE_NOTE = "host-compute: "
+SERVED_UVA = "so host experts are served uva"
+
 REFERENCE_LINK_GBPS = 13.9
 REFERENCE_VRAM_GBPS = 472.0
 #: Device memory kept back from weights unless the plan says otherwise.

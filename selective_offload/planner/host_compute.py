@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..plan_format import HostCompute
+from ..plan_format.vocabulary import SERVED_UVA
 
 #: The planner's quant methods (:data:`.kernels.METHODS`) -> the CPU kernel formats
 #: (``cpu_kernels.claimed.CLAIMED``'s keys): unquantized bf16/fp16 experts are read by the
@@ -127,11 +128,11 @@ def claimed(fmt: str | None, inputs: Any = None) -> bool:
 def unclaimed_reason(method: str | None, fmt: str | None, inputs: Any = None) -> str:
     """Why a method's experts are not offered host-compute (for the plan's notes and the group's reason)."""
     if fmt is None and method == "wna16":
-        return f"{INT4_UNREAD}, so host experts are served uva"
+        return f"{INT4_UNREAD}, {SERVED_UVA}"
     if fmt is None:
         return (f"no CPU kernel format for {method or 'this quantization method'} experts (host-compute has "
-                f"{', '.join(sorted(set(CPU_FORMATS.values())))}), so host experts are served uva")
-    return f"{claim_of(fmt, inputs)[1]}, so host experts are served uva, not computed on the host"
+                f"{', '.join(sorted(set(CPU_FORMATS.values())))}), {SERVED_UVA}")
+    return f"{claim_of(fmt, inputs)[1]}, {SERVED_UVA}, not computed on the host"
 
 
 def host_compute_notes(record: HostCompute | None, tokens: int, bound_tokens: int | None = None,

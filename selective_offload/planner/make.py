@@ -18,6 +18,7 @@ from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel, acceptance_default
 from ..plan_format import GroupKind, GroupPlan, Placement, Plan, PlanInputs, PlannedModel
 from ..plan_format import contents as plan_contents
+from ..plan_format.vocabulary import HOST_COMPUTE_NOTE, SERVED_UVA
 from ..names import mlp_prefix
 from ..sizes import GB
 from .baselines import baseline_notes, price_bulk
@@ -100,7 +101,7 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     # mutation: host-compute-switch-ignored
     computes = claimed(fmt, inputs) and inputs.host_compute
     why_not = (None if computes else unclaimed_reason(method, fmt, inputs) if inputs.host_compute
-               else "host-compute is off for this plan (--no-host-compute), so host experts are served uva")
+               else f"host-compute is off for this plan (--no-host-compute), {SERVED_UVA}")
     has_experts = any(g.kind == GroupKind.EXPERTS for g in groups)
     has_dense = any(g.kind == GroupKind.LAYER for g in groups) and bool(dense_layers_of(groups))
     # A dense layer's MLP is offered host-compute in its own format when that format is
@@ -168,7 +169,7 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                   notes=tuple(notes + plan_notes(placing.groups, checkpoint, placing, inputs)
                               + (kernel_notes(kernel, inputs.compute_capability is None) if has_experts else [])))
     if has_experts and why_not is not None:
-        plan = replace(plan, notes=plan.notes + (f"host-compute: {why_not}",))
+        plan = replace(plan, notes=plan.notes + (f"{HOST_COMPUTE_NOTE}{why_not}",))
     elif plan.host_compute is not None and inputs.cpu_read_gbps:  # claimed on this host, not by the benchmark
         plan = replace(plan, notes=plan.notes + (f"host-compute: claimed on this host: "
                                                  f"{claim_of(plan.host_compute_format, inputs)[1]}",))

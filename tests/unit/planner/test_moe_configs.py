@@ -270,3 +270,29 @@ def test_a_48_layer_moe_plan_renders_in_a_few_rows(tmp_path):
     assert any("mlp.experts of those" in row and " host     uva " in row for row in table)
     assert "routed experts in host memory, read in place through UVA (32 layers" in text
     assert "vLLM cpu_offload_gb=36, cpu_offload_params=experts" in text
+
+
+def test_the_summary_says_why_host_experts_are_not_computed_on_the_host(tmp_path, monkeypatch):
+    """A MoE plan that computes none of its host experts on the CPU says why in its default
+    view (the planner's own cause, ``Plan.host_compute_declined``), beside llama.cpp's figure
+    for computing them there; a plan that computes them shows its kernel line instead."""
+    from selective_offload.cpu_kernels import claimed
+    from selective_offload.render import summary
+
+    path = write_config(tmp_path, transformers.Qwen3MoeConfig(**QWEN3_30B, tie_word_embeddings=False),
+                        "Qwen3MoeForCausalLM")
+    off = plan_of(path, 24)  # --no-host-compute
+    assert off.host_compute_declined == "host-compute is off for this plan (--no-host-compute)"
+    lines = summary(off)
+    cpu = lines.index(next(line for line in lines if line.startswith("cpu    ")))
+    assert " ".join(" ".join(lines[cpu:]).split()).startswith(
+        "cpu not computed on the host: host-compute is off for this plan (--no-host-compute)")
+    monkeypatch.setitem(claimed.CLAIMED, "bf16", False)
+    unclaimed = plan_of(path, 24, host_compute=True)
+    assert unclaimed.host_compute_declined.startswith("the bf16 CPU kernel is not claimed fast by the committed")
+    assert "not computed on the host: the bf16 CPU kernel is not claimed" in " ".join(" ".join(summary(unclaimed)).split())
+    monkeypatch.setitem(claimed.CLAIMED, "bf16", True)
+    computed = plan_of(path, 24, host_compute=True)
+    assert computed.host_compute_declined is None
+    lines = summary(computed)
+    assert any(line.startswith("cpu    bf16 at ") for line in lines) and "not computed" not in "\n".join(lines)
