@@ -31,6 +31,7 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+    'anchor-line-unwrapped': ('            lines += _wrapped(first, [f" {word}" for word in rest])', '            lines.append(anchor.line())', ['tests/unit/planner/test_moe_configs.py::test_the_summary_says_why_host_experts_are_not_computed_on_the_host']),
     'declined-host-compute-unsaid': ('    if declined:  # the first thing a user comparing with llama.cpp\'s --n-cpu-moe asks', '    if False:', ['tests/unit/planner/test_moe_configs.py::test_the_summary_says_why_host_experts_are_not_computed_on_the_host']),
     'probe-progress-silent': ('    with progress("selective-offload probe: measuring this machine", after_s=PROGRESS_AFTER_S, stream=sys.stderr,', '    with progress("selective-offload probe: measuring this machine", after_s=1e9, stream=sys.stderr,', ['tests/unit/probe/test_probe.py::test_a_long_probe_says_what_it_measures_on_stderr']),
     'auto-plan-ignores-probe-threads': ('        cpu_threads=measured["cpu_threads"],  # the pool the probe timed the host kernels with', '        cpu_threads=None,', ['tests/contract/test_auto_inputs.py::test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates']),

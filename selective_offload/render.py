@@ -404,9 +404,12 @@ def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
                          alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes + alt.host_compute_bytes,
                          alt.est, "slower" if plan.est.est_tok_s >= alt.est.est_tok_s else "faster"))
     experts = [g for g in plan.groups if g.kind == GroupKind.EXPERTS]
-    if experts:
-        lines += [anchor.line() for anchor in anchors_for(plan.model.architectures, plan.model.num_hidden_layers,
-                                                          experts[0].num_experts, inp.device_memory_bytes)]
+    if experts:  # llama.cpp's published figure, its setup and source broken between words
+        for anchor in anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts,
+                                  inp.device_memory_bytes):
+            first, *rest = anchor.line().split()
+            # mutation: anchor-line-unwrapped
+            lines += _wrapped(first, [f" {word}" for word in rest])
     return lines + [_rates_line(plan, shown)]
 
 

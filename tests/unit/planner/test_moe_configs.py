@@ -296,3 +296,9 @@ def test_the_summary_says_why_host_experts_are_not_computed_on_the_host(tmp_path
     assert computed.host_compute_declined is None
     lines = summary(computed)
     assert any(line.startswith("cpu    bf16 at ") for line in lines) and "not computed" not in "\n".join(lines)
+    # llama.cpp's published figure (one for an 8 GB card), broken between words to 80 columns
+    lines = summary(plan_of(path, 8, host_compute=True))
+    first = next(i for i, line in enumerate(lines) if line.startswith("llama.cpp published: 36.7 tok/s"))
+    anchor = lines[first:next(i for i in range(first + 1, len(lines)) if not lines[i].startswith("       "))]
+    assert len(anchor) > 1 and max(len(line) for line in anchor) <= 80, anchor
+    assert " ".join(" ".join(anchor).split()).endswith("AlexsJones/llmfit PR #755)")
