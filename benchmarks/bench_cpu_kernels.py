@@ -112,7 +112,7 @@ def run(formats, threads_list, iters, smoke, read_bytes, repeats=1, lib=None):
         for t in threads_list:
             ms = reps[f, t]
             med = statistics.median
-            ratios = [nbytes / med(m.kernel_s) / (read_bytes / med(m.read_s)) for m in ms]
+            ratios = [m.kernel_gbps(nbytes) / m.read_gbps(read_bytes) for m in ms]
             k_s = med(med(m.kernel_s) for m in ms)
             read_gbps = med(m.read_gbps(read_bytes) for m in ms)
             ks = [v for m in ms for v in m.kernel_s]
