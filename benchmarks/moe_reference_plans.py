@@ -31,6 +31,7 @@ from selective_offload.anchors import anchors_for  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402
 from selective_offload.estimate import ASSUMED_CPU_TFLOPS, ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS  # noqa: E402
 from selective_offload.planner import PlanInputs, make_plan  # noqa: E402
+from selective_offload.planner.host_compute import share_words  # noqa: E402
 from selective_offload.sizes import GB, GiB  # noqa: E402
 
 MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": [
@@ -101,12 +102,13 @@ def _computed_row(plan) -> dict:
     share of each (when the plan keeps one), and what else is offloaded."""
     computed = [g for g in plan.groups if g.placement == "host-compute"]
     uva_left = sorted(g.layer_index for g in plan.groups if g.placement == "host-uva")
-    share = next((g for g in computed if g.device_experts), None)
+    shared = [g.device_experts for g in computed if g.device_experts]
     hot = f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else ""
     if computed:
         config = (f"selective: cold set + routed experts of {len(computed)} layers computed on the host CPU"
-                  + (f", the first {share.device_experts} of {share.num_experts} of each also on the device "
-                     f"({plan.device_share_bytes / GB:.2f} GB)" if share else "")
+                  + (f", {'each' if len(shared) == len(computed) else f'{len(shared)} of them:'} layer's "
+                     f"{share_words(tuple(shared), computed[0].num_experts, False)} also on the device "
+                     f"({plan.device_share_bytes / GB:.2f} GB)" if shared else "")
                   + (f" + {len(uva_left)} through UVA" if uva_left else "") + hot)
     else:  # the planner declined host-compute: say why rather than "0 layers computed"
         config = (f"selective: cold set + routed experts of {len(uva_left)} layers through UVA{hot}, none computed "

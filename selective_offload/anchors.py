@@ -43,7 +43,7 @@ LLAMA_CPP: tuple[Anchor, ...] = (
            "RTX 2080 8 GB + i9-10900X (quad-channel DDR4), MXFP4, --n-cpu-moe 12, llmfit bench --runs 3",
            "AlexsJones/llmfit PR #775"),
     Anchor("Qwen3-30B-A3B", "Qwen3MoeForCausalLM", 48, 128, 8, 36.7,
-           "RTX 2080 8 GB + i9-10900X (quad-channel DDR4), Qwen3-30B-A3B-Instruct-2507 Q4_K_M (not bf16), "
+           "RTX 2080 8 GB + i9-10900X (quad-channel DDR4), Qwen3-30B-A3B-Instruct-2507 Q4_K_M (4-bit), "
            "-ngl 99 --n-cpu-moe 36, generation rate the server measured",
            "AlexsJones/llmfit PR #755"),
 )

@@ -136,12 +136,13 @@ def unclaimed_reason(method: str | None, fmt: str | None, inputs: Any = None) ->
 
 
 def host_compute_notes(record: HostCompute | None, tokens: int, bound_tokens: int | None = None,
-                       mlps: int = 0, shares: tuple[int, int, int, int, bool, str] | None = None) -> list[str]:
+                       mlps: int = 0, shares: tuple[int, tuple[int, ...], int, int, bool, str] | None = None
+                       ) -> list[str]:
     """The plan's lines on host-compute: the rates and their sources, the thread split, the
     crossover, the tokens per step at which the CPU turns compute-bound (a verify step of
     K + 1 tokens costs it K + 1 times the FLOPs on the same bytes), and whether this plan's
     own step (``tokens`` per step) is above the crossover. ``shares``: the device shares
-    (layers, experts or channels per layer on the device, of how many, their device bytes,
+    (layers, experts or channels on the device of each, of how many, their device bytes,
     whether they are dense MLPs' channels, how they are held: ``in bf16`` or ``as stored``)."""
     if record is None:
         return []
@@ -149,8 +150,8 @@ def host_compute_notes(record: HostCompute | None, tokens: int, bound_tokens: in
     if shares:
         layers, on_device, of, nbytes, channels, held = shares
         done = "those channels" if channels else "the picks that land there"
-        lines.append(f"host-compute: each of the {layers} layers keeps its first {on_device} of {of} "
-                     f"{_share_what(channels)} on the device as well ({nbytes / 1e9:.3f} GB in all, held {held}): "
+        lines.append(f"host-compute: each of the {layers} layers keeps its {share_words(on_device, of, channels)} "
+                     f"on the device as well ({nbytes / 1e9:.3f} GB in all, held {held}): "
                      f"the GPU computes {done} while the CPU computes the rest, and the layer waits for the longer "
                      "(est)")
     if mlps:
@@ -165,11 +166,19 @@ def host_compute_notes(record: HostCompute | None, tokens: int, bound_tokens: in
     return lines
 
 
-def _share_what(channels: bool) -> str:
-    return "MLP channels (gate and up rows, down columns)" if channels else "routed experts"
+def share_words(counts: tuple[int, ...], of: int, channels: bool) -> str:
+    """Each shared layer's part on the device in words: ``first 40 of 128 routed experts``,
+    and where the first layers hold one more (``planner.shares``), how many (``(41 in the
+    first 29 layers)``)."""
+    low, high = min(counts), max(counts)
+    said = ["gate and up rows, down columns"] if channels else []
+    if high != low:
+        said.append(f"{high} in the first {sum(1 for c in counts if c == high)} layers")
+    return (f"first {low} of {of} {'MLP channels' if channels else 'routed experts'}"
+            + (f" ({'; '.join(said)})" if said else ""))
 
 
-def declined_share_note(shares: tuple[int, int, int, int, bool, str], rates: tuple[float, float] | None,
+def declined_share_note(shares: tuple[int, tuple[int, ...], int, int, bool, str], rates: tuple[float, float] | None,
                         tokens: int) -> str:
     """Why the plan keeps no device share where the device had room for one: the share it
     priced (:func:`host_compute_notes`' ``shares``) and, when given, its rate and the rate of
@@ -177,6 +186,6 @@ def declined_share_note(shares: tuple[int, int, int, int, bool, str], rates: tup
     layers, on_device, of, nbytes, channels, held = shares
     priced = (f"priced at {rates[0]:.2f} tok/s against {rates[1]:.2f} without it" if rates
               else "priced slower than the placement without it")
-    return (f"host-compute: no device share: the room left holds the first {on_device} of {of} "
-            f"{_share_what(channels)} of each of the {layers} layers ({nbytes / 1e9:.3f} GB held {held}), {priced} "
+    return (f"host-compute: no device share: the room left holds, in each of the {layers} layers, "
+            f"its {share_words(on_device, of, channels)}, {nbytes / 1e9:.3f} GB held {held}, {priced} "
             f"at {tokens} token(s) per step (est: docs/design/step-model.md prices the share's path on the GPU)")

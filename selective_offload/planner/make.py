@@ -203,17 +203,17 @@ def _host_compute_lines(plan: Plan, tokens: int) -> tuple[str, ...]:
     return tuple(host_compute_notes(record, tokens, bound, mlps, _shares_of(plan)))
 
 
-def _shares_of(plan: Plan) -> tuple[int, int, int, int, bool, str] | None:
+def _shares_of(plan: Plan) -> tuple[int, tuple[int, ...], int, int, bool, str] | None:
     """A plan's device shares as :func:`host_compute_notes` states them: layers, experts or
-    channels per layer on the device, of how many, their device bytes, whether channels, and
-    how they are held (``estimate.share_native``)."""
+    channels on the device of each of those layers (in order), of how many, their device
+    bytes, whether channels, and how they are held (``estimate.share_native``)."""
     split = [g for g in plan.groups if plan.share_bytes(g)]
     if not split:
         return None
     channels = split[0].kind == GroupKind.MLP
     held = (f"as stored ({plan.host_compute_format}, read in place)"
             if share_native(plan.host_compute_format, not channels) else "in bf16")
-    return (len(split), split[0].device_experts or split[0].device_channels,
+    return (len(split), tuple(g.device_experts or g.device_channels for g in split),
             split[0].num_experts or split[0].intermediate, plan.device_share_bytes, channels, held)
 
 

@@ -13,6 +13,10 @@ instead of adding to the step, and every layer's CPU work shrinks alike. KTransf
 - **A dense MLP** (:func:`channel_shares`): the same number of each layer's first
   intermediate channels (gate and up rows, down columns), whole scale blocks or groups.
 
+The room the same share of every layer leaves holds part of one more expert (or block of
+channels) a layer; the first layers take one more each while it holds it (:func:`_fill`),
+so no device memory the plan could use is left idle.
+
 Routed experts of an MXFP4 checkpoint are held on the device as stored and computed by the
 share kernel, which reads each picked expert there once (``wrappers.share_kernel``,
 ``estimate.NATIVE_SHARE_FORMATS``); any other share is held in bf16 (the GPU computes it with
@@ -67,9 +71,25 @@ def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None) -> tuple[Plac
         return None
     # mutation: share-room-at-native-bytes, share-room-held-wide
     native = share_native(fmt, True)
-    share = _most_that_fit([(share_held_bytes(g.dtype_bytes, native), g.num_experts) for g in experts], room, 1,
-                           min(g.num_experts for g in experts) - 1)
-    return (trial, {g.name: (share, 0) for g in experts}) if share > 0 else None
+    counts = _fill([(share_held_bytes(g.dtype_bytes, native), g.num_experts) for g in experts], room, 1,
+                   min(g.num_experts for g in experts) - 1)
+    return (trial, {g.name: (m, 0) for g, m in zip(experts, counts) if m}) if any(counts) else None
+
+
+def _fill(groups: list[tuple[int, int]], room: int, step: int, most: int) -> list[int]:
+    """Units of each group on the device: :func:`_most_that_fit`'s ``n`` of every group,
+    then ``step`` more for each group in order, while the room that leaves holds them."""
+    n = _most_that_fit(groups, room, step, most)
+    counts, left = [n] * len(groups), room - sum(nbytes * n // units for nbytes, units in groups)
+    if n + step > most:
+        return counts
+    for i, (nbytes, units) in enumerate(groups):
+        more = nbytes * (n + step) // units - nbytes * n // units
+        # mutation: share-remainder-left-idle
+        if more > left:
+            break
+        counts[i], left = n + step, left - more
+    return counts
 
 
 def _most_that_fit(groups: list[tuple[int, int]], room: int, step: int, most: int) -> int:
@@ -132,5 +152,5 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     if not mlps or room is None or room <= 0:
         return None
     # mutation: channel-share-unaligned
-    n = _most_that_fit([(share_held_bytes(g.dtype_bytes), I) for g in mlps], room, align, I - 1)
-    return (trial, {g.name: (n, I) for g in mlps}) if n > 0 else None
+    counts = _fill([(share_held_bytes(g.dtype_bytes), I) for g in mlps], room, align, I - 1)
+    return (trial, {g.name: (n, I) for g, n in zip(mlps, counts) if n}) if any(counts) else None

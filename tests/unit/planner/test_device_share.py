@@ -42,10 +42,30 @@ def test_the_room_left_holds_the_same_first_experts_of_every_layer_and_the_step_
     assert "+ 120.0 MB device share = 260.0 MB of 260.0 MB" in text
 
 
-def test_no_share_when_the_room_holds_less_than_one_expert_a_layer_or_ranks_share_the_host():
+def test_the_room_a_uniform_share_leaves_goes_to_the_first_layers_one_expert_each():
     ckpt = moe(4)
-    # 400 MB short: with every layer's experts on the host 20 MB is free, less than 4 x 10 MB
+    # 280 MB short: 140 MB free once every layer's experts are on the host, 3 experts of each
+    # layer (120 MB) and 20 MB more: one more expert in each of the first two layers
+    plan = shared(ckpt, 280)
+    assert [g.device_experts for g in computed(plan)] == [4, 4, 3, 3]
+    assert plan.device_share_bytes == 14 * EXPERTS_BYTES // E and plan.shortfall_bytes == 0
+    per_layer = [EXPERTS_BYTES * K / E * (1 - m / E) / (REFERENCE_CPU_GBPS * 1e9) + ASSUMED_HANDOFF_S
+                 for m in (4, 4, 3, 3)]
+    assert plan.est.est_cpu_s_per_step == pytest.approx(sum(per_layer), rel=1e-9)
+    assert plan.est.est_step_s < shared(ckpt, 300).est.est_step_s
+    assert any("keeps its first 3 of 8 routed experts (4 in the first 2 layers) on the device" in n
+               for n in plan.notes)
+    # 400 MB short: 20 MB free, less than one expert of every layer: the first two take one
     tight = shared(ckpt, 400)
+    assert [g.device_experts for g in computed(tight)] == [1, 1, 0, 0]
+    assert tight.device_share_bytes == 2 * EXPERTS_BYTES // E
+    assert any("each of the 2 layers keeps its first 1 of 8 routed experts on the device" in n for n in tight.notes)
+
+
+def test_no_share_when_the_room_holds_no_expert_or_ranks_share_the_host():
+    ckpt = moe(4)
+    # 415 MB short: 5 MB free once every layer's experts are on the host, half an expert
+    tight = shared(ckpt, 415)
     assert not any(g.device_experts for g in tight.groups) and tight.device_share_bytes == 0
     two = shared(ckpt, 300, ranks=2)
     assert not any(g.device_experts for g in two.groups)
@@ -137,12 +157,15 @@ def test_an_mxfp4_share_is_held_as_stored_sized_so_and_kept_for_the_faster_step(
     whole = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB, device_share=False))
     experts = [g for g in plan.groups if g.kind == "experts"]
     assert plan.host_compute_format == "mxfp4" and all(g.placement == "host-compute" for g in experts)
-    m = experts[0].device_experts
-    assert m and all(g.device_experts == m for g in experts)
+    m = min(g.device_experts for g in experts)
+    more = sum(1 for g in experts if g.device_experts == m + 1)  # the first layers: one more each
+    assert m and [g.device_experts for g in experts] == [m + 1] * more + [m] * (len(experts) - more)
     stored = sum(g.bytes // g.num_experts for g in experts)  # one expert of every layer, as stored
-    assert plan.device_share_bytes == sum(g.bytes * m // g.num_experts for g in experts)
+    assert plan.device_share_bytes == sum(g.bytes * g.device_experts // g.num_experts for g in experts)
     room = plan.weight_budget_bytes - plan.est_transient_device_bytes - plan.device_bytes
     assert m * stored <= room < (m + 1) * stored
+    # what is left is less than one more expert of the next layer
+    assert room - plan.device_share_bytes < experts[more].bytes // experts[more].num_experts
     wide = sum(share_held_bytes(g.dtype_bytes) // g.num_experts for g in experts)  # the same in bf16
     assert room // wide < m
     assert plan.est.est_step_s < whole.est.est_step_s
@@ -171,8 +194,8 @@ def test_a_share_held_wide_is_sized_so_and_declined_when_its_path_moves_more(tmp
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB))
     assert not plan.device_share_bytes
     note = next(n for n in plan.notes if n.startswith("host-compute: no device share"))
-    assert "GB held in bf16)" in note
-    m = int(note.split("holds the first ", 1)[1].split(" of ", 1)[0])
+    assert "GB held in bf16, priced" in note
+    m = int(note.split("its first ", 1)[1].split(" of ", 1)[0])
     experts = [g for g in plan.groups if g.kind == "experts"]
     # every layer's experts on the host: the device keeps the rest of the plan's resident bytes
     room = (plan.weight_budget_bytes - plan.est_transient_device_bytes

@@ -302,3 +302,4 @@ def test_the_summary_says_why_host_experts_are_not_computed_on_the_host(tmp_path
     anchor = lines[first:next(i for i in range(first + 1, len(lines)) if not lines[i].startswith("       "))]
     assert len(anchor) > 1 and max(len(line) for line in anchor) <= 80, anchor
     assert " ".join(" ".join(anchor).split()).endswith("AlexsJones/llmfit PR #755)")
+
