@@ -31,6 +31,7 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'speed-ups-past-the-width': ('    inline = len(mine[-1]) <= WIDTH  # else the speed-ups go on a line of their own below the row', '    inline = True', ['tests/unit/planner/test_moe_configs.py::test_the_estimate_rows_of_a_plan_with_both_vllm_baselines_keep_to_80_columns']),
  'share-remainder-left-idle': ('        if more > left:', '        if True:', ['tests/unit/planner/test_device_share.py::test_the_room_a_uniform_share_leaves_goes_to_the_first_layers_one_expert_each']),
     'anchor-line-unwrapped': ('            lines += _wrapped(first, [f" {word}" for word in rest])', '            lines.append(anchor.line())', ['tests/unit/planner/test_moe_configs.py::test_the_summary_says_why_host_experts_are_not_computed_on_the_host']),
     'declined-host-compute-unsaid': ('    if declined:  # the first thing a user comparing with llama.cpp\'s --n-cpu-moe asks', '    if False:', ['tests/unit/planner/test_moe_configs.py::test_the_summary_says_why_host_experts_are_not_computed_on_the_host']),

@@ -386,23 +386,34 @@ def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
     inp = plan.inputs
     per_seq = inp.batch > 1
     width = 30
-    lines = [f"{'estimate (bytes / bandwidth)':<{width}} {'host bytes':>10} {'ms/step':>8} {'tok/s':>7}"
-             + (f" {'per seq':>7}" if per_seq else "") + ("  speed-up" if plan.baselines else "")]
 
-    def row(label: str, host: int, est: Estimate, tail: str = "") -> str:
-        return (f"{label:<{width}} {fmt_bytes(host):>10} {est.est_step_s * 1e3:8.1f} {est.est_tok_s:7.2f}"
-                + (f" {est.est_tok_s_per_seq:7.2f}" if per_seq else "") + (f"  {tail}" if tail else ""))
+    def row(label: str, host: int, est: Estimate, tail: str = "") -> list[str]:
+        """One row; a label wider than its column (vLLM's two settings) breaks after its
+        last comma that fits, the rest indented on the row's own line."""
+        head = []
+        cut = label.rfind(", ", 0, width) if len(label) > width else -1
+        if cut > 0:
+            head, label = [label[:cut + 1]], "  " + label[cut + 2:]
+        return head + [f"{label:<{width}} {fmt_bytes(host):>10} {est.est_step_s * 1e3:8.1f} {est.est_tok_s:7.2f}"
+                       + (f" {est.est_tok_s_per_seq:7.2f}" if per_seq else "") + (f"  {tail}" if tail else "")]
 
-    for baseline in plan.baselines:
-        lines.append(row(f"vLLM {baseline.label}", baseline.offloaded_bytes, baseline.est,
-                         "" if baseline.fits else "(does not fit)"))
     spec = f", MTP K={plan.spec_tokens}" if plan.spec_tokens else ""
+    speedups = _speedups(plan)
+    mine = row(f"this plan ({plan.strategy}{spec})", plan.host_bytes, plan.est, speedups)
+    # mutation: speed-ups-past-the-width
+    inline = len(mine[-1]) <= WIDTH  # else the speed-ups go on a line of their own below the row
+    lines = [f"{'estimate (bytes / bandwidth)':<{width}} {'host bytes':>10} {'ms/step':>8} {'tok/s':>7}"
+             + (f" {'per seq':>7}" if per_seq else "") + ("  speed-up" if plan.baselines and inline else "")]
+    for baseline in plan.baselines:
+        lines += row(f"vLLM {baseline.label}", baseline.offloaded_bytes, baseline.est,
+                     "" if baseline.fits else "(does not fit)")
     alt = plan.alternative
-    lines.append(row(f"this plan ({plan.strategy}{spec})", plan.host_bytes, plan.est, _speedups(plan)))
+    lines += mine if inline else row(f"this plan ({plan.strategy}{spec})", plan.host_bytes, plan.est) + _wrapped(
+        "", [f"  est speed-up: {speedups}"])
     if alt is not None:
-        lines.append(row(f"  {alt.label.replace('speculative decoding', 'speculation')}",
-                         alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes + alt.host_compute_bytes,
-                         alt.est, "slower" if plan.est.est_tok_s >= alt.est.est_tok_s else "faster"))
+        lines += row(f"  {alt.label.replace('speculative decoding', 'speculation')}",
+                     alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes + alt.host_compute_bytes,
+                     alt.est, "slower" if plan.est.est_tok_s >= alt.est.est_tok_s else "faster")
     experts = [g for g in plan.groups if g.kind == GroupKind.EXPERTS]
     if experts:  # llama.cpp's published figure, its setup and source broken between words
         for anchor in anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts,

@@ -303,3 +303,25 @@ def test_the_summary_says_why_host_experts_are_not_computed_on_the_host(tmp_path
     assert len(anchor) > 1 and max(len(line) for line in anchor) <= 80, anchor
     assert " ".join(" ".join(anchor).split()).endswith("AlexsJones/llmfit PR #755)")
 
+
+def test_the_estimate_rows_of_a_plan_with_both_vllm_baselines_keep_to_80_columns(tmp_path):
+    """A MoE plan is priced against both of vLLM's settings: the second's label breaks after
+    its comma, its figures on the line below, and this plan's two speed-ups, too wide for
+    the row, go on a line of their own, each still there."""
+    from selective_offload.render import summary
+
+    path = write_config(tmp_path, transformers.Qwen3MoeConfig(**QWEN3_30B, tie_word_embeddings=False),
+                        "Qwen3MoeForCausalLM")
+    plan = plan_of(path, 24, host_compute=True)
+    assert len(plan.baselines) == 2
+    lines = summary(plan)
+    top = lines.index(next(line for line in lines if line.startswith("estimate (bytes / bandwidth)")))
+    rows = lines[top:lines.index(next(line for line in lines if line.startswith("rates ")))]
+    assert max(len(line) for line in rows) <= 80, rows
+    params = next(b for b in plan.baselines if b.cpu_offload_params)
+    at = rows.index(next(line for line in rows if line.startswith("vLLM ") and line.endswith(",")))
+    assert (rows[at] + " " + rows[at + 1].strip()).startswith(f"vLLM {params.label} ")
+    assert f"{params.est.est_tok_s:.2f}" in rows[at + 1].split()
+    speedups = next(line for line in rows if "est speed-up:" in line)
+    assert all(f"{plan.est.est_tok_s / b.est.est_tok_s:.2f}x {'cpu_offload_params' if b.cpu_offload_params else 'cpu_offload_gb'}"
+               in speedups for b in plan.baselines)
