@@ -31,6 +31,8 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'next-command-unbroken': ('        if len(lines[-1]) + 1 + len(part) + 2 > room:', '        if False:', ['tests/unit/test_plan_output.py::test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_columns']),
+ 'serve-graphs-past-the-crossover': ('    if record is not None and record.crossover_tokens < vllm_default_graph_tokens(plan.inputs.card):', '    if False:', ['tests/unit/vllm_glue/test_host_compute_glue.py::test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_worker_accepts_them']),
  'speed-ups-past-the-width': ('    inline = len(mine[-1]) <= WIDTH  # else the speed-ups go on a line of their own below the row', '    inline = True', ['tests/unit/planner/test_moe_configs.py::test_the_estimate_rows_of_a_plan_with_both_vllm_baselines_keep_to_80_columns']),
  'share-remainder-left-idle': ('        if more > left:', '        if True:', ['tests/unit/planner/test_device_share.py::test_the_room_a_uniform_share_leaves_goes_to_the_first_layers_one_expert_each']),
     'anchor-line-unwrapped': ('            lines += _wrapped(first, [f" {word}" for word in rest])', '            lines.append(anchor.line())', ['tests/unit/planner/test_moe_configs.py::test_the_summary_says_why_host_experts_are_not_computed_on_the_host']),

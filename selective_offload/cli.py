@@ -109,10 +109,19 @@ NEXT_PLAN_FILE = "plan.json"
 _PRINT_ONLY_FLAGS = ("-v", "--verbose", "--explain")
 
 
+def vllm_default_graph_tokens(card: str) -> int:
+    """The most tokens vLLM 0.33 captures a CUDA graph for when not told
+    (``VllmConfig._set_cudagraph_sizes``: 1024 on the compute capability 10.x family, else
+    512; fewer only when ``max_num_seqs`` is small)."""
+    return 1024 if card.split(".")[0] == "10" else 512
+
+
 def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]:
     """The exact commands to save and apply the plan: this ``plan`` command as typed with
     ``-o plan.json`` (when it wrote no plan file), then ``vllm serve`` of the checkpoint with
-    the plan named in ``SELECTIVE_OFFLOAD_PLAN`` and the server settings the plan assumed."""
+    the plan named in ``SELECTIVE_OFFLOAD_PLAN`` and the server settings the plan assumed
+    (a host-compute plan's CUDA graphs capped at its crossover, where vLLM's default
+    captures larger ones)."""
     typed = [a for a in getattr(args, "argv", None) or [args.model] if a not in _PRINT_ONLY_FLAGS]
     commands = []
     target = args.output
@@ -130,6 +139,11 @@ def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]
         flags += ["--moe-backend", str(args.moe_backend)]
     if plan.spec_tokens:
         flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.spec_tokens})]
+    record = plan.host_compute
+    # mutation: serve-graphs-past-the-crossover
+    if record is not None and record.crossover_tokens < vllm_default_graph_tokens(plan.inputs.card):
+        # the worker refuses graphs larger than the crossover (a step above it cannot be captured)
+        flags += ["--max-cudagraph-capture-size", str(record.crossover_tokens)]
     commands.append(" ".join(env + ["vllm", "serve", *map(shlex.quote, serve), *map(shlex.quote, flags)]))
     return tuple(commands) + ((comment,) if comment else ())
 

@@ -21,6 +21,7 @@ Used by ``selective-offload plan`` and by the demo; it only formats, it decides 
 
 from __future__ import annotations
 
+import shlex
 import textwrap
 from dataclasses import dataclass, field
 
@@ -452,8 +453,32 @@ def summary(plan: Plan, checkpoint: Checkpoint | None = None, shown: Shown | Non
     if shown.written:
         lines.append(_label("wrote", "; ".join(shown.written)))
     if shown.next_commands and plan.strategy != Strategy.INFEASIBLE:
-        lines.append(_label("next:", shown.next_commands[0]))
-        lines += [_cont(c) for c in shown.next_commands[1:]]
+        first, *rest = [line for c in shown.next_commands for line in _command_lines(c)]
+        lines += [_label("next:", first)] + [_cont(c) for c in rest]
+    return lines
+
+
+def _command_lines(command: str) -> list[str]:
+    """A shell command as lines that fit the view after its label: broken before its
+    ``--`` options, each broken line ending in `` \\`` (so the lines paste as one command),
+    the options after it indented; a comment or a command that fits stays one line."""
+    room = WIDTH - _LABEL
+    if command.startswith("#") or len(command) <= room:
+        return [command]
+    groups: list[list[str]] = []
+    for word in shlex.split(command):
+        if not groups or word.startswith("--"):
+            groups.append([])
+        groups[-1].append(word)
+    lines = [shlex.join(groups[0])]
+    for group in groups[1:]:
+        part = shlex.join(group)
+        # mutation: next-command-unbroken
+        if len(lines[-1]) + 1 + len(part) + 2 > room:
+            lines[-1] += " \\"
+            lines.append("  " + part)
+        else:
+            lines[-1] += " " + part
     return lines
 
 

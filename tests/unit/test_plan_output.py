@@ -34,13 +34,18 @@ def planned(capsys, *argv) -> Plan:
 
 
 def next_commands(out: str) -> list[str]:
+    """The commands after ``next:``, a command broken over lines (each ending `` \\``)
+    joined back into one."""
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("next:"))
-    commands = [lines[start].removeprefix("next:").strip()]
-    for line in lines[start + 1:]:
-        if not line.startswith(" "):
+    commands, open_ = [], False
+    for line in [lines[start].removeprefix("next:")] + lines[start + 1:]:
+        if not line.startswith(" ") and commands:
             break
-        commands.append(line.strip())
+        part = line.strip()
+        joined = part.removesuffix("\\").rstrip()
+        commands[-1:] = [commands[-1] + " " + joined] if open_ else commands[-1:] + [joined]
+        open_ = part.endswith("\\")
     return commands
 
 
@@ -108,13 +113,17 @@ def test_the_next_line_saves_the_plan_and_serves_it_with_the_args_given(capsys, 
 
 def test_a_checkpoint_directory_is_what_vllm_serve_is_given(capsys, tmp_path):
     model = save_tiny_qwen3(tmp_path / "my model")
-    code, out, _ = run(capsys, "plan", str(model), "--device-memory", "5MB", "--kv-cache", "0", "--reserve", "0",
-                       "--max-model-len", "128", "--max-seqs", "1")
+    argv = ("plan", str(model), "--device-memory", "5MB", "--kv-cache", "0", "--reserve", "0",
+            "--max-model-len", "128", "--max-seqs", "1")
+    code, out, _ = run(capsys, *argv)
     assert code == 0
     save, serve = next_commands(out)[:2]
     assert build_parser().parse_args(shlex.split(save)[1:]).model == str(model)
     words = shlex.split(serve)
-    assert words[1:] == ["vllm", "serve", str(model), "--max-model-len", "128"]
+    # its MLPs computed on the host: CUDA graphs capped at the plan's crossover too
+    crossover = planned(capsys, *argv).host_compute.crossover_tokens
+    assert words[1:] == ["vllm", "serve", str(model), "--max-model-len", "128",
+                         "--max-cudagraph-capture-size", str(crossover)]
 
 
 def test_no_caveat_block_by_default_nor_in_the_plan_file_and_explain_shows_it(capsys, tmp_path):
