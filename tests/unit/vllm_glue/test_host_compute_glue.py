@@ -59,6 +59,7 @@ def test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_work
     import shlex
 
     from selective_offload import cli
+    from selective_offload.planner.host_compute import vllm_default_graph_tokens
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -69,7 +70,7 @@ def test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_work
     assert serve[1:4] == ["vllm", "serve", "model-dir"]
     engine = EngineArgs.from_cli_args(EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(serve[4:]))
     crossover = plan.host_compute.crossover_tokens
-    assert engine.max_cudagraph_capture_size == crossover < cli.vllm_default_graph_tokens(plan.inputs.card)
+    assert engine.max_cudagraph_capture_size == crossover < vllm_default_graph_tokens(plan.inputs.card)
     host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, engine.max_cudagraph_capture_size)),
                                                torch.device("cuda", 0))
     # a plan computing nothing on the host leaves vLLM's default alone
