@@ -42,7 +42,7 @@ from ..cpu_kernels.channels import split_channels
 from ..cpu_kernels.reference import held_share
 from ..errors import PlanError
 from ..estimate import share_native
-from ..plan_format import Plan
+from ..plan_format import GroupKind, Placement, Plan
 from ..planner import kernels
 from ..wrappers.host_compute import HostExperts
 
@@ -403,10 +403,13 @@ def refuse_graphs_above_crossover(plan: Plan | None, vllm_config: Any, device: t
     crossover = plan.host_compute.crossover_tokens
     if enforce_eager or not sizes or max(sizes) <= crossover:
         return
-    raise PlanError(f"vLLM would capture CUDA graphs of up to {max(sizes)} tokens, and the plan computes routed "
-                    f"experts on the host up to {crossover} tokens per step; larger steps copy the experts they "
-                    f"route to, which a graph cannot capture: start vLLM with --max-cudagraph-capture-size "
-                    f"{crossover} (compilation_config={{'max_cudagraph_capture_size': {crossover}}})")
+    what = ("routed experts" if any(g.kind == GroupKind.EXPERTS and g.placement == Placement.HOST_COMPUTE
+                                     for g in plan.groups) else "dense MLPs")
+    raise PlanError(f"vLLM would capture CUDA graphs of up to {max(sizes)} tokens, and the plan computes {what} "
+                    f"on the host up to {crossover} tokens per step; larger steps copy the weights they use over "
+                    f"the link, which a graph cannot capture: start vLLM with --max-cudagraph-capture-size "
+                    f"{crossover} (compilation_config={{'max_cudagraph_capture_size': {crossover}}}, as plan's "
+                    f"serve command and enable() pass it)")
 
 
 # --------------------------------------------------------------------------- dense MLPs

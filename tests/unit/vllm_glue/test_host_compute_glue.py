@@ -38,8 +38,22 @@ def test_graphs_above_the_crossover_are_refused_on_cuda_naming_the_cap(plan):
     host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, crossover)), cuda)
     host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, 512), eager=True), cuda)
     host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, 512)), torch.device("cpu"))
-    with pytest.raises(PlanError, match=rf"graphs of up to 512 tokens.*--max-cudagraph-capture-size {crossover}"):
+    with pytest.raises(PlanError, match=rf"graphs of up to 512 tokens, and the plan computes routed experts on the "
+                                        rf"host.*--max-cudagraph-capture-size {crossover}"):
         host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, 512)), cuda)
+
+
+def test_a_dense_plan_refused_the_same_says_it_computes_dense_mlps(tmp_path):
+    from helpers import TINY_HOST_COMPUTE, save_tiny_qwen3
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.planner import PlanInputs, make_plan
+
+    ckpt = load_checkpoint(save_tiny_qwen3(tmp_path / "dense", seed=3))
+    dense = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 7 // 10, kv_cache_bytes=0,
+                                       reserve_bytes=0, **TINY_HOST_COMPUTE))
+    assert dense.host_compute is not None and not any(g.kind == "experts" for g in dense.groups)
+    with pytest.raises(PlanError, match="the plan computes dense MLPs on the host"):
+        host_compute.refuse_graphs_above_crossover(dense, config(sizes=(1, 512)), torch.device("cuda", 0))
 
 
 def test_an_activation_the_kernels_do_not_compute_is_refused():
