@@ -35,7 +35,7 @@ from .model_match import check_plan_matches_model
 from .options import AUTO_PLAN, ENV_VARS, RunOptions, device_memory_from_env
 from .plan_format import FORMAT_PREFIX, Plan, PlanInputs
 from .planner import make_plan
-from .planner.host_compute import graph_cap
+from .planner.serving import engine_settings
 from .report import PlacementReport, remove_reports
 from .sizes import parse_size
 
@@ -148,9 +148,8 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     an unrealised plan an error instead of a loud warning. The placement report is
     written to ``report_path`` (default: a file in the temporary directory) and returned
     by :func:`placement_report`. Returns the engine arguments the plan supplies, to pass
-    on: ``LLM(**enable(plan))``: ``model``, and for a plan that computes on the host CPU
-    with a crossover below the largest CUDA graph vLLM captures by default,
-    ``compilation_config`` capping graphs there (the worker refuses larger ones).
+    on: ``LLM(**enable(plan))``: ``model``, and the settings that make vLLM match the plan
+    (``planner.serving.engine_settings``: the KV cache it kept, a CUDA graph cap).
 
     Raises :class:`UserError` (one line saying what to do) for a bad option, an unreadable
     or inconsistent plan, a plan for another model, an infeasible plan or an unsupported
@@ -165,8 +164,7 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
         return _enable_auto(plan, model, strict, report_path, embedding_mode)
     resolved = resolve_plan(plan, device_memory, **plan_inputs)
     resolved.require_feasible()
-    cap = graph_cap(resolved)
-    supplied = {"compilation_config": {"max_cudagraph_capture_size": cap}} if cap is not None else {}
+    supplied = engine_settings(resolved)
     if model is not None and _hub_id(model):  # checked against the hub's headers (or the cached snapshot)
         check_plan_matches_model(resolved, load_checkpoint(str(model)))
         targets = compat.resolve_targets()  # raises before anything is changed

@@ -19,7 +19,7 @@ from .checkpoint import write_manifest
 from .errors import UserError
 from .plan_format import PlanInputs, Strategy
 from .plan_format.io import writable_json
-from .planner.host_compute import graph_cap
+from .planner.serving import serve_flags
 from .plan_options import (
     BUNDLED,
     PLAN_MODEL_HELP,
@@ -114,8 +114,7 @@ def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]
     """The exact commands to save and apply the plan: this ``plan`` command as typed with
     ``-o plan.json`` (when it wrote no plan file), then ``vllm serve`` of the checkpoint with
     the plan named in ``SELECTIVE_OFFLOAD_PLAN`` and the server settings the plan assumed
-    (a host-compute plan's CUDA graphs capped at its crossover, where vLLM's default
-    captures larger ones)."""
+    (``planner.serving``: its KV cache, its CUDA graph cap)."""
     typed = [a for a in getattr(args, "argv", None) or [args.model] if a not in _PRINT_ONLY_FLAGS]
     commands = []
     target = args.output
@@ -133,9 +132,7 @@ def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]
         flags += ["--moe-backend", str(args.moe_backend)]
     if plan.spec_tokens:
         flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.spec_tokens})]
-    cap = graph_cap(plan)
-    if cap is not None:
-        flags += ["--max-cudagraph-capture-size", str(cap)]
+    flags += serve_flags(plan)
     commands.append(" ".join(env + ["vllm", "serve", *map(shlex.quote, serve), *map(shlex.quote, flags)]))
     return tuple(commands) + ((comment,) if comment else ())
 

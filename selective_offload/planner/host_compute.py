@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..plan_format import HostCompute, Plan
+from ..plan_format import HostCompute
 from ..plan_format.vocabulary import SERVED_UVA
 
 #: The planner's quant methods (:data:`.kernels.METHODS`) -> the CPU kernel formats
@@ -190,22 +190,3 @@ def declined_share_note(shares: tuple[int, tuple[int, ...], int, int, bool, str]
             f"its {share_words(on_device, of, channels)}, {nbytes / 1e9:.3f} GB held {held}, {priced} "
             f"at {tokens} token(s) per step (est: docs/design/step-model.md prices the share's path on the GPU)")
 
-
-def vllm_default_graph_tokens(card: str) -> int:
-    """The most tokens vLLM 0.33 captures a CUDA graph for when not told
-    (``VllmConfig._set_cudagraph_sizes``: 1024 on the compute capability 10.x family, else
-    512; fewer only when ``max_num_seqs`` is small)."""
-    return 1024 if card.split(".")[0] == "10" else 512
-
-
-def graph_cap(plan: Plan) -> int | None:
-    """The most tokens a CUDA graph of a server running ``plan`` may hold, where vLLM's
-    default would capture more: a host-compute plan's crossover (a step above it copies the
-    weights it uses over the link, routed experts as its routing picks them, which no graph
-    can capture, so the worker refuses larger graphs). ``None``: vLLM's default stands. The
-    CLI's serve command and ``enable()``'s engine arguments both pass it."""
-    record = plan.host_compute
-    # mutation: serve-graphs-past-the-crossover
-    if record is not None and record.crossover_tokens < vllm_default_graph_tokens(plan.inputs.card):
-        return record.crossover_tokens
-    return None

@@ -120,10 +120,13 @@ def test_a_checkpoint_directory_is_what_vllm_serve_is_given(capsys, tmp_path):
     save, serve = next_commands(out)[:2]
     assert build_parser().parse_args(shlex.split(save)[1:]).model == str(model)
     words = shlex.split(serve)
-    # its MLPs computed on the host: CUDA graphs capped at the plan's crossover too
-    crossover = planned(capsys, *argv).host_compute.crossover_tokens
+    # the KV cache the plan kept beside the weights it fitted, and (its MLPs computed on the
+    # host) CUDA graphs capped at its crossover
+    plan = planned(capsys, *argv)
+    assert plan.deficit_bytes > 0
     assert words[1:] == ["vllm", "serve", str(model), "--max-model-len", "128",
-                         "--max-cudagraph-capture-size", str(crossover)]
+                         "--kv-cache-memory-bytes", str(plan.inputs.kv_cache_bytes),
+                         "--max-cudagraph-capture-size", str(plan.host_compute.crossover_tokens)]
 
 
 def test_no_caveat_block_by_default_nor_in_the_plan_file_and_explain_shows_it(capsys, tmp_path):

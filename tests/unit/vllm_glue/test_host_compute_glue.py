@@ -73,7 +73,7 @@ def test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_work
     import shlex
 
     from selective_offload import cli
-    from selective_offload.planner.host_compute import vllm_default_graph_tokens
+    from selective_offload.planner.serving import vllm_default_graph_tokens
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 

@@ -1,0 +1,62 @@
+"""What a vLLM server must be told to run a plan as it was priced.
+
+A plan is made for a budget (the card less the KV cache and the reserve) and, when it
+computes on the host CPU, for steps up to its crossover. vLLM's defaults assume neither:
+it sizes the KV cache from ``gpu_memory_utilization`` (0.9 of the card, less the weights
+and the activations it profiles), which leaves a plan that fills its budget too little or
+no KV cache at all; and it captures CUDA graphs of up to 512 tokens, which the worker
+refuses above a host-compute plan's crossover. :func:`engine_settings` is both, as vLLM's
+engine arguments: ``plan``'s serve command passes them as flags, ``enable()`` returns them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..plan_format import Plan
+
+
+def vllm_default_graph_tokens(card: str) -> int:
+    """The most tokens vLLM 0.33 captures a CUDA graph for when not told
+    (``VllmConfig._set_cudagraph_sizes``: 1024 on the compute capability 10.x family, else
+    512; fewer only when ``max_num_seqs`` is small)."""
+    return 1024 if card.split(".")[0] == "10" else 512
+
+
+def graph_cap(plan: Plan) -> int | None:
+    """The most tokens a CUDA graph of a server running ``plan`` may hold, where vLLM's
+    default would capture more: a host-compute plan's crossover (a step above it copies the
+    weights it uses over the link, routed experts as its routing picks them, which no graph
+    can capture, so the worker refuses larger graphs). ``None``: vLLM's default stands."""
+    record = plan.host_compute
+    # mutation: serve-graphs-past-the-crossover
+    if record is not None and record.crossover_tokens < vllm_default_graph_tokens(plan.inputs.card):
+        return record.crossover_tokens
+    return None
+
+
+def engine_settings(plan: Plan) -> dict[str, Any]:
+    """vLLM's engine arguments that make the server match ``plan``: the KV cache the plan
+    kept (``kv_cache_memory_bytes``, which vLLM then reserves instead of sizing one from
+    ``gpu_memory_utilization``) where the plan moved weights off the device to fit its
+    budget, and the CUDA graph cap of :func:`graph_cap`. A plan whose weights all fit
+    leaves vLLM's own KV sizing alone (it gives the KV cache what is left)."""
+    settings: dict[str, Any] = {}
+    # mutation: serve-kv-unsized
+    if plan.deficit_bytes > 0 and plan.inputs.kv_cache_bytes > 0:
+        settings["kv_cache_memory_bytes"] = plan.inputs.kv_cache_bytes
+    cap = graph_cap(plan)
+    if cap is not None:
+        settings["compilation_config"] = {"max_cudagraph_capture_size": cap}
+    return settings
+
+
+def serve_flags(plan: Plan) -> list[str]:
+    """:func:`engine_settings` as ``vllm serve`` flags."""
+    settings = engine_settings(plan)
+    flags = []
+    if "kv_cache_memory_bytes" in settings:
+        flags += ["--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"])]
+    if "compilation_config" in settings:
+        flags += ["--max-cudagraph-capture-size", str(settings["compilation_config"]["max_cudagraph_capture_size"])]
+    return flags
