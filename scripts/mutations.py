@@ -31,6 +31,7 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'serve-context-unfitted': ('        if plan.inputs.max_model_len is None:  # vLLM fits the context to that KV cache (-1: auto-fit)', '        if False:', ['tests/unit/vllm_glue/test_serving.py::test_a_plan_that_fills_its_budget_keeps_its_kv_cache_and_graph_cap_on_the_server']),
  'serve-kv-unsized': ('    if plan.deficit_bytes > 0 and plan.inputs.kv_cache_bytes > 0:', '    if False:', ['tests/unit/vllm_glue/test_serving.py::test_a_plan_that_fills_its_budget_keeps_its_kv_cache_and_graph_cap_on_the_server']),
  'next-command-unbroken': ('        if len(lines[-1]) + 1 + len(part) + 2 > room:', '        if False:', ['tests/unit/test_plan_output.py::test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_columns']),
  'serve-graphs-past-the-crossover': ('    if record is not None and record.crossover_tokens < vllm_default_graph_tokens(plan.inputs.card):', '    if False:', ['tests/unit/vllm_glue/test_host_compute_glue.py::test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_worker_accepts_them', 'tests/unit/test_api_plan.py::test_enable_caps_cuda_graphs_at_a_host_compute_plans_crossover_as_the_serve_command_does']),

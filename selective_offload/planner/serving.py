@@ -40,11 +40,17 @@ def engine_settings(plan: Plan) -> dict[str, Any]:
     kept (``kv_cache_memory_bytes``, which vLLM then reserves instead of sizing one from
     ``gpu_memory_utilization``) where the plan moved weights off the device to fit its
     budget, and the CUDA graph cap of :func:`graph_cap`. A plan whose weights all fit
-    leaves vLLM's own KV sizing alone (it gives the KV cache what is left)."""
+    leaves vLLM's own KV sizing alone (it gives the KV cache what is left). A plan made
+    without ``--max-model-len`` kept a KV cache of a size, not of a context: vLLM is told to
+    fit its context to it (``max_model_len=-1``, its auto-fit) rather than refuse to start
+    when the model's own context does not fit."""
     settings: dict[str, Any] = {}
     # mutation: serve-kv-unsized
     if plan.deficit_bytes > 0 and plan.inputs.kv_cache_bytes > 0:
         settings["kv_cache_memory_bytes"] = plan.inputs.kv_cache_bytes
+        # mutation: serve-context-unfitted
+        if plan.inputs.max_model_len is None:  # vLLM fits the context to that KV cache (-1: auto-fit)
+            settings["max_model_len"] = -1
     cap = graph_cap(plan)
     if cap is not None:
         settings["compilation_config"] = {"max_cudagraph_capture_size": cap}
@@ -54,7 +60,7 @@ def engine_settings(plan: Plan) -> dict[str, Any]:
 def serve_flags(plan: Plan) -> list[str]:
     """:func:`engine_settings` as ``vllm serve`` flags."""
     settings = engine_settings(plan)
-    flags = []
+    flags = ["--max-model-len", "-1"] if settings.get("max_model_len") == -1 else []
     if "kv_cache_memory_bytes" in settings:
         flags += ["--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"])]
     if "compilation_config" in settings:

@@ -43,10 +43,17 @@ def test_a_plan_that_fills_its_budget_keeps_its_kv_cache_and_graph_cap_on_the_se
     engine = served(plan)
     assert engine.kv_cache_memory_bytes == plan.inputs.kv_cache_bytes == GiB
     assert engine.max_cudagraph_capture_size == crossover < vllm_default_graph_tokens(plan.inputs.card)
+    # planned without --max-model-len: vLLM fits the context to that KV cache (its auto-fit)
+    assert plan.inputs.max_model_len is None and engine.max_model_len == -1
     # what vLLM would keep for the KV cache by its default: 0.9 of the card less the weights
     assert 0.9 * plan.inputs.device_memory_bytes - plan.device_bytes - plan.prefetch_buffer_bytes < GiB
-    assert engine_settings(plan) == {"kv_cache_memory_bytes": GiB,
+    assert engine_settings(plan) == {"kv_cache_memory_bytes": GiB, "max_model_len": -1,
                                      "compilation_config": {"max_cudagraph_capture_size": crossover}}
+    # with a context given, the KV cache is sized from it and the context stays the one given
+    sized = make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]),
+                      PlanInputs(device_memory_bytes=24 * GiB, max_model_len=8192, max_seqs=2))
+    assert "max_model_len" not in engine_settings(sized)
+    assert engine_settings(sized)["kv_cache_memory_bytes"] == sized.inputs.kv_cache_bytes > 0
 
 
 def test_a_plan_whose_weights_all_fit_leaves_vllms_kv_sizing_and_graphs_alone(tmp_path):
