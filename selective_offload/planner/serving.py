@@ -60,7 +60,7 @@ def engine_settings(plan: Plan) -> dict[str, Any]:
 def serve_flags(plan: Plan) -> list[str]:
     """:func:`engine_settings` as ``vllm serve`` flags."""
     settings = engine_settings(plan)
-    flags = ["--max-model-len", "-1"] if settings.get("max_model_len") == -1 else []
+    flags = ["--max-model-len", "auto"] if settings.get("max_model_len") == -1 else []
     if "kv_cache_memory_bytes" in settings:
         flags += ["--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"])]
     if "compilation_config" in settings:
