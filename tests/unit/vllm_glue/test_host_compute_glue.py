@@ -70,24 +70,14 @@ def test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_work
     """``plan``'s ``next:`` serve command, parsed by vLLM's own engine arguments, caps CUDA
     graphs at the plan's crossover: the size the worker's refusal accepts (vLLM's default
     captures up to 512 tokens, which it refuses)."""
-    import shlex
-
-    from selective_offload import cli
     from selective_offload.planner.serving import vllm_default_graph_tokens
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from test_serving import served
 
-    path = tmp_path / "plan.json"
-    path.write_text(plan.to_json())
-    args = cli.build_parser().parse_args(["plan", "model-dir", "--device-memory", "1GB", "-o", str(path)])
-    serve = shlex.split(cli.next_commands(args, plan, SimpleNamespace(kind="safetensors"))[0])
-    assert serve[1:4] == ["vllm", "serve", "model-dir"]
-    engine = EngineArgs.from_cli_args(EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(serve[4:]))
+    engine = served(plan)
     crossover = plan.host_compute.crossover_tokens
     assert engine.max_cudagraph_capture_size == crossover < vllm_default_graph_tokens(plan.inputs.card)
     host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, engine.max_cudagraph_capture_size)),
                                                torch.device("cuda", 0))
     # a plan computing nothing on the host leaves vLLM's default alone
     uva = compute_experts_plan(save_tiny_qwen3_moe(tmp_path / "moe", seed=3), required=False, host_compute=False)
-    assert uva.host_compute is None
-    assert "--max-cudagraph-capture-size" not in cli.next_commands(args, uva, SimpleNamespace(kind="safetensors"))[0]
+    assert uva.host_compute is None and served(uva).max_cudagraph_capture_size is None
