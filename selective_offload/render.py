@@ -400,17 +400,20 @@ def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
 
     spec = f", MTP K={plan.spec_tokens}" if plan.spec_tokens else ""
     speedups = _speedups(plan)
-    mine = row(f"this plan ({plan.strategy}{spec})", plan.host_bytes, plan.est, speedups)
+    mine = row(f"this plan ({plan.strategy}{spec})", plan.host_bytes, plan.est)
     # mutation: speed-ups-past-the-width
-    inline = len(mine[-1]) <= WIDTH  # else the speed-ups go on a line of their own below the row
+    inline = not speedups or len(mine[-1]) + 2 + len(speedups) <= WIDTH  # else on a line of their own below
+    if inline and speedups:
+        mine[-1] += f"  {speedups}"
+    elif speedups:
+        mine += _wrapped("", [f"  est speed-up: {speedups}"])
     lines = [f"{'estimate (bytes / bandwidth)':<{width}} {'host bytes':>10} {'ms/step':>8} {'tok/s':>7}"
              + (f" {'per seq':>7}" if per_seq else "") + ("  speed-up" if plan.baselines and inline else "")]
     for baseline in plan.baselines:
         lines += row(f"vLLM {baseline.label}", baseline.offloaded_bytes, baseline.est,
                      "" if baseline.fits else "(does not fit)")
     alt = plan.alternative
-    lines += mine if inline else row(f"this plan ({plan.strategy}{spec})", plan.host_bytes, plan.est) + _wrapped(
-        "", [f"  est speed-up: {speedups}"])
+    lines += mine
     if alt is not None:
         lines += row(f"  {alt.label.replace('speculative decoding', 'speculation')}",
                      alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes + alt.host_compute_bytes,
