@@ -16,7 +16,9 @@ turns over the rows: on a shared machine other work only slows a repeat down, an
 spell then lands on one repeat of several rows rather than every repeat of one; the row's
 ratio shown is their median). torch's own bf16 path (``F.linear`` per picked expert) is
 timed the same way beside the bf16 kernel, and on the AVX512-BF16 build the bf16 kernel
-with the other software-prefetch choice (moe.c picks one by CPU vendor).
+with the other software-prefetch choice (moe.c picks one by CPU vendor), and the same walk
+over an LM head's host rows (``cpu_kernels.rows``: the rows gpt-oss's reference plan leaves
+the host CPU, :data:`HEAD_ROWS`), which a plan splits only where bf16 is claimed.
 
     .venv/bin/python benchmarks/bench_cpu_kernels.py [--threads 1,2] [--iters 41] [--repeats 3] [--smoke] [--out DIR]
 
@@ -47,6 +49,11 @@ from selective_offload.cpu_kernels import build, timing  # noqa: E402
 #: The builds the benchmark can measure: the flags added to the native build's.
 BUILDS = {"native": (), "avx2": ("-mno-avx512f",)}
 
+#: An LM head's rows computed on the host, timed beside the bf16 rows: gpt-oss's last 27776
+#: of 201088 vocabulary rows of 2880 (benchmarks/results/moe-plans-est-2026-12-07.md), and
+#: a small head for --smoke.
+HEAD_ROWS, SMOKE_HEAD_ROWS = (27776, 2880), (512, 256)
+
 #: The formats the compiled kernel is for (f32 experts are computed by torch, not timed here).
 KERNEL_FORMATS = tuple(f for f in ck.FORMATS if f not in ck.TORCH_FORMATS)
 
@@ -65,11 +72,17 @@ def torch_bf16_step(w: ck.ExpertWeights, act: ck.Activation):
     return step
 
 
-def measure(w, act, K, threads, iters, read_buf, lib, torch_step=None, other_prefetch=False) -> timing.Rounds:
+def measure(w, act, K, threads, iters, read_buf, lib, torch_step=None, other_prefetch=False,
+            head=None) -> timing.Rounds:
     """The kernel and the read kernel in alternating rounds (``timing.side_by_side``, what the
     probe runs too), with torch's step and, with ``other_prefetch``, the same kernel with the
-    other software-prefetch choice for bf16 rows timed in the same rounds."""
+    other software-prefetch choice for bf16 rows timed in the same rounds; with ``head`` (its
+    weight and a token), the rows walk over that head."""
     beside = {}
+    if head is not None:
+        hw, hx = head
+        hout = torch.empty(1, hw.shape[0])
+        beside["head"] = lambda x, ids, tw, job, _next: ck.rows(hx, hw, threads=threads, out=hout, library_=lib)
     if torch_step is not None:
         beside["torch"] = lambda x, ids, tw, job, _next: torch_step(x, ids, tw)
     if other_prefetch:
@@ -92,6 +105,8 @@ def run(formats, threads_list, iters, smoke, read_bytes, repeats=1, lib=None):
     not on one row's every repeat)."""
     lib = lib or ck.library()
     read_buf = torch.ones(read_bytes // 4)
+    rows_, cols = SMOKE_HEAD_ROWS if smoke else HEAD_ROWS
+    head = (torch.randn(rows_, cols).bfloat16(), torch.randn(1, cols).bfloat16())
     layers = {}
     for f in formats:
         base, w, act = timing.layer_of(f, small=smoke)
@@ -104,7 +119,7 @@ def run(formats, threads_list, iters, smoke, read_bytes, repeats=1, lib=None):
             _, w, act, step, alternate = layers[f]
             for t in threads_list:
                 reps[f, t].append(measure(w, act, layers[f][0]["k"], t, iters, read_buf, lib, step,
-                                          other_prefetch=alternate))
+                                          other_prefetch=alternate, head=head if f == "bf16" else None))
     rows = []
     for f in formats:
         base, w, _, step, alternate = layers[f]
@@ -127,6 +142,10 @@ def run(formats, threads_list, iters, smoke, read_bytes, repeats=1, lib=None):
             if alternate:
                 o_s = med(med(m.beside_s["other"]) for m in ms)
                 row.update(other_prefetch_ratio=nbytes / o_s / 1e9 / read_gbps)
+            if f == "bf16":
+                h_s, h_bytes = med(med(m.beside_s["head"]) for m in ms), head[0].numel() * 2
+                row.update(head_rows=list(head[0].shape), head_s=h_s, head_gbps=h_bytes / h_s / 1e9,
+                           head_ratio=h_bytes / h_s / 1e9 / read_gbps)
             rows.append(row)
             print(f"{f} threads={t}: {row['kernel_gbps']:.1f} GB/s of {read_gbps:.1f} read "
                   f"(ratio {row['ratio']:.2f}; repeats {', '.join(f'{r:.2f}' for r in ratios)})", file=sys.stderr, flush=True)
@@ -146,17 +165,18 @@ def claims(rows) -> dict:
 
 def markdown(result) -> str:
     head = ["format", "layer", "threads", "MB/call", "kernel GB/s", "read GB/s", "ratio (repeats)", "torch bf16 F.linear ratio",
-            "other bf16 prefetch ratio"]
+            "other bf16 prefetch ratio", "LM head rows ratio"]
     body = []
     for r in result["rows"]:
         layer = f"{r['model']} E={r['E']} k={r['k']} H={r['H']} I={r['I']} {r['activation']}"
         if r["status"] != "measured":
-            body.append([r["format"], layer, r["threads"], "", "", "", r["status"], "", ""])
+            body.append([r["format"], layer, r["threads"], "", "", "", r["status"], "", "", ""])
             continue
         body.append([r["format"], layer, r["threads"], fmt(r["bytes_per_call"] / 1e6, 1),
                      f"{fmt(r['kernel_gbps'], 1)}", f"{fmt(r['read_gbps'], 1)} ({fmt(r['read_gbps_min'], 0)}-"
                      f"{fmt(r['read_gbps_max'], 0)})", f"{fmt(r['ratio'])} ({', '.join(fmt(v) for v in r['ratios'])})",
-                     fmt(r.get("torch_ratio")), fmt(r.get("other_prefetch_ratio"))])
+                     fmt(r.get("torch_ratio")), fmt(r.get("other_prefetch_ratio")),
+                     "" if "head_ratio" not in r else f"{fmt(r['head_ratio'])} ({r['head_rows'][0]}x{r['head_rows'][1]})"])
     claimed = ", ".join(f for f, c in result["claims"].items() if c) or "none"
     native = result.get("build", "native") == "native"
     verdict = (f"Claimed (every thread count's best repeat at >= {result['claim_bar']} of the read bandwidth; other work "

@@ -31,6 +31,7 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'head-rows-misplaced': ('                for (int q = 0; q < n; q++) out[(t + q) * R + r] = acc[q];', '                for (int q = 0; q < n; q++) out[(t + q) * R + r] = acc[0];', ['tests/unit/cpu_kernels/test_kernel.py::test_the_rows_walk_dots_a_bf16_matrix_with_every_token_as_the_float_reference']),
  'serve-context-unfitted': ('        if plan.inputs.max_model_len is None:  # vLLM fits the context to that KV cache (-1: auto-fit)', '        if False:', ['tests/unit/vllm_glue/test_serving.py::test_a_plan_that_fills_its_budget_keeps_its_kv_cache_and_graph_cap_on_the_server']),
  'serve-kv-unsized': ('    if plan.deficit_bytes > 0 and plan.inputs.kv_cache_bytes > 0:', '    if False:', ['tests/unit/vllm_glue/test_serving.py::test_a_plan_that_fills_its_budget_keeps_its_kv_cache_and_graph_cap_on_the_server']),
  'next-command-unbroken': ('        if len(lines[-1]) + 1 + len(part) + 2 > room:', '        if False:', ['tests/unit/test_plan_output.py::test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_columns']),

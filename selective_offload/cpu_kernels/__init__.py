@@ -27,11 +27,11 @@ from __future__ import annotations
 from . import build, reference
 from .build import KernelUnavailable, openmp_runtimes
 from .claimed import CLAIM_BAR, CLAIM_SOURCE, CLAIMED
-from .kernel import TORCH_FORMATS, MoEJob, library, moe, read_gbps
+from .kernel import TORCH_FORMATS, MoEJob, RowsJob, library, moe, read_gbps, rows
 from .weights import FORMATS, Activation, ExpertWeights
 
 __all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "ExpertWeights", "KernelUnavailable",
-           "MoEJob", "TORCH_FORMATS", "library", "moe", "read_gbps", "reference", "unavailable_reason", "openmp_runtimes", "build"]
+           "MoEJob", "RowsJob", "TORCH_FORMATS", "library", "moe", "read_gbps", "reference", "rows", "unavailable_reason", "openmp_runtimes", "build"]
 
 
 def unavailable_reason(fmt: str) -> str | None:

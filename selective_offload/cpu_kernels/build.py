@@ -179,6 +179,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.so_moe_job_run.argtypes = [vp]
     lib.so_read_sum.restype = ctypes.c_double
     lib.so_read_sum.argtypes = [vp, i64, i64]
+    lib.so_rows_bf16.restype = i64
+    lib.so_rows_bf16.argtypes = [vp, i64, i64, vp, i64, i64, vp, i64]
+    lib.so_rows_job_size.restype = i64
+    lib.so_rows_job_size.argtypes = []
+    lib.so_rows_job_run.restype = None
+    lib.so_rows_job_run.argtypes = [vp]
 
 
 def openmp_runtimes() -> list[str]:

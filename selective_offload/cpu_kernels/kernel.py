@@ -188,6 +188,79 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, wei
     return job.run()
 
 
+class _RowsJob(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_void_p) for n in ("w", "x", "out")] + [
+        (n, ctypes.c_int64) for n in ("R", "C", "x_dtype", "T", "threads", "status")]
+
+
+class RowsJob:
+    """One call of the rows walk (:func:`rows`) as a C struct kept alive with its tensors:
+    ``x`` [T, C] (bf16 or float32) dotted with every row of the bf16 ``weight`` [R, C] into
+    ``out`` (float32 [T, R]). ``function_pointer(address)`` runs it with no Python, which is
+    what a CUDA host function (``wrappers.host_function``) needs; :meth:`run` runs it here."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, threads: int | None = None,
+                 library_: ctypes.CDLL | None = None):
+        for name, t in (("x", x), ("weight", weight), ("out", out)):
+            _cpu(name, t)
+        if weight.dtype != torch.bfloat16 or weight.dim() != 2:
+            raise ValueError(f"host rows kernel: weight is {weight.dtype} {list(weight.shape)}; it reads bf16 [R, C]")
+        if x.dim() != 2 or x.shape[1] != weight.shape[1] or x.dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"host rows kernel: x is {x.dtype} {list(x.shape)} and weight {list(weight.shape)}: they "
+                             "do not multiply (x must be bf16 or float32 [T, C])")
+        if out.dtype != torch.float32 or tuple(out.shape) != (x.shape[0], weight.shape[0]):
+            raise ValueError(f"host rows kernel: out is {out.dtype} {list(out.shape)}; expected float32 "
+                             f"[{x.shape[0]}, {weight.shape[0]}]")
+        if not (x.is_contiguous() and weight.is_contiguous() and out.is_contiguous()):
+            raise ValueError("host rows kernel: x, weight and out must be contiguous")
+        self.lib = library_ or library()
+        if self.lib.so_rows_job_size() != ctypes.sizeof(_RowsJob):
+            raise build.KernelUnavailable(f"host rows kernel: the compiled job struct is {self.lib.so_rows_job_size()} "
+                                          f"bytes, Python's {ctypes.sizeof(_RowsJob)}; delete {build.cache_root()}")
+        self.tensors = (x, weight, out)  # kept alive as long as the job
+        self.out = out
+        self.threads = int(threads) if threads else torch.get_num_threads()
+        self.job = _RowsJob(w=_ptr(weight), x=_ptr(x), out=_ptr(out), R=weight.shape[0], C=weight.shape[1],
+                            x_dtype=DT_F32 if x.dtype == torch.float32 else DT_BF16, T=x.shape[0],
+                            threads=self.threads, status=0)
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.job)
+
+    @property
+    def function_pointer(self) -> int:
+        return ctypes.cast(self.lib.so_rows_job_run, ctypes.c_void_p).value
+
+    def run(self) -> torch.Tensor:
+        self.lib.so_rows_job_run(self.address)
+        if self.job.status:
+            raise RuntimeError(f"host rows kernel: {STATUS.get(int(self.job.status), f'status {self.job.status}')}")
+        return self.out
+
+
+def rows(x: torch.Tensor, weight: torch.Tensor, *, threads: int | None = None, out: torch.Tensor | None = None,
+         library_: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``x @ weight.T`` on the host CPU, float32 [T, R], for a bf16 ``weight`` [R, C] (an LM
+    head's host rows) by the C row walk (:class:`RowsJob`) with ``threads`` threads (torch's
+    count when ``None``, as the experts' kernel); a float32 ``weight`` by torch's own float32
+    op, exact. CPU tensors only."""
+    for name, t in (("x", x), ("weight", weight)):
+        if t.device.type != "cpu":
+            raise ValueError(f"host rows kernel: {name} is on {t.device}; it computes on host (CPU) tensors only")
+    if weight.dim() != 2 or x.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"host rows kernel: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply")
+    if weight.dtype == torch.float32:
+        result = torch.nn.functional.linear(x.float(), weight)
+        return result if out is None else out.copy_(result)
+    if weight.dtype != torch.bfloat16:
+        raise ValueError(f"host rows kernel: a {weight.dtype} weight; it reads bf16 (or float32, by torch)")
+    x = (x if x.dtype in (torch.bfloat16, torch.float32) else x.float()).contiguous()
+    if out is None:
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    return RowsJob(x, weight.contiguous(), out, threads=threads, library_=library_).run()
+
+
 def read_gbps(threads: int, nbytes: int = 256 << 20, repeats: int = 7, library_: ctypes.CDLL | None = None) -> float:
     """This machine's read bandwidth with ``threads`` threads (GB/s, 1e9 bytes), the median
     of ``repeats`` sums of a buffer larger than the caches, by the C read kernel."""

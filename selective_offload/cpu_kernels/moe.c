@@ -564,6 +564,8 @@ void so_moe_job_run(void *arg) {
     free(own);
 }
 
+#include "rows_head.h"
+
 /* Sum a buffer as floats with the same threads: the read bandwidth the kernel is judged
  * against (the caller times it). */
 double so_read_sum(const void *buf, int64_t nbytes, int64_t threads) {

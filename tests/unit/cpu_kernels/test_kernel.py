@@ -364,3 +364,47 @@ def test_sizes_count_weights_scales_and_biases():
     assert (w.num_experts, w.hidden, w.intermediate) == (E, H, I)
     per = 2 * I * H // 2 + H * I // 2 + 2 * I * H // 32 + H * I // 32 + 2 * (2 * I + H)
     assert w.expert_bytes == per and w.nbytes == E * per
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 4, 9])
+def test_the_rows_walk_dots_a_bf16_matrix_with_every_token_as_the_float_reference(lib, tokens):
+    """An LM head's host rows (``cpu_kernels.rows``): 200 rows (three blocks of 64 and a
+    part) of 304 columns (the bf16 walk's whole chunks and its tail), tokens in chunks of
+    four and a rest, bf16 or float32 tokens, one thread or two: each output is its row dotted
+    with its token. A row written to another row's place, or a token's sums to another
+    token's, moves outputs by their own size."""
+    g = torch.Generator().manual_seed(tokens)
+    w = torch.randn(200, 304, generator=g).to(torch.bfloat16)
+    x = torch.randn(tokens, 304, generator=g)
+    for xs in (x, x.to(torch.bfloat16)):
+        # the AVX512-BF16 build holds the tokens in bf16, the others in float32
+        want = (xs.to(torch.bfloat16).float() if lib.so_bf16_activations() else xs.float()) @ w.float().T
+        for threads in (1, 2):
+            close(ck.rows(xs, w, threads=threads, library_=lib), want, lib)
+
+
+def test_the_rows_walk_takes_float32_to_torch_and_refuses_what_it_does_not_read():
+    w, x = torch.randn(40, 64), torch.randn(2, 64)
+    torch.testing.assert_close(ck.rows(x, w), x @ w.T, rtol=0, atol=0)  # float32: torch's own op, exact
+    for bad, match in (((x, w.half()), "float16"), ((torch.randn(2, 63), w.bfloat16()), "do not multiply"),
+                       ((x[None], w.bfloat16()), "do not multiply")):
+        with pytest.raises(ValueError, match=match):
+            ck.rows(*bad)
+
+
+def test_a_rows_job_runs_by_its_function_pointer_as_a_cuda_host_function_would():
+    """The split LM head's host part on CUDA is a host function (``cudaLaunchHostFunc``) that
+    calls the job's C entry with the job's address, no Python between: called so here, it
+    fills the job's output with the rows' dot products; a job whose struct C and Python
+    disagree on would write elsewhere."""
+    import ctypes
+
+    w = torch.randn(130, 304).to(torch.bfloat16)
+    x = torch.randn(3, 304).to(torch.bfloat16)
+    out = torch.full((3, 130), float("nan"))
+    job = ck.RowsJob(x, w, out, threads=2)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(job.function_pointer)(job.address)
+    assert job.job.status == 0
+    close(out, x.float() @ w.float().T)
+    with pytest.raises(ValueError, match="expected float32"):
+        ck.RowsJob(x, w, torch.empty(3, 129), threads=1)

@@ -1,0 +1,62 @@
+/* Part of moe.c's one translation unit (included once, by moe.c only, after the experts'
+ * job): one bf16 matrix's rows dotted with a few tokens, the split LM head's host part
+ * (selective_offload/wrappers/host_rows.py), on the bf16 experts' row walk and threads. */
+
+/* Rows of one bf16 matrix w [R, C] dotted with T tokens x [T, C] (bf16 or f32): out [T, R]
+ * f32, with the experts' row walk and thread pool (an LM head's host rows; torch's own CPU
+ * linear would run on the one thread vLLM leaves torch while serving). Returns 0, or 2 when
+ * the tokens' buffer cannot be allocated. */
+int64_t so_rows_bf16(const uint16_t *w, int64_t R, int64_t C, const void *x, int64_t x_dtype, int64_t T, float *out,
+                     int64_t threads) {
+#if defined(SO_BF16DOT)
+    typedef uint16_t xval;
+#else
+    typedef float xval;
+#endif
+    xval *X = (xval *)malloc((size_t)(T * C) * sizeof(xval) + 64);
+    if (!X) return 2;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t k = 0; k < C; k++) {
+            int64_t i = t * C + k;
+            float v = x_dtype == SO_DT_F32 ? ((const float *)x)[i] : bf16_to_f32(((const uint16_t *)x)[i]);
+#if defined(SO_BF16DOT)
+            X[t * C + slot_of(SO_BF16, k, C)] = x_dtype == SO_DT_F32 ? f32_to_bf16(v) : ((const uint16_t *)x)[i];
+#else
+            X[t * C + slot_of(SO_BF16, k, C)] = v;
+#endif
+        }
+    int64_t blocks = (R + HB - 1) / HB;
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)(threads > 0 ? threads : 1))
+    for (int64_t b = 0; b < blocks; b++) {
+        float acc[NT];
+        int64_t r1 = (b + 1) * HB < R ? (b + 1) * HB : R;
+        for (int64_t r = b * HB; r < r1; r++)
+            for (int64_t t = 0; t < T; t += NT) {
+                int n = T - t < NT ? (int)(T - t) : NT;
+#if defined(SO_BF16DOT)
+                dot16_bf16(w + r * C, NULL, 0, C, X + t * C, C, n, acc);
+#else
+                dot_bf16(w + r * C, NULL, 0, C, X + t * C, C, n, acc);
+#endif
+                // mutation: head-rows-misplaced
+                for (int q = 0; q < n; q++) out[(t + q) * R + r] = acc[q];
+            }
+    }
+    free(X);
+    return 0;
+}
+
+/* so_rows_bf16's call as one argument, for a CUDA host function (cudaLaunchHostFunc) that
+ * runs it stream-ordered with no Python: every pointer and size, and its status after. */
+typedef struct {
+    const void *w, *x;
+    float *out;
+    int64_t R, C, x_dtype, T, threads, status;
+} so_rows_job;
+
+int64_t so_rows_job_size(void) { return (int64_t)sizeof(so_rows_job); }
+
+void so_rows_job_run(void *arg) {
+    so_rows_job *j = (so_rows_job *)arg;
+    j->status = so_rows_bf16((const uint16_t *)j->w, j->R, j->C, j->x, j->x_dtype, j->T, j->out, j->threads);
+}
