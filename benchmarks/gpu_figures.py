@@ -271,6 +271,20 @@ def native_share_over_bf16_share(d: dict) -> list[dict] | str:
                  n["native_over_share_part"], n["read_bytes_mean"] / s["share_traffic_bytes_est"], note)]
 
 
+def lm_head_split_over_whole(d: dict) -> list[dict] | str:
+    """One token's logits with gpt-oss's LM head split (its last rows on the host CPU, the
+    others on the GPU meanwhile) over the whole head on the GPU; beside it what the step model
+    prices the split at against the whole head, at the rates the two parts reached here."""
+    s = _cuda_part(d, "lm_head_split", "the split's two parts run at once only beside a GPU")
+    if isinstance(s, str):
+        return s
+    med = {k: s[f"{k}_s"]["median"] for k in ("whole", "host_part", "device_part")}
+    note = (f"{s['host_rows']} of {s['rows']} rows on the host CPU at {s['host_part_gbps']:.1f} GB/s, the device's at "
+            f"{s['device_part_gbps']:.0f} GB/s, overlap {s['overlap']:.2f}")
+    return [_row(f"LM head {s['rows']}x{s['hidden']}, 1 token: split / whole on the GPU", s["split_over_whole"],
+                 max(med["host_part"], med["device_part"]) / med["whole"], note)]
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("selective_over_bulk", "decode-emulation", "selective / bulk, decode tok/s",
            "whether the plan decodes faster than vLLM's bulk `cpu_offload_gb` on the same 24 GiB card, and by how "
@@ -321,6 +335,10 @@ FAMILIES: tuple[Family, ...] = (
            "selective_offload/wrappers/share_kernel.py) is cheaper for the GPU than a bf16 share, as the step "
            "model prices it: what the MXFP4 plans' shares rest on",
            native_share_over_bf16_share),
+    Family("lm_head_split_over_whole", "host-compute", "LM head split with the host CPU / whole on the GPU, time per step",
+           "whether computing the LM head's last vocabulary rows on the host CPU while the GPU computes the others "
+           "(what the gpt-oss-120b plan's 30 tok/s estimate rests on) saves the step time the plan prices",
+           lm_head_split_over_whole),
     Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
            "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),
 )

@@ -100,6 +100,7 @@ from _common import (  # noqa: E402
 )
 from host_compute_contention import contention  # noqa: E402
 from host_compute_dense import dense_layer  # noqa: E402
+from host_compute_head import lm_head_split  # noqa: E402
 from host_compute_share import device_share  # noqa: E402
 from host_compute_layers import (  # noqa: E402
     DENSE_MLP, SHAPES, SMALL_SHAPES, SMALL_TOKENS, TOKENS, TOL_BF16, TOL_F32, make_weights, physical_cores,
@@ -133,7 +134,7 @@ def run(args) -> int:
                     "max_seconds": args.max_seconds, "tolerance": {"float32": TOL_F32, "bf16": TOL_BF16},
                     "handoff": {"status": "not reached", "rows": []}, "layers": [], "threads_sweep": [],
                     "overlap": {"status": "not reached"}, "contention": {"status": "not reached"},
-                    "device_share": {"status": "not reached"},
+                    "device_share": {"status": "not reached"}, "lm_head_split": {"status": "not reached"},
                     "dense_layer": {"status": "not reached"},
                     "correctness": ctx.checks, "complete": False}
     stem = result_stem("host-compute", cuda, result["device"]) + ("-small" if small else "")
@@ -190,6 +191,11 @@ def run(args) -> int:
         except Exception as exc:
             result["device_share"] = {"status": _reason(exc)}
         print(f"device share: {result['device_share']['status']}", flush=True)
+        try:
+            result["lm_head_split"] = lm_head_split(ctx)
+        except Exception as exc:
+            result["lm_head_split"] = {"status": _reason(exc)}
+        print(f"LM head split: {result['lm_head_split']['status']}", flush=True)
         save()
         result["dense_layer"] = next((dense_layer(ctx, s, w) for s, w in layers if s.name == DENSE_MLP),
                                      {"status": "no dense layer among the shapes"})

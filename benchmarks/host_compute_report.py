@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from _common import fmt, md_table
+from host_compute_head import markdown_lines as head_lines
 from host_compute_layers import TOL_BF16, TOL_F32
 
 def _us(s: dict | None) -> str:
@@ -112,6 +113,7 @@ def markdown(r: dict) -> str:
                       f"{fmt(n['native_gbps'], 1)} GB/s of the {n['read_bytes_mean'] / 1e6:.3g} MB it reads a step "
                       f"on average, {fmt(n['native_over_share_part'], 3)} of the bf16 share's time. A plan for an "
                       "MXFP4 checkpoint prices its share at the card's decode read rate: set the rate beside it.", ""]
+    lines += head_lines(r)
     d = r.get("dense_layer") or {"status": "not reached"}
     lines += ["## A dense layer: attention on the GPU, its MLP on the host CPU", ""]
     if d["status"] != "measured":

@@ -85,7 +85,8 @@ CASES = (
 def rate_for(target_tok_s: float, est, layers: int, handoff_s: float, cpu_gbps: float) -> float | None:
     """The host kernel rate (GB/s) at which the same placement reaches ``target_tok_s``
     (est): the step's CPU bytes over the time the target leaves them once the device's part
-    and the hand-offs are paid; None when those alone exceed the target's step."""
+    and the hand-offs are paid; None when those alone exceed the target's step. ``layers``:
+    the host-compute units, one hand-off each (a split LM head is one more)."""
     handoffs = layers * handoff_s
     cpu_bytes = (est.est_cpu_s_per_step - handoffs) * cpu_gbps * 1e9
     left = 1.0 / target_tok_s - (est.est_step_s - est.est_cpu_s_per_step) - handoffs
@@ -100,10 +101,13 @@ def _est(est) -> dict:
 def _computed_row(plan) -> dict:
     """A host-compute plan's row: which layers' experts the host CPU computes, the device
     share of each (when the plan keeps one), and what else is offloaded."""
-    computed = [g for g in plan.groups if g.placement == "host-compute"]
+    computed = [g for g in plan.groups if g.placement == "host-compute" and g.layer_index is not None]
     uva_left = sorted(g.layer_index for g in plan.groups if g.placement == "host-uva")
     shared = [g.device_experts for g in computed if g.device_experts]
     hot = f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else ""
+    hot += "".join(f", the LM head's last {g.intermediate - g.device_channels} of {g.intermediate} vocabulary rows "
+                   "computed on the host CPU beside the device's" for g in plan.groups
+                   if g.kind == "module" and g.placement == "host-compute")
     if computed:
         config = (f"selective: cold set + routed experts of {len(computed)} layers computed on the host CPU"
                   + (f", {'each' if len(shared) == len(computed) else f'{len(shared)} of them:'} layer's "
@@ -156,9 +160,10 @@ def reference_plans(workdir: Path) -> list[dict]:
             whole = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, device_share=False))
             rows.append(_computed_row(whole))
         rows.append(_computed_row(plan))
-        computed = sorted(g.layer_index for g in plan.groups if g.placement == "host-compute")
+        computed = sorted(g.layer_index for g in plan.groups if g.placement == "host-compute" and g.layer_index is not None)
         record = plan.host_compute
-        need = rate_for(target, plan.est, len(computed), ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS) if computed else None
+        units = len(computed) + sum(1 for g in plan.groups if g.kind == "module" and g.placement == "host-compute")
+        need = rate_for(target, plan.est, units, ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS) if computed else None
         anchors = anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts)
         out.append({"model": label, "device_memory_gib": gib, "total_gb": round(plan.model.total_bytes / GB, 2),
                     "num_experts": experts[0].num_experts, "experts_per_token": experts[0].experts_per_token,

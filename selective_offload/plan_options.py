@@ -88,6 +88,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                        help="compute nothing on the host CPU (host experts read through UVA, MLPs stay whole)")
     rates.add_argument("--no-device-share", action="store_true",
                        help="no device share: each layer's host-compute experts or MLP wholly on the host")
+    rates.add_argument("--no-head-share", action="store_true",
+                       help="keep the LM head whole on the device (no vocabulary rows computed on the host CPU)")
     work = p.add_argument_group("workload")
     work.add_argument("--speculative", default=None, metavar="mtp[:K]",
                       help="plan for MTP speculative decoding with K drafts (default K: the model's MTP layers)")
@@ -265,6 +267,7 @@ def inputs_from_args(args: argparse.Namespace, profile=None, spell: Callable[[st
         cpu_gbps=cpu, cpu_gbps_source="flag" if cpu is not None else "assumed", cpu_threads=threads,
         cpu_tflops=cpu_tflops, handoff_s=measured["handoff_s"], ranks=args.ranks,
         host_compute=not args.no_host_compute, device_share=not args.no_device_share,
+        head_share=not args.no_head_share,
     )
     validated(inputs, spell)
     if inputs.device_memory_bytes == 0:

@@ -30,6 +30,7 @@ from .anchors import anchors_for
 from .checkpoint import Checkpoint
 from .plan_format import EST_IGNORES, EST_MODEL, BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan, Strategy
 from .plan_format.contents import MIN_PRICED_MODEL_BYTES, priced  # noqa: F401  (the tok/s rule; re-exported)
+from .planner.host_compute import head_words
 from .sizes import GiB, fmt_bytes
 
 
@@ -167,6 +168,8 @@ def _placement_summary(plan: Plan) -> list[str]:
                 lines.append(f"{what} in host memory, computed there by the host CPU ({len(mine)} layers, "
                              f"{fmt_bytes(sum(g.bytes for g in mine)).strip()}): "
                              f"layers {ranges(sorted(g.layer_index for g in mine))}")
+        for g in (g for g in computed if g.kind == GroupKind.MODULE):
+            lines.append(head_words(g))
         lines.append(f"host CPU  {record.format} kernel at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source}), "
                      f"{threads}{split}; crossover {record.crossover_tokens} tokens per step (above it: copied over "
                      f"the link, computed on the GPU); est CPU time {_ms(plan.est.est_cpu_s_per_step).strip()} per step")
@@ -439,7 +442,7 @@ def _host_compute_line(plan: Plan) -> list[str]:
         return _wrapped("cpu", [f"{word} " for word in f"not computed on the host: {declined}".split()])
     if record is None or not computed:
         return []
-    layers = len({g.layer_index for g in computed})
+    layers = len({g.layer_index for g in computed if g.layer_index is not None})
     return _wrapped("cpu", [f"{record.format} at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source}) ",
                             f"on {layers} layers, ", f"crossover {record.crossover_tokens} tokens/step"])
 

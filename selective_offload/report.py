@@ -271,14 +271,16 @@ def _host_compute_lines(r: PlacementReport) -> list[str]:
         lines.append(f"compute {group} (as of {r.transfers_as_of}): host CPU {steps(served.get('host_steps', 0))}, "
                      f"{served.get('host_tokens', 0)} tokens"
                      + (f", {per_step * 1e3:.3f} ms per step" if isinstance(per_step, (int, float)) else "")
-                     + f", {fmt_bytes(int(served.get('host_bytes', 0) or 0))} of experts read; device path "
+                     + f", {fmt_bytes(int(served.get('host_bytes', 0) or 0))} of {counters.get('read', 'experts')} "
+                     f"read; device path "
                      f"{steps(served.get('device_steps', 0))}, {served.get('device_tokens', 0)} tokens (above "
                      f"{counters.get('crossover_tokens')} tokens per step)")
         share = counters.get("device_share")
         if isinstance(share, dict):
             lines[-1] += (f"; device share: {share.get('what')} on {share.get('device')} "
-                          f"({fmt_bytes(int(share.get('bytes', 0) or 0))}), "
-                          f"{served.get('device_share_picks', 0)} picks computed there")
+                          f"({fmt_bytes(int(share.get('bytes', 0) or 0))})"
+                          + (f", {served['device_share_picks']} picks computed there"
+                             if "device_share_picks" in served else ", computed there beside the CPU"))
     return lines
 
 

@@ -69,11 +69,18 @@ def check_group(g: GroupPlan, where: str) -> None:
                    f"between 1 and num_experts - 1 ({g.num_experts - 1}), and this group is {g.kind} served {g.serving}"
                    if g.device_experts > 0 else f"device_experts must be >= 0, not {g.device_experts}")
     # mutation: device-channels-unchecked
-    elif (g.device_channels or g.intermediate) and (g.kind != GroupKind.MLP or g.placement != Placement.HOST_COMPUTE
+    elif (g.device_channels or g.intermediate) and (g.kind not in (GroupKind.MLP, GroupKind.MODULE)
+                                                    or g.placement != Placement.HOST_COMPUTE
                                                     or not 0 < g.device_channels < g.intermediate):
         problem = (f"device_channels ({g.device_channels}) of intermediate ({g.intermediate}) is the device share of "
-                   f"a dense MLP served compute, 0 < device_channels < intermediate, and this group is {g.kind} "
-                   f"served {g.serving}")
+                   f"a dense MLP or an LM head served compute, 0 < device_channels < intermediate, and this group is "
+                   f"{g.kind} served {g.serving}")
+    # mutation: any-module-computed
+    elif g.kind == GroupKind.MODULE and g.placement == Placement.HOST_COMPUTE and (
+            not has_segment(g.group, NEVER_COLD_SEGMENTS) or not g.device_channels):
+        problem = ("a group of kind module is served compute only as the LM head split by its vocabulary rows "
+                   "(device_channels of them on the device, of intermediate), and this one is "
+                   + ("not the LM head" if not has_segment(g.group, NEVER_COLD_SEGMENTS) else "not split"))
     # mutation: mlp-kind-any-placement
     elif g.kind in KIND_ONLY_PLACEMENT and g.placement != KIND_ONLY_PLACEMENT[g.kind]:
         problem = (f"a group of kind {g.kind} is split out of its layer only to be served "

@@ -246,6 +246,14 @@ class PlanContents:
                         device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
                         copied_traffic=copied)
             for g in self.groups if g.kind == GroupKind.MLP and g.layer_index in position)
+        # An LM head split by its vocabulary rows is one more such unit, outside the layer
+        # stack (paid in line after the last layer); the device computes its first rows.
+        experts += tuple(
+            ExpertsRead(-1, g.bytes, 1, 1, EXPERTS_CPU, flops_per_token(g.dtype_bytes),
+                        # mutation: head-share-not-priced
+                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
+                        copied_traffic=COPIED_PATH_TRAFFIC["bf16"])
+            for g in self.groups if g.kind == GroupKind.MODULE and g.placement == Placement.HOST_COMPUTE)
         other = row_host = row_device = draft = 0
         other_flops = draft_flops = 0.0
         head = sum(g.est_read_bytes_per_step for g in self.groups

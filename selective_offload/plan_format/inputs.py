@@ -175,6 +175,9 @@ class PlanInputs:
     #: Whether the planner may keep a device share of the host-compute layers (False:
     #: ``--no-device-share``; every layer's experts or MLP are then on the host or the device).
     device_share: bool = True
+    #: Whether the planner may split the LM head between the device and the host CPU beside a
+    #: device share (False: ``--no-head-share``; the head stays whole on the device).
+    head_share: bool = True
 
     @property
     def host_cpu_gbps(self) -> float:

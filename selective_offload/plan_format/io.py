@@ -176,6 +176,7 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
         ranks=r.int("ranks", minimum=1, default=1),
         host_compute=r.bool("host_compute", default=True),
         device_share=r.bool("device_share", default=True),
+        head_share=r.bool("head_share", default=True),
     )
     try:
         inputs.validate()

@@ -112,7 +112,8 @@ class GroupPlan:
     device_experts: int = 0
     #: A host-compute dense MLP only: how many of its first intermediate channels (gate and up
     #: rows, down columns) are also held on the device (in bf16), where the GPU computes them beside
-    #: the CPU, and its intermediate size I; 0 and 0 for every other group.
+    #: the CPU, and its intermediate size I; 0 and 0 for every other group. A host-compute LM
+    #: head: its first vocabulary rows on the device, of its rows (the CPU computes the others).
     device_channels: int = 0
     intermediate: int = 0
 

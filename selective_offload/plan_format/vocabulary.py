@@ -143,7 +143,9 @@ ROLE_PLACEMENTS: dict[Role, frozenset[Placement]] = {
 PLACEMENT_KINDS: dict[Placement, frozenset[GroupKind]] = {
     Placement.HOST_HOT: frozenset(PREFETCH_KINDS),
     Placement.HOST_UVA: frozenset({GroupKind.EXPERTS}),
-    Placement.HOST_COMPUTE: frozenset({GroupKind.EXPERTS, GroupKind.MLP})}
+    # A module served compute is the LM head, its vocabulary rows split between the GPU and
+    # the CPU (``checks.check_group`` holds it to that).
+    Placement.HOST_COMPUTE: frozenset({GroupKind.EXPERTS, GroupKind.MLP, GroupKind.MODULE})}
 #: Kinds that exist only under one placement: a dense layer's MLP is a group of its own only
 #: when it is computed on the host (elsewhere it stays in its layer's group).
 KIND_ONLY_PLACEMENT: dict[GroupKind, Placement] = {GroupKind.MLP: Placement.HOST_COMPUTE}

@@ -190,3 +190,19 @@ def declined_share_note(shares: tuple[int, tuple[int, ...], int, int, bool, str]
             f"its {share_words(on_device, of, channels)}, {nbytes / 1e9:.3f} GB held {held}, {priced} "
             f"at {tokens} token(s) per step (est: docs/design/step-model.md prices the share's path on the GPU)")
 
+
+
+def head_words(g) -> str:
+    """The LM head split between the GPU and the CPU (a group served compute with
+    ``device_channels`` of its ``intermediate`` vocabulary rows on the device), in words."""
+    host = g.intermediate - g.device_channels
+    return (f"LM head {g.group}: its last {host} of {g.intermediate} vocabulary rows computed by the host CPU "
+            f"(torch's bf16 linear, a host copy of the head), the first {g.device_channels} on the device beside it")
+
+
+def head_note(g) -> str:
+    """The plan's note on its split LM head (:func:`head_words`): why it pays."""
+    return (f"host-compute: {head_words(g)}: the CPU is otherwise idle while the GPU reads the head at the end of "
+            "a step, so the two parts are sized to take about as long (est), and the device memory the host's rows "
+            "free holds more of the layers' device shares; above the crossover the host's rows are copied to the "
+            "device and computed there")

@@ -24,12 +24,12 @@ from ..sizes import GB
 from .baselines import baseline_notes, price_bulk
 from .grouping import group_tensors, model_fingerprint
 from ..estimate import StepSettings, host_compute_bound_tokens, share_native
-from .host_compute import (claim_of, claimed, cpu_format, declined_share_note, host_compute_notes, mlp_cpu_format,
+from .host_compute import (claim_of, claimed, cpu_format, declined_share_note, head_note, host_compute_notes, mlp_cpu_format,
                            mlp_unclaimed_note, unclaimed_reason)
 from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
 from .placement import Placing, place_cold, place_hot, strategy_of
-from .shares import channel_shares, expert_shares
+from .shares import channel_shares, expert_shares, head_share
 from .speculation import with_alternative, with_draft_tokens
 
 
@@ -160,6 +160,9 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
             (placing, shares), hot = split, []
         else:
             declined = candidate
+    if shares and not spec_tokens:
+        placing, shares = _with_head_share(checkpoint, inputs, placing, shares, fmt if has_experts else mlp_fmt,
+                                           has_experts, lambda p, s: placed(p, [], s).est.est_step_s)
     bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
             if with_bulk and deficit > 0 else None)
     # MoE: vLLM's segment selection of the routed experts is the run a user would try next.
@@ -175,7 +178,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                                                  f"{claim_of(plan.host_compute_format, inputs)[1]}",))
     if has_dense and not mlp_computes and deficit > 0:
         plan = replace(plan, notes=plan.notes + (_mlp_why_not(inputs, mlp_fmt, groups, computes, fmt, method),))
-    plan = replace(plan, notes=plan.notes + _host_compute_lines(plan, tokens))
+    plan = replace(plan, notes=plan.notes + _host_compute_lines(plan, tokens)
+                   + tuple(head_note(g) for g in plan.groups if g.kind == GroupKind.MODULE and g.device_channels))
     # mutation: declined-share-unsaid
     if declined is not None:  # the rates only where the model is large enough for them to mean anything
         rates = (declined.est.est_tok_s, plan.est.est_tok_s) if plan_contents.priced(plan) else None
@@ -183,6 +187,28 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     if inputs.compute_tflops:
         plan = replace(plan, notes=plan.notes + (compute_note(plan.est, inputs.compute_tflops),))
     return replace(plan, notes=plan.notes + tuple(baseline_notes(plan)))
+
+
+def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placing, shares: dict[str, tuple[int, int]],
+                     fmt: str | None, experts: bool, step_s) -> tuple[Placing, dict[str, tuple[int, int]]]:
+    """The placement with the LM head split between the GPU and the CPU (:func:`.shares.head_share`)
+    and the layers' shares made again in the room left, when the step model prices it faster."""
+    # mutation: head-share-unclaimed-rows
+    head = head_share(checkpoint, inputs, placing) if claimed("bf16", inputs) else None  # the CPU's rows are bf16
+    if head is None:
+        return placing, shares
+    name, rows_on_device, rows = head
+    trial = Placing(placing.groups, placing.budget)
+    trial.where = {**placing.where, name: Placement.HOST_COMPUTE}
+    trial.transient, trial.buffers = placing.transient, placing.buffers
+    nbytes = next(g.nbytes for g in placing.groups if g.name == name)
+    reserved = nbytes * rows_on_device // rows
+    split = (expert_shares(trial, inputs, fmt, reserved) if experts
+             else channel_shares(checkpoint, inputs, trial, fmt, reserved))
+    if split is None:
+        return placing, shares
+    with_head = {**split[1], name: (rows_on_device, rows)}
+    return (split[0], with_head) if step_s(split[0], with_head) < step_s(placing, shares) else (placing, shares)
 
 
 def _placed_spec_tokens(inputs: PlanInputs, checkpoint: Checkpoint) -> int:
@@ -207,7 +233,7 @@ def _shares_of(plan: Plan) -> tuple[int, tuple[int, ...], int, int, bool, str] |
     """A plan's device shares as :func:`host_compute_notes` states them: layers, experts or
     channels on the device of each of those layers (in order), of how many, their device
     bytes, whether channels, and how they are held (``estimate.share_native``)."""
-    split = [g for g in plan.groups if plan.share_bytes(g)]
+    split = [g for g in plan.groups if plan.share_bytes(g) and g.kind != GroupKind.MODULE]  # the head: its own note
     if not split:
         return None
     channels = split[0].kind == GroupKind.MLP

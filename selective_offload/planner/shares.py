@@ -12,6 +12,11 @@ instead of adding to the step, and every layer's CPU work shrinks alike. KTransf
   experts on the device.
 - **A dense MLP** (:func:`channel_shares`): the same number of each layer's first
   intermediate channels (gate and up rows, down columns), whole scale blocks or groups.
+- **The LM head** (:func:`head_share`), beside either: the CPU waits idle while the GPU
+  reads the LM head at the end of the step, so the head's last vocabulary rows are
+  computed there (from a host copy of the head) while the GPU computes its first rows; the
+  split is where the two take about as long, and the device memory the host's rows free
+  goes to the layers' shares. Taken only where the step model prices it faster.
 
 The room the same share of every layer leaves holds part of one more expert (or block of
 channels) a layer; the first layers take one more each while it holds it (:func:`_fill`),
@@ -36,7 +41,9 @@ import math
 from typing import Any, Mapping
 
 from ..checkpoint import Checkpoint
-from ..estimate import share_held_bytes, share_native
+from ..estimate import (EXPERTS_CPU, ExpertsRead, StepSettings, decode_read_rate, device_share_time, flops_per_token,
+                        host_compute_time, share_held_bytes, share_native)
+from ..names import NEVER_COLD_SEGMENTS, has_segment
 from ..plan_format import GroupKind, Placement, PlanInputs
 from .grouping import group_tensors
 from .kernels import quantization_config
@@ -55,10 +62,12 @@ def _room(trial: Placing, inputs: PlanInputs) -> int | None:
     return -trial.over_budget()
 
 
-def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None) -> tuple[Placing, dict[str, tuple[int, int]]] | None:
+def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None,
+                  reserved: int = 0) -> tuple[Placing, dict[str, tuple[int, int]]] | None:
     """Every decoder layer's routed experts computed on the host, and the first ``m`` of each
     also on the device, as many as the room holds (``m`` < E) held as the plan's CPU format
-    ``fmt`` holds a share (``estimate.share_native``)."""
+    ``fmt`` holds a share (``estimate.share_native``). ``reserved``: device bytes the room
+    keeps for another share (the LM head's rows, :func:`head_share`)."""
     experts = [g for g in p.groups if g.kind == GroupKind.EXPERTS and not g.mtp
                and p.where[g.name] in (Placement.DEVICE, Placement.HOST_COMPUTE)]
     if not any(p.where[g.name] == Placement.HOST_COMPUTE for g in experts):
@@ -69,6 +78,8 @@ def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None) -> tuple[Plac
     room = _room(trial, inputs)
     if room is None:
         return None
+    # mutation: head-share-room-unreserved
+    room -= reserved
     # mutation: share-room-at-native-bytes, share-room-held-wide
     native = share_native(fmt, True)
     counts = _fill([(share_held_bytes(g.dtype_bytes, native), g.num_experts) for g in experts], room, 1,
@@ -125,12 +136,12 @@ def channel_align(config: Mapping[str, Any]) -> int:
 
 
 def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
-                   fmt: str | None) -> tuple[Placing, dict[str, tuple[int, int]]] | None:
+                   fmt: str | None, reserved: int = 0) -> tuple[Placing, dict[str, tuple[int, int]]] | None:
     """Every dense layer's MLP computed on the host (a group of its own), the rest of each
     layer resident, nothing prefetched, and the first ``n`` intermediate channels of every
     MLP also on the device (``n`` a multiple of :func:`channel_align`, below I). Only for a
     placement that already serves hot bytes from the host: a model the device holds (with
-    its cold set on the host) stays resident."""
+    its cold set on the host) stays resident. ``reserved``: as :func:`expert_shares`'."""
     I = intermediate_size(checkpoint.config)
     align = channel_align(checkpoint.config)
     # mutation: channel-share-without-a-deficit
@@ -149,8 +160,47 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     trial.transient, trial.buffers = p.transient, 0
     mlps = [g for g in groups if g.kind == GroupKind.MLP]
     room = _room(trial, inputs)
+    room = None if room is None else room - reserved
     if not mlps or room is None or room <= 0:
         return None
     # mutation: channel-share-unaligned
     counts = _fill([(share_held_bytes(g.dtype_bytes), I) for g in mlps], room, align, I - 1)
     return (trial, {g.name: (n, I) for g, n in zip(mlps, counts) if n}) if any(counts) else None
+
+
+#: Vocabulary rows the LM head's device share is a multiple of (vLLM pads a vocabulary to a
+#: multiple of 64 rows).
+HEAD_ROWS_ALIGN = 128
+
+
+def head_share(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing) -> tuple[str, int, int] | None:
+    """The LM head split by its vocabulary rows: ``(group, rows on the device, rows)``, the
+    device's rows a multiple of :data:`HEAD_ROWS_ALIGN` where the slower of the GPU's part
+    and the CPU's (with its hand-off) is quickest at the plan's step (est); ``None`` when no
+    split beats the GPU reading the whole head. Only a bf16 head of its own (not tied to the
+    embedding), one rank, no speculative decoding (a draft pass reads the head too)."""
+    # mutation: head-share-switch-ignored
+    if not inputs.head_share or inputs.ranks != 1 or inputs.speculative or checkpoint.facts.tie_word_embeddings:
+        return None
+    heads = [g for g in p.groups if g.kind == GroupKind.MODULE and has_segment(g.name, NEVER_COLD_SEGMENTS)
+             and p.where[g.name] == Placement.DEVICE]
+    weight = checkpoint.tensors.get(f"{heads[0].name}.weight") if len(heads) == 1 else None
+    if weight is None or heads[0].num_tensors != 1 or weight.dtype != "BF16" or len(weight.shape) != 2:
+        return None
+    g, rows = heads[0], int(weight.shape[0])
+    settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, inputs.batch, cpu_gbps=inputs.host_cpu_gbps,
+                            cpu_tflops=inputs.host_cpu_tflops, handoff_s=inputs.host_handoff_s,
+                            decode_read_gbps=inputs.decode_read_gbps, compute_tflops=inputs.compute_tflops)
+
+    def slower(on_device: int) -> float:
+        e = ExpertsRead(-1, g.nbytes, 1, 1, EXPERTS_CPU, flops_per_token(g.dtype_bytes),
+                        device_share=on_device / rows, held_nbytes=g.nbytes)
+        return max(host_compute_time(e, inputs.batch, settings)[0], device_share_time(e, inputs.batch, settings)[0])
+
+    candidates = range(HEAD_ROWS_ALIGN, rows, HEAD_ROWS_ALIGN)
+    if not candidates:
+        return None
+    # mutation: head-split-unbalanced
+    best = min(candidates, key=slower)
+    whole = g.nbytes / (decode_read_rate(inputs.vram_gbps, inputs.decode_read_gbps) * 1e9)
+    return (g.name, best, rows) if slower(best) < whole else None

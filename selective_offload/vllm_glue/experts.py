@@ -67,7 +67,7 @@ from ..sizes import fmt_bytes
 from ..wrappers.layout import layout_of
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy
 from .auto_plan import card_of_worker
-from . import host_compute
+from . import host_compute, host_head
 from .host_resident import to_device, to_host_exact
 
 #: The attribute vLLM's UVA offloader sets on a parameter it turned into a UVA view, and
@@ -135,20 +135,22 @@ class ExpertsLoad:
     #: of them, the dense MLPs.
     computed: frozenset[str] = frozenset()
     mlps: frozenset[str] = frozenset()
+    #: Of them, the LM head split between the device and the host CPU (:mod:`.host_head`).
+    heads: frozenset[str] = frozenset()
     compute: dict[str, Any] = field(default_factory=dict)
     #: ``id()`` of the final parameters of the compute-served groups.
     compute_params: set[int] = field(default_factory=set)
 
     @classmethod
     def of(cls, plan: Plan | None, names: ModelNames = ModelNames()) -> "ExpertsLoad | None":
-        mlps = mlp_groups(plan)
-        computed = compute_groups(plan) + mlps
+        mlps, heads = mlp_groups(plan), host_head.head_groups(plan)
+        computed = compute_groups(plan) + mlps + heads
         groups = uva_groups(plan) + computed
         if not groups:
             return None
         segments = plan.inputs.cold_segments
         return cls({names.key(g, segments): g for g in groups}, names.segments(segments), computed=frozenset(computed),
-                   mlps=frozenset(mlps))
+                   mlps=frozenset(mlps), heads=frozenset(heads))
 
     def is_computed(self, group: str) -> bool:
         return group in self.computed
@@ -243,6 +245,8 @@ def find_modules(model: nn.Module, xl: ExpertsLoad, routed_experts_cls: type) ->
                 xl.modules[name] = group
         elif xl.mlps and xl.group_of(name) in xl.mlps and not xl.is_expert_module(name):
             xl.modules[name] = xl.group_of(name)  # the MLP itself (its linears come after it, inside it)
+        elif xl.heads and xl.group_of(name) in xl.heads:
+            xl.modules[name] = xl.group_of(name)  # the LM head
     outside = {id(p) for n, p in model.named_parameters(remove_duplicate=False)
                if not xl.is_expert_module(n.rsplit(".", 1)[0])}
     xl.shared = frozenset(n for m in xl.modules for n, p in model.get_submodule(m).named_parameters()
@@ -255,6 +259,10 @@ def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[i
     for name, group in xl.modules.items():
         module = model.get_submodule(name)
         xl.routed |= {id(p) for p in own_parameters(module, xl) if _storage(p) in routed_storages}
+        if group in xl.heads:
+            host_head.check_head(group, module, model)
+            take_over_post_processing(module, module.quant_method, group, xl, None, run_original=False)
+            continue
         if group in xl.mlps:
             host_compute.mlp_format(group, module, device)
             for part in host_compute.MLP_PARTS:
@@ -359,14 +367,16 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
             page_locked.lock_together(params, group)
         hosts = [p.data for p in params]
         if computed:
-            experts = (host_compute.install_mlp(group, module, plan, device) if group in xl.mlps else
+            experts = (host_head.install_head(group, module, plan, device, model) if group in xl.heads else
+                       host_compute.install_mlp(group, module, plan, device) if group in xl.mlps else
                        host_compute.install(group, module, module.quant_method, plan, device, xl.shared))
             xl.compute[group] = experts
             xl.compute_params |= {id(p) for p in params}
             if page_locked is not None and hosts:
                 page_locked.release_with(module, hosts, keep_registered=device.type == "cuda")
             how = xl.post_processing.get(group, "")
-            xl.mechanisms[group] = host_compute.mechanism(experts) + (f"; {how}" if how else "")
+            xl.mechanisms[group] = ((host_head.mechanism(experts) if group in xl.heads else
+                                     host_compute.mechanism(experts)) + (f"; {how}" if how else ""))
             continue
         for p, host in zip(params, hosts):
             if views:

@@ -225,11 +225,14 @@ def refuse_unsupported(group: str, method: Any, module: nn.Module, device: torch
                         "the CPU kernels do not; plan these routed experts host-uva or on the device")
 
 
-def threads_of(setting: Any) -> int | None:
+def threads_of(setting: Any, device: torch.device = torch.device("cpu")) -> int | None:
     """The plan's threads per rank; unstated, the physical cores of one NUMA node (the
-    probe's count, the plan's default) split between the ranks (``None`` with one rank: the
-    kernel takes torch's intra-op threads, which vLLM's CPU worker binds to its cores)."""
-    if setting.threads is not None or setting.ranks <= 1:
+    probe's count, the plan's default) split between the ranks. ``None`` with one rank on
+    vLLM's CPU build: the kernel takes torch's intra-op threads, which its CPU worker binds
+    to its cores. Not on CUDA: vLLM 0.33's GPU worker leaves torch one thread for serving
+    (``set_torch_threads_for_runtime``), so the count is the cores', stated."""
+    # mutation: cuda-threads-from-torch
+    if setting.threads is not None or (setting.ranks <= 1 and torch.device(device).type != "cuda"):
         return setting.threads
     from ..probe.host_compute import physical_cores_of_one_node
 
@@ -355,7 +358,7 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
         raise PlanError(f"{group}: the plan keeps a device share of {on_device} routed experts, and vLLM built "
                         f"{weights.num_experts} here; make the plan again for this model")
     experts = HostExperts(group, weights, activation_of(group, module), crossover_tokens=setting.crossover_tokens,
-                          threads=threads_of(setting), device=device, host_mask=host_mask,
+                          threads=threads_of(setting, device), device=device, host_mask=host_mask,
                           # mutation: device-share-ignored
                           device_share=held_share(weights, on_device, device, native=share_native(fmt, True))
                           if on_device else None)
@@ -576,7 +579,7 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) ->
     channels = planned.device_channels if planned is not None else 0
     weights, share = split_mlp(group, mlp_weights(group, mlp, fmt), channels, device)
     experts = HostExperts(group, weights, Activation("silu"), crossover_tokens=setting.crossover_tokens,
-                          threads=threads_of(setting), device=device, device_share=share, share_channels=True)
+                          threads=threads_of(setting, device), device=device, device_share=share, share_channels=True)
     if fmt == "int4" and not isinstance(getattr(mlp.gate_up_proj, "weight_packed", None), torch.Tensor):
         relayout_after_reload(mlp)  # GPTQ's rows, rewritten at install
     if channels:

@@ -81,3 +81,33 @@ def test_report_shows_each_mlp_built_and_computed_on_the_host(runs, plan):
         assert f"channels 0-{n - 1} also on cpu" in landing.mechanism
         layer = report.landing(g.group.rsplit(".mlp", 1)[0])
         assert layer.actual == "device" and layer.host_bytes == 0
+
+
+#: The tiny LM head as the engine holds it: 1024 vocabulary rows of 256, float32.
+HEAD_BYTES_LOADED = 1024 * 256 * 4
+
+
+def test_the_lm_head_is_split_between_the_device_and_the_host_cpu(runs, plan):
+    """The planner splits the LM head beside the MLPs' shares (the CPU waits while the GPU
+    reads it); the engine builds it on the host, copies its first rows to the device, and
+    serves every step through the split, the host CPU computing the last rows: logits are
+    computed for each sequence's last token only, so even the prefill step carries four
+    (below the crossover; tests/unit/wrappers/test_host_rows.py takes the device path). The
+    tokens above are the same as plain vLLM's."""
+    head = plan.group_of("lm_head")
+    assert head.placement == Placement.HOST_COMPUTE and head.intermediate == 1024
+    assert 0 < head.device_channels < 1024 and head.device_channels % 128 == 0
+    _, (_, report) = runs
+    landing = report.landing("lm_head")
+    assert (landing.planned, landing.actual) == ("host-compute", "host-compute")
+    assert landing.host_bytes == landing.routed_bytes == HEAD_BYTES_LOADED and landing.device_bytes == 0
+    n = head.device_channels
+    assert landing.mechanism.startswith(f"compute (the host CPU computes the LM head's last vocabulary rows where "
+                                        f"they live): rows {n}-1023 on the host CPU")
+    served = report.transfers["lm_head"]["host_compute"]
+    assert served["host_steps"] >= 31 and served["device_steps"] == 0, served
+    assert served["host_tokens"] == len(PROMPTS) * served["host_steps"]
+    assert served["host_bytes"] == served["host_steps"] * (1024 - n) * 256 * 4
+    assert report.transfers["lm_head"]["device_share"] == {"what": f"rows 0-{n - 1}", "device": "cpu",
+                                                            "bytes": n * 256 * 4}
+    assert "of LM head rows read" in report.render()

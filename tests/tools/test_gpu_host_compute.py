@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_figures  # noqa: E402
 import host_compute_dense as hd  # noqa: E402
+import host_compute_head as hh  # noqa: E402
 import host_compute_layers as hl  # noqa: E402
 import host_compute_sections as hs  # noqa: E402
 
@@ -65,7 +66,16 @@ def test_small_run_records_what_it_measured_and_why_the_cuda_parts_were_not(smal
         assert checked == {(s.name, p, t) for s in hl.SMALL_SHAPES for p in ("kernel", "host_eager")
                            for t in hl.CHECKED_TOKENS} | {(hl.DENSE_MLP, "dense layer (attention + host MLP)", 1),
                                                          (hl.SMALL_SHAPES[0].name, "device_share", 1),
-                                                         (hl.SMALL_SHAPES[0].name, "device_share_native", 1)}
+                                                         (hl.SMALL_SHAPES[0].name, "device_share_native", 1),
+                                                         ("LM head 1024x256", "lm_head_split", 1)}
+        head = small["lm_head_split"]
+        assert head["status"] == "measured" and head["graph"] is False
+        assert (head["rows"], head["hidden"], head["device_rows"]) == (*hh.SMALL_HEAD, hh.SMALL_DEVICE_ROWS)
+        assert head["host_rows"] == hh.SMALL_HEAD[0] - hh.SMALL_DEVICE_ROWS
+        for part in ("whole_s", "split_s", "device_part_s", "host_part_s"):
+            assert head[part]["n"] >= 3 and head[part]["median"] > 0, part
+        assert head["split_over_whole"] == pytest.approx(head["split_s"]["median"] / head["whole_s"]["median"])
+        assert head["host_part_gbps"] == pytest.approx(128 * 256 * 2 / head["host_part_s"]["median"] / 1e9)
         share = small["device_share"]
         assert share["status"] == "measured" and share["graph"] is False
         assert 1 <= share["on_device"] < share["experts"] == hl.SMALL_SHAPES[0].experts and share["share_bytes"] > 0
@@ -118,6 +128,26 @@ def test_a_measured_native_share_is_reported_beside_the_bf16_shares_time(small):
     assert row["note"].startswith("300 GB/s of 15.0 MB a step, 32 rows a program")
     d["device_share"]["native"]["status"] = "FAILED: CompilationError: x"
     assert gpu_figures.native_share_over_bf16_share(d) == "not measured: FAILED: CompilationError: x"
+
+
+def test_a_measured_head_split_is_reported_and_its_headline_set_beside_the_slower_part(small):
+    import host_compute_report
+
+    d = json.loads(json.dumps(small))
+    d["lm_head_split"] = {"status": "measured", "rows": 201088, "hidden": 2880, "device_rows": 173312,
+                          "host_rows": 27776, "threads": 16, "graph": False, "whole_s": {"median": 4e-3, "n": 9},
+                          "split_s": {"median": 3.5e-3, "n": 9}, "device_part_s": {"median": 3.3e-3, "n": 9},
+                          "host_part_s": {"median": 3e-3, "n": 9}, "overlap": 0.93, "split_over_whole": 0.875,
+                          "host_part_gbps": 53.3, "device_part_gbps": 302.5, "whole_gbps": 289.5}
+    text = host_compute_report.markdown(d)
+    assert "| 201088x2880 bf16 | 173312 of 201088 | 4000.0 (289.5) | 3500.0 | 3300.0 (302.5) | 3000.0 (53.3) | 0.93 " \
+           "| 0.875 |" in text
+    assert gpu_figures.lm_head_split_over_whole(small).startswith("no CUDA")
+    d["cuda"] = True
+    (row,) = gpu_figures.lm_head_split_over_whole(d)
+    # measured split / whole, beside what the step model would price at the parts' own rates
+    assert row["measured"] == 0.875 and row["est"] == pytest.approx(3.3e-3 / 4e-3)
+    assert row["note"].startswith("27776 of 201088 rows on the host CPU at 53.3 GB/s")
 
 
 def _layer(stand_in_view, shape=hl.SMALL_SHAPES[1]):

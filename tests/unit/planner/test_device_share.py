@@ -106,7 +106,7 @@ def test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks(
 
     ckpt = dense(8, intermediate_size=INTERMEDIATE)
     # 150 MB short: the embedding (100 MB) goes cold, the MLPs close the rest
-    plan = dense_plan(ckpt, ckpt.total_bytes / MB - 150)
+    plan = dense_plan(ckpt, ckpt.total_bytes / MB - 150, head_share=False)  # the head's: test_head_share.py
     shared_mlps = [g for g in plan.groups if g.kind == "mlp"]
     assert len(shared_mlps) == 8 and not plan.hot_layer_indices and plan.shortfall_bytes == 0
     n = shared_mlps[0].device_channels
@@ -116,7 +116,7 @@ def test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks(
     assert 8 * (MLP * (n + 128) // INTERMEDIATE) > room or n + 128 >= INTERMEDIATE  # the most whole blocks that fit
     per_layer = MLP * (1 - n / INTERMEDIATE) / (REFERENCE_CPU_GBPS * 1e9) + ASSUMED_HANDOFF_S
     assert plan.est.est_cpu_s_per_step == pytest.approx(8 * per_layer, rel=1e-9)
-    whole = dense_plan(ckpt, ckpt.total_bytes / MB - 150, device_share=False)
+    whole = dense_plan(ckpt, ckpt.total_bytes / MB - 150, device_share=False, head_share=False)
     assert not whole.device_share_bytes and plan.est.est_step_s < whole.est.est_step_s
     assert any(f"keeps its first {n} of {INTERMEDIATE} MLP channels (gate and up rows, down columns) on the device"
                in x for x in plan.notes)
@@ -153,7 +153,7 @@ def test_an_mxfp4_share_is_held_as_stored_sized_so_and_kept_for_the_faster_step(
 
     label, gib, _, ckpt = next(moe_reference_plans.case_checkpoints(tmp_path))
     assert label.startswith("gpt-oss-20b") and gib == 8
-    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB))
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB, head_share=False))  # the head's: test_head_share.py
     whole = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB, device_share=False))
     experts = [g for g in plan.groups if g.kind == "experts"]
     assert plan.host_compute_format == "mxfp4" and all(g.placement == "host-compute" for g in experts)

@@ -47,6 +47,7 @@ def plan_of(ckpt, device_mb, **kw):
     """A plan of ``ckpt`` on ``device_mb`` of weights; without a device share unless asked
     (the tests of the share are test_device_share.py's)."""
     kw.setdefault("device_share", False)
+    kw.setdefault("head_share", False)
     return make_plan(ckpt, PlanInputs(device_memory_bytes=int(device_mb * MB), kv_cache_bytes=0, reserve_bytes=0,
                                       **kw))
 

