@@ -90,9 +90,9 @@ def picture_data(plan: Plan) -> dict[str, Any]:
                                       "experts": experts})
         else:
             slots.append({"label": _short(g.group), "layer": None, "stack": [entry]})
-            if plan.share_bytes(g):  # a split LM head: its first rows on the device too
-                slots[-1]["stack"].append({"group": g.group, "serving": DEVICE_SHARE, "bytes": plan.share_bytes(g),
-                                           "experts": False})
+            share = plan.share_bytes(g)
+            if share:  # a split LM head: its first rows on the device too
+                slots[-1]["stack"].append({"group": g.group, "serving": DEVICE_SHARE, "bytes": share, "experts": False})
     for slot in slots:  # the rest of a layer first, its routed experts on top
         slot["stack"].sort(key=lambda e: e["experts"])
 

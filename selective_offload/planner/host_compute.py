@@ -191,13 +191,13 @@ def declined_share_note(shares: tuple[int, tuple[int, ...], int, int, bool, str]
             f"at {tokens} token(s) per step (est: docs/design/step-model.md prices the share's path on the GPU)")
 
 
-
 def head_words(g) -> str:
     """The LM head split between the GPU and the CPU (a group served compute with
     ``device_channels`` of its ``intermediate`` vocabulary rows on the device), in words."""
     host = g.intermediate - g.device_channels
     return (f"LM head {g.group}: its last {host} of {g.intermediate} vocabulary rows computed by the host CPU "
-            f"(torch's bf16 linear, a host copy of the head), the first {g.device_channels} on the device beside it")
+            f"(the host kernel's bf16 row walk over a host copy of the head), the first {g.device_channels} on the "
+            "device beside it")
 
 
 def head_note(g) -> str:

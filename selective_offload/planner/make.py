@@ -24,8 +24,8 @@ from ..sizes import GB
 from .baselines import baseline_notes, price_bulk
 from .grouping import group_tensors, model_fingerprint
 from ..estimate import StepSettings, host_compute_bound_tokens, share_native
-from .host_compute import (claim_of, claimed, cpu_format, declined_share_note, head_note, host_compute_notes, mlp_cpu_format,
-                           mlp_unclaimed_note, unclaimed_reason)
+from .host_compute import (claim_of, claimed, cpu_format, declined_share_note, head_note, host_compute_notes,
+                           mlp_cpu_format, mlp_unclaimed_note, unclaimed_reason)
 from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
 from .placement import Placing, place_cold, place_hot, strategy_of

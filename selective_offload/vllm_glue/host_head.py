@@ -48,17 +48,17 @@ def check_head(group: str, head: nn.Module, model: nn.Module | None = None) -> N
     weight = getattr(head, "weight", None)
     if type(method).__name__ not in HEAD_METHODS or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise PlanError(f"{group}: the plan splits this LM head between the device and the host CPU, and vLLM built "
-                        f"it with {type(method).__name__}; only an unquantized head is split: plan without a device "
-                        "share (--no-device-share) or for this checkpoint")
+                        f"it with {type(method).__name__}; only an unquantized head is split: plan with "
+                        "--no-head-share or for this checkpoint")
     if weight.dtype not in (torch.bfloat16, torch.float32):
         raise PlanError(f"{group}: the plan splits this LM head, and vLLM holds it in {weight.dtype}; serve the "
-                        "model in bf16, or plan with --no-device-share")
+                        "model in bf16, or plan with --no-head-share")
     head_dtype = getattr(getattr(model, "logits_processor", None), "head_dtype", None)
     # mutation: head-dtype-override-accepted
     if head_dtype is not None and head_dtype != weight.dtype:
         raise PlanError(f"{group}: vLLM projects the LM head in {head_dtype} (head_dtype) and reads its weight "
                         "itself, past the split the plan makes; drop the head_dtype override, or plan with "
-                        "--no-device-share")
+                        "--no-head-share")
 
 
 class HeadRowsMethod:

@@ -66,7 +66,8 @@ def test_the_split_head_answers_vllms_call_with_the_whole_heads_logits_and_follo
     m.weight.data.mul_(2.0)
     m.quant_method.process_weights_after_loading(m)
     torch.testing.assert_close(m.quant_method.apply(m, x), x @ m.weight.T)
-    assert "rows 0-" in host_head.mechanism(rows) and f"rows {n}-{ROWS - 1} on the host CPU" in host_head.mechanism(rows)
+    said = host_head.mechanism(rows)
+    assert f"rows {n}-{ROWS - 1} on the host CPU" in said and f"rows 0-{n - 1} on cpu beside it" in said
     live = host_head.live_counters(rows)()
     assert live["device_share"]["what"] == f"rows 0-{n - 1}" and live["host_compute"]["host_steps"] == 2
 
