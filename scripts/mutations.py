@@ -31,6 +31,8 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'head-crossover-shared': ('    return ([inside] if inside else []) + [[e] for e in units if e.layer < 0]', '    return [list(units)] if units else []', ['tests/unit/planner/test_head_share.py::test_the_head_leaves_the_cpu_at_its_own_crossover_and_the_step_model_copies_it_above']),
+ 'head-crossover-of-the-layers': ('    crossover = setting.head_crossover_tokens if setting.head_crossover_tokens is not None else setting.crossover_tokens', '    crossover = setting.crossover_tokens', ['tests/unit/vllm_glue/test_host_head.py::test_the_split_head_answers_vllms_call_with_the_whole_heads_logits_and_follows_a_reload']),
  'head-share-unclaimed-rows': ('    head = head_share(checkpoint, inputs, placing) if claimed("bf16", inputs) else None  # the CPU\'s rows are bf16', '    head = head_share(checkpoint, inputs, placing)', ['tests/unit/planner/test_head_share.py::test_no_split_without_a_device_share_one_rank_a_claimed_bf16_walk_or_a_bf16_head_of_its_own']),
  'head-rows-misplaced': ('                for (int q = 0; q < n; q++) out[(t + q) * R + r] = acc[q];', '                for (int q = 0; q < n; q++) out[(t + q) * R + r] = acc[0];', ['tests/unit/cpu_kernels/test_kernel.py::test_the_rows_walk_dots_a_bf16_matrix_with_every_token_as_the_float_reference']),
  'head-share-room-unreserved': ('    room -= reserved', '    room -= 0', ['tests/unit/planner/test_head_share.py::test_the_head_splits_where_its_two_parts_take_as_long_and_the_room_it_frees_goes_to_the_shares']),

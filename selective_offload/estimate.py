@@ -476,6 +476,16 @@ def host_compute_crossover(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]
     return MAX_CROSSOVER_TOKENS if loses is None else loses - 1
 
 
+def crossover_sets(units: "tuple[ExpertsRead, ...] | list[ExpertsRead]") -> "list[list[ExpertsRead]]":
+    """The host-compute units that share a crossover: every unit of the layer stack together
+    (a step serves all of a plan's experts and MLPs one way), and each unit outside it alone
+    (the split LM head: a step's logits, one matmul whose CPU part turns compute-bound at far
+    fewer tokens than a layer's experts, so it leaves the CPU at its own crossover)."""
+    inside = [e for e in units if e.layer >= 0]
+    # mutation: head-crossover-shared
+    return ([inside] if inside else []) + [[e] for e in units if e.layer < 0]
+
+
 def _fewest_tokens(holds: Callable[[int], bool]) -> int | None:
     """The fewest tokens per step, up to :data:`MAX_CROSSOVER_TOKENS`, at which ``holds``
     (false, then true for good as tokens grow) is true, by doubling then bisection; ``None``
@@ -545,13 +555,13 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     # Per layer, the CPU's time and its host reads' share of it (below the crossover).
     layer_cpu, layer_host = [0.0] * len(reads), [0.0] * len(reads)
     cpu_elsewhere_s = 0.0  # of groups outside the layer stack: paid in line
-    if on_cpu:
+    for units in crossover_sets(on_cpu):
         # Below the crossover the CPU computes them, in line with the layer's GPU work (the
         # layer's output is the next layer's input); above it they are copied and computed
         # on the GPU (the copy is link time, in line).
-        crossover = host_compute_crossover(on_cpu, settings)
+        crossover = host_compute_crossover(units, settings)
         if tokens_per_pass <= crossover:
-            for e in on_cpu:
+            for e in units:
                 cpu, _, host = host_compute_time(e, tokens_per_pass, settings)
                 share, moved = device_share_time(e, tokens_per_pass, settings)
                 share_read_s += moved / gb_vram
@@ -565,7 +575,7 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
                 else:
                     cpu_elsewhere_s += both
         else:
-            host_link_s = host_compute_times(on_cpu, tokens_per_pass, settings)[1]
+            host_link_s += host_compute_times(units, tokens_per_pass, settings)[1]
     for e in traffic.experts:
         if e.where == EXPERTS_CPU:
             continue

@@ -22,6 +22,7 @@ from ..estimate import (
     DEFAULT_UVA_READ_FACTOR,
     REFERENCE_CPU_GBPS,
     ExpertsRead,
+    crossover_sets,
     host_compute_crossover,
     KvModel,
     StepSettings,
@@ -306,13 +307,19 @@ class HostCompute:
     handoff_s: float
     handoff_source: str
     overlap: str = HOST_COMPUTE_OVERLAP
+    #: A split LM head's own crossover (``estimate.crossover_sets``: the most logits per step
+    #: its CPU part computes; above it its host rows are copied to the device); ``None``
+    #: without one.
+    head_crossover_tokens: int | None = None
 
     @classmethod
     def of(cls, fmt: str, inputs: PlanInputs, experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]") -> "HostCompute":
         settings = StepSettings(inputs.link_gbps, inputs.vram_gbps, inputs.batch, 0, DEFAULT_ACCEPT_RATE, 0,
                                 inputs.uva_read_gbps, inputs.compute_tflops, inputs.decode_read_gbps,
                                 inputs.host_cpu_gbps, inputs.host_cpu_tflops, inputs.host_handoff_s, inputs.ranks)
-        return cls(format=fmt, crossover_tokens=host_compute_crossover(experts, settings),
+        layers, *heads = crossover_sets(experts)
+        return cls(format=fmt, crossover_tokens=host_compute_crossover(layers, settings),
+                   head_crossover_tokens=host_compute_crossover(heads[0], settings) if heads else None,
                    threads=inputs.threads_per_rank, ranks=inputs.ranks,
                    cpu_gbps=float(inputs.host_cpu_gbps), cpu_gbps_source=inputs.cpu_gbps_source,
                    cpu_tflops=float(inputs.host_cpu_tflops),
@@ -338,5 +345,7 @@ class HostCompute:
                 f"{self.cpu_gbps:g} GB/s ({rate}); {threads}; crossover {self.crossover_tokens} tokens per step "
                 f"(one for all of them: above it the distinct experts a step uses, and the MLPs, are copied over the "
                 f"link and computed on the GPU; "
-                f"CPU matmul {self.cpu_tflops:g} TFLOP/s {self.cpu_tflops_source}, hand-off "
+                + ("" if self.head_crossover_tokens is None else
+                   f"the split LM head's own: {self.head_crossover_tokens} logits per step; ")
+                + f"CPU matmul {self.cpu_tflops:g} TFLOP/s {self.cpu_tflops_source}, hand-off "
                 f"{self.handoff_s * 1e6:.0f} us per layer {self.handoff_source}); overlap {self.overlap}")

@@ -204,5 +204,6 @@ def head_note(g) -> str:
     """The plan's note on its split LM head (:func:`head_words`): why it pays."""
     return (f"host-compute: {head_words(g)}: the CPU is otherwise idle while the GPU reads the head at the end of "
             "a step, so the two parts are sized to take about as long (est), and the device memory the host's rows "
-            "free holds more of the layers' device shares; above the crossover the host's rows are copied to the "
-            "device and computed there")
+            "free holds more of the layers' device shares; above its own crossover (host_compute.head_crossover_tokens: "
+            "its CPU part turns compute-bound at far fewer logits per step than a layer's experts) the host's rows "
+            "are copied to the device and computed there")

@@ -99,8 +99,10 @@ def install_head(group: str, head: nn.Module, plan: Plan, device: torch.device,
     if planned.device_channels >= weight.shape[0]:
         raise PlanError(f"{group}: the plan keeps {planned.device_channels} vocabulary rows on the device, and vLLM "
                         f"built {weight.shape[0]} here; make the plan again for this model")
-    rows = HostRows(group, weight, planned.device_channels, crossover_tokens=setting.crossover_tokens,
-                    device=device, threads=threads_of(setting, device))
+    # mutation: head-crossover-of-the-layers
+    crossover = setting.head_crossover_tokens if setting.head_crossover_tokens is not None else setting.crossover_tokens
+    rows = HostRows(group, weight, planned.device_channels, crossover_tokens=crossover, device=device,
+                    threads=threads_of(setting, device))
     # mutation: head-not-installed
     head.quant_method = HeadRowsMethod(head.quant_method, rows)
     return rows

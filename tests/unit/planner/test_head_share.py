@@ -115,3 +115,46 @@ def test_the_split_head_round_trips_and_an_edit_the_format_does_not_allow_is_ref
     refused_edit(plan, lambda d: d["groups"][at].update(device_channels=ROWS), "device_channels")
     refused_edit(plan, lambda d: d["groups"][norm].update(serving="compute", location="host", device_channels=128,
                                                           intermediate=256), "not the LM head")
+
+
+def test_the_head_leaves_the_cpu_at_its_own_crossover_and_the_step_model_copies_it_above():
+    """The head's CPU part turns compute-bound at far fewer logits per step than a layer's
+    experts, so it has a crossover of its own (``estimate.crossover_sets``), by hand: the
+    largest step at which its rows on the CPU (their bytes at the host rate or their FLOPs at
+    the CPU's matmul rate, and a hand-off) beat copying them over the link (and the GPU
+    reading them beside its own rows). Between the two crossovers the step model computes the
+    experts on the CPU and copies the head's rows."""
+    from dataclasses import replace
+
+    from selective_offload.estimate import (ASSUMED_CPU_TFLOPS, DEFAULT_UVA_READ_FACTOR, EXPERTS_CPU, StepSettings,
+                                            host_compute_crossover, host_compute_times)
+    from selective_offload.plan_format import Estimate
+    from selective_offload.plan_format.vocabulary import REFERENCE_LINK_GBPS
+
+    plan = split(moe(4), 300)
+    on_host = 1 - plan.group_of("lm_head").device_channels / ROWS
+    vram = REFERENCE_VRAM_GBPS * DEFAULT_DECODE_READ_FACTOR * 1e9
+    flops = 2 * HEAD / 2  # 2 FLOPs a bf16 parameter, a token
+
+    def cpu_wins(t):
+        cpu = max(on_host * HEAD / (REFERENCE_CPU_GBPS * 1e9), flops * on_host * t / (ASSUMED_CPU_TFLOPS * 1e12))
+        copied = on_host * HEAD / (REFERENCE_LINK_GBPS * 1e9) + HEAD / vram
+        return cpu + ASSUMED_HANDOFF_S < copied + ASSUMED_HANDOFF_S
+
+    by_hand = max(t for t in range(1, 10_000) if cpu_wins(t))
+    record = plan.host_compute
+    assert record.head_crossover_tokens == by_hand
+    units = [e for e in plan.traffic().experts if e.where == EXPERTS_CPU]
+    i = plan.inputs
+    settings = StepSettings(i.link_gbps, i.vram_gbps, cpu_gbps=i.host_cpu_gbps, cpu_tflops=i.host_cpu_tflops,
+                            handoff_s=i.host_handoff_s)
+    layers = [e for e in units if e.layer >= 0]
+    assert record.crossover_tokens == host_compute_crossover(layers, settings) > by_hand
+    assert f"the split LM head's own: {by_hand} logits per step" in record.describe()
+    # a step between the two: the experts on the CPU, the head's rows over the link
+    t = by_hand + 1
+    est = Estimate.of(plan.traffic(), replace(i, batch=t), plan.model.kv, 0, pipelined=True)
+    head = [e for e in units if e.layer < 0]
+    embedding_rows = plan.traffic().row_bytes_host * t / (i.link_gbps * DEFAULT_UVA_READ_FACTOR * 1e9)  # gathered
+    assert est.est_link_s_per_step == pytest.approx(host_compute_times(head, t, settings)[1] + embedding_rows, rel=1e-9)
+    assert est.est_cpu_s_per_step == pytest.approx(host_compute_times(layers, t, settings)[0], rel=1e-9)

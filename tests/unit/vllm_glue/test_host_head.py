@@ -57,6 +57,8 @@ def test_the_split_head_answers_vllms_call_with_the_whole_heads_logits_and_follo
     m = head()
     rows = host_head.install_head("lm_head", m, plan, torch.device("cpu"))
     assert isinstance(m.quant_method, host_head.HeadRowsMethod) and rows.device_rows == n
+    # the head leaves the CPU at its own crossover, not at the layers' experts'
+    assert rows.crossover_tokens == plan.host_compute.head_crossover_tokens != plan.host_compute.crossover_tokens
     x = torch.randn(2, 3, HIDDEN)
     bias = torch.randn(ROWS)
     got = m.quant_method.apply(m, x, bias=bias)  # as LogitsProcessor._apply_head calls it
