@@ -86,11 +86,30 @@ def _biases(weights: ExpertWeights) -> tuple[torch.Tensor | None, torch.Tensor |
     return *weights._cache["biases"], DT_F32
 
 
-class MoEJob:
+class _HostFunctionJob:
+    """What a CUDA host function needs of a job (``wrappers.host_function``): the C struct's
+    address and the C entry that runs it, named by ``ENTRY`` in the compiled library."""
+
+    ENTRY: str
+    lib: ctypes.CDLL
+    job: ctypes.Structure
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.job)
+
+    @property
+    def function_pointer(self) -> int:
+        return ctypes.cast(getattr(self.lib, self.ENTRY), ctypes.c_void_p).value
+
+
+class MoEJob(_HostFunctionJob):
     """One call's arguments, fixed: re-run it after writing new values into the same x,
     topk_ids and topk_weights tensors (what a CUDA graph replays). The tensors are kept
     alive by the job. ``function_pointer`` is ``so_moe_job_run`` (a ``cudaHostFn_t``),
     ``address`` its argument; after a run ``status`` is 0, or see :meth:`check`."""
+
+    ENTRY = "so_moe_job_run"
 
     def __init__(self, x, topk_ids, topk_weights, weights: ExpertWeights, activation: Activation, *,
                  out: torch.Tensor, threads: int | None = None, host_mask: torch.Tensor | None = None,
@@ -142,14 +161,6 @@ class MoEJob:
             workspace=_ptr(self.workspace), workspace_bytes=nbytes, status=0)
 
     @property
-    def address(self) -> int:
-        return ctypes.addressof(self.job)
-
-    @property
-    def function_pointer(self) -> int:
-        return ctypes.cast(self.lib.so_moe_job_run, ctypes.c_void_p).value
-
-    @property
     def status(self) -> int:
         return int(self.job.status)
 
@@ -193,11 +204,13 @@ class _RowsJob(ctypes.Structure):
         (n, ctypes.c_int64) for n in ("R", "C", "x_dtype", "T", "threads", "status")]
 
 
-class RowsJob:
+class RowsJob(_HostFunctionJob):
     """One call of the rows walk (:func:`rows`) as a C struct kept alive with its tensors:
     ``x`` [T, C] (bf16 or float32) dotted with every row of the bf16 ``weight`` [R, C] into
     ``out`` (float32 [T, R]). ``function_pointer(address)`` runs it with no Python, which is
     what a CUDA host function (``wrappers.host_function``) needs; :meth:`run` runs it here."""
+
+    ENTRY = "so_rows_job_run"
 
     def __init__(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, threads: int | None = None,
                  library_: ctypes.CDLL | None = None):
@@ -223,14 +236,6 @@ class RowsJob:
         self.job = _RowsJob(w=_ptr(weight), x=_ptr(x), out=_ptr(out), R=weight.shape[0], C=weight.shape[1],
                             x_dtype=DT_F32 if x.dtype == torch.float32 else DT_BF16, T=x.shape[0],
                             threads=self.threads, status=0)
-
-    @property
-    def address(self) -> int:
-        return ctypes.addressof(self.job)
-
-    @property
-    def function_pointer(self) -> int:
-        return ctypes.cast(self.lib.so_rows_job_run, ctypes.c_void_p).value
 
     def run(self) -> torch.Tensor:
         self.lib.so_rows_job_run(self.address)

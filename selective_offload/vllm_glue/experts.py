@@ -127,6 +127,8 @@ class ExpertsLoad:
     transient_bytes: int = 0
     #: Group -> the mechanism line of the report.
     mechanisms: dict[str, str] = field(default_factory=dict)
+    #: Group -> what the report reads of a compute-served group's wrapper, live (its counters).
+    counters: dict[str, Any] = field(default_factory=dict)
     #: Names (relative to the experts module) of parameters it holds that belong to a module
     #: outside it too (vLLM's runner passes the router's score-correction bias in): never
     #: moved or viewed here. Names, not ids: post-processing frees parameters, and ids are reused.
@@ -375,8 +377,9 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
             if page_locked is not None and hosts:
                 page_locked.release_with(module, hosts, keep_registered=device.type == "cuda")
             how = xl.post_processing.get(group, "")
-            xl.mechanisms[group] = ((host_head.mechanism(experts) if group in xl.heads else
-                                     host_compute.mechanism(experts)) + (f"; {how}" if how else ""))
+            served = host_head if group in xl.heads else host_compute  # the head's wrapper, or the experts'
+            xl.mechanisms[group] = served.mechanism(experts) + (f"; {how}" if how else "")
+            xl.counters[group] = served.live_counters(experts)
             continue
         for p, host in zip(params, hosts):
             if views:

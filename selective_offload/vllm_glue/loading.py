@@ -44,7 +44,7 @@ from .embedding import embedding_mode, graphs_captured, install_host_embedding
 from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host, to_device
 from .offloader import make_exact_prefetch_offloader
 from .auto_plan import plan_at_start
-from . import experts, host_compute, host_head, model_names
+from . import experts, host_compute, model_names
 from .session import Attached, Load, Main, Session, Settings, logger, save_report
 
 GetSession = Callable[[], "Session | None"]
@@ -168,8 +168,7 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
                        settings.plan)
         for group, host in load.experts.compute.items():  # their counters, live, in the report
             s.attached[group] = Attached(weakref.ref(host), load.experts.mechanisms[group],
-                                         live=(host_head.live_counters(host) if group in load.experts.heads
-                                               else host_compute.live_counters(host)))
+                                         live=load.experts.counters[group])
     hot_params = {id(p) for m in getattr(offloader, "offloaded_modules", []) for p in m.parameters()}
     load.drafter_expected = vllm_config.speculative_config is not None
     finish(s, model, load, cold_params, hot_params)

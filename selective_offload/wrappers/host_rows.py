@@ -146,8 +146,8 @@ class HostRows:
     # ------------------------------------------------------------------ the host path
 
     def _cpu_host_step(self, x: torch.Tensor) -> torch.Tensor:
-        """A CPU device (vLLM's CPU build, the tests): both parts are torch on the CPU, the
-        host part read from the host tensor's own rows, never from a device copy."""
+        """A CPU device (vLLM's CPU build, the tests): the device's rows by torch, the host's
+        by the rows walk, read from the host tensor's own rows, never from a device copy."""
         device = F.linear(x, self.device_weight)
         start = time.perf_counter()
         host = self._host_rows(x.to("cpu"))
