@@ -384,6 +384,15 @@ MUTATIONS = {
  'share-room-held-wide': ('    native = share_native(fmt, True)', '    native = False', ['tests/unit/planner/test_device_share.py::test_an_mxfp4_share_is_held_as_stored_sized_so_and_kept_for_the_faster_step']),
  'declined-share-unsaid': ('    if declined is not None:  # the rates only where the model is large enough for them to mean anything', '    if False:', ['tests/unit/planner/test_device_share.py::test_a_share_held_wide_is_sized_so_and_declined_when_its_path_moves_more', 'tests/unit/planner/test_planner.py::test_the_planning_page_host_compute_rows_are_what_the_planner_says']),
  'channel-share-without-a-deficit': ('    hot_on_host = any(w in (Placement.HOST_COMPUTE, Placement.HOST_HOT) for w in p.where.values())', '    hot_on_host = True', ['tests/unit/planner/test_device_share.py::test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks']),
+ 'kernel-cache-owner-unchecked': ('    if st.st_uid not in _trusted_uids():', '    if False:', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_cache_another_user_owns_is_refused_and_never_run']),
+ 'kernel-cache-mode-unchecked': ('    if not stat.S_ISLNK(st.st_mode) and st.st_mode & FOREIGN_WRITE:', '    if False:', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_library_planted_where_others_can_write_is_refused_and_never_run']),
+ 'kernel-size-unchecked': ('    if st.st_size != record["size"]:', '    if False:', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_truncated_library_is_built_again_not_loaded']),
+ 'kernel-checksum-unchecked': ('    if digest(data) != record["sha256"]:', '    if False:', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_changed_library_is_built_again']),
+ 'kernel-symbols-unchecked': ('    missing = sorted(symbols - exported)', '    missing = []', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_library_without_the_kernels_symbols_is_built_again']),
+ 'kernel-loaded-unverified': ('    opened = cache.open_verified(root, path, SYMBOLS)', '    opened = os.open(path, os.O_RDONLY) if path.is_file() else "is missing"', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_truncated_library_is_built_again_not_loaded']),
+ 'kernel-cc-first-word': ('            words = shlex.split(named)', '            words = named.split()[:1]', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_cc_is_split_as_build_tools_split_it']),
+ 'kernel-cache-umask-modes': ('                os.chmod(made, 0o755)  # whatever the umask: a cache built by root serves every user', '                pass', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_read_only_cache_prebuilt_by_root_or_another_user_is_used']),
+ 'kernel-empty-output-kept': ('        exports = _made(data, cc)', '        exports = frozenset()', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_compiler_that_makes_nothing_is_one_line_and_leaves_nothing']),
 }
 
 

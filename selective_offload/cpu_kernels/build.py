@@ -1,13 +1,25 @@
-"""Compile moe.c once per machine and load it.
+"""Compile moe.c once per machine, check the build, and load it.
 
 Why compile on the user's machine and not ship a wheel: the kernel is built with
 ``-march=native`` so it uses the vector units this CPU has (AVX-512, AVX2, or plain C),
 and it stays a pure-Python package with no new dependency. The system compiler (``$CC``,
-else ``cc``, else ``gcc``) builds it on first use into a cache folder whose name is the
-SHA-256 of everything the binary depends on (moe.c and the parts it includes, the flags,
-the compiler's version and this CPU's flags), so an edited source, another compiler or
-another CPU gets its own build and never a stale one. The library is written to a temporary file and
-renamed into place, so processes building at the same time each end with a whole file.
+split into words as build tools split it, so ``CC="ccache gcc"`` works; else ``cc``, else
+``gcc``) builds it on first use into a cache folder whose name is the SHA-256 of
+everything the binary depends on (moe.c and the parts it includes, the flags, the
+compiler's version and this CPU's flags), so an edited source, another compiler or
+another CPU gets its own build and never a stale one.
+
+A build is loaded only when it is this user's (or root's) and whole (``cache``): the cache
+folder and all in it are owned by this user or root and writable by no one else, and the
+library matches the size, SHA-256 and entry points its build recorded beside it. A build
+that fails those checks is made again (or refused in one line when the folder is not
+this user's to write); a folder that others could write is refused, never loaded from.
+The library is written to a temporary file, checked (a compiler that exits 0 without
+making a library is refused, leaving nothing behind), renamed into place, and its record
+written atomically after it, under a lock on its folder, so processes building at the
+same time each end with a whole, recorded build. Folders and files are made readable by
+everyone and writable by their owner only, whatever the umask: a cache built by root (at
+install) serves every user.
 
 torch is imported before the library is loaded: torch ships its own ``libgomp.so.1``,
 and a library linked with ``-fopenmp`` that is loaded afterwards binds to the OpenMP
@@ -15,14 +27,17 @@ runtime already in the process (one thread pool, not two); :func:`openmp_runtime
 what is mapped so a test can check it.
 
 A missing compiler or a failed compile is :class:`KernelUnavailable`, one line saying
-what to install, or to keep the experts on the device reading them from the host (UVA).
+what to install, or to keep the experts on the device reading them from the host (UVA);
+a cache that is not this user's alone is :class:`KernelCacheRefused`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,8 +46,11 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded first: its libgomp is the process's OpenMP runtime)
 
-from ..errors import UserError
 from ..options import ENV_KERNEL_CACHE
+from . import cache
+from .cache import KernelCacheRefused, KernelUnavailable
+
+__all__ = ["KernelCacheRefused", "KernelUnavailable", "build", "load", "library_path", "cache_root", "compiler"]
 
 SOURCE = Path(__file__).with_name("moe.c")
 #: The folder of the parts moe.c includes (``*.h``: one translation unit), searched by the
@@ -44,10 +62,26 @@ LIBRARY = "libso_cpu_kernels.so"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-Werror=implicit-function-declaration")
 ADVICE = ("install a C compiler with OpenMP (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc), "
           "or keep these experts host-uva (the device reads them from host memory)")
-
-
-class KernelUnavailable(UserError):
-    """The host-compute CPU kernel cannot be built or loaded here; the message says why."""
+_I64, _VP = ctypes.c_int64, ctypes.c_void_p
+#: The library's entry points, their result and argument types: a build must export them all.
+ENTRIES: dict[str, tuple[object, list]] = {
+    "so_moe_job_size": (_I64, []),
+    "so_simd_level": (_I64, []),
+    "so_bf16_activations": (_I64, []),
+    "so_int8_mxfp4": (_I64, []),
+    "so_bf16_prefetch": (_I64, []),
+    "so_set_bf16_prefetch": (None, [_I64]),
+    "so_moe_workspace_bytes": (_I64, [_I64] * 5),
+    "so_moe_job_run": (None, [_VP]),
+    "so_read_sum": (ctypes.c_double, [_VP, _I64, _I64]),
+    "so_rows_bf16": (_I64, [_VP, _I64, _I64, _VP, _I64, _I64, _VP, _I64]),
+    "so_rows_job_size": (_I64, []),
+    "so_rows_job_run": (None, [_VP]),
+}
+SYMBOLS = frozenset(ENTRIES)
+#: The descriptors of the loaded libraries, kept open: each was loaded by its
+#: ``/proc/self/fd`` name, which must not name another file while the process lives.
+_HELD: list[int] = []
 
 
 def cache_root() -> Path:
@@ -58,20 +92,32 @@ def cache_root() -> Path:
     return Path(base) / "selective-offload" / "kernels"
 
 
-def compiler() -> str:
-    """The compiler's path: ``$CC`` when set (it must exist), else ``cc`` or ``gcc`` on PATH."""
+def compiler() -> tuple[str, ...]:
+    """The compiler's command: ``$CC`` when set, split as a shell splits it (its first word
+    must be a program: ``ccache gcc`` runs gcc through ccache), else ``cc`` or ``gcc`` on PATH."""
     named = os.environ.get("CC", "").strip()
     if named:
-        found = shutil.which(named.split()[0])
+        try:
+            # mutation: kernel-cc-first-word
+            words = shlex.split(named)
+        except ValueError as e:
+            raise KernelUnavailable(f"host-compute CPU kernels: CC={named!r} cannot be split into words ({e}); "
+                                    f"set CC to a C compiler or unset it; or {ADVICE}") from None
+        found = shutil.which(words[0]) if words else None
         if not found:
             raise KernelUnavailable(f"host-compute CPU kernels: CC={named!r} is not a program on PATH; "
                                     f"set CC to a C compiler or unset it; or {ADVICE}")
-        return found
+        return (found, *words[1:])
     for name in ("cc", "gcc"):
         found = shutil.which(name)
         if found:
-            return found
+            return (found,)
     raise KernelUnavailable(f"host-compute CPU kernels: no C compiler (cc or gcc) on PATH; {ADVICE}")
+
+
+def _said(cc: tuple[str, ...]) -> str:
+    """The compiler as a message names it: CC's words, the program by its name."""
+    return " ".join([os.path.basename(cc[0]), *cc[1:]])
 
 
 def _cpu_flags() -> str:
@@ -84,13 +130,14 @@ def _cpu_flags() -> str:
     return ""
 
 
-def _compiler_version(cc: str) -> str:
+def _compiler_version(cc: tuple[str, ...]) -> str:
     try:
-        proc = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as e:
-        raise KernelUnavailable(f"host-compute CPU kernels: the compiler {cc} does not run ({e}); {ADVICE}") from None
+        raise KernelUnavailable(f"host-compute CPU kernels: the compiler {_said(cc)} does not run ({e}); "
+                                f"{ADVICE}") from None
     if proc.returncode:
-        raise KernelUnavailable(f"host-compute CPU kernels: `{cc} --version` exited {proc.returncode}; {ADVICE}")
+        raise KernelUnavailable(f"host-compute CPU kernels: `{_said(cc)} --version` exited {proc.returncode}; {ADVICE}")
     return proc.stdout
 
 
@@ -108,8 +155,8 @@ def sources_text() -> str:
     return SOURCE.read_text() + "".join(f"\0{p.name}\0{p.read_text()}" for p in parts)
 
 
-def library_path(extra_flags: tuple[str, ...] = ()) -> tuple[Path, str, tuple[str, ...]]:
-    """Where this machine's build lives (built or not), the compiler, and the flags."""
+def library_path(extra_flags: tuple[str, ...] = ()) -> tuple[Path, tuple[str, ...], tuple[str, ...]]:
+    """Where this machine's build lives (built or not), the compiler's command, and the flags."""
     cc = compiler()
     flags = FLAGS + tuple(extra_flags)
     key = cache_key(sources_text(), flags, _compiler_version(cc), _cpu_flags())
@@ -117,74 +164,143 @@ def library_path(extra_flags: tuple[str, ...] = ()) -> tuple[Path, str, tuple[st
 
 
 def build(extra_flags: tuple[str, ...] = (), quiet: bool = False) -> Path:
-    """The compiled library's path, compiling it first when this key has no build yet."""
-    path, cc, flags = library_path(extra_flags)
-    if path.is_file():
-        return path
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise KernelUnavailable(f"host-compute CPU kernels: cannot make the cache folder {path.parent} ({e.strerror}); "
-                                f"set {ENV_KERNEL_CACHE} to a writable folder") from None
-    if not quiet:
-        print(f"selective-offload: compiling the host-compute CPU kernels once ({os.path.basename(cc)} "
-              f"{' '.join(flags)}) into {path.parent}", file=sys.stderr, flush=True)
-    fd, tmp = tempfile.mkstemp(prefix=LIBRARY + ".", suffix=".tmp", dir=path.parent)
+    """The checked library's path, compiling it first when this key has no whole build."""
+    path, fd = _built(extra_flags, quiet)
     os.close(fd)
-    cmd = [cc, *flags, "-I", str(PARTS), "-o", tmp, str(SOURCE), "-lm"]
-    try:
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise KernelUnavailable(f"host-compute CPU kernels: the compiler {cc} did not run ({e}); {ADVICE}") from None
-        if proc.returncode:
-            first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[:200])
-            raise KernelUnavailable(f"host-compute CPU kernels: `{os.path.basename(cc)} {' '.join(flags)}` failed: "
-                                    f"{first.strip()[:300]}; {ADVICE}")
-        os.replace(tmp, path)  # atomic: a concurrent builder's rename replaces a whole file with a whole file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 
 def load(extra_flags: tuple[str, ...] = (), quiet: bool = False) -> ctypes.CDLL:
-    path = build(extra_flags, quiet)
+    """The checked build, loaded from the very file that was checked."""
+    path, fd = _built(extra_flags, quiet)
     try:
-        lib = ctypes.CDLL(str(path))
+        lib = ctypes.CDLL(cache.fd_path(fd, path))
     except OSError as e:
-        raise KernelUnavailable(f"host-compute CPU kernels: {path} does not load ({e}); delete it to rebuild, "
-                                f"or {ADVICE}") from None
-    _declare(lib)
+        os.close(fd)
+        raise KernelUnavailable(f"host-compute CPU kernels: {path} does not load ({e}); set {ENV_KERNEL_CACHE} "
+                                f"to an empty folder of your own to build it again, or {ADVICE}") from None
+    _HELD.append(fd)
+    for name, (result, arguments) in ENTRIES.items():
+        entry = getattr(lib, name)
+        entry.restype, entry.argtypes = result, arguments
     return lib
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    i64, vp = ctypes.c_int64, ctypes.c_void_p
-    lib.so_moe_job_size.restype = i64
-    lib.so_moe_job_size.argtypes = []
-    lib.so_simd_level.restype = i64
-    lib.so_simd_level.argtypes = []
-    lib.so_bf16_activations.restype = i64
-    lib.so_bf16_activations.argtypes = []
-    lib.so_int8_mxfp4.restype = i64
-    lib.so_int8_mxfp4.argtypes = []
-    lib.so_bf16_prefetch.restype = i64
-    lib.so_bf16_prefetch.argtypes = []
-    lib.so_set_bf16_prefetch.restype = None
-    lib.so_set_bf16_prefetch.argtypes = [i64]
-    lib.so_moe_workspace_bytes.restype = i64
-    lib.so_moe_workspace_bytes.argtypes = [i64] * 5
-    lib.so_moe_job_run.restype = None
-    lib.so_moe_job_run.argtypes = [vp]
-    lib.so_read_sum.restype = ctypes.c_double
-    lib.so_read_sum.argtypes = [vp, i64, i64]
-    lib.so_rows_bf16.restype = i64
-    lib.so_rows_bf16.argtypes = [vp, i64, i64, vp, i64, i64, vp, i64]
-    lib.so_rows_job_size.restype = i64
-    lib.so_rows_job_size.argtypes = []
-    lib.so_rows_job_run.restype = None
-    lib.so_rows_job_run.argtypes = [vp]
+def _built(extra_flags: tuple[str, ...], quiet: bool) -> tuple[Path, int]:
+    """This key's library, checked, and an open descriptor of it; built first when its
+    build is missing or not whole."""
+    path, cc, flags = library_path(extra_flags)
+    root = cache_root()
+    cache.check_folder(root)
+    # mutation: kernel-loaded-unverified
+    opened = cache.open_verified(root, path, SYMBOLS)
+    if isinstance(opened, int):
+        return path, opened
+    with _locked(root, path.parent, path, opened):
+        opened = cache.open_verified(root, path, SYMBOLS)  # another process may have built it meanwhile
+        if isinstance(opened, str):
+            _compile(path, cc, flags, opened, quiet)
+            opened = cache.open_verified(root, path, SYMBOLS)
+    if isinstance(opened, str):
+        raise KernelUnavailable(f"host-compute CPU kernels: the build {path} {opened} just after it was made; "
+                                f"set {ENV_KERNEL_CACHE} to a folder of your own")
+    return path, opened
+
+
+def _cannot_write(path: Path, problem: str, folder: Path, why: str) -> KernelUnavailable:
+    """The one line for a build that must be made again where this user cannot write."""
+    return KernelUnavailable(f"host-compute CPU kernels: the build {path} {problem}, and {folder} cannot be "
+                             f"written by this user to build it ({why}); set {ENV_KERNEL_CACHE} to a folder "
+                             f"of your own")
+
+
+class _locked:
+    """The build folder, made when missing (readable by all, writable by its owner), and
+    held under an exclusive lock while one process builds into it."""
+
+    def __init__(self, root: Path, folder: Path, path: Path, problem: str):
+        self.args = root, folder, path, problem
+        self.fd = -1
+
+    def __enter__(self):
+        root, folder, path, problem = self.args
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
+        for made in reversed(missing):
+            try:
+                os.mkdir(made, 0o755)
+                # mutation: kernel-cache-umask-modes
+                os.chmod(made, 0o755)  # whatever the umask: a cache built by root serves every user
+            except FileExistsError:
+                pass  # made meanwhile by another process
+            except OSError as e:
+                raise _cannot_write(path, problem, folder, e.strerror) from None
+        if missing:
+            cache.check_folder(root)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise _cannot_write(path, problem, folder, "no write permission")
+        self.fd = os.open(folder, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        return False
+
+
+def _compile(path: Path, cc: tuple[str, ...], flags: tuple[str, ...], problem: str, quiet: bool) -> None:
+    """Compile into a temporary file beside ``path``, check what the compiler made, put it in
+    place and record it. Nothing of a failed build is left behind."""
+    folder = path.parent
+    if not quiet:
+        again = "" if problem == "is missing" else f" again (the build there {problem})"
+        print(f"selective-offload: compiling the host-compute CPU kernels once{again} ({_said(cc)} "
+              f"{' '.join(flags)}) into {folder}", file=sys.stderr, flush=True)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{LIBRARY}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise _cannot_write(path, problem, folder, e.strerror) from None
+    os.close(fd)
+    cmd = [*cc, *flags, "-I", str(PARTS), "-o", tmp, str(SOURCE), "-lm"]
+    try:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise KernelUnavailable(f"host-compute CPU kernels: the compiler {_said(cc)} did not run ({e}); "
+                                    f"{ADVICE}") from None
+        if proc.returncode:
+            first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[:200])
+            raise KernelUnavailable(f"host-compute CPU kernels: `{_said(cc)} {' '.join(flags)}` failed: "
+                                    f"{first.strip()[:300]}; {ADVICE}")
+        data = Path(tmp).read_bytes()
+        # mutation: kernel-empty-output-kept
+        exports = _made(data, cc)
+        os.chmod(tmp, 0o755)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)  # a folder where the library goes: nothing a build made
+            os.replace(tmp, path)  # atomic: a reader sees the old file or the new one, whole
+            cache.write_record(path, data, exports, [*cc, *flags])
+        except OSError as e:
+            raise _cannot_write(path, problem, folder, e.strerror) from None
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def _made(data: bytes, cc: tuple[str, ...]) -> frozenset[str]:
+    """The entry points of what the compiler made; one line when it made no such library
+    (``CC=true`` exits 0 and leaves the empty output file)."""
+    try:
+        exports = cache.elf_exports(data)
+        missing = sorted(SYMBOLS - exports)
+        if missing:
+            raise ValueError(f"it lacks the kernel's entry points ({', '.join(missing[:3])})")
+    except ValueError as e:
+        what = "an empty file" if not data else f"a file that is no kernel library ({e})"
+        raise KernelUnavailable(f"host-compute CPU kernels: the compiler `{_said(cc)}` exited 0 but made {what}; "
+                                f"set CC to a C compiler (gcc or clang) or unset it; or {ADVICE}") from None
+    return exports
 
 
 def openmp_runtimes() -> list[str]:

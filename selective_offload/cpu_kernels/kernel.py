@@ -52,7 +52,8 @@ def library() -> ctypes.CDLL:
             if _LIB.so_moe_job_size() != ctypes.sizeof(_Job):
                 raise build.KernelUnavailable(
                     f"host-compute CPU kernels: the compiled job struct is {_LIB.so_moe_job_size()} bytes, Python's "
-                    f"{ctypes.sizeof(_Job)}; delete {build.cache_root()} to rebuild")
+                    f"{ctypes.sizeof(_Job)}; set {build.ENV_KERNEL_CACHE} to an empty folder of your own to build it "
+                    f"again")
         except build.KernelUnavailable as e:
             _LIB, _ERROR = None, e
     if _ERROR is not None:
@@ -229,7 +230,8 @@ class RowsJob(_HostFunctionJob):
         self.lib = library_ or library()
         if self.lib.so_rows_job_size() != ctypes.sizeof(_RowsJob):
             raise build.KernelUnavailable(f"host rows kernel: the compiled job struct is {self.lib.so_rows_job_size()} "
-                                          f"bytes, Python's {ctypes.sizeof(_RowsJob)}; delete {build.cache_root()}")
+                                          f"bytes, Python's {ctypes.sizeof(_RowsJob)}; set {build.ENV_KERNEL_CACHE} "
+                                          f"to an empty folder of your own to build it again")
         self.tensors = (x, weight, out)  # kept alive as long as the job
         self.out = out
         self.threads = int(threads) if threads else torch.get_num_threads()
