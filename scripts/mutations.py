@@ -393,6 +393,7 @@ MUTATIONS = {
  'kernel-cc-first-word': ('            words = shlex.split(named)', '            words = named.split()[:1]', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_cc_is_split_as_build_tools_split_it']),
  'kernel-cache-umask-modes': ('                os.chmod(made, 0o755)  # whatever the umask: a cache built by root serves every user', '                pass', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_read_only_cache_prebuilt_by_root_or_another_user_is_used']),
  'kernel-empty-output-kept': ('        exports = _made(data, cc)', '        exports = frozenset()', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_compiler_that_makes_nothing_is_one_line_and_leaves_nothing']),
+ 'kernel-prebuilt-any': ('        if isinstance(record, dict) and record.get("builds") == want:', '        if isinstance(record, dict):', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_user_without_a_compiler_loads_a_build_made_here_for_this_cpu']),
 }
 
 

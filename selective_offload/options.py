@@ -58,7 +58,9 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("SELECTIVE_OFFLOAD_PROFILE", "the `selective-offload probe` profile `plan` and `auto` read (default "
                                   "`~/.cache/selective-offload/profile.json`): a regular file of at most 1 MB"),
     (ENV_KERNEL_CACHE, "the folder the host-compute CPU kernels are compiled into (default "
-                       "`~/.cache/selective-offload/kernels`, under `$XDG_CACHE_HOME` when set)"),
+                       "`~/.cache/selective-offload/kernels`, under `$XDG_CACHE_HOME` when set): it and all in "
+                       "it owned by the user or root and writable by no one else, else refused naming the folder; "
+                       "one built by root serves other users read-only"),
     ("SELECTIVE_OFFLOAD_VLLM_CACHE", "development only: where the contract tests and `patches/check_patch.py` "
                                      "keep vLLM 0.33's wheel and sources (default `~/.cache/selective-offload`)"),
 )

@@ -189,7 +189,13 @@ def load(extra_flags: tuple[str, ...] = (), quiet: bool = False) -> ctypes.CDLL:
 def _built(extra_flags: tuple[str, ...], quiet: bool) -> tuple[Path, int]:
     """This key's library, checked, and an open descriptor of it; built first when its
     build is missing or not whole."""
-    path, cc, flags = library_path(extra_flags)
+    try:
+        path, cc, flags = library_path(extra_flags)
+    except KernelUnavailable:
+        found = _prebuilt(FLAGS + tuple(extra_flags))  # no compiler here: a build someone made, if any
+        if found is None:
+            raise
+        return found
     root = cache_root()
     cache.check_folder(root)
     # mutation: kernel-loaded-unverified
@@ -205,6 +211,34 @@ def _built(extra_flags: tuple[str, ...], quiet: bool) -> tuple[Path, int]:
         raise KernelUnavailable(f"host-compute CPU kernels: the build {path} {opened} just after it was made; "
                                 f"set {ENV_KERNEL_CACHE} to a folder of your own")
     return path, opened
+
+
+def _builds(flags: tuple[str, ...]) -> dict:
+    """What a build is made from, but its compiler: these sources, these flags, this CPU."""
+    return {"sources": cache.digest(sources_text().encode()), "flags": list(flags),
+            "cpu": cache.digest(_cpu_flags().encode())}
+
+
+def _prebuilt(flags: tuple[str, ...]) -> tuple[Path, int] | None:
+    """For a user without a compiler: a build in the cache made (by any compiler: its key,
+    which holds the compiler's version, cannot be made here) from these sources with these
+    flags on a CPU with these flags, checked as every build is; None when there is none."""
+    root = cache_root()
+    cache.check_folder(root)
+    want = _builds(flags)
+    try:
+        folders = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return None
+    for folder in folders:
+        path = folder / LIBRARY
+        record = cache.read_record(root, path)
+        # mutation: kernel-prebuilt-any
+        if isinstance(record, dict) and record.get("builds") == want:
+            opened = cache.open_verified(root, path, SYMBOLS)
+            if isinstance(opened, int):
+                return path, opened
+    return None
 
 
 def _cannot_write(path: Path, problem: str, folder: Path, why: str) -> KernelUnavailable:
@@ -280,7 +314,7 @@ def _compile(path: Path, cc: tuple[str, ...], flags: tuple[str, ...], problem: s
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)  # a folder where the library goes: nothing a build made
             os.replace(tmp, path)  # atomic: a reader sees the old file or the new one, whole
-            cache.write_record(path, data, exports, [*cc, *flags])
+            cache.write_record(path, data, exports, [*cc, *flags], _builds(flags))
         except OSError as e:
             raise _cannot_write(path, problem, folder, e.strerror) from None
     finally:

@@ -77,10 +77,12 @@ def refuse(root: Path, path: Path, why: str) -> KernelCacheRefused:
     what = "the kernel cache" if path == root else f"{path} in the kernel cache"
     mine = False
     try:
-        mine = os.lstat(path).st_uid == os.geteuid() and why.startswith("writable")
+        mine = why.startswith("writable") and os.stat(root).st_uid == os.geteuid()
     except OSError:
         pass
-    fix = f"`chmod go-w {path}`, or " if mine else ""
+    # A build made where others could write is made again once the folder is closed: only
+    # builds recorded by this package are loaded, and it never makes them writable by others.
+    fix = f"`chmod -R go-w {root}`, or " if mine else ""
     return KernelCacheRefused(
         f"host-compute CPU kernels: {what} {root} is {why}, so a library in it may not be this user's build "
         f"and is not loaded; {fix}set {ENV_KERNEL_CACHE} to a folder of your own")
@@ -168,11 +170,13 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_record(library: Path, data: bytes, symbols: frozenset[str], command: list[str]) -> None:
+def write_record(library: Path, data: bytes, symbols: frozenset[str], command: list[str],
+                 builds: dict | None = None) -> None:
     """The build's record beside ``library``, written to a temporary file and renamed into
-    place (readable by all, as the library is: a cache prebuilt by root serves everyone)."""
+    place (readable by all, as the library is: a cache prebuilt by root serves everyone).
+    ``builds``: what it was built from (sources, flags, CPU), for a user without a compiler."""
     record = {"format": RECORD_FORMAT, "library": library.name, "size": len(data), "sha256": digest(data),
-              "symbols": sorted(symbols), "command": command}
+              "symbols": sorted(symbols), "command": command, "builds": builds}
     path = record_path(library)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

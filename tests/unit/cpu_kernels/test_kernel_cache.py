@@ -179,7 +179,7 @@ def test_a_library_planted_where_others_can_write_is_refused_and_never_run(tmp_p
         assert not marker.exists(), "the planted library was loaded: its constructor ran"
         message = one_line(proc) if proc.args[1] == "-m" else proc.stdout
         assert str(root) in message and ENV in message and "writable by its group" in message, message
-        assert f"chmod go-w {target}" in message, message  # the user's own folder: the fix is theirs
+        assert str(target) in message and f"chmod -R go-w {root}" in message, message  # the user's own: theirs to fix
     assert proc.returncode == 2 and proc.stdout.startswith("KernelCacheRefused ")
 
 
@@ -342,3 +342,25 @@ def test_a_damaged_build_in_a_cache_the_user_cannot_write_is_one_line(shared_roo
     message = one_line(cli(root, user=user))
     assert str(path.parent) in message and ENV in message and "cannot be written by this user" in message
     assert "delete" not in message.lower()
+
+
+def _no_compiler(tmp_path: Path) -> dict:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    os.symlink(sys.executable, bindir / "python")
+    return {"PATH": str(bindir)}
+
+
+def test_a_user_without_a_compiler_loads_a_build_made_here_for_this_cpu(tmp_path, monkeypatch):
+    """Someone with a compiler (root at install) built the cache; a user with none (no cc,
+    no gcc on PATH) loads that build, checked; a build of other flags is not taken."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv(ENV, str(root))
+    monkeypatch.delenv("CC", raising=False)
+    other = build.build(("-DSO_NO_SIMD",), quiet=True)
+    message = one_line(cli(root, **_no_compiler(tmp_path)))
+    assert "no C compiler" in message and list(root.iterdir()) == [other.parent]
+    path = build.build(quiet=True)
+    proc = cli(root, PATH=str(tmp_path / "bin"))
+    assert proc.returncode == 0 and proc.stdout == f"host-compute CPU kernels: {path}\n", proc.stderr[-2000:]
+    assert proc.stderr == ""
