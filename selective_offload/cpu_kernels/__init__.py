@@ -25,12 +25,12 @@ probe of its host is claimed there instead (``claimed.verdict``).
 from __future__ import annotations
 
 from . import build, reference
-from .build import KernelUnavailable, openmp_runtimes
+from .build import KernelCacheRefused, KernelUnavailable, openmp_runtimes
 from .claimed import CLAIM_BAR, CLAIM_SOURCE, CLAIMED
 from .kernel import TORCH_FORMATS, MoEJob, RowsJob, library, moe, read_gbps, rows
 from .weights import FORMATS, Activation, ExpertWeights
 
-__all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "ExpertWeights", "KernelUnavailable",
+__all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "ExpertWeights", "KernelCacheRefused", "KernelUnavailable",
            "MoEJob", "RowsJob", "TORCH_FORMATS", "library", "moe", "read_gbps", "reference", "rows", "unavailable_reason", "openmp_runtimes", "build"]
 
 

@@ -130,6 +130,13 @@ def elf_exports(data: bytes) -> frozenset[str]:
     """The names a shared object defines in its dynamic symbol table, read from its bytes
     without loading it. ``ValueError`` (the reason) when ``data`` is not a whole ELF shared
     object: too short, cut inside its tables, or without a dynamic symbol table."""
+    try:
+        return _elf_exports(data)
+    except struct.error as e:  # a field that points past the end, however it is damaged
+        raise ValueError(f"its ELF tables point past its end ({e})") from None
+
+
+def _elf_exports(data: bytes) -> frozenset[str]:
     if len(data) < 52 or data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
         raise ValueError("it is not an ELF file")
     wide, order = data[4] == 2, "<" if data[5] == 1 else ">"

@@ -36,7 +36,7 @@ LOAD = """
     try:
         lib = ck.library()
     except ck.KernelUnavailable as e:
-        print(type(e).__name__, e)
+        print(type(e).__name__, e)  # the typed error a caller catches
         raise SystemExit(2)
     print("loaded", lib.so_simd_level(), lib.so_moe_job_size())
 """
@@ -181,6 +181,8 @@ def test_a_library_planted_where_others_can_write_is_refused_and_never_run(tmp_p
         assert str(root) in message and ENV in message and "writable by its group" in message, message
         assert str(target) in message and f"chmod -R go-w {root}" in message, message  # the user's own: theirs to fix
     assert proc.returncode == 2 and proc.stdout.startswith("KernelCacheRefused ")
+    from selective_offload import cpu_kernels
+    assert issubclass(cpu_kernels.KernelCacheRefused, cpu_kernels.KernelUnavailable)
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="needs root to make a cache another user owns")
