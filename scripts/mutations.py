@@ -394,6 +394,7 @@ MUTATIONS = {
  'kernel-cache-umask-modes': ('                os.chmod(made, 0o755)  # whatever the umask: a cache built by root serves every user', '                pass', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_read_only_cache_prebuilt_by_root_or_another_user_is_used']),
  'kernel-empty-output-kept': ('        exports = _made(data, cc)', '        exports = frozenset()', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_compiler_that_makes_nothing_is_one_line_and_leaves_nothing']),
  'kernel-prebuilt-any': ('        if isinstance(record, dict) and record.get("builds") == want:', '        if isinstance(record, dict):', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_user_without_a_compiler_loads_a_build_made_here_for_this_cpu']),
+ 'kernel-build-unlocked': ('        fcntl.flock(self.fd, fcntl.LOCK_EX)', '        pass', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_processes_building_at_once_compile_once_and_each_loads_a_whole_build']),
 }
 
 

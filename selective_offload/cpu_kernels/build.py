@@ -273,6 +273,7 @@ class _locked:
         if not os.access(folder, os.W_OK | os.X_OK):
             raise _cannot_write(path, problem, folder, "no write permission")
         self.fd = os.open(folder, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # mutation: kernel-build-unlocked
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 

@@ -366,3 +366,18 @@ def test_a_user_without_a_compiler_loads_a_build_made_here_for_this_cpu(tmp_path
     proc = cli(root, PATH=str(tmp_path / "bin"))
     assert proc.returncode == 0 and proc.stdout == f"host-compute CPU kernels: {path}\n", proc.stderr[-2000:]
     assert proc.stderr == ""
+
+
+def test_processes_building_at_once_compile_once_and_each_loads_a_whole_build(tmp_path):
+    """Three engines starting together on an empty cache: one compiles, under the build
+    folder's lock; the others wait for it and load its build (the record matches)."""
+    root = tmp_path / "cache"
+    env = _env(root)
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(LOAD)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=REPO) for _ in range(3)]
+    done = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
+    for rc, out, err in done:
+        assert rc == 0 and out.startswith("loaded "), (rc, out, err[-2000:])
+    assert sum(err.count("compiling the host-compute CPU kernels") for _, _, err in done) == 1
+    (path,) = root.glob(f"*/{build.LIBRARY}")
+    assert whole(path)
