@@ -76,6 +76,19 @@ def no_last_report_record(tmp_path_factory):
     mp.undo()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def kernel_cache(tmp_path_factory):
+    """The host-compute CPU kernels are compiled into a folder of this test run (the
+    SELECTIVE_OFFLOAD_KERNEL_CACHE variable), never the user's ~/.cache: a run never
+    reuses a build another run made (an edited or mutated moe.c is compiled again), and
+    the engines' worker processes inherit the folder."""
+    mp = pytest.MonkeyPatch()
+    path = tmp_path_factory.mktemp("kernel-cache")
+    mp.setenv("SELECTIVE_OFFLOAD_KERNEL_CACHE", str(path))
+    yield path
+    mp.undo()
+
+
 @pytest.fixture
 def nothing_enabled():
     """Each test starts and ends with no plan enabled (a test that enables one, or whose
