@@ -395,6 +395,9 @@ MUTATIONS = {
  'kernel-empty-output-kept': ('        exports = _made(data, cc)', '        exports = frozenset()', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_compiler_that_makes_nothing_is_one_line_and_leaves_nothing']),
  'kernel-prebuilt-any': ('        if isinstance(record, dict) and record.get("builds") == want:', '        if isinstance(record, dict):', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_a_user_without_a_compiler_loads_a_build_made_here_for_this_cpu']),
  'kernel-build-unlocked': ('        fcntl.flock(self.fd, fcntl.LOCK_EX)', '        pass', ['tests/unit/cpu_kernels/test_kernel_cache.py::test_processes_building_at_once_compile_once_and_each_loads_a_whole_build']),
+ 'experts-allocated-unpadded': ('    h, i = ROUND_UP.get((method, kernel), (1, 1))', '    h, i = (1, 1)', ['tests/unit/planner/test_allocation.py::test_gpt_oss_experts_are_priced_padded_for_marlin_on_sm_8_6_and_as_stored_on_sm_9_0', 'tests/contract/test_kernel_table.py::test_every_row_is_what_vllm_033_builds']),
+ 'experts-bias-padded-both': ('        return "I" if up and not down else "H" if down and not up else "HI"', '        return "HI"', ['tests/unit/planner/test_allocation.py::test_gpt_oss_experts_are_priced_padded_for_marlin_on_sm_8_6_and_as_stored_on_sm_9_0', 'tests/unit/planner/test_allocation.py::test_a_tensor_follows_the_sizes_its_projection_reads_and_writes', 'tests/contract/test_kernel_table.py::test_every_row_is_what_vllm_033_builds']),
+ 'experts-priced-as-stored': ('    for t in allocated(checkpoint, inputs).values():', '    for t in checkpoint.tensors.values():', ['tests/unit/planner/test_allocation.py::test_gpt_oss_experts_are_priced_padded_for_marlin_on_sm_8_6_and_as_stored_on_sm_9_0', 'tests/unit/planner/test_allocation.py::test_host_memory_the_device_share_and_the_cpus_bytes_are_the_padded_experts']),
 }
 
 

@@ -36,7 +36,7 @@ from ..plan_format import (
     read_flops,
 )
 from ..sizes import GiB
-from .grouping import Group
+from .grouping import Group, allocated
 
 
 def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
@@ -55,7 +55,7 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
     max_bytes = int(gb * GiB)  # vLLM: int(cpu_offload_gb * 1024**3)
     layer_names = {g.name: g.layer_index for g in groups if g.kind == GroupKind.LAYER}
     by_layer: dict[int, list[TensorInfo]] = {i: [] for i in layer_names.values()}
-    for t in checkpoint.tensors.values():
+    for t in allocated(checkpoint, inputs).values():  # vLLM offloads its parameters as it allocated them
         layer = layer_of(t.name)
         if layer is not None and f"{layer[0]}.{layer[1]}" in layer_names:
             by_layer[layer[1]].append(t)

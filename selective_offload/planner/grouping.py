@@ -30,6 +30,7 @@ from ..names import (
     mlp_prefix,
 )
 from ..plan_format import LAYER_KINDS, Role, GroupKind, PlanInputs, experts_read_bytes
+from .allocation import allocated_tensors, padding_for
 
 _BLOCK_SEGMENTS = ("blocks", "layers", "layer")
 #: Model types whose vision blocks vLLM 0.33 builds under ``@support_torch_compile`` (read
@@ -97,11 +98,19 @@ def _is_mtp_layer(index: int, facts) -> bool:
                 and index >= facts.num_hidden_layers)
 
 
+def allocated(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, TensorInfo]:
+    """The checkpoint's tensors at the bytes vLLM 0.33 allocates for them on the plan's card
+    (routed experts at their kernel's padded sizes, :mod:`.allocation`; the rest as stored)."""
+    return allocated_tensors(checkpoint.tensors, padding_for(checkpoint.config, inputs.card, inputs.moe_setting))
+
+
 def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, _Bucket]:
-    """Step 1: which group each tensor belongs to (by the naming rule)."""
+    """Step 1: which group each tensor belongs to (by the naming rule), each at the bytes
+    vLLM allocates for it (:func:`allocated`)."""
     facts = checkpoint.facts
     buckets: dict[str, _Bucket] = {}
-    for t in checkpoint.tensors.values():
+    # mutation: experts-priced-as-stored
+    for t in allocated(checkpoint, inputs).values():
         prefix = cold_prefix(t.name, inputs.cold_segments)
         layer = layer_of(t.name)
         if prefix is not None:

@@ -131,6 +131,44 @@ KERNELS: dict[tuple[str, str], tuple[str, ...]] = {
     ("int8", MARLIN): (REFUSED,) * 5,
 }
 
+#: (method, kernel) -> the multiples vLLM 0.33 rounds the routed experts' hidden size and
+#: intermediate size (per partition; TP=1 here) up to before it allocates them: the quant
+#: method's ``maybe_roundup_sizes``, which ``RoutedExperts.__init__`` calls before
+#: ``create_weights`` (``fused_moe/routed_experts.py:171-187``, ``:213``). A pair not listed keeps the
+#: checkpoint's sizes: the base method rounds only for DeepEP all2all
+#: (``fused_moe/fused_moe_method_base.py:70-100`` -> ``fused_moe/all2all_utils.py:148-187``),
+#: which TP=1 without expert parallelism never uses, and Fp8MoEMethod, ModelOptNvFp4FusedMoE
+#: and the compressed-tensors WNA16 and W8A8-int8 methods do not override it (their block FP8
+#: TP padding, ``oracle/fp8.py:324-352``, returns early at one rank). Held to vLLM's own
+#: round-up for every row, on gpt-oss's and Qwen3-30B-A3B's shapes, by
+#: tests/contract/check_kernel_table.py.
+ROUND_UP: dict[tuple[str, str], tuple[int, int]] = {
+    # GptOssMxfp4MoEMethod.maybe_roundup_sizes (quantization/mxfp4.py:183-198) ->
+    # mxfp4_round_up_hidden_size_and_intermediate_size: Marlin, not on XPU (oracle/mxfp4.py:865-870)
+    ("mxfp4", _M): (256, 128),
+    # FlashInfer TRT-LLM MXFP4 (TRTLLM_BACKENDS, oracle/mxfp4.py:871-873)
+    ("mxfp4", "TrtLlmMxfp4ExpertsMonolithic"): (256, 128),
+    # OAI triton_kernels (Mxfp4MoeBackend.TRITON) on CUDA: the last branch (oracle/mxfp4.py:915-916)
+    ("mxfp4", "OAITritonMxfp4ExpertsMonolithic"): (1, 64),
+    # UnquantizedFusedMoEMethod.maybe_roundup_sizes (unquantized_fused_moe_method.py:131-146) ->
+    # FLASHINFER_TRTLLM (oracle/unquantized.py:385-392)
+    ("unquantized", "TrtLlmBf16ExpertsMonolithic"): (1, 128),
+}
+
+
+def round_up(value: int, multiple: int) -> int:
+    """``value`` rounded up to a multiple of ``multiple`` (vLLM's ``utils/math_utils.py:27``)."""
+    return -(-value // multiple) * multiple
+
+
+def allocated_sizes(method: str | None, kernel: str | None, hidden: int, intermediate: int) -> tuple[int, int]:
+    """The hidden and intermediate sizes vLLM 0.33 allocates ``method``'s routed experts at
+    for ``kernel`` (:data:`ROUND_UP`; the checkpoint's own where the pair pads nothing)."""
+    # mutation: experts-allocated-unpadded
+    h, i = ROUND_UP.get((method, kernel), (1, 1))
+    return round_up(hidden, h), round_up(intermediate, i)
+
+
 _HUMMING = ("Humming outranks Marlin on SM 9.0 only (quantization/utils/humming/priority.py:11, moved ahead by "
             "prioritize_humming, :26-48); whether it supports the layer needs the humming package (vllm.utils.humming"
             ":120 imports it), which is a CUDA wheel and does not import here. Written down from the source: the "

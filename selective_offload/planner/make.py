@@ -21,6 +21,7 @@ from ..plan_format import contents as plan_contents
 from ..plan_format.vocabulary import HOST_COMPUTE_NOTE, SERVED_UVA
 from ..names import mlp_prefix
 from ..sizes import GB
+from .allocation import allocated_tensors, experts_bytes, padding_for
 from .baselines import baseline_notes, price_bulk
 from .grouping import group_tensors, model_fingerprint
 from ..estimate import StepSettings, host_compute_bound_tokens, share_native
@@ -33,7 +34,9 @@ from .shares import channel_shares, expert_shares, head_share
 from .speculation import with_alternative, with_draft_tokens
 
 
-def _planned_model(checkpoint: Checkpoint, kv: KvModel | None) -> PlannedModel:
+def _planned_model(checkpoint: Checkpoint, kv: KvModel | None, groups) -> PlannedModel:
+    """The plan's model; its bytes are its groups', as vLLM allocates them on the plan's card
+    (the checkpoint's, with routed experts at their kernel's padded sizes: :mod:`.allocation`)."""
     facts = checkpoint.facts
     # A local checkpoint is named absolutely: the plan is used from other directories, and
     # enable(plan) finds the model (and checks the plan against it) by this path.
@@ -44,7 +47,7 @@ def _planned_model(checkpoint: Checkpoint, kv: KvModel | None) -> PlannedModel:
     return PlannedModel(
         source=source, kind=checkpoint.kind, architectures=tuple(facts.architectures),
         fingerprint=model_fingerprint(checkpoint), num_tensors=len(checkpoint.tensors),
-        total_bytes=checkpoint.total_bytes, tie_word_embeddings=facts.tie_word_embeddings,
+        total_bytes=sum(g.nbytes for g in groups), tie_word_embeddings=facts.tie_word_embeddings,
         num_hidden_layers=facts.num_hidden_layers, num_mtp_layers=facts.num_mtp_layers, kv=kv,
     )
 
@@ -94,7 +97,7 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
 def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes: list[str],
            with_bulk: bool) -> Plan:
     groups = group_tensors(checkpoint, inputs)
-    model = _planned_model(checkpoint, kv)
+    model = _planned_model(checkpoint, kv, groups)
 
     method = method_of_config(checkpoint.config)
     fmt = cpu_format(method, checkpoint.config)
@@ -170,7 +173,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                 if bulk is not None and any(g.kind == GroupKind.EXPERTS for g in groups) else None)
     plan = placed(placing, hot, shares, bulk=bulk, bulk_segments=segments,
                   notes=tuple(notes + plan_notes(placing.groups, checkpoint, placing, inputs)
-                              + (kernel_notes(kernel, inputs.compute_capability is None) if has_experts else [])))
+                              + (kernel_notes(kernel, inputs.compute_capability is None) if has_experts else [])
+                              + _padding_notes(checkpoint, inputs, has_experts)))
     if has_experts and why_not is not None:
         plan = replace(plan, notes=plan.notes + (f"{HOST_COMPUTE_NOTE}{why_not}",))
     elif plan.host_compute is not None and inputs.cpu_read_gbps:  # claimed on this host, not by the benchmark
@@ -209,6 +213,15 @@ def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placin
         return placing, shares
     with_head = {**split[1], name: (rows_on_device, rows)}
     return (split[0], with_head) if step_s(split[0], with_head) < step_s(placing, shares) else (placing, shares)
+
+
+def _padding_notes(checkpoint: Checkpoint, inputs: PlanInputs, has_experts: bool) -> list[str]:
+    """The plan's note on the routed experts' padded sizes, when vLLM pads them on its card."""
+    padding = padding_for(checkpoint.config, inputs.card, inputs.moe_setting) if has_experts else None
+    if padding is None or not padding.pads:
+        return []
+    return [padding.note(experts_bytes(checkpoint.tensors), experts_bytes(allocated_tensors(checkpoint.tensors,
+                                                                                             padding)))]
 
 
 def _placed_spec_tokens(inputs: PlanInputs, checkpoint: Checkpoint) -> int:

@@ -20,6 +20,14 @@ Stand-ins, each for what cannot exist here (no GPU, the CUDA wheel's compiled pa
 - for the host post-processing check, tensor parallelism is one rank
   (``vllm.distributed.get_tensor_model_parallel_world_size`` answers 1: no process group here).
 
+Then ``ok sizes ROW | SHAPE`` / ``FAIL sizes ...`` (or ``refused sizes ...`` where vLLM
+refuses the layer at that shape) for every row vLLM builds, on gpt-oss's
+(hidden 2880, intermediate 2880) and Qwen3-30B-A3B's (2048, 768) shapes: the row's quant
+method's own ``maybe_roundup_sizes`` (what ``RoutedExperts`` calls before ``create_weights``)
+must give the sizes ``kernels.allocated_sizes`` gives, and the bytes its ``create_weights``
+allocates at those sizes (on the meta device, four experts) must be the bytes
+``planner.allocation`` prices for the same layer at the shape's own sizes.
+
 Then ``ok host-post-processing ...`` / ``FAIL ...`` for each pair in the table's
 ``HOST_POST_PROCESSING``: 0.33's own ``create_weights`` and ``process_weights_after_loading``
 run on host tensors (card 8.9, where vLLM builds that kernel), and every parameter must stay
@@ -50,7 +58,8 @@ from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 from vllm.platforms.cuda import CudaPlatformBase  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 
-from selective_offload.planner import kernels  # noqa: E402
+from selective_offload.planner import allocation, kernels  # noqa: E402
+from selective_offload.tensors import TensorInfo  # noqa: E402
 
 
 class StandInCuda(CudaPlatformBase):
@@ -189,6 +198,68 @@ def oracle(method: str, card: str, setting: str) -> str:
             os.environ.pop(key, None)
 
 
+#: The shapes the sizes are checked on: (label, hidden, intermediate).
+SHAPES = (("gpt-oss", 2880, 2880), ("Qwen3-30B-A3B", 2048, 768))
+EXPERTS = 4
+
+
+def built(method: str, card: str, setting: str):
+    """The row's quant method as vLLM builds it (its oracle run for the row's card and setting)."""
+    StandInCuda.capability = tuple(int(x) for x in card.split("."))
+    moe_backend = setting.split()[-1] if setting.startswith("--moe-backend ") else "auto"
+    if setting == kernels.DEEP_GEMM_OFF:
+        os.environ["VLLM_USE_DEEP_GEMM"] = "0"
+    clear_caches()
+    config = VllmConfig()
+    object.__setattr__(config, "model_config", SimpleNamespace(
+        quantization_config=None, hf_text_config=SimpleNamespace(model_type="stand-in")))
+    try:
+        with set_current_vllm_config(config):
+            return build(method, moe_backend), config
+    finally:
+        os.environ.pop("VLLM_USE_DEEP_GEMM", None)
+
+
+def allocated_layer(quant, config, hidden: int, intermediate: int) -> dict[str, TensorInfo]:
+    """The parameters 0.33's ``create_weights`` allocates for ``quant`` at these sizes
+    (meta device), as the planner's tensors (under an experts module's name)."""
+    layer = layer_of(quant.moe)
+    with set_current_vllm_config(config), torch.device("meta"):
+        quant.create_weights(layer, num_experts=EXPERTS, hidden_size=hidden, intermediate_size_per_partition=intermediate,
+                             params_dtype=torch.bfloat16, weight_loader=lambda *a, **k: None,
+                             unpadded_hidden_size=hidden, global_num_experts=EXPERTS)
+    tensors = {}
+    for name, t in [*layer.named_parameters(), *layer.named_buffers()]:
+        tensors[f"{PREFIX}.{name}"] = TensorInfo(f"{PREFIX}.{name}", str(t.dtype), tuple(t.shape),
+                                                 t.numel() * t.element_size())
+    return tensors
+
+
+def sizes(method: str, card: str, setting: str, kernel: str, hidden: int, intermediate: int) -> str:
+    """What vLLM allocates when its round-up and allocation for the row agree with the
+    planner's, else what differs (``vLLM ...``)."""
+    import vllm.distributed as distributed
+    import vllm.model_executor.parameter as parameter
+
+    distributed.get_tensor_model_parallel_world_size = lambda: 1  # no process group here
+    parameter.get_tensor_model_parallel_rank = lambda: 0
+    parameter.get_tensor_model_parallel_world_size = lambda: 1
+    quant, config = built(method, card, setting)
+    with set_current_vllm_config(config):
+        got = tuple(quant.maybe_roundup_sizes(hidden, intermediate, torch.bfloat16, quant.moe.moe_parallel_config))
+    mine = kernels.allocated_sizes(method, kernel, hidden, intermediate)
+    if got != mine:
+        return f"vLLM rounds ({hidden}, {intermediate}) up to {got}, the planner to {mine}"
+    vllm_bytes = sum(t.nbytes for t in allocated_layer(quant, config, *got).values())
+    padding = allocation.Padding(method, kernel, card, hidden, intermediate, *mine)
+    priced = sum(t.nbytes for t in allocation.allocated_tensors(allocated_layer(quant, config, hidden, intermediate),
+                                                                padding).values())
+    if priced != vllm_bytes:
+        return (f"vLLM allocates {vllm_bytes / EXPERTS:g} bytes per expert at {got}, the planner prices "
+                f"{priced / EXPERTS:g}")
+    return f"{vllm_bytes // EXPERTS} bytes per expert at {got}"
+
+
 def host_post_processing(method: str, kernel: str) -> str:
     """Run 0.33's post-processing of ``method`` for ``kernel`` on host tensors; '' when every
     parameter stays on the host with its bytes and strides, else what changed."""
@@ -260,6 +331,24 @@ def main() -> int:
             else:
                 failed += 1
                 print(f"FAIL {label}: vLLM built {got}, which does not read UVA", flush=True)
+    for (method, setting), row in kernels.KERNELS.items():
+        for card, kernel in zip(kernels.CARDS, row):
+            if kernel == kernels.REFUSED or (method, setting, card) in kernels.NOT_RUN:
+                continue
+            for shape, hidden, intermediate in SHAPES:
+                label = f"{method} | {setting} | SM {card} | {shape}"
+                try:
+                    said = sizes(method, card, setting, kernel, hidden, intermediate)
+                except ValueError as exc:  # vLLM refuses the layer at this shape: nothing to price
+                    print(f"refused sizes {label}: {' '.join(str(exc).split())[:200]}", flush=True)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - what could not run says so
+                    said = f"FAIL: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                if said.startswith(("vLLM ", "FAIL")):
+                    failed += 1
+                    print(f"FAIL sizes {label}: {said.removeprefix('FAIL: ')}", flush=True)
+                else:
+                    print(f"ok sizes {label}: {said}", flush=True)
     for method, kernel in sorted(kernels.HOST_POST_PROCESSING):
         try:
             why = host_post_processing(method, kernel)

@@ -5,7 +5,11 @@
 with the row's compute capability and setting (stand-ins named in that script). Every row
 must print ``ok``, or ``notrun`` for a row the table lists in ``NOT_RUN``; every advice line
 (the setting a refusal names, applied to the oracle) must print ``ok``, and so must every pair
-the table says post-processes on the host (0.33's own method run on host tensors).
+the table says post-processes on the host (0.33's own method run on host tensors). Every row
+vLLM builds, on gpt-oss's and Qwen3-30B-A3B's shapes, must print ``ok sizes``: vLLM's own
+round-up gives the planner's sizes and vLLM's ``create_weights`` allocates the bytes the
+planner prices (or ``refused sizes`` where vLLM refuses the shape: gpt-oss's 2880 for the
+128-blocked FP8 and WNA16 methods).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
     detail = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr (tail)\n{proc.stderr[-3000:]}"
     failed = [line for line in lines if line.startswith("FAIL ")]
     assert not failed, "\n".join(failed) + detail
-    ok = {line[3:] for line in lines if line.startswith("ok ") and not line.startswith(("ok advice ",
+    ok = {line[3:] for line in lines if line.startswith("ok ") and not line.startswith(("ok advice ", "ok sizes ",
                                                                                        "ok host-post-processing "))}
     notrun = {line[7:].split(":")[0] for line in lines if line.startswith("notrun ")}
     rows = {f"{m} | {s} | SM {c}" for (m, s) in kernels.KERNELS for c in kernels.CARDS}
@@ -57,6 +61,20 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
     refusals = [(m, c) for m in kernels.METHODS for c in kernels.CARDS
                 if not kernels.reads_uva(kernels.kernel_for(m, c))]
     assert refusals and len(advised) == len(refusals), detail
+    # the sizes vLLM allocates each row's experts at, on both shapes, are the planner's
+    built = {f"{m} | {s} | SM {c}" for (m, s), row in kernels.KERNELS.items() for c, k in zip(kernels.CARDS, row)
+             if k != kernels.REFUSED and (m, s, c) not in kernels.NOT_RUN}
+    sized = {line[len("ok sizes "):].split(": ")[0] for line in lines if line.startswith("ok sizes ")}
+    refused = {line[len("refused sizes "):].split(": ")[0] for line in lines if line.startswith("refused sizes ")}
+    assert sized | refused == {f"{row} | {shape}" for row in built for shape in ("gpt-oss", "Qwen3-30B-A3B")}, detail
+    # vLLM refuses only gpt-oss's 2880 for 128-blocked methods, never a reference shape of the method
+    assert all(label.startswith(("fp8-block | ", "wna16 | ")) and label.endswith("| gpt-oss") for label in refused)
+    # by hand: Marlin pads gpt-oss to hidden 3072, intermediate 2944; gate_up (2I x H) and down
+    # (H x I) at 4.25 bits (codes and e8m0 scales of 32), bf16 biases of 2I and H
+    per_expert = 3 * 3072 * 2944 * 17 // 32 + (2 * 2944 + 3072) * 2
+    padded = [line for line in lines if line.startswith("ok sizes mxfp4 | auto | SM 8.6 | gpt-oss")]
+    assert padded == [f"ok sizes mxfp4 | auto | SM 8.6 | gpt-oss: {per_expert} bytes per expert at (3072, 2944)"], \
+        detail
     on_host = {line[len("ok host-post-processing "):] for line in lines if line.startswith("ok host-post-processing ")}
     assert on_host == {f"{m} | {k}" for m, k in kernels.HOST_POST_PROCESSING}, detail
     assert proc.returncode == 0, f"the script exited {proc.returncode}" + detail

@@ -1,0 +1,148 @@
+"""The bytes vLLM 0.33 allocates for a checkpoint's routed experts on the plan's card.
+
+vLLM rounds the experts' hidden and intermediate sizes up to what the kernel it picks needs
+before it allocates them (:data:`.kernels.ROUND_UP`): gpt-oss's 2880 x 2880 MXFP4 experts are
+allocated at hidden 3072 and intermediate 2944 for Marlin (SM 8.6, 8.9, 12.0) and FlashInfer
+TRT-LLM (SM 10.0), 9.03% more bytes per expert than the checkpoint holds, and unchanged for
+OAI triton_kernels (SM 9.0). Every place a plan prices routed experts (the device, a device
+share, host memory read through UVA or computed by the host CPU, the CPU's bytes per step,
+vLLM's own offload priced beside it) prices those bytes: the glue serves vLLM's parameters as
+vLLM built them, padding included (host-compute experts are allocated on the host at the
+padded size too, and the CPU kernel reads the padded layout; the padding is zeros).
+
+Each routed-experts tensor keeps its checkpoint name and shape; only its bytes change, by
+the projection it belongs to: a gate/up projection reads the hidden size and writes the
+intermediate one, a down projection the other way round. A tensor with two or more
+dimensions per expert (weights, blocks, block scales) scales with both sizes, a bias with
+its output size only, an act-order index (``g_idx``) with its input size only, a scalar with
+neither. The arithmetic is exact for the layouts vLLM allocates (held to vLLM's own
+``create_weights`` in tests/contract/check_kernel_table.py).
+
+TP=1, no expert parallelism, as :mod:`.kernels`' table: with more ranks vLLM rounds each
+rank's partition, which this does not price.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from ..names import experts_prefix
+from ..tensors import TensorInfo
+from .kernels import allocated_sizes, method_of_config, pick
+
+#: Name tokens of a gate/up projection and of a down projection (gpt-oss ``gate_up_proj``,
+#: per-expert ``gate_proj`` / ``up_proj`` / ``down_proj``, Mixtral ``w1`` / ``w3`` / ``w2``,
+#: vLLM's own ``w13`` / ``w2``).
+UP_TOKENS = frozenset({"gate", "up", "w1", "w3", "w13"})
+DOWN_TOKENS = frozenset({"down", "w2"})
+
+
+@dataclass(frozen=True)
+class Padding:
+    """The routed experts' sizes in the checkpoint and as vLLM 0.33 allocates them."""
+
+    method: str | None
+    kernel: str | None
+    card: str
+    hidden: int
+    intermediate: int
+    hidden_to: int
+    intermediate_to: int
+
+    @property
+    def pads(self) -> bool:
+        return (self.hidden_to, self.intermediate_to) != (self.hidden, self.intermediate)
+
+    def scale(self, dims: str) -> tuple[int, int]:
+        """The ratio (numerator, denominator) a tensor's bytes grow by, for ``dims``: ``"HI"``
+        (both sizes), ``"H"``, ``"I"`` or ``""``."""
+        num = den = 1
+        if "H" in dims:
+            num, den = num * self.hidden_to, den * self.hidden
+        if "I" in dims:
+            num, den = num * self.intermediate_to, den * self.intermediate
+        return num, den
+
+    def note(self, stored: int, allocated: int) -> str:
+        """The plan's note on the sizes it priced (``stored`` and ``allocated``: the routed
+        experts' bytes in the checkpoint and as vLLM allocates them)."""
+        grow = allocated / stored - 1 if stored else 0.0
+        return (f"routed experts: priced at the sizes vLLM 0.33 allocates them for {self.kernel} on SM {self.card}: "
+                f"hidden {self.hidden} -> {self.hidden_to}, intermediate {self.intermediate} -> "
+                f"{self.intermediate_to} (its kernel's round-up: {grow * 100:.2f}% more bytes of routed experts "
+                "than the checkpoint holds), on the device, in a device share, in host memory and in the CPU's bytes "
+                "per step alike")
+
+
+def expert_sizes(config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The routed experts' hidden and intermediate sizes from a ``config.json`` (the text
+    model's first): ``hidden_size``, and ``moe_intermediate_size`` else ``intermediate_size``."""
+    text = config.get("text_config")
+    sources = [s for s in (text, config) if isinstance(s, Mapping)]
+
+    def first(*keys: str) -> int | None:
+        for source in sources:
+            for key in keys:
+                value = source.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+        return None
+
+    hidden, intermediate = first("hidden_size"), first("moe_intermediate_size", "intermediate_size")
+    return (hidden, intermediate) if hidden and intermediate else None
+
+
+def padding_for(config: Mapping[str, Any], card: str, setting: str) -> Padding | None:
+    """The padding vLLM 0.33 gives the routed experts of a model with ``config`` on ``card``
+    under ``setting``; ``None`` when their sizes are not in the config."""
+    sizes = expert_sizes(config)
+    if sizes is None:
+        return None
+    method = method_of_config(config)
+    kernel = pick(method, card, setting).kernel
+    return Padding(method, kernel, card, *sizes, *allocated_sizes(method, kernel, *sizes))
+
+
+def tensor_dims(relative: str, shape: tuple[int, ...]) -> str:
+    """Which of the experts' sizes a routed-experts tensor's bytes follow (see the module's
+    docstring): ``relative`` is its name under the experts module (``gate_up_proj_blocks``,
+    ``17.down_proj.weight``)."""
+    tokens = set(re.split(r"[._]", relative))
+    fused = not relative.split(".")[0].isdigit()  # [E, ...] in one tensor, else one expert's
+    rank = len(shape) - (1 if fused and shape else 0)
+    if rank >= 2:
+        return "HI"
+    if rank == 0:
+        return ""
+    up, down = bool(tokens & UP_TOKENS), bool(tokens & DOWN_TOKENS)
+    if "idx" in tokens:  # an input-channel index (act order)
+        return "H" if up and not down else "I" if down and not up else "HI"
+    if "bias" in tokens:  # the output's
+        # mutation: experts-bias-padded-both
+        return "I" if up and not down else "H" if down and not up else "HI"
+    return ""  # one value per expert (a per-tensor scale)
+
+
+def allocated_bytes(relative: str, t: TensorInfo, padding: Padding) -> int:
+    """Bytes vLLM allocates for the routed-experts tensor ``t`` (rounded up to whole bytes)."""
+    num, den = padding.scale(tensor_dims(relative, t.shape))
+    return -(-t.nbytes * num // den)
+
+
+def allocated_tensors(tensors: Mapping[str, TensorInfo], padding: Padding | None) -> dict[str, TensorInfo]:
+    """``tensors`` with every routed-experts tensor at the bytes vLLM allocates for it
+    (names and shapes as the checkpoint has them)."""
+    if padding is None or not padding.pads:
+        return dict(tensors)
+    out = {}
+    for name, t in tensors.items():
+        prefix = experts_prefix(name)
+        out[name] = t if prefix is None else replace(t, nbytes=allocated_bytes(name[len(prefix) + 1:], t, padding))
+    return out
+
+
+def experts_bytes(tensors: Mapping[str, TensorInfo]) -> int:
+    """Bytes of every routed-experts tensor of ``tensors``."""
+    return sum(t.nbytes for name, t in tensors.items() if experts_prefix(name) is not None)

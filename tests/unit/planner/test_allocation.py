@@ -1,0 +1,111 @@
+"""Routed experts are priced at the sizes vLLM 0.33 allocates them for the kernel it picks on
+the plan's card (``planner.allocation``, ``kernels.ROUND_UP``), checked against arithmetic
+done here by hand: gpt-oss's MXFP4 experts (hidden 2880, intermediate 2880) are padded to
+3072 x 2944 for Marlin on SM 8.6 and kept as stored for OAI triton_kernels on SM 9.0.
+tests/contract/test_kernel_table.py holds the same sizes to vLLM 0.33's own round-up.
+"""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from helpers import write_config
+from selective_offload.checkpoint import load_checkpoint
+from selective_offload.estimate import EXPERTS_CPU
+from selective_offload.model_match import check_plan_matches_model
+from selective_offload.planner import PlanInputs, make_plan
+from selective_offload.planner.allocation import tensor_dims
+from selective_offload.sizes import GiB
+
+MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+LAYERS, EXPERTS = 4, 16
+
+
+def mxfp4_expert(hidden, intermediate):
+    """One gpt-oss expert as vLLM allocates it at these sizes: gate_up (2I x H) and down (H x I)
+    as MXFP4 codes (half a byte) and e8m0 scales (a byte per 32), plus bf16 biases (2I and H)."""
+    codes_and_scales = 3 * hidden * intermediate * 17 // 32
+    return codes_and_scales, (2 * intermediate + hidden) * 2
+
+
+def gpt_oss(tmp_path):
+    config = transformers.GptOssConfig(num_hidden_layers=LAYERS, num_local_experts=EXPERTS, num_experts_per_tok=4,
+                                       hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+                                       num_key_value_heads=8, head_dim=64, vocab_size=4096, tie_word_embeddings=False)
+    return load_checkpoint(write_config(tmp_path, config, "GptOssForCausalLM", quantization_config=MXFP4))
+
+
+def experts(plan):
+    return [g for g in plan.groups if g.kind == "experts"]
+
+
+def test_gpt_oss_experts_are_priced_padded_for_marlin_on_sm_8_6_and_as_stored_on_sm_9_0(tmp_path):
+    checkpoint = gpt_oss(tmp_path)
+    marlin = make_plan(checkpoint, PlanInputs(device_memory_bytes=80 * GiB, compute_capability="8.6"))
+    triton = make_plan(checkpoint, PlanInputs(device_memory_bytes=80 * GiB, compute_capability="9.0"))
+    padded, stored = mxfp4_expert(3072, 2944), mxfp4_expert(2880, 2880)
+    assert sum(padded) == 14431744 and sum(stored) == 13236480  # +9.03% an expert
+    for g in experts(marlin):
+        assert g.bytes == EXPERTS * sum(padded)
+        assert dict(g.dtype_bytes) == {"BF16": EXPERTS * padded[1], "U8": EXPERTS * padded[0]}
+    for g in experts(triton):
+        assert g.bytes == EXPERTS * sum(stored)
+        assert dict(g.dtype_bytes) == {"BF16": EXPERTS * stored[1], "U8": EXPERTS * stored[0]}
+    # the checkpoint's own bytes: what the SM 9.0 plan holds, less the padding on SM 8.6
+    extra = LAYERS * EXPERTS * (sum(padded) - sum(stored))
+    assert triton.model.total_bytes == checkpoint.total_bytes
+    assert marlin.model.total_bytes == checkpoint.total_bytes + extra
+    # each plan says so, and each is a plan for this checkpoint (the model check prices alike)
+    note = next(n for n in marlin.notes if "priced at the sizes vLLM 0.33 allocates" in n)
+    assert "MarlinExperts on SM 8.6: hidden 2880 -> 3072, intermediate 2880 -> 2944" in note and "9.03%" in note
+    assert not any("priced at the sizes vLLM 0.33 allocates" in n for n in triton.notes)
+    assert check_plan_matches_model(marlin, checkpoint) == []
+    assert check_plan_matches_model(triton, checkpoint) == []
+
+
+def test_host_memory_the_device_share_and_the_cpus_bytes_are_the_padded_experts(tmp_path):
+    """A host-compute plan on SM 8.6: every byte of routed experts it puts in host memory, in
+    a device share, or before the CPU in a step, is an expert at 3072 x 2944."""
+    checkpoint = gpt_oss(tmp_path)
+    plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=4 * GiB, compute_capability="8.6"))
+    per_expert = sum(mxfp4_expert(3072, 2944))
+    computed = [g for g in experts(plan) if g.placement == "host-compute"]
+    assert computed and all(g.bytes == EXPERTS * per_expert for g in computed)
+    head = sum(g.bytes for g in plan.groups if g.kind == "module" and g.placement == "host-compute")
+    assert plan.host_compute_bytes == len(computed) * EXPERTS * per_expert + head
+    shared = [g for g in computed if g.device_experts]
+    assert shared, "the plan keeps a device share"
+    for g in shared:
+        assert plan.share_bytes(g) == g.device_experts * per_expert  # MXFP4 shares are held as stored
+    # the step model prices each layer's CPU part from the padded experts too
+    cpu = [e for e in plan.traffic().experts if e.where == EXPERTS_CPU and e.layer >= 0]
+    assert len(cpu) == len(computed) and all(e.nbytes == EXPERTS * per_expert for e in cpu)
+
+
+def test_unquantized_experts_are_padded_to_128_intermediate_channels_on_sm_10_0_only(tmp_path):
+    """vLLM's FlashInfer TRT-LLM bf16 kernel (SM 10.0) rounds the intermediate size up to 128
+    (oracle/unquantized.py:391-392); Triton (SM 8.9) takes it as it is."""
+    config = transformers.Qwen3MoeConfig(hidden_size=256, intermediate_size=512, moe_intermediate_size=96,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=64, num_experts=8, num_experts_per_tok=2, vocab_size=1024,
+                                         tie_word_embeddings=False)
+    checkpoint = load_checkpoint(write_config(tmp_path, config, "Qwen3MoeForCausalLM"))
+    for card, intermediate in (("8.9", 96), ("10.0", 128)):
+        plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=8 * GiB, compute_capability=card))
+        assert [g.bytes for g in experts(plan)] == [8 * 3 * 256 * intermediate * 2] * 2, card
+
+
+@pytest.mark.parametrize("name, shape, dims", [
+    ("gate_up_proj_blocks", (32, 5760, 90, 16), "HI"),   # gpt-oss MXFP4, fused [E, 2I, H/32, 16]
+    ("gate_up_proj_bias", (32, 5760), "I"),              # the gate/up output: intermediate
+    ("down_proj_bias", (32, 2880), "H"),                 # the down output: hidden
+    ("17.down_proj.weight", (2048, 768), "HI"),          # one expert's module
+    ("3.up_proj.bias", (768,), "I"),
+    ("w13_g_idx", (8, 2048), "H"),                       # act order indexes the gate/up input
+    ("w2_g_idx", (8, 768), "I"),
+    ("w13_weight_scale", (8,), ""),                      # one scale per expert
+])
+def test_a_tensor_follows_the_sizes_its_projection_reads_and_writes(name, shape, dims):
+    assert tensor_dims(name, shape) == dims
