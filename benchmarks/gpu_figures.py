@@ -337,7 +337,7 @@ FAMILIES: tuple[Family, ...] = (
            native_share_over_bf16_share),
     Family("lm_head_split_over_whole", "host-compute", "LM head split with the host CPU / whole on the GPU, time per step",
            "whether computing the LM head's last vocabulary rows on the host CPU while the GPU computes the others "
-           "(what the gpt-oss-120b plan's 30 tok/s estimate rests on) saves the step time the plan prices",
+           "(part of the gpt-oss-120b plan's 27.49 tok/s estimate) saves the step time the plan prices",
            lm_head_split_over_whole),
     Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
            "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),

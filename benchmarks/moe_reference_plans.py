@@ -31,6 +31,7 @@ from selective_offload.anchors import anchors_for  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402
 from selective_offload.estimate import ASSUMED_CPU_TFLOPS, ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS  # noqa: E402
 from selective_offload.planner import PlanInputs, make_plan  # noqa: E402
+from selective_offload.planner.allocation import allocated_tensors, experts_bytes, padding_for  # noqa: E402
 from selective_offload.planner.host_compute import share_words  # noqa: E402
 from selective_offload.sizes import GB, GiB  # noqa: E402
 
@@ -171,11 +172,23 @@ def reference_plans(workdir: Path) -> list[dict]:
                     "crossover_tokens": record.crossover_tokens if record else None,
                     "target_tok_s": target, "est_cpu_gbps_for_target": round(need, 1) if need else None,
                     "cpu_format": record.format if record else None,
+                    "experts_allocated": _allocated(checkpoint, plan.inputs),
                     # why nothing is computed on the host, when nothing is: the plan's own note
                     "no_host_compute": None if record else _why_no_host_compute(plan),
                     "llama_cpp": [{"tok_s": a.tok_s, "card_gb": a.card_gb, "setup": a.setup, "source": a.source,
                                    "same_card": a.card_gb == gib} for a in anchors]})
     return out
+
+
+def _allocated(checkpoint, inputs) -> dict:
+    """The sizes vLLM 0.33 allocates the routed experts at on the plan's card (the planner
+    prices those: ``planner.allocation``), and how many more bytes that is than stored."""
+    padding = padding_for(checkpoint.config, inputs.card, inputs.moe_setting)
+    stored = experts_bytes(checkpoint.tensors)
+    allocated = experts_bytes(allocated_tensors(checkpoint.tensors, padding))
+    return {"card": inputs.card, "kernel": padding.kernel, "hidden": [padding.hidden, padding.hidden_to],
+            "intermediate": [padding.intermediate, padding.intermediate_to],
+            "extra_pct": round((allocated / stored - 1) * 100, 2)}
 
 
 def _anchor_cell(p: dict) -> str:
@@ -207,6 +220,14 @@ def markdown(plans: list[dict]) -> str:
         lines.append(f"| {p['model']}, {p['device_memory_gib']} GiB | {fmt} | {p['crossover_tokens'] or '-'} | "
                      f"{p['rows'][-1]['est_cpu_ms']:.1f} ms | {p['target_tok_s']:g} "
                      f"({f'{need:g} GB/s' if need else '-'}) | {_anchor_cell(p)} |")
+    lines += ["", "Routed experts are priced at the sizes vLLM 0.33 allocates them at on the plan's card "
+              "(hidden and intermediate, stored -> allocated):", ""]
+    for p in plans:
+        a = p["experts_allocated"]
+        (h0, h1), (i0, i1) = a["hidden"], a["intermediate"]
+        lines.append(f"- {p['model']}, SM {a['card']}, {a['kernel']}: hidden {h0} -> {h1}, intermediate {i0} -> "
+                     f"{i1}" + (f", {a['extra_pct']:.2f}% more bytes of routed experts than stored"
+                                if a["extra_pct"] else ", as stored"))
     return "\n".join(lines) + "\n"
 
 

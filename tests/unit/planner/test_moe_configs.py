@@ -62,10 +62,13 @@ def gpt_oss(tmp_path, layers, experts):
     return write_config(tmp_path, config, "GptOssForCausalLM", quantization_config=MXFP4, experts_per_token=4)
 
 
-def gpt_oss_experts_bytes(experts):
-    """One layer's routed experts: gate_up (2 x 2880 x 2880) and down (2880 x 2880) per
-    expert at 4.25 bits (MXFP4 and its scales), plus their bf16 biases."""
-    return experts * (3 * 2880 * 2880 * 4.25 / 8 + (2 * 2880 + 2880) * 2)
+def gpt_oss_experts_bytes(experts, hidden=3072, intermediate=2944):
+    """One layer's routed experts as vLLM 0.33 allocates them: gate_up (2I x H) and down
+    (H x I) per expert at 4.25 bits (MXFP4 and its scales), plus their bf16 biases (2I and
+    H). The plans here are for the default card (SM 8.9), where vLLM picks Marlin for MXFP4
+    and pads gpt-oss's hidden 2880 to 3072 and intermediate 2880 to 2944
+    (oracle/mxfp4.py:865-870); the checkpoint holds them at 2880 x 2880."""
+    return experts * (3 * hidden * intermediate * 4.25 / 8 + (2 * intermediate + hidden) * 2)
 
 
 def test_gpt_oss_20b_on_8_gib_reads_top_4_of_32_experts_instead_of_whole_layers(tmp_path):
