@@ -398,6 +398,7 @@ MUTATIONS = {
  'experts-allocated-unpadded': ('    h, i = ROUND_UP.get((method, kernel), (1, 1))', '    h, i = (1, 1)', ['tests/unit/planner/test_allocation.py::test_gpt_oss_experts_are_priced_padded_for_marlin_on_sm_8_6_and_as_stored_on_sm_9_0', 'tests/contract/test_kernel_table.py::test_every_row_is_what_vllm_033_builds']),
  'experts-bias-padded-both': ('        return "I" if up and not down else "H" if down and not up else "HI"', '        return "HI"', ['tests/unit/planner/test_allocation.py::test_gpt_oss_experts_are_priced_padded_for_marlin_on_sm_8_6_and_as_stored_on_sm_9_0', 'tests/unit/planner/test_allocation.py::test_a_tensor_follows_the_sizes_its_projection_reads_and_writes', 'tests/contract/test_kernel_table.py::test_every_row_is_what_vllm_033_builds']),
  'experts-priced-as-stored': ('    for t in allocated(checkpoint, inputs).values():', '    for t in checkpoint.tensors.values():', ['tests/unit/planner/test_allocation.py::test_gpt_oss_experts_are_priced_padded_for_marlin_on_sm_8_6_and_as_stored_on_sm_9_0', 'tests/unit/planner/test_allocation.py::test_host_memory_the_device_share_and_the_cpus_bytes_are_the_padded_experts']),
+ 'auto-room-unpadded': ('    device_memory, memory_from = device_memory_for(vllm_config, device, allocated, kv_bytes, DEFAULT_RESERVE_BYTES)', '    device_memory, memory_from = device_memory_for(vllm_config, device, checkpoint.total_bytes, kv_bytes, DEFAULT_RESERVE_BYTES)', ['tests/unit/vllm_glue/test_plans_the_glue_accepts.py::test_auto_on_the_cpu_build_makes_room_for_the_experts_vllm_pads']),
 }
 
 

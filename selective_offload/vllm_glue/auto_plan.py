@@ -27,9 +27,10 @@ from ..checkpoint import load_checkpoint
 from ..errors import PlanError
 from ..estimate import KV_DTYPE_BYTES, KvModel
 from ..plan_format import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
-from ..plan_format.inputs import MOE_SETTINGS, moe_setting
+from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS, moe_setting
 from ..plan_options import with_measured_cpu_rate
 from ..planner import kernels, make_plan
+from ..planner.allocation import allocated_tensors, padding_for
 from ..probe import load_profile, plan_bandwidths, plan_defaults
 from ..options import ENV_DEVICE_MEMORY, ENV_PLAN, device_memory_from_env
 from ..sizes import GiB
@@ -97,16 +98,20 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
                         "local directory; download it first, or make a plan with `selective-offload plan`")
     checkpoint = load_checkpoint(model_dir)
     kv_bytes, kv_from = kv_bytes_for(vllm_config, checkpoint)
-    device_memory, memory_from = device_memory_for(vllm_config, device, checkpoint.total_bytes, kv_bytes,
-                                                   DEFAULT_RESERVE_BYTES)
+    card, setting = card_of_worker(device), setting_of_server(vllm_config)
+    # the bytes vLLM allocates for the model on this card (routed experts padded for its kernel)
+    allocated = sum(t.nbytes for t in allocated_tensors(checkpoint.tensors, padding_for(
+        checkpoint.config, card or DEFAULT_CARD, setting)).values())
+    # mutation: auto-room-unpadded
+    device_memory, memory_from = device_memory_for(vllm_config, device, allocated, kv_bytes, DEFAULT_RESERVE_BYTES)
     profile = load_profile()
     link, vram, link_from = plan_bandwidths(profile)
     measured = plan_defaults(profile)  # the UVA read and matmul rates the probe measured, if it did
     spec = vllm_config.speculative_config
     mtp = spec is not None and "mtp" in str(getattr(spec, "method", "") or "")
     inputs = PlanInputs(
-        compute_capability=card_of_worker(device),
-        moe_setting=setting_of_server(vllm_config),
+        compute_capability=card,
+        moe_setting=setting,
         device_memory_bytes=device_memory, kv_cache_bytes=kv_bytes,
         link_gbps=link, vram_gbps=vram, uva_gbps=measured["uva_gbps"], compute_tflops=measured["compute_tflops"],
         decode_read_gbps=measured["decode_read_gbps"],

@@ -182,3 +182,43 @@ def test_a_plan_with_experts_on_the_host_made_for_another_card_is_refused_before
     assumed = make_plan(checkpoint, PlanInputs(device_memory_bytes=8 * GiB, host_compute=False))
     with pytest.raises(PlanError, match="made without a card, assuming compute capability 8.9"):
         experts.refuse_another_card(assumed, cuda, card="12.0")
+
+
+def test_auto_on_the_cpu_build_makes_room_for_the_experts_vllm_pads(tmp_path):
+    """Without a device memory limit (the CPU build) the plan made at engine start is resident:
+    the room it is given is the model as vLLM allocates it on the plan's card, gpt-oss's MXFP4
+    experts padded to 3072 x 2944 (planner.allocation), not the checkpoint's bytes."""
+    import json
+    import types
+
+    from helpers import write_header_only
+    from selective_offload.options import RunOptions
+
+    E, H = 8, 2880
+    tensors = {"model.embed_tokens.weight": ("BF16", [1024, H]), "lm_head.weight": ("BF16", [1024, H]),
+               "model.norm.weight": ("BF16", [H])}
+    for i in range(2):
+        p = f"model.layers.{i}"
+        tensors.update({f"{p}.self_attn.q_proj.weight": ("BF16", [4096, H]),
+                        f"{p}.self_attn.o_proj.weight": ("BF16", [H, 4096]),
+                        f"{p}.mlp.router.weight": ("BF16", [E, H]),
+                        f"{p}.mlp.experts.gate_up_proj_blocks": ("U8", [E, 2 * H, H // 32, 16]),
+                        f"{p}.mlp.experts.gate_up_proj_scales": ("U8", [E, 2 * H, H // 32]),
+                        f"{p}.mlp.experts.gate_up_proj_bias": ("BF16", [E, 2 * H]),
+                        f"{p}.mlp.experts.down_proj_blocks": ("U8", [E, H, H // 32, 16]),
+                        f"{p}.mlp.experts.down_proj_scales": ("U8", [E, H, H // 32]),
+                        f"{p}.mlp.experts.down_proj_bias": ("BF16", [E, H])})
+    write_header_only(tmp_path / "model.safetensors", tensors)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": H, "intermediate_size": H,
+        "num_hidden_layers": 2, "num_local_experts": E, "num_experts_per_tok": 2, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 1024, "tie_word_embeddings": False,
+        "quantization_config": {"quant_method": "mxfp4"}}))
+    config = types.SimpleNamespace(
+        cache_config=types.SimpleNamespace(kv_cache_memory_bytes=None, cache_dtype="auto", gpu_memory_utilization=0.9),
+        model_config=types.SimpleNamespace(model=str(tmp_path), max_model_len=64), speculative_config=None)
+    plan, _ = auto_plan.plan_at_start(RunOptions("auto"), config, config.model_config, torch.device("cpu"))
+    padded = [g for g in plan.groups if g.kind == "experts"]
+    assert padded and all(g.bytes == E * (3 * 3072 * 2944 * 17 // 32 + (2 * 2944 + 3072) * 2) for g in padded)
+    assert plan.model.total_bytes > load_checkpoint(tmp_path).total_bytes
+    assert plan.strategy == "resident" and not plan.deficit_bytes
