@@ -220,14 +220,16 @@ def built(method: str, card: str, setting: str):
         os.environ.pop("VLLM_USE_DEEP_GEMM", None)
 
 
-def allocated_layer(quant, config, hidden: int, intermediate: int) -> dict[str, TensorInfo]:
+def allocated_layer(quant, config, hidden: int, intermediate: int, unpadded: int) -> dict[str, TensorInfo]:
     """The parameters 0.33's ``create_weights`` allocates for ``quant`` at these sizes
-    (meta device), as the planner's tensors (under an experts module's name)."""
+    (meta device; ``unpadded``: the hidden size before the round-up, as ``RoutedExperts``
+    passes it), as the planner's tensors (under an experts module's name)."""
     layer = layer_of(quant.moe)
     with set_current_vllm_config(config), torch.device("meta"):
-        quant.create_weights(layer, num_experts=EXPERTS, hidden_size=hidden, intermediate_size_per_partition=intermediate,
-                             params_dtype=torch.bfloat16, weight_loader=lambda *a, **k: None,
-                             unpadded_hidden_size=hidden, global_num_experts=EXPERTS)
+        quant.create_weights(layer, num_experts=EXPERTS, hidden_size=hidden,
+                             intermediate_size_per_partition=intermediate, params_dtype=torch.bfloat16,
+                             weight_loader=lambda *a, **k: None, unpadded_hidden_size=unpadded,
+                             global_num_experts=EXPERTS)
     tensors = {}
     for name, t in [*layer.named_parameters(), *layer.named_buffers()]:
         tensors[f"{PREFIX}.{name}"] = TensorInfo(f"{PREFIX}.{name}", str(t.dtype), tuple(t.shape),
@@ -250,10 +252,10 @@ def sizes(method: str, card: str, setting: str, kernel: str, hidden: int, interm
     mine = kernels.allocated_sizes(method, kernel, hidden, intermediate)
     if got != mine:
         return f"vLLM rounds ({hidden}, {intermediate}) up to {got}, the planner to {mine}"
-    vllm_bytes = sum(t.nbytes for t in allocated_layer(quant, config, *got).values())
+    vllm_bytes = sum(t.nbytes for t in allocated_layer(quant, config, *got, hidden).values())
     padding = allocation.Padding(method, kernel, card, hidden, intermediate, *mine)
-    priced = sum(t.nbytes for t in allocation.allocated_tensors(allocated_layer(quant, config, hidden, intermediate),
-                                                                padding).values())
+    stored = allocated_layer(quant, config, hidden, intermediate, hidden)
+    priced = sum(t.nbytes for t in allocation.allocated_tensors(stored, padding).values())
     if priced != vllm_bytes:
         return (f"vLLM allocates {vllm_bytes / EXPERTS:g} bytes per expert at {got}, the planner prices "
                 f"{priced / EXPERTS:g}")
