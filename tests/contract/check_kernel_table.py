@@ -26,7 +26,10 @@ refuses the layer at that shape) for every row vLLM builds, on gpt-oss's
 method's own ``maybe_roundup_sizes`` (what ``RoutedExperts`` calls before ``create_weights``)
 must give the sizes ``kernels.allocated_sizes`` gives, and the bytes its ``create_weights``
 allocates at those sizes (on the meta device, four experts) must be the bytes
-``planner.allocation`` prices for the same layer at the shape's own sizes.
+``planner.allocation`` prices for the same layer at the shape's own sizes, and, where a
+reference checkpoint has the layout (gpt-oss's MXFP4 and bf16 experts, Qwen3-MoE's bf16
+ones), the bytes it prices for the checkpoint's own tensors (``..., the checkpoint's layout
+too``).
 
 Then ``ok host-post-processing ...`` / ``FAIL ...`` for each pair in the table's
 ``HOST_POST_PROCESSING``: 0.33's own ``create_weights`` and ``process_weights_after_loading``
@@ -237,7 +240,32 @@ def allocated_layer(quant, config, hidden: int, intermediate: int, unpadded: int
     return tensors
 
 
-def sizes(method: str, card: str, setting: str, kernel: str, hidden: int, intermediate: int) -> str:
+def checkpoint_layout(method: str, shape: str, hidden: int, intermediate: int) -> dict[str, TensorInfo] | None:
+    """The routed experts of one layer as a checkpoint stores them (``EXPERTS`` of them), for
+    the layouts the reference models ship: gpt-oss's MXFP4 blocks, scales and bf16 biases;
+    fused bf16 ``[E, in, out]`` experts as transformers saves gpt-oss's (no biases: the
+    unquantized rows are built without them); Qwen3-MoE's bf16 module per expert. ``None``
+    for a method and shape no reference checkpoint has."""
+    from selective_offload.tensors import tensor_nbytes
+
+    h, i, e = hidden, intermediate, EXPERTS
+    if method == "mxfp4" and shape == "gpt-oss":
+        layout = {"gate_up_proj_blocks": ("U8", [e, 2 * i, h // 32, 16]),
+                  "gate_up_proj_scales": ("U8", [e, 2 * i, h // 32]), "gate_up_proj_bias": ("BF16", [e, 2 * i]),
+                  "down_proj_blocks": ("U8", [e, h, i // 32, 16]), "down_proj_scales": ("U8", [e, h, i // 32]),
+                  "down_proj_bias": ("BF16", [e, h])}
+    elif method == "unquantized" and shape == "gpt-oss":
+        layout = {"gate_up_proj": ("BF16", [e, h, 2 * i]), "down_proj": ("BF16", [e, i, h])}
+    elif method == "unquantized":
+        layout = {f"{x}.{proj}.weight": ("BF16", [i, h] if proj != "down_proj" else [h, i])
+                  for x in range(e) for proj in ("gate_proj", "up_proj", "down_proj")}
+    else:
+        return None
+    return {f"{PREFIX}.{n}": TensorInfo(f"{PREFIX}.{n}", d, tuple(dims), tensor_nbytes(d, dims))
+            for n, (d, dims) in layout.items()}
+
+
+def sizes(method: str, card: str, setting: str, kernel: str, hidden: int, intermediate: int, shape: str = "") -> str:
     """What vLLM allocates when its round-up and allocation for the row agree with the
     planner's, else what differs (``vLLM ...``)."""
     import vllm.distributed as distributed
@@ -259,7 +287,16 @@ def sizes(method: str, card: str, setting: str, kernel: str, hidden: int, interm
     if priced != vllm_bytes:
         return (f"vLLM allocates {vllm_bytes / EXPERTS:g} bytes per expert at {got}, the planner prices "
                 f"{priced / EXPERTS:g}")
-    return f"{vllm_bytes // EXPERTS} bytes per expert at {got}"
+    stored = checkpoint_layout(method, shape, hidden, intermediate)
+    if stored is not None:  # the checkpoint's own tensors, priced by the planner, against vLLM's allocation
+        if sum(t.nbytes for t in stored.values()) != sum(t.nbytes for t in allocated_layer(
+                quant, config, hidden, intermediate, hidden).values()):
+            return "vLLM allocates other bytes than the checkpoint holds at the checkpoint's own sizes"
+        priced = sum(t.nbytes for t in allocation.allocated_tensors(stored, padding).values())
+        if priced != vllm_bytes:
+            return (f"vLLM allocates {vllm_bytes / EXPERTS:g} bytes per expert at {got}, the planner prices the "
+                    f"checkpoint's experts at {priced / EXPERTS:g}")
+    return f"{vllm_bytes // EXPERTS} bytes per expert at {got}" + (", the checkpoint's layout too" if stored else "")
 
 
 def host_post_processing(method: str, kernel: str) -> str:
@@ -340,7 +377,7 @@ def main() -> int:
             for shape, hidden, intermediate in SHAPES:
                 label = f"{method} | {setting} | SM {card} | {shape}"
                 try:
-                    said = sizes(method, card, setting, kernel, hidden, intermediate)
+                    said = sizes(method, card, setting, kernel, hidden, intermediate, shape)
                 except ValueError as exc:  # vLLM refuses the layer at this shape: nothing to price
                     print(f"refused sizes {label}: {' '.join(str(exc).split())[:200]}", flush=True)
                     continue

@@ -8,7 +8,8 @@ must print ``ok``, or ``notrun`` for a row the table lists in ``NOT_RUN``; every
 the table says post-processes on the host (0.33's own method run on host tensors). Every row
 vLLM builds, on gpt-oss's and Qwen3-30B-A3B's shapes, must print ``ok sizes``: vLLM's own
 round-up gives the planner's sizes and vLLM's ``create_weights`` allocates the bytes the
-planner prices (or ``refused sizes`` where vLLM refuses the shape: gpt-oss's 2880 for the
+planner prices, for vLLM's own layout and, where a reference checkpoint has one, the
+checkpoint's (or ``refused sizes`` where vLLM refuses the shape: gpt-oss's 2880 for the
 128-blocked FP8 and WNA16 methods).
 """
 
@@ -73,8 +74,12 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
     # (H x I) at 4.25 bits (codes and e8m0 scales of 32), bf16 biases of 2I and H
     per_expert = 3 * 3072 * 2944 * 17 // 32 + (2 * 2944 + 3072) * 2
     padded = [line for line in lines if line.startswith("ok sizes mxfp4 | auto | SM 8.6 | gpt-oss")]
-    assert padded == [f"ok sizes mxfp4 | auto | SM 8.6 | gpt-oss: {per_expert} bytes per expert at (3072, 2944)"], \
-        detail
+    assert padded == [f"ok sizes mxfp4 | auto | SM 8.6 | gpt-oss: {per_expert} bytes per expert at (3072, 2944), "
+                      "the checkpoint's layout too"], detail
+    # the reference checkpoints' own layouts were priced on every row of their method
+    layouts = [line for line in lines if line.startswith("ok sizes unquantized ")
+               or (line.startswith("ok sizes mxfp4 ") and "| gpt-oss: " in line)]
+    assert layouts and all(line.endswith(", the checkpoint's layout too") for line in layouts), detail
     on_host = {line[len("ok host-post-processing "):] for line in lines if line.startswith("ok host-post-processing ")}
     assert on_host == {f"{m} | {k}" for m, k in kernels.HOST_POST_PROCESSING}, detail
     assert proc.returncode == 0, f"the script exited {proc.returncode}" + detail
