@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-from .checkpoint import write_manifest
+from .checkpoint import manifest_text
 from .errors import UserError
 from .plan_format import PlanInputs, Strategy
 from .plan_format.io import writable_json
@@ -24,6 +24,8 @@ from .plan_options import (
     BUNDLED,
     PLAN_MODEL_HELP,
     add_plan_arguments,
+    checked_together,
+    cli_flag,
     inputs_from_args,  # noqa: F401 - benchmarks/published.py reads the options as the command does
     plan_model,
     read_model,
@@ -35,8 +37,8 @@ from .probe import (
     plan_defaults,
     run_probe,
 )
-from .outputs import check_output_dir, check_output_file, write_files
-from .picture import add_picture_arguments, check_picture_arguments, drawn_pictures, picture_outputs
+from .outputs import check_output_dir, resolve_outputs, write_outputs
+from .picture import add_picture_arguments, check_picture_arguments, drawn_pictures
 from .planner import make_plan
 from .render import Shown, render_plan
 from .report_cmd import add_report_command
@@ -56,27 +58,20 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     add_picture_arguments(out)
 
 
-def check_output(path: str | None, flag: str = "-o") -> None:
-    """Refuse, before any work, an output file that cannot be written where it is named."""
-    if path is not None:
-        check_output_file(path, flag)
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
-    check_picture_arguments(args)
-    check_output(args.output)
-    named = [path for path in (args.output, *(p for _, p in picture_outputs(args))) if path]
-    if len({Path(p).absolute() for p in named}) < len(named):
-        raise UserError(f"-o, --png and --svg name the same file ({', '.join(named)}); name a file for each")
+    pictures = check_picture_arguments(args)
+    # Every output resolved and tried before any work (outputs.py): two names for one file,
+    # a file of the user's, a place inside the checkpoint planned, each one line here.
+    # mutation: plan-outputs-checked-late
+    outputs = resolve_outputs([("-o", args.output, "plan"), *pictures], model=args.model)
     profile = load_profile()
     plan, checkpoint, inputs, read_s = plan_model(args.model, args, profile)
     # Every output is made before any is written: a model beyond the plan format is refused
     # here, and a picture that cannot be written leaves the plan file unwritten too.
     text = writable_json(plan, where=args.model)
-    outputs = [("-o", args.output, text.encode())] if args.output else []
-    outputs += drawn_pictures(plan, args)
-    write_files(outputs)
-    pictures = [path for flag, path, _ in outputs if flag != "-o"]
+    drawn = {flag: data for flag, _, data in drawn_pictures(plan, args)}
+    write_outputs([(out, text.encode() if out.flag == "-o" else drawn[out.flag]) for out in outputs])
+    pictures = [out.given for out in outputs if out.flag != "-o"]
     if args.json:
         sys.stdout.write(text)
     else:
@@ -87,7 +82,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                       rates_from=_rates_from(args, profile), next_commands=next_commands(args, plan, checkpoint),
                       written=written)
         print(render_plan(plan, checkpoint, verbose=args.verbose, explain=args.explain, shown=shown))
-        for note in machine_notes(plan):
+        for note in machine_notes(plan) + checked_together(args, cli_flag):
             print(f"note: {note}")
         if inputs.max_model_len and inputs.max_seqs:
             print("\n" + "\n".join(kv_tradeoff(checkpoint, inputs)))
@@ -181,12 +176,9 @@ def machine_notes(plan) -> list[str]:
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
-    check_output(args.output)
+    outputs = resolve_outputs([("-o", args.output, "manifest")], model=args.model)  # before the model is read
     checkpoint = read_model(args.model)
-    try:
-        write_manifest(checkpoint, args.output)
-    except OSError as exc:
-        raise UserError(f"-o {args.output}: cannot write the manifest: {exc.strerror or exc}") from None
+    write_outputs([(outputs[0], manifest_text(checkpoint).encode())])
     print(f"wrote {args.output}: {len(checkpoint.tensors)} tensors, "
           f"{fmt_bytes(checkpoint.total_bytes)} ({checkpoint.kind})")
     return 0

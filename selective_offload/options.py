@@ -30,6 +30,7 @@ from typing import Mapping
 
 from . import jsonio
 from .errors import UserError
+from .outputs import ours, temporary_name, write_files
 
 ENV_PLAN = "SELECTIVE_OFFLOAD_PLAN"
 ENV_REPORT = "SELECTIVE_OFFLOAD_REPORT"
@@ -110,13 +111,6 @@ def parse_flag(name: str, value: str | None, default: bool = False) -> bool:
 RANK_SUFFIX_ROOM = len(".rank999999")
 
 
-def temporary_name(path: Path) -> Path:
-    """The temporary file a report is written to before it is renamed over ``path``:
-    beside it (a rename is atomic within one file system), and short whatever the target's
-    name, so it always fits where the target fits."""
-    return path.with_name(f".so-{os.getpid()}-{abs(hash(path.name)) % 10**8}.tmp")
-
-
 def check_report_path(path: str | os.PathLike, what: str = ENV_REPORT) -> Path:
     """Refuse, before any model is built, a report path that cannot be written: tried for
     real with a trial file beside it."""
@@ -147,6 +141,10 @@ def _check_report_path(path: Path, what: str) -> Path:
         raise UserError(f"{what}={str(path)[:80]}...: the file name is {len(path.name.encode())} bytes, and with "
                         f"the {RANK_SUFFIX_ROOM} bytes other workers' reports add it would not fit this file "
                         f"system's {name_max}; name a shorter file")
+    # mutation: report-path-replaces-foreign-file
+    if not ours(path, "report"):
+        raise UserError(f"{what}={path}: exists and is not a placement report selective-offload wrote, so it is not "
+                        "replaced; name a new file (or move that one away yourself)")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UserError(f"{what}={path}: cannot be written (permission denied); name a file in a writable directory")
     trial = temporary_name(path)
@@ -256,10 +254,9 @@ def remember_report_path(path: str | os.PathLike) -> None:
     record = last_report_record()
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
-        tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
-        tmp.write_text(str(Path(path).absolute()) + "\n")
-        os.replace(tmp, record)
-    except OSError:
+        # by the rule every output follows: a file there that is not a record is left alone
+        write_files([(ENV_LAST_REPORT + "=", record, (str(Path(path).absolute()) + "\n").encode(), "record")])
+    except (OSError, UserError):
         pass
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .outputs import check_output_file, write_files
+from .outputs import PICTURE_MARK, write_files
 from .plan_format import GroupKind, GroupPlan, Placement, Plan, Serving
 from .sizes import GB, GiB
 
@@ -255,7 +255,9 @@ def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
     drawn = []
     for path in paths:
         buffer = io.BytesIO()
-        fig.savefig(buffer, format=Path(path).suffix.lower().lstrip(".") or "png", dpi=100)
+        fmt = Path(path).suffix.lower().lstrip(".") or "png"
+        # the mark that recognises the picture as this project's when it is drawn again (outputs.py)
+        fig.savefig(buffer, format=fmt, dpi=100, metadata={"Software" if fmt == "png" else "Creator": PICTURE_MARK})
         drawn.append(buffer.getvalue())
     plt.close(fig)
     return drawn
@@ -264,7 +266,8 @@ def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
 def draw(data: dict[str, Any], paths: list[str | Path]) -> None:
     """Draw :func:`picture_data`'s ``data`` into each of ``paths`` (.png, .svg, by suffix),
     each written whole or not at all (:func:`~.outputs.write_files`)."""
-    write_files([(f"--{Path(p).suffix.lower().lstrip('.')}", p, b) for p, b in zip(paths, drawn(data, paths))])
+    kinds = [Path(p).suffix.lower().lstrip(".") for p in paths]
+    write_files([(f"--{k}", p, b, k) for k, p, b in zip(kinds, paths, drawn(data, paths))])
 
 
 def add_picture_arguments(p: argparse.ArgumentParser) -> None:
@@ -279,22 +282,23 @@ def picture_outputs(args: argparse.Namespace) -> list[tuple[str, str]]:
                                             ("--svg", getattr(args, "svg", None))) if path]
 
 
-def check_picture_arguments(args: argparse.Namespace) -> None:
-    """Refuse, before any work, a picture that cannot be drawn or written: each file is
-    tried for real (:func:`~.outputs.check_output_file`), as the report path is."""
+def check_picture_arguments(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """Refuse, before any work, a picture that cannot be drawn (a name without its suffix,
+    no matplotlib); the ``(flag, path, kind)`` of each picture asked for, for
+    :func:`~.outputs.resolve_outputs` to resolve and try with the plan's other outputs."""
     outputs = picture_outputs(args)
     for flag, path in outputs:
         if Path(path).suffix.lower() != "." + flag[2:]:
             raise UserError(f"{flag} {path[:200]}: the file name must end in .{flag[2:]}")
-        # mutation: picture-path-not-tried
-        check_output_file(path, flag)
     if outputs:
         _pyplot()
+    # mutation: picture-path-not-tried
+    return [(flag, path, flag[2:]) for flag, path in outputs]
 
 
 def drawn_pictures(plan: Plan, args: argparse.Namespace) -> list[tuple[str, str, bytes]]:
     """The plan drawn for each of ``--png`` / ``--svg``, as ``(flag, path, bytes)`` for
-    :func:`~.outputs.write_files` to write with the plan's other outputs."""
+    :func:`~.outputs.write_outputs` to write with the plan's other outputs."""
     outputs = picture_outputs(args)
     if not outputs:
         return []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from dataclasses import replace
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from .checkpoint import Checkpoint, load_checkpoint
-from .errors import UserError
+from .errors import PlanError, UserError, cut
 from .estimate import (
     ASSUMED_CPU_TFLOPS,
     DEFAULT_ACCEPT_RATE,
@@ -35,6 +36,10 @@ from .progress import progress
 from .sizes import parse_bandwidth_gbps, parse_size
 
 
+#: The KV cache kept when neither ``--kv-cache`` nor ``--max-model-len``/``--max-seqs`` says.
+DEFAULT_KV_CACHE = "1GiB"
+
+
 def cli_flag(name: str) -> str:
     """``kv-cache`` as the command spells it."""
     return f"--{name}"
@@ -51,8 +56,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     card = p.add_argument_group("card and budget")
     card.add_argument("--device-memory", default=None, metavar="SIZE",
                       help="the GPU's memory, e.g. 24GiB (B, kB..TB, KiB..TiB); default: the probe's")
-    card.add_argument("--kv-cache", default="1GiB", metavar="SIZE",
-                      help="device memory kept for the KV cache (default: 1GiB)")
+    card.add_argument("--kv-cache", default=None, metavar="SIZE",
+                      help=f"device memory kept for the KV cache (default: {DEFAULT_KV_CACHE}; --max-model-len with "
+                           "--max-seqs sizes it instead)")
     card.add_argument("--reserve", default="2GiB", metavar="SIZE",
                       help="device memory kept for the CUDA context, activations, graphs (default: 2GiB)")
     card.add_argument("--host-memory", default=None, metavar="SIZE",
@@ -152,6 +158,42 @@ def read_model(model: str):
         return load_checkpoint(path)
 
 
+def _given(spell: Callable[[str], str], name: str, value: Any) -> str:
+    """An option with its value as the caller wrote it: ``--batch 8`` or ``batch=8``."""
+    option = spell(name)
+    return f"{option}{'' if option.endswith('=') else ' '}{value}"
+
+
+def checked_together(args: argparse.Namespace, spell: Callable[[str], str]) -> list[str]:
+    """The workload options read together: a contradiction among them is one line naming
+    the options as the caller wrote them; what one option makes of another it overrides is
+    returned as a note (one line each). A value out of its own range is left to
+    :func:`validated`, which names it alone."""
+    def whole(value: Any) -> Any:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+    mml, seqs, context, batch = (args.max_model_len, args.max_seqs, whole(args.context), whole(args.batch))
+    # mutation: flags-together-unchecked
+    if (mml is None) != (seqs is None):
+        given, missing = ("max-model-len", "max-seqs") if seqs is None else ("max-seqs", "max-model-len")
+        raise UserError(f"{_given(spell, given, mml if seqs is None else seqs)} sizes the KV cache only with "
+                        f"{spell(missing)}: give both (N sequences of L tokens), or neither and {spell('kv-cache')}")
+    mml, seqs = whole(mml), whole(seqs)
+    if context is not None and mml is not None and context > mml:
+        raise UserError(f"{_given(spell, 'context', context)} is beyond {_given(spell, 'max-model-len', mml)}: no "
+                        f"sequence holds more tokens than that; lower {spell('context')} or raise "
+                        f"{spell('max-model-len')}")
+    if seqs is not None and batch is not None and batch > seqs:
+        raise UserError(f"{_given(spell, 'batch', batch)} is above {_given(spell, 'max-seqs', seqs)}: the server "
+                        f"decodes at most that many sequences together; lower {spell('batch')} or raise "
+                        f"{spell('max-seqs')}")
+    notes = []
+    if mml is not None and args.kv_cache is not None:
+        notes.append(f"{_given(spell, 'kv-cache', args.kv_cache)} is not used: {spell('max-model-len')} with "
+                     f"{spell('max-seqs')} sizes the KV cache ({seqs} sequence(s) of {mml} tokens)")
+    return notes
+
+
 def _parse_cold(text: str, spell) -> tuple[str, ...]:
     segs = tuple(s.strip() for s in text.split(",") if s.strip())
     if not segs or any("." in s for s in segs):
@@ -243,7 +285,7 @@ def inputs_from_args(args: argparse.Namespace, profile=None, spell: Callable[[st
     inputs = PlanInputs(
         device_memory_bytes=(parse_size(args.device_memory, spell('device-memory')) if args.device_memory is not None
                              else measured["device_memory_bytes"]),
-        kv_cache_bytes=parse_size(args.kv_cache, spell('kv-cache')),
+        kv_cache_bytes=parse_size(DEFAULT_KV_CACHE if args.kv_cache is None else args.kv_cache, spell('kv-cache')),
         reserve_bytes=parse_size(args.reserve, spell('reserve')),
         link_gbps=parse_bandwidth_gbps(args.link_gbps, spell('link-gbps')) if args.link_gbps is not None else link,
         vram_gbps=parse_bandwidth_gbps(args.vram_gbps, spell('vram-gbps')) if args.vram_gbps is not None else vram,
@@ -270,6 +312,7 @@ def inputs_from_args(args: argparse.Namespace, profile=None, spell: Callable[[st
         host_compute=not args.no_host_compute, device_share=not args.no_device_share,
         head_share=not args.no_head_share,
     )
+    checked_together(args, spell)
     validated(inputs, spell)
     if inputs.device_memory_bytes == 0:
         raise UserError(f"{spell('device-memory')}: must be more than 0, like 24GiB")
@@ -290,10 +333,26 @@ def validated(inputs: PlanInputs, spell: Callable[[str], str]) -> PlanInputs:
     except InputError as exc:
         option = FIELD_OPTIONS.get(exc.field)
         if option is None:
-            raise
+            raise respelled(exc, spell) from None
         # mutation: input-error-unnamed
-        raise UserError(f"{spell(option)}: {exc}") from None
+        raise UserError(f"{spell(option)}: {respelled(exc, spell)}") from None
+    except PlanError as exc:
+        raise respelled(exc, spell) from None
     return inputs
+
+
+def _option_names() -> frozenset[str]:
+    return frozenset(a.option_strings[0][2:] for a in options_parser()._actions if a.option_strings)
+
+
+def respelled(exc: UserError, spell: Callable[[str], str]) -> UserError:
+    """``exc`` with each of plan's flags it names (``--kv-cache``) spelled as the caller
+    writes options (``kv_cache=`` from :func:`selective_offload.plan`); its type kept."""
+    if spell is cli_flag:
+        return exc
+    names = _option_names()
+    text = re.sub(r"--([a-z][a-z0-9-]*)", lambda m: spell(m.group(1)) if m.group(1) in names else m.group(0), str(exc))
+    return type(exc)(text) if not isinstance(exc, InputError) else UserError(text)
 
 
 def _positive(text: str, flag: str, unit: str, like: str) -> float:
@@ -350,15 +409,27 @@ def options_from_keywords(values: dict[str, Any]) -> argparse.Namespace:
         if action.nargs == 0:  # a switch: True or False, nothing else
             if not isinstance(value, bool):
                 raise UserError(f"{name}=: {value!r} must be True or False")
-        elif action.type is not None and isinstance(value, str):
-            try:
-                value = action.type(value)
-            except ValueError:
-                raise UserError(f"{name}=: {value!r} is not a whole number") from None
+        elif action.type is not None:
+            # mutation: keyword-type-unchecked
+            value = _typed(name, value, action.type)
         if action.choices is not None and value not in action.choices:
             raise UserError(f"{name}=: {value!r} is not one of {', '.join(map(str, action.choices))}")
         setattr(args, action.dest, value)
     return args
+
+
+def _typed(name: str, value: Any, kind: type) -> Any:
+    """A keyword's value as its option's type: a whole number for an ``int`` option (a
+    string of one, not a bool or 2.5), a number for a ``float`` one."""
+    wanted = "a whole number" if kind is int else "a number"
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            raise UserError(f"{name}=: {cut(repr(value), 83)} is not {wanted}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise UserError(f"{name}=: {cut(repr(value), 83)} is not {wanted}")
+    return kind(value)
 
 
 def _inputs_provenance(args: argparse.Namespace, profile) -> str | None:
@@ -391,9 +462,15 @@ def plan_model(model: str, args: argparse.Namespace, profile, spell: Callable[[s
     checkpoint = read_model(model)
     read_s = time.perf_counter() - started
     inputs = with_measured_cpu_rate(inputs, checkpoint, profile)
-    plan = make_plan(checkpoint, inputs)
+    try:
+        plan = make_plan(checkpoint, inputs)
+    except PlanError as exc:  # what only the model shows (its KV layout), said in the caller's words
+        raise respelled(exc, spell) from None
     provenance = _inputs_provenance(args, profile)
     # mutation: python-plan-provenance-dropped
     if provenance:
         plan = replace(plan, notes=plan.notes + (provenance,))
+    noted = checked_together(args, spell)
+    if noted:
+        plan = replace(plan, notes=plan.notes + tuple(noted))
     return Planned(plan, checkpoint, inputs, read_s)

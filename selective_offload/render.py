@@ -21,6 +21,7 @@ Used by ``selective-offload plan`` and by the demo; it only formats, it decides 
 
 from __future__ import annotations
 
+import re
 import shlex
 import textwrap
 from dataclasses import dataclass, field
@@ -464,21 +465,29 @@ def summary(plan: Plan, checkpoint: Checkpoint | None = None, shown: Shown | Non
     return lines
 
 
+#: One word of a POSIX shell command as written: unquoted characters, '...' and "..." runs
+#: and backslash escapes, side by side (``SELECTIVE_OFFLOAD_PLAN='my plan.json'`` is one word).
+_SHELL_WORD = re.compile(r"""(?:[^\s'"\\]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.)+""")
+
+
 def _command_lines(command: str) -> list[str]:
     """A shell command as lines that fit the view after its label: broken before its
     ``--`` options, each broken line ending in `` \\`` (so the lines paste as one command),
-    the options after it indented; a comment or a command that fits stays one line."""
+    the options after it indented; a comment or a command that fits stays one line. Each
+    word is kept as the command quotes it (an assignment stays an assignment: quoting it
+    whole would make the shell take it for a command's name)."""
     room = WIDTH - _LABEL
     if command.startswith("#") or len(command) <= room:
         return [command]
     groups: list[list[str]] = []
-    for word in shlex.split(command):
-        if not groups or word.startswith("--"):
+    # mutation: next-command-requoted
+    for word in _SHELL_WORD.findall(command):
+        if not groups or shlex.split(word)[0].startswith("--"):
             groups.append([])
         groups[-1].append(word)
-    lines = [shlex.join(groups[0])]
+    lines = [" ".join(groups[0])]
     for group in groups[1:]:
-        part = shlex.join(group)
+        part = " ".join(group)
         # mutation: next-command-unbroken
         if len(lines[-1]) + 1 + len(part) + 2 > room:
             lines[-1] += " \\"

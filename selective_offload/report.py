@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 from . import jsonio, report_files
-from .errors import PlanError
+from .errors import PlanError, UserError
 from .names import EMBED_SEGMENTS, ModelNames, has_segment, parameter_group_keys
-from .options import temporary_name
+from .outputs import ours, write_files
 from .plan_format import HOST_PLACEMENTS, GroupPlan, Placement, Plan
 from .sizes import GB, fmt_bytes
 
@@ -151,18 +151,18 @@ class PlacementReport:
         return {**asdict(self), "ok": self.ok}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write atomically: a reader never sees half a report. Only a regular file (or
-        nothing) is replaced: renaming over ``/dev/full`` as root would replace the device."""
+        """Write atomically, by the rule every output follows (:mod:`.outputs`): a reader
+        never sees half a report, and only a report this project wrote (or nothing) is
+        replaced: not a file of the user's, and not ``/dev/full`` (renaming over it as root
+        would replace the device). A refusal is an ``OSError``, as a failed write is."""
         path = Path(path)
         # mutation: report-replaces-non-regular
         if path.exists() and not path.is_file():
             raise OSError(f"{path} is not a regular file; the report replaces only a regular file")
-        tmp = temporary_name(path)
         try:
-            tmp.write_text(jsonio.dumps(self.to_dict()) + "\n")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+            write_files([("", path, (jsonio.dumps(self.to_dict()) + "\n").encode(), "report")])
+        except UserError as exc:
+            raise OSError(str(exc)) from None
 
     @classmethod
     def load_one(cls, path: str | os.PathLike) -> "PlacementReport":
@@ -234,10 +234,11 @@ def report_paths(path: str | os.PathLike) -> list[Path]:
 
 def remove_reports(path: str | os.PathLike) -> None:
     """Remove a previous engine's report files, so they cannot speak for the next one;
-    only regular files (a report path naming a device must never unlink the device)."""
+    only reports this project wrote (a report path naming a device, or a file of the
+    user's, is never unlinked)."""
     for p in report_paths(path):
         # mutation: stale-report-unlinks-anything
-        if p.is_file():
+        if p.is_file() and p.stat().st_size and ours(p, "report"):
             p.unlink(missing_ok=True)
 
 

@@ -48,12 +48,12 @@ from .headers import (
 )
 from .hub import hub_checkpoint, parse_hub_id
 from .load import load_checkpoint
-from .manifest import read_manifest, write_manifest
+from .manifest import manifest_text, read_manifest, write_manifest
 
 __all__ = [
     "DTYPE_BITS", "INDEX_NAME", "MANIFEST_FORMAT", "MAX_DIM", "MAX_HEADER_BYTES",
     "Checkpoint", "ModelFacts", "TensorInfo",
     "check_shape", "check_spans", "hub_checkpoint", "load_checkpoint", "manifest_from_config",
     "parse_hub_id", "read_json", "read_manifest", "read_safetensors_dir", "read_safetensors_file",
-    "read_shard_header", "require_complete", "tensor_entry", "tensor_nbytes", "write_manifest",
+    "read_shard_header", "require_complete", "tensor_entry", "tensor_nbytes", "write_manifest", "manifest_text",
 ]

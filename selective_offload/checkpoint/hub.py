@@ -35,7 +35,7 @@ import struct
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import jsonio
 from ..errors import CheckpointError, cut
@@ -105,8 +105,10 @@ def cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
         return None
     snapshot = Path(config).parent
     if (snapshot / INDEX_NAME).is_file():
-        index = read_json(snapshot / INDEX_NAME, "the shard index")
-        shards = set((index.get("weight_map") or {}).values()) if isinstance(index, dict) else set()
+        where = f"{_label(repo_id, revision)}: the cached {INDEX_NAME} ({cut(str(snapshot / INDEX_NAME), 200)})"
+        # mutation: hub-cached-index-unchecked
+        index = index_weight_map(read_json(snapshot / INDEX_NAME, "the shard index"), where)
+        shards = set(index.values())
         # mutation: hub-partial-cache-read
         return snapshot if shards and all((snapshot / s).is_file() for s in shards) else None
     return snapshot if (snapshot / SINGLE_FILE).is_file() else None
@@ -157,14 +159,17 @@ class _HubFiles:
         return hf_hub_url(self.repo_id, filename, revision=self.revision)
 
     def read(self, filename: str, start: int, stop: int | None, deadline: float, budget_s: float,
-             what: str) -> tuple[bytes, int | None] | None:
+             what: str, enough: Callable[[bytes], int | None] | None = None) -> tuple[bytes, int | None] | None:
         """Bytes ``[start, stop)`` of ``filename`` (``stop=None``: the whole file, at most
         :data:`..jsonio.MAX_FILE_BYTES`) and the file's size when the server says it;
         ``None`` when the repository has no such file. ``deadline`` is a ``time.monotonic()``
         (``budget_s`` the deadline a message names, ``what`` the read): it is checked after
         every chunk, and each wait of the socket is at most ``HF_HUB_DOWNLOAD_TIMEOUT`` and
         at most what was left of the deadline when the request began, so a dripping or
-        silent server is stopped by the deadline plus at most one such wait."""
+        silent server is stopped by the deadline plus at most one such wait. ``enough``: given
+        the bytes read so far of an answer that is the whole file (``200``: the server
+        ignored the range), how many of the file's first bytes are needed once it can tell
+        (a header's length prefix): the answer is closed there, not read to ``stop``."""
         limit = (stop - start) if stop is not None else jsonio.MAX_FILE_BYTES + 1
         headers = dict(self.headers)
         if stop is not None:
@@ -186,14 +191,21 @@ class _HubFiles:
                     raise CheckpointError(f"{self.label}: {server} sent {filename} encoded as {cut(encoding, 40)!r} "
                                           "although it was asked for the plain bytes; check HF_ENDPOINT or the proxy")
                 skip, size = self._placed(response, start, stop, filename, server)
-                data = bytearray()
+                whole = stop is not None and response.status_code != 206 and enough is not None
+                data, head, wanted = bytearray(), bytearray(), limit
                 for chunk in response.iter_raw():
+                    if whole and len(head) < 8 + start:  # the file from byte 0: its prefix says where the header ends
+                        head += chunk[:8 + start - len(head)]
+                        needed = enough(bytes(head[:8])) if len(head) >= 8 else None
+                        # mutation: hub-200-read-past-header
+                        if needed is not None:
+                            wanted = max(0, min(limit, needed - start))
                     if skip:
                         taken = min(skip, len(chunk))
                         chunk, skip = chunk[taken:], skip - taken
-                    data += chunk[:limit - len(data)]
+                    data += chunk[:wanted - len(data)]
                     # mutation: hub-read-past-range
-                    if len(data) >= limit:
+                    if len(data) >= wanted:
                         break
                     # mutation: hub-no-deadline
                     if time.monotonic() > deadline:
@@ -263,7 +275,7 @@ class _HubFiles:
         when the repository has no such shard."""
         where = f"{self.label}/{filename}: "
         deadline = time.monotonic() + HEADER_DEADLINE_S
-        got = self.read(filename, 0, FIRST_READ, deadline, HEADER_DEADLINE_S, "the header")
+        got = self.read(filename, 0, FIRST_READ, deadline, HEADER_DEADLINE_S, "the header", _header_end)
         if got is None:
             return None
         head, size = got
@@ -273,7 +285,8 @@ class _HubFiles:
         (header_len,) = struct.unpack("<Q", head[:8])
         check_header_length(header_len, size, where)
         if 8 + header_len > len(head):
-            rest = self.read(filename, len(head), 8 + header_len, deadline, HEADER_DEADLINE_S, "the header")
+            rest = self.read(filename, len(head), 8 + header_len, deadline, HEADER_DEADLINE_S, "the header",
+                             _header_end)
             head += rest[0] if rest is not None else b""
         if len(head) < 8 + header_len:
             raise CheckpointError(f"{where}the hub sent {len(head)} bytes, fewer than the {header_len}-byte header "
@@ -285,6 +298,11 @@ class _HubFiles:
         headers are those of the config's commit even when a branch moves meanwhile."""
         if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
             self.revision = revision
+
+
+def _header_end(prefix: bytes) -> int:
+    """Where a safetensors header ends, from the file's first 8 bytes (its length prefix)."""
+    return 8 + struct.unpack("<Q", prefix[:8])[0]
 
 
 def _server(url: str) -> str:

@@ -43,5 +43,14 @@ def read_manifest(path: str | os.PathLike) -> Checkpoint:
                       tensors, dict(config))
 
 
+def manifest_text(checkpoint: Checkpoint) -> str:
+    """The manifest of ``checkpoint`` as the file holds it."""
+    return json.dumps(checkpoint.to_manifest(), indent=1) + "\n"
+
+
 def write_manifest(checkpoint: Checkpoint, path: str | os.PathLike) -> None:
-    Path(path).write_text(json.dumps(checkpoint.to_manifest(), indent=1) + "\n")
+    """Write the manifest to ``path`` by the rule every output follows (:mod:`..outputs`):
+    never over a file that is not a manifest this project wrote, and whole or not at all."""
+    from ..outputs import write_files
+
+    write_files([("manifest", path, manifest_text(checkpoint).encode(), "manifest")])

@@ -275,6 +275,13 @@ class PlanInputs:
                 ("context_tokens", "context tokens", self.context_tokens, 0, MAX_TOKENS)):
             if value is not None and not least <= value <= most:
                 raise InputError(name, f"{label} {value} must be a whole number from {least} to {most}")
+        # mutation: inputs-contradiction-accepted
+        if self.context_tokens is not None and self.max_model_len is not None and self.context_tokens > self.max_model_len:
+            raise InputError("context_tokens", f"context tokens {self.context_tokens} is beyond max_model_len "
+                             f"{self.max_model_len}: no sequence holds more tokens than that")
+        if self.max_seqs is not None and self.batch > self.max_seqs:
+            raise InputError("batch", f"batch {self.batch} is above max_seqs {self.max_seqs}: the server decodes at most "
+                             "that many sequences together")
         if self.kv_cache_dtype not in KV_DTYPE_BYTES:
             raise PlanError(f"KV cache dtype {cut(repr(self.kv_cache_dtype), 83)}: use one of "
                             f"{', '.join(KV_DTYPE_BYTES)}")

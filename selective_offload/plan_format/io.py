@@ -536,6 +536,6 @@ def writable_json(plan: PlanContents, where: str) -> str:
 def save_plan(plan: PlanContents, path: str | os.PathLike) -> None:
     text = writable_json(plan, where=plan.model.source[:200])
     try:
-        write_files([("the plan", path, text.encode())])
+        write_files([("the plan", path, text.encode(), "plan")])
     except UserError as exc:
         raise PlanError(str(exc)) from None

@@ -58,7 +58,8 @@ def _kv_inputs(checkpoint: Checkpoint, inputs: PlanInputs) -> tuple[PlanInputs, 
     kv = KvModel.from_config(checkpoint.config, KV_DTYPE_BYTES[inputs.kv_cache_dtype])
     if inputs.max_model_len is None or inputs.max_seqs is None:
         if inputs.max_model_len is not None or inputs.max_seqs is not None:
-            raise PlanError("give --max-model-len and --max-seqs together to size the KV cache from the model")
+            raise InputError("max_model_len" if inputs.max_seqs is None else "max_seqs",
+                             "max_model_len and max_seqs size the KV cache together; give both or neither")
         return inputs, kv, []
     if kv is None:
         raise PlanError("the config does not say enough about the attention layers (layers, KV heads, head dim) "

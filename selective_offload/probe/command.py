@@ -8,6 +8,7 @@ subcommand and calls :func:`run_probe`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,21 +37,25 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
 def run_probe(args: argparse.Namespace) -> int:
     """Measure, print what was measured and where the profile went, write it; 0 on success.
     Failures are one-line :class:`UserError` s (the CLI prints them and exits 2)."""
-    output = Path(args.output).expanduser() if getattr(args, "output", None) else default_profile_path()
+    given = getattr(args, "output", None)
+    output = Path(given).expanduser() if given else default_profile_path()
+    flag = "--output" if given else (PROFILE_ENV if os.environ.get(PROFILE_ENV, "").strip() else "")
     try:  # the folder is made, as Profile.save makes it, so the trial below can be written
         output.parent.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass  # refused in one line by the trial, which names the path
-    # Tried for real before measuring (a full probe takes a minute), as plan's outputs are.
+    # Tried for real before measuring (a full probe takes a minute), as plan's outputs are;
+    # a file there that is not a profile this project wrote (what SELECTIVE_OFFLOAD_PROFILE
+    # may name) is refused, not replaced.
     # mutation: probe-output-not-tried
-    check_output_file(output, "--output")
+    check_output_file(output, f"{flag}=" if flag == PROFILE_ENV else flag, "profile")
     started = time.perf_counter()
     # mutation: probe-progress-silent
     with progress("selective-offload probe: measuring this machine", after_s=PROGRESS_AFTER_S, stream=sys.stderr,
                   note="copies, device reads, and the host CPU kernels on each format's layer"):
         profile = measure(device=getattr(args, "device", None), quick=bool(getattr(args, "quick", False)))
     took = time.perf_counter() - started
-    path = profile.save(output)
+    path = profile.save(output, f"{flag}=" if flag == PROFILE_ENV else flag)
     print(profile.render())
     print(f"\nmeasured in {took:.2f} s; profile written to {path}")
     return 0

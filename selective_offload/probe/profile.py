@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -128,17 +129,18 @@ class Profile:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1) + "\n"
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the profile as JSON (the folder is made; the file replaced in one step)."""
+    def save(self, path: str | os.PathLike, flag: str = "--output") -> Path:
+        """Write the profile as JSON (the folder is made) by the rule every output follows
+        (:mod:`..outputs`): never over a file that is not a profile this project wrote, and
+        replaced in one step. ``flag``: what named the path, for the messages."""
+        from ..outputs import write_files
+
         path = Path(path).expanduser()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(self.to_json())
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise UserError(f"{path}: cannot write the profile: {exc.strerror or exc}; "
-                            "give another path with --output") from None
+        except OSError:
+            pass  # refused in one line by the output's checks, which name the path
+        write_files([(flag, path, self.to_json().encode(), "profile")])
         return path
 
     @classmethod
@@ -241,14 +243,19 @@ class Profile:
                 args.append(f"--compute-tflops {defaults['compute_tflops']:.3g}")
             if defaults["device_memory_bytes"] is not None:
                 args.append(f"--device-memory {size_arg(defaults['device_memory_bytes'])}")
-            if defaults["cpu_kernel_gbps"]:
-                args.append("--cpu-gbps " + "|".join(f"{fmt_rate(v)} ({k})"
-                                                    for k, v in sorted(defaults["cpu_kernel_gbps"].items())))
             if defaults["cpu_threads"] is not None:
                 args.append(f"--cpu-threads {defaults['cpu_threads']}")
-            gpu = "" if self.device is not None else ("; no GPU, so no link or VRAM: give --device-memory, --link-gbps "
-                                                      "and --vram-gbps of the target GPU")
-            lines.append(f"  for planning   {' '.join(args)}{gpu}")
+            # A command that runs as printed (quoted for a POSIX shell, MODEL the one word to
+            # replace); what is not a flag's value goes on the lines after it.
+            command = shlex.join(["selective-offload", "plan", "MODEL", *(w for a in args for w in a.split(" "))])
+            lines.append(f"  for planning   {command}")
+            if defaults["cpu_kernel_gbps"]:
+                lines.append("                 (--cpu-gbps: the CPU kernels' rate above for MODEL's format, which "
+                             "plan takes from this profile)")
+            if self.device is None:
+                # mutation: probe-line-remark-on-the-command
+                lines.append("                 no GPU, so no link or VRAM: give --device-memory, --link-gbps and "
+                             "--vram-gbps of the target GPU")
         else:
             lines.append("  for planning   nothing: without a GPU there is no link or VRAM to measure; "
                          "give --device-memory, --link-gbps and --vram-gbps of the target GPU")

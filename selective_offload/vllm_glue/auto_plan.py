@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import load_checkpoint
-from ..errors import PlanError
+from ..errors import PlanError, UserError
 from ..estimate import KV_DTYPE_BYTES, KvModel
 from ..plan_format import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS, moe_setting
@@ -142,6 +142,9 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
              f"{kv_bytes / GiB:.2f} GiB ({kv_from}); {link_from}; strategy {plan.strategy}"]
     if settings_options.report_path:
         path = Path(settings_options.report_path).with_name("plan.json")
-        plan.save(path)
-        notes.append(f"the plan is written to {path}")
+        try:  # never over a file of the user's (outputs.py): the plan is then only in the report
+            plan.save(path)
+            notes.append(f"the plan is written to {path}")
+        except UserError as exc:
+            notes.append(f"the plan is not written: {exc}")
     return plan, notes

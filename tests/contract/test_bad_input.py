@@ -451,9 +451,10 @@ def test_odd_manifests_and_configs_are_one_line(capsys, tmp_path, case, match):
 
 @pytest.mark.parametrize("command", ["plan", "manifest"])
 def test_output_into_a_missing_directory_is_one_line_before_any_work(capsys, tmp_path, command):
-    write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
+    (tmp_path / "model").mkdir()
+    write_header_only(tmp_path / "model" / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
     extra = ["--device-memory", "24GiB"] if command == "plan" else []
-    cli_refuses(capsys, [command, tmp_path, *extra, "-o", tmp_path / "no" / "such" / "out.json"],
+    cli_refuses(capsys, [command, tmp_path / "model", *extra, "-o", tmp_path / "no" / "such" / "out.json"],
                 f"the directory {tmp_path / 'no' / 'such'} does not exist")
 
 
@@ -493,8 +494,9 @@ def test_numbers_that_would_write_infinity_are_refused(capsys, tmp_path, flag, v
 
 
 def test_the_plan_written_is_strict_json(capsys, tmp_path):
-    write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
-    code, _, err = cli(capsys, "plan", tmp_path, "--device-memory", "24GiB", "--vram-gbps", "1e6",
+    (tmp_path / "model").mkdir()
+    write_header_only(tmp_path / "model" / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
+    code, _, err = cli(capsys, "plan", tmp_path / "model", "--device-memory", "24GiB", "--vram-gbps", "1e6",
                        "--link-gbps", "0.001", "-o", tmp_path / "plan.json")
     assert code == 0, err
     json.loads((tmp_path / "plan.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the plan"))

@@ -99,8 +99,11 @@ def test_a_disk_full_while_writing_the_picture_is_one_line_and_leaves_the_users_
     """The disk fills after the paths were tried: the picture's temporary file is made to
     land on /dev/full (the kernel's ENOSPC, not a stand-in), and neither the picture nor the
     plan asked for with it replaces the user's files, and no temporary file is left."""
-    (tmp_path / "plan.json").write_text("the user's old plan\n")
-    (tmp_path / "picture.svg").write_text("the user's old picture\n")
+    code, _, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--svg", str(tmp_path / "picture.svg"),
+                        "--batch", "2")
+    assert code == 0, err
+    old_plan, old_picture = (tmp_path / "plan.json").read_bytes(), (tmp_path / "picture.svg").read_bytes()
+    planned.clear()
     real = outputs.temporary_name
     calls: dict[str, int] = {}
 
@@ -118,17 +121,24 @@ def test_a_disk_full_while_writing_the_picture_is_one_line_and_leaves_the_users_
     assert_one_line_refusal(code, out, err, "--svg", "picture.svg: cannot be written (No space left on device)",
                             "nothing was written")
     assert calls["picture.svg"] == 2 and len(planned) == 1, calls  # it failed at the end, after planning
-    assert (tmp_path / "plan.json").read_text() == "the user's old plan\n"
-    assert (tmp_path / "picture.svg").read_text() == "the user's old picture\n"
+    assert (tmp_path / "plan.json").read_bytes() == old_plan
+    assert (tmp_path / "picture.svg").read_bytes() == old_picture
     assert leftovers(tmp_path) == []
 
 
 def test_the_plan_and_its_pictures_are_written_whole_and_replace_old_files(capsys, tmp_path):
-    (tmp_path / "plan.json").write_text("old\n")
+    """Files this project wrote (an earlier plan and its pictures) and an empty file are
+    replaced whole."""
+    (tmp_path / "p.svg").touch()
+    code, out, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--png", str(tmp_path / "p.png"),
+                          "--batch", "2")
+    assert code == 0, err
+    assert Plan.load(tmp_path / "plan.json").inputs.batch == 2
     code, out, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--png", str(tmp_path / "p.png"),
                           "--svg", str(tmp_path / "p.svg"))
     assert code == 0, err
     assert Plan.load(tmp_path / "plan.json").model.source.startswith("bundled")
+    assert Plan.load(tmp_path / "plan.json").inputs.batch == 1
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert b"<svg" in (tmp_path / "p.svg").read_bytes()[:2000]
     assert leftovers(tmp_path) == []
@@ -165,3 +175,164 @@ def test_a_demo_folder_that_cannot_be_written_is_one_line_before_vllm_starts(cap
     err = capsys.readouterr().err
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1
     assert theirs.read_text() == "mine"
+
+
+# ---- one rule for every file written: nothing of the user's replaced, nothing inside the
+# checkpoint planned, one file named once (selective_offload/outputs.py)
+
+
+def tiny_checkpoint(root: Path) -> Path:
+    """A header-only checkpoint directory of the user's: its config and one shard."""
+    import json
+    import struct
+
+    model = root / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
+    header = json.dumps({"model.layers.0.mlp.w": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]}}).encode()
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 32)
+    return model
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("command,target", [
+    ("plan", "config.json"), ("plan", "model.safetensors"), ("plan", "plan.json"),
+    ("manifest", "model.safetensors"), ("manifest", "config.json"), ("manifest", "m.json")])
+def test_an_output_inside_the_checkpoint_planned_is_refused_and_the_model_left_as_it_was(
+        capsys, tmp_path, planned, command, target):
+    model = tiny_checkpoint(tmp_path)
+    before = files_of(model)
+    extra = ["--device-memory", "24GiB", "--host-memory", "none"] if command == "plan" else []
+    code = main([command, str(model), *extra, "-o", str(model / target)])
+    out, err = capsys.readouterr()
+    assert_one_line_refusal(code, out, err, f"-o {model / target}: is inside the checkpoint being planned")
+    assert files_of(model) == before and planned == []
+
+
+def test_a_shard_or_config_planned_keeps_its_folder_too(capsys, tmp_path, planned):
+    model = tiny_checkpoint(tmp_path)
+    for named in (model / "model.safetensors", model / "config.json"):
+        code = main(["plan", str(named), "--device-memory", "24GiB", "--host-memory", "none",
+                     "-o", str(model / "sub" / ".." / "plan.json")])
+        out, err = capsys.readouterr()
+        assert_one_line_refusal(code, out, err, "is inside the checkpoint being planned")
+    assert not (model / "plan.json").exists() and planned == []
+
+
+@pytest.mark.parametrize("flag,name", [("-o", "plan.json"), ("--png", "p.png"), ("--svg", "p.svg")])
+def test_a_file_of_the_users_is_not_replaced(capsys, tmp_path, planned, flag, name):
+    """A JSON file that is not a plan, a picture matplotlib drew for someone else: each is
+    the user's, refused before any work and left as it was."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    theirs = tmp_path / name
+    if name.endswith(".json"):
+        theirs.write_text('{"format": "my-notes", "keep": true}\n')
+    else:
+        fig = plt.figure()
+        fig.savefig(theirs)
+        plt.close(fig)
+    before = theirs.read_bytes()
+    args = ["-o", str(tmp_path / "mine.json")] if flag != "-o" else []
+    code, out, err = plan(capsys, *args, flag, str(theirs))
+    assert_one_line_refusal(code, out, err, f"{flag} {theirs}: exists and is not a")
+    assert theirs.read_bytes() == before and planned == []
+    assert not (tmp_path / "mine.json").exists()
+
+
+def test_a_manifest_is_not_replaced_by_a_plan_nor_a_plan_by_a_manifest(capsys, tmp_path):
+    assert main(["manifest", "qwen3.8-27b-fp8", "-o", str(tmp_path / "m.json")]) == 0
+    capsys.readouterr()
+    code, out, err = plan(capsys, "-o", str(tmp_path / "m.json"))
+    assert_one_line_refusal(code, out, err, "exists and is not a plan selective-offload wrote")
+    code, out, err = plan(capsys, "-o", str(tmp_path / "p.json"))
+    assert code == 0, err
+    code = main(["manifest", "qwen3.8-27b-fp8", "-o", str(tmp_path / "p.json")])
+    assert code == 2 and "exists and is not a manifest selective-offload wrote" in capsys.readouterr().err
+    assert Plan.load(tmp_path / "p.json")  # still the plan
+    assert main(["manifest", "qwen3.8-27b-fp8", "-o", str(tmp_path / "m.json")]) == 0  # its own: replaced
+
+
+@pytest.mark.parametrize("spell", ["{d}/sub/../same.svg", "{d}/./same.svg", "{d}/link.svg", "{d}/hard.svg"])
+def test_two_names_for_one_file_are_refused_before_any_work(capsys, tmp_path, planned, spell):
+    """``..``, ``.``, a symbolic and a hard link: each resolved once, before any plan is made."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "same.svg").touch()
+    (tmp_path / "link.svg").symlink_to(tmp_path / "same.svg")
+    os.link(tmp_path / "same.svg", tmp_path / "hard.svg")
+    code = main(["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--host-memory", "none",
+                 "-o", str(tmp_path / "same.svg"), "--svg", spell.format(d=tmp_path)])
+    out, err = capsys.readouterr()
+    assert_one_line_refusal(code, out, err, f"-o {tmp_path / 'same.svg'} and --svg {spell.format(d=tmp_path)} name "
+                                            f"the same file ({tmp_path / 'same.svg'})")
+    assert planned == [] and (tmp_path / "same.svg").read_bytes() == b""
+
+
+def test_probe_never_replaces_what_the_profile_variable_names_unless_it_is_a_profile(tmp_path, monkeypatch):
+    """``probe`` without ``-o`` writes where SELECTIVE_OFFLOAD_PROFILE points: a JSON file
+    that is not a profile is refused before measuring; a profile the probe wrote is
+    replaced. Run as the user runs it, in a subprocess."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    theirs = tmp_path / "settings.json"
+    theirs.write_text('{"theme": "dark"}\n')
+    env = {**os.environ, "PYTHONPATH": str(root), "SELECTIVE_OFFLOAD_PROFILE": str(theirs)}
+    run = [sys.executable, "-m", "selective_offload.cli", "probe", "--quick", "--device", "cpu"]
+    proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"selective-offload: error: SELECTIVE_OFFLOAD_PROFILE={theirs}: exists and is "
+                                   "not a probe profile selective-offload wrote, so it is not replaced; name a new "
+                                   "file (or move that one away yourself)")
+    assert theirs.read_text() == '{"theme": "dark"}\n' and not proc.stdout
+    ours_ = tmp_path / "profile.json"
+    env["SELECTIVE_OFFLOAD_PROFILE"] = str(ours_)
+    for _ in range(2):  # made, then replaced
+        proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    assert '"format": "selective-offload/profile-v1"' in ours_.read_text()
+
+
+def test_the_engine_report_never_replaces_nor_removes_a_file_of_the_users(tmp_path):
+    """SELECTIVE_OFFLOAD_REPORT naming the user's file: refused before any model is built,
+    and the start-of-engine clean-up of old reports leaves it."""
+    from selective_offload.errors import UserError
+    from selective_offload.options import RunOptions
+    from selective_offload.report import PlacementReport, remove_reports
+
+    theirs = tmp_path / "config.json"
+    theirs.write_text('{"model_type": "qwen3"}\n')
+    with pytest.raises(UserError, match="exists and is not a placement report selective-offload wrote"):
+        RunOptions(plan_path="plan.json", report_path=str(theirs)).validate()
+    remove_reports(theirs)
+    with pytest.raises(OSError, match="not a placement report"):
+        PlacementReport("f", "cpu", True).save(theirs)
+    assert theirs.read_text() == '{"model_type": "qwen3"}\n'
+    mine = tmp_path / "report.json"
+    PlacementReport("f", "cpu", True).save(mine)
+    RunOptions(plan_path="plan.json", report_path=str(mine)).validate()
+    remove_reports(mine)
+    assert not mine.exists()
+
+
+def test_plan_save_from_python_never_replaces_a_file_of_the_users(tmp_path):
+    from selective_offload.errors import UserError
+
+    import selective_offload
+
+    made = selective_offload.plan("qwen3.8-27b-fp8", device_memory="24GiB", host_memory="none")
+    theirs = tmp_path / "config.json"
+    theirs.write_text("{}\n")
+    with pytest.raises(UserError, match="exists and is not a plan selective-offload wrote"):
+        made.save(theirs)
+    assert theirs.read_text() == "{}\n"
+    made.save(tmp_path / "plan.json")
+    made.save(tmp_path / "plan.json")  # its own: replaced
+    assert Plan.load(tmp_path / "plan.json") == made
