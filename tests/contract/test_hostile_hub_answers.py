@@ -265,3 +265,52 @@ def test_any_index_the_hub_serves_is_planned_or_one_line(capsys, hub_files, inde
         parsed = None
     if not (isinstance(parsed, dict) and parsed.get("weight_map") == {"model.layers.0.mlp.w": SHARD}):
         assert code == EXIT_USAGE, index[:200]
+
+
+def test_a_whole_shard_answering_a_range_is_closed_at_the_headers_end(capsys, monkeypatch, tmp_path):
+    """``200`` and the whole 3 MiB shard for a range request whose first read asks for more
+    than the header (FIRST_READ raised to 2 MiB, as a header read sized for large headers
+    asks): the answer is closed once the length prefix says where the header ends, so of
+    the shard only the header (and what the sockets buffered) was sent, not the 2 MiB asked."""
+    monkeypatch.setattr(hub_reader, "FIRST_READ", 2 * 2**20)
+    body = shard({"model.layers.0.mlp.w": ("BF16", [1024, 1536])})
+    header_end = 8 + struct.unpack("<Q", body[:8])[0]
+    assert len(body) > 3 * 2**20
+    with serving(monkeypatch, tmp_path, repo(**{SHARD.replace(".", "__"): body}), ignore_range=True) as hub:
+        code = main(["manifest", REPO, "-o", str(tmp_path / "m.json")])
+    assert code == 0, capsys.readouterr().err
+    assert list(json.loads((tmp_path / "m.json").read_text())["tensors"]) == ["model.layers.0.mlp.w"]
+    served = hub.served[f"{REPO}/{SHARD}"]
+    assert served <= header_end + SOCKET_SLACK < hub_reader.FIRST_READ, served
+
+
+@pytest.mark.parametrize("index,said", [
+    ({"weight_map": [SHARD]}, "has no 'weight_map' object"),
+    ({"weight_map": {"model.layers.0.mlp.w": 5}}, "maps a tensor to"),
+    ({"weight_map": {"model.layers.0.mlp.w": "../../etc/passwd"}}, "maps a tensor to"),
+])
+def test_a_damaged_cached_index_offline_is_one_line(tmp_path, index, said):
+    """The local hub cache (the layout huggingface_hub and vLLM leave: refs/main naming a
+    snapshot) holds a config and a damaged shard index; ``plan ORG/NAME`` with
+    HF_HUB_OFFLINE=1, run as the user runs it, says so in one line, exit 2."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = tmp_path / "hf" / "hub" / f"models--{REPO.replace('/', '--')}"
+    snapshot = folder / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+    (snapshot / "config.json").write_bytes(CONFIG)
+    (snapshot / INDEX_NAME).write_text(json.dumps(index))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_HUB_CACHE", None)
+    proc = subprocess.run([sys.executable, "-m", "selective_offload.cli", "plan", REPO, "--device-memory", "8GiB"],
+                          capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == EXIT_USAGE, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"selective-offload: error: {REPO}: the cached {INDEX_NAME}") and said in proc.stderr
