@@ -62,7 +62,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     pictures = check_picture_arguments(args)
     # Every output resolved and tried before any work (outputs.py): two names for one file,
     # a file of the user's, a place inside the checkpoint planned, each one line here.
-    # mutation: plan-outputs-checked-late
     outputs = resolve_outputs([("-o", args.output, "plan"), *pictures], model=args.model)
     profile = load_profile()
     plan, checkpoint, inputs, read_s = plan_model(args.model, args, profile)

@@ -57,7 +57,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     (ENV_EMBEDDING, "`auto` (default: the UVA view when CUDA graphs are captured, else the host gather), "
                     "`host`, `uva`"),
     ("SELECTIVE_OFFLOAD_PROFILE", "the `selective-offload probe` profile `plan` and `auto` read (default "
-                                  "`~/.cache/selective-offload/profile.json`): a regular file of at most 1 MB"),
+                                  "`~/.cache/selective-offload/profile.json`): a regular file of at most 1 MB; "
+                                  "`probe` without `-o` writes there, replacing only a profile it wrote"),
     (ENV_KERNEL_CACHE, "the folder the host-compute CPU kernels are compiled into (default "
                        "`~/.cache/selective-offload/kernels`, under `$XDG_CACHE_HOME` when set): it and all in "
                        "it owned by the user or root and writable by no one else, else refused naming the folder; "

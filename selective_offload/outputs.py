@@ -204,6 +204,7 @@ def _check(out: Output, models: list[Path]) -> None:
     if target.is_dir():
         raise UserError(f"{named}: is a directory; name a file in it, like "
                         f"{cut(str(Path(out.given) / ('out' + target.suffix)), SHOWN_NAME)}")
+    # mutation: report-replaces-non-regular
     if target.exists() and not target.is_file():
         raise UserError(f"{named}: is not a regular file (a device, a pipe or a socket), and the output replaces "
                         "its file; name a regular file")
@@ -234,9 +235,9 @@ def resolve_outputs(named: Sequence[tuple[str, str | os.PathLike | None, str]], 
     or a place the file system refuses, each one line naming the flag and the path."""
     outputs = [Output(flag, str(path), _resolved(flag, str(path)), kind) for flag, path, kind in named
                if path is not None]
-    # mutation: output-names-unresolved
     for i, a in enumerate(outputs):
         for b in outputs[:i]:
+            # mutation: output-names-unresolved
             if _same_file(a.path, b.path):
                 raise UserError(f"{b.named} and {a.named} name the same file ({cut(str(b.path), SHOWN_NAME)}); "
                                 "name a file for each")

@@ -173,7 +173,6 @@ def checked_together(args: argparse.Namespace, spell: Callable[[str], str]) -> l
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
     mml, seqs, context, batch = (args.max_model_len, args.max_seqs, whole(args.context), whole(args.batch))
-    # mutation: flags-together-unchecked
     if (mml is None) != (seqs is None):
         given, missing = ("max-model-len", "max-seqs") if seqs is None else ("max-seqs", "max-model-len")
         raise UserError(f"{_given(spell, given, mml if seqs is None else seqs)} sizes the KV cache only with "
@@ -312,6 +311,7 @@ def inputs_from_args(args: argparse.Namespace, profile=None, spell: Callable[[st
         host_compute=not args.no_host_compute, device_share=not args.no_device_share,
         head_share=not args.no_head_share,
     )
+    # mutation: flags-together-unchecked
     checked_together(args, spell)
     validated(inputs, spell)
     if inputs.device_memory_bytes == 0:
@@ -348,6 +348,7 @@ def _option_names() -> frozenset[str]:
 def respelled(exc: UserError, spell: Callable[[str], str]) -> UserError:
     """``exc`` with each of plan's flags it names (``--kv-cache``) spelled as the caller
     writes options (``kv_cache=`` from :func:`selective_offload.plan`); its type kept."""
+    # mutation: python-errors-spelled-as-flags
     if spell is cli_flag:
         return exc
     names = _option_names()

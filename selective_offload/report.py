@@ -156,9 +156,6 @@ class PlacementReport:
         replaced: not a file of the user's, and not ``/dev/full`` (renaming over it as root
         would replace the device). A refusal is an ``OSError``, as a failed write is."""
         path = Path(path)
-        # mutation: report-replaces-non-regular
-        if path.exists() and not path.is_file():
-            raise OSError(f"{path} is not a regular file; the report replaces only a regular file")
         try:
             write_files([("", path, (jsonio.dumps(self.to_dict()) + "\n").encode(), "report")])
         except UserError as exc:
@@ -237,7 +234,7 @@ def remove_reports(path: str | os.PathLike) -> None:
     only reports this project wrote (a report path naming a device, or a file of the
     user's, is never unlinked)."""
     for p in report_paths(path):
-        # mutation: stale-report-unlinks-anything
+        # mutation: stale-report-unlinks-anything, stale-report-unlinks-users-file
         if p.is_file() and p.stat().st_size and ours(p, "report"):
             p.unlink(missing_ok=True)
 
