@@ -51,7 +51,8 @@ EXIT_USAGE = 2
 
 def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
-    out.add_argument("-o", "--output", metavar="FILE", help="also write the plan as JSON to FILE (for vllm serve)")
+    out.add_argument("-o", "--output", metavar="FILE", help="also write the plan as JSON to FILE (for vllm serve); a file selective-offload "
+                          "did not write is never replaced, nor anything written inside MODEL")
     out.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
     out.add_argument("-v", "--verbose", action="store_true", help="also print every group and the planner's notes")
     out.add_argument("--explain", action="store_true", help="also print what the estimate leaves out")
@@ -224,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Write a manifest that plans without the weights: from shard "
                                    "headers, or from a config.json alone (an estimate).")
     m.add_argument("model", metavar="MODEL", help=model_help)
-    m.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the manifest JSON")
+    m.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the manifest JSON (never over a file selective-offload did "
+                                                                     "not write, nor inside MODEL)")
     m.set_defaults(func=cmd_manifest)
 
     pr = sub.add_parser("probe", help="measure this machine's link, VRAM, device memory and host CPU kernels for "

@@ -28,7 +28,7 @@ from .estimate import (
 )
 from .names import DEFAULT_COLD_SEGMENTS
 from .plan_format import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, Plan, PlanInputs
-from .plan_format.inputs import MAX_CPU_THREADS, MAX_RANKS, InputError, moe_setting, parse_card
+from .plan_format.inputs import MAX_BATCH, MAX_CPU_THREADS, MAX_RANKS, MAX_TOKENS, InputError, moe_setting, parse_card
 from .planner import make_plan
 from .planner.host_compute import model_cpu_format
 from .probe import default_profile_path, plan_bandwidths, plan_defaults, reference_note
@@ -169,20 +169,22 @@ def checked_together(args: argparse.Namespace, spell: Callable[[str], str]) -> l
     the options as the caller wrote them; what one option makes of another it overrides is
     returned as a note (one line each). A value out of its own range is left to
     :func:`validated`, which names it alone."""
-    def whole(value: Any) -> Any:
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+    def in_range(value: Any, least: int, most: int) -> bool:
+        return value is None or (isinstance(value, int) and not isinstance(value, bool) and least <= value <= most)
 
-    mml, seqs, context, batch = (args.max_model_len, args.max_seqs, whole(args.context), whole(args.batch))
+    mml, seqs, context, batch = args.max_model_len, args.max_seqs, args.context, args.batch
+    if not (in_range(mml, 1, MAX_TOKENS) and in_range(seqs, 1, MAX_BATCH) and in_range(context, 0, MAX_TOKENS)
+            and in_range(batch, 1, MAX_BATCH)):
+        return []  # validated() names the value out of range, alone
     if (mml is None) != (seqs is None):
         given, missing = ("max-model-len", "max-seqs") if seqs is None else ("max-seqs", "max-model-len")
         raise UserError(f"{_given(spell, given, mml if seqs is None else seqs)} sizes the KV cache only with "
                         f"{spell(missing)}: give both (N sequences of L tokens), or neither and {spell('kv-cache')}")
-    mml, seqs = whole(mml), whole(seqs)
     if context is not None and mml is not None and context > mml:
         raise UserError(f"{_given(spell, 'context', context)} is beyond {_given(spell, 'max-model-len', mml)}: no "
                         f"sequence holds more tokens than that; lower {spell('context')} or raise "
                         f"{spell('max-model-len')}")
-    if seqs is not None and batch is not None and batch > seqs:
+    if seqs is not None and batch > seqs:
         raise UserError(f"{_given(spell, 'batch', batch)} is above {_given(spell, 'max-seqs', seqs)}: the server "
                         f"decodes at most that many sequences together; lower {spell('batch')} or raise "
                         f"{spell('max-seqs')}")

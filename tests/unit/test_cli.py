@@ -202,7 +202,7 @@ def test_speculative_plan_shows_both_placements_and_recommends_one(capsys):
 
 @pytest.mark.parametrize("argv,match", [
     (["--speculative", "eagle"], "--speculative: 'eagle' is not understood"),
-    (["--max-model-len", "4096"], "give --max-model-len and --max-seqs together"),
+    (["--max-model-len", "4096"], "--max-model-len 4096 sizes the KV cache only with --max-seqs"),
     (["--batch", "0"], "--batch: batch 0 must be from 1 to"),
     (["--accept-rate", "1.5"], "acceptance rate 1.5 must be between 0 and 1"),
     (["--cpu-gbps", "-5"], "--cpu-gbps: '-5' GB/s must be a number of GB/s from"),
