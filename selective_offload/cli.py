@@ -51,8 +51,8 @@ EXIT_USAGE = 2
 
 def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
-    out.add_argument("-o", "--output", metavar="FILE", help="also write the plan as JSON to FILE (for vllm serve); a file selective-offload "
-                          "did not write is never replaced, nor anything written inside MODEL")
+    out.add_argument("-o", "--output", metavar="FILE", help="also write the plan as JSON to FILE, for vllm serve (never over a file "
+                          "it did not write)")
     out.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
     out.add_argument("-v", "--verbose", action="store_true", help="also print every group and the planner's notes")
     out.add_argument("--explain", action="store_true", help="also print what the estimate leaves out")
