@@ -64,8 +64,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     card.add_argument("--host-memory", default=None, metavar="SIZE",
                       help="host RAM the host bytes must fit in (default: this machine's; 'none': no check)")
     card.add_argument("--compute-capability", default=None, metavar="MAJOR.MINOR",
-                      help="the card's, like 8.9: picks vLLM's MoE kernel and the sizes it pads experts to "
-                           "(default: the probe's, else 8.9)")
+                      help="the card's, like 8.9: vLLM's MoE kernel and its padded expert sizes (default: the "
+                           "probe's, else 8.9)")
     card.add_argument("--cold-segments", default=",".join(DEFAULT_COLD_SEGMENTS), metavar="LIST",
                       help="comma-separated name segments a decode step does not read (default: the embedding, "
                            "towers, projectors, MTP)")
