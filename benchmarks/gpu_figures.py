@@ -339,6 +339,10 @@ FAMILIES: tuple[Family, ...] = (
            "whether computing the LM head's last vocabulary rows on the host CPU while the GPU computes the others "
            "(part of the gpt-oss-120b plan's 27.49 tok/s estimate) saves the step time the plan prices",
            lm_head_split_over_whole),
+    Family("preflight_free_over_need", "preflight", "pre-flight: free device memory after the CUDA context / plan's need",
+           "whether the reference plans, made again for this card (its compute capability, free memory and class), "
+           "fit what it has free: the plan-level half of the worker's pre-flight (1 or more: fits)",
+           lambda d: __import__("gpu_preflight").free_over_need(d)),  # its reader lives with its section
     Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
            "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),
 )

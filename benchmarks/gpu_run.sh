@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The first GPU run in one command: the probe, the mechanism check, the decode emulation,
-# the gather and UVA-read benchmarks and the host-compute layers, each under its own time limit, into one results directory
+# The first GPU run in one command: the probe, the pre-flight (gpt-oss's experts as vLLM
+# allocates them on this card, its free memory after the CUDA context, the reference plans'
+# verdicts there), the mechanism check, the decode emulation, the gather and UVA-read
+# benchmarks and the host-compute layers, each under its own time limit, into one results directory
 # ($OUT when set) with a summary of the headline ratios. See benchmarks/gpu_run.py.
 #
 #   bash benchmarks/gpu_run.sh            # full sizes (on a GPU: about 4 to 6 minutes, at most 8)

@@ -16,6 +16,12 @@ as ``selective-offload plan config.json`` does.
 
 Writes ``moe-plans-est-<date>.json`` and ``.md``; ``tests/unit/planner/test_moe_configs.py`` recomputes the
 figures and checks them against the newest such file, and the table of docs/usage/moe.md against it.
+
+    .venv/bin/python benchmarks/moe_reference_plans.py --manifests benchmarks/reference_manifests
+
+writes the MoE reference checkpoints the GPU run re-plans (:data:`MANIFESTS`) as manifests
+instead: the GPU machine's image has torch but not transformers, which building a config's
+tensors needs (tests/tools/test_gpu_preflight.py holds the files to these configs).
 """
 
 from __future__ import annotations
@@ -129,6 +135,31 @@ def _why_no_host_compute(plan) -> str | None:
     return declined.split("(", 1)[0].strip() if declined else None
 
 
+#: The reference cases the GPU run's pre-flight section (``gpu_preflight.py``) re-plans on
+#: its card, by label -> their manifest's file name under :data:`MANIFEST_DIR`.
+MANIFESTS = {"gpt-oss-20b (MXFP4)": "gpt-oss-20b.manifest.json",
+             "gpt-oss-120b (MXFP4)": "gpt-oss-120b.manifest.json",
+             "Qwen3-30B-A3B (bf16)": "qwen3-30b-a3b-bf16.manifest.json"}
+MANIFEST_DIR = Path(__file__).resolve().parent / "reference_manifests"
+
+
+def write_manifests(directory: Path) -> list[Path]:
+    """Write :data:`MANIFESTS` (each case's checkpoint as its config builds it) into ``directory``."""
+    import tempfile
+
+    from selective_offload.checkpoint import write_manifest
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, _, _, checkpoint in case_checkpoints(Path(tmp)):
+            if label in MANIFESTS:
+                checkpoint.source = f"benchmarks/moe_reference_plans.py: {label}"
+                write_manifest(checkpoint, directory / MANIFESTS[label])
+                written.append(directory / MANIFESTS[label])
+    return written
+
+
 def case_checkpoints(workdir: Path):
     """Each case's label, card (GiB), target and config-only checkpoint (its config.json
     written into ``workdir``)."""
@@ -232,6 +263,11 @@ def markdown(plans: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--manifests"] and len(args) == 2:
+        for path in write_manifests(Path(args[1])):
+            print(f"wrote {path}")
+        return 0
     return est_main(argv, __doc__, "moe-plans-est", reference_plans, markdown, "plans",
                     "MoE reference plans (est, reference laptop link and VRAM, host kernel "
                     f"{REFERENCE_CPU_GBPS:g} GB/s assumed)", link_gbps=13.9, vram_gbps=472.0,

@@ -76,6 +76,24 @@ def test_small_run_records_every_section_and_needs_no_vllm(small_run):
     assert "## Headline ratios" in stdout  # the summary is the last thing printed
 
 
+def test_small_run_preflight_says_no_cuda_and_checks_every_reference_plan(small_run):
+    """The pre-flight section on the CPU: the card and the free memory labelled "no CUDA
+    device", gpt-oss's expert shapes on the plan's default card, every reference plan's
+    verdict against its stand-in card."""
+    out, summary, stdout = small_run
+    section = next(s for s in summary["sections"] if s["name"] == "preflight")
+    name = next(n for n in section["files"] if n.endswith(".json"))
+    with tarfile.open(out / f"{summary['stem']}.tar.gz") as tar:
+        pre = json.loads(tar.extractfile(name).read())
+        md = tar.extractfile(name[:-5] + ".md").read().decode()
+    assert "no CUDA device" in pre["card"]["source"] and pre["memory"] == {"measured": False,
+                                                                          "why": "not measured (no CUDA device)"}
+    assert [m["model"] for m in pre["expert_shapes"]] == ["gpt-oss-20b (MXFP4)", "gpt-oss-120b (MXFP4)"]
+    assert len(pre["plans"]) == 4 and all("verdict" in p and "stand-in" in p["planned_for"] for p in pre["plans"])
+    assert "not measured (no CUDA device)" in md and "| gate_up_proj_blocks | w13_weight | U8 |" in md
+    assert "[preflight] **After the CUDA context:** not measured (no CUDA device)." in stdout
+
+
 def test_small_run_summary_has_every_ratio_measured_or_why_not(small_run):
     out, summary, _ = small_run
     assert [f["key"] for f in summary["ratios"]] == [f.key for f in gpu_figures.FAMILIES]
@@ -105,7 +123,8 @@ def test_small_run_summary_has_every_ratio_measured_or_why_not(small_run):
     assert len(by["selective_mtp"]["rows"]) == 3
     assert by["host_gather_over_device"]["rows"]
     for key in ("uva_over_copy_emulation", "uva_over_copy_sizes", "pageable_over_pinned",
-                "page_locked_over_planned", "uva_embedding_over_device", "uva_moe_over_device", "host_compute_over_uva"):
+                "page_locked_over_planned", "uva_embedding_over_device", "uva_moe_over_device", "host_compute_over_uva",
+                "preflight_free_over_need"):
         assert "no CUDA" in by[key]["not_measured"] or "no GPU" in by[key]["not_measured"], by[key]
     assert "cold-only" in by["cold_only_over_bulk"]["not_measured"]
     md = (out / f"{summary['stem']}.md").read_text()
@@ -216,7 +235,7 @@ def test_a_gpu_run_lands_in_the_readme_table(small_run, tmp_path):
     merged = tables.gpu_runs(results)
     assert "| 123.456 (" in merged and "gpu-run-cuda-nvidia-h200-2026-12-01-only-gather.md" in merged
     assert merged.count("| selective / bulk, decode tok/s: batch 1 (matrix-vector) | ") == 1
-    assert "(sections: probe ok, mechanism ok, decode-emulation ok, gather ok, uva-read ok, host-compute ok)" in merged
+    assert "(sections: probe ok, preflight ok, mechanism ok, decode-emulation ok, gather ok, uva-read ok, host-compute ok)" in merged
 
 
 def test_uva_read_runs_its_uva_path_through_a_stand_in_view():
@@ -300,11 +319,14 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
     for r in uva["rows"]:
         r.update(uva_gemv_gbps=40.0, copy_gbps=50.0, uva_over_copy=0.8, uva_equals_device=True)
     uva["rows"].append({"bytes": 8 << 30, "error": "OffloadError: cudaHostRegister of 8 GiB failed"})
+    pre = files[by_section["preflight"]]
+    pre.update(cuda=True, memory={"measured": True, "free_bytes": 80 << 30, "est_card_class_gib": 80})
     for name, data in files.items():
         (tmp_path / name).write_text(json.dumps(data))
     ratios = {f["key"]: f for f in gpu_figures.ratios(sections, tmp_path)}
     for key in ("uva_over_copy_emulation", "uva_over_copy_sizes", "uva_over_copy_probe", "pageable_over_pinned",
-                "page_locked_over_planned", "uva_embedding_over_device", "uva_moe_over_device"):
+                "page_locked_over_planned", "uva_embedding_over_device", "uva_moe_over_device",
+                "preflight_free_over_need"):
         assert ratios[key]["rows"] and not ratios[key]["not_measured"], ratios[key]
     moe = ratios["uva_moe_over_device"]["rows"]
     assert [r["measured"] for r in moe] == [5.0, None] and moe[1]["note"] == "RuntimeError: capture failed"
@@ -313,6 +335,8 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
     assert "cudaHostRegister" in ratios["uva_over_copy_sizes"]["rows"][-1]["note"]
     assert ratios["uva_over_copy_probe"]["rows"][0]["measured"] == pytest.approx(40.0 / 53.0)
     assert ratios["pageable_over_pinned"]["rows"][0]["measured"] == pytest.approx(21.0 / 53.0)
+    assert [r["measured"] for r in ratios["preflight_free_over_need"]["rows"]] == pytest.approx(
+        [p["free_bytes"] / p["need_bytes"] for p in pre["plans"]])
     assert [r["measured"] for r in ratios["page_locked_over_planned"]["rows"]] == [1.0, 1.62]
     uva_rows = ratios["uva_embedding_over_device"]["rows"]
     assert [r["measured"] for r in uva_rows] == pytest.approx([3.0, 3.0, 2.0, 2.0])
