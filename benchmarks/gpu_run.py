@@ -14,7 +14,8 @@ counted, so the summary shows that no section needed vLLM). The device memory ca
 where placement depends on the card's size: the decode emulation caps itself to a 24 GiB
 card (torch's per-process memory fraction, checked to bind); the probe, the mechanism
 check and the gather benchmark measure rates and allocation deltas, which a cap does not
-change.
+change; the pre-flight is uncapped on purpose: it reads the card's own free memory and
+plans for it.
 
 Results go to ``--out`` (default ``$OUT`` when set, else ``benchmarks/out/gpu-run-<cuda|cpu>-
 <machine>-<date>[-small]/``): each section's JSON and Markdown (a section that writes JSON
