@@ -74,7 +74,7 @@ ENTRIES: dict[str, tuple[object, list]] = {
     "so_moe_workspace_bytes": (_I64, [_I64] * 5),
     "so_moe_job_run": (None, [_VP]),
     "so_read_sum": (ctypes.c_double, [_VP, _I64, _I64]),
-    "so_rows_bf16": (_I64, [_VP, _I64, _I64, _VP, _I64, _I64, _VP, _I64]),
+    "so_rows_bf16": (_I64, [_VP, _I64, _I64, _VP, _I64, _I64, _VP, _I64, _VP, _I64]),
     "so_rows_job_size": (_I64, []),
     "so_rows_job_run": (None, [_VP]),
 }

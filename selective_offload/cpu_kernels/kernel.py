@@ -107,14 +107,18 @@ class _HostFunctionJob:
 class MoEJob(_HostFunctionJob):
     """One call's arguments, fixed: re-run it after writing new values into the same x,
     topk_ids and topk_weights tensors (what a CUDA graph replays). The tensors are kept
-    alive by the job. ``function_pointer`` is ``so_moe_job_run`` (a ``cudaHostFn_t``),
+    alive by the job. Its sizes are fixed too, its buffers need not be its own: a job of T
+    tokens reads and writes the first T rows of whatever it is given, so jobs of fewer
+    tokens can be made over prefixes of the same buffers and share one ``workspace``
+    (uint8, at least ``so_moe_workspace_bytes`` of its sizes), as long as they run one at a
+    time. ``function_pointer`` is ``so_moe_job_run`` (a ``cudaHostFn_t``),
     ``address`` its argument; after a run ``status`` is 0, or see :meth:`check`."""
 
     ENTRY = "so_moe_job_run"
 
     def __init__(self, x, topk_ids, topk_weights, weights: ExpertWeights, activation: Activation, *,
                  out: torch.Tensor, threads: int | None = None, host_mask: torch.Tensor | None = None,
-                 library_: ctypes.CDLL | None = None):
+                 library_: ctypes.CDLL | None = None, workspace: torch.Tensor | None = None):
         self.lib = library_ or library()
         T, H, E = x.shape[0] if x.dim() == 2 else -1, weights.hidden, weights.num_experts
         if x.dim() != 2 or x.shape[1] != H or x.dtype not in (torch.bfloat16, torch.float32):
@@ -145,7 +149,12 @@ class MoEJob(_HostFunctionJob):
                 _cpu(name, t)
         self.threads = int(threads) if threads else torch.get_num_threads()
         nbytes = self.lib.so_moe_workspace_bytes(T, K, E, H, weights.intermediate)
-        self.workspace = torch.empty(nbytes, dtype=torch.uint8)
+        if workspace is not None:  # a workspace shared with other jobs (wrappers.host_buffers)
+            _cpu("workspace", workspace)
+            if workspace.dtype != torch.uint8 or workspace.numel() < nbytes:
+                raise ValueError(f"host-compute kernel: the workspace holds {workspace.numel()} bytes; a job of "
+                                 f"{T} tokens needs {nbytes}")
+        self.workspace = workspace if workspace is not None else torch.empty(nbytes, dtype=torch.uint8)
         self.tensors = named  # kept alive as long as the job
         self.out = out
         lim = activation.limit
@@ -202,7 +211,8 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, wei
 
 class _RowsJob(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in ("w", "x", "out")] + [
-        (n, ctypes.c_int64) for n in ("R", "C", "x_dtype", "T", "threads", "status")]
+        (n, ctypes.c_int64) for n in ("R", "C", "x_dtype", "T", "threads", "status")] + [
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
 
 
 class RowsJob(_HostFunctionJob):
@@ -214,7 +224,7 @@ class RowsJob(_HostFunctionJob):
     ENTRY = "so_rows_job_run"
 
     def __init__(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, threads: int | None = None,
-                 library_: ctypes.CDLL | None = None):
+                 library_: ctypes.CDLL | None = None, workspace: torch.Tensor | None = None):
         for name, t in (("x", x), ("weight", weight), ("out", out)):
             _cpu(name, t)
         if weight.dtype != torch.bfloat16 or weight.dim() != 2:
@@ -232,12 +242,15 @@ class RowsJob(_HostFunctionJob):
             raise build.KernelUnavailable(f"host rows kernel: the compiled job struct is {self.lib.so_rows_job_size()} "
                                           f"bytes, Python's {ctypes.sizeof(_RowsJob)}; set {build.ENV_KERNEL_CACHE} "
                                           f"to an empty folder of your own to build it again")
-        self.tensors = (x, weight, out)  # kept alive as long as the job
+        if workspace is not None:
+            _cpu("workspace", workspace)
+        self.tensors = (x, weight, out, workspace)  # kept alive as long as the job
         self.out = out
         self.threads = int(threads) if threads else torch.get_num_threads()
         self.job = _RowsJob(w=_ptr(weight), x=_ptr(x), out=_ptr(out), R=weight.shape[0], C=weight.shape[1],
                             x_dtype=DT_F32 if x.dtype == torch.float32 else DT_BF16, T=x.shape[0],
-                            threads=self.threads, status=0)
+                            threads=self.threads, status=0, workspace=_ptr(workspace),
+                            workspace_bytes=0 if workspace is None else workspace.numel() * workspace.element_size())
 
     def run(self) -> torch.Tensor:
         self.lib.so_rows_job_run(self.address)

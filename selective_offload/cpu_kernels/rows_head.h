@@ -4,17 +4,23 @@
 
 /* Rows of one bf16 matrix w [R, C] dotted with T tokens x [T, C] (bf16 or f32): out [T, R]
  * f32, with the experts' row walk and thread pool (an LM head's host rows; torch's own CPU
- * linear would run on the one thread vLLM leaves torch while serving). Returns 0, or 2 when
- * the tokens' buffer cannot be allocated. */
+ * linear would run on the one thread vLLM leaves torch while serving). The tokens are
+ * reordered into ``ws`` when it holds ``ws_bytes`` >= T * C * 4 + 64 (the worker's one
+ * workspace, selective_offload/worker_buffers.py), else into a buffer of their own.
+ * Returns 0, or 2 when that buffer cannot be allocated. */
 int64_t so_rows_bf16(const uint16_t *w, int64_t R, int64_t C, const void *x, int64_t x_dtype, int64_t T, float *out,
-                     int64_t threads) {
+                     int64_t threads, void *ws, int64_t ws_bytes) {
 #if defined(SO_BF16DOT)
     typedef uint16_t xval;
 #else
     typedef float xval;
 #endif
-    xval *X = (xval *)malloc((size_t)(T * C) * sizeof(xval) + 64);
-    if (!X) return 2;
+    xval *X = (xval *)ws, *own = NULL;
+    // mutation: rows-workspace-unused
+    if (!X || ws_bytes < T * C * 4 + 64) {
+        own = X = (xval *)malloc((size_t)(T * C) * sizeof(xval) + 64);
+        if (!X) return 2;
+    }
     for (int64_t t = 0; t < T; t++)
         for (int64_t k = 0; k < C; k++) {
             int64_t i = t * C + k;
@@ -42,7 +48,7 @@ int64_t so_rows_bf16(const uint16_t *w, int64_t R, int64_t C, const void *x, int
                 for (int q = 0; q < n; q++) out[(t + q) * R + r] = acc[q];
             }
     }
-    free(X);
+    free(own);
     return 0;
 }
 
@@ -52,11 +58,14 @@ typedef struct {
     const void *w, *x;
     float *out;
     int64_t R, C, x_dtype, T, threads, status;
+    void *workspace;                /* NULL: allocated per call */
+    int64_t workspace_bytes;
 } so_rows_job;
 
 int64_t so_rows_job_size(void) { return (int64_t)sizeof(so_rows_job); }
 
 void so_rows_job_run(void *arg) {
     so_rows_job *j = (so_rows_job *)arg;
-    j->status = so_rows_bf16((const uint16_t *)j->w, j->R, j->C, j->x, j->x_dtype, j->T, j->out, j->threads);
+    j->status = so_rows_bf16((const uint16_t *)j->w, j->R, j->C, j->x, j->x_dtype, j->T, j->out, j->threads,
+                             j->workspace, j->workspace_bytes);
 }

@@ -64,6 +64,7 @@ from ..names import ModelNames, group_key
 from ..planner import kernels
 from ..plan_format import GroupKind, Placement, Plan
 from ..sizes import fmt_bytes
+from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.layout import layout_of
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy
 from .auto_plan import card_of_worker
@@ -142,6 +143,9 @@ class ExpertsLoad:
     compute: dict[str, Any] = field(default_factory=dict)
     #: ``id()`` of the final parameters of the compute-served groups.
     compute_params: set[int] = field(default_factory=set)
+    #: The one staging slot and workspace every compute-served group of this load shares
+    #: (``wrappers.host_buffers``), made by :func:`attach`.
+    buffers: HostBuffers | None = None
 
     @classmethod
     def of(cls, plan: Plan | None, names: ModelNames = ModelNames()) -> "ExpertsLoad | None":
@@ -349,7 +353,12 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
     """Page-lock each host experts module's parameters in one arena (one registration,
     no page shared with another); on CUDA make each uva-served one a UVA view marked as
     vLLM marks its own, and hand each compute-served one to the host CPU
-    (:func:`.host_compute.install`). Returns the uva-served parameters' ``id()``."""
+    (:func:`.host_compute.install`), every one sharing one staging slot and workspace
+    (:class:`HostBuffers`, page-locked through ``page_locked`` on CUDA). Returns the
+    uva-served parameters' ``id()``."""
+    if xl.buffers is None:
+        xl.buffers = HostBuffers(pinned=device.type == "cuda", page_locked=page_locked)
+    buffers = xl.buffers
     for name, group in xl.modules.items():
         module = model.get_submodule(name)
         computed = xl.is_computed(group)
@@ -369,9 +378,11 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
             page_locked.lock_together(params, group)
         hosts = [p.data for p in params]
         if computed:
-            experts = (host_head.install_head(group, module, plan, device, model) if group in xl.heads else
-                       host_compute.install_mlp(group, module, plan, device) if group in xl.mlps else
-                       host_compute.install(group, module, module.quant_method, plan, device, xl.shared))
+            experts = (host_head.install_head(group, module, plan, device, model, buffers=buffers)
+                       if group in xl.heads else
+                       host_compute.install_mlp(group, module, plan, device, buffers=buffers) if group in xl.mlps else
+                       host_compute.install(group, module, module.quant_method, plan, device, xl.shared,
+                                            buffers=buffers))
             xl.compute[group] = experts
             xl.compute_params |= {id(p) for p in params}
             if page_locked is not None and hosts:

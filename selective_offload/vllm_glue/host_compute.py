@@ -44,6 +44,7 @@ from ..errors import PlanError
 from ..estimate import share_native
 from ..plan_format import GroupKind, Placement, Plan
 from ..planner import kernels
+from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.host_compute import HostExperts
 
 #: The table's method (``kernels.method_of_vllm``) -> the CPU kernel's format, by the dtype
@@ -338,7 +339,7 @@ def method_class() -> type:
 
 
 def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torch.device,
-            shared: frozenset[str] = frozenset()) -> HostExperts:
+            shared: frozenset[str] = frozenset(), buffers: HostBuffers | None = None) -> HostExperts:
     """Serve ``module``'s routed experts on the host CPU from now on (after its parameters
     are page-locked where they are): the quant method is replaced, the weights kept."""
     fmt = format_of(group, method, module, device)
@@ -359,12 +360,25 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
                         f"{weights.num_experts} here; make the plan again for this model")
     experts = HostExperts(group, weights, activation_of(group, module), crossover_tokens=setting.crossover_tokens,
                           threads=threads_of(setting, device), device=device, host_mask=host_mask,
+                          buffers=buffers, experts_per_token=experts_per_token(group, module, planned),
                           # mutation: device-share-ignored
                           device_share=held_share(weights, on_device, device, native=share_native(fmt, True))
                           if on_device else None)
     # mutation: host-compute-not-installed
     module._replace_quant_method(method_class()(method, experts))
     return experts
+
+
+def experts_per_token(group: str, module: nn.Module, planned: Any) -> int:
+    """The picks per token vLLM routes this layer with (its ``top_k``), else the plan's k."""
+    k = getattr(module, "top_k", None)
+    if not isinstance(k, int) or k <= 0:
+        k = getattr(planned, "experts_per_token", 0) or getattr(getattr(module, "moe_config", None),
+                                                                 "experts_per_token", 0)
+    if not k:
+        raise PlanError(f"{group}: vLLM built these routed experts without a top_k the host's buffers "
+                        "can be sized for; plan them host-uva or on the device")
+    return int(k)
 
 
 def mechanism(experts: HostExperts) -> str:
@@ -563,7 +577,8 @@ def resplit_after_reload(group: str, mlp: nn.Module, experts: HostExperts, fmt: 
     down.quant_method.process_weights_after_loading = process_weights_after_loading
 
 
-def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) -> HostExperts:
+def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device,
+                buffers: HostBuffers | None = None) -> HostExperts:
     """Serve the dense MLP ``mlp`` on the host CPU from now on: an MoE of one expert that
     every token takes, through the same host experts and op as routed experts. With tensor
     parallelism each rank computes its shard and the partial sums are all-reduced, as
@@ -579,7 +594,8 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device) ->
     channels = planned.device_channels if planned is not None else 0
     weights, share = split_mlp(group, mlp_weights(group, mlp, fmt), channels, device)
     experts = HostExperts(group, weights, Activation("silu"), crossover_tokens=setting.crossover_tokens,
-                          threads=threads_of(setting, device), device=device, device_share=share, share_channels=True)
+                          threads=threads_of(setting, device), device=device, device_share=share, share_channels=True,
+                          buffers=buffers, experts_per_token=1)
     if fmt == "int4" and not isinstance(getattr(mlp.gate_up_proj, "weight_packed", None), torch.Tensor):
         relayout_after_reload(mlp)  # GPTQ's rows, rewritten at install
     if channels:

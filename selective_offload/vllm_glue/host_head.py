@@ -26,6 +26,7 @@ from torch import nn
 
 from ..errors import PlanError
 from ..plan_format import GroupKind, Placement, Plan
+from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.host_rows import HostRows
 from .host_compute import threads_of
 
@@ -87,7 +88,7 @@ class HeadRowsMethod:
 
 
 def install_head(group: str, head: nn.Module, plan: Plan, device: torch.device,
-                 model: nn.Module | None = None) -> HostRows:
+                 model: nn.Module | None = None, buffers: HostBuffers | None = None) -> HostRows:
     """Serve ``head`` split from now on: its page-locked host weight stays where it is, the
     plan's first rows are copied to ``device``, and its quant method is replaced."""
     check_head(group, head, model)
@@ -102,7 +103,7 @@ def install_head(group: str, head: nn.Module, plan: Plan, device: torch.device,
     # mutation: head-crossover-of-the-layers
     crossover = setting.head_crossover_tokens if setting.head_crossover_tokens is not None else setting.crossover_tokens
     rows = HostRows(group, weight, planned.device_channels, crossover_tokens=crossover, device=device,
-                    threads=threads_of(setting, device))
+                    threads=threads_of(setting, device), buffers=buffers)
     # mutation: head-not-installed
     head.quant_method = HeadRowsMethod(head.quant_method, rows)
     return rows

@@ -20,7 +20,8 @@ measured rates; the counts of steps and tokens served each way are kept for the 
 
 On CUDA the host path is stream-ordered (:mod:`.host_function`): copies to fixed pinned
 buffers, a host function on the stream that runs the kernel with no Python, a copy back;
-a CUDA graph captures it, so vLLM's graphs need not be turned off. A step above the
+a CUDA graph captures it, so vLLM's graphs need not be turned off. Those buffers, and the
+kernel's workspace, are one per process, shared by every unit (:mod:`.host_buffers`). A step above the
 crossover cannot be captured (which experts it copies depends on the routing), so the
 glue refuses graph sizes above the crossover before the engine captures them.
 
@@ -40,6 +41,8 @@ import torch
 from .. import cpu_kernels
 from ..cpu_kernels import Activation, ExpertWeights
 from ..estimate import NATIVE_SHARE_FORMATS, share_native
+from ..worker_buffers import Unit
+from .host_buffers import HostBuffers
 
 
 def share_kernel_computes(fmt: str, device: torch.device | str) -> bool:
@@ -52,7 +55,8 @@ def share_kernel_computes(fmt: str, device: torch.device | str) -> bool:
 
 @dataclass
 class Slot:
-    """One step shape's fixed buffers and the kernel job that reads and writes them."""
+    """One step shape's buffers (views of the process's one staging slot) and the kernel
+    job that reads and writes them."""
 
     x: torch.Tensor
     ids: torch.Tensor
@@ -113,11 +117,17 @@ class HostExperts:
     channels of every expert (a dense MLP's, :func:`cpu_kernels.channels.split_channels`;
     ``weights`` then holds the other channels): every pick is computed on both sides and
     the two sums added.
+
+    ``buffers``: the process's one staging slot and workspace (:mod:`.host_buffers`), which
+    this layer reserves its largest host step in (``crossover_tokens`` tokens of
+    ``experts_per_token`` picks); without them the layer makes buffers of its own, as
+    large as its largest step so far.
     """
 
     def __init__(self, group: str, weights: ExpertWeights, activation: Activation, *, crossover_tokens: int,
                  threads: int | None, device: torch.device, host_mask: torch.Tensor | None = None,
-                 device_share: ExpertWeights | None = None, share_channels: bool = False):
+                 device_share: ExpertWeights | None = None, share_channels: bool = False,
+                 buffers: HostBuffers | None = None, experts_per_token: int | None = None):
         if crossover_tokens < 0:
             raise ValueError(f"{group}: the crossover must be a number of tokens >= 0, not {crossover_tokens}")
         self.group = group
@@ -152,7 +162,20 @@ class HostExperts:
         self._side_stream = None  # the host path's stream beside a device share (CUDA)
         self.counts = ServingCounts()
         self._host_function = None  # made on the first CUDA step (:mod:`.host_function`)
-        self._slots: dict[tuple, Slot] = {}
+        self._slots: dict[tuple, Slot] = {}  # jobs by step shape, over views of the buffers
+        if buffers is None:
+            buffers = HostBuffers(pinned=self.on_cuda, fixed=False)
+        elif self.crossover_tokens and weights.fmt not in cpu_kernels.TORCH_FORMATS:
+            if experts_per_token is None:
+                raise ValueError(f"{group}: shared host-compute buffers are sized for the experts per token; "
+                                 "pass experts_per_token")
+            buffers.reserve(self.unit(self.crossover_tokens, int(experts_per_token)))
+        self.buffers = buffers
+
+    def unit(self, tokens: int, picks: int) -> Unit:
+        """A host step of ``tokens`` tokens of ``picks`` picks, as the buffers count it."""
+        w = self.weights
+        return Unit.experts(tokens, picks, w.num_experts, w.hidden, w.intermediate)
 
     @property
     def on_cuda(self) -> bool:
@@ -228,8 +251,9 @@ class HostExperts:
                                                 self.activation)
 
     def compute_on_host(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """The kernel on host tensors (float32 [T, H], a buffer reused by the next step of
-        as many tokens); counts the expert bytes read."""
+        """The kernel on host tensors (float32 [T, H], a view of the process's staging slot
+        that the next host step of any unit overwrites: copy it before then); counts the
+        expert bytes read."""
         ids = topk_ids.to(torch.int32)
         # mutation: host-bytes-uncounted
         self.counts.host_bytes += int(self._picked(ids)[1].numel()) * self.weights.expert_bytes
@@ -243,20 +267,24 @@ class HostExperts:
         return slot.job.run()
 
     def slot(self, x: torch.Tensor, topk_ids: torch.Tensor, *, pinned: bool) -> "Slot":
-        """Fixed buffers and a kernel job for steps of ``x``'s shape: a job's sizes are fixed
-        when it is made, and making one costs more than the copies into its buffers; a
-        captured CUDA graph holds the pinned ones' addresses (:mod:`.host_function`)."""
-        key = (int(x.shape[0]), int(topk_ids.shape[1]), x.dtype, pinned)
+        """The buffers and a kernel job for steps of ``x``'s shape: a job's sizes are fixed
+        when it is made, and making one costs more than the copies into its buffers. The
+        buffers are the first bytes of the process's one staging slot, and the job runs in
+        its one workspace (:mod:`.host_buffers`); a captured CUDA graph holds their addresses
+        (:mod:`.host_function`), which never move. ``pinned``: the buffers are the
+        page-locked ones (CUDA), which :attr:`buffers` must be."""
+        if pinned != self.buffers.pinned:
+            raise ValueError(f"{self.group}: a {'page-locked' if pinned else 'pageable'} step on "
+                             f"{'page-locked' if self.buffers.pinned else 'pageable'} buffers")
+        key = (int(x.shape[0]), int(topk_ids.shape[1]), x.dtype)
         slot = self._slots.get(key)
         if slot is None:
-            tokens, k = key[0], key[1]
-            where = dict(device="cpu", pin_memory=pinned)
-            xs = torch.empty((tokens, x.shape[1]), dtype=x.dtype, **where)
-            ids = torch.zeros((tokens, k), dtype=torch.int32, **where)
-            weights = torch.zeros((tokens, k), dtype=torch.float32, **where)
-            out = torch.empty((tokens, x.shape[1]), dtype=torch.float32, **where)
+            unit = self.unit(key[0], key[1])
+            # mutation: staging-per-slot
+            xs, ids, weights, out = self.buffers.experts_views(unit, x.dtype)
             job = cpu_kernels.MoEJob(xs, ids, weights, self.weights, self.activation, out=out, threads=self.threads,
-                                     host_mask=self.host_mask)
+                                     # mutation: workspace-per-job
+                                     host_mask=self.host_mask, workspace=self.buffers.workspace)
             slot = self._slots[key] = Slot(xs, ids, weights, out, job)
         return slot
 

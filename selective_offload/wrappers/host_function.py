@@ -10,10 +10,12 @@ back. All three are stream operations, so a CUDA graph captures them as nodes an
 them; what else the GPU has queued runs before the host function starts, and the GPU
 waits only for the copy back. kt-kernel hands off the same way.
 
-One set of buffers and one job per number of tokens (a graph is captured per batch size,
-and a job's sizes are fixed); they live as long as the layer (a captured graph holds their
-addresses). Measured on a GPU by ``benchmarks/gpu_run.sh``; the CPU build has no stream
-and calls the kernel directly.
+One job per layer and number of tokens (a graph is captured per batch size, and a job's
+sizes are fixed), every job over the first bytes of the process's one page-locked staging
+slot and in its one workspace (:mod:`.host_buffers`: why host steps never overlap, and why
+a prefix serves a smaller step); the buffers live as long as the process's model (a
+captured graph holds their addresses). Measured on a GPU by ``benchmarks/gpu_run.sh``; the
+CPU build has no stream and calls the kernel directly.
 """
 
 from __future__ import annotations

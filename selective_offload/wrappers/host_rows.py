@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import cpu_kernels
+from ..worker_buffers import Unit
+from .host_buffers import HostBuffers
 from .host_compute import ServingCounts
 
 #: The dtypes the head may be held in: the C row walk reads bf16, torch's float32 op float32
@@ -50,9 +52,9 @@ DTYPES = (torch.bfloat16, torch.float32)
 
 @dataclass
 class _Slot:
-    """One step shape's page-locked buffers (CUDA): the hidden states copied down to the
-    host, the host rows' logits copied back up, and the rows job that reads and writes them
-    (a host function runs it by address)."""
+    """One step shape's buffers (views of the process's one staging slot: page-locked on
+    CUDA): the hidden states copied to the host, the host rows' logits read back, and the
+    rows job that reads and writes them (a CUDA host function runs it by address)."""
 
     x: torch.Tensor
     out: torch.Tensor
@@ -67,12 +69,14 @@ class HostRows:
     from it are asynchronous); the host path reads its rows ``device_rows:`` in place.
     ``device_weight`` holds the first ``device_rows`` rows on ``device``; when None they are
     copied there from ``host_weight`` (a copy even on a CPU device, so the two are as
-    independent as they are on a GPU).
+    independent as they are on a GPU). ``buffers``: the process's one staging slot and
+    workspace (:mod:`.host_buffers`), shared with the host-compute layers; without them the
+    head makes its own.
     """
 
     def __init__(self, group: str, host_weight: torch.Tensor, device_rows: int, *, crossover_tokens: int,
                  device: torch.device | str, device_weight: torch.Tensor | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, buffers: HostBuffers | None = None):
         if host_weight.dim() != 2:
             raise ValueError(f"{group}: the LM head's weight must be 2-D [vocab, hidden], "
                              f"not {tuple(host_weight.shape)}")
@@ -101,8 +105,17 @@ class HostRows:
         self.crossover_tokens = int(crossover_tokens)
         self.threads = threads
         self.counts = ServingCounts()
-        self._slots: dict[tuple, _Slot] = {}  # CUDA: page-locked buffers by step shape
+        self._slots: dict[tuple, _Slot] = {}  # jobs by step shape, over views of the buffers
         self._side = None  # CUDA: the side stream the host part is queued on
+        if buffers is None:
+            buffers = HostBuffers(pinned=self.on_cuda, fixed=False)
+        elif self.crossover_tokens:
+            buffers.reserve(self.unit(self.crossover_tokens))
+        self.buffers = buffers
+
+    def unit(self, tokens: int) -> Unit:
+        """A host step of ``tokens`` tokens, as the buffers count it."""
+        return Unit.rows(tokens, int(self.host_weight.shape[1]), self.host_rows)
 
     @property
     def on_cuda(self) -> bool:
@@ -155,10 +168,20 @@ class HostRows:
         # mutation: head-parts-swapped
         return torch.cat([device, host.to(device=device.device, dtype=device.dtype)], dim=-1)
 
-    def _host_rows(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The host's rows of the head for host tensors ``x``: float32 [T, host rows]."""
+    def _host_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The host's rows of the head for host tensors ``x``: float32 [T, host rows], a
+        view of the staging slot the next host step overwrites (a float32 head: torch's own
+        float32 op, exact, into a tensor of its own)."""
+        if self.dtype == torch.float32:
+            return cpu_kernels.rows(x, self._host_weight_rows(), threads=self.threads)
+        slot = self._slot(x)
+        slot.x.copy_(x)
+        return slot.job.run()
+
+    def _host_weight_rows(self) -> torch.Tensor:
+        """The rows the host computes, read in place."""
         # mutation: head-host-rows-from-the-top
-        return cpu_kernels.rows(x, self.host_weight[self.device_rows:], threads=self.threads, out=out)
+        return self.host_weight[self.device_rows:]
 
     def _cuda_host_step(self, x: torch.Tensor) -> torch.Tensor:
         """CUDA (not runnable here), stream-ordered, so no Python waits for the device: on a
@@ -189,15 +212,16 @@ class HostRows:
         return torch.cat([device, up.to(device.dtype)], dim=-1)
 
     def _slot(self, x: torch.Tensor) -> _Slot:
-        """The page-locked buffers and the rows job for steps of ``x``'s shape (as many as
-        step sizes at or below the crossover, each small: a step's hidden states and host
-        logits; a job's sizes are fixed when it is made)."""
+        """The buffers and the rows job for steps of ``x``'s shape: views of the first bytes
+        of the process's one staging slot, the job in its one workspace (:mod:`.host_buffers`;
+        a job's sizes are fixed when it is made, its buffers' addresses never move)."""
         key = tuple(x.shape)
         slot = self._slots.get(key)
         if slot is None:
-            x_host = torch.empty(key, dtype=self.dtype, pin_memory=True)
-            out = torch.empty((key[0], self.host_rows), dtype=torch.float32, pin_memory=True)
-            job = cpu_kernels.RowsJob(x_host, self.host_weight[self.device_rows:], out, threads=self.threads)
+            # mutation: head-staging-of-its-own
+            x_host, out = self.buffers.rows_views(self.unit(key[0]), self.dtype)
+            job = cpu_kernels.RowsJob(x_host, self._host_weight_rows(), out, threads=self.threads,
+                                      workspace=self.buffers.workspace)
             slot = self._slots[key] = _Slot(x_host, out, job)
         return slot
 
