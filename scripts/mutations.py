@@ -31,6 +31,10 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'staging-not-in-ledger': ('        return max(1, self.inputs.ranks) * staging_bytes(self.host_compute_units())', '        return 0', ['tests/unit/planner/test_ledger.py::test_the_workers_buffers_are_lines_of_the_ledger_and_in_the_host_totals']),
+ 'compute-transient-unpriced': ('        return max((compute_transient(g) for g in self.groups if g.placement == Placement.HOST_COMPUTE), default=0)', '        return 0', ['tests/unit/planner/test_ledger.py::test_the_workers_buffers_are_lines_of_the_ledger_and_in_the_host_totals']),
+ 'ledger-not-checked': ('    if stated != derived:', '    if False:', ['tests/unit/planner/test_ledger.py::test_the_ledger_round_trips_and_an_edited_line_or_misplaced_sizes_are_refused_in_one_line']),
+ 'host-buffers-unchecked': ('        return self.host_page_locked_bytes + self.host_pageable_bytes', '        return self.host_weight_bytes', ['tests/unit/planner/test_ledger.py::test_the_host_check_holds_the_buffers_to_the_hosts_memory']),
  'staging-per-slot': ('            xs, ids, weights, out = self.buffers.experts_views(unit, x.dtype)', '            xs, ids, weights, out = HostBuffers(pinned=self.buffers.pinned, fixed=False).experts_views(unit, x.dtype)', ['tests/unit/wrappers/test_host_buffers.py::test_every_layer_and_step_size_uses_the_one_slot_and_workspace_and_computes_the_reference']),
  'workspace-per-job': ('                                     host_mask=self.host_mask, workspace=self.buffers.workspace)', '                                     host_mask=self.host_mask, workspace=None)', ['tests/unit/wrappers/test_host_buffers.py::test_every_layer_and_step_size_uses_the_one_slot_and_workspace_and_computes_the_reference']),
  'head-staging-of-its-own': ('            x_host, out = self.buffers.rows_views(self.unit(key[0]), self.dtype)', '            x_host, out = HostBuffers(pinned=self.buffers.pinned, fixed=False).rows_views(self.unit(key[0]), self.dtype)', ['tests/unit/wrappers/test_host_buffers.py::test_the_split_head_and_the_layers_share_the_slot']),

@@ -350,7 +350,8 @@ def _host_lines(plan: Plan, shown: Shown) -> list[str]:
         return _wrapped("host", ["nothing ", ram])
     parts = [(plan.host_cold_bytes, "cold"),
              (plan.host_hot_bytes, f"prefetched ({len(plan.hot_layer_indices)} layers)"),
-             (plan.host_uva_bytes, "read in place (UVA)"), (plan.host_compute_bytes, "computed on the CPU")]
+             (plan.host_uva_bytes, "read in place (UVA)"), (plan.host_compute_bytes, "computed on the CPU"),
+             (plan.host_compute_staging_bytes + plan.host_compute_workspace_bytes, "the CPU's buffers")]
     said = [f"{fmt_bytes(n)} {what}" for n, what in parts if n]
     if len(said) == 1:
         return _wrapped("host", [said[0] + " ", ram])

@@ -75,6 +75,9 @@ def check_group(g: GroupPlan, where: str) -> None:
         problem = (f"device_channels ({g.device_channels}) of intermediate ({g.intermediate}) is the device share of "
                    f"a dense MLP or an LM head served compute, 0 < device_channels < intermediate, and this group is "
                    f"{g.kind} served {g.serving}")
+    elif g.kernel_dims and g.placement != Placement.HOST_COMPUTE:
+        problem = (f"kernel_dims {list(g.kernel_dims)} are the sizes a group served compute is computed with on the "
+                   f"host, and this group is served {g.serving}")
     # mutation: any-module-computed
     elif g.kind == GroupKind.MODULE and g.placement == Placement.HOST_COMPUTE and (
             not has_segment(g.group, NEVER_COLD_SEGMENTS) or not g.device_channels):

@@ -37,6 +37,7 @@ from ..names import (
     host_table_prefix,
     layer_of,
 )
+from ..worker_buffers import Unit, copied_transient_bytes, staging_bytes, workspace_bytes
 from .inputs import PlanInputs
 from .parts import (
     Alternative,
@@ -53,7 +54,25 @@ from .vocabulary import (HOST_COMPUTE_NOTE, KIND_ROLE, LAYER_KINDS, PREFETCH_KIN
 #: Totals derived from the groups, written under "totals" and checked when read.
 TOTALS = ("device_bytes", "device_share_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes",
           "host_compute_bytes", "absent_bytes", "cold_bytes",
-          "weight_budget_bytes", "deficit_bytes", "shortfall_bytes", "host_shortfall_bytes")
+          "weight_budget_bytes", "deficit_bytes", "shortfall_bytes", "host_shortfall_bytes",
+          "est_compute_transient_device_bytes", "host_compute_staging_bytes", "host_compute_workspace_bytes",
+          "host_page_locked_bytes", "host_pageable_bytes")
+
+#: Where a line of the ledger is allocated: device memory, page-locked or pageable host memory.
+DEVICE, PAGE_LOCKED, PAGEABLE = "device", "page-locked", "pageable"
+LEDGER_WHERE = (DEVICE, PAGE_LOCKED, PAGEABLE)
+#: The ledger's line for the device memory a step above the crossover holds (est).
+ABOVE_CROSSOVER = "est above-crossover transient"
+
+
+@dataclass(frozen=True)
+class LedgerLine:
+    """One named allocation the plan makes: where (:data:`LEDGER_WHERE`) and its bytes
+    (``est`` in the name where it is an estimate)."""
+
+    name: str
+    where: str
+    bytes: int
 
 #: Where the step model reads a placed experts group from.
 _EXPERTS_READ = {Placement.DEVICE: EXPERTS_DEVICE, Placement.HOST_HOT: EXPERTS_PREFETCHED,
@@ -65,6 +84,12 @@ _EXPERTS_READ = {Placement.DEVICE: EXPERTS_DEVICE, Placement.HOST_HOT: EXPERTS_P
 #: only bytes) would print rates and speed-ups the model never reaches. A checkpoint anyone
 #: offloads is gigabytes; the demo's and the tests' random models are a few megabytes.
 MIN_PRICED_MODEL_BYTES = 64 << 20
+
+
+def compute_transient(g: GroupPlan) -> int:
+    """One host-compute group's above-crossover transient on the device (est, at most)."""
+    experts = g.num_experts if g.kind == GroupKind.EXPERTS else 1
+    return copied_transient_bytes(g.bytes, experts, share_held_bytes(g.dtype_bytes), head=g.kind == GroupKind.MODULE)
 
 
 def priced(plan: "PlanContents") -> bool:
@@ -149,9 +174,94 @@ class PlanContents:
         return self._sum(Placement.ABSENT)
 
     @property
-    def host_bytes(self) -> int:
-        """Every byte the plan puts in host memory: cold, hot layers and routed experts."""
+    def host_weight_bytes(self) -> int:
+        """Every weight byte the plan puts in host memory: cold, hot layers and routed experts."""
         return self.host_cold_bytes + self.host_hot_bytes + self.host_uva_bytes + self.host_compute_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Every byte the plan puts in host memory: its host weights and the worker's buffers
+        (page-locked and pageable: :meth:`ledger`)."""
+        # mutation: host-buffers-unchecked
+        return self.host_page_locked_bytes + self.host_pageable_bytes
+
+    # ---- the worker's own buffers, and the ledger of every allocation
+    def host_compute_units(self) -> list[Unit]:
+        """Each host-compute group's largest host step (its crossover), as one rank's worker
+        sizes its staging slot and workspace for it (:mod:`selective_offload.worker_buffers`);
+        a group without ``kernel_dims`` is not priced."""
+        record = self.host_compute
+        if record is None:
+            return []
+        ranks = max(1, self.inputs.ranks)
+        head_tokens = record.crossover_tokens if record.head_crossover_tokens is None else record.head_crossover_tokens
+        units = []
+        for g in self.groups:
+            if g.placement != Placement.HOST_COMPUTE or len(g.kernel_dims) != 2:
+                continue
+            hidden, inner = g.kernel_dims
+            if g.kind == GroupKind.MODULE:  # the split LM head: its host rows
+                if head_tokens:
+                    units.append(Unit.rows(head_tokens, hidden, inner - g.device_channels))
+            elif record.crossover_tokens:  # tensor parallel: each rank computes its shard of I
+                per_rank = -(-(inner - g.device_channels) // ranks)
+                units.append(Unit.experts(record.crossover_tokens, g.experts_per_token or 1, g.num_experts or 1,
+                                          hidden, per_rank))
+        return units
+
+    @property
+    def host_compute_staging_bytes(self) -> int:
+        """The workers' page-locked staging slots: one per rank, for the largest host step."""
+        # mutation: staging-not-in-ledger
+        return max(1, self.inputs.ranks) * staging_bytes(self.host_compute_units())
+
+    @property
+    def host_compute_workspace_bytes(self) -> int:
+        """The workers' kernel workspaces (pageable): one per rank, for the largest host step."""
+        return max(1, self.inputs.ranks) * workspace_bytes(self.host_compute_units())
+
+    @property
+    def est_compute_transient_device_bytes(self) -> int:
+        """Device memory a step above the crossover holds while it copies the host-compute
+        unit it is computing (est, at most: :func:`~selective_offload.worker_buffers.copied_transient_bytes`
+        of the largest unit)."""
+        # mutation: compute-transient-unpriced
+        return max((compute_transient(g) for g in self.groups if g.placement == Placement.HOST_COMPUTE), default=0)
+
+    @property
+    def host_page_locked_bytes(self) -> int:
+        return sum(line.bytes for line in self.ledger() if line.where == PAGE_LOCKED)
+
+    @property
+    def host_pageable_bytes(self) -> int:
+        return sum(line.bytes for line in self.ledger() if line.where == PAGEABLE)
+
+    @property
+    def device_ledger_bytes(self) -> int:
+        """The device bytes the plan holds to its weight budget: every device line of the
+        :meth:`ledger` but the above-crossover transient, which the reserve must hold (it is
+        freed between steps, as vLLM's own activations are)."""
+        return sum(line.bytes for line in self.ledger()
+                   if line.where == DEVICE and line.name != ABOVE_CROSSOVER)
+
+    def ledger(self) -> tuple[LedgerLine, ...]:
+        """Every allocation the plan makes, by name: the weights where they are placed, vLLM's
+        prefetch buffers, the worker's device shares, transients, staging slot and workspace.
+        The device lines but the above-crossover transient are what :attr:`shortfall_bytes`
+        holds to the weight budget (the transient is the reserve's to hold), the host lines
+        (page-locked, then pageable) what :attr:`host_shortfall_bytes` holds to the host's
+        memory. Host weights are page-locked where the card and vLLM's pin policy allow (on
+        the CPU build nothing is)."""
+        return (
+            LedgerLine("resident weights", DEVICE, self.device_bytes),
+            LedgerLine("device shares", DEVICE, self.device_share_bytes),
+            LedgerLine("prefetch buffers", DEVICE, self.prefetch_buffer_bytes),
+            LedgerLine("est tower transient", DEVICE, self.est_transient_device_bytes),
+            LedgerLine(ABOVE_CROSSOVER, DEVICE, self.est_compute_transient_device_bytes),
+            LedgerLine("host weights", PAGE_LOCKED, self.host_weight_bytes),
+            LedgerLine("host-compute staging", PAGE_LOCKED, self.host_compute_staging_bytes),
+            LedgerLine("host-compute workspace", PAGEABLE, self.host_compute_workspace_bytes),
+        )
 
     @property
     def host_compute(self) -> HostCompute | None:
@@ -197,10 +307,9 @@ class PlanContents:
 
     @property
     def shortfall_bytes(self) -> int:
-        """Device memory missing for this placement (0 when it fits)."""
-        need = (self.device_bytes + self.device_share_bytes + self.est_transient_device_bytes
-                + self.prefetch_buffer_bytes)
-        return max(0, need - self.weight_budget_bytes)
+        """Device memory missing for this placement (0 when it fits): every device line of
+        the :meth:`ledger` against the weight budget."""
+        return max(0, self.device_ledger_bytes - self.weight_budget_bytes)
 
     @property
     def host_shortfall_bytes(self) -> int:

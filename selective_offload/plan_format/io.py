@@ -206,6 +206,9 @@ def read_group(r: FieldReader, version: int) -> tuple[GroupPlan, list[str]]:
             isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
             for k, v in dtype_bytes.items()):
         r.bad("dtype_bytes", dtype_bytes, "an object of dtype -> bytes (integers >= 0)")
+    dims = r.raw("kernel_dims", [])
+    if not (isinstance(dims, list) and len(dims) in (0, 2) and _int_list(dims) and all(d > 0 for d in dims)):
+        r.bad("kernel_dims", dims, "[H, I]: two sizes > 0 (or leave it out)")
     digest = r.raw("shapes_digest", None)
     if digest is not None and not isinstance(digest, str):
         r.bad("shapes_digest", digest, "a string or null")
@@ -222,6 +225,7 @@ def read_group(r: FieldReader, version: int) -> tuple[GroupPlan, list[str]]:
         num_experts=r.int("num_experts", default=0), experts_per_token=r.int("experts_per_token", default=0),
         device_experts=r.int("device_experts", default=0),
         device_channels=r.int("device_channels", default=0), intermediate=r.int("intermediate", default=0),
+        kernel_dims=tuple(dims),
     )
     # mutation: stated-serving-trusted
     if serving is not None and serving != group.serving:
@@ -368,7 +372,10 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
     check_host_compute(plan, stated_host, where)
     check_derived(plan, where)
     check_bulk(plan, where)
-    check_totals(plan, stored_totals(top, version), where)
+    totals = stored_totals(top, version)
+    ledger = totals.pop("ledger", None)
+    check_totals(plan, totals, where)
+    check_ledger(plan, ledger, where)
     check_strategy(plan, where)
     notes += top.unknown()
     return with_load_notes(plan, notes)
@@ -385,8 +392,29 @@ def stored_totals(top: FieldReader, version: int) -> dict[str, int]:
     if "totals" not in top.data:
         return {}
     r = top.child("totals")
-    out = {n: r.int(n, minimum=None) for n in TOTALS if n in r.data}
+    out: dict[str, Any] = {n: r.int(n, minimum=None) for n in TOTALS if n in r.data}
+    if "ledger" in r.data:
+        out["ledger"] = r.raw("ledger")
     return out
+
+
+def check_ledger(plan: PlanContents, stated: Any, where: str) -> None:
+    """A plan file's ``totals.ledger`` (derived, written for readers and the worker's
+    pre-flight) is the one its groups and inputs give: every line, by name, where and bytes."""
+    if stated is None:
+        return
+    derived = ledger_to_list(plan)
+    # mutation: ledger-not-checked
+    if stated != derived:
+        wrong = next((d for d in derived if d not in (stated if isinstance(stated, list) else [])), None)
+        what = (f"its line {wrong['name']!r} is {wrong['bytes']} bytes of {wrong['where']} memory"
+                if wrong else "it holds lines the plan does not make")
+        raise PlanError(f"{where}: totals.ledger disagrees with the groups ({what}); delete the \"totals\" object to "
+                        f"accept the groups as they are, or {REPLAN}")
+
+
+def ledger_to_list(plan: PlanContents) -> list[dict[str, Any]]:
+    return [{"name": line.name, "where": line.where, "bytes": line.bytes} for line in plan.ledger()]
 
 
 def with_load_notes(plan: P, notes: list[str]) -> P:
@@ -455,6 +483,10 @@ def group_to_dict(group: GroupPlan) -> dict[str, Any]:
     for name in ("device_experts", "device_channels", "intermediate"):  # only a group with a device share
         if not out[name]:
             del out[name]
+    if group.kernel_dims:  # only a host-compute group
+        out["kernel_dims"] = list(group.kernel_dims)
+    else:
+        del out["kernel_dims"]
     out["est_link_bytes_per_step"] = group.est_link_bytes_per_step
     out["est_vram_bytes_per_step"] = group.est_vram_bytes_per_step
     return out
@@ -498,7 +530,8 @@ def plan_to_dict(plan: PlanContents, *, derived: bool = True) -> dict[str, Any]:
         "hot_layer_indices": list(plan.hot_layer_indices),
         "est_transient_device_bytes": plan.est_transient_device_bytes,
         "prefetch_buffer_bytes": plan.prefetch_buffer_bytes if derived else plan.stored_prefetch_buffer_bytes,
-        **({"totals": plan.totals(), "est": plan.est.__dict__.copy()} if derived else {}),
+        **({"totals": {**plan.totals(), "ledger": ledger_to_list(plan)}, "est": plan.est.__dict__.copy()}
+           if derived else {}),
         "vllm_cpu_offload_gb": None if plan.bulk is None else bulk_to_dict(plan.bulk),
         "vllm_cpu_offload_params": None if plan.bulk_segments is None else bulk_to_dict(plan.bulk_segments),
         "alternative": None if plan.alternative is None else alternative_to_dict(plan.alternative),

@@ -117,6 +117,11 @@ class GroupPlan:
     #: head: its first vocabulary rows on the device, of its rows (the CPU computes the others).
     device_channels: int = 0
     intermediate: int = 0
+    #: A host-compute group only: the sizes its CPU kernel computes with, ``(H, I)``: the
+    #: hidden size and the intermediate size of one expert (a dense MLP's; the LM head's
+    #: vocabulary rows), which size the worker's staging slot and workspace
+    #: (:mod:`selective_offload.worker_buffers`); ``()`` where not known (then not priced).
+    kernel_dims: tuple[int, ...] = ()
 
     @property
     def device_share(self) -> float:

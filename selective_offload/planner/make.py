@@ -30,7 +30,7 @@ from .host_compute import (claim_of, claimed, cpu_format, declined_share_note, h
 from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
 from .placement import Placing, place_cold, place_hot, strategy_of
-from .shares import channel_shares, expert_shares, head_share
+from .shares import channel_shares, expert_intermediate_size, expert_shares, head_share, intermediate_size
 from .speculation import with_alternative, with_draft_tokens
 
 
@@ -127,15 +127,21 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     def placed(p: Placing, hot: list[int], shares: dict[str, tuple[int, int]] | None = None, **extra) -> Plan:
         computed = [g for g in p.groups if p.where[g.name] == Placement.HOST_COMPUTE]
         plan_fmt = (fmt if any(g.kind == GroupKind.EXPERTS for g in computed) else mlp_fmt) if computed else None
-        return Plan(
+        plan = Plan(
             model=model, inputs=inputs, strategy=strategy_of(p, hot, inputs),
             groups=tuple(GroupPlan(g.name, g.kind, g.role, p.where[g.name], reason(g, p.where[g.name]), g.nbytes,
                                    g.layer_index, g.est_read_bytes_per_step, g.mtp, g.num_tensors, g.dtype_bytes,
                                    g.shapes_digest, g.num_experts, g.experts_per_token,
-                                   *_share_fields(g.kind, (shares or {}).get(g.name))) for g in p.groups),
+                                   *_share_fields(g.kind, (shares or {}).get(g.name)),
+                                   kernel_dims=_kernel_dims(checkpoint, inputs, g, p.where[g.name],
+                                                            (shares or {}).get(g.name)))
+                    for g in p.groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=p.transient,
             stored_prefetch_buffer_bytes=p.buffers if hot else None,
             host_compute_format=plan_fmt, **{"bulk": None, **extra})
+        # The placement was made against the weights and transients; the plan's ledger adds
+        # the worker's host buffers (a few MB), which only the plan itself can price.
+        return replace(plan, strategy=plan.derived_strategy())
 
     def step_s(p: Placing) -> float:
         hot = sorted(g.layer_index for g in p.groups
@@ -223,6 +229,27 @@ def _padding_notes(checkpoint: Checkpoint, inputs: PlanInputs, has_experts: bool
         return []
     return [padding.note(experts_bytes(checkpoint.tensors), experts_bytes(allocated_tensors(checkpoint.tensors,
                                                                                              padding)))]
+
+
+def _kernel_dims(checkpoint: Checkpoint, inputs: PlanInputs, g, where: Placement,
+                 share: tuple[int, int] | None) -> tuple[int, ...]:
+    """A host-compute group's ``(H, I)`` (:attr:`GroupPlan.kernel_dims`): the hidden size and
+    one expert's intermediate size (a dense MLP's; the split head's vocabulary rows), from the
+    config, routed experts at the sizes vLLM pads them to on the plan's card (:mod:`.allocation`:
+    the worker's kernel reads them so); ``()`` where the config does not say."""
+    if where != Placement.HOST_COMPUTE:
+        return ()
+    hidden = checkpoint.facts.hidden_size
+    if g.kind == GroupKind.MODULE:
+        inner = share[1] if share else None
+    elif g.kind == GroupKind.MLP:
+        inner = intermediate_size(checkpoint.config)
+    else:
+        inner = expert_intermediate_size(checkpoint.config)
+        padding = padding_for(checkpoint.config, inputs.card, inputs.moe_setting)
+        if padding is not None and hidden and inner:
+            hidden, inner = padding.hidden_to, padding.intermediate_to
+    return (int(hidden), int(inner)) if hidden and inner else ()
 
 
 def _placed_spec_tokens(inputs: PlanInputs, checkpoint: Checkpoint) -> int:

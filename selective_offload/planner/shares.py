@@ -121,6 +121,17 @@ def intermediate_size(config: Mapping[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def expert_intermediate_size(config: Mapping[str, Any]) -> int | None:
+    """One routed expert's intermediate size from a MoE config (``moe_intermediate_size``,
+    else ``intermediate_size``, as gpt-oss names it), or its ``text_config``'s."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
+    for key in ("moe_intermediate_size", "intermediate_size"):
+        value = config.get(key, text.get(key))
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def channel_align(config: Mapping[str, Any]) -> int:
     """The multiple a dense MLP's share of channels is cut at: :data:`CHANNEL_ALIGN`, or a
     common multiple with the checkpoint's FP8 blocks or int4 groups when they are larger."""

@@ -406,7 +406,8 @@ def test_plan_inputs_of_the_wrong_type_are_one_line(model):
 def test_odd_numbers_and_nesting_in_a_plan_file_are_one_line(model, tmp_path, case, match):
     text = tight_plan(model).to_json()
     embed_bytes = str(json.loads(text)["groups"][0]["bytes"])
-    text = text.replace(f'"bytes": {embed_bytes}', {
+    head, groups = text.split('"groups"', 1)  # the first group's bytes, not a ledger line of as many
+    text = head + '"groups"' + groups.replace(f'"bytes": {embed_bytes}', {
         "bytes 10**400": '"bytes": ' + str(10**400), "5000 digits": '"bytes": ' + "9" * 5000,
         "nested": '"bytes": ' + "[" * 100_000 + "]" * 100_000, "NaN": '"bytes": NaN',
         "1e400": '"bytes": 1e400'}[case], 1)

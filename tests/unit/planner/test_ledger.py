@@ -1,0 +1,89 @@
+"""The plan's ledger: every allocation the plan makes is a named line (device, page-locked,
+pageable), the worker's host-compute buffers among them, and the totals the checks use
+(shortfall_bytes, host_bytes, host_shortfall_bytes) are those lines. Each figure is
+recomputed by hand from the inputs the test chooses (test_host_compute.py's checkpoint:
+8 experts of 10 MB a layer, 2 per token, bf16), with the config's sizes H and I."""
+
+from __future__ import annotations
+
+import json
+
+from builders import MB
+from selective_offload.plan_format import Plan
+from selective_offload.worker_buffers import align, moe_workspace_bytes
+from test_host_compute import EXPERTS_BYTES, E, K, computed, moe, plan_of, refused_edit
+
+H, I = 1000, 1500
+
+
+def host_plan(**kw):
+    ckpt = moe(4, hidden_size=H, moe_intermediate_size=I)
+    return plan_of(ckpt, ckpt.total_bytes / MB - 300, **kw)
+
+
+def test_the_workers_buffers_are_lines_of_the_ledger_and_in_the_host_totals():
+    plan = host_plan()
+    assert computed(plan) and all(g.kernel_dims == (H, I) for g in computed(plan))
+    assert all(not g.kernel_dims for g in plan.groups if g.placement != "host-compute")
+    T = plan.host_compute.crossover_tokens
+    assert T > 0
+    staging = align(T * H * 4) + 2 * align(T * K * 4) + align(T * H * 4)  # x, ids, weights, sums
+    workspace = moe_workspace_bytes(T, K, E, H, I)
+    assert (plan.host_compute_staging_bytes, plan.host_compute_workspace_bytes) == (staging, workspace)
+    lines = {(line.name, line.where): line.bytes for line in plan.ledger()}
+    assert lines[("host-compute staging", "page-locked")] == staging
+    assert lines[("host-compute workspace", "pageable")] == workspace
+    assert lines[("host weights", "page-locked")] == plan.host_weight_bytes
+    assert plan.host_page_locked_bytes == plan.host_weight_bytes + staging
+    assert plan.host_pageable_bytes == workspace
+    assert plan.host_bytes == plan.host_weight_bytes + staging + workspace
+    # a step above the crossover copies a whole layer's experts at most (bf16: multiplied as they are)
+    assert plan.est_compute_transient_device_bytes == EXPERTS_BYTES == lines[("est above-crossover transient", "device")]
+    device = sum(b for (name, where), b in lines.items() if where == "device" and "above-crossover" not in name)
+    assert plan.shortfall_bytes == max(0, device - plan.weight_budget_bytes)
+
+
+def test_the_host_check_holds_the_buffers_to_the_hosts_memory():
+    plan = host_plan()
+    need = plan.host_weight_bytes + plan.host_compute_staging_bytes + plan.host_compute_workspace_bytes
+    exact = host_plan(host_memory_bytes=need)
+    assert exact.strategy == "hot_offload" and exact.host_shortfall_bytes == 0
+    short = host_plan(host_memory_bytes=need - 1)
+    assert short.host_shortfall_bytes == 1 and short.strategy == "infeasible"
+
+
+def test_two_ranks_each_make_their_own_buffers_for_their_shard():
+    one, two = host_plan(), host_plan(ranks=2)
+    T = two.host_compute.crossover_tokens
+    assert two.host_compute_workspace_bytes == 2 * moe_workspace_bytes(T, K, E, H, I // 2)
+    assert two.host_compute_staging_bytes == 2 * (align(T * H * 4) * 2 + 2 * align(T * K * 4))
+    assert one.host_compute_workspace_bytes == moe_workspace_bytes(one.host_compute.crossover_tokens, K, E, H, I)
+
+
+def test_the_ledger_round_trips_and_an_edited_line_or_misplaced_sizes_are_refused_in_one_line():
+    plan = host_plan()
+    data = json.loads(plan.to_json())
+    assert data["totals"]["ledger"] == [{"name": line.name, "where": line.where, "bytes": line.bytes} for line in plan.ledger()]
+    back = Plan.from_dict(data)
+    assert back.ledger() == plan.ledger() and back.groups == plan.groups
+    staging = next(i for i, line in enumerate(data["totals"]["ledger"]) if line["name"] == "host-compute staging")
+    refused_edit(plan, lambda d: d["totals"]["ledger"][staging].update(bytes=0), "totals.ledger")
+    del data["totals"]["ledger"]
+    assert Plan.from_dict(data).ledger() == plan.ledger()  # derived: may be left out
+    attn = next(i for i, g in enumerate(data["groups"]) if g["serving"] == "resident")
+    refused_edit(plan, lambda d: d["groups"][attn].update(kernel_dims=[H, I]), "kernel_dims")
+    first = next(i for i, g in enumerate(data["groups"]) if g["serving"] == "compute")
+    refused_edit(plan, lambda d: d["groups"][first].update(kernel_dims=[H]), "kernel_dims")
+
+
+def test_a_plan_without_sizes_prices_no_buffers():
+    """A plan whose groups do not say H and I (older files, a config without them) prices
+    no staging or workspace."""
+    plan = host_plan()
+    data = json.loads(plan.to_json())
+    for g in data["groups"]:
+        g.pop("kernel_dims", None)
+    del data["totals"]
+    old = Plan.from_dict(data)
+    assert old.host_compute_staging_bytes == old.host_compute_workspace_bytes == 0
+    assert old.host_bytes == old.host_weight_bytes
