@@ -31,6 +31,11 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'failed-job-leaves-stale-sums': ('    for (int64_t i = 0; i < n; i++) out[i] = NAN;', '    (void)n;', ['tests/unit/cpu_kernels/test_job_failures.py::test_a_failed_job_run_as_a_host_function_leaves_nan_not_the_last_sums_and_raises_next']),
+ 'failed-job-uncounted': ('    __atomic_add_fetch(&so_failure_count, 1, __ATOMIC_SEQ_CST);', '    (void)so_failure_count;', ['tests/unit/cpu_kernels/test_job_failures.py::test_a_failed_job_run_as_a_host_function_leaves_nan_not_the_last_sums_and_raises_next']),
+ 'job-failures-unread': ('    if count > _RAISED:', '    if False:', ['tests/unit/cpu_kernels/test_job_failures.py::test_a_failed_job_run_as_a_host_function_leaves_nan_not_the_last_sums_and_raises_next']),
+ 'logits-unchecked-for-failed-jobs': ('        cpu_kernels.raise_if_failed("selective-offload")', '        pass', ['tests/unit/cpu_kernels/test_job_failures.py::test_the_worker_checks_every_steps_logits']),
+ 'host-function-failures-unchecked': ('        cpu_kernels.raise_if_failed(self.experts.group)', '        pass', ['tests/unit/cpu_kernels/test_job_failures.py::test_the_next_host_step_queued_raises_before_it_touches_the_stream']),
  'staging-not-in-ledger': ('        return max(1, self.inputs.ranks) * staging_bytes(self.host_compute_units())', '        return 0', ['tests/unit/planner/test_ledger.py::test_the_workers_buffers_are_lines_of_the_ledger_and_in_the_host_totals']),
  'compute-transient-unpriced': ('        return max((compute_transient(g) for g in self.groups if g.placement == Placement.HOST_COMPUTE), default=0)', '        return 0', ['tests/unit/planner/test_ledger.py::test_the_workers_buffers_are_lines_of_the_ledger_and_in_the_host_totals']),
  'ledger-not-checked': ('    if stated != derived:', '    if False:', ['tests/unit/planner/test_ledger.py::test_the_ledger_round_trips_and_an_edited_line_or_misplaced_sizes_are_refused_in_one_line']),

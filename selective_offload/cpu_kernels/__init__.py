@@ -27,11 +27,11 @@ from __future__ import annotations
 from . import build, reference
 from .build import KernelCacheRefused, KernelUnavailable, openmp_runtimes
 from .claimed import CLAIM_BAR, CLAIM_SOURCE, CLAIMED
-from .kernel import TORCH_FORMATS, MoEJob, RowsJob, library, moe, read_gbps, rows
+from .kernel import TORCH_FORMATS, JobFailed, MoEJob, RowsJob, library, moe, raise_if_failed, read_gbps, rows
 from .weights import FORMATS, Activation, ExpertWeights
 
 __all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "ExpertWeights", "KernelCacheRefused", "KernelUnavailable",
-           "MoEJob", "RowsJob", "TORCH_FORMATS", "library", "moe", "read_gbps", "reference", "rows", "unavailable_reason", "openmp_runtimes", "build"]
+           "JobFailed", "MoEJob", "RowsJob", "TORCH_FORMATS", "library", "raise_if_failed", "moe", "read_gbps", "reference", "rows", "unavailable_reason", "openmp_runtimes", "build"]
 
 
 def unavailable_reason(fmt: str) -> str | None:

@@ -77,6 +77,8 @@ ENTRIES: dict[str, tuple[object, list]] = {
     "so_rows_bf16": (_I64, [_VP, _I64, _I64, _VP, _I64, _I64, _VP, _I64, _VP, _I64]),
     "so_rows_job_size": (_I64, []),
     "so_rows_job_run": (None, [_VP]),
+    "so_failures": (_I64, []),
+    "so_last_failure": (_I64, []),
 }
 SYMBOLS = frozenset(ENTRIES)
 #: The descriptors of the loaded libraries, kept open: each was loaded by its

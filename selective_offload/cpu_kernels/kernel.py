@@ -27,6 +27,38 @@ DT_NONE, DT_BF16, DT_F32 = 0, 1, 2
 STATUS = {1: "topk_ids holds an expert id >= the number of experts", 2: "the kernel's workspace could not be allocated",
           3: "the format code is not one the kernel knows"}
 
+#: Failed jobs already raised on (:func:`raise_if_failed`), by the library's count.
+_RAISED = 0
+
+
+class JobFailed(RuntimeError):
+    """A host-compute job failed; its output was filled with NaN, never left stale."""
+
+
+def raise_if_failed(where: str = "host-compute") -> None:
+    """Raise :class:`JobFailed` when a job has failed since the last call (or the last
+    failure :meth:`MoEJob.run` raised on), however it was run: directly, or by a CUDA host
+    function, which cannot raise and is not waited for, so this is called at the next point
+    Python runs (each host step, each step's logits: ``vllm_glue.experts``). A failed
+    job filled its output with NaN, so no step reads the previous step's sums."""
+    global _RAISED
+    if _LIB is None:  # no kernel loaded: no job ever ran
+        return
+    count = int(_LIB.so_failures())
+    # mutation: job-failures-unread
+    if count > _RAISED:
+        failed, _RAISED = count - _RAISED, count
+        status = int(_LIB.so_last_failure())
+        raise JobFailed(f"{where}: {failed} host-compute kernel job(s) failed on the host CPU "
+                        f"({STATUS.get(status, f'status {status}')}); their sums were not used")
+
+
+def _seen_failures(lib: ctypes.CDLL) -> None:
+    """A failure :meth:`MoEJob.run` raised on itself is not raised again."""
+    global _RAISED
+    if lib is _LIB:
+        _RAISED = max(_RAISED, int(lib.so_failures()))
+
 
 class _Job(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("fmt", "act", "has_limit")] + [
@@ -176,6 +208,7 @@ class MoEJob(_HostFunctionJob):
 
     def check(self) -> None:
         if self.job.status:
+            _seen_failures(self.lib)
             raise ValueError(f"host-compute kernel: {STATUS.get(self.status, f'status {self.status}')}")
 
     def run(self) -> torch.Tensor:
@@ -255,6 +288,7 @@ class RowsJob(_HostFunctionJob):
     def run(self) -> torch.Tensor:
         self.lib.so_rows_job_run(self.address)
         if self.job.status:
+            _seen_failures(self.lib)
             raise RuntimeError(f"host rows kernel: {STATUS.get(int(self.job.status), f'status {self.job.status}')}")
         return self.out
 

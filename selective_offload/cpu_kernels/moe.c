@@ -389,16 +389,35 @@ int64_t so_moe_workspace_bytes(int64_t T, int64_t K, int64_t E, int64_t H, int64
  * 768 inputs are 384 bytes: the kernel benchmark's int4 layer measured faster than at 16). */
 #define HB 64
 
+/* A failed job, made loud. A CUDA host function cannot raise, and its caller does not wait
+ * for it, so a failed job (1) fills its output with NaN, never leaving the previous step's
+ * sums to be read as this one's, and (2) is counted process-wide (its status kept), which
+ * Python reads at the next point it runs (cpu_kernels.raise_if_failed) and raises on. */
+static int64_t so_failure_count = 0, so_failure_status = 0;
+
+static void so_fail(int64_t *status, int64_t code, float *out, int64_t n) {
+    *status = code;
+    // mutation: failed-job-leaves-stale-sums
+    for (int64_t i = 0; i < n; i++) out[i] = NAN;
+    __atomic_store_n(&so_failure_status, code, __ATOMIC_SEQ_CST);
+    // mutation: failed-job-uncounted
+    __atomic_add_fetch(&so_failure_count, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Jobs failed in this process so far, and the status of the last. */
+int64_t so_failures(void) { return __atomic_load_n(&so_failure_count, __ATOMIC_SEQ_CST); }
+int64_t so_last_failure(void) { return __atomic_load_n(&so_failure_status, __ATOMIC_SEQ_CST); }
+
 void so_moe_job_run(void *arg) {
     so_moe_job *j = (so_moe_job *)arg;
     int64_t T = j->T, K = j->K, E = j->E, H = j->H, I = j->I, P = T * K;
     j->status = 0;
-    if (j->fmt < SO_BF16 || j->fmt > SO_INT4_F16) { j->status = 3; return; }
+    if (j->fmt < SO_BF16 || j->fmt > SO_INT4_F16) { so_fail(&j->status, 3, j->out, T * H); return; }
     int64_t need = so_moe_workspace_bytes(T, K, E, H, I);
     char *ws = (char *)j->workspace, *own = NULL;
     if (!ws || j->workspace_bytes < need) {
         own = ws = (char *)malloc((size_t)need);
-        if (!ws) { j->status = 2; return; }
+        if (!ws) { so_fail(&j->status, 2, j->out, T * H); return; }
     }
     float *xf = (float *)ws;
     ws += align64(T * H * 4);
@@ -423,7 +442,7 @@ void so_moe_job_run(void *arg) {
     for (int64_t p = 0; p < P; p++) {
         int64_t e = j->ids_i64 ? ((const int64_t *)j->topk_ids)[p] : ((const int32_t *)j->topk_ids)[p];
         if (e < 0) continue;
-        if (e >= E) { j->status = 1; free(own); return; }
+        if (e >= E) { so_fail(&j->status, 1, j->out, T * H); free(own); return; }
         if (j->host_mask && !j->host_mask[e]) continue;
         count[e]++;
     }

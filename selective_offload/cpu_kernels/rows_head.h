@@ -66,6 +66,9 @@ int64_t so_rows_job_size(void) { return (int64_t)sizeof(so_rows_job); }
 
 void so_rows_job_run(void *arg) {
     so_rows_job *j = (so_rows_job *)arg;
-    j->status = so_rows_bf16((const uint16_t *)j->w, j->R, j->C, j->x, j->x_dtype, j->T, j->out, j->threads,
-                             j->workspace, j->workspace_bytes);
+    j->status = 0;
+    if (j->x_dtype != SO_DT_BF16 && j->x_dtype != SO_DT_F32) { so_fail(&j->status, 3, j->out, j->T * j->R); return; }
+    int64_t status = so_rows_bf16((const uint16_t *)j->w, j->R, j->C, j->x, j->x_dtype, j->T, j->out, j->threads,
+                                  j->workspace, j->workspace_bytes);
+    if (status) so_fail(&j->status, status, j->out, j->T * j->R);
 }

@@ -59,6 +59,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .. import cpu_kernels
 from ..errors import PlanError
 from ..names import ModelNames, group_key
 from ..planner import kernels
@@ -408,7 +409,28 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
             page_locked.release_with(module, hosts, keep_registered=views)
         how = xl.post_processing.get(group, "")
         xl.mechanisms[group] = (MECHANISM_VIEW if views else MECHANISM_CPU) + (f"; {how}" if how else "")
+    if xl.compute:
+        raise_on_failed_jobs(model)
     return set(xl.params)
+
+
+def raise_on_failed_jobs(model: nn.Module) -> None:
+    """Check, at each step's logits, that no host-compute job failed since the last check:
+    vLLM computes the logits every step, eagerly, outside its CUDA graphs, after it has
+    queued the step's layers, so a job a graph's host function ran (which cannot raise)
+    is raised on here, at the latest a step after it failed (its sums were NaN, never the
+    previous step's: :func:`cpu_kernels.raise_if_failed`)."""
+    compute_logits = getattr(model, "compute_logits", None)
+    if compute_logits is None or getattr(compute_logits, "_selective_offload_checks_jobs", False):
+        return
+
+    def checked(*args, **kwargs):
+        # mutation: logits-unchecked-for-failed-jobs
+        cpu_kernels.raise_if_failed("selective-offload")
+        return compute_logits(*args, **kwargs)
+
+    checked._selective_offload_checks_jobs = True
+    model.compute_logits = checked
 
 
 def mark_uva_view(param: nn.Parameter, accelerator_view: Callable[[torch.Tensor], torch.Tensor]) -> None:

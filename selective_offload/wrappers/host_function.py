@@ -10,6 +10,11 @@ back. All three are stream operations, so a CUDA graph captures them as nodes an
 them; what else the GPU has queued runs before the host function starts, and the GPU
 waits only for the copy back. kt-kernel hands off the same way.
 
+A host function cannot raise and nothing waits for it: a job that fails fills its output
+with NaN (never leaving the previous step's sums) and is counted, and the next Python that
+runs raises on it (:func:`selective_offload.cpu_kernels.raise_if_failed`: at each host step
+queued, the split head's step, and each step's logits, which the worker checks).
+
 One job per layer and number of tokens (a graph is captured per batch size, and a job's
 sizes are fixed), every job over the first bytes of the process's one page-locked staging
 slot and in its one workspace (:mod:`.host_buffers`: why host steps never overlap, and why
@@ -76,6 +81,9 @@ class HostFunction:
         """Queue the host path on the current stream; the result in ``x``'s dtype, or written
         into ``out`` (float32 [T, H] on the device) and returned as it is."""
         given = out is not None
+        # A job an earlier host function ran may have failed (it cannot raise): raise here.
+        # mutation: host-function-failures-unchecked
+        cpu_kernels.raise_if_failed(self.experts.group)
         slot = self.experts.slot(x, topk_ids, pinned=True)
         stream = torch.cuda.current_stream(x.device)
         slot.x.copy_(x, non_blocking=True)

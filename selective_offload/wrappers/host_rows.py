@@ -193,6 +193,7 @@ class HostRows:
         its device share)."""
         from .host_function import launch_host_function
 
+        cpu_kernels.raise_if_failed(self.group)  # a job an earlier host function ran (it cannot raise)
         slot = self._slot(x)
         main = torch.cuda.current_stream(x.device)
         if self._side is None:
