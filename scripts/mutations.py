@@ -31,6 +31,7 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'buffers-sized-for-one-token': ('            buffers.reserve(self.unit(self.crossover_tokens, int(experts_per_token)))', '            buffers.reserve(self.unit(1, int(experts_per_token)))', ['tests/unit/wrappers/test_host_buffers.py::test_the_buffers_are_the_ledgers_sizes_for_the_largest_step', 'tests/engine/test_vllm_ledger.py::test_a_moe_replicas_allocations_are_its_plans_ledger']),
  'failed-job-leaves-stale-sums': ('    for (int64_t i = 0; i < n; i++) out[i] = NAN;', '    (void)n;', ['tests/unit/cpu_kernels/test_job_failures.py::test_a_failed_job_run_as_a_host_function_leaves_nan_not_the_last_sums_and_raises_next']),
  'failed-job-uncounted': ('    __atomic_add_fetch(&so_failure_count, 1, __ATOMIC_SEQ_CST);', '    (void)so_failure_count;', ['tests/unit/cpu_kernels/test_job_failures.py::test_a_failed_job_run_as_a_host_function_leaves_nan_not_the_last_sums_and_raises_next']),
  'job-failures-unread': ('    if count > _RAISED:', '    if False:', ['tests/unit/cpu_kernels/test_job_failures.py::test_a_failed_job_run_as_a_host_function_leaves_nan_not_the_last_sums_and_raises_next']),

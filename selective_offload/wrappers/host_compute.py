@@ -169,6 +169,7 @@ class HostExperts:
             if experts_per_token is None:
                 raise ValueError(f"{group}: shared host-compute buffers are sized for the experts per token; "
                                  "pass experts_per_token")
+            # mutation: buffers-sized-for-one-token
             buffers.reserve(self.unit(self.crossover_tokens, int(experts_per_token)))
         self.buffers = buffers
 
