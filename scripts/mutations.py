@@ -31,6 +31,10 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
+ 'cudart-dlopened-by-name': ('        for path in loaded_cudart_paths():', '        for path in ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]:', ['tests/unit/cpu_kernels/test_reload_and_threads.py::test_the_cuda_runtime_is_the_one_loaded']),
+ 'cores-of-node-zero': ('    node = max(nodes, key=lambda cpus: len(cpus & allowed), default=set(allowed))', '    node = nodes[0] if nodes else set(allowed)', ['tests/unit/cpu_kernels/test_reload_and_threads.py::test_the_pool_counts_the_cores_of_the_node_the_worker_is_bound_to']),
+ 'engine-thread-given-no-core': ('    return max(1, per_rank - 1 if torch.device(device).type == "cuda" else per_rank)', '    return max(1, per_rank)', ['tests/unit/vllm_glue/test_host_head.py::test_the_host_part_on_cuda_runs_on_the_cores_not_on_torchs_one_serving_thread']),
+ 'share-not-refilled-after-reload': ('    held_share(experts.weights, share.num_experts, share.w13.device, native=native, into=share)', '    pass', ['tests/unit/cpu_kernels/test_reload_and_threads.py::test_a_reload_refills_the_device_share_in_the_tensors_a_graph_holds']),
  'buffers-sized-for-one-token': ('            buffers.reserve(self.unit(self.crossover_tokens, int(experts_per_token)))', '            buffers.reserve(self.unit(1, int(experts_per_token)))', ['tests/unit/wrappers/test_host_buffers.py::test_the_buffers_are_the_ledgers_sizes_for_the_largest_step', 'tests/engine/test_vllm_ledger.py::test_a_moe_replicas_allocations_are_its_plans_ledger']),
  'failed-job-leaves-stale-sums': ('    for (int64_t i = 0; i < n; i++) out[i] = NAN;', '    (void)n;', ['tests/unit/cpu_kernels/test_job_failures.py::test_a_failed_job_run_as_a_host_function_leaves_nan_not_the_last_sums_and_raises_next']),
  'failed-job-uncounted': ('    __atomic_add_fetch(&so_failure_count, 1, __ATOMIC_SEQ_CST);', '    (void)so_failure_count;', ['tests/unit/cpu_kernels/test_job_failures.py::test_a_failed_job_run_as_a_host_function_leaves_nan_not_the_last_sums_and_raises_next']),

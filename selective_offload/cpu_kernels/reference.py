@@ -160,8 +160,13 @@ def held_share(weights: ExpertWeights, count: int, device: torch.device | str, *
     if not 0 < count <= weights.num_experts:
         raise ValueError(f"{weights.fmt}: a share of 1 to {weights.num_experts} experts, not {count}")
     if native:
-        if into is not None:
-            raise ValueError("held_share: a share held as stored is made once, not refilled")
+        if into is not None:  # refilled in place, tensor by tensor, as stored
+            made = into.tensors()
+            for name, t in weights.tensors().items():
+                if name not in made or tuple(made[name].shape) != (count, *t.shape[1:]):
+                    raise ValueError(f"held_share: the share to refill has no {count}-expert {name} as stored")
+                made[name].copy_(t[:count])
+            return into
         # mutation: native-share-not-copied
         return replace(weights, **{name: t[:count].to(device, copy=True).contiguous()
                                    for name, t in weights.tensors().items()})

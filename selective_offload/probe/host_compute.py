@@ -38,14 +38,24 @@ def _cpus(text: str) -> set[int]:
     return out
 
 
-def physical_cores_of_one_node(sys_root: str = "/sys") -> int:
-    """Physical cores (not hyperthreads) of NUMA node 0 that this process may run on: the
-    one pool host-compute runs in. Falls back to the CPUs this process may use."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+def physical_cores_of_one_node(sys_root: str = "/sys", allowed: set[int] | None = None) -> int:
+    """Physical cores (not hyperthreads) of the NUMA node this process runs on: the one pool
+    host-compute runs in. The node is the one holding most of the CPUs this process may run
+    on (``os.sched_getaffinity``: the node vLLM binds a worker to, not node 0 by rule); its
+    threads inherit that binding. Falls back to the CPUs this process may use."""
+    if allowed is None:
+        allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
     root = Path(sys_root)
-    try:
-        node = _cpus((root / "devices/system/node/node0/cpulist").read_text())
-    except (OSError, ValueError):
+    nodes = []
+    for path in sorted(root.glob("devices/system/node/node[0-9]*/cpulist"),
+                       key=lambda p: int(p.parent.name.removeprefix("node"))):
+        try:
+            nodes.append(_cpus(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    # mutation: cores-of-node-zero
+    node = max(nodes, key=lambda cpus: len(cpus & allowed), default=set(allowed))
+    if not node & allowed:
         node = set(allowed)
     cores = set()
     for cpu in sorted(node & allowed):

@@ -227,17 +227,21 @@ def refuse_unsupported(group: str, method: Any, module: nn.Module, device: torch
 
 
 def threads_of(setting: Any, device: torch.device = torch.device("cpu")) -> int | None:
-    """The plan's threads per rank; unstated, the physical cores of one NUMA node (the
-    probe's count, the plan's default) split between the ranks. ``None`` with one rank on
-    vLLM's CPU build: the kernel takes torch's intra-op threads, which its CPU worker binds
-    to its cores. Not on CUDA: vLLM 0.33's GPU worker leaves torch one thread for serving
-    (``set_torch_threads_for_runtime``), so the count is the cores', stated."""
+    """The plan's threads per rank; unstated, the physical cores of the NUMA node vLLM binds
+    this worker to (the probe's count, the plan's default) split between the ranks. ``None``
+    with one rank on vLLM's CPU build: the kernel takes torch's intra-op threads, which its
+    CPU worker binds to its cores. Not on CUDA: vLLM 0.33's GPU worker leaves torch one
+    thread for serving (``set_torch_threads_for_runtime``), so the count is the cores',
+    stated, less the one vLLM's engine thread runs on (the kernel's threads inherit the
+    worker's binding)."""
     # mutation: cuda-threads-from-torch
     if setting.threads is not None or (setting.ranks <= 1 and torch.device(device).type != "cuda"):
         return setting.threads
     from ..probe.host_compute import physical_cores_of_one_node
 
-    return max(1, physical_cores_of_one_node() // setting.ranks)
+    per_rank = physical_cores_of_one_node() // setting.ranks
+    # mutation: engine-thread-given-no-core
+    return max(1, per_rank - 1 if torch.device(device).type == "cuda" else per_rank)
 
 
 def refuse_other_ranks(plan: Plan | None, vllm_config: Any) -> None:
@@ -326,6 +330,7 @@ def method_class() -> type:
             if self.experts.weights.fmt == "int4" and not hasattr(layer, "w13_weight_packed"):
                 layer.__dict__.pop("_selective_offload_int4_rows", None)
                 int4_rows(layer, type(self.original).__name__ in AWQ_METHODS)
+            refill_share(self.experts)  # the device's copy of the first experts follows
             return None
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
@@ -379,6 +384,18 @@ def experts_per_token(group: str, module: nn.Module, planned: Any) -> int:
         raise PlanError(f"{group}: vLLM built these routed experts without a top_k the host's buffers "
                         "can be sized for; plan them host-uva or on the device")
     return int(k)
+
+
+def refill_share(experts: HostExperts) -> None:
+    """A reload copies the checkpoint into the host tensors in place: hold the device
+    share's experts again (bf16, or MXFP4 as stored), into the device tensors a captured
+    graph holds. A dense MLP's share is split again by :func:`resplit_after_reload`."""
+    share = experts.share
+    if share is None or experts.share_channels:
+        return
+    native = share.fmt == experts.weights.fmt and share.fmt not in ("bf16", "f32")
+    # mutation: share-not-refilled-after-reload
+    held_share(experts.weights, share.num_experts, share.w13.device, native=native, into=share)
 
 
 def mechanism(experts: HostExperts) -> str:

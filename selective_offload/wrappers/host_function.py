@@ -26,7 +26,6 @@ CPU build has no stream and calls the kernel directly.
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
 from typing import Any
 
@@ -37,17 +36,34 @@ from .. import cpu_kernels
 _CUDART: ctypes.CDLL | None = None
 
 
+def loaded_cudart_paths(maps: str | None = None) -> list[str]:
+    """The CUDA runtime libraries mapped into this process (``/proc/self/maps``, or the
+    text given), in the order they appear: the one torch loaded among them."""
+    if maps is None:
+        try:
+            with open("/proc/self/maps") as f:
+                maps = f.read()
+        except OSError:
+            return []
+    found: list[str] = []
+    for line in maps.splitlines():
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        if os.path.basename(path).startswith("libcudart.so") and path not in found:
+            found.append(path)
+    return found
+
+
 def cudart() -> ctypes.CDLL:
-    """The CUDA runtime torch loaded (found by soname among loaded libraries first)."""
+    """The CUDA runtime torch loaded, bound where it is already mapped (``RTLD_NOLOAD``):
+    never a second runtime, whose streams and host functions would be another's (a
+    ``libcudart.so.13`` found on the library path before the one torch uses)."""
     global _CUDART
     if _CUDART is None:
-        names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
-        here = os.path.dirname(torch.__file__)
-        names += glob.glob(os.path.join(here, "..", "nvidia", "cuda_runtime", "lib", "libcudart.so*"))
         errors = []
-        for name in names:
+        # mutation: cudart-dlopened-by-name
+        for path in loaded_cudart_paths():
             try:
-                lib = ctypes.CDLL(name)
+                lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
             except OSError as exc:
                 errors.append(str(exc))
                 continue
@@ -56,8 +72,9 @@ def cudart() -> ctypes.CDLL:
             _CUDART = lib
             break
         else:
-            raise RuntimeError("host-compute on CUDA needs the CUDA runtime (libcudart) that torch uses, and none "
-                               f"could be loaded ({errors[-1] if errors else 'no candidates'})")
+            raise RuntimeError("host-compute on CUDA needs the CUDA runtime (libcudart) that torch uses, and none is "
+                               "loaded in this process" + (f" ({errors[-1]})" if errors else "")
+                               + "; use a CUDA build of torch")
     return _CUDART
 
 

@@ -92,11 +92,12 @@ def test_a_head_the_split_cannot_serve_is_refused_in_one_line():
 
 def test_the_host_part_on_cuda_runs_on_the_cores_not_on_torchs_one_serving_thread(monkeypatch):
     """vLLM 0.33's GPU worker sets torch to one thread for serving: on CUDA an unstated
-    thread count is the cores of one node, as the plan priced, never torch's."""
+    thread count is the cores of the worker's node, less the one vLLM's engine thread runs
+    on, never torch's."""
     from selective_offload.probe import host_compute as probe
 
     monkeypatch.setattr(probe, "physical_cores_of_one_node", lambda: 12)
     setting = replace(split_plan().host_compute, threads=None)
-    assert host_compute.threads_of(setting, torch.device("cuda")) == 12
+    assert host_compute.threads_of(setting, torch.device("cuda")) == 11
     assert host_compute.threads_of(setting, torch.device("cpu")) is None  # vLLM's CPU worker binds torch's
     assert host_compute.threads_of(replace(setting, threads=3), torch.device("cuda")) == 3
