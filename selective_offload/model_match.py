@@ -10,16 +10,26 @@ differ only by wrappers (``model.language_model.layers`` against ``model.layers`
 matches. The groups are compared always, a matching whole-model fingerprint included: it
 names the model the plan was made for, and a hand-edited plan keeps it. The quantities
 the plan alone only bounds (prefetch buffers, the tower transient, each group's reads per
-step) are recomputed from the checkpoint and compared too.
+step) are recomputed from the checkpoint and compared too. So is what the plan says of
+computing on the host CPU (:func:`host_compute_differences`): the kernel format its
+weights are read in, the routed experts of each group, the rows of a split LM head and the
+channels of a split MLP are this checkpoint's.
+
+:func:`check_plan_matches_model` is the one check of a plan against a checkpoint; it runs
+once before any engine starts (``enable(plan, model=...)``, or where the engine is started
+for a model enable() did not know) and once in the worker, on the model vLLM loads.
 """
 
 from __future__ import annotations
 
 from .checkpoint import Checkpoint
 from .errors import PlanError
-from .names import group_key
+from .names import NEVER_COLD_SEGMENTS, group_key, has_segment
 from .plan_format import PREFETCH_KINDS, GroupKind, GroupPlan, Placement, Plan
 from .planner import Group, group_tensors, model_fingerprint, prefetch_buffer_bytes, tower_transient_bytes
+from .planner.host_compute import cpu_format, mlp_cpu_format
+from .planner.kernels import method_of_config
+from .planner.shares import channel_align, intermediate_size
 from .sizes import fmt_bytes, size_arg
 
 
@@ -41,6 +51,10 @@ def _first_difference(planned: GroupPlan, actual: Group) -> str | None:
                 f"{_describe(actual.nbytes, actual.dtype_bytes)} here")
     if planned.shapes_digest and planned.shapes_digest != actual.shapes_digest:
         return f"{name} has the same bytes but other tensor shapes or names here"
+    # mutation: experts-count-unmatched
+    if (planned.num_experts, planned.experts_per_token) != (actual.num_experts, actual.experts_per_token):
+        return (f"{name} has {planned.num_experts} routed experts, {planned.experts_per_token} per token, in the "
+                f"plan and {actual.num_experts}, {actual.experts_per_token} per token, here")
     if planned.est_read_bytes_per_step != actual.est_read_bytes_per_step:
         return (f"{name}: a decode step reads {planned.est_read_bytes_per_step} bytes of it in the plan and "
                 f"{actual.est_read_bytes_per_step} here")
@@ -68,6 +82,55 @@ def _derived_differences(plan: Plan, actual: dict[tuple, Group]) -> list[str]:
     if plan.est_transient_device_bytes != transient:
         out.append(f"est_transient_device_bytes is {plan.est_transient_device_bytes} in the plan and {transient} "
                    "for this model's towers")
+    return out
+
+
+def host_compute_differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
+    """What the plan says of computing on the host CPU against this checkpoint: the format
+    (the CPU kernel that reads its routed experts, or its dense MLPs when no experts are
+    computed), a split LM head's rows, a split MLP's channels. Each names the field and
+    what it should be."""
+    computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    if not computed or plan.host_compute_format is None:
+        return []
+    out = []
+    method = method_of_config(checkpoint.config)
+    experts = any(g.kind == GroupKind.EXPERTS for g in computed)
+    mlps = any(g.kind == GroupKind.MLP for g in computed)
+    expected = (cpu_format(method, checkpoint.config) if experts
+                else mlp_cpu_format(method, checkpoint.config) if mlps else plan.host_compute_format)
+    what = "routed experts" if experts else "dense MLPs"
+    # mutation: host-format-unmatched
+    if expected != plan.host_compute_format:
+        weights = (f"{method} weights" if method != "unquantized" else "unquantized "
+                   f"({checkpoint.config.get('torch_dtype') or checkpoint.config.get('dtype') or 'bf16'}) weights"
+                   ) if method else "weights of a quantization the CPU kernels do not read"
+        out.append(f"host_compute.format is {plan.host_compute_format[:40]!r}, but this model's {what} are "
+                   f"{weights}: " + (f"it should be {expected!r}" if expected else
+                                     "they have no CPU kernel format, so serve them uva or on the device"))
+    for g in computed:
+        if g.kind == GroupKind.MODULE and has_segment(g.group, NEVER_COLD_SEGMENTS):
+            key = group_key(g.group, plan.inputs.cold_segments)
+            weight = next((t for n, t in checkpoint.tensors.items() if n.endswith(".weight")
+                           and group_key(n.removesuffix(".weight"), plan.inputs.cold_segments) == key), None)
+            rows = int(weight.shape[0]) if weight is not None and len(weight.shape) == 2 else None
+            # mutation: head-rows-unmatched
+            if weight is None or weight.dtype != "BF16" or rows is None:
+                out.append(f"group {g.group} splits the LM head by its rows, but this model's "
+                           + ("has no such weight" if weight is None else f"is {weight.dtype} of shape "
+                              f"{list(weight.shape)}") + ": only a bf16 head of its own is split; keep it on the device")
+            elif g.intermediate != rows:
+                out.append(f"group {g.group}: intermediate is {g.intermediate} vocabulary rows, but this model's LM "
+                           f"head has {rows}: it should be {rows}")
+        elif g.kind == GroupKind.MLP and g.intermediate:
+            size, align = intermediate_size(checkpoint.config), channel_align(checkpoint.config)
+            # mutation: mlp-channels-unmatched
+            if g.intermediate != size:
+                out.append(f"group {g.group}: intermediate is {g.intermediate} channels, but this model's MLPs have "
+                           f"{size}: it should be {size}")
+            elif g.device_channels % align:
+                out.append(f"group {g.group}: device_channels is {g.device_channels}, but this model's MLP is cut "
+                           f"in blocks of {align} channels: it should be a multiple of {align}")
     return out
 
 
@@ -107,6 +170,13 @@ def check_plan_matches_model(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     # groups were left as the planner made them (a hand-edited group keeps the fingerprint).
     # mutation: fingerprint-skips-groups, no-fingerprint-check
     found = differences(plan, checkpoint)
+    if not found:
+        host = host_compute_differences(plan, checkpoint)
+        if host:
+            raise PlanError(f"the plan does not fit {checkpoint.source}: {host[0]}"
+                            + (f" (and {len(host) - 1} more)" if len(host) > 1 else "")
+                            + f"; fix it, or make the plan again: selective-offload plan {checkpoint.source} "
+                            f"--device-memory {size_arg(plan.inputs.device_memory_bytes)} -o plan.json")
     if not found and fingerprint == plan.model.fingerprint and same_tie:
         return []
     if found and fingerprint == plan.model.fingerprint and same_tie:

@@ -372,9 +372,57 @@ def check_host_compute(plan: PlanContents, stated: Mapping[str, object], where: 
         why = f": {why}" if fmt in claimed else " is not a CPU kernel format"
         raise PlanError(f"{where}: host_compute format {fmt[:40]!r}{why} (claimed by the committed benchmark: "
                         f"{', '.join(f for f, ok in claimed.items() if ok)}); serve those experts uva, or {REPLAN}")
+    _check_host_compute_allowed(plan, where)
     record = plan.host_compute
     for name, value in stated.items():
         expected = getattr(record, name)
         if value != expected:
             raise PlanError(f"{where}: host_compute.{name} says {str(value)[:40]}, but the inputs and groups give "
                             f"{expected}; delete it to accept the derived value, or {REPLAN}")
+
+
+def _is_split_head(g: GroupPlan) -> bool:
+    return g.kind == GroupKind.MODULE and g.placement == Placement.HOST_COMPUTE
+
+
+def _check_host_compute_allowed(plan: PlanContents, where: str) -> None:
+    """The plan's own inputs allow what its groups do: host-compute (``inputs.host_compute``),
+    a layer's device share (``inputs.device_share``, one rank) and the LM head split
+    (``inputs.head_share``, one rank, no speculative decoding, a head of its own)."""
+    inputs = plan.inputs
+    computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    problem = None
+    # mutation: host-compute-input-unchecked
+    if computed and not inputs.host_compute:
+        problem = (f"inputs.host_compute is false, but group {computed[0].group} is served compute: it should be "
+                   "true, or the group served uva")
+    for g in computed:
+        if problem:
+            break
+        if _is_split_head(g):
+            what = (f"group {g.group} splits the LM head ({g.device_channels} of its {g.intermediate} vocabulary "
+                    "rows on the device)")
+            # mutation: head-share-input-unchecked
+            if not inputs.head_share:
+                problem = f"inputs.head_share is false, but {what}: it should be true, or the head kept on the device"
+            elif inputs.ranks != 1:
+                problem = (f"inputs.ranks is {inputs.ranks}, but {what}, which is planned for one rank only: ranks "
+                           "should be 1, or the head kept on the device")
+            elif inputs.speculative:
+                problem = (f"inputs.speculative is {inputs.speculative}, but {what}, which a draft pass reads too: "
+                           "speculative should be null, or the head kept on the device")
+            elif plan.model.tie_word_embeddings:
+                problem = (f"model.tie_word_embeddings is true, but {what}, and a head tied to the embedding is "
+                           "never split: it should be false, or the head kept on the device")
+        elif g.device_experts or g.device_channels:
+            what = (f"group {g.group} keeps " + (f"{g.device_experts} of its routed experts" if g.device_experts
+                                                 else f"{g.device_channels} of its channels") + " on the device")
+            # mutation: device-share-input-unchecked
+            if not inputs.device_share:
+                problem = f"inputs.device_share is false, but {what}: it should be true, or the group's share 0"
+            elif inputs.ranks != 1:
+                problem = (f"inputs.ranks is {inputs.ranks}, but {what}, a device share planned for one rank only: "
+                           "ranks should be 1, or the group's share 0")
+    if problem:
+        raise PlanError(f"{where}: {problem}; {REPLAN}")
+

@@ -309,21 +309,35 @@ def read_alternative(r: FieldReader) -> Alternative:
 HOST_COMPUTE_FIELDS = tuple(f.name for f in fields(HostCompute))
 
 
+#: How each stated field of ``host_compute`` is read: its type and range, as the reader
+#: checks every other field of a plan (a crossover written as the string "308" is refused
+#: naming the field, not compared with the 308 it derives).
+HOST_COMPUTE_READERS = {
+    "crossover_tokens": lambda r, n: r.int(n),
+    "head_crossover_tokens": lambda r, n: r.int(n, nullable=True),
+    "threads": lambda r, n: r.int(n, minimum=1, nullable=True),
+    "ranks": lambda r, n: r.int(n, minimum=1),
+    "cpu_gbps": lambda r, n: r.number(n, positive=True),
+    "cpu_tflops": lambda r, n: r.number(n, positive=True),
+    "handoff_s": lambda r, n: r.number(n),
+    "cpu_gbps_source": lambda r, n: r.str(n, nonempty=True),
+    "cpu_tflops_source": lambda r, n: r.str(n, nonempty=True),
+    "handoff_source": lambda r, n: r.str(n, nonempty=True),
+    "overlap": lambda r, n: r.str(n, nonempty=True),
+}
+
+
 def read_host_compute(r: FieldReader) -> tuple[str, dict[str, Any]]:
-    """A plan's ``host_compute`` object: the CPU kernel's format, and what else it states
-    (every other field is derived from the inputs and the groups, and checked against them)."""
+    """A plan's ``host_compute`` object: the CPU kernel's format, and what else it states,
+    each field read by its type (every other field is derived from the inputs and the groups,
+    and checked against them)."""
     fmt = r.str("format", nonempty=True)
     stated: dict[str, Any] = {}
     for name in HOST_COMPUTE_FIELDS:
         if name == "format" or name not in r.data:
             continue
-        value = r.raw(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not jsonio.finite_number(value, MAX_PLAN_NUMBER):
-                r.bad(name, value, f"a finite number of at most {MAX_PLAN_NUMBER:g}")
-        elif value is not None and not isinstance(value, str):
-            r.bad(name, value, "a number, a string or null")
-        stated[name] = value
+        # mutation: host-compute-fields-untyped
+        stated[name] = HOST_COMPUTE_READERS[name](r, name)
     r.unknown()
     return fmt, stated
 
