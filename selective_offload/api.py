@@ -32,7 +32,7 @@ from . import jsonio
 from .checkpoint import INDEX_NAME, load_checkpoint, require_complete
 from .errors import PlanError, UserError
 from .model_match import check_plan_matches_model
-from .options import AUTO_PLAN, ENV_VARS, RunOptions, device_memory_from_env
+from .options import AUTO_PLAN, ENV_PLAN, ENV_VARS, RunOptions, device_memory_from_env
 from .plan_format import FORMAT_PREFIX, Plan, PlanInputs
 from .planner import make_plan
 from .planner.serving import engine_settings
@@ -168,7 +168,8 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     if model is not None and _hub_id(model):  # checked against the hub's headers (or the cached snapshot)
         check_plan_matches_model(resolved, load_checkpoint(str(model)))
         targets = compat.resolve_targets()  # raises before anything is changed
-        _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets)
+        check_this_host(resolved)
+        _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets, checked=str(model))
         return {"model": str(model), **supplied}
     model_dir = Path(model) if model is not None else Path(resolved.model.source)
     if model is not None and not _is_model_dir(model_dir):
@@ -183,7 +184,9 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
                       f"directory from {os.getcwd()}: it is checked against the model when the engine starts; "
                       "pass model= to check it now", UserWarning, stacklevel=2)
     targets = compat.resolve_targets()  # raises before anything is changed
-    _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets)
+    check_this_host(resolved)
+    _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets,
+             checked=str(model_dir) if _is_model_dir(model_dir) else None)
     if _is_model_dir(model_dir):
         return {"model": str(model_dir), **supplied}
     return ({"model": resolved.model.source} if resolved.model.kind == "hub" else {}) | supplied
@@ -224,9 +227,36 @@ def _saved(plan: Plan, strict, report_path, embedding_mode) -> RunOptions:
     return RunOptions(str(workdir / "plan.json"), strict, str(report_path) if report_path else None, embedding_mode)
 
 
-def _install(plan: Plan | None, options: RunOptions, targets) -> None:
+def check_this_host(plan: Plan | None) -> None:
+    """What an engine's worker will read of this machine for ``plan`` (``None``: ``auto``),
+    read now, in the process that starts the engine, before any engine process exists, so a
+    problem is one line here and not a worker's traceback: under ``auto`` the probe profile
+    (``SELECTIVE_OFFLOAD_PROFILE``), which the worker plans from; for a plan that computes on
+    the host CPU, and under ``auto`` when ``SELECTIVE_OFFLOAD_KERNEL_CACHE`` names a cache, the
+    CPU kernels, built or loaded from their cache (``cpu_kernels.unavailable_reason``).
+    Raises :class:`UserError`."""
+    from .options import ENV_KERNEL_CACHE
+
+    if plan is None:
+        from .probe import load_profile
+
+        # mutation: auto-profile-read-late
+        load_profile()
+    fmt = plan.host_compute_format if plan is not None else (
+        "bf16" if os.environ.get(ENV_KERNEL_CACHE, "").strip() else None)
+    # mutation: kernel-cache-checked-late
+    if fmt is not None:
+        from .cpu_kernels import unavailable_reason
+
+        reason = unavailable_reason(fmt)
+        if reason is not None:
+            raise UserError(reason if plan is None else f"the plan computes on the host CPU ({fmt}), and {reason}")
+
+
+def _install(plan: Plan | None, options: RunOptions, targets, checked: str | None = None) -> None:
     """Name the options in the environment (for the processes vLLM spawns), clear the last
-    engine's report, and install the hooks here."""
+    engine's report, and install the hooks here; ``checked``: the model the plan was checked
+    against here (the engine's start does not check it again)."""
     from .vllm_glue import patches
 
     options = options.with_default_report()
@@ -234,7 +264,7 @@ def _install(plan: Plan | None, options: RunOptions, targets) -> None:
     _last_report_path = Path(options.report_path)
     remove_reports(_last_report_path)
     os.environ.update(options.to_env())
-    patches.apply(patches.Settings(plan, options), targets)
+    patches.apply(patches.Settings(plan, options, checked), targets)
 
 
 def _plans_at_start(plan, device_memory) -> bool:
@@ -251,8 +281,10 @@ def _enable_auto(plan, model, strict, report_path, embedding_mode) -> dict[str, 
     if model_dir is not None and not _is_model_dir(model_dir):
         raise PlanError(f"{model_dir}: not a checkpoint directory (no *.safetensors shards) to plan at engine start")
     device_memory_from_env()  # the worker reads it: a bad value is refused here, before any engine starts
+    targets = compat.resolve_targets()
+    check_this_host(None)  # the profile it plans from, and a kernel cache it was told to use
     _install(None, RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None, embedding_mode),
-             compat.resolve_targets())
+             targets)
     return {"model": str(model_dir)} if model_dir is not None else {}
 
 
@@ -278,9 +310,16 @@ def placement_report() -> PlacementReport:
     except ImportError:  # pragma: no cover - vLLM absent
         patches = None
     live = patches.session() if patches is not None else None
+    refused = patches.refusal() if patches is not None else None
+    # mutation: refusal-unreported
+    if refused is not None:  # the last engine start stopped before any engine process (the plugin's line)
+        return PlacementReport.failed(refused, None, "")
     if live is not None and live.report is not None:
         return live.live_report()
     path = os.environ.get("SELECTIVE_OFFLOAD_REPORT") or _last_report_path
+    if not path and os.environ.get(ENV_PLAN, "").strip():
+        raise UserError(f"{ENV_PLAN}={os.environ[ENV_PLAN].strip()[:200]} is set, and no vLLM engine has started "
+                        "in this process since: start one (LLM(...)) and ask again")
     if not path:
         raise UserError("no plan was enabled: call selective_offload.enable(plan) before LLM(...)")
     if not Path(path).is_file():

@@ -43,6 +43,24 @@ def save_sparse_checkpoint(directory: Path, tensors: dict[str, tuple[str, list[i
     return directory
 
 
+def save_sparse_moe(directory: Path, vocab: int = 1024) -> Path:
+    """A bf16 MoE of 585 MB in a sparse file (:func:`save_sparse_checkpoint`): embedding and LM
+    head of ``vocab`` x 50,000, four layers of attention (10 MB) and eight routed experts
+    (10 MB each, two per token). On a 260 MB card the planner computes its routed experts
+    on the host CPU with a device share and splits its LM head."""
+    tensors = {"model.embed_tokens.weight": ("BF16", [vocab, 50_000]), "lm_head.weight": ("BF16", [vocab, 50_000]),
+               "model.norm.weight": ("BF16", [50_000])}
+    for i in range(4):
+        tensors[f"model.layers.{i}.self_attn.qkv.weight"] = ("BF16", [1000, 5000])
+        tensors[f"model.layers.{i}.mlp.gate.weight"] = ("BF16", [8, 500])
+        tensors[f"model.layers.{i}.mlp.experts.gate_up_proj"] = ("BF16", [8, 1000, 3000])
+        tensors[f"model.layers.{i}.mlp.experts.down_proj"] = ("BF16", [8, 1000, 2000])
+    return save_sparse_checkpoint(directory, tensors, {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 4,
+        "num_experts": 8, "num_experts_per_tok": 2, "hidden_size": 50_000, "vocab_size": vocab,
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False})
+
+
 def write_raw_header(path: Path, header: object, declared_len: int | None = None,
                      data: bytes = b"") -> Path:
     raw = header if isinstance(header, bytes) else json.dumps(header).encode()

@@ -1,7 +1,8 @@
 """Hooks in the process that starts the engine (``LLM(...)``, ``vllm serve``'s API server).
 
 Before any engine process exists: the plan is checked against the checkpoint vLLM was
-asked to load, and the plan's identity is put into ``additional_config`` (which vLLM
+asked to load (unless ``enable(plan, model=...)`` checked it against that model already:
+one check before the engine starts, one in the worker), and the plan's identity is put into ``additional_config`` (which vLLM
 hashes for its compile caches). If the engine then fails to start because of the plan,
 the worker's one-line reason, read from the report file, is raised instead of vLLM's
 generic "Engine core initialization failed", so it is the last line the user sees.
@@ -64,7 +65,9 @@ def make_engine_start(get_session):
                 return original(self, *args, **kwargs)
             vllm_config = kwargs.get("vllm_config", args[1] if len(args) > 1 else None)
             model = getattr(getattr(vllm_config, "model_config", None), "model", None)
-            if model is not None and not s.settings.auto:  # auto: the worker plans
+            # auto: the worker plans; a plan enable() checked against this model is not checked again
+            # mutation: plan-checked-twice-before-start
+            if model is not None and not s.settings.auto and not s.settings.checked_against(str(model)):
                 for note in check_model(s.settings.plan, str(model)):
                     logger.info("selective-offload: %s", note)
             if vllm_config is not None and not s.settings.auto:

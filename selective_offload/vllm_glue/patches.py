@@ -27,9 +27,21 @@ from . import caller, loading
 from .compat import Targets
 from .session import Session, Settings
 
-__all__ = ["Settings", "Session", "apply", "remove", "is_applied", "session"]
+__all__ = ["Settings", "Session", "apply", "remove", "is_applied", "session", "record_refusal", "refusal"]
 
 _session: Session | None = None
+#: Why the last start of an engine in this process was refused before any engine process
+#: existed (the plugin's one line), for placement_report(); cleared by apply().
+_refusal: str | None = None
+
+
+def record_refusal(reason: str) -> None:
+    global _refusal
+    _refusal = reason
+
+
+def refusal() -> str | None:
+    return _refusal
 
 
 def session() -> Session | None:
@@ -81,7 +93,8 @@ _ABSENT = object()
 
 def apply(settings: Settings, targets: Targets) -> Session:
     """Install the hooks (or swap the settings when they are installed already)."""
-    global _session
+    global _session, _refusal
+    _refusal = None
     if _session is not None:
         _session.reset(settings)
         return _session
@@ -97,7 +110,8 @@ def apply(settings: Settings, targets: Targets) -> Session:
 
 def remove() -> None:
     """Restore every hooked object and drop the session (idempotent)."""
-    global _session
+    global _session, _refusal
+    _refusal = None
     if _session is None:
         return
     for (owner, attr), original in reversed(list(_session.originals.items())):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +38,13 @@ class Settings:
     #: ``None`` until the worker plans (``SELECTIVE_OFFLOAD_PLAN=auto``).
     plan: Plan | None
     options: RunOptions
+    #: The model the plan was checked against in this process before any engine started
+    #: (``enable(plan, model=...)``): the engine's start does not check it a second time.
+    checked_model: str | None = None
+
+    def checked_against(self, model: str) -> bool:
+        """Whether the plan was checked against ``model`` already (the same directory or hub id)."""
+        return self.checked_model is not None and same_model(self.checked_model, model)
 
     @property
     def auto(self) -> bool:
@@ -56,6 +64,16 @@ class Settings:
         """What makes a compiled graph belong to this plan: the plan and the lookup mode."""
         digest = hashlib.sha256(self.plan.to_json().encode() + self.options.embedding_mode.encode())
         return digest.hexdigest()[:16]
+
+
+def same_model(a: str, b: str) -> bool:
+    """Two names of one model: the same hub id, or paths to one directory."""
+    if a == b:
+        return True
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 @dataclass

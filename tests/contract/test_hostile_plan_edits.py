@@ -19,30 +19,18 @@ from pathlib import Path
 import pytest
 
 import selective_offload
-from helpers import nothing_applied, save_sparse_checkpoint
+from helpers import nothing_applied, save_sparse_moe
 from selective_offload.cli import main
 from selective_offload.errors import PlanError
 
 pytestmark = pytest.mark.usefixtures("nothing_enabled")
 
-E, K, VOCAB = 8, 2, 1024
+VOCAB = 1024
 
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory) -> Path:
-    """Embedding and LM head of 1024 x 50,000 bf16, four layers of attention (10 MB) and
-    eight routed experts (10 MB each, two per token)."""
-    tensors = {"model.embed_tokens.weight": ("BF16", [VOCAB, 50_000]), "lm_head.weight": ("BF16", [VOCAB, 50_000]),
-               "model.norm.weight": ("BF16", [50_000])}
-    for i in range(4):
-        tensors[f"model.layers.{i}.self_attn.qkv.weight"] = ("BF16", [1000, 5000])
-        tensors[f"model.layers.{i}.mlp.gate.weight"] = ("BF16", [E, 500])
-        tensors[f"model.layers.{i}.mlp.experts.gate_up_proj"] = ("BF16", [E, 1000, 3000])
-        tensors[f"model.layers.{i}.mlp.experts.down_proj"] = ("BF16", [E, 1000, 2000])
-    return save_sparse_checkpoint(tmp_path_factory.mktemp("moe"), tensors, {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 4,
-        "num_experts": E, "num_experts_per_tok": K, "hidden_size": 50_000, "vocab_size": VOCAB,
-        "torch_dtype": "bfloat16", "tie_word_embeddings": False})
+    return save_sparse_moe(tmp_path_factory.mktemp("moe"), vocab=VOCAB)
 
 
 @pytest.fixture(scope="module")

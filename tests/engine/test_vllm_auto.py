@@ -47,3 +47,44 @@ def test_5_an_infeasible_plan_made_at_engine_start_stops_the_engine(two_models, 
     # Asked afterwards, the report names the infeasibility and the variable, not "no plan was enabled".
     report = selective_offload.placement_report()
     assert "is infeasible: " in (report.error or "") and f"raise {ENV_DEVICE_MEMORY}" in report.error, report.error
+
+
+def test_7_after_a_refused_start_the_next_engine_in_the_process_plans_again(two_models, monkeypatch, tmp_path):
+    """SELECTIVE_OFFLOAD_PLAN=auto from the environment, without enable(), in a process whose
+    vLLM plugins are not loaded yet: a bad variable, then a profile that is not one, each
+    refused at an LLM() in one line before any engine is built; fixed, the next LLM() in the
+    same process plans its model (vLLM had marked the plugin loaded at the first refusal, and
+    every later engine of the process ran with no plan) and placement_report() reports it."""
+    import vllm.plugins
+
+    from selective_offload.errors import UserError
+    from selective_offload.options import ENV_EMBEDDING, ENV_PLAN
+    from selective_offload.vllm_glue import patches
+
+    model = two_models[0]
+    selective_offload.disable()
+    monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
+    profile = tmp_path / "profile.json"
+    profile.write_text("not a profile")
+    monkeypatch.setenv(ENV_PLAN, "auto")
+    monkeypatch.setenv(ENV_DEVICE_MEMORY, "64GiB")
+    monkeypatch.setenv(ENV_EMBEDDING, "bogus")
+
+    def refused(match):
+        with pytest.raises(UserError, match=match) as info:
+            generate_tokens(model, prompts=[[1, 2, 3]], max_tokens=2)
+        assert "\n" not in str(info.value) and not patches.is_applied()
+        assert selective_offload.placement_report().error == str(info.value)
+
+    try:
+        refused(f"{ENV_EMBEDDING}='bogus'")
+        monkeypatch.setenv(ENV_EMBEDDING, "auto")
+        monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(profile))
+        refused("SELECTIVE_OFFLOAD_PROFILE=.*: the profile is not valid JSON")
+        profile.unlink()
+        generate_tokens(model, prompts=[[1, 2, 3]], max_tokens=2)
+        report = selective_offload.placement_report()
+        assert report.ok and report.error is None, report.problems
+        assert report.model_fingerprint == model_fingerprint(load_checkpoint(model))
+    finally:
+        selective_offload.disable()
