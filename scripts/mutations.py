@@ -435,6 +435,19 @@ MUTATIONS = {
  'inputs-contradiction-accepted': ('        if self.context_tokens is not None and self.max_model_len is not None and self.context_tokens > self.max_model_len:', '        if False:', ['tests/contract/test_flags_together.py::test_a_plan_made_in_python_that_contradicts_itself_is_refused']),
  'keyword-type-unchecked': ('            value = _typed(name, value, action.type)', '            pass', ['tests/contract/test_flags_together.py::test_errors_from_python_name_the_keyword']),
  'python-errors-spelled-as-flags': ('    if spell is cli_flag:\n        return exc', '    if True:\n        return exc', ['tests/contract/test_flags_together.py::test_errors_from_python_name_the_keyword']),
+ 'host-compute-input-unchecked': ('    if computed and not inputs.host_compute:', '    if False:', ['tests/contract/test_hostile_plan_edits.py::test_inputs_that_forbid_what_the_groups_do_are_refused']),
+ 'head-share-input-unchecked': ('            if not inputs.head_share:', '            if False:', ['tests/contract/test_hostile_plan_edits.py::test_inputs_that_forbid_what_the_groups_do_are_refused']),
+ 'device-share-input-unchecked': ('            if not inputs.device_share:', '            if False:', ['tests/contract/test_hostile_plan_edits.py::test_inputs_that_forbid_what_the_groups_do_are_refused']),
+ 'host-compute-fields-untyped': ('        stated[name] = HOST_COMPUTE_READERS[name](r, name)', '        stated[name] = r.raw(name)', ['tests/contract/test_hostile_plan_edits.py::test_a_stated_number_written_as_a_string_is_refused_naming_the_field']),
+ 'experts-count-unmatched': ('    if (planned.num_experts, planned.experts_per_token) != (actual.num_experts, actual.experts_per_token):', '    if False:', ['tests/contract/test_hostile_plan_edits.py::test_routed_experts_the_model_does_not_have_are_refused']),
+ 'host-format-unmatched': ('    if expected != plan.host_compute_format:', '    if False:', ['tests/contract/test_hostile_plan_edits.py::test_a_host_compute_format_the_experts_are_not_in_is_refused']),
+ 'head-rows-unmatched': ('            elif g.intermediate != rows:', '            elif False:', ['tests/contract/test_hostile_plan_edits.py::test_an_lm_head_split_of_more_rows_than_the_vocabulary_is_refused']),
+ 'mlp-channels-unmatched': ('            if g.intermediate != size:', '            if False:', ['tests/contract/test_hostile_plan_edits.py::test_mlp_channels_the_model_does_not_have_are_refused']),
+ 'plan-checked-twice-before-start': ('            if model is not None and not s.settings.auto and not s.settings.checked_against(str(model)):', '            if model is not None and not s.settings.auto:', ['tests/unit/vllm_glue/test_caller.py::test_a_plan_enable_checked_against_the_model_is_not_checked_again_at_engine_start']),
+ 'refused-register-not-retried': ('        _load_again_at_next_start()', '        pass', ['tests/contract/test_engine_start_refusals.py::test_a_refused_engine_start_is_tried_again_by_the_next', 'tests/engine/test_vllm_auto.py::test_7_after_a_refused_start_the_next_engine_in_the_process_plans_again']),
+ 'auto-profile-read-late': ('        load_profile()', '        pass', ['tests/contract/test_engine_start_refusals.py::test_a_garbage_profile_under_auto_is_refused_by_enable']),
+ 'kernel-cache-checked-late': ('    if fmt is not None:', '    if False:', ['tests/contract/test_engine_start_refusals.py::test_an_unusable_kernel_cache_is_refused_before_a_host_compute_plan_is_applied', 'tests/contract/test_engine_start_refusals.py::test_a_kernel_cache_named_under_auto_is_checked_before_any_engine']),
+ 'refusal-unreported': ("    if refused is not None:  # the last engine start stopped before any engine process (the plugin's line)", '    if False:', ['tests/contract/test_engine_start_refusals.py::test_a_refused_engine_start_is_tried_again_by_the_next']),
 }
 
 

@@ -114,11 +114,11 @@ def host_compute_differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
             weight = next((t for n, t in checkpoint.tensors.items() if n.endswith(".weight")
                            and group_key(n.removesuffix(".weight"), plan.inputs.cold_segments) == key), None)
             rows = int(weight.shape[0]) if weight is not None and len(weight.shape) == 2 else None
-            # mutation: head-rows-unmatched
             if weight is None or weight.dtype != "BF16" or rows is None:
                 out.append(f"group {g.group} splits the LM head by its rows, but this model's "
                            + ("has no such weight" if weight is None else f"is {weight.dtype} of shape "
                               f"{list(weight.shape)}") + ": only a bf16 head of its own is split; keep it on the device")
+            # mutation: head-rows-unmatched
             elif g.intermediate != rows:
                 out.append(f"group {g.group}: intermediate is {g.intermediate} vocabulary rows, but this model's LM "
                            f"head has {rows}: it should be {rows}")
@@ -161,6 +161,16 @@ def differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     return out + _derived_differences(plan, actual)
 
 
+def _require_host_compute_fits(plan: Plan, checkpoint: Checkpoint) -> None:
+    """Raise :class:`PlanError` naming the first of :func:`host_compute_differences`."""
+    host = host_compute_differences(plan, checkpoint)
+    if host:
+        raise PlanError(f"the plan does not fit {checkpoint.source}: {host[0]}"
+                        + (f" (and {len(host) - 1} more)" if len(host) > 1 else "")
+                        + f"; fix it, or make the plan again: selective-offload plan {checkpoint.source} "
+                        f"--device-memory {size_arg(plan.inputs.device_memory_bytes)} -o plan.json")
+
+
 def check_plan_matches_model(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     """Raise :class:`PlanError` naming both models and the first difference when ``plan``
     was made for another model than ``checkpoint``; return notes when it matches."""
@@ -170,14 +180,8 @@ def check_plan_matches_model(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     # groups were left as the planner made them (a hand-edited group keeps the fingerprint).
     # mutation: fingerprint-skips-groups, no-fingerprint-check
     found = differences(plan, checkpoint)
-    if not found:
-        host = host_compute_differences(plan, checkpoint)
-        if host:
-            raise PlanError(f"the plan does not fit {checkpoint.source}: {host[0]}"
-                            + (f" (and {len(host) - 1} more)" if len(host) > 1 else "")
-                            + f"; fix it, or make the plan again: selective-offload plan {checkpoint.source} "
-                            f"--device-memory {size_arg(plan.inputs.device_memory_bytes)} -o plan.json")
     if not found and fingerprint == plan.model.fingerprint and same_tie:
+        _require_host_compute_fits(plan, checkpoint)
         return []
     if found and fingerprint == plan.model.fingerprint and same_tie:
         raise PlanError(
@@ -186,6 +190,7 @@ def check_plan_matches_model(plan: Plan, checkpoint: Checkpoint) -> list[str]:
             + f"; was the plan edited? make it again: selective-offload plan {checkpoint.source} "
             f"--device-memory {size_arg(plan.inputs.device_memory_bytes)} -o plan.json")
     if not found:
+        _require_host_compute_fits(plan, checkpoint)
         return [f"the plan's fingerprint ({plan.model.fingerprint}) differs from {checkpoint.source}'s "
                 f"({fingerprint}), but every group has the same tensors: tensor names outside the groups "
                 "differ only by wrappers"]

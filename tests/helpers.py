@@ -61,6 +61,23 @@ def save_sparse_moe(directory: Path, vocab: int = 1024) -> Path:
         "torch_dtype": "bfloat16", "tie_word_embeddings": False})
 
 
+def save_sparse_dense(directory: Path) -> Path:
+    """A dense bf16 model of 1.6 GB in a sparse file: four layers of attention (100 MB) and
+    an MLP of 12,288 channels (302 MB). On a 600 MB card the planner computes every MLP on
+    the host CPU with its first channels also on the device."""
+    hidden, channels, vocab = 4096, 12288, 1024
+    tensors = {"model.embed_tokens.weight": ("BF16", [vocab, hidden]), "lm_head.weight": ("BF16", [vocab, hidden]),
+               "model.norm.weight": ("BF16", [hidden])}
+    for i in range(4):
+        tensors[f"model.layers.{i}.self_attn.qkv_proj.weight"] = ("BF16", [3 * hidden, hidden])
+        tensors[f"model.layers.{i}.mlp.gate_proj.weight"] = ("BF16", [channels, hidden])
+        tensors[f"model.layers.{i}.mlp.up_proj.weight"] = ("BF16", [channels, hidden])
+        tensors[f"model.layers.{i}.mlp.down_proj.weight"] = ("BF16", [hidden, channels])
+    return save_sparse_checkpoint(directory, tensors, {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 4, "hidden_size": hidden,
+        "intermediate_size": channels, "vocab_size": vocab, "torch_dtype": "bfloat16", "tie_word_embeddings": False})
+
+
 def write_raw_header(path: Path, header: object, declared_len: int | None = None,
                      data: bytes = b"") -> Path:
     raw = header if isinstance(header, bytes) else json.dumps(header).encode()

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 import selective_offload
-from helpers import nothing_applied, save_sparse_moe
+from helpers import nothing_applied, save_sparse_dense, save_sparse_moe
 from selective_offload.cli import main
 from selective_offload.errors import PlanError
+from selective_offload.plan_format.parts import experts_read_bytes
 
 pytestmark = pytest.mark.usefixtures("nothing_enabled")
 
@@ -90,6 +91,47 @@ def test_an_lm_head_split_of_more_rows_than_the_vocabulary_is_refused(written, m
 
     enabled_edit(written, moe, tmp_path, edit, "group lm_head: intermediate is 1536 vocabulary rows, but this "
                                                 "model's LM head has 1024: it should be 1024")
+
+
+def test_routed_experts_the_model_does_not_have_are_refused(written, moe, tmp_path):
+    """Sixteen experts where the model has eight, the per-step read edited to agree."""
+    def edit(data):
+        experts = group(data, "model.layers.2.mlp.experts")
+        experts.update(num_experts=16, est_read_bytes_per_step=experts_read_bytes(experts["bytes"], 16, 2))
+        accepting_derived(data)
+
+    enabled_edit(written, moe, tmp_path, edit, "model.layers.2.mlp.experts has 16 routed experts, 2 per token, in "
+                                                "the plan and 8, 2 per token, here")
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory) -> tuple[Path, dict]:
+    """A dense model and the plan `selective-offload plan` writes for a 600 MB card: every
+    MLP computed on the host, its first channels on the device."""
+    model = save_sparse_dense(tmp_path_factory.mktemp("dense"))
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    assert main(["plan", str(model), "--device-memory", "600MB", "--kv-cache", "0", "--reserve", "0", "-o",
+                 str(path)]) == 0
+    data = json.loads(path.read_text())
+    mlp = group(data, "model.layers.0.mlp")
+    assert mlp["serving"] == "compute" and mlp["intermediate"] == 12288 and mlp["device_channels"] % 128 == 0
+    return model, data
+
+
+@pytest.mark.parametrize("edit,match", [
+    ({"intermediate": 16384}, "group model.layers.0.mlp: intermediate is 16384 channels, but this model's MLPs have "
+                              "12288: it should be 12288"),
+    ({"device_channels": 1900}, "group model.layers.0.mlp: device_channels is 1900, but this model's MLP is cut in "
+                                "blocks of 128 channels: it should be a multiple of 128"),
+])
+def test_mlp_channels_the_model_does_not_have_are_refused(dense, tmp_path, edit, match):
+    model, data = dense
+
+    def edited(d):
+        group(d, "model.layers.0.mlp").update(edit)
+        accepting_derived(d)
+
+    enabled_edit(data, model, tmp_path, edited, match)
 
 
 @pytest.mark.parametrize("flag,match", [
