@@ -314,6 +314,36 @@ def _engine_args_load_plugins() -> None:
            "EngineArgs.__post_init__ does not call load_general_plugins")
 
 
+@check("plugins_loaded_before_called")
+def _plugins_loaded_before_called() -> None:
+    # Behaviour: load_general_plugins marks the plugins loaded (vllm.plugins.plugins_loaded)
+    # before it calls them, so a plugin that raises is not called again in the process
+    # unless the mark is cleared; cleared, the next call loads them again. The glue's
+    # plugin clears it when it refuses an engine start (vllm_glue/plugin.py). The plugins
+    # are replaced by one that raises once.
+    import vllm.plugins as plugins
+
+    calls: list[int] = []
+
+    def refusing() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("refused")
+
+    with patched(plugins, "plugins_loaded", False), \
+            patched(plugins, "load_plugins_by_group", lambda group: {"glue": refusing}):
+        try:
+            plugins.load_general_plugins()
+        except RuntimeError:
+            pass
+        expect(plugins.plugins_loaded is True, "load_general_plugins no longer marks the plugins loaded first")
+        plugins.load_general_plugins()
+        expect(calls == [1], f"a marked process called the plugins again: {calls}")
+        plugins.plugins_loaded = False
+        plugins.load_general_plugins()
+        expect(calls == [1, 1], f"clearing plugins_loaded did not load the plugins again: {calls}")
+
+
 @check("prefetch_offloader")
 def _prefetch_offloader() -> None:
     # Signature and class attributes: PrefetchOffloader.__init__ makes a torch.cuda.Stream,

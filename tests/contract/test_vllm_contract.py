@@ -38,6 +38,7 @@ CHECKS = [
     "post_processing_in_place",
     "mpclient_init_signature",
     "engine_args_load_plugins",
+    "plugins_loaded_before_called",
     "prefetch_offloader",
     "prefetch_offloader_internals",
     "make_layers",
