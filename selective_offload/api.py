@@ -313,7 +313,7 @@ def placement_report() -> PlacementReport:
     refused = patches.refusal() if patches is not None else None
     # mutation: refusal-unreported
     if refused is not None:  # the last engine start stopped before any engine process (the plugin's line)
-        return PlacementReport.failed(refused, None, "")
+        return PlacementReport.failed(refused, None, "none: no engine started")
     if live is not None and live.report is not None:
         return live.live_report()
     path = os.environ.get("SELECTIVE_OFFLOAD_REPORT") or _last_report_path
