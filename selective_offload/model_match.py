@@ -102,9 +102,9 @@ def host_compute_differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     what = "routed experts" if experts else "dense MLPs"
     # mutation: host-format-unmatched
     if expected != plan.host_compute_format:
-        weights = (f"{method} weights" if method != "unquantized" else "unquantized "
-                   f"({checkpoint.config.get('torch_dtype') or checkpoint.config.get('dtype') or 'bf16'}) weights"
-                   ) if method else "weights of a quantization the CPU kernels do not read"
+        dtype = checkpoint.config.get("torch_dtype") or checkpoint.config.get("dtype") or "bf16"
+        weights = ("weights of a quantization the CPU kernels do not read" if method is None else
+                   f"unquantized ({dtype}) weights" if method == "unquantized" else f"{method} weights")
         out.append(f"host_compute.format is {plan.host_compute_format[:40]!r}, but this model's {what} are "
                    f"{weights}: " + (f"it should be {expected!r}" if expected else
                                      "they have no CPU kernel format, so serve them uva or on the device"))
@@ -115,9 +115,9 @@ def host_compute_differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
                            and group_key(n.removesuffix(".weight"), plan.inputs.cold_segments) == key), None)
             rows = int(weight.shape[0]) if weight is not None and len(weight.shape) == 2 else None
             if weight is None or weight.dtype != "BF16" or rows is None:
-                out.append(f"group {g.group} splits the LM head by its rows, but this model's "
-                           + ("has no such weight" if weight is None else f"is {weight.dtype} of shape "
-                              f"{list(weight.shape)}") + ": only a bf16 head of its own is split; keep it on the device")
+                held = "has no weight" if weight is None else f"is {weight.dtype} of shape {list(weight.shape)}"
+                out.append(f"group {g.group} splits the LM head by its rows, but this model's LM head {held}: only "
+                           "a bf16 head of its own is split; keep it on the device")
             # mutation: head-rows-unmatched
             elif g.intermediate != rows:
                 out.append(f"group {g.group}: intermediate is {g.intermediate} vocabulary rows, but this model's LM "

@@ -38,7 +38,8 @@ def moe(tmp_path_factory) -> Path:
 def written(moe, tmp_path_factory) -> dict:
     """The plan `selective-offload plan` writes for a 260 MB card."""
     path = tmp_path_factory.mktemp("plan") / "plan.json"
-    assert main(["plan", str(moe), "--device-memory", "260MB", "--kv-cache", "0", "--reserve", "0", "-o", str(path)]) == 0
+    assert main(["plan", str(moe), "--device-memory", "260MB", "--kv-cache", "0", "--reserve", "0",
+                 "-o", str(path)]) == 0
     data = json.loads(path.read_text())
     head = group(data, "lm_head")
     assert data["host_compute"]["format"] == "bf16" and head["serving"] == "compute"
