@@ -317,7 +317,8 @@ def placement_report() -> PlacementReport:
     if live is not None and live.report is not None:
         return live.live_report()
     path = os.environ.get("SELECTIVE_OFFLOAD_REPORT") or _last_report_path
-    if not path and os.environ.get(ENV_PLAN, "").strip():
+    if os.environ.get(ENV_PLAN, "").strip() and not os.environ.get("SELECTIVE_OFFLOAD_REPORT"):
+        # named in the environment, and no engine start has read it yet (that names the report)
         raise UserError(f"{ENV_PLAN}={os.environ[ENV_PLAN].strip()[:200]} is set, and no vLLM engine has started "
                         "in this process since: start one (LLM(...)) and ask again")
     if not path:
