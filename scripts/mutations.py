@@ -448,6 +448,7 @@ MUTATIONS = {
  'auto-profile-read-late': ('        load_profile()', '        pass', ['tests/contract/test_engine_start_refusals.py::test_a_garbage_profile_under_auto_is_refused_by_enable']),
  'kernel-cache-checked-late': ('    if fmt is not None:', '    if False:', ['tests/contract/test_engine_start_refusals.py::test_an_unusable_kernel_cache_is_refused_before_a_host_compute_plan_is_applied', 'tests/contract/test_engine_start_refusals.py::test_a_kernel_cache_named_under_auto_is_checked_before_any_engine']),
  'refusal-unreported': ("    if refused is not None:  # the last engine start stopped before any engine process (the plugin's line)", '    if False:', ['tests/contract/test_engine_start_refusals.py::test_a_refused_engine_start_is_tried_again_by_the_next']),
+ 'kernel-failure-never-retried': ('    if again and _LIB is None:', '    if False:', ['tests/contract/test_engine_start_refusals.py::test_an_unusable_kernel_cache_is_refused_before_a_host_compute_plan_is_applied']),
 }
 
 

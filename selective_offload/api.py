@@ -248,7 +248,7 @@ def check_this_host(plan: Plan | None) -> None:
     if fmt is not None:
         from .cpu_kernels import unavailable_reason
 
-        reason = unavailable_reason(fmt)
+        reason = unavailable_reason(fmt, again=True)  # an earlier start's failure may be fixed by now
         if reason is not None:
             raise UserError(reason if plan is None else f"the plan computes on the host CPU ({fmt}), and {reason}")
 

@@ -34,8 +34,9 @@ __all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "Exp
            "JobFailed", "MoEJob", "RowsJob", "TORCH_FORMATS", "library", "raise_if_failed", "moe", "read_gbps", "reference", "rows", "unavailable_reason", "openmp_runtimes", "build"]
 
 
-def unavailable_reason(fmt: str) -> str | None:
-    """None when the compiled kernel serves ``fmt`` on this machine, else one line why not.
+def unavailable_reason(fmt: str, again: bool = False) -> str | None:
+    """None when the compiled kernel serves ``fmt`` on this machine, else one line why not
+    (``again``: a build or load that failed earlier in this process is tried once more).
     Whether it is claimed fast is :func:`claimed.verdict`'s to say, for a plan (the plan's
     reader asks it); the probe measures every format this says is served."""
     if fmt not in FORMATS:
@@ -43,7 +44,7 @@ def unavailable_reason(fmt: str) -> str | None:
     if fmt in TORCH_FORMATS:
         return None
     try:
-        library()
+        library(again)
     except KernelUnavailable as e:
         return str(e)
     return None

@@ -75,9 +75,14 @@ _LIB: ctypes.CDLL | None = None
 _ERROR: build.KernelUnavailable | None = None
 
 
-def library() -> ctypes.CDLL:
-    """This machine's compiled kernel (built on first use); KernelUnavailable when it cannot be."""
+def library(again: bool = False) -> ctypes.CDLL:
+    """This machine's compiled kernel (built on first use); KernelUnavailable when it cannot be.
+    A failure is remembered for the process; ``again``: try once more (an engine start after
+    the user fixed what the last one refused)."""
     global _LIB, _ERROR
+    # mutation: kernel-failure-never-retried
+    if again and _LIB is None:
+        _ERROR = None
     if _LIB is None and _ERROR is None:
         try:
             _LIB = build.load()

@@ -112,6 +112,9 @@ def test_an_unusable_kernel_cache_is_refused_before_a_host_compute_plan_is_appli
     with pytest.raises(UserError, match=match):
         fresh_process.load_general_plugins()
     assert not patches.is_applied() and fresh_process.plugins_loaded is False
+    monkeypatch.setenv(ENV_KERNEL_CACHE, str(tmp_path / "fixed"))  # fixed: the next start builds them there
+    fresh_process.load_general_plugins()
+    assert patches.is_applied() and (tmp_path / "fixed").is_dir()
 
 
 def test_a_kernel_cache_named_under_auto_is_checked_before_any_engine(fresh_process, tmp_path, monkeypatch):
