@@ -339,6 +339,23 @@ def flops_per_token(dtype_bytes: Mapping[str, int]) -> float:
     return 2.0 * params
 
 
+def copied_bytes(nbytes: int, rows_on_device: int, rows: int) -> int:
+    """A split LM head's bytes a step above its crossover copies: its host rows alone."""
+    return nbytes * (rows - rows_on_device) // rows
+
+
+def copied_step_bytes(nbytes: int, num_experts: int, dtype_bytes: Mapping[str, int], fmt: str | None) -> int:
+    """Device bytes one host-compute group holds in a step above the crossover (est): vLLM's
+    profile run is such a step (``max_num_batched_tokens`` tokens, every expert picked), in
+    which the worker copies the group's host experts (or MLP, or head rows) to the device
+    and computes them there one expert at a time, each dequantized to bf16 first when the
+    format is quantized (``wrappers.host_compute.HostExperts._on_device``). At most the
+    group's bytes (a device share is not copied; counted anyway) plus one expert in bf16."""
+    # mutation: copied-transient-without-dequantized
+    dequantized = 0 if fmt in (None, "bf16", "f32") else int(flops_per_token(dtype_bytes) / max(1, num_experts))
+    return nbytes + dequantized
+
+
 def host_rate(settings: StepSettings) -> float:
     """One rank's share of the host kernel rate (bytes/s): its CPU reads' and its copies'."""
     return settings.cpu_gbps * 1e9 / max(1, settings.ranks)

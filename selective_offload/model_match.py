@@ -79,9 +79,10 @@ def _derived_differences(plan: Plan, actual: dict[tuple, Group]) -> list[str]:
                        f"for this model's layers at prefetch_step {plan.inputs.prefetch_step}")
     transient = max((tower_transient_bytes(a) for g, a in zip(plan.groups, mine)
                      if g.placement == Placement.HOST_COLD), default=0)
+    transient = max(transient, plan.copied_transient_bytes())  # the host-compute copy: from the groups checked above
     if plan.est_transient_device_bytes != transient:
         out.append(f"est_transient_device_bytes is {plan.est_transient_device_bytes} in the plan and {transient} "
-                   "for this model's towers")
+                   "for this model's towers and host-compute groups")
     return out
 
 

@@ -30,6 +30,7 @@ from .names import DEFAULT_COLD_SEGMENTS
 from .plan_format import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, Plan, PlanInputs
 from .plan_format.inputs import MAX_BATCH, MAX_CPU_THREADS, MAX_RANKS, MAX_TOKENS, InputError, moe_setting, parse_card
 from .planner import make_plan
+from .planner.cards import card_memory
 from .planner.host_compute import model_cpu_format
 from .probe import default_profile_path, plan_bandwidths, plan_defaults, reference_note
 from .progress import progress
@@ -318,7 +319,19 @@ def inputs_from_args(args: argparse.Namespace, profile=None, spell: Callable[[st
     validated(inputs, spell)
     if inputs.device_memory_bytes == 0:
         raise UserError(f"{spell('device-memory')}: must be more than 0, like 24GiB")
+    inputs = with_card_memory(inputs, profile)
+    validated(inputs, spell)
     return inputs
+
+
+def with_card_memory(inputs: PlanInputs, profile) -> PlanInputs:
+    """``inputs`` with the device memory the plan fits in (:func:`planner.cards.card_memory`,
+    the one rule): the probe's measurement of this machine's card where it has one."""
+    gpu = profile is not None and getattr(profile, "device", None) is not None
+    total = profile.device_memory_total_bytes if gpu else None
+    free = profile.device_memory_free_bytes if gpu else None
+    usable, source = card_memory(inputs.device_memory_bytes, total, free)
+    return replace(inputs, usable_device_bytes=usable, usable_from=source)
 
 
 #: The PlanInputs fields an option sets under another name (an error names the option).

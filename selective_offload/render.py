@@ -63,7 +63,9 @@ def _header(plan: Plan) -> list[str]:
     m, inp = plan.model, plan.inputs
     return [
         f"model     {m.source}  ({m.num_tensors} tensors, {fmt_bytes(m.total_bytes).strip()}, fingerprint {m.fingerprint})",
-        f"budget    {fmt_bytes(inp.device_memory_bytes).strip()} device - {fmt_bytes(inp.kv_cache_bytes).strip()} KV cache"
+        f"card      {fmt_bytes(inp.device_memory_bytes).strip()}: planned for {fmt_bytes(inp.card_bytes).strip()} "
+        f"({inp.usable_from or 'as given'})",
+        f"budget    {fmt_bytes(inp.card_bytes).strip()} device - {fmt_bytes(inp.kv_cache_bytes).strip()} KV cache"
         f" - {fmt_bytes(inp.reserve_bytes).strip()} reserve = {fmt_bytes(plan.weight_budget_bytes).strip()} for weights;"
         f" link {inp.link_gbps} GB/s, VRAM {inp.vram_gbps} GB/s (decode reads {inp.vram_read_gbps:.4g}"
         + (")" if inp.decode_read_gbps is not None else f": {DEFAULT_DECODE_READ_FACTOR} x VRAM)")
@@ -312,7 +314,8 @@ def verdict(plan: Plan, shown: Shown | None = None) -> list[str]:
         if plan.host_shortfall_bytes:
             whose = f" ({shown.host_ram_from})" if shown.host_ram_from else ""
             short.append(f"{fmt_bytes(plan.host_shortfall_bytes)} short of host RAM")
-            fixes += [f"more RAM than the {fmt_bytes(inp.host_memory_bytes or 0)}{whose}, "]
+            fixes += [f"more RAM than the {fmt_bytes(inp.host_memory_bytes or 0).strip()}{whose or ' (--host-memory)'}, ",
+                      f"of which {fmt_bytes(inp.host_headroom_bytes).strip()} is kept for the system and vLLM (est), "]
             fixes += [] if plan.shortfall_bytes else ["a larger card, "]
         if not short:
             return [f"{head}: INFEASIBLE: the placement does not fit"]
@@ -333,7 +336,10 @@ def _device_lines(plan: Plan) -> list[str]:
     shown = [f"{fmt_bytes(n)} {what}" for n, what in parts if n or what == "weights"]
     used = sum(n for n, _ in parts)
     pieces = [p + " + " for p in shown[:-1]] + [shown[-1] + " ", f"= {fmt_bytes(used)} "
-                                                f"of {fmt_bytes(inp.device_memory_bytes)}"]
+                                                f"of {fmt_bytes(inp.card_bytes)}"]
+    if inp.card_bytes != inp.device_memory_bytes:  # the card's class figure, or the probe's
+        measured = (inp.usable_from or "").startswith("measured")
+        pieces.append(f" (free {'measured' if measured else 'est'} of the {_card(inp.device_memory_bytes)} card)")
     if plan.absent_bytes:
         pieces.append(f" ({fmt_bytes(plan.absent_bytes)} not loaded)")
     return _wrapped("device", pieces)
@@ -345,7 +351,10 @@ def _host_lines(plan: Plan, shown: Shown) -> list[str]:
     inp = plan.inputs
     whose = f" ({shown.host_ram_from})" if shown.host_ram_from else ""
     ram = ("(host RAM not checked)" if inp.host_memory_bytes is None
-           else f"of {fmt_bytes(inp.host_memory_bytes)} RAM{whose}")
+           else f"of {fmt_bytes(inp.host_available_bytes or 0)} free of {fmt_bytes(inp.host_memory_bytes).strip()} "
+                f"RAM{whose}")
+    if plan.host_pageable_bytes and plan.host_page_locked_bytes:
+        ram += f" ({fmt_bytes(plan.host_page_locked_bytes).strip()} page-locked on CUDA)"
     if not plan.host_bytes:
         return _wrapped("host", ["nothing ", ram])
     parts = [(plan.host_cold_bytes, "cold"),

@@ -259,14 +259,16 @@ def check_derived(plan: PlanContents, where: str = "plan") -> None:
             f"{plan.inputs.prefetch_step} slots of the offloaded layers' parameters need "
             + (f"{low} to {high} bytes" if plan.hot_layer_indices else "none without hot layers")
             + f"; {REPLAN}")
-    limit = plan.tower_transient_limit()
+    copied = plan.copied_transient_bytes()
+    limit = max(plan.tower_transient_limit(), copied)
     transient = plan.est_transient_device_bytes
     # mutation: transient-trusted
-    if transient > limit or (limit and not transient):
+    if transient > limit or (limit and not transient) or transient < copied:
         raise PlanError(
             f"{where}: est_transient_device_bytes {transient} cannot be right: the towers placed on the host "
-            + (f"hold up to {limit} bytes on the device while they run (more than 0)" if limit else
-               "are none, so nothing runs on demand (0)") + f"; {REPLAN}")
+            + (f"and the host-compute groups copied above the crossover ({copied} bytes) hold up to {limit} bytes "
+               "on the device while they run (more than 0)" if limit else
+               "are none and nothing is computed on the host, so nothing runs on demand (0)") + f"; {REPLAN}")
 
 
 def check_bulk(plan: PlanContents, where: str = "plan") -> None:
@@ -316,7 +318,7 @@ def check_strategy(plan: PlanContents, where: str = "plan") -> None:
                  f"{plan.weight_budget_bytes / GB:.3f} GB weight budget")
     elif plan.host_shortfall_bytes:
         wrong = (f"the groups placed on the host need {plan.host_shortfall_bytes / GB:.3f} GB more than the "
-                 f"{plan.inputs.host_memory_bytes / GB:.3f} GB of host memory")
+                 f"{plan.inputs.host_available_bytes / GB:.3f} GB of host memory left beside the system and vLLM")
     elif plan.strategy == Strategy.RESIDENT:
         wrong = "it places groups on the host"
     elif plan.strategy == Strategy.COLD_OFFLOAD:

@@ -22,6 +22,8 @@ from ..estimate import (
     EXPERTS_UVA,
     ExpertsRead,
     Traffic,
+    copied_bytes,
+    copied_step_bytes,
     expert_read_fraction,
     flops_per_token,
     share_held_bytes,
@@ -314,9 +316,23 @@ class PlanContents:
     @property
     def host_shortfall_bytes(self) -> int:
         """Host memory missing for the bytes placed on the host (0 when it fits, or unchecked)."""
-        if self.inputs.host_memory_bytes is None:
+        available = self.inputs.host_available_bytes
+        if available is None:
             return 0
-        return max(0, self.host_bytes - self.inputs.host_memory_bytes)
+        return max(0, self.host_bytes - available)
+
+    @property
+    def host_pageable_bytes(self) -> int:
+        """Of :attr:`host_bytes`, what stays pageable: the n-gram tables vLLM keeps in host
+        memory itself. Everything else the worker places on the host it page-locks on CUDA
+        (the RAM it takes cannot be swapped out)."""
+        return sum(g.bytes for g in self.groups if g.placement in (Placement.HOST_COLD,)
+                   and self._is_vllm_host_table(g.group))
+
+    @property
+    def host_page_locked_bytes(self) -> int:
+        """Of :attr:`host_bytes`, what the worker page-locks on CUDA."""
+        return self.host_bytes - self.host_pageable_bytes
 
     @property
     def est(self) -> Estimate:
@@ -462,6 +478,18 @@ class PlanContents:
         towers = [g.bytes for g in self.groups if g.placement == Placement.HOST_COLD
                   and not has_segment(g.group, EMBED_SEGMENTS) and not self._is_vllm_host_table(g.group)]
         return 2 * max(towers, default=0)
+
+    def copied_transient_bytes(self) -> int:
+        """The most device memory a step above the crossover holds at once (est): one
+        host-compute group copied (and an expert dequantized) at a time
+        (:func:`~selective_offload.estimate.copied_step_bytes`; the head's rows are bf16)."""
+        def copied(g: GroupPlan) -> int:
+            if g.kind != GroupKind.MODULE:
+                return copied_step_bytes(g.bytes, g.num_experts, g.dtype_bytes, self.host_compute_format)
+            rows = (g.device_channels, g.intermediate) if g.intermediate else (0, 1)
+            return copied_step_bytes(copied_bytes(g.bytes, *rows), g.num_experts, g.dtype_bytes, "bf16")
+
+        return max((copied(g) for g in self.groups if g.placement == Placement.HOST_COMPUTE), default=0)
 
     def derived_strategy(self) -> Strategy:
         """What the placement does: the strategy a plan must state."""

@@ -27,6 +27,7 @@ from ..sizes import GiB, MAX_GBPS, MAX_TFLOPS, MIN_GBPS
 from .vocabulary import (
     DEFAULT_KV_CACHE_BYTES,
     DEFAULT_RESERVE_BYTES,
+    HOST_HEADROOM_BYTES,
     MAX_PLAN_INT,
     MAX_PLAN_NUMBER,
     REFERENCE_LINK_GBPS,
@@ -113,6 +114,10 @@ class PlanInputs:
     all_cold: bool = False
     #: Host memory (RAM) the host bytes must fit in; ``None``: not checked.
     host_memory_bytes: int | None = None
+    #: Of ``host_memory_bytes``, what the operating system and vLLM's processes keep
+    #: (:data:`~selective_offload.plan_format.vocabulary.HOST_HEADROOM_BYTES`, est; 0 in
+    #: plans made before this field).
+    host_headroom_bytes: int = HOST_HEADROOM_BYTES
     #: Concurrent decode sequences a step serves (they share one pass over the weights).
     batch: int = 1
     #: Draft tokens per step with speculative decoding; ``None``: the MTP head's layer count.
@@ -178,6 +183,27 @@ class PlanInputs:
     #: Whether the planner may split the LM head between the device and the host CPU beside a
     #: device share (False: ``--no-head-share``; the head stays whole on the device).
     head_share: bool = True
+    #: The device memory the plan fits in: what a card of ``device_memory_bytes``'s class
+    #: keeps free after the CUDA context, or the probe's measurement
+    #: (:func:`selective_offload.planner.cards.card_memory`, the one rule); ``None``:
+    #: ``device_memory_bytes`` as it is (plans made before this field).
+    usable_device_bytes: int | None = None
+    #: Where ``usable_device_bytes`` came from, in words (the plan's view shows it).
+    usable_from: str | None = None
+
+    @property
+    def host_available_bytes(self) -> int | None:
+        """Host memory the plan's host bytes may take: the RAM less the headroom (``None``:
+        not checked)."""
+        if self.host_memory_bytes is None:
+            return None
+        # mutation: host-without-headroom
+        return max(0, self.host_memory_bytes - self.host_headroom_bytes)
+
+    @property
+    def card_bytes(self) -> int:
+        """The device memory the weights, KV cache and reserve must fit in."""
+        return self.device_memory_bytes if self.usable_device_bytes is None else self.usable_device_bytes
 
     @property
     def host_cpu_gbps(self) -> float:
@@ -200,7 +226,8 @@ class PlanInputs:
 
     @property
     def weight_budget_bytes(self) -> int:
-        return self.device_memory_bytes - self.kv_cache_bytes - self.reserve_bytes
+        # mutation: budget-of-the-nominal-card
+        return self.card_bytes - self.kv_cache_bytes - self.reserve_bytes
 
     @property
     def card(self) -> str:
@@ -228,6 +255,10 @@ class PlanInputs:
         self._check_types()
         if self.device_memory_bytes <= 0:
             raise PlanError("device memory must be more than 0 bytes; give it like --device-memory 24GiB")
+        usable = self.usable_device_bytes
+        if usable is not None and not 0 < usable <= self.device_memory_bytes:
+            raise PlanError(f"usable device memory {usable} must be more than 0 bytes and at most the "
+                            f"{self.device_memory_bytes} of the card; make the plan again")
         for label, value in (("link", self.link_gbps), ("VRAM", self.vram_gbps), ("UVA read", self.uva_gbps),
                              ("decode read", self.decode_read_gbps)):
             if value is None and label in ("UVA read", "decode read"):
@@ -246,7 +277,8 @@ class PlanInputs:
         if self.weight_budget_bytes <= 0:
             raise PlanError(
                 f"KV cache ({self.kv_cache_bytes / GiB:.2f} GiB) and reserve ({self.reserve_bytes / GiB:.2f} GiB) "
-                f"leave nothing of {self.device_memory_bytes / GiB:.2f} GiB of device memory for weights; "
+                f"leave nothing of {self.card_bytes / GiB:.2f} GiB of device memory for weights"
+                + (f" ({self.usable_from})" if self.usable_from else "") + "; "
                 "lower --kv-cache or --reserve, or give the card's real memory"
             )
         if self.speculative not in (None, "mtp"):
@@ -285,6 +317,8 @@ class PlanInputs:
         if self.kv_cache_dtype not in KV_DTYPE_BYTES:
             raise PlanError(f"KV cache dtype {cut(repr(self.kv_cache_dtype), 83)}: use one of "
                             f"{', '.join(KV_DTYPE_BYTES)}")
+        if self.host_headroom_bytes < 0:
+            raise PlanError(f"host headroom {self.host_headroom_bytes} must be zero or more bytes")
         if self.host_memory_bytes is not None and self.host_memory_bytes <= 0:
             raise PlanError(f"host memory {self.host_memory_bytes} must be more than 0 bytes, like --host-memory 64GiB")
         if self.compute_capability is not None:

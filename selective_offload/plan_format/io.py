@@ -155,6 +155,7 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
                                      default=None),
         all_cold=r.bool("all_cold", default=False),
         host_memory_bytes=r.int("host_memory_bytes", minimum=1, default=None),
+        host_headroom_bytes=r.int("host_headroom_bytes", default=0),
         batch=r.int("batch", minimum=1, default=1),
         spec_tokens=r.int("spec_tokens", minimum=1, default=None),
         accept_rate=r.number("accept_rate", positive=False, default=DEFAULT_ACCEPT_RATE),
@@ -177,6 +178,8 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
         host_compute=r.bool("host_compute", default=True),
         device_share=r.bool("device_share", default=True),
         head_share=r.bool("head_share", default=True),
+        usable_device_bytes=r.int("usable_device_bytes", minimum=1, default=None),
+        usable_from=r.str("usable_from", default=None, nullable=True),
     )
     try:
         inputs.validate()

@@ -31,8 +31,14 @@ REFERENCE_LINK_GBPS = 13.9
 REFERENCE_VRAM_GBPS = 472.0
 #: Device memory kept back from weights unless the plan says otherwise.
 DEFAULT_KV_CACHE_BYTES = 1 * GiB
-#: CUDA context, activations, CUDA graphs and allocator slack.
+#: Activations, CUDA graphs and allocator slack (the CUDA context is in the card's figure:
+#: ``planner.cards``).
 DEFAULT_RESERVE_BYTES = 2 * GiB
+#: Host RAM left to the operating system and vLLM's own processes (the API server, the
+#: engine core and each worker: Python with torch, vLLM and the CUDA libraries loaded) when
+#: the plan's host bytes are checked against the host's memory, est: 1.5 GiB for the system
+#: and 1.5 GiB for each of three vLLM processes.
+HOST_HEADROOM_BYTES = 6 * GiB
 #: The largest integer a plan holds (bytes, counts, tokens); see sizes.MAX_BYTES.
 MAX_PLAN_INT = MAX_BYTES
 #: The largest other number a plan holds (estimates, GiB).

@@ -151,7 +151,7 @@ def baseline_notes(plan: Plan) -> list[str]:
             continue
         why = []
         if plan.hot_layer_indices or plan.est_transient_device_bytes:
-            why.append("its prefetch buffers and tower transient cost device memory vLLM's cpu_offload_gb does not need")
+            why.append("its prefetch buffers and transients cost device memory vLLM's cpu_offload_gb does not need")
         if plan.host_uva_bytes:
             why.append("a layer's routed experts go to the host whole, where vLLM's budget takes single tensors")
         times = f"est {mine * 1e3:.1f} ms against {theirs * 1e3:.1f} ms per step"

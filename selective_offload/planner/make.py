@@ -29,6 +29,7 @@ from .host_compute import (claim_of, claimed, cpu_format, declined_share_note, h
                            mlp_cpu_format, mlp_unclaimed_note, unclaimed_reason)
 from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
+from .cards import card_memory
 from .placement import Placing, place_cold, place_hot, strategy_of
 from .shares import channel_shares, expert_intermediate_size, expert_shares, head_share, intermediate_size
 from .speculation import with_alternative, with_draft_tokens
@@ -75,6 +76,9 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
 
     With speculative decoding asked for, the same input is also planned without it, and
     the plan says which is estimated faster (``alternative`` and a note)."""
+    if inputs.usable_device_bytes is None:  # no measurement given: the card class's figure, or the size as given
+        usable, source = card_memory(inputs.device_memory_bytes)
+        inputs = replace(inputs, usable_device_bytes=usable, usable_from=source)
     inputs.validate()
     inputs, kv, kv_notes = _kv_inputs(checkpoint, inputs)
     family = acceptance_default(checkpoint.facts.model_type)
@@ -116,7 +120,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                     and (mlp_fmt == fmt or not computes))
     # Priced with every dense MLP a group of its own; the plan keeps only the computed ones split.
     priced = group_tensors(checkpoint, inputs, split_mlp=True) if mlp_computes else groups
-    placing = Placing(priced, inputs.weight_budget_bytes)
+    placing = Placing(priced, inputs.weight_budget_bytes,
+                      compute_formats={GroupKind.EXPERTS: fmt, GroupKind.MLP: mlp_fmt, GroupKind.MODULE: "bf16"})
     deficit = placing.over_budget()
 
     def reason(g, where: Placement) -> str:
@@ -136,7 +141,7 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                                    kernel_dims=_kernel_dims(checkpoint, inputs, g, p.where[g.name],
                                                             (shares or {}).get(g.name)))
                     for g in p.groups),
-            hot_layer_indices=tuple(hot), est_transient_device_bytes=p.transient,
+            hot_layer_indices=tuple(hot), est_transient_device_bytes=p.all_transient(),
             stored_prefetch_buffer_bytes=p.buffers if hot else None,
             host_compute_format=plan_fmt, **{"bulk": None, **extra})
         # The placement was made against the weights and transients; the plan's ledger adds
@@ -209,8 +214,10 @@ def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placin
     if head is None:
         return placing, shares
     name, rows_on_device, rows = head
-    trial = Placing(placing.groups, placing.budget)
+    trial = Placing(placing.groups, placing.budget, compute_formats=placing.compute_formats,
+                    head_rows=dict(placing.head_rows))
     trial.where = {**placing.where, name: Placement.HOST_COMPUTE}
+    trial.head_rows[name] = (rows_on_device, rows)
     trial.transient, trial.buffers = placing.transient, placing.buffers
     nbytes = next(g.nbytes for g in placing.groups if g.name == name)
     reserved = nbytes * rows_on_device // rows
@@ -320,7 +327,7 @@ def _keep_computed_mlps_split(checkpoint: Checkpoint, inputs: PlanInputs, p: Pla
             if p.where[g.name] != p.where[layer.name]:
                 raise AssertionError(f"{g.name} placed {p.where[g.name]} apart from its layer")  # a planner bug
     final = group_tensors(checkpoint, inputs, split_mlp=computed)
-    out = Placing(final, p.budget)
+    out = Placing(final, p.budget, compute_formats=p.compute_formats, head_rows=dict(p.head_rows))
     out.where = {g.name: p.where[g.name] for g in final}
     out.transient, out.buffers = p.transient, p.buffers
     return out

@@ -33,9 +33,10 @@ def plan_notes(groups: list[Group], checkpoint: Checkpoint, placing: Placing, in
     if host_short > 0:
         notes.append(
             f"infeasible: the plan puts {host_bytes(placing) / GB:.3f} GB in host memory, "
-            f"{host_short / GB:.3f} GB more than the {inputs.host_memory_bytes / GB:.3f} GB there is "
-            "(--host-memory); the operating system and vLLM need RAM beyond that too: use a machine with "
-            "more RAM, a larger card, or a smaller checkpoint"
+            f"{host_short / GB:.3f} GB more than the {inputs.host_available_bytes / GB:.3f} GB the "
+            f"{inputs.host_memory_bytes / GB:.3f} GB of RAM (--host-memory) leaves beside the "
+            f"{inputs.host_headroom_bytes / GB:.3f} GB kept for the operating system and vLLM's processes (est): "
+            "use a machine with more RAM, a larger card, or a smaller checkpoint"
         )
     notes += experts_notes(checkpoint, inputs)
     if checkpoint.kind == "config":

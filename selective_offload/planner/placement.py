@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..estimate import expert_read_fraction
+from ..estimate import copied_bytes, copied_step_bytes, expert_read_fraction
 from ..names import EMBED_SEGMENTS, has_segment
 from ..plan_format import HOST_PLACEMENTS, LAYER_KINDS, Role, GroupKind, Placement, PlanInputs, Strategy
 from .grouping import Group
@@ -40,8 +40,15 @@ class Placing:
     groups: list[Group]
     budget: int
     where: dict[str, Placement] = field(default_factory=dict)
+    #: The largest on-demand tower's device transient (see :func:`tower_transient_bytes`).
     transient: int = 0
     buffers: int = 0
+    #: The CPU kernel format a host-compute group of each kind is computed in (its copy
+    #: above the crossover is dequantized from it: :func:`copied_transient_bytes`).
+    compute_formats: dict[GroupKind, str | None] = field(default_factory=dict)
+    #: A split LM head's (rows on the device, rows), by name: a step above its crossover
+    #: copies only its host rows.
+    head_rows: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.where = {g.name: Placement.ABSENT if g.role == Role.ABSENT else
@@ -50,7 +57,24 @@ class Placing:
     def over_budget(self) -> int:
         """Device bytes (resident, tower transient, prefetch buffers) above the budget."""
         device = sum(g.nbytes for g in self.groups if self.where[g.name] == Placement.DEVICE)
-        return device + self.transient + self.buffers - self.budget
+        return device + self.all_transient() + self.buffers - self.budget
+
+    def all_transient(self) -> int:
+        """The device transient the plan states (``est_transient_device_bytes``): the larger
+        of the tower's and the above-crossover copy's (they never run in the same layer)."""
+        # mutation: copied-transient-unpriced
+        return max(self.transient, copied_transient_bytes(self))
+
+
+def copied_transient_bytes(p: Placing) -> int:
+    """The most device memory a step above the crossover holds at once (est): one
+    host-compute group's copy at a time (:func:`estimate.copied_step_bytes`)."""
+    def copied(g: Group) -> int:
+        on_device, rows = p.head_rows.get(g.name, (0, 1))
+        return copied_step_bytes(copied_bytes(g.nbytes, on_device, rows), g.num_experts, g.dtype_bytes,
+                                 p.compute_formats.get(g.kind))
+
+    return max((copied(g) for g in p.groups if p.where[g.name] == Placement.HOST_COMPUTE), default=0)
 
 
 def place_cold(p: Placing, inputs: PlanInputs) -> None:
@@ -227,7 +251,8 @@ def host_bytes(p: Placing) -> int:
 
 
 def host_shortfall(p: Placing, inputs: PlanInputs) -> int:
-    return 0 if inputs.host_memory_bytes is None else max(0, host_bytes(p) - inputs.host_memory_bytes)
+    available = inputs.host_available_bytes
+    return 0 if available is None else max(0, host_bytes(p) - available)
 
 
 def strategy_of(p: Placing, hot: list[int], inputs: PlanInputs) -> Strategy:

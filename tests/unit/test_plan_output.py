@@ -67,10 +67,14 @@ def test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_col
     # device memory as nvidia-smi adds it up, host bytes of whose RAM
     used = (plan.device_bytes + plan.device_share_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
             + plan.inputs.kv_cache_bytes + plan.inputs.reserve_bytes)
-    assert f"= {fmt_bytes(used)} of {fmt_bytes(plan.inputs.device_memory_bytes)}" in out
-    assert used <= plan.inputs.device_memory_bytes
+    # of what a 24 GiB card keeps free after the CUDA context (the card class's figure, est)
+    assert plan.inputs.card_bytes < plan.inputs.device_memory_bytes
+    assert f"= {fmt_bytes(used)} of {fmt_bytes(plan.inputs.card_bytes)} (free est of the 24 GiB card)" in out
+    assert used <= plan.inputs.card_bytes
     host = next(line for line in lines if line.startswith("host "))
-    assert host.startswith(f"host   {fmt_bytes(plan.host_bytes)} of {fmt_bytes(64 << 30)} RAM (this machine's)")
+    free = (64 << 30) - plan.inputs.host_headroom_bytes  # the system's and vLLM's headroom kept
+    assert host.startswith(f"host   {fmt_bytes(plan.host_bytes)} of {fmt_bytes(free)} free of "
+                           f"{fmt_bytes(64 << 30).strip()} RAM (this machine's)")
     # the estimate rows: vLLM's baseline and this plan, tok/s and the speed-up, with the rates' source
     base = next(line for line in lines if line.startswith("vLLM cpu_offload_gb="))
     mine = next(line for line in lines if line.startswith("this plan (hot_offload)"))

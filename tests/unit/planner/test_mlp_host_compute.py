@@ -28,6 +28,9 @@ from selective_offload.render import render_plan
 H, I = 1000, 4000  # hidden and intermediate size
 ATTN = 2 * H * 2500  # bf16 attention bytes of a layer (5 MB)
 MLP = 2 * 3 * H * I  # bf16 gate, up and down (24 MB)
+#: A hybrid stack's step above the crossover holds one layer's 4 experts copied to the device
+#: (est_transient_device_bytes): the tests below give the card that much more.
+EXPERTS_COPY_MB = 4 * MLP / 1e6
 
 
 def dense(layers: int = 8, moe_layers: tuple[int, ...] = (), dtype: str = "BF16", **config):
@@ -146,7 +149,7 @@ def test_the_plan_round_trips_and_the_mlp_groups_are_checked():
 
 def test_an_mlp_group_in_a_moe_layer_is_refused():
     ckpt = dense(6, moe_layers=(2, 3, 4, 5))
-    plan = plan_of(ckpt, ckpt.total_bytes / MB - 520)
+    plan = plan_of(ckpt, ckpt.total_bytes / MB - 520 + EXPERTS_COPY_MB)
     data = json.loads(plan.to_json())
     m = next(g for g in data["groups"] if g["kind"] == "mlp")
     moved = {**m, "group": "model.layers.2.mlp", "layer_index": 2}
@@ -215,7 +218,8 @@ def test_int4_mlps_are_not_offered_while_int4_is_unclaimed_and_the_bf16_copy_is_
 
 def test_a_hybrid_stack_computes_dense_mlps_and_experts_with_one_format_and_crossover():
     ckpt = dense(6, moe_layers=(2, 3, 4, 5))
-    plan = plan_of(ckpt, ckpt.total_bytes / MB - 520)  # the embedding and more than every layer's experts
+    # the embedding and more than every layer's experts
+    plan = plan_of(ckpt, ckpt.total_bytes / MB - 520 + EXPERTS_COPY_MB)
     kinds = {g.kind for g in plan.groups if g.placement == "host-compute"}
     assert kinds == {"mlp", "experts"} and plan.host_compute.format == "bf16"
     assert all(g.layer_index in (0, 1) for g in mlps(plan))

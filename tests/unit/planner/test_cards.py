@@ -1,0 +1,117 @@
+"""Real cards and hosts: ``--device-memory 24GiB`` names a card class, planned for what such
+a card keeps free after the CUDA context (or the probe's measurement); the host check keeps
+headroom for the system and vLLM; a host-compute plan prices the copy a step above its
+crossover holds on the device. Each figure is recomputed by hand from the table's row."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from builders import MB, gpu_profile, toy
+from selective_offload.errors import PlanError
+from selective_offload.plan_format import Plan
+from selective_offload.plan_options import options_from_keywords, plan_model
+from selective_offload.planner import PlanInputs, make_plan
+from selective_offload.planner.cards import CARDS, CONTEXT_EST_BYTES, card_memory
+from selective_offload.render import render_plan
+from selective_offload.sizes import GB, GiB
+from test_host_compute import COPY_MB, EXPERTS_BYTES, computed, moe, plan_of
+
+
+def test_a_nominal_size_is_planned_as_what_its_class_reports_less_the_context():
+    # the 24 GB class: 23.64 GiB reported to torch (published), less a 0.49 GiB context (est)
+    usable, source = card_memory(24 * GiB)
+    assert usable == round(23.64 * GiB) - round(0.49 * GiB)
+    assert "card class 24 GB" in source and "23.64 GiB" in source and "context (est)" in source
+    assert card_memory(24 * GB)[0] == 24 * GB  # 24 GB (decimal) is the class too, never more than given
+    # a size that names no class is the memory free to the worker, as given
+    assert card_memory(23 * GiB + 5) == (23 * GiB + 5, card_memory(23 * GiB + 5)[1])
+    assert "as given" in card_memory(50 * MB)[1]
+    # a row without a published figure says it is an estimate
+    estimated = [c for c in CARDS if c.estimate]
+    assert estimated and all("est " in card_memory(c.nominal_gib * GiB)[1] for c in estimated)
+    assert all("est " not in card_memory(c.nominal_gib * GiB)[1].split("(")[0] for c in CARDS if not c.estimate)
+
+
+def test_the_probes_measurement_of_the_class_wins_and_the_view_says_which():
+    # a probed 24 GB card: 25.38e9 bytes reported, 24.6e9 free after the probe's context
+    probed = gpu_profile(device="NVIDIA GeForce RTX 4090", device_memory_total_bytes=25_380_000_000,
+                         device_memory_free_bytes=24_600_000_000)
+    args = options_from_keywords({"device_memory": "24GiB"})
+    plan = plan_model(str(toy_path()), args, probed).plan
+    assert plan.inputs.card_bytes == 24_600_000_000 and plan.inputs.usable_from.startswith("measured")
+    assert plan.weight_budget_bytes == 24_600_000_000 - plan.inputs.kv_cache_bytes - plan.inputs.reserve_bytes
+    assert "planned for 24.600 GB (measured" in render_plan(plan, verbose=True)
+    # another class than the probed card's: the table's row
+    other = plan_model(str(toy_path()), options_from_keywords({"device_memory": "16GiB"}), probed).plan
+    assert other.inputs.usable_from.startswith("card class 16 GB")
+
+
+def toy_path():
+    """The bundled reference's manifest: a plan of real size for the tests above."""
+    from selective_offload.plan_options import BUNDLED
+
+    return BUNDLED["qwen3.8-27b-fp8"]
+
+
+def test_the_budget_is_the_usable_memory_and_a_plan_file_keeps_it():
+    plan = make_plan(toy(), PlanInputs(device_memory_bytes=24 * GiB))
+    usable = round(23.64 * GiB) - CONTEXT_EST_BYTES
+    assert plan.inputs.card_bytes == usable
+    assert plan.weight_budget_bytes == usable - plan.inputs.kv_cache_bytes - plan.inputs.reserve_bytes
+    back = Plan.from_dict(json.loads(plan.to_json()))
+    assert back.inputs.card_bytes == usable and back.inputs.usable_from == plan.inputs.usable_from
+    # a plan written before the field: the nominal card, as it was planned
+    old = json.loads(plan.to_json())
+    del old["inputs"]["usable_device_bytes"], old["inputs"]["usable_from"]
+    old["totals"]["weight_budget_bytes"] = 24 * GiB - plan.inputs.kv_cache_bytes - plan.inputs.reserve_bytes
+    old["totals"]["deficit_bytes"] += usable - 24 * GiB
+    assert Plan.from_dict(old).weight_budget_bytes == 24 * GiB - plan.inputs.kv_cache_bytes - plan.inputs.reserve_bytes
+    bad = json.loads(plan.to_json())
+    bad["inputs"]["usable_device_bytes"] = 25 * GiB
+    with pytest.raises(PlanError, match="usable device memory"):
+        Plan.from_dict(bad)
+
+
+def test_the_host_check_keeps_headroom_and_names_the_flag():
+    ckpt = moe(4)
+    fits = plan_of(ckpt, ckpt.total_bytes / MB - 300, host_memory_bytes=10 * GiB)
+    host = fits.host_bytes  # 340 MB: the embedding and 3 layers' experts
+    assert fits.strategy == "hot_offload" and fits.inputs.host_headroom_bytes == 6 * GiB
+    # RAM for the host bytes, but not for them and the headroom: infeasible, and the view says why
+    tight = plan_of(ckpt, ckpt.total_bytes / MB - 300, host_memory_bytes=6 * GiB + host - 1)
+    assert tight.strategy == "infeasible" and tight.host_shortfall_bytes == 1
+    text = render_plan(tight)
+    assert "short of host RAM" in text.splitlines()[0]
+    assert "(--host-memory)" in text and "kept for the system and vLLM (est)" in text
+    with pytest.raises(PlanError, match="more host memory is needed"):
+        tight.require_feasible()
+    # page-locked and pageable counted apart: every byte of these groups is page-locked
+    assert fits.host_page_locked_bytes == host and fits.host_pageable_bytes == 0
+
+
+def test_a_step_above_the_crossover_holds_a_layers_copy_and_the_dequantized_expert():
+    ckpt = moe(4)
+    plan = plan_of(ckpt, ckpt.total_bytes / MB - 300)
+    assert computed(plan) and plan.est_transient_device_bytes == EXPERTS_BYTES == COPY_MB * MB  # bf16: nothing more
+    assert plan.shortfall_bytes == 0
+    assert plan.device_bytes + plan.est_transient_device_bytes <= plan.weight_budget_bytes
+    # fp8 blocks: the layer's experts as stored (1 byte a parameter) and one expert in bf16
+    fp8 = moe(4, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+    quantized = plan_of(fp8, fp8.total_bytes / MB - 300)
+    group = computed(quantized)[0]
+    params_per_expert = (1000 * 3000 + 1000 * 2000)  # gate_up and down of one expert
+    assert quantized.est_transient_device_bytes == group.bytes + 2 * params_per_expert
+    # a plan that states no transient for its copy is refused when read
+    data = json.loads(plan.to_json())
+    data["est_transient_device_bytes"] = 0
+    with pytest.raises(PlanError, match="est_transient_device_bytes 0 cannot be right"):
+        Plan.from_dict(data)
+    # and a plan priced without it would not fit the card it was made for
+    assert replace(plan, est_transient_device_bytes=0).shortfall_bytes == 0
+    lean = plan_of(ckpt, ckpt.total_bytes / MB - 300 - COPY_MB)
+    assert lean.est_transient_device_bytes == EXPERTS_BYTES and lean.shortfall_bytes == 0
+    assert len(computed(lean)) > len(computed(plan))  # the copy's room came from one more layer on the host
