@@ -139,9 +139,9 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     load.experts = experts.ExpertsLoad.of(settings.plan, load.names)
     experts.refuse_before_load(load.experts, device, load.page_locked.policy)
     experts.refuse_another_card(settings.plan, device)
-    host_compute.refuse_graphs_above_crossover(settings.plan, vllm_config, device)
+    graphs = host_compute.cap_graphs_at_crossover(settings.plan, vllm_config, device)
     host_compute.refuse_other_ranks(settings.plan, vllm_config)
-    load.notes += start_notes + names_notes
+    load.notes += start_notes + names_notes + ([graphs] if graphs else [])
     load.notes += check_model(settings.plan, str(model_config.model))
     load.notes += list(settings.plan.load_notes)
     note = stamp_compile_key(settings, vllm_config)

@@ -23,7 +23,7 @@ buffers, a host function on the stream that runs the kernel with no Python, a co
 a CUDA graph captures it, so vLLM's graphs need not be turned off. Those buffers, and the
 kernel's workspace, are one per process, shared by every unit (:mod:`.host_buffers`). A step above the
 crossover cannot be captured (which experts it copies depends on the routing), so the
-glue refuses graph sizes above the crossover before the engine captures them.
+glue caps the worker's graph sizes at the crossover before the engine captures any.
 
 Weights stay in the layout vLLM's ``create_weights`` gave them (before any kernel's
 post-processing): the layout the CPU kernel reads, and :func:`cpu_kernels.reference.dequantize`

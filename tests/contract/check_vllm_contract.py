@@ -687,6 +687,24 @@ def _compilation_config() -> None:
            f"VllmConfig().compilation_config: mode {default.mode!r}, cudagraph_mode {default.cudagraph_mode!r}")
 
 
+@check("cudagraph_sizes_after_load")
+def _cudagraph_sizes_after_load() -> None:
+    # Source: the worker caps the graph sizes of a host-compute plan at its crossover in its
+    # own CompilationConfig while loading (host_compute.cap_graphs_at_crossover). That holds
+    # because vLLM's graph dispatcher reads the sizes from that config when its keys are
+    # initialised (after loading, before capture), not when it is built.
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    expect("cudagraph_capture_sizes" not in source(CudagraphDispatcher.__init__),
+           "CudagraphDispatcher.__init__ reads cudagraph_capture_sizes (the worker's cap at load would come late)")
+    padded = source(CudagraphDispatcher._compute_bs_to_padded_graph_size)
+    expect("self.compilation_config.cudagraph_capture_sizes" in padded
+           and "self.compilation_config.max_cudagraph_capture_size" in padded,
+           "CudagraphDispatcher no longer pads batches from compilation_config's capture sizes")
+    expect("self._compute_bs_to_padded_graph_size" in called_names(CudagraphDispatcher.initialize_cudagraph_keys),
+           "initialize_cudagraph_keys does not compute the padded sizes from the config")
+
+
 @check("routed_experts_uva")
 def _routed_experts_uva() -> None:
     # Source and behaviour: what the host-uva experts path relies on. RoutedExperts is built

@@ -52,6 +52,7 @@ CHECKS = [
     "draft_model_config",
     "compute_hash_additional_config",
     "compilation_config",
+    "cudagraph_sizes_after_load",
     "routed_experts_uva",
     "model_class_names",
     "no_foreign_vllm_modules",

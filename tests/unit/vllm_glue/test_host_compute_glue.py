@@ -1,6 +1,6 @@
-"""The host-compute glue's refusals before anything is built, against vLLM's own config
-classes: a plan priced for another number of ranks, CUDA graphs captured above the
-crossover, and what the CPU kernels cannot compute."""
+"""The host-compute glue before anything is built, against vLLM's own config classes: a plan
+priced for another number of ranks refused, CUDA graph sizes above the crossover capped,
+and what the CPU kernels cannot compute refused."""
 
 from __future__ import annotations
 
@@ -32,18 +32,25 @@ def test_a_plan_for_another_number_of_ranks_is_refused(plan):
         host_compute.refuse_other_ranks(plan, config(tp=2))
 
 
-def test_graphs_above_the_crossover_are_refused_on_cuda_naming_the_cap(plan):
+def test_graphs_above_the_crossover_are_capped_in_the_workers_config_on_cuda(plan):
+    """vLLM's default sizes (1 to 512) trimmed in place to those at or below the crossover,
+    on vLLM's own CompilationConfig, so ``vllm serve`` with its defaults starts; the
+    dispatcher reads them after loading (tests/contract: cudagraph_sizes_after_load)."""
     crossover = plan.host_compute.crossover_tokens
     cuda = torch.device("cuda", 0)
-    host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, crossover)), cuda)
-    host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, 512), eager=True), cuda)
-    host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, 512)), torch.device("cpu"))
-    with pytest.raises(PlanError, match=rf"graphs of up to 512 tokens, and the plan computes routed experts on the "
-                                        rf"host.*--max-cudagraph-capture-size {crossover}"):
-        host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, 512)), cuda)
+    assert host_compute.cap_graphs_at_crossover(plan, config(sizes=(1, crossover)), cuda) is None
+    assert host_compute.cap_graphs_at_crossover(plan, config(sizes=(1, 512), eager=True), cuda) is None
+    assert host_compute.cap_graphs_at_crossover(plan, config(sizes=(1, 512)), torch.device("cpu")) is None
+    defaults = config(sizes=[1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)))
+    note = host_compute.cap_graphs_at_crossover(plan, defaults, cuda)
+    kept = defaults.compilation_config.cudagraph_capture_sizes
+    assert kept and max(kept) <= crossover and kept == sorted(n for n in kept)
+    assert kept == [n for n in [1, 2, 4] + list(range(8, 256, 8)) if n <= crossover]
+    assert defaults.compilation_config.max_cudagraph_capture_size == kept[-1]
+    assert f"up to {kept[-1]} tokens of vLLM's" in note and "routed experts" in note
 
 
-def test_a_dense_plan_refused_the_same_says_it_computes_dense_mlps(tmp_path):
+def test_a_dense_plan_capped_the_same_says_it_computes_dense_mlps(tmp_path):
     from helpers import TINY_HOST_COMPUTE, save_tiny_qwen3
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.planner import PlanInputs, make_plan
@@ -52,8 +59,12 @@ def test_a_dense_plan_refused_the_same_says_it_computes_dense_mlps(tmp_path):
     dense = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 7 // 10, kv_cache_bytes=0,
                                        reserve_bytes=0, **TINY_HOST_COMPUTE))
     assert dense.host_compute is not None and not any(g.kind == "experts" for g in dense.groups)
-    with pytest.raises(PlanError, match="the plan computes dense MLPs on the host"):
-        host_compute.refuse_graphs_above_crossover(dense, config(sizes=(1, 512)), torch.device("cuda", 0))
+    note = host_compute.cap_graphs_at_crossover(dense, config(sizes=(1, 512)), torch.device("cuda", 0))
+    assert "the plan computes dense MLPs on the host" in note
+    # a crossover no graph size is at or below: refused, naming enforce_eager
+    with pytest.raises(PlanError, match="--enforce-eager"):
+        host_compute.cap_graphs_at_crossover(dense, config(sizes=(dense.host_compute.crossover_tokens + 1, 512)),
+                                             torch.device("cuda", 0))
 
 
 def test_an_activation_the_kernels_do_not_compute_is_refused():
@@ -76,8 +87,39 @@ def test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_work
     engine = served(plan)
     crossover = plan.host_compute.crossover_tokens
     assert engine.max_cudagraph_capture_size == crossover < vllm_default_graph_tokens(plan.inputs.card)
-    host_compute.refuse_graphs_above_crossover(plan, config(sizes=(1, engine.max_cudagraph_capture_size)),
-                                               torch.device("cuda", 0))
+    assert host_compute.cap_graphs_at_crossover(plan, config(sizes=(1, engine.max_cudagraph_capture_size)),
+                                                torch.device("cuda", 0)) is None  # nothing left to cap
     # a plan computing nothing on the host leaves vLLM's default alone
     uva = compute_experts_plan(save_tiny_qwen3_moe(tmp_path / "moe", seed=3), required=False, host_compute=False)
     assert uva.host_compute is None and served(uva).max_cudagraph_capture_size is None
+
+
+def vllm_default_sizes(most: int) -> list[int]:
+    """vLLM 0.33's default capture sizes up to ``most`` (``VllmConfig._set_cudagraph_sizes``:
+    1, 2, 4, then every 8 below 256, then every 16 up to the most)."""
+    return [n for n in [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, most + 1, 16)) if n <= most]
+
+
+def test_the_readmes_auto_command_starts_a_host_compute_plan_with_vllms_default_graphs(plan):
+    """``SELECTIVE_OFFLOAD_PLAN=auto vllm serve MODEL``, as the README prints it: no flag of
+    the plan's, so vLLM captures its default sizes (up to 512 tokens), and the worker caps
+    them at the plan's crossover instead of refusing to start."""
+    import re
+    import shlex
+
+    from helpers import REPO
+    from selective_offload.planner.serving import vllm_default_graph_tokens
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    readme = (REPO / "README.md").read_text()
+    line = next(m.group(0) for m in re.finditer(r"^SELECTIVE_OFFLOAD_PLAN=auto vllm serve .*$", readme, re.MULTILINE))
+    words = shlex.split(line)
+    assert words[:3] == ["SELECTIVE_OFFLOAD_PLAN=auto", "vllm", "serve"] and len(words) == 4  # the model alone
+    engine = EngineArgs.from_cli_args(EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(words[4:]))
+    assert engine.max_cudagraph_capture_size is None  # vLLM's default stands
+    most = vllm_default_graph_tokens(plan.inputs.card)
+    assert plan.host_compute.crossover_tokens < most
+    server = config(sizes=vllm_default_sizes(most))
+    note = host_compute.cap_graphs_at_crossover(plan, server, torch.device("cuda", 0))
+    assert note and server.compilation_config.max_cudagraph_capture_size <= plan.host_compute.crossover_tokens
