@@ -27,6 +27,7 @@ reported as a plan that was not applied.
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -44,7 +45,7 @@ from .embedding import embedding_mode, graphs_captured, install_host_embedding
 from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host, to_device
 from .offloader import make_exact_prefetch_offloader
 from .auto_plan import plan_at_start
-from . import experts, host_compute, model_names
+from . import experts, host_compute, model_names, preflight
 from .session import Attached, Load, Main, Session, Settings, logger, save_report
 
 GetSession = Callable[[], "Session | None"]
@@ -149,6 +150,7 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
         load.notes.append(note)
     offloader = _install_hot_offloader(s, load)
     load.hot_offloader = offloader
+    load.device_free = preflight.device_free_bytes(device)  # before vLLM builds anything
     s.active = load
     try:
         model = original(loader, vllm_config, model_config, prefix)
@@ -163,9 +165,9 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
         load.problems.append(f"vLLM never built the plan's layer stack with make_layers, so its "
                              f"{len(offloader.layer_indices)} hot layers stay on the device")
     cold_params = _attach_cold(s, model, load, vllm_config)
-    if load.experts is not None:
+    if load.experts is not None:  # the plan the pre-flight left (auto: perhaps with less device share)
         experts.attach(model, load.experts, load.device, load.page_locked, s.targets.accelerator_view,
-                       settings.plan)
+                       load.settings.plan)
         for group, host in load.experts.compute.items():  # their counters, live, in the report
             s.attached[group] = Attached(weakref.ref(host), load.experts.mechanisms[group],
                                          live=load.experts.counters[group])
@@ -348,11 +350,27 @@ def make_initialize_model(get_session: GetSession):
             _keep_post_processing_on_host(model, load)
             if xl is not None:
                 experts.after_construction(model, xl, result.storages, load.device)
+            _preflight(s, load, model, result.storages)
             return model
 
         return initialize_model
 
     return wrap
+
+
+def _preflight(s: Session, load: Load, model: nn.Module, on_host) -> None:
+    """Before vLLM loads a byte of weights: what this load is about to hold, against the
+    device's free memory (read before construction) and the host's available memory
+    (:mod:`.preflight`); under ``auto`` the plan may give up device share to fit."""
+    plan = load.settings.plan
+    need = preflight.need_of(plan, preflight.built_on_device(model, load.device, set(on_host)))
+    fitted, line = preflight.check(plan, need, load.device_free, preflight.host_available_bytes(),
+                                   load.settings.auto, load.device)
+    load.notes.append(line)
+    if fitted is not plan:
+        load.settings = s.settings = Settings(fitted, load.settings.options)
+        if load.settings.options.report_path:  # the plan made at engine start, as it is applied
+            fitted.save(Path(load.settings.options.report_path).with_name("plan.json"))
 
 
 def _construct_drafter(s: Session, original, args, kwargs):

@@ -103,6 +103,8 @@ class Load:
     experts: Any = None
     #: The plan's groups as the model vLLM builds names them (``model_names.names_for``).
     names: ModelNames = field(default_factory=ModelNames)
+    #: The device's free memory before construction (``preflight.device_free_bytes``).
+    device_free: int | None = None
 
     @property
     def cold_segments(self) -> frozenset[str]:

