@@ -337,7 +337,7 @@ FAMILIES: tuple[Family, ...] = (
            native_share_over_bf16_share),
     Family("lm_head_split_over_whole", "host-compute", "LM head split with the host CPU / whole on the GPU, time per step",
            "whether computing the LM head's last vocabulary rows on the host CPU while the GPU computes the others "
-           "(part of the gpt-oss-120b plan's 27.49 tok/s estimate) saves the step time the plan prices",
+           "(part of the gpt-oss-120b plan's estimate) saves the step time the plan prices",
            lm_head_split_over_whole),
     Family("preflight_free_over_need", "preflight", "pre-flight: free device memory after the CUDA context / plan's need",
            "whether the reference plans, made again for this card (its compute capability, free memory and class), "

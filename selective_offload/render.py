@@ -353,8 +353,6 @@ def _host_lines(plan: Plan, shown: Shown) -> list[str]:
     ram = ("(host RAM not checked)" if inp.host_memory_bytes is None
            else f"of {fmt_bytes(inp.host_available_bytes or 0)} free of {fmt_bytes(inp.host_memory_bytes).strip()} "
                 f"RAM{whose}")
-    if plan.host_pageable_bytes and plan.host_page_locked_bytes:
-        ram += f" ({fmt_bytes(plan.host_page_locked_bytes).strip()} page-locked on CUDA)"
     if not plan.host_bytes:
         return _wrapped("host", ["nothing ", ram])
     parts = [(plan.host_cold_bytes, "cold"),

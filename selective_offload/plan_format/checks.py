@@ -266,8 +266,8 @@ def check_derived(plan: PlanContents, where: str = "plan") -> None:
     if transient > limit or (limit and not transient) or transient < copied:
         raise PlanError(
             f"{where}: est_transient_device_bytes {transient} cannot be right: the towers placed on the host "
-            + (f"and the host-compute groups copied above the crossover ({copied} bytes) hold up to {limit} bytes "
-               "on the device while they run (more than 0)" if limit else
+            + (f"{f'and the host-compute groups copied above the crossover ({copied} bytes) ' if copied else ''}"
+               f"hold up to {limit} bytes on the device while they run (at least {copied or 1})" if limit else
                "are none and nothing is computed on the host, so nothing runs on demand (0)") + f"; {REPLAN}")
 
 

@@ -322,19 +322,6 @@ class PlanContents:
         return max(0, self.host_bytes - available)
 
     @property
-    def host_pageable_bytes(self) -> int:
-        """Of :attr:`host_bytes`, what stays pageable: the n-gram tables vLLM keeps in host
-        memory itself. Everything else the worker places on the host it page-locks on CUDA
-        (the RAM it takes cannot be swapped out)."""
-        return sum(g.bytes for g in self.groups if g.placement in (Placement.HOST_COLD,)
-                   and self._is_vllm_host_table(g.group))
-
-    @property
-    def host_page_locked_bytes(self) -> int:
-        """Of :attr:`host_bytes`, what the worker page-locks on CUDA."""
-        return self.host_bytes - self.host_pageable_bytes
-
-    @property
     def est(self) -> Estimate:
         """This placement's decode step (est): prefetch overlap, batch, drafts and KV priced."""
         return Estimate.of(self.traffic(), self.inputs, self.model.kv, self.spec_tokens, pipelined=True)

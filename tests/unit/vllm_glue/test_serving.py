@@ -32,8 +32,8 @@ def served(plan, model="model-dir"):
 def test_a_plan_that_fills_its_budget_keeps_its_kv_cache_and_graph_cap_on_the_server(monkeypatch):
     """The bundled reference on 24 GiB moves weights off the device to fit card - KV - reserve:
     vLLM is told the plan's KV cache (else it would size one from 0.9 of the card less the
-    weights, which this plan leaves too little for) and, its MLPs computed on the host, the
-    crossover as its largest CUDA graph."""
+    weights and what its profile run holds, not the plan's) and, its MLPs computed on the
+    host, the crossover as its largest CUDA graph."""
     from selective_offload.cpu_kernels import claimed
 
     monkeypatch.setitem(claimed.CLAIMED, "fp8-block", True)
@@ -45,8 +45,14 @@ def test_a_plan_that_fills_its_budget_keeps_its_kv_cache_and_graph_cap_on_the_se
     assert engine.max_cudagraph_capture_size == crossover < vllm_default_graph_tokens(plan.inputs.card)
     # planned without --max-model-len: vLLM fits the context to that KV cache (its auto-fit)
     assert plan.inputs.max_model_len is None and engine.max_model_len == -1
-    # what vLLM would keep for the KV cache by its default: 0.9 of the card less the weights
-    assert 0.9 * plan.inputs.device_memory_bytes - plan.device_bytes - plan.prefetch_buffer_bytes < GiB
+    # what vLLM would keep for the KV cache by its default: 0.9 of what the card reports (the
+    # plan's usable memory and the CUDA context) less the weights, buffers and the profile
+    # run's copy: another size than the plan's
+    from selective_offload.planner.cards import CONTEXT_EST_BYTES
+
+    default = (0.9 * (plan.inputs.card_bytes + CONTEXT_EST_BYTES) - plan.device_bytes - plan.prefetch_buffer_bytes
+               - plan.est_transient_device_bytes)
+    assert abs(default - plan.inputs.kv_cache_bytes) > 0.1 * GiB
     assert engine_settings(plan) == {"kv_cache_memory_bytes": GiB, "max_model_len": -1,
                                      "compilation_config": {"max_cudagraph_capture_size": crossover}}
     # with a context given, the KV cache is sized from it and the context stays the one given
