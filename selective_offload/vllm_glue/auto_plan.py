@@ -31,6 +31,7 @@ from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS, moe_setting
 from ..plan_options import with_measured_cpu_rate
 from ..planner import kernels, make_plan
 from ..planner.allocation import allocated_tensors, padding_for
+from ..planner.cards import card_memory
 from ..probe import load_profile, plan_bandwidths, plan_defaults
 from ..options import ENV_DEVICE_MEMORY, ENV_PLAN, device_memory_from_env
 from ..sizes import GiB
@@ -48,6 +49,17 @@ def device_memory_for(vllm_config, device: torch.device, checkpoint_bytes: int, 
         return int(total * share), f"{total / GiB:.2f} GiB on {device} x gpu_memory_utilization {share}"
     # No device memory limit (the CPU build): everything fits.
     return checkpoint_bytes + kv_bytes + reserve_bytes, f"no device memory limit on {device}: the plan is resident"
+
+
+def measured_usable(device: torch.device, device_memory: int) -> tuple[int, str] | None:
+    """On CUDA, the smaller of ``device_memory`` and what the card has free now, after this
+    worker's CUDA context (the card's real size, measured: ``planner.cards``); ``None``
+    elsewhere (the planner's card rule then applies to the figure given)."""
+    if device.type != "cuda" or not torch.cuda.is_available() or device_memory_from_env() is not None:
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    # mutation: auto-plans-past-the-free-memory
+    return min(int(free), device_memory), f"measured: {free / GiB:.2f} GiB free after the CUDA context, at engine start"
 
 
 def card_of_worker(device: torch.device) -> str | None:
@@ -109,7 +121,9 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
     measured = plan_defaults(profile)  # the UVA read and matmul rates the probe measured, if it did
     spec = vllm_config.speculative_config
     mtp = spec is not None and "mtp" in str(getattr(spec, "method", "") or "")
+    usable = measured_usable(device, device_memory)
     inputs = PlanInputs(
+        usable_device_bytes=usable[0] if usable else None, usable_from=usable[1] if usable else None,
         compute_capability=card,
         moe_setting=setting,
         device_memory_bytes=device_memory, kv_cache_bytes=kv_bytes,
@@ -122,9 +136,10 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
         speculative="mtp" if mtp else None,
         spec_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0) or None if mtp else None,
     )
-    budget = device_memory - kv_bytes - DEFAULT_RESERVE_BYTES
+    usable_bytes = usable[0] if usable else card_memory(device_memory)[0]  # the planner's rule (planner.cards)
+    budget = usable_bytes - kv_bytes - DEFAULT_RESERVE_BYTES
     if budget <= 0:  # PlanInputs would name the CLI's flags; here the inputs are the engine's
-        raise PlanError(f"SELECTIVE_OFFLOAD_PLAN=auto: device memory {device_memory / GiB:.2f} GiB ({memory_from}) "
+        raise PlanError(f"SELECTIVE_OFFLOAD_PLAN=auto: device memory {usable_bytes / GiB:.2f} GiB ({memory_from}) "
                         f"leaves nothing for weights after the KV cache {kv_bytes / GiB:.2f} GiB ({kv_from}) and "
                         f"the {DEFAULT_RESERVE_BYTES / GiB:.0f} GiB reserve; "
                         + (f"raise {ENV_DEVICE_MEMORY} to the card's memory" if memory_from.startswith(ENV_DEVICE_MEMORY)

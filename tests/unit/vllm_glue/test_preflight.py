@@ -68,3 +68,21 @@ def test_the_host_reads_memavailable(tmp_path, monkeypatch):
     assert preflight.host_available_bytes() == 512 * 1024
     monkeypatch.setattr(preflight, "HOST_AVAILABLE", 7)
     assert preflight.host_available_bytes() == 7
+
+
+def test_auto_on_cuda_plans_for_the_free_memory_after_the_context(monkeypatch):
+    """SELECTIVE_OFFLOAD_PLAN=auto on a card: the smaller of total x gpu_memory_utilization and
+    what the card has free after the worker's CUDA context. The card is a stand-in here
+    (torch.cuda's two answers, set by the test: no CUDA device exists on this machine)."""
+    from selective_offload.options import ENV_DEVICE_MEMORY
+    from selective_offload.vllm_glue import auto_plan
+
+    monkeypatch.delenv(ENV_DEVICE_MEMORY, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 << 30, 24 << 30))
+    usable, source = auto_plan.measured_usable(torch.device("cuda", 0), int(0.9 * (24 << 30)))
+    assert usable == 20 << 30 and source.startswith("measured: 20.00 GiB free")
+    assert auto_plan.measured_usable(torch.device("cuda", 0), 16 << 30)[0] == 16 << 30
+    assert auto_plan.measured_usable(CPU, 16 << 30) is None
+    monkeypatch.setenv(ENV_DEVICE_MEMORY, "24GiB")  # a card to rehearse: the planner's card rule instead
+    assert auto_plan.measured_usable(torch.device("cuda", 0), 16 << 30) is None
