@@ -205,15 +205,26 @@ def uva_experts_plan(model_dir, device_fraction: float = 0.7):
 TINY_HOST_COMPUTE = dict(cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1, handoff_s=1e-9, cpu_tflops=0.04)
 
 
+def copy_room(ckpt, kind: str = "experts") -> int:
+    """The device memory a host-compute plan's step above its crossover holds: one layer's
+    routed experts (or MLP) copied there (bf16 here: nothing dequantized), its
+    ``est_transient_device_bytes``."""
+    from selective_offload.planner import PlanInputs, group_tensors
+
+    groups = group_tensors(ckpt, PlanInputs(device_memory_bytes=1), split_mlp=kind == "mlp")
+    return max((g.nbytes for g in groups if g.kind == kind), default=0)
+
+
 def compute_experts_plan(model_dir, device_fraction: float = 0.7, *, required: bool = True, **inputs):
     """The planner's plan for a MoE checkpoint on a device whose budget the cold set cannot
     close, with the host CPU computing routed experts (``host-compute``; with ``required``
-    False, whatever the planner chose at these rates)."""
+    False, whatever the planner chose at these rates). The device holds ``device_fraction``
+    of the checkpoint plus what a step above the crossover holds (:func:`copy_room`)."""
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.planner import PlanInputs, make_plan
 
     ckpt = load_checkpoint(model_dir)
-    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * device_fraction),
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * device_fraction) + copy_room(ckpt),
                                       kv_cache_bytes=0, reserve_bytes=0, **{**TINY_HOST_COMPUTE, **inputs}))
     assert plan.host_compute is not None or not required, plan.notes
     return plan

@@ -17,7 +17,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
-    plan = compute_experts_plan(save_tiny_qwen3_moe(tmp_path_factory.mktemp("moe"), seed=3), device_fraction=0.8)
+    plan = compute_experts_plan(save_tiny_qwen3_moe(tmp_path_factory.mktemp("moe"), seed=3))
     assert plan.device_share_bytes > 0, plan.notes  # the tests below give it up
     return plan
 
