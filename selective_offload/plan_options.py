@@ -29,6 +29,7 @@ from .estimate import (
 from .names import DEFAULT_COLD_SEGMENTS
 from .plan_format import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, Plan, PlanInputs
 from .plan_format.inputs import MAX_BATCH, MAX_CPU_THREADS, MAX_RANKS, MAX_TOKENS, InputError, moe_setting, parse_card
+from .plan_format.vocabulary import HOST_HEADROOM_BYTES
 from .planner import make_plan
 from .planner.cards import card_memory
 from .planner.host_compute import model_cpu_format
@@ -56,14 +57,16 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     (the README and the module docstrings say the why)."""
     card = p.add_argument_group("card and budget")
     card.add_argument("--device-memory", default=None, metavar="SIZE",
-                      help="the GPU's memory, e.g. 24GiB (B, kB..TB, KiB..TiB); default: the probe's")
+                      help="the card's size, e.g. 24GiB: planned for what such a card keeps free (default: "
+                           "the probe's)")
     card.add_argument("--kv-cache", default=None, metavar="SIZE",
                       help=f"device memory kept for the KV cache (default: {DEFAULT_KV_CACHE}; --max-model-len with "
                            "--max-seqs sizes it instead)")
     card.add_argument("--reserve", default="2GiB", metavar="SIZE",
-                      help="device memory kept for the CUDA context, activations, graphs (default: 2GiB)")
+                      help="device memory kept for activations, CUDA graphs, slack (default: 2GiB)")
     card.add_argument("--host-memory", default=None, metavar="SIZE",
-                      help="host RAM the host bytes must fit in (default: this machine's; 'none': no check)")
+                      help=f"host RAM, less {HOST_HEADROOM_BYTES >> 30} GiB kept for the system and vLLM (default: "
+                           "this machine's; 'none': no check)")
     card.add_argument("--compute-capability", default=None, metavar="MAJOR.MINOR",
                       help="the card's, like 8.9: vLLM's MoE kernel and its padded expert sizes (default: the "
                            "probe's, else 8.9)")

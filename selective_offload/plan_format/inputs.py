@@ -97,7 +97,7 @@ class PlanInputs:
 
     device_memory_bytes: int
     kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
-    #: CUDA context, activations, CUDA graphs and allocator slack.
+    #: Activations, CUDA graphs and allocator slack (the CUDA context is in ``card_bytes``).
     reserve_bytes: int = DEFAULT_RESERVE_BYTES
     link_gbps: float = REFERENCE_LINK_GBPS
     vram_gbps: float = REFERENCE_VRAM_GBPS
