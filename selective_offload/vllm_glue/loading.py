@@ -45,6 +45,7 @@ from .embedding import embedding_mode, graphs_captured, install_host_embedding
 from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host, to_device
 from .offloader import make_exact_prefetch_offloader
 from .auto_plan import plan_at_start
+from .graphs import cap_graphs_at_crossover
 from . import experts, host_compute, model_names, preflight
 from .session import Attached, Load, Main, Session, Settings, logger, save_report
 
@@ -140,7 +141,7 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     load.experts = experts.ExpertsLoad.of(settings.plan, load.names)
     experts.refuse_before_load(load.experts, device, load.page_locked.policy)
     experts.refuse_another_card(settings.plan, device)
-    graphs = host_compute.cap_graphs_at_crossover(settings.plan, vllm_config, device)
+    graphs = cap_graphs_at_crossover(settings.plan, vllm_config, device)
     host_compute.refuse_other_ranks(settings.plan, vllm_config)
     load.notes += start_notes + names_notes + ([graphs] if graphs else [])
     load.notes += check_model(settings.plan, str(model_config.model))

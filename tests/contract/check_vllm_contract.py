@@ -690,7 +690,7 @@ def _compilation_config() -> None:
 @check("cudagraph_sizes_after_load")
 def _cudagraph_sizes_after_load() -> None:
     # Source: the worker caps the graph sizes of a host-compute plan at its crossover in its
-    # own CompilationConfig while loading (host_compute.cap_graphs_at_crossover). That holds
+    # own CompilationConfig while loading (graphs.cap_graphs_at_crossover). That holds
     # because vLLM's graph dispatcher reads the sizes from that config when its keys are
     # initialised (after loading, before capture), not when it is built.
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher

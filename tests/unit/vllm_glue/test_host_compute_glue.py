@@ -11,7 +11,7 @@ import torch
 
 from helpers import compute_experts_plan, save_tiny_qwen3_moe
 from selective_offload.errors import PlanError
-from selective_offload.vllm_glue import host_compute
+from selective_offload.vllm_glue import graphs, host_compute
 from vllm.config import CompilationConfig, ParallelConfig
 
 
@@ -38,11 +38,11 @@ def test_graphs_above_the_crossover_are_capped_in_the_workers_config_on_cuda(pla
     dispatcher reads them after loading (tests/contract: cudagraph_sizes_after_load)."""
     crossover = plan.host_compute.crossover_tokens
     cuda = torch.device("cuda", 0)
-    assert host_compute.cap_graphs_at_crossover(plan, config(sizes=(1, crossover)), cuda) is None
-    assert host_compute.cap_graphs_at_crossover(plan, config(sizes=(1, 512), eager=True), cuda) is None
-    assert host_compute.cap_graphs_at_crossover(plan, config(sizes=(1, 512)), torch.device("cpu")) is None
+    assert graphs.cap_graphs_at_crossover(plan, config(sizes=(1, crossover)), cuda) is None
+    assert graphs.cap_graphs_at_crossover(plan, config(sizes=(1, 512), eager=True), cuda) is None
+    assert graphs.cap_graphs_at_crossover(plan, config(sizes=(1, 512)), torch.device("cpu")) is None
     defaults = config(sizes=[1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)))
-    note = host_compute.cap_graphs_at_crossover(plan, defaults, cuda)
+    note = graphs.cap_graphs_at_crossover(plan, defaults, cuda)
     kept = defaults.compilation_config.cudagraph_capture_sizes
     assert kept and max(kept) <= crossover and kept == sorted(n for n in kept)
     assert kept == [n for n in [1, 2, 4] + list(range(8, 256, 8)) if n <= crossover]
@@ -59,11 +59,11 @@ def test_a_dense_plan_capped_the_same_says_it_computes_dense_mlps(tmp_path):
     dense = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 7 // 10, kv_cache_bytes=0,
                                        reserve_bytes=0, **TINY_HOST_COMPUTE))
     assert dense.host_compute is not None and not any(g.kind == "experts" for g in dense.groups)
-    note = host_compute.cap_graphs_at_crossover(dense, config(sizes=(1, 512)), torch.device("cuda", 0))
+    note = graphs.cap_graphs_at_crossover(dense, config(sizes=(1, 512)), torch.device("cuda", 0))
     assert "the plan computes dense MLPs on the host" in note
     # a crossover no graph size is at or below: refused, naming enforce_eager
     with pytest.raises(PlanError, match="--enforce-eager"):
-        host_compute.cap_graphs_at_crossover(dense, config(sizes=(dense.host_compute.crossover_tokens + 1, 512)),
+        graphs.cap_graphs_at_crossover(dense, config(sizes=(dense.host_compute.crossover_tokens + 1, 512)),
                                              torch.device("cuda", 0))
 
 
@@ -87,7 +87,7 @@ def test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_work
     engine = served(plan)
     crossover = plan.host_compute.crossover_tokens
     assert engine.max_cudagraph_capture_size == crossover < vllm_default_graph_tokens(plan.inputs.card)
-    assert host_compute.cap_graphs_at_crossover(plan, config(sizes=(1, engine.max_cudagraph_capture_size)),
+    assert graphs.cap_graphs_at_crossover(plan, config(sizes=(1, engine.max_cudagraph_capture_size)),
                                                 torch.device("cuda", 0)) is None  # nothing left to cap
     # a plan computing nothing on the host leaves vLLM's default alone
     uva = compute_experts_plan(save_tiny_qwen3_moe(tmp_path / "moe", seed=3), required=False, host_compute=False)
@@ -121,5 +121,5 @@ def test_the_readmes_auto_command_starts_a_host_compute_plan_with_vllms_default_
     most = vllm_default_graph_tokens(plan.inputs.card)
     assert plan.host_compute.crossover_tokens < most
     server = config(sizes=vllm_default_sizes(most))
-    note = host_compute.cap_graphs_at_crossover(plan, server, torch.device("cuda", 0))
+    note = graphs.cap_graphs_at_crossover(plan, server, torch.device("cuda", 0))
     assert note and server.compilation_config.max_cudagraph_capture_size <= plan.host_compute.crossover_tokens
