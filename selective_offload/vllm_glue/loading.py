@@ -151,7 +151,11 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
         load.notes.append(note)
     offloader = _install_hot_offloader(s, load)
     load.hot_offloader = offloader
-    load.device_free = preflight.device_free_bytes(device)  # before vLLM builds anything
+    # Both read before vLLM builds anything: construction already holds what it builds (on
+    # the host too: vLLM zeroes the experts it makes), which the plan's needs count again.
+    load.device_free = preflight.device_free_bytes(device)
+    # mutation: preflight-host-read-after-construction
+    load.host_available = preflight.host_available_bytes()
     s.active = load
     try:
         model = original(loader, vllm_config, model_config, prefix)
@@ -361,11 +365,11 @@ def make_initialize_model(get_session: GetSession):
 
 def _preflight(s: Session, load: Load, model: nn.Module, on_host) -> None:
     """Before vLLM loads a byte of weights: what this load is about to hold, against the
-    device's free memory (read before construction) and the host's available memory
+    device's free memory and the host's available memory, both read before construction
     (:mod:`.preflight`); under ``auto`` the plan may give up device share to fit."""
     plan = load.settings.plan
     need = preflight.need_of(plan, preflight.built_on_device(model, load.device, set(on_host)))
-    fitted, line = preflight.check(plan, need, load.device_free, preflight.host_available_bytes(),
+    fitted, line = preflight.check(plan, need, load.device_free, load.host_available,
                                    load.settings.auto, load.device)
     load.notes.append(line)
     if fitted is not plan:

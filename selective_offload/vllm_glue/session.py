@@ -105,6 +105,8 @@ class Load:
     names: ModelNames = field(default_factory=ModelNames)
     #: The device's free memory before construction (``preflight.device_free_bytes``).
     device_free: int | None = None
+    #: The host's available memory before construction (``preflight.host_available_bytes``).
+    host_available: int | None = None
 
     @property
     def cold_segments(self) -> frozenset[str]:

@@ -240,7 +240,16 @@ def test_the_workers_preflight_refuses_before_any_weight_is_loaded(moe, compute_
     original = DefaultModelLoader.load_weights
     monkeypatch.setattr(DefaultModelLoader, "load_weights",
                         lambda self, *a, **k: (loads.append(1), original(self, *a, **k))[1])
+    # Both memories are read before vLLM builds the model: what construction builds (on the
+    # host too: vLLM zeroes the experts it makes) is already in use afterwards, and the
+    # plan's needs would count it twice.
+    order = []
+    for name in ("device_free_bytes", "host_available_bytes", "built_on_device"):
+        monkeypatch.setattr(preflight, name, (lambda f, n: lambda *a, **k: (order.append(n), f(*a, **k))[1])(
+            getattr(preflight, name), name))
     _, report = generate_with_plan(compute_plan, moe, prompts=PROMPTS[:1])
+    assert order.index("host_available_bytes") < order.index("built_on_device"), order
+    assert order.index("device_free_bytes") < order.index("built_on_device"), order
     line = next(n for n in report.notes if n.startswith("pre-flight: device"))
     assert loads and "unchecked free memory" in line  # the CPU build: no stand-in set, nothing to run out of
     loads.clear()
