@@ -109,15 +109,3 @@ def staging_bytes(units: Iterable[Unit]) -> int:
 def workspace_bytes(units: Iterable[Unit]) -> int:
     """The one kernel workspace's bytes for ``units`` (the largest any of them needs)."""
     return max((u.workspace for u in units), default=0)
-
-
-def copied_transient_bytes(nbytes: int, units: int, held_bytes: int, head: bool = False) -> int:
-    """Device bytes one host-compute unit holds while a step above the crossover copies it
-    (est, at most): the distinct experts the step uses, at most all ``nbytes`` of the unit,
-    copied as stored, and one expert (``held_bytes`` over its ``units``: an MLP is one)
-    dequantized to bf16 at a time to be multiplied (none where the unit is held in bf16 or
-    float32 already: ``held_bytes == nbytes``); the split head's host rows are copied as
-    one slice and multiplied as they are. The worker holds one unit's at a time, the largest."""
-    if head or int(held_bytes) == int(nbytes):
-        return int(nbytes)
-    return int(nbytes) + int(held_bytes) // max(1, int(units))

@@ -39,7 +39,7 @@ from ..names import (
     host_table_prefix,
     layer_of,
 )
-from ..worker_buffers import Unit, copied_transient_bytes, staging_bytes, workspace_bytes
+from ..worker_buffers import Unit, staging_bytes, workspace_bytes
 from .inputs import PlanInputs
 from .parts import (
     Alternative,
@@ -57,14 +57,12 @@ from .vocabulary import (HOST_COMPUTE_NOTE, KIND_ROLE, LAYER_KINDS, PREFETCH_KIN
 TOTALS = ("device_bytes", "device_share_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes",
           "host_compute_bytes", "absent_bytes", "cold_bytes",
           "weight_budget_bytes", "deficit_bytes", "shortfall_bytes", "host_shortfall_bytes",
-          "est_compute_transient_device_bytes", "host_compute_staging_bytes", "host_compute_workspace_bytes",
+          "host_compute_staging_bytes", "host_compute_workspace_bytes",
           "host_page_locked_bytes", "host_pageable_bytes")
 
 #: Where a line of the ledger is allocated: device memory, page-locked or pageable host memory.
 DEVICE, PAGE_LOCKED, PAGEABLE = "device", "page-locked", "pageable"
 LEDGER_WHERE = (DEVICE, PAGE_LOCKED, PAGEABLE)
-#: The ledger's line for the device memory a step above the crossover holds (est).
-ABOVE_CROSSOVER = "est above-crossover transient"
 
 
 @dataclass(frozen=True)
@@ -86,12 +84,6 @@ _EXPERTS_READ = {Placement.DEVICE: EXPERTS_DEVICE, Placement.HOST_HOT: EXPERTS_P
 #: only bytes) would print rates and speed-ups the model never reaches. A checkpoint anyone
 #: offloads is gigabytes; the demo's and the tests' random models are a few megabytes.
 MIN_PRICED_MODEL_BYTES = 64 << 20
-
-
-def compute_transient(g: GroupPlan) -> int:
-    """One host-compute group's above-crossover transient on the device (est, at most)."""
-    experts = g.num_experts if g.kind == GroupKind.EXPERTS else 1
-    return copied_transient_bytes(g.bytes, experts, share_held_bytes(g.dtype_bytes), head=g.kind == GroupKind.MODULE)
 
 
 def priced(plan: "PlanContents") -> bool:
@@ -223,14 +215,6 @@ class PlanContents:
         return max(1, self.inputs.ranks) * workspace_bytes(self.host_compute_units())
 
     @property
-    def est_compute_transient_device_bytes(self) -> int:
-        """Device memory a step above the crossover holds while it copies the host-compute
-        unit it is computing (est, at most: :func:`~selective_offload.worker_buffers.copied_transient_bytes`
-        of the largest unit)."""
-        # mutation: compute-transient-unpriced
-        return max((compute_transient(g) for g in self.groups if g.placement == Placement.HOST_COMPUTE), default=0)
-
-    @property
     def host_page_locked_bytes(self) -> int:
         return sum(line.bytes for line in self.ledger() if line.where == PAGE_LOCKED)
 
@@ -241,16 +225,15 @@ class PlanContents:
     @property
     def device_ledger_bytes(self) -> int:
         """The device bytes the plan holds to its weight budget: every device line of the
-        :meth:`ledger` but the above-crossover transient, which the reserve must hold (it is
-        freed between steps, as vLLM's own activations are)."""
-        return sum(line.bytes for line in self.ledger()
-                   if line.where == DEVICE and line.name != ABOVE_CROSSOVER)
+        :meth:`ledger`."""
+        return sum(line.bytes for line in self.ledger() if line.where == DEVICE)
 
     def ledger(self) -> tuple[LedgerLine, ...]:
         """Every allocation the plan makes, by name: the weights where they are placed, vLLM's
         prefetch buffers, the worker's device shares, transients, staging slot and workspace.
-        The device lines but the above-crossover transient are what :attr:`shortfall_bytes`
-        holds to the weight budget (the transient is the reserve's to hold), the host lines
+        The device lines are what :attr:`shortfall_bytes` holds to the weight budget (the
+        transient is the larger of a cold tower's and a step above the crossover's copy:
+        they never run at once), the host lines
         (page-locked, then pageable) what :attr:`host_shortfall_bytes` holds to the host's
         memory. Host weights are page-locked where the card and vLLM's pin policy allow (on
         the CPU build nothing is)."""
@@ -258,8 +241,8 @@ class PlanContents:
             LedgerLine("resident weights", DEVICE, self.device_bytes),
             LedgerLine("device shares", DEVICE, self.device_share_bytes),
             LedgerLine("prefetch buffers", DEVICE, self.prefetch_buffer_bytes),
-            LedgerLine("est tower transient", DEVICE, self.est_transient_device_bytes),
-            LedgerLine(ABOVE_CROSSOVER, DEVICE, self.est_compute_transient_device_bytes),
+            # mutation: transient-not-in-ledger
+            LedgerLine("est transient", DEVICE, self.est_transient_device_bytes),
             LedgerLine("host weights", PAGE_LOCKED, self.host_weight_bytes),
             LedgerLine("host-compute staging", PAGE_LOCKED, self.host_compute_staging_bytes),
             LedgerLine("host-compute workspace", PAGEABLE, self.host_compute_workspace_bytes),
