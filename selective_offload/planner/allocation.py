@@ -30,7 +30,8 @@ from typing import Any, Mapping
 
 from ..names import experts_prefix
 from ..tensors import TensorInfo
-from .kernels import allocated_sizes, method_of_config, pick
+from ..errors import UserError
+from .kernels import CARDS, allocated_sizes, method_of_config, pick, sizes_known
 
 #: Name tokens of a gate/up projection and of a down projection (gpt-oss ``gate_up_proj``,
 #: per-expert ``gate_proj`` / ``up_proj`` / ``down_proj``, Mixtral ``w1`` / ``w3`` / ``w2``,
@@ -101,6 +102,12 @@ def padding_for(config: Mapping[str, Any], card: str, setting: str) -> Padding |
     if sizes is None:
         return None
     method = method_of_config(config)
+    if not sizes_known(method, card, setting):
+        raise UserError(
+            f"compute capability {card} is not in the kernel table, and vLLM 0.33 rounds {method} routed experts "
+            "up by the kernel it picks (gpt-oss's 2880 to 3072 / 2944 for Marlin), so the bytes it allocates on "
+            f"that card are not known: plan for a card the table has (--compute-capability {', '.join(CARDS)}; "
+            "10.x and 12.x plan as 10.0 and 12.0)")
     kernel = pick(method, card, setting).kernel
     return Padding(method, kernel, card, *sizes, *allocated_sizes(method, kernel, *sizes))
 

@@ -156,6 +156,30 @@ ROUND_UP: dict[tuple[str, str], tuple[int, int]] = {
 }
 
 
+#: Compute capabilities vLLM 0.33's kernel selection can see that the table has no column of
+#: its own for (10.3 and 12.1 take their family's, :func:`_table_card`); the contract check
+#: runs vLLM's own selection and round-up on them too.
+OFF_TABLE_CARDS = ("7.5", "8.0", "8.7", "10.3", "12.1")
+
+#: Methods whose routed experts vLLM 0.33 rounds up by the kernel it picks on any CUDA card,
+#: so that on a card the table has no column for the bytes it allocates are not known:
+#: MXFP4, whose every backend rounds (``oracle/mxfp4.py:851-916``; on SM 7.5 to 8.x vLLM
+#: picks Marlin, ``quantization/utils/marlin_utils_fp4.py:34-35``, as OAI triton_kernels needs
+#: SM 9.0, ``fused_moe/experts/gpt_oss_triton_kernels_moe.py:41-53``: 2880 -> 3072 / 2944).
+#: The others allocate the checkpoint's sizes on such a card: unquantized experts pad only
+#: for FlashInfer TRT-LLM (``oracle/unquantized.py:385-392``), which runs on the SM 10.x family
+#: alone (``fused_moe/experts/trtllm_bf16_moe.py:95-102``: the table's 10.0 column) and for
+#: ROCm's AITER; FP8, NVFP4, WNA16 and INT8 do not round at TP=1 (:data:`ROUND_UP`).
+PADS_BY_KERNEL = frozenset({"mxfp4"})
+
+
+def sizes_known(method: str | None, card: str, setting: str = AUTO) -> bool:
+    """Whether the sizes vLLM 0.33 allocates ``method``'s routed experts at on ``card`` are
+    known: the table has the card's kernel, or the method pads for no kernel off the table."""
+    # mutation: off-table-card-priced-unpadded
+    return kernel_for(method, card, setting) is not None or method not in PADS_BY_KERNEL
+
+
 def round_up(value: int, multiple: int) -> int:
     """``value`` rounded up to a multiple of ``multiple`` (vLLM's ``utils/math_utils.py:27``)."""
     return -(-value // multiple) * multiple

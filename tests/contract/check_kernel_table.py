@@ -31,6 +31,12 @@ reference checkpoint has the layout (gpt-oss's MXFP4 and bf16 experts, Qwen3-MoE
 ones), the bytes it prices for the checkpoint's own tensors (``..., the checkpoint's layout
 too``).
 
+Then ``ok off-table METHOD | SM CARD | SHAPE`` / ``FAIL off-table ...`` (``refused off-table``
+where vLLM builds no kernel for the layer) for each method on each card of the table's
+``OFF_TABLE_CARDS`` (compute capabilities vLLM can see that have no column of their own):
+either the planner refuses the card (``kernels.sizes_known``), or vLLM's own selection and
+round-up on that card give the sizes and bytes the planner prices, as for the rows above.
+
 Then ``ok host-post-processing ...`` / ``FAIL ...`` for each pair in the table's
 ``HOST_POST_PROCESSING``: 0.33's own ``create_weights`` and ``process_weights_after_loading``
 run on host tensors (card 8.9, where vLLM builds that kernel), and every parameter must stay
@@ -388,6 +394,26 @@ def main() -> int:
                     print(f"FAIL sizes {label}: {said.removeprefix('FAIL: ')}", flush=True)
                 else:
                     print(f"ok sizes {label}: {said}", flush=True)
+    for method in kernels.METHODS:  # the cards the table has no column of its own for
+        for card in kernels.OFF_TABLE_CARDS:
+            for shape, hidden, intermediate in SHAPES:
+                label = f"{method} | SM {card} | {shape}"
+                if not kernels.sizes_known(method, card):
+                    print(f"ok off-table {label}: the planner refuses the card", flush=True)
+                    continue
+                try:
+                    said = sizes(method, card, kernels.AUTO, kernels.kernel_for(method, card), hidden, intermediate,
+                                 shape)
+                except (ValueError, NotImplementedError) as exc:  # vLLM refuses the layer on that card
+                    print(f"refused off-table {label}: {' '.join(str(exc).split())[:200]}", flush=True)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - what could not run says so
+                    said = f"FAIL: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                if said.startswith(("vLLM ", "FAIL")):
+                    failed += 1
+                    print(f"FAIL off-table {label}: {said.removeprefix('FAIL: ')}", flush=True)
+                else:
+                    print(f"ok off-table {label}: {said}", flush=True)
     for method, kernel in sorted(kernels.HOST_POST_PROCESSING):
         try:
             why = host_post_processing(method, kernel)

@@ -10,7 +10,10 @@ vLLM builds, on gpt-oss's and Qwen3-30B-A3B's shapes, must print ``ok sizes``: v
 round-up gives the planner's sizes and vLLM's ``create_weights`` allocates the bytes the
 planner prices, for vLLM's own layout and, where a reference checkpoint has one, the
 checkpoint's (or ``refused sizes`` where vLLM refuses the shape: gpt-oss's 2880 for the
-128-blocked FP8 and WNA16 methods).
+128-blocked FP8 and WNA16 methods). On the cards vLLM can see with no column of their own
+(``kernels.OFF_TABLE_CARDS``: 7.5, 8.0, 8.7, 10.3, 12.1) every method either prints ``ok
+off-table`` (the planner refuses the card, or vLLM's own selection and round-up there give
+what the planner prices) or ``refused off-table`` (vLLM builds no kernel for the layer).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
     failed = [line for line in lines if line.startswith("FAIL ")]
     assert not failed, "\n".join(failed) + detail
     ok = {line[3:] for line in lines if line.startswith("ok ") and not line.startswith(("ok advice ", "ok sizes ",
-                                                                                       "ok host-post-processing "))}
+                                                                                       "ok host-post-processing ",
+                                                                                       "ok off-table "))}
     notrun = {line[7:].split(":")[0] for line in lines if line.startswith("notrun ")}
     rows = {f"{m} | {s} | SM {c}" for (m, s) in kernels.KERNELS for c in kernels.CARDS}
     listed = {f"{m} | {s} | SM {c}" for (m, s, c) in kernels.NOT_RUN}
@@ -80,6 +84,14 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
     layouts = [line for line in lines if line.startswith("ok sizes unquantized ")
                or (line.startswith("ok sizes mxfp4 ") and "| gpt-oss: " in line)]
     assert layouts and all(line.endswith(", the checkpoint's layout too") for line in layouts), detail
+    # every method on every card vLLM can see with no column of its own: vLLM's round-up and
+    # bytes are the planner's, or the planner refuses the card (MXFP4 below SM 9.0 among them)
+    off = {line.split(" off-table ", 1)[1].split(": ")[0] for line in lines
+           if line.startswith(("ok off-table ", "refused off-table "))}
+    assert off == {f"{m} | SM {c} | {shape}" for m in kernels.METHODS for c in kernels.OFF_TABLE_CARDS
+                   for shape in ("gpt-oss", "Qwen3-30B-A3B")}, detail
+    assert {c for c in ("7.5", "8.0", "8.7") if f"ok off-table mxfp4 | SM {c} | gpt-oss: the planner refuses the card"
+            in lines} == {"7.5", "8.0", "8.7"}, detail
     on_host = {line[len("ok host-post-processing "):] for line in lines if line.startswith("ok host-post-processing ")}
     assert on_host == {f"{m} | {k}" for m, k in kernels.HOST_POST_PROCESSING}, detail
     assert proc.returncode == 0, f"the script exited {proc.returncode}" + detail

@@ -12,9 +12,10 @@ import transformers
 
 from helpers import write_config
 from selective_offload.checkpoint import load_checkpoint
+from selective_offload.errors import UserError
 from selective_offload.estimate import EXPERTS_CPU
 from selective_offload.model_match import check_plan_matches_model
-from selective_offload.planner import PlanInputs, make_plan
+from selective_offload.planner import PlanInputs, kernels, make_plan
 from selective_offload.planner.allocation import tensor_dims
 from selective_offload.sizes import GiB
 
@@ -95,6 +96,45 @@ def test_unquantized_experts_are_padded_to_128_intermediate_channels_on_sm_10_0_
     for card, intermediate in (("8.9", 96), ("10.0", 128)):
         plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=8 * GiB, compute_capability=card))
         assert [g.bytes for g in experts(plan)] == [8 * 3 * 256 * intermediate * 2] * 2, card
+
+
+#: The sizes vLLM 0.33 allocates gpt-oss's experts at on each card, by hand from its sources:
+#: Marlin (SM 7.5 and up, quantization/utils/marlin_utils_fp4.py:34-35) and FlashInfer
+#: TRT-LLM (SM 10.x) pad to 3072 x 2944 (oracle/mxfp4.py:865-873); OAI triton_kernels, which
+#: vLLM prefers on SM 9.0 only (fused_moe/experts/gpt_oss_triton_kernels_moe.py:41-53, and
+#: ordered after Marlin on SM 12.x, oracle/mxfp4.py:426-433), keeps 2880 (a multiple of 64).
+VLLM_GPT_OSS_SIZES = {"7.5": (3072, 2944), "8.0": (3072, 2944), "8.6": (3072, 2944), "8.7": (3072, 2944),
+                      "8.9": (3072, 2944), "9.0": (2880, 2880), "10.0": (3072, 2944), "10.3": (3072, 2944),
+                      "12.0": (3072, 2944), "12.1": (3072, 2944)}
+
+
+@pytest.mark.parametrize("card", sorted({*kernels.CARDS, "7.5", "8.0", "8.7", "10.3", "12.1"}))
+def test_every_card_is_priced_at_vllms_padded_sizes_or_refused(tmp_path, card):
+    """On every card the kernel table knows, and on the ones vLLM can see that it has no column
+    for, a gpt-oss plan's experts cost what vLLM allocates there, or the planner refuses the
+    card in one line naming --compute-capability (never the checkpoint's unpadded bytes)."""
+    checkpoint = gpt_oss(tmp_path)
+    inputs = PlanInputs(device_memory_bytes=4 * GiB, compute_capability=card)
+    try:
+        plan = make_plan(checkpoint, inputs)
+    except UserError as exc:
+        assert "--compute-capability" in str(exc) and "\n" not in str(exc)
+        assert card not in kernels.CARDS  # a card the table has is always planned
+        return
+    per_expert = sum(mxfp4_expert(*VLLM_GPT_OSS_SIZES[card]))
+    assert [g.bytes for g in experts(plan)] == [EXPERTS * per_expert] * LAYERS, card
+
+
+def test_a_card_off_the_table_plans_unquantized_experts_as_stored(tmp_path):
+    """Unquantized experts pad only for FlashInfer TRT-LLM (the SM 10.x family, the table's
+    10.0 column), so an SM 8.0 card still gets a plan, at the checkpoint's sizes."""
+    config = transformers.Qwen3MoeConfig(hidden_size=256, intermediate_size=512, moe_intermediate_size=96,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=64, num_experts=8, num_experts_per_tok=2, vocab_size=1024,
+                                         tie_word_embeddings=False)
+    checkpoint = load_checkpoint(write_config(tmp_path, config, "Qwen3MoeForCausalLM"))
+    plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=8 * GiB, compute_capability="8.0"))
+    assert [g.bytes for g in experts(plan)] == [8 * 3 * 256 * 96 * 2] * 2
 
 
 @pytest.mark.parametrize("name, shape, dims", [
