@@ -31,7 +31,8 @@ SUFFIXES = (".py", ".sh", ".c", ".h")
 
 # name: (text after the marker, its replacement, the tests that catch it)
 MUTATIONS = {
- 'cudart-dlopened-by-name': ('        for path in loaded_cudart_paths():', '        for path in ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]:', ['tests/unit/cpu_kernels/test_reload_and_threads.py::test_the_cuda_runtime_is_the_one_loaded']),
+ 'cudart-dlopened-by-name': ('        path = choose_cudart(loaded_cudart_paths(), torchs_cudart())', '        path = "libcudart.so.13"', ['tests/unit/cpu_kernels/test_reload_and_threads.py::test_the_cuda_runtime_is_the_one_loaded']),
+ 'cudart-first-mapped': ('    if torchs is not None and is_cudart(torchs):', '    if loaded and is_cudart(torchs := loaded[0]):', ['tests/unit/cpu_kernels/test_reload_and_threads.py::test_host_functions_bind_the_runtime_torch_resolves_not_the_first_one_mapped']),
  'cores-of-node-zero': ('    node = max(nodes, key=lambda cpus: len(cpus & allowed), default=set(allowed))', '    node = nodes[0] if nodes else set(allowed)', ['tests/unit/cpu_kernels/test_reload_and_threads.py::test_the_pool_counts_the_cores_of_the_node_the_worker_is_bound_to']),
  'engine-thread-given-no-core': ('    return max(1, per_rank - 1 if torch.device(device).type == "cuda" else per_rank)', '    return max(1, per_rank)', ['tests/unit/vllm_glue/test_host_head.py::test_the_host_part_on_cuda_runs_on_the_cores_not_on_torchs_one_serving_thread']),
  'share-not-refilled-after-reload': ('    held_share(experts.weights, share.num_experts, share.w13.device, native=native, into=share)', '    pass', ['tests/unit/cpu_kernels/test_reload_and_threads.py::test_a_reload_refills_the_device_share_in_the_tensors_a_graph_holds']),

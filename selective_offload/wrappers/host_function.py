@@ -36,9 +36,15 @@ from .. import cpu_kernels
 _CUDART: ctypes.CDLL | None = None
 
 
+def is_cudart(path: str) -> bool:
+    """Whether ``path`` names a CUDA runtime library (``libcudart.so``, any version)."""
+    return os.path.basename(path).startswith("libcudart.so")
+
+
 def loaded_cudart_paths(maps: str | None = None) -> list[str]:
     """The CUDA runtime libraries mapped into this process (``/proc/self/maps``, or the
-    text given), in the order they appear: the one torch loaded among them."""
+    text given), each once, in address order: not the order they were loaded in, so not by
+    itself which one torch uses (:func:`choose_cudart`)."""
     if maps is None:
         try:
             with open("/proc/self/maps") as f:
@@ -48,33 +54,82 @@ def loaded_cudart_paths(maps: str | None = None) -> list[str]:
     found: list[str] = []
     for line in maps.splitlines():
         path = line.split()[-1] if len(line.split()) >= 6 else ""
-        if os.path.basename(path).startswith("libcudart.so") and path not in found:
+        if is_cudart(path) and path not in found:
             found.append(path)
     return found
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def provider_of(library: str, symbol: str) -> str | None:
+    """The file that defines ``symbol`` as ``library`` (already loaded) resolves it: ``dlsym``
+    on its handle searches the library and its own dependencies, whatever else is loaded,
+    then ``dladdr`` names the object holding the address. ``None`` when ``library`` is not
+    loaded or does not resolve ``symbol``."""
+    try:
+        lib = ctypes.CDLL(library, mode=os.RTLD_NOLOAD)
+        address = ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+    info = _DlInfo()
+    dladdr = ctypes.CDLL(None).dladdr
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    if not address or not dladdr(ctypes.c_void_p(address), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.path.realpath(os.fsdecode(info.dli_fname))
+
+
+def torchs_cudart() -> str | None:
+    """The CUDA runtime torch's CUDA library resolves ``cudaGetDevice`` to
+    (``libtorch_cuda.so``, else ``torch._C``'s dependency tree), or what else defines it
+    there (a runtime linked into torch); ``None`` when no torch CUDA library is loaded."""
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for library in (os.path.join(lib, "libtorch_cuda.so"), torch._C.__file__):
+        found = provider_of(library, "cudaGetDevice")
+        if found is not None:
+            return found
+    return None
+
+
+def choose_cudart(loaded: list[str], torchs: str | None) -> str:
+    """The CUDA runtime host functions must go through: ``torchs``, the one torch's CUDA
+    library resolves to (:func:`torchs_cudart`), whatever else is ``loaded`` (the runtimes
+    mapped, :func:`loaded_cudart_paths`); the only one loaded when torch's could not be
+    asked. Raises, in one line, when that cannot be decided: none loaded, several and torch's
+    not known, or torch's runtime is not a ``libcudart`` of its own (linked into torch)."""
+    # mutation: cudart-first-mapped
+    if torchs is not None and is_cudart(torchs):
+        return torchs
+    if torchs is None and len(loaded) == 1:
+        return loaded[0]
+    if not loaded and torchs is None:
+        raise RuntimeError("host-compute on CUDA needs the CUDA runtime (libcudart) that torch uses, and none is "
+                           "loaded in this process; use a CUDA build of torch")
+    where = f"torch resolves it to {torchs}" if torchs else "torch's CUDA library could not be asked which one it uses"
+    raise RuntimeError(f"host-compute on CUDA cannot tell which CUDA runtime torch uses ({where}; mapped: "
+                       f"{', '.join(loaded) or 'none'}): use a CUDA build of torch that loads one libcudart, "
+                       "or serve without host-compute layers")
+
+
 def cudart() -> ctypes.CDLL:
-    """The CUDA runtime torch loaded, bound where it is already mapped (``RTLD_NOLOAD``):
-    never a second runtime, whose streams and host functions would be another's (a
-    ``libcudart.so.13`` found on the library path before the one torch uses)."""
+    """The CUDA runtime torch uses (:func:`choose_cudart`), bound where it is already mapped
+    (``RTLD_NOLOAD``): never a second runtime, whose streams and host functions would be
+    another's (a ``libcudart.so.13`` mapped beside the one torch uses)."""
     global _CUDART
     if _CUDART is None:
-        errors = []
         # mutation: cudart-dlopened-by-name
-        for path in loaded_cudart_paths():
-            try:
-                lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
-            except OSError as exc:
-                errors.append(str(exc))
-                continue
-            lib.cudaLaunchHostFunc.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-            lib.cudaLaunchHostFunc.restype = ctypes.c_int
-            _CUDART = lib
-            break
-        else:
-            raise RuntimeError("host-compute on CUDA needs the CUDA runtime (libcudart) that torch uses, and none is "
-                               "loaded in this process" + (f" ({errors[-1]})" if errors else "")
-                               + "; use a CUDA build of torch")
+        path = choose_cudart(loaded_cudart_paths(), torchs_cudart())
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+        except OSError as exc:
+            raise RuntimeError(f"host-compute on CUDA cannot bind the CUDA runtime torch uses ({exc}); use a CUDA "
+                               "build of torch") from None
+        lib.cudaLaunchHostFunc.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        lib.cudaLaunchHostFunc.restype = ctypes.c_int
+        _CUDART = lib
     return _CUDART
 
 

@@ -5,6 +5,8 @@ CUDA runtime is the one already loaded, never a second one opened by name."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -55,6 +57,44 @@ def test_the_pool_counts_the_cores_of_the_node_the_worker_is_bound_to(tmp_path):
     assert physical_cores_of_one_node(root, allowed={0, 1, 2, 3, 9}) == 2  # mostly node 0
     assert physical_cores_of_one_node(root, allowed={7, *range(8, 16)}) == 4  # node 1, not node 0's one CPU
     assert physical_cores_of_one_node(root, allowed=set(range(16))) == 4
+
+
+#: Stand-ins for the CUDA runtimes a GPU process maps (none exists on the CPU build): torch's,
+#: and a second one mapped at a lower address (loaded by some other library).
+TORCHS_RUNTIME = "/venv/nvidia/cuda_runtime/lib/libcudart.so.12"
+OTHER_RUNTIME = "/opt/other/lib/libcudart.so.13"
+
+
+def test_host_functions_bind_the_runtime_torch_resolves_not_the_first_one_mapped():
+    """/proc/self/maps lists libraries by address: with a second runtime mapped below torch's,
+    the first one listed is not torch's. The chooser takes the one torch's CUDA library
+    resolves ``cudaGetDevice`` to, whatever the order; the only one mapped when torch could not
+    be asked; and refuses, in one line, when it cannot tell."""
+    maps = (f"7e00-7e10 r-xp 00000000 08:01 3 {OTHER_RUNTIME}\n"
+            "7f00-7f10 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n"
+            f"7f20-7f30 r-xp 00000000 08:01 2 {TORCHS_RUNTIME}\n")
+    loaded = host_function.loaded_cudart_paths(maps)
+    assert loaded == [OTHER_RUNTIME, TORCHS_RUNTIME]  # torch's second
+    assert host_function.choose_cudart(loaded, TORCHS_RUNTIME) == TORCHS_RUNTIME
+    assert host_function.choose_cudart([TORCHS_RUNTIME], None) == TORCHS_RUNTIME
+    for torchs, said in ((None, "could not be asked"), ("/venv/torch/lib/libtorch_cuda.so", "resolves it to")):
+        with pytest.raises(RuntimeError, match=f"cannot tell which CUDA runtime torch uses.*{said}") as caught:
+            host_function.choose_cudart(loaded, torchs)
+        assert "\n" not in str(caught.value) and OTHER_RUNTIME in str(caught.value)
+
+
+def test_a_symbol_is_resolved_through_the_library_that_imports_it():
+    """The mechanism :func:`torchs_cudart` relies on, run on what the CPU build has: a symbol
+    looked up through torch's library handle is found in that library's own dependency, and
+    ``dladdr`` names the file (torch's libgomp for libtorch_cpu's OpenMP, libc for malloc)."""
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    gomp = host_function.provider_of(os.path.join(lib, "libtorch_cpu.so"), "omp_get_max_threads")
+    assert gomp is not None and os.path.basename(gomp).startswith("libgomp")
+    assert os.path.basename(host_function.provider_of(torch._C.__file__, "malloc")).startswith("libc.so")
+    assert host_function.provider_of(os.path.join(lib, "libtorch_cpu.so"), "no_such_symbol_here") is None
+    assert host_function.provider_of("/nonexistent/libtorch_cuda.so", "cudaGetDevice") is None
+    if not host_function.loaded_cudart_paths():  # the CPU build: no torch CUDA library to ask
+        assert host_function.torchs_cudart() is None
 
 
 def test_the_cuda_runtime_is_the_one_loaded():
