@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 from pathlib import Path
@@ -205,14 +206,26 @@ def uva_experts_plan(model_dir, device_fraction: float = 0.7):
 TINY_HOST_COMPUTE = dict(cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1, handoff_s=1e-9, cpu_tflops=0.04)
 
 
-def copy_room(ckpt, kind: str = "experts") -> int:
+def copy_room(ckpt, kind: str | None = None) -> int:
     """The device memory a host-compute plan's step above its crossover holds: one layer's
-    routed experts (or MLP) copied there (bf16 here: nothing dequantized), its
-    ``est_transient_device_bytes``."""
+    routed experts (or, in a model without them, MLP) copied there and one expert of a
+    quantized format dequantized to bf16, its ``est_transient_device_bytes`` (the
+    planner's own rule, ``estimate.copied_step_bytes``)."""
+    from selective_offload.estimate import copied_step_bytes
     from selective_offload.planner import PlanInputs, group_tensors
+    from selective_offload.planner.host_compute import cpu_format, mlp_cpu_format
+    from selective_offload.planner.kernels import method_of_config
 
-    groups = group_tensors(ckpt, PlanInputs(device_memory_bytes=1), split_mlp=kind == "mlp")
-    return max((g.nbytes for g in groups if g.kind == kind), default=0)
+    groups = group_tensors(ckpt, PlanInputs(device_memory_bytes=1), split_mlp=True)
+    kind = kind or ("experts" if any(g.kind == "experts" for g in groups) else "mlp")
+    method = method_of_config(ckpt.config)
+    fmt = (cpu_format if kind == "experts" else mlp_cpu_format)(method, ckpt.config)
+    return max((copied_step_bytes(g.nbytes, g.num_experts or 1, g.dtype_bytes, fmt)
+                for g in groups if g.kind == kind), default=0)
+
+
+#: Smaller shares of a tiny checkpoint :func:`compute_experts_plan` tries for its device.
+FALLBACK_FRACTIONS = (0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.3)
 
 
 def compute_experts_plan(model_dir, device_fraction: float = 0.7, *, required: bool = True, **inputs):
@@ -224,8 +237,18 @@ def compute_experts_plan(model_dir, device_fraction: float = 0.7, *, required: b
     from selective_offload.planner import PlanInputs, make_plan
 
     ckpt = load_checkpoint(model_dir)
-    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * device_fraction) + copy_room(ckpt),
-                                      kv_cache_bytes=0, reserve_bytes=0, **{**TINY_HOST_COMPUTE, **inputs}))
+    room = copy_room(ckpt)
+    plan = None
+    # A tiny model's copy above the crossover is a large part of it (a quantized one is
+    # dequantized to bf16): where the room for it lets the cold set close the budget, a
+    # smaller share of the checkpoint is tried.
+    smaller = tuple(f for f in FALLBACK_FRACTIONS if f < device_fraction) if required else ()
+    for fraction in (device_fraction, *smaller):
+        plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * fraction) + room,
+                                          kv_cache_bytes=0, reserve_bytes=0, **{**TINY_HOST_COMPUTE, **inputs}))
+        # the CPU build runs no prefetch offloader: a plan that prefetches layers is not taken
+        if plan.host_compute is not None and not plan.hot_layer_indices:
+            break
     assert plan.host_compute is not None or not required, plan.notes
     return plan
 
@@ -243,7 +266,8 @@ def host_kernel_against_plain(model, **engine_args):
     plain = generate_tokens(model, **engine_args)
     sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
     plain_lp = prompt_logprobs(model, sequences)
-    everything = compute_experts_plan(model, cpu_tflops=100.0, device_share=False)  # the kernel computes every pick
+    # the kernel computes every pick: a fast CPU, and a link too slow for the copy to pay
+    everything = compute_experts_plan(model, cpu_tflops=100.0, device_share=False, link_gbps=0.01)
     host_lp, host_report = with_plan(everything, lambda args: prompt_logprobs(model, sequences, **args))
     decode = decode_on_host_plan(model)
     tokens, decode_report = generate_with_plan(decode, model, strict=True, **engine_args)
@@ -257,12 +281,16 @@ def decode_on_host_plan(model_dir, **inputs):
     prefill (14): a model's crossover depends on its shapes (a dense MLP, read whole by
     every token, lowers it), so the rate is found for each model, not fixed."""
     prefill = sum(len(p) for p in PROMPTS)
-    for tflops in (0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8):
-        plan = compute_experts_plan(model_dir, required=False, **{"cpu_tflops": tflops, **inputs})
-        # at the slowest rates a small model's experts may be priced faster through UVA even
-        # at one token, and the plan computes none on the host
-        if plan.host_compute is not None and 4 <= plan.host_compute.crossover_tokens < prefill:
-            return plan
+    # a smaller share of the device, then a slower link, where a tiny model's copy above the
+    # crossover leaves the host nothing to compute
+    for fraction, link in itertools.product((0.7, *FALLBACK_FRACTIONS), ({}, {"link_gbps": 1.0})):
+        for tflops in (0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8):
+            plan = compute_experts_plan(model_dir, fraction, required=False, **{"cpu_tflops": tflops, **link, **inputs})
+            # at the slowest rates a small model's experts may be priced faster through UVA even
+            # at one token, and the plan computes none on the host
+            if (plan.host_compute is not None and not plan.hot_layer_indices
+                    and 4 <= plan.host_compute.crossover_tokens < prefill):
+                return plan
     raise AssertionError(f"no CPU rate tried puts {model_dir}'s crossover between 4 and {prefill - 1} tokens")
 
 
@@ -495,14 +523,16 @@ def save_tiny_mxfp4_gpt_oss(directory: Path, seed: int = 0) -> Path:
 
 
 def _requantized_qwen3(directory: Path, seed: int, quantize, quantization_config: dict) -> Path:
-    """``save_tiny_qwen3``'s model with each decoder linear's weight [out, in] replaced by
+    """``save_tiny_qwen3``'s model (in eight layers) with each decoder linear's weight [out, in] replaced by
     the tensors ``quantize(weight [in, out] float32)`` returns (named by suffix), and
     ``quantization_config`` in its config."""
     import json
 
     from safetensors.torch import load_file, save_file
 
-    save_tiny_qwen3(directory, seed=seed)
+    # eight layers: the MLPs then outweigh the copy a step above the crossover holds (one
+    # MLP and its bf16 dequantization), so a budget beside that copy still needs the host
+    save_tiny_qwen3(directory, seed=seed, num_hidden_layers=8)
     (shard,) = directory.glob("*.safetensors")
     tensors = {}
     for name, t in load_file(str(shard)).items():

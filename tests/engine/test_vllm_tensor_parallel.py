@@ -51,18 +51,22 @@ def two_rank_mlp_plan(model, monkeypatch, cpu_tflops: float, **inputs):
     """Two ranks on the host's two cores (one each, spawned workers), and the plan of a dense
     ``model`` whose budget its cold set cannot close, with its MLPs computed on the host by
     both ranks' shards at the CPU matmul rate given (which sets the crossover); the MLP groups."""
-    from helpers import TINY_HOST_COMPUTE
+    from helpers import FALLBACK_FRACTIONS, TINY_HOST_COMPUTE, copy_room
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.planner import PlanInputs, make_plan
 
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     ckpt = load_checkpoint(model)
-    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
-                                      reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": cpu_tflops, "ranks": 2,
-                                                          "cpu_threads": 2, **inputs}))
+    for fraction in (0.6, *FALLBACK_FRACTIONS):  # beside the room a step above the crossover holds
+        plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * fraction) + copy_room(ckpt),
+                                          kv_cache_bytes=0, reserve_bytes=0,
+                                          **{**TINY_HOST_COMPUTE, "cpu_tflops": cpu_tflops, "ranks": 2,
+                                             "cpu_threads": 2, **inputs}))
+        if plan.host_compute is not None:
+            break
     mlps = [g.group for g in plan.groups if g.kind == "mlp"]
-    assert mlps and plan.host_compute.ranks == 2
+    assert mlps and plan.host_compute is not None and plan.host_compute.ranks == 2
     return plan, mlps
 
 
@@ -100,7 +104,7 @@ def test_two_ranks_with_int4_mlps_computed_on_the_host(tmp_path, monkeypatch):
     model = save_tiny_gptq_qwen3(tmp_path / "gptq", seed=9)
     # a CPU fast enough that every step, prefill too, stays on the host kernel
     plan, mlps = two_rank_mlp_plan(model, monkeypatch, cpu_tflops=100.0, cpu_gbps=30.0, cpu_gbps_source="measured",
-                                   cpu_read_gbps=40.0)
+                                   cpu_read_gbps=40.0, link_gbps=0.01)
     assert plan.host_compute.format == "int4" and any("claimed on this host" in n for n in plan.notes)
     selective_offload.disable()
     engine = dict(tensor_parallel_size=2, dtype="bfloat16")

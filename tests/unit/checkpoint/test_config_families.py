@@ -117,8 +117,10 @@ def test_deepseek_v3_fp8_counts_its_experts_and_plans_fast(tmp_path):
 def test_a_plan_that_needs_more_host_memory_than_there_is_is_infeasible(tmp_path):
     plan = plan_of(deepseek_v3(tmp_path), device_memory_bytes=80 * GiB, host_memory_bytes=64 * GiB)
     assert plan.strategy == "infeasible" and plan.shortfall_bytes == 0
-    assert plan.host_shortfall_bytes == plan.host_bytes - 64 * GiB
-    assert any("GB more than the 68.719 GB there is (--host-memory)" in n for n in plan.notes)
+    # the host keeps its stated headroom for the system and vLLM's processes beside the plan's bytes
+    assert plan.host_shortfall_bytes == plan.host_bytes + plan.inputs.host_headroom_bytes - 64 * GiB
+    assert any("GB more than the 62.277 GB the 68.719 GB of RAM (--host-memory) leaves beside the 6.442 GB kept"
+               in n for n in plan.notes)
 
 
 # ---- gpt-oss-20b: MXFP4 experts
