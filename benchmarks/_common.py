@@ -257,7 +257,7 @@ def routed_expert_reads(num_experts: int, experts_per_token: int, expert_bytes: 
     """
     import torch
 
-    from selective_offload.estimate import expert_read_fraction
+    from selective_offload.estimate.traffic import expert_read_fraction
 
     device = device or torch.device("cuda" if cuda else "cpu")
     rows = max(1, expert_bytes // (2 * hidden))

@@ -21,7 +21,7 @@ one part of that:
   replayed from a graph, as vLLM replays its captured sizes); ``device_path`` (the same
   object above its crossover: the step's distinct experts copied to the device and
   computed there, beside ``device_path_traffic_bytes_est``, the device-memory bytes the
-  crossover prices its torch ops at, ``estimate.COPIED_PATH_TRAFFIC``); ``uva`` (the
+  crossover prices its torch ops at, ``estimate.host.COPIED_PATH_TRAFFIC``); ``uva`` (the
   torch reference, ``cpu_kernels.reference.moe_reference``, on UVA device views of the
   very page-locked tensors the CPU reads, so every expert byte crosses the link inside a
   kernel); ``resident`` (the reference on device copies:

@@ -9,7 +9,7 @@ import ctypes
 import statistics
 import time
 
-from selective_offload.estimate import COPIED_PATH_TRAFFIC
+from selective_offload.estimate.host import COPIED_PATH_TRAFFIC
 
 from host_compute_layers import (
     CHECKED_TOKENS, LAYERS_SHARE, NO_CUDA, ROUTINGS, TOL_BF16, TOL_F32, Shape, _reason, activation, capture, check,

@@ -38,7 +38,8 @@ def device_share(ctx: Ctx, shape: Shape, weights) -> dict:
     import torch
 
     from selective_offload import cpu_kernels
-    from selective_offload.estimate import ExpertsRead, device_share_traffic
+    from selective_offload.estimate.host import device_share_traffic
+    from selective_offload.estimate.traffic import ExpertsRead
     from selective_offload.wrappers.host_compute import HostExperts
 
     act = activation(shape)
@@ -102,7 +103,7 @@ def native_part(ctx: Ctx, shape: Shape, weights, on_device: int, sets, on, share
     ``share_part`` (the bf16 share's torch path). Its rate is the bytes it reads (the stored
     bytes of the routing's distinct picks inside the share, averaged over the routings) over
     its time, to set beside the card's decode read rate, at which a plan prices such a share
-    (``estimate.device_share_traffic``). Checked against the reference over the share's
+    (``estimate.host.device_share_traffic``). Checked against the reference over the share's
     picks, with one pick of each token forced into the share.
 
     Without CUDA the kernel runs under Triton's interpreter (this section's process imports

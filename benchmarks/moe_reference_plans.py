@@ -3,7 +3,7 @@ two vLLM offloads a user could run instead (bulk ``cpu_offload_gb`` and segment 
 ``cpu_offload_params=experts``) and the plan without host-compute (routed experts read
 through UVA), on the cards docs/usage/moe.md names. Every figure is an estimate (est_) from bytes and
 bandwidths (the reference laptop's link and VRAM, and a stated host kernel rate: the
-reference host's, ``estimate.REFERENCE_CPU_GBPS``, assumed), not a measurement. llama.cpp's
+reference host's, ``estimate.traffic.REFERENCE_CPU_GBPS``, assumed), not a measurement. llama.cpp's
 published rate for the same model on a card of the same size is shown beside it where the
 project has one (``selective_offload.anchors``; another engine, host and format). Where a
 plan keeps a device share, the plan without one is shown beside it.
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import est_main  # noqa: E402
 from selective_offload.anchors import anchors_for  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402
-from selective_offload.estimate import ASSUMED_CPU_TFLOPS, ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS  # noqa: E402
+from selective_offload.estimate.traffic import ASSUMED_CPU_TFLOPS, ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS  # noqa: E402
 from selective_offload.planner import PlanInputs, make_plan  # noqa: E402
 from selective_offload.planner.allocation import allocated_tensors, experts_bytes, padding_for  # noqa: E402
 from selective_offload.planner.host_compute import share_words  # noqa: E402

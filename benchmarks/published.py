@@ -103,7 +103,7 @@ def _load(path: Path) -> dict:
             raise PublishedError(f"{where}: calibrate_on must name a point whose role is 'calibrates', and validate "
                                  "points whose role is 'validates'")
         if c.get("scales") not in ("est_link_s_per_step", "est_vram_s_per_step") or not isinstance(c.get("constant"), str):
-            raise PublishedError(f"{where}: needs 'constant' (a name in estimate.py) and 'scales' "
+            raise PublishedError(f"{where}: needs 'constant' (a name in estimate/traffic.py) and 'scales' "
                                  "(est_link_s_per_step or est_vram_s_per_step)")
     for s in data.get("acceptance_lengths", []):
         where = f"{path}: acceptance series {s.get('id')!r}"
@@ -149,7 +149,7 @@ def calibration_rows(calibrations: list[dict], expressed: list[dict]) -> list[di
     validate it: the factor at which the calibration point's measured tok/s comes out (for
     each end of a measured range) is the default x the part of the step it scales / what the
     measured step leaves for that part; the validating points' est/measured are their rows'."""
-    from selective_offload import estimate as est_module
+    from selective_offload.estimate import traffic as est_module
 
     by_id = {r["id"]: r for r in expressed}
     rows = []
@@ -157,7 +157,7 @@ def calibration_rows(calibrations: list[dict], expressed: list[dict]) -> list[di
         cal = by_id[c["calibrate_on"]]
         default = getattr(est_module, c["constant"], None)
         if not isinstance(default, float):
-            raise PublishedError(f"calibration {c['id']!r}: estimate.py has no factor {c['constant']!r}")
+            raise PublishedError(f"calibration {c['id']!r}: estimate/traffic.py has no factor {c['constant']!r}")
         part = cal[c["scales"]]
         implied = [default * part / (1 / m - (cal["est_step_s"] - part))
                    for m in (cal["measured_tok_s"], cal["measured_tok_s_high"])]
@@ -173,7 +173,7 @@ def calibration_rows(calibrations: list[dict], expressed: list[dict]) -> list[di
 def acceptance_rows(series: list[dict]) -> list[dict]:
     """E(K, a) against measured accepted lengths: ``a`` from the calibration K (at K=1 the
     length is 1 + a), every other K validates the constant-rate model."""
-    from selective_offload.estimate import expected_tokens_per_step
+    from selective_offload.acceptance import expected_tokens_per_step
 
     rows = []
     for s in series:
@@ -255,7 +255,7 @@ def markdown(result: dict) -> str:
                    + (f" Calibration: {r['calibrates']}." if r.get("calibrates") else "")
                    + (f" Known outside the tolerance: {r['known_outside']}." if r.get("known_outside") else ""))
     if result.get("calibrations"):
-        out += ["", "Each default factor of the step model (`selective_offload/estimate.py`), the one point it is "
+        out += ["", "Each default factor of the step model (`selective_offload/estimate/traffic.py`), the one point it is "
                 "calibrated on (the factor at which that point's measurement comes out, each end of its range) and "
                 "the points that validate it:", "",
                 "| factor | default | calibrated on | factor the point gives | validated on (est/measured) |",

@@ -18,14 +18,10 @@ from typing import Any, Callable, NamedTuple
 
 from .checkpoint import Checkpoint, load_checkpoint
 from .errors import PlanError, UserError, cut
-from .estimate import (
-    ASSUMED_CPU_TFLOPS,
-    DEFAULT_ACCEPT_RATE,
-    DEFAULT_DECODE_READ_FACTOR,
-    DEFAULT_UVA_READ_FACTOR,
-    KV_DTYPE_BYTES,
-    REFERENCE_CPU_GBPS,
-)
+from .acceptance import DEFAULT_ACCEPT_RATE
+from .estimate.traffic import (ASSUMED_CPU_TFLOPS, DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR,
+                               REFERENCE_CPU_GBPS)
+from .kv_model import KV_DTYPE_BYTES
 from .names import DEFAULT_COLD_SEGMENTS
 from .plan_format import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, Plan, PlanInputs
 from .plan_format.inputs import MAX_BATCH, MAX_CPU_THREADS, MAX_RANKS, MAX_TOKENS, InputError, moe_setting, parse_card

@@ -26,7 +26,7 @@ import shlex
 import textwrap
 from dataclasses import dataclass, field
 
-from .estimate import DEFAULT_DECODE_READ_FACTOR
+from .estimate.traffic import DEFAULT_DECODE_READ_FACTOR
 from .anchors import anchors_for
 from .checkpoint import Checkpoint
 from .plan_format import EST_IGNORES, EST_MODEL, BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan, Strategy

@@ -210,8 +210,8 @@ def copy_room(ckpt, kind: str | None = None) -> int:
     """The device memory a host-compute plan's step above its crossover holds: one layer's
     routed experts (or, in a model without them, MLP) copied there and one expert of a
     quantized format dequantized to bf16, its ``est_transient_device_bytes`` (the
-    planner's own rule, ``estimate.copied_step_bytes``)."""
-    from selective_offload.estimate import copied_step_bytes
+    planner's own rule, ``estimate.host.copied_step_bytes``)."""
+    from selective_offload.estimate.host import copied_step_bytes
     from selective_offload.planner import PlanInputs, group_tensors
     from selective_offload.planner.host_compute import cpu_format, mlp_cpu_format
     from selective_offload.planner.kernels import method_of_config

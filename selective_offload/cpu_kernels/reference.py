@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..estimate import share_gathers
+from ..estimate.host import share_gathers
 from .weights import Activation, ExpertWeights
 
 #: e2m1 (fp4) code -> value; bit 3 is the sign.
@@ -154,7 +154,7 @@ def held_share(weights: ExpertWeights, count: int, device: torch.device | str, *
     way (:func:`moe_picked` reads such a weight once per matmul; a quantized share would be
     dequantized at every step, many times its bytes in memory traffic), biases as they are.
     ``native``: every tensor copied as stored instead, for the share kernel that reads the
-    format where it lies (``estimate.share_native`` says which shares are so held).
+    format where it lies (``estimate.host.share_native`` says which shares are so held).
     ``into``: a share made before, of the same shape, refilled in place (a captured graph
     holds its tensors)."""
     if not 0 < count <= weights.num_experts:
@@ -201,10 +201,10 @@ def moe_picked(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     (:func:`held_share`: bf16; ids 0 to E - 1, any other id, negative or past E, contributes
     nothing), without a host synchronisation or a shape that depends on the routing, so a
     CUDA graph captures it. Matmuls run in the weights' dtype, which they read once. Where
-    ``estimate.share_gathers`` says so (a decode step picking few of the share's experts),
+    ``estimate.host.share_gathers`` says so (a decode step picking few of the share's experts),
     each of the k pick slots gathers its tokens' experts and multiplies them batched;
     otherwise every expert is computed for every token and weighted by its picks (each read
-    once). ``estimate.device_share_traffic`` prices what this moves. float32 [T, H], on the
+    once). ``estimate.host.device_share_traffic`` prices what this moves. float32 [T, H], on the
     weights' device."""
     if weights.fmt not in ("bf16", "f32"):
         raise ValueError(f"moe_picked: {weights.fmt} weights; hold the share in bf16 first (held_share)")
@@ -281,7 +281,7 @@ def moe_copied(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     """The sum :func:`moe_reference` makes (picks with id >= 0), as the device computes it
     above the crossover, on experts copied there: each expert the step uses is multiplied in
     the dtype :func:`_one_expert` gives it, its weights read once by each matmul, the sums
-    in float32. ``estimate.COPIED_PATH_TRAFFIC`` prices what this moves. float32 [T, H], on
+    in float32. ``estimate.host.COPIED_PATH_TRAFFIC`` prices what this moves. float32 [T, H], on
     the weights' device; not for a CUDA graph (the experts it visits depend on the routing)."""
     ids = topk_ids.to(weights.w13.device, torch.long)
     return _expert_sums(x.to(weights.w13.device), ids, ids >= 0, topk_weights, weights, activation,

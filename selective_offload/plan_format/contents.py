@@ -14,21 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..estimate import (
-    COPIED_PATH_TRAFFIC,
-    EXPERTS_CPU,
-    EXPERTS_DEVICE,
-    EXPERTS_PREFETCHED,
-    EXPERTS_UVA,
-    ExpertsRead,
-    Traffic,
-    copied_bytes,
-    copied_step_bytes,
-    expert_read_fraction,
-    flops_per_token,
-    share_held_bytes,
-    share_native,
-)
+from ..estimate.host import COPIED_PATH_TRAFFIC, copied_bytes, copied_step_bytes, share_held_bytes, share_native
+from ..estimate.traffic import (EXPERTS_CPU, EXPERTS_DEVICE, EXPERTS_PREFETCHED, EXPERTS_UVA, ExpertsRead, Traffic,
+                                expert_read_fraction, flops_per_token)
 from ..names import (
     EMBED_SEGMENTS,
     MTP_SEGMENTS,
@@ -452,7 +440,7 @@ class PlanContents:
     def copied_transient_bytes(self) -> int:
         """The most device memory a step above the crossover holds at once (est): one
         host-compute group copied (and an expert dequantized) at a time
-        (:func:`~selective_offload.estimate.copied_step_bytes`; the head's rows are bf16)."""
+        (:func:`~selective_offload.estimate.host.copied_step_bytes`; the head's rows are bf16)."""
         def copied(g: GroupPlan) -> int:
             if g.kind != GroupKind.MODULE:
                 return copied_step_bytes(g.bytes, g.num_experts, g.dtype_bytes, self.host_compute_format)

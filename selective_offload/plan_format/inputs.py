@@ -14,14 +14,9 @@ from dataclasses import dataclass, fields
 
 from .. import jsonio
 from ..errors import PlanError, cut
-from ..estimate import (
-    ASSUMED_CPU_TFLOPS,
-    ASSUMED_HANDOFF_S,
-    DEFAULT_UVA_READ_FACTOR,
-    KV_DTYPE_BYTES,
-    REFERENCE_CPU_GBPS,
-    decode_read_rate,
-)
+from ..estimate.traffic import (ASSUMED_CPU_TFLOPS, ASSUMED_HANDOFF_S, DEFAULT_UVA_READ_FACTOR, REFERENCE_CPU_GBPS,
+                                decode_read_rate)
+from ..kv_model import KV_DTYPE_BYTES
 from ..names import DEFAULT_COLD_SEGMENTS
 from ..sizes import GiB, MAX_GBPS, MAX_TFLOPS, MIN_GBPS
 from .vocabulary import (
@@ -48,7 +43,7 @@ MOE_SETTINGS = ("auto", "VLLM_USE_DEEP_GEMM=0", "--moe-backend triton", "--moe-b
 
 #: Where a plan's host kernel rate (and its CPU matmul rate, and its hand-off) came from:
 #: the probe's profile of this machine, a flag, or the stated assumption (the reference
-#: host's 55 GB/s; :data:`~selective_offload.estimate.REFERENCE_CPU_GBPS`).
+#: host's 55 GB/s; :data:`~selective_offload.estimate.traffic.REFERENCE_CPU_GBPS`).
 CPU_SOURCES = ("measured", "flag", "assumed")
 #: Bounds on the host-compute inputs: threads of one host, ranks sharing it, a hand-off.
 MAX_CPU_THREADS = 4096
@@ -134,14 +129,14 @@ class PlanInputs:
     context_tokens: int | None = None
     #: Kernels reading host memory in place through UVA (bulk ``cpu_offload_gb``, the UVA
     #: embedding, experts read in place), GB/s; ``None``: ``link_gbps`` x
-    #: ``estimate.DEFAULT_UVA_READ_FACTOR`` (see :attr:`uva_read_gbps`).
+    #: ``estimate.traffic.DEFAULT_UVA_READ_FACTOR`` (see :attr:`uva_read_gbps`).
     uva_gbps: float | None = None
     #: The card's dense matmul rate for the weights' format (TFLOP/s), so a layer costs at
     #: least its FLOPs; ``None``: compute is not priced (the plan says so).
     compute_tflops: float | None = None
     #: The rate decode kernels read VRAM at, measured the way decode reads (the probe's
     #: matrix-vector product, ``--decode-read-gbps``), GB/s; ``None``: ``vram_gbps`` (a
-    #: datasheet or saturating-read figure) x ``estimate.DEFAULT_DECODE_READ_FACTOR``.
+    #: datasheet or saturating-read figure) x ``estimate.traffic.DEFAULT_DECODE_READ_FACTOR``.
     decode_read_gbps: float | None = None
     #: The card's compute capability, as ``torch.cuda.get_device_capability`` spells it
     #: ("8.9"): which fused-MoE kernel vLLM picks for the routed experts depends on it
@@ -153,7 +148,7 @@ class PlanInputs:
     moe_setting: str = "auto"
     #: Host-compute (routed experts computed by the host CPU): the host kernel's rate, GB/s of
     #: expert weights read at batch 1 (``--cpu-gbps``, the probe's per-format rate); ``None``:
-    #: the reference host's, :data:`~selective_offload.estimate.REFERENCE_CPU_GBPS`, assumed.
+    #: the reference host's, :data:`~selective_offload.estimate.traffic.REFERENCE_CPU_GBPS`, assumed.
     cpu_gbps: float | None = None
     #: Where ``cpu_gbps`` came from (:data:`CPU_SOURCES`); ``assumed`` exactly when it is ``None``.
     cpu_gbps_source: str = "assumed"
@@ -166,10 +161,10 @@ class PlanInputs:
     #: with; ``None``: all physical cores of one NUMA node, as the runtime finds them.
     cpu_threads: int | None = None
     #: The CPU's matmul rate (TFLOP/s) for the crossover; ``None``: assumed
-    #: (:data:`~selective_offload.estimate.ASSUMED_CPU_TFLOPS`).
+    #: (:data:`~selective_offload.estimate.traffic.ASSUMED_CPU_TFLOPS`).
     cpu_tflops: float | None = None
     #: The per-layer hand-off (seconds); ``None``: assumed
-    #: (:data:`~selective_offload.estimate.ASSUMED_HANDOFF_S`); the probe measures it.
+    #: (:data:`~selective_offload.estimate.traffic.ASSUMED_HANDOFF_S`); the probe measures it.
     handoff_s: float | None = None
     #: Ranks sharing this host (tensor or expert parallel): each computes its own share of
     #: the host experts with its share of the threads and of the host's memory bandwidth.

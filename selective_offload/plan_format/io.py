@@ -46,7 +46,8 @@ from typing import Any, Mapping, TypeVar
 
 from .. import jsonio
 from ..errors import PlanError, UserError
-from ..estimate import DEFAULT_ACCEPT_RATE, KvModel
+from ..acceptance import DEFAULT_ACCEPT_RATE
+from ..kv_model import KvModel
 from ..jsonio import FieldReader
 from ..outputs import write_files
 from .checks import check_bulk, check_derived, check_groups, check_host_compute, check_strategy, check_totals

@@ -16,23 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..estimate import (
-    DEFAULT_ACCEPT_RATE,
-    DEFAULT_DECODE_READ_FACTOR,
-    DEFAULT_UVA_READ_FACTOR,
-    REFERENCE_CPU_GBPS,
-    ExpertsRead,
-    crossover_sets,
-    host_compute_crossover,
-    KvModel,
-    StepSettings,
-    Traffic,
-    expert_read_fraction,
-    flops_per_token,
-    share_held_bytes,
-    share_native,
-    step_cost,
-)
+from ..acceptance import DEFAULT_ACCEPT_RATE
+from ..estimate.host import crossover_sets, host_compute_crossover, share_held_bytes, share_native
+from ..estimate.step import step_cost
+from ..estimate.traffic import (DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR, REFERENCE_CPU_GBPS, ExpertsRead,
+                                StepSettings, Traffic, expert_read_fraction, flops_per_token)
+from ..kv_model import KvModel
 from ..names import EMBED_SEGMENTS, has_segment
 from .inputs import PlanInputs
 from .vocabulary import (
@@ -134,7 +123,7 @@ class GroupPlan:
         """Device bytes of this group's device share (its first experts, or its first
         channels) in a plan whose CPU format is ``fmt``: routed experts of a format the share
         kernel reads as stored, at their stored size; any other share in bf16
-        (``estimate.share_native``, ``estimate.share_held_bytes``)."""
+        (``estimate.host.share_native``, ``estimate.host.share_held_bytes``)."""
         held = share_held_bytes(self.dtype_bytes, share_native(fmt, self.kind == GroupKind.EXPERTS))
         if self.device_experts:
             return held * self.device_experts // self.num_experts
@@ -312,7 +301,7 @@ class HostCompute:
     handoff_s: float
     handoff_source: str
     overlap: str = HOST_COMPUTE_OVERLAP
-    #: A split LM head's own crossover (``estimate.crossover_sets``: the most logits per step
+    #: A split LM head's own crossover (``estimate.host.crossover_sets``: the most logits per step
     #: its CPU part computes; above it its host rows are copied to the device); ``None``
     #: without one.
     head_crossover_tokens: int | None = None

@@ -14,15 +14,8 @@ from __future__ import annotations
 import math
 
 from ..checkpoint import Checkpoint, TensorInfo
-from ..estimate import (
-    EXPERTS_DEVICE,
-    EXPERTS_UVA,
-    ExpertsRead,
-    KvModel,
-    Traffic,
-    expert_read_fraction,
-    flops_per_token,
-)
+from ..estimate.traffic import EXPERTS_DEVICE, EXPERTS_UVA, ExpertsRead, Traffic, expert_read_fraction, flops_per_token
+from ..kv_model import KvModel
 from ..names import EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, experts_prefix, has_segment, layer_of
 from ..plan_format import (
     LAYER_KINDS,

@@ -5,7 +5,7 @@ on it (why a format stays host-uva, the rates, the crossover, the threads).
 The planner's quant methods (:mod:`.kernels`' names) map to the CPU kernels' formats
 (:data:`CPU_FORMATS`); the verdict per format is ``selective_offload.cpu_kernels.claimed``'s
 (one dict, the benchmark's). Nothing here prices a step: the step model
-(:func:`selective_offload.estimate.host_compute_times`) does, and the placement
+(:func:`selective_offload.estimate.host.host_compute_times`) does, and the placement
 (:func:`.placement.place_hot`) chooses.
 """
 

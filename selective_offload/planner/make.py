@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ..checkpoint import Checkpoint
 from ..errors import PlanError
-from ..estimate import KV_DTYPE_BYTES, KvModel, acceptance_default
+from ..acceptance import acceptance_default
+from ..kv_model import KV_DTYPE_BYTES, KvModel
 from ..plan_format import GroupKind, GroupPlan, Placement, Plan, PlanInputs, PlannedModel
 from ..plan_format import contents as plan_contents
 from ..plan_format.vocabulary import HOST_COMPUTE_NOTE, SERVED_UVA
@@ -24,7 +25,8 @@ from ..sizes import GB
 from .allocation import allocated_tensors, experts_bytes, padding_for
 from .baselines import baseline_notes, price_bulk
 from .grouping import group_tensors, model_fingerprint
-from ..estimate import StepSettings, host_compute_bound_tokens, share_native
+from ..estimate.host import host_compute_bound_tokens, share_native
+from ..estimate.traffic import StepSettings
 from .host_compute import (claim_of, claimed, cpu_format, declined_share_note, head_note, host_compute_notes,
                            mlp_cpu_format, mlp_unclaimed_note, unclaimed_reason)
 from .kernels import kernel_notes, method_of_config, pick
@@ -280,7 +282,7 @@ def _host_compute_lines(plan: Plan, tokens: int) -> tuple[str, ...]:
 def _shares_of(plan: Plan) -> tuple[int, tuple[int, ...], int, int, bool, str] | None:
     """A plan's device shares as :func:`host_compute_notes` states them: layers, experts or
     channels on the device of each of those layers (in order), of how many, their device
-    bytes, whether channels, and how they are held (``estimate.share_native``)."""
+    bytes, whether channels, and how they are held (``estimate.host.share_native``)."""
     split = [g for g in plan.groups if plan.share_bytes(g) and g.kind != GroupKind.MODULE]  # the head: its own note
     if not split:
         return None

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..estimate import copied_bytes, copied_step_bytes, expert_read_fraction
+from ..estimate.host import copied_bytes, copied_step_bytes
+from ..estimate.traffic import expert_read_fraction
 from ..names import EMBED_SEGMENTS, has_segment
 from ..plan_format import HOST_PLACEMENTS, LAYER_KINDS, Role, GroupKind, Placement, PlanInputs, Strategy
 from .grouping import Group
@@ -68,7 +69,7 @@ class Placing:
 
 def copied_transient_bytes(p: Placing) -> int:
     """The most device memory a step above the crossover holds at once (est): one
-    host-compute group's copy at a time (:func:`estimate.copied_step_bytes`)."""
+    host-compute group's copy at a time (:func:`estimate.host.copied_step_bytes`)."""
     def copied(g: Group) -> int:
         on_device, rows = p.head_rows.get(g.name, (0, 1))
         return copied_step_bytes(copied_bytes(g.nbytes, on_device, rows), g.num_experts, g.dtype_bytes,

@@ -4,7 +4,7 @@ A layer computed on the host a layer at a time leaves the GPU waiting while the 
 (the layer's output is the next layer's input). With a device share, every layer's
 host-compute work is on the host and part of each layer's bytes is also copied to the
 device, where the GPU computes it while the CPU computes the rest; the layer waits for the
-longer (``estimate.device_share_time``). The device's reads then hide under the CPU's time
+longer (``estimate.host.device_share_time``). The device's reads then hide under the CPU's time
 instead of adding to the step, and every layer's CPU work shrinks alike. KTransformers'
 ``gpu_experts_mask`` and SGLang's KT wrapper split MoE layers this way.
 
@@ -24,11 +24,11 @@ so no device memory the plan could use is left idle.
 
 Routed experts of an MXFP4 checkpoint are held on the device as stored and computed by the
 share kernel, which reads each picked expert there once (``wrappers.share_kernel``,
-``estimate.NATIVE_SHARE_FORMATS``); any other share is held in bf16 (the GPU computes it with
+``estimate.host.NATIVE_SHARE_FORMATS``); any other share is held in bf16 (the GPU computes it with
 torch ops that read bf16 once, where a quantized share would be dequantized at every step:
-``estimate.SHARE_MIN_BITS``). A share is as large as the device memory the
+``estimate.host.SHARE_MIN_BITS``). A share is as large as the device memory the
 placement leaves once every layer's work is on the host and nothing is prefetched; the step
-model prices what its path moves (``estimate.device_share_traffic``), so a share whose
+model prices what its path moves (``estimate.host.device_share_traffic``), so a share whose
 gathers cost the GPU more than the CPU saves is not kept. The host keeps every byte too (a layer's experts, or
 an MLP's projections, are one tensor each there), so the host memory checked must hold all
 of them. Each function returns the candidate placement and its shares, or ``None``; the
@@ -41,8 +41,8 @@ import math
 from typing import Any, Mapping
 
 from ..checkpoint import Checkpoint
-from ..estimate import (EXPERTS_CPU, ExpertsRead, StepSettings, decode_read_rate, device_share_time, flops_per_token,
-                        host_compute_time, share_held_bytes, share_native)
+from ..estimate.host import device_share_time, host_compute_time, share_held_bytes, share_native
+from ..estimate.traffic import EXPERTS_CPU, ExpertsRead, StepSettings, decode_read_rate, flops_per_token
 from ..names import NEVER_COLD_SEGMENTS, has_segment
 from ..plan_format import GroupKind, Placement, PlanInputs
 from .grouping import group_tensors
@@ -66,7 +66,7 @@ def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None,
                   reserved: int = 0) -> tuple[Placing, dict[str, tuple[int, int]]] | None:
     """Every decoder layer's routed experts computed on the host, and the first ``m`` of each
     also on the device, as many as the room holds (``m`` < E) held as the plan's CPU format
-    ``fmt`` holds a share (``estimate.share_native``). ``reserved``: device bytes the room
+    ``fmt`` holds a share (``estimate.host.share_native``). ``reserved``: device bytes the room
     keeps for another share (the LM head's rows, :func:`head_share`)."""
     experts = [g for g in p.groups if g.kind == GroupKind.EXPERTS and not g.mtp
                and p.where[g.name] in (Placement.DEVICE, Placement.HOST_COMPUTE)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..estimate import MAX_DRAFT_TOKENS, AcceptanceDefault, expected_tokens_per_step
+from ..acceptance import MAX_DRAFT_TOKENS, AcceptanceDefault, expected_tokens_per_step
 from ..plan_format import Alternative, Estimate, Plan
 
 

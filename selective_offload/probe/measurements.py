@@ -25,15 +25,15 @@ copies, the device synchronised before and after each copy:
   reads' shape: :func:`gemv_read_s`) reading page-locked host memory in place through a UVA
   device view, the way vLLM's ``cpu_offload_gb``, the UVA embedding and
   experts read in place are read: the SMs issue the reads over the link, which reaches less
-  than the copy engine does, and less as the buffer grows (``estimate.DEFAULT_UVA_READ_FACTOR`` cites the
+  than the copy engine does, and less as the buffer grows (``estimate.traffic.DEFAULT_UVA_READ_FACTOR`` cites the
   published figures). So its sizes go past the copies' (up to 4 GiB in a
   full probe). Bytes counted: the buffer, once.
 - **decode reads** (``decode_read_gbps``): a matrix-vector product over a bf16 weight as
   large as the largest copy, the shape of a batch-1 decode step's weight reads; bytes
   counted: the weight, once. Decode kernels read VRAM slower than a copy or a saturating
-  read kernel (``estimate.DEFAULT_DECODE_READ_FACTOR`` cites the published runs), so
+  read kernel (``estimate.traffic.DEFAULT_DECODE_READ_FACTOR`` cites the published runs), so
   planning prices VRAM reads at this when measured, else at the copy's rate x
-  ``estimate.DEFAULT_DECODE_READ_FACTOR``.
+  ``estimate.traffic.DEFAULT_DECODE_READ_FACTOR``.
 - **matmul** (``matmul_tflops``, ``matmul_dtype``): a square matrix product large enough to
   be compute-bound (bf16 on a GPU, float32 on the CPU), ``2 n^3`` FLOPs over its median
   time: the rate at which a decode step's FLOPs can run at best, so a layer costs at least

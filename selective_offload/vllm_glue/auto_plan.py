@@ -25,7 +25,7 @@ import torch
 
 from ..checkpoint import load_checkpoint
 from ..errors import PlanError, UserError
-from ..estimate import KV_DTYPE_BYTES, KvModel
+from ..kv_model import KV_DTYPE_BYTES, KvModel
 from ..plan_format import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS, moe_setting
 from ..plan_options import with_measured_cpu_rate

@@ -69,7 +69,7 @@ from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.layout import layout_of
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy
 from .auto_plan import card_of_worker
-from . import host_compute, host_head
+from . import host_compute, host_head, host_mlp
 from .host_resident import to_device, to_host_exact
 
 #: The attribute vLLM's UVA offloader sets on a parameter it turned into a UVA view, and
@@ -271,8 +271,8 @@ def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[i
             take_over_post_processing(module, module.quant_method, group, xl, None, run_original=False)
             continue
         if group in xl.mlps:
-            host_compute.mlp_format(group, module, device)
-            for part in host_compute.MLP_PARTS:
+            host_mlp.mlp_format(group, module, device)
+            for part in host_mlp.MLP_PARTS:
                 linear = getattr(module, part)
                 take_over_post_processing(linear, linear.quant_method, group, xl, None, run_original=False)
             continue
@@ -381,7 +381,7 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
         if computed:
             experts = (host_head.install_head(group, module, plan, device, model, buffers=buffers)
                        if group in xl.heads else
-                       host_compute.install_mlp(group, module, plan, device, buffers=buffers) if group in xl.mlps else
+                       host_mlp.install_mlp(group, module, plan, device, buffers=buffers) if group in xl.mlps else
                        host_compute.install(group, module, module.quant_method, plan, device, xl.shared,
                                             buffers=buffers))
             xl.compute[group] = experts

@@ -15,13 +15,9 @@ Post-processing is not run for these experts: every fused-MoE kernel's post-proc
 repacks for that kernel (Marlin tiles, padded scales), and the CPU kernel reads the layout
 ``create_weights`` made, the checkpoint's own. Steps above the crossover copy those bytes
 to the device and compute them there with plain torch ops, not vLLM's fused kernel.
-
-GPTQ's and AWQ's int4 weights are the one layout changed: their create_weights pack along
-the input dimension first, which a row walk cannot stream, so each tensor is rewritten
-row-major in its own storage (:func:`int4_rows`), the same bytes in the page-locked arena,
-and again after a reload. compressed-tensors' int4 (``pack-quantized``) is row-major
-already and is read as loaded. 4-bit groups without act-order: symmetric (value = nibble
-- 8), or AWQ's with zero points.
+GPTQ's and AWQ's int4 layouts are the one exception, rewritten in place
+(:mod:`.int4_layouts`). Dense MLPs on the host CPU: :mod:`.host_mlp`, through the same host
+experts and the helpers here (:func:`refuse_unserved`, :func:`threads_of`).
 
 Which vLLM quant methods are served, and in which CPU format: :data:`FORMATS` (read from
 vLLM 0.33's ``create_weights`` of each; checked by tests/contract). A method not listed,
@@ -38,14 +34,14 @@ from torch import nn
 
 from .. import cpu_kernels
 from ..cpu_kernels import Activation, ExpertWeights
-from ..cpu_kernels.channels import split_channels
 from ..cpu_kernels.reference import held_share
 from ..errors import PlanError
-from ..estimate import share_native
-from ..plan_format import GroupKind, Placement, Plan
+from ..estimate.host import share_native
+from ..plan_format import Plan
 from ..planner import kernels
 from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.host_compute import HostExperts
+from .int4_layouts import AWQ_METHODS, int4_rows, refuse_unread_int4
 
 #: The table's method (``kernels.method_of_vllm``) -> the CPU kernel's format, by the dtype
 #: vLLM loads the weights in (unquantized experts are in the model's dtype).
@@ -55,17 +51,6 @@ FORMATS: dict[str, dict[torch.dtype | None, str]] = {
     "fp8-block": {None: "fp8-block"},
     "wna16": {None: "int4"},
 }
-#: The W4A16 methods whose create_weights layout :func:`int4_rows` reads (vLLM 0.33's
-#: auto_gptq.py, and the names before its rename), for experts and for linears.
-GPTQ_METHODS = ("AutoGPTQMoEMethod", "GPTQMarlinMoEMethod", "AutoGPTQLinearMethod", "GPTQMarlinLinearMethod")
-#: The same for AWQ (the CPU build serves its linears by AutoAWQMarlinLinearMethod).
-AWQ_METHODS = ("AutoAWQMoEMethod", "AWQMarlinMoEMethod", "AutoAWQLinearMethod", "AutoAWQMarlinLinearMethod",
-               "AWQMarlinLinearMethod")
-#: AWQ packs eight output columns per int32 in this order: nibble i holds column AWQ_ORDER[i].
-AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-#: compressed-tensors' W4A16 experts method and linear scheme, whose layout is the kernel's
-#: (``weight_packed`` [.., N, K/8] int32 and ``weight_scale`` [.., N, K/g], row-major).
-CT_INT4 = ("CompressedTensorsWNA16MoEMethod", "CompressedTensorsWNA16")
 #: vLLM's activations the CPU kernel computes, by ``MoEActivation`` value.
 ACTIVATIONS = {"silu": "silu", "swigluoai": "swigluoai"}
 MECHANISM = "compute (the host CPU computes the routed experts where they live)"
@@ -85,110 +70,6 @@ def format_of(group: str, method: Any, module: nn.Module, device: torch.device =
         refuse_unread_int4(group, method)
     refuse_unserved(f"{group}: the plan computes these routed experts on the host CPU in {fmt}", fmt, device)
     return fmt
-
-
-def refuse_unread_int4(group: str, method: Any, what: str = "these routed experts") -> None:
-    """W4A16 weights the int4 kernel reads: GPTQ's, AWQ's or compressed-tensors' layout,
-    4-bit groups of a multiple of 32 columns (or one per channel), symmetric or with AWQ's
-    zero points, no act-order; anything else one line."""
-    name = type(method).__name__
-    if name in CT_INT4:
-        bits, sym, group_size = method.num_bits, bool(method.symmetric), method.group_size
-        act_order = getattr(getattr(method, "weight_quant", None), "actorder", None) == "group"
-    elif name in AWQ_METHODS:  # zero points the kernel reads: "symmetric" for its purpose
-        qc = method.quant_config
-        bits, sym, group_size, act_order = qc.weight_bits, bool(qc.zero_point), qc.group_size, False
-    else:
-        qc = getattr(method, "quant_config", None)
-        bits = getattr(getattr(qc, "quant_type", None), "size_bits", None)
-        sym, group_size = bool(getattr(qc, "is_sym", False)), getattr(qc, "group_size", None)
-        act_order = bool(getattr(qc, "desc_act", False))
-    why = None
-    if name not in GPTQ_METHODS + AWQ_METHODS + CT_INT4:
-        why = f"{name}'s layout (the int4 kernel reads GPTQ's, AWQ's and compressed-tensors')"
-    elif bits != 4 or not sym:
-        why = (f"{bits}-bit AWQ weights{'' if sym else ' without zero points'}" if name in AWQ_METHODS else
-               f"{bits}-bit {'symmetric' if sym else 'asymmetric (zero points)'} weights")
-    elif act_order:
-        why = "act-order groups"
-    elif not isinstance(group_size, int) or (group_size != -1 and group_size % 32):
-        why = f"groups of {group_size} columns (the kernel reads multiples of 32)"
-    if why is not None:
-        raise PlanError(f"{group}: the plan computes {what} on the host CPU in int4, and the int4 kernel "
-                        f"reads 4-bit groups (symmetric, or AWQ's with zero points), not {why}; plan them "
-                        "host-uva or on the device")
-
-
-def _unpack_awq(q: torch.Tensor) -> torch.Tensor:
-    """AWQ's [.., rows, N/8] int32 as [.., rows, N] codes in column order."""
-    nibbles = torch.stack([(q >> (4 * i)) & 0xF for i in range(8)], dim=-1)
-    inverse = [AWQ_ORDER.index(c) for c in range(8)]
-    return nibbles[..., inverse].flatten(-2).to(torch.uint8)
-
-
-def awq_rows_in_place(q: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor | None):
-    """One AWQ weight as the int4 kernel reads it, rewritten in its own storages: qweight
-    ([E, K, N/8] or [K, N/8] int32, eight output columns per word in AWQ's order) as
-    row-major nibbles [E, N, K/2], scales ([.., K/g, N]) as [E, N, K/g], and qzeros ([..,
-    K/g, N/8], the same packing) as a byte per group for each pair of rows [E, N/2, K/g]
-    (row 2m's zero point in the low nibble): each the same bytes as before."""
-    q3, s3 = (q, scale) if q.dim() == 3 else (q.unsqueeze(0), scale.unsqueeze(0))
-    E, K, packed = q3.shape
-    codes = _unpack_awq(q3).transpose(1, 2)  # [E, N, K]
-    # mutation: awq-rows-not-rewritten
-    q3.view(-1).view(torch.uint8).copy_((codes[..., 0::2] | (codes[..., 1::2] << 4)).reshape(-1))
-    s3.view(-1).copy_(s3.transpose(1, 2).contiguous().view(-1))
-    N = packed * 8
-    out = [q3.view(-1).view(torch.uint8).view(E, N, K // 2), s3.view(E, N, s3.shape[1])]
-    if zeros is None:
-        return *out, None
-    z3 = zeros if zeros.dim() == 3 else zeros.unsqueeze(0)
-    z = _unpack_awq(z3).transpose(1, 2)  # [E, N, K/g]
-    z3.view(-1).view(torch.uint8).copy_((z[:, 0::2] | (z[:, 1::2] << 4)).reshape(-1))
-    return *out, z3.view(-1).view(torch.uint8).view(E, N // 2, z.shape[-1])
-
-
-def rows_in_place(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One GPTQ weight as the int4 kernel reads it, rewritten in its own storage: qweight
-    ([E, K/8, N] or [K/8, N] int32, 8 nibbles of consecutive inputs per word) and scales
-    ([E, K/g, N] or [K/g, N]) transposed row-major (the output's rows, their inputs
-    consecutive: a word's nibbles are then bytes in the order the kernel reads, low nibble
-    first). Returns uint8 [E, N, K/2] and scales [E, N, K/g] (E = 1 for a linear)."""
-    q3, s3 = (q, scale) if q.dim() == 3 else (q.unsqueeze(0), scale.unsqueeze(0))
-    E, packed, N = q3.shape
-    # mutation: gptq-rows-not-transposed
-    q3.view(-1).copy_(q3.transpose(1, 2).contiguous().view(-1))
-    s3.view(-1).copy_(s3.transpose(1, 2).contiguous().view(-1))
-    return q3.view(-1).view(torch.uint8).view(E, N, packed * 4), s3.view(E, N, s3.shape[1])
-
-
-def _rewritten(which: str, q: torch.Tensor, scale: torch.Tensor, zeros: Any, awq: bool) -> dict[str, torch.Tensor]:
-    """``which``'s tensors (``w13`` or ``w2``) for the int4 kernel, GPTQ's or AWQ's (with its
-    zero points, when it holds them) rewritten in place."""
-    if not awq:
-        return dict(zip((which, f"{which}_scale"), rows_in_place(q, scale)))
-    z = zeros.data if isinstance(zeros, torch.Tensor) else None
-    return dict(zip((which, f"{which}_scale", f"{which}_zeros"), awq_rows_in_place(q, scale, z)))
-
-
-def int4_rows(module: nn.Module, awq: bool, shared: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """GPTQ's or AWQ's experts as the int4 kernel reads them, each of w13/w2 rewritten in
-    place (:func:`rows_in_place`, :func:`awq_rows_in_place`). Idempotent: a module already
-    rewritten is read as it is."""
-    done = getattr(module, "_selective_offload_int4_rows", None)
-    if done is not None:
-        return done
-    out = {}
-    for which in ("w13", "w2"):
-        out.update(_rewritten(which, getattr(module, f"{which}_qweight").data, getattr(module, f"{which}_scales").data,
-                              getattr(module, f"{which}_qzeros", None), awq))
-    loaded = getattr(module, "_loaded_expert_biases", ())
-    for name in ("w13_bias", "w2_bias"):
-        t = getattr(module, name, None)
-        if isinstance(t, torch.Tensor) and name in loaded and name not in shared:
-            out[name] = t.data
-    module._selective_offload_int4_rows = out
-    return out
 
 
 def refuse_unserved(what: str, fmt: str, device: torch.device) -> None:
@@ -424,197 +305,3 @@ def live_counters(experts: HostExperts):
     fixed["device_share"] = {"what": _share_words(experts), "bytes": share.nbytes, "device": str(share.w13.device)}
     picks = experts.share_picks
     return lambda: {"host_compute": {**counts.as_dict(), "device_share_picks": int(picks.item())}, **fixed}
-
-
-# --------------------------------------------------------------------------- dense MLPs
-
-#: A dense MLP's fused projections as vLLM builds them (Qwen2/Qwen3/Llama/Mistral MLPs:
-#: ``gate_up_proj`` a MergedColumnParallelLinear of [gate; up], ``down_proj`` a
-#: RowParallelLinear, ``act_fn`` SiluAndMul).
-MLP_PARTS = ("gate_up_proj", "down_proj")
-#: The linear methods the CPU kernels read, by ``type(quant_method).__name__`` and weight dtype.
-LINEAR_FORMATS: dict[str, dict[torch.dtype | None, str]] = {
-    "UnquantizedLinearMethod": {torch.bfloat16: "bf16", torch.float32: "f32"},
-    "Fp8LinearMethod": {None: "fp8-block"},
-    "AutoGPTQLinearMethod": {None: "int4"},
-    "GPTQMarlinLinearMethod": {None: "int4"},
-    "CompressedTensorsLinearMethod": {None: "int4"},  # its W4A16 scheme only (mlp_format)
-    **{name: {None: "int4"} for name in AWQ_METHODS if "Linear" in name},
-}
-
-
-def mlp_format(group: str, mlp: nn.Module, device: torch.device) -> str:
-    """The CPU kernel's format for a dense MLP's projections, or a one-line refusal."""
-    parts = [getattr(mlp, name, None) for name in MLP_PARTS]
-    if any(p is None or not hasattr(p, "quant_method") for p in parts):
-        raise PlanError(f"{group}: the plan computes this MLP on the host CPU, and vLLM built it as "
-                        f"{type(mlp).__name__} without fused gate_up_proj and down_proj linears; plan it on the device")
-    act = type(getattr(mlp, "act_fn", None)).__name__
-    if act != "SiluAndMul":
-        raise PlanError(f"{group}: the CPU kernels compute SiLU-gated MLPs, and this one's activation is {act}; "
-                        "plan it on the device")
-    formats = set()
-    for part in parts:
-        method = type(part.quant_method).__name__
-        by_dtype = LINEAR_FORMATS.get(method, {})
-        weight = next((t for t in (getattr(part, n, None) for n in ("weight", "qweight", "weight_packed"))
-                       if isinstance(t, torch.Tensor)), None)
-        dtype = None if weight is None else weight.dtype
-        fmt = by_dtype.get(dtype if None not in by_dtype else None)
-        if fmt == "fp8-block" and not getattr(part.quant_method, "block_quant", False):
-            fmt = None
-        scheme = getattr(part, "scheme", None)
-        if method == "CompressedTensorsLinearMethod" and type(scheme).__name__ not in CT_INT4:
-            fmt = None
-        if fmt == "int4":
-            refuse_unread_int4(group, scheme if scheme is not None else part.quant_method, "this MLP")
-        if fmt is None:
-            raise PlanError(f"{group}: the CPU kernels have no format for {method} with {dtype} weights; plan this "
-                            "MLP on the device")
-        formats.add(fmt)
-    if len(formats) != 1:
-        raise PlanError(f"{group}: its projections are in different formats ({', '.join(sorted(formats))}); plan this "
-                        "MLP on the device")
-    fmt = formats.pop()
-    refuse_unserved(f"{group}: the plan computes this MLP on the host CPU in {fmt}", fmt, device)
-    return fmt
-
-
-def mlp_weights(group: str, mlp: nn.Module, fmt: str) -> ExpertWeights:
-    """The MLP as one expert: W13 = gate_up_proj's [gate; up] rows, W2 = down_proj's."""
-    gate_up, down = mlp.gate_up_proj, mlp.down_proj
-    for part in (gate_up, down):
-        if getattr(part, "bias", None) is not None:
-            raise PlanError(f"{group}: {type(part).__name__} has a bias, which the host MLP does not add; plan this "
-                            "MLP on the device")
-
-    def scale(part: nn.Module) -> torch.Tensor | None:
-        t = getattr(part, "weight_scale_inv", None)
-        return None if t is None else t.data.unsqueeze(0)
-
-    if fmt == "int4":
-        return ExpertWeights(fmt, **mlp_rows(mlp))
-    block = getattr(gate_up.quant_method, "weight_block_size", None)
-    extra = {"block": tuple(block)} if fmt == "fp8-block" and block else {}
-    try:
-        return ExpertWeights(fmt, gate_up.weight.data.unsqueeze(0), down.weight.data.unsqueeze(0),
-                             w13_scale=scale(gate_up), w2_scale=scale(down), **extra)
-    except ValueError as exc:
-        raise PlanError(f"{group}: its weights are not in the layout the CPU kernel reads ({exc}); plan this MLP "
-                        "on the device") from None
-
-
-def mlp_rows(mlp: nn.Module) -> dict[str, torch.Tensor]:
-    """An int4 MLP as one expert: compressed-tensors' projections as loaded, GPTQ's and AWQ's
-    rewritten in place (:func:`rows_in_place`, :func:`awq_rows_in_place`); idempotent, as
-    :func:`int4_rows`."""
-    parts = (("w13", mlp.gate_up_proj), ("w2", mlp.down_proj))
-    if all(isinstance(getattr(p, "weight_packed", None), torch.Tensor) for _, p in parts):  # compressed-tensors
-        return {k: v for which, p in parts for k, v in ((which, p.weight_packed.data.view(torch.uint8).unsqueeze(0)),
-                                                        (f"{which}_scale", p.weight_scale.data.unsqueeze(0)))}
-    done = getattr(mlp, "_selective_offload_int4_rows", None)
-    if done is None:
-        done = {}
-        for which, part in parts:
-            done.update(_rewritten(which, part.qweight.data, part.scales.data, getattr(part, "qzeros", None),
-                                   type(part.quant_method).__name__ in AWQ_METHODS))
-        mlp._selective_offload_int4_rows = done
-    return done
-
-
-def relayout_after_reload(mlp: nn.Module) -> None:
-    """A reload copies GPTQ's layout into the same tensors and then runs each projection's
-    post-processing (kept as loaded here): rewrite the MLP's rows again after it."""
-    for part in (mlp.gate_up_proj, mlp.down_proj):
-        method = part.quant_method
-        original = method.process_weights_after_loading
-
-        def process_weights_after_loading(layer, _original=original):
-            _original(layer)
-            # mutation: int4-reload-not-rewritten
-            mlp.__dict__.pop("_selective_offload_int4_rows", None)
-            if layer is mlp.down_proj:  # both projections reloaded: the MLP's rows again
-                mlp_rows(mlp)
-
-        method.process_weights_after_loading = process_weights_after_loading
-
-
-def split_mlp(group: str, weights: ExpertWeights, channels: int,
-              device: torch.device) -> tuple[ExpertWeights, ExpertWeights | None]:
-    """The MLP's host part and its device share (the first ``channels`` channels held on
-    ``device``: :func:`cpu_kernels.reference.held_share`), rearranged in the MLP's own storage
-    (:func:`cpu_kernels.channels.split_channels`); without a share, the MLP as it is and ``None``."""
-    if not channels:
-        return weights, None
-    try:
-        host, share = split_channels(weights, channels)
-    except ValueError as exc:
-        raise PlanError(f"{group}: the plan keeps the first {channels} channels of this MLP on the device, and they "
-                        f"cannot be split off here ({exc}); plan with --no-device-share") from None
-    # mutation: channel-share-not-copied
-    return host, held_share(share, 1, device)
-
-
-def resplit_after_reload(group: str, mlp: nn.Module, experts: HostExperts, fmt: str, channels: int) -> None:
-    """A reload copies the checkpoint's layout into the same tensors (and GPTQ's rows are
-    rewritten again by :func:`relayout_after_reload`): split them again in place, the host
-    part where the kernel reads it, and hold the new share in the device tensors a
-    captured graph holds."""
-    down = mlp.down_proj
-    original = down.quant_method.process_weights_after_loading
-
-    def process_weights_after_loading(layer, _original=original):
-        _original(layer)
-        # mutation: channel-resplit-skipped
-        if layer is down:  # both projections reloaded
-            host, share = split_channels(mlp_weights(group, mlp, fmt), channels)  # it fitted at install
-            experts.weights = host
-            held_share(share, 1, experts.share.w13.device, into=experts.share)
-
-    down.quant_method.process_weights_after_loading = process_weights_after_loading
-
-
-def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device,
-                buffers: HostBuffers | None = None) -> HostExperts:
-    """Serve the dense MLP ``mlp`` on the host CPU from now on: an MoE of one expert that
-    every token takes, through the same host experts and op as routed experts. With tensor
-    parallelism each rank computes its shard and the partial sums are all-reduced, as
-    ``down_proj`` (a RowParallelLinear) would."""
-    from ..wrappers.host_compute import register
-
-    fmt = mlp_format(group, mlp, device)
-    setting = plan.host_compute
-    if setting is None:
-        raise PlanError(f"{group}: the plan computes this MLP on the host but states no crossover (host_compute); "
-                        "make the plan again")
-    planned = plan.group_of(group)
-    channels = planned.device_channels if planned is not None else 0
-    weights, share = split_mlp(group, mlp_weights(group, mlp, fmt), channels, device)
-    experts = HostExperts(group, weights, Activation("silu"), crossover_tokens=setting.crossover_tokens,
-                          threads=threads_of(setting, device), device=device, device_share=share, share_channels=True,
-                          buffers=buffers, experts_per_token=1)
-    if fmt == "int4" and not isinstance(getattr(mlp.gate_up_proj, "weight_packed", None), torch.Tensor):
-        relayout_after_reload(mlp)  # GPTQ's rows, rewritten at install
-    if channels:
-        resplit_after_reload(group, mlp, experts, fmt, channels)
-    key = register(experts)
-    down = mlp.down_proj
-    reduce = bool(getattr(down, "reduce_results", True)) and int(getattr(down, "tp_size", 1) or 1) > 1
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        tokens = flat.shape[0]
-        ids = torch.zeros((tokens, 1), dtype=torch.int32, device=flat.device)
-        weights = torch.ones((tokens, 1), dtype=torch.float32, device=flat.device)
-        out = torch.ops.selective_offload.experts_on_host(flat, ids, weights, key)
-        # mutation: host-mlp-not-reduced
-        if reduce:
-            from vllm.distributed import tensor_model_parallel_all_reduce
-
-            out = tensor_model_parallel_all_reduce(out)
-        return out.reshape(x.shape)
-
-    # mutation: host-mlp-not-installed
-    mlp.forward = forward
-    mlp._selective_offload_host_mlp = experts  # the model holds the host experts, as it holds the MLP
-    return experts

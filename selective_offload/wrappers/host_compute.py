@@ -40,7 +40,7 @@ import torch
 
 from .. import cpu_kernels
 from ..cpu_kernels import Activation, ExpertWeights
-from ..estimate import NATIVE_SHARE_FORMATS, share_native
+from ..estimate.host import NATIVE_SHARE_FORMATS, share_native
 from ..worker_buffers import Unit
 from .host_buffers import HostBuffers
 

@@ -7,7 +7,7 @@ Why: a share held in bf16 (``cpu_kernels.reference.held_share``) costs an MXFP4 
 about four times the bytes it stores, and torch ops would dequantize a share held as stored at
 every step, many times its bytes in memory traffic. This kernel reads each picked expert's
 stored bytes once per step, so the share costs the device its stored size and the step
-model prices its traffic so (``estimate.NATIVE_SHARE_FORMATS``, ``device_share_traffic``).
+model prices its traffic so (``estimate.host.NATIVE_SHARE_FORMATS``, ``device_share_traffic``).
 
 Two Triton kernels, one program per (block of output rows, expert of the share), on a fixed
 grid (a CUDA graph captures it): each program walks the step's pick slots and, for each

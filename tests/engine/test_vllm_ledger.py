@@ -31,7 +31,7 @@ TOLERANCE = 0.02
 @pytest.fixture
 def counted(monkeypatch):
     """Every allocation of the worker's own, by the class of its site."""
-    from selective_offload.vllm_glue import host_compute, host_head
+    from selective_offload.vllm_glue import host_compute, host_head, host_mlp
     from selective_offload.wrappers import host_buffers
 
     made = {DEVICE: 0, PAGE_LOCKED: 0, PAGEABLE: 0}
@@ -59,6 +59,7 @@ def counted(monkeypatch):
     monkeypatch.setattr(host_buffers, "allocate_staging", count_staging)
     monkeypatch.setattr(host_buffers, "allocate_workspace", count_workspace)
     monkeypatch.setattr(host_compute, "held_share", count_share)
+    monkeypatch.setattr(host_mlp, "held_share", count_share)
     monkeypatch.setattr(host_head, "HostRows", CountedRows)
     return made
 

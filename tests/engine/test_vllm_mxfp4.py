@@ -70,7 +70,7 @@ def test_decode_on_the_host_and_prefill_on_the_device(run):
 
 def test_the_decode_plan_keeps_an_mxfp4_share_held_as_stored_and_computes_its_picks_there(run):
     """The crossover plan keeps each layer's first experts on the device as stored (the
-    share kernel's format, ``estimate.NATIVE_SHARE_FORMATS``; on this CPU build torch's ops
+    share kernel's format, ``estimate.host.NATIVE_SHARE_FORMATS``; on this CPU build torch's ops
     on the stored experts stand in for the kernel, and the tokens above are checked with it):
     the report shows each share at its stored size, not bf16's, and the picks it computed."""
     shared = [g for g in run.decode.groups if g.device_experts]

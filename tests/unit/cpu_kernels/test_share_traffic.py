@@ -1,5 +1,5 @@
 """The device share's path, and the path above the crossover, move what the step model
-prices (``estimate.device_share_traffic``, ``estimate.COPIED_PATH_TRAFFIC``).
+prices (``estimate.host.device_share_traffic``, ``estimate.host.COPIED_PATH_TRAFFIC``).
 
 The planner keeps a device share only where the GPU's part, priced from the bytes the path
 moves, hides under the CPU's, and sets the crossover where the copied path's bytes cost more
@@ -20,7 +20,8 @@ from torch.utils._pytree import tree_flatten
 from selective_offload.cpu_kernels import Activation
 from selective_offload.cpu_kernels.reference import held_share, moe_copied, moe_picked, moe_reference
 from selective_offload.cpu_kernels.weights import random_experts
-from selective_offload.estimate import COPIED_PATH_TRAFFIC, ExpertsRead, device_share_traffic, share_gathers
+from selective_offload.estimate.host import COPIED_PATH_TRAFFIC, device_share_traffic, share_gathers
+from selective_offload.estimate.traffic import ExpertsRead
 
 H, I = 2048, 512
 GATHERS = {"aten::index_select", "aten::index", "aten::gather"}

@@ -13,7 +13,7 @@ import transformers
 from helpers import write_config
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import UserError
-from selective_offload.estimate import EXPERTS_CPU
+from selective_offload.estimate.traffic import EXPERTS_CPU
 from selective_offload.model_match import check_plan_matches_model
 from selective_offload.planner import PlanInputs, kernels, make_plan
 from selective_offload.planner.allocation import tensor_dims

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from builders import MB
-from selective_offload.estimate import ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS
+from selective_offload.estimate.traffic import ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS
 from selective_offload.plan_format import Plan
 from selective_offload.render import render_plan
 from test_host_compute import EXPERTS_BYTES, E, K, computed, moe, plan_of, refused_edit
@@ -139,13 +139,13 @@ def test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks(
 def test_an_mxfp4_share_is_held_as_stored_sized_so_and_kept_for_the_faster_step(tmp_path):
     """gpt-oss-20b (MXFP4) on 8 GiB: the room left once every layer's experts are on the host
     holds as many of each layer's first experts as fit at their stored size (the share kernel
-    reads them so: ``estimate.NATIVE_SHARE_FORMATS``), more than would fit in bf16; priced by
+    reads them so: ``estimate.host.NATIVE_SHARE_FORMATS``), more than would fit in bf16; priced by
     the stored bytes of the share's picked experts, read once, the share beats the
     layer-at-a-time placement, and the plan says how it is held."""
     import sys
 
     from helpers import REPO
-    from selective_offload.estimate import share_held_bytes
+    from selective_offload.estimate.host import share_held_bytes
     from selective_offload.planner import PlanInputs, make_plan
     from selective_offload.sizes import GiB
 
@@ -182,15 +182,15 @@ def test_a_share_held_wide_is_sized_so_and_declined_when_its_path_moves_more(tmp
     import sys
 
     from helpers import REPO
-    from selective_offload import estimate
-    from selective_offload.estimate import share_held_bytes
+    from selective_offload.estimate import host as estimate_host
+    from selective_offload.estimate.host import share_held_bytes
     from selective_offload.planner import PlanInputs, make_plan
     from selective_offload.sizes import GiB
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     import moe_reference_plans
 
-    monkeypatch.setattr(estimate, "NATIVE_SHARE_FORMATS", frozenset())
+    monkeypatch.setattr(estimate_host, "NATIVE_SHARE_FORMATS", frozenset())
     label, gib, _, ckpt = next(moe_reference_plans.case_checkpoints(tmp_path))
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB))
     assert not plan.device_share_bytes

@@ -14,14 +14,8 @@ import pytest
 
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.cli import BUNDLED
-from selective_offload.estimate import (
-    ACCEPTANCE_DEFAULTS,
-    DEFAULT_DECODE_READ_FACTOR,
-    DEFAULT_UVA_READ_FACTOR,
-    GENERIC_ACCEPTANCE,
-    MAX_DRAFT_TOKENS,
-    acceptance_default,
-)
+from selective_offload.acceptance import ACCEPTANCE_DEFAULTS, GENERIC_ACCEPTANCE, MAX_DRAFT_TOKENS, acceptance_default
+from selective_offload.estimate.traffic import DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR
 from selective_offload.planner import PlanInputs, best_draft_tokens, draft_flips, make_plan, spec_estimate
 from selective_offload.sizes import GiB
 from helpers import REPO
@@ -219,13 +213,14 @@ def test_the_default_decode_factor_is_the_calibration_point_arithmetic():
                                                     "h100-sxm-llama-3.1-8b-fp16"}
     assert all(v["within"] for v in row["validates"])
     # a decode rate measured the way decode reads is taken as is; a datasheet one is scaled
-    from selective_offload.estimate import decode_read_rate
+    from selective_offload.estimate.traffic import decode_read_rate
 
     assert decode_read_rate(1000.0) == pytest.approx(720.0) and decode_read_rate(1000.0, 640.0) == 640.0
 
 
 def test_each_mechanism_at_its_own_rate():
-    from selective_offload.estimate import StepSettings, Traffic, step_cost
+    from selective_offload.estimate.step import step_cost
+    from selective_offload.estimate.traffic import StepSettings, Traffic
 
     gb = 10 ** 9
     traffic = Traffic(layers=((gb, True), (gb, False)), uva_bytes=2 * gb, row_bytes_host=1000)
@@ -282,7 +277,7 @@ def test_cli_takes_the_uva_rate_and_the_probe_s_only_with_its_link(capsys, tmp_p
 
 
 def test_flops_are_counted_from_stored_bytes():
-    from selective_offload.estimate import flops_per_token
+    from selective_offload.estimate.traffic import flops_per_token
 
     assert flops_per_token({"BF16": 100}) == 100  # 50 parameters
     assert flops_per_token({"F8_E4M3": 100}) == 200
@@ -291,7 +286,8 @@ def test_flops_are_counted_from_stored_bytes():
 
 
 def test_a_layer_costs_at_least_its_compute():
-    from selective_offload.estimate import StepSettings, Traffic, step_cost
+    from selective_offload.estimate.step import step_cost
+    from selective_offload.estimate.traffic import StepSettings, Traffic
 
     traffic = Traffic(layers=((10 ** 9, False), (10 ** 9, False)), layer_flops=(2e9, 2e9), other_flops=1e9,
                       other_device_bytes=10 ** 9)

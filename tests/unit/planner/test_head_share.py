@@ -11,7 +11,7 @@ import json
 import pytest
 
 from builders import MB, make_ckpt
-from selective_offload.estimate import ASSUMED_HANDOFF_S, DEFAULT_DECODE_READ_FACTOR, REFERENCE_CPU_GBPS
+from selective_offload.estimate.traffic import ASSUMED_HANDOFF_S, DEFAULT_DECODE_READ_FACTOR, REFERENCE_CPU_GBPS
 from selective_offload.plan_format import Plan
 from selective_offload.plan_format.vocabulary import REFERENCE_VRAM_GBPS
 from selective_offload.picture import DEVICE_SHARE, picture_data
@@ -119,15 +119,16 @@ def test_the_split_head_round_trips_and_an_edit_the_format_does_not_allow_is_ref
 
 def test_the_head_leaves_the_cpu_at_its_own_crossover_and_the_step_model_copies_it_above():
     """The head's CPU part turns compute-bound at far fewer logits per step than a layer's
-    experts, so it has a crossover of its own (``estimate.crossover_sets``), by hand: the
+    experts, so it has a crossover of its own (``estimate.host.crossover_sets``), by hand: the
     largest step at which its rows on the CPU (their bytes at the host rate or their FLOPs at
     the CPU's matmul rate, and a hand-off) beat copying them over the link (and the GPU
     reading them beside its own rows). Between the two crossovers the step model computes the
     experts on the CPU and copies the head's rows."""
     from dataclasses import replace
 
-    from selective_offload.estimate import (ASSUMED_CPU_TFLOPS, DEFAULT_UVA_READ_FACTOR, EXPERTS_CPU, StepSettings,
-                                            host_compute_crossover, host_compute_times)
+    from selective_offload.estimate.host import host_compute_crossover, host_compute_times
+    from selective_offload.estimate.traffic import (ASSUMED_CPU_TFLOPS, DEFAULT_UVA_READ_FACTOR, EXPERTS_CPU,
+                                                    StepSettings)
     from selective_offload.plan_format import Estimate
     from selective_offload.plan_format.vocabulary import REFERENCE_LINK_GBPS
 

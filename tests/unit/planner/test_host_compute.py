@@ -13,15 +13,8 @@ from builders import MB, make_ckpt
 from helpers import REPO
 from selective_offload.anchors import LLAMA_CPP, anchors_for
 from selective_offload.errors import PlanError
-from selective_offload.estimate import (
-    COPIED_PATH_TRAFFIC,
-    EXPERTS_CPU,
-    ExpertsRead,
-    StepSettings,
-    expert_read_fraction,
-    host_compute_crossover,
-    host_compute_times,
-)
+from selective_offload.estimate.host import COPIED_PATH_TRAFFIC, host_compute_crossover, host_compute_times
+from selective_offload.estimate.traffic import EXPERTS_CPU, ExpertsRead, StepSettings, expert_read_fraction
 from selective_offload.plan_format import Plan
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.probe import Profile

@@ -11,14 +11,8 @@ import pytest
 
 from builders import MB, make_ckpt
 from selective_offload.errors import PlanError
-from selective_offload.estimate import (
-    EXPERTS_CPU,
-    ExpertsRead,
-    StepSettings,
-    host_compute_bound_tokens,
-    host_compute_crossover,
-    host_compute_times,
-)
+from selective_offload.estimate.host import host_compute_bound_tokens, host_compute_crossover, host_compute_times
+from selective_offload.estimate.traffic import EXPERTS_CPU, ExpertsRead, StepSettings
 from selective_offload.model_match import differences
 from selective_offload.plan_format import Plan
 from selective_offload.planner import PlanInputs, make_plan

@@ -21,7 +21,7 @@ from helpers import write_config
 from helpers import REPO
 
 LINK = 13.9e9  # the reference laptop's link (docs/design/reference-measurements.md), which the plans default to
-UVA = 0.86 * LINK  # kernels reading host memory in place: the default UVA read rate (estimate.py)
+UVA = 0.86 * LINK  # kernels reading host memory in place: the default UVA read rate (estimate/traffic.py)
 
 
 def plan_of(path, gib, **inputs):

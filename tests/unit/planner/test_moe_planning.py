@@ -12,7 +12,7 @@ import torch
 
 from selective_offload.checkpoint import ModelFacts
 from selective_offload.errors import PlanError
-from selective_offload.estimate import expert_read_fraction
+from selective_offload.estimate.traffic import expert_read_fraction
 from selective_offload.model_match import check_plan_matches_model
 from selective_offload.names import experts_prefix, group_key, group_keys
 from selective_offload.plan_format import Placement, Plan

@@ -19,7 +19,7 @@ from torch import nn
 from selective_offload import cpu_kernels as ck
 from selective_offload.errors import PlanError
 from selective_offload.planner import host_compute as planned
-from selective_offload.vllm_glue import host_compute
+from selective_offload.vllm_glue import host_compute, host_mlp, int4_layouts
 
 E, H, I = 4, 256, 192
 
@@ -98,11 +98,11 @@ def test_int4_the_kernel_cannot_read_is_refused_in_one_line(overrides, why):
     if "desc_act" in overrides:
         qc.desc_act = True
     with pytest.raises(PlanError, match=f"reads 4-bit groups .*, not .*{why}") as e:
-        host_compute.refuse_unread_int4("model.layers.0.mlp.experts", gptq_method(qc))
+        int4_layouts.refuse_unread_int4("model.layers.0.mlp.experts", gptq_method(qc))
     assert "\n" not in str(e.value) and "host-uva" in str(e.value)
     other = SimpleNamespace(quant_config=gptq_config())
     with pytest.raises(PlanError, match="SimpleNamespace's layout"):
-        host_compute.refuse_unread_int4("g", other)
+        int4_layouts.refuse_unread_int4("g", other)
 
 
 def test_the_planner_offers_int4_only_for_the_layout_the_glue_reads():
@@ -151,14 +151,14 @@ def test_a_reload_in_gptqs_layout_is_rewritten_again():
         part.scales = nn.Parameter(packed[name][1].clone(), False)
         part.quant_method = SimpleNamespace(process_weights_after_loading=lambda layer: None)
         setattr(mlp, name, part)
-    first = {k: v.clone() for k, v in host_compute.mlp_rows(mlp).items()}
-    host_compute.relayout_after_reload(mlp)
+    first = {k: v.clone() for k, v in int4_layouts.mlp_rows(mlp).items()}
+    host_mlp.relayout_after_reload(mlp)
     for name in ("gate_up_proj", "down_proj"):  # the reload, in module order
         part = getattr(mlp, name)
         part.qweight.data.copy_(packed[name][0])
         part.scales.data.copy_(packed[name][1])
         part.quant_method.process_weights_after_loading(part)
-    again = host_compute.mlp_rows(mlp)
+    again = int4_layouts.mlp_rows(mlp)
     assert again["w13"].data_ptr() == mlp.gate_up_proj.qweight.data_ptr()
     for k, v in first.items():
         assert torch.equal(again[k], v), k
@@ -204,10 +204,10 @@ def test_compressed_tensors_experts_are_read_as_vllm_loads_them():
     assert {n: p.data_ptr() for n, p in module.named_parameters()} == ptrs
     torch.testing.assert_close(ck.reference.dequantize(w, "w13"), want["w13"], rtol=0, atol=0)
     torch.testing.assert_close(ck.reference.dequantize(w, "w2"), want["w2"], rtol=0, atol=0)
-    host_compute.refuse_unread_int4("g", method)
+    int4_layouts.refuse_unread_int4("g", method)
     method.symmetric = False
     with pytest.raises(PlanError, match="asymmetric"):
-        host_compute.refuse_unread_int4("g", method)
+        int4_layouts.refuse_unread_int4("g", method)
 
 
 def awq_layer():
@@ -257,4 +257,4 @@ def test_vllms_awq_layout_is_rewritten_in_place_with_its_zero_points(monkeypatch
     assert float((got - want).abs().max()) <= 5e-2 * float(want.abs().max())
     method.quant_config.zero_point = False
     with pytest.raises(PlanError, match="4-bit AWQ weights without zero points"):
-        host_compute.refuse_unread_int4("g", method)
+        int4_layouts.refuse_unread_int4("g", method)

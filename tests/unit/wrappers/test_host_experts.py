@@ -303,11 +303,11 @@ def test_an_mxfp4_share_held_as_stored_is_a_copy_and_its_picks_match_the_referen
 def test_the_share_path_matches_the_reference_without_a_synchronisation(tokens):
     """``moe_picked`` (what a CUDA graph captures: no routing-dependent shape) against the
     reference over the picks inside the share: gathered at 1 and 3 tokens, every expert of
-    the share at 12 (``estimate.share_gathers``); picks past the share and negative ids add
+    the share at 12 (``estimate.host.share_gathers``); picks past the share and negative ids add
     nothing. Its matmuls run in bf16, so it is held to bf16's rounding of the float32 sum."""
     from selective_offload.cpu_kernels.reference import moe_picked
     from selective_offload.cpu_kernels.weights import random_experts
-    from selective_offload.estimate import share_gathers
+    from selective_offload.estimate.host import share_gathers
 
     weights = random_experts("bf16", 32, 128, 64, seed=3)
     share = held_share(weights, 28, "cpu")
