@@ -1,21 +1,16 @@
-"""The package's shape, kept by a test: no import circles, no file doing many jobs, and vLLM
-imported only by the glue. Read from the source with ``ast``, imports inside functions
-included: moving one side of a circle into a function hides it, it does not end it."""
+"""The package's shape, kept by a test: no import circles, and vLLM imported only by the glue.
+Read from the source with ``ast``, imports inside functions included: moving one side of a
+circle into a function hides it, it does not end it. (One reason to change per file is the
+third rule, CONTRIBUTING.md's; no count of lines measures it, so no test holds it.)"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import pytest
-
 from helpers import REPO
 
 PACKAGE = REPO / "selective_offload"
-#: One reason to change per file: a module past this is doing more than one job.
-MAX_MODULE_LINES = 650
-#: Benchmarks time and print; past this a script is carrying a test suite or a library.
-MAX_BENCHMARK_LINES = 420
 
 
 def module_name(path: Path) -> str:
@@ -100,20 +95,6 @@ def test_the_benchmarks_have_no_import_circle():
 
 def test_the_circle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
-
-
-@pytest.mark.parametrize("path", sorted([*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.c"), *PACKAGE.rglob("*.h")]),
-                         ids=lambda p: str(p.relative_to(REPO)))
-def test_no_module_does_many_jobs(path):
-    """Python modules and the CPU kernel's C sources alike."""
-    lines = len(path.read_text().splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(REPO)} has {lines} lines: split it along its seams"
-
-
-@pytest.mark.parametrize("path", sorted((REPO / "benchmarks").glob("*.py")), ids=lambda p: p.name)
-def test_no_benchmark_script_carries_a_library(path):
-    lines = len(path.read_text().splitlines())
-    assert lines <= MAX_BENCHMARK_LINES, f"benchmarks/{path.name} has {lines} lines: move shared pieces out"
 
 
 def test_only_the_glue_imports_vllm():
