@@ -7,13 +7,13 @@ between two marker comments in docs/benchmarks.md,
     ...
     <!-- /results-table NAME -->
 
-and is rebuilt here from the newest results file of each kind (by the date in its name),
+and is rebuilt here from the results files (one per benchmark and machine),
 so a table edited by hand, or a results file added or changed without regenerating, is a
 failing test (``tests/tools/test_gpu_run.py``), not a silent drift. A new table is one function
 in :data:`TABLES` and one pair of markers.
 
-    python benchmarks/tables.py           # rewrite the tables in docs/benchmarks.md
-    python benchmarks/tables.py --check   # exit 1, with a diff, when the page is stale
+    python -m benchmarks.tables           # rewrite the tables in docs/benchmarks.md
+    python -m benchmarks.tables --check   # exit 1, with a diff, when the page is stale
 """
 
 from __future__ import annotations
@@ -26,29 +26,27 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS_DIR, md_table  # noqa: E402
-from gpu_figures import FAMILIES, ratio_rows  # noqa: E402
-from gpu_sections import SECTIONS  # noqa: E402
+from benchmarks.common import RESULTS_DIR, md_table  # noqa: E402
+from benchmarks.gpu.figures import FAMILIES, ratio_rows  # noqa: E402
+from benchmarks.gpu.sections import SECTIONS  # noqa: E402
 
 #: The page that holds the tables.
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 BLOCK = re.compile(r"(<!-- results-table (?P<name>[a-z0-9-]+):[^>]*-->\n)(?P<body>.*?)(<!-- /results-table (?P=name) -->)",
                    re.DOTALL)
-DATE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
 class TableError(Exception):
     """A marker names no table, or a table's results file is missing: one line."""
 
 
-def newest(results: Path, pattern: str) -> Path:
-    """The newest file matching ``pattern`` by the date in its name (then by name)."""
-    found = sorted(results.glob(pattern), key=lambda p: (DATE.findall(p.stem)[-1:] or [""], p.name))
-    if not found:
-        raise TableError(f"no results file matches {pattern} in {results}")
-    return found[-1]
+def result_file(results: Path, name: str) -> Path:
+    """The results file ``name`` (one per benchmark and machine: a run replaces the last)."""
+    path = results / name
+    if not path.is_file():
+        raise TableError(f"no results file {name} in {results}")
+    return path
 
 
 # --------------------------------------------------------------------------- measured on the CPU
@@ -103,24 +101,24 @@ def _cpu_kernels(d: dict) -> tuple[str, str]:
             f"{per_threads} (claimed at {d['claim_bar']} or more at every thread count: {claimed})")
 
 
-#: The CPU table's rows: the newest file matching each pattern, read by its function.
+#: The CPU table's rows: a results file each, read by its function.
 CPU_ROWS: tuple[tuple[str, Callable[[dict], tuple[str, str]]], ...] = (
-    ("planning-cpu-amd-epyc-*.json", _planning_headers),
-    ("planning-cpu-amd-epyc-*.json", _planning_plan),
-    ("e2e-cpu-amd-epyc-*.json", _e2e_overhead),
-    ("gather-cpu-amd-epyc-*.json", _gather_one_token),
-    ("host-memory-cpu-amd-epyc-*.json", _host_memory),
-    ("cpu-kernels-cpu-amd-epyc-*.json", _cpu_kernels),
-    ("cpu-kernels-cpu-intel-xeon-*.json", _cpu_kernels),
-    ("cpu-kernels-avx2-cpu-amd-epyc-*.json", _cpu_kernels),
-    ("cpu-kernels-avx2-cpu-intel-xeon-*.json", _cpu_kernels),
+    ("planning-cpu-amd-epyc.json", _planning_headers),
+    ("planning-cpu-amd-epyc.json", _planning_plan),
+    ("e2e-cpu-amd-epyc.json", _e2e_overhead),
+    ("gather-cpu-amd-epyc.json", _gather_one_token),
+    ("host-memory-cpu-amd-epyc.json", _host_memory),
+    ("cpu-kernels-cpu-amd-epyc.json", _cpu_kernels),
+    ("cpu-kernels-cpu-intel-xeon-processor.json", _cpu_kernels),
+    ("cpu-kernels-avx2-cpu-amd-epyc.json", _cpu_kernels),
+    ("cpu-kernels-avx2-cpu-intel-xeon-processor.json", _cpu_kernels),
 )
 
 
 def measured_cpu(results: Path) -> str:
     rows = []
-    for pattern, read in CPU_ROWS:
-        path = newest(results, pattern)
+    for name, read in CPU_ROWS:
+        path = result_file(results, name)
         what, result = read(json.loads(path.read_text()))
         rows.append([what, result, f"`{path.stem}.md`"])
     return md_table(["what", "result", "file in `benchmarks/results/`"], rows)
@@ -132,12 +130,10 @@ def gpu_runs(results: Path) -> str:
     """The headline ratios of the newest full GPU run on each device (``gpu-run-cuda-*``,
     not ``--small``), with the sections a later ``--only`` rerun measured taken from it;
     before any run, every figure the run measures, marked not measured yet."""
-    def order(p: Path):  # by date; on one day the full run before its reruns
-        return DATE.findall(p.stem)[-1:], "-only-" in p.stem, p.name
-
+    found_runs = [(p, json.loads(p.read_text())) for p in results.glob("gpu-run-cuda-*.json")]
     runs: dict[str, list[tuple[Path, dict]]] = {}
-    for path in sorted(results.glob("gpu-run-cuda-*.json"), key=order):
-        data = json.loads(path.read_text())
+    # by date; on one day the full run before its reruns
+    for path, data in sorted(found_runs, key=lambda r: (r[1].get("date", ""), bool(r[1].get("only")), r[0].name)):
         if not data.get("small"):
             runs.setdefault(data["device"], []).append((path, data))
     if not runs:
@@ -170,14 +166,14 @@ def gpu_runs(results: Path) -> str:
 
 
 def gpu_budget(results: Path) -> str:
-    """The GPU run's sections, their commands and time limits, from ``gpu_sections.SECTIONS``."""
+    """The GPU run's sections, their commands and time limits, from ``benchmarks.gpu.sections.SECTIONS``."""
     rows = [[f"{i}. {s.name}", f"`python3 {s.target} {s.full.format(out='$OUT', name='<name>')}`",
              s.limit_s, s.est_s, f"`{s.small.format(out='$OUT', name='<name>')}`"]
             for i, s in enumerate(SECTIONS, 1)]
     est = [[int(x) for x in s.est_s.split("-")] for s in SECTIONS]
     rows.append(["**whole run**", "", sum(s.limit_s for s in SECTIONS),
                  f"{sum(e[0] for e in est)}-{sum(e[-1] for e in est)}", ""])
-    return md_table(["section", "command (full run)", "limit s", "est s on an H200", "arguments with --small"], rows)
+    return md_table(["section", "command (full run)", "limit s", "est s on a GPU", "arguments with --small"], rows)
 
 
 TABLES: dict[str, Callable[[Path], str]] = {"measured-cpu": measured_cpu, "gpu-runs": gpu_runs,
@@ -213,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
                                                    args.doc.name, f"{args.doc.name} (from the results files)"))
-        print(f"{args.doc}: tables out of date; run `python benchmarks/tables.py`", file=sys.stderr)
+        print(f"{args.doc}: tables out of date; run `python -m benchmarks.tables`", file=sys.stderr)
         return 1
     args.doc.write_text(new)
     print(f"{args.doc}: tables regenerated")

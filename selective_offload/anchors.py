@@ -5,7 +5,7 @@ test: another engine, another host, other formats).
 Each anchor names the model by what a plan knows of it (its architecture, decoder layers and
 routed experts per layer), the card size (GB as sold; ``None``: the figure is for the CPU
 alone), the measured rate, the setup and its source as the source states them.
-``benchmarks/published.json`` holds the same figures under ``llama_cpp_anchors``
+``benchmarks/planning/published.json`` holds the same figures under ``llama_cpp_anchors``
 (tests/unit/planner/test_host_compute.py checks they agree).
 """
 

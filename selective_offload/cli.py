@@ -26,10 +26,10 @@ from .plan_options import (
     add_plan_arguments,
     checked_together,
     cli_flag,
-    inputs_from_args,  # noqa: F401 - benchmarks/published.py reads the options as the command does
+    inputs_from_args,  # noqa: F401 - benchmarks/planning/published.py reads the options as the command does
     plan_model,
     read_model,
-    resolve_model,  # noqa: F401 - benchmarks/published.py reads a MODEL as the command does
+    resolve_model,  # noqa: F401 - benchmarks/planning/published.py reads a MODEL as the command does
 )
 from .probe import (
     add_probe_arguments,

@@ -16,7 +16,7 @@ imports no vLLM.
     (as vLLM's device kernels hold them), elsewhere in float32.
 
 ``CLAIMED`` (from ``claimed``) says which formats the project claims a fast kernel for:
-those whose committed benchmark (``benchmarks/bench_cpu_kernels.py``, the result file
+those whose committed benchmark (``benchmarks/cpu_kernels/``, the result file
 ``CLAIM_SOURCE``) read the weights at no less than ``CLAIM_BAR`` of the machine's read
 bandwidth at batch 1. A test keeps the table and the file in agreement. A plan made from a
 probe of its host is claimed there instead (``claimed.verdict``).

@@ -4,12 +4,13 @@ reads it before it offers host-compute for a layer's experts (a format marked Fa
 absent, stays host-uva, with the reason in the plan), and reading a plan refuses a
 host-compute group of a format not claimed here.
 
-A format is claimed when, in the benchmark result file ``CLAIM_SOURCE``
-(``benchmarks/bench_cpu_kernels.py``), its kernel read the weights at no less than
+A format is claimed when, in the benchmark result file ``CLAIM_SOURCE`` (the one name
+``python -m benchmarks.cpu_kernels`` writes on the claim's machine, each run replacing the
+last), its kernel read the weights at no less than
 ``CLAIM_BAR`` of the host's read bandwidth at batch 1 with every thread count measured
 (each in its best of several repeats: on a shared machine other work only slows one down);
-tests/unit/cpu_kernels/test_claimed.py keeps this table, that file and the newest such
-result in agreement.
+tests/unit/cpu_kernels/test_claimed.py keeps this table and that file in agreement: a run
+that changes a verdict fails there until a person changes the table.
 
 A plan made from a probe of its own host (``selective-offload probe``) is claimed there
 instead: the same bar, on that host's measured kernel rate for the format over its measured
@@ -18,7 +19,7 @@ there is not, whichever machine ran the committed benchmark.
 """
 
 CLAIM_BAR = 0.6
-CLAIM_SOURCE = "benchmarks/results/cpu-kernels-cpu-intel-xeon-processor-2026-12-07.json"
+CLAIM_SOURCE = "benchmarks/results/cpu-kernels-cpu-intel-xeon-processor.json"
 CLAIMED = {"bf16": True, "mxfp4": True, "fp8-block": True, "int4": True}
 #: The formats ``CLAIM_SOURCE`` measured (a kernel newer than the file has no verdict yet).
 MEASURED = ("bf16", "mxfp4", "fp8-block", "int4")
@@ -48,6 +49,6 @@ def verdict(fmt: str | None, kernel_gbps: float | None = None, read_gbps: float 
                       f"({kernel_gbps:.3g} of {read_gbps:.3g} GB/s; the bar is {CLAIM_BAR:g})")
     if fmt not in MEASURED:
         return False, (f"the {fmt} CPU kernel has not been measured in {CLAIM_SOURCE} (a run of "
-                       "benchmarks/bench_cpu_kernels.py on the claim's machine decides)")
+                       "python -m benchmarks.cpu_kernels on the claim's machine decides)")
     return CLAIMED[fmt], (f"the {fmt} CPU kernel is {'' if CLAIMED[fmt] else 'not '}claimed fast by the committed "
                           "benchmark (selective_offload/cpu_kernels/claimed.py)")

@@ -224,7 +224,7 @@ static inline int64_t q8_bytes(int64_t len) { return (len + 127) / 128 * Q8_CHUN
  * walks follow each other in memory, and the hardware prefetcher alone leaves the loads
  * waiting on memory. A few rows ahead (rows are 1-6 KB in the layers benchmarked), not
  * one: with two threads sharing the memory system the nearer distance left both waiting
- * (benchmarks/bench_cpu_kernels.py measures it). */
+ * (benchmarks/cpu_kernels/ measures it). */
 #ifndef SO_PREFETCH
 #define SO_PREFETCH 4096
 #endif

@@ -14,7 +14,7 @@
  * to 127, rounded to nearest). Per 64 weight bytes this is two table lookups (vpshufb) and
  * two 64-byte multiply-adds: half the multiply instructions of decoding the codes to bf16
  * for vdpbf16ps, and a byte lookup the core issues more often than vpermw's word lookup
- * (benchmarks/bench_cpu_kernels.py measured the two ways side by side when this one
+ * (benchmarks/cpu_kernels/ measured the two ways side by side when this one
  * replaced the other).
  *
  * The vector is laid out per chunk of 128 elements (four blocks; 128-bit lane i of a

@@ -1,6 +1,6 @@
 """How fast the host-compute kernel reads one layer's experts at batch 1, beside the host's
 read bandwidth measured in the same rounds: the one measurement behind the committed
-claim (``benchmarks/bench_cpu_kernels.py``) and behind a claim on the user's own host
+claim (``benchmarks/cpu_kernels/``) and behind a claim on the user's own host
 (``selective-offload probe``, judged by ``claimed.verdict``), so a format's ratio to the
 claim bar is measured one way wherever it comes from.
 

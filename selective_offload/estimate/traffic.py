@@ -31,7 +31,7 @@ DEFAULT_UVA_READ_FACTOR = 0.86
 #: nvidia/Llama-3.3-70B-Instruct-NVFP4 resident on a DGX Spark at 4.0-4.2 tok/s
 #: (NVIDIA/dgx-spark-playbooks issue #79) against the 232 GB/s a saturating-read kernel
 #: measures there (antirez/ds4 issue #773) gives 0.70-0.735; the middle, rounded. VALIDATED
-#: (benchmarks/published.json, est/measured in benchmarks/results/published.md) on
+#: (benchmarks/planning/published.json, est/measured in benchmarks/results/published.md) on
 #: gpt-oss-120b on the same box and image (resident MoE), and on two other boxes and vLLM
 #: releases against their datasheet rates: Llama-3.1-8B bf16 at batch 1 on an A100 40GB
 #: (vLLM 0.23.0, about 75 tok/s, "roughly 77% of the memory-bandwidth ceiling") and on an

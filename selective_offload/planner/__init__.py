@@ -30,7 +30,7 @@ is asserted by ``tests/unit/planner/test_planner.py`` and shown in docs/usage/pl
 
 Every time and rate here is an estimate from bytes and bandwidths, labelled ``est_``
 (:mod:`selective_offload.estimate` prices a step; :data:`~selective_offload.plan_format.EST_IGNORES`
-says what it leaves out). benchmarks/published.py checks it against published
+says what it leaves out). benchmarks/planning/published.py checks it against published
 measurements (docs/design/step-model.md shows which points calibrate it and which validate); it prices
 compute only at a matmul's best rate, which does not explain how slow NVFP4 ran on the
 reference laptop: never choose a format from it.

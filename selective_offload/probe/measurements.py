@@ -182,7 +182,7 @@ def gemv_read_s(weight, *, repeats: int, warmup: int, cuda, cols: int = READ_COL
     contiguous tensor of whole ``cols``-wide bf16 rows: device memory, or a UVA device view
     of host memory), the device synchronised around each: a batch-1 decode step's read of a
     weight, each byte once. The one measurement behind the probe's UVA and decode read rates
-    and ``benchmarks/bench_uva_read.py``."""
+    and ``benchmarks/uva_read/``."""
     import torch
 
     flat = weight.reshape(-1).view(torch.uint8)

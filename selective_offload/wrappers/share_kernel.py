@@ -29,7 +29,7 @@ process, so such a process imports no other Triton code (no vLLM); without it,
 :func:`moe_native` refuses a CPU share (the CPU build's engine computes its share with
 :func:`moe_held`'s stand-in instead). The tests also compile both kernels ahead for sm_89 and
 sm_90 with Triton's NVIDIA backend, which needs no GPU: that they build for the card is
-checked here; how fast they run, the GPU run measures (``benchmarks/host_compute_share.py``).
+checked here; how fast they run, the GPU run measures (``benchmarks/host_compute/share.py``).
 """
 
 from __future__ import annotations

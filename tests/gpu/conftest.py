@@ -11,8 +11,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 # The helpers beside these tests (mechanism, stand_ins, page_locking) and the benchmarks'
-# shared timing and expert reads (benchmarks/_common.py).
-for path in (HERE, HERE.parents[1] / "benchmarks"):
+# shared timing and expert reads (benchmarks.common, from the checkout's root); HERE first.
+for path in (HERE.parents[1], HERE):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

@@ -3,7 +3,7 @@ the skips that say why, and the small probes of device and host memory they all 
 
 Why a module of its own: these tests run two ways. Under pytest (the suite, on any
 machine: the CPU runs everything that needs no CUDA, at the small sizes), and under
-``benchmarks/gpu_mechanism_check.py`` on a GPU machine whose image may have no pytest, which
+``benchmarks/mechanism/`` on a GPU machine whose image may have no pytest, which
 runs them through ``runner.py`` and writes every check and figure to the results files.
 Both need the same state: :data:`RUN` (the sizes, the figures each section's fixture
 records, the checks each test records). Each ``test_*.py`` here is one mechanism; its

@@ -1,7 +1,7 @@
 """Run the GPU mechanism tests without pytest's command line: what the GPU machine's image
 may lack, and what writes their checks to a results file.
 
-Why: ``benchmarks/gpu_mechanism_check.py`` runs these tests in one prepared command on a
+Why: ``benchmarks/mechanism/`` runs these tests in one prepared command on a
 GPU machine that has torch and perhaps no pytest, and records every check (passed, FAILED,
 or skipped and why) with the figures the fixtures measured. This runs the part of pytest
 these tests use, and nothing more:
@@ -144,7 +144,7 @@ class Session:
 
     def __init__(self, small: bool) -> None:
         self.pytest = ensure_pytest()
-        for path in (HERE, ROOT / "benchmarks", ROOT):
+        for path in (ROOT, HERE):  # HERE first: its mechanism.py, not benchmarks/mechanism
             if str(path) not in sys.path:
                 sys.path.insert(0, str(path))
         import mechanism

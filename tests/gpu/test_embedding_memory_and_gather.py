@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from _common import median_us
+from benchmarks.common import median_us
 from mechanism import TOKENS_PER_STEP, bitwise_equal, needs_cuda, records, sync
 from selective_offload.wrappers import HostEmbedding, cuda_view_of_pinned
 

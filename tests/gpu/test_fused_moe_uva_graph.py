@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from _common import median_us
+from benchmarks.common import median_us
 from layouts import CountingRegistrar, RoutedExpertsLike, attach_views
 from mechanism import bitwise_equal, needs_cuda, records
 from selective_offload.wrappers import cuda_view_of_pinned

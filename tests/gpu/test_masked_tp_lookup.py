@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from _common import median_us
+from benchmarks.common import median_us
 from mechanism import TOKENS_PER_STEP, bitwise_equal, nbytes, needs_cuda, records, sync
 from selective_offload.wrappers import HostGather
 

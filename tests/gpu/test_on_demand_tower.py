@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from _common import median_us
+from benchmarks.common import median_us
 from mechanism import needs_cuda, records, sync
 from selective_offload.wrappers import offload_on_demand
 from stand_ins import Tower

@@ -5,7 +5,7 @@ making the view allocates no device memory, the parameter object stays the same,
 reading experts through it inside a kernel returns exactly what reads from a device copy
 return. Without CUDA the view step is skipped (host memory is the device's there). The
 fixture also times k-of-E reads through the view against copying the whole layer first
-(``_common.routed_expert_reads``, the results' "Routed experts" table)."""
+(``benchmarks.common.routed_expert_reads``, the results' "Routed experts" table)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from _common import EXPERT_SHAPES, routed_expert_reads
+from benchmarks.common import EXPERT_SHAPES, routed_expert_reads
 from mechanism import bitwise_equal, needs_cuda, records
 from selective_offload.vllm_glue.experts import UVA_MARKER, mark_uva_view
 from selective_offload.wrappers import cuda_view_of_pinned

@@ -431,7 +431,7 @@ def test_emulation_bad_input_is_one_line(tmp_path):
 
 
 def test_planning_bench_still_runs(tmp_path):
-    """Named as the other benchmarks name their results: <benchmark>-cpu-<machine>-<date>."""
+    """Named as the other benchmarks name their results: <benchmark>-cpu-<machine>."""
     import re
 
     proc = run("bench_planning.py", "--repeats", "1", "--shards", "4", "--out", str(tmp_path))

@@ -1,4 +1,4 @@
-"""The GPU run's host-compute section (benchmarks/gpu_host_compute.py) on this CPU machine.
+"""The GPU run's host-compute section (benchmarks/host_compute/) on this CPU machine.
 
 Its --small form runs here as the driver runs it: the kernel and the reference parts are
 measured and checked, every CUDA-only part is recorded as skipped with its reason. The

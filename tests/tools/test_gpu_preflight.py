@@ -1,10 +1,10 @@
-"""The GPU run's pre-flight section (benchmarks/gpu_preflight.py) on the CPU.
+"""The GPU run's pre-flight section (benchmarks/preflight/) on the CPU.
 
 Without a CUDA device the section prints the expert shapes for a card it is told, and
 checks the reference plans against a stand-in (each plan's nominal card): these tests hold
 its shapes to the planner's own allocation rule on SM 8.9 (Marlin, padded) and 9.0 (OAI
 triton_kernels, unpadded), its verdicts to the plans' ledgers, and its reference manifests
-to the configs benchmarks/moe_reference_plans.py builds.
+to the configs benchmarks/planning/moe_plans.py builds.
 """
 
 from __future__ import annotations

@@ -196,7 +196,7 @@ def test_the_benchmark_page_tables_are_what_the_results_files_make():
     text = tables.DOC.read_text()
     names = [m.group("name") for m in tables.BLOCK.finditer(text)]
     assert names == ["measured-cpu", "gpu-budget", "gpu-runs"]
-    assert tables.regenerate(text, tables.RESULTS_DIR) == text, "run `python benchmarks/tables.py`"
+    assert tables.regenerate(text, tables.RESULTS_DIR) == text, "run `python -m benchmarks.tables`"
 
 
 def test_tables_check_fails_on_a_hand_edited_figure(tmp_path, capsys):
@@ -255,7 +255,7 @@ def test_uva_read_runs_its_uva_path_through_a_stand_in_view():
 
 
 def test_the_benchmark_and_the_probe_share_one_read_measurement(monkeypatch):
-    """benchmarks/bench_uva_read.py sweeps sizes over the probe's own read kernel
+    """benchmarks/uva_read/ sweeps sizes over the probe's own read kernel
     (probe.gemv_read_s), for the UVA view and the device copy alike: one measurement, not two
     written apart; the probe's UVA series goes through it too."""
     import bench_uva_read

@@ -99,7 +99,7 @@ def test_deepseek_v3_fp8_counts_its_experts_and_plans_fast(tmp_path):
     of the embedding and LM head, which vLLM shares with the target and the plan does not
     count. A 671 B-parameter MoE builds on the meta device and plans in seconds: the bound
     guards against a search that grows out of hand, with room for a shared, slow box; how
-    fast planning is, is benchmarks/bench_planning.py's to measure."""
+    fast planning is, is benchmarks/planning/timing.py's to measure."""
     path = deepseek_v3(tmp_path)
     # this process's CPU time, not wall time: another process on a shared box does not count
     started = time.process_time()

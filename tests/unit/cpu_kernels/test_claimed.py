@@ -55,6 +55,6 @@ def test_a_probe_of_the_host_decides_the_claim_there(monkeypatch):
     # a format the committed file has not measured: no verdict there, a probe's still counts
     monkeypatch.setattr(claimed, "MEASURED", tuple(f for f in claimed.MEASURED if f != "int4"))
     assert claimed.verdict("int4") == (False, f"the int4 CPU kernel has not been measured in {claimed.CLAIM_SOURCE} "
-                                              "(a run of benchmarks/bench_cpu_kernels.py on the claim's machine decides)")
+                                              "(a run of python -m benchmarks.cpu_kernels on the claim's machine decides)")
     assert claimed.verdict("int4", 20.0, 30.0)[0]
     assert not claimed.verdict("q4_k", 50.0, 50.0)[0]

@@ -229,7 +229,7 @@ def test_gemma4_a4b_experts_sit_directly_under_the_layer(tmp_path):
 
 
 def test_the_moe_reference_results_and_the_docs_are_what_the_planner_says(tmp_path):
-    """benchmarks/moe_reference_plans.py wrote the newest moe-plans-est-*.json; the planner
+    """benchmarks/planning/moe_plans.py wrote the newest moe-plans-est-*.json; the planner
     still says the same, every plan beats or matches the vLLM baselines beside it, and the
     table in docs/usage/moe.md is that file's table."""
     import sys
