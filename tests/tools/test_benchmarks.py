@@ -15,12 +15,16 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-BENCH = REPO / "benchmarks"
 
 
-def run(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=BENCH.parent)
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the benchmarks are the package ``benchmarks`` at the checkout's root
+
+
+def run(suite: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.<suite> ARGS`` from the checkout's root, as a person runs it."""
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{suite}", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
 
 
 def only(directory: Path, pattern: str) -> Path:
@@ -33,7 +37,7 @@ GATHER_PATHS = ["device", "host", "uva_embedding", "uva_embedding_graph", "uva_i
 
 
 def test_gather_smoke(tmp_path):
-    proc = run("bench_gather.py", "--smoke", "--out", str(tmp_path))
+    proc = run("gather", "--smoke", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(only(tmp_path, "gather-*-smoke.json").read_text())
     assert [r["tokens"] for r in result["rows"]] == [1, 4, 16, 64, 256]
@@ -66,8 +70,7 @@ def test_gather_uva_paths_run_with_a_stand_in_view():
     F.embedding; the same lookup through a graph's replay; HostGather(mode="uva") with a
     view factory), checked bit-exact and timed, with the host table itself standing in for
     the device view and a plain call for the CUDA graph: it runs without CUDA."""
-    sys.path.insert(0, str(BENCH))
-    import bench_gather
+    from benchmarks import gather as bench_gather
 
     result = bench_gather.run(512, 64, 2, (1, 16), view=lambda t: t, graph=lambda fn, example: fn)
     assert result["uva_view"] == "stand-in (no CUDA)" and result["graph"] == "stand-in (no CUDA)"
@@ -85,8 +88,7 @@ def test_gather_records_a_graph_replay_that_reads_the_wrong_rows():
     """A replay that returns other rows than F.embedding on the device table (here a
     stand-in "graph" that always looks up id 0) is the path's recorded status, FAILED,
     and the other paths are still measured."""
-    sys.path.insert(0, str(BENCH))
-    import bench_gather
+    from benchmarks import gather as bench_gather
 
     def stale(fn, example):
         return lambda ids: fn(ids * 0)
@@ -96,138 +98,6 @@ def test_gather_records_a_graph_replay_that_reads_the_wrong_rows():
     assert status["uva_embedding_graph"].startswith("FAILED: a replay differs")
     assert [k for k, v in status.items() if v == "measured"] == ["device", "host", "uva_embedding", "uva_index_select"]
     assert all(row["uva_embedding_graph_s"] is None for row in result["rows"])
-
-
-def test_decode_emulation_smoke(tmp_path):
-    proc = run("decode_emulation.py", "--smoke", "--out", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(only(tmp_path, "decode-emulation-*-smoke.json").read_text())
-    configs = {c["config"]: c for c in result["configs"]}
-    assert {"bulk", "selective"} <= set(configs)
-    # The placement is the planner's: the bundled manifest's hot layers, bulk in GiB.
-    assert result["plan"]["strategy"] == "hot_offload" and result["plan"]["hot_layer_indices"]
-    assert result["plan"]["bulk_cpu_offload_gb"] >= 1
-    for c in configs.values():
-        assert c["status"] == "measured"
-        assert c["step_s"]["median"] > 0 and math.isfinite(c["measured_over_est"])
-    # Bulk reads its host bytes in place; selective moves the hot layers and one embedding row.
-    assert configs["bulk"]["link_bytes_per_step"] > configs["selective"]["link_bytes_per_step"] > 0
-    assert "est_step_s_overlapped" in configs["selective"]
-    md = only(tmp_path, "decode-emulation-*-smoke.md").read_text()
-    assert "| bulk | measured |" in md
-
-    # The batch sweep: the same placements at 1, 4, 16 and 64 sequences.
-    sweep = result["batch_sweep"]
-    assert sweep["batches"] == [1, 4, 16, 64]
-    swept = {c["config"]: c for c in sweep["configs"]}
-    assert set(swept) == set(configs)
-    for c in swept.values():
-        assert c["status"] == "measured" and [p["batch"] for p in c["rows"]] == [1, 4, 16, 64]
-        for p in c["rows"]:
-            assert p["status"] == "measured" and p["step_s"]["median"] > 0
-            assert p["total_tok_s"] == pytest.approx(p["batch"] * p["per_seq_tok_s"])
-            assert p["est_total_tok_s"] == pytest.approx(p["batch"] / p["est_step_s"])
-        # Only the embedding rows grow with the batch: est barely moves.
-        ests = [p["est_step_s"] for p in c["rows"]]
-        assert ests[0] <= ests[-1] < 1.01 * ests[0]
-    assert set(sweep["speedup_selective_over_bulk"]) == {"1", "4", "16", "64"}
-    assert "## Batch sweep" in md and "| selective | 64 | measured |" in md
-
-    # Speculative verification: re-planned for MTP, K = 0 (plain) then K = 1, 2, 3.
-    verify = result["verification"]
-    assert "skipped" not in verify and verify["draft_k"] == [1, 2, 3]
-    plan = verify["plan"]
-    assert plan["mtp_placement"] == "device" and plan["mtp_bytes_full_scale"] > 0
-    # The head's bytes displace decoder layers: more of them hot than without MTP.
-    assert len(plan["hot_layer_indices"]) > len(result["plan"]["hot_layer_indices"])
-    checked = {c["config"]: c for c in verify["configs"]}
-    assert {"bulk", "selective"} <= set(checked)
-    for c in checked.values():
-        assert c["status"] == "measured" and [p["k"] for p in c["rows"]] == [0, 1, 2, 3]
-        assert c["draft_device_bytes"] > 0
-        for p in c["rows"]:
-            assert p["status"] == "measured" and p["tokens_verified"] == p["k"] + 1
-            assert p["step_s"]["median"] > 0 and p["break_even_tokens_per_step"] > 0
-            assert p["break_even_tokens_vs_plain_plan"] > 0
-            assert (p["draft_s"] is None) == (p["k"] == 0)
-            assert ("break_even_accept_rate" in p) == (p["k"] > 0)
-            a = p.get("break_even_accept_rate")
-            assert a is None or 0 <= a < 1
-        k0 = c["rows"][0]
-        assert k0["break_even_tokens_per_step"] == 1.0 and k0["est_break_even_tokens_per_step"] == 1.0
-        # est: each draft adds the head's and the LM head's bytes.
-        ests = [p["est_step_s"] for p in c["rows"]]
-        assert ests == sorted(ests) and ests[0] < ests[-1]
-    # Selective reads each draft's embedding row from the host, bulk from the device.
-    assert checked["selective"]["draft_link_bytes"] > 0 == checked["bulk"]["draft_link_bytes"]
-    assert "## Speculative decoding" in md and "| selective | 3 | 4 |" in md
-
-    # Routed experts: k of E through a UVA view against a whole-layer copy, per reference shape.
-    shapes = result["routed_experts"]["shapes"]
-    assert set(shapes) == {"qwen3-30b-a3b", "gpt-oss-120b"}
-    for e in shapes.values():
-        one = e["rows"][0]
-        assert one["tokens"] == 1 and one["distinct_experts"] == e["experts_per_token"]
-        assert one["est_distinct_experts"] == pytest.approx(e["experts_per_token"])
-        assert one["read_bytes"] == e["experts_per_token"] * e["expert_bytes"] < e["layer_bytes"]
-        assert all(p["uva_equals_resident"] and p["uva_s"]["median"] > 0 for p in e["rows"])
-    assert "## Routed experts: k of E read through a UVA view" in md
-
-
-def test_decode_emulation_report_renders_cuda_fields(tmp_path):
-    """The Markdown of what a CUDA run adds (peak device memory, under the cap or not, a
-    point that did not fit), rendered from a smoke result given those fields."""
-    proc = run("decode_emulation.py", "--smoke", "--batches", "1,2", "--draft-k", "1", "--out", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(only(tmp_path, "decode-emulation-*-smoke.json").read_text())
-    assert result["batch_sweep"]["batches"] == [1, 2] and result["verification"]["draft_k"] == [1]
-    sys.path.insert(0, str(BENCH))
-    import emulation_report
-
-    result["cuda"] = True
-    result["bandwidth"]["uva_read_gbps"] = 40.0
-    result["cap"] = {"cap_bytes": 24 << 30, "binds": True, "fraction": 0.17}
-    for section in (result["configs"], result["batch_sweep"]["configs"], result["verification"]["configs"]):
-        for c in section:
-            c["peak_device_bytes"], c["under_cap"] = 20e9, c["capped"] or None
-    result["batch_sweep"]["configs"][0]["under_cap"] = False
-    result["batch_sweep"]["configs"][1]["rows"][1] = {"batch": 2, "status": "does not fit the cap",
-                                                      "error": "CUDA out of memory"}
-    md = emulation_report.markdown(result)
-    assert "UVA read 40.00 GB/s" in md and "binds" in md
-    assert "| 20.00 | NO |" in md and "| selective | 2 | does not fit the cap |" in md
-    assert "bulk: peak device 20.00 GB, under cap yes." in md
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--batches", "1,x"], "--batches takes whole numbers"),
-    (["--draft-k", "0,1"], "--draft-k values must be at least 1"),
-])
-def test_emulation_bad_sections_are_one_line(args, message, tmp_path):
-    proc = run("decode_emulation.py", *args, "--out", str(tmp_path))
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0]
-
-
-def test_emulation_sections_can_be_left_out(tmp_path):
-    proc = run("decode_emulation.py", "--smoke", "--batches", "", "--draft-k", "", "--out", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(only(tmp_path, "decode-emulation-*-smoke.json").read_text())
-    assert result["batch_sweep"]["skipped"] and result["verification"]["skipped"] == "--draft-k is empty"
-    md = only(tmp_path, "decode-emulation-*-smoke.md").read_text()
-    assert "Skipped: --batches is empty." in md and "Skipped: --draft-k is empty." in md
-
-
-def test_break_even_acceptance():
-    sys.path.insert(0, str(BENCH))
-    import emulation_estimate as de
-
-    assert de.expected_tokens(3, 0.0) == 1.0 and de.expected_tokens(3, 1.0) == 4.0
-    assert de.expected_tokens(1, 0.5) == pytest.approx(1.5)
-    a = de.break_even_accept(3, 2.0)
-    assert de.expected_tokens(3, a) == pytest.approx(2.0)
-    assert de.break_even_accept(2, 0.9) == 0.0  # drafting costs nothing: any acceptance pays
-    assert de.break_even_accept(2, 3.5) is None  # more than K + 1 tokens: never pays
 
 
 NO_CUDA = "skipped: no CUDA device"
@@ -315,12 +185,11 @@ def test_mechanism_check_small_runs_without_vllm(tmp_path):
     """The GPU machine this script is for has torch and no vLLM (and perhaps no pytest): it
     runs the tests of tests/gpu with vLLM and pytest made unimportable, and every check it
     records passed or was skipped for want of CUDA."""
-    script = str(BENCH / "gpu_mechanism_check.py")
     code = ("import runpy, sys; sys.modules['vllm'] = None; sys.modules['pytest'] = None; "
-            f"sys.argv = [{script!r}, '--small', '--out', {str(tmp_path)!r}]; "
-            f"runpy.run_path({script!r}, run_name='__main__')")
+            f"sys.argv = ['benchmarks.mechanism', '--small', '--out', {str(tmp_path)!r}]; "
+            "runpy.run_module('benchmarks.mechanism', run_name='__main__', alter_sys=True)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, cwd=BENCH.parent)
+                          timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(only(tmp_path, "mechanism-*.json").read_text())
     status = {r["name"]: r["status"] for r in result["asserts"]}
@@ -375,7 +244,7 @@ def test_mechanism_check_small_runs_without_vllm(tmp_path):
 def test_host_memory_smoke_on_a_tiny_model(tmp_path):
     """Two real engines (plain vLLM, then the cold plan), each in its own process tree,
     sampled for RSS; the same tokens from both, the plan's report ok."""
-    proc = run("bench_host_memory.py", "--smoke", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path),
+    proc = run("host_memory", "--smoke", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path),
                timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(only(tmp_path, "host-memory-*-smoke.json").read_text())
@@ -402,7 +271,7 @@ def test_host_memory_smoke_on_a_tiny_model(tmp_path):
 
 
 def test_host_memory_bad_input_is_one_line(tmp_path):
-    proc = run("bench_host_memory.py", "--repeats", "0", "--out", str(tmp_path))
+    proc = run("host_memory", "--repeats", "0", "--out", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -412,7 +281,7 @@ def test_host_memory_bad_input_is_one_line(tmp_path):
     (["--configs", "resident,fast"], "unknown fast"),
 ])
 def test_e2e_bad_input_is_one_line(args, message, tmp_path):
-    proc = run("bench_e2e.py", *args, "--workdir", str(tmp_path / "w"), "--out", str(tmp_path))
+    proc = run("e2e", *args, "--workdir", str(tmp_path / "w"), "--out", str(tmp_path))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], proc.stderr
@@ -421,49 +290,29 @@ def test_e2e_bad_input_is_one_line(args, message, tmp_path):
 def test_e2e_model_needs_device_memory(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"")
-    proc = run("bench_e2e.py", "--model", str(tmp_path))
+    proc = run("e2e", "--model", str(tmp_path))
     assert proc.returncode == 2 and "--device-memory is required" in proc.stderr
 
 
-def test_emulation_bad_input_is_one_line(tmp_path):
-    proc = run("decode_emulation.py", "--scale", "2", "--out", str(tmp_path))
-    assert proc.returncode == 2 and proc.stderr.startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
-
-
 def test_planning_bench_still_runs(tmp_path):
-    """Named as the other benchmarks name their results: <benchmark>-cpu-<machine>."""
+    """Named as the other benchmarks name their results: <benchmark>-cpu-<machine>, no date
+(a run replaces its machine's last result; the date is inside)."""
     import re
 
-    proc = run("bench_planning.py", "--repeats", "1", "--shards", "4", "--out", str(tmp_path))
+    proc = run("planning", "timing", "--repeats", "1", "--shards", "4", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     path = only(tmp_path, "planning-*.json")
     result = json.loads(path.read_text())
     assert result["tensors"] > 1000 and result["read_headers_ms_median"] > 0 and result["plan_ms_median"] > 0
-    assert re.fullmatch(r"planning-cpu-[a-z0-9-]+-\d{4}-\d{2}-\d{2}", path.stem), path.name
-    assert path.stem == result["stem"] and path.stem.endswith(result["date"])
+    assert re.fullmatch(r"planning-cpu-[a-z0-9-]+", path.stem) and not re.search(r"\d{4}-\d{2}-\d{2}", path.stem)
+    assert path.stem == result["stem"] and re.fullmatch(r"\d{4}-\d{2}-\d{2}", result["date"])
     assert (tmp_path / f"{path.stem}.md").exists() and result["load_note"]
-
-
-def test_planning_results_written_before_the_rename_still_read():
-    """Files named planning-<date> (before the machine was in the name) have every key the
-    renamed ones have, bar the new load and stem fields."""
-    results = BENCH / "results"
-    old = sorted(p for p in results.glob("planning-*.json") if not p.name.startswith("planning-cpu-"))
-    new_keys = {"stem", "load_before", "load_after", "load_note", "wall_s"}
-    for path in old:
-        data = json.loads(path.read_text())
-        assert data["benchmark"] == "planning" and data["read_headers_ms_median"] > 0
-    for path in results.glob("planning-cpu-*.json"):
-        data = json.loads(path.read_text())
-        assert new_keys <= set(data) and data["stem"] == path.stem
-        if old:
-            assert set(json.loads(old[-1].read_text())) <= set(data)
 
 
 @pytest.mark.vllm
 def test_e2e_smoke_on_a_tiny_model(tmp_path):
     """Three real engines (resident, bulk, cold_only); selective is skipped on the CPU."""
-    proc = run("bench_e2e.py", "--smoke", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path),
+    proc = run("e2e", "--smoke", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path),
                timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(only(tmp_path, "e2e-*-smoke.json").read_text())
@@ -493,9 +342,8 @@ def test_e2e_smoke_on_a_tiny_model(tmp_path):
 def test_e2e_report_renders_a_gpu_shaped_result(tmp_path):
     """The Markdown and the chart for what a CUDA run returns: a plan that needs no hot
     layers (selective is the cold-only plan), resident skipped, one failed engine."""
-    sys.path.insert(0, str(BENCH))
-    import bench_e2e
-    import e2e_report
+    from benchmarks import e2e as bench_e2e
+    from benchmarks.e2e import report as e2e_report
 
     def measured(tok_s):
         m = {"decode_tok_s": {"median": tok_s, "min": tok_s * 0.9, "max": tok_s * 1.1, "n": 6},
@@ -555,7 +403,7 @@ def test_cpu_kernels_smoke(tmp_path):
     """The host-compute kernels' benchmark: every format has a row per thread count, each a
     ratio of the kernel's weight bytes per second to the read bandwidth, and the claims
     follow the rows."""
-    proc = run("bench_cpu_kernels.py", "--smoke", "--threads", "1,2", "--out", str(tmp_path), timeout=300)
+    proc = run("cpu_kernels", "--smoke", "--threads", "1,2", "--out", str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(only(tmp_path, "cpu-kernels-cpu-*-smoke.json").read_text())
     assert [(r["format"], r["threads"]) for r in result["rows"]] == [
@@ -576,7 +424,7 @@ def test_cpu_kernels_avx2_build_is_written_apart_and_claims_nothing(tmp_path):
     decide the claims (tests/unit/cpu_kernels/test_claimed.py reads cpu-kernels-cpu-*)."""
     if "avx2" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("this CPU has no AVX2")
-    proc = run("bench_cpu_kernels.py", "--smoke", "--build", "avx2", "--threads", "1", "--formats", "mxfp4,int4",
+    proc = run("cpu_kernels", "--smoke", "--build", "avx2", "--threads", "1", "--formats", "mxfp4,int4",
                "--out", str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert not list(tmp_path.glob("cpu-kernels-cpu-*"))
@@ -587,5 +435,5 @@ def test_cpu_kernels_avx2_build_is_written_apart_and_claims_nothing(tmp_path):
 
 
 def test_cpu_kernels_bench_refuses_bad_input_in_one_line(tmp_path):
-    proc = run("bench_cpu_kernels.py", "--formats", "fp4", "--out", str(tmp_path))
+    proc = run("cpu_kernels", "--formats", "fp4", "--out", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

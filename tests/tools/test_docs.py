@@ -21,8 +21,7 @@ from selective_offload import cli, options
 
 README = REPO / "README.md"
 #: The pages a person reads, and the folders whose paths they may quote.
-PAGES = sorted([README, REPO / "CONTRIBUTING.md", REPO / "patches" / "README.md",
-                REPO / "benchmarks" / "README.md", *(REPO / "docs").rglob("*.md")])
+PAGES = sorted([README, REPO / "CONTRIBUTING.md", REPO / "patches" / "README.md", *(REPO / "docs").rglob("*.md")])
 TOP = ("selective_offload/", "benchmarks/", "scripts/", "tests/", "docs/", "patches/", ".ci/")
 README_MAX_LINES = 220
 

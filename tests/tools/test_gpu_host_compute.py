@@ -18,19 +18,21 @@ import pytest
 
 from helpers import REPO
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the benchmarks are the package ``benchmarks`` at the checkout's root
 
-import gpu_figures  # noqa: E402
-import host_compute_dense as hd  # noqa: E402
-import host_compute_head as hh  # noqa: E402
-import host_compute_layers as hl  # noqa: E402
-import host_compute_sections as hs  # noqa: E402
+from benchmarks.gpu import figures as gpu_figures  # noqa: E402
+from benchmarks.host_compute import dense as hd  # noqa: E402
+from benchmarks.host_compute import head as hh  # noqa: E402
+from benchmarks.host_compute import layers as hl  # noqa: E402
+from benchmarks.host_compute import report as host_compute_report  # noqa: E402
+from benchmarks.host_compute import sections as hs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     out = tmp_path_factory.mktemp("host-compute")
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_host_compute.py"), "--small", "--out",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.host_compute", "--small", "--out",
                            str(out)], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     (path,) = out.glob("host-compute-cpu-*-small.json")
@@ -108,7 +110,6 @@ def test_small_run_records_what_it_measured_and_why_the_cuda_parts_were_not(smal
 
 
 def test_a_measured_native_share_is_reported_beside_the_bf16_shares_time(small):
-    import host_compute_report
 
     d = json.loads(json.dumps(small))
     d["device_share"]["native"] = {"status": "measured", "held_bytes": 132e6, "read_bytes_mean": 15e6,
@@ -131,7 +132,6 @@ def test_a_measured_native_share_is_reported_beside_the_bf16_shares_time(small):
 
 
 def test_a_measured_head_split_is_reported_and_its_headline_set_beside_the_slower_part(small):
-    import host_compute_report
 
     d = json.loads(json.dumps(small))
     d["lm_head_split"] = {"status": "measured", "rows": 201088, "hidden": 2880, "device_rows": 173312,
@@ -231,7 +231,7 @@ def test_cuda_shaped_results_give_the_headline_figure(small):
 
 
 def test_bad_arguments_are_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_host_compute.py"), "--small",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.host_compute", "--small",
                            "--max-seconds", "0", "--out", str(tmp_path)], capture_output=True, text=True,
                           timeout=60, cwd=REPO)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --max-seconds")

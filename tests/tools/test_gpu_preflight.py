@@ -17,10 +17,11 @@ import pytest
 
 from helpers import REPO
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the benchmarks are the package ``benchmarks`` at the checkout's root
 
-import gpu_preflight  # noqa: E402
-import moe_reference_plans  # noqa: E402
+import benchmarks.preflight as gpu_preflight  # noqa: E402
+from benchmarks.planning import moe_plans as moe_reference_plans  # noqa: E402
 
 from selective_offload.checkpoint import read_manifest  # noqa: E402
 from selective_offload.names import experts_prefix  # noqa: E402

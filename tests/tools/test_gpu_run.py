@@ -21,14 +21,16 @@ import pytest
 from helpers import REPO
 
 ROOT = REPO
-sys.path.insert(0, str(ROOT / "benchmarks"))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the benchmarks are the package ``benchmarks`` at the checkout's root
 
-import _common  # noqa: E402
-import gpu_figures  # noqa: E402
-import gpu_run  # noqa: E402
-import gpu_run_pack  # noqa: E402
-import gpu_sections  # noqa: E402
-import tables  # noqa: E402
+import benchmarks.gpu as gpu_run  # noqa: E402
+from benchmarks import common as _common  # noqa: E402
+from benchmarks import tables  # noqa: E402
+from benchmarks import uva_read as bench_uva_read  # noqa: E402
+from benchmarks.gpu import figures as gpu_figures  # noqa: E402
+from benchmarks.gpu import pack as gpu_run_pack  # noqa: E402
+from benchmarks.gpu import sections as gpu_sections  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +46,10 @@ def small_run(tmp_path_factory):
     return out, json.loads(summary_path.read_text()), proc.stdout
 
 
-def test_small_run_packs_what_the_device_tool_sends_back(small_run):
+def test_small_run_packs_its_results_into_one_archive(small_run):
     out, summary, _ = small_run
     stem = summary["stem"]
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{stem}{ext}" for ext in (".json", ".log", ".md", ".tar.gz"))
-    assert gpu_run_pack.check_returnable(out) == []
     with tarfile.open(out / f"{stem}.tar.gz") as tar:
         names = tar.getnames()
         assert all("/" not in n for n in names)
@@ -72,7 +73,7 @@ def test_small_run_records_every_section_and_needs_no_vllm(small_run):
         assert any(n.endswith(".json") for n in s["files"]) and any(n.endswith(".md") for n in s["files"])
     env = summary["environment"]
     assert env["cuda"] is False and env["torch"] and summary["small"] is True
-    assert summary["stem"] == f"gpu-run-cpu-{_common.slug(env['device'])}-{summary['date']}-small"
+    assert summary["stem"] == f"gpu-run-cpu-{_common.slug(env['device'])}-small"
     assert "## Headline ratios" in stdout  # the summary is the last thing printed
 
 
@@ -102,35 +103,15 @@ def test_small_run_summary_has_every_ratio_measured_or_why_not(small_run):
         assert bool(f["rows"]) != bool(f["not_measured"]), f
         for row in f["rows"]:
             assert isinstance(row["measured"], float) and math.isfinite(row["measured"]) and row["measured"] > 0, row
-    # Measured here: the decode emulation's placements and the host gather; not without CUDA:
-    # the link, UVA and page-locking, each with its reason.
-    assert [r["label"] for r in by["selective_over_bulk"]["rows"]][0] == "batch 1 (matrix-vector)"
-    decode = json.loads(tarfile.open(out / f"{summary['stem']}.tar.gz").extractfile(
-        by["selective_over_bulk"]["source"]).read())
-    first = by["selective_over_bulk"]["rows"][0]
-    assert first["measured"] == decode["speedup_selective_over_bulk"]
-    assert first["est"] == decode["est_speedup_selective_over_bulk"]
-    step = {c["config"]: c for c in decode["configs"]}
-    assert first["measured"] == pytest.approx(step["bulk"]["step_s"]["median"] / step["selective"]["step_s"]["median"])
-    sweep = {(c["config"], p["batch"]): p for c in decode["batch_sweep"]["configs"] for p in c["rows"]}
-    for row in by["selective_over_bulk"]["rows"][1:]:
-        b = int(row["label"].split()[1])
-        assert row["est"] == pytest.approx(sweep[("bulk", b)]["est_step_s"] / sweep[("selective", b)]["est_step_s"])
-    for row in by["est_over_measured"]["rows"]:
-        c = step[row["label"].split()[0]]
-        assert row["measured"] == pytest.approx(c["est_step_s"] / c["step_s"]["median"])
-    assert {r["label"] for r in by["est_over_measured"]["rows"]} >= {"bulk", "selective"}
-    assert len(by["selective_mtp"]["rows"]) == 3
+    # Measured here: the host gather; not without CUDA: the link, UVA and page-locking, each with its reason.
     assert by["host_gather_over_device"]["rows"]
-    for key in ("uva_over_copy_emulation", "uva_over_copy_sizes", "pageable_over_pinned",
+    for key in ("uva_over_copy_sizes", "pageable_over_pinned",
                 "page_locked_over_planned", "uva_embedding_over_device", "uva_moe_over_device", "host_compute_over_uva",
                 "preflight_free_over_need"):
         assert "no CUDA" in by[key]["not_measured"] or "no GPU" in by[key]["not_measured"], by[key]
-    assert "cold-only" in by["cold_only_over_bulk"]["not_measured"]
     md = (out / f"{summary['stem']}.md").read_text()
     for f in gpu_figures.FAMILIES:
         assert f.label in md
-    assert "## est / measured step time, decode emulation" in md and len(summary["placements"]) > 10
 
 
 def _section(tmp_path: Path, name: str, code: str, limit: int = 60) -> gpu_sections.Section:
@@ -177,11 +158,8 @@ def test_a_failed_or_timed_out_section_is_recorded_and_the_rest_still_run(tmp_pa
     assert "| hangs | timed out |" in md and "fails (failed), last lines:" in md
 
 
-def test_the_full_run_ends_inside_one_device_command():
-    """The whole run stays under 10 minutes (a GPU machine's batch slot, a CI job): the sections' limits leave a
-    minute for the driver's own start (a torch import) and summary, so the summary is always
-    written; every full-run section has its est on an H200."""
-    assert sum(s.limit_s for s in gpu_sections.SECTIONS) + 60 <= 600
+def test_every_section_has_its_est_within_its_limit():
+    """Each full-run section's est (its own arithmetic, on a GPU) lies within its limit."""
     assert all(s.est_s and int(s.est_s.split("-")[-1]) <= s.limit_s for s in gpu_sections.SECTIONS)
 
 
@@ -218,32 +196,30 @@ def test_a_gpu_run_lands_in_the_readme_table(small_run, tmp_path):
     assert copied and all(n.endswith((".json", ".md")) for n in copied)
     assert not any(n.endswith(".log") for n in copied)
     assert "No GPU run recorded yet" in tables.gpu_runs(results)  # a --small CPU run is not one
-    gpu = {**summary, "cuda": True, "small": False, "device": "NVIDIA H200"}
-    (results / "gpu-run-cuda-nvidia-h200-2026-12-01.json").write_text(json.dumps(gpu))
+    gpu = {**summary, "cuda": True, "small": False, "device": "NVIDIA H200", "date": "2026-12-01"}
+    (results / "gpu-run-cuda-nvidia-h200.json").write_text(json.dumps(gpu))
     table = tables.gpu_runs(results)
-    assert table.startswith("**NVIDIA H200**, ") and "gpu-run-cuda-nvidia-h200-2026-12-01.md" in table
+    assert table.startswith("**NVIDIA H200**, ") and "gpu-run-cuda-nvidia-h200.md" in table
     for f in gpu_figures.FAMILIES:
         assert f"| {f.label}" in table
-    assert "| selective / bulk, decode tok/s: batch 1 (matrix-vector) | " in table
+    assert "| host gather / device embedding, time per lookup: 1 token(s) per step | " in table
     # A later rerun of one section (--only) replaces that section's figures, not the others'.
     rerun = json.loads(json.dumps(gpu))
-    rerun.update(only=["gather"], stem="gpu-run-cuda-nvidia-h200-2026-12-01-only-gather",
+    rerun.update(only=["gather"], stem="gpu-run-cuda-nvidia-h200-only-gather",
                  sections=[s for s in rerun["sections"] if s["name"] == "gather"])
     family = next(f for f in rerun["ratios"] if f["key"] == "host_gather_over_device")
     family["rows"][0]["measured"] = 123.456
-    (results / "gpu-run-cuda-nvidia-h200-2026-12-01-only-gather.json").write_text(json.dumps(rerun))
+    (results / "gpu-run-cuda-nvidia-h200-only-gather.json").write_text(json.dumps(rerun))
     merged = tables.gpu_runs(results)
-    assert "| 123.456 (" in merged and "gpu-run-cuda-nvidia-h200-2026-12-01-only-gather.md" in merged
-    assert merged.count("| selective / bulk, decode tok/s: batch 1 (matrix-vector) | ") == 1
-    assert "(sections: probe ok, preflight ok, mechanism ok, decode-emulation ok, gather ok, uva-read ok, host-compute ok)" in merged
+    assert "| 123.456 (" in merged and "gpu-run-cuda-nvidia-h200-only-gather.md" in merged
+    assert merged.count("| host gather / device embedding, time per lookup: 256 token(s) per step | ") == 1
+    assert "(sections: probe ok, preflight ok, mechanism ok, gather ok, uva-read ok, host-compute ok)" in merged
 
 
 def test_uva_read_runs_its_uva_path_through_a_stand_in_view():
     """The UVA figures need CUDA; a stand-in view (the host buffer itself) runs their code
     here: the GEMV through the view, its rate against the copy's, the check that it reads
     the same bytes."""
-    import bench_uva_read
-
     row = bench_uva_read.measure(1 << 20, 2, False, view=lambda t: t)
     assert row["bytes"] == 1 << 20 and row["page_locked"] is False and "error" not in row, row
     assert row["copy_gbps"] > 0 and row["uva_gemv_gbps"] > 0 and row["device_gemv_gbps"] > 0
@@ -258,8 +234,6 @@ def test_the_benchmark_and_the_probe_share_one_read_measurement(monkeypatch):
     """benchmarks/uva_read/ sweeps sizes over the probe's own read kernel
     (probe.gemv_read_s), for the UVA view and the device copy alike: one measurement, not two
     written apart; the probe's UVA series goes through it too."""
-    import bench_uva_read
-
     from selective_offload import probe
     from selective_offload.probe import measurements  # the UVA series calls its own module's gemv_read_s
 
@@ -274,12 +248,10 @@ def test_the_benchmark_and_the_probe_share_one_read_measurement(monkeypatch):
 
 
 def test_uva_read_sizes_and_bad_input(tmp_path):
-    import bench_uva_read
-
     bulk = bench_uva_read.bulk_bytes()
     assert bulk > 1 << 30  # the reference plan's bulk offload on 24 GiB: GBs, not a test-sized buffer
     assert bench_uva_read.parse_sizes("1MiB,bulk") == [1 << 20, bulk]
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_uva_read.py"), "--sizes", "1KiB",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.uva_read", "--sizes", "1KiB",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --sizes") and len(proc.stderr.splitlines()) == 1
 
@@ -303,10 +275,6 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
         {"phase": "decode", "tokens": 1, "distinct_experts": 8, "uva_replay_us": 300.0, "device_replay_us": 60.0,
          "uva_over_device": 5.0, "bit_equal": True},
         {"phase": "prefill", "tokens": 2048, "error": "RuntimeError: capture failed"}]}
-    dec = files[by_section["decode-emulation"]]
-    dec["cuda"] = True
-    dec["bandwidth"]["uva_read_gbps"] = 41.0
-    dec["cap"]["binds"] = True
     gather = files[by_section["gather"]]
     gather["cuda"] = True
     for p in gather["paths"]:
@@ -324,13 +292,12 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
     for name, data in files.items():
         (tmp_path / name).write_text(json.dumps(data))
     ratios = {f["key"]: f for f in gpu_figures.ratios(sections, tmp_path)}
-    for key in ("uva_over_copy_emulation", "uva_over_copy_sizes", "uva_over_copy_probe", "pageable_over_pinned",
+    for key in ("uva_over_copy_sizes", "uva_over_copy_probe", "pageable_over_pinned",
                 "page_locked_over_planned", "uva_embedding_over_device", "uva_moe_over_device",
                 "preflight_free_over_need"):
         assert ratios[key]["rows"] and not ratios[key]["not_measured"], ratios[key]
     moe = ratios["uva_moe_over_device"]["rows"]
     assert [r["measured"] for r in moe] == [5.0, None] and moe[1]["note"] == "RuntimeError: capture failed"
-    assert ratios["uva_over_copy_emulation"]["rows"][0]["measured"] == pytest.approx(41.0 / dec["bandwidth"]["link_gbps"])
     assert [r["measured"] for r in ratios["uva_over_copy_sizes"]["rows"]] == [0.8, 0.8, None]
     assert "cudaHostRegister" in ratios["uva_over_copy_sizes"]["rows"][-1]["note"]
     assert ratios["uva_over_copy_probe"]["rows"][0]["measured"] == pytest.approx(40.0 / 53.0)
@@ -346,6 +313,5 @@ def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):
     failed = next(f for f in gpu_figures.ratios(sections, tmp_path) if f["key"] == "uva_embedding_over_device")
     assert failed["rows"][-1] == {"label": "CUDA graph replay", "measured": None, "est": None,
                                   "note": "FAILED: capture raised"}
-    assert "cap binds" in ratios["selective_over_bulk"]["rows"][0]["note"]
     rows = gpu_figures.ratio_rows(list(ratios.values()))
     assert any(r[1].startswith("n/a (OffloadError") for r in rows)

@@ -75,17 +75,20 @@ def test_the_package_has_no_import_circle():
 
 
 def benchmark_graph() -> dict[str, set[str]]:
-    """The benchmark scripts import each other by file name (their folder is on sys.path)."""
-    scripts = {p.stem: p for p in (REPO / "benchmarks").glob("*.py")}
+    """The benchmark modules (the package ``benchmarks``) and what each imports of it."""
+    root = REPO / "benchmarks"
+    modules = {".".join(("benchmarks", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): p
+               for p in root.rglob("*.py")}
     edges = {}
-    for name, path in scripts.items():
+    for name, path in modules.items():
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 found.add(node.module)
-        edges[name] = {m for m in found if m in scripts and m != name}
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+        edges[name] = {m for m in found if m in modules and m != name and not name.startswith(m + ".")}
     return edges
 
 

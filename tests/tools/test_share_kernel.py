@@ -25,9 +25,8 @@ CASES = r"""
 import json, sys
 from dataclasses import replace
 import torch
-sys.path.insert(0, "benchmarks")
 from selective_offload.wrappers import share_kernel
-from host_compute_layers import Shape, activation, make_weights
+from benchmarks.host_compute.layers import Shape, activation, make_weights
 from selective_offload.cpu_kernels import reference
 
 def case(name, shape, share, tokens, block_rows, block_k, limit=7.0, x_scale=1.0):
@@ -94,9 +93,8 @@ def test_picks_outside_the_share_contribute_nothing_and_the_share_is_held_as_sto
 REFUSED = r"""
 import sys
 import torch
-sys.path.insert(0, "benchmarks")
 from selective_offload.wrappers import share_kernel
-from host_compute_layers import Shape, activation, make_weights
+from benchmarks.host_compute.layers import Shape, activation, make_weights
 shape = Shape("oss", "mxfp4", 8, 2, 64, 64, "swigluoai", True)
 held = share_kernel.native_share(make_weights(shape, seed=3), 4, "cpu")
 share_kernel.moe_native(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 2, dtype=torch.int32),
@@ -166,8 +164,7 @@ def test_the_kernels_compile_for_the_gpus_a_plan_names():
 THROUGH_THE_LAYER = r"""
 import json, sys
 import torch
-sys.path.insert(0, "benchmarks")
-from host_compute_layers import Shape, activation, make_weights
+from benchmarks.host_compute.layers import Shape, activation, make_weights
 from selective_offload.cpu_kernels import reference
 from selective_offload.wrappers import share_kernel
 from selective_offload.wrappers.host_compute import HostExperts

@@ -1,6 +1,6 @@
 """The claimed-formats table is the committed benchmark's verdict: the file it names is the
-newest full cpu-kernels result, its rows give the claims it records, and the table says
-the same. A new benchmark run that changes a verdict fails here until the table follows."""
+one the cpu-kernels benchmark writes on the claim's machine, its rows give the claims it
+records, and the table says the same. A new benchmark run that changes a verdict fails here until the table follows."""
 
 from __future__ import annotations
 
@@ -17,11 +17,15 @@ FORMATS = tuple(f for f in ALL_FORMATS if f not in TORCH_FORMATS)  # the compile
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def test_the_table_names_the_newest_full_benchmark_result():
-    full = sorted((p for p in RESULTS.glob("cpu-kernels-cpu-*.json") if not p.stem.endswith("-smoke")),
-                  key=lambda p: (json.loads(p.read_text())["date"], p.name))
-    assert full, "no committed cpu-kernels benchmark result"
-    assert (REPO / claimed.CLAIM_SOURCE).resolve() == full[-1].resolve()
+def test_the_table_names_the_stable_file_the_benchmark_writes():
+    """The claim reads the one file ``python -m benchmarks.cpu_kernels`` writes on its
+    machine (no date in the name: a new run replaces it, and no code names a dated result)."""
+    import re
+
+    result = json.loads((REPO / claimed.CLAIM_SOURCE).read_text())
+    stem = f"cpu-kernels-cpu-{re.sub(r'[^a-z0-9]+', '-', re.sub(r'[(][^)]*[)]', '', result['machine'].lower())).strip('-')}"
+    assert claimed.CLAIM_SOURCE == f"benchmarks/results/{stem}.json"
+    assert not re.search(r"\d{4}-\d{2}-\d{2}", claimed.CLAIM_SOURCE)
 
 
 def test_each_claim_is_what_the_committed_rows_give():

@@ -149,8 +149,8 @@ def test_an_mxfp4_share_is_held_as_stored_sized_so_and_kept_for_the_faster_step(
     from selective_offload.planner import PlanInputs, make_plan
     from selective_offload.sizes import GiB
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import moe_reference_plans
+    sys.path.insert(0, str(REPO))
+    from benchmarks.planning import moe_plans as moe_reference_plans
 
     label, gib, _, ckpt = next(moe_reference_plans.case_checkpoints(tmp_path))
     assert label.startswith("gpt-oss-20b") and gib == 8
@@ -187,8 +187,8 @@ def test_a_share_held_wide_is_sized_so_and_declined_when_its_path_moves_more(tmp
     from selective_offload.planner import PlanInputs, make_plan
     from selective_offload.sizes import GiB
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import moe_reference_plans
+    sys.path.insert(0, str(REPO))
+    from benchmarks.planning import moe_plans as moe_reference_plans
 
     monkeypatch.setattr(estimate_host, "NATIVE_SHARE_FORMATS", frozenset())
     label, gib, _, ckpt = next(moe_reference_plans.case_checkpoints(tmp_path))

@@ -101,8 +101,8 @@ def test_a_given_k_is_kept_and_the_range_is_priced(reference):
 
 
 def _published():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import published
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.planning import published
 
     return published
 
@@ -124,7 +124,7 @@ def test_every_published_point_has_a_source_and_an_expression_or_what_is_missing
 def test_the_results_file_is_what_the_points_give_now():
     """benchmarks/results/published.{json,md} are regenerated, never edited: a change to the
     step model or the points that is not rerun shows here."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "published.py"), "--check"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.planning", "published", "--check"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -170,11 +170,11 @@ def test_the_step_model_page_shows_the_results_table():
     (lambda d: d["calibrations"][1].update(calibrate_on="dgx-spark-gpt-oss-120b"), "whose role is 'calibrates'"),
 ])
 def test_a_bad_points_file_is_one_line(tmp_path, edit, words):
-    data = json.loads((ROOT / "benchmarks" / "published.json").read_text())
+    data = json.loads((ROOT / "benchmarks" / "planning" / "published.json").read_text())
     edit(data)
     path = tmp_path / "points.json"
     path.write_text(json.dumps(data))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "published.py"), "--points", str(path),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.planning", "published", "--points", str(path),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 2 and words in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 

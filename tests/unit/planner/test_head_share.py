@@ -84,8 +84,8 @@ def test_no_split_without_a_device_share_one_rank_a_claimed_bf16_walk_or_a_bf16_
     ckpt = moe(4)
     # gpt-oss-20b on 8 GiB: MXFP4 experts on the host CPU, a bf16 head split beside them,
     # unless the bf16 row walk is not claimed fast
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import moe_reference_plans
+    sys.path.insert(0, str(REPO))
+    from benchmarks.planning import moe_plans as moe_reference_plans
 
     _, gib, _, oss = next(moe_reference_plans.case_checkpoints(tmp_path))
     assert make_plan(oss, PlanInputs(device_memory_bytes=gib * GiB)).group_of("lm_head").placement == "host-compute"

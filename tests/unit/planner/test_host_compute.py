@@ -342,7 +342,7 @@ def test_the_probe_skips_the_kernels_in_one_line_when_they_are_not_here():
 
 
 def test_the_anchors_are_the_published_files_and_match_by_model_and_card():
-    data = json.loads((REPO / "benchmarks" / "published.json").read_text())["llama_cpp_anchors"]
+    data = json.loads((REPO / "benchmarks" / "planning" / "published.json").read_text())["llama_cpp_anchors"]
     assert [(a["model"], a["card_gb"], a["measured_tok_s"], a["source"]) for a in data] == \
         [(a.model, a.card_gb, a.tok_s, a.source) for a in LLAMA_CPP]
     gib = 1 << 30
@@ -370,7 +370,7 @@ def test_plan_takes_cpu_gbps_as_a_flag_and_shows_llama_cpps_figure_for_the_card(
 
     monkeypatch.setitem(claimed.CLAIMED, "mxfp4", True)
     monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(tmp_path / "none.json"))
-    config = REPO / "benchmarks" / "published_models" / "gpt-oss-120b" / "config.json"
+    config = REPO / "benchmarks" / "planning" / "published_models" / "gpt-oss-120b" / "config.json"
     args = [str(config), "--device-memory", "24GiB", "--host-memory", "none"]
     assert main(["plan", *args, "--cpu-gbps", "70", "--cpu-threads", "12", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
