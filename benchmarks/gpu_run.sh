@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The first GPU run in one command: the probe, the pre-flight (gpt-oss's experts as vLLM
 # allocates them on this card, its free memory after the CUDA context, the reference plans'
-# verdicts there), the mechanism check, the decode emulation, the gather and UVA-read
+# verdicts there), the mechanism check, the gather and UVA-read
 # benchmarks and the host-compute layers, each under its own time limit, into one results directory
-# ($OUT when set) with a summary of the headline ratios. See benchmarks/gpu/.
+# ($OUT when set) with a summary of the headline ratios. See benchmarks/gpu/__init__.py.
 #
 #   bash benchmarks/gpu_run.sh            # full sizes (on a GPU: about 4 to 6 minutes, at most 8)
 #   bash benchmarks/gpu_run.sh --small    # the same path, small sizes: well under a minute on a CPU
@@ -23,4 +23,4 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-exec "$PYTHON" benchmarks/gpu/ "$@"
+exec "$PYTHON" -m benchmarks.gpu "$@"

@@ -47,13 +47,13 @@ one part of that:
   time with the two reads served one after the other at the kernel's rate; ``model_ratio``
   (both rates together over the kernel's alone) is what that rule is checked against: 1.0
   as priced, above it the estimate is conservative.
-- **device share** (``host_compute_share.py``): one token's layer with its first experts
+- **device share** (``share.py``): one token's layer with its first experts
   also on the device, the GPU computing the picks that land there while the CPU computes
   the rest, against the whole layer on the host and against its two parts alone: whether
   the share's GPU time hides under the CPU's, as the plan's estimate prices it; and the
   same share held as the checkpoint stores it, computed by the share kernel that reads it
   in place (``wrappers/share_kernel.py``; under Triton's interpreter without CUDA, checked only).
-- **dense layer** (``host_compute_dense.py``): Qwen3.8-27B's attention on the GPU and its
+- **dense layer** (``dense.py``): Qwen3.8-27B's attention on the GPU and its
   block FP8 MLP on the host CPU, as one captured sequence, against the same layer with the
   MLP's bytes copied over the link (what a prefetched layer pays): whether computing a dense
   layer's MLP where it lives beats carrying it.
@@ -75,9 +75,9 @@ parts are recorded as skipped with the reason; the kernel and the reference stil
 
     python -m benchmarks.host_compute [--small] [--max-seconds 25] [--threads N] [--out benchmarks/results]
 
-The pieces: ``host_compute_layers.py`` (the shapes, weights, inputs, timer, checks and
-crossover), ``host_compute_sections.py``, ``host_compute_contention.py`` and ``host_compute_share.py`` (the
-measurements), ``host_compute_report.py`` (the Markdown).
+The pieces: ``layers.py`` (the shapes, weights, inputs, timer, checks and
+crossover), ``host_compute_sections.py``, ``host_compute_contention.py`` and ``share.py`` (the
+measurements), ``report.py`` (the Markdown).
 
 Writes ``host-compute-<cpu|cuda>-<machine>[-small].json`` and ``.md``. Exit status 1
 when a correctness check fails, 2 for bad input.

@@ -1,4 +1,4 @@
-"""The host-compute section's contention measurement (``gpu_host_compute.py`` runs it after
+"""The host-compute section's contention measurement (``benchmarks.host_compute`` runs it after
 the overlap): the CPU kernel and copies reading host memory at the same time. What it is
 for is :func:`contention`'s docstring."""
 

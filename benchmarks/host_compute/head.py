@@ -1,4 +1,4 @@
-"""The host-compute section's LM head split (``gpu_host_compute.py`` runs it after the device
+"""The host-compute section's LM head split (``benchmarks.host_compute`` runs it after the device
 share): gpt-oss's LM head with the rows its reference plan leaves the host CPU, the GPU
 computing the others meanwhile. What it is for is :func:`lm_head_split`'s docstring.
 """

@@ -1,7 +1,7 @@
-"""The host-compute section's layers, inputs, timer and checks (``gpu_host_compute.py``).
+"""The host-compute section's layers, inputs, timer and checks (``benchmarks.host_compute``).
 
-Why apart: the section's measurements (``host_compute_sections.py``), its report
-(``host_compute_report.py``) and the tests share these, and none of them needs the others.
+Why apart: the section's measurements (``sections.py``), its report
+(``report.py``) and the tests share these, and none of them needs the others.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The host-compute section's Markdown (``gpu_host_compute.py`` writes it beside the JSON)."""
+"""The host-compute section's Markdown (``benchmarks.host_compute`` writes it beside the JSON)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The host-compute section's measurements (``gpu_host_compute.py`` runs them, in order):
+"""The host-compute section's measurements (``benchmarks.host_compute`` runs them, in order):
 the kernel and the host's read bandwidth, the hand-off, each layer's paths at each number
 of tokens, the thread counts, the overlap. What each is for is the section's docstring.
 """
@@ -97,7 +97,7 @@ def free_null() -> int:
 
 
 def handoff(ctx: Ctx, layers: list[tuple]) -> dict:
-    """The fixed cost of the host path, eager and from a graph (why: ``gpu_host_compute.py``)."""
+    """The fixed cost of the host path, eager and from a graph (why: ``benchmarks.host_compute``)."""
     if not ctx.cuda:
         return {"status": NO_CUDA, "rows": []}
     import torch

@@ -1,4 +1,4 @@
-"""The host-compute section's device-share measurement (``gpu_host_compute.py`` runs it after
+"""The host-compute section's device-share measurement (``benchmarks.host_compute`` runs it after
 the contention): one MoE layer with its first experts held on the device (in bf16, as the
 worker holds them), the GPU computing the picks that land there while the host CPU computes
 the rest. What it is for is

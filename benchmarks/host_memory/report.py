@@ -1,4 +1,4 @@
-"""The host-memory benchmark's Markdown, from the result ``bench_host_memory.py`` writes as
+"""The host-memory benchmark's Markdown, from the result ``benchmarks.host_memory`` writes as
 JSON.
 
 Why a module of its own: the report reads only the result dict (the per-engine samples'

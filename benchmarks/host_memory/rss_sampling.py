@@ -5,7 +5,7 @@ Why a module of its own: an engine is several processes (the worker, vLLM's engi
 on the CPU build the process holding the model), so its host memory is the sum of their
 resident sets at each moment, sampled with psutil; :func:`sample_tree` does that until the
 root exits, names each process by its command line, and leaves out short-lived helpers.
-``bench_host_memory.py`` starts the engines and reads peaks from the samples.
+``benchmarks.host_memory`` starts the engines and reads peaks from the samples.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Markdown of the GPU mechanism check: its asserts and every section's figures, from
-the results ``gpu_mechanism_check.py`` writes as JSON.
+the results ``benchmarks.mechanism`` writes as JSON.
 
 Why a module of its own: the report reads only the results dict, so a results file from
 a GPU run renders here without running anything. A section whose fixture failed has no

@@ -134,7 +134,7 @@ def _why_no_host_compute(plan) -> str | None:
     return declined.split("(", 1)[0].strip() if declined else None
 
 
-#: The reference cases the GPU run's pre-flight section (``gpu_preflight.py``) re-plans on
+#: The reference cases the GPU run's pre-flight section (``benchmarks.preflight``) re-plans on
 #: its card, by label -> their manifest's file name under :data:`MANIFEST_DIR`.
 MANIFESTS = {"gpt-oss-20b (MXFP4)": "gpt-oss-20b.manifest.json",
              "gpt-oss-120b (MXFP4)": "gpt-oss-120b.manifest.json",

@@ -19,7 +19,7 @@ Three parts, in one process with torch only (no vLLM; the GPU run blocks it):
    card's total from its properties and the card class it is sold as (est: that total
    rounded up to a whole GiB).
 3. **The plan-level pre-flight verdict.** Each reference plan (gpt-oss-120b on 24 GiB,
-   gpt-oss-20b on 8 GiB, Qwen3-30B-A3B bf16 on 24 GiB: ``moe_reference_plans.MANIFESTS``;
+   gpt-oss-20b on 8 GiB, Qwen3-30B-A3B bf16 on 24 GiB: ``benchmarks.planning.moe_plans.MANIFESTS``;
    Qwen3.8-27B-FP8 on 24 GiB: the bundled manifest) is made again for this card, with its
    compute capability, twice: for the free memory measured after the context, and for the
    card class (``--device-memory <N>GiB``, as a user would give it). Its device ledger (the

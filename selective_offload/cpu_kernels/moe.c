@@ -98,7 +98,7 @@ int64_t so_bf16_activations(void) {
  * chosen when the library loads: on Intel, where it was measured to lift two threads'
  * rate; not on AMD, where the same prefetches cost a Zen 4 about a third of its rate at
  * one thread (benchmarks/results/cpu-kernels-*: the build line names the choice, and
- * bench_cpu_kernels.py times the other one beside it). The other formats' walks decode
+ * benchmarks/cpu_kernels times the other one beside it). The other formats' walks decode
  * more per byte and prefetch on both (without it MXFP4 and int4 fell on the same Zen 4).
  * 0 on builds without that path. so_set_bf16_prefetch: a benchmark or test takes the other. */
 static int so_bf16_pf = 0;

@@ -101,7 +101,7 @@ def test_gather_records_a_graph_replay_that_reads_the_wrong_rows():
 
 
 NO_CUDA = "skipped: no CUDA device"
-#: The construction and TP-lookup checks of tests/gpu (gpu_mechanism_check.py runs them):
+#: The construction and TP-lookup checks of tests/gpu (python -m benchmarks.mechanism runs them):
 #: those that pass on any machine (the meta device standing in for the GPU where placement
 #: is the point), and those that need CUDA (passed there, skipped with the no-CUDA reason
 #: elsewhere).

@@ -109,4 +109,4 @@ def test_reference_manifests_are_what_the_configs_build(tmp_path):
     assert sorted(p.name for p in written) == sorted(moe_reference_plans.MANIFESTS.values())
     for path in written:
         committed = json.loads((moe_reference_plans.MANIFEST_DIR / path.name).read_text())
-        assert json.loads(path.read_text()) == committed, f"rerun moe_reference_plans.py --manifests for {path.name}"
+        assert json.loads(path.read_text()) == committed, f"rerun python -m benchmarks.planning moe-plans --manifests for {path.name}"
