@@ -46,7 +46,7 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR, md_table, slug, today  # noqa: E402
 from benchmarks.gpu.figures import ratio_rows, ratios  # noqa: E402
-from benchmarks.gpu.pack import import_results, pack  # noqa: E402
+from benchmarks.gpu.pack import import_results, pack as pack_run  # noqa: E402
 from benchmarks.gpu.sections import SECTIONS, Section  # noqa: E402
 from benchmarks import tables  # noqa: E402  (--import regenerates the tables of docs/benchmarks.md; tables imports nothing of this driver)
 
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     log()
     log(summary_markdown(summary, brief=True))
     if do_pack:
-        pack(out, stem, log)
+        pack_run(out, stem, log)
     ok = all(r["status"] == "ok" for r in rows)
     log(f"gpu_run: {'every section ok' if ok else 'NOT every section ok'} in {summary['wall_s']:.0f} s; "
         f"summary {out / stem}.md")
