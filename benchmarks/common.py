@@ -237,7 +237,7 @@ def worker_or_run(args, worker: Callable, run: Callable) -> int:
 
 # --------------------------------------------------------------------------- routed experts
 
-#: Routed experts of one MoE layer to emulate: Qwen3-30B-A3B's (128 experts, top-8, gate/up/
+#: Routed experts of one MoE layer to read (the mechanism suite and tests/gpu): Qwen3-30B-A3B's (128 experts, top-8, gate/up/
 #: down of 768 x 2048 each in bf16: 9.4 MB an expert) and gpt-oss-120b's (128 top-4; MXFP4
 #: experts of 2880 x 2880 x 3 at 4.25 bits: 13.2 MB an expert), from their configs.
 EXPERT_SHAPES = {

@@ -14,8 +14,8 @@ as ``selective-offload plan config.json`` does.
 
     .venv/bin/python -m benchmarks.planning moe-plans [--out benchmarks/results]
 
-Writes ``moe-plans-est-<date>.json`` and ``.md``; ``tests/unit/planner/test_moe_configs.py`` recomputes the
-figures and checks them against the newest such file, and the table of docs/usage/moe.md against it.
+Writes ``moe-plans-est.json`` and ``.md`` (the date inside); ``tests/unit/planner/test_moe_configs.py``
+recomputes the figures and checks them against that file, and the table of docs/usage/moe.md against it.
 
     .venv/bin/python -m benchmarks.planning moe-plans --manifests benchmarks/planning/reference_manifests
 
