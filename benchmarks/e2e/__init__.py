@@ -44,9 +44,9 @@ link cost: ``cold_only / resident`` should be close to 1.0.
 
 Writes ``e2e-<cpu|cuda>-<machine>.json``, ``.md`` and ``.png`` under ``--out``.
 
-The pieces: ``e2e_plan.py`` (what each configuration runs, from the plans),
-``e2e_engine.py`` (one engine, measured in its own process, and the pooling of rounds),
-``e2e_report.py`` (the Markdown and the chart); this script checks the input, plans,
+The pieces: ``plan.py`` (what each configuration runs, from the plans),
+``engine.py`` (one engine, measured in its own process, and the pooling of rounds),
+``report.py`` (the Markdown and the chart); this script checks the input, plans,
 starts the engines in alternating rounds and writes the results.
 """
 

@@ -1,7 +1,7 @@
 """One engine of the end-to-end benchmark, measured in its own process, and the pooling of
 a configuration's engines into one record.
 
-Why a module of its own: ``bench_e2e.py --worker SPEC`` runs :func:`worker` in a fresh
+Why a module of its own: ``python -m benchmarks.e2e --worker SPEC`` runs :func:`worker` in a fresh
 process per engine (so memory figures and patches never leak between configurations); it
 caps the device, optionally enables the plan, starts ``vllm.LLM``, times ``generate`` and
 writes one JSON record. :func:`merge_rounds` pools the records of a configuration's

@@ -1,4 +1,4 @@
-"""The end-to-end benchmark's Markdown and chart, from the result ``bench_e2e.py`` writes as
+"""The end-to-end benchmark's Markdown and chart, from the result ``benchmarks.e2e`` writes as
 JSON.
 
 Why a module of its own: the report reads only the result dict, so a result from a GPU run

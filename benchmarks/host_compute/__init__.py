@@ -76,7 +76,7 @@ parts are recorded as skipped with the reason; the kernel and the reference stil
     python -m benchmarks.host_compute [--small] [--max-seconds 25] [--threads N] [--out benchmarks/results]
 
 The pieces: ``layers.py`` (the shapes, weights, inputs, timer, checks and
-crossover), ``host_compute_sections.py``, ``host_compute_contention.py`` and ``share.py`` (the
+crossover), ``sections.py``, ``contention.py``, ``share.py``, ``head.py`` and ``dense.py`` (the
 measurements), ``report.py`` (the Markdown).
 
 Writes ``host-compute-<cpu|cuda>-<machine>[-small].json`` and ``.md``. Exit status 1

@@ -27,7 +27,7 @@ short of the model (the embedding, the only cold module, goes to the host).
 Writes ``host-memory-<cpu|cuda>-<machine>.json`` and ``.md`` under ``--out``.
 
 The pieces: ``rss_sampling.py`` (the process tree's resident set, sampled) and
-``host_memory_report.py`` (the Markdown); this script builds the model and the plan,
+``report.py`` (the Markdown); this script builds the model and the plan,
 starts the engines and compares them.
 """
 
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=4, help="prompts in the generate")
     ap.add_argument("--interval-ms", type=float, default=20.0, help="RSS sampling interval")
     ap.add_argument("--cpu-threads", type=int, default=1,
-                    help="OMP_NUM_THREADS for each engine on the CPU build (default 1, as bench_e2e)")
+                    help="OMP_NUM_THREADS for each engine on the CPU build (default 1, as the e2e suite)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, 1 repetition, 4 tokens")
     ap.add_argument("--workdir", type=Path, help="where the model, plan and worker logs go (default: a new temp dir)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)

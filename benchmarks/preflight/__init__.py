@@ -234,7 +234,7 @@ def preflight(card: str, memory: dict, plans=REFERENCE_PLANS) -> list[dict]:
 
 
 def free_over_need(d: dict) -> list[dict] | str:
-    """The GPU run's headline rows (``gpu_figures``' preflight family, read from this
+    """The GPU run's headline rows (``benchmarks.gpu.figures``' preflight family, read from this
     section's JSON ``d``): each reference plan made again for the card, the free memory
     after the CUDA context over the plan's device ledger (1 or more: it fits), the verdict in
     the note; without CUDA, the one line why not."""
