@@ -148,3 +148,35 @@ def test_a_setup_log_is_never_a_tracked_file_of_the_checkout(tmp_path):
     proc = setup_from(tmp_path, repo, tmp_path, str(repo / "empty.py"))
     assert proc.returncode == 2 and "is a file of this checkout" in proc.stderr, proc.stderr
     assert (repo / "empty.py").read_text() == ""
+
+
+def test_the_suite_command_runs_ruff_on_the_code_and_fails_on_its_findings(tmp_path):
+    """scripts/test.sh with a set-up that succeeds and a .venv whose ruff and pytest are
+    stand-ins (they record their arguments and exit as told): ruff checks the package, the
+    benchmarks, the tests and the scripts, pytest runs even after ruff found something, and
+    the suite fails when either does."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "test.sh", repo / "scripts" / "test.sh")
+    (repo / "scripts" / "setup.sh").write_text("exit 0\n")
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    for tool, status in (("ruff", "FAKE_RUFF"), ("python", "FAKE_PYTEST")):
+        path = repo / ".venv" / "bin" / tool
+        path.write_text(f'#!/usr/bin/env bash\necho "{tool} $*" >>"$CALLS"\nexit "${{{status}:-0}}"\n')
+        path.chmod(0o755)
+
+    def suite(ruff: int, pytest: int) -> tuple[int, list[str], str]:
+        calls = tmp_path / f"calls-{ruff}-{pytest}"
+        env = {**os.environ, "CALLS": str(calls), "FAKE_RUFF": str(ruff), "FAKE_PYTEST": str(pytest)}
+        proc = subprocess.run(["bash", str(repo / "scripts" / "test.sh"), "-m", "unit"], capture_output=True,
+                              text=True, env=env, timeout=60)
+        return proc.returncode, calls.read_text().splitlines(), proc.stderr
+
+    status, calls, _ = suite(0, 0)
+    assert status == 0
+    assert calls == ["ruff check --no-cache --quiet selective_offload benchmarks tests scripts",
+                     "python -m pytest -m unit"]
+    status, calls, err = suite(1, 0)
+    assert status == 1 and len(calls) == 2 and "ruff check found" in err
+    assert suite(1, 2)[0] == 2  # pytest's own failure is the one reported
+    assert suite(0, 5)[0] == 1  # no test ran
