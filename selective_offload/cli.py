@@ -113,7 +113,8 @@ def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]
     typed = [a for a in getattr(args, "argv", None) or [args.model] if a not in _PRINT_ONLY_FLAGS]
     commands = []
     target = args.output
-    if target is None:
+    whole = not plan.host_bytes and plan.strategy != Strategy.INFEASIBLE  # plain vLLM serves it: no plan
+    if target is None and not whole:
         target = NEXT_PLAN_FILE
         # mutation: next-line-without-output
         commands.append(shlex.join(["selective-offload", "plan", *typed, "-o", target]))
@@ -128,7 +129,8 @@ def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]
     if plan.spec_tokens:
         flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.spec_tokens})]
     flags += serve_flags(plan)
-    commands.append(" ".join(env + ["vllm", "serve", *map(shlex.quote, serve), *map(shlex.quote, flags)]))
+    commands.append(" ".join(([] if whole else env) + ["vllm", "serve", *map(shlex.quote, serve),
+                                                      *map(shlex.quote, flags)]))
     return tuple(commands) + ((comment,) if comment else ())
 
 

@@ -25,6 +25,7 @@ import re
 import shlex
 import textwrap
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .estimate.traffic import DEFAULT_DECODE_READ_FACTOR
 from .anchors import anchors_for
@@ -150,8 +151,7 @@ def _group_table(plan: Plan) -> list[str]:
 
 def _placement_summary(plan: Plan) -> list[str]:
     inp = plan.inputs
-    lines = ["", f"strategy  {plan.strategy}"
-             + (f": short by {fmt_bytes(plan.shortfall_bytes).strip()}" if plan.shortfall_bytes else ""),
+    lines = ["", f"strategy  {plan.strategy}",
              f"deficit   {fmt_bytes(plan.deficit_bytes).strip()} (weights to load minus the budget; <= 0 fits)",
              f"cold set  {fmt_bytes(plan.cold_bytes).strip()}, of which {fmt_bytes(plan.host_cold_bytes).strip()} on the host"]
     uva = [g for g in plan.groups if g.placement == Placement.HOST_UVA]
@@ -185,53 +185,32 @@ def _placement_summary(plan: Plan) -> list[str]:
     if plan.est_transient_device_bytes:
         lines.append(f"est transient device bytes while a cold tower runs: "
                      f"{fmt_bytes(plan.est_transient_device_bytes).strip()}")
-    lines.append(f"device    {fmt_bytes(plan.device_bytes).strip()} resident weights; absent (not loaded): "
-                 f"{fmt_bytes(plan.absent_bytes).strip()}")
     return lines
 
 
 def _estimates(plan: Plan) -> list[str]:
-    """Selective against vLLM's own cpu_offload_gb (and without speculation, when it was
-    asked for), every figure labelled est_."""
+    """What each estimated step is made of (the summary has the totals, tok/s and speed-ups):
+    link time, the part of it hidden behind compute, VRAM reads; and which tensors vLLM's
+    own offload takes."""
     inp = plan.inputs
     batch = f", batch {inp.batch}" if inp.batch > 1 else ""
-    lines = ["", f"{'':<54} {'host bytes':>10} {'est_link':>10} {'est_hidden':>10} {'est_vram':>10} "
-                 f"{'est_step':>10} {'est_tok/s':>9}" + (f" {'per seq':>8}" if inp.batch > 1 else "")]
+    lines = ["", f"{'step parts (est)':<40} {'link':>10} {'hidden':>10} {'VRAM':>10}"]
 
-    def summary(label: str, host: int, est: Estimate) -> str:
-        return (f"{label:<54} {fmt_bytes(host):>10} {_ms(est.est_link_s_per_step):>10} "
-                f"{_ms(est.est_hidden_link_s_per_step):>10} {_ms(est.est_vram_s_per_step):>10} "
-                f"{_ms(est.est_step_s):>10} {est.est_tok_s:9.2f}"
-                + (f" {est.est_tok_s_per_seq:8.2f}" if inp.batch > 1 else ""))
+    def parts(label: str, est: Estimate) -> str:
+        return (f"{label[:40]:<40} {_ms(est.est_link_s_per_step):>10} {_ms(est.est_hidden_link_s_per_step):>10} "
+                f"{_ms(est.est_vram_s_per_step):>10}")
 
     for baseline in plan.baselines:
-        lines.append(summary(f"vLLM {baseline.label}"[:54], baseline.offloaded_bytes, baseline.est)
-                     + ("" if baseline.fits else "  (does not fit)"))
-    spec = f", MTP K={plan.spec_tokens} a={inp.accept_rate:.2f}" if plan.spec_tokens else ""
-    lines.append(summary(f"selective ({plan.strategy}{spec})", plan.host_bytes, plan.est))
-    alt = plan.alternative
-    if alt is not None:
-        lines.append(summary(f"selective, {alt.label}"[:54], alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes
-                             + alt.host_compute_bytes,
-                             alt.est) + f"  ({len(alt.hot_layer_indices)} hot layers)")
-    experts = [g for g in plan.groups if g.kind == GroupKind.EXPERTS]
-    if experts:
-        for anchor in anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts,
-                                  plan.inputs.device_memory_bytes):
-            lines.append(anchor.line())
-    if plan.strategy != "infeasible":
-        for baseline in plan.baselines:
-            lines.append(f"est speed-up over {_short(baseline)}: {plan.est.est_tok_s / baseline.est.est_tok_s:.2f}x"
-                         f" (link time {_ms(baseline.est.est_link_s_per_step).strip()} -> "
-                         f"{_ms(plan.est.est_link_s_per_step).strip()} per step, "
-                         f"{_ms(plan.est.est_hidden_link_s_per_step).strip()} of it hidden behind compute)")
+        lines.append(parts(f"vLLM {_short(baseline)}", baseline.est))
+    lines.append(parts("this plan", plan.est))
+    if plan.alternative is not None:
+        lines.append(parts(f"  {plan.alternative.label}", plan.alternative.est))
     for baseline in plan.baselines:
         lines.append(f"{_short(baseline)} takes {baseline.offloaded_tensors} tensors of layers "
                      f"{ranges(baseline.layers_touched)} in model order (cpu_offload_gb counts GiB"
                      + ("; routed experts on the host are read top-k through UVA, like the plan's)"
                         if any(g.kind == GroupKind.EXPERTS for g in plan.groups) else ")"))
-    lines += ["", f"est_ values are estimates from bytes / bandwidth{batch} (est_hidden: link time the "
-                  "prefetch overlap hides); --explain lists what they leave out"]
+    lines.append(f"hidden: link time the prefetch overlap hides{batch}; --explain: what the estimate leaves out")
     return lines
 
 
@@ -272,6 +251,8 @@ def _cont(text: str) -> str:
 
 #: The terminal width the default view is laid out for.
 WIDTH = 80
+#: The widest line of the ``--verbose`` detail (its group table is 99 columns).
+DETAIL_WIDTH = 100
 
 
 def _wrapped(name: str, pieces: list[str]) -> list[str]:
@@ -289,11 +270,27 @@ def _card(nbytes: int) -> str:
     return f"{nbytes // GiB} GiB" if nbytes and nbytes % GiB == 0 else fmt_bytes(nbytes)
 
 
+def model_name(typed: str) -> str:
+    """A model as people name it: a checkpoint by its folder (``config.json``, a shard or the
+    folder itself), a manifest by its file name less ``.json``; a hub id, a bundled name or
+    any other label as given."""
+    path = Path(typed).expanduser()
+    try:
+        exists = path.exists()
+    except OSError:
+        exists = False
+    if not exists:
+        return typed
+    # mutation: model-named-by-its-file
+    if path.is_dir() or path.name == "config.json" or path.suffix == ".safetensors":
+        folder = path if path.is_dir() else path.parent
+        return folder.resolve().name or str(folder)
+    return path.name.removesuffix(".json").removesuffix(".manifest")
+
+
 def _model_name(plan: Plan, shown: Shown) -> str:
-    if shown.label:
-        return shown.label
-    source = plan.model.source.removeprefix("bundled: ").split(" (")[0]
-    return source if len(source) <= 60 else "..." + source[-57:]
+    source = model_name(shown.label) if shown.label else plan.model.source.removeprefix("bundled: ").split(" (")[0]
+    return source if len(source) <= 40 else "..." + source[-37:]
 
 
 def verdict(plan: Plan, shown: Shown | None = None) -> list[str]:
@@ -302,27 +299,40 @@ def verdict(plan: Plan, shown: Shown | None = None) -> list[str]:
     shown = shown or Shown()
     inp = plan.inputs
     head = f"{_model_name(plan, shown)} on a {_card(inp.device_memory_bytes)} card"
-    if plan.model.kind == "config":
-        head += " (sizes estimated from config.json)"
     # mutation: verdict-not-infeasible
     if plan.strategy == Strategy.INFEASIBLE:
-        short, fixes = [], []
+        short = []
         if plan.shortfall_bytes:
             short.append(f"{fmt_bytes(plan.shortfall_bytes)} short of device memory")
-            fixes += ["a larger --device-memory (all it can move is on the host already), ",
-                      "less --kv-cache or --reserve, "]
         if plan.host_shortfall_bytes:
-            whose = f" ({shown.host_ram_from})" if shown.host_ram_from else ""
             short.append(f"{fmt_bytes(plan.host_shortfall_bytes)} short of host RAM")
-            fixes += [f"more RAM than the {fmt_bytes(inp.host_memory_bytes or 0).strip()}{whose or ' (--host-memory)'}, ",
-                      f"of which {fmt_bytes(inp.host_headroom_bytes).strip()} is kept for the system and vLLM (est), "]
-            fixes += [] if plan.shortfall_bytes else ["a larger card, "]
         if not short:
             return [f"{head}: INFEASIBLE: the placement does not fit"]
-        return [f"{head}: INFEASIBLE: " + ", ".join(short)] + _wrapped("fix", fixes + ["or a smaller checkpoint"])
+        return [f"{head}: INFEASIBLE: " + ", ".join(short)] + _wrapped("fix", fixes(plan, shown))
     if not plan.host_bytes:
-        return [f"{head}: fits, every weight on the device ({plan.strategy})"]
-    return [f"{head}: fits with {fmt_bytes(plan.host_bytes)} on the host ({plan.strategy})"]
+        # mutation: whole-fit-asks-for-a-plan
+        return [f"{head}: fits whole on the device; plain `vllm serve` needs no plan"]
+    return [f"{head}: fits with {fmt_bytes(plan.host_bytes)} on the host"]
+
+
+def fixes(plan: Plan, shown: Shown | None = None) -> list[str]:
+    """What would make an infeasible plan fit, each a flag of ``plan`` (with the value that
+    does it where the plan's own figures give one), as pieces for :func:`_wrapped`."""
+    inp = plan.inputs
+    room = plan.shortfall_bytes + plan.host_shortfall_bytes  # device bytes a fit needs, at most
+    out = [f"a larger --device-memory{' (all it can move is on the host already)' if plan.shortfall_bytes else ''}, "]
+    # mutation: fix-without-kv-cut
+    if inp.kv_cache_bytes + inp.reserve_bytes > room:
+        out.append("less --kv-cache or --reserve, ")
+    # mutation: fix-without-host-memory
+    if plan.host_shortfall_bytes and not plan.shortfall_bytes:  # the same plan fits a host with this much RAM
+        need = -(-(plan.host_bytes + inp.host_headroom_bytes) // GiB)
+        whose = (shown.host_ram_from if shown and shown.host_ram_from else "--host-memory")
+        words = (f"--host-memory {need}GiB (a host with that much RAM; {whose}: "
+                 f"{fmt_bytes(inp.host_memory_bytes or 0).strip()}, of which {fmt_bytes(inp.host_headroom_bytes).strip()} "
+                 "is kept for the system and vLLM, est), ").split(" ")
+        out += [f"{word} " for word in words if word]
+    return out + ["or a smaller checkpoint"]
 
 
 def _device_lines(plan: Plan) -> list[str]:
@@ -392,6 +402,9 @@ def _rates_line(plan: Plan, shown: Shown) -> str:
 def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
     """vLLM's own offload and this plan, est tok/s and speed-up (none for a model too small
     to price), then the rates they assume."""
+    # mutation: infeasible-plan-priced
+    if plan.strategy == Strategy.INFEASIBLE:
+        return []
     if not priced(plan):
         return _wrapped("est", [f"no tok/s: {fmt_bytes(plan.model.total_bytes)} of weights is below "
                                 f"{MIN_PRICED_MODEL_BYTES >> 20} MiB, ", "where a step is launch overhead, ",
@@ -410,9 +423,9 @@ def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
         return head + [f"{label:<{width}} {fmt_bytes(host):>10} {est.est_step_s * 1e3:8.1f} {est.est_tok_s:7.2f}"
                        + (f" {est.est_tok_s_per_seq:7.2f}" if per_seq else "") + (f"  {tail}" if tail else "")]
 
-    spec = f", MTP K={plan.spec_tokens}" if plan.spec_tokens else ""
+    spec = f", MTP K={plan.spec_tokens} a={inp.accept_rate:.2f}" if plan.spec_tokens else ""
     speedups = _speedups(plan)
-    mine = row(f"this plan ({plan.strategy}{spec})", plan.host_bytes, plan.est)
+    mine = row(f"this plan{f' ({spec[2:]})' if spec else ''}", plan.host_bytes, plan.est)
     # mutation: speed-ups-past-the-width
     inline = not speedups or len(mine[-1]) + 2 + len(speedups) <= WIDTH  # else on a line of their own below
     if inline and speedups:
@@ -422,35 +435,71 @@ def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
     lines = [f"{'estimate (bytes / bandwidth)':<{width}} {'host bytes':>10} {'ms/step':>8} {'tok/s':>7}"
              + (f" {'per seq':>7}" if per_seq else "") + ("  speed-up" if plan.baselines and inline else "")]
     for baseline in plan.baselines:
-        lines += row(f"vLLM {baseline.label}", baseline.offloaded_bytes, baseline.est,
-                     "" if baseline.fits else "(does not fit)")
+        lines += row(f"vLLM {baseline.label}", baseline.offloaded_bytes, baseline.est, _baseline_misfit(plan, baseline))
     alt = plan.alternative
     lines += mine
     if alt is not None:
         lines += row(f"  {alt.label.replace('speculative decoding', 'speculation')}",
                      alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes + alt.host_compute_bytes,
                      alt.est, "slower" if plan.est.est_tok_s >= alt.est.est_tok_s else "faster")
-    experts = [g for g in plan.groups if g.kind == GroupKind.EXPERTS]
-    if experts:  # llama.cpp's published figure, its setup and source broken between words
-        for anchor in anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts,
-                                  inp.device_memory_bytes):
-            first, *rest = anchor.line().split()
-            # mutation: anchor-line-unwrapped
-            lines += _wrapped(first, [f" {word}" for word in rest])
     return lines + [_rates_line(plan, shown)]
 
 
-def _host_compute_line(plan: Plan) -> list[str]:
+def _baseline_misfit(plan: Plan, baseline: BulkBaseline) -> str:
+    """Where vLLM's own offload would not fit: the card (its weights left on the device) and
+    the host RAM checked (the bytes it offloads)."""
+    available = plan.inputs.host_available_bytes
+    # mutation: baseline-host-misfit-unsaid
+    over_host = available is not None and baseline.offloaded_bytes > available
+    return {(True, False): "(over the card)", (False, True): "(over host RAM)",
+            (True, True): "(over card and RAM)"}.get((not baseline.fits, over_host), "")
+
+
+def anchor_lines(plan: Plan) -> list[str]:
+    """A competitor's published figure for a model and card like these (llama.cpp's), its
+    setup and source broken between words (``--explain``)."""
+    experts = [g for g in plan.groups if g.kind == GroupKind.EXPERTS]
+    lines: list[str] = []
+    if experts:
+        for anchor in anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts,
+                                  plan.inputs.device_memory_bytes):
+            # mutation: anchor-line-unwrapped
+            lines += textwrap.wrap(anchor.line(), WIDTH, subsequent_indent=" " * _LABEL, break_on_hyphens=False)
+    return lines
+
+
+def _cpu_unused(plan: Plan, checkpoint: Checkpoint | None) -> str | None:
+    """Why a plan with bytes on the host computes none of them on the host CPU (``None`` when
+    it has none there to compute)."""
+    inp = plan.inputs
+    if not any(g.placement in (Placement.HOST_HOT, Placement.HOST_UVA) for g in plan.groups):
+        return None  # nothing on the host a decode step computes (cold weights only, or none)
+    if not inp.host_compute:
+        return "--no-host-compute"
+    declined = plan.host_compute_declined
+    if declined:
+        return declined
+    if checkpoint is not None:
+        from .planner.host_compute import claim_of, mlp_cpu_format, model_cpu_format
+        from .planner.kernels import method_of_config
+
+        fmt = (model_cpu_format(checkpoint) if any(g.kind == GroupKind.EXPERTS for g in plan.groups)
+               else mlp_cpu_format(method_of_config(checkpoint.config), checkpoint.config))
+        fast, why = claim_of(fmt, inp)
+        if not fast:
+            return why
+    return "est faster without it (see --verbose)"
+
+
+def _host_compute_line(plan: Plan, checkpoint: Checkpoint | None = None) -> list[str]:
     """Host-compute: the CPU kernel's format, its rate and where it came from, the crossover;
     or, where the plan computes none of its host experts there, why not."""
     record = plan.host_compute
     computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
-    declined = plan.host_compute_declined
     # mutation: declined-host-compute-unsaid
-    if declined:  # the first thing a user comparing with llama.cpp's --n-cpu-moe asks
-        return _wrapped("cpu", [f"{word} " for word in f"not computed on the host: {declined}".split()])
-    if record is None or not computed:
-        return []
+    if record is None or not computed:  # the first thing a user comparing with llama.cpp's --n-cpu-moe asks
+        why = _cpu_unused(plan, checkpoint)
+        return _wrapped("cpu", [f"{word} " for word in f"not used: {why}".split()]) if why else []
     layers = len({g.layer_index for g in computed if g.layer_index is not None})
     return _wrapped("cpu", [f"{record.format} at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source}) ",
                             f"on {layers} layers, ", f"crossover {record.crossover_tokens} tokens/step"])
@@ -464,7 +513,9 @@ def summary(plan: Plan, checkpoint: Checkpoint | None = None, shown: Shown | Non
     if checkpoint is not None and checkpoint.incomplete_shards:
         lines.append(_label("note", f"{len(checkpoint.incomplete_shards)} shard(s) hold headers without all their "
                                     "data: fine for planning, not for loading"))
-    lines += _estimate_lines(plan, shown) + _host_compute_line(plan)
+    if plan.model.kind == "config":
+        lines.append(_label("sizes", "estimated from config.json alone (no shard headers read)"))
+    lines += _estimate_lines(plan, shown) + _host_compute_line(plan, checkpoint)
     if shown.written:
         lines.append(_label("wrote", "; ".join(shown.written)))
     if shown.next_commands and plan.strategy != Strategy.INFEASIBLE:
@@ -522,15 +573,18 @@ def render_plan(plan: Plan, checkpoint: Checkpoint | None = None, *, verbose: bo
     hand) adds notes about its shards."""
     lines = summary(plan, checkpoint, shown)
     notes = [*plan.notes, *plan.load_notes]
-    if verbose:
-        lines += [""] + _header(plan) + _group_table(plan) + _placement_summary(plan)
-        lines += _estimates(plan) if priced(plan) else []
-        lines += [f"note: {note}" for note in notes]
+    if verbose:  # the detail the summary leaves out, never its totals again
+        detail = [""] + _header(plan) + _group_table(plan) + _placement_summary(plan)
+        detail += _estimates(plan) if priced(plan) and plan.strategy != Strategy.INFEASIBLE else []
+        detail += [""] + [f"note: {note}" for note in notes]
         if checkpoint is not None and checkpoint.incomplete_shards:
-            lines.append(f"note: {len(checkpoint.incomplete_shards)} shard(s) hold headers without all their data "
-                         f"(first: {checkpoint.incomplete_shards[0]}): fine for planning, not for loading")
+            detail.append(f"note: first shard without all its data: {checkpoint.incomplete_shards[0]}")
+        # mutation: verbose-lines-unwrapped
+        lines += [part for line in detail for part in (textwrap.wrap(line, DETAIL_WIDTH, subsequent_indent="      ",
+                                                                     break_on_hyphens=False, break_long_words=False)
+                                                       if len(line) > DETAIL_WIDTH else [line])]
     if explain:
-        lines += [""] + explanation()
+        lines += [""] + explanation() + ([""] + anchor_lines(plan) if anchor_lines(plan) else [])
     if not verbose:
         more = ["--verbose: every group" + (f", {len(notes)} note{'s' if len(notes) > 1 else ''}" if notes else "")]
         if not explain:

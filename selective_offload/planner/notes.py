@@ -40,7 +40,7 @@ def plan_notes(groups: list[Group], checkpoint: Checkpoint, placing: Placing, in
         )
     notes += experts_notes(checkpoint, inputs)
     if checkpoint.kind == "config":
-        notes.append("planned from config.json alone: tensor sizes are an estimate (see `manifest_from_config`)")
+        notes.append("planned from config.json alone: tensor sizes are an estimate (from the model built on the meta device)")
     notes += checkpoint.facts.notes
     return notes
 

@@ -207,7 +207,9 @@ class Profile:
             rates = ", ".join(f"{fmt} {fmt_rate(gbps)}" for fmt, gbps in sorted(self.cpu_kernel_gbps.items()))
             threads = f" with {self.cpu_threads} threads" if self.cpu_threads else ""
             lines.append(f"  CPU kernels    {rates} GB/s of expert weights at batch 1{threads} (host-compute)")
-            if self.host_read_gbps:
+            if self.quick:
+                lines.append("    not for plans (quick: cache-sized layers and reads); a full probe measures them")
+            elif self.host_read_gbps:
                 from ..cpu_kernels.claimed import CLAIM_BAR, verdict
 
                 kernels = sorted(self.cpu_kernel_gbps.items())
@@ -446,8 +448,10 @@ def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
         "device_memory_bytes": (profile.device_memory_total_bytes
                                 if profile.device is not None and profile.device_memory_total_bytes else None),
         "compute_capability": profile.compute_capability if on_gpu else None,
-        # mutation: probe-cpu-rate-not-supplied
-        "cpu_kernel_gbps": dict(profile.cpu_kernel_gbps) or None,
+        # A quick probe's kernels and reads ran on cache-sized data: rates its host's memory
+        # does not give, so they price nothing and claim no kernel fast or slow here.
+        # mutation: probe-cpu-rate-not-supplied, quick-cpu-rate-supplied
+        "cpu_kernel_gbps": (dict(profile.cpu_kernel_gbps) or None) if not profile.quick else None,
         "cpu_threads": profile.cpu_threads,
         "handoff_s": profile.handoff_s,
     }

@@ -61,9 +61,13 @@ def tiny_checkpoint(folder: Path) -> Path:
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 1,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
         "vocab_size": 1000}))
+    mlp, embed = 64 * 128 * 2, 1000 * 64 * 2
     header = json.dumps({"model.layers.0.mlp.down_proj.weight": {
-        "dtype": "BF16", "shape": [64, 128], "data_offsets": [0, 64 * 128 * 2]}}).encode()
-    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * (64 * 128 * 2))
+        "dtype": "BF16", "shape": [64, 128], "data_offsets": [0, mlp]},
+        "model.embed_tokens.weight": {"dtype": "BF16", "shape": [1000, 64], "data_offsets": [mlp, mlp + embed]},
+        "lm_head.weight": {"dtype": "BF16", "shape": [1000, 64], "data_offsets": [mlp + embed, mlp + 2 * embed]},
+    }).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * (mlp + 2 * embed))
     return folder
 
 
@@ -87,11 +91,21 @@ def test_the_next_commands_run_as_printed_with_spaces_and_quotes_in_every_path(c
     plan_file = tmp_path / AWKWARD / "my plan's \"final\".json"
     argv = ["plan", str(model), "--device-memory", "24GiB", "--host-memory", "none", "--max-model-len", "4096",
             "--max-seqs", "2", "--moe-backend", "triton"] + (["-o", str(plan_file)] if with_output else [])
+    bin_dir, records = stand_ins(tmp_path)
+    # it fits whole: plain vLLM serves it, with no plan named and none saved
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "plain `vllm serve` needs no plan" in out.splitlines()[0]
+    run_in_bash(next_block(out), bin_dir, work)
+    served, env = recorded(records, "vllm")
+    assert env == "unset" and served[:2] == ["serve", str(model)]
+    assert not (records / "selective-offload.argv").exists()
+    # the embedding sent to the host: the plan saved, then named to vLLM
+    argv.append("--all-cold")
     assert main(argv) == 0
     out = capsys.readouterr().out
     block = next_block(out)
     assert len(block.splitlines()) > 1 and block.splitlines()[0].endswith("\\"), block  # wrapped
-    bin_dir, records = stand_ins(tmp_path)
     run_in_bash(block, bin_dir, work)
     served, env = recorded(records, "vllm")
     expected_plan = str(plan_file) if with_output else "plan.json"
@@ -102,7 +116,7 @@ def test_the_next_commands_run_as_printed_with_spaces_and_quotes_in_every_path(c
     if not with_output:
         saved, _ = recorded(records, "selective-offload")
         args = build_parser().parse_args(saved)
-        assert (args.model, args.output, args.max_seqs) == (str(model), "plan.json", 2)
+        assert (args.model, args.output, args.max_seqs, args.all_cold) == (str(model), "plan.json", 2, True)
 
 
 @pytest.mark.parametrize("gpu", [True, False])

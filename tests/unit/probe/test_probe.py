@@ -4,6 +4,7 @@ validation, where it lives, and what it supplies to planning."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -305,20 +306,50 @@ def test_default_path_and_load_profile_honour_the_environment(tmp_path, monkeypa
 def test_plan_defaults_of_a_cpu_profile_supply_only_the_host_kernels(cpu_profile):
     """A probe without a GPU supplies nothing of a GPU (the CPU's matmul rate is not a
     GPU's), and the host CPU kernels' rates and threads it measured (the host that computes
-    host-compute experts is this one)."""
+    host-compute experts is this one); a quick probe's kernel rates (cache-sized layers)
+    supply nothing."""
     nothing = {"link_gbps": None, "uva_gbps": None, "vram_gbps": None, "decode_read_gbps": None,
                "compute_tflops": None, "device_memory_bytes": None, "compute_capability": None,
                "cpu_kernel_gbps": None, "cpu_threads": None, "handoff_s": None}
-    supplied = plan_defaults(cpu_profile)
+    assert cpu_profile.quick and cpu_profile.cpu_kernel_gbps
+    assert plan_defaults(cpu_profile)["cpu_kernel_gbps"] is None
+    assert "not for plans (quick" in cpu_profile.render()
+    full = dataclasses.replace(cpu_profile, quick=False)
+    assert "not for plans" not in full.render()
+    supplied = plan_defaults(full)
     host = {k: supplied.pop(k) for k in ("cpu_kernel_gbps", "cpu_threads")}
     assert supplied == {k: v for k, v in nothing.items() if k not in host}
-    assert host["cpu_kernel_gbps"] == cpu_profile.cpu_kernel_gbps and host["cpu_threads"] == cpu_profile.cpu_threads
+    assert host["cpu_kernel_gbps"] == full.cpu_kernel_gbps and host["cpu_threads"] == full.cpu_threads
     assert all(rate > 0 for rate in host["cpu_kernel_gbps"].values()) and host["cpu_threads"] >= 1
     assert plan_defaults(None) == nothing
     line = describe(cpu_profile)
     assert "\n" not in line and line.startswith("no link, host memcpy ")
     assert "measured by `selective-offload probe` on " + cpu_profile.date[:10] in line
     assert "no GPU" in line and "quick probe" in line
+
+
+def test_a_quick_probe_with_a_cached_read_rate_does_not_switch_host_compute_off(tmp_path, monkeypatch, capsys):
+    """The default profile of a quick probe, its host read rate cache-inflated far past its
+    kernel's (the CPU kernel then fails the claim bar): the bundled reference plan still
+    computes on the CPU, as with no profile; a full probe's same rates would switch it off,
+    and the default view says so in its `cpu:` line."""
+    from selective_offload.cli import main
+
+    reference = ["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB"]
+    assert main([*reference, "--json"]) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert without["host_compute"] is not None
+    target = tmp_path / "profile.json"
+    monkeypatch.setenv(PROFILE_ENV, str(target))
+    cached = {"bf16": 20.0, "fp8-block": 20.0, "mxfp4": 20.0, "int4": 20.0}
+    for quick in (True, False):
+        gpu_profile(quick=quick, cpu_kernel_gbps=cached, cpu_threads=2, host_read_gbps=163.0).save(target)
+        assert main([*reference, "--json"]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        assert (plan["host_compute"] is not None) is quick, quick
+        assert main(reference) == 0
+        cpu = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cpu ")]
+        assert len(cpu) == 1 and cpu[0].startswith("cpu    not used: " if not quick else "cpu    fp8-block at "), cpu
 
 
 def test_plan_defaults_of_a_gpu_profile_supply_link_vram_and_device_memory():
@@ -414,7 +445,7 @@ def test_run_probe_end_to_end(tmp_path, capsys):
     assert any(line.startswith("    host_memcpy   4 MiB ") for line in lines)
     planning = [line for line in lines if line.startswith("  for planning   ")]
     assert len(planning) == 1 and "--cpu-threads" in planning[0]
-    assert lines[lines.index(planning[0]) + 2].strip().startswith("no GPU, so no link or VRAM")
+    assert lines[lines.index(planning[0]) + 1].strip().startswith("no GPU, so no link or VRAM")  # quick: no --cpu-gbps
     assert lines[-1].startswith("measured in ") and lines[-1].endswith(f"; profile written to {out}")
     profile = Profile.load(out)
     assert profile.host_memcpy_gbps > 0 and profile.no_link_reason
