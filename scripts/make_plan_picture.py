@@ -2,7 +2,7 @@
 24 GiB card beside vLLM's cpu_offload_gb=10, the same plan as `bash scripts/demo.sh`
 prints (reference link and VRAM bandwidths, no host-memory check).
 
-    python scripts/make_plan_picture.py [OUT_DIR]   # default: benchmarks/results
+    python scripts/make_plan_picture.py [OUT_DIR]   # default: docs/images
 
 Writes plan-picture-qwen3.8-27b-fp8.png and, beside it, .json: what the picture shows
 (picture.picture_data), which tests/unit/test_picture.py recomputes and compares, so the
@@ -42,5 +42,5 @@ def main(out_dir: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "benchmarks" / "results"):
+    for path in main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "images"):
         print(f"wrote {path}")

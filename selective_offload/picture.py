@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,8 @@ def picture_data(plan: Plan) -> dict[str, Any]:
                 "est_cpu_s": est.est_cpu_s_per_step,
                 "est_step_s": est.est_step_s, "est_tok_s": est.est_tok_s}
 
-    rows = [{"label": f"selective ({plan.strategy})", "bytes": totals, "step": step(plan.est)}]
+    # mutation: picture-says-selective
+    rows = [{"label": "this plan", "bytes": totals, "step": step(plan.est)}]
     bulk = plan.bulk
     if bulk is not None:
         absent = totals.get(Serving.NONE.value, 0)
@@ -119,13 +121,13 @@ def picture_data(plan: Plan) -> dict[str, Any]:
         if absent:
             bulk_bytes[Serving.NONE.value] = absent
         rows.append({"label": f"vLLM cpu_offload_gb={bulk.cpu_offload_gb:g}"
-                              + ("" if bulk.fits else " (does not fit)"),
+                              + ("" if bulk.fits else "\n(over the card)"),
                      "bytes": bulk_bytes, "step": step(bulk.est), "layers": list(bulk.layers_touched)})
     inp = plan.inputs
+    name = plan.model.source.removeprefix("bundled: ").split(" (")[0]
     return {
-        "title": f"{plan.model.source}: {plan.strategy} plan for {inp.device_memory_bytes / GB:.2f} GB "
-                 f"({inp.device_memory_bytes / GiB:.1f} GiB) of device memory, link {inp.link_gbps:g} GB/s, "
-                 f"VRAM {inp.vram_gbps:g} GB/s",
+        "title": f"{name} on a {inp.device_memory_bytes / GiB:.3g} GiB card ({inp.device_memory_bytes / GB:.2f} GB): "
+                 f"this plan beside vLLM's cpu_offload_gb (link {inp.link_gbps:g} GB/s, VRAM {inp.vram_gbps:g} GB/s)",
         "slots": slots,
         "rows": rows,
         "servings": list(dict.fromkeys([*COLOURS, *totals])),
@@ -157,11 +159,31 @@ def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
     """:func:`picture_data`'s ``data`` drawn in the format of each of ``paths`` (.png, .svg,
     by suffix), in memory: the files are written by the caller, all or none."""
     plt = _pyplot()
+    fig = figure(data)
+    drawn = []
+    for path in paths:
+        buffer = io.BytesIO()
+        fmt = Path(path).suffix.lower().lstrip(".") or "png"
+        # the mark that recognises the picture as this project's when it is drawn again (outputs.py)
+        fig.savefig(buffer, format=fmt, dpi=DPI, metadata={"Software" if fmt == "png" else "Creator": PICTURE_MARK})
+        drawn.append(buffer.getvalue())
+    plt.close(fig)
+    return drawn
+
+
+#: The picture's size in inches and its resolution: 1500 x 900 pixels.
+SIZE, DPI = (15, 9), 100
+
+
+def figure(data: dict[str, Any]):
+    """The matplotlib figure of :func:`picture_data`'s ``data``, laid out (every title,
+    label and legend inside it; the legends beside the bars, not over them)."""
+    plt = _pyplot()
     from matplotlib.patches import Patch
 
     colours = _colours(data["servings"])
     used: dict[str, None] = {}
-    fig = plt.figure(figsize=(15, 9), layout="constrained")
+    fig = plt.figure(figsize=SIZE, dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(2, 2, height_ratios=[3, 2], width_ratios=[1, 1])
     ax = fig.add_subplot(grid[0, :])
     slots = data["slots"]
@@ -192,7 +214,7 @@ def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
         for serving, nbytes in row["bytes"].items():
             width = nbytes / GB
             ax_bytes.barh(y, width, left=left, color=colours[serving], height=0.6)
-            if width > 0.6:
+            if width > 2.0:  # a number that fits inside its segment
                 ax_bytes.text(left + width / 2, y, f"{width:.2f}", ha="center", va="center", fontsize=9,
                               color="white")
             left += width
@@ -236,7 +258,7 @@ def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
     if any(r["step"].get("est_cpu_s") for r in rows):
         step_handles.append(Patch(color=cpu, label="host CPU (host-compute)"))
     step_handles.append(Patch(color="black", label="the step"))
-    ax_step.legend(handles=step_handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=5)
+    ax_step.legend(handles=step_handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1)
 
     handles = [Patch(color=colours[p], label=LABELS.get(p, p)) for p in used if p != CPU_OFFLOAD_GB]
     if any(r["bytes"].get(CPU_OFFLOAD_GB) for r in rows):
@@ -248,19 +270,14 @@ def drawn(data: dict[str, Any], paths: list[str | Path]) -> list[bytes]:
         xs = [x for x, s in enumerate(slots) if s["layer"] in set(bulk_layers)]
         top = max(sum(e["bytes"] for e in s["stack"]) for s in layers) / GB * 1.12
         ax.hlines(top, xs[0] - 0.4, xs[-1] + 0.4, color=colours[CPU_OFFLOAD_GB], linewidth=3)
-        ax.text((xs[0] + xs[-1]) / 2, top, f"vLLM cpu_offload_gb offloads these {len(bulk_layers)} layers' parameters "
-                f"(model order), every step", ha="center", va="bottom", fontsize=9, color=colours[CPU_OFFLOAD_GB])
-    ax.legend(handles=handles, fontsize=9, loc="upper center", ncol=3)
-    fig.suptitle(data["title"], fontsize=12)
-    drawn = []
-    for path in paths:
-        buffer = io.BytesIO()
-        fmt = Path(path).suffix.lower().lstrip(".") or "png"
-        # the mark that recognises the picture as this project's when it is drawn again (outputs.py)
-        fig.savefig(buffer, format=fmt, dpi=100, metadata={"Software" if fmt == "png" else "Creator": PICTURE_MARK})
-        drawn.append(buffer.getvalue())
-    plt.close(fig)
-    return drawn
+        ax.text(xs[0] - 0.4, top * 1.02, f"vLLM cpu_offload_gb offloads these {len(bulk_layers)} layers' parameters "
+                f"(model order), every step", ha="left", va="bottom", fontsize=9, color=colours[CPU_OFFLOAD_GB])
+    # beside the bars, not over them (the tallest, the embedding and the head, stand at the edges)
+    # mutation: picture-legend-over-the-bars
+    ax.legend(handles=handles, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1)
+    fig.suptitle("\n".join(textwrap.wrap(data["title"], 120)), fontsize=12)
+    fig.canvas.draw()  # the layout made, so the figure's extents are final
+    return fig
 
 
 def draw(data: dict[str, Any], paths: list[str | Path]) -> None:

@@ -474,11 +474,11 @@ def _cpu_unused(plan: Plan, checkpoint: Checkpoint | None) -> str | None:
     inp = plan.inputs
     if not any(g.placement in (Placement.HOST_HOT, Placement.HOST_UVA) for g in plan.groups):
         return None  # nothing on the host a decode step computes (cold weights only, or none)
-    if not inp.host_compute:
-        return "--no-host-compute"
     declined = plan.host_compute_declined
-    if declined:
+    if declined:  # the planner's own cause
         return declined
+    if not inp.host_compute:
+        return "host-compute is off for this plan (--no-host-compute)"
     if checkpoint is not None:
         from .planner.host_compute import claim_of, mlp_cpu_format, model_cpu_format
         from .planner.kernels import method_of_config
@@ -496,8 +496,8 @@ def _host_compute_line(plan: Plan, checkpoint: Checkpoint | None = None) -> list
     or, where the plan computes none of its host experts there, why not."""
     record = plan.host_compute
     computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
-    # mutation: declined-host-compute-unsaid
     if record is None or not computed:  # the first thing a user comparing with llama.cpp's --n-cpu-moe asks
+        # mutation: declined-host-compute-unsaid
         why = _cpu_unused(plan, checkpoint)
         return _wrapped("cpu", [f"{word} " for word in f"not used: {why}".split()]) if why else []
     layers = len({g.layer_index for g in computed if g.layer_index is not None})
@@ -580,9 +580,10 @@ def render_plan(plan: Plan, checkpoint: Checkpoint | None = None, *, verbose: bo
         if checkpoint is not None and checkpoint.incomplete_shards:
             detail.append(f"note: first shard without all its data: {checkpoint.incomplete_shards[0]}")
         # mutation: verbose-lines-unwrapped
-        lines += [part for line in detail for part in (textwrap.wrap(line, DETAIL_WIDTH, subsequent_indent="      ",
+        width = DETAIL_WIDTH
+        lines += [part for line in detail for part in (textwrap.wrap(line, width, subsequent_indent="      ",
                                                                      break_on_hyphens=False, break_long_words=False)
-                                                       if len(line) > DETAIL_WIDTH else [line])]
+                                                       if len(line) > width else [line])]
     if explain:
         lines += [""] + explanation() + ([""] + anchor_lines(plan) if anchor_lines(plan) else [])
     if not verbose:

@@ -25,7 +25,7 @@ ROOT = REPO
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_plan_picture  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "docs" / "images"
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -39,7 +39,7 @@ def test_the_readme_picture_is_the_reference_plans(tmp_path):
     scripts/make_plan_picture.py when the plan changes), and the script draws it again."""
     committed = json.loads((RESULTS / f"{make_plan_picture.NAME}.json").read_text())
     assert picture_data(make_plan_picture.reference_plan()) == committed
-    assert f"benchmarks/results/{make_plan_picture.NAME}.png" in (ROOT / "README.md").read_text()
+    assert f"docs/images/{make_plan_picture.NAME}.png" in (ROOT / "README.md").read_text()
     png, _ = make_plan_picture.main(tmp_path)
     assert png_size(png) == png_size(RESULTS / png.name) == (1500, 900)
 
@@ -149,3 +149,45 @@ def test_picture_refusals_are_one_line_before_any_work(tmp_path, case, expected)
     proc = cli("plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--png", str(tmp_path / name), env=env)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == f"selective-offload: error: {expected.format(tmp=tmp_path)}"
+
+
+def test_every_text_lies_inside_the_figure_and_no_legend_covers_a_bar():
+    """By the renderer's own extents: the title, the axes' labels, the annotations and both
+    legends inside the 1500 x 900 figure, and neither legend over a bar."""
+    import matplotlib.pyplot as plt
+    from matplotlib.legend import Legend
+    from matplotlib.patches import Rectangle
+    from matplotlib.text import Text
+
+    from selective_offload.picture import figure
+
+    for data in (picture_data(make_plan_picture.reference_plan()), picture_data(moe_plan())):
+        fig = figure(data)
+        renderer = fig.canvas.get_renderer()
+        width, height = fig.bbox.width, fig.bbox.height
+        assert (width, height) == (1500, 900)
+        # a tick beyond the axis' limits is made but not drawn
+        unseen = {id(label) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+                  for tick in axis.get_major_ticks() + axis.get_minor_ticks()
+                  if not min(axis.get_view_interval()) <= tick.get_loc() <= max(axis.get_view_interval())
+                  for label in (tick.label1, tick.label2)}
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip() and id(t) not in unseen]
+        assert any(t.get_text() == data["title"] or "\n" in t.get_text() for t in texts)
+        for t in texts:
+            box = t.get_window_extent(renderer)
+            assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height, (t.get_text(), box)
+        legends = [leg for ax in fig.axes for leg in ax.findobj(Legend)]
+        assert len(legends) == 2
+        bars = [r.get_window_extent(renderer) for ax in fig.axes for r in ax.patches
+                if isinstance(r, Rectangle) and r.get_height() and r.get_width()]
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            assert box.x1 <= width and box.y0 >= 0
+            assert not [b for b in bars if b.overlaps(box)], legend.get_texts()[0].get_text()
+        plt.close(fig)
+
+
+def test_the_picture_speaks_as_the_command_does():
+    data = picture_data(make_plan_picture.reference_plan())
+    assert [r["label"] for r in data["rows"]] == ["this plan", "vLLM cpu_offload_gb=10"]
+    assert "selective" not in json.dumps(data) and "hot_offload" not in data["title"]

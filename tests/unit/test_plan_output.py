@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 
 from helpers import save_tiny_qwen3
-from selective_offload import cli, plan_options
+from selective_offload import cli, plan_options, render
 from selective_offload.cli import build_parser, main
 from selective_offload.plan_format import EST_IGNORES, EST_MODEL, Plan
 from selective_offload.render import MIN_PRICED_MODEL_BYTES, priced, render_plan
@@ -197,3 +197,85 @@ def test_plan_help_is_grouped_one_or_two_lines_an_option():
     assert not too_long, too_long
     assert all(help_lines(b) >= 1 for b in options)
 
+
+
+def test_a_model_is_named_by_its_folder(tmp_path):
+    model = save_tiny_qwen3(tmp_path / "My-Model")
+    assert render.model_name(str(model / "config.json")) == "My-Model"
+    assert render.model_name(str(model / "model.safetensors")) == "My-Model"
+    assert render.model_name(str(model) + "/") == "My-Model"
+    assert render.model_name("selective_offload/data/qwen3.8-27b-fp8.manifest.json") == "qwen3.8-27b-fp8"
+    assert render.model_name("Qwen/Qwen3-8B@main") == "Qwen/Qwen3-8B@main"  # a hub id as typed
+
+
+def test_an_infeasible_plan_prints_no_tok_s_and_each_fix_it_offers_fits(capsys, monkeypatch):
+    """On a 25 GB box the reference on an 8 GiB card falls short of host RAM: line 1 says
+    so, nothing is priced, and each flag the fix offers makes the plan fit."""
+    monkeypatch.setattr(plan_options, "machine_ram_bytes", lambda: 25 * 10**9)
+    argv = ["plan", "qwen3.8-27b-fp8", "--device-memory", "8GiB"]
+    code, out, _ = run(capsys, *argv)
+    lines = out.splitlines()
+    assert code == cli.EXIT_INFEASIBLE and lines[0].endswith(" short of host RAM"), out
+    assert "tok/s" not in out and "speed-up" not in out and "next:" not in out
+    fix = " ".join(line[7:] for line in lines[1:] if line.startswith(("fix ", "       "))
+                   and not line.startswith("device")).split("device ")[0]
+    offered = re.findall(r"--host-memory (\d+GiB)", fix)
+    assert len(offered) == 1 and "a larger --device-memory" in fix, fix
+    assert "--kv-cache" not in fix  # 1 GiB KV + 2 GiB reserve cannot free the bytes short
+    for flags in (["--host-memory", offered[0]], ["--device-memory", "40GiB"]):
+        code, out, _ = run(capsys, *argv[:2], *(argv[2:] if flags[0] != "--device-memory" else []), *flags)
+        assert code == 0, (flags, out)
+    # a device shortfall a smaller KV cache closes: offered, and it does
+    plan = planned(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB", "--host-memory", "none")
+    assert plan.shortfall_bytes and plan.shortfall_bytes < plan.inputs.reserve_bytes
+    code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB", "--host-memory", "none")
+    assert "less --kv-cache or --reserve" in out and "--host-memory" not in out.split("device ")[0]
+    code, _, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB", "--host-memory", "none",
+                     "--reserve", "0")
+    assert code == 0
+
+
+def test_a_vllm_baseline_over_the_host_ram_is_marked(capsys):
+    argv = ["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--host-memory", "24GiB"]
+    code, out, _ = run(capsys, *argv)
+    base = next(line for line in out.splitlines() if line.startswith("vLLM cpu_offload_gb="))
+    assert code == 0 and "(over" not in base
+    code, out, _ = run(capsys, *argv, "--cpu-offload-gb", "20")
+    plan = planned(capsys, *argv, "--cpu-offload-gb", "20")
+    assert plan.bulk.offloaded_bytes > plan.inputs.host_available_bytes >= plan.host_bytes
+    base = next(line for line in out.splitlines() if line.startswith("vLLM cpu_offload_gb=20"))
+    assert code == 0 and base.endswith("(over host RAM)") and len(base) <= 80, base
+
+
+def test_verbose_is_detail_not_the_summary_twice(capsys):
+    code, out, _ = run(capsys, *REFERENCE, "--verbose")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= render.DETAIL_WIDTH, max(lines, key=len)
+    assert out.count("estimate (bytes / bandwidth)") == 1 and out.count("tok/s") == 1
+    assert sum(line.startswith("device ") for line in lines) == 1
+    assert "step parts (est)" in out and "model.embed_tokens" in out
+
+
+def test_a_published_figure_is_cited_under_explain_only(capsys, tmp_path):
+    """gpt-oss-120b (its config alone) on a 24 GiB card: llama.cpp's published figure is
+    context for --explain, not a row of the default view."""
+    import transformers
+    from helpers import write_config
+
+    mxfp4 = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    config = transformers.GptOssConfig(num_hidden_layers=36, num_local_experts=128, num_experts_per_tok=4,
+                                       hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+                                       num_key_value_heads=8, head_dim=64, vocab_size=201088,
+                                       tie_word_embeddings=False)
+    folder = tmp_path / "gpt-oss-120b"
+    folder.mkdir()
+    path = write_config(folder, config, "GptOssForCausalLM", quantization_config=mxfp4, experts_per_token=4)
+    argv = ["plan", str(path), "--device-memory", "24GiB", "--host-memory", "none"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and out.startswith("gpt-oss-120b on a 24 GiB card: fits with ")
+    assert "llama.cpp" not in out
+    code, explained, _ = run(capsys, *argv, "--explain")
+    cited = explained.split("llama.cpp published: ", 1)
+    assert len(cited) == 2 and all(len(line) <= 80 for line in cited[1].split("\nmore:")[0].splitlines())

@@ -86,7 +86,8 @@ def test_the_host_check_keeps_headroom_and_names_the_flag():
     assert tight.strategy == "infeasible" and tight.host_shortfall_bytes == 1
     text = render_plan(tight)
     assert "short of host RAM" in text.splitlines()[0]
-    assert "(--host-memory)" in text and "kept for the system and vLLM (est)" in text
+    assert "--host-memory 7GiB (a host with that much RAM; --host-memory: " in " ".join(text.split())
+    assert "kept for the system and vLLM, est" in " ".join(text.split())
     with pytest.raises(PlanError, match="more host memory is needed"):
         tight.require_feasible()
     # page-locked and pageable counted apart (the plan's ledger): the kernel's workspace is pageable

@@ -377,7 +377,7 @@ def test_plan_takes_cpu_gbps_as_a_flag_and_shows_llama_cpps_figure_for_the_card(
     assert data["inputs"]["cpu_gbps"] == 70.0 and data["inputs"]["cpu_gbps_source"] == "flag"
     assert data["host_compute"]["format"] == "mxfp4" and data["host_compute"]["threads"] == 12
     assert data["host_compute"]["crossover_tokens"] >= 1
-    assert main(["plan", *args]) == 0
+    assert main(["plan", *args, "--explain"]) == 0
     out = capsys.readouterr().out
     assert "llama.cpp published: 33.1 tok/s (gpt-oss-120b, 24 GB card" in out
     assert "\ncpu    mxfp4 at 55 GB/s (assumed) on " in out

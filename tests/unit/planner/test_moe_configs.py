@@ -273,15 +273,15 @@ def test_a_48_layer_moe_plan_renders_in_a_few_rows(tmp_path):
     assert any("mlp.experts of those" in row and " host     uva " in row for row in table)
     # the card's 23.15 GiB (a 24 GB card's, less its context): one layer and one GiB more than on 24 GiB
     assert "routed experts in host memory, read in place through UVA (33 layers" in text
-    assert "vLLM cpu_offload_gb=37, cpu_offload_params=experts" in text
+    assert "vLLM cpu_offload_gb=37,\n  cpu_offload_params=experts" in text and "vLLM cpu_offload_params " in text
 
 
 def test_the_summary_says_why_host_experts_are_not_computed_on_the_host(tmp_path, monkeypatch):
     """A MoE plan that computes none of its host experts on the CPU says why in its default
-    view (the planner's own cause, ``Plan.host_compute_declined``), beside llama.cpp's figure
-    for computing them there; a plan that computes them shows its kernel line instead."""
+    view (the planner's own cause, ``Plan.host_compute_declined``); a plan that computes them
+    shows its kernel line instead; llama.cpp's figure for computing them there is under --explain."""
     from selective_offload.cpu_kernels import claimed
-    from selective_offload.render import summary
+    from selective_offload.render import anchor_lines, summary
 
     path = write_config(tmp_path, transformers.Qwen3MoeConfig(**QWEN3_30B, tie_word_embeddings=False),
                         "Qwen3MoeForCausalLM")
@@ -290,20 +290,22 @@ def test_the_summary_says_why_host_experts_are_not_computed_on_the_host(tmp_path
     lines = summary(off)
     cpu = lines.index(next(line for line in lines if line.startswith("cpu    ")))
     assert " ".join(" ".join(lines[cpu:]).split()).startswith(
-        "cpu not computed on the host: host-compute is off for this plan (--no-host-compute)")
+        "cpu not used: host-compute is off for this plan (--no-host-compute)")
     monkeypatch.setitem(claimed.CLAIMED, "bf16", False)
     unclaimed = plan_of(path, 24, host_compute=True)
     assert unclaimed.host_compute_declined.startswith("the bf16 CPU kernel is not claimed fast by the committed")
-    assert "not computed on the host: the bf16 CPU kernel is not claimed" in " ".join(" ".join(summary(unclaimed)).split())
+    assert "not used: the bf16 CPU kernel is not claimed" in " ".join(" ".join(summary(unclaimed)).split())
     monkeypatch.setitem(claimed.CLAIMED, "bf16", True)
     computed = plan_of(path, 24, host_compute=True)
     assert computed.host_compute_declined is None
     lines = summary(computed)
-    assert any(line.startswith("cpu    bf16 at ") for line in lines) and "not computed" not in "\n".join(lines)
+    assert any(line.startswith("cpu    bf16 at ") for line in lines) and "not used" not in "\n".join(lines)
     # llama.cpp's published figure (one for an 8 GB card), broken between words to 80 columns
-    lines = summary(plan_of(path, 8, host_compute=True))
+    assert not any("llama.cpp" in line for line in summary(plan_of(path, 8, host_compute=True)))
+    lines = anchor_lines(plan_of(path, 8, host_compute=True))
     first = next(i for i, line in enumerate(lines) if line.startswith("llama.cpp published: 36.7 tok/s"))
-    anchor = lines[first:next(i for i in range(first + 1, len(lines)) if not lines[i].startswith("       "))]
+    anchor = lines[first:next((i for i in range(first + 1, len(lines)) if not lines[i].startswith("       ")),
+                              len(lines))]
     assert len(anchor) > 1 and max(len(line) for line in anchor) <= 80, anchor
     assert " ".join(" ".join(anchor).split()).endswith("AlexsJones/llmfit PR #755)")
 
