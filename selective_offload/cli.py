@@ -55,7 +55,7 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
                           "it did not write)")
     out.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
     out.add_argument("-v", "--verbose", action="store_true", help="also print every group and the planner's notes")
-    out.add_argument("--explain", action="store_true", help="also print what the estimate leaves out")
+    out.add_argument("--explain", action="store_true", help="also print what the estimate leaves out, and a published figure to compare")
     add_picture_arguments(out)
 
 

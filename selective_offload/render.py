@@ -1,13 +1,16 @@
 """A plan as people read it: the verdict first, then the totals they check, the estimate and
-the next command; ``--verbose`` adds the group table (decoder layers folded) and the notes,
-``--explain`` what the estimate leaves out.
+the next command; ``--verbose`` adds the detail (every group, decoder layers folded, the
+budget, each step's parts, the notes), ``--explain`` what the estimate leaves out and a
+competitor's published figure for a model and card like these.
 
 The default view (:func:`render_plan`) is a screenful that a user checks against
-``nvidia-smi`` and ``free``: line 1 is the model, the card and the verdict (and, when nothing
-fits, why, by how much and what to change); then device memory as weights + buffers +
-transients + KV + reserve of the card, the host bytes against the host RAM checked, the
-estimate rows beside vLLM's own offload with the rates they assume, and the commands to save
-and apply the plan (:class:`Shown` carries what only the command line knows: the name typed,
+``nvidia-smi`` and ``free``: line 1 is the model (named by its folder), the card and the
+verdict (a checkpoint that fits whole needs no plan; when nothing fits, by how much, and
+on the lines after it each flag that would make it fit); then device memory as weights +
+buffers + transients + KV + reserve of the card, the host bytes against the host RAM
+checked, the estimate rows beside vLLM's own offload with the rates they assume (none for
+an infeasible plan), the host CPU's part or why it has none, and the commands to save and
+apply the plan (:class:`Shown` carries what only the command line knows: the name typed,
 where the rates and the RAM came from, the commands).
 
 In the detail, a MoE layer is two groups (the layer and its routed experts); consecutive

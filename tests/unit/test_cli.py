@@ -245,7 +245,7 @@ def test_probe_writes_a_profile_that_plan_uses(capsys, tmp_path, monkeypatch):
     code, out, _ = run(capsys, "probe", "--quick")
     assert code == 0 and (tmp_path / "profile.json").is_file() and "no link" in out.lower()
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--verbose")
-    assert "link 13.9 GB/s and VRAM 472.0 GB/s are the reference laptop's" in out
+    assert "link 13.9 GB/s and VRAM 472.0 GB/s are the reference laptop's" in " ".join(out.split())
     profile = json.loads((tmp_path / "profile.json").read_text())
     profile.update(device="NVIDIA H200", link_gbps_pinned=52.0, link_gbps_pageable=20.0, vram_gbps=3900.0,
                    device_memory_total_bytes=150_000_000_000, device_memory_free_bytes=149_000_000_000,
