@@ -182,7 +182,7 @@ def _placement_summary(plan: Plan) -> list[str]:
     if plan.hot_layer_indices:
         lines.append(f"hot layers on the host, served by vLLM's prefetch offloader ({len(plan.hot_layer_indices)}, "
                      f"{fmt_bytes(plan.host_hot_bytes).strip()}): "
-                     f"{','.join(map(str, plan.hot_layer_indices))}")
+                     f"{ranges(plan.hot_layer_indices)}")
         lines.append(f"prefetch buffers {fmt_bytes(plan.prefetch_buffer_bytes).strip()} on the device "
                      f"(prefetch_step={inp.prefetch_step} slot(s) of the largest layer)")
     if plan.est_transient_device_bytes:
@@ -585,7 +585,7 @@ def render_plan(plan: Plan, checkpoint: Checkpoint | None = None, *, verbose: bo
         # mutation: verbose-lines-unwrapped
         width = DETAIL_WIDTH
         lines += [part for line in detail for part in (textwrap.wrap(line, width, subsequent_indent="      ",
-                                                                     break_on_hyphens=False, break_long_words=False)
+                                                                     break_on_hyphens=False)
                                                        if len(line) > width else [line])]
     if explain:
         lines += [""] + explanation() + ([""] + anchor_lines(plan) if anchor_lines(plan) else [])
