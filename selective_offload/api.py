@@ -75,12 +75,12 @@ def plan(model: "str | os.PathLike", device_memory: "str | int | None" = None, *
 
     Raises :class:`UserError` (one line naming the option as written here) for a bad value.
     """
-    from .plan_options import keyword, options_from_keywords, plan_model
+    from .plan_options import PlanOptions, keyword, plan_model
     from .probe import load_profile
 
-    args = options_from_keywords({"device_memory": device_memory, **options})
+    chosen = PlanOptions.from_keywords({"device_memory": device_memory, **options})
     # mutation: python-plan-spelled-as-flags
-    return plan_model(str(model), args, load_profile(), keyword).plan
+    return plan_model(str(model), chosen, load_profile(), keyword).plan
 
 
 def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | None = None,

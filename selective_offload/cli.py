@@ -10,7 +10,6 @@ import argparse
 import json
 import shlex
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -20,26 +19,11 @@ from .errors import UserError
 from .plan_format import PlanInputs, Strategy
 from .plan_format.io import writable_json
 from .planner.serving import serve_flags
-from .plan_options import (
-    BUNDLED,
-    PLAN_MODEL_HELP,
-    add_plan_arguments,
-    checked_together,
-    cli_flag,
-    inputs_from_args,  # noqa: F401 - benchmarks/planning/published.py reads the options as the command does
-    plan_model,
-    read_model,
-    resolve_model,  # noqa: F401 - benchmarks/planning/published.py reads a MODEL as the command does
-)
-from .probe import (
-    add_probe_arguments,
-    load_profile,
-    plan_defaults,
-    run_probe,
-)
+from .planner.tradeoff import kv_tradeoff
+from .plan_options import BUNDLED, PLAN_MODEL_HELP, PlanOptions, cli_flag, plan_model, read_model
+from .probe import add_probe_arguments, load_profile, machine_notes, run_probe
 from .outputs import check_output_dir, resolve_outputs, write_outputs
 from .picture import add_picture_arguments, check_picture_arguments, drawn_pictures
-from .planner import make_plan
 from .render import Shown, render_plan
 from .report_cmd import add_report_command
 from .sizes import fmt_bytes
@@ -65,7 +49,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # a file of the user's, a place inside the checkpoint planned, each one line here.
     outputs = resolve_outputs([("-o", args.output, "plan"), *pictures], model=args.model)
     profile = load_profile()
-    plan, checkpoint, inputs, read_s = plan_model(args.model, args, profile)
+    options = PlanOptions.from_args(args)
+    plan, checkpoint, inputs, read_s = plan_model(args.model, options, profile)
     # Every output is made before any is written: a model beyond the plan format is refused
     # here, and a picture that cannot be written leaves the plan file unwritten too.
     text = writable_json(plan, where=args.model)
@@ -79,24 +64,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
             (f"picture: {', '.join(pictures)}",) if pictures else ())
         shown = Shown(label=args.model, host_ram_from=None if inputs.host_memory_bytes is None else (
                           "this machine's" if args.host_memory is None else "--host-memory"),
-                      rates_from=_rates_from(args, profile), next_commands=next_commands(args, plan, checkpoint),
+                      rates_from=options.rates_from(profile), next_commands=next_commands(args, plan, checkpoint),
                       written=written)
         print(render_plan(plan, checkpoint, verbose=args.verbose, explain=args.explain, shown=shown))
-        for note in machine_notes(plan) + checked_together(args, cli_flag):
+        for note in machine_notes(plan.host_bytes) + options.checked_together(cli_flag):
             print(f"note: {note}")
         if inputs.max_model_len and inputs.max_seqs:
-            print("\n" + "\n".join(kv_tradeoff(checkpoint, inputs)))
+            print("\n" + "\n".join(tradeoff_lines(checkpoint, inputs)))
         if args.verbose:
             print(f"\nread {len(checkpoint.tensors)} tensor headers in {read_s * 1e3:.1f} ms")
     return EXIT_INFEASIBLE if plan.strategy == Strategy.INFEASIBLE else 0
-
-
-def _rates_from(args: argparse.Namespace, profile) -> dict[str, str]:
-    """Where the link and VRAM rates came from: a flag, this machine's probe, or the reference laptop."""
-    measured = plan_defaults(profile)
-    return {name: "given" if getattr(args, flag) is not None else "probed" if measured[key] is not None
-            else "reference"
-            for name, flag, key in (("link", "link_gbps", "link_gbps"), ("vram", "vram_gbps", "vram_gbps"))}
 
 
 #: Where ``next:`` saves the plan when the user gave no ``-o``.
@@ -146,35 +123,18 @@ def _served_model(model: str, kind: str) -> tuple[list[str], str]:
     return ["CHECKPOINT"], "# CHECKPOINT: the weights this " + ("manifest lists" if kind == "manifest" else "config describes")
 
 
-def kv_tradeoff(checkpoint, inputs: PlanInputs) -> list[str]:
-    """KV bytes against host bytes against est tok/s, for a few numbers of sequences of
-    ``max_model_len`` tokens decoding together (est)."""
+def tradeoff_lines(checkpoint, inputs: PlanInputs) -> list[str]:
+    """:func:`planner.tradeoff.kv_tradeoff` as a table: KV bytes against host bytes against
+    est tok/s, for a few numbers of sequences of ``max_model_len`` tokens decoding together."""
     lines = [f"KV cache trade-off at max_model_len {inputs.max_model_len} (est; N sequences decoding together):",
              f"{'N':>4} {'KV cache':>10} {'host bytes':>11} {'strategy':<12} {'est_tok/s':>9} {'per seq':>8}"]
-    for n in sorted({1, 2, 4, 8, 16, inputs.max_seqs}):
-        try:
-            plan = make_plan(checkpoint, replace(inputs, max_seqs=n, batch=n), with_bulk=False)
-        except UserError as exc:
-            lines.append(f"{n:>4} {str(exc)[:60]}")
+    for n, plan in kv_tradeoff(checkpoint, inputs):
+        if isinstance(plan, UserError):
+            lines.append(f"{n:>4} {str(plan)[:60]}")
             continue
         lines.append(f"{n:>4} {fmt_bytes(plan.inputs.kv_cache_bytes):>10} {fmt_bytes(plan.host_bytes):>11} "
                      f"{plan.strategy:<12} {plan.est.est_tok_s:>9.2f} {plan.est.est_tok_s_per_seq:>8.2f}")
     return lines
-
-
-def machine_notes(plan) -> list[str]:
-    """What this machine changes about the plan: an integrated GPU shares one memory with
-    the host, so the bytes a plan puts on the host free no device memory here."""
-    import torch
-
-    host = plan.host_bytes
-    if not host or not torch.cuda.is_available():
-        return []
-    props = torch.cuda.get_device_properties(0)
-    if getattr(props, "is_integrated", False):
-        return [f"this machine's GPU ({props.name}) is integrated, one memory with the host: the "
-                f"{fmt_bytes(host)} this plan puts on the host would free no device memory here"]
-    return []
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
@@ -219,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"the plan fits, {EXIT_INFEASIBLE} when it is infeasible (still printed), "
         f"{EXIT_USAGE} for bad input."))
     p.add_argument("model", metavar="MODEL", help=PLAN_MODEL_HELP)
-    add_plan_arguments(p)
+    PlanOptions.add_arguments(p)
     _add_output_arguments(p)
     p.set_defaults(func=cmd_plan)
 

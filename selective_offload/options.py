@@ -167,7 +167,7 @@ def _check_report_path(path: Path, what: str) -> Path:
 def device_memory_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
     """``SELECTIVE_OFFLOAD_DEVICE_MEMORY`` in bytes (``None`` when unset); a bad value is
     refused naming the variable, in whichever process reads it first."""
-    from .sizes import parse_size
+    from .sizes import read_size
 
     text = environ.get(ENV_DEVICE_MEMORY, "").strip()
     if not text:
@@ -176,7 +176,7 @@ def device_memory_from_env(environ: Mapping[str, str] = os.environ) -> int | Non
     if len(text) > 40:  # no size is this long; the message must not repeat thousands of characters
         raise UserError(f"{ENV_DEVICE_MEMORY}: {text[:20]!r}... ({len(text)} characters) is not a size; write one "
                         "like 24GiB (or unset it to plan for the card's memory)")
-    value = parse_size(text, ENV_DEVICE_MEMORY)
+    value = read_size(text, ENV_DEVICE_MEMORY)
     if value <= 0:
         raise UserError(f"{ENV_DEVICE_MEMORY}={text!r}: must be more than 0, like 24GiB (or unset it to plan "
                         "for the card's memory)")

@@ -2,7 +2,9 @@
 
 Decimal units (kB, MB, GB, TB: powers of 1000) and binary units (KiB, MiB, GiB, TiB:
 powers of 1024) are both accepted, because GPU cards are sold in GiB while link and
-memory bandwidths are quoted in GB/s. A bare number of bytes is accepted too.
+memory bandwidths are quoted in GB/s. A bare number is bytes; where a person gives a size
+(an option, a variable), one below :data:`MIN_BARE_SIZE` other than 0 is refused
+(:func:`read_size`): ``--device-memory 24`` means 24 GiB to a person.
 """
 
 from __future__ import annotations
@@ -52,6 +54,25 @@ def parse_size(text: str | int | float, what: str = "size") -> int:
     if not math.isfinite(value) or value < 0 or value * _UNITS[unit] > MAX_BYTES:
         raise UserError(f"{what}: {text!r} must be a size from 0 bytes to {MAX_BYTES} bytes (8 PiB)")
     return int(round(value * _UNITS[unit]))
+
+
+#: A bare number (no unit) below this is refused where a person gives a size.
+MIN_BARE_SIZE = 1 << 20
+_BARE = re.compile(r"^\s*[0-9.eE+-]+\s*$")  # a number without a unit
+
+
+def read_size(value: str | int | float, what: str) -> int:
+    """:func:`parse_size` of a size a person gave (``what``: ``--device-memory``, ``device_memory=``
+    or a variable's name): a bare number below :data:`MIN_BARE_SIZE` other than 0 is refused,
+    naming the unit it lacks."""
+    nbytes = parse_size(value, what)
+    bare = isinstance(value, (int, float)) or _BARE.match(str(value)) is not None
+    # mutation: bare-size-read-as-bytes
+    if bare and 0 < float(value) < MIN_BARE_SIZE:
+        text = str(value).strip()
+        given = f"{what}{'' if what.endswith('=') else ' ' if what.startswith('-') else '='}{text}"
+        raise UserError(f"{given}: give a unit, e.g. {text}GiB (a bare number is bytes)")
+    return nbytes
 
 
 def parse_bandwidth_gbps(text: str | float, what: str = "bandwidth") -> float:

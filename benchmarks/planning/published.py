@@ -118,12 +118,13 @@ def _load(path: Path) -> dict:
 def estimate(point: dict) -> dict:
     """Run the plan the point's arguments describe; the estimate it is compared with."""
     from selective_offload.checkpoint import load_checkpoint
-    from selective_offload.cli import build_parser, inputs_from_args, resolve_model
+    from selective_offload.cli import build_parser
+    from selective_offload.plan_options import PlanOptions, resolve_model
     from selective_offload.planner import make_plan
 
     args = build_parser().parse_args(["plan", *point["plan_args"]])
     checkpoint = load_checkpoint(resolve_model(args.model))
-    inputs = inputs_from_args(args, profile=None)
+    inputs = PlanOptions.from_args(args).inputs(profile=None)
 
     def chosen(plan):
         if point["compare"] == "bulk":

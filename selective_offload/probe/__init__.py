@@ -32,7 +32,7 @@ from .measurements import (
     measure,
     uva_read_series,
 )
-from .planning import describe, plan_bandwidths, reference_note
+from .planning import describe, machine_notes, plan_bandwidths, reference_note
 from .profile import (
     COPY_BYTES_COUNTED,
     PROFILE_ENV,
@@ -50,5 +50,5 @@ __all__ = [
     "plan_defaults", "describe", "add_probe_arguments", "run_probe",
     "PROFILE_FIELDS", "COPY_BYTES_COUNTED", "SAMPLE_KINDS", "FULL_SIZES", "QUICK_SIZES", "READ_COLS",
     "gemv_read_s", "uva_read_series", "decode_read_gbps", "matmul_tflops", "machine_name",
-    "plan_bandwidths", "reference_note",
+    "machine_notes", "plan_bandwidths", "reference_note",
 ]

@@ -61,3 +61,19 @@ def describe(profile: Profile) -> str:
         what += ", integrated"
     quick = " (quick probe: rates understated)" if profile.quick else ""
     return f"{', '.join(parts)} measured by `selective-offload probe` on {profile.day}, {what}{quick}"
+
+
+def machine_notes(host_bytes: int) -> list[str]:
+    """What this machine changes about a plan that puts ``host_bytes`` on the host: an
+    integrated GPU shares one memory with the host, so those bytes free no device memory here."""
+    import torch
+
+    from ..sizes import fmt_bytes
+
+    if not host_bytes or not torch.cuda.is_available():
+        return []
+    props = torch.cuda.get_device_properties(0)
+    if getattr(props, "is_integrated", False):
+        return [f"this machine's GPU ({props.name}) is integrated, one memory with the host: the "
+                f"{fmt_bytes(host_bytes)} this plan puts on the host would free no device memory here"]
+    return []

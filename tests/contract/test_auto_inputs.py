@@ -34,7 +34,8 @@ def engine_config(model_dir, **cache):
 
 @pytest.mark.parametrize("value,says", [
     ("0", "must be more than 0"),
-    ("0.0001", "must be more than 0"),
+    ("0.0001", "=0.0001: give a unit, e.g. 0.0001GiB"),
+    ("24", "=24: give a unit, e.g. 24GiB"),
     ("-1", "cannot read '-1' as a size"),
     ("-24GiB", "cannot read '-24GiB' as a size"),
     ("lots", "cannot read 'lots' as a size"),

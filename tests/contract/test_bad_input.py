@@ -309,6 +309,9 @@ def test_the_device_memory_variable_is_checked_where_the_engine_is_started(model
     monkeypatch.setenv(ENV_DEVICE_MEMORY, "0")
     with pytest.raises(UserError, match=f"{ENV_DEVICE_MEMORY}='0': must be more than 0"):
         selective_offload.enable("auto")
+    monkeypatch.setenv(ENV_DEVICE_MEMORY, "24")
+    with pytest.raises(UserError, match=f"^{ENV_DEVICE_MEMORY}=24: give a unit, e.g. 24GiB"):
+        selective_offload.enable("auto")
     assert not patches.is_applied()
 
 

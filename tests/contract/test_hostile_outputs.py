@@ -24,7 +24,8 @@ needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="/dev/full (a disk
 def planned(monkeypatch) -> list:
     """The models planned in this test: a refusal "before any work" plans none (a spy on
     the make_plan that ``plan``'s options are planned with, which still plans)."""
-    from selective_offload import cli, plan_options
+    from selective_offload import plan_options
+    from selective_offload.planner import tradeoff
 
     calls: list = []
     real = plan_options.make_plan
@@ -34,7 +35,7 @@ def planned(monkeypatch) -> list:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(plan_options, "make_plan", spy)
-    monkeypatch.setattr(cli, "make_plan", spy)
+    monkeypatch.setattr(tradeoff, "make_plan", spy)
     return calls
 
 

@@ -164,14 +164,14 @@ def python_calls(page: Path) -> list[ast.Call]:
 @pytest.mark.parametrize("page", [README, REPO / "docs" / "usage" / "vllm.md"], ids=lambda p: p.name)
 def test_the_python_shown_calls_what_the_package_exports_with_options_it_takes(page):
     import selective_offload
-    from selective_offload.plan_options import options_from_keywords
+    from selective_offload.plan_options import PlanOptions
 
     calls = python_calls(page)
     assert {c.func.attr for c in calls} >= {"plan", "enable"}
     for call in calls:
         assert call.func.attr in selective_offload.__all__, f"{page.name}: selective_offload.{call.func.attr}"
         if call.func.attr == "plan":
-            options_from_keywords({k.arg: ast.literal_eval(k.value) for k in call.keywords})
+            PlanOptions.from_keywords({k.arg: ast.literal_eval(k.value) for k in call.keywords})
 
 
 def test_the_readme_runs_its_bundled_plan_and_quotes_what_it_prints(capsys):

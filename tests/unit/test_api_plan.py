@@ -56,7 +56,7 @@ def test_plan_keeps_the_commands_defaults_and_says_where_its_rates_came_from(tmp
 
 
 @pytest.mark.parametrize("keywords,says", [
-    ({"kv_cahe": "1GiB"}, "kv_cahe= is not an option of selective-offload plan; the options are"),
+    ({"kv_cahe": "1GiB"}, "kv_cahe= is not an option of selective-offload plan; did you mean kv_cache=? the options"),
     ({"kv_cache": "lots"}, "kv_cache=: cannot read 'lots' as a size"),
     ({"ranks": 0}, "ranks=: 0 must be a whole number from 1 to"),
     ({"no_host_compute": "yes"}, "no_host_compute=: 'yes' must be True or False"),
@@ -69,6 +69,16 @@ def test_a_bad_option_is_one_line_naming_it_as_written_in_python(keywords, says)
         selective_offload.plan(REFERENCE, device_memory="24GiB", **keywords)
     assert says in str(info.value) and "\n" not in str(info.value)
     assert "--" not in str(info.value).split(";")[0]
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_the_nearest_option():
+    """As Python's own error for an unexpected keyword, and one line: the nearest field, then all."""
+    with pytest.raises(TypeError, match=r"^plan\(\): max_model_length= is not an option of selective-offload plan; "
+                                        r"did you mean max_model_len=\? the options are accept_rate, ") as info:
+        selective_offload.plan(REFERENCE, device_memory="24GiB", max_model_length=4096)
+    assert isinstance(info.value, UserError)
+    with pytest.raises(UserError, match=r"^plan\(\): zzz= is not an option of selective-offload plan; the options"):
+        selective_offload.plan(REFERENCE, zzz=1)
 
 
 def test_enable_takes_the_plan_that_plan_returns_without_a_warning(tiny):
@@ -144,3 +154,26 @@ def test_a_workload_out_of_bounds_names_the_option_as_the_caller_wrote_it(capsys
     with pytest.raises(UserError) as info:
         selective_offload.plan(REFERENCE, device_memory="24GiB", **{keyword: kvalue})
     assert str(info.value).startswith(f"{keyword}=: ") and says in str(info.value)
+
+
+@pytest.mark.parametrize("flag,value", [("--device-memory", "24"), ("--kv-cache", "2"), ("--reserve", "0.5"),
+                                        ("--host-memory", "64")])
+def test_a_bare_number_below_a_mebibyte_is_refused_naming_the_unit(capsys, flag, value):
+    """``--device-memory 24`` means 24 GiB to a person: a size option refuses a bare number
+    below 1 MiB (0 excepted) in one line that names the unit, from the command and from Python."""
+    code = main(["plan", REFERENCE, "--device-memory", "24GiB", flag, value])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"selective-offload: error: {flag} {value}: give a unit, e.g. {value}GiB (a bare " \
+                                "number is bytes)\n", err
+    keyword = flag[2:].replace("-", "_")
+    with pytest.raises(UserError, match=rf"^{keyword}={value}: give a unit, e.g. {value}GiB"):
+        selective_offload.plan(REFERENCE, **{"device_memory": "24GiB", keyword: value})
+
+
+def test_zero_and_a_mebibyte_of_bare_bytes_are_sizes_and_a_python_int_below_is_not(capsys):
+    with pytest.raises(UserError, match=r"^device_memory=24: give a unit, e.g. 24GiB"):
+        selective_offload.plan(REFERENCE, device_memory=24)
+    made = selective_offload.plan(REFERENCE, device_memory=24 << 30, kv_cache=0, reserve="0", host_memory="none")
+    assert made.inputs.kv_cache_bytes == 0 and made.inputs.reserve_bytes == 0
+    assert main(["plan", REFERENCE, "--device-memory", "24GiB", "--kv-cache", str(1 << 20), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["kv_cache_bytes"] == 1 << 20

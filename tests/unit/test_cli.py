@@ -21,7 +21,7 @@ def run(capsys, *argv):
 
 
 def test_plan_bundled_reference_verbose_prints_table_and_cpu_offload_gb_comparison(capsys):
-    code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--bulk-gb", "10",
+    code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--cpu-offload-gb", "10",
                          "--verbose")
     assert code == 0, err
     embed = next(line for line in out.splitlines() if line.startswith("model.embed_tokens"))
@@ -129,15 +129,14 @@ def _bad_inputs(tmp_path):
         "no room for weights": ([str(good), "--device-memory", "2GiB"], "leave nothing"),
         "bad cold list": ([str(good), "--device-memory", "8GiB", "--cold-segments", "model.visual"], "single name"),
         "bad cpu_offload_gb": ([str(good), "--device-memory", "8GiB", "--cpu-offload-gb", "ten"], "--cpu-offload-gb"),
-        "bad cpu_offload_gb, older name": ([str(good), "--device-memory", "8GiB", "--bulk-gb", "ten"],
-                                           "--cpu-offload-gb"),
+        "bare size": ([str(good), "--device-memory", "24"], "--device-memory 24: give a unit, e.g. 24GiB"),
     }
 
 
 @pytest.mark.parametrize("case", [
     "missing path", "no shards", "truncated header", "invalid json", "overlapping offsets",
     "unknown dtype", "unparsable size", "negative bandwidth", "zero device", "no room for weights", "bad cold list", "bad cpu_offload_gb",
-    "bad cpu_offload_gb, older name",
+    "bare size",
 ])
 def test_bad_input_is_one_line_exit_2_no_traceback(capsys, tmp_path, case):
     argv, expected = _bad_inputs(tmp_path)[case]

@@ -13,7 +13,7 @@ import pytest
 from builders import MB, gpu_profile, toy
 from selective_offload.errors import PlanError
 from selective_offload.plan_format import Plan
-from selective_offload.plan_options import options_from_keywords, plan_model
+from selective_offload.plan_options import PlanOptions, plan_model
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.planner.cards import CARDS, CONTEXT_EST_BYTES, card_memory
 from selective_offload.render import render_plan
@@ -40,13 +40,13 @@ def test_the_probes_measurement_of_the_class_wins_and_the_view_says_which():
     # a probed 24 GB card: 25.38e9 bytes reported, 24.6e9 free after the probe's context
     probed = gpu_profile(device="NVIDIA GeForce RTX 4090", device_memory_total_bytes=25_380_000_000,
                          device_memory_free_bytes=24_600_000_000)
-    args = options_from_keywords({"device_memory": "24GiB"})
+    args = PlanOptions(device_memory="24GiB")
     plan = plan_model(str(toy_path()), args, probed).plan
     assert plan.inputs.card_bytes == 24_600_000_000 and plan.inputs.usable_from.startswith("measured")
     assert plan.weight_budget_bytes == 24_600_000_000 - plan.inputs.kv_cache_bytes - plan.inputs.reserve_bytes
     assert "planned for 24.600 GB (measured" in render_plan(plan, verbose=True)
     # another class than the probed card's: the table's row
-    other = plan_model(str(toy_path()), options_from_keywords({"device_memory": "16GiB"}), probed).plan
+    other = plan_model(str(toy_path()), PlanOptions(device_memory="16GiB"), probed).plan
     assert other.inputs.usable_from.startswith("card class 16 GB")
 
 
