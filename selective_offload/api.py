@@ -124,6 +124,7 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     vLLM, before anything is patched.
     """
     from .vllm_glue import compat
+    from .vllm_glue.plugin import check_this_host
 
     # Options first, with a placeholder plan path: a bad option must not cost a plan read.
     RunOptions("", strict, str(report_path) if report_path else None, embedding_mode).validate()
@@ -178,32 +179,6 @@ def _saved(plan: Plan, strict, report_path, embedding_mode) -> RunOptions:
     return RunOptions(str(workdir / "plan.json"), strict, str(report_path) if report_path else None, embedding_mode)
 
 
-def check_this_host(plan: Plan | None) -> None:
-    """What an engine's worker will read of this machine for ``plan`` (``None``: ``auto``),
-    read now, in the process that starts the engine, before any engine process exists, so a
-    problem is one line here and not a worker's traceback: under ``auto`` the probe profile
-    (``SELECTIVE_OFFLOAD_PROFILE``), which the worker plans from; for a plan that computes on
-    the host CPU, and under ``auto`` when ``SELECTIVE_OFFLOAD_KERNEL_CACHE`` names a cache, the
-    CPU kernels, built or loaded from their cache (``cpu_kernels.unavailable_reason``).
-    Raises :class:`UserError`."""
-    from .options import ENV_KERNEL_CACHE
-
-    if plan is None:
-        from .probe import load_profile
-
-        # mutation: auto-profile-read-late
-        load_profile()
-    fmt = plan.host_compute_format if plan is not None else (
-        "bf16" if os.environ.get(ENV_KERNEL_CACHE, "").strip() else None)
-    # mutation: kernel-cache-checked-late
-    if fmt is not None:
-        from .cpu_kernels import unavailable_reason
-
-        reason = unavailable_reason(fmt, again=True)  # an earlier start's failure may be fixed by now
-        if reason is not None:
-            raise UserError(reason if plan is None else f"the plan computes on the host CPU ({fmt}), and {reason}")
-
-
 def _install(plan: Plan | None, options: RunOptions, targets, checked: str | None = None) -> None:
     """Name the options in the environment (for the processes vLLM spawns), clear the last
     engine's report, and install the hooks here; ``checked``: the model the plan was checked
@@ -221,6 +196,7 @@ def _install(plan: Plan | None, options: RunOptions, targets, checked: str | Non
 def _enable_auto(model, strict, report_path, embedding_mode) -> dict[str, Any]:
     """Plan inside the engine's worker, from the real card (see vllm_glue/auto_plan.py)."""
     from .vllm_glue import compat
+    from .vllm_glue.plugin import check_this_host
 
     model_dir = Path(model) if model is not None else None
     if model_dir is not None and not _is_model_dir(model_dir):

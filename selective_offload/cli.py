@@ -149,7 +149,7 @@ def cmd_manifest(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.workdir is not None:
         check_output_dir(args.workdir, "--workdir")  # before vLLM is imported: a bad folder costs nothing
-    from .vllm_glue import demo  # imports vLLM: only for this command
+    from . import demo  # starts vLLM: only for this command
 
     return demo.main(args.workdir, compare=not args.no_compare)
 

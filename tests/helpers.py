@@ -9,7 +9,7 @@ from pathlib import Path
 
 from selective_offload.checkpoint import tensor_nbytes
 # The demo's tiny Qwen3 and engine arguments serve the tests too.
-from selective_offload.vllm_glue.demo import ENGINE_ARGS, save_tiny_qwen3, word_tokenizer  # noqa: F401
+from selective_offload.vllm_glue.demo_engine import ENGINE_ARGS, save_tiny_qwen3, word_tokenizer  # noqa: F401
 
 #: The repository's root, whatever tier folder a test lives in.
 REPO = Path(__file__).resolve().parents[1]

@@ -295,7 +295,7 @@ def run(args) -> int:
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.errors import UserError
     from selective_offload.planner import EST_MODEL, PlanInputs
-    from selective_offload.vllm_glue.demo import build_tiny_model
+    from selective_offload.vllm_glue.demo_engine import build_tiny_model
 
     started, load_before = time.perf_counter(), load_1min()
     cuda = torch.cuda.is_available()

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 
+from ..errors import UserError
+
 
 def register() -> None:
     """Install the plan the environment names; raise, in one line, what stops it. vLLM marks
@@ -38,7 +40,6 @@ def register() -> None:
 
 
 def _register() -> None:
-    from ..api import check_this_host
     from ..options import AUTO_PLAN, ENV_REPORT, RunOptions
     from . import patches
 
@@ -57,6 +58,32 @@ def _register() -> None:
     options = options.with_default_report()
     os.environ[ENV_REPORT] = options.report_path
     patches.apply(patches.Settings(plan, options), targets)
+
+
+def check_this_host(plan: Plan | None) -> None:
+    """What an engine's worker will read of this machine for ``plan`` (``None``: ``auto``),
+    read now, in the process that starts the engine, before any engine process exists, so a
+    problem is one line here and not a worker's traceback: under ``auto`` the probe profile
+    (``SELECTIVE_OFFLOAD_PROFILE``), which the worker plans from; for a plan that computes on
+    the host CPU, and under ``auto`` when ``SELECTIVE_OFFLOAD_KERNEL_CACHE`` names a cache, the
+    CPU kernels, built or loaded from their cache (``cpu_kernels.unavailable_reason``).
+    Raises :class:`UserError`."""
+    from ..options import ENV_KERNEL_CACHE
+
+    if plan is None:
+        from ..probe import load_profile
+
+        # mutation: auto-profile-read-late
+        load_profile()
+    fmt = plan.host_compute_format if plan is not None else (
+        "bf16" if os.environ.get(ENV_KERNEL_CACHE, "").strip() else None)
+    # mutation: kernel-cache-checked-late
+    if fmt is not None:
+        from ..cpu_kernels import unavailable_reason
+
+        reason = unavailable_reason(fmt, again=True)  # an earlier start's failure may be fixed by now
+        if reason is not None:
+            raise UserError(reason if plan is None else f"the plan computes on the host CPU ({fmt}), and {reason}")
 
 
 def _load_again_at_next_start() -> None:
