@@ -65,11 +65,6 @@ def _given(spell: Callable[[str], str], name: str, value: Any) -> str:
 # One parser per kind of value: each takes a value as given (a flag's text, a keyword's
 # object) and the option as the caller spells it, and returns the value or raises one line.
 
-def read_rate(value: Any, option: str) -> float:
-    """A bandwidth in decimal GB/s (``13.9``)."""
-    return parse_bandwidth_gbps(value, option)
-
-
 def read_gpu_tflops(value: Any, option: str) -> float:
     """A positive, finite number of TFLOP/s (a GPU's)."""
     return _positive(value, option, "TFLOP/s", "200")
@@ -224,17 +219,17 @@ class PlanOptions:
     MTP)"""
     all_cold: bool = option(False, read_switch, CARD)
     """put every cold module on the host even when fewer would fit (frees KV room)"""
-    link_gbps: str | float | None = option(None, read_rate, RATES, "GB/S")
+    link_gbps: str | float | None = option(None, parse_bandwidth_gbps, RATES, "GB/S")
     """pinned host-to-device copy rate, decimal GB/s (reference: {REFERENCE_LINK_GBPS})"""
-    vram_gbps: str | float | None = option(None, read_rate, RATES, "GB/S")
+    vram_gbps: str | float | None = option(None, parse_bandwidth_gbps, RATES, "GB/S")
     """device memory bandwidth, decimal GB/s (reference: {REFERENCE_VRAM_GBPS})"""
-    uva_gbps: str | float | None = option(None, read_rate, RATES, "GB/S")
+    uva_gbps: str | float | None = option(None, parse_bandwidth_gbps, RATES, "GB/S")
     """kernels' in-place reads of host memory (default: {DEFAULT_UVA_READ_FACTOR} x the link)"""
-    decode_read_gbps: str | float | None = option(None, read_rate, RATES, "GB/S")
+    decode_read_gbps: str | float | None = option(None, parse_bandwidth_gbps, RATES, "GB/S")
     """decode kernels' VRAM read rate (default: {DEFAULT_DECODE_READ_FACTOR} x --vram-gbps)"""
     compute_tflops: str | float | None = option(None, read_gpu_tflops, RATES, "TFLOP/S")
     """the GPU's matmul rate, to price FLOPs (default: the probe's; else not priced)"""
-    cpu_gbps: str | float | None = option(None, read_rate, RATES, "GB/S")
+    cpu_gbps: str | float | None = option(None, parse_bandwidth_gbps, RATES, "GB/S")
     """host-compute: the CPU kernel's weight read rate (default: {REFERENCE_CPU_GBPS:g}, the reference host's)"""
     cpu_threads: int | None = option(None, read_count, RATES, "N")
     """host-compute: threads of the CPU pool (default: physical cores of one NUMA node)"""
@@ -281,8 +276,10 @@ class PlanOptions:
             extra = dict(_ARGPARSE.get(read, {}))
             if read is not read_switch:
                 extra["metavar"] = f.metadata["metavar"]
+            help_text = docs[f.name]
+            # mutation: option-help-not-its-docstring
             groups[f.metadata["group"]].add_argument(cli_flag(f.name), dest=f.name, default=f.default,
-                                                     help=docs[f.name], **extra)
+                                                     help=help_text, **extra)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "PlanOptions":

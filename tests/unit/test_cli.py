@@ -287,3 +287,22 @@ def test_plan_lists_host_compute_mlps_and_no_host_compute_turns_them_off(capsys,
     assert code == 0, err
     off = Plan.from_dict(json.loads(out))
     assert not any(g.kind == "mlp" for g in off.groups) and off.host_compute is None and off.hot_layer_indices
+
+
+def test_every_plan_option_is_a_flag_made_from_its_field_with_its_docstring_as_help():
+    """PlanOptions is the one source: each field is one `plan` flag (and a keyword of
+    selective_offload.plan()), its help the docstring under the field, nothing else plans."""
+    from dataclasses import fields
+
+    from selective_offload.cli import build_parser
+    from selective_offload.plan_options import PlanOptions, option_docs
+
+    parser = build_parser()
+    plan_parser = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" plan"))
+    flags = {a.option_strings[0]: a for a in plan_parser._actions if a.option_strings}
+    docs = option_docs()
+    for f in fields(PlanOptions):
+        action = flags.pop(f"--{f.name.replace('_', '-')}")
+        assert action.dest == f.name and action.default == f.default and action.help == docs[f.name]
+        assert docs[f.name] and "{" not in docs[f.name] and "\n" not in docs[f.name]
+    assert set(flags) == {"-h", "-o", "--json", "-v", "--explain", "--png", "--svg"}, set(flags)
