@@ -19,8 +19,12 @@ puts it in the environment, so the processes it spawns write where it reads. Wit
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..plan_format import Plan
 
 
 def register() -> None:
