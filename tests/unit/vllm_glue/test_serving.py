@@ -25,8 +25,9 @@ def served(plan, model="model-dir"):
     """``plan``'s serve command (after ``vllm serve MODEL``) as vLLM's EngineArgs read it."""
     args = cli.build_parser().parse_args(["plan", model, "--device-memory", "24GiB", "-o", "plan.json"])
     words = shlex.split(cli.next_commands(args, plan, type("C", (), {"kind": "safetensors"}))[0])
-    assert words[1:4] == ["vllm", "serve", model]
-    return EngineArgs.from_cli_args(EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(words[4:]))
+    at = words.index("vllm")  # after SELECTIVE_OFFLOAD_PLAN=..., or first when no plan is needed
+    assert words[at:at + 3] == ["vllm", "serve", model]
+    return EngineArgs.from_cli_args(EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(words[at + 3:]))
 
 
 def test_a_plan_that_fills_its_budget_keeps_its_kv_cache_and_graph_cap_on_the_server(monkeypatch):
