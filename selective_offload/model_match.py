@@ -138,13 +138,10 @@ def host_compute_differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
 def differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     """Every group that differs between ``plan`` and ``checkpoint``, in the plan's order."""
     segments = plan.inputs.cold_segments
-    # A plan without expert groups (format v2 and older) keeps a MoE layer's experts in it.
-    # mutation: v2-plan-split-anyway
-    split = any(g.kind == GroupKind.EXPERTS for g in plan.groups)
     # Only the dense MLPs a plan computes on the host are groups of their own.
     mlps = {g.layer_index for g in plan.groups if g.kind == GroupKind.MLP}
     actual = {group_key(g.name, segments): g
-              for g in group_tensors(checkpoint, plan.inputs, split_experts=split, split_mlp=mlps)}
+              for g in group_tensors(checkpoint, plan.inputs, split_mlp=mlps)}
     out: list[str] = []
     matched: set[tuple] = set()
     for planned in plan.groups:

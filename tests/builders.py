@@ -6,7 +6,6 @@ between tier folders without breaking its neighbours' imports.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
@@ -249,27 +248,3 @@ def gpu_profile(**changes) -> Profile:
         repeats=5,
     )
     return dataclasses.replace(base, **changes)
-
-
-#: v4's servings in v3's placements (written here, not taken from the package, so the
-#: package's own v3 mapping is checked against an independent one).
-_V3_PLACEMENT = {"resident": "device", "gather": "host-cold", "on-demand": "host-cold", "prefetch": "host-hot",
-                 "uva": "host-uva", "none": "absent"}
-
-
-def as_v3(data):
-    """The v3 twin of a v4 plan's JSON: ``cls``, ``kind: cold``, ``placement``, ``bulk`` and
-    ``bulk_segments``, as selective-offload wrote them before plan format v4."""
-    v3 = copy.deepcopy(data)
-    v3["format"] = "selective-offload/plan-v3"
-    for new, old in (("vllm_cpu_offload_gb", "bulk"), ("vllm_cpu_offload_params", "bulk_segments")):
-        if new in v3:
-            v3[old] = v3.pop(new)
-    if "vllm_cpu_offload_gb" in v3["inputs"]:
-        v3["inputs"]["bulk_cpu_offload_gb"] = v3["inputs"].pop("vllm_cpu_offload_gb")
-    for g in v3["groups"]:
-        g["cls"] = g.pop("role")
-        g["kind"] = "cold" if g["kind"] == "component" else g["kind"]
-        del g["location"]
-        g["placement"] = _V3_PLACEMENT[g.pop("serving")]
-    return v3

@@ -20,7 +20,7 @@ The package, bottom up (each module imports only those above it in this list):
 - :mod:`.parts`: the records a plan holds (groups, estimates, baselines, the model).
 - :mod:`.contents`: the plan's fields and everything derived from its groups.
 - :mod:`.checks`: stated against derived; refusals in one line.
-- :mod:`.io`: JSON in (bounded, versioned, migrated from v1-v3) and out.
+- :mod:`.io`: JSON in (bounded; a plan of another format version refused) and out.
 - :mod:`.document`: :class:`Plan`, the contents with the checks and the I/O as methods.
 
 The words (format v4): each group has a ``kind`` (``layer``, ``experts``, ``component``:
@@ -33,7 +33,7 @@ routed experts read in place; ``compute``: routed experts computed where they li
 CPU, up to the plan's crossover; ``none``). Internally one :class:`Placement` holds where
 and how (the v3 words), and a group's serving and location are derived from it and the
 group. vLLM's own offload is priced under its settings' names (``vllm_cpu_offload_gb``,
-``vllm_cpu_offload_params``). Plans of v1-v3 are read with their words mapped to these.
+``vllm_cpu_offload_params``). A plan of an older format is refused: plan again.
 
 Derived totals are written under ``"totals"`` for readers and, when present, checked on
 reading (an edited group with stale totals is caught); delete ``"totals"`` to accept the
@@ -68,7 +68,6 @@ from .vocabulary import (
     LAYER_KINDS,
     MAX_PLAN_INT,
     MAX_PLAN_NUMBER,
-    OLDEST_READABLE_VERSION,
     PARTIAL_READ_KINDS,
     PLACEMENT_KINDS,
     PREFETCH_KINDS,
@@ -92,7 +91,7 @@ from .vocabulary import (
 __all__ = [
     "Alternative", "BulkBaseline", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "EST_MODEL", "Estimate",
     "FORMAT_PREFIX", "FORMAT_VERSION", "GroupKind", "GroupPlan", "HOST_PLACEMENTS", "HostCompute", "KIND_ROLE",
-    "LAYER_INDEX_KINDS", "LAYER_KINDS", "Location", "MAX_PLAN_INT", "MAX_PLAN_NUMBER", "OLDEST_READABLE_VERSION",
+    "LAYER_INDEX_KINDS", "LAYER_KINDS", "Location", "MAX_PLAN_INT", "MAX_PLAN_NUMBER",
     "PARTIAL_READ_KINDS", "PLACEMENT_KINDS", "PREFETCH_KINDS", "KIND_ONLY_PLACEMENT", "PLACEMENT_SERVING", "PLAN_FORMAT", "Placement", "Plan",
     "PlanContents", "PlanInputs", "PlannedModel", "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN",
     "ROLE_PLACEMENTS", "Role", "SERVING_LOCATION", "SERVING_PLACEMENT", "Serving", "Strategy", "TOTALS",

@@ -6,7 +6,8 @@ is a validation, not a deserialisation: every field goes through
 :class:`PlanError` line naming the file, the field and the fix), what can be derived is
 recomputed rather than read (estimates, each group's link and VRAM reads), and the plan
 read is put through :mod:`.checks` before it is returned. Fields this version does not know
-are ignored with a note; a newer format version is refused with "upgrade or re-plan".
+are ignored with a note; a newer format version is refused with "upgrade or re-plan", an
+older one with "plan again" (no release has shipped an older format, so none is translated).
 
 The format (``"format": "selective-offload/plan-v4"``) is documented in docs/reference/plan-format.md. v4
 gives each group a ``role`` (``hot``, ``cold``, ``absent``), a ``location`` (``device``,
@@ -14,21 +15,16 @@ gives each group a ``role`` (``hot``, ``cold``, ``absent``), a ``location`` (``d
 ``prefetch``, ``uva``, ``none``; gather vs on-demand follows from the group and is
 checked), names the kind of a whole embedding, tower, projector or MTP head
 ``component``, and keys vLLM's baselines by its settings (``vllm_cpu_offload_gb``,
-``vllm_cpu_offload_params``). v3 plans are still read and applied: their ``cls``,
-``kind: cold``, ``placement`` and ``bulk``/``bulk_segments`` keys map to those
-(:data:`V4_KEYS`, :func:`read_kind`). v3 added the routed experts of a MoE layer as a
-group of their own (kind ``experts``, with ``num_experts`` and ``experts_per_token``) and
-the placement ``host-uva``; v2 and v1 plans are still read (they have no expert groups: a
-MoE layer is one group). A v4 plan with routed experts served ``compute`` (host-compute)
+``vllm_cpu_offload_params``). Routed experts of a MoE layer are a group of their own (kind
+``experts``, with ``num_experts`` and ``experts_per_token``). A plan with routed experts
+served ``compute`` (host-compute)
 holds ``host_compute``: the CPU kernel's format, stored, and the crossover, threads and rates
 it was priced at, derived from the inputs and the groups and checked when read (a plan
 without it reads as ``host_compute`` None). A v4 plan may also hold groups of kind ``mlp``
 (``model.layers.N.mlp``: the MLP of a dense layer, always served ``compute``, its layer
-group holding the rest); a plan without them keeps every dense layer whole. v1 wrote each group's reads split by where they land, and its
-totals at the top level, where those it derived differently (the prefetch buffers among
-them) are not compared. A plan names the estimate model its ``est`` figures come from
-(``est_model``, :data:`~.parts.EST_MODEL`); older files carried the prose list of what it
-leaves out (``est_ignores``), read and ignored, as the figures are made anew. Writing is the mirror
+group holding the rest); a plan without them keeps every dense layer whole. A plan names
+the estimate model its ``est`` figures come from (``est_model``,
+:data:`~.parts.EST_MODEL`); the figures are made anew when it is read. Writing is the mirror
 of reading, kept beside it so a new field is added to both in one place. The functions
 that make a ``Plan`` take its class as an argument, so this module never imports
 :mod:`.document`, whose methods call it.
@@ -60,12 +56,10 @@ from .vocabulary import (
     LAYER_INDEX_KINDS,
     MAX_PLAN_INT,
     MAX_PLAN_NUMBER,
-    OLDEST_READABLE_VERSION,
     PLAN_FORMAT,
     REPLAN,
     SERVING_LOCATION,
     SERVING_PLACEMENT,
-    V3_KINDS,
     GroupKind,
     Location,
     Placement,
@@ -108,27 +102,18 @@ def format_version(data: Any, where: str) -> int:
     # mutation: plan-format-version-unbounded
     if len(digits) > MAX_VERSION_DIGITS:  # int() of thousands of digits raises, and no format is that new
         raise PlanError(f"{where}: plan format version {digits[:12]}... ({len(digits)} digits) is not one this "
-                        f"selective-offload reads (v{OLDEST_READABLE_VERSION}..v{FORMAT_VERSION}); {REPLAN}")
+                        f"selective-offload reads (v{FORMAT_VERSION}); {REPLAN}")
     version = int(digits)
     if version > FORMAT_VERSION:
         raise PlanError(
             f"{where}: plan format v{version} is newer than this selective-offload (reads "
-            f"v{OLDEST_READABLE_VERSION}..v{FORMAT_VERSION}): upgrade selective-offload or re-plan with this one"
+            f"v{FORMAT_VERSION}): upgrade selective-offload or re-plan with this one"
         )
-    if version < OLDEST_READABLE_VERSION:
-        raise PlanError(f"{where}: plan format v{version} is too old for this selective-offload "
-                        f"(reads v{OLDEST_READABLE_VERSION}..v{FORMAT_VERSION}); {REPLAN}")
+    # mutation: old-plan-read
+    if version < FORMAT_VERSION:
+        raise PlanError(f"{where}: plan format v{version} is older than this selective-offload reads "
+                        f"(v{FORMAT_VERSION}); {REPLAN}")
     return version
-
-
-#: JSON keys that v4 names after vLLM's settings, and what v3 (and older) called them.
-V4_KEYS = {"vllm_cpu_offload_gb": "bulk", "vllm_cpu_offload_params": "bulk_segments"}
-V4_INPUT_KEYS = {"vllm_cpu_offload_gb": "bulk_cpu_offload_gb"}
-
-
-def key(name: str, version: int, keys: Mapping[str, str] = V4_KEYS) -> str:
-    """The JSON key a plan of ``version`` holds the v4 field ``name`` under."""
-    return keys.get(name, name) if version <= 3 else name
 
 
 def _card(r: FieldReader) -> str | None:
@@ -139,7 +124,7 @@ def _card(r: FieldReader) -> str | None:
     return value
 
 
-def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInputs, list[str]]:
+def read_inputs(r: FieldReader) -> tuple[PlanInputs, list[str]]:
     speculative = r.raw("speculative", None)
     if speculative not in (None, "mtp"):
         r.bad("speculative", speculative, "null or \"mtp\"")
@@ -152,8 +137,7 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
         speculative=speculative,
         cold_segments=r.str_list("cold_segments"),
         prefetch_step=r.int("prefetch_step", minimum=1),
-        bulk_cpu_offload_gb=r.number(key("vllm_cpu_offload_gb", version, V4_INPUT_KEYS), positive=False,
-                                     default=None),
+        bulk_cpu_offload_gb=r.number("vllm_cpu_offload_gb", positive=False, default=None),
         all_cold=r.bool("all_cold", default=False),
         host_memory_bytes=r.int("host_memory_bytes", minimum=1, default=None),
         host_headroom_bytes=r.int("host_headroom_bytes", default=0),
@@ -189,22 +173,17 @@ def read_inputs(r: FieldReader, version: int = FORMAT_VERSION) -> tuple[PlanInpu
     return inputs, r.unknown()
 
 
-def read_group(r: FieldReader, version: int) -> tuple[GroupPlan, list[str]]:
+def read_group(r: FieldReader) -> tuple[GroupPlan, list[str]]:
     name = r.str("group", nonempty=True)
     # A hostile name is never echoed whole in the messages that follow.
     r.context = f"group {name if len(name) <= 120 else name[:117] + '...'}"
-    kind = read_kind(r, version)
+    kind = r.choice("kind", GroupKind)
     layer_index = r.int("layer_index", default=None)
     if (kind in LAYER_INDEX_KINDS) != (layer_index is not None):
         r.fail(f"kind is {kind} but layer_index is {json.dumps(layer_index)}; a group of kind "
                f"{' or '.join(sorted(LAYER_INDEX_KINDS))}, and only such a group, has a layer_index")
-    if version == 1:
-        # v1 wrote the per-step reads split by where they land; one of the two is the read.
-        r.seen.update({"est_link_bytes_per_step", "est_vram_bytes_per_step"})
-        read = r.int("est_link_bytes_per_step") + r.int("est_vram_bytes_per_step")
-    else:
-        r.seen.update({"est_link_bytes_per_step", "est_vram_bytes_per_step"})  # derived
-        read = r.int("est_read_bytes_per_step")
+    r.seen.update({"est_link_bytes_per_step", "est_vram_bytes_per_step"})  # derived
+    read = r.int("est_read_bytes_per_step")
     dtype_bytes = r.raw("dtype_bytes", {})
     if not isinstance(dtype_bytes, Mapping) or not all(
             isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
@@ -216,11 +195,8 @@ def read_group(r: FieldReader, version: int) -> tuple[GroupPlan, list[str]]:
     digest = r.raw("shapes_digest", None)
     if digest is not None and not isinstance(digest, str):
         r.bad("shapes_digest", digest, "a string or null")
-    if version <= 3:
-        role, placement, serving = r.choice("cls", Role), r.choice("placement", Placement), None
-    else:
-        role, serving = r.choice("role", Role), read_serving(r)
-        placement = SERVING_PLACEMENT[serving]
+    role, serving = r.choice("role", Role), read_serving(r)
+    placement = SERVING_PLACEMENT[serving]
     group = GroupPlan(
         group=name, kind=kind, role=role, placement=placement,
         reason=r.str("reason", default=""), bytes=r.int("bytes"), layer_index=layer_index,
@@ -232,22 +208,14 @@ def read_group(r: FieldReader, version: int) -> tuple[GroupPlan, list[str]]:
         kernel_dims=tuple(dims),
     )
     # mutation: stated-serving-trusted
-    if serving is not None and serving != group.serving:
+    if serving != group.serving:
         r.fail(f"serving is {serving}, but a {group.role} {kind} group on the host is served {group.serving} "
                "(an embedding or table: gather; a tower, projector or other component: on-demand)")
     return group, r.unknown()
 
 
-def read_kind(r: FieldReader, version: int) -> GroupKind:
-    """A group's kind; a v3 plan's ``cold`` is v4's ``component``."""
-    if version <= 3 and isinstance(r.data.get("kind"), str):
-        # mutation: v3-kind-unmapped
-        r.data = {**r.data, "kind": V3_KINDS.get(r.data["kind"], r.data["kind"])}
-    return r.choice("kind", GroupKind)
-
-
 def read_serving(r: FieldReader) -> Serving:
-    """A v4 group's serving, and its location, which must be where that serving keeps it."""
+    """A group's serving, and its location, which must be where that serving keeps it."""
     serving, location = r.choice("serving", Serving), r.choice("location", Location)
     if SERVING_LOCATION[serving] != location:
         r.fail(f"location is {location}, but a group served {serving} lives in "
@@ -349,24 +317,24 @@ def read_host_compute(r: FieldReader) -> tuple[str, dict[str, Any]]:
 def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
     """The plan (of class ``cls``) that the JSON object ``data`` holds, read field by field
     and checked: groups, derived bounds, bulk baseline, stated totals, strategy."""
-    version = format_version(data, where)
+    format_version(data, where)
     top = plan_reader(data, where, "")
     top.seen.add("format")
     model, notes = read_model(top.child("model"))
-    inputs, more = read_inputs(top.child("inputs"), version)
+    inputs, more = read_inputs(top.child("inputs"))
     notes += more
     groups_raw = top.raw("groups")
     if not isinstance(groups_raw, list) or not groups_raw:
         top.bad("groups", groups_raw, "a non-empty list of groups")
     groups = []
     for i, raw in enumerate(groups_raw):
-        group, more = read_group(plan_reader(raw, where, f"groups[{i}]"), version)
+        group, more = read_group(plan_reader(raw, where, f"groups[{i}]"))
         groups.append(group)
         notes += more
     hot = top.raw("hot_layer_indices")
     if not _int_list(hot):
         top.bad("hot_layer_indices", hot, "a list of layer indices")
-    bulk_key, segments_key = key("vllm_cpu_offload_gb", version), key("vllm_cpu_offload_params", version)
+    bulk_key, segments_key = "vllm_cpu_offload_gb", "vllm_cpu_offload_params"
     bulk_raw = top.raw(bulk_key, None)
     alternative_raw = top.raw("alternative", None)
     segments_raw = top.raw(segments_key, None)
@@ -377,20 +345,20 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
         hot_layer_indices=tuple(hot), est_transient_device_bytes=top.int("est_transient_device_bytes"),
         bulk=None if bulk_raw is None else read_bulk(top.child(bulk_key)),
         notes=top.str_list("notes", default=[]),
-        stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None) if version > 1 else None,
+        stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None),
         alternative=None if alternative_raw is None else read_alternative(top.child("alternative")),
         bulk_segments=None if segments_raw is None else read_bulk(top.child(segments_key)),
         host_compute_format=fmt,
     )
-    # derived: recomputed from the groups; the estimate model named (or, in older files, the
-    # prose list of what it leaves out) says how they were made, and they are made anew here
+    # derived: recomputed from the groups; the estimate model named says how they were made,
+    # and they are made anew here
     top.str("est_model", default=EST_MODEL)
-    top.seen.update({"est", "est_ignores"})
+    top.seen.add("est")
     check_groups(plan, where)
     check_host_compute(plan, stated_host, where)
     check_derived(plan, where)
     check_bulk(plan, where)
-    totals = stored_totals(top, version)
+    totals = stored_totals(top)
     ledger = totals.pop("ledger", None)
     check_totals(plan, totals, where)
     check_ledger(plan, ledger, where)
@@ -399,14 +367,8 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
     return with_load_notes(plan, notes)
 
 
-def stored_totals(top: FieldReader, version: int) -> dict[str, int]:
+def stored_totals(top: FieldReader) -> dict[str, int]:
     """The totals a plan file states, to check against the groups."""
-    if version == 1:
-        # v1 wrote them at the top level; the ones it derived differently are not compared.
-        names = ("device_bytes", "host_cold_bytes", "host_hot_bytes", "absent_bytes", "cold_bytes")
-        top.seen.update({"shortfall_bytes", "deficit_bytes", "weight_budget_bytes", "prefetch_buffer_bytes",
-                         "format"})
-        return {n: top.int(n, minimum=None) for n in names if n in top.data}
     if "totals" not in top.data:
         return {}
     r = top.child("totals")
@@ -486,7 +448,7 @@ def _not_json(value: Any) -> Any:
 
 
 def inputs_to_dict(inputs: PlanInputs) -> dict[str, Any]:
-    names = {v3: v4 for v4, v3 in V4_INPUT_KEYS.items()}
+    names = {"bulk_cpu_offload_gb": "vllm_cpu_offload_gb"}
     return {names.get(f.name, f.name): (list(v) if isinstance(v := getattr(inputs, f.name), tuple) else v)
             for f in fields(inputs)}
 

@@ -16,9 +16,8 @@ from enum import Enum
 from ..sizes import MAX_BYTES, GiB
 
 FORMAT_PREFIX = "selective-offload/plan-v"
-#: The format this release writes, and the oldest one it still reads.
+#: The format this release writes and the only one it reads (an older plan is made again).
 FORMAT_VERSION = 4
-OLDEST_READABLE_VERSION = 1
 PLAN_FORMAT = f"{FORMAT_PREFIX}{FORMAT_VERSION}"
 REPLAN = "make the plan again with `selective-offload plan MODEL --device-memory SIZE -o plan.json`"
 
@@ -124,8 +123,6 @@ SERVING_LOCATION: dict[Serving, Location] = {
     Serving.RESIDENT: Location.DEVICE, Serving.GATHER: Location.HOST, Serving.ON_DEMAND: Location.HOST,
     Serving.PREFETCH: Location.HOST, Serving.UVA: Location.HOST, Serving.COMPUTE: Location.HOST,
     Serving.NONE: Location.ABSENT}
-#: The v3 words, read from older plans: its ``kind: cold`` is ``component``.
-V3_KINDS: dict[str, str] = {"cold": "component"}
 
 HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT, Placement.HOST_UVA, Placement.HOST_COMPUTE)
 #: Kinds of group that belong to one decoder layer (and carry its ``layer_index``).

@@ -227,17 +227,14 @@ def group_signature(key: str, tensors: list[TensorInfo]) -> tuple[dict[str, int]
     return dict(sorted(dtype_bytes.items())), h.hexdigest()[:16]
 
 
-def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *, split_experts: bool = True,
+def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *,
                   split_mlp: "Collection[int] | bool" = ()) -> list[Group]:
     """Group and classify every tensor of ``checkpoint`` (no placement yet), in model order.
 
     Each MoE layer is two groups: its routed experts and the rest of the layer.
-    ``split_experts=False`` keeps them as one (how plans before format v3 grouped them).
     ``split_mlp``: the dense decoder layers (indices, or ``True``: every one) whose MLP is a
     group of its own (:func:`split_mlps`); a plan splits exactly those it computes on the host."""
     buckets = _bucket_tensors(checkpoint, inputs)
-    if not split_experts:
-        buckets = _merge_experts(buckets)
     _keep_main_stack(buckets)
     if split_mlp:
         buckets = split_mlps(buckets, split_mlp)
@@ -296,19 +293,6 @@ def _in_layer(name: str) -> str:
     """A parameter's name relative to its decoder layer (``mlp.experts.down_proj``)."""
     stack, index = layer_of(name)
     return name[len(f"{stack}.{index}."):]
-
-
-def _merge_experts(buckets: dict[str, _Bucket]) -> dict[str, _Bucket]:
-    """Routed experts back into their layer's group (the grouping of v2 and older plans)."""
-    out: dict[str, _Bucket] = {}
-    for b in buckets.values():
-        if b.kind == GroupKind.EXPERTS:
-            stack, index = layer_of(b.key)
-            target = out.setdefault(f"{stack}.{index}", _Bucket(f"{stack}.{index}", GroupKind.LAYER, index))
-        else:
-            target = out.setdefault(b.key, _Bucket(b.key, b.kind, b.layer_index, b.mtp, vllm_host=b.vllm_host))
-        target.tensors.extend(b.tensors)
-    return out
 
 
 def experts_notes(checkpoint: Checkpoint, inputs: PlanInputs) -> list[str]:

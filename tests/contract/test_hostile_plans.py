@@ -149,6 +149,38 @@ def test_a_format_version_of_5000_digits_is_one_line_where_a_user_hands_the_plan
         assert "\n" not in str(caught.value) and len(str(caught.value)) < MAX_LINE, str(caught.value)[:2000]
 
 
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_a_plan_of_an_older_format_is_refused_in_one_line_that_says_to_plan_again(
+        tmp_path, valid_plan, monkeypatch, nothing_enabled, version):
+    """No release has shipped a plan format before v4, so none is translated: a plan of an
+    older one (here in v3's words: ``cls``, ``placement: host-cold``, ``bulk``) is refused
+    where a user hands it over, by ``enable(path)`` and by the plugin reading
+    ``SELECTIVE_OFFLOAD_PLAN``, in one line saying to make the plan again; nothing applies."""
+    import selective_offload
+    from helpers import nothing_applied
+    from selective_offload.plan_format import REPLAN
+    from selective_offload.vllm_glue import plugin
+
+    old = {**valid_plan, "format": f"selective-offload/plan-v{version}", "bulk": None,
+           "groups": [{**{k: v for k, v in g.items() if k not in ("role", "location", "serving")},
+                       "cls": g["role"], "placement": "host-cold"} for g in valid_plan["groups"]]}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(old))
+    expected = f"plan format v{version} is older than this selective-offload reads (v4); {REPLAN}"
+    with pytest.raises(PlanError) as by_load:
+        Plan.load(path)
+    with pytest.raises(PlanError) as by_enable:
+        selective_offload.enable(path)
+    assert nothing_applied()
+    monkeypatch.setenv("SELECTIVE_OFFLOAD_PLAN", str(path))
+    with pytest.raises(PlanError) as by_plugin:
+        plugin.register()
+    monkeypatch.delenv("SELECTIVE_OFFLOAD_PLAN")
+    assert nothing_applied()
+    for caught in (by_load, by_enable, by_plugin):
+        assert str(caught.value) == f"{path}: {expected}", str(caught.value)
+
+
 # ---------------------------------------------------------------- property tests
 
 HUGE_INTS = st.one_of(st.integers(-2**70, 2**70), st.sampled_from([MAX_PLAN_INT, MAX_PLAN_INT + 1, -1, 2**64]))

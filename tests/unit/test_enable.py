@@ -12,7 +12,6 @@ import os
 import pytest
 
 import selective_offload
-from builders import as_v3
 from helpers import save_tiny_qwen3, tight_plan, nothing_applied
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError, UserError
@@ -76,15 +75,6 @@ def test_a_plan_whose_checkpoint_changed_since_planning_is_refused(tmp_path, bf1
 def test_the_plan_for_this_model_is_accepted_and_names_it(bf16):
     args = selective_offload.enable(tight_plan(bf16), model=bf16)
     assert args == {"model": str(bf16)} and patches.is_applied()
-
-
-def test_a_v3_plan_file_is_accepted_on_its_model(tmp_path, bf16):
-    """A plan written before format v4 (cls, kind cold, placement, bulk) still applies."""
-    v3 = as_v3(json.loads(tight_plan(bf16).to_json()))
-    assert v3["format"] == "selective-offload/plan-v3" and any(g["placement"] == "host-cold" for g in v3["groups"])
-    path = tmp_path / "plan-v3.json"
-    path.write_text(json.dumps(v3))
-    assert selective_offload.enable(path, model=bf16) == {"model": str(bf16)} and patches.is_applied()
 
 
 # ---- what enable() is given

@@ -3,7 +3,6 @@ names the field and the fix; derived totals are never trusted; versions are expl
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from selective_offload.errors import PlanError
 from selective_offload.plan_format import PLAN_FORMAT, Location, Plan, Serving, Strategy
 from selective_offload.planner import make_plan
-from builders import as_v3, inputs, toy
+from builders import inputs, toy
 
 
 @pytest.fixture
@@ -162,7 +161,7 @@ def test_a_missing_field_is_named(data, tmp_path):
 def test_a_newer_format_says_upgrade_or_replan(data, tmp_path):
     data["format"] = "selective-offload/plan-v9"
     message = one_line_error(data, tmp_path, "plan format v9 is newer than this selective-offload")
-    assert "(reads v1..v4): upgrade selective-offload or re-plan" in message
+    assert "(reads v4): upgrade selective-offload or re-plan" in message
 
 
 def test_not_a_plan_at_all(tmp_path):
@@ -177,38 +176,6 @@ def test_unknown_fields_are_tolerated_with_a_note(data, tmp_path):
     plan = load(data, tmp_path)
     assert any("field 'comment'" in n for n in plan.load_notes)
     assert any("groups[4].owner of group model.layers.3" in n for n in plan.load_notes)
-
-
-def test_a_v1_plan_is_still_read(data, tmp_path):
-    """v1 kept totals at the top level and each group's reads split by where they land."""
-    plan = load(copy.deepcopy(data), tmp_path)
-    v3 = as_v3(data)
-    v1 = {k: v for k, v in v3.items() if k != "totals"}
-    v1.update(format="selective-offload/plan-v1", **v3["totals"])
-    for g in v1["groups"]:
-        for key in ("num_tensors", "dtype_bytes", "shapes_digest", "est_read_bytes_per_step"):
-            del g[key]
-    old = load(v1, tmp_path)
-    assert [(g.group, g.placement, g.bytes, g.est_read_bytes_per_step) for g in old.groups] == \
-        [(g.group, g.placement, g.bytes, g.est_read_bytes_per_step) for g in plan.groups]
-    assert old.est == plan.est and old.totals() == plan.totals()
-
-
-def test_a_v3_plan_reads_to_the_same_plan_as_its_v4_twin(data, tmp_path):
-    """v3 wrote cls, kind cold, one placement per group and the baselines as bulk and
-    bulk_segments; it reads to the plan its v4 twin holds, with no unknown-field notes."""
-    v3 = as_v3(data)
-    assert {"device", "host-cold"} <= {g["placement"] for g in v3["groups"]}
-    assert any(g["kind"] == "cold" for g in v3["groups"]) and "bulk" in v3
-    old, new = load(v3, tmp_path), load(copy.deepcopy(data), tmp_path)
-    assert old == new and old.bulk == new.bulk and not old.load_notes
-
-
-def test_a_v3_plan_with_its_words_misspelt_is_refused(data, tmp_path):
-    v3 = as_v3(data)
-    group(v3, "model.embed_tokens")["placement"] = "gather"
-    message = one_line_error(v3, tmp_path, r"placement of group model.embed_tokens")
-    assert "device, host-cold, host-hot, absent, host-uva" in message
 
 
 def test_what_is_written_is_the_current_format(data):

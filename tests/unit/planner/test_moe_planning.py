@@ -1,6 +1,6 @@
 """Mixture-of-experts at expert level: which tensors are routed experts, how a MoE layer is
 split into its experts group and the rest, what a step reads of them (k of E per token,
-E(1 - (1 - k/E)^T) for T tokens), and the plan format v3 that carries them."""
+E(1 - (1 - k/E)^T) for T tokens), and the plan format that carries them."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from selective_offload.model_match import check_plan_matches_model
 from selective_offload.names import experts_prefix, group_key, group_keys
 from selective_offload.plan_format import Placement, Plan
 from selective_offload.planner import PlanInputs, group_tensors, make_plan
-from builders import MB, as_v3, inputs, make_ckpt
+from builders import MB, inputs, make_ckpt
 
 E, K = 8, 2
 
@@ -205,13 +205,6 @@ def test_a_plan_round_trips_its_expert_groups(moe_plan, tmp_path):
     assert Plan.load(path) == plan
 
 
-def test_a_v3_plan_of_experts_read_through_uva_reads_to_its_v4_twin(moe_plan, tmp_path):
-    _, plan = moe_plan
-    v3 = as_v3(json.loads(plan.to_json()))
-    assert {"host-uva", "host-hot"} <= {g["placement"] for g in v3["groups"]}
-    assert _load(v3, tmp_path) == plan
-
-
 def _load(data, tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(data))
@@ -287,33 +280,6 @@ def test_experts_read_in_place_are_host_bytes_priced_at_the_read_fraction(tmp_pa
     uva, vram = edited.inputs.uva_read_gbps * 1e9, edited.inputs.vram_read_gbps * 1e9
     added = 80 * MB * K / E * (1 / uva - 1 / vram)
     assert edited.est.est_step_s == pytest.approx(plan.est.est_step_s + added, rel=1e-9)
-
-
-def test_a_v2_plan_of_a_moe_model_is_read_and_still_matches_the_checkpoint(tmp_path):
-    """v2 kept a MoE layer as one group; it reads, and the model check compares it with
-    the checkpoint grouped the same way."""
-    ckpt = moe(layers=4)
-    plan = make_plan(ckpt, inputs(10_000))
-    merged = {g.name: g for g in group_tensors(ckpt, plan.inputs, split_experts=False)}
-    data = as_v3(json.loads(plan.to_json()))
-    data["format"] = "selective-offload/plan-v2"
-    data.pop("totals")
-    groups = []
-    for g in data["groups"]:
-        if g["kind"] == "experts":
-            continue
-        g.pop("num_experts"), g.pop("experts_per_token")
-        m = merged[g["group"]]
-        g.update(bytes=m.nbytes, num_tensors=m.num_tensors, dtype_bytes=m.dtype_bytes, shapes_digest=m.shapes_digest,
-                 est_read_bytes_per_step=m.est_read_bytes_per_step)
-        groups.append(g)
-    data["groups"] = groups
-    data["model"]["fingerprint"] = "saved-by-another-tool"  # compare group by group
-    old = _load(data, tmp_path)
-    assert not any(g.kind == "experts" for g in old.groups)
-    assert any("every group has the same tensors" in n for n in check_plan_matches_model(old, ckpt))
-    v3 = replace(plan, model=replace(plan.model, fingerprint="saved-by-another-tool"))
-    assert any("every group has the same tensors" in n for n in check_plan_matches_model(v3, ckpt))
 
 
 def test_bulk_offload_reads_only_the_routed_experts_of_host_expert_tensors():
