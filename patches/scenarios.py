@@ -55,7 +55,7 @@ def image_prompts():
 
 
 def summarise(report) -> dict:
-    return {g.group: [g.actual, g.host_bytes, g.device_bytes] for g in report.groups if g.planned == "host-cold"}
+    return {g.group: [g.actual, g.host_bytes, g.device_bytes] for g in report.groups if g.planned == "cold on the host"}
 
 
 def plan_for(model: Path, engine_args):
@@ -99,7 +99,7 @@ def run_patched(model: Path, prompts, engine_args) -> dict:
     from selective_offload.report import build_report
 
     plan = plan_for(model, engine_args)
-    segments = sorted({cold_segment(g, plan.inputs.cold_segments) for g in plan.host_cold_groups})
+    segments = sorted({cold_segment(g, plan.inputs.cold_segments) for g in plan.cold_on_host_groups})
     with drafter_placeholders() as placeholders:
         llm = LLM(model=str(model), offload_host_modules=set(segments), **{**ENGINE_ARGS, **engine_args})
     try:
@@ -111,8 +111,8 @@ def run_patched(model: Path, prompts, engine_args) -> dict:
         net = runner.model
         drafter = getattr(getattr(runner, "drafter", None), "model", None)
         host = {id(p) for p in net.parameters() if getattr(p, "_vllm_host_module", False)}
-        report = build_report(net, plan, compute_device=torch.device("cpu"), host_cold_params=host,
-                              host_hot_params=set(), drafter=drafter,
+        report = build_report(net, plan, compute_device=torch.device("cpu"), cold_on_host_params=host,
+                              prefetch_params=set(), drafter=drafter,
                               drafter_expected=drafter is not None)
         result = {"tokens": tokens, "cold": summarise(report), "ok": report.ok}
         if drafter is not None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on the bundled defaults: plan the Qwen3.8-27B-FP8-shaped checkpoint for a
-# 24 GiB card, next to vLLM's bulk cpu_offload_gb=10 (the smallest that ran on the
+# 24 GiB card, next to vLLM's cpu_offload_gb=10 (the smallest that ran on the
 # reference laptop); then run a tiny model through vLLM on this machine with a plan
 # applied, and compare its tokens with plain vLLM. Sets up .venv first (scripts/setup.sh).
 set -euo pipefail

@@ -30,7 +30,7 @@ NAME = "plan-picture-qwen3.8-27b-fp8"
 
 def reference_plan():
     return make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]),
-                     PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10.0))
+                     PlanInputs(device_memory_bytes=24 * GiB, vllm_cpu_offload_gb=10.0))
 
 
 def main(out_dir: Path) -> list[Path]:

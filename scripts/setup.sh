@@ -102,7 +102,7 @@ install_all() {
 check_install() {
     run .venv/bin/python -c 'import torch, vllm, selective_offload; print("installed: torch", torch.__version__, "vllm", vllm.__version__)' || return
     # The host-compute CPU kernels, compiled once now rather than at the first engine start.
-    # Not fatal: without a compiler the experts stay host-uva, and the plan says why.
+    # Not fatal: without a compiler the experts stay served uva, and the plan says why.
     run .venv/bin/python -m selective_offload.cpu_kernels build || true
 }
 

@@ -34,7 +34,7 @@ from .model_match import check_plan_matches_model
 from .options import AUTO_PLAN, ENV_PLAN, ENV_VARS, RunOptions, device_memory_from_env
 from .plan_format import Plan
 from .planner.serving import engine_settings
-from .report import PlacementReport, remove_reports
+from .report import LandingReport, remove_reports
 
 #: The report file of the last enable(), still readable after disable().
 _last_report_path: Path | None = None
@@ -220,7 +220,7 @@ def disable() -> None:
     patches.remove()
 
 
-def placement_report() -> PlacementReport:
+def placement_report() -> LandingReport:
     """The placement report of the last engine started under :func:`enable`.
 
     For an engine in this process, the wrappers' transfer counters are as they are now;
@@ -234,7 +234,7 @@ def placement_report() -> PlacementReport:
     refused = patches.refusal() if patches is not None else None
     # mutation: refusal-unreported
     if refused is not None:  # the last engine start stopped before any engine process (the plugin's line)
-        return PlacementReport.failed(refused, None, "none: no engine started")
+        return LandingReport.failed(refused, None, "none: no engine started")
     if live is not None and live.report is not None:
         return live.live_report()
     path = os.environ.get("SELECTIVE_OFFLOAD_REPORT") or _last_report_path
@@ -248,4 +248,4 @@ def placement_report() -> PlacementReport:
         raise UserError(f"{path}: no placement report: no vLLM engine has loaded a model since "
                         "selective_offload.enable(); it applies only to engines started after it, so call "
                         "enable() before LLM(...)")
-    return PlacementReport.load(path)
+    return LandingReport.load(path)

@@ -37,7 +37,7 @@ def run(workdir: Path, compare: bool = True) -> int:
     from .checkpoint import load_checkpoint
     from .planner import PlanInputs, make_plan
     from .render import Shown, render_plan
-    from .report import PlacementReport
+    from .report import LandingReport
     from .vllm_glue.demo_engine import build_tiny_model, generate
 
     model = build_tiny_model(workdir / "tiny-qwen3")
@@ -55,7 +55,7 @@ def run(workdir: Path, compare: bool = True) -> int:
     finally:
         api.disable()
     print("\n== placement report (from the engine's worker process)")
-    print(PlacementReport.load(report_path).render())
+    print(LandingReport.load(report_path).render())
     print("\n== generated text (greedy, 12 words each; the model's weights are random)")
     for prompt, text in zip(DEMO_PROMPTS, selective):
         print(f"  {prompt!r} -> {text.strip()!r}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from .checkpoint import Checkpoint
 from .errors import PlanError
 from .names import NEVER_COLD_SEGMENTS, group_key, has_segment
-from .plan_format import PREFETCH_KINDS, GroupKind, GroupPlan, Placement, Plan
+from .plan_format import COLD_SERVINGS, PREFETCH_KINDS, GroupKind, GroupPlan, Serving, Plan
 from .planner import Group, group_tensors, model_fingerprint, prefetch_buffer_bytes, tower_transient_bytes
 from .planner.host_compute import cpu_format, mlp_cpu_format
 from .planner.kernels import method_of_config
@@ -78,7 +78,7 @@ def _derived_differences(plan: Plan, actual: dict[tuple, Group]) -> list[str]:
             out.append(f"the prefetch buffers are {plan.prefetch_buffer_bytes} bytes in the plan and {buffers} "
                        f"for this model's layers at prefetch_step {plan.inputs.prefetch_step}")
     transient = max((tower_transient_bytes(a) for g, a in zip(plan.groups, mine)
-                     if g.placement == Placement.HOST_COLD), default=0)
+                     if g.serving in COLD_SERVINGS), default=0)
     transient = max(transient, plan.copied_transient_bytes())  # the host-compute copy: from the groups checked above
     if plan.est_transient_device_bytes != transient:
         out.append(f"est_transient_device_bytes is {plan.est_transient_device_bytes} in the plan and {transient} "
@@ -91,7 +91,7 @@ def host_compute_differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     (the CPU kernel that reads its routed experts, or its dense MLPs when no experts are
     computed), a split LM head's rows, a split MLP's channels. Each names the field and
     what it should be."""
-    computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    computed = [g for g in plan.groups if g.serving == Serving.COMPUTE]
     if not computed or plan.host_compute_format is None:
         return []
     out = []

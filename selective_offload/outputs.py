@@ -10,7 +10,7 @@ cache has its own).
   before anything is read or planned.
 * **Never a file it did not write.** An existing target is replaced only when it is a file
   of the same kind this project wrote, recognised by its own mark: a JSON file's
-  ``format`` (``selective-offload/plan-v4``, ``.../manifest-v1``, ``.../profile-v1``,
+  ``format`` (``selective-offload/plan-v5``, ``.../manifest-v1``, ``.../profile-v1``,
   ``.../report-v2``), a picture's metadata (:data:`PICTURE_MARK`), the record's one
   absolute path. An empty file holds nothing and may be replaced. Anything else (the
   model's ``config.json``, a weight shard, the user's notes, a directory, a device, a pipe)

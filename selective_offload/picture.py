@@ -22,7 +22,7 @@ from typing import Any
 
 from .errors import UserError
 from .outputs import PICTURE_MARK, write_files
-from .plan_format import GroupKind, GroupPlan, Placement, Plan, Serving
+from .plan_format import GroupKind, GroupPlan, Serving, Plan
 from .sizes import GB, GiB
 
 #: Colours of the known servings; a serving this module does not know (a newer plan
@@ -67,8 +67,8 @@ def _short(group: str) -> str:
 
 
 def _serving(g: GroupPlan) -> str:
-    """How ``g`` is served; a placement this release does not know is shown as it is named."""
-    return str(g.serving) if g.placement in Placement.values() else str(g.placement)
+    """How ``g`` is served (a serving this release does not know, as it is named)."""
+    return str(g.serving)
 
 
 def picture_data(plan: Plan) -> dict[str, Any]:
@@ -112,17 +112,17 @@ def picture_data(plan: Plan) -> dict[str, Any]:
 
     # mutation: picture-says-selective
     rows = [{"label": "this plan", "bytes": totals, "step": step(plan.est)}]
-    bulk = plan.bulk
-    if bulk is not None:
+    cpu_offload = plan.vllm_cpu_offload_gb
+    if cpu_offload is not None:
         absent = totals.get(Serving.NONE.value, 0)
-        # mutation: picture-bulk-absent-counted-on-device
-        bulk_bytes = {Serving.RESIDENT.value: plan.model.total_bytes - absent - bulk.offloaded_bytes,
-                      CPU_OFFLOAD_GB: bulk.offloaded_bytes}
+        # mutation: picture-cpu-offload-absent-counted-on-device
+        cpu_offload_bytes = {Serving.RESIDENT.value: plan.model.total_bytes - absent - cpu_offload.offloaded_bytes,
+                      CPU_OFFLOAD_GB: cpu_offload.offloaded_bytes}
         if absent:
-            bulk_bytes[Serving.NONE.value] = absent
-        rows.append({"label": f"vLLM cpu_offload_gb={bulk.cpu_offload_gb:g}"
-                              + ("" if bulk.fits else "\n(over the card)"),
-                     "bytes": bulk_bytes, "step": step(bulk.est), "layers": list(bulk.layers_touched)})
+            cpu_offload_bytes[Serving.NONE.value] = absent
+        rows.append({"label": f"vLLM cpu_offload_gb={cpu_offload.cpu_offload_gb:g}"
+                              + ("" if cpu_offload.fits else "\n(over the card)"),
+                     "bytes": cpu_offload_bytes, "step": step(cpu_offload.est), "layers": list(cpu_offload.layers_touched)})
     inp = plan.inputs
     name = plan.model.source.removeprefix("bundled: ").split(" (")[0]
     return {
@@ -265,12 +265,12 @@ def figure(data: dict[str, Any]):
         handles.append(Patch(color=colours[CPU_OFFLOAD_GB], label="host, vLLM cpu_offload_gb (layers in model order)"))
     if has_experts:
         handles.append(Patch(facecolor="#999999", hatch="//", edgecolor="white", label="routed experts"))
-    bulk_layers = next((r["layers"] for r in rows if r.get("layers")), None)
-    if bulk_layers:
-        xs = [x for x, s in enumerate(slots) if s["layer"] in set(bulk_layers)]
+    cpu_offload_layers = next((r["layers"] for r in rows if r.get("layers")), None)
+    if cpu_offload_layers:
+        xs = [x for x, s in enumerate(slots) if s["layer"] in set(cpu_offload_layers)]
         top = max(sum(e["bytes"] for e in s["stack"]) for s in layers) / GB * 1.12
         ax.hlines(top, xs[0] - 0.4, xs[-1] + 0.4, color=colours[CPU_OFFLOAD_GB], linewidth=3)
-        ax.text(xs[0] - 0.4, top * 1.02, f"vLLM cpu_offload_gb offloads these {len(bulk_layers)} layers' parameters "
+        ax.text(xs[0] - 0.4, top * 1.02, f"vLLM cpu_offload_gb offloads these {len(cpu_offload_layers)} layers' parameters "
                 f"(model order), every step", ha="left", va="bottom", fontsize=9, color=colours[CPU_OFFLOAD_GB])
     # beside the bars, not over them (the tallest, the embedding and the head, stand at the edges)
     # mutation: picture-legend-over-the-bars

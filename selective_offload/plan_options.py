@@ -399,7 +399,7 @@ class PlanOptions:
             context_tokens=read("context"),
             cold_segments=read("cold_segments"),
             prefetch_step=prefetch_step,
-            bulk_cpu_offload_gb=offload_gb,
+            vllm_cpu_offload_gb=offload_gb,
             all_cold=read("all_cold"),
             host_memory_bytes=machine_ram_bytes() if self.host_memory is None else read("host_memory"),
             uva_gbps=uva,

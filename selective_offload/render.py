@@ -33,7 +33,7 @@ from pathlib import Path
 from .estimate.traffic import DEFAULT_DECODE_READ_FACTOR
 from .anchors import anchors_for
 from .checkpoint import Checkpoint
-from .plan_format import EST_IGNORES, EST_MODEL, BulkBaseline, Estimate, GroupKind, GroupPlan, Placement, Plan, Strategy
+from .plan_format import EST_IGNORES, EST_MODEL, VllmBaseline, Estimate, GroupKind, GroupPlan, Serving, Plan, Strategy
 from .plan_format.contents import MIN_PRICED_MODEL_BYTES, priced  # noqa: F401  (the tok/s rule; re-exported)
 from .planner.host_compute import head_words
 from .sizes import GiB, fmt_bytes
@@ -99,7 +99,7 @@ def _units(plan: Plan) -> list[_Unit]:
 
 def _pattern(unit: _Unit) -> tuple:
     layer, experts = unit
-    return (layer.placement, None if experts is None else experts.placement)
+    return (layer.serving, None if experts is None else experts.serving)
 
 
 def _unit_rows(units: list[_Unit], contiguous: bool) -> list[str]:
@@ -156,12 +156,12 @@ def _placement_summary(plan: Plan) -> list[str]:
     inp = plan.inputs
     lines = ["", f"strategy  {plan.strategy}",
              f"deficit   {fmt_bytes(plan.deficit_bytes).strip()} (weights to load minus the budget; <= 0 fits)",
-             f"cold set  {fmt_bytes(plan.cold_bytes).strip()}, of which {fmt_bytes(plan.host_cold_bytes).strip()} on the host"]
-    uva = [g for g in plan.groups if g.placement == Placement.HOST_UVA]
+             f"cold set  {fmt_bytes(plan.cold_bytes).strip()}, of which {fmt_bytes(plan.cold_on_host_bytes).strip()} on the host"]
+    uva = [g for g in plan.groups if g.serving == Serving.UVA]
     if uva:
         lines.append(f"routed experts in host memory, read in place through UVA ({len(uva)} layers, "
-                     f"{fmt_bytes(plan.host_uva_bytes).strip()}): layers {ranges(sorted(g.layer_index for g in uva))}")
-    computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+                     f"{fmt_bytes(plan.uva_bytes).strip()}): layers {ranges(sorted(g.layer_index for g in uva))}")
+    computed = [g for g in plan.groups if g.serving == Serving.COMPUTE]
     record = plan.host_compute
     if computed and record is not None:
         threads = ("all physical cores of one NUMA node" if record.threads is None
@@ -181,7 +181,7 @@ def _placement_summary(plan: Plan) -> list[str]:
                      f"the link, computed on the GPU); est CPU time {_ms(plan.est.est_cpu_s_per_step).strip()} per step")
     if plan.hot_layer_indices:
         lines.append(f"hot layers on the host, served by vLLM's prefetch offloader ({len(plan.hot_layer_indices)}, "
-                     f"{fmt_bytes(plan.host_hot_bytes).strip()}): "
+                     f"{fmt_bytes(plan.prefetch_bytes).strip()}): "
                      f"{ranges(plan.hot_layer_indices)}")
         lines.append(f"prefetch buffers {fmt_bytes(plan.prefetch_buffer_bytes).strip()} on the device "
                      f"(prefetch_step={inp.prefetch_step} slot(s) of the largest layer)")
@@ -217,7 +217,7 @@ def _estimates(plan: Plan) -> list[str]:
     return lines
 
 
-def _short(baseline: BulkBaseline) -> str:
+def _short(baseline: VllmBaseline) -> str:
     return "cpu_offload_params" if baseline.cpu_offload_params else "cpu_offload_gb"
 
 
@@ -368,9 +368,9 @@ def _host_lines(plan: Plan, shown: Shown) -> list[str]:
                 f"RAM{whose}")
     if not plan.host_bytes:
         return _wrapped("host", ["nothing ", ram])
-    parts = [(plan.host_cold_bytes, "cold"),
-             (plan.host_hot_bytes, f"prefetched ({len(plan.hot_layer_indices)} layers)"),
-             (plan.host_uva_bytes, "read in place (UVA)"), (plan.host_compute_bytes, "computed on the CPU"),
+    parts = [(plan.cold_on_host_bytes, "cold"),
+             (plan.prefetch_bytes, f"prefetched ({len(plan.hot_layer_indices)} layers)"),
+             (plan.uva_bytes, "read in place (UVA)"), (plan.host_compute_bytes, "computed on the CPU"),
              (plan.host_compute_staging_bytes + plan.host_compute_workspace_bytes, "the CPU's buffers")]
     said = [f"{fmt_bytes(n)} {what}" for n, what in parts if n]
     if len(said) == 1:
@@ -443,12 +443,12 @@ def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
     lines += mine
     if alt is not None:
         lines += row(f"  {alt.label.replace('speculative decoding', 'speculation')}",
-                     alt.host_cold_bytes + alt.host_hot_bytes + alt.host_uva_bytes + alt.host_compute_bytes,
+                     alt.cold_on_host_bytes + alt.prefetch_bytes + alt.uva_bytes + alt.host_compute_bytes,
                      alt.est, "slower" if plan.est.est_tok_s >= alt.est.est_tok_s else "faster")
     return lines + [_rates_line(plan, shown)]
 
 
-def _baseline_misfit(plan: Plan, baseline: BulkBaseline) -> str:
+def _baseline_misfit(plan: Plan, baseline: VllmBaseline) -> str:
     """Where vLLM's own offload would not fit: the card (its weights left on the device) and
     the host RAM checked (the bytes it offloads)."""
     available = plan.inputs.host_available_bytes
@@ -475,7 +475,7 @@ def _cpu_unused(plan: Plan, checkpoint: Checkpoint | None) -> str | None:
     """Why a plan with bytes on the host computes none of them on the host CPU (``None`` when
     it has none there to compute)."""
     inp = plan.inputs
-    if not any(g.placement in (Placement.HOST_HOT, Placement.HOST_UVA) for g in plan.groups):
+    if not any(g.serving in (Serving.PREFETCH, Serving.UVA) for g in plan.groups):
         return None  # nothing on the host a decode step computes (cold weights only, or none)
     declined = plan.host_compute_declined
     if declined:  # the planner's own cause
@@ -498,7 +498,7 @@ def _host_compute_line(plan: Plan, checkpoint: Checkpoint | None = None) -> list
     """Host-compute: the CPU kernel's format, its rate and where it came from, the crossover;
     or, where the plan computes none of its host experts there, why not."""
     record = plan.host_compute
-    computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    computed = [g for g in plan.groups if g.serving == Serving.COMPUTE]
     if record is None or not computed:  # the first thing a user comparing with llama.cpp's --n-cpu-moe asks
         # mutation: declined-host-compute-unsaid
         why = _cpu_unused(plan, checkpoint)

@@ -39,11 +39,11 @@ from . import jsonio, report_files
 from .errors import PlanError, UserError
 from .names import ModelNames, parameter_group_keys
 from .outputs import ours, write_files
-from .plan_format import HOST_PLACEMENTS, GroupPlan, Placement, Plan
+from .plan_format import COLD_SERVINGS, HOST_SERVINGS, GroupPlan, Plan, Serving, cold_serving
 from .report_text import render_report
 from .sizes import GB, fmt_bytes
 
-REPORT_FORMAT = "selective-offload/report-v2"
+REPORT_FORMAT = "selective-offload/report-v3"
 #: Misplaced (or unrouted) bytes above this fraction of the bytes, as loaded, of the
 #: groups the plan puts on the host make a report not ok.
 # mutation: threshold-30
@@ -55,22 +55,36 @@ PAGE_LOCKED_WARN = 1.05
 #: neither use nor swap, on machines whose RAM is the limit. torch's power-of-two rounding
 #: of pinned blocks alone can reach 2x.
 PAGE_LOCKED_LIMIT = 1.25
-#: Where a parameter can be found: the plan's host placements, the device, or host
-#: memory that no wrapper of this plan owns.
+#: Where a parameter can be found, besides a serving of the plan's: host memory that no
+#: wrapper of this plan owns.
 STRAY_HOST = "host"
+#: The host servings the verdict judges: the stem of the report's planned, loaded and landed
+#: fields, the word its problems (and misplaced, unrouted fields) use, and the servings (a
+#: cold group's gather and on-demand are one: the cold set).
+JUDGED: tuple[tuple[str, str, frozenset[Serving]], ...] = (
+    ("cold_on_host", "cold", COLD_SERVINGS),
+    ("prefetch", "prefetch", frozenset({Serving.PREFETCH})),
+    # mutation: report-uva-not-judged
+    ("uva", "uva", frozenset({Serving.UVA})),
+    # mutation: report-compute-not-judged
+    ("host_compute", "compute", frozenset({Serving.COMPUTE})),
+)
 
 
 @dataclass
 class GroupLanding:
     group: str
+    #: How the plan serves the group (:class:`~.plan_format.Serving`, as the plan file says it).
     planned: str
+    #: Where most of its bytes were found: the serving of the wrapper that owns them
+    #: (``resident``: the device), or ``host`` (host memory no wrapper of the plan owns).
     actual: str
     #: Checkpoint bytes, as planned.
     planned_bytes: int
     #: Bytes as vLLM holds them, by where they are.
     device_bytes: int = 0
     host_bytes: int = 0
-    #: Of ``host_bytes`` of a cold or host-uva experts group: allocated on the host while the
+    #: Of ``host_bytes`` of a cold group or of routed experts served uva or compute: allocated on the host while the
     #: model was built, or moved there after loading (a transient of that size on the device).
     routed_bytes: int = 0
     moved_bytes: int = 0
@@ -84,7 +98,7 @@ class GroupLanding:
 
 
 @dataclass
-class PlacementReport:
+class LandingReport:
     """Planned against actual placement for every group, with the verdict."""
 
     model_fingerprint: str
@@ -93,26 +107,27 @@ class PlacementReport:
     #: memory, and a placement says which wrapper owns the bytes, not which chip holds them.
     host_is_device: bool
     groups: list[GroupLanding] = field(default_factory=list)
-    #: Checkpoint bytes the plan puts on the host, cold and hot.
-    planned_host_cold_bytes: int = 0
-    planned_host_hot_bytes: int = 0
-    planned_host_uva_bytes: int = 0
+    #: Checkpoint bytes the plan puts on the host, by serving (the cold set: gather and on-demand).
+    planned_cold_on_host_bytes: int = 0
+    planned_prefetch_bytes: int = 0
+    planned_uva_bytes: int = 0
     planned_host_compute_bytes: int = 0
     #: The same groups' bytes as vLLM loaded them (the verdict's yardstick).
-    loaded_host_cold_bytes: int = 0
-    loaded_host_hot_bytes: int = 0
-    loaded_host_uva_bytes: int = 0
+    loaded_cold_on_host_bytes: int = 0
+    loaded_prefetch_bytes: int = 0
+    loaded_uva_bytes: int = 0
     loaded_host_compute_bytes: int = 0
-    #: Bytes, as loaded, found in each host placement.
-    landed_host_cold_bytes: int = 0
-    landed_host_hot_bytes: int = 0
-    landed_host_uva_bytes: int = 0
+    #: Bytes, as loaded, found in each host serving.
+    landed_cold_on_host_bytes: int = 0
+    landed_prefetch_bytes: int = 0
+    landed_uva_bytes: int = 0
     landed_host_compute_bytes: int = 0
     misplaced_cold_bytes: int = 0
-    misplaced_hot_bytes: int = 0
+    misplaced_prefetch_bytes: int = 0
     misplaced_uva_bytes: int = 0
     misplaced_compute_bytes: int = 0
-    #: Host-cold (and host-uva) bytes that were moved after loading instead of built on the host.
+    #: Bytes of the cold set (and of experts served uva or compute) moved to the host after
+    #: loading instead of built there.
     unrouted_cold_bytes: int = 0
     unrouted_uva_bytes: int = 0
     unrouted_compute_bytes: int = 0
@@ -161,7 +176,7 @@ class PlacementReport:
             raise OSError(str(exc)) from None
 
     @classmethod
-    def load_one(cls, path: str | os.PathLike) -> "PlacementReport":
+    def load_one(cls, path: str | os.PathLike) -> "LandingReport":
         """One report file, as written, every field checked (``PlanError`` in one line)."""
         try:
             data = jsonio.read(path)
@@ -177,7 +192,7 @@ class PlacementReport:
         return cls(**fields)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "PlacementReport":
+    def load(cls, path: str | os.PathLike) -> "LandingReport":
         """The report at ``path``, with every other worker rank's verdict merged in: a
         problem or error on any rank is the report's (each rank holds its own shard of a
         tensor-parallel model, so each judges its own bytes). A rank with no file, a file
@@ -191,9 +206,9 @@ class PlacementReport:
         # mutation: rank-files-not-merged
         for _, other, worker in others:
             label = other.name.rsplit(".", 1)[-1]
-            report.ranks[label] = {"ok": worker.ok, "landed_host_cold_bytes": worker.landed_host_cold_bytes,
-                                   "landed_host_hot_bytes": worker.landed_host_hot_bytes,
-                                   "landed_host_uva_bytes": worker.landed_host_uva_bytes,
+            report.ranks[label] = {"ok": worker.ok, "landed_cold_on_host_bytes": worker.landed_cold_on_host_bytes,
+                                   "landed_prefetch_bytes": worker.landed_prefetch_bytes,
+                                   "landed_uva_bytes": worker.landed_uva_bytes,
                                    "landed_host_compute_bytes": worker.landed_host_compute_bytes,
                                    "problems": worker.problems, "error": worker.error}
             report.problems += [f"{label}: {p}" for p in worker.problems]
@@ -208,7 +223,7 @@ class PlacementReport:
         return report
 
     @classmethod
-    def failed(cls, error: str, plan: Plan | None, compute_device: str) -> "PlacementReport":
+    def failed(cls, error: str, plan: Plan | None, compute_device: str) -> "LandingReport":
         """The report of a load that a user error stopped."""
         return cls(model_fingerprint=plan.model.fingerprint if plan else "", compute_device=compute_device,
                    host_is_device=compute_device == "cpu", error=error)
@@ -250,7 +265,7 @@ class _Matching:
     def record(self, group: str, where: str, nbytes: int, *, routed: bool | None = None) -> None:
         landing = self.landings[group]
         landing.num_params += 1
-        if where == Placement.DEVICE:
+        if where == Serving.RESIDENT:
             landing.device_bytes += nbytes
         else:
             landing.host_bytes += nbytes
@@ -261,17 +276,17 @@ class _Matching:
         self.by_place[group][where] = self.by_place[group].get(where, 0) + nbytes
 
 
-def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, host_cold: set[int],
-                      host_hot: set[int], routed: set[str] | None, size,
-                      host_uva: set[int] = frozenset(), routed_uva: set[int] | None = None,
-                      host_compute: set[int] = frozenset(),
+def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, cold: set[int],
+                      prefetch: set[int], routed: set[str] | None, size,
+                      uva: set[int] = frozenset(), routed_uva: set[int] | None = None,
+                      compute: set[int] = frozenset(),
                       names: ModelNames = ModelNames()) -> _Matching:
     segments = names.segments(plan.inputs.cold_segments)
     by_key: dict[tuple, GroupPlan] = {}
     for g in plan.groups:
         # mutation: report-by-checkpoint-name
         by_key.setdefault(names.key(g.group, plan.inputs.cold_segments), g)
-    m = _Matching({g.group: GroupLanding(g.group, g.placement, Placement.ABSENT, g.bytes) for g in plan.groups},
+    m = _Matching({g.group: GroupLanding(g.group, g.serving, Serving.NONE, g.bytes) for g in plan.groups},
                   {g.group: {} for g in plan.groups})
     # Tied weights are listed under every name, so a re-tied lm_head finds its group too.
     claimed: set[int] = set()
@@ -284,22 +299,22 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, hos
             unclaimed.append((name, param, nbytes))
             continue
         claimed.add(id(param))
-        if id(param) in host_hot:
-            m.record(planned.group, Placement.HOST_HOT, nbytes)
-        elif id(param) in host_uva:
-            m.record(planned.group, Placement.HOST_UVA, nbytes,
+        if id(param) in prefetch:
+            m.record(planned.group, Serving.PREFETCH, nbytes)
+        elif id(param) in uva:
+            m.record(planned.group, Serving.UVA, nbytes,
                      routed=None if routed_uva is None else id(param) in routed_uva)
-        elif id(param) in host_compute:
-            m.record(planned.group, Placement.HOST_COMPUTE, nbytes,
+        elif id(param) in compute:
+            m.record(planned.group, Serving.COMPUTE, nbytes,
                      routed=None if routed_uva is None else id(param) in routed_uva)
-        elif id(param) in host_cold:
-            m.record(planned.group, Placement.HOST_COLD, nbytes,
+        elif id(param) in cold:
+            m.record(planned.group, cold_serving(planned.group, planned.kind), nbytes,
                      # mutation: routed-by-storage
                      routed=None if routed is None else name in routed)
         elif param.device.type == "cpu" and not host_is_device:
             m.record(planned.group, STRAY_HOST, nbytes)
         else:
-            m.record(planned.group, Placement.DEVICE, nbytes)
+            m.record(planned.group, Serving.RESIDENT, nbytes)
     # Another name of a claimed parameter (a tied head) is counted under its group already.
     m.unplanned = {name: nbytes for name, param, nbytes in unclaimed if id(param) not in claimed}
     return m
@@ -311,7 +326,7 @@ def _honesty(m: _Matching, loaded_bytes: int) -> list[str]:
     (placed by no one, counted nowhere) above the tolerance."""
     problems = [f"group {g.group} is planned absent (not loaded), but the engine loaded {fmt_bytes(g.loaded_bytes)} "
                 # mutation: report-absent-loaded-ok
-                "of it" for g in m.landings.values() if g.planned == Placement.ABSENT and g.num_params]
+                "of it" for g in m.landings.values() if g.planned == Serving.NONE and g.num_params]
     uncovered = sum(m.unplanned.values())
     # mutation: report-uncovered-ok
     if uncovered > TOLERANCE * max(loaded_bytes, 1):
@@ -321,20 +336,22 @@ def _honesty(m: _Matching, loaded_bytes: int) -> list[str]:
     return problems
 
 
-def _count_drafter(m: _Matching, model: nn.Module, drafter: nn.Module, plan: Plan, host_cold: set[int],
+def _count_drafter(m: _Matching, model: nn.Module, drafter: nn.Module, plan: Plan, cold: set[int],
                    size: Callable[[torch.Tensor, str], int], notes: list[str]) -> None:
     """An MTP head is built by vLLM's speculative drafter under names of its own: its
     parameters (less those it shares with the main model, such as the embedding) count
     for the plan's MTP group."""
-    mtp_group = next((g.group for g in plan.groups if g.mtp), None)
+    mtp = next((g for g in plan.groups if g.mtp), None)
+    mtp_group = None if mtp is None else mtp.group
     shared = {id(p) for p in model.parameters()}
     own = [(n, p) for n, p in drafter.named_parameters() if id(p) not in shared]
     if mtp_group is None:
         m.unplanned.update({f"drafter.{n}": size(p, n) for n, p in own})
         return
     for name, param in own:
-        m.record(mtp_group, Placement.HOST_COLD if id(param) in host_cold else Placement.DEVICE, size(param, name))
-    if m.landings[mtp_group].planned == Placement.ABSENT:
+        m.record(mtp_group, cold_serving(mtp.group, mtp.kind) if id(param) in cold else Serving.RESIDENT,
+                 size(param, name))
+    if m.landings[mtp_group].planned == Serving.NONE:
         notes.append(f"the speculative drafter loaded {mtp_group}, which the plan left out "
                      "(plan with --speculative mtp to count it)")
 
@@ -349,31 +366,28 @@ def _missing_groups(m: _Matching, plan: Plan, drafter_loaded: bool, drafter_expe
         if landing.num_params:
             continue
         if g.mtp and not drafter_loaded:
-            if g.placement != Placement.ABSENT:
+            if g.serving != Serving.NONE:
                 notes.append(f"{g.group} is loaded by the speculative drafter"
                              + ("" if drafter_expected else ", and this engine runs without one"))
-        elif g.placement != Placement.ABSENT and g.bytes and elsewhere is not None:
+        elif g.serving != Serving.NONE and g.bytes and elsewhere is not None:
             elsewhere.append(g.group)
-        elif g.placement != Placement.ABSENT and g.bytes:
+        elif g.serving != Serving.NONE and g.bytes:
             problems.append(f"group {g.group} ({g.bytes / GB:.3f} GB, planned {g.location}, served {g.serving}) "
                             "is not in the loaded model")
     return problems
 
 
-def _verdict(m: _Matching, report: PlacementReport, check_routing: bool, check_uva_routing: bool = False) -> list[str]:
+def _verdict(m: _Matching, report: LandingReport, check_routing: bool, check_uva_routing: bool = False) -> list[str]:
     """Misplaced, unrouted and stray host bytes against the tolerance."""
     problems: list[str] = []
-    # mutation: report-uva-not-judged
-    for kind, label in ((Placement.HOST_COLD, "cold"), (Placement.HOST_HOT, "hot"), (Placement.HOST_UVA, "uva"),
-                        # mutation: report-compute-not-judged
-                        (Placement.HOST_COMPUTE, "compute")):
+    for stem, label, servings in JUDGED:
         loaded = landed = misplaced = 0
         wrong: list[str] = []
         for landing in m.landings.values():
             places = m.by_place[landing.group]
-            here = places.get(kind, 0)
+            here = sum(places.get(serving, 0) for serving in servings)
             landed += here
-            if landing.planned == kind:
+            if landing.planned in servings:
                 loaded += landing.loaded_bytes
                 off = landing.loaded_bytes - here
             else:
@@ -381,30 +395,30 @@ def _verdict(m: _Matching, report: PlacementReport, check_routing: bool, check_u
             if off:
                 misplaced += off
                 wrong.append(landing.group)
-        setattr(report, f"loaded_host_{label}_bytes", loaded)
-        setattr(report, f"landed_host_{label}_bytes", landed)
+        setattr(report, f"loaded_{stem}_bytes", loaded)
+        setattr(report, f"landed_{stem}_bytes", landed)
         setattr(report, f"misplaced_{label}_bytes", misplaced)
         if misplaced > TOLERANCE * loaded:
             problems.append(
                 f"{fmt_bytes(misplaced)} of {label} bytes (as loaded) did not land where planned, more than "
                 f"{TOLERANCE:.0%} of the {fmt_bytes(loaded)} the plan puts on the host: "
                 f"{', '.join(wrong[:6])}{' ...' if len(wrong) > 6 else ''}")
-    for kind, label, checked in ((Placement.HOST_COLD, "cold", check_routing),
-                                 # mutation: uva-routing-not-checked
-                                 (Placement.HOST_UVA, "uva", check_uva_routing),
-                                 (Placement.HOST_COMPUTE, "compute", check_uva_routing)):
-        moved = [g for g in m.landings.values() if g.planned == kind and g.moved_bytes]
+    for stem, label, servings, checked in (("cold_on_host", "cold", COLD_SERVINGS, check_routing),
+                                           # mutation: uva-routing-not-checked
+                                           ("uva", "uva", {Serving.UVA}, check_uva_routing),
+                                           ("host_compute", "compute", {Serving.COMPUTE}, check_uva_routing)):
+        moved = [g for g in m.landings.values() if g.planned in servings and g.moved_bytes]
         unrouted = sum(g.moved_bytes for g in moved)
         setattr(report, f"unrouted_{label}_bytes", unrouted)
         # mutation: report-no-routing-check
-        if checked and unrouted > TOLERANCE * getattr(report, f"loaded_host_{label}_bytes"):
+        if checked and unrouted > TOLERANCE * getattr(report, f"loaded_{stem}_bytes"):
             problems.append(
                 f"{fmt_bytes(unrouted)} of {label} bytes were allocated on the device while the model was "
                 f"built and moved to the host only after loading ({', '.join(g.group for g in moved[:6])}): "
                 "the device needs them at construction, which is what the plan was to avoid")
     stray = sum(places.get(STRAY_HOST, 0) for places in m.by_place.values())
-    if stray > TOLERANCE * max(report.loaded_host_cold_bytes + report.loaded_host_hot_bytes
-                               + report.loaded_host_uva_bytes + report.loaded_host_compute_bytes, 1):
+    if stray > TOLERANCE * max(report.loaded_cold_on_host_bytes + report.loaded_prefetch_bytes
+                               + report.loaded_uva_bytes + report.loaded_host_compute_bytes, 1):
         problems.append(f"{fmt_bytes(stray)} are in host memory without the plan "
                         "(is vLLM's own cpu_offload_gb set as well?)")
     return problems
@@ -415,8 +429,8 @@ def build_report(
     plan: Plan,
     *,
     compute_device: torch.device,
-    host_cold_params: set[int],
-    host_hot_params: set[int],
+    cold_on_host_params: set[int],
+    prefetch_params: set[int],
     routed_names: set[str] | frozenset[str] | None = None,
     notes: Iterable[str] = (),
     drafter: nn.Module | None = None,
@@ -425,14 +439,14 @@ def build_report(
     drafter_loaded_bytes: Mapping[str, int] | None = None,
     mechanisms: Mapping[str, str] | None = None,
     pipeline_part: bool = False,
-    host_uva_params: set[int] = frozenset(),
+    uva_params: set[int] = frozenset(),
     routed_uva_params: set[int] | None = None,
     names: ModelNames | None = None,
     host_compute_params: set[int] = frozenset(),
-) -> PlacementReport:
+) -> LandingReport:
     """Match ``model``'s parameters to ``plan``'s groups and compare placements.
 
-    ``host_cold_params`` / ``host_hot_params`` are the ``id()`` of parameters that the
+    ``cold_on_host_params`` / ``prefetch_params`` are the ``id()`` of parameters that the
     cold-set wrappers and the hot-layer offloader own in host memory. ``routed_names``
     holds the names of the parameters that construction-time routing allocated on the host
     (``None``: routing is not checked): names, not storage addresses, because vLLM's
@@ -442,7 +456,7 @@ def build_report(
     weight repacked into another object); ``drafter_loaded_bytes`` the same for the
     drafter's names. ``mechanisms`` describes each group's wrapper. ``pipeline_part``:
     this model is one pipeline-parallel rank's part, so groups it lacks may be on another.
-    ``host_uva_params`` are the ``id()`` of routed-expert parameters held in host memory
+    ``uva_params`` are the ``id()`` of routed-expert parameters held in host memory
     and read through UVA views, and ``routed_uva_params`` those of them built on the host
     (``None``: not checked); ``host_compute_params`` those computed on the host CPU (built on
     the host too, checked against ``routed_uva_params``). ``names`` says how the model names the plan's groups (vLLM's
@@ -457,28 +471,28 @@ def build_report(
         return size(param, name, drafter_loaded_bytes or {})
 
     host_is_device = compute_device.type == "cpu"
-    m = _match_parameters(model, plan, host_is_device=host_is_device, host_cold=host_cold_params,
-                          host_hot=host_hot_params, routed=routed_names, size=size,
-                          host_uva=host_uva_params, routed_uva=routed_uva_params, host_compute=host_compute_params,
+    m = _match_parameters(model, plan, host_is_device=host_is_device, cold=cold_on_host_params,
+                          prefetch=prefetch_params, routed=routed_names, size=size,
+                          uva=uva_params, routed_uva=routed_uva_params, compute=host_compute_params,
                           names=names or ModelNames())
     notes = list(notes)
     loaded = sum(g.loaded_bytes for g in m.landings.values()) + sum(m.unplanned.values())
     honesty = _honesty(m, loaded)  # the main model's own parameters, before the drafter's are counted
     if drafter is not None:
-        _count_drafter(m, model, drafter, plan, host_cold_params, drafter_size, notes)
+        _count_drafter(m, model, drafter, plan, cold_on_host_params, drafter_size, notes)
     for landing in m.landings.values():
         places = m.by_place[landing.group]
         if places:
             landing.actual = max(places, key=places.get)
         landing.mechanism = (mechanisms or {}).get(landing.group, "")
-    report = PlacementReport(
+    report = LandingReport(
         model_fingerprint=plan.model.fingerprint, compute_device=str(compute_device),
         host_is_device=host_is_device, groups=list(m.landings.values()),
-        planned_host_cold_bytes=plan.host_cold_bytes, planned_host_hot_bytes=plan.host_hot_bytes,
-        planned_host_uva_bytes=plan.host_uva_bytes,
-        planned_host_compute_bytes=sum(g.bytes for g in plan.groups if g.placement == Placement.HOST_COMPUTE),
+        planned_cold_on_host_bytes=plan.cold_on_host_bytes, planned_prefetch_bytes=plan.prefetch_bytes,
+        planned_uva_bytes=plan.uva_bytes,
+        planned_host_compute_bytes=sum(g.bytes for g in plan.groups if g.serving == Serving.COMPUTE),
         est_link_bytes_per_step=sum(g.est_link_bytes_per_step for g in plan.groups
-                                    if m.landings[g.group].actual in HOST_PLACEMENTS),
+                                    if m.landings[g.group].actual in HOST_SERVINGS),
         unplanned=m.unplanned, notes=notes,
     )
     report.problems = (honesty + _missing_groups(m, plan, drafter is not None, drafter_expected, notes,
@@ -487,7 +501,7 @@ def build_report(
     return report
 
 
-def judge_host_memory(report: PlacementReport, *, policy: str, reason: str, locked_by_how: Mapping[str, int],
+def judge_host_memory(report: LandingReport, *, policy: str, reason: str, locked_by_how: Mapping[str, int],
                       locked_by_purpose: Mapping[str, int], torch_pinned_bytes: int | None,
                       resident_set_bytes: int | None) -> None:
     """Put page-locked host memory next to the host bytes, and judge the ratio.
@@ -497,7 +511,7 @@ def judge_host_memory(report: PlacementReport, *, policy: str, reason: str, lock
     vLLM's prefetch offloader and post-processing pin through it too), or, where torch
     gives no count, the buffers this project pinned through it at the size asked for.
     """
-    host = (report.landed_host_cold_bytes + report.landed_host_hot_bytes + report.landed_host_uva_bytes
+    host = (report.landed_cold_on_host_bytes + report.landed_prefetch_bytes + report.landed_uva_bytes
             + report.landed_host_compute_bytes)
     registered = sum(n for how, n in locked_by_how.items() if how.startswith("registered"))
     through_torch = torch_pinned_bytes if torch_pinned_bytes is not None else locked_by_how.get("caching allocator", 0)

@@ -2,7 +2,7 @@
 
 After ``vllm serve`` with ``SELECTIVE_OFFLOAD_PLAN``, every worker rank wrote its report
 (``report.json``, ``report.json.rank1``, ...); this command merges them as
-:meth:`PlacementReport.load` does and prints the same table the engine logs. The exit
+:meth:`LandingReport.load` does and prints the same table the engine logs. The exit
 status is the verdict, so a script (or a health check) can act on it without parsing.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .options import ENV_REPORT, default_report_path, last_report_record
-from .report import PlacementReport
+from .report import LandingReport
 
 #: Exit status when the placement does not match the plan (or the plan was not applied).
 EXIT_MISMATCH = 1
@@ -44,7 +44,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not args.path and not exists:
         raise UserError(f"{path}: no placement report there yet (the last path recorded): the engine set up "
                         "with the plan has not loaded a model, or wrote elsewhere; name the report file")
-    report = PlacementReport.load(path)
+    report = LandingReport.load(path)
     if args.json:
         json.dump({**report.to_dict(), "path": str(path)}, sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -23,14 +23,14 @@ from .jsonio import FieldReader
 
 FIX = "name a report file the engine wrote (or run the engine again to write a new one)"
 #: The byte counts of a report and of each group, every one an integer >= 0.
-REPORT_INTS = ("planned_host_cold_bytes", "planned_host_hot_bytes", "planned_host_uva_bytes",
+REPORT_INTS = ("planned_cold_on_host_bytes", "planned_prefetch_bytes", "planned_uva_bytes",
                "planned_host_compute_bytes",
-               "loaded_host_cold_bytes", "loaded_host_hot_bytes", "loaded_host_uva_bytes", "loaded_host_compute_bytes",
-               "landed_host_cold_bytes", "landed_host_hot_bytes", "landed_host_uva_bytes", "landed_host_compute_bytes",
-               "misplaced_cold_bytes", "misplaced_hot_bytes", "misplaced_uva_bytes", "misplaced_compute_bytes",
+               "loaded_cold_on_host_bytes", "loaded_prefetch_bytes", "loaded_uva_bytes", "loaded_host_compute_bytes",
+               "landed_cold_on_host_bytes", "landed_prefetch_bytes", "landed_uva_bytes", "landed_host_compute_bytes",
+               "misplaced_cold_bytes", "misplaced_prefetch_bytes", "misplaced_uva_bytes", "misplaced_compute_bytes",
                "unrouted_cold_bytes", "unrouted_uva_bytes", "unrouted_compute_bytes", "est_link_bytes_per_step")
 GROUP_INTS = ("device_bytes", "host_bytes", "routed_bytes", "moved_bytes", "num_params")
-RANK_SUMMARY_INTS = ("landed_host_cold_bytes", "landed_host_hot_bytes", "landed_host_uva_bytes",
+RANK_SUMMARY_INTS = ("landed_cold_on_host_bytes", "landed_prefetch_bytes", "landed_uva_bytes",
                      "landed_host_compute_bytes")
 #: A rank file is ``<report>.rank<digits>``; more digits than this is no rank of any machine.
 MAX_RANK_DIGITS = 9
@@ -87,7 +87,7 @@ def _group(r: FieldReader) -> dict[str, Any]:
 
 
 def read_fields(data: Any, where: str, report_format: str) -> dict[str, Any]:
-    """The keyword arguments of a ``PlacementReport`` (groups as dicts of ``GroupLanding``'s),
+    """The keyword arguments of a ``LandingReport`` (groups as dicts of ``GroupLanding``'s),
     every field checked for its type and range; ``PlanError`` in one line otherwise."""
     where = where[:300]
     r = FieldReader(data, where, error=PlanError, fix=FIX)

@@ -3,7 +3,7 @@ not resident as planned (planned against actual, in the plan's serving words), t
 bytes by serving, what each host-compute layer served, host memory, and every problem.
 
 The record itself (what landed, its JSON, the rank files) is :mod:`.report`, whose
-``PlacementReport.render`` calls :func:`render_report`; this module reads the record's
+``LandingReport.render`` calls :func:`render_report`; this module reads the record's
 fields and imports nothing of it. The engine logs this text, ``selective-offload report``
 prints it.
 """
@@ -13,25 +13,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .names import EMBED_SEGMENTS, has_segment
-from .plan_format import Placement
+from .plan_format import COLD_SERVINGS, Serving
 from .sizes import fmt_bytes
 
-#: Host placements whose bytes must be built on the host at construction (never on the
-#: device first): the cold set and the routed experts read through UVA or computed there.
-BUILT_ON_HOST = (Placement.HOST_COLD, Placement.HOST_UVA, Placement.HOST_COMPUTE)
-
-#: The placements a report records, in the plan's v4 serving words (a host placement of a
-#: cold group is said by :func:`_said`, which knows the group).
-_SAID = {Placement.DEVICE: "resident", Placement.HOST_HOT: "prefetch", Placement.HOST_UVA: "uva",
-         Placement.HOST_COMPUTE: "compute", Placement.ABSENT: "none"}
-
-
-def _said(placement: str, group: str) -> str:
-    """A recorded placement as the plan calls it: how the group is (or was meant to be) served."""
-    if placement == Placement.HOST_COLD:
-        return "gather" if has_segment(group, EMBED_SEGMENTS) else "on-demand"
-    return _SAID.get(placement, placement)
+#: Servings whose bytes must be built on the host at construction (never on the device
+#: first): the cold set and the routed experts read through UVA or computed there.
+BUILT_ON_HOST = COLD_SERVINGS | {Serving.UVA, Serving.COMPUTE}
+#: The host bytes by serving, as the report's fields name them (``planned_<stem>_bytes``).
+HOST_LINES = (("gather and on-demand", "cold_on_host"), ("prefetch", "prefetch"), ("uva", "uva"),
+              ("compute", "host_compute"))
 
 
 def _host_compute_lines(r: Any) -> list[str]:
@@ -76,7 +66,7 @@ def verdict_line(r: Any) -> str:
 
 
 def render_report(r: Any, path: str | os.PathLike | None = None) -> str:
-    """``r`` (a :class:`~.report.PlacementReport`) as text, its verdict on the first line;
+    """``r`` (a :class:`~.report.LandingReport`) as text, its verdict on the first line;
     ``path``: the file it was read from."""
     return "\n".join(_lines(r, path))
 
@@ -89,21 +79,18 @@ def _lines(r: Any, path: str | os.PathLike | None = None) -> list[str]:
         return lines
     head = f"{'group':<32} {'planned':<10} {'actual':<10} {'device':>11} {'host':>11}  how"
     lines += [head, "-" * len(head)]
-    resident = [g for g in r.groups if g.planned == g.actual == Placement.DEVICE]
+    resident = [g for g in r.groups if g.planned == g.actual == Serving.RESIDENT]
     for g in r.groups:
         if g not in resident:
             how = g.mechanism + (f"; built on the host: {fmt_bytes(g.routed_bytes)}, moved after loading: "
                                  f"{fmt_bytes(g.moved_bytes)}" if g.planned in BUILT_ON_HOST else "")
-            lines.append(f"{g.group:<32} {_said(g.planned, g.group):<10} {_said(g.actual, g.group):<10} "
+            lines.append(f"{g.group:<32} {g.planned:<10} {g.actual:<10} "
                          f"{fmt_bytes(g.device_bytes):>11} "
                          f"{fmt_bytes(g.host_bytes):>11}  {how}")
     lines.append(f"{len(resident)} more groups resident on the device as planned "
                  f"({fmt_bytes(sum(g.device_bytes for g in resident))})")
-    for label, planned, loaded, landed in (
-            ("gather and on-demand", r.planned_host_cold_bytes, r.loaded_host_cold_bytes, r.landed_host_cold_bytes),
-            ("prefetch", r.planned_host_hot_bytes, r.loaded_host_hot_bytes, r.landed_host_hot_bytes),
-            ("uva", r.planned_host_uva_bytes, r.loaded_host_uva_bytes, r.landed_host_uva_bytes),
-            ("compute", r.planned_host_compute_bytes, r.loaded_host_compute_bytes, r.landed_host_compute_bytes)):
+    for label, stem in HOST_LINES:
+        planned, loaded, landed = (getattr(r, f"{what}_{stem}_bytes") for what in ("planned", "loaded", "landed"))
         if planned or landed:
             lines.append(f"{label} on host: planned {fmt_bytes(planned)} of checkpoint bytes, "
                          f"{fmt_bytes(loaded)} as loaded; landed {fmt_bytes(landed)}")

@@ -186,7 +186,7 @@ def save_tiny_qwen3_moe(directory: Path, seed: int = 0, **overrides) -> Path:
 
 def uva_experts_plan(model_dir, device_fraction: float = 0.7):
     """The planner's plan for a MoE checkpoint on a device whose budget the cold set cannot
-    close: it places routed experts ``host-uva`` (read in place, k of E per step); host-compute
+    close: it places routed experts served ``uva`` (read in place, k of E per step); host-compute
     off, as these plans test the UVA path."""
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.planner import PlanInputs, make_plan
@@ -194,7 +194,7 @@ def uva_experts_plan(model_dir, device_fraction: float = 0.7):
     ckpt = load_checkpoint(model_dir)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * device_fraction),
                                       kv_cache_bytes=0, reserve_bytes=0, host_compute=False))
-    assert plan.host_uva_bytes and plan.host_cold_bytes < ckpt.total_bytes * (1 - device_fraction), plan.strategy
+    assert plan.uva_bytes and plan.cold_on_host_bytes < ckpt.total_bytes * (1 - device_fraction), plan.strategy
     return plan
 
 

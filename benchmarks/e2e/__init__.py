@@ -7,7 +7,7 @@ its own Python process so memory figures and patches never leak between them, fo
 
 - ``resident``: plain vLLM, every weight on the device (when it fits the budget);
 - ``bulk``: plain vLLM with ``cpu_offload_gb`` at the smallest whole GiB that covers the
-  deficit (the planner's ``plan.bulk``; vLLM counts GiB, ``int(gb * 1024**3)`` bytes);
+  deficit (the planner's ``plan.vllm_cpu_offload_gb``; vLLM counts GiB, ``int(gb * 1024**3)`` bytes);
 - ``cold_only``: ``selective_offload.enable(plan)`` with a plan that puts only cold
   modules (embedding, towers, MTP) on the host;
 - ``selective``: the planner's plan for the budget: the cold set plus the exact hot
@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device-memory", help="the card's memory, like 24GiB (required with --model)")
     ap.add_argument("--kv-cache", default=None, help="KV cache the plan and vLLM reserve (default 1GiB; tiny: 0)")
     ap.add_argument("--reserve", default=None, help="activations and slack (default 2GiB; tiny: 0)")
-    ap.add_argument("--bulk-gb", type=float, default=None,
-                    help="vLLM cpu_offload_gb for the bulk row (default: the smallest whole GiB covering the deficit)")
+    ap.add_argument("--cpu-offload-gb", type=float, default=None,
+                    help="vLLM cpu_offload_gb for the cpu_offload_gb row (default: the smallest whole GiB covering the deficit)")
     ap.add_argument("--link-gbps", type=float, help="host-to-device GB/s for the estimate (default: measured)")
     ap.add_argument("--vram-gbps", type=float, help="device read GB/s for the estimate (default: measured)")
     ap.add_argument("--batches", default="1,8")
@@ -311,7 +311,7 @@ def run(args) -> int:
     bandwidth = _bandwidth(args, cuda)
     inputs = PlanInputs(device_memory_bytes=device_memory, kv_cache_bytes=kv, reserve_bytes=reserve,
                         link_gbps=bandwidth["link_gbps"], vram_gbps=bandwidth["vram_gbps"],
-                        decode_read_gbps=bandwidth["decode_read_gbps"], bulk_cpu_offload_gb=args.bulk_gb)
+                        decode_read_gbps=bandwidth["decode_read_gbps"], vllm_cpu_offload_gb=args.cpu_offload_gb)
     try:
         plan, rows = decide(ckpt, inputs, cuda, capped=cuda and not tiny)
     except UserError as err:
@@ -343,9 +343,9 @@ def run(args) -> int:
         "max_tokens": s["max_tokens"],
         "prompt_len": args.prompt_len, "method": METHOD, "cpu_threads": None if cuda else args.cpu_threads, "cap": {"note": cap_note},
         "plan": {"strategy": plan.strategy, "hot_layer_indices": plan.hot_layer_indices,
-                 "deficit_bytes": plan.deficit_bytes, "host_cold_bytes": plan.host_cold_bytes,
-                 "host_hot_bytes": plan.host_hot_bytes,
-                 "bulk_cpu_offload_gb": plan.bulk.cpu_offload_gb if plan.bulk else None},
+                 "deficit_bytes": plan.deficit_bytes, "host_cold_bytes": plan.cold_on_host_bytes,
+                 "host_hot_bytes": plan.prefetch_bytes,
+                 "bulk_cpu_offload_gb": plan.vllm_cpu_offload_gb.cpu_offload_gb if plan.vllm_cpu_offload_gb else None},
         "configs": results, "overhead_ratio": overhead, "noise_floor_ratio": noise,
         "est_model": EST_MODEL,
         "wall_s": time.perf_counter() - started,

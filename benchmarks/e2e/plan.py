@@ -2,7 +2,7 @@
 
 Why a module of its own: ``resident``, ``bulk``, ``cold_only`` and ``selective`` each run,
 or are skipped with the reason, from the planner's plans for the budget (the planner's
-``plan.bulk`` for vLLM's ``cpu_offload_gb``, a cold-only plan, the plan itself); the
+``plan.vllm_cpu_offload_gb`` for vLLM's ``cpu_offload_gb``, a cold-only plan, the plan itself); the
 script runs what :func:`decide` says and nothing here starts an engine.
 """
 
@@ -28,7 +28,7 @@ def decide(ckpt, inputs, cuda: bool, capped: bool) -> tuple[object, list[dict]]:
 
     plan = make_plan(ckpt, inputs)
     whole = dataclasses.replace(inputs, device_memory_bytes=_huge(ckpt, inputs))
-    resident_plan = make_plan(ckpt, whole, with_bulk=False)
+    resident_plan = make_plan(ckpt, whole, with_cpu_offload=False)
     over = f"{fmt_bytes(plan.deficit_bytes)} over the budget"
     cpu_runs = ("runs here anyway: on the CPU build host memory is the device and no cap can bind" if not cuda
                 else "runs anyway: the tiny model's budget is nominal (no device cap is set for it)")
@@ -44,41 +44,41 @@ def decide(ckpt, inputs, cuda: bool, capped: bool) -> tuple[object, list[dict]]:
     rows.append(row)
 
     row = {"name": "bulk", "notes": [CPU_BULK_NOTE] if not cuda else []}
-    if plan.bulk is None:
+    if plan.vllm_cpu_offload_gb is None:
         row.update(status="skipped", reason="the model fits the budget: vLLM needs no cpu_offload_gb")
     else:
-        row.update(est=plan.bulk.est, planned_host_bytes=plan.bulk.offloaded_bytes,
-                   cpu_offload_gb=plan.bulk.cpu_offload_gb)
-        if plan.bulk.fits or not capped:
+        row.update(est=plan.vllm_cpu_offload_gb.est, planned_host_bytes=plan.vllm_cpu_offload_gb.offloaded_bytes,
+                   cpu_offload_gb=plan.vllm_cpu_offload_gb.cpu_offload_gb)
+        if plan.vllm_cpu_offload_gb.fits or not capped:
             row["status"] = "run"
-            if not plan.bulk.fits:
-                row["notes"].append(f"cpu_offload_gb={plan.bulk.cpu_offload_gb:g} does not fit the budget; {cpu_runs}")
+            if not plan.vllm_cpu_offload_gb.fits:
+                row["notes"].append(f"cpu_offload_gb={plan.vllm_cpu_offload_gb.cpu_offload_gb:g} does not fit the budget; {cpu_runs}")
         else:
-            row.update(status="skipped", reason=f"cpu_offload_gb={plan.bulk.cpu_offload_gb:g} does not fit")
+            row.update(status="skipped", reason=f"cpu_offload_gb={plan.vllm_cpu_offload_gb.cpu_offload_gb:g} does not fit")
     rows.append(row)
 
     if plan.strategy == "cold_offload":
         cold, fits = plan, True
     elif plan.strategy == "resident":
-        cold, fits = make_plan(ckpt, dataclasses.replace(inputs, all_cold=True), with_bulk=False), True
+        cold, fits = make_plan(ckpt, dataclasses.replace(inputs, all_cold=True), with_cpu_offload=False), True
     else:
-        cold, fits = make_plan(ckpt, dataclasses.replace(whole, all_cold=True), with_bulk=False), False
-    row = {"name": "cold_only", "plan": cold, "est": cold.est, "planned_host_bytes": cold.host_cold_bytes,
+        cold, fits = make_plan(ckpt, dataclasses.replace(whole, all_cold=True), with_cpu_offload=False), False
+    row = {"name": "cold_only", "plan": cold, "est": cold.est, "planned_host_bytes": cold.cold_on_host_bytes,
            "notes": []}
-    if cold.host_cold_bytes == 0:
+    if cold.cold_on_host_bytes == 0:
         row.update(status="skipped", reason="the model has no cold module to put on the host")
     elif fits or not capped:
         row["status"] = "run"
         if not fits:
-            row["notes"].append(f"the cold set ({fmt_bytes(cold.host_cold_bytes)}) does not close the "
+            row["notes"].append(f"the cold set ({fmt_bytes(cold.cold_on_host_bytes)}) does not close the "
                                 f"deficit ({fmt_bytes(plan.deficit_bytes)}); {cpu_runs}")
     else:
-        row.update(status="skipped", reason=f"the cold set ({fmt_bytes(cold.host_cold_bytes)}) does not "
+        row.update(status="skipped", reason=f"the cold set ({fmt_bytes(cold.cold_on_host_bytes)}) does not "
                    f"close the deficit ({fmt_bytes(plan.deficit_bytes)}): hot layers are needed")
     rows.append(row)
 
     row = {"name": "selective", "plan": plan, "est": plan.est,
-           "planned_host_bytes": plan.host_cold_bytes + plan.host_hot_bytes, "notes": []}
+           "planned_host_bytes": plan.cold_on_host_bytes + plan.prefetch_bytes, "notes": []}
     if plan.strategy == "infeasible":
         row.update(status="skipped", reason=f"infeasible: {fmt_bytes(plan.shortfall_bytes)} short")
     elif plan.strategy == "resident":

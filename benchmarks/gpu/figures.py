@@ -224,7 +224,7 @@ def lm_head_split_over_whole(d: dict) -> list[dict] | str:
 FAMILIES: tuple[Family, ...] = (
     Family("uva_over_copy_sizes", "uva-read", "UVA read rate / copy rate, by buffer size",
            "whether a kernel reading page-locked host memory in place keeps the copy engine's rate up to the size "
-           "of a real offload (the largest size: the reference plan's bulk offload)", uva_over_copy_sizes),
+           "of a real offload (the largest size: the reference plan's cpu_offload_gb)", uva_over_copy_sizes),
     Family("uva_over_copy_probe", "probe", "UVA read rate / pinned copy rate (probe)",
            "the rate `plan` would price in-kernel host reads at, measured where plans are made", uva_over_copy_probe),
     Family("pageable_over_pinned", "probe", "pageable / pinned copy rate",

@@ -118,7 +118,7 @@ def worker(spec_path: Path) -> int:
 
             report = selective_offload.placement_report()
             out["report"] = {"ok": report.ok, "problems": report.problems,
-                             "landed_host_cold_bytes": report.landed_host_cold_bytes,
+                             "landed_host_cold_bytes": report.landed_cold_on_host_bytes,
                              "host_memory": report.host_memory}
         out["status"] = "measured"
         result_path.write_text(json.dumps(out, indent=1, default=str))
@@ -269,7 +269,7 @@ def run(args) -> int:
                          f"(hot layers {plan.hot_layer_indices})")
     plan_path = workdir / "cold.plan.json"
     plan.save(plan_path)
-    embedding_ckpt_bytes = plan.host_cold_bytes
+    embedding_ckpt_bytes = plan.cold_on_host_bytes
 
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(10, model_cfg["vocab_size"] - 10, (args.prompts, 16), generator=gen).tolist()
@@ -341,8 +341,8 @@ def run(args) -> int:
                   "checkpoint_dtype": "bfloat16", "embedding_checkpoint_bytes": embedding_ckpt_bytes,
                   "embedding_engine_bytes": embedding_engine_bytes, "engine_dtype": engine_dtype,
                   "tied": False},
-        "plan": {"strategy": plan.strategy, "host_cold_bytes": plan.host_cold_bytes,
-                 "host_cold_groups": [g.group for g in plan.groups if g.placement == "host-cold"]},
+        "plan": {"strategy": plan.strategy, "host_cold_bytes": plan.cold_on_host_bytes,
+                 "host_cold_groups": [g.group for g in plan.groups if g.serving in ("gather", "on-demand")]},
         "engine_args": engine_args, "repeats": repeats, "order": order, "max_tokens": max_tokens,
         "prompts": args.prompts, "interval_ms": args.interval_ms,
         "cpu_threads": None if cuda else args.cpu_threads,

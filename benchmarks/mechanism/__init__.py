@@ -22,7 +22,7 @@ be installed (a GPU image may lack it); ``pytest tests/gpu`` runs the same tests
 What it measures (a table each, from the tests' fixtures, and the copy bandwidth here):
 routed-expert reads, k of E experts through the UVA view against copying the whole layer
 first and against device-resident reads, for steps of 1, 4 and 16 tokens
-(``benchmarks.common.routed_expert_reads``: the read efficiency host-uva plans price); device gather
+(``benchmarks.common.routed_expert_reads``: the read efficiency served uva plans price); device gather
 vs host gather vs UVA gather for 1, 16, 256 and 4096 tokens per step; the masked TP
 lookup, device shard vs host shard; construction figures (bytes routed, device growth,
 release time); tower onload time against tower size; pinned (and pageable) host-to-device

@@ -1,5 +1,5 @@
 """MoE reference plans: what `selective-offload plan` says for real MoE configs, beside the
-two vLLM offloads a user could run instead (bulk ``cpu_offload_gb`` and segment selection
+two vLLM offloads a user could run instead (vLLM's ``cpu_offload_gb`` and segment selection
 ``cpu_offload_params=experts``) and the plan without host-compute (routed experts read
 through UVA), on the cards docs/usage/moe.md names. Every figure is an estimate (est_) from bytes and
 bandwidths (the reference laptop's link and VRAM, and a stated host kernel rate: the
@@ -107,13 +107,13 @@ def _est(est) -> dict:
 def _computed_row(plan) -> dict:
     """A host-compute plan's row: which layers' experts the host CPU computes, the device
     share of each (when the plan keeps one), and what else is offloaded."""
-    computed = [g for g in plan.groups if g.placement == "host-compute" and g.layer_index is not None]
-    uva_left = sorted(g.layer_index for g in plan.groups if g.placement == "host-uva")
+    computed = [g for g in plan.groups if g.serving == "compute" and g.layer_index is not None]
+    uva_left = sorted(g.layer_index for g in plan.groups if g.serving == "uva")
     shared = [g.device_experts for g in computed if g.device_experts]
     hot = f" + {len(plan.hot_layer_indices)} hot layers" if plan.hot_layer_indices else ""
     hot += "".join(f", the LM head's last {g.intermediate - g.device_channels} of {g.intermediate} vocabulary rows "
                    "computed on the host CPU beside the device's" for g in plan.groups
-                   if g.kind == "module" and g.placement == "host-compute")
+                   if g.kind == "module" and g.serving == "compute")
     if computed:
         config = (f"selective: cold set + routed experts of {len(computed)} layers computed on the host CPU"
                   + (f", {'each' if len(shared) == len(computed) else f'{len(shared)} of them:'} layer's "
@@ -181,7 +181,7 @@ def reference_plans(workdir: Path) -> list[dict]:
         experts = [g for g in plan.groups if g.kind == "experts"]
         rows = [{"config": f"vLLM `{b.label}`", "host_gb": round(b.offloaded_bytes / GB, 2), "fits": b.fits,
                  **_est(b.est)} for b in plan.baselines]
-        uva = sorted(g.layer_index for g in uva_plan.groups if g.placement == "host-uva")
+        uva = sorted(g.layer_index for g in uva_plan.groups if g.serving == "uva")
         rows.append({"config": f"selective, no host-compute: cold set + routed experts of {len(uva)} layers "
                                "through UVA" + (f" + {len(uva_plan.hot_layer_indices)} hot layers"
                                                 if uva_plan.hot_layer_indices else ""),
@@ -191,9 +191,9 @@ def reference_plans(workdir: Path) -> list[dict]:
             whole = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, device_share=False))
             rows.append(_computed_row(whole))
         rows.append(_computed_row(plan))
-        computed = sorted(g.layer_index for g in plan.groups if g.placement == "host-compute" and g.layer_index is not None)
+        computed = sorted(g.layer_index for g in plan.groups if g.serving == "compute" and g.layer_index is not None)
         record = plan.host_compute
-        units = len(computed) + sum(1 for g in plan.groups if g.kind == "module" and g.placement == "host-compute")
+        units = len(computed) + sum(1 for g in plan.groups if g.kind == "module" and g.serving == "compute")
         need = rate_for(target, plan.est, units, ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS) if computed else None
         anchors = anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts)
         out.append({"model": label, "device_memory_gib": gib, "total_gb": round(plan.model.total_bytes / GB, 2),

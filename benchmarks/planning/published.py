@@ -3,7 +3,7 @@
 ``benchmarks/planning/published.json`` lists measurements others published (or the project's user
 measured), each with its source and setup. For every point the model can express it holds
 the ``selective-offload plan`` arguments that model it and which estimate the measurement
-is compared with (vLLM's bulk ``cpu_offload_gb`` row, or the selective plan); this script
+is compared with (vLLM's ``cpu_offload_gb`` row, or the selective plan); this script
 runs exactly that plan, prints est/measured, and writes ``benchmarks/results/published.{json,md}``.
 Points it cannot express (the CPU computing offloaded weights, throughput that includes
 prefill, another mechanism, a setup the source leaves out) are listed with what is missing,
@@ -128,9 +128,9 @@ def estimate(point: dict) -> dict:
 
     def chosen(plan):
         if point["compare"] == "bulk":
-            if plan.bulk is None:
+            if plan.vllm_cpu_offload_gb is None:
                 raise PublishedError(f"point {point['id']!r}: the plan has no bulk row to compare with")
-            return plan.bulk.est
+            return plan.vllm_cpu_offload_gb.est
         return plan.est
 
     plan = make_plan(checkpoint, inputs)

@@ -1,7 +1,7 @@
 """How fast a kernel reads page-locked host memory in place (UVA) against a copy of the
 same bytes, for buffers up to the size of a real offload.
 
-Why: vLLM's bulk ``cpu_offload_gb``, the UVA embedding and experts read in place all read
+Why: vLLM's ``cpu_offload_gb``, the UVA embedding and experts read in place all read
 host memory from inside kernels, while the prefetch offloader and tower onloads copy it
 with the copy engine; a plan prices both at one link rate. Kernels reading host memory
 have been reported below the copy engine's rate, and falling as buffers grow past several
@@ -20,7 +20,7 @@ Both products are ``selective_offload.probe.gemv_read_s``, the measurement
 ``selective-offload probe`` makes its UVA and decode read rates with: this script only
 sweeps sizes past the probe's and sets the copy beside each.
 
-The largest size is the reference plan's bulk offload on a 24 GiB card (``plan.bulk`` for
+The largest size is the reference plan's cpu_offload_gb on a 24 GiB card (``plan.vllm_cpu_offload_gb`` for
 the bundled Qwen3.8-27B-FP8 manifest: the bytes vLLM's ``cpu_offload_gb`` reads every
 step). Without CUDA there is no view to read through: the UVA rows are skipped with the
 reason, and ``copy`` is a host memory copy.
@@ -49,14 +49,14 @@ from selective_offload.probe import READ_COLS as HIDDEN  # noqa: E402  (columns 
 NO_CUDA = "skipped: no CUDA device (a UVA view of page-locked host memory needs one)"
 
 
-def bulk_bytes() -> int:
-    """The bytes vLLM's bulk offload reads per step for the reference plan on 24 GiB."""
+def cpu_offload_bytes() -> int:
+    """The bytes vLLM's cpu_offload_gb reads per step for the reference plan on 24 GiB."""
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.cli import BUNDLED
     from selective_offload.planner import PlanInputs, make_plan
 
     plan = make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]), PlanInputs(device_memory_bytes=24 << 30))
-    return plan.bulk.offloaded_bytes
+    return plan.vllm_cpu_offload_gb.offloaded_bytes
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -66,7 +66,7 @@ def parse_sizes(text: str) -> list[int]:
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         try:
-            out.append(bulk_bytes() if part == "bulk" else parse_size(part, "--sizes"))
+            out.append(cpu_offload_bytes() if part == "bulk" else parse_size(part, "--sizes"))
         except UserError as err:
             raise BenchError(str(err)) from None
     if not out or min(out) < 2 * HIDDEN:
@@ -152,7 +152,7 @@ def markdown(r: dict) -> str:
             f"Date {r['date']}, torch {r['torch']}; {r['iters']} timed calls per figure (median, the device "
             f"synchronised around each call); host memory "
             + ("page-locked in place at its exact size (`cudaHostRegister`)" if r["cuda"] else "pageable")
-            + f"; the largest size is the reference plan's bulk offload on a 24 GiB card "
+            + f"; the largest size is the reference plan's cpu_offload_gb on a 24 GiB card "
             f"({r['bulk_bytes'] / 1e9:.2f} GB); whole run {r['wall_s']:.0f} s; {r['load_note']}. Measured, not "
             f"estimated.{note}\n\n"
             + md_table(["GiB", "copy GB/s (copy engine)", "UVA GEMV GB/s (in-kernel read)", "UVA / copy",
@@ -172,7 +172,7 @@ def run(args) -> int:
     load_before, started = load_1min(), time.perf_counter()
     rows = [measure(n, iters, cuda) for n in sizes]
     result = {"benchmark": "uva-read", "date": today(), "device": device_name(cuda), "cuda": cuda,
-              "torch": torch.__version__, "iters": iters, "hidden": HIDDEN, "bulk_bytes": bulk_bytes(),
+              "torch": torch.__version__, "iters": iters, "hidden": HIDDEN, "bulk_bytes": cpu_offload_bytes(),
               "smoke": args.smoke, "rows": rows, "uva": "measured" if cuda else NO_CUDA,
               "wall_s": time.perf_counter() - started}
     result["load_note"] = shared_note(load_before, load_1min())
@@ -185,7 +185,7 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default=None,
-                    help="buffer sizes, comma-separated; 'bulk': the reference plan's bulk offload (default on "
+                    help="buffer sizes, comma-separated; 'bulk': the reference plan's cpu_offload_gb (default on "
                          "CUDA 256MiB,1GiB,bulk; on the CPU 64MiB,256MiB)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="4 and 16 MiB, 3 calls (seconds)")

@@ -61,7 +61,7 @@ LIBRARY = "libso_cpu_kernels.so"
 #: CPUs (the variants tests/unit/cpu_kernels builds) must not call what it lacks.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-Werror=implicit-function-declaration")
 ADVICE = ("install a C compiler with OpenMP (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc), "
-          "or keep these experts host-uva (the device reads them from host memory)")
+          "or keep these experts served uva (the device reads them from host memory)")
 _I64, _VP = ctypes.c_int64, ctypes.c_void_p
 #: The library's entry points, their result and argument types: a build must export them all.
 ENTRIES: dict[str, tuple[object, list]] = {

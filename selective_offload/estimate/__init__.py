@@ -14,7 +14,7 @@ change what that costs per generated token are priced here; every figure is an e
   the next offloaded layer with the copy engine (the pinned copy rate) while the layers
   between it and the previous offloaded layer compute, so an offloaded layer costs about
   ``max(its copy, the compute it hides behind)`` plus its own compute, not the sum
-  (:func:`pipelined_step_s`). Bulk ``cpu_offload_gb``, the
+  (:func:`pipelined_step_s`). vLLM's ``cpu_offload_gb``, the
   UVA embedding and experts read in place are read by the kernels through UVA: in line,
   no overlap (:func:`inline_step_s`), at the UVA read rate, which is below the copy rate
   (:data:`DEFAULT_UVA_READ_FACTOR`, or what ``selective-offload probe`` measured).

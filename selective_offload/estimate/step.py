@@ -64,17 +64,17 @@ def pipelined_step_s(layers: list[LayerCost], other_s: float) -> tuple[float, fl
 
 
 def inline_step_s(device_read_s: float, uva_read_s: float) -> float:
-    """Bulk ``cpu_offload_gb``: kernels read offloaded weights through UVA, in line."""
+    """vLLM's ``cpu_offload_gb``: kernels read offloaded weights through UVA, in line."""
     return device_read_s + uva_read_s
 
 
 def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, pipelined: bool) -> dict[str, float]:
     """The est_ figures of one step: link, VRAM and compute time, hidden link time, draft
     time, step time, tokens per step and tok/s (total and per sequence). ``pipelined``:
-    the prefetch offloader's overlap (selective); otherwise every byte is paid in line (bulk).
+    the prefetch offloader's overlap (selective); otherwise every byte is paid in line (vLLM's cpu_offload_gb).
 
     Each mechanism moves bytes at its own rate: the prefetch offloader's copies at the
-    pinned copy rate (``link_gbps``), kernels reading host memory in place (bulk
+    pinned copy rate (``link_gbps``), kernels reading host memory in place (vLLM's
     ``cpu_offload_gb``, the UVA embedding, experts read in place) at the UVA read rate, and
     VRAM at the rate decode kernels read it (:func:`decode_read_rate`). With
     a matmul rate, every layer (and the LM head, and each draft pass) costs at least its

@@ -59,7 +59,7 @@ def expert_read_fraction(num_experts: int, experts_per_token: int, tokens: int |
     share is ``1 - (1 - k/E)**T``: ``k/E`` at one token, approaching 1 as tokens grow.
     ``routing`` is room for a measured profile (each expert's share of the routing choices,
     summing to ``k``): ``mean(1 - (1 - p_i)**T)``; nothing measures one yet. Every MoE price
-    (the planner, the bulk and segment baselines, the benchmarks) goes through here.
+    (the planner, the cpu_offload_gb and cpu_offload_params baselines, the benchmarks) goes through here.
     """
     if num_experts <= 0 or experts_per_token <= 0:
         return 1.0
@@ -101,7 +101,7 @@ class Traffic:
     #: Bytes of one embedding row, gathered on the host (per token) or read on the device.
     row_bytes_host: int = 0
     row_bytes_device: int = 0
-    #: Bulk cpu_offload_gb: bytes the kernels read through UVA, in line, every pass.
+    #: vLLM's cpu_offload_gb: bytes the kernels read through UVA, in line, every pass.
     uva_bytes: int = 0
     #: Speculative decoding: bytes each draft pass reads (the MTP head and the LM head).
     draft_bytes: int = 0

@@ -23,16 +23,16 @@ The package, bottom up (each module imports only those above it in this list):
 - :mod:`.io`: JSON in (bounded; a plan of another format version refused) and out.
 - :mod:`.document`: :class:`Plan`, the contents with the checks and the I/O as methods.
 
-The words (format v4): each group has a ``kind`` (``layer``, ``experts``, ``component``:
+The words (format v5): each group has a ``kind`` (``layer``, ``experts``, ``component``:
 a whole embedding, tower, projector or MTP head, ``module``), a ``role`` (``hot``: read
 every decode step; ``cold``: not read by one, or one row per token; ``absent``: not
 loaded), a ``location`` (``device``, ``host``, ``absent``) and a ``serving`` (``resident``;
 ``gather``: a host embedding's rows gathered on the host; ``on-demand``: a host component
 onloaded block by block when it runs; ``prefetch``: vLLM's prefetch offloader; ``uva``:
 routed experts read in place; ``compute``: routed experts computed where they live by the host
-CPU, up to the plan's crossover; ``none``). Internally one :class:`Placement` holds where
-and how (the v3 words), and a group's serving and location are derived from it and the
-group. vLLM's own offload is priced under its settings' names (``vllm_cpu_offload_gb``,
+CPU, up to the plan's crossover; ``none``). The code speaks the same words: a group holds
+its serving, its location follows from it, and a cold group kept on the host is gathered or
+onloaded on demand by one rule (:func:`.parts.cold_serving`). vLLM's own offload is priced under its settings' names (``vllm_cpu_offload_gb``,
 ``vllm_cpu_offload_params``). A plan of an older format is refused: plan again.
 
 Derived totals are written under ``"totals"`` for readers and, when present, checked on
@@ -48,40 +48,39 @@ from .parts import (
     EST_IGNORES,
     EST_MODEL,
     Alternative,
-    BulkBaseline,
     Estimate,
     GroupPlan,
     HostCompute,
     PlannedModel,
+    VllmBaseline,
+    cold_serving,
     experts_read_bytes,
     read_flops,
 )
 from .vocabulary import (
-    ROLE_PLACEMENTS,
+    COLD_SERVINGS,
     DEFAULT_KV_CACHE_BYTES,
     DEFAULT_RESERVE_BYTES,
     FORMAT_PREFIX,
     FORMAT_VERSION,
-    HOST_PLACEMENTS,
+    HOST_SERVINGS,
+    KIND_ONLY_SERVING,
     KIND_ROLE,
     LAYER_INDEX_KINDS,
     LAYER_KINDS,
     MAX_PLAN_INT,
     MAX_PLAN_NUMBER,
     PARTIAL_READ_KINDS,
-    PLACEMENT_KINDS,
-    PREFETCH_KINDS,
-    KIND_ONLY_PLACEMENT,
-    PLACEMENT_SERVING,
     PLAN_FORMAT,
+    PREFETCH_KINDS,
     REFERENCE_LINK_GBPS,
     REFERENCE_VRAM_GBPS,
     REPLAN,
+    ROLE_SERVINGS,
+    SERVING_KINDS,
     SERVING_LOCATION,
-    SERVING_PLACEMENT,
     GroupKind,
     Location,
-    Placement,
     Role,
     Serving,
     Strategy,
@@ -89,11 +88,11 @@ from .vocabulary import (
 
 
 __all__ = [
-    "Alternative", "BulkBaseline", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "EST_MODEL", "Estimate",
-    "FORMAT_PREFIX", "FORMAT_VERSION", "GroupKind", "GroupPlan", "HOST_PLACEMENTS", "HostCompute", "KIND_ROLE",
-    "LAYER_INDEX_KINDS", "LAYER_KINDS", "Location", "MAX_PLAN_INT", "MAX_PLAN_NUMBER",
-    "PARTIAL_READ_KINDS", "PLACEMENT_KINDS", "PREFETCH_KINDS", "KIND_ONLY_PLACEMENT", "PLACEMENT_SERVING", "PLAN_FORMAT", "Placement", "Plan",
-    "PlanContents", "PlanInputs", "PlannedModel", "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN",
-    "ROLE_PLACEMENTS", "Role", "SERVING_LOCATION", "SERVING_PLACEMENT", "Serving", "Strategy", "TOTALS",
-    "experts_read_bytes", "format_version", "plan_reader", "read_flops",
+    "Alternative", "COLD_SERVINGS", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "EST_MODEL",
+    "Estimate", "FORMAT_PREFIX", "FORMAT_VERSION", "GroupKind", "GroupPlan", "HOST_SERVINGS", "HostCompute",
+    "KIND_ONLY_SERVING", "KIND_ROLE", "LAYER_INDEX_KINDS", "LAYER_KINDS", "Location", "MAX_PLAN_INT",
+    "MAX_PLAN_NUMBER", "PARTIAL_READ_KINDS", "PLAN_FORMAT", "PREFETCH_KINDS", "Plan", "PlanContents", "PlanInputs",
+    "PlannedModel", "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN", "ROLE_SERVINGS", "Role", "SERVING_KINDS",
+    "SERVING_LOCATION", "Serving", "Strategy", "TOTALS", "VllmBaseline", "cold_serving", "experts_read_bytes",
+    "format_version", "plan_reader", "read_flops",
 ]

@@ -6,7 +6,7 @@ recompute each (from :mod:`.contents`, which derives, and the rule tables of
 fix, a stated value that disagrees: each group's role, kind, serving and name
 (:func:`check_group`), the groups together covering the model (:func:`check_groups`),
 the bounds on the prefetch buffers and the tower transient (:func:`check_derived`), the
-baseline of vLLM's cpu_offload_gb (:func:`check_bulk`), the stated totals
+baseline of vLLM's cpu_offload_gb (:func:`check_vllm_baselines`), the stated totals
 (:func:`check_totals`), the strategy (:func:`check_strategy`), and whether an infeasible plan is about to be applied
 (:func:`require_feasible`). :mod:`.io` runs them on every plan it reads; the ``Plan``
 methods of the same names call them.
@@ -22,38 +22,34 @@ from ..sizes import GB
 from .contents import PlanContents
 from .parts import GroupPlan, experts_read_bytes
 from .vocabulary import (
-    ROLE_PLACEMENTS,
+    KIND_ONLY_SERVING,
     LAYER_INDEX_KINDS,
-    KIND_ONLY_PLACEMENT,
     LAYER_KINDS,
     PARTIAL_READ_KINDS,
-    PLACEMENT_KINDS,
-    PLACEMENT_SERVING,
     REPLAN,
-    Role,
+    ROLE_SERVINGS,
+    SERVING_KINDS,
     GroupKind,
-    Placement,
+    Role,
     Serving,
     Strategy,
 )
 
 
-def serving_words(placements: Iterable[Placement]) -> str:
-    """The servings of ``placements``, as a user reads them (``resident, prefetch, uva``)."""
-    words = {w for p in placements for w in
-             ((Serving.GATHER, Serving.ON_DEMAND) if p == Placement.HOST_COLD else (PLACEMENT_SERVING[p],))}
-    return ", ".join(w for w in Serving if w in words)
+def serving_words(servings: Iterable[Serving]) -> str:
+    """``servings`` as a user reads them, in the enum's order (``resident, prefetch, uva``)."""
+    return ", ".join(w for w in Serving if w in set(servings))
 
 
 def check_group(g: GroupPlan, where: str) -> None:
     """Role, kind and serving must agree, the name must be the layer its index says;
     raise naming the group otherwise."""
     problem = None
-    kinds = PLACEMENT_KINDS.get(g.placement)
+    kinds = SERVING_KINDS.get(g.serving)
     layer = layer_of(g.group)
-    if g.placement not in ROLE_PLACEMENTS[g.role]:
+    if g.serving not in ROLE_SERVINGS[g.role]:
         problem = (f"a group of role {g.role} cannot be served {g.serving} "
-                   f"(only {serving_words(ROLE_PLACEMENTS[g.role])})")
+                   f"(only {serving_words(ROLE_SERVINGS[g.role])})")
     elif kinds is not None and g.kind not in kinds:
         problem = (f"serving {g.serving} is for groups of kind {' or '.join(sorted(kinds))}, "
                    f"and this one is {g.kind}")
@@ -63,31 +59,31 @@ def check_group(g: GroupPlan, where: str) -> None:
     elif g.kind != GroupKind.EXPERTS and (g.num_experts or g.experts_per_token):
         problem = f"num_experts and experts_per_token are for kind experts only, and this one is {g.kind}"
     # mutation: device-experts-unchecked
-    elif g.device_experts and (g.kind != GroupKind.EXPERTS or g.placement != Placement.HOST_COMPUTE
+    elif g.device_experts and (g.kind != GroupKind.EXPERTS or g.serving != Serving.COMPUTE
                                or not 0 < g.device_experts < g.num_experts):
         problem = (f"device_experts ({g.device_experts}) is the device share of routed experts served compute, "
                    f"between 1 and num_experts - 1 ({g.num_experts - 1}), and this group is {g.kind} served {g.serving}"
                    if g.device_experts > 0 else f"device_experts must be >= 0, not {g.device_experts}")
     # mutation: device-channels-unchecked
     elif (g.device_channels or g.intermediate) and (g.kind not in (GroupKind.MLP, GroupKind.MODULE)
-                                                    or g.placement != Placement.HOST_COMPUTE
+                                                    or g.serving != Serving.COMPUTE
                                                     or not 0 < g.device_channels < g.intermediate):
         problem = (f"device_channels ({g.device_channels}) of intermediate ({g.intermediate}) is the device share of "
                    f"a dense MLP or an LM head served compute, 0 < device_channels < intermediate, and this group is "
                    f"{g.kind} served {g.serving}")
-    elif g.kernel_dims and g.placement != Placement.HOST_COMPUTE:
+    elif g.kernel_dims and g.serving != Serving.COMPUTE:
         problem = (f"kernel_dims {list(g.kernel_dims)} are the sizes a group served compute is computed with on the "
                    f"host, and this group is served {g.serving}")
     # mutation: any-module-computed
-    elif g.kind == GroupKind.MODULE and g.placement == Placement.HOST_COMPUTE and (
+    elif g.kind == GroupKind.MODULE and g.serving == Serving.COMPUTE and (
             not has_segment(g.group, NEVER_COLD_SEGMENTS) or not g.device_channels):
         problem = ("a group of kind module is served compute only as the LM head split by its vocabulary rows "
                    "(device_channels of them on the device, of intermediate), and this one is "
                    + ("not the LM head" if not has_segment(g.group, NEVER_COLD_SEGMENTS) else "not split"))
     # mutation: mlp-kind-any-placement
-    elif g.kind in KIND_ONLY_PLACEMENT and g.placement != KIND_ONLY_PLACEMENT[g.kind]:
+    elif g.kind in KIND_ONLY_SERVING and g.serving != KIND_ONLY_SERVING[g.kind]:
         problem = (f"a group of kind {g.kind} is split out of its layer only to be served "
-                   f"{PLACEMENT_SERVING[KIND_ONLY_PLACEMENT[g.kind]]}, and this one is served {g.serving} "
+                   f"{KIND_ONLY_SERVING[g.kind]}, and this one is served {g.serving} "
                    "(leave it in its layer's group)")
     elif g.kind == GroupKind.MLP and (layer is None or g.group != f"{layer[0]}.{layer[1]}.{MLP_SEGMENT}"):
         problem = "a group of kind mlp is the MLP of one dense decoder layer, named like model.layers.N.mlp"
@@ -117,7 +113,7 @@ def validate(plan: PlanContents, where: str = "plan") -> None:
     check_groups(plan, where)
     check_host_compute(plan, {}, where)
     check_derived(plan, where)
-    check_bulk(plan, where)
+    check_vllm_baselines(plan, where)
     check_strategy(plan, where)
 
 
@@ -149,7 +145,7 @@ def check_groups(plan: PlanContents, where: str = "plan") -> None:
     _check_experts_follow_layers(by_kind, where)
     _check_coverage(plan, where)
     hot = tuple(sorted(g.layer_index for g in plan.groups
-                       if g.placement == Placement.HOST_HOT and g.kind == GroupKind.LAYER))
+                       if g.serving == Serving.PREFETCH and g.kind == GroupKind.LAYER))
     if tuple(plan.hot_layer_indices) != hot:
         raise PlanError(f"{where}: hot_layer_indices {list(plan.hot_layer_indices)} disagree with the groups "
                         f"served prefetch (layers {list(hot)}); make them agree or {REPLAN}")
@@ -165,7 +161,7 @@ def _check_experts_follow_layers(by_kind: Mapping[GroupKind, Mapping[int, GroupP
             raise PlanError(f"{where}: group {e.group}: routed experts of layer {index}, but no layer group "
                             f"has layer_index {index}; {REPLAN}")
         # mutation: experts-follow-layers-off
-        if (e.placement == Placement.HOST_HOT) != (layer.placement == Placement.HOST_HOT):
+        if (e.serving == Serving.PREFETCH) != (layer.serving == Serving.PREFETCH):
             raise PlanError(
                 f"{where}: group {e.group} is served {e.serving} but its layer {layer.group} is served "
                 f"{layer.serving}; the prefetch offloader copies a whole layer, experts included, so the experts "
@@ -271,24 +267,24 @@ def check_derived(plan: PlanContents, where: str = "plan") -> None:
                "are none and nothing is computed on the host, so nothing runs on demand (0)") + f"; {REPLAN}")
 
 
-def check_bulk(plan: PlanContents, where: str = "plan") -> None:
+def check_vllm_baselines(plan: PlanContents, where: str = "plan") -> None:
     """The baseline of vLLM's cpu_offload_gb: its device bytes and verdict follow from its
     offloaded bytes and the groups (what it offloads needs the checkpoint's tensor order: bounded here)."""
-    bulk = plan.bulk
-    if bulk is None:
+    cpu_offload = plan.vllm_cpu_offload_gb
+    if cpu_offload is None:
         return
-    loaded = sum(g.bytes for g in plan.groups if g.placement != Placement.ABSENT)
+    loaded = sum(g.bytes for g in plan.groups if g.serving != Serving.NONE)
     layers = sum(g.bytes for g in plan.groups if g.kind in LAYER_KINDS)
     problem = None
-    if bulk.offloaded_bytes > layers:
-        problem = f"offloaded_bytes {bulk.offloaded_bytes} is more than the {layers} bytes of the decoder layers"
-    elif bulk.device_bytes != loaded - bulk.offloaded_bytes:
-        problem = (f"device_bytes {bulk.device_bytes} is not the {loaded} bytes loaded less the "
-                   f"{bulk.offloaded_bytes} offloaded")
-    elif bulk.fits != (bulk.device_bytes <= plan.weight_budget_bytes):
-        problem = f"fits is {str(bulk.fits).lower()}, but {bulk.device_bytes} device bytes against the " \
+    if cpu_offload.offloaded_bytes > layers:
+        problem = f"offloaded_bytes {cpu_offload.offloaded_bytes} is more than the {layers} bytes of the decoder layers"
+    elif cpu_offload.device_bytes != loaded - cpu_offload.offloaded_bytes:
+        problem = (f"device_bytes {cpu_offload.device_bytes} is not the {loaded} bytes loaded less the "
+                   f"{cpu_offload.offloaded_bytes} offloaded")
+    elif cpu_offload.fits != (cpu_offload.device_bytes <= plan.weight_budget_bytes):
+        problem = f"fits is {str(cpu_offload.fits).lower()}, but {cpu_offload.device_bytes} device bytes against the " \
                   f"{plan.weight_budget_bytes}-byte weight budget say otherwise"
-    # mutation: bulk-trusted
+    # mutation: cpu-offload-baseline-trusted
     if problem:
         raise PlanError(f"{where}: vllm_cpu_offload_gb: {problem}; {REPLAN}")
 
@@ -355,7 +351,7 @@ def check_host_compute(plan: PlanContents, stated: Mapping[str, object], where: 
     """Host-compute groups exactly when the plan names a CPU kernel format, that format one
     with a fast kernel, and what the plan states of ``host_compute`` (the crossover, the
     threads, the rates) what its inputs and groups give."""
-    computed = [g.group for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    computed = [g.group for g in plan.groups if g.serving == Serving.COMPUTE]
     fmt = plan.host_compute_format
     if computed and fmt is None:
         raise PlanError(f"{where}: group {computed[0]} is served compute, but the plan has no host_compute "
@@ -384,7 +380,7 @@ def check_host_compute(plan: PlanContents, stated: Mapping[str, object], where: 
 
 
 def _is_split_head(g: GroupPlan) -> bool:
-    return g.kind == GroupKind.MODULE and g.placement == Placement.HOST_COMPUTE
+    return g.kind == GroupKind.MODULE and g.serving == Serving.COMPUTE
 
 
 def _check_host_compute_allowed(plan: PlanContents, where: str) -> None:
@@ -392,7 +388,7 @@ def _check_host_compute_allowed(plan: PlanContents, where: str) -> None:
     a layer's device share (``inputs.device_share``, one rank) and the LM head split
     (``inputs.head_share``, one rank, no speculative decoding, a head of its own)."""
     inputs = plan.inputs
-    computed = [g for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    computed = [g for g in plan.groups if g.serving == Serving.COMPUTE]
     problem = None
     # mutation: host-compute-input-unchecked
     if computed and not inputs.host_compute:

@@ -31,18 +31,28 @@ from ..worker_buffers import Unit, staging_bytes, workspace_bytes
 from .inputs import PlanInputs
 from .parts import (
     Alternative,
-    BulkBaseline,
+    VllmBaseline,
     Estimate,
     GroupPlan,
     HostCompute,
     PlannedModel,
     read_flops,
 )
-from .vocabulary import (HOST_COMPUTE_NOTE, KIND_ROLE, LAYER_KINDS, PREFETCH_KINDS, SERVED_UVA, GroupKind, Placement, Role,
-                         Strategy)
+from .vocabulary import (
+    COLD_SERVINGS,
+    HOST_COMPUTE_NOTE,
+    KIND_ROLE,
+    LAYER_KINDS,
+    PREFETCH_KINDS,
+    SERVED_UVA,
+    GroupKind,
+    Role,
+    Serving,
+    Strategy,
+)
 
 #: Totals derived from the groups, written under "totals" and checked when read.
-TOTALS = ("device_bytes", "device_share_bytes", "host_cold_bytes", "host_hot_bytes", "host_uva_bytes",
+TOTALS = ("device_bytes", "device_share_bytes", "cold_on_host_bytes", "prefetch_bytes", "uva_bytes",
           "host_compute_bytes", "absent_bytes", "cold_bytes",
           "weight_budget_bytes", "deficit_bytes", "shortfall_bytes", "host_shortfall_bytes",
           "host_compute_staging_bytes", "host_compute_workspace_bytes",
@@ -63,8 +73,8 @@ class LedgerLine:
     bytes: int
 
 #: Where the step model reads a placed experts group from.
-_EXPERTS_READ = {Placement.DEVICE: EXPERTS_DEVICE, Placement.HOST_HOT: EXPERTS_PREFETCHED,
-                 Placement.HOST_UVA: EXPERTS_UVA, Placement.HOST_COMPUTE: EXPERTS_CPU}
+_EXPERTS_READ = {Serving.RESIDENT: EXPERTS_DEVICE, Serving.PREFETCH: EXPERTS_PREFETCHED,
+                 Serving.UVA: EXPERTS_UVA, Serving.COMPUTE: EXPERTS_CPU}
 
 
 #: A model with fewer weight bytes than this gets no tok/s figures: its decode step is kernel
@@ -91,7 +101,8 @@ class PlanContents:
     hot_layer_indices: tuple[int, ...]
     #: Device memory an on-demand tower holds while it runs (est: two blocks and the rest).
     est_transient_device_bytes: int
-    bulk: BulkBaseline | None
+    #: vLLM's own ``cpu_offload_gb`` priced as a baseline (``None``: nothing to offload).
+    vllm_cpu_offload_gb: VllmBaseline | None
     notes: tuple[str, ...] = ()
     #: Device bytes of vLLM's prefetch buffers (``prefetch_step`` slots of every parameter
     #: name the offloaded layers have, each as large as its largest); ``None``: derived as
@@ -100,7 +111,7 @@ class PlanContents:
     #: With speculative decoding asked for: the same input planned without it, to compare.
     alternative: Alternative | None = None
     #: MoE: vLLM's ``cpu_offload_gb`` with ``cpu_offload_params=experts`` (only routed experts).
-    bulk_segments: BulkBaseline | None = None
+    vllm_cpu_offload_params: VllmBaseline | None = None
     #: Host-compute: the CPU kernel's format the host-compute experts are computed in (a key
     #: of ``cpu_kernels.claimed.CLAIMED``); ``None`` exactly when no group is host-compute.
     host_compute_format: str | None = None
@@ -108,12 +119,12 @@ class PlanContents:
     load_notes: tuple[str, ...] = field(default=(), compare=False)
 
     # ---- derived from the groups (never stored as the truth)
-    def _sum(self, placement: Placement) -> int:
-        return sum(g.bytes for g in self.groups if g.placement == placement)
+    def _sum(self, *servings: Serving) -> int:
+        return sum(g.bytes for g in self.groups if g.serving in servings)
 
     @property
     def device_bytes(self) -> int:
-        return self._sum(Placement.DEVICE)
+        return self._sum(Serving.RESIDENT)
 
     @property
     def device_share_bytes(self) -> int:
@@ -125,26 +136,26 @@ class PlanContents:
         return g.held_share_bytes(self.host_compute_format)
 
     @property
-    def host_cold_bytes(self) -> int:
-        return self._sum(Placement.HOST_COLD)
+    def cold_on_host_bytes(self) -> int:
+        return self._sum(*COLD_SERVINGS)
 
     @property
-    def host_hot_bytes(self) -> int:
-        return self._sum(Placement.HOST_HOT)
+    def prefetch_bytes(self) -> int:
+        return self._sum(Serving.PREFETCH)
 
     @property
-    def host_uva_bytes(self) -> int:
-        return self._sum(Placement.HOST_UVA)
+    def uva_bytes(self) -> int:
+        return self._sum(Serving.UVA)
 
     @property
     def host_compute_bytes(self) -> int:
-        return self._sum(Placement.HOST_COMPUTE)
+        return self._sum(Serving.COMPUTE)
 
     @property
     def host_compute_declined(self) -> str | None:
         """Why this plan computes none of its host experts on the CPU (the planner's note,
         its cause alone), or None: it computes some, or the planner gave no such note."""
-        if any(g.placement == Placement.HOST_COMPUTE for g in self.groups):
+        if any(g.serving == Serving.COMPUTE for g in self.groups):
             return None
         for note in self.notes:
             if note.startswith(HOST_COMPUTE_NOTE) and SERVED_UVA in note:
@@ -153,12 +164,12 @@ class PlanContents:
 
     @property
     def absent_bytes(self) -> int:
-        return self._sum(Placement.ABSENT)
+        return self._sum(Serving.NONE)
 
     @property
     def host_weight_bytes(self) -> int:
         """Every weight byte the plan puts in host memory: cold, hot layers and routed experts."""
-        return self.host_cold_bytes + self.host_hot_bytes + self.host_uva_bytes + self.host_compute_bytes
+        return self.cold_on_host_bytes + self.prefetch_bytes + self.uva_bytes + self.host_compute_bytes
 
     @property
     def host_bytes(self) -> int:
@@ -179,7 +190,7 @@ class PlanContents:
         head_tokens = record.crossover_tokens if record.head_crossover_tokens is None else record.head_crossover_tokens
         units = []
         for g in self.groups:
-            if g.placement != Placement.HOST_COMPUTE or len(g.kernel_dims) != 2:
+            if g.serving != Serving.COMPUTE or len(g.kernel_dims) != 2:
                 continue
             hidden, inner = g.kernel_dims
             if g.kind == GroupKind.MODULE:  # the split LM head: its host rows
@@ -246,9 +257,9 @@ class PlanContents:
         return HostCompute.of(self.host_compute_format, self.inputs, experts)
 
     @property
-    def baselines(self) -> tuple[BulkBaseline, ...]:
+    def baselines(self) -> tuple[VllmBaseline, ...]:
         """vLLM's own offloads priced on the same input: cpu_offload_gb, then with cpu_offload_params."""
-        return tuple(b for b in (self.bulk, self.bulk_segments) if b is not None)
+        return tuple(b for b in (self.vllm_cpu_offload_gb, self.vllm_cpu_offload_params) if b is not None)
 
     @property
     def cold_bytes(self) -> int:
@@ -261,7 +272,7 @@ class PlanContents:
     @property
     def deficit_bytes(self) -> int:
         """Bytes to load minus the weight budget (<= 0: everything fits on the device)."""
-        return sum(g.bytes for g in self.groups if g.placement != Placement.ABSENT) - self.weight_budget_bytes
+        return sum(g.bytes for g in self.groups if g.serving != Serving.NONE) - self.weight_budget_bytes
 
     @property
     def prefetch_buffer_bytes(self) -> int:
@@ -307,7 +318,7 @@ class PlanContents:
     def traffic(self) -> Traffic:
         """The bytes a decode pass of this placement reads, by where from."""
         stack = sorted((g for g in self.groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index)
-        layers = tuple((g.est_read_bytes_per_step, g.placement == Placement.HOST_HOT) for g in stack)
+        layers = tuple((g.est_read_bytes_per_step, g.serving == Serving.PREFETCH) for g in stack)
         position = {g.layer_index: i for i, g in enumerate(stack)}
         # Above the crossover the worker copies host-compute groups to the device and computes
         # them there with torch ops: a quantized format, dequantized first, moves many times
@@ -315,7 +326,7 @@ class PlanContents:
         copied = COPIED_PATH_TRAFFIC.get(self.host_compute_format or "", 1.0)
         native = share_native(self.host_compute_format, True)  # the experts' share held as stored
         experts = tuple(
-            ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.placement],
+            ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.serving],
                         flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1),
                         # mutation: device-share-not-priced
                         device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes, native),
@@ -324,7 +335,7 @@ class PlanContents:
         # A dense layer's MLP, split out to be computed on the host, is one expert every token
         # takes (E = k = 1): read whole, its FLOPs times the step's tokens.
         experts += tuple(
-            ExpertsRead(position[g.layer_index], g.bytes, 1, 1, _EXPERTS_READ[g.placement], flops_per_token(g.dtype_bytes),
+            ExpertsRead(position[g.layer_index], g.bytes, 1, 1, _EXPERTS_READ[g.serving], flops_per_token(g.dtype_bytes),
                         # mutation: channel-share-not-priced
                         device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
                         copied_traffic=copied)
@@ -336,43 +347,43 @@ class PlanContents:
                         # mutation: head-share-not-priced
                         device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
                         copied_traffic=COPIED_PATH_TRAFFIC["bf16"])
-            for g in self.groups if g.kind == GroupKind.MODULE and g.placement == Placement.HOST_COMPUTE)
+            for g in self.groups if g.kind == GroupKind.MODULE and g.serving == Serving.COMPUTE)
         other = row_host = row_device = draft = 0
         other_flops = draft_flops = 0.0
         head = sum(g.est_read_bytes_per_step for g in self.groups
-                   if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.placement == Placement.DEVICE)
+                   if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.serving == Serving.RESIDENT)
         for g in self.groups:
-            if g.kind in LAYER_KINDS or g.placement == Placement.ABSENT:
+            if g.kind in LAYER_KINDS or g.serving == Serving.NONE:
                 continue
             if g.mtp:
                 draft += g.bytes
                 draft_flops += flops_per_token(g.dtype_bytes)
             elif has_segment(g.group, EMBED_SEGMENTS) and g.role == Role.COLD:
-                if g.placement == Placement.HOST_COLD:
+                if g.serving in COLD_SERVINGS:
                     row_host += g.est_read_bytes_per_step
                 else:
                     row_device += g.est_read_bytes_per_step
-            elif g.placement == Placement.DEVICE:
+            elif g.serving == Serving.RESIDENT:
                 other += g.est_read_bytes_per_step
                 other_flops += read_flops(g.dtype_bytes, g.est_read_bytes_per_step, g.bytes)
         head_flops = sum(flops_per_token(g.dtype_bytes) for g in self.groups
-                         if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.placement == Placement.DEVICE)
+                         if has_segment(g.group, NEVER_COLD_SEGMENTS) and g.serving == Serving.RESIDENT)
         speculating = bool(self.spec_tokens)
         return Traffic(layers, other, row_host, row_device, 0, (draft + head) if speculating else 0, experts,
                        tuple(flops_per_token(g.dtype_bytes) for g in stack), other_flops,
                        (draft_flops + head_flops) if speculating else 0.0)
 
     @property
-    def host_cold_groups(self) -> list[str]:
-        return [g.group for g in self.groups if g.placement == Placement.HOST_COLD]
+    def cold_on_host_groups(self) -> list[str]:
+        return [g.group for g in self.groups if g.serving in COLD_SERVINGS]
 
     def group_of(self, group: str) -> GroupPlan | None:
         """The group named ``group`` (``None``: the plan has none)."""
         return next((g for g in self.groups if g.group == group), None)
 
-    def placement_of(self, group: str) -> Placement | None:
+    def serving_of(self, group: str) -> Serving | None:
         found = self.group_of(group)
-        return None if found is None else found.placement
+        return None if found is None else found.serving
 
     def totals(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in TOTALS}
@@ -433,7 +444,7 @@ class PlanContents:
     def tower_transient_limit(self) -> int:
         """The most an on-demand tower can hold on the device (two blocks and the rest of
         the largest tower on the host, at most twice its bytes)."""
-        towers = [g.bytes for g in self.groups if g.placement == Placement.HOST_COLD
+        towers = [g.bytes for g in self.groups if g.serving in COLD_SERVINGS
                   and not has_segment(g.group, EMBED_SEGMENTS) and not self._is_vllm_host_table(g.group)]
         return 2 * max(towers, default=0)
 
@@ -447,15 +458,15 @@ class PlanContents:
             rows = (g.device_channels, g.intermediate) if g.intermediate else (0, 1)
             return copied_step_bytes(copied_bytes(g.bytes, *rows), g.num_experts, g.dtype_bytes, "bf16")
 
-        return max((copied(g) for g in self.groups if g.placement == Placement.HOST_COMPUTE), default=0)
+        return max((copied(g) for g in self.groups if g.serving == Serving.COMPUTE), default=0)
 
     def derived_strategy(self) -> Strategy:
         """What the placement does: the strategy a plan must state."""
         if self.shortfall_bytes or self.host_shortfall_bytes:
             return Strategy.INFEASIBLE
-        if self.hot_layer_indices or any(g.placement in (Placement.HOST_UVA, Placement.HOST_COMPUTE)
+        if self.hot_layer_indices or any(g.serving in (Serving.UVA, Serving.COMPUTE)
                                          for g in self.groups):
             return Strategy.HOT_OFFLOAD  # hot bytes on the host: layers prefetched, or experts read in place
-        if self.host_cold_groups:
+        if self.cold_on_host_groups:
             return Strategy.COLD_OFFLOAD
         return Strategy.RESIDENT

@@ -37,10 +37,10 @@ class Plan(PlanContents):
         """Stated quantities the groups bound: the prefetch buffers and the tower transient."""
         checks.check_derived(self, where)
 
-    def check_bulk(self, where: str = "plan") -> None:
-        """The bulk baseline's device bytes and verdict follow from its offloaded bytes and
+    def check_vllm_baselines(self, where: str = "plan") -> None:
+        """The cpu_offload_gb baseline's device bytes and verdict follow from its offloaded bytes and
         the groups (what it offloads needs the checkpoint's tensor order: bounded here)."""
-        checks.check_bulk(self, where)
+        checks.check_vllm_baselines(self, where)
 
     def check_strategy(self, where: str = "plan") -> None:
         """The strategy names what the placement does, and a feasible placement fits."""

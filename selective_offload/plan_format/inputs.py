@@ -101,9 +101,9 @@ class PlanInputs:
     cold_segments: tuple[str, ...] = DEFAULT_COLD_SEGMENTS
     #: Device slots the prefetch offloader keeps per offloaded parameter.
     prefetch_step: int = 1
-    #: vLLM's ``cpu_offload_gb`` (GiB) to price the bulk baseline at; ``None`` picks the
+    #: vLLM's ``cpu_offload_gb`` (GiB) to price the cpu_offload_gb baseline at; ``None`` picks the
     #: smallest whole number that covers the deficit.
-    bulk_cpu_offload_gb: float | None = None
+    vllm_cpu_offload_gb: float | None = None
     #: Put every cold module on the host even when fewer would close the deficit: cold
     #: bytes cost (almost) no link time, and what they free goes to the KV cache.
     all_cold: bool = False
@@ -127,7 +127,7 @@ class PlanInputs:
     #: Average context of a sequence during decode, for KV reads per step; ``None``: half
     #: of ``max_model_len`` when given, else KV reads are not priced.
     context_tokens: int | None = None
-    #: Kernels reading host memory in place through UVA (bulk ``cpu_offload_gb``, the UVA
+    #: Kernels reading host memory in place through UVA (vLLM's ``cpu_offload_gb``, the UVA
     #: embedding, experts read in place), GB/s; ``None``: ``link_gbps`` x
     #: ``estimate.traffic.DEFAULT_UVA_READ_FACTOR`` (see :attr:`uva_read_gbps`).
     uva_gbps: float | None = None
@@ -281,10 +281,10 @@ class PlanInputs:
                             "use 'mtp' or none")
         if self.prefetch_step < 1:
             raise InputError("prefetch_step", f"prefetch step {self.prefetch_step} must be 1 or more")
-        if self.bulk_cpu_offload_gb is not None and not (
-            self.bulk_cpu_offload_gb >= 0 and math.isfinite(self.bulk_cpu_offload_gb)
+        if self.vllm_cpu_offload_gb is not None and not (
+            self.vllm_cpu_offload_gb >= 0 and math.isfinite(self.vllm_cpu_offload_gb)
         ):
-            raise PlanError(f"vllm_cpu_offload_gb {cut(repr(self.bulk_cpu_offload_gb), 83)} must be 0 or more")
+            raise PlanError(f"vllm_cpu_offload_gb {cut(repr(self.vllm_cpu_offload_gb), 83)} must be 0 or more")
         if not self.cold_segments:
             raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
         # mutation: batch-unbounded

@@ -9,7 +9,7 @@ read is put through :mod:`.checks` before it is returned. Fields this version do
 are ignored with a note; a newer format version is refused with "upgrade or re-plan", an
 older one with "plan again" (no release has shipped an older format, so none is translated).
 
-The format (``"format": "selective-offload/plan-v4"``) is documented in docs/reference/plan-format.md. v4
+The format (``"format": "selective-offload/plan-v5"``) is documented in docs/reference/plan-format.md. It
 gives each group a ``role`` (``hot``, ``cold``, ``absent``), a ``location`` (``device``,
 ``host``, ``absent``) apart from its ``serving`` (``resident``, ``gather``, ``on-demand``,
 ``prefetch``, ``uva``, ``none``; gather vs on-demand follows from the group and is
@@ -20,7 +20,7 @@ checked), names the kind of a whole embedding, tower, projector or MTP head
 served ``compute`` (host-compute)
 holds ``host_compute``: the CPU kernel's format, stored, and the crossover, threads and rates
 it was priced at, derived from the inputs and the groups and checked when read (a plan
-without it reads as ``host_compute`` None). A v4 plan may also hold groups of kind ``mlp``
+without it reads as ``host_compute`` None). A plan may also hold groups of kind ``mlp``
 (``model.layers.N.mlp``: the MLP of a dense layer, always served ``compute``, its layer
 group holding the rest); a plan without them keeps every dense layer whole. A plan names
 the estimate model its ``est`` figures come from (``est_model``,
@@ -46,11 +46,12 @@ from ..acceptance import DEFAULT_ACCEPT_RATE
 from ..kv_model import KvModel
 from ..jsonio import FieldReader
 from ..outputs import write_files
-from .checks import check_bulk, check_derived, check_groups, check_host_compute, check_strategy, check_totals
+from .checks import check_derived, check_groups, check_host_compute, check_strategy, check_totals, check_vllm_baselines
 from .contents import TOTALS, PlanContents
 from .inputs import PlanInputs
-from .parts import EST_MODEL, Alternative, BulkBaseline, Estimate, GroupPlan, HostCompute, PlannedModel
+from .parts import EST_MODEL, Alternative, Estimate, GroupPlan, HostCompute, PlannedModel, VllmBaseline, cold_serving
 from .vocabulary import (
+    COLD_SERVINGS,
     FORMAT_PREFIX,
     FORMAT_VERSION,
     LAYER_INDEX_KINDS,
@@ -59,10 +60,8 @@ from .vocabulary import (
     PLAN_FORMAT,
     REPLAN,
     SERVING_LOCATION,
-    SERVING_PLACEMENT,
     GroupKind,
     Location,
-    Placement,
     Role,
     Serving,
     Strategy,
@@ -137,7 +136,7 @@ def read_inputs(r: FieldReader) -> tuple[PlanInputs, list[str]]:
         speculative=speculative,
         cold_segments=r.str_list("cold_segments"),
         prefetch_step=r.int("prefetch_step", minimum=1),
-        bulk_cpu_offload_gb=r.number("vllm_cpu_offload_gb", positive=False, default=None),
+        vllm_cpu_offload_gb=r.number("vllm_cpu_offload_gb", positive=False, default=None),
         all_cold=r.bool("all_cold", default=False),
         host_memory_bytes=r.int("host_memory_bytes", minimum=1, default=None),
         host_headroom_bytes=r.int("host_headroom_bytes", default=0),
@@ -196,9 +195,12 @@ def read_group(r: FieldReader) -> tuple[GroupPlan, list[str]]:
     if digest is not None and not isinstance(digest, str):
         r.bad("shapes_digest", digest, "a string or null")
     role, serving = r.choice("role", Role), read_serving(r)
-    placement = SERVING_PLACEMENT[serving]
+    # mutation: stated-serving-trusted
+    if serving in COLD_SERVINGS and serving != cold_serving(name, kind):
+        r.fail(f"serving is {serving}, but a {role} {kind} group on the host is served {cold_serving(name, kind)} "
+               "(an embedding or table: gather; a tower, projector or other component: on-demand)")
     group = GroupPlan(
-        group=name, kind=kind, role=role, placement=placement,
+        group=name, kind=kind, role=role, serving=serving,
         reason=r.str("reason", default=""), bytes=r.int("bytes"), layer_index=layer_index,
         est_read_bytes_per_step=read, mtp=r.bool("mtp", default=False),
         num_tensors=r.int("num_tensors", default=0), dtype_bytes=dict(dtype_bytes), shapes_digest=digest,
@@ -207,10 +209,6 @@ def read_group(r: FieldReader) -> tuple[GroupPlan, list[str]]:
         device_channels=r.int("device_channels", default=0), intermediate=r.int("intermediate", default=0),
         kernel_dims=tuple(dims),
     )
-    # mutation: stated-serving-trusted
-    if serving != group.serving:
-        r.fail(f"serving is {serving}, but a {group.role} {kind} group on the host is served {group.serving} "
-               "(an embedding or table: gather; a tower, projector or other component: on-demand)")
     return group, r.unknown()
 
 
@@ -235,11 +233,11 @@ def read_estimate(r: FieldReader) -> Estimate:
     return Estimate(**values)
 
 
-def read_bulk(r: FieldReader) -> BulkBaseline:
+def read_vllm_baseline(r: FieldReader) -> VllmBaseline:
     touched = r.raw("layers_touched")
     if not _int_list(touched):
         r.bad("layers_touched", touched, "a list of layer indices")
-    return BulkBaseline(cpu_offload_gb=r.number("cpu_offload_gb", positive=False),
+    return VllmBaseline(cpu_offload_gb=r.number("cpu_offload_gb", positive=False),
                         offloaded_bytes=r.int("offloaded_bytes"),
                         offloaded_tensors=r.int("offloaded_tensors"), layers_touched=tuple(touched),
                         device_bytes=r.int("device_bytes", minimum=None), fits=r.bool("fits"),
@@ -271,9 +269,9 @@ def read_alternative(r: FieldReader) -> Alternative:
     if not _int_list(hot):
         r.bad("hot_layer_indices", hot, "a list of layer indices")
     return Alternative(label=r.str("label"), strategy=r.choice("strategy", Strategy),
-                       host_cold_bytes=r.int("host_cold_bytes"), host_hot_bytes=r.int("host_hot_bytes"),
+                       cold_on_host_bytes=r.int("cold_on_host_bytes"), prefetch_bytes=r.int("prefetch_bytes"),
                        hot_layer_indices=tuple(hot), est=read_estimate(r.child("est")),
-                       host_uva_bytes=r.int("host_uva_bytes", default=0),
+                       uva_bytes=r.int("uva_bytes", default=0),
                        host_compute_bytes=r.int("host_compute_bytes", default=0))
 
 
@@ -316,7 +314,7 @@ def read_host_compute(r: FieldReader) -> tuple[str, dict[str, Any]]:
 
 def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
     """The plan (of class ``cls``) that the JSON object ``data`` holds, read field by field
-    and checked: groups, derived bounds, bulk baseline, stated totals, strategy."""
+    and checked: groups, derived bounds, vLLM's baselines, stated totals, strategy."""
     format_version(data, where)
     top = plan_reader(data, where, "")
     top.seen.add("format")
@@ -334,8 +332,8 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
     hot = top.raw("hot_layer_indices")
     if not _int_list(hot):
         top.bad("hot_layer_indices", hot, "a list of layer indices")
-    bulk_key, segments_key = "vllm_cpu_offload_gb", "vllm_cpu_offload_params"
-    bulk_raw = top.raw(bulk_key, None)
+    gb_key, segments_key = "vllm_cpu_offload_gb", "vllm_cpu_offload_params"
+    gb_raw = top.raw(gb_key, None)
     alternative_raw = top.raw("alternative", None)
     segments_raw = top.raw(segments_key, None)
     host_raw = top.raw("host_compute", None)
@@ -343,11 +341,11 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
     plan = cls(
         model=model, inputs=inputs, strategy=top.choice("strategy", Strategy), groups=tuple(groups),
         hot_layer_indices=tuple(hot), est_transient_device_bytes=top.int("est_transient_device_bytes"),
-        bulk=None if bulk_raw is None else read_bulk(top.child(bulk_key)),
+        vllm_cpu_offload_gb=None if gb_raw is None else read_vllm_baseline(top.child(gb_key)),
         notes=top.str_list("notes", default=[]),
         stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None),
         alternative=None if alternative_raw is None else read_alternative(top.child("alternative")),
-        bulk_segments=None if segments_raw is None else read_bulk(top.child(segments_key)),
+        vllm_cpu_offload_params=None if segments_raw is None else read_vllm_baseline(top.child(segments_key)),
         host_compute_format=fmt,
     )
     # derived: recomputed from the groups; the estimate model named says how they were made,
@@ -357,7 +355,7 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
     check_groups(plan, where)
     check_host_compute(plan, stated_host, where)
     check_derived(plan, where)
-    check_bulk(plan, where)
+    check_vllm_baselines(plan, where)
     totals = stored_totals(top)
     ledger = totals.pop("ledger", None)
     check_totals(plan, totals, where)
@@ -448,17 +446,13 @@ def _not_json(value: Any) -> Any:
 
 
 def inputs_to_dict(inputs: PlanInputs) -> dict[str, Any]:
-    names = {"bulk_cpu_offload_gb": "vllm_cpu_offload_gb"}
-    return {names.get(f.name, f.name): (list(v) if isinstance(v := getattr(inputs, f.name), tuple) else v)
-            for f in fields(inputs)}
+    return {f.name: (list(v) if isinstance(v := getattr(inputs, f.name), tuple) else v) for f in fields(inputs)}
 
 
 def group_to_dict(group: GroupPlan) -> dict[str, Any]:
-    out = {f.name: getattr(group, f.name) for f in fields(group) if f.name != "placement"}
-    if group.placement in Placement.values():
-        out["location"], out["serving"] = group.location, group.serving
-    else:  # an unchecked value of a Plan built in Python: written as it is, for the reader to refuse
-        out["location"], out["serving"] = None, group.placement
+    out = {f.name: getattr(group, f.name) for f in fields(group)}
+    # an unchecked value of a Plan built in Python is written as it is, for the reader to refuse
+    out["location"] = group.location if group.serving in Serving.values() else None
     out["dtype_bytes"] = dict(group.dtype_bytes)
     for name in ("device_experts", "device_channels", "intermediate"):  # only a group with a device share
         if not out[name]:
@@ -472,10 +466,10 @@ def group_to_dict(group: GroupPlan) -> dict[str, Any]:
     return out
 
 
-def bulk_to_dict(bulk: BulkBaseline) -> dict[str, Any]:
-    return {**{f.name: getattr(bulk, f.name) for f in fields(bulk)},
-            "layers_touched": list(bulk.layers_touched), "est": bulk.est.__dict__.copy(),
-            "cpu_offload_params": list(bulk.cpu_offload_params)}
+def vllm_baseline_to_dict(baseline: VllmBaseline) -> dict[str, Any]:
+    return {**{f.name: getattr(baseline, f.name) for f in fields(baseline)},
+            "layers_touched": list(baseline.layers_touched), "est": baseline.est.__dict__.copy(),
+            "cpu_offload_params": list(baseline.cpu_offload_params)}
 
 
 def model_to_dict(model: PlannedModel) -> dict[str, Any]:
@@ -512,8 +506,8 @@ def plan_to_dict(plan: PlanContents, *, derived: bool = True) -> dict[str, Any]:
         "prefetch_buffer_bytes": plan.prefetch_buffer_bytes if derived else plan.stored_prefetch_buffer_bytes,
         **({"totals": {**plan.totals(), "ledger": ledger_to_list(plan)}, "est": plan.est.__dict__.copy()}
            if derived else {}),
-        "vllm_cpu_offload_gb": None if plan.bulk is None else bulk_to_dict(plan.bulk),
-        "vllm_cpu_offload_params": None if plan.bulk_segments is None else bulk_to_dict(plan.bulk_segments),
+        **{name: None if (b := getattr(plan, name)) is None else vllm_baseline_to_dict(b)
+           for name in ("vllm_cpu_offload_gb", "vllm_cpu_offload_params")},
         "alternative": None if plan.alternative is None else alternative_to_dict(plan.alternative),
         "host_compute": _host_compute_to_dict(plan, derived),
         # mutation: plan-file-est-prose

@@ -25,12 +25,10 @@ from ..kv_model import KvModel
 from ..names import EMBED_SEGMENTS, has_segment
 from .inputs import PlanInputs
 from .vocabulary import (
-    HOST_PLACEMENTS,
-    PLACEMENT_SERVING,
+    HOST_SERVINGS,
     SERVING_LOCATION,
     GroupKind,
     Location,
-    Placement,
     Role,
     Serving,
     Strategy,
@@ -73,14 +71,25 @@ EST_IGNORES: tuple[str, ...] = (
 )
 
 
+def cold_serving(group: str, kind: GroupKind | str) -> Serving:
+    """How a step gets a cold group kept on the host: gathered row by row when it is an
+    embedding (or another table, kind module), onloaded on demand when it is a tower,
+    projector or other component. The one rule the planner, the plan file's check and the
+    report all follow."""
+    # mutation: gather-not-derived
+    gathered = has_segment(group, EMBED_SEGMENTS) or kind == GroupKind.MODULE
+    return Serving.GATHER if gathered else Serving.ON_DEMAND
+
+
 @dataclass(frozen=True)
 class GroupPlan:
-    """One group's role, placement and what identifies its tensors."""
+    """One group's role, how a decode step gets it (its serving, which says where it lives)
+    and what identifies its tensors."""
 
     group: str
     kind: GroupKind
     role: Role
-    placement: Placement
+    serving: Serving
     reason: str
     bytes: int
     layer_index: int | None
@@ -131,18 +140,7 @@ class GroupPlan:
 
     @property
     def on_host(self) -> bool:
-        return self.placement in HOST_PLACEMENTS
-
-    @property
-    def serving(self) -> Serving:
-        """How a step gets this group's bytes: a cold group on the host is gathered row by
-        row when it is an embedding (or another table, kind module), onloaded on demand
-        when it is a tower, projector or other component."""
-        if self.placement != Placement.HOST_COLD:
-            return PLACEMENT_SERVING[self.placement]
-        # mutation: gather-not-derived
-        gathered = has_segment(self.group, EMBED_SEGMENTS) or self.kind == GroupKind.MODULE
-        return Serving.GATHER if gathered else Serving.ON_DEMAND
+        return self.serving in HOST_SERVINGS
 
     @property
     def location(self) -> Location:
@@ -153,24 +151,24 @@ class GroupPlan:
     def est_link_bytes_per_step(self) -> int:
         """Bytes that cross the link per step at batch 1 (est): a prefetched layer whole
         (experts included), a cold group's reads, the routed experts read through UVA."""
-        if self.placement == Placement.HOST_HOT:
+        if self.serving == Serving.PREFETCH:
             return self.bytes
         # mutation: host-compute-link-bytes
-        if self.placement == Placement.HOST_COMPUTE:
+        if self.serving == Serving.COMPUTE:
             return 0  # computed where it lives: only hidden states and top-k cross
         return self.est_read_bytes_per_step if self.on_host else 0
 
     @property
     def est_vram_bytes_per_step(self) -> int:
         """Device memory reads per step (est); a prefetched layer is read from its buffer too."""
-        if self.placement in (Placement.DEVICE, Placement.HOST_HOT):
+        if self.serving in (Serving.RESIDENT, Serving.PREFETCH):
             return self.est_read_bytes_per_step
         return 0
 
     @property
     def computed_on_host(self) -> bool:
         """Host-compute: the host CPU computes this group where it lives (only activations cross)."""
-        return self.placement == Placement.HOST_COMPUTE
+        return self.serving == Serving.COMPUTE
 
 
 def experts_read_bytes(nbytes: int, num_experts: int, experts_per_token: int, tokens: int = 1) -> int:
@@ -215,7 +213,7 @@ class Estimate:
 
 
 @dataclass(frozen=True)
-class BulkBaseline:
+class VllmBaseline:
     """vLLM's own ``cpu_offload_gb``: parameters of the layer stack, in model order (with
     ``cpu_offload_params``, only those whose names hold one of its segments)."""
 
@@ -264,11 +262,11 @@ class Alternative:
 
     label: str
     strategy: Strategy
-    host_cold_bytes: int
-    host_hot_bytes: int
+    cold_on_host_bytes: int
+    prefetch_bytes: int
     hot_layer_indices: tuple[int, ...]
     est: Estimate
-    host_uva_bytes: int = 0
+    uva_bytes: int = 0
     host_compute_bytes: int = 0
 
 

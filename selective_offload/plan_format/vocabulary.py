@@ -3,10 +3,12 @@ per-kind rules as tables.
 
 Everything else in :mod:`selective_offload.plan_format` speaks these words: the records
 (:mod:`.inputs`, :mod:`.parts`, :mod:`.contents`) hold them, :mod:`.checks` applies the
-tables, :mod:`.io` reads and writes them. The rules that depend on a group's kind or role
-are tables (``KIND_ROLE``, ``ROLE_PLACEMENTS``, ``PLACEMENT_KINDS``,
-``LAYER_INDEX_KINDS``, ``PARTIAL_READ_KINDS``), so a new kind (or placement) states its
-rules here, in one place. This module imports nothing of the project but sizes.
+tables, :mod:`.io` reads and writes them. A group is where it lives (:class:`Location`) and
+how a decode step gets it (:class:`Serving`); the serving says the location
+(:data:`SERVING_LOCATION`), so a group holds its serving and derives its location. The
+rules that depend on a group's kind or role are tables (``KIND_ROLE``, ``ROLE_SERVINGS``,
+``SERVING_KINDS``, ``LAYER_INDEX_KINDS``, ``PARTIAL_READ_KINDS``), so a new kind (or
+serving) states its rules here, in one place. This module imports nothing of the project but sizes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ..sizes import MAX_BYTES, GiB
 
 FORMAT_PREFIX = "selective-offload/plan-v"
 #: The format this release writes and the only one it reads (an older plan is made again).
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 PLAN_FORMAT = f"{FORMAT_PREFIX}{FORMAT_VERSION}"
 REPLAN = "make the plan again with `selective-offload plan MODEL --device-memory SIZE -o plan.json`"
 
@@ -53,19 +55,6 @@ class _Choice(str, Enum):
     @classmethod
     def values(cls) -> tuple[str, ...]:
         return tuple(m.value for m in cls)
-
-
-class Placement(_Choice):
-    """Where a group's bytes live during decode and how they are served, as one internal
-    value (the v3 words); a v4 plan writes it as :class:`Location` and :class:`Serving`
-    (see :data:`PLACEMENT_SERVING`), the host one splitting by group into gather and on-demand."""
-
-    DEVICE = "device"
-    HOST_COLD = "host-cold"   # host memory; a decode step does not read it (or one row per token)
-    HOST_HOT = "host-hot"     # host memory; read every step, prefetched layer by layer
-    ABSENT = "absent"         # not loaded for this run (an MTP head without MTP decoding)
-    HOST_UVA = "host-uva"     # host memory, read in place through UVA: only the routed experts a step uses
-    HOST_COMPUTE = "host-compute"  # host memory, computed there by the host CPU at decode (only activations cross)
 
 
 class Location(_Choice):
@@ -111,47 +100,45 @@ class Strategy(_Choice):
     INFEASIBLE = "infeasible"
 
 
-#: How each placement is served, and where it lives; a host placement of a cold group is
-#: gather or on-demand by the group (see :attr:`GroupPlan.serving`).
-PLACEMENT_SERVING: dict[Placement, Serving] = {Placement.DEVICE: Serving.RESIDENT, Placement.HOST_HOT: Serving.PREFETCH,
-                                               Placement.HOST_UVA: Serving.UVA, Placement.HOST_COMPUTE: Serving.COMPUTE,
-                                               Placement.ABSENT: Serving.NONE}
-SERVING_PLACEMENT: dict[Serving, Placement] = {
-    **{serving: placement for placement, serving in PLACEMENT_SERVING.items()},
-    Serving.GATHER: Placement.HOST_COLD, Serving.ON_DEMAND: Placement.HOST_COLD}
+#: Where each serving keeps a group's bytes during decode.
 SERVING_LOCATION: dict[Serving, Location] = {
     Serving.RESIDENT: Location.DEVICE, Serving.GATHER: Location.HOST, Serving.ON_DEMAND: Location.HOST,
     Serving.PREFETCH: Location.HOST, Serving.UVA: Location.HOST, Serving.COMPUTE: Location.HOST,
     Serving.NONE: Location.ABSENT}
 
-HOST_PLACEMENTS = (Placement.HOST_COLD, Placement.HOST_HOT, Placement.HOST_UVA, Placement.HOST_COMPUTE)
+#: Servings of a cold group on the host: gathered row by row (an embedding or table) or
+#: onloaded block by block when run (a tower, projector or other component); which one
+#: follows from the group (:func:`~.parts.cold_serving`).
+COLD_SERVINGS = frozenset({Serving.GATHER, Serving.ON_DEMAND})
+#: Servings that keep a group's bytes in host memory.
+HOST_SERVINGS = frozenset(s for s, where in SERVING_LOCATION.items() if where == Location.HOST)
 #: Kinds of group that belong to one decoder layer (and carry its ``layer_index``).
 LAYER_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS, GroupKind.MLP)
 #: Kinds the prefetch offloader copies with their layer (a host-compute MLP is never copied).
 PREFETCH_KINDS = (GroupKind.LAYER, GroupKind.EXPERTS)
 
-# Per-kind rules, as tables, so a new kind (or placement) states its rules in one place.
+# Per-kind rules, as tables, so a new kind (or serving) states its rules in one place.
 #: Kinds whose groups carry a ``layer_index`` (the decoder layer their name is in).
 LAYER_INDEX_KINDS: frozenset[GroupKind] = frozenset(LAYER_KINDS)
 #: Kinds whose role is fixed (a component's role depends on its name: see
 #: :meth:`Plan.expected_role`).
 KIND_ROLE: dict[GroupKind, Role] = {GroupKind.LAYER: Role.HOT, GroupKind.EXPERTS: Role.HOT,
                                     GroupKind.MLP: Role.HOT, GroupKind.MODULE: Role.HOT}
-#: Placements allowed for each role, and the kinds a placement is limited to.
-ROLE_PLACEMENTS: dict[Role, frozenset[Placement]] = {
-    Role.COLD: frozenset({Placement.DEVICE, Placement.HOST_COLD}),
-    Role.HOT: frozenset({Placement.DEVICE, Placement.HOST_HOT, Placement.HOST_UVA, Placement.HOST_COMPUTE}),
-    Role.ABSENT: frozenset({Placement.ABSENT}),
+#: Servings allowed for each role, and the kinds a serving is limited to.
+ROLE_SERVINGS: dict[Role, frozenset[Serving]] = {
+    Role.COLD: frozenset({Serving.RESIDENT, *COLD_SERVINGS}),
+    Role.HOT: frozenset({Serving.RESIDENT, Serving.PREFETCH, Serving.UVA, Serving.COMPUTE}),
+    Role.ABSENT: frozenset({Serving.NONE}),
 }
-PLACEMENT_KINDS: dict[Placement, frozenset[GroupKind]] = {
-    Placement.HOST_HOT: frozenset(PREFETCH_KINDS),
-    Placement.HOST_UVA: frozenset({GroupKind.EXPERTS}),
+SERVING_KINDS: dict[Serving, frozenset[GroupKind]] = {
+    Serving.PREFETCH: frozenset(PREFETCH_KINDS),
+    Serving.UVA: frozenset({GroupKind.EXPERTS}),
     # A module served compute is the LM head, its vocabulary rows split between the GPU and
     # the CPU (``checks.check_group`` holds it to that).
-    Placement.HOST_COMPUTE: frozenset({GroupKind.EXPERTS, GroupKind.MLP, GroupKind.MODULE})}
-#: Kinds that exist only under one placement: a dense layer's MLP is a group of its own only
+    Serving.COMPUTE: frozenset({GroupKind.EXPERTS, GroupKind.MLP, GroupKind.MODULE})}
+#: Kinds that exist only under one serving: a dense layer's MLP is a group of its own only
 #: when it is computed on the host (elsewhere it stays in its layer's group).
-KIND_ONLY_PLACEMENT: dict[GroupKind, Placement] = {GroupKind.MLP: Placement.HOST_COMPUTE}
+KIND_ONLY_SERVING: dict[GroupKind, Serving] = {GroupKind.MLP: Serving.COMPUTE}
 #: Kinds of hot groups a decode step reads only in part (their ``est_read_bytes_per_step``
 #: is bounded by their bytes, not equal to them). Every other hot group is read in full.
 PARTIAL_READ_KINDS: frozenset[GroupKind] = frozenset({GroupKind.EXPERTS})

@@ -49,7 +49,7 @@ The planner never touches tensors; it returns a :class:`~selective_offload.plan_
 """
 
 from ..plan_format import EST_IGNORES, EST_MODEL, Plan, PlanInputs
-from .baselines import TIE, baseline_notes, price_bulk
+from .baselines import TIE, baseline_notes, price_cpu_offload
 from .grouping import COMPILED_BLOCK_TOWERS, Group, experts_notes, group_signature, group_tensors, model_fingerprint
 from .make import make_plan
 from .notes import compute_note, plan_notes
@@ -86,7 +86,7 @@ __all__ = [
     "place_hot",
     "plan_notes",
     "prefetch_buffer_bytes",
-    "price_bulk",
+    "price_cpu_offload",
     "spec_estimate",
     "strategy_of",
     "tower_transient_bytes",

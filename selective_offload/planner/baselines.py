@@ -3,7 +3,7 @@
 vLLM offers two settings without this extension: ``cpu_offload_gb`` (whole
 parameters of the decoder layers, in model order, until the GiB budget is met) and
 ``cpu_offload_params`` (with it, only parameters whose name holds one of the
-given segments, such as ``experts``). :func:`price_bulk` prices either from the groups of
+given segments, such as ``experts``). :func:`price_cpu_offload` prices either from the groups of
 :mod:`.grouping`, with its traffic per step, and :func:`baseline_notes` says when the
 selective plan does not beat one and why. Nothing here places a group; :mod:`.make` asks for
 the baselines once the placement is made.
@@ -19,7 +19,7 @@ from ..kv_model import KvModel
 from ..names import EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, experts_prefix, has_segment, layer_of
 from ..plan_format import (
     LAYER_KINDS,
-    BulkBaseline,
+    VllmBaseline,
     Estimate,
     Role,
     GroupKind,
@@ -32,17 +32,17 @@ from ..sizes import GiB
 from .grouping import Group, allocated
 
 
-def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
+def price_cpu_offload(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
                deficit_bytes: int, kv: KvModel | None = None, spec_tokens: int = 0,
-               params: tuple[str, ...] = ()) -> BulkBaseline:
+               params: tuple[str, ...] = ()) -> VllmBaseline:
     """What vLLM's ``cpu_offload_gb`` would take: whole parameters of the decoder layers,
     in model order, until the GiB budget is met; with ``params`` (vLLM's
     ``cpu_offload_params``, such as ``("experts",)``) only the parameters whose name holds
     one of them as whole segments, as vLLM matches them. It is UVA zero-copy: the kernels
     read the host parameters in place every step, so a host-resident routed-expert tensor
     crosses the link only for the experts the step routes to (the plan's read fraction)."""
-    if inputs.bulk_cpu_offload_gb is not None:
-        gb = float(inputs.bulk_cpu_offload_gb)
+    if inputs.vllm_cpu_offload_gb is not None:
+        gb = float(inputs.vllm_cpu_offload_gb)
     else:
         gb = float(max(0, math.ceil(deficit_bytes / GiB)))
     max_bytes = int(gb * GiB)  # vLLM: int(cpu_offload_gb * 1024**3)
@@ -64,7 +64,7 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
             if params and not any(f".{p}." in f".{t.name}." for p in params):  # vLLM's segment match
                 continue
             offloaded += t.nbytes
-            # mutation: bulk-experts-read-whole
+            # mutation: cpu-offload-experts-read-whole
             into = experts_per_layer if experts_prefix(t.name) is not None else per_layer
             into[index] = into.get(index, 0) + t.nbytes
             count += 1
@@ -73,11 +73,11 @@ def price_bulk(groups: list[Group], checkpoint: Checkpoint, inputs: PlanInputs,
     # vLLM keeps its own host tables (n-gram embeddings) on the host in this run too.
     loaded = sum(g.nbytes for g in groups if g.role != Role.ABSENT and not g.vllm_host)
     device = loaded - offloaded
-    return BulkBaseline(
+    return VllmBaseline(
         cpu_offload_gb=gb, offloaded_bytes=offloaded, offloaded_tensors=count,
         layers_touched=tuple(touched), device_bytes=device, cpu_offload_params=tuple(params),
         fits=device <= inputs.weight_budget_bytes,
-        est=Estimate.of(_bulk_traffic(groups, per_layer, inputs, experts_per_layer), inputs, kv, spec_tokens,
+        est=Estimate.of(_cpu_offload_traffic(groups, per_layer, inputs, experts_per_layer), inputs, kv, spec_tokens,
                         pipelined=False),
     )
 
@@ -100,9 +100,9 @@ def _experts_reads(groups: list[Group], host_by_layer: dict[int, int]) -> tuple[
     return tuple(reads)
 
 
-def _bulk_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: PlanInputs,
+def _cpu_offload_traffic(groups: list[Group], uva_by_layer: dict[int, int], inputs: PlanInputs,
                   uva_experts_by_layer: dict[int, int] | None = None) -> Traffic:
-    """Bulk offload's bytes per pass: everything on the device but the UVA bytes, which the
+    """vLLM's cpu_offload_gb bytes per pass: everything on the device but the UVA bytes, which the
     kernels read over the link in line (the embedding stays on the device); routed experts
     on the host are read at the step's read fraction."""
     stack = sorted((g for g in groups if g.kind == GroupKind.LAYER), key=lambda g: g.layer_index)
@@ -145,7 +145,7 @@ def baseline_notes(plan: Plan) -> list[str]:
         why = []
         if plan.hot_layer_indices or plan.est_transient_device_bytes:
             why.append("its prefetch buffers and transients cost device memory vLLM's cpu_offload_gb does not need")
-        if plan.host_uva_bytes:
+        if plan.uva_bytes:
             why.append("a layer's routed experts go to the host whole, where vLLM's budget takes single tensors")
         times = f"est {mine * 1e3:.1f} ms against {theirs * 1e3:.1f} ms per step"
         if theirs >= mine * (1 - TIE):

@@ -1,6 +1,6 @@
 """Host-compute in planning: which CPU kernel format a checkpoint's routed experts are in,
 whether that format has a kernel the committed benchmark claims fast, and the plan's notes
-on it (why a format stays host-uva, the rates, the crossover, the threads).
+on it (why a format stays served uva, the rates, the crossover, the threads).
 
 The planner's quant methods (:mod:`.kernels`' names) map to the CPU kernels' formats
 (:data:`CPU_FORMATS`); the verdict per format is ``selective_offload.cpu_kernels.claimed``'s

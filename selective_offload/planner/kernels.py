@@ -377,7 +377,7 @@ def kernel_notes(kernel: Pick, assumed: bool) -> list[str]:
             if under else ""
         return [card, line + ", which reads them in place through UVA views" + cost]
     fix = advice(kernel.method, kernel.card)
-    why = (line + ", which is not known to read UVA views, so none are planned host-uva (the glue would refuse "
+    why = (line + ", which is not known to read UVA views, so none are planned served uva (the glue would refuse "
            "them): prefetch copies or resident instead")
     if not kernel.moves:
         why = (line + ", which is not known to read UVA views and whose weights become triton_kernels tensors, "

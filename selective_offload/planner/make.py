@@ -17,13 +17,13 @@ from ..checkpoint import Checkpoint
 from ..errors import PlanError
 from ..acceptance import acceptance_default
 from ..kv_model import KV_DTYPE_BYTES, KvModel
-from ..plan_format import GroupKind, GroupPlan, Placement, Plan, PlanInputs, PlannedModel
+from ..plan_format import GroupKind, GroupPlan, Serving, Plan, PlanInputs, PlannedModel
 from ..plan_format import contents as plan_contents
 from ..plan_format.vocabulary import HOST_COMPUTE_NOTE, SERVED_UVA
 from ..names import mlp_prefix
 from ..sizes import GB
 from .allocation import allocated_tensors, experts_bytes, padding_for
-from .baselines import baseline_notes, price_bulk
+from .baselines import baseline_notes, price_cpu_offload
 from .grouping import group_tensors, model_fingerprint
 from ..estimate.host import host_compute_bound_tokens, share_native
 from ..estimate.traffic import StepSettings
@@ -73,7 +73,7 @@ def _kv_inputs(checkpoint: Checkpoint, inputs: PlanInputs) -> tuple[PlanInputs, 
     return replace(inputs, kv_cache_bytes=sized), kv, [note]
 
 
-def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = True) -> Plan:
+def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_cpu_offload: bool = True) -> Plan:
     """Place every group of ``checkpoint`` for ``inputs``: cold first, then hot layers.
 
     With speculative decoding asked for, the same input is also planned without it, and
@@ -91,7 +91,7 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
             kv_notes.append(f"acceptance {family.default:.2f}: the published rate for the {family.family} "
                             f"({family.source}); give --accept-rate to use yours")
     inputs.validate()
-    plan = _place(checkpoint, inputs, kv, kv_notes, with_bulk)
+    plan = _place(checkpoint, inputs, kv, kv_notes, with_cpu_offload)
     if inputs.speculative == "mtp":
         plain = _place(checkpoint, replace(inputs, speculative=None, spec_tokens=None), kv, [], False)
         placed_tokens = inputs.batch * (1 + _placed_spec_tokens(inputs, checkpoint))
@@ -102,7 +102,7 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_bulk: bool = T
 
 
 def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes: list[str],
-           with_bulk: bool) -> Plan:
+           with_cpu_offload: bool) -> Plan:
     groups = group_tensors(checkpoint, inputs)
     model = _planned_model(checkpoint, kv, groups)
 
@@ -126,13 +126,13 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                       compute_formats={GroupKind.EXPERTS: fmt, GroupKind.MLP: mlp_fmt, GroupKind.MODULE: "bf16"})
     deficit = placing.over_budget()
 
-    def reason(g, where: Placement) -> str:
-        if where == Placement.HOST_UVA and why_not is not None:
+    def reason(g, where: Serving) -> str:
+        if where == Serving.UVA and why_not is not None:
             return f"{g.reason}; {why_not}"
         return g.reason
 
     def placed(p: Placing, hot: list[int], shares: dict[str, tuple[int, int]] | None = None, **extra) -> Plan:
-        computed = [g for g in p.groups if p.where[g.name] == Placement.HOST_COMPUTE]
+        computed = [g for g in p.groups if p.where[g.name] == Serving.COMPUTE]
         plan_fmt = (fmt if any(g.kind == GroupKind.EXPERTS for g in computed) else mlp_fmt) if computed else None
         plan = Plan(
             model=model, inputs=inputs, strategy=strategy_of(p, hot, inputs),
@@ -145,14 +145,14 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                     for g in p.groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=p.all_transient(),
             stored_prefetch_buffer_bytes=p.buffers if hot else None,
-            host_compute_format=plan_fmt, **{"bulk": None, **extra})
+            host_compute_format=plan_fmt, **{"vllm_cpu_offload_gb": None, **extra})
         # The placement was made against the weights and transients; the plan's ledger adds
         # the worker's host buffers (a few MB), which only the plan itself can price.
         return replace(plan, strategy=plan.derived_strategy())
 
     def step_s(p: Placing) -> float:
         hot = sorted(g.layer_index for g in p.groups
-                     if g.kind == GroupKind.LAYER and p.where[g.name] == Placement.HOST_HOT)
+                     if g.kind == GroupKind.LAYER and p.where[g.name] == Serving.PREFETCH)
         return placed(p, hot).est.est_step_s
 
     spec_tokens = _placed_spec_tokens(inputs, checkpoint)
@@ -180,12 +180,12 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     if shares and not spec_tokens:
         placing, shares = _with_head_share(checkpoint, inputs, placing, shares, fmt if has_experts else mlp_fmt,
                                            has_experts, lambda p, s: placed(p, [], s).est.est_step_s)
-    bulk = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens)
-            if with_bulk and deficit > 0 else None)
+    cpu_offload = (price_cpu_offload(groups, checkpoint, inputs, deficit, kv, spec_tokens)
+            if with_cpu_offload and deficit > 0 else None)
     # MoE: vLLM's segment selection of the routed experts is the run a user would try next.
-    segments = (price_bulk(groups, checkpoint, inputs, deficit, kv, spec_tokens, params=("experts",))
-                if bulk is not None and any(g.kind == GroupKind.EXPERTS for g in groups) else None)
-    plan = placed(placing, hot, shares, bulk=bulk, bulk_segments=segments,
+    segments = (price_cpu_offload(groups, checkpoint, inputs, deficit, kv, spec_tokens, params=("experts",))
+                if cpu_offload is not None and any(g.kind == GroupKind.EXPERTS for g in groups) else None)
+    plan = placed(placing, hot, shares, vllm_cpu_offload_gb=cpu_offload, vllm_cpu_offload_params=segments,
                   notes=tuple(notes + plan_notes(placing.groups, checkpoint, placing, inputs)
                               + (kernel_notes(kernel, inputs.compute_capability is None) if has_experts else [])
                               + _padding_notes(checkpoint, inputs, has_experts)))
@@ -218,7 +218,7 @@ def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placin
     name, rows_on_device, rows = head
     trial = Placing(placing.groups, placing.budget, compute_formats=placing.compute_formats,
                     head_rows=dict(placing.head_rows))
-    trial.where = {**placing.where, name: Placement.HOST_COMPUTE}
+    trial.where = {**placing.where, name: Serving.COMPUTE}
     trial.head_rows[name] = (rows_on_device, rows)
     trial.transient, trial.buffers = placing.transient, placing.buffers
     nbytes = next(g.nbytes for g in placing.groups if g.name == name)
@@ -240,13 +240,13 @@ def _padding_notes(checkpoint: Checkpoint, inputs: PlanInputs, has_experts: bool
                                                                                              padding)))]
 
 
-def _kernel_dims(checkpoint: Checkpoint, inputs: PlanInputs, g, where: Placement,
+def _kernel_dims(checkpoint: Checkpoint, inputs: PlanInputs, g, where: Serving,
                  share: tuple[int, int] | None) -> tuple[int, ...]:
     """A host-compute group's ``(H, I)`` (:attr:`GroupPlan.kernel_dims`): the hidden size and
     one expert's intermediate size (a dense MLP's; the split head's vocabulary rows), from the
     config, routed experts at the sizes vLLM pads them to on the plan's card (:mod:`.allocation`:
     the worker's kernel reads them so); ``()`` where the config does not say."""
-    if where != Placement.HOST_COMPUTE:
+    if where != Serving.COMPUTE:
         return ()
     hidden = checkpoint.facts.hidden_size
     if g.kind == GroupKind.MODULE:
@@ -322,7 +322,7 @@ def _keep_computed_mlps_split(checkpoint: Checkpoint, inputs: PlanInputs, p: Pla
     """The placement regrouped so that only the MLPs served compute are groups of their own:
     every other MLP goes back into its layer, which the menu placed alike (resident, or
     prefetched whole)."""
-    computed = {g.layer_index for g in p.groups if g.kind == GroupKind.MLP and p.where[g.name] == Placement.HOST_COMPUTE}
+    computed = {g.layer_index for g in p.groups if g.kind == GroupKind.MLP and p.where[g.name] == Serving.COMPUTE}
     for g in p.groups:
         if g.kind == GroupKind.MLP and g.layer_index not in computed:
             layer = next(x for x in p.groups if x.kind == GroupKind.LAYER and x.layer_index == g.layer_index)

@@ -13,7 +13,7 @@ from ..checkpoint import Checkpoint
 from ..plan_format import Estimate, GroupKind, PlanInputs
 from ..sizes import GB
 from .grouping import Group, experts_notes
-from .placement import HOST_PLACEMENTS, Placing, host_bytes, host_shortfall
+from .placement import HOST_SERVINGS, Placing, host_bytes, host_shortfall
 
 
 def plan_notes(groups: list[Group], checkpoint: Checkpoint, placing: Placing, inputs: PlanInputs) -> list[str]:
@@ -22,7 +22,7 @@ def plan_notes(groups: list[Group], checkpoint: Checkpoint, placing: Placing, in
     if not any(g.kind == GroupKind.LAYER for g in groups):
         notes.append("no decoder layer stack (`...layers.N.`) found: only cold modules can be offloaded")
     if shortfall > 0:
-        kept = [g for g in groups if g.kind == GroupKind.LAYER and placing.where[g.name] not in HOST_PLACEMENTS]
+        kept = [g for g in groups if g.kind == GroupKind.LAYER and placing.where[g.name] not in HOST_SERVINGS]
         notes.append(
             f"infeasible: {shortfall / GB:.3f} GB more device memory is needed even with every "
             + ("cold module and every decoder layer on the host; " if not kept else

@@ -21,7 +21,7 @@ from typing import Callable
 from ..estimate.host import copied_bytes, copied_step_bytes
 from ..estimate.traffic import expert_read_fraction
 from ..names import EMBED_SEGMENTS, has_segment
-from ..plan_format import HOST_PLACEMENTS, LAYER_KINDS, Role, GroupKind, Placement, PlanInputs, Strategy
+from ..plan_format import COLD_SERVINGS, HOST_SERVINGS, LAYER_KINDS, GroupKind, PlanInputs, Role, Serving, Strategy, cold_serving
 from .grouping import Group
 
 
@@ -40,7 +40,7 @@ class Placing:
 
     groups: list[Group]
     budget: int
-    where: dict[str, Placement] = field(default_factory=dict)
+    where: dict[str, Serving] = field(default_factory=dict)
     #: The largest on-demand tower's device transient (see :func:`tower_transient_bytes`).
     transient: int = 0
     buffers: int = 0
@@ -52,12 +52,12 @@ class Placing:
     head_rows: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.where = {g.name: Placement.ABSENT if g.role == Role.ABSENT else
-                      Placement.HOST_COLD if g.vllm_host else Placement.DEVICE for g in self.groups}
+        self.where = {g.name: Serving.NONE if g.role == Role.ABSENT else
+                      cold_serving(g.name, g.kind) if g.vllm_host else Serving.RESIDENT for g in self.groups}
 
     def over_budget(self) -> int:
         """Device bytes (resident, tower transient, prefetch buffers) above the budget."""
-        device = sum(g.nbytes for g in self.groups if self.where[g.name] == Placement.DEVICE)
+        device = sum(g.nbytes for g in self.groups if self.where[g.name] == Serving.RESIDENT)
         return device + self.all_transient() + self.buffers - self.budget
 
     def all_transient(self) -> int:
@@ -75,7 +75,7 @@ def copied_transient_bytes(p: Placing) -> int:
         return copied_step_bytes(copied_bytes(g.nbytes, on_device, rows), g.num_experts, g.dtype_bytes,
                                  p.compute_formats.get(g.kind))
 
-    return max((copied(g) for g in p.groups if p.where[g.name] == Placement.HOST_COMPUTE), default=0)
+    return max((copied(g) for g in p.groups if p.where[g.name] == Serving.COMPUTE), default=0)
 
 
 def place_cold(p: Placing, inputs: PlanInputs) -> None:
@@ -83,7 +83,7 @@ def place_cold(p: Placing, inputs: PlanInputs) -> None:
     for g in sorted((g for g in p.groups if g.role == Role.COLD and not g.vllm_host), key=lambda g: -g.nbytes):
         if p.over_budget() <= 0 and not inputs.all_cold:
             break
-        p.where[g.name] = Placement.HOST_COLD
+        p.where[g.name] = cold_serving(g.name, g.kind)
         p.transient = max(p.transient, tower_transient_bytes(g))
 
 
@@ -132,7 +132,7 @@ def _prefetch_fewest(p: Placing, units: list[list[Group]], inputs: PlanInputs) -
     remaining = p.over_budget()
     if remaining <= 0 or not units:
         return []
-    moved = [[g for g in unit if p.where[g.name] == Placement.DEVICE] for unit in units]
+    moved = [[g for g in unit if p.where[g.name] == Serving.RESIDENT] for unit in units]
     buffers = prefetch_buffer_bytes([g for unit in moved for g in unit], inputs.prefetch_step)
     chosen = next((c for c in (_spread(n, len(units)) for n in range(1, len(units) + 1))
                    if sum(g.nbytes for i in c for g in moved[i]) - buffers >= remaining),
@@ -140,7 +140,7 @@ def _prefetch_fewest(p: Placing, units: list[list[Group]], inputs: PlanInputs) -
     for i in chosen:
         # mutation: prefetch-leaves-experts
         for g in moved[i]:
-            p.where[g.name] = Placement.HOST_HOT
+            p.where[g.name] = Serving.PREFETCH
     # The candidates' buffers decided how many layers go (never fewer than needed); the
     # plan states what vLLM will allocate: slots for the chosen layers' parameters.
     p.buffers = prefetch_buffer_bytes([g for i in chosen for g in moved[i]], inputs.prefetch_step)
@@ -192,18 +192,18 @@ def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float]
     units = _layer_units(p.groups)
     if p.over_budget() <= 0 or not units:
         return []
-    servings = ([Placement.HOST_UVA] if uva else []) + ([Placement.HOST_COMPUTE] if compute else [])
+    servings = ([Serving.UVA] if uva else []) + ([Serving.COMPUTE] if compute else [])
     # mutation: planner-ignores-kernel
     moe = [] if not servings else sorted((u for u in units if _kind_in(u, GroupKind.EXPERTS)),
                  key=lambda u: (expert_read_fraction(u[1].num_experts, u[1].experts_per_token, tokens),
                                 -u[1].nbytes, u[0].layer_index))
     dense = [u for u in units if _kind_in(u, GroupKind.MLP)] if mlp_compute else []
     start = dict(p.where)
-    best: tuple[tuple, dict[str, Placement], int, list[int]] | None = None
-    for serving in servings or [Placement.HOST_UVA]:
+    best: tuple[tuple, dict[str, Serving], int, list[int]] | None = None
+    for serving in servings or [Serving.UVA]:
         # The MLPs share the CPU pool with host-compute experts (one rate), not with uva ones
         # unless the experts have no compute entry at all.
-        mlps = len(dense) if serving == Placement.HOST_COMPUTE or not compute else 0
+        mlps = len(dense) if serving == Serving.COMPUTE or not compute else 0
         for n in range(len(moe) + 1):
             fit_at = None
             for m in range(mlps + 1):
@@ -213,7 +213,7 @@ def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float]
                     p.where[unit[1].name] = serving
                 computed = [dense[i] for i in _spread(m, len(dense))]
                 for unit in computed:
-                    p.where[unit[1].name] = Placement.HOST_COMPUTE
+                    p.where[unit[1].name] = Serving.COMPUTE
                 on_host = {u[0].layer_index for u in moe[:n]}
                 with_mlp = {u[0].layer_index for u in computed}
                 # mutation: wrapped-experts-prefetched
@@ -248,7 +248,7 @@ def _kind_in(unit: list[Group], kind: GroupKind) -> bool:
 
 
 def host_bytes(p: Placing) -> int:
-    return sum(g.nbytes for g in p.groups if p.where[g.name] in HOST_PLACEMENTS)
+    return sum(g.nbytes for g in p.groups if p.where[g.name] in HOST_SERVINGS)
 
 
 def host_shortfall(p: Placing, inputs: PlanInputs) -> int:
@@ -259,8 +259,8 @@ def host_shortfall(p: Placing, inputs: PlanInputs) -> int:
 def strategy_of(p: Placing, hot: list[int], inputs: PlanInputs) -> Strategy:
     if p.over_budget() > 0 or host_shortfall(p, inputs):
         return Strategy.INFEASIBLE
-    if hot or any(w in (Placement.HOST_UVA, Placement.HOST_COMPUTE) for w in p.where.values()):  # hot bytes on the host
+    if hot or any(w in (Serving.UVA, Serving.COMPUTE) for w in p.where.values()):  # hot bytes on the host
         return Strategy.HOT_OFFLOAD
-    if any(w == Placement.HOST_COLD for w in p.where.values()):
+    if any(w in COLD_SERVINGS for w in p.where.values()):
         return Strategy.COLD_OFFLOAD
     return Strategy.RESIDENT

@@ -44,7 +44,7 @@ from ..checkpoint import Checkpoint
 from ..estimate.host import device_share_time, host_compute_time, share_held_bytes, share_native
 from ..estimate.traffic import EXPERTS_CPU, ExpertsRead, StepSettings, decode_read_rate, flops_per_token
 from ..names import NEVER_COLD_SEGMENTS, has_segment
-from ..plan_format import GroupKind, Placement, PlanInputs
+from ..plan_format import GroupKind, Serving, PlanInputs
 from .grouping import group_tensors
 from .kernels import quantization_config
 from .placement import Placing, host_shortfall
@@ -69,11 +69,11 @@ def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None,
     ``fmt`` holds a share (``estimate.host.share_native``). ``reserved``: device bytes the room
     keeps for another share (the LM head's rows, :func:`head_share`)."""
     experts = [g for g in p.groups if g.kind == GroupKind.EXPERTS and not g.mtp
-               and p.where[g.name] in (Placement.DEVICE, Placement.HOST_COMPUTE)]
-    if not any(p.where[g.name] == Placement.HOST_COMPUTE for g in experts):
+               and p.where[g.name] in (Serving.RESIDENT, Serving.COMPUTE)]
+    if not any(p.where[g.name] == Serving.COMPUTE for g in experts):
         return None
     trial = Placing(p.groups, p.budget, compute_formats=p.compute_formats, head_rows=dict(p.head_rows))
-    trial.where = {**p.where, **{g.name: Placement.HOST_COMPUTE for g in experts}}
+    trial.where = {**p.where, **{g.name: Serving.COMPUTE for g in experts}}
     trial.transient, trial.buffers = p.transient, 0
     room = _room(trial, inputs)
     if room is None:
@@ -156,16 +156,16 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     I = intermediate_size(checkpoint.config)
     align = channel_align(checkpoint.config)
     # mutation: channel-share-without-a-deficit
-    hot_on_host = any(w in (Placement.HOST_COMPUTE, Placement.HOST_HOT) for w in p.where.values())
+    hot_on_host = any(w in (Serving.COMPUTE, Serving.PREFETCH) for w in p.where.values())
     if fmt is None or I is None or I <= align or not hot_on_host:  # only where the cold set was not enough
         return None
     groups = group_tensors(checkpoint, inputs, split_mlp=True)
     trial = Placing(groups, p.budget, compute_formats=p.compute_formats, head_rows=dict(p.head_rows))
     for g in groups:
         if g.kind == GroupKind.MLP:
-            trial.where[g.name] = Placement.HOST_COMPUTE
+            trial.where[g.name] = Serving.COMPUTE
         elif g.kind == GroupKind.LAYER:
-            trial.where[g.name] = Placement.DEVICE
+            trial.where[g.name] = Serving.RESIDENT
         elif g.name in p.where:
             trial.where[g.name] = p.where[g.name]
     trial.transient, trial.buffers = p.transient, 0
@@ -194,7 +194,7 @@ def head_share(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing) -> tuple[
     if not inputs.head_share or inputs.ranks != 1 or inputs.speculative or checkpoint.facts.tie_word_embeddings:
         return None
     heads = [g for g in p.groups if g.kind == GroupKind.MODULE and has_segment(g.name, NEVER_COLD_SEGMENTS)
-             and p.where[g.name] == Placement.DEVICE]
+             and p.where[g.name] == Serving.RESIDENT]
     weight = checkpoint.tensors.get(f"{heads[0].name}.weight") if len(heads) == 1 else None
     if weight is None or heads[0].num_tensors != 1 or weight.dtype != "BF16" or len(weight.shape) != 2:
         return None

@@ -32,8 +32,8 @@ def break_even_accept_rate(spec_step_s: float, plain_step_s: float, k: int) -> f
 def with_alternative(plan: Plan, plain: Plan) -> Plan:
     """The speculative plan, with the plan without speculation beside it and a recommendation."""
     k, a = plan.spec_tokens, plan.inputs.accept_rate
-    alternative = Alternative("without speculative decoding", plain.strategy, plain.host_cold_bytes,
-                              plain.host_hot_bytes, plain.hot_layer_indices, plain.est, plain.host_uva_bytes,
+    alternative = Alternative("without speculative decoding", plain.strategy, plain.cold_on_host_bytes,
+                              plain.prefetch_bytes, plain.hot_layer_indices, plain.est, plain.uva_bytes,
                               plain.host_compute_bytes)
     faster = plan.est.est_tok_s > plain.est.est_tok_s
     even = break_even_accept_rate(plan.est.est_step_s, plain.est.est_step_s, k)

@@ -18,7 +18,7 @@ def kv_tradeoff(checkpoint: Checkpoint, inputs: PlanInputs) -> list[tuple[int, P
     rows: list[tuple[int, Plan | UserError]] = []
     for n in sorted({1, 2, 4, 8, 16, inputs.max_seqs}):
         try:
-            rows.append((n, make_plan(checkpoint, replace(inputs, max_seqs=n, batch=n), with_bulk=False)))
+            rows.append((n, make_plan(checkpoint, replace(inputs, max_seqs=n, batch=n), with_cpu_offload=False)))
         except UserError as exc:
             rows.append((n, exc))
     return rows

@@ -16,7 +16,7 @@ from ..checkpoint import load_checkpoint, require_complete
 from ..errors import PlanError
 from ..model_match import check_plan_matches_model
 from ..plan_format import Plan
-from ..report import PlacementReport, report_paths
+from ..report import LandingReport, report_paths
 from .session import COMPILE_KEY, Settings, clear_reports, logger
 
 
@@ -47,7 +47,7 @@ def worker_error(report_path: str | None) -> str | None:
     for path in report_paths(report_path):
         if path.is_file():
             try:
-                error = PlacementReport.load_one(path).error
+                error = LandingReport.load_one(path).error
             except PlanError:
                 continue
             if error:

@@ -63,7 +63,7 @@ from .. import cpu_kernels
 from ..errors import PlanError
 from ..names import ModelNames, group_key
 from ..planner import kernels
-from ..plan_format import GroupKind, Placement, Plan
+from ..plan_format import GroupKind, Serving, Plan
 from ..sizes import fmt_bytes
 from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.layout import layout_of
@@ -91,7 +91,7 @@ def uva_groups(plan: Plan | None) -> list[str]:
     """The experts groups the plan places in host memory, read through UVA."""
     if plan is None:
         return []
-    return [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.placement == Placement.HOST_UVA]
+    return [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.serving == Serving.UVA]
 
 
 def compute_groups(plan: Plan | None) -> list[str]:
@@ -99,7 +99,7 @@ def compute_groups(plan: Plan | None) -> list[str]:
     (:mod:`.host_compute`): built and page-locked as the uva-served ones, never viewed."""
     if plan is None:
         return []
-    return [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.placement == Placement.HOST_COMPUTE]
+    return [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.serving == Serving.COMPUTE]
 
 
 def mlp_groups(plan: Plan | None) -> list[str]:
@@ -107,7 +107,7 @@ def mlp_groups(plan: Plan | None) -> list[str]:
     so served): built and page-locked on the host as the experts are, run as one expert."""
     if plan is None:
         return []
-    return [g.group for g in plan.groups if g.kind == "mlp" and g.placement == Placement.HOST_COMPUTE]
+    return [g.group for g in plan.groups if g.kind == "mlp" and g.serving == Serving.COMPUTE]
 
 
 @dataclass
@@ -191,8 +191,8 @@ def refuse_another_card(plan: Plan | None, device: torch.device, card: str | Non
     serve them. ``card``: this device's compute capability (read from it when not given)."""
     if plan is None or device.type != "cuda":
         return
-    host = [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.placement in
-            (Placement.HOST_UVA, Placement.HOST_HOT)]
+    host = [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.serving in
+            (Serving.UVA, Serving.PREFETCH)]
     card = card or card_of_worker(device)
     # mutation: another-card-accepted
     if not host or card is None or card == plan.inputs.card:

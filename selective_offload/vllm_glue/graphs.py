@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import PlanError
-from ..plan_format import GroupKind, Placement, Plan
+from ..plan_format import GroupKind, Serving, Plan
 
 
 def cap_graphs_at_crossover(plan: Plan | None, vllm_config: Any, device: torch.device) -> str | None:
@@ -32,7 +32,7 @@ def cap_graphs_at_crossover(plan: Plan | None, vllm_config: Any, device: torch.d
     crossover = plan.host_compute.crossover_tokens
     if enforce_eager or not sizes or sizes[-1] <= crossover:
         return None
-    what = ("routed experts" if any(g.kind == GroupKind.EXPERTS and g.placement == Placement.HOST_COMPUTE
+    what = ("routed experts" if any(g.kind == GroupKind.EXPERTS and g.serving == Serving.COMPUTE
                                      for g in plan.groups) else "dense MLPs")
     kept = [n for n in sizes if n <= crossover]
     if not kept:

@@ -65,7 +65,7 @@ def format_of(group: str, method: Any, module: nn.Module, device: torch.device =
     if fmt is None:
         what = f"{type(method).__name__}" + (f" with {dtype} weights" if name == "unquantized" else "")
         raise PlanError(f"{group}: the plan computes these routed experts on the host CPU, and the CPU kernels "
-                        f"have no format for {what}; plan them host-uva or on the device")
+                        f"have no format for {what}; plan them served uva or on the device")
     if fmt == "int4":
         refuse_unread_int4(group, method)
     refuse_unserved(f"{group}: the plan computes these routed experts on the host CPU in {fmt}", fmt, device)
@@ -88,7 +88,7 @@ def activation_of(group: str, module: nn.Module) -> Activation:
     kind = ACTIVATIONS.get(str(act))
     if kind is None:
         raise PlanError(f"{group}: the CPU kernels do not compute the {act} activation; plan these routed "
-                        "experts host-uva or on the device")
+                        "experts served uva or on the device")
     if kind == "swigluoai":
         config = getattr(module, "moe_config", None)
         alpha = getattr(config, "swiglu_alpha", None)
@@ -104,7 +104,7 @@ def refuse_unsupported(group: str, method: Any, module: nn.Module, device: torch
     activation_of(group, module)
     if getattr(module, "apply_router_weight_on_input", False):
         raise PlanError(f"{group}: vLLM applies this layer's router weights to the input (Llama-4 style), which "
-                        "the CPU kernels do not; plan these routed experts host-uva or on the device")
+                        "the CPU kernels do not; plan these routed experts served uva or on the device")
 
 
 def threads_of(setting: Any, device: torch.device = torch.device("cpu")) -> int | None:
@@ -263,7 +263,7 @@ def experts_per_token(group: str, module: nn.Module, planned: Any) -> int:
                                                                  "experts_per_token", 0)
     if not k:
         raise PlanError(f"{group}: vLLM built these routed experts without a top_k the host's buffers "
-                        "can be sized for; plan them host-uva or on the device")
+                        "can be sized for; plan them served uva or on the device")
     return int(k)
 
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import PlanError
-from ..plan_format import GroupKind, Placement, Plan
+from ..plan_format import GroupKind, Serving, Plan
 from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.host_rows import HostRows
 from .host_compute import threads_of
@@ -40,7 +40,7 @@ def head_groups(plan: Plan | None) -> list[str]:
     """The LM head groups the plan splits between the device and the host CPU."""
     if plan is None:
         return []
-    return [g.group for g in plan.groups if g.kind == GroupKind.MODULE and g.placement == Placement.HOST_COMPUTE]
+    return [g.group for g in plan.groups if g.kind == GroupKind.MODULE and g.serving == Serving.COMPUTE]
 
 
 def check_head(group: str, head: nn.Module, model: nn.Module | None = None) -> None:

@@ -60,7 +60,7 @@ def refuse_unread_int4(group: str, method: Any, what: str = "these routed expert
     if why is not None:
         raise PlanError(f"{group}: the plan computes {what} on the host CPU in int4, and the int4 kernel "
                         f"reads 4-bit groups (symmetric, or AWQ's with zero points), not {why}; plan them "
-                        "host-uva or on the device")
+                        "served uva or on the device")
 
 
 def _unpack_awq(q: torch.Tensor) -> torch.Tensor:

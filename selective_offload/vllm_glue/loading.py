@@ -35,8 +35,8 @@ from torch import nn
 
 from ..errors import PlanError, UserError
 from ..names import EMBED_SEGMENTS, cold_prefix, cold_segment, has_segment
-from ..plan_format import GroupKind, Placement
-from ..report import PlacementReport, build_report, judge_host_memory
+from ..plan_format import COLD_SERVINGS, GroupKind, Serving
+from ..report import LandingReport, build_report, judge_host_memory
 from ..wrappers import offload_on_demand, refuse_if_tied
 from ..wrappers.construct_on_host import ConstructOnHost
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy, resident_set_bytes, torch_pinned_bytes
@@ -110,7 +110,7 @@ def make_override_guard(get_session: GetSession):
 
 def _not_applied(s: Session, reason: str, vllm_config) -> None:
     device = str(getattr(getattr(vllm_config, "device_config", None), "device", "") or "")
-    report = PlacementReport.failed(reason, s.settings.plan, device)
+    report = LandingReport.failed(reason, s.settings.plan, device)
     report.error, report.problems = None, [reason]
     if s.settings.options.strict:
         report.error = f"the plan was not realised (strict mode): {reason}"
@@ -200,7 +200,7 @@ def refuse_what_the_plan_cannot_survive(s: Session, vllm_config, device: torch.d
     """Settings under which the plan's mechanism would silently not run, refused up front."""
     plan = s.settings.plan
     towers = [g.group for g in plan.groups
-              if g.placement == Placement.HOST_COLD and not has_segment(g.group, EMBED_SEGMENTS)]
+              if g.serving in COLD_SERVINGS and not has_segment(g.group, EMBED_SEGMENTS)]
     cc = getattr(vllm_config, "compilation_config", None)
     compiled = [flag for flag in ("compile_mm_encoder", "cudagraph_mm_encoder") if getattr(cc, flag, False)]
     if towers and compiled:
@@ -208,7 +208,7 @@ def refuse_what_the_plan_cannot_survive(s: Session, vllm_config, device: torch.d
                         "run (a compiled or graph-captured encoder skips the hooks that bring its blocks to the "
                         "device); turn them off, or plan that tower on the device (--cold-segments without it)")
     embeds = [g.group for g in plan.groups
-              if g.placement == Placement.HOST_COLD and has_segment(g.group, EMBED_SEGMENTS)]
+              if g.serving in COLD_SERVINGS and has_segment(g.group, EMBED_SEGMENTS)]
     mode = embedding_mode(s.settings.options, device, vllm_config)
     if embeds and getattr(vllm_config, "lora_config", None) is not None and mode == "host":
         raise PlanError(f"LoRA adapters on {embeds[0]} allocate their weights on the embedding weight's device, "
@@ -508,7 +508,7 @@ def _attach_cold(s: Session, model: nn.Module, load: Load, vllm_config) -> set[i
     roots = [(n, m) for n, m in _cold_modules(model, segments) if cold_prefix(n, segments) == n]
     heads = [(n, m) for n, m in model.named_modules() if isinstance(m, t.ParallelLMHead)]
     # mutation: cold-groups-by-checkpoint-name
-    plan_groups = {cold_segment(load.names.model_name(g), segments): g for g in load.settings.plan.host_cold_groups}
+    plan_groups = {cold_segment(load.names.model_name(g), segments): g for g in load.settings.plan.cold_on_host_groups}
     mode = embedding_mode(load.settings.options, load.device, vllm_config)
     owned: set[int] = set()
     s.attached.clear()
@@ -541,7 +541,7 @@ def record_error(s: Session, error: str, vllm_config) -> None:
     """Write a user error to the report file, so the calling process can raise it."""
     device = str(getattr(getattr(vllm_config, "device_config", None), "device", "") or "")
     existing = s.report if s.report is not None and s.report.error == error else None
-    report = existing or PlacementReport.failed(error, s.settings.plan, device)
+    report = existing or LandingReport.failed(error, s.settings.plan, device)
     report.error = error
     s.report = report
     if s.settings.options.report_path:
@@ -566,14 +566,14 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
     settings = load.settings
     xl = load.experts
     report = build_report(model, settings.plan, compute_device=load.device,
-                          host_cold_params=cold_params, host_hot_params=hot_params,
+                          cold_on_host_params=cold_params, prefetch_params=hot_params,
                           routed_names=load.routed_names, notes=list(load.notes) + experts.notes_for(xl),
                           drafter=drafter, drafter_expected=load.drafter_expected,
                           loaded_bytes=load.loaded_bytes, drafter_loaded_bytes=s.drafter_loaded_bytes,
                           mechanisms={**{g: a.mechanism for g, a in s.attached.items()},
                                       **(xl.mechanisms if xl is not None else {})},
                           pipeline_part=load.pipeline_ranks > 1,
-                          host_uva_params=xl.params if xl is not None else frozenset(),
+                          uva_params=xl.params if xl is not None else frozenset(),
                           host_compute_params=xl.compute_params if xl is not None else frozenset(),
                           routed_uva_params=xl.routed if xl is not None else None, names=load.names)
     report.problems[:0] = load.problems
@@ -591,9 +591,9 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
         judge_host_memory(report, policy=str(ledger.policy.path), reason=ledger.policy.reason,
                           locked_by_how=ledger.by_how(), locked_by_purpose=ledger.by_purpose(),
                           torch_pinned_bytes=torch_pinned_bytes(), resident_set_bytes=resident_set_bytes())
-    if report.loaded_host_cold_bytes != report.planned_host_cold_bytes and report.planned_host_cold_bytes:
+    if report.loaded_cold_on_host_bytes != report.planned_cold_on_host_bytes and report.planned_cold_on_host_bytes:
         report.notes.append(f"vLLM holds the cold groups in {load.dtype or 'its dtype'}: "
-                            f"{report.loaded_host_cold_bytes / report.planned_host_cold_bytes:.2f}x the "
+                            f"{report.loaded_cold_on_host_bytes / report.planned_cold_on_host_bytes:.2f}x the "
                             "checkpoint bytes the plan counts")
     if not report.ok and settings.options.strict:
         report.error = "the plan was not realised (strict mode): " + "; ".join(report.problems)

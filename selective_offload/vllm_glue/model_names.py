@@ -24,7 +24,7 @@ from torch import nn
 from ..checkpoint import load_checkpoint
 from ..errors import PlanError
 from ..names import NameMap, ModelNames, model_names, unnamed_groups
-from ..plan_format import LAYER_KINDS, Placement, Plan
+from ..plan_format import LAYER_KINDS, Serving, Plan
 
 #: Tensor names tried for each group when the checkpoint is not a local directory (its
 #: headers cannot be read here): the leaves most modules have.
@@ -69,7 +69,7 @@ def refuse_unnamed(model: nn.Module, names: ModelNames, plan: Plan) -> None:
     model names no module of the model just built (layers and routed experts are found by
     their index; MTP heads by the drafter; groups planned absent are not loaded)."""
     wanted = [g.group for g in plan.groups if g.kind not in LAYER_KINDS and not g.mtp and g.bytes
-              and g.placement != Placement.ABSENT]
+              and g.serving != Serving.NONE]
     modules = [n for n, _ in model.named_modules(remove_duplicate=False)]
     modules += [n.rsplit(".", 1)[0] for n, _ in model.named_parameters(remove_duplicate=False) if "." in n]
     missing = unnamed_groups(names, wanted, modules, plan.inputs.cold_segments)

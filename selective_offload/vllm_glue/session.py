@@ -22,7 +22,7 @@ from ..log import logger
 from ..names import ModelNames, cold_segment
 from ..options import AUTO_PLAN, RunOptions
 from ..plan_format import Plan
-from ..report import PlacementReport, rank_path, remove_reports
+from ..report import LandingReport, rank_path, remove_reports
 from ..wrappers.page_locked import PageLockedLedger
 from .compat import Targets
 from .host_resident import HostResident
@@ -53,11 +53,11 @@ class Settings:
         return self.options.plan_path == AUTO_PLAN
 
     @property
-    def host_cold_segments(self) -> frozenset[str]:
+    def cold_on_host_segments(self) -> frozenset[str]:
         if self.plan is None:
             return frozenset()
         segments = self.plan.inputs.cold_segments
-        return frozenset(cold_segment(g, segments) for g in self.plan.host_cold_groups) - {None}
+        return frozenset(cold_segment(g, segments) for g in self.plan.cold_on_host_groups) - {None}
 
     @property
     def identity(self) -> str:
@@ -99,7 +99,7 @@ class Load:
     pipeline_ranks: int = 1
     #: How host weights are held on this machine, and what this load page-locked.
     page_locked: PageLockedLedger | None = None
-    #: The plan's host-uva routed experts (``experts.ExpertsLoad``), when it has any.
+    #: The plan's routed experts served uva (``experts.ExpertsLoad``), when it has any.
     experts: Any = None
     #: The plan's groups as the model vLLM builds names them (``model_names.names_for``).
     names: ModelNames = field(default_factory=ModelNames)
@@ -110,8 +110,8 @@ class Load:
 
     @property
     def cold_segments(self) -> frozenset[str]:
-        """The host-cold segments as the model spells them: what routing and wrapping match."""
-        return self.names.segments(self.settings.host_cold_segments)
+        """The cold set's segments as the model spells them: what routing and wrapping match."""
+        return self.names.segments(self.settings.cold_on_host_segments)
 
 
 @dataclass
@@ -172,7 +172,7 @@ class Session:
     loads: int = 0
     main: Main | None = None
     attached: dict[str, Attached] = field(default_factory=dict)
-    report: PlacementReport | None = None
+    report: LandingReport | None = None
 
     def reset(self, settings: Settings) -> None:
         """A new plan for the engines started from now on: nothing of the last one carries over."""
@@ -184,7 +184,7 @@ class Session:
         """Each attached wrapper's counters, now."""
         return {group: c for group, a in self.attached.items() if (c := a.counters())}
 
-    def live_report(self) -> PlacementReport | None:
+    def live_report(self) -> LandingReport | None:
         """The report of the model loaded in this process, with the counters as they are now."""
         if self.report is None:
             return None
@@ -207,7 +207,7 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def save_report(report: PlacementReport, path: str) -> None:
+def save_report(report: LandingReport, path: str) -> None:
     # mutation: world-size-not-recorded
     report.world_size = world_size()
     try:

@@ -707,7 +707,7 @@ def _cudagraph_sizes_after_load() -> None:
 
 @check("routed_experts_uva")
 def _routed_experts_uva() -> None:
-    # Source and behaviour: what the host-uva experts path relies on. RoutedExperts is built
+    # Source and behaviour: what the served uva experts path relies on. RoutedExperts is built
     # with the FusedMoE prefix as ``layer_name`` and allocates its weights in __init__
     # (create_weights), so construction routing finds it on the stack; the quant method
     # names its kernel in ``experts_cls`` when built (the glue's kernel check); vLLM marks

@@ -164,15 +164,15 @@ def test_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_group(
 
     torch_model, plan = Model(), plan_for(checkpoint_of())
     fewer = dataclasses.replace(plan, groups=tuple(g for g in plan.groups if g.group != "lm_head"))
-    report = build_report(torch_model, fewer, compute_device=torch.device("cpu"), host_cold_params=set(),
-                          host_hot_params=set())
+    report = build_report(torch_model, fewer, compute_device=torch.device("cpu"), cold_on_host_params=set(),
+                          prefetch_params=set())
     assert any("in no plan group" in p and "lm_head.weight" in p for p in report.problems), report.problems
     assert "in no plan group" in report.render() and "placement does NOT match the plan" in report.render()
     embed = next(g for g in plan.groups if g.group == "model.embed_tokens")
     absent = dataclasses.replace(plan, groups=tuple(
-        dataclasses.replace(g, role="absent", placement="absent") if g is embed else g for g in plan.groups))
-    report = build_report(torch_model, absent, compute_device=torch.device("cpu"), host_cold_params=set(),
-                          host_hot_params=set())
+        dataclasses.replace(g, role="absent", serving="none") if g is embed else g for g in plan.groups))
+    report = build_report(torch_model, absent, compute_device=torch.device("cpu"), cold_on_host_params=set(),
+                          prefetch_params=set())
     assert any("group model.embed_tokens is planned absent (not loaded), but the engine loaded" in p
                for p in report.problems), report.problems
 
@@ -188,7 +188,7 @@ def test_a_tied_head_is_not_counted_as_outside_the_plan(tmp_path):
     ckpt = checkpoint_of()
     del ckpt.tensors["lm_head.weight"]
     report = build_report(torch_model, plan_for(ckpt), compute_device=torch.device("cpu"),
-                          host_cold_params=set(), host_hot_params=set())
+                          cold_on_host_params=set(), prefetch_params=set())
     assert report.unplanned == {} and not any("no plan group" in p for p in report.problems)
 
 
@@ -255,17 +255,17 @@ def test_report_paths_that_cannot_be_written_are_refused_before_anything_starts(
 
 
 def test_the_report_never_replaces_what_is_not_a_regular_file(tmp_path):
-    from selective_offload.report import PlacementReport, remove_reports
+    from selective_offload.report import LandingReport, remove_reports
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
-        PlacementReport("f", "cpu", True).save(fifo)
+        LandingReport("f", "cpu", True).save(fifo)
     remove_reports(fifo)  # what the next engine's start does to the last one's report
     assert fifo.exists() and not fifo.is_file()
     long_name = tmp_path / ("r" * 240 + ".json")  # its temporary file's name is short
-    PlacementReport("f", "cpu", True).save(long_name)
-    assert PlacementReport.load(long_name).model_fingerprint == "f"
+    LandingReport("f", "cpu", True).save(long_name)
+    assert LandingReport.load(long_name).model_fingerprint == "f"
 
 
 # ---- 5-7. SELECTIVE_OFFLOAD_PLAN=auto

@@ -306,7 +306,7 @@ def test_the_engine_report_never_replaces_nor_removes_a_file_of_the_users(tmp_pa
     and the start-of-engine clean-up of old reports leaves it."""
     from selective_offload.errors import UserError
     from selective_offload.options import RunOptions
-    from selective_offload.report import PlacementReport, remove_reports
+    from selective_offload.report import LandingReport, remove_reports
 
     theirs = tmp_path / "config.json"
     theirs.write_text('{"model_type": "qwen3"}\n')
@@ -314,10 +314,10 @@ def test_the_engine_report_never_replaces_nor_removes_a_file_of_the_users(tmp_pa
         RunOptions(plan_path="plan.json", report_path=str(theirs)).validate()
     remove_reports(theirs)
     with pytest.raises(OSError, match="not a placement report"):
-        PlacementReport("f", "cpu", True).save(theirs)
+        LandingReport("f", "cpu", True).save(theirs)
     assert theirs.read_text() == '{"model_type": "qwen3"}\n'
     mine = tmp_path / "report.json"
-    PlacementReport("f", "cpu", True).save(mine)
+    LandingReport("f", "cpu", True).save(mine)
     RunOptions(plan_path="plan.json", report_path=str(mine)).validate()
     remove_reports(mine)
     assert not mine.exists()

@@ -149,11 +149,11 @@ def test_a_format_version_of_5000_digits_is_one_line_where_a_user_hands_the_plan
         assert "\n" not in str(caught.value) and len(str(caught.value)) < MAX_LINE, str(caught.value)[:2000]
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_a_plan_of_an_older_format_is_refused_in_one_line_that_says_to_plan_again(
         tmp_path, valid_plan, monkeypatch, nothing_enabled, version):
-    """No release has shipped a plan format before v4, so none is translated: a plan of an
-    older one (here in v3's words: ``cls``, ``placement: host-cold``, ``bulk``) is refused
+    """No release has shipped a plan format before v5, so none is translated: a plan of an
+    older one (here in v3's words: ``cls``, one ``placement`` per group, ``bulk``) is refused
     where a user hands it over, by ``enable(path)`` and by the plugin reading
     ``SELECTIVE_OFFLOAD_PLAN``, in one line saying to make the plan again; nothing applies."""
     import selective_offload
@@ -163,10 +163,10 @@ def test_a_plan_of_an_older_format_is_refused_in_one_line_that_says_to_plan_agai
 
     old = {**valid_plan, "format": f"selective-offload/plan-v{version}", "bulk": None,
            "groups": [{**{k: v for k, v in g.items() if k not in ("role", "location", "serving")},
-                       "cls": g["role"], "placement": "host-cold"} for g in valid_plan["groups"]]}
+                       "cls": g["role"], "placement": "host-cold"} for g in valid_plan["groups"]]}  # old words, kept
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(old))
-    expected = f"plan format v{version} is older than this selective-offload reads (v4); {REPLAN}"
+    expected = f"plan format v{version} is older than this selective-offload reads (v5); {REPLAN}"
     with pytest.raises(PlanError) as by_load:
         Plan.load(path)
     with pytest.raises(PlanError) as by_enable:
@@ -240,7 +240,7 @@ def test_any_format_version_loads_or_is_one_line(valid_plan, workdir, text):
     st.binary(max_size=200),
     JSON_VALUES.map(lambda v: json.dumps(v).encode()),
     st.integers(1, 200_000).map(lambda d: _deep(d).encode()),
-    st.integers(1, 20_000).map(lambda n: b'{"format": "selective-offload/plan-v4", "model": ' + b"7" * n + b"}"),
+    st.integers(1, 20_000).map(lambda n: b'{"format": "selective-offload/plan-v5", "model": ' + b"7" * n + b"}"),
     st.binary(min_size=1, max_size=50).map(lambda b: b'{"format": "' + b + b'"}')))
 def test_any_bytes_as_a_plan_file_load_or_are_one_line(workdir, raw):
     file = workdir / "bytes.json"

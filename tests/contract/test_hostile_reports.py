@@ -20,7 +20,7 @@ from hypothesis import given, strategies as st
 
 from selective_offload.cli import main
 from selective_offload.jsonio import MAX_DEPTH, MAX_INT
-from selective_offload.report import GroupLanding, PlacementReport, rank_path
+from selective_offload.report import GroupLanding, LandingReport, rank_path
 
 REFUSED = 2
 
@@ -29,14 +29,14 @@ def a_report(world_size: int | None = 1) -> dict:
     groups = [GroupLanding("model.embed_tokens", "host_cold", "host_cold", 2048, host_bytes=2048,
                            routed_bytes=2048, num_params=1, mechanism="host gather"),
               GroupLanding("model.layers.0", "device", "device", 4096, device_bytes=4096, num_params=3)]
-    report = PlacementReport("fp", "cuda:0", False, groups, planned_host_cold_bytes=2048,
-                             loaded_host_cold_bytes=2048, landed_host_cold_bytes=2048, world_size=world_size)
+    report = LandingReport("fp", "cuda:0", False, groups, planned_cold_on_host_bytes=2048,
+                             loaded_cold_on_host_bytes=2048, landed_cold_on_host_bytes=2048, world_size=world_size)
     report.host_memory = {"policy": "register", "reason": "r", "page_locked_bytes": 2048, "registered_bytes": 2048,
                           "torch_pinned_bytes": None, "by_purpose": {"cold": 2048}, "host_bytes": 2048,
                           "page_locked_to_host_ratio": 1.0, "resident_set_bytes": None}
     report.unplanned = {"x.bias": 4}
-    report.ranks = {"rank1": {"ok": True, "landed_host_cold_bytes": 0, "landed_host_hot_bytes": 0,
-                              "landed_host_uva_bytes": 0, "problems": [], "error": None}}
+    report.ranks = {"rank1": {"ok": True, "landed_cold_on_host_bytes": 0, "landed_prefetch_bytes": 0,
+                              "landed_uva_bytes": 0, "problems": [], "error": None}}
     return report.to_dict()
 
 
@@ -86,8 +86,8 @@ FIELDS = {
     ("model_fingerprint",): lambda v: isinstance(v, str),
     ("compute_device",): lambda v: isinstance(v, str),
     ("host_is_device",): lambda v: isinstance(v, bool),
-    ("planned_host_cold_bytes",): _is_int,
-    ("landed_host_uva_bytes",): _is_int,
+    ("planned_cold_on_host_bytes",): _is_int,
+    ("landed_uva_bytes",): _is_int,
     ("est_link_bytes_per_step",): _is_int,
     ("world_size",): lambda v: v is None or _is_int(v, 1),
     ("error",): lambda v: v is None or isinstance(v, str),
@@ -167,7 +167,7 @@ def test_nesting_is_read_within_the_bound_and_refused_beyond_it(depth):
             assert_refused(path)
 
 
-@given(st.sampled_from(["planned_host_cold_bytes", "world_size", "groups.0.host_bytes"]),
+@given(st.sampled_from(["planned_cold_on_host_bytes", "world_size", "groups.0.host_bytes"]),
        st.one_of(st.integers(17, 6000).map(lambda n: "9" * n), st.integers(17, 6000).map(lambda n: "-" + "9" * n),
                  st.integers(300, 6000).map(lambda n: f"1e{n}"), st.just("1.5"), st.just("NaN"),
                  st.just("Infinity")))

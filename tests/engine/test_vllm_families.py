@@ -20,7 +20,7 @@ import pytest
 
 import selective_offload
 from helpers import TINY_MOE_FAMILIES, decode_on_host_plan, generate_tokens, generate_with_plan, save_tiny_moe
-from selective_offload.plan_format import Placement
+from selective_offload.plan_format import Serving
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
@@ -39,8 +39,8 @@ def family(request, tmp_path_factory):
 
 def test_the_plan_puts_the_embedding_and_routed_experts_on_the_host(family):
     plan = family.plan
-    assert plan.host_cold_groups == ["model.embed_tokens"]
-    assert [g.group for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    assert plan.cold_on_host_groups == ["model.embed_tokens"]
+    assert [g.group for g in plan.groups if g.serving == Serving.COMPUTE]
 
 
 def test_tokens_identical_to_plain_vllm(family):
@@ -56,14 +56,14 @@ def test_report_shows_the_embedding_and_experts_where_the_plan_put_them(family):
     assert report.ok, report.problems
     assert not report.unplanned
     embedding = report.landing("model.embed_tokens")
-    assert (embedding.planned, embedding.actual) == (Placement.HOST_COLD, Placement.HOST_COLD)
+    assert (embedding.planned, embedding.actual) == (Serving.GATHER, Serving.GATHER)
     assert embedding.host_bytes and embedding.device_bytes == 0 and embedding.moved_bytes == 0
     assert embedding.routed_bytes == embedding.host_bytes
     assert embedding.mechanism.startswith("host gather")
     for g in family.plan.groups:
         landing = report.landing(g.group)
-        assert landing.actual == g.placement and landing.num_params, g.group
-        if g.placement == Placement.HOST_COMPUTE:
+        assert landing.actual == g.serving and landing.num_params, g.group
+        if g.serving == Serving.COMPUTE:
             assert landing.host_bytes and landing.routed_bytes == landing.host_bytes and landing.device_bytes == 0
             served = family.served[g.group]["host_compute"]
             assert served["host_steps"] and served["device_steps"], served  # decode on the CPU, prefill not

@@ -11,7 +11,7 @@ import pytest
 
 import selective_offload
 from helpers import PROMPTS, TINY_HOST_COMPUTE, copy_room, generate_tokens, generate_with_plan, save_tiny_qwen3
-from selective_offload.plan_format import Placement
+from selective_offload.plan_format import Serving
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
@@ -49,7 +49,7 @@ def test_the_plan_computes_dense_mlps_on_the_host(plan):
     device (the room the planner left: the MLPs' device share), and a block more in the
     first layers (what that left): the engine runs MLPs whose shares differ."""
     mlps = [g for g in plan.groups if g.kind == "mlp"]
-    assert len(mlps) == 4 and all(g.placement == Placement.HOST_COMPUTE and g.group.endswith(".mlp") for g in mlps)
+    assert len(mlps) == 4 and all(g.serving == Serving.COMPUTE and g.group.endswith(".mlp") for g in mlps)
     shares = [g.device_channels for g in mlps]
     assert min(shares) == 128 and shares == sorted(shares, reverse=True) and set(shares) == {128, 256}
     assert all(g.intermediate == 512 for g in mlps) and not plan.hot_layer_indices
@@ -66,7 +66,7 @@ def test_report_shows_each_mlp_built_and_computed_on_the_host(runs, plan):
     assert report.ok, report.problems
     for g in (g for g in plan.groups if g.kind == "mlp"):
         landing = report.landing(g.group)
-        assert (landing.planned, landing.actual) == ("host-compute", "host-compute")
+        assert (landing.planned, landing.actual) == ("compute", "compute")
         assert landing.host_bytes == MLP_BYTES_LOADED and landing.device_bytes == 0
         assert landing.routed_bytes == landing.host_bytes
         assert "kept as loaded" in landing.mechanism
@@ -80,7 +80,7 @@ def test_report_shows_each_mlp_built_and_computed_on_the_host(runs, plan):
         assert served["device_share_picks"] == served["host_tokens"] + served["device_tokens"]
         assert f"channels 0-{n - 1} also on cpu" in landing.mechanism
         layer = report.landing(g.group.rsplit(".mlp", 1)[0])
-        assert layer.actual == "device" and layer.host_bytes == 0
+        assert layer.actual == "resident" and layer.host_bytes == 0
 
 
 #: The tiny LM head as the engine holds it: 1024 vocabulary rows of 256, float32.
@@ -95,11 +95,11 @@ def test_the_lm_head_is_split_between_the_device_and_the_host_cpu(runs, plan):
     (below the crossover; tests/unit/wrappers/test_host_rows.py takes the device path). The
     tokens above are the same as plain vLLM's."""
     head = plan.group_of("lm_head")
-    assert head.placement == Placement.HOST_COMPUTE and head.intermediate == 1024
+    assert head.serving == Serving.COMPUTE and head.intermediate == 1024
     assert 0 < head.device_channels < 1024 and head.device_channels % 128 == 0
     _, (_, report) = runs
     landing = report.landing("lm_head")
-    assert (landing.planned, landing.actual) == ("host-compute", "host-compute")
+    assert (landing.planned, landing.actual) == ("compute", "compute")
     assert landing.host_bytes == landing.routed_bytes == HEAD_BYTES_LOADED and landing.device_bytes == 0
     n = head.device_channels
     assert landing.mechanism.startswith(f"compute (the host CPU computes the LM head's last vocabulary rows where "

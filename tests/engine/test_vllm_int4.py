@@ -27,7 +27,7 @@ import pytest
 from helpers import (PROMPTS, host_kernel_against_plain, save_tiny_awq_qwen3, save_tiny_ct_int4_qwen3,
                      save_tiny_gptq_qwen3)
 from selective_offload.cpu_kernels import claimed
-from selective_offload.plan_format import Placement
+from selective_offload.plan_format import Serving
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
@@ -58,7 +58,7 @@ def test_the_plans_compute_the_mlps_on_the_host_in_int4(run):
     for plan in (run.decode, run.everything):
         assert plan.host_compute.format == "int4"
         mlps = [g for g in plan.groups if g.kind == "mlp"]
-        assert mlps and all(g.placement == Placement.HOST_COMPUTE for g in mlps)
+        assert mlps and all(g.serving == Serving.COMPUTE for g in mlps)
     assert run.everything.host_compute.crossover_tokens > sum(len(s) for s in PROMPTS) + 4 * 32
 
 
@@ -66,7 +66,7 @@ def test_decode_on_the_int4_kernel_and_prefill_on_the_device(run):
     assert run.decode_report.ok, run.decode_report.problems
     for g in (g for g in run.decode.groups if g.kind == "mlp"):
         landing = run.decode_report.landing(g.group)
-        assert (landing.planned, landing.actual) == ("host-compute", "host-compute")
+        assert (landing.planned, landing.actual) == ("compute", "compute")
         served = run.decode_report.transfers[g.group]
         assert served["kernel"] == "int4", served
         assert served["host_compute"]["host_steps"] >= 31 and served["host_compute"]["device_steps"] >= 1, served

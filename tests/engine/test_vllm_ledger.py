@@ -20,7 +20,7 @@ import pytest
 import selective_offload
 from helpers import PROMPTS, TINY_HOST_COMPUTE, compute_experts_plan, generate_tokens, save_tiny_qwen3, \
     save_tiny_qwen3_moe, with_plan
-from selective_offload.plan_format import Placement
+from selective_offload.plan_format import Serving
 from selective_offload.plan_format.contents import DEVICE, PAGE_LOCKED, PAGEABLE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
@@ -66,8 +66,8 @@ def counted(monkeypatch):
 
 def allocated(report, made) -> dict[str, int]:
     """The worker's allocations at their sites, and the weights where the report found them."""
-    device = sum(g.device_bytes for g in report.groups if g.planned == Placement.DEVICE)
-    host = sum(g.host_bytes for g in report.groups if g.planned != Placement.DEVICE)
+    device = sum(g.device_bytes for g in report.groups if g.planned == Serving.RESIDENT)
+    host = sum(g.host_bytes for g in report.groups if g.planned != Serving.RESIDENT)
     return {DEVICE: device + made[DEVICE], PAGE_LOCKED: host + made[PAGE_LOCKED], PAGEABLE: made[PAGEABLE]}
 
 
@@ -94,7 +94,7 @@ def assert_within(plan, report, made) -> None:
 def test_a_moe_replicas_allocations_are_its_plans_ledger(tmp_path, counted):
     moe = save_tiny_qwen3_moe(tmp_path / "moe", seed=3)
     plan = compute_experts_plan(moe, cpu_tflops=100.0)  # device shares, and the head split
-    assert plan.group_of("lm_head").placement == Placement.HOST_COMPUTE
+    assert plan.group_of("lm_head").serving == Serving.COMPUTE
     tokens, report = with_plan(plan, lambda args: generate_tokens(moe, PROMPTS, **{"dtype": "bfloat16", **args}))
     assert report.ok, report.problems
     assert_within(plan, report, counted)
@@ -108,7 +108,7 @@ def test_a_dense_replicas_allocations_are_its_plans_ledger(tmp_path, counted):
     ckpt = load_checkpoint(dense)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
                                       reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": 0.1}))
-    assert any(g.kind == "mlp" and g.placement == Placement.HOST_COMPUTE for g in plan.groups)
+    assert any(g.kind == "mlp" and g.serving == Serving.COMPUTE for g in plan.groups)
     selective_offload.disable()
     tokens, report = with_plan(plan, lambda args: generate_tokens(dense, PROMPTS, **{"dtype": "bfloat16", **args}))
     assert report.ok, report.problems

@@ -16,7 +16,7 @@ import selective_offload
 from helpers import (MAX_TOKENS, PROMPTS, compute_experts_plan, generate_tokens, generate_with_plan, prompt_logprobs,
                      save_tiny_qwen3_moe, uva_experts_plan, with_plan)
 from selective_offload.errors import PlanError
-from selective_offload.plan_format import GroupKind, Placement
+from selective_offload.plan_format import GroupKind, Serving
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
@@ -43,18 +43,18 @@ def plan(moe):
 
 @pytest.fixture(scope="module")
 def selective(moe, plan):
-    """One strict engine with the planner's plan: the embedding host-cold and two layers'
-    routed experts host-uva."""
+    """One strict engine with the planner's plan: the embedding cold on the host and two layers'
+    routed experts served uva."""
     return generate_with_plan(plan, moe, strict=True)
 
 
 def test_the_plan_puts_routed_experts_in_host_memory(plan):
     """The cold set (the embedding) does not close the deficit; the planner reads two
     layers' routed experts through UVA rather than prefetching whole layers."""
-    uva = [g for g in plan.groups if g.placement == Placement.HOST_UVA]
+    uva = [g for g in plan.groups if g.serving == Serving.UVA]
     assert [g.group for g in uva] == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
     assert all(g.kind == GroupKind.EXPERTS and (g.num_experts, g.experts_per_token) == (8, 2) for g in uva)
-    assert plan.host_cold_groups == ["model.embed_tokens"] and not plan.hot_layer_indices
+    assert plan.cold_on_host_groups == ["model.embed_tokens"] and not plan.hot_layer_indices
 
 
 def test_tokens_identical_to_plain_vllm(selective, plain_tokens):
@@ -64,24 +64,24 @@ def test_tokens_identical_to_plain_vllm(selective, plain_tokens):
 
 
 def test_report_puts_the_routed_experts_on_the_host_built_there(selective, plan):
-    """Each host-uva group: all its bytes (as loaded) on the host, every byte built there
+    """Each served uva group: all its bytes (as loaded) on the host, every byte built there
     at construction (none moved after loading), served through "uva"; the rest of its
     layer (attention, router, norms) on the device; the verdict is ok in strict mode."""
     _, report = selective
     assert report.ok, report.problems
     for name in ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts"):
         g = report.landing(name)
-        assert (g.planned, g.actual) == ("host-uva", "host-uva")
+        assert (g.planned, g.actual) == ("uva", "uva")
         assert g.host_bytes == EXPERTS_BYTES_LOADED and g.device_bytes == 0
         assert g.routed_bytes == g.host_bytes and g.moved_bytes == 0
         assert g.mechanism.startswith("uva (host memory is the device's memory here")
         assert "post-processed in place on the host" in g.mechanism
         layer = report.landing(name.rsplit(".mlp", 1)[0])
-        assert (layer.planned, layer.actual) == ("device", "device") and layer.host_bytes == 0
+        assert (layer.planned, layer.actual) == ("resident", "resident") and layer.host_bytes == 0
     device_experts = report.landing("model.layers.3.mlp.experts")
-    assert device_experts.actual == "device" and device_experts.host_bytes == 0
-    assert report.planned_host_uva_bytes == plan.host_uva_bytes
-    assert report.loaded_host_uva_bytes == report.landed_host_uva_bytes == 2 * EXPERTS_BYTES_LOADED
+    assert device_experts.actual == "resident" and device_experts.host_bytes == 0
+    assert report.planned_uva_bytes == plan.uva_bytes
+    assert report.loaded_uva_bytes == report.landed_uva_bytes == 2 * EXPERTS_BYTES_LOADED
     assert report.misplaced_uva_bytes == 0 and report.unrouted_uva_bytes == 0
     assert "uva on host: planned" in report.render()
 
@@ -97,7 +97,7 @@ def test_experts_not_built_on_the_host_are_reported(moe, plan, plain_tokens, mon
     tokens, report = generate_with_plan(plan, moe, strict=False)
     assert tokens == plain_tokens
     g = report.landing("model.layers.0.mlp.experts")
-    assert g.actual == "host-uva" and (g.routed_bytes, g.moved_bytes) == (0, g.host_bytes)
+    assert g.actual == "uva" and (g.routed_bytes, g.moved_bytes) == (0, g.host_bytes)
     assert not report.ok and report.unrouted_uva_bytes == 2 * EXPERTS_BYTES_LOADED
     assert any("of uva bytes were allocated on the device while the model was built" in p for p in report.problems)
     with pytest.raises(PlanError, match="not realised .*uva bytes were allocated on the device"):
@@ -113,7 +113,7 @@ def compute_plan(moe):
 
 @pytest.fixture(scope="module")
 def computed(moe, compute_plan):
-    """One strict engine with the planner's host-compute plan: the embedding host-cold and
+    """One strict engine with the planner's host-compute plan: the embedding cold on the host and
     routed experts computed by the CPU kernel; the four prompts' prefill (14 tokens) above
     the crossover, their decode steps (4 tokens or fewer) at or below it."""
     return generate_with_plan(compute_plan, moe, strict=True)
@@ -123,12 +123,12 @@ def test_the_compute_plan_puts_routed_experts_on_the_host_cpu(compute_plan):
     """Every layer's routed experts computed on the host, the first five of each also on the
     device (the room the planner left: its device share), and one more in the first layers
     (what that left): the engine runs layers whose shares differ."""
-    computed_groups = [g for g in compute_plan.groups if g.placement == Placement.HOST_COMPUTE]
+    computed_groups = [g for g in compute_plan.groups if g.serving == Serving.COMPUTE]
     assert len(computed_groups) == 4 and all(g.kind == GroupKind.EXPERTS for g in computed_groups)
     shares = [g.device_experts for g in computed_groups]
     assert min(shares) == 5 and shares == sorted(shares, reverse=True) and len(set(shares)) == 2
     assert compute_plan.shortfall_bytes == 0
-    assert not compute_plan.host_uva_bytes
+    assert not compute_plan.uva_bytes
     assert 4 <= compute_plan.host_compute.crossover_tokens < sum(len(p) for p in PROMPTS)
 
 
@@ -144,11 +144,11 @@ def test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device(com
     prefill step (above the crossover) by the device path."""
     _, report = computed
     assert report.ok, report.problems
-    names = [g.group for g in compute_plan.groups if g.placement == Placement.HOST_COMPUTE]
-    shares = {g.group: g.device_experts for g in compute_plan.groups if g.placement == Placement.HOST_COMPUTE}
+    names = [g.group for g in compute_plan.groups if g.serving == Serving.COMPUTE]
+    shares = {g.group: g.device_experts for g in compute_plan.groups if g.serving == Serving.COMPUTE}
     for name in names:
         g = report.landing(name)
-        assert (g.planned, g.actual) == ("host-compute", "host-compute")
+        assert (g.planned, g.actual) == ("compute", "compute")
         assert g.host_bytes == EXPERTS_BYTES_LOADED and g.device_bytes == 0 and g.routed_bytes == g.host_bytes
         assert g.mechanism.startswith("compute (the host CPU computes")
         assert "kept as loaded" in g.mechanism
@@ -200,7 +200,7 @@ def test_the_c_kernel_in_bf16_matches_plain_vllm_logprobs(moe, bf16_plain):
     assert worst <= BF16_LOGPROB_TOLERANCE, worst
     served = [c["host_compute"] for c in report.transfers.values() if "host_compute" in c]
     assert served and all(s["host_steps"] >= 1 and s["device_steps"] == 0 for s in served)
-    assert all("kernel bf16" in g.mechanism for g in report.groups if g.planned == "host-compute")
+    assert all("kernel bf16" in g.mechanism for g in report.groups if g.planned == "compute")
 
 
 #: How far a bf16 engine's log-probabilities may move when its LM head is split: the host's
@@ -218,14 +218,14 @@ def test_a_bf16_engines_split_lm_head_on_the_rows_walk_gives_plain_vllms_logprob
     sequences, plain = bf16_plain
     plan = compute_experts_plan(moe, cpu_tflops=100.0)
     head = plan.group_of("lm_head")
-    assert head.placement == Placement.HOST_COMPUTE and 0 < head.device_channels < head.intermediate
+    assert head.serving == Serving.COMPUTE and 0 < head.device_channels < head.intermediate
     computed, report = with_plan(plan, lambda args: prompt_logprobs(moe, sequences, **args))
     worst = max(abs(a - b) for p, c in zip(plain, computed) for a, b in zip(p, c))
     assert worst <= HEAD_BF16_LOGPROB_TOLERANCE, worst
     served = report.transfers["lm_head"]["host_compute"]
     assert served["host_steps"] >= 1 and served["device_steps"] == 0
     assert served["host_tokens"] >= sum(map(len, sequences)) - len(sequences)
-    assert report.landing("lm_head").actual == "host-compute"
+    assert report.landing("lm_head").actual == "compute"
 
 
 def test_the_workers_preflight_refuses_before_any_weight_is_loaded(moe, compute_plan, monkeypatch):

@@ -56,7 +56,7 @@ def vlm_selective(idefics3):
 
 def test_vlm_plan_puts_the_whole_cold_set_on_the_host(vlm_selective):
     plan, _, _ = vlm_selective
-    assert sorted(plan.host_cold_groups) == [
+    assert sorted(plan.cold_on_host_groups) == [
         "model.connector", "model.text_model.embed_tokens", "model.vision_model"]
 
 
@@ -73,15 +73,15 @@ def test_requested_cold_set_is_the_cold_set_moved(vlm_selective):
     plan, _, report = vlm_selective
     assert report.ok, report.problems
     assert report.misplaced_cold_bytes == 0
-    assert report.landed_host_cold_bytes == report.loaded_host_cold_bytes == 2 * plan.host_cold_bytes
-    landed = {g.group: (g.actual, g.device_bytes) for g in report.groups if g.planned == "host-cold"}
-    assert landed == {name: ("host-cold", 0) for name in plan.host_cold_groups}
+    assert report.landed_cold_on_host_bytes == report.loaded_cold_on_host_bytes == 2 * plan.cold_on_host_bytes
+    landed = {g.group: (g.actual, g.device_bytes) for g in report.groups if g.planned in ("gather", "on-demand")}
+    assert landed == {name: (plan.serving_of(name), 0) for name in plan.cold_on_host_groups}
 
 
 def test_every_cold_byte_was_built_on_the_host(vlm_selective):
     """Tower, projector and embedding: routed at construction, nothing moved after loading."""
     plan, _, report = vlm_selective
-    for name in plan.host_cold_groups:
+    for name in plan.cold_on_host_groups:
         landing = report.landing(name)
         assert (landing.routed_bytes, landing.moved_bytes) == (landing.host_bytes, 0), name
 
@@ -141,13 +141,13 @@ def test_mtp_speculative_decoding_with_the_embedding_on_the_host(mimo, mimo_plai
     plain, plain_speculative = mimo_plain
     plan = all_cold_plan(mimo, speculative="mtp")
     mtp = next(g for g in plan.groups if g.mtp)
-    assert (mtp.group, mtp.role, mtp.placement) == ("model.mtp_layers", "hot", "device")
+    assert (mtp.group, mtp.role, mtp.serving) == ("model.mtp_layers", "hot", "resident")
     tokens, report = generate_with_plan(plan, mimo, **SPEC)
     assert tokens == plain_speculative
     assert tokens == plain
     assert report.ok, report.problems
     mtp_landing = report.landing("model.mtp_layers")
-    assert mtp_landing.actual == "device"
+    assert mtp_landing.actual == "resident"
     # Counted after vLLM shared the target's embedding and LM head with the drafter: only
     # the MTP layer's own bytes (float32 in the engine, bf16 in the checkpoint) remain.
     assert mtp_landing.device_bytes == 2 * mtp.bytes and mtp_landing.host_bytes == 0
@@ -155,4 +155,4 @@ def test_mtp_speculative_decoding_with_the_embedding_on_the_host(mimo, mimo_plai
     # built in host memory (a 24 GiB card would otherwise hold both twice, transiently).
     assert any(n.startswith("the drafter's lm_head, model.embed_tokens were built in host memory and replaced")
                for n in report.notes), report.notes
-    assert report.landing("model.embed_tokens").actual == "host-cold"
+    assert report.landing("model.embed_tokens").actual == "gather"

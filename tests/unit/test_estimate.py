@@ -27,7 +27,7 @@ def test_one_offloaded_layer_hides_behind_the_rest_of_the_step():
 def test_two_offloaded_layers_each_hide_behind_their_segment():
     """Layers [offloaded, resident, offloaded, resident], 1 ms compute each, 2 ms copies:
     each copy overlaps the resident layer after the previous offloaded one, so the step is
-    2 x (max(2, 1) + 1) = 6 ms, against 8 ms with no overlap (bulk). Two offloaded layers
+    2 x (max(2, 1) + 1) = 6 ms, against 8 ms with no overlap (vLLM's cpu_offload_gb). Two offloaded layers
     side by side hide nothing: the second's copy reuses the slot the first is reading."""
     layers = [LayerCost(1.0, 2.0), LayerCost(1.0), LayerCost(1.0, 2.0), LayerCost(1.0)]
     assert pipelined_step_s(layers, 0.0) == (6.0, 2.0)

@@ -17,7 +17,7 @@ pytest.importorskip("matplotlib", reason="the picture needs matplotlib (the `pic
 
 from selective_offload.picture import COLOURS, draw, picture_data  # noqa: E402
 from selective_offload.sizes import GiB  # noqa: E402
-from selective_offload.plan_format import GroupKind, Placement  # noqa: E402
+from selective_offload.plan_format import GroupKind, Serving  # noqa: E402
 
 from helpers import REPO  # noqa: E402
 
@@ -53,9 +53,9 @@ def test_every_group_is_drawn_by_serving_beside_cpu_offload_gb():
     assert set(drawn) == {g.group for g in plan.groups}
     assert all(drawn[g.group]["serving"] == g.serving and drawn[g.group]["bytes"] == g.bytes for g in plan.groups)
     assert drawn["model.embed_tokens"]["serving"] == "gather"
-    selective, bulk = data["rows"]
+    selective, cpu_offload = data["rows"]
     assert "device share" not in selective["bytes"]  # the planner keeps none for this checkpoint (planning.md)
-    assert sum(selective["bytes"].values()) == sum(bulk["bytes"].values()) == plan.model.total_bytes
+    assert sum(selective["bytes"].values()) == sum(cpu_offload["bytes"].values()) == plan.model.total_bytes
     # each MLP's device share drawn on its layer, beside the MLP it copies (a share set by hand)
     shared = replace(plan, groups=tuple(replace(g, device_channels=1024, intermediate=17920)
                                         if g.kind == GroupKind.MLP else g for g in plan.groups))
@@ -67,12 +67,12 @@ def test_every_group_is_drawn_by_serving_beside_cpu_offload_gb():
     row = drawn_shared["rows"][0]
     assert row["bytes"]["device share"] == shared.device_share_bytes
     assert sum(row["bytes"].values()) - shared.device_share_bytes == plan.model.total_bytes
-    assert bulk["bytes"]["cpu_offload_gb"] == plan.bulk.offloaded_bytes and bulk["layers"] == list(plan.bulk.layers_touched)
+    assert cpu_offload["bytes"]["cpu_offload_gb"] == plan.vllm_cpu_offload_gb.offloaded_bytes and cpu_offload["layers"] == list(plan.vllm_cpu_offload_gb.layers_touched)
     st = selective["step"]
     assert st["est_link_exposed_s"] + st["est_link_hidden_s"] == pytest.approx(plan.est.est_link_s_per_step)
-    assert st["est_step_s"] == plan.est.est_step_s and bulk["step"]["est_tok_s"] == plan.bulk.est.est_tok_s
-    # the host CPU's time is drawn beside the VRAM reads (in line with the GPU's work); bulk computes nothing
-    assert st["est_cpu_s"] == plan.est.est_cpu_s_per_step > 0 and bulk["step"]["est_cpu_s"] == 0
+    assert st["est_step_s"] == plan.est.est_step_s and cpu_offload["step"]["est_tok_s"] == plan.vllm_cpu_offload_gb.est.est_tok_s
+    # the host CPU's time is drawn beside the VRAM reads (in line with the GPU's work); cpu_offload computes nothing
+    assert st["est_cpu_s"] == plan.est.est_cpu_s_per_step > 0 and cpu_offload["step"]["est_cpu_s"] == 0
 
 
 def moe_plan():
@@ -88,18 +88,18 @@ def moe_plan():
 
     # without host-compute: every decoder layer one group, as the hand split below expects
     plan = make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]),
-                     PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10.0, host_compute=False))
+                     PlanInputs(device_memory_bytes=24 * GiB, vllm_cpu_offload_gb=10.0, host_compute=False))
     groups = []
     for g in plan.groups:
         if g.kind != GroupKind.LAYER:
             groups.append(g)
             continue
         experts = g.bytes * 3 // 4
-        hot = g.placement == Placement.HOST_HOT
-        where = g.placement if hot else "host-uva" if g.layer_index % 3 == 0 else Placement.DEVICE
-        rest = "host-nvme" if g.layer_index == 1 and not hot else g.placement
-        groups += [replace(g, bytes=g.bytes - experts, dtype_bytes={}, placement=rest),
-                   replace(g, group=f"{g.group}.mlp.experts", kind="experts", placement=where, bytes=experts,
+        hot = g.serving == Serving.PREFETCH
+        where = g.serving if hot else Serving.UVA if g.layer_index % 3 == 0 else Serving.RESIDENT
+        rest = "host-nvme" if g.layer_index == 1 and not hot else g.serving
+        groups += [replace(g, bytes=g.bytes - experts, dtype_bytes={}, serving=rest),
+                   replace(g, group=f"{g.group}.mlp.experts", kind="experts", serving=where, bytes=experts,
                            dtype_bytes={}, num_experts=128, experts_per_token=8)]
     return replace(plan, groups=tuple(groups))
 

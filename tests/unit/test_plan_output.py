@@ -77,15 +77,15 @@ def test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_col
     # the estimate rows: vLLM's baseline and this plan, tok/s and the speed-up, with the rates' source
     base = next(line for line in lines if line.startswith("vLLM cpu_offload_gb="))
     mine = next(line for line in lines if line.startswith("this plan "))
-    assert f"{plan.bulk.est.est_tok_s:.2f}" in base.split() and f"{plan.est.est_tok_s:.2f}" in mine.split()
-    assert f"{plan.est.est_tok_s / plan.bulk.est.est_tok_s:.2f}x" in mine
+    assert f"{plan.vllm_cpu_offload_gb.est.est_tok_s:.2f}" in base.split() and f"{plan.est.est_tok_s:.2f}" in mine.split()
+    assert f"{plan.est.est_tok_s / plan.vllm_cpu_offload_gb.est.est_tok_s:.2f}x" in mine
     assert "rates  link 13.9, VRAM 472 GB/s: reference laptop's; run selective-offload probe" in lines
     record = plan.host_compute
     assert any(line.startswith(f"cpu    {record.format} at {record.cpu_gbps:g} GB/s ({record.cpu_gbps_source})")
                and f"crossover {record.crossover_tokens} tokens/step" in line for line in lines)
     # one formatter: adaptive units, no "0.000 GB" (the plan keeps no device share and prefetches layers)
     assert not plan.device_share_bytes and "device share" not in out.split("more:")[0] and "0.000 GB" not in out
-    assert plan.hot_layer_indices and f"{fmt_bytes(plan.host_hot_bytes)} prefetched" in out
+    assert plan.hot_layer_indices and f"{fmt_bytes(plan.prefetch_bytes)} prefetched" in out
     assert fmt_bytes(plan.prefetch_buffer_bytes).strip().endswith("MB") and fmt_bytes(plan.prefetch_buffer_bytes) in out
     code, verbose, _ = run(capsys, *REFERENCE, "--verbose")
     assert "0.000 GB" not in verbose and "model.norm" in verbose and "kB" in verbose
@@ -144,16 +144,6 @@ def test_no_caveat_block_by_default_nor_in_the_plan_file_and_explain_shows_it(ca
     flowed = " ".join(line.strip() for line in explained.splitlines())  # --explain wraps at 80 columns
     assert all(f"- {item}" in flowed for item in EST_IGNORES) and EST_MODEL in explained
     assert all(len(line) <= 80 for line in explained.splitlines())
-
-
-def test_a_plan_file_with_the_older_prose_list_still_reads(capsys, tmp_path):
-    """Plans written before the estimate model was named carry the list itself: read, ignored."""
-    plan = planned(capsys, *REFERENCE)
-    data = plan.to_dict()
-    del data["est_model"]
-    data["est_ignores"] = ["compute time", "attention"]
-    older = Plan.from_dict(data, where="older.json")
-    assert older == plan and not older.load_notes
 
 
 def test_a_model_too_small_to_mean_anything_gets_no_tok_s(capsys, tmp_path):
@@ -242,7 +232,7 @@ def test_a_vllm_baseline_over_the_host_ram_is_marked(capsys):
     assert code == 0 and "(over" not in base
     code, out, _ = run(capsys, *argv, "--cpu-offload-gb", "20")
     plan = planned(capsys, *argv, "--cpu-offload-gb", "20")
-    assert plan.bulk.offloaded_bytes > plan.inputs.host_available_bytes >= plan.host_bytes
+    assert plan.vllm_cpu_offload_gb.offloaded_bytes > plan.inputs.host_available_bytes >= plan.host_bytes
     base = next(line for line in out.splitlines() if line.startswith("vLLM cpu_offload_gb=20"))
     assert code == 0 and base.endswith("(over host RAM)") and len(base) <= 80, base
 

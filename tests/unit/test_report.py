@@ -7,21 +7,21 @@ import torch
 from torch import nn
 
 from selective_offload.errors import PlanError
-from selective_offload.report import TOLERANCE, PlacementReport, build_report
+from selective_offload.report import TOLERANCE, LandingReport, build_report
 from selective_offload.vllm_glue.offloader import select_layers
 from builders import Model, checkpoint_of, cold_ids, plan_for
 
 
 def report_of(model, plan, cold, **kw):
-    return build_report(model, plan, compute_device=torch.device("cpu"), host_cold_params=cold,
-                        host_hot_params=set(), **kw)
+    return build_report(model, plan, compute_device=torch.device("cpu"), cold_on_host_params=cold,
+                        prefetch_params=set(), **kw)
 
 
 def test_report_ok_when_the_cold_set_is_where_planned():
     model, plan = Model(), plan_for(checkpoint_of())
     report = report_of(model, plan, cold_ids(model))
     assert report.ok, report.problems
-    assert report.landed_host_cold_bytes == report.loaded_host_cold_bytes == plan.host_cold_bytes
+    assert report.landed_cold_on_host_bytes == report.loaded_cold_on_host_bytes == plan.cold_on_host_bytes
     assert report.unplanned == {}
 
 
@@ -29,11 +29,11 @@ def test_segment_rule_where_the_report_uses_it():
     """`model.visualise` is its own hot group on the device, not part of the `visual` tower:
     a substring match would count its bytes as cold ones left on the device."""
     model, plan = Model(), plan_for(checkpoint_of())
-    assert plan.placement_of("model.visualise") == "device"
+    assert plan.serving_of("model.visualise") == "resident"
     report = report_of(model, plan, cold_ids(model))
     assert report.ok, report.problems
     visualise = report.landing("model.visualise")
-    assert (visualise.actual, visualise.device_bytes) == ("device", 16 * 16 * 4)
+    assert (visualise.actual, visualise.device_bytes) == ("resident", 16 * 16 * 4)
     assert report.landing("model.visual").num_params == 4
 
 
@@ -70,17 +70,17 @@ def test_under_one_percent_is_tolerated(tmp_path):
     model, plan = Model(n=64), plan_for(checkpoint_of(n=64))
     cold, off = _misplace(model, ["visual.1.bias"])
     report = report_of(model, plan, cold)
-    assert off < TOLERANCE * report.loaded_host_cold_bytes
+    assert off < TOLERANCE * report.loaded_cold_on_host_bytes
     assert report.ok and report.misplaced_cold_bytes == off
     report.save(tmp_path / "r.json")
-    assert PlacementReport.load(tmp_path / "r.json") == report
+    assert LandingReport.load(tmp_path / "r.json") == report
 
 
 def test_just_over_one_percent_is_a_problem():
     model, plan = Model(n=64), plan_for(checkpoint_of(n=64))
     cold, off = _misplace(model, ["visual.0.bias", "visual.1.bias"])
     report = report_of(model, plan, cold)
-    assert TOLERANCE * report.loaded_host_cold_bytes < off < 1.1 * TOLERANCE * report.loaded_host_cold_bytes
+    assert TOLERANCE * report.loaded_cold_on_host_bytes < off < 1.1 * TOLERANCE * report.loaded_cold_on_host_bytes
     assert not report.ok
     assert "model.visual" in report.problems[0]
 
@@ -91,14 +91,14 @@ def test_bytes_are_compared_as_loaded_not_as_in_the_checkpoint():
     model, plan = Model(n=64), plan_for(checkpoint_of(n=64, dtype="BF16"))
     cold, off = _misplace(model, ["visual.1.bias"])
     report = report_of(model, plan, cold)
-    assert report.loaded_host_cold_bytes == 2 * plan.host_cold_bytes
-    assert off > TOLERANCE * plan.host_cold_bytes
+    assert report.loaded_cold_on_host_bytes == 2 * plan.cold_on_host_bytes
+    assert off > TOLERANCE * plan.cold_on_host_bytes
     assert report.ok, report.problems
     everything_left, _ = _misplace(model, [n for n, _ in model.visual.named_parameters(prefix="visual")])
     failed = report_of(model, plan, everything_left)
     tower = sum(p.numel() * 4 for p in model.visual.parameters())
     assert f"{tower / 1e3:.1f} kB of cold bytes (as loaded)" in failed.problems[0]
-    assert f"of the {report.loaded_host_cold_bytes / 1e3:.1f} kB the plan puts on the host" in failed.problems[0]
+    assert f"of the {report.loaded_cold_on_host_bytes / 1e3:.1f} kB the plan puts on the host" in failed.problems[0]
 
 
 def test_cold_bytes_moved_after_loading_are_a_problem():
@@ -119,9 +119,9 @@ def test_cold_bytes_moved_after_loading_are_a_problem():
 
 
 def test_a_failed_load_report_round_trips_with_its_reason(tmp_path):
-    report = PlacementReport.failed("the plan was made for another model: ...", None, "cpu")
+    report = LandingReport.failed("the plan was made for another model: ...", None, "cpu")
     report.save(tmp_path / "r.json")
-    loaded = PlacementReport.load(tmp_path / "r.json")
+    loaded = LandingReport.load(tmp_path / "r.json")
     assert not loaded.ok and loaded.error.startswith("the plan was made for another model")
     assert loaded.render().splitlines()[0] == "PLAN NOT APPLIED: the plan was made for another model: ..."
 
@@ -129,7 +129,7 @@ def test_a_failed_load_report_round_trips_with_its_reason(tmp_path):
 def test_a_report_file_of_another_format_is_refused(tmp_path):
     (tmp_path / "r.json").write_text('{"format": "something-else"}')
     with pytest.raises(PlanError, match="not a placement report"):
-        PlacementReport.load(tmp_path / "r.json")
+        LandingReport.load(tmp_path / "r.json")
 
 
 def test_select_layers_streams_only_the_planned_indices():
@@ -166,19 +166,19 @@ def test_pipeline_ranks_each_hold_a_part_and_the_merge_finds_every_group(tmp_pat
     assert all(r.ok for r in reports), [r.problems for r in reports]
     for rank, report in enumerate(reports):
         report.save(rank_path(tmp_path / "r.json", rank))
-    merged = PlacementReport.load(tmp_path / "r.json")
+    merged = LandingReport.load(tmp_path / "r.json")
     assert merged.ok and merged.on_other_ranks == [] and set(merged.ranks) == {"rank1"}
-    assert merged.landing("lm_head").actual == "device" and merged.landing("model.layers.3").num_params == 1
+    assert merged.landing("lm_head").actual == "resident" and merged.landing("model.layers.3").num_params == 1
     # A group neither rank holds is a problem of the merged report.
     (tmp_path / "r.json.rank1").unlink()
-    assert PlacementReport.load(tmp_path / "r.json").problems == [
+    assert LandingReport.load(tmp_path / "r.json").problems == [
         f"group {name} is on no pipeline rank" for name in ("lm_head", "model.layers.2", "model.layers.3")]
 
 
 def _judged(policy, *, host_cold=1000, registered=0, torch_pinned=None, host_is_device=False):
     from selective_offload.report import judge_host_memory
 
-    report = PlacementReport("f", "cuda:0", host_is_device, landed_host_cold_bytes=host_cold)
+    report = LandingReport("f", "cuda:0", host_is_device, landed_cold_on_host_bytes=host_cold)
     judge_host_memory(report, policy=policy, reason=f"because {policy}",
                       locked_by_how={"registered": registered} if registered else {},
                       locked_by_purpose={"model.embed_tokens": registered}, torch_pinned_bytes=torch_pinned,
@@ -232,6 +232,6 @@ def test_a_group_the_model_names_otherwise_is_matched_by_its_name_in_the_model()
     report = report_of(model, plan, cold, names=names)
     assert report.ok, report.problems
     embedding = report.landing("model.embed_tokens")
-    assert (embedding.actual, embedding.host_bytes, embedding.num_params) == ("host-cold", 64 * 16 * 4, 1)
+    assert (embedding.actual, embedding.host_bytes, embedding.num_params) == ("gather", 64 * 16 * 4, 1)
     unmapped = report_of(model, plan, cold)
     assert "model.embedding.weight" in unmapped.unplanned and not unmapped.ok

@@ -1,5 +1,5 @@
 """`selective-offload report` run as a user runs it: a subprocess of the CLI on report files
-written the way the engine's worker ranks write them (PlacementReport.save, rank files)."""
+written the way the engine's worker ranks write them (LandingReport.save, rank files)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from selective_offload.options import RunOptions
-from selective_offload.report import GroupLanding, PlacementReport, rank_path
+from selective_offload.report import GroupLanding, LandingReport, rank_path
 from helpers import REPO
 
 ROOT = REPO
@@ -25,12 +25,12 @@ def run_cli(*args, env=None):
                           text=True, env=environ, timeout=120)
 
 
-def a_report(problems=()) -> PlacementReport:
+def a_report(problems=()) -> LandingReport:
     groups = [GroupLanding("model.embed_tokens", "host_cold", "host_cold", 2048, host_bytes=2048,
                            routed_bytes=2048, num_params=1, mechanism="host gather"),
               GroupLanding("model.layers.0", "device", "device", 4096, device_bytes=4096, num_params=3)]
-    return PlacementReport("fp", "cuda:0", False, groups, planned_host_cold_bytes=2048,
-                           loaded_host_cold_bytes=2048, landed_host_cold_bytes=2048, problems=list(problems))
+    return LandingReport("fp", "cuda:0", False, groups, planned_cold_on_host_bytes=2048,
+                           loaded_cold_on_host_bytes=2048, landed_cold_on_host_bytes=2048, problems=list(problems))
 
 
 def test_report_renders_and_exits_0_when_the_placement_matches(tmp_path):
@@ -59,7 +59,7 @@ def test_report_merges_rank_files_and_exits_1_when_a_rank_misplaced(tmp_path):
 
 
 def test_a_load_stopped_by_a_user_error_exits_1(tmp_path):
-    PlacementReport.failed("the plan is for another model", None, "cuda:0").save(tmp_path / "report.json")
+    LandingReport.failed("the plan is for another model", None, "cuda:0").save(tmp_path / "report.json")
     proc = run_cli("report", str(tmp_path / "report.json"))
     assert proc.returncode == 1 and "PLAN NOT APPLIED: the plan is for another model" in proc.stdout
 
@@ -181,7 +181,7 @@ def test_each_rank_records_the_world_size_it_ran_in(tmp_path):
     """The glue's save stamps the world size (1 here: no distributed group)."""
     from selective_offload.vllm_glue.session import save_report
     save_report(a_report(), str(tmp_path / "report.json"))
-    assert PlacementReport.load(tmp_path / "report.json").world_size == 1
+    assert LandingReport.load(tmp_path / "report.json").world_size == 1
 
 
 @pytest.mark.parametrize("case", ["binary", "fifo", "directory", "huge", "control characters", "two lines"])

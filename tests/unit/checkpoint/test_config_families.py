@@ -108,7 +108,7 @@ def test_deepseek_v3_fp8_counts_its_experts_and_plans_fast(tmp_path):
     assert elapsed < 10.0
     assert plan.model.total_bytes == pytest.approx(688e9 - 3.7e9, rel=0.03)
     mtp = groups(plan)["model.layers.61"]
-    assert (mtp.mtp, mtp.role, mtp.placement) == (True, "absent", "absent")
+    assert (mtp.mtp, mtp.role, mtp.serving) == (True, "absent", "none")
     assert 10 * GB < mtp.bytes < 13 * GB  # one FP8 MoE layer
     assert any("num_nextn_predict_layers=1" in n and "estimate" in n for n in plan.notes)
     assert groups(plan_of(path, device_memory_bytes=80 * GiB, speculative="mtp"))["model.layers.61"].role == "hot"

@@ -17,7 +17,7 @@ from builders import inputs, toy
 def data():
     """A cold_offload plan (embedding on the host) as the JSON a user would edit."""
     plan = make_plan(toy(num_hidden_layers=8), inputs(560))
-    assert plan.strategy == Strategy.COLD_OFFLOAD and plan.host_cold_groups == ["model.embed_tokens"]
+    assert plan.strategy == Strategy.COLD_OFFLOAD and plan.cold_on_host_groups == ["model.embed_tokens"]
     return json.loads(plan.to_json())
 
 
@@ -107,7 +107,7 @@ def test_totals_and_estimates_are_derived_from_the_groups(data, tmp_path):
     data["est"] = {"est_link_s_per_step": 99.0, "est_vram_s_per_step": 0, "est_step_s": 0, "est_tok_s": 0}
     group(data, "model.embed_tokens")["est_link_bytes_per_step"] = 10**12  # derived: ignored
     plan = load(data, tmp_path)
-    assert plan.host_cold_bytes == group(data, "model.embed_tokens")["bytes"]
+    assert plan.cold_on_host_bytes == group(data, "model.embed_tokens")["bytes"]
     assert plan.est.est_link_s_per_step == pytest.approx(plan.groups[0].est_read_bytes_per_step / (0.86 * 13.9e9))
 
 
@@ -161,7 +161,7 @@ def test_a_missing_field_is_named(data, tmp_path):
 def test_a_newer_format_says_upgrade_or_replan(data, tmp_path):
     data["format"] = "selective-offload/plan-v9"
     message = one_line_error(data, tmp_path, "plan format v9 is newer than this selective-offload")
-    assert "(reads v4): upgrade selective-offload or re-plan" in message
+    assert "(reads v5): upgrade selective-offload or re-plan" in message
 
 
 def test_not_a_plan_at_all(tmp_path):
@@ -179,7 +179,7 @@ def test_unknown_fields_are_tolerated_with_a_note(data, tmp_path):
 
 
 def test_what_is_written_is_the_current_format(data):
-    assert data["format"] == PLAN_FORMAT == "selective-offload/plan-v4"
+    assert data["format"] == PLAN_FORMAT == "selective-offload/plan-v5"
     embed = group(data, "model.embed_tokens")
     assert (embed["location"], embed["serving"]) == (Location.HOST, Serving.GATHER) == ("host", "gather")
     assert "placement" not in embed and "cls" not in embed

@@ -72,9 +72,9 @@ def test_host_memory_the_device_share_and_the_cpus_bytes_are_the_padded_experts(
     checkpoint = gpt_oss(tmp_path)
     plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=4 * GiB, compute_capability="8.6"))
     per_expert = sum(mxfp4_expert(3072, 2944))
-    computed = [g for g in experts(plan) if g.placement == "host-compute"]
+    computed = [g for g in experts(plan) if g.serving == "compute"]
     assert computed and all(g.bytes == EXPERTS * per_expert for g in computed)
-    head = sum(g.bytes for g in plan.groups if g.kind == "module" and g.placement == "host-compute")
+    head = sum(g.bytes for g in plan.groups if g.kind == "module" and g.serving == "compute")
     assert plan.host_compute_bytes == len(computed) * EXPERTS * per_expert + head
     shared = [g for g in computed if g.device_experts]
     assert shared, "the plan keeps a device share"

@@ -157,7 +157,7 @@ def test_an_mxfp4_share_is_held_as_stored_sized_so_and_kept_for_the_faster_step(
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB, head_share=False))  # the head's: test_head_share.py
     whole = make_plan(ckpt, PlanInputs(device_memory_bytes=gib * GiB, device_share=False))
     experts = [g for g in plan.groups if g.kind == "experts"]
-    assert plan.host_compute_format == "mxfp4" and all(g.placement == "host-compute" for g in experts)
+    assert plan.host_compute_format == "mxfp4" and all(g.serving == "compute" for g in experts)
     m = min(g.device_experts for g in experts)
     more = sum(1 for g in experts if g.device_experts == m + 1)  # the first layers: one more each
     assert m and [g.device_experts for g in experts] == [m + 1] * more + [m] * (len(experts) - more)
@@ -200,7 +200,7 @@ def test_a_share_held_wide_is_sized_so_and_declined_when_its_path_moves_more(tmp
     experts = [g for g in plan.groups if g.kind == "experts"]
     # every layer's experts on the host: the device keeps the rest of the plan's resident bytes
     room = (plan.weight_budget_bytes - plan.est_transient_device_bytes
-            - (plan.device_bytes - sum(g.bytes for g in experts if g.placement == "device")))
+            - (plan.device_bytes - sum(g.bytes for g in experts if g.serving == "resident")))
     held = sum(share_held_bytes(g.dtype_bytes) // g.num_experts for g in experts)  # one expert of every layer, bf16
     assert m * held <= room < (m + 1) * held
     assert sum(g.bytes // g.num_experts for g in experts) * (m + 1) <= room  # stored bytes would fit more

@@ -186,16 +186,16 @@ def test_the_default_uva_factor_is_the_reference_arithmetic(reference):
     """The reference point (docs/design/reference-measurements.md): cpu_offload_gb=10 measured 1.05 tok/s with 13.9 GB/s copies;
     what the step leaves for the UVA bytes after the device reads gives the factor. A
     calibration on that point (the literal here, so changing the default is caught)."""
-    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, link_gbps=13.9,
+    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, vllm_cpu_offload_gb=10, link_gbps=13.9,
                                            vram_gbps=472.0))
-    b = plan.bulk
+    b = plan.vllm_cpu_offload_gb
     uva_s = 1 / 1.05 - b.est.est_vram_s_per_step
     assert b.offloaded_bytes / uva_s / 13.9e9 == pytest.approx(DEFAULT_UVA_READ_FACTOR, abs=0.005)
     assert DEFAULT_UVA_READ_FACTOR == 0.86
     assert b.est.est_tok_s == pytest.approx(1.05, rel=0.01)
     # the device's share is read at the decode factor's fraction of 472 GB/s: the UVA factor moves with it
-    at_full = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, link_gbps=13.9,
-                                              vram_gbps=472.0, decode_read_gbps=472.0)).bulk
+    at_full = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, vllm_cpu_offload_gb=10, link_gbps=13.9,
+                                              vram_gbps=472.0, decode_read_gbps=472.0)).vllm_cpu_offload_gb
     assert b.est.est_vram_s_per_step == pytest.approx(at_full.est.est_vram_s_per_step / DEFAULT_DECODE_READ_FACTOR)
 
 
@@ -234,9 +234,9 @@ def test_each_mechanism_at_its_own_rate():
     copy_only = Traffic(layers=((gb, True), (gb, False)))
     assert step_cost(copy_only, replace(base, uva_gbps=99.0), None, pipelined=True)["est_step_s"] == \
         pytest.approx(step_cost(copy_only, base, None, pipelined=True)["est_step_s"])
-    bulk = step_cost(Traffic(layers=((gb, False),), uva_bytes=gb), base, None, pipelined=False)
+    cpu_offload = step_cost(Traffic(layers=((gb, False),), uva_bytes=gb), base, None, pipelined=False)
     # the device's gigabyte read by decode kernels at 0.72 of the 1000 GB/s given
-    assert bulk["est_step_s"] == pytest.approx(gb / 720e9 + gb / 8.6e9)
+    assert cpu_offload["est_step_s"] == pytest.approx(gb / 720e9 + gb / 8.6e9)
     measured = step_cost(Traffic(layers=((gb, False),), uva_bytes=gb), replace(base, decode_read_gbps=500.0), None,
                          pipelined=False)
     assert measured["est_step_s"] == pytest.approx(gb / 500e9 + gb / 8.6e9)  # a measured decode rate is taken as is

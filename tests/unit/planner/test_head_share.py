@@ -47,7 +47,7 @@ def test_the_head_splits_where_its_two_parts_take_as_long_and_the_room_it_frees_
     plan = split(ckpt, 300)
     head = plan.group_of("lm_head")
     best = min(range(128, ROWS, 128), key=slower_part)
-    assert (head.placement, head.device_channels, head.intermediate) == ("host-compute", best, ROWS)
+    assert (head.serving, head.device_channels, head.intermediate) == ("compute", best, ROWS)
     assert best == 896  # the CPU's part (10.4 MB at 55 GB/s and a hand-off) just under the GPU's (89.6 MB)
     assert slower_part(best) < HEAD / (REFERENCE_VRAM_GBPS * DEFAULT_DECODE_READ_FACTOR * 1e9)  # beats the whole head
     # 130.4 MB for the experts: 3 of every layer's (120 MB) and one more in the first layer
@@ -60,7 +60,7 @@ def test_the_head_splits_where_its_two_parts_take_as_long_and_the_room_it_frees_
     head_cpu = (1 - best / ROWS) * HEAD / (REFERENCE_CPU_GBPS * 1e9) + ASSUMED_HANDOFF_S
     assert plan.est.est_cpu_s_per_step == pytest.approx(sum(per_layer) + head_cpu, rel=1e-9)
     whole = split(ckpt, 300, head_share=False)
-    assert whole.group_of("lm_head").placement == "device"
+    assert whole.group_of("lm_head").serving == "resident"
     assert [g.device_experts for g in experts_of(whole)] == [3, 3, 3, 3]
     assert plan.est.est_step_s < whole.est.est_step_s
     words = f"LM head lm_head: its last {ROWS - best} of {ROWS} vocabulary rows computed by the host CPU"
@@ -88,21 +88,21 @@ def test_no_split_without_a_device_share_one_rank_a_claimed_bf16_walk_or_a_bf16_
     from benchmarks.planning import moe_plans as moe_reference_plans
 
     _, gib, _, oss = next(moe_reference_plans.case_checkpoints(tmp_path))
-    assert make_plan(oss, PlanInputs(device_memory_bytes=gib * GiB)).group_of("lm_head").placement == "host-compute"
+    assert make_plan(oss, PlanInputs(device_memory_bytes=gib * GiB)).group_of("lm_head").serving == "compute"
     monkeypatch.setitem(claimed.CLAIMED, "bf16", False)
     unclaimed = make_plan(oss, PlanInputs(device_memory_bytes=gib * GiB))
-    assert unclaimed.host_compute_format == "mxfp4" and unclaimed.group_of("lm_head").placement == "device"
+    assert unclaimed.host_compute_format == "mxfp4" and unclaimed.group_of("lm_head").serving == "resident"
     monkeypatch.undo()
-    assert split(ckpt, 300, device_share=False).group_of("lm_head").placement == "device"
-    assert split(ckpt, 300, ranks=2).group_of("lm_head").placement == "device"
+    assert split(ckpt, 300, device_share=False).group_of("lm_head").serving == "resident"
+    assert split(ckpt, 300, ranks=2).group_of("lm_head").serving == "resident"
     spec = {n: (t.dtype, list(t.shape)) for n, t in ckpt.tensors.items()}
     f32 = make_ckpt({**spec, "lm_head.weight": ("F32", [ROWS, 50_000])}, **{
         k: v for k, v in ckpt.config.items() if k != "tie_word_embeddings"})
-    assert split(f32, 400).group_of("lm_head").placement == "device"
+    assert split(f32, 400).group_of("lm_head").serving == "resident"
     # a head too small to split into whole blocks of rows
     small = make_ckpt({**spec, "lm_head.weight": ("BF16", [128, 50_000])}, **{
         k: v for k, v in ckpt.config.items() if k != "tie_word_embeddings"})
-    assert split(small, 300).group_of("lm_head").placement == "device"
+    assert split(small, 300).group_of("lm_head").serving == "resident"
 
 
 def test_the_split_head_round_trips_and_an_edit_the_format_does_not_allow_is_refused_in_one_line():

@@ -67,7 +67,7 @@ def refused_edit(plan, edit, match) -> None:
 
 
 def computed(plan):
-    return [g for g in plan.groups if g.placement == "host-compute"]
+    return [g for g in plan.groups if g.serving == "compute"]
 
 
 # ---- the step model
@@ -128,7 +128,7 @@ def test_the_step_prices_host_compute_at_the_cpu_rate_and_one_hand_off_per_layer
     # 300 MB short: the embedding (100 MB, cold) first, then three layers' experts (80 MB each)
     plan = plan_of(ckpt, ckpt.total_bytes / MB - 300, cpu_gbps=40.0, cpu_gbps_source="flag", handoff_s=50e-6)
     host = computed(plan)
-    assert len(host) == 3 and plan.host_compute_bytes == 3 * EXPERTS_BYTES and not plan.host_uva_bytes
+    assert len(host) == 3 and plan.host_compute_bytes == 3 * EXPERTS_BYTES and not plan.uva_bytes
     assert all(g.est_link_bytes_per_step == 0 and g.serving == "compute" and g.location == "host" for g in host)
     assert plan.strategy == "hot_offload"
     expected = 3 * (EXPERTS_BYTES * K / E / 40e9 + 50e-6)  # bytes-bound at one token
@@ -174,7 +174,7 @@ def test_an_unclaimed_format_stays_uva_with_the_reason_in_the_plan(monkeypatch):
     ckpt = moe(4, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
     plan = plan_of(ckpt, ckpt.total_bytes / MB - 200)
     assert not computed(plan) and plan.host_compute is None
-    uva = [g for g in plan.groups if g.placement == "host-uva"]
+    uva = [g for g in plan.groups if g.serving == "uva"]
     assert uva and all("fp8-block CPU kernel is not claimed fast" in g.reason for g in uva)
     assert any(n.startswith("host-compute: the fp8-block CPU kernel is not claimed") for n in plan.notes)
     # a format with no CPU kernel at all says so too
@@ -195,7 +195,7 @@ def test_bf16_experts_are_computed_on_the_host_and_the_plan_says_at_what_rate():
     assert "all physical cores of one NUMA node" in text and "(assumed)" in text
     # host-compute off: the same deficit closed through UVA, slower at this rate
     off = plan_of(ckpt, ckpt.total_bytes / MB - 200, host_compute=False)
-    assert not computed(off) and off.host_uva_bytes == plan.host_compute_bytes
+    assert not computed(off) and off.uva_bytes == plan.host_compute_bytes
     assert off.est.est_step_s > plan.est.est_step_s
 
 
@@ -209,7 +209,7 @@ def test_a_cpu_that_loses_at_one_token_leaves_every_step_to_the_copy():
     plan = replace(fast, inputs=replace(fast.inputs, cpu_gbps=2.0, cpu_gbps_source="flag"))
     assert plan.host_compute.crossover_tokens == 0 and plan.est.est_cpu_s_per_step == 0.0
     uva = plan_of(ckpt, ckpt.total_bytes / MB - 200, host_compute=False)  # as many layers' experts on the host
-    assert uva.host_uva_bytes == plan.host_compute_bytes
+    assert uva.uva_bytes == plan.host_compute_bytes
     assert plan.est.est_step_s < uva.est.est_step_s
 
 

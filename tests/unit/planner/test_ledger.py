@@ -24,7 +24,7 @@ def host_plan(**kw):
 def test_the_workers_buffers_are_lines_of_the_ledger_and_in_the_host_totals():
     plan = host_plan()
     assert computed(plan) and all(g.kernel_dims == (H, I) for g in computed(plan))
-    assert all(not g.kernel_dims for g in plan.groups if g.placement != "host-compute")
+    assert all(not g.kernel_dims for g in plan.groups if g.serving != "compute")
     T = plan.host_compute.crossover_tokens
     assert T > 0
     staging = align(T * H * 4) + 2 * align(T * K * 4) + align(T * H * 4)  # x, ids, weights, sums

@@ -103,11 +103,11 @@ def test_an_offloaded_dense_model_computes_mlps_on_the_host_and_keeps_the_rest()
     assert not mlps(fits) and fits.strategy == "resident"  # nothing offloaded: the groups stay whole
     plan = plan_of(ckpt, ckpt.total_bytes / MB - 160)
     computed = mlps(plan)
-    assert computed and all(g.placement == "host-compute" and g.serving == "compute" for g in computed)
+    assert computed and all(g.serving == "compute" and g.serving == "compute" for g in computed)
     assert plan.host_compute.format == "bf16" and plan.host_compute_bytes == len(computed) * MLP
     for g in computed:  # the rest of the layer stays in its group, resident or prefetched
         layer = next(x for x in plan.groups if x.group == f"model.layers.{g.layer_index}")
-        assert layer.bytes == ATTN + 2 * H and layer.placement in ("device", "host-hot")
+        assert layer.bytes == ATTN + 2 * H and layer.serving in ("resident", "prefetch")
     # the step prices the computed MLPs on the CPU and the rest as before (no link bytes for them)
     assert plan.est.est_cpu_s_per_step > 0 and all(g.est_link_bytes_per_step == 0 for g in computed)
     assert any("MLPs of" in n and "dense layers are computed on the host CPU" in n for n in plan.notes)
@@ -214,7 +214,7 @@ def test_a_hybrid_stack_computes_dense_mlps_and_experts_with_one_format_and_cros
     ckpt = dense(6, moe_layers=(2, 3, 4, 5))
     # the embedding and more than every layer's experts
     plan = plan_of(ckpt, ckpt.total_bytes / MB - 520 + EXPERTS_COPY_MB)
-    kinds = {g.kind for g in plan.groups if g.placement == "host-compute"}
+    kinds = {g.kind for g in plan.groups if g.serving == "compute"}
     assert kinds == {"mlp", "experts"} and plan.host_compute.format == "bf16"
     assert all(g.layer_index in (0, 1) for g in mlps(plan))
     cpu = [e for e in plan.traffic().experts if e.where == EXPERTS_CPU]

@@ -44,7 +44,7 @@ def assert_beats_or_matches_every_baseline(plan):
 
 def uva_link_bytes(plan):
     """What the routed experts on the host cost a batch-1 step: k/E of their bytes."""
-    return sum(g.bytes * g.experts_per_token / g.num_experts for g in plan.groups if g.placement == "host-uva")
+    return sum(g.bytes * g.experts_per_token / g.num_experts for g in plan.groups if g.serving == "uva")
 
 
 # ---- gpt-oss (huggingface.co/openai/gpt-oss-20b and gpt-oss-120b, config.json): hidden 2880,
@@ -79,20 +79,20 @@ def test_gpt_oss_20b_on_8_gib_reads_top_4_of_32_experts_instead_of_whole_layers(
     assert len(groups) == 24 and all((g.num_experts, g.experts_per_token) == (32, 4) for g in groups)
     assert groups[0].bytes == pytest.approx(gpt_oss_experts_bytes(32), rel=1e-6)
     assert not plan.hot_layer_indices  # no whole-layer pricing
-    uva = [g for g in groups if g.placement == "host-uva"]
-    assert uva and plan.host_cold_bytes > 0  # the embedding went first
+    uva = [g for g in groups if g.serving == "uva"]
+    assert uva and plan.cold_on_host_bytes > 0  # the embedding went first
     # The cold set and the fewest experts groups close the deficit.
-    need = plan.deficit_bytes - plan.host_cold_bytes
+    need = plan.deficit_bytes - plan.cold_on_host_bytes
     assert len(uva) == -(-need // groups[0].bytes)
     # Per step: 4/32 of the host experts over the link, plus one embedding row.
     row = 2880 * 2
     assert plan.est.est_link_s_per_step == pytest.approx((uva_link_bytes(plan) + row) / UVA, rel=1e-6)
     assert plan.est.est_tok_s > 1.71 * 5
     assert_beats_or_matches_every_baseline(plan)
-    # The bulk baseline reads its host experts top-k too: far from every offloaded byte.
-    assert plan.bulk.est.est_link_s_per_step < 0.5 * plan.bulk.offloaded_bytes / LINK
-    # Segment selection offloads only routed experts (read top-k), bulk attention too (read whole).
-    assert plan.bulk_segments.est.est_step_s < plan.bulk.est.est_step_s
+    # The cpu_offload_gb baseline reads its host experts top-k too: far from every offloaded byte.
+    assert plan.vllm_cpu_offload_gb.est.est_link_s_per_step < 0.5 * plan.vllm_cpu_offload_gb.offloaded_bytes / LINK
+    # Segment selection offloads only routed experts (read top-k), cpu_offload_gb attention too (read whole).
+    assert plan.vllm_cpu_offload_params.est.est_step_s < plan.vllm_cpu_offload_gb.est.est_step_s
 
 
 def test_gpt_oss_120b_on_the_24_gib_laptop(tmp_path):
@@ -100,7 +100,7 @@ def test_gpt_oss_120b_on_the_24_gib_laptop(tmp_path):
     groups = experts_groups(plan)
     assert len(groups) == 36 and all((g.num_experts, g.experts_per_token) == (128, 4) for g in groups)
     assert groups[0].bytes == pytest.approx(gpt_oss_experts_bytes(128), rel=1e-6)  # ~1.69 GB a layer
-    assert plan.host_uva_bytes and not plan.hot_layer_indices
+    assert plan.uva_bytes and not plan.hot_layer_indices
     assert plan.est.est_link_s_per_step == pytest.approx((uva_link_bytes(plan) + 2880 * 2) / UVA, rel=1e-6)
     assert_beats_or_matches_every_baseline(plan)
 
@@ -126,7 +126,7 @@ def test_qwen3_30b_a3b_splits_every_layer_and_reads_8_of_128(tmp_path):
     # Batch 8: a step reads 1 - (1 - 8/128)^8 of the host experts, not 8/128.
     batched = plan_of(path, 24, batch=8)
     share = 1 - (1 - 8 / 128) ** 8
-    host = sum(g.bytes for g in batched.groups if g.placement == "host-uva")
+    host = sum(g.bytes for g in batched.groups if g.serving == "uva")
     assert batched.est.est_link_s_per_step == pytest.approx((host * share + 8 * 2048 * 2) / UVA, rel=1e-6)
     assert_beats_or_matches_every_baseline(batched)
 
@@ -139,7 +139,7 @@ def test_qwen3_vl_30b_a3b_finds_the_experts_under_its_language_model(tmp_path):
     groups = experts_groups(plan)
     assert len(groups) == 48 and groups[0].group == "model.language_model.layers.0.mlp.experts"
     assert all(g.bytes == QWEN3_EXPERTS and (g.num_experts, g.experts_per_token) == (128, 8) for g in groups)
-    assert plan.placement_of("model.visual") == "host-cold"
+    assert plan.serving_of("model.visual") in ("gather", "on-demand")
     assert_beats_or_matches_every_baseline(plan)
 
 
@@ -205,7 +205,7 @@ def test_deepseek_v3_fp8_experts_and_the_issue_arithmetic(tmp_path):
     assert all(g.bytes == pytest.approx(weights + scales, rel=1e-3) for g in groups)
     assert all((g.num_experts, g.experts_per_token) == (256, 8) for g in groups)
     assert_beats_or_matches_every_baseline(plan)
-    assert plan.est.est_tok_s > 1.5 * plan.bulk.est.est_tok_s
+    assert plan.est.est_tok_s > 1.5 * plan.vllm_cpu_offload_gb.est.est_tok_s
 
 
 # ---- Gemma 4 26B A4B: transformers 5 knows its MoE block (experts directly under the layer,

@@ -15,7 +15,7 @@ from selective_offload.errors import PlanError
 from selective_offload.estimate.traffic import expert_read_fraction
 from selective_offload.model_match import check_plan_matches_model
 from selective_offload.names import experts_prefix, group_key, group_keys
-from selective_offload.plan_format import Placement, Plan
+from selective_offload.plan_format import Serving, Plan
 from selective_offload.planner import PlanInputs, group_tensors, make_plan
 from builders import MB, inputs, make_ckpt
 
@@ -156,7 +156,7 @@ def test_a_prefetched_layer_takes_its_experts_with_it():
     g = by_name(plan)
     assert plan.strategy == "infeasible" and plan.hot_layer_indices == tuple(range(8))
     for i in plan.hot_layer_indices:
-        assert g[f"model.layers.{i}"].placement == g[f"model.layers.{i}.mlp.experts"].placement == "host-hot"
+        assert g[f"model.layers.{i}"].serving == g[f"model.layers.{i}.mlp.experts"].serving == "prefetch"
     assert plan.prefetch_buffer_bytes >= 80 * MB + 14 * MB
 
 
@@ -167,7 +167,7 @@ def test_routed_experts_read_through_uva_close_the_deficit_before_whole_layers()
     plan = make_plan(ckpt, inputs((ckpt.total_bytes - 250 * MB) / MB))
     assert plan.strategy == "hot_offload" and not plan.hot_layer_indices
     # The cold set (the 100 MB embedding) first, then the fewest experts groups: 2 of 80 MB.
-    assert plan.host_cold_bytes == 100 * MB and plan.host_uva_bytes == 160 * MB
+    assert plan.cold_on_host_bytes == 100 * MB and plan.uva_bytes == 160 * MB
     for baseline in plan.baselines:
         assert baseline.est.est_step_s > plan.est.est_step_s
 
@@ -176,8 +176,8 @@ def test_when_experts_alone_cannot_close_the_deficit_dense_layers_are_prefetched
     ckpt = moe(layers=8, dense_first=6)
     plan = make_plan(ckpt, inputs((ckpt.total_bytes - 300 * MB) / MB))
     g = by_name(plan)
-    assert plan.host_uva_bytes == 160 * MB and plan.hot_layer_indices
-    assert all(g[f"model.layers.{i}"].placement == "host-hot" for i in plan.hot_layer_indices)
+    assert plan.uva_bytes == 160 * MB and plan.hot_layer_indices
+    assert all(g[f"model.layers.{i}"].serving == "prefetch" for i in plan.hot_layer_indices)
     assert plan.strategy == "hot_offload" and plan.shortfall_bytes == 0
 
 
@@ -189,14 +189,14 @@ def moe_plan():
     """Routed experts of two layers through UVA, three dense layers prefetched."""
     ckpt = moe(layers=8, dense_first=6)
     plan = make_plan(ckpt, inputs((ckpt.total_bytes - 300 * MB) / MB))
-    assert plan.host_uva_bytes and plan.hot_layer_indices
+    assert plan.uva_bytes and plan.hot_layer_indices
     return ckpt, plan
 
 
 def test_a_plan_round_trips_its_expert_groups(moe_plan, tmp_path):
     _, plan = moe_plan
     data = json.loads(plan.to_json())
-    assert data["format"] == "selective-offload/plan-v4"
+    assert data["format"] == "selective-offload/plan-v5"
     experts = next(g for g in data["groups"] if g["group"] == "model.layers.7.mlp.experts")
     assert (experts["kind"], experts["num_experts"], experts["experts_per_token"]) == ("experts", E, K)
     assert (experts["role"], experts["location"], experts["serving"]) == ("hot", "host", "uva")
@@ -220,8 +220,8 @@ def _edit(plan, name, **fields):
 
 @pytest.mark.parametrize("fields, match", [
     ({"location": "host", "serving": "uva"}, "serving uva is for groups of kind experts"),
-], ids=["host-uva-on-a-layer"])
-def test_host_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
+], ids=["uva-on-a-layer"])
+def test_uva_is_only_for_routed_experts(moe_plan, tmp_path, fields, match):
     _, plan = moe_plan
     with pytest.raises(PlanError, match=match):
         _load(_edit(plan, "model.layers.0", **fields), tmp_path)
@@ -273,7 +273,7 @@ def test_experts_read_in_place_are_host_bytes_priced_at_the_read_fraction(tmp_pa
     data["strategy"] = "hot_offload"
     edited = _load(data, tmp_path)
     g = by_name(edited)["model.layers.2.mlp.experts"]
-    assert g.on_host and edited.host_uva_bytes == g.bytes == 80 * MB
+    assert g.on_host and edited.uva_bytes == g.bytes == 80 * MB
     assert g.est_link_bytes_per_step == 80 * MB * K // E
     # Read in line over the link instead of from VRAM: the layer's k/E share of 80 MB.
     # read by the kernels in place: at the UVA read rate, not the copy rate
@@ -282,17 +282,17 @@ def test_experts_read_in_place_are_host_bytes_priced_at_the_read_fraction(tmp_pa
     assert edited.est.est_step_s == pytest.approx(plan.est.est_step_s + added, rel=1e-9)
 
 
-def test_bulk_offload_reads_only_the_routed_experts_of_host_expert_tensors():
+def test_cpu_offload_offload_reads_only_the_routed_experts_of_host_expert_tensors():
     """vLLM's cpu_offload_gb is UVA: a host expert tensor crosses the link only for the
     experts the step routes to, so its bytes per step are far below what it offloads."""
     ckpt = moe(layers=8, dense_first=0, shared=False)
     plan = make_plan(ckpt, inputs((ckpt.total_bytes - 500 * MB) / MB))
-    bulk = plan.bulk
-    assert bulk is not None and bulk.offloaded_bytes >= 500 * MB
+    cpu_offload = plan.vllm_cpu_offload_gb
+    assert cpu_offload is not None and cpu_offload.offloaded_bytes >= 500 * MB
     link = plan.inputs.link_gbps * 1e9
-    assert bulk.est.est_link_s_per_step * link < 0.5 * bulk.offloaded_bytes
+    assert cpu_offload.est.est_link_s_per_step * link < 0.5 * cpu_offload.offloaded_bytes
     # Read whole, the same bytes would cost every offloaded byte over the link.
-    assert bulk.est.est_link_s_per_step * link > K / E * 0.8 * bulk.offloaded_bytes
+    assert cpu_offload.est.est_link_s_per_step * link > K / E * 0.8 * cpu_offload.offloaded_bytes
 
 
 def test_when_a_vllm_baseline_is_faster_the_plan_says_so_and_why():
@@ -306,7 +306,7 @@ def test_when_a_vllm_baseline_is_faster_the_plan_says_so_and_why():
         spec[f"model.layers.{i}.mlp.experts.down_proj"] = ("BF16", [E, 10_000, 40_000])
     ckpt = make_ckpt(spec, num_experts=E, num_experts_per_tok=K)
     plan = make_plan(ckpt, inputs((ckpt.total_bytes - 2100 * MB) / MB))
-    segments = plan.bulk_segments
+    segments = plan.vllm_cpu_offload_params
     assert segments is not None and segments.cpu_offload_params == ("experts",) and segments.fits
     assert segments.est.est_step_s < plan.est.est_step_s
     assert any(n.startswith("selective is not estimated faster than vLLM's cpu_offload_gb=2, cpu_offload_params="
@@ -359,9 +359,9 @@ def _uva_report(model, plan, uva_layers):
     from selective_offload.report import build_report
 
     uva = {id(p) for i in uva_layers for p in model.model.layers[i].mlp.experts.parameters()}
-    cold = {id(p) for p in model.model.embed_tokens.parameters()} if plan.host_cold_bytes else set()
-    return build_report(model, plan, compute_device=torch.device("cpu"), host_cold_params=cold,
-                        host_hot_params=set(), host_uva_params=uva, routed_names=None)
+    cold = {id(p) for p in model.model.embed_tokens.parameters()} if plan.cold_on_host_bytes else set()
+    return build_report(model, plan, compute_device=torch.device("cpu"), cold_on_host_params=cold,
+                        prefetch_params=set(), uva_params=uva, routed_names=None)
 
 
 @pytest.fixture
@@ -370,7 +370,7 @@ def uva_plan():
     one_group = E * 3 * 32 * 16 * 4
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes - 64 * 16 * 4 - one_group,
                                       kv_cache_bytes=0, reserve_bytes=0))
-    uva = [g.layer_index for g in plan.groups if g.placement == "host-uva"]
+    uva = [g.layer_index for g in plan.groups if g.serving == "uva"]
     assert uva == [0] and plan.hot_layer_indices == ()
     return plan, uva
 
@@ -381,9 +381,9 @@ def test_the_report_finds_routed_experts_on_the_host_as_planned(uva_plan):
     report = _uva_report(model, plan, uva)
     assert report.ok, report.problems
     landing = report.landing("model.layers.0.mlp.experts")
-    assert (landing.planned, landing.actual) == ("host-uva", "host-uva")
-    assert report.landed_host_uva_bytes == report.loaded_host_uva_bytes == report.planned_host_uva_bytes
-    assert report.landing("model.layers.1.mlp.experts").actual == "device"
+    assert (landing.planned, landing.actual) == ("uva", "uva")
+    assert report.landed_uva_bytes == report.loaded_uva_bytes == report.planned_uva_bytes
+    assert report.landing("model.layers.1.mlp.experts").actual == "resident"
     assert report.unplanned == {}
 
 
@@ -397,20 +397,20 @@ def test_the_report_judges_host_computed_experts(uva_plan):
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes - 64 * 16 * 2 - one_group,
                                       kv_cache_bytes=0, reserve_bytes=0, cpu_gbps=55.0, cpu_gbps_source="flag",
                                       handoff_s=1e-9))
-    computed = [g.layer_index for g in plan.groups if g.placement == "host-compute"]
+    computed = [g.layer_index for g in plan.groups if g.serving == "compute"]
     assert computed and plan.host_compute is not None
     model = _MoeModel()
-    cold = {id(p) for p in model.model.embed_tokens.parameters()} if plan.host_cold_bytes else set()
+    cold = {id(p) for p in model.model.embed_tokens.parameters()} if plan.cold_on_host_bytes else set()
 
     def report(layers):
         params = {id(p) for i in layers for p in model.model.layers[i].mlp.experts.parameters()}
-        return build_report(model, plan, compute_device=torch.device("cpu"), host_cold_params=cold,
-                            host_hot_params=set(), host_compute_params=params, routed_names=None)
+        return build_report(model, plan, compute_device=torch.device("cpu"), cold_on_host_params=cold,
+                            prefetch_params=set(), host_compute_params=params, routed_names=None)
 
     good = report(computed)
     assert good.ok, good.problems
     landing = good.landing(f"model.layers.{computed[0]}.mlp.experts")
-    assert (landing.planned, landing.actual) == ("host-compute", "host-compute")
+    assert (landing.planned, landing.actual) == ("compute", "compute")
     assert good.landed_host_compute_bytes == good.loaded_host_compute_bytes > 0
     assert "compute on host: planned" in good.render()
     bad = report([])
@@ -446,8 +446,8 @@ def test_a_plan_without_expert_groups_counts_vllm_experts_in_their_layer():
     data.pop("totals")
     old = Plan.from_dict(data)
     model = _MoeModel()
-    report = build_report(model, old, compute_device=torch.device("cpu"), host_cold_params=set(),
-                          host_hot_params=set())
+    report = build_report(model, old, compute_device=torch.device("cpu"), cold_on_host_params=set(),
+                          prefetch_params=set())
     assert report.unplanned == {} and report.landing("model.layers.0").num_params == 4
 
 
@@ -461,7 +461,7 @@ def test_a_plan_without_expert_groups_counts_vllm_experts_in_their_layer():
 def test_ngram_tables_vllm_keeps_on_the_host_are_counted_there(arch, field, table):
     """vLLM 0.33's EngramConfig.cpu_offload (on by default) keeps these tables in pinned
     host memory for the architectures config/engram.py lists: they are not device bytes,
-    in the plan or in the bulk baseline, and close no deficit the plan has to pay for."""
+    in the plan or in the cpu_offload_gb baseline, and close no deficit the plan has to pay for."""
     spec = {"model.embed_tokens.weight": ("BF16", [1000, 50_000]), "lm_head.weight": ("BF16", [1000, 50_000])}
     for i in range(4):
         spec[f"model.layers.{i}.self_attn.qkv.weight"] = ("BF16", [1000, 25_000])
@@ -469,7 +469,7 @@ def test_ngram_tables_vllm_keeps_on_the_host_are_counted_there(arch, field, tabl
     declared = make_ckpt(dict(spec), architectures=[arch], **{field: [1]})
     plan = make_plan(declared, inputs(10_000))
     g = by_name(plan)[f"model.layers.1.{table.split('.shard_')[0]}"]
-    assert (g.role, g.placement, g.bytes) == ("cold", "host-cold", 300 * MB)
+    assert (g.role, g.serving, g.bytes) == ("cold", "gather", 300 * MB)
     assert plan.device_bytes == declared.total_bytes - 300 * MB and plan.strategy == "cold_offload"
     assert "EngramConfig.cpu_offload" in g.reason
     # Without the config field the same tensors are ordinary layer bytes.

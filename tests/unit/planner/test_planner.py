@@ -1,5 +1,5 @@
 """The planner: classes by name segment, one group per decoder layer, cold bytes first,
-exact hot layers, the bulk baseline, and the reference arithmetic (docs/design/reference-measurements.md)."""
+exact hot layers, the cpu_offload_gb baseline, and the reference arithmetic (docs/design/reference-measurements.md)."""
 
 from __future__ import annotations
 
@@ -38,13 +38,13 @@ def test_one_group_per_decoder_layer_with_its_index():
 def test_lm_head_is_never_cold_even_when_asked():
     plan = make_plan(toy(), inputs(100, cold_segments=("lm_head", "embed_tokens")))
     assert by_name(plan)["lm_head"].role == "hot"
-    assert by_name(plan)["lm_head"].placement == "device"
+    assert by_name(plan)["lm_head"].serving == "resident"
 
 
 def test_tied_embedding_is_hot():
     plan = make_plan(toy(tie_word_embeddings=True), inputs(400))
     embed = by_name(plan)["model.embed_tokens"]
-    assert embed.role == "hot" and embed.placement == "device"
+    assert embed.role == "hot" and embed.serving == "resident"
     assert "tie_word_embeddings" in embed.reason
 
 
@@ -56,7 +56,7 @@ def test_tie_flag_nested_under_text_config_decides():
 def test_mtp_absent_without_speculative_decoding():
     plan = make_plan(toy(), inputs(10_000))
     mtp = by_name(plan)["mtp"]
-    assert (mtp.role, mtp.placement, mtp.est_vram_bytes_per_step) == ("absent", "absent", 0)
+    assert (mtp.role, mtp.serving, mtp.est_vram_bytes_per_step) == ("absent", "none", 0)
     assert plan.absent_bytes == 30 * MB
 
 
@@ -69,8 +69,8 @@ def test_mtp_hot_with_mtp_speculative_decoding():
 def test_resident_when_everything_fits():
     plan = make_plan(toy(), inputs(10_000))
     assert plan.strategy == "resident"
-    assert plan.host_cold_bytes == plan.host_hot_bytes == 0
-    assert plan.bulk is None
+    assert plan.cold_on_host_bytes == plan.prefetch_bytes == 0
+    assert plan.vllm_cpu_offload_gb is None
 
 
 def test_cold_offload_takes_largest_cold_first_and_only_what_is_needed():
@@ -78,8 +78,8 @@ def test_cold_offload_takes_largest_cold_first_and_only_what_is_needed():
     # ~40 MB: the embedding (100 MB, largest cold) covers it; the tower stays.
     plan = make_plan(toy(), inputs(600))
     assert plan.strategy == "cold_offload"
-    assert by_name(plan)["model.embed_tokens"].placement == "host-cold"
-    assert by_name(plan)["model.visual"].placement == "device"
+    assert by_name(plan)["model.embed_tokens"].serving in ("gather", "on-demand")
+    assert by_name(plan)["model.visual"].serving == "resident"
     assert plan.hot_layer_indices == ()
 
 
@@ -88,7 +88,7 @@ def test_cold_offload_counts_tower_transient():
     # blocks (2 x 9 MB) plus its non-block 4 MB on the device while it runs: 522 MB.
     plan = make_plan(toy(), inputs(530))
     assert plan.strategy == "cold_offload"
-    assert by_name(plan)["model.visual"].placement == "host-cold"
+    assert by_name(plan)["model.visual"].serving in ("gather", "on-demand")
     assert plan.est_transient_device_bytes == 2 * 9 * MB + 4 * MB
     assert plan.device_bytes + plan.est_transient_device_bytes <= plan.weight_budget_bytes
 
@@ -96,11 +96,11 @@ def test_cold_offload_counts_tower_transient():
 def test_hot_offload_names_exact_spread_layers_and_counts_buffers():
     plan = make_plan(toy(layers=8), inputs(380))
     assert plan.strategy == "hot_offload"
-    assert plan.host_cold_bytes == 140 * MB
+    assert plan.cold_on_host_bytes == 140 * MB
     assert plan.prefetch_buffer_bytes == 50 * MB
     # Needed after cold: 640 - 140 + 22 (transient) - 380 = 142 MB; + 50 MB slot -> 4 layers.
     assert plan.hot_layer_indices == (1, 3, 5, 7)
-    placed = {g.layer_index for g in plan.groups if g.placement == "host-hot"}
+    placed = {g.layer_index for g in plan.groups if g.serving == "prefetch"}
     assert placed == set(plan.hot_layer_indices)
     total = plan.device_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
     assert total <= plan.weight_budget_bytes
@@ -130,20 +130,20 @@ def test_est_link_time_is_host_bytes_over_link_bandwidth():
     assert plan.est.est_tok_s == pytest.approx(1 / plan.est.est_step_s)
 
 
-def test_bulk_takes_whole_params_in_model_order_in_gib():
-    plan = make_plan(toy(layers=8), inputs(380, bulk_cpu_offload_gb=0.1))
-    bulk = plan.bulk
+def test_cpu_offload_takes_whole_params_in_model_order_in_gib():
+    plan = make_plan(toy(layers=8), inputs(380, vllm_cpu_offload_gb=0.1))
+    cpu_offload = plan.vllm_cpu_offload_gb
     # 0.1 GiB = 107.4 MB: layers 0 and 1 (100 MB) are not enough, so layer 2 is taken too.
-    assert bulk.layers_touched == (0, 1, 2)
-    assert bulk.offloaded_bytes == 150 * MB
-    assert bulk.est.est_link_s_per_step == pytest.approx(150 * MB / (0.86 * 13.9 * GB))  # read through UVA
+    assert cpu_offload.layers_touched == (0, 1, 2)
+    assert cpu_offload.offloaded_bytes == 150 * MB
+    assert cpu_offload.est.est_link_s_per_step == pytest.approx(150 * MB / (0.86 * 13.9 * GB))  # read through UVA
 
 
-def test_bulk_default_is_smallest_whole_gib_covering_the_deficit():
+def test_cpu_offload_default_is_smallest_whole_gib_covering_the_deficit():
     ckpt = make_ckpt({f"model.layers.{i}.w": ("BF16", [GiB // 4]) for i in range(10)})
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=4 * GiB, kv_cache_bytes=0, reserve_bytes=0))
     assert plan.deficit_bytes == 1 * GiB
-    assert plan.bulk.cpu_offload_gb == 1.0
+    assert plan.vllm_cpu_offload_gb.cpu_offload_gb == 1.0
 
 
 def test_plan_json_round_trip(tmp_path):
@@ -202,14 +202,14 @@ def test_bundled_manifest_reproduces_spec_table(reference):
     assert reference.facts.num_hidden_layers == 64
 
 
-def test_reference_bulk_10_gib_link_time(reference):
+def test_reference_cpu_offload_10_gib_link_time(reference):
     """The reference measurements: 10 GB over 13.9 GB/s is 719 ms. vLLM's cpu_offload_gb counts GiB
     (int(gb * 1024**3)), so cpu_offload_gb=10 really moves >= 10.74 GB: ~773 ms at the copy
     rate, ~901 ms at the UVA read rate the kernels reach (0.86 of it)."""
-    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10))
-    assert plan.bulk.offloaded_bytes >= 10 * GiB
-    assert plan.bulk.offloaded_bytes - 10 * GiB < 0.2 * GB  # whole tensors, one layer at most
-    assert plan.bulk.est.est_link_s_per_step == pytest.approx(0.901, abs=0.005)
+    plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, vllm_cpu_offload_gb=10))
+    assert plan.vllm_cpu_offload_gb.offloaded_bytes >= 10 * GiB
+    assert plan.vllm_cpu_offload_gb.offloaded_bytes - 10 * GiB < 0.2 * GB  # whole tensors, one layer at most
+    assert plan.vllm_cpu_offload_gb.est.est_link_s_per_step == pytest.approx(0.901, abs=0.005)
     assert 10e9 / (13.9 * GB) == pytest.approx(0.719, abs=0.001)  # the reference's decimal arithmetic
 
 
@@ -221,13 +221,13 @@ def test_reference_selective_plan(reference, speculative, cold_gb, deficit_gb):
     plan = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, speculative=speculative, host_compute=False))
     assert plan.strategy == "hot_offload"
     assert plan.deficit_bytes / GB == pytest.approx(deficit_gb, abs=0.01)
-    assert plan.host_cold_bytes / GB == pytest.approx(cold_gb, abs=0.01)
+    assert plan.cold_on_host_bytes / GB == pytest.approx(cold_gb, abs=0.01)
     # Cold-first leaves the rest of the deficit (plus one prefetch slot and the tower's
     # transient) to whole hot layers: 4.4-5.3 GB without MTP, 0.48 GB more with it.
-    remaining = plan.deficit_bytes - plan.host_cold_bytes
-    assert plan.host_hot_bytes >= remaining + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
-    assert plan.host_hot_bytes - remaining < 3 * 0.382 * GB
-    assert plan.est.est_link_s_per_step < plan.bulk.est.est_link_s_per_step
+    remaining = plan.deficit_bytes - plan.cold_on_host_bytes
+    assert plan.prefetch_bytes >= remaining + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
+    assert plan.prefetch_bytes - remaining < 3 * 0.382 * GB
+    assert plan.est.est_link_s_per_step < plan.vllm_cpu_offload_gb.est.est_link_s_per_step
     assert len(plan.hot_layer_indices) == len(set(plan.hot_layer_indices))
 
 
@@ -242,8 +242,8 @@ def test_reference_cold_set_with_mtp_loaded_as_cold(reference):
 def test_all_cold_offloads_every_cold_module_even_when_it_fits():
     plan = make_plan(toy(), inputs(10_000, all_cold=True))
     assert plan.strategy == "cold_offload"
-    assert sorted(plan.host_cold_groups) == ["model.embed_tokens", "model.visual"]
-    assert by_name(plan)["mtp"].placement == "absent"
+    assert sorted(plan.cold_on_host_groups) == ["model.embed_tokens", "model.visual"]
+    assert by_name(plan)["mtp"].serving == "none"
     assert plan.hot_layer_indices == ()
 
 
@@ -277,12 +277,12 @@ def test_the_planning_page_reference_table_is_what_the_planner_says(reference):
 
     readme = (REPO / "docs" / "usage" / "planning.md").read_text()
     # host-compute off: these rows are the prefetch plans whether or not fp8-block is claimed
-    base = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, host_compute=False))
-    mtp = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, speculative="mtp",
+    base = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, vllm_cpu_offload_gb=10, host_compute=False))
+    mtp = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, vllm_cpu_offload_gb=10, speculative="mtp",
                                           host_compute=False))
-    batch = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, bulk_cpu_offload_gb=10, batch=8,
+    batch = make_plan(reference, PlanInputs(device_memory_bytes=24 * GiB, vllm_cpu_offload_gb=10, batch=8,
                                             host_compute=False))
-    b = base.bulk
+    b = base.vllm_cpu_offload_gb
 
     def row(label, host, est, note=""):
         return (f"| {label} | {host} | {est.est_link_s_per_step * 1e3:.0f} ms | "
@@ -292,20 +292,20 @@ def test_the_planning_page_reference_table_is_what_the_planner_says(reference):
         row(f"vLLM `cpu_offload_gb=10` (layers {b.layers_touched[0]}-{b.layers_touched[-1]})",
             f"{b.offloaded_bytes / GB:.2f} GB", b.est),
         row(f"selective: cold set + {len(base.hot_layer_indices)} hot layers",
-            f"{(base.host_cold_bytes + base.host_hot_bytes) / GB:.2f} GB ({base.host_cold_bytes / GB:.2f} cold + "
-            f"{base.host_hot_bytes / GB:.2f} hot)", base.est),
+            f"{(base.cold_on_host_bytes + base.prefetch_bytes) / GB:.2f} GB ({base.cold_on_host_bytes / GB:.2f} cold + "
+            f"{base.prefetch_bytes / GB:.2f} hot)", base.est),
         row(f"selective + MTP (K={mtp.spec_tokens}, acceptance {mtp.inputs.accept_rate:.2f}): "
-            f"{len(mtp.hot_layer_indices)} hot layers", f"{(mtp.host_cold_bytes + mtp.host_hot_bytes) / GB:.2f} GB", mtp.est),
-        row(f"selective, batch {batch.inputs.batch}", f"{(batch.host_cold_bytes + batch.host_hot_bytes) / GB:.2f} GB",
+            f"{len(mtp.hot_layer_indices)} hot layers", f"{(mtp.cold_on_host_bytes + mtp.prefetch_bytes) / GB:.2f} GB", mtp.est),
+        row(f"selective, batch {batch.inputs.batch}", f"{(batch.cold_on_host_bytes + batch.prefetch_bytes) / GB:.2f} GB",
             batch.est, f" ({batch.est.est_tok_s_per_seq:.2f} per sequence)"),
     ]
     missing = [r for r in rows if r not in readme]
     assert not missing, missing
     prose = [f"estimates\n{b.est.est_tok_s:.2f} tok/s for it, {b.est.est_tok_s / 1.05:.2f}x the measured rate",
              f"moves {b.offloaded_bytes / GB:.2f} GB", f"the deficit is {base.deficit_bytes / GB:.2f} GB",
-             f"{len(base.hot_layer_indices)}\n  layers ({base.host_hot_bytes / GB:.2f} GB)",
+             f"{len(base.hot_layer_indices)}\n  layers ({base.prefetch_bytes / GB:.2f} GB)",
              f"{base.prefetch_buffer_bytes / GB:.2f} GB prefetch slot", f"{base.est_transient_device_bytes / GB:.2f} GB of tower",
-             f"the deficit is\n  {mtp.deficit_bytes / GB:.2f} GB and {len(mtp.hot_layer_indices)} layers ({mtp.host_hot_bytes / GB:.2f} GB)"]
+             f"the deficit is\n  {mtp.deficit_bytes / GB:.2f} GB and {len(mtp.hot_layer_indices)} layers ({mtp.prefetch_bytes / GB:.2f} GB)"]
     missing = [n for n in prose if n not in readme]
     assert not missing, missing
 
@@ -324,7 +324,7 @@ def test_the_planning_page_host_compute_rows_are_what_the_planner_says(reference
     def row(label, p):
         est = p.est
         mlps = sum(1 for g in p.groups if g.kind == "mlp")
-        host = p.host_cold_bytes + p.host_hot_bytes + p.host_compute_bytes
+        host = p.cold_on_host_bytes + p.prefetch_bytes + p.host_compute_bytes
         share = next((g for g in p.groups if g.device_channels), None)
         what = (f"{mlps} MLPs on the CPU" + (f", the first {share.device_channels} of {share.intermediate} channels "
                                               "of each also on the device" if share else "")

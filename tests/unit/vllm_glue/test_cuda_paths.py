@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from selective_offload.plan_format import Placement
+from selective_offload.plan_format import COLD_SERVINGS, Serving
 from selective_offload.wrappers.page_locked import PAGE, PageLockedLedger, PinPolicy
 from selective_offload.wrappers.residency import OffloadError
 
@@ -245,7 +245,7 @@ def test_a_cold_module_post_processed_through_a_round_trip_is_still_built_on_the
         p.data = p.data.clone()
     plan = plan_for(checkpoint_of())
     cold = {id(p) for p in model.visual.parameters()} | {id(p) for p in model.model.embed_tokens.parameters()}
-    report = build_report(model, plan, compute_device=CUDA, host_cold_params=cold, host_hot_params=set(),
+    report = build_report(model, plan, compute_device=CUDA, cold_on_host_params=cold, prefetch_params=set(),
                           routed_names=result.names | {"model.embed_tokens.weight"})
     visual = report.landing("model.visual")
     assert visual.routed_bytes == visual.host_bytes > 0 and visual.moved_bytes == 0
@@ -354,7 +354,7 @@ def test_hot_layers_are_page_locked_once_at_their_size_after_post_init(vllm_post
     host_bytes = sum(p.numel() * p.element_size() for m in offloader.offloaded_modules for p in m.parameters())
 
     load = SimpleNamespace(device=CUDA, hot_offloader=offloader, notes=[], post_process_transient=0,
-                           settings=SimpleNamespace(host_cold_segments=frozenset()), cold_segments=frozenset())
+                           settings=SimpleNamespace(cold_on_host_segments=frozenset()), cold_segments=frozenset())
     _keep_post_processing_on_host(model, load)
     vllm_post_processing.run(model)
     assert not [m for m in vllm_post_processing.trip.entered
@@ -385,7 +385,7 @@ def test_the_host_gather_under_cuda_graphs_is_refused_before_load():
     from selective_offload.options import RunOptions
     from selective_offload.vllm_glue.loading import refuse_what_the_plan_cannot_survive
 
-    plan = SimpleNamespace(groups=[SimpleNamespace(group="model.embed_tokens", placement=Placement.HOST_COLD)])
+    plan = SimpleNamespace(groups=[SimpleNamespace(group="model.embed_tokens", serving=Serving.GATHER)])
 
     def session(mode):
         return SimpleNamespace(settings=SimpleNamespace(plan=plan, options=RunOptions("p", embedding_mode=mode)))
@@ -456,7 +456,7 @@ def test_a_tower_whose_blocks_vllm_compiles_is_budgeted_whole():
     blocks = make_plan(toy(), plan_inputs(530))
     assert blocks.est_transient_device_bytes == 2 * 9 * MB + 4 * MB
     whole = make_plan(toy(model_type="qwen3_vl"), plan_inputs(530))
-    assert {g.group: g.placement for g in whole.groups}["model.visual"] == Placement.HOST_COLD
+    assert {g.group: g.serving for g in whole.groups}["model.visual"] in COLD_SERVINGS
     assert whole.est_transient_device_bytes == 40 * MB
     assert whole_tower_over_budget(whole, "model.visual", "on demand, whole: its blocks ...") == []
     [problem] = whole_tower_over_budget(blocks, "model.visual", "on demand, whole: its blocks ...")

@@ -61,7 +61,7 @@ def find(model, xl):
 
 def test_the_planned_experts_are_built_on_the_host_and_no_others():
     """Routing by the FusedMoE prefix, which vLLM hands RoutedExperts as ``layer_name``:
-    layer 0's experts (planned host-uva) are allocated on the host, layer 1's under the
+    layer 0's experts (planned served uva) are allocated on the host, layer 1's under the
     device, and the ledger holds exactly layer 0's expert storages."""
     xl = experts_load(GROUP)
     model, mode = build_runners(xl)

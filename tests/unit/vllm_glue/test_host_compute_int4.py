@@ -99,7 +99,7 @@ def test_int4_the_kernel_cannot_read_is_refused_in_one_line(overrides, why):
         qc.desc_act = True
     with pytest.raises(PlanError, match=f"reads 4-bit groups .*, not .*{why}") as e:
         int4_layouts.refuse_unread_int4("model.layers.0.mlp.experts", gptq_method(qc))
-    assert "\n" not in str(e.value) and "host-uva" in str(e.value)
+    assert "\n" not in str(e.value) and "served uva" in str(e.value)
     other = SimpleNamespace(quant_config=gptq_config())
     with pytest.raises(PlanError, match="SimpleNamespace's layout"):
         int4_layouts.refuse_unread_int4("g", other)

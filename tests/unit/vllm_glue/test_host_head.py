@@ -36,7 +36,7 @@ def split_plan():
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
                                       reserve_bytes=0, cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1,
                                       handoff_s=1e-9))
-    assert plan.group_of("lm_head").placement == "host-compute", plan.notes
+    assert plan.group_of("lm_head").serving == "compute", plan.notes
     return plan
 
 

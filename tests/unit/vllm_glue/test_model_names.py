@@ -30,7 +30,7 @@ def vllm_class(family: str) -> type:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """family -> (its tiny checkpoint directory, the planner's plan with experts host-uva)."""
+    """family -> (its tiny checkpoint directory, the planner's plan with experts served uva)."""
     out = {}
     for family in [*TINY_MOE_FAMILIES, "qwen3_moe"]:
         d = tmp_path_factory.mktemp(family)

@@ -2,7 +2,7 @@
 is one the glue's kernel check accepts (config-only checkpoints, no hub).
 
 For each card and model: the plan is made with ``compute_capability`` set, and each experts
-group it serves ``host-uva`` goes through ``experts.check_kernel`` with the kernel the table
+group it serves ``uva`` goes through ``experts.check_kernel`` with the kernel the table
 says vLLM 0.33 builds for that method on that card (the method object is a stand-in named
 as vLLM's class: building vLLM's quantized MoE methods needs CUDA here; which kernel they
 pick is checked against vLLM's own oracles in tests/contract/test_kernel_table.py).
@@ -73,17 +73,17 @@ def test_no_plan_is_one_the_glue_refuses(tmp_path, model, card):
     assert plan.inputs.compute_capability == card
     method = kernels.method_of_config(checkpoint.config)
     kernel = kernels.kernel_for(method, card)
-    uva = [g for g in plan.groups if g.placement == "host-uva"]
+    uva = [g for g in plan.groups if g.serving == "uva"]
     for g in uva:
         experts.check_kernel(g.group, method_standin(method, kernel), torch.device("cuda"), card=card)
     if kernels.pick(method, card).moves:
         assert plan.strategy != "infeasible"
     else:  # the kernel's weights are not Parameters: no layer with routed experts leaves the device
         layers = {g.layer_index for g in plan.groups if g.kind == "experts"}
-        assert not [g.group for g in plan.groups if g.layer_index in layers and g.placement in ("host-hot", "host-uva")]
+        assert not [g.group for g in plan.groups if g.layer_index in layers and g.serving in ("prefetch", "uva")]
         assert any("not Parameters" in n and "stays resident" in n for n in plan.notes)
     # Not vacuous: where the kernel reads UVA the plan does use it, and where it does not, the
-    # glue would have refused a host-uva group (and the plan says why it has none).
+    # glue would have refused a served uva group (and the plan says why it has none).
     assert bool(uva) == kernels.reads_uva(kernel)
     if not uva:
         with pytest.raises(PlanError):
@@ -106,7 +106,7 @@ def test_a_plan_without_a_card_says_which_it_assumed(tmp_path):
     assert plan.inputs.compute_capability is None and plan.inputs.card == kernels.DEFAULT_CARD
     assert any(n.startswith(f"card: compute capability {kernels.DEFAULT_CARD} (assumed") for n in plan.notes)
     # mutation check: the assumed card is the one the experts were planned for
-    assert any(g.placement == "host-uva" for g in plan.groups)
+    assert any(g.serving == "uva" for g in plan.groups)
 
 
 def test_auto_reads_the_card_from_the_worker(monkeypatch):
@@ -133,7 +133,7 @@ def test_some_reference_plans_need_a_setting():
 def test_the_advice_in_the_plan_gives_a_plan_that_reads_experts_through_uva_and_that_the_glue_accepts(
         tmp_path, model, card):
     """Advice that works: where the default kernel does not read UVA, the note names a setting
-    and the ``plan`` flag for it; the plan made with that setting serves experts host-uva, and
+    and the ``plan`` flag for it; the plan made with that setting serves experts uva, and
     the glue accepts them with the kernel vLLM 0.33 builds under that setting."""
     checkpoint, plan = plan_for(tmp_path, model, card)
     method = kernels.method_of_config(checkpoint.config)
@@ -144,7 +144,7 @@ def test_the_advice_in_the_plan_gives_a_plan_that_reads_experts_through_uva_and_
     build, gib = MODELS[model]
     advised = make_plan(checkpoint, PlanInputs(device_memory_bytes=gib * GiB, compute_capability=card,
                                                moe_setting=fix, host_compute=False))
-    uva = [g for g in advised.groups if g.placement == "host-uva"]
+    uva = [g for g in advised.groups if g.serving == "uva"]
     assert uva, f"{model} on SM {card} under {fix}: no experts read through UVA"
     kernel = kernels.kernel_for(method, card, fix)
     for g in uva:
@@ -171,7 +171,7 @@ def test_auto_plans_for_the_server_s_moe_setting(monkeypatch):
 
 def test_a_plan_with_experts_on_the_host_made_for_another_card_is_refused_before_load(tmp_path):
     checkpoint, plan = plan_for(tmp_path, "gpt-oss-20b", "8.9")
-    assert any(g.placement == "host-uva" for g in plan.groups)
+    assert any(g.serving == "uva" for g in plan.groups)
     cuda = torch.device("cuda")
     experts.refuse_another_card(plan, cuda, card="8.9")  # its own card
     experts.refuse_another_card(plan, torch.device("cpu"))  # the CPU build: no kernel table
