@@ -308,6 +308,7 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, col
             m.record(planned.group, Serving.COMPUTE, nbytes,
                      routed=None if routed_uva is None else id(param) in routed_uva)
         elif id(param) in cold:
+            # mutation: report-cold-word-own-rule
             m.record(planned.group, cold_serving(planned.group, planned.kind), nbytes,
                      # mutation: routed-by-storage
                      routed=None if routed is None else name in routed)

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..errors import PlanError, UserError
 from ..names import EMBED_SEGMENTS, cold_prefix, cold_segment, has_segment
-from ..plan_format import COLD_SERVINGS, GroupKind, Serving
+from ..plan_format import COLD_SERVINGS, GroupKind
 from ..report import LandingReport, build_report, judge_host_memory
 from ..wrappers import offload_on_demand, refuse_if_tied
 from ..wrappers.construct_on_host import ConstructOnHost

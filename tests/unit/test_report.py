@@ -235,3 +235,32 @@ def test_a_group_the_model_names_otherwise_is_matched_by_its_name_in_the_model()
     assert (embedding.actual, embedding.host_bytes, embedding.num_params) == ("gather", 64 * 16 * 4, 1)
     unmapped = report_of(model, plan, cold)
     assert "model.embedding.weight" in unmapped.unplanned and not unmapped.ok
+
+
+def test_the_plan_and_the_report_say_the_same_serving_for_every_group_kind():
+    """One source for the word: a group's serving in the plan file is what the report's row
+    says, planned and landed, for every kind: a decoder layer and the LM head resident, the
+    embedding gathered, the tower onloaded on demand, and a cold table of kind module (an
+    n-gram table vLLM keeps on the host), gathered: the report once said on-demand for it."""
+    from builders import make_ckpt
+
+    model, n = Model(), 16
+    model.model.layers[1].engram = nn.Module()
+    model.model.layers[1].engram.embed = nn.Embedding(64, n)
+    spec = {name: ("F32", list(p.shape)) for name, p in model.named_parameters()}
+    plan = plan_for(make_ckpt(spec, architectures=["DeepseekV41ForCausalLM"], engram_layer_ids=[1],
+                              tie_word_embeddings=False, num_hidden_layers=4))
+    written = {g["group"]: g["serving"] for g in plan.to_dict()["groups"]}
+    kinds = {(g.kind, written[g.group]) for g in plan.groups}
+    assert {("module", "gather"), ("component", "gather"), ("component", "on-demand"), ("layer", "resident"),
+            ("module", "resident")} <= kinds
+    cold = cold_ids(model) | {id(p) for p in model.model.layers[1].engram.parameters()}
+    report = report_of(model, plan, cold)
+    assert report.ok, report.problems
+    rows = {line.split()[0]: line.split()[1:3] for line in report.render().splitlines() if line.split()
+            and line.split()[0] in written}
+    for g in plan.groups:
+        landing = report.landing(g.group)
+        assert (landing.planned, landing.actual) == (written[g.group], written[g.group]), g.group
+        if written[g.group] != "resident":
+            assert rows[g.group] == [written[g.group]] * 2, g.group

@@ -5,7 +5,6 @@ E(1 - (1 - k/E)^T) for T tokens), and the plan format that carries them."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 import torch
@@ -13,9 +12,8 @@ import torch
 from selective_offload.checkpoint import ModelFacts
 from selective_offload.errors import PlanError
 from selective_offload.estimate.traffic import expert_read_fraction
-from selective_offload.model_match import check_plan_matches_model
 from selective_offload.names import experts_prefix, group_key, group_keys
-from selective_offload.plan_format import Serving, Plan
+from selective_offload.plan_format import Plan
 from selective_offload.planner import PlanInputs, group_tensors, make_plan
 from builders import MB, inputs, make_ckpt
 
