@@ -379,7 +379,7 @@ def test_a_plan_whose_model_is_not_here_says_so(model, tmp_path):
 # ---- 10. Plan objects get the checks plan files get
 
 @pytest.mark.parametrize("field,value,match", [
-    ("placement", "hostcold", r"serving of group model.embed_tokens is \"hostcold\", but must be one of"),
+    ("serving", "hostcold", r"serving of group model.embed_tokens is \"hostcold\", but must be one of"),
     ("bytes", "500", r"bytes of group model.embed_tokens is \"500\", but must be an integer"),
     ("bytes", 10**400, r"bytes of group model.embed_tokens is .*at most 9007199254740992"),
 ])

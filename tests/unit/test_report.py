@@ -175,10 +175,10 @@ def test_pipeline_ranks_each_hold_a_part_and_the_merge_finds_every_group(tmp_pat
         f"group {name} is on no pipeline rank" for name in ("lm_head", "model.layers.2", "model.layers.3")]
 
 
-def _judged(policy, *, host_cold=1000, registered=0, torch_pinned=None, host_is_device=False):
+def _judged(policy, *, cold=1000, registered=0, torch_pinned=None, host_is_device=False):
     from selective_offload.report import judge_host_memory
 
-    report = LandingReport("f", "cuda:0", host_is_device, landed_cold_on_host_bytes=host_cold)
+    report = LandingReport("f", "cuda:0", host_is_device, landed_cold_on_host_bytes=cold)
     judge_host_memory(report, policy=policy, reason=f"because {policy}",
                       locked_by_how={"registered": registered} if registered else {},
                       locked_by_purpose={"model.embed_tokens": registered}, torch_pinned_bytes=torch_pinned,

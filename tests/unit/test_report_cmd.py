@@ -26,7 +26,7 @@ def run_cli(*args, env=None):
 
 
 def a_report(problems=()) -> LandingReport:
-    groups = [GroupLanding("model.embed_tokens", "host_cold", "host_cold", 2048, host_bytes=2048,
+    groups = [GroupLanding("model.embed_tokens", "gather", "gather", 2048, host_bytes=2048,
                            routed_bytes=2048, num_params=1, mechanism="host gather"),
               GroupLanding("model.layers.0", "device", "device", 4096, device_bytes=4096, num_params=3)]
     return LandingReport("fp", "cuda:0", False, groups, planned_cold_on_host_bytes=2048,

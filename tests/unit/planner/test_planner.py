@@ -123,10 +123,10 @@ def test_infeasible_reports_the_shortfall():
 
 def test_est_link_time_is_host_bytes_over_link_bandwidth():
     plan = make_plan(toy(layers=8), inputs(380, link_gbps=10.0, vram_gbps=100.0))
-    host_hot = 4 * 50 * MB
+    prefetched = 4 * 50 * MB
     embed_row = 50_000 * 2
     # hot layers are copied at the link rate; the embedding rows are read in place (UVA, 0.86 of it)
-    assert plan.est.est_link_s_per_step == pytest.approx(host_hot / 10e9 + embed_row / (0.86 * 10e9))
+    assert plan.est.est_link_s_per_step == pytest.approx(prefetched / 10e9 + embed_row / (0.86 * 10e9))
     assert plan.est.est_tok_s == pytest.approx(1 / plan.est.est_step_s)
 
 
