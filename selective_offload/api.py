@@ -68,7 +68,6 @@ def plan(model: "str | os.PathLike", device_memory: "str | int | None" = None, *
     from .probe import load_profile
 
     chosen = PlanOptions.from_keywords({"device_memory": device_memory, **options})
-    # mutation: python-plan-spelled-as-flags
     return plan_model(str(model), chosen, load_profile(), keyword).plan
 
 
@@ -76,12 +75,10 @@ def resolve_plan(plan: "Plan | str | os.PathLike") -> Plan:
     """A validated :class:`Plan` from a plan object or a plan JSON file; a model in its place
     is refused, naming the call that plans it."""
     if isinstance(plan, Plan):
-        # mutation: plan-object-unchecked
         return Plan.checked(plan)
     if not isinstance(plan, (str, os.PathLike)):
         raise PlanError(f"enable() takes a Plan, a plan file or 'auto', not {type(plan).__name__}; {_PLAN_HINT}")
     path = Path(plan)
-    # mutation: model-in-plan-place-unnamed
     if _hub_id(plan) or _is_model_dir(path):
         what = "a Hugging Face hub id" if _hub_id(plan) else "a model directory"
         raise PlanError(f"{plan}: is {what}, not a plan; enable(selective_offload.plan({str(plan)!r}, "
@@ -144,7 +141,6 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
         raise PlanError(f"model={model_dir}: not a checkpoint directory (no *.safetensors shards)")
     if _is_model_dir(model_dir):
         checkpoint = load_checkpoint(model_dir)
-        # mutation: truncated-shard-enabled
         require_complete(checkpoint)
         check_plan_matches_model(resolved, checkpoint)
     elif resolved.model.kind == "safetensors":
@@ -232,7 +228,6 @@ def placement_report() -> LandingReport:
         patches = None
     live = patches.session() if patches is not None else None
     refused = patches.refusal() if patches is not None else None
-    # mutation: refusal-unreported
     if refused is not None:  # the last engine start stopped before any engine process (the plugin's line)
         return LandingReport.failed(refused, None, "none: no engine started")
     if live is not None and live.report is not None:

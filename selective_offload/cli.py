@@ -16,14 +16,14 @@ from typing import Sequence
 from . import __version__
 from .checkpoint import manifest_text
 from .errors import UserError
-from .plan_format import PlanInputs, Strategy
-from .plan_format.io import writable_json
-from .planner.serving import serve_flags
-from .planner.tradeoff import kv_tradeoff
-from .plan_options import BUNDLED, PLAN_MODEL_HELP, PlanOptions, cli_flag, plan_model, read_model
-from .probe import add_probe_arguments, load_profile, machine_notes, run_probe
 from .outputs import check_output_dir, resolve_outputs, write_outputs
 from .picture import add_picture_arguments, check_picture_arguments, drawn_pictures
+from .plan_format import PlanInputs, Strategy
+from .plan_format.io import writable_json
+from .plan_options import BUNDLED, PLAN_MODEL_HELP, PlanOptions, cli_flag, plan_model, read_model
+from .planner.serving import serve_flags
+from .planner.tradeoff import kv_tradeoff
+from .probe import add_probe_arguments, load_profile, machine_notes, run_probe
 from .render import Shown, render_plan
 from .report_cmd import add_report_command
 from .sizes import fmt_bytes
@@ -93,7 +93,6 @@ def next_commands(args: argparse.Namespace, plan, checkpoint) -> tuple[str, ...]
     whole = not plan.host_bytes and plan.strategy != Strategy.INFEASIBLE  # plain vLLM serves it: no plan
     if target is None and not whole:
         target = NEXT_PLAN_FILE
-        # mutation: next-line-without-output
         commands.append(shlex.join(["selective-offload", "plan", *typed, "-o", target]))
     env = [f"SELECTIVE_OFFLOAD_PLAN={shlex.quote(str(target))}"] + (["VLLM_USE_DEEP_GEMM=0"] if args.no_deep_gemm
                                                                      else [])

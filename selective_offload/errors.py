@@ -26,5 +26,4 @@ def cut(text: str, limit: int = 80) -> str:
     10 MB string or a path of thousands of characters is never echoed whole; what is cut
     ends in ``...``). The one place messages cut what they quote."""
     text = str(text).replace("\r", " ").replace("\n", " ")
-    # mutation: message-value-uncut
     return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."

@@ -59,7 +59,6 @@ def _depth(value: Any) -> int:
 
 def _finite_float(text: str) -> float:
     value = float(text)
-    # mutation: json-huge-float
     if not math.isfinite(value):
         raise ValueError(f"the number {text[:40]} is too large (beyond a 64-bit float)")
     return value
@@ -70,7 +69,6 @@ def parse(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     failure is a ``ValueError`` whose message says what is wrong."""
     try:
         value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-    # mutation: json-recursion-uncaught
     except RecursionError:
         raise ValueError(f"nested more than {max_depth} levels deep") from None
     except UnicodeDecodeError as exc:
@@ -89,7 +87,6 @@ def read(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
     """Parse the JSON file at ``path``. Raises ``OSError`` (cannot read) or ``ValueError``
     (not bounded, valid JSON), for the caller to turn into its one-line error."""
     path = Path(path)
-    # mutation: json-read-non-regular
     if path.exists() and not path.is_file():
         raise OSError("not a regular file")
     with path.open("rb") as f:
@@ -106,7 +103,6 @@ def read_text(path: str | Path, *, max_bytes: int) -> str:
     a regular file) or ``ValueError`` (not such text), for the caller's one line."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        # mutation: record-not-regular
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError("not a regular file")
         raw = b""
@@ -114,7 +110,6 @@ def read_text(path: str | Path, *, max_bytes: int) -> str:
             raw += chunk
     finally:
         os.close(fd)
-    # mutation: record-unbounded
     if len(raw) > max_bytes:
         raise ValueError(f"larger than {max_bytes} bytes")
     try:
@@ -217,7 +212,6 @@ class FieldReader:
     def bad(self, key: str, value: Any, wanted: str, fix: str | None = None) -> None:
         """Raise: field ``key`` holds ``value``, but must be ``wanted``. The name and the value
         are cut (a hostile key or value of megabytes is never echoed whole)."""
-        # mutation: profile-message-uncut
         raise self.error(f"{self.where}: {cut(self._name(key), 80)} is "
                          f"{cut(json_text(value), 60)}, but must be {wanted}; {self.fix if fix is None else fix}")
 
@@ -247,7 +241,6 @@ class FieldReader:
         if number in allow and not isinstance(number, bool) and isinstance(number, int):
             return number
         if (isinstance(number, bool) or not isinstance(number, int) or (minimum is not None and number < minimum)
-                # mutation: plan-int-unbounded
                 or abs(number) > top):
             what = f"a whole number of {unit}" if unit else "an integer"
             too_large = isinstance(number, int) and not isinstance(number, bool) and abs(number) > top

@@ -25,7 +25,7 @@ from __future__ import annotations
 from .checkpoint import Checkpoint
 from .errors import PlanError
 from .names import NEVER_COLD_SEGMENTS, group_key, has_segment
-from .plan_format import COLD_SERVINGS, PREFETCH_KINDS, GroupKind, GroupPlan, Serving, Plan
+from .plan_format import COLD_SERVINGS, PREFETCH_KINDS, GroupKind, GroupPlan, Plan, Serving
 from .planner import Group, group_tensors, model_fingerprint, prefetch_buffer_bytes, tower_transient_bytes
 from .planner.host_compute import cpu_format, mlp_cpu_format
 from .planner.kernels import method_of_config
@@ -51,7 +51,6 @@ def _first_difference(planned: GroupPlan, actual: Group) -> str | None:
                 f"{_describe(actual.nbytes, actual.dtype_bytes)} here")
     if planned.shapes_digest and planned.shapes_digest != actual.shapes_digest:
         return f"{name} has the same bytes but other tensor shapes or names here"
-    # mutation: experts-count-unmatched
     if (planned.num_experts, planned.experts_per_token) != (actual.num_experts, actual.experts_per_token):
         return (f"{name} has {planned.num_experts} routed experts, {planned.experts_per_token} per token, in the "
                 f"plan and {actual.num_experts}, {actual.experts_per_token} per token, here")
@@ -73,7 +72,6 @@ def _derived_differences(plan: Plan, actual: dict[tuple, Group]) -> list[str]:
         hot = set(plan.hot_layer_indices)  # the offloader's slots: the hot layers' parameters, experts included
         buffers = prefetch_buffer_bytes([g for g in mine if g.kind in PREFETCH_KINDS and g.layer_index in hot],
                                         plan.inputs.prefetch_step)
-        # mutation: model-buffers-unchecked
         if plan.prefetch_buffer_bytes != buffers:
             out.append(f"the prefetch buffers are {plan.prefetch_buffer_bytes} bytes in the plan and {buffers} "
                        f"for this model's layers at prefetch_step {plan.inputs.prefetch_step}")
@@ -101,7 +99,6 @@ def host_compute_differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     expected = (cpu_format(method, checkpoint.config) if experts
                 else mlp_cpu_format(method, checkpoint.config) if mlps else plan.host_compute_format)
     what = "routed experts" if experts else "dense MLPs"
-    # mutation: host-format-unmatched
     if expected != plan.host_compute_format:
         dtype = checkpoint.config.get("torch_dtype") or checkpoint.config.get("dtype") or "bf16"
         weights = ("weights of a quantization the CPU kernels do not read" if method is None else
@@ -119,13 +116,11 @@ def host_compute_differences(plan: Plan, checkpoint: Checkpoint) -> list[str]:
                 held = "has no weight" if weight is None else f"is {weight.dtype} of shape {list(weight.shape)}"
                 out.append(f"group {g.group} splits the LM head by its rows, but this model's LM head {held}: only "
                            "a bf16 head of its own is split; keep it on the device")
-            # mutation: head-rows-unmatched
             elif g.intermediate != rows:
                 out.append(f"group {g.group}: intermediate is {g.intermediate} vocabulary rows, but this model's LM "
                            f"head has {rows}: it should be {rows}")
         elif g.kind == GroupKind.MLP and g.intermediate:
             size, align = intermediate_size(checkpoint.config), channel_align(checkpoint.config)
-            # mutation: mlp-channels-unmatched
             if g.intermediate != size:
                 out.append(f"group {g.group}: intermediate is {g.intermediate} channels, but this model's MLPs have "
                            f"{size}: it should be {size}")
@@ -176,7 +171,6 @@ def check_plan_matches_model(plan: Plan, checkpoint: Checkpoint) -> list[str]:
     same_tie = plan.model.tie_word_embeddings == checkpoint.facts.tie_word_embeddings
     # Group by group always: the fingerprint says which model the plan names, not that its
     # groups were left as the planner made them (a hand-edited group keeps the fingerprint).
-    # mutation: fingerprint-skips-groups, no-fingerprint-check
     found = differences(plan, checkpoint)
     if not found and fingerprint == plan.model.fingerprint and same_tie:
         _require_host_compute_fits(plan, checkpoint)

@@ -98,7 +98,6 @@ def cold_prefix(name: str, cold_segments: Iterable[str]) -> str | None:
         return None
     wanted = set(cold_segments) - set(NEVER_COLD_SEGMENTS)
     for i, seg in enumerate(parts):
-        # mutation: segment-substring
         if seg in wanted:
             return ".".join(parts[: i + 1])
     return None
@@ -130,11 +129,9 @@ def experts_prefix(name: str) -> str | None:
     if m is None:
         return None
     head, rest = name[:m.end() - 1], segments(name[m.end():])
-    # mutation: experts-not-split
     if ROUTED_EXPERTS_SEGMENT not in rest:
         return None
     at = rest.index(ROUTED_EXPERTS_SEGMENT) + 1
-    # mutation: runner-gate-is-expert
     if set(rest[at:]) & NOT_ROUTED_UNDER_EXPERTS:
         return None
     return ".".join([head, *rest[:at]])
@@ -162,7 +159,6 @@ def mlp_prefix(name: str) -> str | None:
     if m is None:
         return None
     rest = segments(name[m.end():])
-    # mutation: mlp-holds-experts
     if len(rest) < 2 or rest[0] != MLP_SEGMENT or experts_prefix(name) is not None:
         return None
     return f"{name[:m.end() - 1]}.{MLP_SEGMENT}"
@@ -213,7 +209,6 @@ def parameter_group_keys(name: str, cold_segments: Iterable[str]) -> tuple[tuple
     score-correction bias, ``...mlp.experts.e_score_correction_bias``: a leaf of the
     runner) keys by its layer, as the checkpoint's ``...mlp.gate.e_score_correction_bias`` does."""
     keys = group_keys(name.rsplit(".", 1)[0] if "." in name else name, cold_segments)
-    # mutation: runner-bias-in-experts
     if keys[0][0] == "experts" and experts_prefix(name) is None:
         return keys[1:]
     return keys
@@ -244,7 +239,6 @@ class ModelNames:
     def segments(self, cold_segments: Iterable[str]) -> frozenset[str]:
         """The cold segments as the model spells them (the checkpoint's spelling kept too)."""
         cold = frozenset(cold_segments)
-        # mutation: segment-rename-dropped
         return cold | {s for c in cold for s in self.segment_renames.get(c, ())}
 
     def key(self, group: str, cold_segments: Iterable[str]) -> tuple:
@@ -309,11 +303,9 @@ def model_names(groups: Iterable[str], tensors: Iterable[str], mapping: NameMap 
         rest = tensor[len(group) + 1:]
         mapped_names.setdefault(group, []).append(mapped)
         if not rest or mapped.endswith("." + rest):  # renamed around the group: its module is what is left
-            # mutation: mapped-module-not-stripped
             kept.setdefault(group, set()).add(mapped[: len(mapped) - len(rest) - 1] if rest else mapped)
         else:  # renamed inside the group too: as many segments as it had below the group
             parts = segments(mapped)
-            # mutation: renamed-leaf-not-stripped
             dropped.setdefault(group, set()).add(".".join(parts[: len(parts) - len(segments(rest))]))
     found = {g: kept.get(g) or dropped[g] for g in mapped_names}
     named = {g: _common(c) if len(c) > 1 else next(iter(c)) for g, c in found.items()}
@@ -334,7 +326,6 @@ def model_names(groups: Iterable[str], tensors: Iterable[str], mapping: NameMap 
             _unmappable(source, g, modules)
         key = result.key(g, cold)
         for m in mapped_names[g]:
-            # mutation: tensor-keys-unchecked
             if key in group_keys(m.rsplit(".", 1)[0], model_cold) and (key[0] == "cold") == (g in cold_groups):
                 continue
             got = group_key(m.rsplit(".", 1)[0], model_cold)
@@ -352,5 +343,4 @@ def unnamed_groups(names: ModelNames, groups: Iterable[str], module_names: Itera
     the model built: a rename the model class makes that its mapping does not say."""
     model_cold = names.segments(cold_segments)
     present = {group_key(n, model_cold) for n in module_names}
-    # mutation: unnamed-groups-unchecked
     return [g for g in groups if layer_of(names.model_name(g)) is None and names.key(g, cold_segments) not in present]

@@ -99,7 +99,6 @@ def parse_flag(name: str, value: str | None, default: bool = False) -> bool:
     if value is None or not value.strip():
         return default
     text = value.strip().lower()
-    # mutation: strict-env-only-1
     if text in _TRUE:
         return True
     if text in _FALSE:
@@ -126,7 +125,6 @@ def check_report_path(path: str | os.PathLike, what: str = ENV_REPORT) -> Path:
 def _check_report_path(path: Path, what: str) -> Path:
     if path.is_dir():
         raise UserError(f"{what}={path}: is a directory; name a file in it, like {path / 'report.json'}")
-    # mutation: report-path-non-regular
     if path.exists() and not path.is_file():
         raise UserError(f"{what}={path}: is not a regular file (a device, a pipe or a socket), and the report "
                         "replaces its file; name a regular file")
@@ -137,12 +135,10 @@ def _check_report_path(path: Path, what: str) -> Path:
         name_max = os.pathconf(parent, "PC_NAME_MAX")
     except (OSError, ValueError):
         name_max = 255
-    # mutation: report-path-name-length
     if len(path.name.encode()) + RANK_SUFFIX_ROOM > name_max:
         raise UserError(f"{what}={str(path)[:80]}...: the file name is {len(path.name.encode())} bytes, and with "
                         f"the {RANK_SUFFIX_ROOM} bytes other workers' reports add it would not fit this file "
                         f"system's {name_max}; name a shorter file")
-    # mutation: report-path-replaces-foreign-file
     if not ours(path, "report"):
         raise UserError(f"{what}={path}: exists and is not a placement report selective-offload wrote, so it is not "
                         "replaced; name a new file (or move that one away yourself)")
@@ -150,7 +146,6 @@ def _check_report_path(path: Path, what: str) -> Path:
         raise UserError(f"{what}={path}: cannot be written (permission denied); name a file in a writable directory")
     trial = temporary_name(path)
     try:
-        # mutation: report-path-no-trial
         with open(trial, "w") as f:
             f.write("{}\n")
     except OSError as exc:
@@ -172,7 +167,6 @@ def device_memory_from_env(environ: Mapping[str, str] = os.environ) -> int | Non
     text = environ.get(ENV_DEVICE_MEMORY, "").strip()
     if not text:
         return None
-    # mutation: device-memory-env-uncut
     if len(text) > 40:  # no size is this long; the message must not repeat thousands of characters
         raise UserError(f"{ENV_DEVICE_MEMORY}: {text[:20]!r}... ({len(text)} characters) is not a size; write one "
                         "like 24GiB (or unset it to plan for the card's memory)")
@@ -214,7 +208,6 @@ class RunOptions:
             report_path=environ.get(ENV_REPORT, "").strip() or None,
             embedding_mode=environ.get(ENV_EMBEDDING, "").strip() or "auto",
         ).validate()
-        # mutation: device-memory-env-late
         if plan == AUTO_PLAN:
             device_memory_from_env(environ)
         return options
@@ -227,7 +220,6 @@ class RunOptions:
             return self
         directory = tempfile.mkdtemp(prefix="selective-offload-report-")
         options = RunOptions(self.plan_path, self.strict, str(Path(directory) / "report.json"), self.embedding_mode)
-        # mutation: last-report-not-recorded
         remember_report_path(options.report_path)
         return options
 

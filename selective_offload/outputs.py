@@ -64,7 +64,6 @@ def _json_format(path: Path) -> str | None:
 def _json_kind(prefix: str) -> Callable[[Path], bool]:
     def recognise(path: Path) -> bool:
         found = _json_format(path)
-        # mutation: output-format-unchecked
         return found is not None and found.startswith(prefix)
     return recognise
 
@@ -144,7 +143,6 @@ def _write_trial(trial: Path) -> None:
     """Write a byte to ``trial`` and remove it: what the file system says when an output is
     written for real (OSError), said before any work."""
     try:
-        # mutation: output-path-no-trial, output-dir-no-trial
         with open(trial, "wb") as f:
             f.write(b"\n")
     finally:
@@ -204,16 +202,13 @@ def _check(out: Output, models: list[Path]) -> None:
     if target.is_dir():
         raise UserError(f"{named}: is a directory; name a file in it, like "
                         f"{cut(str(Path(out.given) / ('out' + target.suffix)), SHOWN_NAME)}")
-    # mutation: report-replaces-non-regular
     if target.exists() and not target.is_file():
         raise UserError(f"{named}: is not a regular file (a device, a pipe or a socket), and the output replaces "
                         "its file; name a regular file")
-    # mutation: output-inside-the-model
     for folder in models:
         if _inside(target, folder):
             raise UserError(f"{named}: is inside the checkpoint being planned ({cut(str(folder), SHOWN_NAME)}), "
                             "whose files vLLM reads as the model's; write it elsewhere")
-    # mutation: output-replaces-foreign-file
     if not ours(target, out.kind):
         raise UserError(f"{named}: exists and is not a {what} selective-offload wrote, so it is not replaced; "
                         "name a new file (or move that one away yourself)")
@@ -237,7 +232,6 @@ def resolve_outputs(named: Sequence[tuple[str, str | os.PathLike | None, str]], 
                if path is not None]
     for i, a in enumerate(outputs):
         for b in outputs[:i]:
-            # mutation: output-names-unresolved
             if _same_file(a.path, b.path):
                 raise UserError(f"{b.named} and {a.named} name the same file ({cut(str(b.path), SHOWN_NAME)}); "
                                 "name a file for each")
@@ -284,7 +278,6 @@ def write_outputs(items: Sequence[tuple[Output, bytes]]) -> None:
             tmp = temporary_name(out.path)
             staged.append((tmp, out))
             try:
-                # mutation: output-written-in-place
                 with open(tmp, "wb") as f:
                     f.write(data)
             except OSError as exc:

@@ -22,7 +22,7 @@ from typing import Any
 
 from .errors import UserError
 from .outputs import PICTURE_MARK, write_files
-from .plan_format import GroupKind, GroupPlan, Serving, Plan
+from .plan_format import GroupKind, GroupPlan, Plan, Serving
 from .sizes import GB, GiB
 
 #: Colours of the known servings; a serving this module does not know (a newer plan
@@ -79,7 +79,6 @@ def picture_data(plan: Plan) -> dict[str, Any]:
         experts = g.kind == "experts"
         entry = {"group": g.group, "serving": _serving(g), "bytes": g.bytes, "experts": experts}
         if g.layer_index is not None and g.kind in (GroupKind.LAYER, GroupKind.EXPERTS, GroupKind.MLP):
-            # mutation: picture-layers-not-stacked
             slot = by_layer.get(g.layer_index)
             if slot is None:
                 slot = by_layer[g.layer_index] = {"label": str(g.layer_index), "layer": g.layer_index, "stack": []}
@@ -110,12 +109,10 @@ def picture_data(plan: Plan) -> dict[str, Any]:
                 "est_cpu_s": est.est_cpu_s_per_step,
                 "est_step_s": est.est_step_s, "est_tok_s": est.est_tok_s}
 
-    # mutation: picture-says-selective
     rows = [{"label": "this plan", "bytes": totals, "step": step(plan.est)}]
     cpu_offload = plan.vllm_cpu_offload_gb
     if cpu_offload is not None:
         absent = totals.get(Serving.NONE.value, 0)
-        # mutation: picture-cpu-offload-absent-counted-on-device
         cpu_offload_bytes = {Serving.RESIDENT.value: plan.model.total_bytes - absent - cpu_offload.offloaded_bytes,
                       CPU_OFFLOAD_GB: cpu_offload.offloaded_bytes}
         if absent:
@@ -138,7 +135,6 @@ def _colours(servings: list[str]) -> dict[str, str]:
     colours = dict(COLOURS)
     spare = iter(_SPARE_COLOURS * 4)
     for p in servings:
-        # mutation: picture-unknown-placement-uncoloured
         colours.setdefault(p, next(spare))
     colours[CPU_OFFLOAD_GB] = "#8c613c"
     return colours
@@ -273,7 +269,6 @@ def figure(data: dict[str, Any]):
         ax.text(xs[0] - 0.4, top * 1.02, f"vLLM cpu_offload_gb offloads these {len(cpu_offload_layers)} layers' parameters "
                 f"(model order), every step", ha="left", va="bottom", fontsize=9, color=colours[CPU_OFFLOAD_GB])
     # beside the bars, not over them (the tallest, the embedding and the head, stand at the edges)
-    # mutation: picture-legend-over-the-bars
     ax.legend(handles=handles, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1)
     fig.suptitle("\n".join(textwrap.wrap(data["title"], 120)), fontsize=12)
     fig.canvas.draw()  # the layout made, so the figure's extents are final
@@ -309,7 +304,6 @@ def check_picture_arguments(args: argparse.Namespace) -> list[tuple[str, str, st
             raise UserError(f"{flag} {path[:200]}: the file name must end in .{flag[2:]}")
     if outputs:
         _pyplot()
-    # mutation: picture-path-not-tried
     return [(flag, path, flag[2:]) for flag, path in outputs]
 
 

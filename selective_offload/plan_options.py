@@ -24,11 +24,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from .acceptance import DEFAULT_ACCEPT_RATE
 from .checkpoint import Checkpoint, load_checkpoint
 from .errors import PlanError, UserError, cut
-from .acceptance import DEFAULT_ACCEPT_RATE
-from .estimate.traffic import (ASSUMED_CPU_TFLOPS, DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR,
-                               REFERENCE_CPU_GBPS)
+from .estimate.traffic import (
+    ASSUMED_CPU_TFLOPS,
+    DEFAULT_DECODE_READ_FACTOR,
+    DEFAULT_UVA_READ_FACTOR,
+    REFERENCE_CPU_GBPS,
+)
 from .kv_model import KV_DTYPE_BYTES
 from .names import DEFAULT_COLD_SEGMENTS
 from .plan_format import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS, Plan, PlanInputs
@@ -40,7 +44,6 @@ from .planner.host_compute import model_cpu_format
 from .probe import default_profile_path, plan_bandwidths, plan_defaults, reference_note
 from .progress import progress
 from .sizes import parse_bandwidth_gbps, read_size
-
 
 #: The KV cache kept when neither ``--kv-cache`` nor ``--max-model-len``/``--max-seqs`` says.
 DEFAULT_KV_CACHE = "1GiB"
@@ -91,7 +94,6 @@ def _typed(value: Any, option: str, kind: type) -> Any:
 
 def read_count(value: Any, option: str) -> int:
     """A whole number (its range is checked with the inputs it sets)."""
-    # mutation: keyword-type-unchecked
     return _typed(value, option, int)
 
 
@@ -277,7 +279,6 @@ class PlanOptions:
             if read is not read_switch:
                 extra["metavar"] = f.metadata["metavar"]
             help_text = docs[f.name]
-            # mutation: option-help-not-its-docstring
             groups[f.metadata["group"]].add_argument(cli_flag(f.name), dest=f.name, default=f.default,
                                                      help=help_text, **extra)
 
@@ -363,10 +364,8 @@ class PlanOptions:
             raise UserError(f"{spell('device-memory')} is needed (like 24GiB): no `selective-offload probe` profile of "
                             f"a GPU on this machine ({default_profile_path()}) says it")
         uva = read("uva_gbps") if self.uva_gbps is not None else (
-            # mutation: probe-uva-with-another-link
             measured["uva_gbps"] if self.link_gbps is None else None)  # the probe's UVA rate goes with its link
         decode = (read("decode_read_gbps") if self.decode_read_gbps is not None
-                  # mutation: probe-decode-with-another-vram
                   else measured["decode_read_gbps"] if self.vram_gbps is None else None)  # and its decode rate with its VRAM
         compute = read("compute_tflops")
         cpu = read("cpu_gbps")
@@ -412,7 +411,6 @@ class PlanOptions:
             host_compute=not read("no_host_compute"), device_share=not read("no_device_share"),
             head_share=not read("no_head_share"),
         )
-        # mutation: flags-together-unchecked
         self.checked_together(spell)
         validated(inputs, spell)
         if inputs.device_memory_bytes == 0:
@@ -429,7 +427,6 @@ class PlanOptions:
         if profile is not None and profile.no_link_reason is None:
             return f"inputs not given as options come from this machine's profile: {source}"
         # no profile of a GPU: only the rates the options left out are the reference laptop's
-        # mutation: reference-note-names-both
         return reference_note(link=self.link_gbps is None, vram=self.vram_gbps is None)
 
     def rates_from(self, profile) -> dict[str, str]:
@@ -542,7 +539,6 @@ def validated(inputs: PlanInputs, spell: Callable[[str], str]) -> PlanInputs:
         option = FIELD_OPTIONS.get(exc.field)
         if option is None:
             raise respelled(exc, spell) from None
-        # mutation: input-error-unnamed
         raise UserError(f"{spell(option)}: {respelled(exc, spell)}") from None
     except PlanError as exc:
         raise respelled(exc, spell) from None
@@ -552,7 +548,6 @@ def validated(inputs: PlanInputs, spell: Callable[[str], str]) -> PlanInputs:
 def respelled(exc: UserError, spell: Callable[[str], str]) -> UserError:
     """``exc`` with each of plan's flags it names (``--kv-cache``) spelled as the caller
     writes options (``kv_cache=`` from :func:`selective_offload.plan`); its type kept."""
-    # mutation: python-errors-spelled-as-flags
     if spell is cli_flag:
         return exc
     names = frozenset(cli_flag(f.name)[2:] for f in fields(PlanOptions))
@@ -567,12 +562,10 @@ def with_measured_cpu_rate(inputs: PlanInputs, checkpoint, profile) -> PlanInput
     if inputs.cpu_gbps is not None:
         return inputs
     rates = plan_defaults(profile)["cpu_kernel_gbps"] or {}
-    # mutation: probe-cpu-rate-ignored
     fmt = model_cpu_format(checkpoint)
     if fmt in rates:
         # the host's read rate the probe measured beside it decides whether the kernel is
         # claimed on this host (cpu_kernels.claimed.verdict)
-        # mutation: probe-read-rate-dropped
         read = profile.host_read_gbps
         return replace(inputs, cpu_gbps=rates[fmt], cpu_gbps_source="measured", cpu_read_gbps=read)
     return inputs
@@ -601,7 +594,6 @@ def plan_model(model: str, options: PlanOptions, profile, spell: Callable[[str],
     except PlanError as exc:  # what only the model shows (its KV layout), said in the caller's words
         raise respelled(exc, spell) from None
     provenance = options.provenance(profile)
-    # mutation: python-plan-provenance-dropped
     if provenance:
         plan = replace(plan, notes=plan.notes + (provenance,))
     noted = options.checked_together(spell)

@@ -29,7 +29,6 @@ def progress(what: str, *, every_s: float = 10.0, after_s: float = 0.0, note: st
         print(text, file=out, flush=True)
 
     def tick() -> None:
-        # mutation: progress-delay-ignored
         if after_s and done.wait(after_s):
             return
         say(f"{what}" + (f" ({note})" if note else "") + (" ..." if after_s else ""))

@@ -30,10 +30,10 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .estimate.traffic import DEFAULT_DECODE_READ_FACTOR
 from .anchors import anchors_for
 from .checkpoint import Checkpoint
-from .plan_format import EST_IGNORES, EST_MODEL, VllmBaseline, Estimate, GroupKind, GroupPlan, Serving, Plan, Strategy
+from .estimate.traffic import DEFAULT_DECODE_READ_FACTOR
+from .plan_format import EST_IGNORES, EST_MODEL, Estimate, GroupKind, GroupPlan, Plan, Serving, Strategy, VllmBaseline
 from .plan_format.contents import MIN_PRICED_MODEL_BYTES, priced  # noqa: F401  (the tok/s rule; re-exported)
 from .planner.host_compute import head_words
 from .sizes import GiB, fmt_bytes
@@ -284,7 +284,6 @@ def model_name(typed: str) -> str:
         exists = False
     if not exists:
         return typed
-    # mutation: model-named-by-its-file
     if path.is_dir() or path.name == "config.json" or path.suffix == ".safetensors":
         folder = path if path.is_dir() else path.parent
         return folder.resolve().name or str(folder)
@@ -302,7 +301,6 @@ def verdict(plan: Plan, shown: Shown | None = None) -> list[str]:
     shown = shown or Shown()
     inp = plan.inputs
     head = f"{_model_name(plan, shown)} on a {_card(inp.device_memory_bytes)} card"
-    # mutation: verdict-not-infeasible
     if plan.strategy == Strategy.INFEASIBLE:
         short = []
         if plan.shortfall_bytes:
@@ -313,7 +311,6 @@ def verdict(plan: Plan, shown: Shown | None = None) -> list[str]:
             return [f"{head}: INFEASIBLE: the placement does not fit"]
         return [f"{head}: INFEASIBLE: " + ", ".join(short)] + _wrapped("fix", fixes(plan, shown))
     if not plan.host_bytes:
-        # mutation: whole-fit-asks-for-a-plan
         return [f"{head}: fits whole on the device; plain `vllm serve` needs no plan"]
     return [f"{head}: fits with {fmt_bytes(plan.host_bytes)} on the host"]
 
@@ -324,10 +321,8 @@ def fixes(plan: Plan, shown: Shown | None = None) -> list[str]:
     inp = plan.inputs
     room = plan.shortfall_bytes + plan.host_shortfall_bytes  # device bytes a fit needs, at most
     out = [f"a larger --device-memory{' (all it can move is on the host already)' if plan.shortfall_bytes else ''}, "]
-    # mutation: fix-without-kv-cut
     if inp.kv_cache_bytes + inp.reserve_bytes > room:
         out.append("less --kv-cache or --reserve, ")
-    # mutation: fix-without-host-memory
     if plan.host_shortfall_bytes and not plan.shortfall_bytes:  # the same plan fits a host with this much RAM
         need = -(-(plan.host_bytes + inp.host_headroom_bytes) // GiB)
         whose = (shown.host_ram_from if shown and shown.host_ram_from else "--host-memory")
@@ -405,7 +400,6 @@ def _rates_line(plan: Plan, shown: Shown) -> str:
 def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
     """vLLM's own offload and this plan, est tok/s and speed-up (none for a model too small
     to price), then the rates they assume."""
-    # mutation: infeasible-plan-priced
     if plan.strategy == Strategy.INFEASIBLE:
         return []
     if not priced(plan):
@@ -429,7 +423,6 @@ def _estimate_lines(plan: Plan, shown: Shown) -> list[str]:
     spec = f", MTP K={plan.spec_tokens} a={inp.accept_rate:.2f}" if plan.spec_tokens else ""
     speedups = _speedups(plan)
     mine = row(f"this plan{f' ({spec[2:]})' if spec else ''}", plan.host_bytes, plan.est)
-    # mutation: speed-ups-past-the-width
     inline = not speedups or len(mine[-1]) + 2 + len(speedups) <= WIDTH  # else on a line of their own below
     if inline and speedups:
         mine[-1] += f"  {speedups}"
@@ -452,7 +445,6 @@ def _baseline_misfit(plan: Plan, baseline: VllmBaseline) -> str:
     """Where vLLM's own offload would not fit: the card (its weights left on the device) and
     the host RAM checked (the bytes it offloads)."""
     available = plan.inputs.host_available_bytes
-    # mutation: baseline-host-misfit-unsaid
     over_host = available is not None and baseline.offloaded_bytes > available
     return {(True, False): "(over the card)", (False, True): "(over host RAM)",
             (True, True): "(over card and RAM)"}.get((not baseline.fits, over_host), "")
@@ -466,7 +458,6 @@ def anchor_lines(plan: Plan) -> list[str]:
     if experts:
         for anchor in anchors_for(plan.model.architectures, plan.model.num_hidden_layers, experts[0].num_experts,
                                   plan.inputs.device_memory_bytes):
-            # mutation: anchor-line-unwrapped
             lines += textwrap.wrap(anchor.line(), WIDTH, subsequent_indent=" " * _LABEL, break_on_hyphens=False)
     return lines
 
@@ -500,7 +491,6 @@ def _host_compute_line(plan: Plan, checkpoint: Checkpoint | None = None) -> list
     record = plan.host_compute
     computed = [g for g in plan.groups if g.serving == Serving.COMPUTE]
     if record is None or not computed:  # the first thing a user comparing with llama.cpp's --n-cpu-moe asks
-        # mutation: declined-host-compute-unsaid
         why = _cpu_unused(plan, checkpoint)
         return _wrapped("cpu", [f"{word} " for word in f"not used: {why}".split()]) if why else []
     layers = len({g.layer_index for g in computed if g.layer_index is not None})
@@ -542,7 +532,6 @@ def _command_lines(command: str) -> list[str]:
     if command.startswith("#") or len(command) <= room:
         return [command]
     groups: list[list[str]] = []
-    # mutation: next-command-requoted
     for word in _SHELL_WORD.findall(command):
         if not groups or shlex.split(word)[0].startswith("--"):
             groups.append([])
@@ -550,7 +539,6 @@ def _command_lines(command: str) -> list[str]:
     lines = [" ".join(groups[0])]
     for group in groups[1:]:
         part = " ".join(group)
-        # mutation: next-command-unbroken
         if len(lines[-1]) + 1 + len(part) + 2 > room:
             lines[-1] += " \\"
             lines.append("  " + part)
@@ -582,7 +570,6 @@ def render_plan(plan: Plan, checkpoint: Checkpoint | None = None, *, verbose: bo
         detail += [""] + [f"note: {note}" for note in notes]
         if checkpoint is not None and checkpoint.incomplete_shards:
             detail.append(f"note: first shard without all its data: {checkpoint.incomplete_shards[0]}")
-        # mutation: verbose-lines-unwrapped
         width = DETAIL_WIDTH
         lines += [part for line in detail for part in (textwrap.wrap(line, width, subsequent_indent="      ",
                                                                      break_on_hyphens=False)

@@ -46,7 +46,6 @@ from .sizes import GB, fmt_bytes
 REPORT_FORMAT = "selective-offload/report-v3"
 #: Misplaced (or unrouted) bytes above this fraction of the bytes, as loaded, of the
 #: groups the plan puts on the host make a report not ok.
-# mutation: threshold-30
 TOLERANCE = 0.01
 #: Page-locked host memory above this multiple of the host bytes (as loaded) is a warning
 #: (a note in the report)...
@@ -64,9 +63,7 @@ STRAY_HOST = "host"
 JUDGED: tuple[tuple[str, str, frozenset[Serving]], ...] = (
     ("cold_on_host", "cold", COLD_SERVINGS),
     ("prefetch", "prefetch", frozenset({Serving.PREFETCH})),
-    # mutation: report-uva-not-judged
     ("uva", "uva", frozenset({Serving.UVA})),
-    # mutation: report-compute-not-judged
     ("host_compute", "compute", frozenset({Serving.COMPUTE})),
 )
 
@@ -186,7 +183,6 @@ class LandingReport:
         except ValueError as exc:
             raise PlanError(f"{str(path)[:300]}: not a placement report of this selective-offload ({exc}); "
                             f"{report_files.FIX}") from None
-        # mutation: report-fields-untyped
         fields = report_files.read_fields(data, str(path), REPORT_FORMAT)
         fields["groups"] = [GroupLanding(**g) for g in fields["groups"]]
         return cls(**fields)
@@ -200,10 +196,8 @@ class LandingReport:
         report = cls.load_one(path)
         missing = set(report.on_other_ranks)
         others = [(k, p, cls.load_one(p)) for k, p in report_files.rank_files(path)]
-        # mutation: rank-set-unchecked
         report.problems += report_files.rank_problems(Path(path), [(k, p, w.world_size) for k, p, w in others],
                                                       report.world_size)
-        # mutation: rank-files-not-merged
         for _, other, worker in others:
             label = other.name.rsplit(".", 1)[-1]
             report.ranks[label] = {"ok": worker.ok, "landed_cold_on_host_bytes": worker.landed_cold_on_host_bytes,
@@ -249,7 +243,6 @@ def remove_reports(path: str | os.PathLike) -> None:
     only reports this project wrote (a report path naming a device, or a file of the
     user's, is never unlinked)."""
     for p in report_paths(path):
-        # mutation: stale-report-unlinks-anything, stale-report-unlinks-users-file
         if p.is_file() and p.stat().st_size and ours(p, "report"):
             p.unlink(missing_ok=True)
 
@@ -284,7 +277,6 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, col
     segments = names.segments(plan.inputs.cold_segments)
     by_key: dict[tuple, GroupPlan] = {}
     for g in plan.groups:
-        # mutation: report-by-checkpoint-name
         by_key.setdefault(names.key(g.group, plan.inputs.cold_segments), g)
     m = _Matching({g.group: GroupLanding(g.group, g.serving, Serving.NONE, g.bytes) for g in plan.groups},
                   {g.group: {} for g in plan.groups})
@@ -308,9 +300,7 @@ def _match_parameters(model: nn.Module, plan: Plan, *, host_is_device: bool, col
             m.record(planned.group, Serving.COMPUTE, nbytes,
                      routed=None if routed_uva is None else id(param) in routed_uva)
         elif id(param) in cold:
-            # mutation: report-cold-word-own-rule
             m.record(planned.group, cold_serving(planned.group, planned.kind), nbytes,
-                     # mutation: routed-by-storage
                      routed=None if routed is None else name in routed)
         elif param.device.type == "cpu" and not host_is_device:
             m.record(planned.group, STRAY_HOST, nbytes)
@@ -326,10 +316,8 @@ def _honesty(m: _Matching, loaded_bytes: int) -> list[str]:
     plan leaves out (absent) that the engine loaded anyway, and parameters in no group
     (placed by no one, counted nowhere) above the tolerance."""
     problems = [f"group {g.group} is planned absent (not loaded), but the engine loaded {fmt_bytes(g.loaded_bytes)} "
-                # mutation: report-absent-loaded-ok
                 "of it" for g in m.landings.values() if g.planned == Serving.NONE and g.num_params]
     uncovered = sum(m.unplanned.values())
-    # mutation: report-uncovered-ok
     if uncovered > TOLERANCE * max(loaded_bytes, 1):
         names = sorted(m.unplanned, key=m.unplanned.get, reverse=True)
         problems.append(f"{fmt_bytes(uncovered)} of the loaded model are in no plan group ({', '.join(names[:4])}"
@@ -405,13 +393,11 @@ def _verdict(m: _Matching, report: LandingReport, check_routing: bool, check_uva
                 f"{TOLERANCE:.0%} of the {fmt_bytes(loaded)} the plan puts on the host: "
                 f"{', '.join(wrong[:6])}{' ...' if len(wrong) > 6 else ''}")
     for stem, label, servings, checked in (("cold_on_host", "cold", COLD_SERVINGS, check_routing),
-                                           # mutation: uva-routing-not-checked
                                            ("uva", "uva", {Serving.UVA}, check_uva_routing),
                                            ("host_compute", "compute", {Serving.COMPUTE}, check_uva_routing)):
         moved = [g for g in m.landings.values() if g.planned in servings and g.moved_bytes]
         unrouted = sum(g.moved_bytes for g in moved)
         setattr(report, f"unrouted_{label}_bytes", unrouted)
-        # mutation: report-no-routing-check
         if checked and unrouted > TOLERANCE * getattr(report, f"loaded_{stem}_bytes"):
             problems.append(
                 f"{fmt_bytes(unrouted)} of {label} bytes were allocated on the device while the model was "
@@ -529,7 +515,6 @@ def judge_host_memory(report: LandingReport, *, policy: str, reason: str, locked
         report.notes.append(f"host weights are not page-locked: {reason}")
     if ratio is None:
         return
-    # mutation: page-locked-limit-off
     if ratio > PAGE_LOCKED_LIMIT:
         report.problems.append(f"{fmt_bytes(page_locked)} of host memory is page-locked, {ratio:.2f}x the "
                                f"{fmt_bytes(host)} on the host (limit {PAGE_LOCKED_LIMIT}x): RAM the system can "

@@ -58,7 +58,6 @@ def verdict_line(r: Any) -> str:
     """The report's first line: whether the plan was applied and its placement realised."""
     if r.error:
         return f"PLAN NOT APPLIED: {r.error}"
-    # mutation: report-verdict-ok-always
     if r.ok:
         return "placement matches the plan"
     n = len(r.problems)

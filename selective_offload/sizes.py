@@ -67,7 +67,6 @@ def read_size(value: str | int | float, what: str) -> int:
     naming the unit it lacks."""
     nbytes = parse_size(value, what)
     bare = isinstance(value, (int, float)) or _BARE.match(str(value)) is not None
-    # mutation: bare-size-read-as-bytes
     if bare and 0 < float(value) < MIN_BARE_SIZE:
         text = str(value).strip()
         given = f"{what}{'' if what.endswith('=') else ' ' if what.startswith('-') else '='}{text}"
@@ -83,7 +82,6 @@ def parse_bandwidth_gbps(text: str | float, what: str = "bandwidth") -> float:
         raise UserError(
             f"{what}: cannot read {text!r} as a bandwidth; give GB/s as a number, like 13.9"
         ) from None
-    # mutation: bandwidth-unbounded
     if not MIN_GBPS <= value <= MAX_GBPS:
         raise UserError(f"{what}: {text!r} GB/s must be a number of GB/s from {MIN_GBPS:g} to {MAX_GBPS:g}, "
                         "like 13.9")

@@ -45,7 +45,6 @@ def check_shape(shape: Any, where: str) -> tuple[int, ...]:
     """A shape as safetensors reads one: a list of integers from 0 up (no floats, no
     booleans, no negative or absurd dimensions)."""
     if not isinstance(shape, list) or not all(
-            # mutation: negative-dims
             isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape):
         raise CheckpointError(f"{where}shape {json.dumps(shape)[:60]} must be a list of whole numbers from 0 to "
                               f"{MAX_DIM}; the file is corrupt or hand-edited: fix or re-fetch it")

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
 from torch import nn
 
 from selective_offload.checkpoint import Checkpoint, TensorInfo, tensor_nbytes

@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 from selective_offload.checkpoint import tensor_nbytes
+
 # The demo's tiny Qwen3 and engine arguments serve the tests too.
 from selective_offload.vllm_glue.demo_engine import ENGINE_ARGS, save_tiny_qwen3, word_tokenizer  # noqa: F401
 
@@ -391,6 +392,35 @@ def hot_layer_plan(model_dir):
                                       reserve_bytes=0, host_compute=False))  # whole layers prefetched
     assert plan.strategy == "hot_offload" and plan.hot_layer_indices
     return plan
+
+
+class CountedChecks(list):
+    """Where each check of a plan against a checkpoint ran, in order: ``enable`` (before any
+    engine), ``engine start`` (vLLM's MPClient, before its processes) or ``worker`` (the
+    model's load). Wraps ``model_match.check_plan_matches_model`` where the package calls it."""
+
+    def __enter__(self):
+        import inspect
+
+        from selective_offload import api, model_match
+        from selective_offload.vllm_glue import caller
+
+        real = model_match.check_plan_matches_model
+
+        def counted(plan, checkpoint):
+            names = {frame.function for frame in inspect.stack()}
+            self.append("worker" if "_load_main" in names else "enable" if "enable" in names else "engine start")
+            return real(plan, checkpoint)
+
+        self._restore = [(module, module.check_plan_matches_model) for module in (api, caller)]
+        for module, _ in self._restore:
+            module.check_plan_matches_model = counted
+        return self
+
+    def __exit__(self, *exc):
+        for module, original in self._restore:
+            module.check_plan_matches_model = original
+        return False
 
 
 def last_line(text: str) -> str:

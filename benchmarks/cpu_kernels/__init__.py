@@ -36,11 +36,20 @@ import sys
 import time
 from pathlib import Path
 
-
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from benchmarks.common import RESULTS_DIR, fmt, load_1min, machine, md_table, result_stem, shared_note, today, write_results  # noqa: E402,E501
 
+from benchmarks.common import (  # noqa: E402,E501
+    RESULTS_DIR,
+    fmt,
+    load_1min,
+    machine,
+    md_table,
+    result_stem,
+    shared_note,
+    today,
+    write_results,
+)
 from selective_offload import cpu_kernels as ck  # noqa: E402
 from selective_offload.cpu_kernels import build, timing  # noqa: E402
 

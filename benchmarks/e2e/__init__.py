@@ -61,12 +61,16 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from benchmarks.common import (  # noqa: E402
+    RESULTS_DIR,
     BenchError,
+    device_name,
+    load_1min,
     module_env,
+    result_stem,
+    shared_note,
+    today,
     worker_or_run,
-    RESULTS_DIR, device_name, load_1min, result_stem, shared_note, today,
     write_results,
 )
 from benchmarks.e2e.engine import merge_rounds, worker  # noqa: E402

@@ -46,10 +46,19 @@ import sys
 import time
 from pathlib import Path
 
-
 from benchmarks.common import (  # noqa: E402
-    RESULTS_DIR, device_name, fill_random, fmt, load_1min, md_table, result_stem, shared_note, spread,
-    time_s, today, write_results,
+    RESULTS_DIR,
+    device_name,
+    fill_random,
+    fmt,
+    load_1min,
+    md_table,
+    result_stem,
+    shared_note,
+    spread,
+    time_s,
+    today,
+    write_results,
 )
 
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
@@ -196,7 +205,6 @@ def graph_failure(graph, fn, reference, ids, vocab: int, replays: dict) -> str |
     try:
         replay = graph(fn, torch.zeros_like(ids))
         other = (ids * 7 + 1) % vocab
-        # mutation: gather-graph-unchecked
         if not torch.equal(replay(other), reference(other)) or not torch.equal(replay(ids), reference(ids)):
             return f"FAILED: a replay differs from F.embedding on the device table at {ids.numel()} tokens"
     except (RuntimeError, ValueError) as err:

@@ -43,12 +43,12 @@ import threading
 import time
 from pathlib import Path
 
-
+from benchmarks import tables  # noqa: E402  (--import regenerates the tables of docs/benchmarks.md; tables imports nothing of this driver)
 from benchmarks.common import RESULTS_DIR, md_table, slug, today  # noqa: E402
 from benchmarks.gpu.figures import ratio_rows, ratios  # noqa: E402
-from benchmarks.gpu.pack import import_results, pack as pack_run  # noqa: E402
+from benchmarks.gpu.pack import import_results  # noqa: E402
+from benchmarks.gpu.pack import pack as pack_run
 from benchmarks.gpu.sections import SECTIONS, Section  # noqa: E402
-from benchmarks import tables  # noqa: E402  (--import regenerates the tables of docs/benchmarks.md; tables imports nothing of this driver)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,6 @@ class NoVllm:
                                       name=name)
         return None
 
-# mutation: gpu-run-vllm-not-blocked
 sys.meta_path.insert(0, NoVllm())
 kind, target, *argv = sys.argv[1:]
 sys.argv = [target, *argv]
@@ -181,7 +180,6 @@ def run_section(section: Section, cmd: list[str], shown: str, limit_s: float, ou
         for line in proc.stdout:
             line = line.rstrip("\n")
             if line.startswith(BLOCKED):
-                # mutation: gpu-run-blocked-not-counted
                 blocked.append(line[len(BLOCKED):].strip())
             tail.append(line)
             del tail[:-40]
@@ -191,7 +189,6 @@ def run_section(section: Section, cmd: list[str], shown: str, limit_s: float, ou
     reader.start()
     timed_out = False
     try:
-        # mutation: gpu-run-no-time-limit
         proc.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
         timed_out = True
@@ -360,7 +357,6 @@ def main(argv: list[str] | None = None) -> int:
         limit = section.small_limit_s if args.small else section.limit_s
         row = run_section(section, *command(section, python, out, name, args.small), limit, out, log)
         console_markdown(section, row, out, log.path)
-        # mutation: gpu-run-stops-at-failure
         rows.append(row)
 
     summary = {

@@ -119,7 +119,6 @@ def uva_moe_over_device(d: dict) -> list[dict] | str:
         note = r.get("error") or (f"UVA {r['uva_replay_us']:.0f} us, device {r['device_replay_us']:.0f} us"
                                   + ("" if r.get("bit_equal") else "; the UVA replay DIFFERS from the device copy's"))
         label = f"{r['phase']} ({r['tokens']} token(s)), {r.get('distinct_experts', '?')} experts read"
-        # mutation: gpu-run-moe-ratio-unread
         rows.append(_row(label, r.get("uva_over_device"), None, note))
     return rows or "no fused-MoE phase was measured"
 
@@ -148,7 +147,6 @@ def host_compute_over_uva(d: dict) -> list[dict] | str:
             + (f", resident {res * 1e6:.0f} us" if res else "") \
             + (f"; hand-off (graph, empty job) {hand * 1e6:.0f} us" if hand else "") \
             + f"; host path wins up to T = {cross}" + (f"; correctness FAILED: {', '.join(failed)}" if failed else "")
-        # mutation: gpu-run-host-compute-ratio-inverted
         rows.append(_row(f"{name}: host / UVA", host / uva if uva else None, None, note))
         rows.append(_row(f"{name}: host / resident", host / res if res else None))
     return rows or "no layer measured"
@@ -173,7 +171,6 @@ def host_mlp_over_copy(d: dict) -> list[dict] | str:
     note = (f"attention {dense['attention_s']['median'] * 1e6:.0f} us, MLP on the host "
             f"{dense['mlp_host_s']['median'] * 1e6:.0f} us, its {dense['mlp_bytes'] / 1e6:.0f} MB copied "
             f"{dense['mlp_copy_s']['median'] * 1e6:.0f} us")
-    # mutation: gpu-run-host-mlp-ratio-inverted
     return [_row(f"{dense['shape']}, 1 token: layer with its MLP on the host / with it copied",
                  dense["host_over_prefetch"], None, note)]
 

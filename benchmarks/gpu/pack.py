@@ -26,7 +26,6 @@ def pack(out: Path, stem: str, log: Callable[[str], None]) -> list[str]:
             tar.add(p, arcname=p.name)
     for p in files:
         if p.name not in keep:
-            # mutation: gpu-run-pack-keeps-all
             p.unlink()
     left = sorted(p.name for p in out.iterdir())
     log(f"packed {len(files)} files into {tar_path.name}; {out} holds {', '.join(left)}")

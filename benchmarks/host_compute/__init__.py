@@ -91,23 +91,44 @@ import sys
 import time
 from pathlib import Path
 
-
 from benchmarks.common import (  # noqa: E402
-    RESULTS_DIR, BenchError, device_name, load_1min, machine, result_stem, shared_note, today, worker_or_run,
+    RESULTS_DIR,
+    BenchError,
+    device_name,
+    load_1min,
+    machine,
+    result_stem,
+    shared_note,
+    today,
+    worker_or_run,
     write_results,
 )
 from benchmarks.host_compute.contention import contention  # noqa: E402
 from benchmarks.host_compute.dense import dense_layer  # noqa: E402
 from benchmarks.host_compute.head import lm_head_split  # noqa: E402
-from benchmarks.host_compute.share import device_share  # noqa: E402
 from benchmarks.host_compute.layers import (  # noqa: E402
-    DENSE_MLP, SHAPES, SMALL_SHAPES, SMALL_TOKENS, TOKENS, TOL_BF16, TOL_F32, make_weights, physical_cores,
+    DENSE_MLP,
+    SHAPES,
+    SMALL_SHAPES,
+    SMALL_TOKENS,
+    TOKENS,
+    TOL_BF16,
+    TOL_F32,
+    make_weights,
+    physical_cores,
 )
 from benchmarks.host_compute.report import markdown  # noqa: E402
 from benchmarks.host_compute.sections import (  # noqa: E402
-    Ctx, _reason, bandwidth, build_kernel, handoff, measure_layer, overlap, threads_sweep,
+    Ctx,
+    _reason,
+    bandwidth,
+    build_kernel,
+    handoff,
+    measure_layer,
+    overlap,
+    threads_sweep,
 )
-
+from benchmarks.host_compute.share import device_share  # noqa: E402
 
 # --------------------------------------------------------------------------- main
 

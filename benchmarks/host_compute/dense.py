@@ -152,7 +152,6 @@ def dense_layer(ctx, shape: Shape, weights, att: Attention | None = None) -> dic
         result["copy"] = "host to device" if ctx.cuda else "host to host (stand-in: no device here)"
         med = result["mlp_copy_s"]["median"]
         result["mlp_copy_gbps"] = weights.nbytes / med / 1e9 if med else None
-        # mutation: gpu-run-dense-layer-copy-uncounted
         result["layer_prefetch_s"] = result["attention_s"]["median"] + med
         result["host_over_prefetch"] = result["layer_host_s"]["median"] / result["layer_prefetch_s"]
     except Exception as exc:

@@ -60,7 +60,6 @@ TOL_F32 = 1e-4
 TOL_BF16 = 1e-2
 #: Elements in the block the weights are tiled from: not a divisor of any expert's size,
 #: so every expert holds other values (a path that reads the wrong expert is caught).
-# mutation: host-compute-experts-repeat
 BLOCK = (1 << 20) + 37
 
 
@@ -208,7 +207,6 @@ def check(path: str, tokens: int, got, want, tol: float) -> dict:
     got, want = got.detach().float().cpu(), want.detach().float().cpu()
     scale = float(want.abs().max()) or 1.0
     err = float((got - want).abs().max()) if got.shape == want.shape else math.inf
-    # mutation: host-compute-check-off
     ok = bool(math.isfinite(err) and err <= tol * scale)
     return {"path": path, "tokens": tokens, "max_abs_err": err, "max_abs_ref": scale, "tol": tol, "ok": ok}
 
@@ -252,7 +250,6 @@ def crossover(rows: list[dict]) -> dict:
     for r in sorted(rows, key=lambda r: r["tokens"]):
         host = (r.get(key) or {}).get("median")
         best = min(((r.get(k) or {}).get("median") or math.inf) for k in others)
-        # mutation: host-compute-crossover-inverted
         if host is None or host > best:
             break
         wins = r["tokens"]

@@ -6,6 +6,7 @@ from benchmarks.common import fmt, md_table
 from benchmarks.host_compute.head import markdown_lines as head_lines
 from benchmarks.host_compute.layers import TOL_BF16, TOL_F32
 
+
 def _us(s: dict | None) -> str:
     return "n/a" if not s or s.get("median") is None else f"{s['median'] * 1e6:.1f}"
 

@@ -9,12 +9,26 @@ import ctypes
 import statistics
 import time
 
-from selective_offload.estimate.host import COPIED_PATH_TRAFFIC
-
 from benchmarks.host_compute.layers import (
-    CHECKED_TOKENS, LAYERS_SHARE, NO_CUDA, ROUTINGS, TOL_BF16, TOL_F32, Shape, _reason, activation, capture, check,
-    crossover, distinct, make_inputs, thread_counts, timed, with_tensors,
+    CHECKED_TOKENS,
+    LAYERS_SHARE,
+    NO_CUDA,
+    ROUTINGS,
+    TOL_BF16,
+    TOL_F32,
+    Shape,
+    _reason,
+    activation,
+    capture,
+    check,
+    crossover,
+    distinct,
+    make_inputs,
+    thread_counts,
+    timed,
+    with_tensors,
 )
+from selective_offload.estimate.host import COPIED_PATH_TRAFFIC
 
 # --------------------------------------------------------------------------- the context
 
@@ -287,7 +301,7 @@ def _host_graph(ctx: Ctx, shape: Shape, host, sets, on, ref, row: dict, checked:
                                    "tokens": row["tokens"], "ok": stale,
                                    "note": "the replay's output differs from the captured routing's result"})
         row["host_graph_s"] = timed(lambda j: graph.replay(), len(sets), ctx.iters, True, deadline, prepare=prepare)
-        del graph
+        graph = None  # its memory pool goes before the next shape's capture
     except Exception as exc:
         row["host_graph_error"] = _reason(exc)
 

@@ -10,8 +10,19 @@ from __future__ import annotations
 
 import os
 
-from benchmarks.host_compute.layers import (ROUTINGS, TOL_BF16, TOL_F32, Shape, _reason, activation, capture, check, distinct,
-                                 make_inputs, timed)
+from benchmarks.host_compute.layers import (
+    ROUTINGS,
+    TOL_BF16,
+    TOL_F32,
+    Shape,
+    _reason,
+    activation,
+    capture,
+    check,
+    distinct,
+    make_inputs,
+    timed,
+)
 from benchmarks.host_compute.sections import Ctx
 
 #: The share of a layer's experts held on the device: about the share the planner gives the

@@ -43,12 +43,18 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from benchmarks.common import (  # noqa: E402
+    RESULTS_DIR,
     BenchError,
+    load_1min,
+    machine,
     module_env,
+    result_stem,
+    shared_note,
+    spread,
+    today,
     worker_or_run,
-    RESULTS_DIR, load_1min, machine, result_stem, shared_note, spread, today, write_results,
+    write_results,
 )
 from benchmarks.host_memory.report import markdown  # noqa: E402
 from benchmarks.host_memory.rss_sampling import TRANSIENT_SAMPLES, sample_tree  # noqa: E402

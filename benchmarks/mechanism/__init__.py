@@ -71,9 +71,10 @@ ROOT = Path(__file__).resolve().parents[2]
 for path in (ROOT, ROOT / "tests" / "gpu"):
     sys.path.insert(0, str(path))
 
+from runner import Session  # noqa: E402  (tests/gpu/runner.py)
+
 from benchmarks.common import median_us  # noqa: E402
 from benchmarks.mechanism.report import markdown  # noqa: E402
-from runner import Session  # noqa: E402  (tests/gpu/runner.py)
 
 BANDWIDTH = "bandwidth"
 #: What runs, in order: the test modules of tests/gpu (one mechanism each), and the copy

@@ -30,7 +30,6 @@ import json
 import sys
 from pathlib import Path
 
-
 from benchmarks.common import est_main  # noqa: E402
 from selective_offload.anchors import anchors_for  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint  # noqa: E402

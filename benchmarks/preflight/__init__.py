@@ -49,10 +49,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
-
 
 from benchmarks.common import RESULTS_DIR, device_name, md_table, result_stem, today, write_results  # noqa: E402
 from benchmarks.planning.moe_plans import MANIFEST_DIR, MANIFESTS  # noqa: E402
@@ -96,7 +94,6 @@ def card_of_device(cuda: bool) -> dict:
 
         major, minor = torch.cuda.get_device_capability(0)
         return {"card": f"{major}.{minor}", "source": "torch.cuda.get_device_capability"}
-    # mutation: preflight-no-cuda-card-unlabelled
     return {"card": DEFAULT_CARD, "source": f"no CUDA device: the plan's default card, SM {DEFAULT_CARD} "
                                             "(plan_format.inputs.DEFAULT_CARD)"}
 
@@ -186,13 +183,11 @@ def device_need(plan) -> dict:
     parts = {"device_bytes": plan.device_bytes, "device_share_bytes": plan.device_share_bytes,
              "est_transient_device_bytes": plan.est_transient_device_bytes,
              "prefetch_buffer_bytes": plan.prefetch_buffer_bytes, "kv_cache_bytes": plan.inputs.kv_cache_bytes}
-    # mutation: preflight-need-without-kv
     return {**parts, "need_bytes": sum(parts.values())}
 
 
 def verdict(need: int, free: int) -> str:
     left = free - need
-    # mutation: preflight-verdict-inverted
     if left >= 0:
         return f"fits: {left / GiB:.2f} GiB left"
     return f"short by {-left / GiB:.2f} GiB"
@@ -248,7 +243,6 @@ def free_over_need(d: dict) -> list[dict] | str:
         if "error" in p:
             rows.append({"label": label, "measured": None, "est": None, "note": p["error"]})
             continue
-        # mutation: gpu-run-preflight-ratio-inverted
         rows.append({"label": label, "measured": p["free_bytes"] / p["need_bytes"], "est": None,
                      "note": f"{p['verdict']}; need {p['need_bytes'] / GiB:.2f} GiB (weights, shares, transient, "
                              f"prefetch, KV), free {p['free_bytes'] / GiB:.2f} GiB"})

@@ -35,17 +35,26 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-
 from benchmarks.common import (  # noqa: E402
-    RESULTS_DIR, BenchError, device_name, fill_random, fmt, load_1min, md_table, result_stem, shared_note, time_s,
-    today, worker_or_run, write_results,
+    RESULTS_DIR,
+    BenchError,
+    device_name,
+    fill_random,
+    fmt,
+    load_1min,
+    md_table,
+    result_stem,
+    shared_note,
+    time_s,
+    today,
+    worker_or_run,
+    write_results,
 )
-
 from selective_offload.probe import READ_COLS as HIDDEN  # noqa: E402  (columns of the bf16 matrix read)
+
 NO_CUDA = "skipped: no CUDA device (a UVA view of page-locked host memory needs one)"
 
 
@@ -128,11 +137,9 @@ def _measure(row: dict, iters: int, cuda: bool, view_factory) -> None:
             row["uva_over_copy"] = row["uva_gemv_gbps"] / row["copy_gbps"]
             view = raw.view(torch.bfloat16).view(rows, HIDDEN)
             # The view reads the same bytes as the device copy (summation order may differ).
-            # mutation: uva-read-no-check
             row["uva_equals_device"] = bool(torch.allclose(torch.mv(view, x).float(), torch.mv(matrix, x).float(),
                                                            rtol=2e-2, atol=1e-3))
             del view
-        del dst, matrix
     finally:
         if ledger.is_locked(host):
             if cuda:

@@ -94,7 +94,6 @@ class ModelFacts:
             num_mtp_layers=_count(pick(*_MTP_KEYS)) or 0,
             num_experts=_positive_int(pick(*_NUM_EXPERTS_KEYS)),
             experts_per_token=_positive_int(pick(*_EXPERTS_PER_TOKEN_KEYS)),
-            # mutation: host-tables-on-device
             vllm_host_tables=_declares_host_tables(architectures, pick),
             tie_source=source,
             notes=tuple(notes),
@@ -139,5 +138,4 @@ def _resolve_tie(text: Mapping, config: Mapping, tensor_names, resolved_text, re
         value = getattr(obj, "tie_word_embeddings", None) if obj is not None else None
         if value is not None:
             return bool(value), label, []
-    # mutation: tie-default-true
     return False, "default", []

@@ -26,7 +26,6 @@ from ..tensors import TensorInfo, tensor_nbytes
 from .base import Checkpoint, read_json
 from .facts import ModelFacts
 
-
 _TORCH_TO_SAFETENSORS = {
     "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
     "int8": "I8", "uint8": "U8", "int32": "I32", "int64": "I64", "bool": "BOOL",
@@ -182,7 +181,6 @@ def _param_kind(name: str, tensor, owner, torch) -> str:
     in transformers 5) or ``other`` (embeddings, norms, biases, the LM head...)."""
     if name.endswith(".weight") and isinstance(owner, torch.nn.Linear) and tensor.dim() == 2:
         return "linear"
-    # mutation: fp8-experts-skipped
     if tensor.dim() == 3 and "experts" in name.split("."):
         return "experts"
     return "other"
@@ -195,7 +193,6 @@ def _estimate_unbuilt_mtp(tensors: dict[str, TensorInfo], facts: ModelFacts,
     decoder layer's tensors plus its input projection and norms. The embedding and LM head
     the head uses are the target's (vLLM shares them), so they are not counted again."""
     n, layers, hidden = facts.num_mtp_layers, facts.num_hidden_layers, facts.hidden_size
-    # mutation: mtp-not-estimated
     if not n or layers is None or not hidden:
         return tensors, []
     stacks = {}

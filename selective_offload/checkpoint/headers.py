@@ -33,7 +33,6 @@ MAX_HEADER_BYTES = 100_000_000
 def check_header_length(header_len: int, size: int | None, where: str) -> None:
     """The length prefix of a shard's header, read from disk or over HTTP, within the format's
     bound and inside the file (``size`` is ``None`` when a server does not say it)."""
-    # mutation: header-length-unbounded
     if header_len > MAX_HEADER_BYTES:
         raise CheckpointError(f"{where}header length {header_len} is more than the {MAX_HEADER_BYTES} bytes a "
                               "safetensors header may hold; the shard is corrupt or not safetensors: fetch it again")
@@ -58,7 +57,6 @@ def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
                 )
             (header_len,) = struct.unpack("<Q", head)
             check_header_length(header_len, size, where)
-            # mutation: header-read-all, header-read-builtin
             return f.read(header_len), header_len, size
     except OSError as exc:
         raise CheckpointError(f"{where}cannot read: {exc.strerror or exc}") from None
@@ -140,7 +138,6 @@ def check_spans(spans: list[tuple[int, int, str]], where: str) -> int:
     hidden behind a zero-size tensor is caught too). Returns where the data ends."""
     start, previous = 0, None
     for begin, end, name in sorted(spans):
-        # mutation: spans-not-contiguous
         if begin != start:
             what = (f"overlaps {previous!r}, which ends at {start}" if begin < start and previous is not None
                     else f"leaves a gap: the data before it ends at {start}")
@@ -159,7 +156,6 @@ def shard_name_problem(name: object) -> str | None:
         return "a shard name that is not a non-empty string"
     shown = cut(repr(name), 84)
     parts = name.split("/")
-    # mutation: shard-name-climbs-out
     if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
         return f"shard {shown} is not a file inside the checkpoint (absolute, '..', '.', empty part or backslash)"
     if not name.endswith(".safetensors"):
@@ -171,7 +167,6 @@ def index_weight_map(index: Any, where: str) -> dict[str, str]:
     """The ``weight_map`` of a parsed shard index (a local file's or the hub's), every entry a
     shard inside the checkpoint (:func:`shard_name_problem`); ``where`` names the index."""
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    # mutation: index-weight-map-unchecked
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{where}: has no 'weight_map' object; fix or re-fetch it")
     for value in weight_map.values():

@@ -79,7 +79,6 @@ def hub_checkpoint(text: str) -> Checkpoint | None:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
-        # mutation: hub-id-unvalidated
         validate_repo_id(repo_id)
     except HFValidationError as exc:
         raise CheckpointError(f"{text[:120]}: no such file or directory, and not a hub id huggingface_hub accepts "
@@ -106,10 +105,8 @@ def cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
     snapshot = Path(config).parent
     if (snapshot / INDEX_NAME).is_file():
         where = f"{_label(repo_id, revision)}: the cached {INDEX_NAME} ({cut(str(snapshot / INDEX_NAME), 200)})"
-        # mutation: hub-cached-index-unchecked
         index = index_weight_map(read_json(snapshot / INDEX_NAME, "the shard index"), where)
         shards = set(index.values())
-        # mutation: hub-partial-cache-read
         return snapshot if shards and all((snapshot / s).is_file() for s in shards) else None
     return snapshot if (snapshot / SINGLE_FILE).is_file() else None
 
@@ -197,17 +194,14 @@ class _HubFiles:
                     if whole and len(head) < 8 + start:  # the file from byte 0: its prefix says where the header ends
                         head += chunk[:8 + start - len(head)]
                         needed = enough(bytes(head[:8])) if len(head) >= 8 else None
-                        # mutation: hub-200-read-past-header
                         if needed is not None:
                             wanted = max(0, min(limit, needed - start))
                     if skip:
                         taken = min(skip, len(chunk))
                         chunk, skip = chunk[taken:], skip - taken
                     data += chunk[:wanted - len(data)]
-                    # mutation: hub-read-past-range
                     if len(data) >= wanted:
                         break
-                    # mutation: hub-no-deadline
                     if time.monotonic() > deadline:
                         raise TimeoutError
         except TimeoutError:
@@ -259,14 +253,12 @@ class _HubFiles:
         if stop is not None and response.status_code == 206:
             m = re.fullmatch(r"bytes (\d{1,20})-(\d{1,20})/(\d{1,20}|\*)",
                              response.headers.get("Content-Range", "").strip())
-            # mutation: hub-range-misplaced
             if m is None or int(m.group(1)) != start:
                 raise CheckpointError(f"{self.label}: {server} answered the range request for bytes {start}- of "
                                       f"{filename} with Content-Range "
                                       f"{cut(response.headers.get('Content-Range', ''), 60)!r}; check HF_ENDPOINT")
             return 0, None if m.group(3) == "*" else int(m.group(3))
         length = response.headers.get("Content-Length", "").strip()
-        # mutation: hub-200-as-206
         return start, int(length) if length.isdigit() and len(length) <= 20 else None
 
     def header(self, filename: str) -> tuple[dict[str, TensorInfo], bool] | None:
@@ -325,7 +317,6 @@ def remote_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
     from huggingface_hub import constants
 
     label = _label(repo_id, revision)
-    # mutation: hub-offline-not-checked
     if constants.is_offline_mode():
         raise CheckpointError(f"{label}: not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) with its "
                               "config.json and every safetensors shard, and HF_HUB_OFFLINE is set; unset it to read "
@@ -358,7 +349,6 @@ def remote_checkpoint(repo_id: str, revision: str | None) -> Checkpoint:
                               "could not load it; the repository is corrupt")
     # Kind "hub": the plan records that its model is named by hub id (vLLM downloads it), not
     # a local directory that may be missing from where the plan is used.
-    # mutation: hub-kind-safetensors
     return Checkpoint(label, "hub", tensors, config)
 
 

@@ -100,7 +100,6 @@ def compiler() -> tuple[str, ...]:
     named = os.environ.get("CC", "").strip()
     if named:
         try:
-            # mutation: kernel-cc-first-word
             words = shlex.split(named)
         except ValueError as e:
             raise KernelUnavailable(f"host-compute CPU kernels: CC={named!r} cannot be split into words ({e}); "
@@ -200,7 +199,6 @@ def _built(extra_flags: tuple[str, ...], quiet: bool) -> tuple[Path, int]:
         return found
     root = cache_root()
     cache.check_folder(root)
-    # mutation: kernel-loaded-unverified
     opened = cache.open_verified(root, path, SYMBOLS)
     if isinstance(opened, int):
         return path, opened
@@ -235,7 +233,6 @@ def _prebuilt(flags: tuple[str, ...]) -> tuple[Path, int] | None:
     for folder in folders:
         path = folder / LIBRARY
         record = cache.read_record(root, path)
-        # mutation: kernel-prebuilt-any
         if isinstance(record, dict) and record.get("builds") == want:
             opened = cache.open_verified(root, path, SYMBOLS)
             if isinstance(opened, int):
@@ -264,7 +261,6 @@ class _locked:
         for made in reversed(missing):
             try:
                 os.mkdir(made, 0o755)
-                # mutation: kernel-cache-umask-modes
                 os.chmod(made, 0o755)  # whatever the umask: a cache built by root serves every user
             except FileExistsError:
                 pass  # made meanwhile by another process
@@ -275,7 +271,6 @@ class _locked:
         if not os.access(folder, os.W_OK | os.X_OK):
             raise _cannot_write(path, problem, folder, "no write permission")
         self.fd = os.open(folder, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        # mutation: kernel-build-unlocked
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
@@ -310,7 +305,6 @@ def _compile(path: Path, cc: tuple[str, ...], flags: tuple[str, ...], problem: s
             raise KernelUnavailable(f"host-compute CPU kernels: `{_said(cc)} {' '.join(flags)}` failed: "
                                     f"{first.strip()[:300]}; {ADVICE}")
         data = Path(tmp).read_bytes()
-        # mutation: kernel-empty-output-kept
         exports = _made(data, cc)
         os.chmod(tmp, 0o755)
         try:

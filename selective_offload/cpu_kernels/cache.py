@@ -28,6 +28,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..options import ENV_KERNEL_CACHE
 
+
 class KernelUnavailable(UserError):
     """The host-compute CPU kernel cannot be built or loaded here; the message says why."""
 
@@ -62,10 +63,8 @@ def _trusted_uids() -> tuple[int, int]:
 
 def unsafe(st: os.stat_result) -> str | None:
     """Why an entry with this stat may hold someone else's code, or None."""
-    # mutation: kernel-cache-owner-unchecked
     if st.st_uid not in _trusted_uids():
         return f"owned by {_owner(st.st_uid)}"
-    # mutation: kernel-cache-mode-unchecked
     if not stat.S_ISLNK(st.st_mode) and st.st_mode & FOREIGN_WRITE:
         return "writable by " + ("group and others" if st.st_mode & stat.S_IWGRP and st.st_mode & stat.S_IWOTH
                                  else "its group" if st.st_mode & stat.S_IWGRP else "others")
@@ -272,18 +271,15 @@ def _problem(root: Path, library: Path, fd: int, st: os.stat_result, symbols: fr
     record = read_record(root, library)
     if isinstance(record, str):
         return record
-    # mutation: kernel-size-unchecked
     if st.st_size != record["size"]:
         return f"is {st.st_size} bytes where its build recorded {record['size']} (a damaged file)"
     data = _read_all(fd, st.st_size)
-    # mutation: kernel-checksum-unchecked
     if digest(data) != record["sha256"]:
         return "does not match the checksum its build recorded (a changed file)"
     try:
         exported = elf_exports(data)
     except ValueError as e:
         return f"is not a library the kernel can load: {e}"
-    # mutation: kernel-symbols-unchecked
     missing = sorted(symbols - exported)
     if missing:
         return f"lacks the kernel's entry points ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"

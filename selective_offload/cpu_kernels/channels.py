@@ -61,7 +61,6 @@ def split_channels(weights: ExpertWeights, n: int) -> tuple[ExpertWeights, Exper
         half = t.shape[1] // 2
         c = _cut(name, half, I, n)
         gate, up = t[:, :half], t[:, half:]
-        # mutation: channel-rows-not-rearranged
         t.copy_(torch.cat([gate[:, c:], up[:, c:], gate[:, :c], up[:, :c]], dim=1))
         host[name], share[name] = t[:, :2 * (half - c)], t[:, 2 * (half - c):]
     for name in COLUMN_TENSORS:

@@ -29,7 +29,6 @@ def verdict_for(fmt: str | None, inputs) -> tuple[bool, str]:
     """:func:`verdict` for a plan's inputs (``PlanInputs``, or ``None``): the kernel rate and
     the read rate the probe measured on its host when it gave them (``cpu_gbps_source``
     ``measured``), else the committed benchmark's."""
-    # mutation: plan-reader-ignores-host-claim
     measured = inputs is not None and inputs.cpu_gbps_source == "measured"
     return verdict(fmt, inputs.cpu_gbps if measured else None, inputs.cpu_read_gbps if measured else None)
 
@@ -43,7 +42,6 @@ def verdict(fmt: str | None, kernel_gbps: float | None = None, read_gbps: float 
         return False, f"{fmt or 'this format'} has no CPU kernel"
     if kernel_gbps and read_gbps:  # measured on this host
         ratio = kernel_gbps / read_gbps
-        # mutation: host-claim-bar-ignored
         fast = ratio >= CLAIM_BAR
         return fast, (f"the probe measured the {fmt} CPU kernel on this host at {ratio:.2f} of its read rate "
                       f"({kernel_gbps:.3g} of {read_gbps:.3g} GB/s; the bar is {CLAIM_BAR:g})")

@@ -45,7 +45,6 @@ def raise_if_failed(where: str = "host-compute") -> None:
     if _LIB is None:  # no kernel loaded: no job ever ran
         return
     count = int(_LIB.so_failures())
-    # mutation: job-failures-unread
     if count > _RAISED:
         failed, _RAISED = count - _RAISED, count
         status = int(_LIB.so_last_failure())
@@ -80,7 +79,6 @@ def library(again: bool = False) -> ctypes.CDLL:
     A failure is remembered for the process; ``again``: try once more (an engine start after
     the user fixed what the last one refused)."""
     global _LIB, _ERROR
-    # mutation: kernel-failure-never-retried
     if again and _LIB is None:
         _ERROR = None
     if _LIB is None and _ERROR is None:

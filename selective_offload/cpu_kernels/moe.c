@@ -105,7 +105,6 @@ static int so_bf16_pf = 0;
 #if defined(SO_BF16DOT)
 __attribute__((constructor)) static void so_choose_bf16_prefetch(void) {
     __builtin_cpu_init();
-    // mutation: bf16-prefetch-on-amd
     so_bf16_pf = !__builtin_cpu_is("amd");
 }
 #endif
@@ -331,7 +330,6 @@ static void dot_row(const so_moe_job *j, int which, int64_t e, int64_t r, const 
             rows = (j->H + bn - 1) / bn;
         } else {
             int64_t shard = r / j->I;
-            // mutation: fp8-scale-block-index
             brow = shard * per_shard + (r - shard * j->I) / bn;
             rows = 2 * per_shard;
         }
@@ -353,7 +351,6 @@ static inline int64_t slot_of(int fmt, int64_t k, int64_t len) {
 static inline float activate(const so_moe_job *j, float g, float u) {
     if (j->act == SO_SWIGLUOAI) {
         if (j->has_limit) {
-            // mutation: swigluoai-clamp
             g = g < j->limit ? g : j->limit;
             u = u < -j->limit ? -j->limit : (u > j->limit ? j->limit : u);
         }
@@ -397,10 +394,8 @@ static int64_t so_failure_count = 0, so_failure_status = 0;
 
 static void so_fail(int64_t *status, int64_t code, float *out, int64_t n) {
     *status = code;
-    // mutation: failed-job-leaves-stale-sums
     for (int64_t i = 0; i < n; i++) out[i] = NAN;
     __atomic_store_n(&so_failure_status, code, __ATOMIC_SEQ_CST);
-    // mutation: failed-job-uncounted
     __atomic_add_fetch(&so_failure_count, 1, __ATOMIC_SEQ_CST);
 }
 
@@ -573,7 +568,6 @@ void so_moe_job_run(void *arg) {
                         int n = s1 - s < NT ? (int)(s1 - s) : NT;
                         dot_row(c, 1, e, h, abase + s * astep, ald, n, acc);
                         for (int q = 0; q < n; q++)
-                            // mutation: accumulate-topk-weight, accumulate-assign
                             c->out[ptok[s + q] * H + h] += pw[s + q] * (acc[q] + b2);
                     }
                 }

@@ -38,7 +38,6 @@ def _nibbles(w: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
     if table is None:
         b = torch.arange(256)
         values = torch.tensor(E2M1) if kind == "e2m1" else torch.arange(16.0)
-        # mutation: nibble-order
         table = torch.stack((values[b & 0x0F], values[b >> 4]), -1)
         table = _NIBBLE_TABLES[(kind, dtype, w.device)] = table.to(dtype).to(w.device)
     return torch.nn.functional.embedding(w.int(), table).flatten(-2)
@@ -47,7 +46,6 @@ def _nibbles(w: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
 def _zero_rows(z: torch.Tensor) -> torch.Tensor:
     """int4 zero points [..., rows / 2, groups] as one per row [..., rows, groups]: rows 2m
     and 2m + 1 are a byte's low and high nibble."""
-    # mutation: int4-reference-zero-rows
     return torch.stack((z & 0x0F, z >> 4), dim=-2).flatten(-3, -2)
 
 
@@ -68,7 +66,6 @@ def dequantize(weights: ExpertWeights, which: str, experts: torch.Tensor | None 
         codes = _nibbles(w, "code", torch.float32)
         zeros = getattr(weights, which + "_zeros")
         if zeros is None:
-            # mutation: int4-reference-zero
             values = codes - 8.0
         else:
             z = _zero_rows(_rows(zeros, experts))
@@ -113,7 +110,6 @@ def int8_blocks(v: torch.Tensor) -> torch.Tensor:
     # 127 / amax rounded once, as the kernel's 127.0f / amax: torch's scalar / tensor is the
     # tensor's reciprocal times the scalar, rounded twice, and a product landing a last bit
     # from a half step then rounds the other way than the kernel's.
-    # mutation: int8-reference-reciprocal
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     return (torch.round(b * inv).clamp(-127, 127) * (amax / 127.0)).flatten(-2)
 
@@ -167,7 +163,6 @@ def held_share(weights: ExpertWeights, count: int, device: torch.device | str, *
                     raise ValueError(f"held_share: the share to refill has no {count}-expert {name} as stored")
                 made[name].copy_(t[:count])
             return into
-        # mutation: native-share-not-copied
         return replace(weights, **{name: t[:count].to(device, copy=True).contiguous()
                                    for name, t in weights.tensors().items()})
     H, I = weights.hidden, weights.intermediate
@@ -187,7 +182,6 @@ def held_share(weights: ExpertWeights, count: int, device: torch.device | str, *
         target = getattr(into, name)
         for e in range(count):
             one = torch.full((1,), e, dtype=torch.long)
-            # mutation: share-held-quantized
             target[e].copy_(dequantize(weights, name, one)[0])
     for name in ("w13_bias", "w2_bias"):
         if getattr(weights, name) is not None:
@@ -214,7 +208,6 @@ def moe_picked(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     E = weights.num_experts
     inside = (ids >= 0) & (ids < E)
     safe = torch.where(inside, ids, torch.zeros_like(ids))
-    # mutation: device-share-picks-unmasked
     tw = torch.where(inside, topk_weights.to(dev, torch.float32), torch.zeros_like(ids, dtype=torch.float32))
     out = torch.zeros(xw.shape[0], weights.hidden, dtype=torch.float32, device=dev)
 
@@ -227,7 +220,6 @@ def moe_picked(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
              else torch.nn.functional.linear(a, w2)).float()
         return y + b2.float() if b2 is not None else y
 
-    # mutation: share-gathers-every-step
     if share_gathers(xw.shape[0], ids.shape[1], E):
         for j in range(ids.shape[1]):
             e = safe[:, j]
@@ -257,21 +249,18 @@ def _one_expert(weights: ExpertWeights, which: str, e: int) -> torch.Tensor:
     scale = getattr(weights, which + "_scale")[e]
     if weights.fmt == "mxfp4":
         factor = torch.exp2(scale.float() - 127.0).bfloat16()
-        # mutation: copied-mxfp4-through-float32
         return (_nibbles(w, "e2m1", torch.bfloat16).unflatten(-1, (-1, 32)) * factor.unsqueeze(-1)).flatten(-2)
     if weights.fmt == "int4":
         # code * scale less zero * scale in one pass over the expert (the zeros' products are
         # one a group; a symmetric group's zero is 8)
         zeros, s = getattr(weights, which + "_zeros"), scale.bfloat16().unsqueeze(-1)
         z = 8.0 if zeros is None else _zero_rows(zeros[e]).bfloat16().unsqueeze(-1)
-        # mutation: copied-int4-zero-ignored
         shift = -(z * s)
         codes = _nibbles(w, "code", torch.bfloat16).unflatten(-1, (scale.shape[-1], -1))
         return torch.addcmul(shift, codes, s).flatten(-2)
     bk = weights.block[1]
     if w.shape[-1] % bk:
         return dequantize(weights, which, torch.tensor([e], device=w.device))[0]
-    # mutation: copied-fp8-block-rows
     rows = scale.index_select(0, _block_rows(weights, which, w.device)).bfloat16()  # [rows, column blocks]
     return (w.bfloat16().unflatten(-1, (-1, bk)) * rows.unsqueeze(-1)).flatten(-2)
 

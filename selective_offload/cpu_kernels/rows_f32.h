@@ -74,7 +74,6 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
                     b[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), b[t][1]);
                 }
             }
-            // mutation: avx512-fp8-block-scale
             __m512 sv = _mm512_set1_ps(sc[(end - 1) / bk] * 256.0f);
             for (int t = 0; t < n; t++) a[t][0] = _mm512_fmadd_ps(_mm512_add_ps(b[t][0], b[t][1]), sv, a[t][0]);
         }
@@ -133,7 +132,6 @@ static inline __attribute__((always_inline)) void dot_n(int fmt, const void *row
                     b[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), b[t][1]);
                 }
             }
-            // mutation: avx2-fp8-block-scale
             __m256 sv = _mm256_set1_ps(sc[(end - 1) / bk] * 256.0f);
             for (int t = 0; t < n; t++) a[t][0] = _mm256_fmadd_ps(_mm256_add_ps(b[t][0], b[t][1]), sv, a[t][0]);
         }

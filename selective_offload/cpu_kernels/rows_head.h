@@ -16,7 +16,6 @@ int64_t so_rows_bf16(const uint16_t *w, int64_t R, int64_t C, const void *x, int
     typedef float xval;
 #endif
     xval *X = (xval *)ws, *own = NULL;
-    // mutation: rows-workspace-unused
     if (!X || ws_bytes < T * C * 4 + 64) {
         own = X = (xval *)malloc((size_t)(T * C) * sizeof(xval) + 64);
         if (!X) return 2;
@@ -44,7 +43,6 @@ int64_t so_rows_bf16(const uint16_t *w, int64_t R, int64_t C, const void *x, int
 #else
                 dot_bf16(w + r * C, NULL, 0, C, X + t * C, C, n, acc);
 #endif
-                // mutation: head-rows-misplaced
                 for (int q = 0; q < n; q++) out[(t + q) * R + r] = acc[q];
             }
     }

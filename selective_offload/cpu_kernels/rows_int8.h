@@ -30,7 +30,6 @@ static const uint8_t E2M1_U8[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 
 /* x: len (a multiple of 32) floats in natural order; q: q8_bytes(len) bytes, laid out for
  * fmt's weights: MXFP4 bytes are code + 12 and twice the value, int4 bytes the value + 8. */
 static void q8_quantize(int fmt, const float *x, int64_t len, int8_t *q) {
-    // mutation: mxfp4-q8-offset, int4-zero-point
     const int32_t offset = fmt == SO_MXFP4 ? 12 : 8;
     const float unit = fmt == SO_MXFP4 ? 0.5f : 1.0f;
     memset(q, 0, (size_t)q8_bytes(len));
@@ -72,7 +71,6 @@ static inline __attribute__((always_inline)) void mxfp4_chunk(const uint8_t *w, 
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     /* The chunk's four scale bytes, broadcast as one dword, rotated so that 128-bit lane i
      * holds byte i in the exponent field: 2^(s-127) with no shuffle (s = 0 reads as 0). */
-    // mutation: mxfp4-scale-lanes
     const __m512i turn = _mm512_set_epi32(31, 31, 31, 31, 7, 7, 7, 7, 15, 15, 15, 15, 23, 23, 23, 23);
     const __m512i expo = _mm512_set1_epi32(0x7F800000);
     __m512i v;
@@ -84,10 +82,8 @@ static inline __attribute__((always_inline)) void mxfp4_chunk(const uint8_t *w, 
     } else {  /* the row's last 32, 64 or 96 elements */
         int64_t blocks = (len - k) / 32;
         v = _mm512_maskz_loadu_epi8(((__mmask64)1 << (16 * blocks)) - 1, (const void *)(w + k / 2));
-        // mutation: mxfp4-scale-tail-unmasked
         four = _mm_cvtsi128_si32(_mm_maskz_loadu_epi8((__mmask16)((1u << blocks) - 1), (const void *)(sc + k / 32)));
     }
-    // mutation: mxfp4-nibble-order
     __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, low4));
     __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
     __m512 sv = _mm512_castsi512_ps(_mm512_and_si512(_mm512_rolv_epi32(_mm512_set1_epi32(four), turn), expo));
@@ -105,7 +101,6 @@ static inline __attribute__((always_inline)) void mxfp4_chunk(const uint8_t *w, 
 static inline __attribute__((always_inline)) void sums_out(const __m512 *a, float *acc, const int n) {
     for (int t = 0; t < n; t++) {
         __m512 s = a[t * NA];
-        // mutation: int8-sums-dropped
         for (int q = 1; q < NA; q++) s = _mm512_add_ps(s, a[t * NA + q]);
         acc[t] = _mm512_reduce_add_ps(s);
     }
@@ -180,7 +175,6 @@ static inline __attribute__((always_inline)) void dotq4_n(int fmt, const void *r
             __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(x + 128)), lo,
                                             _mm512_loadu_si512((const void *)x));
             d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512((const void *)(x + 64)));
-            // mutation: int4-zero-points-ignored
             if (zeros)
                 d = _mm512_add_epi32(
                     d, _mm512_mullo_epi32(zv, _mm512_srai_epi32(_mm512_loadu_si512((const void *)(x + 128)), 3)));
@@ -216,7 +210,6 @@ static inline __m256i dp4_256(__m256i a, __m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(a, u, s);
 #else
-    // mutation: avx2-pairs-dropped
     return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
 }
@@ -249,7 +242,6 @@ static inline __attribute__((always_inline)) void mxfp4_half(const uint8_t *w, i
     const __m256i half0 = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0), half1 = _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2);
     __m256i lo, hi;
     nibbles_half(w, k, h, nb, &lo, &hi);
-    // mutation: avx2-mxfp4-nibble-order
     lo = _mm256_shuffle_epi8(lut, lo);
     hi = _mm256_shuffle_epi8(lut, hi);
     __m256 sv = _mm256_permutevar8x32_ps(s4, h ? half1 : half0);
@@ -280,10 +272,8 @@ static inline __attribute__((always_inline)) void dotq_n(int fmt, const void *ro
             PF(w + k / 2);
             memcpy(&four, sc + k / 32, 4);
         } else {
-            // mutation: avx2-mxfp4-scale-tail-unmasked
             memcpy(&four, sc + k / 32, (size_t)blocks);
         }
-        // mutation: avx2-mxfp4-scale-lanes
         __m256 s4 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(four)), 23));
         mxfp4_half(w, k, 0, blocks >= 2 ? 2 : 1, s4, lut, Q, ldq, a, n);
         if (blocks > 2) mxfp4_half(w, k, 1, blocks - 2, s4, lut, Q, ldq, a, n);
@@ -305,7 +295,6 @@ static inline __attribute__((always_inline)) void int4_half(const uint8_t *w, in
         __m256i corr = _mm256_loadu_si256((const __m256i *)(x + 128));
         __m256i d = dp4_256(corr, lo, _mm256_loadu_si256((const __m256i *)x));
         d = dp4_256(d, hi, _mm256_loadu_si256((const __m256i *)(x + 64)));
-        // mutation: avx2-int4-zero-points-ignored
         if (zeros) d = _mm256_add_epi32(d, _mm256_mullo_epi32(zv, _mm256_srai_epi32(corr, 3)));
         a[2 * t + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
                                        _mm256_mul_ps(sv, _mm256_loadu_ps((const float *)(x + 192))), a[2 * t + h]);

@@ -142,7 +142,6 @@ def side_by_side(weights: ExpertWeights, activation: Activation, k: int, threads
                 s = time.perf_counter()
                 fn(x, ids, tw, job, picks[(r + 1) % len(picks)])
                 extra.append(time.perf_counter() - s)
-            # mutation: timing-warm-rounds-counted
             if r >= WARM_ROUNDS:
                 out.kernel_s.append(t1 - t0)
                 out.read_s.append(t2 - t1)

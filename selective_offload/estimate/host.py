@@ -6,8 +6,15 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from .traffic import (EXPERTS_CPU, PARAM_BITS, ExpertsRead, StepSettings, decode_read_rate, expert_read_fraction,
-                      flops_per_token)
+from .traffic import (
+    EXPERTS_CPU,
+    PARAM_BITS,
+    ExpertsRead,
+    StepSettings,
+    decode_read_rate,
+    expert_read_fraction,
+    flops_per_token,
+)
 
 #: A device share is held on the device at least this wide (bits a parameter): a quantized
 #: or 8-bit checkpoint's share in bf16, a float32 one as it is. The GPU computes it with torch
@@ -19,7 +26,6 @@ SHARE_MIN_BITS = 16
 #: computes them with a kernel that reads them there by the router's ids
 #: (``wrappers.share_kernel``), each expert a step picks read once (:func:`device_share_traffic`).
 #: bf16 needs no such kernel to be held at its own width; block FP8 and int4 have none.
-# mutation: native-share-formats-empty
 NATIVE_SHARE_FORMATS = frozenset({"mxfp4"})
 #: The device share's path gathers each pick slot's expert up to this many tokens per step
 #: (:func:`share_gathers`), at this many times the expert's held bytes: the gather reads and
@@ -50,7 +56,6 @@ def copied_step_bytes(nbytes: int, num_experts: int, dtype_bytes: Mapping[str, i
     and computes them there one expert at a time, each dequantized to bf16 first when the
     format is quantized (``wrappers.host_compute.HostExperts._on_device``). At most the
     group's bytes (a device share is not copied; counted anyway) plus one expert in bf16."""
-    # mutation: copied-transient-without-dequantized
     dequantized = 0 if fmt in (None, "bf16", "f32") else int(flops_per_token(dtype_bytes) / max(1, num_experts))
     return nbytes + dequantized
 
@@ -70,19 +75,14 @@ def host_compute_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -
     vram = decode_read_rate(settings.vram_gbps, settings.decode_read_gbps) * 1e9
     gpu_flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
     read = e.read_bytes(tokens)
-    # mutation: mlp-flops-times-tokens-dropped
     flops = e.flops_per_token * tokens
     # The CPU's share of the picks (all of them unless some are resident on the device).
-    # mutation: device-share-read-by-cpu
     on_host = 1.0 - e.share
     host = read * on_host / ranks / host_rate(settings)
-    # mutation: cpu-rate-ignored
     cpu = max(host, flops * on_host / ranks / cpu_flop_s) + settings.handoff_s
     # Copied, the host's picks move COPIED_PATH_TRAFFIC times their bytes; the share, its own.
     share = device_share_traffic(e, max(1, round(tokens)))[0] if e.share > 0.0 else 0.0
-    # mutation: copied-path-read-once
     moved = read * on_host * e.copied_traffic + share
-    # mutation: crossover-cpu-rate-both-sides
     gpu = read * on_host / link + max(moved / vram, flops / gpu_flop_s if gpu_flop_s else 0.0) + settings.handoff_s
     return cpu, gpu, host
 
@@ -100,7 +100,6 @@ def share_held_bytes(dtype_bytes: Mapping[str, int], native: bool = False) -> in
     :data:`SHARE_MIN_BITS` wide."""
     from ..tensors import DTYPE_BITS
 
-    # mutation: native-share-held-wide
     if native:
         return int(sum(dtype_bytes.values()))
 
@@ -113,7 +112,6 @@ def share_gathers(tokens: int, experts_per_token: int, share_experts: float) -> 
     every expert of the share once (``False``) for a step of ``tokens`` tokens: it gathers
     up to :data:`SHARE_GATHER_TOKENS` tokens (the gathered experts are a step's transient
     device memory) when the gathers move fewer bytes than reading the share once."""
-    # mutation: share-gathers-when-dearer
     return tokens <= SHARE_GATHER_TOKENS and SHARE_GATHER_TRAFFIC * tokens * experts_per_token < share_experts
 
 
@@ -132,12 +130,10 @@ def device_share_traffic(e: "ExpertsRead", tokens: int) -> tuple[float, float]:
     share_experts = e.share * e.num_experts
     per_pick = e.flops_per_token / max(1, e.experts_per_token)  # one token's FLOPs in one expert
     if e.share_native and e.num_experts > 1:
-        # mutation: native-share-read-whole
         picked = share_experts * expert_read_fraction(e.num_experts, e.experts_per_token, tokens)
         return picked * per_expert, tokens * e.experts_per_token * e.share * per_pick
     if e.num_experts > 1 and share_gathers(tokens, e.experts_per_token, share_experts):
         slots = tokens * e.experts_per_token
-        # mutation: share-gather-priced-as-one-read
         return SHARE_GATHER_TRAFFIC * slots * per_expert, slots * per_pick
     return share_experts * per_expert, tokens * share_experts * per_pick
 
@@ -185,7 +181,6 @@ def host_compute_crossover(experts: "tuple[ExpertsRead, ...] | list[ExpertsRead]
 
     def cpu_wins(t: int) -> bool:
         cpu, gpu = host_compute_times(experts, t, settings)
-        # mutation: crossover-ties-to-cpu
         return cpu < gpu
 
     loses = _fewest_tokens(lambda t: not cpu_wins(t))
@@ -198,7 +193,6 @@ def crossover_sets(units: "tuple[ExpertsRead, ...] | list[ExpertsRead]") -> "lis
     (the split LM head: a step's logits, one matmul whose CPU part turns compute-bound at far
     fewer tokens than a layer's experts, so it leaves the CPU at its own crossover)."""
     inside = [e for e in units if e.layer >= 0]
-    # mutation: head-crossover-shared
     return ([inside] if inside else []) + [[e] for e in units if e.layer < 0]
 
 
@@ -231,7 +225,6 @@ def host_compute_bound_tokens(experts: "tuple[ExpertsRead, ...] | list[ExpertsRe
 
     def bound(t: int) -> bool:
         read = sum(e.read_bytes(t) for e in experts) / (settings.cpu_gbps * 1e9)
-        # mutation: compute-bound-flops-untimed
         return sum(e.flops_per_token * t for e in experts) / (settings.cpu_tflops * 1e12) >= read
 
     return _fewest_tokens(bound)

@@ -8,9 +8,24 @@ from dataclasses import dataclass
 
 from ..acceptance import expected_tokens_per_step
 from ..kv_model import KvModel
-from .host import crossover_sets, device_share_time, host_compute_crossover, host_compute_time, host_compute_times, host_rate
-from .traffic import (DEFAULT_UVA_READ_FACTOR, EXPERTS_CPU, EXPERTS_PREFETCHED, EXPERTS_UVA, StepSettings, Traffic,
-                      decode_read_rate)
+from .host import (
+    crossover_sets,
+    device_share_time,
+    host_compute_crossover,
+    host_compute_time,
+    host_compute_times,
+    host_rate,
+)
+from .traffic import (
+    DEFAULT_UVA_READ_FACTOR,
+    EXPERTS_CPU,
+    EXPERTS_PREFETCHED,
+    EXPERTS_UVA,
+    StepSettings,
+    Traffic,
+    decode_read_rate,
+)
+
 
 @dataclass(frozen=True)
 class LayerCost:
@@ -51,13 +66,10 @@ def pipelined_step_s(layers: list[LayerCost], other_s: float) -> tuple[float, fl
     for n, j in enumerate(offloaded):
         prev = offloaded[n - 1]
         # wraps around for the first: from the last offloaded layer through the step's end
-        # mutation: prefetch-before-slot-free
         span = layers[prev + 1:] + layers[:j] if n == 0 else layers[prev + 1:j]
         segment = sum(l.compute_s for l in span) + (other_s if n == 0 else 0.0)
         host = sum(l.host_s for l in span)
-        # mutation: copy-host-contention-ignored
         shared = layers[j].copy_host_s + host if host > 0 else 0.0
-        # mutation: no-overlap
         step += max(layers[j].copy_s, segment, shared) + layers[prev].compute_s
     link = sum(layers[j].copy_s for j in offloaded)
     return step, compute + link - step
@@ -114,7 +126,6 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
                 share_read_s += moved / gb_vram
                 cpu_s += cpu
                 # The device share runs beside the CPU: the layer waits for the longer.
-                # mutation: device-share-not-overlapped
                 both = max(cpu, share)
                 if 0 <= e.layer < len(reads):
                     layer_cpu[e.layer] += both
@@ -126,7 +137,6 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     for e in traffic.experts:
         if e.where == EXPERTS_CPU:
             continue
-        # mutation: expert-tokens-ignored
         read = e.read_bytes(tokens_per_pass)
         flops[e.layer] += e.flops_per_token
         if e.where == EXPERTS_UVA:
@@ -135,7 +145,6 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
             reads[e.layer] += read
             if e.where == EXPERTS_PREFETCHED:
                 copies[e.layer] += e.nbytes
-    # mutation: uva-at-copy-rate
     uva_s = uva_bytes / gb_uva
     copies_s = sum(copies) / gb_link
     layer_read_s = sum(reads) / gb_vram
@@ -146,7 +155,6 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
     vram_s = layer_read_s + other_read_s + kv_s + share_read_s
     per_layer_kv = kv_s / len(traffic.layers) if traffic.layers else 0.0
     # A layer takes the longer of reading its weights (and its share of the KV) and its FLOPs.
-    # mutation: compute-not-priced
     layer_s = [max(r / gb_vram + per_layer_kv, compute_s(f, tokens_per_pass)) for r, f in zip(reads, flops)]
     compute = (sum(compute_s(f, tokens_per_pass) for f in flops) + compute_s(traffic.other_flops, tokens_per_pass)
                + k * compute_s(traffic.draft_flops, n))
@@ -154,19 +162,16 @@ def step_cost(traffic: Traffic, settings: StepSettings, kv: KvModel | None, *, p
         # A layer's CPU time is part of the layer, so the next offloaded layer's copy runs
         # behind it too, reading host memory beside the CPU kernel (pipelined_step_s).
         rate = host_rate(settings)
-        # mutation: copies-not-hidden-by-cpu
         costs = [LayerCost(t + cpu, c / gb_link, host, c / rate)
                  for t, c, cpu, host in zip(layer_s, copies, layer_cpu, layer_host)]
         core, hidden = pipelined_step_s(costs, other_s + (0.0 if traffic.layers else kv_s))
         # UVA reads are paid in line: they share the link with the prefetch copies, so
         # they hide no copy and no copy hides them.
-        # mutation: uva-hidden-by-prefetch
         step = core + rows_link_s + uva_s + draft_s + cpu_elsewhere_s + host_link_s
     else:
         hidden = 0.0
         device_s = sum(layer_s) + other_s + (0.0 if traffic.layers else kv_s)
         step = inline_step_s(device_s, link_s) + draft_s + cpu_s
-    # mutation: batch-not-shared
     tokens = n * expected_tokens_per_step(k, settings.accept_rate)
     tok_s = tokens / step if step > 0 else float("inf")
     return {"est_link_s_per_step": link_s, "est_vram_s_per_step": vram_s, "est_step_s": step, "est_tok_s": tok_s,

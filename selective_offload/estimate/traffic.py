@@ -22,7 +22,6 @@ from ..acceptance import DEFAULT_ACCEPT_RATE
 #: engine and fall as the buffer grows (NVIDIA/nvbandwidth issue #42: an A100's
 #: ``host_to_device_memcpy_sm`` 25.13 GB/s at 1 GiB, 16.50 GB/s at 20 GiB; issue #24: an
 #: H100's 35.2 GB/s host-to-device against 52.8 GB/s device-to-host, both by SMs).
-# mutation: uva-factor-1
 DEFAULT_UVA_READ_FACTOR = 0.86
 
 #: Decode kernels read VRAM at this fraction of a box's datasheet (peak) or saturating-read
@@ -38,7 +37,6 @@ DEFAULT_UVA_READ_FACTOR = 0.86
 #: H100 80GB HBM3 (vLLM 0.21.0, 6.48 ms median time per output token). Published decode
 #: runs sit between 0.60 and 0.78 of a datasheet rate, so this is a default, not a law:
 #: the probe measures the box's own.
-# mutation: decode-factor-1
 DEFAULT_DECODE_READ_FACTOR = 0.72
 
 
@@ -46,7 +44,6 @@ def decode_read_rate(vram_gbps: float, decode_read_gbps: float | None = None) ->
     """GB/s at which a decode step reads VRAM: ``decode_read_gbps`` when measured the way
     decode reads (or given), else ``vram_gbps`` (a datasheet or saturating-read figure) x
     :data:`DEFAULT_DECODE_READ_FACTOR`."""
-    # mutation: decode-factor-on-measured
     return decode_read_gbps if decode_read_gbps is not None else vram_gbps * DEFAULT_DECODE_READ_FACTOR
 
 
@@ -66,7 +63,6 @@ def expert_read_fraction(num_experts: int, experts_per_token: int, tokens: int |
     t = max(float(tokens), 0.0)
     if routing is not None:
         return sum(1.0 - (1.0 - min(max(p, 0.0), 1.0)) ** t for p in routing) / len(routing) if routing else 1.0
-    # mutation: expert-read-whole
     p = min(experts_per_token / num_experts, 1.0)
     return 1.0 - (1.0 - p) ** t
 
@@ -75,7 +71,6 @@ def expert_read_fraction(num_experts: int, experts_per_token: int, tokens: int |
 #: (GB/s of expert weights read by the CPU kernel at batch 1): the reference host's, a
 #: 2-channel DDR5 machine (the issue's stated assumption, not a measurement). A plan that
 #: uses it labels it ``assumed``.
-# mutation: reference-cpu-rate-unlabelled
 REFERENCE_CPU_GBPS = 55.0
 #: The CPU's matmul rate for the crossover when neither a probe nor ``--cpu-tflops`` gives
 #: one (TFLOP/s): an assumption of about a third of the AVX2 FMA peak of a laptop CPU with 8
@@ -183,7 +178,6 @@ class StepSettings:
 #: bytes: 8-bit containers of quantized checkpoints hold two 4-bit values in U8 (NVFP4,
 #: MXFP4 blocks, bitsandbytes nf4) and eight in I32 (GPTQ, AWQ ``qweight``). Scales stored
 #: beside them are counted as parameters too (a few percent at most).
-# mutation: packed-params-not-counted
 PARAM_BITS = {"U8": 4, "I32": 4, "U32": 4, "F4": 4}
 
 

@@ -86,7 +86,6 @@ from .vocabulary import (
     Strategy,
 )
 
-
 __all__ = [
     "Alternative", "COLD_SERVINGS", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "EST_MODEL",
     "Estimate", "FORMAT_PREFIX", "FORMAT_VERSION", "GroupKind", "GroupPlan", "HOST_SERVINGS", "HostCompute",

@@ -58,13 +58,11 @@ def check_group(g: GroupPlan, where: str) -> None:
                    f"{g.experts_per_token} of {g.num_experts}")
     elif g.kind != GroupKind.EXPERTS and (g.num_experts or g.experts_per_token):
         problem = f"num_experts and experts_per_token are for kind experts only, and this one is {g.kind}"
-    # mutation: device-experts-unchecked
     elif g.device_experts and (g.kind != GroupKind.EXPERTS or g.serving != Serving.COMPUTE
                                or not 0 < g.device_experts < g.num_experts):
         problem = (f"device_experts ({g.device_experts}) is the device share of routed experts served compute, "
                    f"between 1 and num_experts - 1 ({g.num_experts - 1}), and this group is {g.kind} served {g.serving}"
                    if g.device_experts > 0 else f"device_experts must be >= 0, not {g.device_experts}")
-    # mutation: device-channels-unchecked
     elif (g.device_channels or g.intermediate) and (g.kind not in (GroupKind.MLP, GroupKind.MODULE)
                                                     or g.serving != Serving.COMPUTE
                                                     or not 0 < g.device_channels < g.intermediate):
@@ -74,13 +72,11 @@ def check_group(g: GroupPlan, where: str) -> None:
     elif g.kernel_dims and g.serving != Serving.COMPUTE:
         problem = (f"kernel_dims {list(g.kernel_dims)} are the sizes a group served compute is computed with on the "
                    f"host, and this group is served {g.serving}")
-    # mutation: any-module-computed
     elif g.kind == GroupKind.MODULE and g.serving == Serving.COMPUTE and (
             not has_segment(g.group, NEVER_COLD_SEGMENTS) or not g.device_channels):
         problem = ("a group of kind module is served compute only as the LM head split by its vocabulary rows "
                    "(device_channels of them on the device, of intermediate), and this one is "
                    + ("not the LM head" if not has_segment(g.group, NEVER_COLD_SEGMENTS) else "not split"))
-    # mutation: mlp-kind-any-placement
     elif g.kind in KIND_ONLY_SERVING and g.serving != KIND_ONLY_SERVING[g.kind]:
         problem = (f"a group of kind {g.kind} is split out of its layer only to be served "
                    f"{KIND_ONLY_SERVING[g.kind]}, and this one is served {g.serving} "
@@ -92,7 +88,6 @@ def check_group(g: GroupPlan, where: str) -> None:
                   "model.layers.N.mlp.experts"
     elif g.dtype_bytes and sum(g.dtype_bytes.values()) != g.bytes:
         problem = f"bytes {g.bytes} is not the sum of dtype_bytes ({sum(g.dtype_bytes.values())})"
-    # mutation: layer-index-vs-name-unchecked
     elif g.layer_index is not None and (layer is None or layer[1] != g.layer_index):
         problem = (f"layer_index {g.layer_index} is not the layer its name is in "
                    f"({'no layers.N in the name' if layer is None else f'layer {layer[1]}'})")
@@ -160,7 +155,6 @@ def _check_experts_follow_layers(by_kind: Mapping[GroupKind, Mapping[int, GroupP
         if layer is None:
             raise PlanError(f"{where}: group {e.group}: routed experts of layer {index}, but no layer group "
                             f"has layer_index {index}; {REPLAN}")
-        # mutation: experts-follow-layers-off
         if (e.serving == Serving.PREFETCH) != (layer.serving == Serving.PREFETCH):
             raise PlanError(
                 f"{where}: group {e.group} is served {e.serving} but its layer {layer.group} is served "
@@ -170,7 +164,6 @@ def _check_experts_follow_layers(by_kind: Mapping[GroupKind, Mapping[int, GroupP
         if index not in layers:
             raise PlanError(f"{where}: group {m.group}: the MLP of layer {index}, but no layer group "
                             f"has layer_index {index}; {REPLAN}")
-        # mutation: mlp-in-moe-layer-accepted
         if index in by_kind[GroupKind.EXPERTS]:
             raise PlanError(f"{where}: group {m.group}: layer {index} has routed experts, and a MoE layer's MLP "
                             f"is its experts group, not a group of kind mlp; {REPLAN}")
@@ -195,11 +188,9 @@ def _check_role(plan: PlanContents, g: GroupPlan, where: str) -> None:
         raise PlanError(f"{where}: group {g.group} is of kind component, but its name is not a module under one "
                         f"of the cold segments ({', '.join(plan.inputs.cold_segments)}); {REPLAN}")
     cls, mtp, why = expected
-    # mutation: mtp-flag-trusted
     if g.mtp != mtp:
         raise PlanError(f"{where}: group {g.group}: mtp is {str(g.mtp).lower()}, but the group is "
                         f"{'' if mtp else 'not '}an MTP head; {REPLAN}")
-    # mutation: absent-any-group
     if g.role != cls:
         what = "placed absent (not loaded)" if g.role == Role.ABSENT else f"of role {g.role}"
         if g.role == Role.ABSENT:
@@ -212,12 +203,10 @@ def _check_role(plan: PlanContents, g: GroupPlan, where: str) -> None:
              or (cls == Role.COLD and not has_segment(g.group, EMBED_SEGMENTS)
                  and not plan._is_vllm_host_table(g.group)))
     expected = g.bytes if cls == Role.HOT else 0
-    # mutation: est-read-trusted
     if whole and g.est_read_bytes_per_step != expected:
         what = "read in full every step" if cls == Role.HOT else "not read by a decode step"
         raise PlanError(f"{where}: group {g.group} is {what}: est_read_bytes_per_step must be {expected}, "
                         f"not {g.est_read_bytes_per_step}; {REPLAN}")
-    # mutation: experts-read-not-derived
     if g.kind == GroupKind.EXPERTS:
         expected = experts_read_bytes(g.bytes, g.num_experts, g.experts_per_token)
         if g.est_read_bytes_per_step != expected:
@@ -230,7 +219,6 @@ def _check_coverage(plan: PlanContents, where: str) -> None:
     """The groups hold every tensor of the model: a byte in no group is placed by no one
     and counted nowhere."""
     held = sum(g.bytes for g in plan.groups)
-    # mutation: groups-need-not-cover
     if held != plan.model.total_bytes:
         raise PlanError(
             f"{where}: the groups hold {held} bytes but the model ({plan.model.source}) has "
@@ -248,7 +236,6 @@ def check_derived(plan: PlanContents, where: str = "plan") -> None:
     """Stated quantities the groups bound: the prefetch buffers and the tower transient."""
     low, high = plan.prefetch_buffer_range()
     stated = plan.stored_prefetch_buffer_bytes
-    # mutation: prefetch-buffers-trusted
     if stated is not None and not low <= stated <= high and (stated or plan.hot_layer_indices):
         raise PlanError(
             f"{where}: prefetch_buffer_bytes {stated} cannot be right: prefetch_step "
@@ -258,7 +245,6 @@ def check_derived(plan: PlanContents, where: str = "plan") -> None:
     copied = plan.copied_transient_bytes()
     limit = max(plan.tower_transient_limit(), copied)
     transient = plan.est_transient_device_bytes
-    # mutation: transient-trusted
     if transient > limit or (limit and not transient) or transient < copied:
         raise PlanError(
             f"{where}: est_transient_device_bytes {transient} cannot be right: the towers placed on the host "
@@ -284,7 +270,6 @@ def check_vllm_baselines(plan: PlanContents, where: str = "plan") -> None:
     elif cpu_offload.fits != (cpu_offload.device_bytes <= plan.weight_budget_bytes):
         problem = f"fits is {str(cpu_offload.fits).lower()}, but {cpu_offload.device_bytes} device bytes against the " \
                   f"{plan.weight_budget_bytes}-byte weight budget say otherwise"
-    # mutation: cpu-offload-baseline-trusted
     if problem:
         raise PlanError(f"{where}: vllm_cpu_offload_gb: {problem}; {REPLAN}")
 
@@ -293,7 +278,6 @@ def check_totals(plan: PlanContents, stated: Mapping[str, int], where: str) -> N
     """The totals a plan file states (see :func:`.io.stored_totals`) are what its groups
     add up to: an edited group with stale totals is caught."""
     for name, value in stated.items():
-        # mutation: totals-not-checked
         if value != getattr(plan, name):
             raise PlanError(
                 f"{where}: {name} says {value} but the groups add up to {getattr(plan, name)} "
@@ -365,7 +349,6 @@ def check_host_compute(plan: PlanContents, stated: Mapping[str, object], where: 
 
     claimed = claimed_formats()
     ok, why = verdict_for(fmt, plan.inputs) if fmt in claimed else (False, "")
-    # mutation: unclaimed-format-read
     if not ok:
         why = f": {why}" if fmt in claimed else " is not a CPU kernel format"
         raise PlanError(f"{where}: host_compute format {fmt[:40]!r}{why} (claimed by the committed benchmark: "
@@ -390,7 +373,6 @@ def _check_host_compute_allowed(plan: PlanContents, where: str) -> None:
     inputs = plan.inputs
     computed = [g for g in plan.groups if g.serving == Serving.COMPUTE]
     problem = None
-    # mutation: host-compute-input-unchecked
     if computed and not inputs.host_compute:
         problem = (f"inputs.host_compute is false, but group {computed[0].group} is served compute: it should be "
                    "true, or the group served uva")
@@ -400,7 +382,6 @@ def _check_host_compute_allowed(plan: PlanContents, where: str) -> None:
         if _is_split_head(g):
             what = (f"group {g.group} splits the LM head ({g.device_channels} of its {g.intermediate} vocabulary "
                     "rows on the device)")
-            # mutation: head-share-input-unchecked
             if not inputs.head_share:
                 problem = f"inputs.head_share is false, but {what}: it should be true, or the head kept on the device"
             elif inputs.ranks != 1:
@@ -415,7 +396,6 @@ def _check_host_compute_allowed(plan: PlanContents, where: str) -> None:
         elif g.device_experts or g.device_channels:
             what = (f"group {g.group} keeps " + (f"{g.device_experts} of its routed experts" if g.device_experts
                                                  else f"{g.device_channels} of its channels") + " on the device")
-            # mutation: device-share-input-unchecked
             if not inputs.device_share:
                 problem = f"inputs.device_share is false, but {what}: it should be true, or the group's share 0"
             elif inputs.ranks != 1:

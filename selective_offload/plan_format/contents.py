@@ -15,8 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..estimate.host import COPIED_PATH_TRAFFIC, copied_bytes, copied_step_bytes, share_held_bytes, share_native
-from ..estimate.traffic import (EXPERTS_CPU, EXPERTS_DEVICE, EXPERTS_PREFETCHED, EXPERTS_UVA, ExpertsRead, Traffic,
-                                expert_read_fraction, flops_per_token)
+from ..estimate.traffic import (
+    EXPERTS_CPU,
+    EXPERTS_DEVICE,
+    EXPERTS_PREFETCHED,
+    EXPERTS_UVA,
+    ExpertsRead,
+    Traffic,
+    expert_read_fraction,
+    flops_per_token,
+)
 from ..names import (
     EMBED_SEGMENTS,
     MTP_SEGMENTS,
@@ -31,11 +39,11 @@ from ..worker_buffers import Unit, staging_bytes, workspace_bytes
 from .inputs import PlanInputs
 from .parts import (
     Alternative,
-    VllmBaseline,
     Estimate,
     GroupPlan,
     HostCompute,
     PlannedModel,
+    VllmBaseline,
     read_flops,
 )
 from .vocabulary import (
@@ -86,7 +94,6 @@ MIN_PRICED_MODEL_BYTES = 64 << 20
 
 def priced(plan: "PlanContents") -> bool:
     """Whether the plan's model is large enough for its tok/s estimate to mean anything."""
-    # mutation: tiny-model-priced
     return plan.model.total_bytes >= MIN_PRICED_MODEL_BYTES
 
 
@@ -175,7 +182,6 @@ class PlanContents:
     def host_bytes(self) -> int:
         """Every byte the plan puts in host memory: its host weights and the worker's buffers
         (page-locked and pageable: :meth:`ledger`)."""
-        # mutation: host-buffers-unchecked
         return self.host_page_locked_bytes + self.host_pageable_bytes
 
     # ---- the worker's own buffers, and the ledger of every allocation
@@ -205,7 +211,6 @@ class PlanContents:
     @property
     def host_compute_staging_bytes(self) -> int:
         """The workers' page-locked staging slots: one per rank, for the largest host step."""
-        # mutation: staging-not-in-ledger
         return max(1, self.inputs.ranks) * staging_bytes(self.host_compute_units())
 
     @property
@@ -240,7 +245,6 @@ class PlanContents:
             LedgerLine("resident weights", DEVICE, self.device_bytes),
             LedgerLine("device shares", DEVICE, self.device_share_bytes),
             LedgerLine("prefetch buffers", DEVICE, self.prefetch_buffer_bytes),
-            # mutation: transient-not-in-ledger
             LedgerLine("est transient", DEVICE, self.est_transient_device_bytes),
             LedgerLine("host weights", PAGE_LOCKED, self.host_weight_bytes),
             LedgerLine("host-compute staging", PAGE_LOCKED, self.host_compute_staging_bytes),
@@ -328,7 +332,6 @@ class PlanContents:
         experts = tuple(
             ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.serving],
                         flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1),
-                        # mutation: device-share-not-priced
                         device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes, native),
                         share_native=native, copied_traffic=copied)
             for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
@@ -336,7 +339,6 @@ class PlanContents:
         # takes (E = k = 1): read whole, its FLOPs times the step's tokens.
         experts += tuple(
             ExpertsRead(position[g.layer_index], g.bytes, 1, 1, _EXPERTS_READ[g.serving], flops_per_token(g.dtype_bytes),
-                        # mutation: channel-share-not-priced
                         device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
                         copied_traffic=copied)
             for g in self.groups if g.kind == GroupKind.MLP and g.layer_index in position)
@@ -344,7 +346,6 @@ class PlanContents:
         # stack (paid in line after the last layer); the device computes its first rows.
         experts += tuple(
             ExpertsRead(-1, g.bytes, 1, 1, EXPERTS_CPU, flops_per_token(g.dtype_bytes),
-                        # mutation: head-share-not-priced
                         device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
                         copied_traffic=COPIED_PATH_TRAFFIC["bf16"])
             for g in self.groups if g.kind == GroupKind.MODULE and g.serving == Serving.COMPUTE)
@@ -405,14 +406,12 @@ class PlanContents:
         """The role and MTP flag the group's kind, name and the inputs give it (the
         planner's rule), and why; ``None`` for a group of kind component whose name is not a
         cold module."""
-        # mutation: host-tables-classed-hot
         if g.kind == GroupKind.MODULE and self._is_vllm_host_table(g.group):
             return Role.COLD, False, "vLLM keeps this n-gram table in host memory itself and gathers rows"
         fixed = KIND_ROLE.get(g.kind)
         if fixed is not None:
             return fixed, False, f"a group of kind {g.kind} is read every step"
         prefix = cold_prefix(g.group, self.inputs.cold_segments)
-        # mutation: cold-kind-any-name
         if prefix != g.group and not self._is_mtp_layer(g.group):
             return None
         if has_segment(g.group, MTP_SEGMENTS) if prefix == g.group else True:
@@ -433,7 +432,6 @@ class PlanContents:
         hot = set(self.hot_layer_indices)
         per_layer: dict[int, int] = {}
         for g in self.groups:
-            # mutation: prefetch-range-all-layers
             if g.kind in PREFETCH_KINDS and g.layer_index in hot:
                 per_layer[g.layer_index] = per_layer.get(g.layer_index, 0) + g.bytes
         layers = list(per_layer.values())

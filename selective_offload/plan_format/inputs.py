@@ -14,11 +14,16 @@ from dataclasses import dataclass, fields
 
 from .. import jsonio
 from ..errors import PlanError, cut
-from ..estimate.traffic import (ASSUMED_CPU_TFLOPS, ASSUMED_HANDOFF_S, DEFAULT_UVA_READ_FACTOR, REFERENCE_CPU_GBPS,
-                                decode_read_rate)
+from ..estimate.traffic import (
+    ASSUMED_CPU_TFLOPS,
+    ASSUMED_HANDOFF_S,
+    DEFAULT_UVA_READ_FACTOR,
+    REFERENCE_CPU_GBPS,
+    decode_read_rate,
+)
 from ..kv_model import KV_DTYPE_BYTES
 from ..names import DEFAULT_COLD_SEGMENTS
-from ..sizes import GiB, MAX_GBPS, MAX_TFLOPS, MIN_GBPS
+from ..sizes import MAX_GBPS, MAX_TFLOPS, MIN_GBPS, GiB
 from .vocabulary import (
     DEFAULT_KV_CACHE_BYTES,
     DEFAULT_RESERVE_BYTES,
@@ -28,7 +33,6 @@ from .vocabulary import (
     REFERENCE_LINK_GBPS,
     REFERENCE_VRAM_GBPS,
 )
-
 
 #: The card a plan assumes when none is given: the reference laptop's class (an RTX 4090
 #: Laptop GPU, Ada, compute capability 8.9).
@@ -192,7 +196,6 @@ class PlanInputs:
         not checked)."""
         if self.host_memory_bytes is None:
             return None
-        # mutation: host-without-headroom
         return max(0, self.host_memory_bytes - self.host_headroom_bytes)
 
     @property
@@ -221,7 +224,6 @@ class PlanInputs:
 
     @property
     def weight_budget_bytes(self) -> int:
-        # mutation: budget-of-the-nominal-card
         return self.card_bytes - self.kv_cache_bytes - self.reserve_bytes
 
     @property
@@ -287,7 +289,6 @@ class PlanInputs:
             raise PlanError(f"vllm_cpu_offload_gb {cut(repr(self.vllm_cpu_offload_gb), 83)} must be 0 or more")
         if not self.cold_segments:
             raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
-        # mutation: batch-unbounded
         if not 1 <= self.batch <= MAX_BATCH:
             raise InputError("batch", f"batch {self.batch} must be from 1 to {MAX_BATCH} concurrent sequences")
         if self.spec_tokens is not None and not 1 <= self.spec_tokens <= 16:
@@ -302,7 +303,6 @@ class PlanInputs:
                 ("context_tokens", "context tokens", self.context_tokens, 0, MAX_TOKENS)):
             if value is not None and not least <= value <= most:
                 raise InputError(name, f"{label} {value} must be a whole number from {least} to {most}")
-        # mutation: inputs-contradiction-accepted
         if self.context_tokens is not None and self.max_model_len is not None and self.context_tokens > self.max_model_len:
             raise InputError("context_tokens", f"context tokens {self.context_tokens} is beyond max_model_len "
                              f"{self.max_model_len}: no sequence holds more tokens than that")
@@ -324,12 +324,10 @@ class PlanInputs:
             if card != self.compute_capability:
                 raise PlanError(f"compute capability {cut(repr(self.compute_capability), 83)} must be spelled "
                                 f"{cut(repr(card), 83)}")
-        # mutation: moe-setting-unchecked
         if self.moe_setting not in MOE_SETTINGS:
             raise PlanError(f"MoE setting {cut(repr(self.moe_setting), 83)}: use one of "
                             f"{', '.join(map(repr, MOE_SETTINGS))} "
                             "(--moe-backend triton|marlin, --no-deep-gemm)")
-        # mutation: cold-segments-unbounded
         if len(self.cold_segments) > MAX_COLD_SEGMENTS:
             raise InputError("cold_segments", f"{len(self.cold_segments)} cold segments are more than "
                              f"{MAX_COLD_SEGMENTS}; name the few a decode step does not read, like visual")
@@ -348,7 +346,6 @@ class PlanInputs:
         if self.cpu_gbps_source not in CPU_SOURCES:
             raise PlanError(f"cpu_gbps_source {cut(repr(self.cpu_gbps_source), 83)}: use one of "
                             f"{', '.join(CPU_SOURCES)}")
-        # mutation: cpu-source-unchecked
         if (rate is None) != (self.cpu_gbps_source == "assumed"):
             raise PlanError(f"cpu_gbps_source {cut(repr(self.cpu_gbps_source), 83)} does not fit cpu_gbps "
                             f"{cut(repr(rate), 83)}: "
@@ -358,7 +355,6 @@ class PlanInputs:
                                  or not MIN_GBPS <= read <= MAX_GBPS):
             raise PlanError(f"host read rate {cut(repr(read), 83)} GB/s must be a number from {MIN_GBPS:g} to "
                             f"{MAX_GBPS:g} GB/s")
-        # mutation: host-read-rate-without-measurement
         if read is not None and self.cpu_gbps_source != "measured":
             raise PlanError(f"cpu_read_gbps {read:g} comes with a kernel rate the probe measured (cpu_gbps_source "
                             f"'measured'), not {cut(repr(self.cpu_gbps_source), 40)}; delete it, or probe again")

@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
 from .. import jsonio
-from ..errors import PlanError, UserError
 from ..acceptance import DEFAULT_ACCEPT_RATE
-from ..kv_model import KvModel
+from ..errors import PlanError, UserError
 from ..jsonio import FieldReader
+from ..kv_model import KvModel
 from ..outputs import write_files
 from .checks import check_derived, check_groups, check_host_compute, check_strategy, check_totals, check_vllm_baselines
 from .contents import TOTALS, PlanContents
@@ -98,7 +98,6 @@ def format_version(data: Any, where: str) -> int:
             f"\"{PLAN_FORMAT}\"); make one with `selective-offload plan MODEL --device-memory SIZE -o plan.json`"
         )
     digits = m.group(1)
-    # mutation: plan-format-version-unbounded
     if len(digits) > MAX_VERSION_DIGITS:  # int() of thousands of digits raises, and no format is that new
         raise PlanError(f"{where}: plan format version {digits[:12]}... ({len(digits)} digits) is not one this "
                         f"selective-offload reads (v{FORMAT_VERSION}); {REPLAN}")
@@ -108,7 +107,6 @@ def format_version(data: Any, where: str) -> int:
             f"{where}: plan format v{version} is newer than this selective-offload (reads "
             f"v{FORMAT_VERSION}): upgrade selective-offload or re-plan with this one"
         )
-    # mutation: old-plan-read
     if version < FORMAT_VERSION:
         raise PlanError(f"{where}: plan format v{version} is older than this selective-offload reads "
                         f"(v{FORMAT_VERSION}); {REPLAN}")
@@ -195,7 +193,6 @@ def read_group(r: FieldReader) -> tuple[GroupPlan, list[str]]:
     if digest is not None and not isinstance(digest, str):
         r.bad("shapes_digest", digest, "a string or null")
     role, serving = r.choice("role", Role), read_serving(r)
-    # mutation: stated-serving-trusted
     if serving in COLD_SERVINGS and serving != cold_serving(name, kind):
         r.fail(f"serving is {serving}, but a {role} {kind} group on the host is served {cold_serving(name, kind)} "
                "(an embedding or table: gather; a tower, projector or other component: on-demand)")
@@ -306,7 +303,6 @@ def read_host_compute(r: FieldReader) -> tuple[str, dict[str, Any]]:
     for name in HOST_COMPUTE_FIELDS:
         if name == "format" or name not in r.data:
             continue
-        # mutation: host-compute-fields-untyped
         stated[name] = HOST_COMPUTE_READERS[name](r, name)
     r.unknown()
     return fmt, stated
@@ -382,7 +378,6 @@ def check_ledger(plan: PlanContents, stated: Any, where: str) -> None:
     if stated is None:
         return
     derived = ledger_to_list(plan)
-    # mutation: ledger-not-checked
     if stated != derived:
         wrong = next((d for d in derived if d not in (stated if isinstance(stated, list) else [])), None)
         what = (f"its line {wrong['name']!r} is {wrong['bytes']} bytes of {wrong['where']} memory"
@@ -510,7 +505,6 @@ def plan_to_dict(plan: PlanContents, *, derived: bool = True) -> dict[str, Any]:
            for name in ("vllm_cpu_offload_gb", "vllm_cpu_offload_params")},
         "alternative": None if plan.alternative is None else alternative_to_dict(plan.alternative),
         "host_compute": _host_compute_to_dict(plan, derived),
-        # mutation: plan-file-est-prose
         "est_model": EST_MODEL,
         "notes": list(plan.notes),
         "groups": [group_to_dict(g) for g in plan.groups],
@@ -530,7 +524,6 @@ def writable_json(plan: PlanContents, where: str) -> str:
     here, in one line naming ``where`` (the model) and the field, before anything is written."""
     text = plan_to_json(plan)
     try:
-        # mutation: plan-writer-unbounded
         plan_from_text(type(plan), text, where="")
     except PlanError as exc:
         problem = str(exc).removeprefix(": ").removesuffix("; " + REPLAN)

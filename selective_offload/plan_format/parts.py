@@ -19,8 +19,16 @@ from typing import Mapping
 from ..acceptance import DEFAULT_ACCEPT_RATE
 from ..estimate.host import crossover_sets, host_compute_crossover, share_held_bytes, share_native
 from ..estimate.step import step_cost
-from ..estimate.traffic import (DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR, REFERENCE_CPU_GBPS, ExpertsRead,
-                                StepSettings, Traffic, expert_read_fraction, flops_per_token)
+from ..estimate.traffic import (
+    DEFAULT_DECODE_READ_FACTOR,
+    DEFAULT_UVA_READ_FACTOR,
+    REFERENCE_CPU_GBPS,
+    ExpertsRead,
+    StepSettings,
+    Traffic,
+    expert_read_fraction,
+    flops_per_token,
+)
 from ..kv_model import KvModel
 from ..names import EMBED_SEGMENTS, has_segment
 from .inputs import PlanInputs
@@ -76,7 +84,6 @@ def cold_serving(group: str, kind: GroupKind | str) -> Serving:
     embedding (or another table, kind module), onloaded on demand when it is a tower,
     projector or other component. The one rule the planner, the plan file's check and the
     report all follow."""
-    # mutation: gather-not-derived
     gathered = has_segment(group, EMBED_SEGMENTS) or kind == GroupKind.MODULE
     return Serving.GATHER if gathered else Serving.ON_DEMAND
 
@@ -153,7 +160,6 @@ class GroupPlan:
         (experts included), a cold group's reads, the routed experts read through UVA."""
         if self.serving == Serving.PREFETCH:
             return self.bytes
-        # mutation: host-compute-link-bytes
         if self.serving == Serving.COMPUTE:
             return 0  # computed where it lives: only hidden states and top-k cross
         return self.est_read_bytes_per_step if self.on_host else 0

@@ -28,9 +28,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from ..errors import UserError
 from ..names import experts_prefix
 from ..tensors import TensorInfo
-from ..errors import UserError
 from .kernels import CARDS, allocated_sizes, method_of_config, pick, sizes_known
 
 #: Name tokens of a gate/up projection and of a down projection (gpt-oss ``gate_up_proj``,
@@ -127,7 +127,6 @@ def tensor_dims(relative: str, shape: tuple[int, ...]) -> str:
     if "idx" in tokens:  # an input-channel index (act order)
         return "H" if up and not down else "I" if down and not up else "HI"
     if "bias" in tokens:  # the output's
-        # mutation: experts-bias-padded-both
         return "I" if up and not down else "H" if down and not up else "HI"
     return ""  # one value per expert (a per-tensor scale)
 

@@ -19,13 +19,13 @@ from ..kv_model import KvModel
 from ..names import EMBED_SEGMENTS, NEVER_COLD_SEGMENTS, experts_prefix, has_segment, layer_of
 from ..plan_format import (
     LAYER_KINDS,
-    VllmBaseline,
     Estimate,
-    Role,
     GroupKind,
     Plan,
     PlanInputs,
+    Role,
     Strategy,
+    VllmBaseline,
     read_flops,
 )
 from ..sizes import GiB
@@ -60,11 +60,9 @@ def price_cpu_offload(groups: list[Group], checkpoint: Checkpoint, inputs: PlanI
         for t in sorted(by_layer[index], key=lambda t: t.name):
             if offloaded >= max_bytes:
                 break
-            # mutation: segment-baseline-all-params
             if params and not any(f".{p}." in f".{t.name}." for p in params):  # vLLM's segment match
                 continue
             offloaded += t.nbytes
-            # mutation: cpu-offload-experts-read-whole
             into = experts_per_layer if experts_prefix(t.name) is not None else per_layer
             into[index] = into.get(index, 0) + t.nbytes
             count += 1

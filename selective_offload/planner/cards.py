@@ -100,12 +100,10 @@ def card_memory(device_memory_bytes: int, measured_total: int | None = None,
     if measured_free is not None and measured_total is not None and (
             measured_total == device_memory_bytes
             or (named is not None and class_of_reported(measured_total) is named)):
-        # mutation: card-probe-ignored
         return min(measured_free, device_memory_bytes), (
             f"measured: {measured_free / GiB:.2f} GiB free after the CUDA context, by the probe")
     if named is None:
         return device_memory_bytes, "as given (no card class of that size: taken as the memory free to the worker)"
-    # mutation: card-nominal-size
     usable = min(named.reported_bytes - CONTEXT_EST_BYTES, device_memory_bytes)  # 80GB: never more than given
     est = "est " if named.estimate else ""
     return usable, (f"card class {named.nominal_gib} GB: reports {est}{named.reported_bytes / GiB:.2f} GiB to "

@@ -29,7 +29,7 @@ from ..names import (
     layer_of,
     mlp_prefix,
 )
-from ..plan_format import LAYER_KINDS, Role, GroupKind, PlanInputs, experts_read_bytes
+from ..plan_format import LAYER_KINDS, GroupKind, PlanInputs, Role, experts_read_bytes
 from .allocation import allocated_tensors, padding_for
 
 _BLOCK_SEGMENTS = ("blocks", "layers", "layer")
@@ -109,7 +109,6 @@ def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, _Bu
     vLLM allocates for it (:func:`allocated`)."""
     facts = checkpoint.facts
     buckets: dict[str, _Bucket] = {}
-    # mutation: experts-priced-as-stored
     for t in allocated(checkpoint, inputs).values():
         prefix = cold_prefix(t.name, inputs.cold_segments)
         layer = layer_of(t.name)
@@ -249,7 +248,6 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *,
             read = experts_read_bytes(read, num, k)
             reason = f"routed experts: a token reads {k} of {num} (est: uniform routing)"
         tower = cls == Role.COLD and not has_segment(b.key, EMBED_SEGMENTS)
-        # mutation: compiled-tower-budgeted-by-blocks
         largest, rest = _block_sizes(b) if tower and not whole else (0, 0)
         dtype_bytes, digest = group_signature(b.key, b.tensors)
         params = {_in_layer(t.name): t.nbytes for t in b.tensors} if b.kind in LAYER_KINDS else {}
@@ -263,7 +261,6 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *,
 def dense_layers(buckets: "dict[str, _Bucket]") -> set[int]:
     """Main-stack decoder layers without routed experts: the ones whose MLP may be split."""
     layers = {b.layer_index for b in buckets.values() if b.kind == GroupKind.LAYER}
-    # mutation: mlp-split-moe-layers
     return layers - {b.layer_index for b in buckets.values() if b.kind == GroupKind.EXPERTS}
 
 

@@ -96,7 +96,6 @@ def int4_read(config: Mapping[str, Any]) -> bool:
                 and str(qc.get("version", "gemm")).lower() == "gemm" and isinstance(group, int) and group > 0
                 and group % 32 == 0)
     group = qc.get("group_size", 128)
-    # mutation: int4-asymmetric-planned
     return (method in ("gptq", "gptq-marlin", "auto-gptq") and qc.get("bits") == 4 and qc.get("sym", True) is True
             and not qc.get("desc_act", False) and isinstance(group, int) and (group == -1 or group % 32 == 0))
 
@@ -121,7 +120,6 @@ def claimed(fmt: str | None, inputs: Any = None) -> bool:
     """Whether ``fmt`` has a CPU kernel claimed fast for a plan of ``inputs`` (:func:`claim_of`)."""
     if fmt is None:
         return False
-    # mutation: unclaimed-format-placed
     return claim_of(fmt, inputs)[0] is True
 
 

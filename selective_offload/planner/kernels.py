@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS, parse_card
+from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS
 
 #: The cards the table covers, as ``torch.cuda.get_device_capability`` spells them ("major.minor").
 CARDS = ("8.6", "8.9", "9.0", "10.0", "12.0")
@@ -78,7 +78,6 @@ HOST_POST_PROCESSING = frozenset({("unquantized", "TritonExperts"), ("fp8-block"
 
 def post_processes_on_host(method: str | None, kernel: str | None) -> bool:
     """Whether vLLM's post-processing of ``method``'s experts for ``kernel`` runs on the host."""
-    # mutation: host-post-processing-any
     return (method, kernel) in HOST_POST_PROCESSING
 
 
@@ -176,7 +175,6 @@ PADS_BY_KERNEL = frozenset({"mxfp4"})
 def sizes_known(method: str | None, card: str, setting: str = AUTO) -> bool:
     """Whether the sizes vLLM 0.33 allocates ``method``'s routed experts at on ``card`` are
     known: the table has the card's kernel, or the method pads for no kernel off the table."""
-    # mutation: off-table-card-priced-unpadded
     return kernel_for(method, card, setting) is not None or method not in PADS_BY_KERNEL
 
 
@@ -188,7 +186,6 @@ def round_up(value: int, multiple: int) -> int:
 def allocated_sizes(method: str | None, kernel: str | None, hidden: int, intermediate: int) -> tuple[int, int]:
     """The hidden and intermediate sizes vLLM 0.33 allocates ``method``'s routed experts at
     for ``kernel`` (:data:`ROUND_UP`; the checkpoint's own where the pair pads nothing)."""
-    # mutation: experts-allocated-unpadded
     h, i = ROUND_UP.get((method, kernel), (1, 1))
     return round_up(hidden, h), round_up(intermediate, i)
 
@@ -232,7 +229,6 @@ def card_of(capability: tuple[int, int]) -> str:
 
 def reads_uva(kernel: str | None) -> bool:
     """Whether a fused-MoE kernel class (by name) reads expert weights through UVA views."""
-    # mutation: kernel-uva-any
     return kernel in UVA_KERNELS
 
 
@@ -251,7 +247,6 @@ def kernel_for(method: str | None, card: str, setting: str = AUTO) -> str | None
     column = _table_card(card)
     if method is None or column is None or (method, setting) not in KERNELS:
         return None
-    # mutation: kernel-table-first-column
     return KERNELS[(method, setting)][CARDS.index(column)]
 
 
@@ -262,7 +257,6 @@ def pick(method: str | None, card: str, setting: str = AUTO) -> Pick:
 def advice(method: str | None, card: str) -> str | None:
     """A setting under which vLLM builds a UVA-reading kernel for ``method`` on ``card`` (the
     cheapest first: the DeepGEMM switch touches only block FP8; a backend switch is global)."""
-    # mutation: advice-first-setting
     for setting in (DEEP_GEMM_OFF, TRITON, MARLIN):
         if reads_uva(kernel_for(method, card, setting)):
             return setting
@@ -362,7 +356,6 @@ def _short(kernel: str | None) -> str:
 def kernel_notes(kernel: Pick, assumed: bool) -> list[str]:
     """The plan's notes on the card it was made for and the experts' kernel."""
     card = (f"card: compute capability {kernel.card}" + (
-        # mutation: card-default-unstated
         f" (assumed: none was given; {DEFAULT_CARD} is the reference laptop's class; give "
         "--compute-capability, as torch.cuda.get_device_capability spells it)" if assumed else ""))
     if kernel.kernel is None:
@@ -385,7 +378,6 @@ def kernel_notes(kernel: Pick, assumed: bool) -> list[str]:
                "quantization/mxfp4.py:361-371): neither a prefetch copy nor a UVA view moves them, so every layer "
                "with routed experts stays resident")
     if fix:
-        # mutation: plan-flag-not-advised
         why += (f"; with {fix} vLLM picks {kernel_for(kernel.method, kernel.card, fix)}, which does: make the plan "
                 f"with `plan {PLAN_FLAGS[fix]}` and start vLLM so ({switch_note(kernel.method, kernel.card, fix)})")
     return [card, why]

@@ -13,25 +13,35 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from ..acceptance import acceptance_default
 from ..checkpoint import Checkpoint
 from ..errors import PlanError
-from ..acceptance import acceptance_default
+from ..estimate.host import host_compute_bound_tokens, share_native
+from ..estimate.traffic import StepSettings
 from ..kv_model import KV_DTYPE_BYTES, KvModel
-from ..plan_format import GroupKind, GroupPlan, Serving, Plan, PlanInputs, PlannedModel
-from ..plan_format import contents as plan_contents
-from ..plan_format.vocabulary import HOST_COMPUTE_NOTE, SERVED_UVA
 from ..names import mlp_prefix
+from ..plan_format import GroupKind, GroupPlan, Plan, PlanInputs, PlannedModel, Serving
+from ..plan_format import contents as plan_contents
+from ..plan_format.inputs import InputError
+from ..plan_format.vocabulary import HOST_COMPUTE_NOTE, SERVED_UVA
 from ..sizes import GB
 from .allocation import allocated_tensors, experts_bytes, padding_for
 from .baselines import baseline_notes, price_cpu_offload
+from .cards import card_memory
 from .grouping import group_tensors, model_fingerprint
-from ..estimate.host import host_compute_bound_tokens, share_native
-from ..estimate.traffic import StepSettings
-from .host_compute import (claim_of, claimed, cpu_format, declined_share_note, head_note, host_compute_notes,
-                           mlp_cpu_format, mlp_unclaimed_note, unclaimed_reason)
+from .host_compute import (
+    claim_of,
+    claimed,
+    cpu_format,
+    declined_share_note,
+    head_note,
+    host_compute_notes,
+    mlp_cpu_format,
+    mlp_unclaimed_note,
+    unclaimed_reason,
+)
 from .kernels import kernel_notes, method_of_config, pick
 from .notes import compute_note, plan_notes
-from .cards import card_memory
 from .placement import Placing, place_cold, place_hot, strategy_of
 from .shares import channel_shares, expert_intermediate_size, expert_shares, head_share, intermediate_size
 from .speculation import with_alternative, with_draft_tokens
@@ -45,7 +55,6 @@ def _planned_model(checkpoint: Checkpoint, kv: KvModel | None, groups) -> Planne
     # enable(plan) finds the model (and checks the plan against it) by this path.
     source = checkpoint.source
     if checkpoint.kind == "safetensors" and Path(source).exists():
-        # mutation: relative-model-source
         source = os.path.abspath(source)
     return PlannedModel(
         source=source, kind=checkpoint.kind, architectures=tuple(facts.architectures),
@@ -85,7 +94,6 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_cpu_offload: b
     inputs, kv, kv_notes = _kv_inputs(checkpoint, inputs)
     family = acceptance_default(checkpoint.facts.model_type)
     if inputs.accept_rate is None:
-        # mutation: family-acceptance-ignored
         inputs = replace(inputs, accept_rate=family.default)
         if inputs.speculative == "mtp":
             kv_notes.append(f"acceptance {family.default:.2f}: the published rate for the {family.family} "
@@ -95,7 +103,6 @@ def make_plan(checkpoint: Checkpoint, inputs: PlanInputs, *, with_cpu_offload: b
     if inputs.speculative == "mtp":
         plain = _place(checkpoint, replace(inputs, speculative=None, spec_tokens=None), kv, [], False)
         placed_tokens = inputs.batch * (1 + _placed_spec_tokens(inputs, checkpoint))
-        # mutation: draft-search-step-unrestated
         plan = _restate_step(with_alternative(with_draft_tokens(plan, plain, family), plain), placed_tokens)
     plan.validate()
     return plan
@@ -108,7 +115,6 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
 
     method = method_of_config(checkpoint.config)
     fmt = cpu_format(method, checkpoint.config)
-    # mutation: host-compute-switch-ignored
     computes = claimed(fmt, inputs) and inputs.host_compute
     why_not = (None if computes else unclaimed_reason(method, fmt, inputs) if inputs.host_compute
                else f"host-compute is off for this plan (--no-host-compute), {SERVED_UVA}")
@@ -117,7 +123,6 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     # A dense layer's MLP is offered host-compute in its own format when that format is
     # claimed; it shares the plan's one CPU format (and pool) with host-compute experts.
     mlp_fmt = mlp_cpu_format(method, checkpoint.config)
-    # mutation: unclaimed-mlp-format-computed
     mlp_computes = (has_dense and inputs.host_compute and claimed(mlp_fmt, inputs)
                     and (mlp_fmt == fmt or not computes))
     # Priced with every dense MLP a group of its own; the plan keeps only the computed ones split.
@@ -157,7 +162,6 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
 
     spec_tokens = _placed_spec_tokens(inputs, checkpoint)
     place_cold(placing, inputs)
-    # mutation: plan-setting-ignored
     kernel = pick(method, inputs.card, inputs.moe_setting)
     tokens = inputs.batch * (1 + spec_tokens)
     hot = place_hot(placing, inputs, step_s, tokens, uva=kernel.reads_uva, moves=kernel.moves, compute=computes,
@@ -172,7 +176,6 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     declined = None
     if split is not None:
         candidate = placed(split[0], [], split[1])
-        # mutation: device-shares-never-chosen
         if candidate.est.est_step_s < placed(placing, hot).est.est_step_s:
             (placing, shares), hot = split, []
         else:
@@ -198,7 +201,6 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
         plan = replace(plan, notes=plan.notes + (_mlp_why_not(inputs, mlp_fmt, groups, computes, fmt, method),))
     plan = replace(plan, notes=plan.notes + _host_compute_lines(plan, tokens)
                    + tuple(head_note(g) for g in plan.groups if g.kind == GroupKind.MODULE and g.device_channels))
-    # mutation: declined-share-unsaid
     if declined is not None:  # the rates only where the model is large enough for them to mean anything
         rates = (declined.est.est_tok_s, plan.est.est_tok_s) if plan_contents.priced(plan) else None
         plan = replace(plan, notes=plan.notes + (declined_share_note(_shares_of(declined), rates, tokens),))
@@ -211,7 +213,6 @@ def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placin
                      fmt: str | None, experts: bool, step_s) -> tuple[Placing, dict[str, tuple[int, int]]]:
     """The placement with the LM head split between the GPU and the CPU (:func:`.shares.head_share`)
     and the layers' shares made again in the room left, when the step model prices it faster."""
-    # mutation: head-share-unclaimed-rows
     head = head_share(checkpoint, inputs, placing) if claimed("bf16", inputs) else None  # the CPU's rows are bf16
     if head is None:
         return placing, shares

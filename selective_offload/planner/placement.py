@@ -21,7 +21,17 @@ from typing import Callable
 from ..estimate.host import copied_bytes, copied_step_bytes
 from ..estimate.traffic import expert_read_fraction
 from ..names import EMBED_SEGMENTS, has_segment
-from ..plan_format import COLD_SERVINGS, HOST_SERVINGS, LAYER_KINDS, GroupKind, PlanInputs, Role, Serving, Strategy, cold_serving
+from ..plan_format import (
+    COLD_SERVINGS,
+    HOST_SERVINGS,
+    LAYER_KINDS,
+    GroupKind,
+    PlanInputs,
+    Role,
+    Serving,
+    Strategy,
+    cold_serving,
+)
 from .grouping import Group
 
 
@@ -63,7 +73,6 @@ class Placing:
     def all_transient(self) -> int:
         """The device transient the plan states (``est_transient_device_bytes``): the larger
         of the tower's and the above-crossover copy's (they never run in the same layer)."""
-        # mutation: copied-transient-unpriced
         return max(self.transient, copied_transient_bytes(self))
 
 
@@ -108,7 +117,6 @@ def prefetch_buffer_bytes(layers: list[Group], prefetch_step: int) -> int:
     for g in layers:
         for name, nbytes in (g.param_bytes or {"": g.nbytes}).items():
             largest[name] = max(largest.get(name, 0), nbytes)
-    # mutation: hybrid-buffers-largest-only
     return prefetch_step * sum(largest.values())
 
 
@@ -138,7 +146,6 @@ def _prefetch_fewest(p: Placing, units: list[list[Group]], inputs: PlanInputs) -
                    if sum(g.nbytes for i in c for g in moved[i]) - buffers >= remaining),
                   list(range(len(units))))
     for i in chosen:
-        # mutation: prefetch-leaves-experts
         for g in moved[i]:
             p.where[g.name] = Serving.PREFETCH
     # The candidates' buffers decided how many layers go (never fewer than needed); the
@@ -193,7 +200,6 @@ def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float]
     if p.over_budget() <= 0 or not units:
         return []
     servings = ([Serving.UVA] if uva else []) + ([Serving.COMPUTE] if compute else [])
-    # mutation: planner-ignores-kernel
     moe = [] if not servings else sorted((u for u in units if _kind_in(u, GroupKind.EXPERTS)),
                  key=lambda u: (expert_read_fraction(u[1].num_experts, u[1].experts_per_token, tokens),
                                 -u[1].nbytes, u[0].layer_index))
@@ -208,7 +214,6 @@ def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float]
             fit_at = None
             for m in range(mlps + 1):
                 p.where = dict(start)
-                # mutation: uva-not-in-menu
                 for unit in moe[:n]:
                     p.where[unit[1].name] = serving
                 computed = [dense[i] for i in _spread(m, len(dense))]
@@ -216,7 +221,6 @@ def place_hot(p: Placing, inputs: PlanInputs, step_s: Callable[[Placing], float]
                     p.where[unit[1].name] = Serving.COMPUTE
                 on_host = {u[0].layer_index for u in moe[:n]}
                 with_mlp = {u[0].layer_index for u in computed}
-                # mutation: wrapped-experts-prefetched
                 candidates = [u for u in units if u[0].layer_index not in on_host
                               and (moves or not _kind_in(u, GroupKind.EXPERTS))]
                 # Prefetch the fewest spread-out of: whole layers only, the rests of the layers

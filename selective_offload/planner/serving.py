@@ -29,7 +29,6 @@ def graph_cap(plan: Plan) -> int | None:
     weights it uses over the link, routed experts as its routing picks them, which no graph
     can capture, so the worker refuses larger graphs). ``None``: vLLM's default stands."""
     record = plan.host_compute
-    # mutation: serve-graphs-past-the-crossover
     if record is not None and record.crossover_tokens < vllm_default_graph_tokens(plan.inputs.card):
         return record.crossover_tokens
     return None
@@ -45,10 +44,8 @@ def engine_settings(plan: Plan) -> dict[str, Any]:
     fit its context to it (``max_model_len=-1``, its auto-fit) rather than refuse to start
     when the model's own context does not fit."""
     settings: dict[str, Any] = {}
-    # mutation: serve-kv-unsized
     if plan.deficit_bytes > 0 and plan.inputs.kv_cache_bytes > 0:
         settings["kv_cache_memory_bytes"] = plan.inputs.kv_cache_bytes
-        # mutation: serve-context-unfitted
         if plan.inputs.max_model_len is None:  # vLLM fits the context to that KV cache (-1: auto-fit)
             settings["max_model_len"] = -1
     cap = graph_cap(plan)

@@ -44,7 +44,7 @@ from ..checkpoint import Checkpoint
 from ..estimate.host import device_share_time, host_compute_time, share_held_bytes, share_native
 from ..estimate.traffic import EXPERTS_CPU, ExpertsRead, StepSettings, decode_read_rate, flops_per_token
 from ..names import NEVER_COLD_SEGMENTS, has_segment
-from ..plan_format import GroupKind, Serving, PlanInputs
+from ..plan_format import GroupKind, PlanInputs, Serving
 from .grouping import group_tensors
 from .kernels import quantization_config
 from .placement import Placing, host_shortfall
@@ -56,7 +56,6 @@ CHANNEL_ALIGN = 128
 
 def _room(trial: Placing, inputs: PlanInputs) -> int | None:
     """Device bytes the trial placement leaves free; ``None`` when its host bytes do not fit."""
-    # mutation: device-share-host-unchecked
     if host_shortfall(trial, inputs):  # every layer's bytes on the host must fit its memory too
         return None
     return -trial.over_budget()
@@ -78,9 +77,7 @@ def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None,
     room = _room(trial, inputs)
     if room is None:
         return None
-    # mutation: head-share-room-unreserved
     room -= reserved
-    # mutation: share-room-at-native-bytes, share-room-held-wide
     native = share_native(fmt, True)
     counts = _fill([(share_held_bytes(g.dtype_bytes, native), g.num_experts) for g in experts], room, 1,
                    min(g.num_experts for g in experts) - 1)
@@ -96,7 +93,6 @@ def _fill(groups: list[tuple[int, int]], room: int, step: int, most: int) -> lis
         return counts
     for i, (nbytes, units) in enumerate(groups):
         more = nbytes * (n + step) // units - nbytes * n // units
-        # mutation: share-remainder-left-idle
         if more > left:
             break
         counts[i], left = n + step, left - more
@@ -155,7 +151,6 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     its cold set on the host) stays resident. ``reserved``: as :func:`expert_shares`'."""
     I = intermediate_size(checkpoint.config)
     align = channel_align(checkpoint.config)
-    # mutation: channel-share-without-a-deficit
     hot_on_host = any(w in (Serving.COMPUTE, Serving.PREFETCH) for w in p.where.values())
     if fmt is None or I is None or I <= align or not hot_on_host:  # only where the cold set was not enough
         return None
@@ -174,7 +169,6 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     room = None if room is None else room - reserved
     if not mlps or room is None or room <= 0:
         return None
-    # mutation: channel-share-unaligned
     counts = _fill([(share_held_bytes(g.dtype_bytes), I) for g in mlps], room, align, I - 1)
     return (trial, {g.name: (n, I) for g, n in zip(mlps, counts) if n}) if any(counts) else None
 
@@ -190,7 +184,6 @@ def head_share(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing) -> tuple[
     and the CPU's (with its hand-off) is quickest at the plan's step (est); ``None`` when no
     split beats the GPU reading the whole head. Only a bf16 head of its own (not tied to the
     embedding), one rank, no speculative decoding (a draft pass reads the head too)."""
-    # mutation: head-share-switch-ignored
     if not inputs.head_share or inputs.ranks != 1 or inputs.speculative or checkpoint.facts.tie_word_embeddings:
         return None
     heads = [g for g in p.groups if g.kind == GroupKind.MODULE and has_segment(g.name, NEVER_COLD_SEGMENTS)
@@ -211,7 +204,6 @@ def head_share(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing) -> tuple[
     candidates = range(HEAD_ROWS_ALIGN, rows, HEAD_ROWS_ALIGN)
     if not candidates:
         return None
-    # mutation: head-split-unbalanced
     best = min(candidates, key=slower)
     whole = g.nbytes / (decode_read_rate(inputs.vram_gbps, inputs.decode_read_gbps) * 1e9)
     return (g.name, best, rows) if slower(best) < whole else None

@@ -57,7 +57,6 @@ def best_draft_tokens(plan: Plan, plain: Plan, accept_rate: float) -> tuple[int,
     """The number of draft tokens (0: no speculation, the plain placement) with the highest
     est tok/s at ``accept_rate``, and that rate; ties go to fewer drafts."""
     best = (0, plain.est.est_tok_s)
-    # mutation: draft-tokens-fixed
     for k in range(1, MAX_DRAFT_TOKENS + 1):
         tok_s = spec_estimate(plan, k, accept_rate).est_tok_s
         if tok_s > best[1] * (1 + 1e-9):

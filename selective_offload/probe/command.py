@@ -47,10 +47,8 @@ def run_probe(args: argparse.Namespace) -> int:
     # Tried for real before measuring (a full probe takes a minute), as plan's outputs are;
     # a file there that is not a profile this project wrote (what SELECTIVE_OFFLOAD_PROFILE
     # may name) is refused, not replaced.
-    # mutation: probe-output-not-tried
     check_output_file(output, f"{flag}=" if flag == PROFILE_ENV else flag, "profile")
     started = time.perf_counter()
-    # mutation: probe-progress-silent
     with progress("selective-offload probe: measuring this machine", after_s=PROGRESS_AFTER_S, stream=sys.stderr,
                   note="copies, device reads, and the host CPU kernels on each format's layer"):
         profile = measure(device=getattr(args, "device", None), quick=bool(getattr(args, "quick", False)))

@@ -53,7 +53,6 @@ def physical_cores_of_one_node(sys_root: str = "/sys", allowed: set[int] | None 
             nodes.append(_cpus(path.read_text()))
         except (OSError, ValueError):
             continue
-    # mutation: cores-of-node-zero
     node = max(nodes, key=lambda cpus: len(cpus & allowed), default=set(allowed))
     if not node & allowed:
         node = set(allowed)
@@ -155,7 +154,6 @@ def measure_host_compute(*, device: Any = None, quick: bool = False, repeats: in
             say(f"probe: CPU kernel for {fmt} not measured: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:120] if str(exc) else ''}")
     try:
-        # mutation: probe-read-rate-apart
         out["host_read_gbps"] = (read_bytes / statistics.median(read_s) / 1e9 if read_s
                                  else float(read_gbps(threads)))
     except Exception as exc:  # the kernels' own failure, reported in one line, never a traceback

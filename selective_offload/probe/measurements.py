@@ -210,7 +210,6 @@ def uva_read_series(sizes: Sequence[int], *, repeats: int, warmup: int, cuda,
         try:
             host = torch.empty(size, dtype=torch.uint8, pin_memory=pin).fill_(0x3C)  # bf16 0x3C3C: 0.0115
             dev_view = view(host)
-            # mutation: probe-uva-own-kernel
             out[size] = gemv_read_s(dev_view, repeats=repeats, warmup=warmup, cuda=cuda)
         except (RuntimeError, AssertionError, MemoryError, ValueError) as exc:
             if n < required:

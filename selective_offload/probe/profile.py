@@ -157,7 +157,6 @@ class Profile:
         where = f"{named_by}={path}" if named_by else str(path)
         fix = f"point {named_by} at a profile `selective-offload probe` wrote, or unset it" if named_by else REPROBE
         try:
-            # mutation: profile-size-bound-dropped
             data = jsonio.read(path, max_bytes=MAX_PROFILE_BYTES)
         except OSError as exc:  # missing, unreadable, or not a regular file (a FIFO, a directory)
             raise UserError(f"{where}: cannot read the profile: {exc.strerror or exc}; {fix}") from None
@@ -255,7 +254,6 @@ class Profile:
                 lines.append("                 (--cpu-gbps: the CPU kernels' rate above for MODEL's format, which "
                              "plan takes from this profile)")
             if self.device is None:
-                # mutation: probe-line-remark-on-the-command
                 lines.append("                 no GPU, so no link or VRAM: give --device-memory, --link-gbps and "
                              "--vram-gbps of the target GPU")
         else:
@@ -277,7 +275,6 @@ _SAMPLES = "an object of copy size in bytes -> median seconds"
 def _rate(r: jsonio.FieldReader, name: str, *, optional: bool = False) -> float | None:
     """A rate in GB/s, or null (no such thing on this machine); ``optional``: may be absent
     (a profile from before it was measured)."""
-    # mutation: profile-rate-unbounded
     return r.number(name, minimum=MIN_GBPS, maximum=MAX_GBPS, unit="GB/s", nullable=True, optional=optional)
 
 
@@ -357,7 +354,6 @@ def _kernel_rates(r: jsonio.FieldReader) -> dict[str, float]:
                                                 and n.isprintable() for n in raw):
         r.bad("cpu_kernel_gbps", raw, want)
     rates = r.within(raw, "cpu_kernel_gbps")
-    # mutation: profile-kernel-rate-unbounded
     return {name: rates.number(name, minimum=MIN_GBPS, maximum=MAX_GBPS, unit="GB/s") for name in raw}
 
 
@@ -439,10 +435,8 @@ def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
     on_gpu = profile.device is not None
     return {
         "link_gbps": profile.link_gbps_pinned if profile.has_link else None,
-        # mutation: probe-uva-not-supplied
         "uva_gbps": profile.uva_read_gbps if profile.has_link else None,
         "vram_gbps": profile.vram_gbps if on_gpu else None,
-        # mutation: probe-decode-not-supplied
         "decode_read_gbps": profile.decode_read_gbps if on_gpu else None,
         "compute_tflops": profile.matmul_tflops if on_gpu else None,
         "device_memory_bytes": (profile.device_memory_total_bytes
@@ -450,7 +444,6 @@ def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
         "compute_capability": profile.compute_capability if on_gpu else None,
         # A quick probe's kernels and reads ran on cache-sized data: rates its host's memory
         # does not give, so they price nothing and claim no kernel fast or slow here.
-        # mutation: probe-cpu-rate-not-supplied, quick-cpu-rate-supplied
         "cpu_kernel_gbps": (dict(profile.cpu_kernel_gbps) or None) if not profile.quick else None,
         "cpu_threads": profile.cpu_threads,
         "handoff_s": profile.handoff_s,

@@ -35,8 +35,8 @@ KV-cache scales (``k_scale``, ``v_scale``, a few bytes per layer) are not listed
 method. Each method module names its own approximations.
 """
 
-from .base import KINDS, LAYOUTS, QuantScheme
-from .dispatch import LAYOUT_FUNCS, PARSERS, quantized_tensors, scheme_from_config
+from .base import KINDS, QuantScheme
+from .dispatch import quantized_tensors, scheme_from_config
 from .exclusion import is_excluded
 
 __all__ = ["KINDS", "QuantScheme", "is_excluded", "quantized_tensors", "scheme_from_config"]

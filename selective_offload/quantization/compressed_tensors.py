@@ -168,7 +168,6 @@ def ct_tensors(b: Builder, s: QuantScheme, out: int, inp: int, dtype: str) -> No
             b.add("input_global_scale", "F32", (1,))
         return
     if fmt == "pack-quantized":
-        # mutation: ct-pack-factor-8
         pack = 32 // s.bits
         b.add("weight_packed", "I32", (out, cdiv(inp, pack)))
         if not s.dynamic_weights:

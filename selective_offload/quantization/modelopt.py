@@ -22,10 +22,8 @@ from .base import Builder, QuantScheme, cdiv
 from .reader import ACTION, ConfigReader
 
 #: E2M1 values per E4M3 scale in NVFP4; the format's, used when the config names none.
-# mutation: nvfp4-default-group-32
 NVFP4_GROUP = 16
 #: E4M3 values per shared E8M0 scale in MXFP8 (the MX block size).
-# mutation: mxfp8-scale-group-64
 MXFP8_BLOCK = 32
 
 
@@ -45,7 +43,6 @@ def _modelopt_algo(r: ConfigReader, algo: str, group: int | None, exclude: tuple
         return QuantScheme(
             method="fp8", description="FP8 e4m3 (ModelOpt), per-tensor scales, static activation scales",
             layout="fp8", bits=8, strategy="tensor", weight_dtype="F8_E4M3",
-            # mutation: modelopt-fp8-no-input-scale
             static_input_scale=True, exclude=exclude,
         )
     if algo == "FP8_PER_CHANNEL_PER_TOKEN":

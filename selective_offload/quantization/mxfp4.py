@@ -16,7 +16,6 @@ from .base import Builder, QuantScheme, cdiv
 from .reader import ConfigReader
 
 #: E2M1 values per shared E8M0 scale (the MX block size).
-# mutation: mxfp4-scale-group-64
 MXFP4_BLOCK = 32
 
 

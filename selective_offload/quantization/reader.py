@@ -59,7 +59,6 @@ class ConfigReader:
     def _key(self, keys: tuple[str, ...]) -> str | None:
         """The first of ``keys`` that is set (not absent, not null)."""
         for key in keys:
-            # mutation: quant-config-null-not-unset
             if self.fields.raw(key, None) is not None:
                 return key
         return None
@@ -72,7 +71,6 @@ class ConfigReader:
     def get_int(self, *keys: str, default: int | None = None, minimum: int | None = 1,
                 allow: tuple[int, ...] = ()) -> int | None:
         key = self._key(keys)
-        # mutation: quant-config-int-text-refused
         return default if key is None else self.fields.int(key, minimum=minimum, allow=allow, text=True)
 
     def get_bool(self, *keys: str, default: bool = False) -> bool:

@@ -26,6 +26,7 @@ import torch
 from ..checkpoint import load_checkpoint
 from ..errors import PlanError, UserError
 from ..kv_model import KV_DTYPE_BYTES, KvModel
+from ..options import ENV_DEVICE_MEMORY, ENV_PLAN, device_memory_from_env
 from ..plan_format import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS, moe_setting
 from ..plan_options import with_measured_cpu_rate
@@ -33,7 +34,6 @@ from ..planner import kernels, make_plan
 from ..planner.allocation import allocated_tensors, padding_for
 from ..planner.cards import card_memory
 from ..probe import load_profile, plan_bandwidths, plan_defaults
-from ..options import ENV_DEVICE_MEMORY, ENV_PLAN, device_memory_from_env
 from ..sizes import GiB
 
 
@@ -58,7 +58,6 @@ def measured_usable(device: torch.device, device_memory: int) -> tuple[int, str]
     if device.type != "cuda" or not torch.cuda.is_available() or device_memory_from_env() is not None:
         return None
     free, _ = torch.cuda.mem_get_info(device)
-    # mutation: auto-plans-past-the-free-memory
     return min(int(free), device_memory), f"measured: {free / GiB:.2f} GiB free after the CUDA context, at engine start"
 
 
@@ -67,7 +66,6 @@ def card_of_worker(device: torch.device) -> str | None:
     plan then says which card it assumed)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    # mutation: auto-card-not-read
     return kernels.card_of(torch.cuda.get_device_capability(device))
 
 
@@ -90,7 +88,6 @@ def setting_of_server(vllm_config) -> str:
     import vllm.envs as envs
 
     backend = str(getattr(getattr(vllm_config, "kernel_config", None), "moe_backend", "auto") or "auto")
-    # mutation: server-setting-not-read
     setting = moe_setting(backend, deep_gemm=bool(envs.VLLM_USE_DEEP_GEMM))
     return setting if setting in MOE_SETTINGS else "auto"
 
@@ -114,7 +111,6 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
     # the bytes vLLM allocates for the model on this card (routed experts padded for its kernel)
     allocated = sum(t.nbytes for t in allocated_tensors(checkpoint.tensors, padding_for(
         checkpoint.config, card or DEFAULT_CARD, setting)).values())
-    # mutation: auto-room-unpadded
     device_memory, memory_from = device_memory_for(vllm_config, device, allocated, kv_bytes, DEFAULT_RESERVE_BYTES)
     profile = load_profile()
     link, vram, link_from = plan_bandwidths(profile)
@@ -129,9 +125,7 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
         device_memory_bytes=device_memory, kv_cache_bytes=kv_bytes,
         link_gbps=link, vram_gbps=vram, uva_gbps=measured["uva_gbps"], compute_tflops=measured["compute_tflops"],
         decode_read_gbps=measured["decode_read_gbps"],
-        # mutation: auto-plan-ignores-probe-handoff
         handoff_s=measured["handoff_s"],  # the per-layer hand-off the probe timed on this card
-        # mutation: auto-plan-ignores-probe-threads
         cpu_threads=measured["cpu_threads"],  # the pool the probe timed the host kernels with
         speculative="mtp" if mtp else None,
         spec_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0) or None if mtp else None,
@@ -146,11 +140,9 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
                            else "lower max_model_len or kv_cache_memory_bytes"))
     # The host kernel's rate for the model's format and the host's read rate, where the probe
     # measured them: they price host-compute and decide its claim on this host.
-    # mutation: auto-plan-ignores-probe-cpu-rate
     inputs = with_measured_cpu_rate(inputs, checkpoint, profile)
     plan = make_plan(checkpoint, inputs)
     # The rule enable() applies to a plan it is given: an infeasible plan is not run.
-    # mutation: auto-runs-infeasible
     plan.require_feasible(f"{ENV_PLAN}=auto: the plan made at engine start for {model_dir} ({memory_from})",
                           _what_to_change(memory_from))
     notes = [f"plan made at engine start: device memory {device_memory / GiB:.2f} GiB ({memory_from}); KV cache "

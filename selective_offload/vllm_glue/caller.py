@@ -33,7 +33,6 @@ def stamp_compile_key(settings: Settings, vllm_config) -> str | None:
     """Put the plan's identity where vLLM's compile-cache hash sees it; a note if it cannot."""
     extra = getattr(vllm_config, "additional_config", None)
     if isinstance(extra, dict):
-        # mutation: no-compile-key
         extra[COMPILE_KEY] = settings.identity
         return None
     return ("vLLM's additional_config is not a dict here, so its compile cache key does not "
@@ -66,7 +65,6 @@ def make_engine_start(get_session):
             vllm_config = kwargs.get("vllm_config", args[1] if len(args) > 1 else None)
             model = getattr(getattr(vllm_config, "model_config", None), "model", None)
             # auto: the worker plans; a plan enable() checked against this model is not checked again
-            # mutation: plan-checked-twice-before-start
             if model is not None and not s.settings.auto and not s.settings.checked_against(str(model)):
                 for note in check_model(s.settings.plan, str(model)):
                     logger.info("selective-offload: %s", note)

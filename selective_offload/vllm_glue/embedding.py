@@ -74,7 +74,6 @@ def install_host_embedding(layer: nn.Module, device: torch.device, mode: str, ac
     locked = page_locked.lock(weight.data, name) if page_locked is not None else False
     fused = bool(getattr(layer, "use_fused_embedding", False))
     if hasattr(layer, "use_fused_embedding"):
-        # mutation: fused-lookup-kept
         layer.use_fused_embedding = False  # read by forward at call time: the masked path
     suffix = "; vLLM's fused TP lookup turned off" if fused else ""
     if mode == "uva":
@@ -82,7 +81,6 @@ def install_host_embedding(layer: nn.Module, device: torch.device, mode: str, ac
         # (F.embedding) then reads the rows over the link, inside CUDA graphs too.
         host = weight.data if locked or weight.data.is_pinned() else weight.data.pin_memory()
         pinned = page_locked.pinned(host) if page_locked is not None else host.is_pinned()
-        # mutation: uva-without-pinned-check
         if not pinned:
             # vLLM's view op would silently make a private, full-size copy of the table.
             raise OffloadError(f"{name}: the driver does not report the table as page-locked after "

@@ -62,14 +62,14 @@ from torch import nn
 from .. import cpu_kernels
 from ..errors import PlanError
 from ..names import ModelNames, group_key
+from ..plan_format import GroupKind, Plan, Serving
 from ..planner import kernels
-from ..plan_format import GroupKind, Serving, Plan
 from ..sizes import fmt_bytes
 from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.layout import layout_of
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy
-from .auto_plan import card_of_worker
 from . import host_compute, host_head, host_mlp
+from .auto_plan import card_of_worker
 from .host_resident import to_device, to_host_exact
 
 #: The attribute vLLM's UVA offloader sets on a parameter it turned into a UVA view, and
@@ -194,7 +194,6 @@ def refuse_another_card(plan: Plan | None, device: torch.device, card: str | Non
     host = [g.group for g in plan.groups if g.kind == GroupKind.EXPERTS and g.serving in
             (Serving.UVA, Serving.PREFETCH)]
     card = card or card_of_worker(device)
-    # mutation: another-card-accepted
     if not host or card is None or card == plan.inputs.card:
         return
     made = "made for" if plan.inputs.compute_capability else "made without a card, assuming"
@@ -208,7 +207,6 @@ def routing_kwargs(xl: ExpertsLoad | None, routed_experts_cls: type) -> dict[str
     """:class:`ConstructOnHost` arguments that build the uva-served experts on the host."""
     if xl is None:
         return {}
-    # mutation: experts-not-routed
     return dict(modules=xl.group_of, named_by={routed_experts_cls: PREFIX_ARGUMENT})
 
 
@@ -224,7 +222,6 @@ def check_kernel(group: str, method: Any, device: torch.device, card: str | None
     if device.type == "cpu":
         return  # the CPU build: host memory is the kernel's memory, no view involved
     kernel = _kernel(method)
-    # mutation: experts-kernel-check-off
     if kernels.reads_uva(kernel):
         return
     card = card or card_of_worker(device)
@@ -234,7 +231,6 @@ def check_kernel(group: str, method: Any, device: torch.device, card: str | None
                or getattr(method, "mxfp4_backend", None) or getattr(method, "nvfp4_backend", None))
     chosen = f"{kernel or 'an unknown kernel'}" + (f" ({getattr(backend, 'value', backend)})" if backend else "")
     on = f" on SM {card}" if card else ""
-    # mutation: refusal-advice-dropped
     how = (f"start vLLM with {fix} (vLLM then picks {kernels.kernel_for(name, card, fix)}, which does)" if fix
            else "no setting makes vLLM 0.33 pick one that does for this method on this card" if card
            else "the card's compute capability is not known here, so no setting is named")
@@ -279,7 +275,6 @@ def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[i
         method = module.quant_method
         if xl.is_computed(group):
             host_compute.refuse_unsupported(group, method, module, device)
-            # mutation: computed-experts-post-processed
             take_over_post_processing(module, method, group, xl, None, run_original=False)
             continue
         check_kernel(group, method, device)
@@ -292,7 +287,6 @@ def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[i
 
 def own_parameters(module: nn.Module, xl: ExpertsLoad) -> list[nn.Parameter]:
     """The experts module's own parameters (not those it shares with the rest of the layer)."""
-    # mutation: router-bias-viewed
     return [p for n, p in module.named_parameters() if n not in xl.shared]
 
 
@@ -318,7 +312,6 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
     """
     original = method.process_weights_after_loading
     move = onload or to_device
-    # mutation: experts-post-processing-round-trip
     method.requires_device_loading = False
 
     def process_weights_after_loading(layer: nn.Module) -> None:
@@ -375,7 +368,6 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
         if page_locked is not None and params:
             # Small scale tensors reallocated on the heap share pages: registered one at a
             # time, the second of two on one page is refused (CUDA error 712).
-            # mutation: experts-locked-one-by-one
             page_locked.lock_together(params, group)
         hosts = [p.data for p in params]
         if computed:
@@ -396,7 +388,6 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
         for p, host in zip(params, hosts):
             if views:
                 pinned = page_locked.pinned(host) if page_locked is not None else host.is_pinned()
-                # mutation: experts-pinned-unchecked
                 if not pinned:
                     raise PlanError(f"{group}: {name} is not page-locked after registration (is_pinned() is false), "
                                     "so the kernel cannot read it through UVA; allow pinned memory, or plan these "
@@ -405,7 +396,6 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
             xl.params.add(id(p))
         if page_locked is not None and hosts:
             # A captured CUDA graph may still read a view after the module is collected.
-            # mutation: expert-views-unregistered
             page_locked.release_with(module, hosts, keep_registered=views)
         how = xl.post_processing.get(group, "")
         xl.mechanisms[group] = (MECHANISM_VIEW if views else MECHANISM_CPU) + (f"; {how}" if how else "")
@@ -425,7 +415,6 @@ def raise_on_failed_jobs(model: nn.Module) -> None:
         return
 
     def checked(*args, **kwargs):
-        # mutation: logits-unchecked-for-failed-jobs
         cpu_kernels.raise_if_failed("selective-offload")
         return compute_logits(*args, **kwargs)
 
@@ -438,9 +427,7 @@ def mark_uva_view(param: nn.Parameter, accelerator_view: Callable[[torch.Tensor]
     vLLM's UVA offloader marks its parameters (the object stays the same), and the view
     recorded (:func:`is_live_view`)."""
     host = param.data
-    # mutation: uva-view-not-made
     param.data = accelerator_view(host)
-    # mutation: uva-not-marked
     setattr(param, UVA_MARKER, True)
     setattr(param, VIEW_RECORD, (param.data_ptr(), layout_of(param.data), host))
 
@@ -450,7 +437,6 @@ def is_live_view(param: nn.Parameter) -> bool:
     checked against the storage, never trusted alone. vLLM's ``replace_parameter`` keeps
     the Parameter object (and so its marker) when a reload gives it new data."""
     record = getattr(param, VIEW_RECORD, None)
-    # mutation: uva-marker-trusted
     if record is None or not getattr(param, UVA_MARKER, False):
         return False
     return param.data_ptr() == record[0] and layout_of(param.data) == record[1]

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import PlanError
-from ..plan_format import GroupKind, Serving, Plan
+from ..plan_format import GroupKind, Plan, Serving
 
 
 def cap_graphs_at_crossover(plan: Plan | None, vllm_config: Any, device: torch.device) -> str | None:
@@ -39,7 +39,6 @@ def cap_graphs_at_crossover(plan: Plan | None, vllm_config: Any, device: torch.d
         raise PlanError(f"vLLM would capture CUDA graphs of {sizes[0]} to {sizes[-1]} tokens, and the plan computes "
                         f"{what} on the host at no step size (crossover {crossover}): every step copies the weights "
                         "it uses, which a graph cannot capture; start vLLM with enforce_eager (--enforce-eager)")
-    # mutation: graphs-left-past-the-crossover
     compilation.cudagraph_capture_sizes = kept
     compilation.max_cudagraph_capture_size = kept[-1]
     replay = getattr(compilation, "decoder_replay_cudagraph_capture_sizes", None)

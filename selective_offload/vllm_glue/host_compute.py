@@ -115,13 +115,11 @@ def threads_of(setting: Any, device: torch.device = torch.device("cpu")) -> int 
     thread for serving (``set_torch_threads_for_runtime``), so the count is the cores',
     stated, less the one vLLM's engine thread runs on (the kernel's threads inherit the
     worker's binding)."""
-    # mutation: cuda-threads-from-torch
     if setting.threads is not None or (setting.ranks <= 1 and torch.device(device).type != "cuda"):
         return setting.threads
     from ..probe.host_compute import physical_cores_of_one_node
 
     per_rank = physical_cores_of_one_node() // setting.ranks
-    # mutation: engine-thread-given-no-core
     return max(1, per_rank - 1 if torch.device(device).type == "cuda" else per_rank)
 
 
@@ -132,7 +130,6 @@ def refuse_other_ranks(plan: Plan | None, vllm_config: Any) -> None:
         return
     parallel = getattr(vllm_config, "parallel_config", None)
     ranks = int(getattr(parallel, "tensor_parallel_size", 1) or 1) * int(getattr(parallel, "data_parallel_size", 1) or 1)
-    # mutation: host-compute-ranks-unchecked
     if ranks != plan.host_compute.ranks:
         raise PlanError(f"the plan computes routed experts on the host for {plan.host_compute.ranks} rank(s) sharing "
                         f"its cores and memory, and this engine runs {ranks}; make the plan again with "
@@ -247,10 +244,8 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
     experts = HostExperts(group, weights, activation_of(group, module), crossover_tokens=setting.crossover_tokens,
                           threads=threads_of(setting, device), device=device, host_mask=host_mask,
                           buffers=buffers, experts_per_token=experts_per_token(group, module, planned),
-                          # mutation: device-share-ignored
                           device_share=held_share(weights, on_device, device, native=share_native(fmt, True))
                           if on_device else None)
-    # mutation: host-compute-not-installed
     module._replace_quant_method(method_class()(method, experts))
     return experts
 
@@ -275,7 +270,6 @@ def refill_share(experts: HostExperts) -> None:
     if share is None or experts.share_channels:
         return
     native = share.fmt == experts.weights.fmt and share.fmt not in ("bf16", "f32")
-    # mutation: share-not-refilled-after-reload
     held_share(experts.weights, share.num_experts, share.w13.device, native=native, into=share)
 
 

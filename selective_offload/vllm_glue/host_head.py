@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import PlanError
-from ..plan_format import GroupKind, Serving, Plan
+from ..plan_format import GroupKind, Plan, Serving
 from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.host_rows import HostRows
 from .host_compute import threads_of
@@ -55,7 +55,6 @@ def check_head(group: str, head: nn.Module, model: nn.Module | None = None) -> N
         raise PlanError(f"{group}: the plan splits this LM head, and vLLM holds it in {weight.dtype}; serve the "
                         "model in bf16, or plan with --no-head-share")
     head_dtype = getattr(getattr(model, "logits_processor", None), "head_dtype", None)
-    # mutation: head-dtype-override-accepted
     if head_dtype is not None and head_dtype != weight.dtype:
         raise PlanError(f"{group}: vLLM projects the LM head in {head_dtype} (head_dtype) and reads its weight "
                         "itself, past the split the plan makes; drop the head_dtype override, or plan with "
@@ -100,11 +99,9 @@ def install_head(group: str, head: nn.Module, plan: Plan, device: torch.device,
     if planned.device_channels >= weight.shape[0]:
         raise PlanError(f"{group}: the plan keeps {planned.device_channels} vocabulary rows on the device, and vLLM "
                         f"built {weight.shape[0]} here; make the plan again for this model")
-    # mutation: head-crossover-of-the-layers
     crossover = setting.head_crossover_tokens if setting.head_crossover_tokens is not None else setting.crossover_tokens
     rows = HostRows(group, weight, planned.device_channels, crossover_tokens=crossover, device=device,
                     threads=threads_of(setting, device), buffers=buffers)
-    # mutation: head-not-installed
     head.quant_method = HeadRowsMethod(head.quant_method, rows)
     return rows
 

@@ -103,7 +103,6 @@ def relayout_after_reload(mlp: nn.Module) -> None:
 
         def process_weights_after_loading(layer, _original=original):
             _original(layer)
-            # mutation: int4-reload-not-rewritten
             mlp.__dict__.pop("_selective_offload_int4_rows", None)
             if layer is mlp.down_proj:  # both projections reloaded: the MLP's rows again
                 mlp_rows(mlp)
@@ -123,7 +122,6 @@ def split_mlp(group: str, weights: ExpertWeights, channels: int,
     except ValueError as exc:
         raise PlanError(f"{group}: the plan keeps the first {channels} channels of this MLP on the device, and they "
                         f"cannot be split off here ({exc}); plan with --no-device-share") from None
-    # mutation: channel-share-not-copied
     return host, held_share(share, 1, device)
 
 
@@ -137,7 +135,6 @@ def resplit_after_reload(group: str, mlp: nn.Module, experts: HostExperts, fmt: 
 
     def process_weights_after_loading(layer, _original=original):
         _original(layer)
-        # mutation: channel-resplit-skipped
         if layer is down:  # both projections reloaded
             host, share = split_channels(mlp_weights(group, mlp, fmt), channels)  # it fitted at install
             experts.weights = host
@@ -179,14 +176,12 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device,
         ids = torch.zeros((tokens, 1), dtype=torch.int32, device=flat.device)
         weights = torch.ones((tokens, 1), dtype=torch.float32, device=flat.device)
         out = torch.ops.selective_offload.experts_on_host(flat, ids, weights, key)
-        # mutation: host-mlp-not-reduced
         if reduce:
             from vllm.distributed import tensor_model_parallel_all_reduce
 
             out = tensor_model_parallel_all_reduce(out)
         return out.reshape(x.shape)
 
-    # mutation: host-mlp-not-installed
     mlp.forward = forward
     mlp._selective_offload_host_mlp = experts  # the model holds the host experts, as it holds the MLP
     return experts

@@ -106,7 +106,6 @@ def keep_on_host(modules: Iterable[tuple[str, nn.Module]], device: torch.device,
         method = getattr(module, "quant_method", None)
         if method is None or getattr(method, MARK, None):
             continue
-        # mutation: in-place-method-round-trips
         if type(method).__name__ in in_place:
             method.requires_device_loading = False
             setattr(method, MARK, IN_PLACE)
@@ -119,7 +118,6 @@ def keep_on_host(modules: Iterable[tuple[str, nn.Module]], device: torch.device,
         def process(layer, _original=original):
             one_module_on_device(layer, device, lambda: _original(layer), record)
 
-        # mutation: device-method-in-vllm-context
         method.process_weights_after_loading = process
         method.requires_device_loading = False
         setattr(method, MARK, ONE_MODULE)

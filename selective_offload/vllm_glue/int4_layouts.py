@@ -79,7 +79,6 @@ def awq_rows_in_place(q: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor 
     q3, s3 = (q, scale) if q.dim() == 3 else (q.unsqueeze(0), scale.unsqueeze(0))
     E, K, packed = q3.shape
     codes = _unpack_awq(q3).transpose(1, 2)  # [E, N, K]
-    # mutation: awq-rows-not-rewritten
     q3.view(-1).view(torch.uint8).copy_((codes[..., 0::2] | (codes[..., 1::2] << 4)).reshape(-1))
     s3.view(-1).copy_(s3.transpose(1, 2).contiguous().view(-1))
     N = packed * 8
@@ -100,7 +99,6 @@ def rows_in_place(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, t
     first). Returns uint8 [E, N, K/2] and scales [E, N, K/g] (E = 1 for a linear)."""
     q3, s3 = (q, scale) if q.dim() == 3 else (q.unsqueeze(0), scale.unsqueeze(0))
     E, packed, N = q3.shape
-    # mutation: gptq-rows-not-transposed
     q3.view(-1).copy_(q3.transpose(1, 2).contiguous().view(-1))
     s3.view(-1).copy_(s3.transpose(1, 2).contiguous().view(-1))
     return q3.view(-1).view(torch.uint8).view(E, N, packed * 4), s3.view(E, N, s3.shape[1])

@@ -40,13 +40,13 @@ from ..report import LandingReport, build_report, judge_host_memory
 from ..wrappers import offload_on_demand, refuse_if_tied
 from ..wrappers.construct_on_host import ConstructOnHost
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy, resident_set_bytes, torch_pinned_bytes
+from . import experts, host_compute, model_names, preflight
+from .auto_plan import plan_at_start
 from .caller import check_model, stamp_compile_key
 from .embedding import embedding_mode, graphs_captured, install_host_embedding
+from .graphs import cap_graphs_at_crossover
 from .host_resident import MARK, ONE_MODULE, HostResident, keep_on_host, to_device
 from .offloader import make_exact_prefetch_offloader
-from .auto_plan import plan_at_start
-from .graphs import cap_graphs_at_crossover
-from . import experts, host_compute, model_names, preflight
 from .session import Attached, Load, Main, Session, Settings, logger, save_report
 
 GetSession = Callable[[], "Session | None"]
@@ -95,7 +95,6 @@ def make_override_guard(get_session: GetSession):
                 return original(self, *args, **kwargs)
             before = s.loads
             model = original(self, *args, **kwargs)
-            # mutation: override-guard-off
             if s.loads == before:
                 vllm_config = kwargs.get("vllm_config", args[0] if args else None)
                 _not_applied(s, f"vLLM's {type(self).__name__} builds and loads the model itself (it overrides "
@@ -128,7 +127,6 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     start_notes: list[str] = []
-    # mutation: auto-plan-reused
     if s.settings.auto:  # SELECTIVE_OFFLOAD_PLAN=auto: plan here, from the real card, for this model
         plan, start_notes = plan_at_start(s.settings.options, vllm_config, model_config, device)
         s.settings = Settings(plan, s.settings.options)
@@ -154,7 +152,6 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     # Both read before vLLM builds anything: construction already holds what it builds (on
     # the host too: vLLM zeroes the experts it makes), which the plan's needs count again.
     load.device_free = preflight.device_free_bytes(device)
-    # mutation: preflight-host-read-after-construction
     load.host_available = preflight.host_available_bytes()
     s.active = load
     try:
@@ -214,7 +211,6 @@ def refuse_what_the_plan_cannot_survive(s: Session, vllm_config, device: torch.d
         raise PlanError(f"LoRA adapters on {embeds[0]} allocate their weights on the embedding weight's device, "
                         "which is the host with the host gather; use embedding_mode='uva' "
                         "(SELECTIVE_OFFLOAD_EMBEDDING=uva) on CUDA, or plan the embedding on the device")
-    # mutation: host-gather-under-graphs
     if embeds and mode == "host" and device.type == "cuda" and graphs_captured(vllm_config):
         raise PlanError(f"the host gather of {embeds[0]} is host work, which a CUDA graph cannot capture, and "
                         "this engine captures CUDA graphs; use SELECTIVE_OFFLOAD_EMBEDDING=uva (or auto), or "
@@ -257,7 +253,6 @@ def _load_drafter(s: Session, original, loader, vllm_config, model_config, prefi
     _keep_what_the_drafter_owns(s, drafter, main_device(s, vllm_config))
     main = s.main
     model = main.model() if main is not None else None
-    # mutation: drafter-counted-before-sharing
     if model is not None:
         _recount_at_first_step(s, model, drafter)
     return drafter
@@ -382,7 +377,6 @@ def _construct_drafter(s: Session, original, args, kwargs):
     """The drafter's embedding and LM head (every ``VocabParallelEmbedding``) in host memory:
     vLLM replaces them by the target's after loading, so they need no device memory."""
     t = s.targets
-    # mutation: drafter-not-routed
     mode = ConstructOnHost((), force=((t.ParallelLMHead, "lm_head"), (t.VocabParallelEmbedding, "embed_tokens")))
     with mode:
         drafter = original(*args, **kwargs)
@@ -395,7 +389,6 @@ def _construct_drafter(s: Session, original, args, kwargs):
         s.drafter_routed.add(n, drafter.get_submodule(n))
     s.drafter_routed_modules = routed
     # vLLM post-processes the drafter on the device; these stay where they were built.
-    # mutation: drafter-round-trip
     keep_on_host([(n, m) for v in routed for n, m in drafter.get_submodule(v).named_modules(prefix=v)], target)
     return drafter
 
@@ -444,7 +437,6 @@ def _keep_post_processing_on_host(model: nn.Module, load: Load) -> None:
     def record(nbytes: int) -> None:
         load.post_process_transient = max(load.post_process_transient, nbytes)
 
-    # mutation: hot-layers-round-trip
     load.notes.extend(keep_on_host(cold + hot, load.device, record))
 
 
@@ -493,7 +485,6 @@ def whole_tower_over_budget(plan, group: str, mechanism: str) -> list[str]:
         return []
     found = plan.group_of(group)
     planned = found.bytes if found is not None else 0
-    # mutation: whole-tower-budget-unchecked
     if planned <= plan.est_transient_device_bytes:
         return []
     return [f"{group} onloads whole ({planned} B while it runs) but the plan budgets {plan.est_transient_device_bytes} "
@@ -507,7 +498,6 @@ def _attach_cold(s: Session, model: nn.Module, load: Load, vllm_config) -> set[i
     segments = load.cold_segments
     roots = [(n, m) for n, m in _cold_modules(model, segments) if cold_prefix(n, segments) == n]
     heads = [(n, m) for n, m in model.named_modules() if isinstance(m, t.ParallelLMHead)]
-    # mutation: cold-groups-by-checkpoint-name
     plan_groups = {cold_segment(load.names.model_name(g), segments): g for g in load.settings.plan.cold_on_host_groups}
     mode = embedding_mode(load.settings.options, load.device, vllm_config)
     owned: set[int] = set()
@@ -581,7 +571,6 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
     if load.post_process_transient:
         report.notes.append(f"post-processing on the device took a transient of up to "
                             f"{load.post_process_transient} B (one host module at a time)")
-    # mutation: page-locked-judged-at-load
     if load.hot_offloader is not None and not load.post_init_done:
         # vLLM's prefetch offloader settles the hot layers' host storage in post_init
         # (after this load): page-locked memory is judged then (judge_after_post_init).

@@ -23,8 +23,8 @@ from torch import nn
 
 from ..checkpoint import load_checkpoint
 from ..errors import PlanError
-from ..names import NameMap, ModelNames, model_names, unnamed_groups
-from ..plan_format import LAYER_KINDS, Serving, Plan
+from ..names import ModelNames, NameMap, model_names, unnamed_groups
+from ..plan_format import LAYER_KINDS, Plan, Serving
 
 #: Tensor names tried for each group when the checkpoint is not a local directory (its
 #: headers cannot be read here): the leaves most modules have.
@@ -33,7 +33,6 @@ PROBE_LEAVES = ("weight", "bias")
 
 def class_mapping(model_cls: type) -> tuple[NameMap | None, str]:
     """The model class's own tensor-name mapping, and where it came from."""
-    # mutation: class-mapping-ignored
     mapper = getattr(model_cls, "hf_to_vllm_mapper", None)
     source = f"vLLM's {model_cls.__name__}"
     if mapper is None or not callable(getattr(mapper, "map_name", None)):

@@ -60,7 +60,6 @@ def select_layers(modules: Iterable[nn.Module], indices: Iterable[int], sink: li
 def local_indices(global_indices: Iterable[int], start: int, end: int) -> list[int]:
     """The plan's global layer indices that live on the rank holding ``[start, end)``,
     numbered from 0 as ``make_layers`` hands them over."""
-    # mutation: pp-global-indices
     return sorted(i - start for i in set(global_indices) if start <= i < end)
 
 
@@ -191,7 +190,6 @@ def make_exact_prefetch_offloader(prefetch_base: type, layer_indices: list[int],
             for layer in layers:
                 before = len(self.module_offloaders)
                 yield layer
-                # mutation: hot-pinned-blocks-kept
                 exact_host_storage(_param_offloaders(self.module_offloaders[before:]))
                 release_cached_pinned()
 
@@ -201,7 +199,6 @@ def make_exact_prefetch_offloader(prefetch_base: type, layer_indices: list[int],
                     tensors = lock_final_storage(_param_offloaders([mo]), page_locked)
                     if tensors and getattr(mo, "module", None) is not None:
                         page_locked.release_with(mo.module, tensors)
-            # mutation: torch-host-cache-kept, judged-before-post-init
             super().post_init()
             release_cached_pinned()
             if on_post_init is not None:
@@ -209,12 +206,10 @@ def make_exact_prefetch_offloader(prefetch_base: type, layer_indices: list[int],
 
         @staticmethod
         def _is_plan_stack(call: StackCall | None) -> bool:
-            # mutation: outside-make-layers-taken
             if call is None:
                 return False  # not make_layers: another stack (Ultravox's Whisper tower)
             if call.prefix is None:
                 return True  # judged by the layer count once built
-            # mutation: encoder-stack-taken
             return stack_name(call.prefix) == stack_name(stack_prefix)
 
     return ExactLayerPrefetchOffloader()

@@ -37,7 +37,6 @@ def register() -> None:
     try:
         _register()
     except BaseException as exc:
-        # mutation: refused-register-not-retried
         _load_again_at_next_start()
         patches.record_refusal(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise
@@ -77,11 +76,9 @@ def check_this_host(plan: Plan | None) -> None:
     if plan is None:
         from ..probe import load_profile
 
-        # mutation: auto-profile-read-late
         load_profile()
     fmt = plan.host_compute_format if plan is not None else (
         "bf16" if os.environ.get(ENV_KERNEL_CACHE, "").strip() else None)
-    # mutation: kernel-cache-checked-late
     if fmt is not None:
         from ..cpu_kernels import unavailable_reason
 

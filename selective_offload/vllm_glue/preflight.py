@@ -96,7 +96,6 @@ def built_on_device(model: nn.Module, device: torch.device, on_host: set[int]) -
 
 def need_of(plan: Plan, built: int) -> Need:
     inp = plan.inputs
-    # mutation: preflight-without-plan-buffers
     to_come = (plan.device_share_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
                + inp.kv_cache_bytes + inp.reserve_bytes)
     return Need(built, to_come, plan.host_bytes)
@@ -127,7 +126,6 @@ def check(plan: Plan, need: Need, free: int | None, available: int | None, auto:
             + ("unchecked free memory" if free is None else f"{_b(free)} free")
             + f"; host {_b(need.host)} of "
             + ("unchecked available memory" if available is None else f"{_b(available)} available")]
-    # mutation: preflight-host-unchecked
     if available is not None and need.host > available:
         raise PlanError(f"pre-flight: the plan puts {_b(need.host)} in host memory and the host has "
                         f"{_b(available)} available, {_b((need.host - available))} short, before "
@@ -135,7 +133,6 @@ def check(plan: Plan, need: Need, free: int | None, available: int | None, auto:
                         # MemAvailable is what is left beside the processes running; the plan keeps its headroom
                         f"(`selective-offload plan --host-memory "
                         f"{max(1, (available + plan.inputs.host_headroom_bytes) // 2**30)}GiB`)")
-    # mutation: preflight-device-unchecked
     if free is None or need.device <= free:
         return plan, said[0]
     short = need.device - free

@@ -208,7 +208,6 @@ def world_size() -> int:
 
 
 def save_report(report: LandingReport, path: str) -> None:
-    # mutation: world-size-not-recorded
     report.world_size = world_size()
     try:
         report.save(rank_path(path, rank()))

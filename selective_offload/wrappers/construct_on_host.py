@@ -73,7 +73,6 @@ def _constructing(class_segments: dict[type, str], never: tuple[type, ...],
                 if isinstance(local.get("self"), cls):
                     return ("segment", segment)
             for cls, argument in (named_by or {}).items():
-                # mutation: named-by-ignored
                 if isinstance(local.get("self"), cls) and isinstance(local.get(argument), str):
                     return ("prefix", local[argument])
             prefix = local.get("prefix")
@@ -127,7 +126,6 @@ class ConstructOnHost(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        # mutation: explicit-device-routed
         explicit = kwargs.get("device") is not None
         if func in self._constructors and (self.segments or self.force or self.modules) and not explicit:
             found = _constructing(self.class_segments, self.never, self.force, self.named_by)
@@ -139,7 +137,6 @@ class ConstructOnHost(TorchFunctionMode):
                 cold = cold_segment(found[1], self.segments)
                 if cold is None and self.modules is not None:
                     cold = self.modules(found[1])
-            # mutation: no-routing
             if cold is not None:
                 target = torch.get_default_device()  # where vLLM's device context would put it
                 kwargs["device"] = torch.device("cpu")
@@ -175,7 +172,6 @@ class ConstructOnHost(TorchFunctionMode):
                         if cold:
                             cold_names.append((f"{name}.{key}" if name else key, _ptr(t)))
         targets = {_ptr(t): device for t, device in self._routed_tensors}
-        # mutation: shared-cache-kept-on-host
         keep = {p for p in targets if p in cold_ptrs and p not in hot_ptrs}
         moved_back = left = 0
         replaced: dict[int, torch.Tensor] = {}

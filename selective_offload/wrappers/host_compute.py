@@ -36,6 +36,7 @@ import itertools
 import time
 import weakref
 from dataclasses import dataclass, field, replace
+
 import torch
 
 from .. import cpu_kernels
@@ -49,7 +50,6 @@ def share_kernel_computes(fmt: str, device: torch.device | str) -> bool:
     """Whether a device share of ``fmt`` on ``device`` is computed by the share kernel
     (:mod:`.share_kernel`): a share held as stored (not bf16 or float32) on CUDA. On a CPU
     device (vLLM's CPU build) :meth:`HostExperts._on_share` computes it with its stand-in."""
-    # mutation: share-kernel-never-called
     return fmt not in ("bf16", "f32") and torch.device(device).type == "cuda"
 
 
@@ -148,7 +148,6 @@ class HostExperts:
         if device_share is not None and not share_channels:
             mask = (torch.ones(weights.num_experts, dtype=torch.bool) if host_mask is None
                     else host_mask.to(torch.bool).clone())
-            # mutation: device-share-also-on-host
             mask[:device_share.num_experts] = False
             host_mask = mask
         if device_share is not None:
@@ -169,7 +168,6 @@ class HostExperts:
             if experts_per_token is None:
                 raise ValueError(f"{group}: shared host-compute buffers are sized for the experts per token; "
                                  "pass experts_per_token")
-            # mutation: buffers-sized-for-one-token
             buffers.reserve(self.unit(self.crossover_tokens, int(experts_per_token)))
         self.buffers = buffers
 
@@ -185,7 +183,6 @@ class HostExperts:
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The weighted sum of the routed experts for ``x`` ([T, H]), in ``x``'s dtype and device."""
         tokens = int(x.shape[0])
-        # mutation: crossover-inverted
         if tokens <= self.crossover_tokens:
             return self._on_host(x, topk_ids, topk_weights)
         out = self._on_device(x, topk_ids, topk_weights)
@@ -211,7 +208,6 @@ class HostExperts:
         self.counts.host.add(tokens, time.perf_counter() - start)
         if self.share is not None:
             out = out + self._on_share(x, topk_ids, topk_weights)
-        # mutation: host-output-halved
         return out.to(x.dtype, copy=True)
 
     def _beside_share(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -247,7 +243,6 @@ class HostExperts:
             from .share_kernel import moe_native
 
             return moe_native(x, ids, topk_weights, self.share, self.activation)
-        # mutation: native-share-stand-in-unmasked
         return cpu_kernels.reference.moe_copied(x, torch.where(inside, ids, -1), topk_weights, self.share,
                                                 self.activation)
 
@@ -256,7 +251,6 @@ class HostExperts:
         that the next host step of any unit overwrites: copy it before then); counts the
         expert bytes read."""
         ids = topk_ids.to(torch.int32)
-        # mutation: host-bytes-uncounted
         self.counts.host_bytes += int(self._picked(ids)[1].numel()) * self.weights.expert_bytes
         if self.weights.fmt in cpu_kernels.TORCH_FORMATS:  # no C job to reuse (cpu_kernels.moe)
             return cpu_kernels.moe(x, ids, topk_weights, self.weights, self.activation, threads=self.threads,
@@ -281,10 +275,8 @@ class HostExperts:
         slot = self._slots.get(key)
         if slot is None:
             unit = self.unit(key[0], key[1])
-            # mutation: staging-per-slot
             xs, ids, weights, out = self.buffers.experts_views(unit, x.dtype)
             job = cpu_kernels.MoEJob(xs, ids, weights, self.weights, self.activation, out=out, threads=self.threads,
-                                     # mutation: workspace-per-job
                                      host_mask=self.host_mask, workspace=self.buffers.workspace)
             slot = self._slots[key] = Slot(xs, ids, weights, out, job)
         return slot
@@ -335,12 +327,10 @@ class HostExperts:
             out = torch.empty((int(used.numel()), *t.shape[1:]), dtype=t.dtype, device=self.device)
             at = 0
             for first, n in runs:
-                # mutation: device-copy-gathers-on-host
                 out[at:at + n].copy_(t[first:first + n], non_blocking=True)
                 at += n
             return out
 
-        # mutation: device-copy-drops-zeros
         return replace(self.weights, **{name: take(t) for name, t in self.weights.tensors().items()})
 
 

@@ -100,7 +100,6 @@ def choose_cudart(loaded: list[str], torchs: str | None) -> str:
     mapped, :func:`loaded_cudart_paths`); the only one loaded when torch's could not be
     asked. Raises, in one line, when that cannot be decided: none loaded, several and torch's
     not known, or torch's runtime is not a ``libcudart`` of its own (linked into torch)."""
-    # mutation: cudart-first-mapped
     if torchs is not None and is_cudart(torchs):
         return torchs
     if torchs is None and len(loaded) == 1:
@@ -120,7 +119,6 @@ def cudart() -> ctypes.CDLL:
     another's (a ``libcudart.so.13`` mapped beside the one torch uses)."""
     global _CUDART
     if _CUDART is None:
-        # mutation: cudart-dlopened-by-name
         path = choose_cudart(loaded_cudart_paths(), torchs_cudart())
         try:
             lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
@@ -154,7 +152,6 @@ class HostFunction:
         into ``out`` (float32 [T, H] on the device) and returned as it is."""
         given = out is not None
         # A job an earlier host function ran may have failed (it cannot raise): raise here.
-        # mutation: host-function-failures-unchecked
         cpu_kernels.raise_if_failed(self.experts.group)
         slot = self.experts.slot(x, topk_ids, pinned=True)
         stream = torch.cuda.current_stream(x.device)

@@ -133,7 +133,6 @@ class HostRows:
     def refresh(self) -> None:
         """Copy the host weight's first rows to the device again: a reload (vLLM's weight
         loader copies into the host tensor in place) leaves the device's copy stale."""
-        # mutation: head-reload-stale
         self.device_weight.copy_(self.host_weight[:self.device_rows], non_blocking=self.on_cuda)
 
     def as_dict(self) -> dict[str, object]:
@@ -147,7 +146,6 @@ class HostRows:
                                "capture; vLLM computes logits outside its graphs, so it was installed elsewhere")
         tokens = int(x.shape[0])
         xw = x.to(self.dtype)
-        # mutation: head-crossover-inverted
         if tokens <= self.crossover_tokens:
             out = self._cuda_host_step(xw) if self.on_cuda else self._cpu_host_step(xw)
         else:
@@ -165,7 +163,6 @@ class HostRows:
         start = time.perf_counter()
         host = self._host_rows(x.to("cpu"))
         self._count_host(int(x.shape[0]), time.perf_counter() - start)
-        # mutation: head-parts-swapped
         return torch.cat([device, host.to(device=device.device, dtype=device.dtype)], dim=-1)
 
     def _host_rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -180,7 +177,6 @@ class HostRows:
 
     def _host_weight_rows(self) -> torch.Tensor:
         """The rows the host computes, read in place."""
-        # mutation: head-host-rows-from-the-top
         return self.host_weight[self.device_rows:]
 
     def _cuda_host_step(self, x: torch.Tensor) -> torch.Tensor:
@@ -219,7 +215,6 @@ class HostRows:
         key = tuple(x.shape)
         slot = self._slots.get(key)
         if slot is None:
-            # mutation: head-staging-of-its-own
             x_host, out = self.buffers.rows_views(self.unit(key[0]), self.dtype)
             job = cpu_kernels.RowsJob(x_host, self._host_weight_rows(), out, threads=self.threads,
                                       workspace=self.buffers.workspace)

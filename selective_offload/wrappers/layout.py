@@ -66,7 +66,6 @@ def strided_like(region: torch.Tensor, like: torch.Tensor, at: int = 0) -> torch
     span starting ``at`` bytes into ``region`` (a multiple of ``like``'s element size)."""
     lo, hi = span(like)
     typed = region[at:at + (hi - lo)].view(like.dtype)
-    # mutation: layout-strides-dropped
     return typed.as_strided(like.shape, like.stride())
 
 

@@ -187,7 +187,6 @@ class OnDemandOffload:
         if self.page_locked is not None and self.pin:
             # One arena, one registration for the module: small tensors never share a
             # registered page (page_locked.lock_together).
-            # mutation: no-arena
             self.page_locked.lock_together([t for g in self._groups for t in g.tensors], self.name)
         for group in self._groups:
             for t in group.tensors:
@@ -209,7 +208,6 @@ class OnDemandOffload:
         side = ahead and self._side_stream is not None
         with torch.cuda.stream(self._side_stream) if side else contextlib.nullcontext():
             # Same dtype, shape, strides and span as the host tensor (wrappers.layout).
-            # mutation: onload-contiguous
             copies = [device_copy_like(h, self.device, non_blocking=self._cuda) for h in group.hosts]
             if side:
                 group.ready = torch.cuda.Event()

@@ -217,7 +217,6 @@ class PageLockedLedger:
                 # Not pinned, yet the driver says registered: a page it shares with another
                 # registration (CUDA error 712). It is not locked, so it is not counted;
                 # modules of small tensors go through lock_together, which never shares pages.
-                # mutation: refused-registration-counted
                 self.refused_bytes += nbytes
                 return False
             self._entries[ptr] = LockedEntry(nbytes, purpose, "registered")
@@ -245,7 +244,6 @@ class PageLockedLedger:
         for at, source, lo, hi in plan.groups:
             arena[at:at + hi - lo].copy_(storage_bytes(source, lo, hi))
         for t, source, at in zip(tensors, sources, plan.at):
-            # mutation: arena-made-contiguous
             t.data = strided_like(arena, source, at)
         storage = buf.untyped_storage()
         key = storage.data_ptr()
@@ -294,7 +292,6 @@ class PageLockedLedger:
         the memory backs a UVA view that a captured CUDA graph may still read, so it stays
         registered (and held) until the process ends."""
         ptrs = [t.untyped_storage().data_ptr() for t in tensors]
-        # mutation: uva-table-unregistered
         if keep_registered:
             return
         ref = weakref.ref(self)
@@ -311,7 +308,6 @@ class PageLockedLedger:
                 except OffloadError:  # the driver's complaint changes nothing for a freed module
                     pass
 
-        # mutation: unregister-at-exit
         weakref.finalize(owner, release).atexit = False
 
     def is_locked(self, tensor: torch.Tensor) -> bool:

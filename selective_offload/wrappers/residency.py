@@ -133,7 +133,6 @@ def to_host(tensor: torch.Tensor, pin: bool, page_locked=None, purpose: str = ""
             "materialise the module (build it on the CPU) before offloading it"
         )
     if page_locked is not None:
-        # mutation: page-lock-copies
         host = tensor if tensor.device.type == "cpu" else host_copy_like(tensor)
         if pin:
             page_locked.lock(host, purpose)

@@ -69,13 +69,11 @@ def _rows_dot(w_ptr, s_ptr, v_ptr, rows, live_rows, ncols,
             byte = tl.load(w_ptr + rows[:, None] * (ncols // 2) + half[None, :], mask=m2, other=0).to(tl.int32)
             ve = tl.load(v_ptr + 2 * half, mask=hm, other=0.0)
             vo = tl.load(v_ptr + 2 * half + 1, mask=hm, other=0.0)
-            # mutation: share-kernel-nibble-order
             part = _e2m1(byte & 15) * ve[None, :] + _e2m1(byte >> 4) * vo[None, :]
             blocks = tl.sum(tl.reshape(part, [BLOCK_R, BLOCK_K // 32, 16]), axis=2)
             sb = k0 // 32 + tl.arange(0, BLOCK_K // 32)
             sm = live_rows[:, None] & (sb < ncols // 32)[None, :]
             scale = tl.load(s_ptr + rows[:, None] * (ncols // 32) + sb[None, :], mask=sm, other=127)
-            # mutation: share-kernel-scale-bias
             acc += tl.sum(blocks * tl.exp2(scale.to(tl.float32) - 127.0), axis=1)
         else:
             cols = k0 + tl.arange(0, BLOCK_K)
@@ -95,7 +93,6 @@ def _up(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, H, I, SLOTS, K, alpha, lim
     i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rm = i < I
     if SWIGLU:  # gpt-oss: gate and up rows interleaved
-        # mutation: share-kernel-interleave
         gate, up = 2 * i, 2 * i + 1
     else:  # gate rows, then up rows
         gate, up = i, I + i
@@ -106,7 +103,6 @@ def _up(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, H, I, SLOTS, K, alpha, lim
         w_e = w_ptr + e64 * (2 * I) * H
     s_e = s_ptr + e64 * (2 * I) * (H // 32)
     for slot in range(0, SLOTS):
-        # mutation: share-kernel-outside-picks
         if tl.load(ids_ptr + slot) == e:
             x_t = x_ptr + (slot // K) * H
             g = _rows_dot(w_e, s_e, x_t, gate, rm, H, MXFP4, BLOCK_R, BLOCK_K)
@@ -116,7 +112,6 @@ def _up(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, H, I, SLOTS, K, alpha, lim
                 u += tl.load(b_ptr + e64 * (2 * I) + up, mask=rm, other=0.0).to(tl.float32)
             if SWIGLU:
                 if CLAMP:
-                    # mutation: share-kernel-clamp
                     g = tl.minimum(g, limit)
                     u = tl.minimum(tl.maximum(u, -limit), limit)
                 a = (u + 1.0) * g / (1.0 + tl.exp(-alpha * g))

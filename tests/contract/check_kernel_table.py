@@ -116,6 +116,8 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts  #
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod  # noqa: E402
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (  # noqa: E402
     compressed_tensors_moe_w8a8_int8 as ct_int8,
+)
+from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
     compressed_tensors_moe_wna16 as ct_wna16,
 )
 from vllm.model_executor.layers.quantization.fp8 import Fp8Config  # noqa: E402

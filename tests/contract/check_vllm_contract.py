@@ -127,6 +127,7 @@ TREE: Path = Path()
 def _resolve_targets() -> None:
     # Behaviour: the glue's own resolution, against this tree.
     import vllm
+
     from selective_offload.vllm_glue import compat
 
     targets = compat.resolve_targets()
@@ -718,6 +719,7 @@ def _routed_experts_uva() -> None:
     from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
     from vllm.model_executor.model_loader import utils as loader_utils
     from vllm.model_executor.offloader import uva
+
     from selective_offload.planner import kernels
     from selective_offload.vllm_glue import experts
 
@@ -766,6 +768,7 @@ def _model_class_names() -> None:
     # gpt-oss builds the checkpoint's model.embed_tokens as model.embedding, and says so there.
     from vllm.model_executor.model_loader.utils import get_model_architecture
     from vllm.model_executor.models import gpt_oss
+
     from selective_offload.names import model_names
     from selective_offload.vllm_glue.model_names import class_mapping
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import selective_offload
-from helpers import save_tiny_qwen3, tight_plan, write_header_only, write_raw_header, nothing_applied
+from helpers import nothing_applied, save_tiny_qwen3, tight_plan, write_header_only, write_raw_header
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.cli import EXIT_USAGE, main
 from selective_offload.errors import CheckpointError, PlanError, UserError
@@ -24,7 +24,6 @@ from selective_offload.options import ENV_DEVICE_MEMORY
 from selective_offload.plan_format import Plan
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.vllm_glue import patches, plugin
-
 
 pytestmark = pytest.mark.usefixtures("nothing_enabled")
 
@@ -158,8 +157,8 @@ def test_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_group(
     """The placement report of a model loaded against a plan that leaves bytes out: a CPU
     proxy (a torch module as vLLM would build it, matched by the report)."""
     import torch
-    from builders import Model, checkpoint_of, plan_for
 
+    from builders import Model, checkpoint_of, plan_for
     from selective_offload.report import build_report
 
     torch_model, plan = Model(), plan_for(checkpoint_of())
@@ -179,8 +178,8 @@ def test_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_group(
 
 def test_a_tied_head_is_not_counted_as_outside_the_plan(tmp_path):
     import torch
-    from builders import Model, checkpoint_of, plan_for
 
+    from builders import Model, checkpoint_of, plan_for
     from selective_offload.report import build_report
 
     torch_model = Model()

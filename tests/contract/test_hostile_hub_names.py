@@ -11,8 +11,8 @@ import posixpath
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from helpers import write_header_only
 
+from helpers import write_header_only
 from selective_offload.checkpoint.headers import INDEX_NAME, shard_name_problem
 from selective_offload.cli import EXIT_USAGE, main
 from selective_offload.errors import UserError

@@ -324,9 +324,8 @@ def test_the_engine_report_never_replaces_nor_removes_a_file_of_the_users(tmp_pa
 
 
 def test_plan_save_from_python_never_replaces_a_file_of_the_users(tmp_path):
-    from selective_offload.errors import UserError
-
     import selective_offload
+    from selective_offload.errors import UserError
 
     made = selective_offload.plan("qwen3.8-27b-fp8", device_memory="24GiB", host_memory="none")
     theirs = tmp_path / "config.json"

@@ -16,7 +16,8 @@ import time
 import tracemalloc
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers import write_header_only
 from selective_offload.cli import EXIT_USAGE, main

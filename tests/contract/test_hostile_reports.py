@@ -16,11 +16,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from selective_offload.cli import main
 from selective_offload.jsonio import MAX_DEPTH, MAX_INT
-from selective_offload.report import GroupLanding, LandingReport, rank_path
+from selective_offload.report import GroupLanding, LandingReport
 
 REFUSED = 2
 

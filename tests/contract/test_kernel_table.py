@@ -23,8 +23,8 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO
 
+from helpers import REPO
 from selective_offload.planner import kernels
 
 pytestmark = pytest.mark.vllm

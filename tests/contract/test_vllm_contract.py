@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO
 
 pytestmark = pytest.mark.vllm

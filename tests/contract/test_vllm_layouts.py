@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+
 from builders import LAYOUT_CASES
 from helpers import REPO
 

@@ -18,6 +18,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+
 from builders import LAYOUT_CASES  # noqa: E402
 
 

@@ -24,8 +24,13 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import (PROMPTS, host_kernel_against_plain, save_tiny_awq_qwen3, save_tiny_ct_int4_qwen3,
-                     save_tiny_gptq_qwen3)
+from helpers import (
+    PROMPTS,
+    host_kernel_against_plain,
+    save_tiny_awq_qwen3,
+    save_tiny_ct_int4_qwen3,
+    save_tiny_gptq_qwen3,
+)
 from selective_offload.cpu_kernels import claimed
 from selective_offload.plan_format import Serving
 

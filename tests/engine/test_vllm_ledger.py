@@ -18,8 +18,15 @@ from __future__ import annotations
 import pytest
 
 import selective_offload
-from helpers import PROMPTS, TINY_HOST_COMPUTE, compute_experts_plan, generate_tokens, save_tiny_qwen3, \
-    save_tiny_qwen3_moe, with_plan
+from helpers import (
+    PROMPTS,
+    TINY_HOST_COMPUTE,
+    compute_experts_plan,
+    generate_tokens,
+    save_tiny_qwen3,
+    save_tiny_qwen3_moe,
+    with_plan,
+)
 from selective_offload.plan_format import Serving
 from selective_offload.plan_format.contents import DEVICE, PAGE_LOCKED, PAGEABLE
 

@@ -13,8 +13,17 @@ from __future__ import annotations
 import pytest
 
 import selective_offload
-from helpers import (MAX_TOKENS, PROMPTS, compute_experts_plan, generate_tokens, generate_with_plan, prompt_logprobs,
-                     save_tiny_qwen3_moe, uva_experts_plan, with_plan)
+from helpers import (
+    MAX_TOKENS,
+    PROMPTS,
+    compute_experts_plan,
+    generate_tokens,
+    generate_with_plan,
+    prompt_logprobs,
+    save_tiny_qwen3_moe,
+    uva_experts_plan,
+    with_plan,
+)
 from selective_offload.errors import PlanError
 from selective_offload.plan_format import GroupKind, Serving
 

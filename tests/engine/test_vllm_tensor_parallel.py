@@ -98,8 +98,9 @@ def test_two_ranks_with_int4_mlps_computed_on_the_host(tmp_path, monkeypatch):
     plan's format against the same rule. The kernel rounds its tokens to int8, so the check is test_vllm_int4's:
     plain vLLM's greedy tokens fed back, every position's log-probability within its
     tolerance of plain vLLM's with the same two ranks."""
-    from helpers import PROMPTS, prompt_logprobs, save_tiny_gptq_qwen3, with_plan
     from test_vllm_int4 import LOGPROB_TOL
+
+    from helpers import PROMPTS, prompt_logprobs, save_tiny_gptq_qwen3, with_plan
 
     model = save_tiny_gptq_qwen3(tmp_path / "gptq", seed=9)
     # a CPU fast enough that every step, prefill too, stays on the host kernel

@@ -18,10 +18,18 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import selective_offload
-from helpers import ENGINE_ARGS, PROMPTS, generate_tokens, generate_with_plan, save_tiny_qwen3, tight_plan
+from helpers import (
+    ENGINE_ARGS,
+    PROMPTS,
+    CountedChecks,
+    generate_tokens,
+    generate_with_plan,
+    save_tiny_qwen3,
+    tight_plan,
+)
+from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, make_plan
-from selective_offload.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
@@ -42,13 +50,23 @@ def untied_selective(untied):
     """One engine with the cold set (the embedding) on the host, strict; the report read
     after generating, so its transfer counters include the generation."""
     plan = tight_plan(untied)
-    kwargs = selective_offload.enable(plan, strict=True)
     try:
-        tokens = generate_tokens(kwargs["model"])
+        with CountedChecks() as checks:
+            kwargs = selective_offload.enable(plan, strict=True)
+            tokens = generate_tokens(kwargs["model"])
         report = selective_offload.placement_report()
     finally:
         selective_offload.disable()
+    CHECKS["untied_selective"] = list(checks)
     return plan, tokens, report
+
+
+#: Where the plan was checked against the checkpoint in the fixtures' engines.
+CHECKS: dict[str, list[str]] = {}
+
+
+def test_the_plan_is_checked_once_before_the_engine_and_once_in_the_worker(untied_selective):
+    assert CHECKS["untied_selective"] == ["enable", "worker"]
 
 
 def test_untied_plan_puts_the_embedding_on_the_host(untied_selective):
@@ -189,12 +207,17 @@ def test_a_plan_forcing_a_tied_embedding_to_the_host_is_refused(tied_with_lm_hea
 # ---- bad input
 
 def test_plan_for_another_model_is_an_error_before_loading(untied, tied):
-    selective_offload.enable(tight_plan(untied))
+    """In-process, no engine-start hook runs: enable() checked the plan against its own
+    folder, and the worker refuses the other model, in one line, before loading it."""
     try:
-        with pytest.raises(Exception, match="plan was made for another model"):
-            generate_tokens(tied)
+        with CountedChecks() as checks:
+            selective_offload.enable(tight_plan(untied))
+            with pytest.raises(Exception, match="plan was made for another model") as info:
+                generate_tokens(tied)
     finally:
         selective_offload.disable()
+    assert checks == ["enable", "worker"]
+    assert isinstance(info.value, PlanError) and "\n" not in str(info.value), repr(info.value)
 
 
 def test_missing_and_corrupt_plan_files(tmp_path):
@@ -208,8 +231,9 @@ def test_missing_and_corrupt_plan_files(tmp_path):
 
 def test_unsupported_vllm_version_patches_nothing(monkeypatch, untied):
     import vllm
-    from selective_offload.vllm_glue import compat, patches
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    from selective_offload.vllm_glue import compat, patches
 
     selective_offload.disable()
     before = BaseModelLoader.load_model

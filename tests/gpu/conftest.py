@@ -16,8 +16,9 @@ for path in (HERE.parents[1], HERE):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-import mechanism  # noqa: E402
 import torch  # noqa: E402
+
+import mechanism  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,12 @@ import time
 from types import SimpleNamespace
 
 import pytest
-import torch
-
 import stand_ins
+import torch
+from stand_ins import SharedModel
+
 from mechanism import allocated, needs_cuda, records, storage_ptr
 from selective_offload.wrappers.construct_on_host import ConstructOnHost
-from stand_ins import SharedModel
 
 MOVED_BACK = "finish reports the bytes it moved back"
 PINNED = "cold module's own weight is pinned"

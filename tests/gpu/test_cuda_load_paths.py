@@ -16,14 +16,20 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from stand_ins import make_layers
 from torch import nn
 
 from mechanism import (
-    NO_VLLM_REASON, host_allocator_bytes, host_empty_cache, nbytes, needs_cuda, records, storage_ptr,
+    NO_VLLM_REASON,
+    host_allocator_bytes,
+    host_empty_cache,
+    nbytes,
+    needs_cuda,
+    records,
+    storage_ptr,
 )
 from selective_offload.wrappers import cuda_view_of_pinned
 from selective_offload.wrappers.page_locked import PageLockedLedger, PinPolicy
-from stand_ins import make_layers
 
 CUDA_PATH_CHECKS = (
     "registered memory is_pinned and its UVA view reads it in place (no private copy)",
@@ -177,6 +183,7 @@ def cuda_paths(cfg, device, results):
     try:
         vpe = _vllm_patched_tp()
         import vllm.model_executor.model_loader.utils  # noqa: F401
+
         import selective_offload.vllm_glue.host_resident  # noqa: F401
     except ImportError as err:
         seen.vllm_missing = seen.prefetch_missing = repr(err)
@@ -184,6 +191,7 @@ def cuda_paths(cfg, device, results):
     post_processing_round_trip(cfg, device, vpe, seen, out)
     try:
         import vllm.model_executor.offloader.prefetch  # noqa: F401
+
         import selective_offload.vllm_glue.offloader  # noqa: F401
     except ImportError as err:
         seen.prefetch_missing = repr(err)

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from stand_ins import DrafterLike, EmbeddingLike, LMHeadLike
 
 from mechanism import allocated, nbytes, needs_cuda, records, rss_bytes, storage_ptr, storage_ref
 from selective_offload.wrappers.construct_on_host import ConstructOnHost
-from stand_ins import DrafterLike, EmbeddingLike, LMHeadLike
 
 PEAK = "building the drafter grows the device peak by its own layer only"
 

@@ -22,9 +22,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from layouts import CountingRegistrar, RoutedExpertsLike, attach_views
 
 from benchmarks.common import median_us
-from layouts import CountingRegistrar, RoutedExpertsLike, attach_views
 from mechanism import bitwise_equal, needs_cuda, records
 from selective_offload.wrappers import cuda_view_of_pinned
 from selective_offload.wrappers.page_locked import CudaRegistrar

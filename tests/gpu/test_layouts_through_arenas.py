@@ -19,11 +19,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from layouts import (
+    FP8,
+    CountingRegistrar,
+    fp8_t_weight,
+    heap_scales,
+    hot_layer,
+    layout,
+    onload_keeping_strides,
+    strided_uva_view,
+)
 from torch import nn
 
-from layouts import (
-    CountingRegistrar, FP8, fp8_t_weight, heap_scales, hot_layer, layout, onload_keeping_strides, strided_uva_view,
-)
 from mechanism import bitwise_equal, needs_cuda, records
 from selective_offload.wrappers.page_locked import PAGE, CudaRegistrar, PageLockedLedger, PinPolicy
 

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from stand_ins import Tower
 
 from benchmarks.common import median_us
 from mechanism import needs_cuda, records, sync
 from selective_offload.wrappers import offload_on_demand
-from stand_ins import Tower
 
 
 def frees(depth: int) -> str:

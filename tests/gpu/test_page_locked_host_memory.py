@@ -16,11 +16,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from page_locking import (
+    RecordingRegistrar,
+    exact_way,
+    host_tensor_sets,
+    pinned_way,
+    pow2,
+    recorded_registration,
+    spec_bytes,
+)
 
 from mechanism import clear_pending_cuda_error, host_empty_cache, needs_cuda, records
-from page_locking import (
-    RecordingRegistrar, exact_way, host_tensor_sets, pinned_way, pow2, recorded_registration, spec_bytes,
-)
 from selective_offload.wrappers.page_locked import PageLockedLedger, PinPath, PinPolicy
 
 SETS = ("embedding", "decoder layer")

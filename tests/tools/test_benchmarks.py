@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO
-
-
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the benchmarks are the package ``benchmarks`` at the checkout's root
@@ -382,7 +381,6 @@ def test_the_benchmark_page_figures_are_in_the_result_files_they_name():
     """Every decimal figure in docs/benchmarks.md's measured-cpu table appears in the result
     file its row names: figures are recorded, not typed."""
     import re
-    from pathlib import Path
 
     root = REPO
     readme = (root / "docs" / "benchmarks.md").read_text()

@@ -10,10 +10,10 @@ import ast
 import importlib.metadata as metadata
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 pytestmark = pytest.mark.tools
 

@@ -15,8 +15,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO
 
+from helpers import REPO
 from selective_offload import cli, options
 
 README = REPO / "README.md"

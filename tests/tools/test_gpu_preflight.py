@@ -22,7 +22,6 @@ if str(REPO) not in sys.path:
 
 import benchmarks.preflight as gpu_preflight  # noqa: E402
 from benchmarks.planning import moe_plans as moe_reference_plans  # noqa: E402
-
 from selective_offload.checkpoint import read_manifest  # noqa: E402
 from selective_offload.names import experts_prefix  # noqa: E402
 from selective_offload.planner import PlanInputs, make_plan  # noqa: E402

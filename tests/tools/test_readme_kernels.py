@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 
 from helpers import REPO
-
 from selective_offload.planner import kernels
 
 README = REPO / "README.md"

@@ -9,8 +9,8 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from helpers import REPO
 
+from helpers import REPO
 
 ROOT = REPO
 

@@ -12,13 +12,12 @@ import os
 import pytest
 
 import selective_offload
-from helpers import save_tiny_qwen3, tight_plan, nothing_applied
+from helpers import nothing_applied, save_tiny_qwen3, tight_plan
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError, UserError
 from selective_offload.options import RunOptions, parse_flag
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.vllm_glue import patches, plugin
-
 
 pytestmark = pytest.mark.usefixtures("nothing_enabled")
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from selective_offload.checkpoint import Checkpoint, TensorInfo, tensor_nbytes
 from selective_offload.acceptance import expected_tokens_per_step
+from selective_offload.checkpoint import Checkpoint, TensorInfo, tensor_nbytes
 from selective_offload.estimate.step import LayerCost, inline_step_s, pipelined_step_s, step_cost
 from selective_offload.estimate.traffic import DEFAULT_DECODE_READ_FACTOR, StepSettings, Traffic
 from selective_offload.kv_model import KvModel
 from selective_offload.planner import PlanInputs, break_even_accept_rate, group_tensors, prefetch_buffer_bytes
-
 
 # ---- overlap
 

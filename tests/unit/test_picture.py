@@ -15,11 +15,10 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the picture needs matplotlib (the `picture` extra)")
 
-from selective_offload.picture import COLOURS, draw, picture_data  # noqa: E402
-from selective_offload.sizes import GiB  # noqa: E402
-from selective_offload.plan_format import GroupKind, Serving  # noqa: E402
-
 from helpers import REPO  # noqa: E402
+from selective_offload.picture import COLOURS, draw, picture_data  # noqa: E402
+from selective_offload.plan_format import GroupKind, Serving  # noqa: E402
+from selective_offload.sizes import GiB  # noqa: E402
 
 ROOT = REPO
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -251,6 +251,7 @@ def test_a_published_figure_is_cited_under_explain_only(capsys, tmp_path):
     """gpt-oss-120b (its config alone) on a 24 GiB card: llama.cpp's published figure is
     context for --explain, not a row of the default view."""
     import transformers
+
     from helpers import write_config
 
     mxfp4 = {"quant_method": "mxfp4", "modules_to_not_convert": [

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from builders import Model, checkpoint_of, cold_ids, plan_for
 from selective_offload.errors import PlanError
 from selective_offload.report import TOLERANCE, LandingReport, build_report
 from selective_offload.vllm_glue.offloader import select_layers
-from builders import Model, checkpoint_of, cold_ids, plan_for
 
 
 def report_of(model, plan, cold, **kw):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO
 from selective_offload.options import RunOptions
 from selective_offload.report import GroupLanding, LandingReport, rank_path
-from helpers import REPO
 
 ROOT = REPO
 

@@ -10,12 +10,11 @@ import time
 import pytest
 import transformers
 
+from helpers import write_config
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import CheckpointError
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.sizes import GB, GiB
-
-from helpers import write_config
 
 
 def plan_of(path, **inputs):

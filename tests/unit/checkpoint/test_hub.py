@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO
 from hub_server import COMMIT, FakeHub
 from selective_offload.checkpoint import INDEX_NAME, load_checkpoint
 from selective_offload.checkpoint.hub import parse_hub_id
-from helpers import REPO
 
 ROOT = REPO
 REPO = "tiny-org/tiny-qwen3"

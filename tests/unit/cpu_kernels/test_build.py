@@ -13,9 +13,8 @@ import sys
 import textwrap
 
 import pytest
-from helpers import REPO
 
-from selective_offload import cpu_kernels as ck
+from helpers import REPO
 from selective_offload.cpu_kernels import build
 
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 
 from helpers import REPO
-
-from selective_offload.cpu_kernels import claimed
-from selective_offload.cpu_kernels import TORCH_FORMATS
+from selective_offload.cpu_kernels import TORCH_FORMATS, claimed
 from selective_offload.cpu_kernels.weights import FORMATS as ALL_FORMATS
 
 FORMATS = tuple(f for f in ALL_FORMATS if f not in TORCH_FORMATS)  # the compiled kernel's

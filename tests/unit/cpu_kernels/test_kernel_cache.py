@@ -21,8 +21,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import REPO
 
+from helpers import REPO
 from selective_offload.cpu_kernels import build, cache
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,

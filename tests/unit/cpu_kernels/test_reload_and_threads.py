@@ -9,8 +9,8 @@ import os
 
 import pytest
 import torch
-
 from makers import experts as make_experts
+
 from selective_offload.cpu_kernels import Activation
 from selective_offload.cpu_kernels.reference import held_share
 from selective_offload.probe.host_compute import physical_cores_of_one_node

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from builders import inputs, toy
 from selective_offload.errors import PlanError
 from selective_offload.plan_format import PLAN_FORMAT, Location, Plan, Serving, Strategy
 from selective_offload.planner import make_plan
-from builders import inputs, toy
 
 
 @pytest.fixture

@@ -44,9 +44,8 @@ def test_the_probe_s_card_is_taken(capsys, tmp_path, monkeypatch):
 
 def test_a_plan_file_keeps_the_card_and_one_without_it_still_reads(tmp_path):
     from selective_offload.checkpoint import load_checkpoint
-    from selective_offload.planner import make_plan
-
     from selective_offload.cli import BUNDLED
+    from selective_offload.planner import make_plan
 
     made = make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]), PlanInputs(device_memory_bytes=24 * GiB,
                                                                       compute_capability="12.0"))

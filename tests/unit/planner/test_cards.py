@@ -9,6 +9,7 @@ import json
 from dataclasses import replace
 
 import pytest
+from test_host_compute import COPY_MB, EXPERTS_BYTES, computed, moe, plan_of
 
 from builders import MB, gpu_profile, toy
 from selective_offload.errors import PlanError
@@ -18,7 +19,6 @@ from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.planner.cards import CARDS, CONTEXT_EST_BYTES, card_memory
 from selective_offload.render import render_plan
 from selective_offload.sizes import GB, GiB
-from test_host_compute import COPY_MB, EXPERTS_BYTES, computed, moe, plan_of
 
 
 def test_a_nominal_size_is_planned_as_what_its_class_reports_less_the_context():

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_host_compute import EXPERTS_BYTES, E, K, computed, moe, plan_of, refused_edit
 
 from builders import MB
 from selective_offload.estimate.traffic import ASSUMED_HANDOFF_S, REFERENCE_CPU_GBPS
 from selective_offload.plan_format import Plan
 from selective_offload.render import render_plan
-from test_host_compute import EXPERTS_BYTES, E, K, computed, moe, plan_of, refused_edit
 
 
 def shared(ckpt, short_mb, **kw):

@@ -8,17 +8,16 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+from helpers import REPO
+from selective_offload.acceptance import ACCEPTANCE_DEFAULTS, GENERIC_ACCEPTANCE, MAX_DRAFT_TOKENS, acceptance_default
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.cli import BUNDLED
-from selective_offload.acceptance import ACCEPTANCE_DEFAULTS, GENERIC_ACCEPTANCE, MAX_DRAFT_TOKENS, acceptance_default
 from selective_offload.estimate.traffic import DEFAULT_DECODE_READ_FACTOR, DEFAULT_UVA_READ_FACTOR
 from selective_offload.planner import PlanInputs, best_draft_tokens, draft_flips, make_plan, spec_estimate
 from selective_offload.sizes import GiB
-from helpers import REPO
 
 ROOT = REPO
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_host_compute import EXPERTS_BYTES, E, K, moe, plan_of, refused_edit
 
 from builders import MB, make_ckpt
 from selective_offload.estimate.traffic import ASSUMED_HANDOFF_S, DEFAULT_DECODE_READ_FACTOR, REFERENCE_CPU_GBPS
+from selective_offload.picture import DEVICE_SHARE, picture_data
 from selective_offload.plan_format import Plan
 from selective_offload.plan_format.vocabulary import REFERENCE_VRAM_GBPS
-from selective_offload.picture import DEVICE_SHARE, picture_data
 from selective_offload.render import render_plan
-from test_host_compute import EXPERTS_BYTES, E, K, moe, plan_of, refused_edit
 
 HEAD = 100 * MB
 ROWS = 1000
@@ -127,8 +127,12 @@ def test_the_head_leaves_the_cpu_at_its_own_crossover_and_the_step_model_copies_
     from dataclasses import replace
 
     from selective_offload.estimate.host import host_compute_crossover, host_compute_times
-    from selective_offload.estimate.traffic import (ASSUMED_CPU_TFLOPS, DEFAULT_UVA_READ_FACTOR, EXPERTS_CPU,
-                                                    StepSettings)
+    from selective_offload.estimate.traffic import (
+        ASSUMED_CPU_TFLOPS,
+        DEFAULT_UVA_READ_FACTOR,
+        EXPERTS_CPU,
+        StepSettings,
+    )
     from selective_offload.plan_format import Estimate
     from selective_offload.plan_format.vocabulary import REFERENCE_LINK_GBPS
 

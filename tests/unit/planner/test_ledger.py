@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 
+from test_host_compute import EXPERTS_BYTES, E, K, computed, moe, plan_of, refused_edit
+
 from builders import MB
 from selective_offload.plan_format import Plan
 from selective_offload.worker_buffers import align, moe_workspace_bytes
-from test_host_compute import EXPERTS_BYTES, E, K, computed, moe, plan_of, refused_edit
 
 H, I = 1000, 1500
 

@@ -13,12 +13,10 @@ import json
 import pytest
 import transformers
 
+from helpers import REPO, write_config
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.planner import TIE, PlanInputs, make_plan
 from selective_offload.sizes import GiB
-
-from helpers import write_config
-from helpers import REPO
 
 LINK = 13.9e9  # the reference laptop's link (docs/design/reference-measurements.md), which the plans default to
 UVA = 0.86 * LINK  # kernels reading host memory in place: the default UVA read rate (estimate/traffic.py)
@@ -233,7 +231,6 @@ def test_the_moe_reference_results_and_the_docs_are_what_the_planner_says(tmp_pa
     still says the same, every plan beats or matches the vLLM baselines beside it, and the
     table in docs/usage/moe.md is that file's table."""
     import sys
-    from pathlib import Path
 
     root = REPO
     sys.path.insert(0, str(root))

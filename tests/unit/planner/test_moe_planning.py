@@ -9,13 +9,13 @@ import json
 import pytest
 import torch
 
+from builders import MB, inputs, make_ckpt
 from selective_offload.checkpoint import ModelFacts
 from selective_offload.errors import PlanError
 from selective_offload.estimate.traffic import expert_read_fraction
 from selective_offload.names import experts_prefix, group_key, group_keys
 from selective_offload.plan_format import Plan
 from selective_offload.planner import PlanInputs, group_tensors, make_plan
-from builders import MB, inputs, make_ckpt
 
 E, K = 8, 2
 

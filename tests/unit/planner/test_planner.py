@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from builders import MB, inputs, make_ckpt, toy
+from helpers import REPO
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.cli import BUNDLED
 from selective_offload.errors import PlanError
 from selective_offload.planner import Plan, PlanInputs, group_tensors, make_plan
 from selective_offload.sizes import GB, GiB
-from builders import MB, inputs, make_ckpt, toy
-from helpers import REPO
+
 
 def by_name(plan: Plan) -> dict[str, object]:
     return {g.group: g for g in plan.groups}
@@ -273,7 +274,6 @@ def test_projectors_are_cold():
 
 def test_the_planning_page_reference_table_is_what_the_planner_says(reference):
     """docs/usage/planning.md's figures for the reference checkpoint are the planner's, not typed by hand."""
-    from pathlib import Path
 
     readme = (REPO / "docs" / "usage" / "planning.md").read_text()
     # host-compute off: these rows are the prefetch plans whether or not fp8-block is claimed

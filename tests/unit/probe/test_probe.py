@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from builders import gpu_profile
 from selective_offload.errors import UserError
 from selective_offload.probe import (
     PROFILE_ENV,
@@ -25,7 +26,6 @@ from selective_offload.probe import (
     run_probe,
 )
 from selective_offload.sizes import GiB
-from builders import gpu_profile
 
 MiB = 1 << 20
 

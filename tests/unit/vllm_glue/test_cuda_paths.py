@@ -219,9 +219,9 @@ def test_a_method_that_needs_the_device_round_trips_one_module_back_to_exact_hos
 def test_a_cold_module_post_processed_through_a_round_trip_is_still_built_on_the_host():
     """Post-processing may give a cold parameter new host storage (a quantized method's
     round trip): it was built on the host, and the report must still say so."""
+    from builders import Inner, checkpoint_of, plan_for
     from selective_offload.report import build_report
     from selective_offload.wrappers.construct_on_host import ConstructOnHost
-    from builders import Inner, checkpoint_of, plan_for
 
     class Visual(nn.Sequential):
         def __init__(self, n, prefix=""):
@@ -448,10 +448,10 @@ def test_a_tower_whose_blocks_vllm_compiles_is_budgeted_whole():
     hooks even uncompiled), so the tower is onloaded whole: the plan budgets all of it,
     not two blocks; and the glue reports a plan that budgeted less than a tower it had to
     onload whole."""
-    from selective_offload.planner import make_plan
-    from selective_offload.vllm_glue.loading import whole_tower_over_budget
     from builders import MB, toy
     from builders import inputs as plan_inputs
+    from selective_offload.planner import make_plan
+    from selective_offload.vllm_glue.loading import whole_tower_over_budget
 
     blocks = make_plan(toy(), plan_inputs(530))
     assert blocks.est_transient_device_bytes == 2 * 9 * MB + 4 * MB
@@ -468,11 +468,11 @@ def test_page_locked_memory_is_judged_after_the_prefetch_offloaders_post_init():
     """With hot layers, vLLM's prefetch offloader settles their host storage in post_init,
     after the load: the page-locked verdict waits for it (the report at load says so), and
     is made, and raised on in strict mode, when post_init has run."""
+    from builders import Model, checkpoint_of, cold_ids, plan_for
     from selective_offload.errors import PlanError
     from selective_offload.options import RunOptions
     from selective_offload.vllm_glue.loading import finish, judge_after_post_init
     from selective_offload.vllm_glue.session import Load, Session, Settings
-    from builders import Model, checkpoint_of, cold_ids, plan_for
 
     plan = plan_for(checkpoint_of())
     with torch.device("meta"):  # the device (no CUDA here: meta stands in)

@@ -14,8 +14,8 @@ import gc
 
 import pytest
 import torch
-from helpers import PageRegistrar
 
+from helpers import PageRegistrar
 from selective_offload.errors import PlanError
 from selective_offload.names import group_key
 from selective_offload.planner import kernels

@@ -20,7 +20,6 @@ from selective_offload.vllm_glue.embedding import embedding_mode, graphs_capture
 from selective_offload.vllm_glue.loading import _attach_tower, is_drafter_load
 from selective_offload.vllm_glue.offloader import local_indices, make_exact_prefetch_offloader, stack_name
 
-
 # ---- tensor parallel: the fused lookup would skip the host gather
 
 def test_a_host_embedding_under_tensor_parallel_takes_the_masked_path(monkeypatch):

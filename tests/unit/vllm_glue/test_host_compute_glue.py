@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from vllm.config import CompilationConfig, ParallelConfig
 
 from helpers import compute_experts_plan, save_tiny_qwen3_moe
 from selective_offload.errors import PlanError
 from selective_offload.vllm_glue import graphs, host_compute
-from vllm.config import CompilationConfig, ParallelConfig
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +81,9 @@ def test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_work
     """``plan``'s ``next:`` serve command, parsed by vLLM's own engine arguments, caps CUDA
     graphs at the plan's crossover: the size the worker's refusal accepts (vLLM's default
     captures up to 512 tokens, which it refuses)."""
-    from selective_offload.planner.serving import vllm_default_graph_tokens
     from test_serving import served
+
+    from selective_offload.planner.serving import vllm_default_graph_tokens
 
     engine = served(plan)
     crossover = plan.host_compute.crossover_tokens
@@ -107,10 +108,11 @@ def test_the_readmes_auto_command_starts_a_host_compute_plan_with_vllms_default_
     import re
     import shlex
 
-    from helpers import REPO
-    from selective_offload.planner.serving import vllm_default_graph_tokens
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from helpers import REPO
+    from selective_offload.planner.serving import vllm_default_graph_tokens
 
     readme = (REPO / "README.md").read_text()
     line = next(m.group(0) for m in re.finditer(r"^SELECTIVE_OFFLOAD_PLAN=auto vllm serve .*$", readme, re.MULTILINE))

@@ -175,7 +175,8 @@ def test_compressed_tensors_experts_are_read_as_vllm_loads_them():
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
-        compressed_tensors_moe_wna16 as ct_moe)
+        compressed_tensors_moe_wna16 as ct_moe,
+    )
 
     cls = ct_moe.CompressedTensorsWNA16MoEMethod
     method = object.__new__(cls)  # its __init__ picks a device kernel; the layout is create_weights'

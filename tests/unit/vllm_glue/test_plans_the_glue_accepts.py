@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from helpers import write_config
 
+from helpers import write_config
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, kernels, make_plan

@@ -6,17 +6,17 @@ from __future__ import annotations
 import shlex
 
 import pytest
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 import selective_offload
 from helpers import save_tiny_qwen3
 from selective_offload import cli
 from selective_offload.checkpoint import load_checkpoint
+from selective_offload.plan_options import BUNDLED
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.planner.serving import engine_settings, vllm_default_graph_tokens
-from selective_offload.plan_options import BUNDLED
 from selective_offload.sizes import GiB
-from vllm.engine.arg_utils import EngineArgs
-from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 pytestmark = pytest.mark.usefixtures("nothing_enabled")
 
@@ -72,3 +72,15 @@ def test_a_plan_whose_weights_all_fit_leaves_vllms_kv_sizing_and_graphs_alone(tm
     engine = served(plan)
     assert engine.kv_cache_memory_bytes is None and engine.max_cudagraph_capture_size is None
     assert selective_offload.enable(plan) == {"model": str(model)}
+
+
+def test_a_kv_length_without_its_sequence_count_is_refused_naming_the_one_given():
+    """``max_model_len`` and ``max_seqs`` size the KV cache together: a plan given one of them
+    from Python is refused with the typed error naming the one given, not a NameError."""
+    from selective_offload.plan_format.inputs import InputError
+
+    checkpoint = load_checkpoint(BUNDLED["qwen3.8-27b-fp8"])
+    for given in ({"max_model_len": 8192}, {"max_seqs": 2}):
+        with pytest.raises(InputError, match="give both or neither") as caught:
+            make_plan(checkpoint, PlanInputs(device_memory_bytes=24 * GiB, **given))
+        assert caught.value.field == next(iter(given))

@@ -33,9 +33,17 @@ GPU = REPO / "tests" / "gpu"
 sys.path.insert(0, str(GPU))
 
 from layouts import (  # noqa: E402
-    PageRegistrar, RoutedExpertsLike, attach_views, fp8_t_weight, heap_scales, host_span, hot_layer, layout,
+    PageRegistrar,
+    RoutedExpertsLike,
+    attach_views,
+    fp8_t_weight,
+    heap_scales,
+    host_span,
+    hot_layer,
+    layout,
     strided_view,
 )
+
 from selective_offload.wrappers.page_locked import PageLockedLedger, PinPolicy  # noqa: E402
 
 TINY = {"moe_experts": 8, "moe_hidden": 64, "moe_inter": 32, "hot_q": 128, "hot_kv": 32, "head_dim": 16}

@@ -272,9 +272,9 @@ def test_an_mxfp4_share_held_as_stored_is_a_copy_and_its_picks_match_the_referen
     host's tensors are not the device's), computed on either side of the crossover: the layer's
     sum is the reference's over every pick (the host's and the share's, picks past the share
     masked off the share's side), to bf16's rounding; the share counted every pick it took."""
-    from selective_offload.cpu_kernels.weights import random_experts
-
     from dataclasses import replace
+
+    from selective_offload.cpu_kernels.weights import random_experts
 
     g = torch.Generator().manual_seed(1)
     weights = random_experts("mxfp4", 8, 128, 64, seed=5)

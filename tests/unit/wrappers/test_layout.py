@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import LAYOUT_CASES
-from helpers import PageRegistrar
 from torch import nn
 
+from builders import LAYOUT_CASES
+from helpers import PageRegistrar
 from selective_offload.vllm_glue.host_resident import to_device, to_host_exact
 from selective_offload.wrappers import offload_on_demand
 from selective_offload.wrappers.layout import device_copy_like, host_copy_like, layout_of, span

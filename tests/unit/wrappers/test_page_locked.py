@@ -11,9 +11,9 @@ import gc
 
 import pytest
 import torch
-from helpers import PageRegistrar
 from torch import nn
 
+from helpers import PageRegistrar
 from selective_offload.wrappers.page_locked import PageLockedLedger, PinPath, PinPolicy, resident_set_bytes
 
 
