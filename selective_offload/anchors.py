@@ -38,7 +38,8 @@ LLAMA_CPP: tuple[Anchor, ...] = (
            "gokawiil.com/article/74814 (a repost of a r/LocalLLaMA post: llama-server, --n-cpu-moe 36, 25.62 tok/s eval)"),
     Anchor("gpt-oss-120b", "GptOssForCausalLM", 36, 128, 24, 33.1,
            "RTX 3090 24 GB, --n-cpu-moe 25",
-           "ai-maestro.online, 'Drastically improve prompt processing speed for --n-cpu-moe partially offloaded models' (informal llama-bench, gpt-oss-120b-F16.gguf, -ub 256, 33.14 tok/s)"),
+           "ai-maestro.online, 'Drastically improve prompt processing speed for --n-cpu-moe partially offloaded "
+           "models' (informal llama-bench, gpt-oss-120b-F16.gguf, -ub 256, 33.14 tok/s)"),
     Anchor("gpt-oss-20b", "GptOssForCausalLM", 24, 32, 8, 36.4,
            "RTX 2080 8 GB + i9-10900X (quad-channel DDR4), MXFP4, --n-cpu-moe 12, llmfit bench --runs 3",
            "AlexsJones/llmfit PR #775"),

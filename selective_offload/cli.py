@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Write a manifest that plans without the weights: from shard "
                                    "headers, or from a config.json alone (an estimate).")
     m.add_argument("model", metavar="MODEL", help=model_help)
-    m.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the manifest JSON (never over a file selective-offload did "
+    m.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="where to write the manifest JSON (never over a file selective-offload did "
                                                                      "not write, nor inside MODEL)")
     m.set_defaults(func=cmd_manifest)
 

@@ -195,7 +195,8 @@ def markdown(result) -> str:
             f"Weights read per second by the kernel (the k picked experts' bytes over the call's median time, "
             f"{result['iters']} calls with new random ids each) against the C read kernel's bandwidth with the same "
             f"threads, sampled alternately in the same rounds (median, min-max); each row measured {result['repeats']} "
-            f"times, the repeats taken in turns over the rows, its ratio the median of theirs (each listed). Kernel build: {result['simd']}. "
+            f"times, the repeats taken in turns over the rows, its ratio the median of theirs (each listed). "
+            f"Kernel build: {result['simd']}. "
             f"{result['load_note']}.\n\n" + md_table(head, body) + f"\n{verdict}\n")
 
 
@@ -241,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     if lib.so_int8_mxfp4():
         simd += (", MXFP4 and int4 with " + ("AVX512-VNNI" if lib.so_int8_mxfp4() == 512 else "256-bit pair sums (AVX-VNNI where present)")
                  + " (tokens and activations in int8 per block of 32, int32 sums)")
-    result = dict(benchmark="cpu-kernels", build=args.build, date=today(), machine=machine(), smoke=args.smoke, iters=iters, repeats=repeats,
+    result = dict(benchmark="cpu-kernels", build=args.build, date=today(), machine=machine(), smoke=args.smoke,
+                  iters=iters, repeats=repeats,
                   threads=threads, simd=simd, claim_bar=ck.CLAIM_BAR, rows=rows, claims=claims(rows),
                   load_before=load_before, load_after=load_after,
                   load_note=shared_note(load_before, load_after).capitalize(), wall_s=time.perf_counter() - started)

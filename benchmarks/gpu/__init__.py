@@ -263,7 +263,8 @@ def summary_markdown(s: dict, brief: bool = False) -> str:
         f"# GPU run: {s['stem']}",
         "",
         f"Date {s['date']}, {where}; python {env.get('python')}, torch {env.get('torch')}"
-        f" ({'CUDA ' + str(env.get('cuda_version')) if env.get('cuda') else 'no CUDA'}); {'small sizes (--small)' if s['small'] else 'full sizes'}; "
+        f" ({'CUDA ' + str(env.get('cuda_version')) if env.get('cuda') else 'no CUDA'}); "
+        f"{'small sizes (--small)' if s['small'] else 'full sizes'}; "
         f"whole run {s['wall_s']:.0f} s; code {s['commit']}. vLLM installed here: "
         f"{'yes' if env.get('vllm_installed') else 'no'} (every section ran with `import vllm` blocked).",
         "",

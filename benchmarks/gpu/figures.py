@@ -190,7 +190,8 @@ def host_reads_together(d: dict) -> list[dict] | str:
 def native_share_over_bf16_share(d: dict) -> list[dict] | str:
     """One MoE layer's device share at one token: held as the checkpoint stores it and read in
     place by the share kernel (what plans for MXFP4 checkpoints use), over held in bf16 and
-    computed by the torch path (what plans for the other formats use); beside it the step model's ratio of the two paths' bytes (the native kernel's
+    computed by the torch path (what plans for the other formats use); beside it the step model's ratio of the two
+    paths' bytes (the native kernel's
     reads over the bf16 path's priced traffic), which is what it would be at one rate."""
     s = _cuda_part(d, "device_share", "the share's kernels run on a GPU")
     if isinstance(s, str):
@@ -262,7 +263,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("preflight_free_over_need", "preflight", "pre-flight: free device memory after the CUDA context / plan's need",
            "whether the reference plans, made again for this card (its compute capability, free memory and class), "
            "fit what it has free: the plan-level half of the worker's pre-flight (1 or more: fits)",
-           lambda d: __import__("benchmarks.preflight", fromlist=["free_over_need"]).free_over_need(d)),  # its reader lives with its section
+           # its reader lives with its section
+           lambda d: __import__("benchmarks.preflight", fromlist=["free_over_need"]).free_over_need(d)),
     Family("host_gather_over_device", "gather", "host gather / device embedding, time per lookup",
            "what the eager host gather costs a step against a resident table", lambda d: _gather_ratio(d, "host")),
 )

@@ -137,7 +137,8 @@ def estimate(point: dict) -> dict:
     est = chosen(plan)
     # the same plan with every byte at the copy rate (the model before per-mechanism rates)
     copy_rate = chosen(make_plan(checkpoint, replace(inputs, uva_gbps=inputs.link_gbps))).est_tok_s
-    return {"est_tok_s": est.est_tok_s, "est_tok_s_at_copy_rate": copy_rate, "est_step_s": est.est_step_s, "est_link_s_per_step": est.est_link_s_per_step,
+    return {"est_tok_s": est.est_tok_s, "est_tok_s_at_copy_rate": copy_rate, "est_step_s": est.est_step_s,
+            "est_link_s_per_step": est.est_link_s_per_step,
             "est_vram_s_per_step": est.est_vram_s_per_step,
             "est_compute_s_per_step": est.est_compute_s_per_step, "uva_read_gbps": plan.inputs.uva_read_gbps,
             "link_gbps": plan.inputs.link_gbps, "vram_gbps": plan.inputs.vram_gbps,

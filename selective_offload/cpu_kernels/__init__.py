@@ -31,7 +31,8 @@ from .kernel import TORCH_FORMATS, JobFailed, MoEJob, RowsJob, library, moe, rai
 from .weights import FORMATS, Activation, ExpertWeights
 
 __all__ = ["FORMATS", "CLAIMED", "CLAIM_BAR", "CLAIM_SOURCE", "Activation", "ExpertWeights", "KernelCacheRefused", "KernelUnavailable",
-           "JobFailed", "MoEJob", "RowsJob", "TORCH_FORMATS", "library", "raise_if_failed", "moe", "read_gbps", "reference", "rows", "unavailable_reason", "openmp_runtimes", "build"]
+           "JobFailed", "MoEJob", "RowsJob", "TORCH_FORMATS", "library", "raise_if_failed", "moe", "read_gbps",
+           "reference", "rows", "unavailable_reason", "openmp_runtimes", "build"]
 
 
 def unavailable_reason(fmt: str, again: bool = False) -> str | None:

@@ -32,7 +32,8 @@ onloaded block by block when it runs; ``prefetch``: vLLM's prefetch offloader; `
 routed experts read in place; ``compute``: routed experts computed where they live by the host
 CPU, up to the plan's crossover; ``none``). The code speaks the same words: a group holds
 its serving, its location follows from it, and a cold group kept on the host is gathered or
-onloaded on demand by one rule (:func:`.parts.cold_serving`). vLLM's own offload is priced under its settings' names (``vllm_cpu_offload_gb``,
+onloaded on demand by one rule (:func:`.parts.cold_serving`). vLLM's own offload is priced under its settings'
+names (``vllm_cpu_offload_gb``,
 ``vllm_cpu_offload_params``). A plan of an older format is refused: plan again.
 
 Derived totals are written under ``"totals"`` for readers and, when present, checked on

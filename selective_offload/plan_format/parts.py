@@ -57,7 +57,8 @@ EST_IGNORES: tuple[str, ...] = (
     "kernel launch, scheduling and Python overhead between kernels (the host gather's fixed host "
     "work per step among them)",
     "prefetch overlap: a copy starts once the previous offloaded layer has run (vLLM's fork point), "
-    "copies and the GPU's compute assumed not to slow each other (they share memory bandwidth); copies are priced at the pinned copy rate, which no published "
+    "copies and the GPU's compute assumed not to slow each other (they share memory bandwidth); "
+    "copies are priced at the pinned copy rate, which no published "
     "measurement of vLLM's prefetch offloader has checked",
     f"UVA reads in kernels at one rate whatever the buffer size ({DEFAULT_UVA_READ_FACTOR} of the copy rate "
     "unless probed; "

@@ -82,7 +82,8 @@ def test_an_infeasible_plan_at_engine_start_says_by_how_much_and_what_to_change(
 def test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates(tmp_path, monkeypatch):
     """A profile of this host (``selective-offload probe``) that measured the bf16 kernel, the
     read rate, the hand-off and the threads it timed the kernel with: the plan made at engine
-    start takes them into its inputs, as a plan made with the CLI from the same profile does (they price host-compute and decide its claim on
+    start takes them into its inputs, as a plan made with the CLI from the same profile does (they price
+    host-compute and decide its claim on
     this host: test_host_compute.py); without the profile, neither."""
     from builders import gpu_profile
     from helpers import save_tiny_qwen3_moe

@@ -66,7 +66,8 @@ def test_every_group_is_drawn_by_serving_beside_cpu_offload_gb():
     row = drawn_shared["rows"][0]
     assert row["bytes"]["device share"] == shared.device_share_bytes
     assert sum(row["bytes"].values()) - shared.device_share_bytes == plan.model.total_bytes
-    assert cpu_offload["bytes"]["cpu_offload_gb"] == plan.vllm_cpu_offload_gb.offloaded_bytes and cpu_offload["layers"] == list(plan.vllm_cpu_offload_gb.layers_touched)
+    assert cpu_offload["bytes"]["cpu_offload_gb"] == plan.vllm_cpu_offload_gb.offloaded_bytes
+    assert cpu_offload["layers"] == list(plan.vllm_cpu_offload_gb.layers_touched)
     st = selective["step"]
     assert st["est_link_exposed_s"] + st["est_link_hidden_s"] == pytest.approx(plan.est.est_link_s_per_step)
     assert st["est_step_s"] == plan.est.est_step_s and cpu_offload["step"]["est_tok_s"] == plan.vllm_cpu_offload_gb.est.est_tok_s

@@ -86,7 +86,8 @@ def test_every_group_field_is_typed(data, tmp_path, field, value, match):
 def test_role_and_serving_must_agree(data, tmp_path):
     layer = group(data, "model.layers.0")
     layer.update(location="host", serving="on-demand")
-    one_line_error(data, tmp_path, r"model.layers.0: a group of role hot cannot be served on-demand \(only resident, prefetch, uva, compute\)")
+    one_line_error(data, tmp_path,
+                   r"model.layers.0: a group of role hot cannot be served on-demand \(only resident, prefetch, uva, compute\)")
     layer.update(location="device", serving="resident")
     group(data, "model.norm").update(location="host", serving="prefetch")
     one_line_error(data, tmp_path, "model.norm: serving prefetch is for groups of kind experts or layer, and this one is module")

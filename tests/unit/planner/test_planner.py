@@ -305,7 +305,8 @@ def test_the_planning_page_reference_table_is_what_the_planner_says(reference):
              f"moves {b.offloaded_bytes / GB:.2f} GB", f"the deficit is {base.deficit_bytes / GB:.2f} GB",
              f"{len(base.hot_layer_indices)}\n  layers ({base.prefetch_bytes / GB:.2f} GB)",
              f"{base.prefetch_buffer_bytes / GB:.2f} GB prefetch slot", f"{base.est_transient_device_bytes / GB:.2f} GB of tower",
-             f"the deficit is\n  {mtp.deficit_bytes / GB:.2f} GB and {len(mtp.hot_layer_indices)} layers ({mtp.prefetch_bytes / GB:.2f} GB)"]
+             f"the deficit is\n  {mtp.deficit_bytes / GB:.2f} GB and {len(mtp.hot_layer_indices)} layers "
+             f"({mtp.prefetch_bytes / GB:.2f} GB)"]
     missing = [n for n in prose if n not in readme]
     assert not missing, missing
 
