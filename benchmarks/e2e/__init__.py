@@ -6,7 +6,7 @@ it. One run starts a fresh in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0
 its own Python process so memory figures and patches never leak between them, for:
 
 - ``resident``: plain vLLM, every weight on the device (when it fits the budget);
-- ``bulk``: plain vLLM with ``cpu_offload_gb`` at the smallest whole GiB that covers the
+- ``cpu_offload``: plain vLLM with ``cpu_offload_gb`` at the smallest whole GiB that covers the
   deficit (the planner's ``plan.vllm_cpu_offload_gb``; vLLM counts GiB, ``int(gb * 1024**3)`` bytes);
 - ``cold_only``: ``selective_offload.enable(plan)`` with a plan that puts only cold
   modules (embedding, towers, MTP) on the host;
@@ -77,7 +77,7 @@ from benchmarks.e2e.engine import merge_rounds, worker  # noqa: E402
 from benchmarks.e2e.plan import decide, tiny_budget  # noqa: E402
 from benchmarks.e2e.report import chart, markdown  # noqa: E402
 
-CONFIGS = ("resident", "bulk", "cold_only", "selective")
+CONFIGS = ("resident", "cpu_offload", "cold_only", "selective")
 METHOD = ("decode tok/s = sum over requests of (generated tokens - 1) / (last token time - first "
           "token time), from vLLM's per-request engine timestamps (RequestOutput.metrics), prefill "
           "excluded; cross-check: batch*(N-1) / (wall(max_tokens=N) - wall(max_tokens=1)). TTFT = "
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-cache", default=None, help="KV cache the plan and vLLM reserve (default 1GiB; tiny: 0)")
     ap.add_argument("--reserve", default=None, help="activations and slack (default 2GiB; tiny: 0)")
     ap.add_argument("--cpu-offload-gb", type=float, default=None,
-                    help="vLLM cpu_offload_gb for the cpu_offload_gb row (default: the smallest whole GiB covering the deficit)")
+                    help="vLLM cpu_offload_gb for the cpu_offload row (default: the smallest whole GiB covering the deficit)")
     ap.add_argument("--link-gbps", type=float, help="host-to-device GB/s for the estimate (default: measured)")
     ap.add_argument("--vram-gbps", type=float, help="device read GB/s for the estimate (default: measured)")
     ap.add_argument("--batches", default="1,8")
@@ -234,7 +234,7 @@ def _records_and_specs(rows: list[dict], s: dict, args, model: Path, prompts: li
                     "batches": s["batches"], "max_tokens": s["max_tokens"], "repeats": s["repeats"],
                     "cap_bytes": s["device_memory"] if cuda and not s["tiny"] else None,
                     "hard_cap": not args.no_hard_cap}
-            if name == "bulk":
+            if name == "cpu_offload":
                 spec["engine_args"]["cpu_offload_gb"] = row["cpu_offload_gb"]
             if "plan" in row:
                 spec["plan_path"] = str(workdir / f"{name}.plan.json")
@@ -270,7 +270,7 @@ def _pool(results: list[dict], runs: dict[str, list[dict]]) -> None:
                 rec["memory_bytes"] = rec.get("peak_device_allocated_bytes", rec.get("host_rss_bytes"))
                 if name == "resident":
                     rec["host_bytes"] = 0
-                elif name == "bulk":
+                elif name == "cpu_offload":
                     rec["host_bytes"] = rec.get("placement", {}).get("vllm_uva_offloaded_bytes")
                 else:
                     rep = rec.get("report", {})
@@ -337,8 +337,8 @@ def run(args) -> int:
     by_name = {r["name"]: r for r in results}
     overhead = ratios(by_name, next((n for n in ("selective", "cold_only")
                                      if by_name[n]["status"] == "measured"), None), batches)
-    # On the CPU build bulk is plain vLLM again: bulk/resident is the engine-to-engine noise.
-    noise = ratios(by_name, "bulk", batches) if not cuda else {}
+    # On the CPU build cpu_offload is plain vLLM again: cpu_offload/resident is the engine-to-engine noise.
+    noise = ratios(by_name, "cpu_offload", batches) if not cuda else {}
     result = {
         "benchmark": "e2e", "date": today(), "device": device_name(cuda), "cuda": cuda, "vllm": _vllm_version(),
         "model": str(model), "tiny": tiny, "model_bytes": ckpt.total_bytes, "smoke": args.smoke,
@@ -349,7 +349,7 @@ def run(args) -> int:
         "plan": {"strategy": plan.strategy, "hot_layer_indices": plan.hot_layer_indices,
                  "deficit_bytes": plan.deficit_bytes, "host_cold_bytes": plan.cold_on_host_bytes,
                  "host_hot_bytes": plan.prefetch_bytes,
-                 "bulk_cpu_offload_gb": plan.vllm_cpu_offload_gb.cpu_offload_gb if plan.vllm_cpu_offload_gb else None},
+                 "cpu_offload_gb": plan.vllm_cpu_offload_gb.cpu_offload_gb if plan.vllm_cpu_offload_gb else None},
         "configs": results, "overhead_ratio": overhead, "noise_floor_ratio": noise,
         "est_model": EST_MODEL,
         "wall_s": time.perf_counter() - started,

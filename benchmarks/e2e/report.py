@@ -41,7 +41,7 @@ def markdown(r: dict) -> str:
         f"{fmt(v['added_ms_per_step'], 2)} ms added per step)"
         for b, v in r.get("overhead_ratio", {}).items())
     if r.get("noise_floor_ratio"):
-        overhead += ("\n\nNoise floor: bulk is plain vLLM on this build, so bulk / resident compares two "
+        overhead += ("\n\nNoise floor: cpu_offload is plain vLLM on this build, so cpu_offload / resident compares two "
                      "identical engines: " + ", ".join(f"batch {b}: {fmt(v['ratio'], 3)}"
                                                        for b, v in r["noise_floor_ratio"].items()) + ".")
     return (
@@ -63,7 +63,7 @@ def markdown(r: dict) -> str:
         + (f"\nMechanism overhead (no link cost here), decode tok/s ratio:{overhead}\n" if overhead else "")
         + f"\nMethod: {r['method']}\n\nMemory column: {mem}. Host MB: bytes the placement report "
           "says landed on the host (cold + hot) for the project's configurations, vLLM's "
-          "UVA-offloaded parameter bytes for bulk.\n\n"
+          "UVA-offloaded parameter bytes for cpu_offload.\n\n"
         + "est tok/s = batch / est_step_s: bytes per step over the bandwidths above (the planner's "
           "model" + (f" {r['est_model']}; `selective-offload plan --explain` lists what it leaves out)."
                      if "est_model" in r else "), which ignores: " + "; ".join(r["est_ignores"]) + ".")

@@ -115,7 +115,7 @@ def bandwidth_section(cfg: dict, cuda: bool, device: torch.device) -> dict:
         us = median_us(lambda: dst.copy_(pageable), iters, cuda)
         result["pageable_h2d_gb_per_s"] = nbytes / us / 1e3
         # The probe's own measurements of what the plan prices: kernels reading page-locked
-        # host memory in place through a UVA view (bulk cpu_offload_gb, the UVA embedding,
+        # host memory in place through a UVA view (vLLM's cpu_offload_gb, the UVA embedding,
         # experts read in place), against the copy; and a decode-shaped VRAM read.
         from selective_offload.probe import decode_read_gbps, uva_read_series
         from selective_offload.wrappers.host_embedding import cuda_view_of_pinned

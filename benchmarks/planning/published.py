@@ -35,7 +35,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 STEM = "published"
 FORMAT = "selective-offload/published-v1"
 ROLES = ("calibrates", "validates", "not expressed")
-COMPARES = ("bulk", "selective")
+COMPARES = ("cpu_offload", "selective")
 #: est/measured must lie within 1 +- this, by kind of point (the issue's "done when").
 TOLERANCE = {"dense": 0.10, "moe": 0.25, "compute-bound format": 0.25}
 
@@ -127,9 +127,9 @@ def estimate(point: dict) -> dict:
     inputs = PlanOptions.from_args(args).inputs(profile=None)
 
     def chosen(plan):
-        if point["compare"] == "bulk":
+        if point["compare"] == "cpu_offload":
             if plan.vllm_cpu_offload_gb is None:
-                raise PublishedError(f"point {point['id']!r}: the plan has no bulk row to compare with")
+                raise PublishedError(f"point {point['id']!r}: the plan has no cpu_offload_gb row to compare with")
             return plan.vllm_cpu_offload_gb.est
         return plan.est
 

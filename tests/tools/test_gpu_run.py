@@ -248,9 +248,9 @@ def test_the_benchmark_and_the_probe_share_one_read_measurement(monkeypatch):
 
 
 def test_uva_read_sizes_and_bad_input(tmp_path):
-    bulk = bench_uva_read.cpu_offload_bytes()
-    assert bulk > 1 << 30  # the reference plan's cpu_offload_gb on 24 GiB: GBs, not a test-sized buffer
-    assert bench_uva_read.parse_sizes("1MiB,bulk") == [1 << 20, bulk]
+    offloaded = bench_uva_read.cpu_offload_bytes()
+    assert offloaded > 1 << 30  # the reference plan's cpu_offload_gb on 24 GiB: GBs, not a test-sized buffer
+    assert bench_uva_read.parse_sizes("1MiB,cpu_offload_gb") == [1 << 20, offloaded]
     proc = subprocess.run([sys.executable, "-m", "benchmarks.uva_read", "--sizes", "1KiB",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --sizes") and len(proc.stderr.splitlines()) == 1

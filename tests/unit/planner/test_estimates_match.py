@@ -109,13 +109,13 @@ def _published():
 def test_every_published_point_has_a_source_and_an_expression_or_what_is_missing():
     published = _published()
     points = published.load_points()
-    assert points[0]["id"] == "reference-fp8-bulk" and points[0]["measured_tok_s"] == 1.05
+    assert points[0]["id"] == "reference-fp8-cpu-offload" and points[0]["measured_tok_s"] == 1.05
     for p in points:
         assert p["source"] and p["verified"] and p["setup"]
         if p["role"] == "not expressed":
             assert p["missing"] and "plan_args" not in p
         else:
-            assert p["plan_args"] and p["compare"] in ("bulk", "selective")
+            assert p["plan_args"] and p["compare"] in ("cpu_offload", "selective")
     # a point that calibrates a default says which, so it is not read as a validation
     assert all(p.get("calibrates") for p in points if p["role"] == "calibrates")
 
