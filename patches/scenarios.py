@@ -55,7 +55,9 @@ def image_prompts():
 
 
 def summarise(report) -> dict:
-    return {g.group: [g.actual, g.host_bytes, g.device_bytes] for g in report.groups if g.planned == "cold on the host"}
+    from selective_offload.plan_format.vocabulary import COLD_SERVINGS
+
+    return {g.group: [g.actual, g.host_bytes, g.device_bytes] for g in report.groups if g.planned in COLD_SERVINGS}
 
 
 def plan_for(model: Path, engine_args):

@@ -39,7 +39,7 @@ def test_two_ranks_with_the_embedding_and_computed_experts_on_the_host(tmp_path,
     experts_shard = 8 * 3 * 64 * 128 * 4 // 2  # half of each expert's intermediate rows
     for name in computed:
         g = report.landing(name)
-        assert (g.actual, g.host_bytes, g.routed_bytes, g.device_bytes) == ("host-compute", experts_shard,
+        assert (g.actual, g.host_bytes, g.routed_bytes, g.device_bytes) == ("compute", experts_shard,
                                                                            experts_shard, 0)
     assert report.ranks == {"rank1": {"ok": True, "landed_cold_on_host_bytes": shard, "landed_prefetch_bytes": 0,
                                       "landed_uva_bytes": 0,
