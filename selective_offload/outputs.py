@@ -11,7 +11,7 @@ cache has its own).
 * **Never a file it did not write.** An existing target is replaced only when it is a file
   of the same kind this project wrote, recognised by its own mark: a JSON file's
   ``format`` (``selective-offload/plan-v5``, ``.../manifest-v1``, ``.../profile-v1``,
-  ``.../report-v2``), a picture's metadata (:data:`PICTURE_MARK`), the record's one
+  ``.../report-v3``), a picture's metadata (:data:`PICTURE_MARK`), the record's one
   absolute path. An empty file holds nothing and may be replaced. Anything else (the
   model's ``config.json``, a weight shard, the user's notes, a directory, a device, a pipe)
   is refused in one line naming the flag and the path as given.
