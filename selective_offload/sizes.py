@@ -58,7 +58,6 @@ def parse_size(text: str | int | float, what: str = "size") -> int:
 
 #: A bare number (no unit) below this is refused where a person gives a size.
 MIN_BARE_SIZE = 1 << 20
-_BARE = re.compile(r"^\s*[0-9.eE+-]+\s*$")  # a number without a unit
 
 
 def read_size(value: str | int | float, what: str) -> int:
@@ -66,7 +65,7 @@ def read_size(value: str | int | float, what: str) -> int:
     or a variable's name): a bare number below :data:`MIN_BARE_SIZE` other than 0 is refused,
     naming the unit it lacks."""
     nbytes = parse_size(value, what)
-    bare = isinstance(value, (int, float)) or _BARE.match(str(value)) is not None
+    bare = isinstance(value, (int, float)) or not _SIZE_RE.match(str(value)).group(2)  # parsed: it matches
     if bare and 0 < float(value) < MIN_BARE_SIZE:
         text = str(value).strip()
         given = f"{what}{'' if what.endswith('=') else ' ' if what.startswith('-') else '='}{text}"
