@@ -81,45 +81,124 @@ CT_NVFP4 = ct({"num_bits": 4, "type": "float", "symmetric": True, "strategy": "t
 # --------------------------------------------------------------------------- no config
 
 
-def test_no_quantization_config_is_none_without_notes():
-    assert scheme_from_config(None, WHERE) == (None, [])
+@pytest.mark.parametrize("cfg", [None, {}], ids=["none", "empty"])
+def test_no_quantization_config_is_none_without_notes(cfg):
+    assert scheme_from_config(cfg, WHERE) == (None, [])
 
 
-def test_empty_quantization_config_is_none():
-    assert scheme_from_config({}, WHERE) == (None, [])
+# --------------------------------------------------------------------------- each method's tensors
+
+D = "model.layers.3.mlp.down_proj."
+
+# (config, tensors() keywords, the tensors a checkpoint of that method stores), each layout
+# worked out by hand from the method's format.
+LAYOUTS = {
+    "fp8-block-scales-round-up": (FP8_BLOCK, {"shape": (300, 200)}, {
+        DOWN: ("F8_E4M3", (300, 200), 60000), D + "weight_scale_inv": ("F32", (3, 2), 24)}),
+    "fp8-static-weight-and-input-scales": (FP8_STATIC, {"shape": (64, 32)}, {
+        DOWN: ("F8_E4M3", (64, 32), 2048), D + "weight_scale": ("F32", (), 4), D + "input_scale": ("F32", (), 4)}),
+    "fp8-dynamic-no-input-scale": ({"quant_method": "fp8", "activation_scheme": "dynamic"}, {"shape": (64, 32)}, {
+        DOWN: ("F8_E4M3", (64, 32), 2048), D + "weight_scale": ("F32", (), 4)}),
+    "fp8-experts-block-scales-per-expert": (
+        FP8_BLOCK, {"name": EXPERTS, "shape": (4, 256, 200), "kind": "experts"},
+        {EXPERTS: ("F8_E4M3", (4, 256, 200), 4 * 256 * 200), EXPERTS + "_scale_inv": ("F32", (4, 2, 2), 64)}),
+    # gpt-oss keeps gate_up_proj as [experts, in, out] (is_transposed): in=64, out=96.
+    "mxfp4-experts-blocks-and-scales": (
+        MXFP4, {"name": EXPERTS, "shape": (2, 64, 96), "kind": "experts", "transposed": True},
+        {EXPERTS + "_blocks": ("U8", (2, 96, 2, 16), 2 * 96 * 2 * 16),
+         EXPERTS + "_scales": ("U8", (2, 96, 2), 2 * 96 * 2)}),
+    # not excluded: MXFP4 quantizes experts only
+    "mxfp4-leaves-linear-weights": (MXFP4, {"name": "model.layers.3.mlp.shared.weight"}, {
+        "model.layers.3.mlp.shared.weight": ("BF16", (64, 256), 64 * 256 * 2)}),
+    "nvfp4-modelopt": (NVFP4, {"shape": (32, 64)}, {
+        DOWN: ("U8", (32, 32), 1024), D + "weight_scale": ("F8_E4M3", (32, 4), 128),
+        D + "weight_scale_2": ("F32", (), 4), D + "input_scale": ("F32", (), 4)}),
+    # out=64, in=256, group 128: qweight [in, out/8], qzeros [groups, out/8], scales [groups, out].
+    "awq-gemm": (AWQ, {}, {
+        D + "qweight": ("I32", (256, 8), 8192), D + "qzeros": ("I32", (2, 8), 64),
+        D + "scales": ("F16", (2, 64), 256)}),
+    # qweight [in/8, out], qzeros [groups, out/8], scales [groups, out], g_idx [in].
+    "gptq-with-g-idx": (GPTQ, {}, {
+        D + "qweight": ("I32", (32, 64), 8192), D + "qzeros": ("I32", (2, 8), 64),
+        D + "scales": ("F16", (2, 64), 256), D + "g_idx": ("I32", (256,), 1024)}),
+    "bnb-int8": (BNB8, {"shape": (64, 100)}, {
+        DOWN: ("I8", (64, 100), 6400), D + "SCB": ("F32", (64,), 256), D + "weight_format": ("U8", (), 1)}),
+    # out=96, in=256: 8 int4 per int32; zero points packed along out.
+    "ct-pack-quantized-asym-group-actorder": (
+        ct({"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 32,
+            "actorder": "group"}, fmt="pack-quantized"), {"shape": (96, 256)},
+        {D + "weight_packed": ("I32", (96, 32), 12288), D + "weight_scale": ("BF16", (96, 8), 1536),
+         D + "weight_shape": ("I64", (2,), 16), D + "weight_zero_point": ("I32", (12, 8), 384),
+         D + "weight_g_idx": ("I32", (256,), 1024)}),
+    "ct-fp8-dynamic-per-channel": (CT_FP8_DYNAMIC, {"shape": (96, 256)}, {
+        DOWN: ("F8_E4M3", (96, 256), 96 * 256), D + "weight_scale": ("BF16", (96, 1), 192)}),
+    "ct-static-int8-input-scale": (
+        ct({"num_bits": 8, "type": "int", "symmetric": True, "strategy": "tensor"},
+           {"num_bits": 8, "type": "int", "strategy": "tensor", "dynamic": False}, fmt="int-quantized"),
+        {"shape": (96, 256)},
+        {DOWN: ("I8", (96, 256), 96 * 256), D + "weight_scale": ("BF16", (1,), 2), D + "input_scale": ("BF16", (1,), 2)}),
+    "ct-nvfp4": (CT_NVFP4, {"shape": (96, 256)}, {
+        D + "weight_packed": ("U8", (96, 128), 12288), D + "weight_scale": ("F8_E4M3", (96, 16), 1536),
+        D + "weight_global_scale": ("F32", (1,), 4), D + "input_global_scale": ("F32", (1,), 4)}),
+    "ct-group-without-matching-target": (
+        ct({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}, targets=["re:.*mlp.*"],
+           fmt="pack-quantized"), {"name": "model.layers.3.self_attn.o_proj.weight"},
+        {"model.layers.3.self_attn.o_proj.weight": ("BF16", (64, 256), 64 * 256 * 2)}),
+}
 
 
-# --------------------------------------------------------------------------- fp8
+@pytest.mark.parametrize("case", list(LAYOUTS))
+def test_each_methods_tensors(case):
+    cfg, kw, expected = LAYOUTS[case]
+    assert tensors(cfg, **kw) == expected
 
 
-def test_fp8_block_scales_round_up_for_sizes_not_divisible_by_128():
-    got = tensors(FP8_BLOCK, shape=(300, 200))
-    assert got == {
-        DOWN: ("F8_E4M3", (300, 200), 60000),
-        "model.layers.3.mlp.down_proj.weight_scale_inv": ("F32", (3, 2), 24),
-    }
+# (config, tensors() keywords, {tensor: what it must be}): one tensor of a layout, or
+# "missing"; "total" is the sum of the bytes of all.
+PARTS = {
+    "nvfp4-hf-quant-config-layout": (
+        {"producer": {"name": "modelopt"},
+         "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}},
+        {"shape": (32, 64)}, {"total": 1160}),
+    "nvfp4-w4a16-no-input-scale": ({**NVFP4, "quant_algo": "W4A16_NVFP4"}, {"shape": (32, 64)},
+                                   {D + "input_scale": "missing", "total": 1156}),
+    "nvfp4-experts-stack-per-expert-scalars": (
+        NVFP4, {"name": EXPERTS, "shape": (4, 32, 64), "kind": "experts"},
+        {EXPERTS + "_scale_2": ("F32", (4,), 16), "total": 4 * 1160}),
+    "gptq-per-channel-group-is-one-group": ({**GPTQ, "group_size": -1}, {}, {D + "scales": ("F16", (1, 64), 128)}),
+    "gptq-3bit": ({**GPTQ, "bits": 3}, {}, {D + "qweight": ("I32", (24, 64), 24 * 64 * 4)}),
+    "gptq-lm-head-true-quantizes-the-head": (
+        {**GPTQ, "lm_head": True}, {"name": "lm_head.weight"}, {"lm_head.qweight": ("I32", (32, 64), 8192)}),
+    "awq-experts": (AWQ, {"name": EXPERTS, "shape": (4, 64, 256), "kind": "experts"},
+                    {EXPERTS + "_qweight": ("I32", (4, 256, 8), 4 * 8192)}),
+    "bnb-nf4-double-quant-8bit-absmax-and-nested-statistics": (
+        BNB4_DQ, {"shape": (64, 100)},
+        {DOWN + ".absmax": ("U8", (100,), 100), DOWN + ".nested_absmax": ("F32", (1,), 4),
+         DOWN + ".nested_quant_map": ("F32", (256,), 1024)}),
+    "ct-format-inferred-when-absent": (
+        ct({"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128}), {},
+        {D + "weight_packed": ("I32", (64, 32), 8192)}),
+}
 
 
-def test_fp8_per_tensor_static_stores_weight_and_input_scales():
-    got = tensors(FP8_STATIC, shape=(64, 32))
-    assert got == {
-        DOWN: ("F8_E4M3", (64, 32), 2048),
-        "model.layers.3.mlp.down_proj.weight_scale": ("F32", (), 4),
-        "model.layers.3.mlp.down_proj.input_scale": ("F32", (), 4),
-    }
+@pytest.mark.parametrize("case", list(PARTS))
+def test_parts_of_a_methods_tensors(case):
+    cfg, kw, expected = PARTS[case]
+    got = tensors(cfg, **kw)
+    for name, want in expected.items():
+        if name == "total":
+            assert sum(v[2] for v in got.values()) == want
+        elif want == "missing":
+            assert name not in got
+        else:
+            assert got[name] == want
 
 
-def test_fp8_dynamic_per_tensor_has_no_input_scale():
-    got = tensors({"quant_method": "fp8", "activation_scheme": "dynamic"}, shape=(64, 32))
-    assert set(got) == {DOWN, "model.layers.3.mlp.down_proj.weight_scale"}
-
-
-def test_fp8_experts_block_scales_per_expert():
-    got = tensors(FP8_BLOCK, name=EXPERTS, shape=(4, 256, 200), kind="experts")
-    assert got == {
-        EXPERTS: ("F8_E4M3", (4, 256, 200), 4 * 256 * 200),
-        EXPERTS + "_scale_inv": ("F32", (4, 2, 2), 64),
-    }
+def test_bnb_nf4_tensors():
+    state = len(b'{"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [64, 100]}')
+    assert tensors(BNB4, shape=(64, 100)) == {
+        DOWN: ("U8", (3200, 1), 3200), DOWN + ".absmax": ("F32", (100,), 400),
+        DOWN + ".quant_map": ("F32", (16,), 64), DOWN + ".quant_state.bitsandbytes__nf4": ("U8", (state,), state)}
 
 
 def test_fp8_without_activation_scheme_notes_the_assumption():
@@ -131,191 +210,24 @@ def test_fp8_description():
     assert scheme(FP8_BLOCK).description == "FP8 e4m3, 128x128 block scales"
 
 
-def test_fp8_bad_block_size_is_one_line_error():
-    with pytest.raises(CheckpointError) as err:
-        scheme_from_config({**FP8_BLOCK, "weight_block_size": "128"}, WHERE)
-    assert "weight_block_size" in str(err.value) and "\n" not in str(err.value)
-
-
-# --------------------------------------------------------------------------- mxfp4
-
-
-def test_mxfp4_experts_stored_as_blocks_and_scales():
-    # gpt-oss keeps gate_up_proj as [experts, in, out] (is_transposed): in=64, out=96.
-    got = tensors(MXFP4, name=EXPERTS, shape=(2, 64, 96), kind="experts", transposed=True)
-    assert got == {
-        EXPERTS + "_blocks": ("U8", (2, 96, 2, 16), 2 * 96 * 2 * 16),
-        EXPERTS + "_scales": ("U8", (2, 96, 2), 2 * 96 * 2),
-    }
-
-
-def test_mxfp4_leaves_linear_weights_unchanged():
-    name = "model.layers.3.mlp.shared.weight"  # not excluded: MXFP4 quantizes experts only
-    assert tensors(MXFP4, name=name, shape=(64, 256)) == {name: ("BF16", (64, 256), 64 * 256 * 2)}
-
-
-# --------------------------------------------------------------------------- nvfp4
-
-
-def test_nvfp4_modelopt_tensors():
-    got = tensors(NVFP4, shape=(32, 64))
-    assert got == {
-        DOWN: ("U8", (32, 32), 1024),
-        "model.layers.3.mlp.down_proj.weight_scale": ("F8_E4M3", (32, 4), 128),
-        "model.layers.3.mlp.down_proj.weight_scale_2": ("F32", (), 4),
-        "model.layers.3.mlp.down_proj.input_scale": ("F32", (), 4),
-    }
-
-
-def test_nvfp4_hf_quant_config_layout_is_read():
-    cfg = {"producer": {"name": "modelopt"},
-           "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}}
-    assert total(cfg, shape=(32, 64)) == 1160
-
-
-def test_nvfp4_w4a16_has_no_input_scale():
-    got = tensors({**NVFP4, "quant_algo": "W4A16_NVFP4"}, shape=(32, 64))
-    assert "model.layers.3.mlp.down_proj.input_scale" not in got and sum(v[2] for v in got.values()) == 1156
-
-
-def test_nvfp4_experts_stack_per_expert_scalars():
-    got = tensors(NVFP4, name=EXPERTS, shape=(4, 32, 64), kind="experts")
-    assert got[EXPERTS + "_scale_2"] == ("F32", (4,), 16)
-    assert sum(v[2] for v in got.values()) == 4 * 1160
-
-
-# --------------------------------------------------------------------------- awq / gptq
-
-
-def test_awq_gemm_tensors():
-    # out=64, in=256, group 128: qweight [in, out/8], qzeros [groups, out/8], scales [groups, out].
-    assert tensors(AWQ) == {
-        "model.layers.3.mlp.down_proj.qweight": ("I32", (256, 8), 8192),
-        "model.layers.3.mlp.down_proj.qzeros": ("I32", (2, 8), 64),
-        "model.layers.3.mlp.down_proj.scales": ("F16", (2, 64), 256),
-    }
-
-
-def test_gptq_tensors_include_g_idx():
-    # qweight [in/8, out], qzeros [groups, out/8], scales [groups, out], g_idx [in].
-    assert tensors(GPTQ) == {
-        "model.layers.3.mlp.down_proj.qweight": ("I32", (32, 64), 8192),
-        "model.layers.3.mlp.down_proj.qzeros": ("I32", (2, 8), 64),
-        "model.layers.3.mlp.down_proj.scales": ("F16", (2, 64), 256),
-        "model.layers.3.mlp.down_proj.g_idx": ("I32", (256,), 1024),
-    }
-
-
-def test_gptq_per_channel_group_is_one_group():
-    got = tensors({**GPTQ, "group_size": -1})
-    assert got["model.layers.3.mlp.down_proj.scales"] == ("F16", (1, 64), 128)
-
-
-def test_gptq_3bit_packs_three_bits_per_weight():
-    got = tensors({**GPTQ, "bits": 3})
-    assert got["model.layers.3.mlp.down_proj.qweight"] == ("I32", (24, 64), 24 * 64 * 4)
-
-
-def test_gptq_lm_head_true_quantizes_the_head():
-    got = tensors({**GPTQ, "lm_head": True}, name="lm_head.weight")
-    assert "lm_head.qweight" in got
-
-
-def test_awq_experts_are_quantized():
-    got = tensors(AWQ, name=EXPERTS, shape=(4, 64, 256), kind="experts")
-    assert got[EXPERTS + "_qweight"] == ("I32", (4, 256, 8), 4 * 8192)
-
-
 def test_awq_without_group_size_notes_the_default():
     s, notes = scheme_from_config({"quant_method": "awq", "bits": 4}, WHERE)
     assert s.group_size == 128 and any("group_size" in n for n in notes)
-
-
-# --------------------------------------------------------------------------- bitsandbytes
-
-
-def test_bnb_nf4_tensors():
-    state = len(b'{"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [64, 100]}')
-    got = tensors(BNB4, shape=(64, 100))
-    assert got == {
-        DOWN: ("U8", (3200, 1), 3200),
-        DOWN + ".absmax": ("F32", (100,), 400),
-        DOWN + ".quant_map": ("F32", (16,), 64),
-        DOWN + ".quant_state.bitsandbytes__nf4": ("U8", (state,), state),
-    }
-
-
-def test_bnb_nf4_double_quant_stores_8bit_absmax_and_nested_statistics():
-    got = tensors(BNB4_DQ, shape=(64, 100))
-    assert got[DOWN + ".absmax"] == ("U8", (100,), 100)
-    assert got[DOWN + ".nested_absmax"] == ("F32", (1,), 4)
-    assert got[DOWN + ".nested_quant_map"] == ("F32", (256,), 1024)
-
-
-def test_bnb_8bit_tensors():
-    assert tensors(BNB8, shape=(64, 100)) == {
-        DOWN: ("I8", (64, 100), 6400),
-        "model.layers.3.mlp.down_proj.SCB": ("F32", (64,), 256),
-        "model.layers.3.mlp.down_proj.weight_format": ("U8", (), 1),
-    }
-
-
-def test_bnb_without_4bit_or_8bit_is_one_line_error():
-    with pytest.raises(CheckpointError) as err:
-        scheme_from_config({"quant_method": "bitsandbytes"}, WHERE)
-    assert "load_in_4bit" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_bnb_config_without_quant_method_is_recognised():
     assert scheme({"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}).method == "bitsandbytes-4bit"
 
 
-# --------------------------------------------------------------------------- compressed-tensors
-
-
-def test_ct_pack_quantized_asymmetric_group_with_actorder():
-    cfg = ct({"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
-              "group_size": 32, "actorder": "group"}, fmt="pack-quantized")
-    # out=96, in=256: 8 int4 per int32; zero points packed along out.
-    assert tensors(cfg, shape=(96, 256)) == {
-        "model.layers.3.mlp.down_proj.weight_packed": ("I32", (96, 32), 12288),
-        "model.layers.3.mlp.down_proj.weight_scale": ("BF16", (96, 8), 1536),
-        "model.layers.3.mlp.down_proj.weight_shape": ("I64", (2,), 16),
-        "model.layers.3.mlp.down_proj.weight_zero_point": ("I32", (12, 8), 384),
-        "model.layers.3.mlp.down_proj.weight_g_idx": ("I32", (256,), 1024),
-    }
-
-
-def test_ct_fp8_dynamic_per_channel():
-    assert tensors(CT_FP8_DYNAMIC, shape=(96, 256)) == {
-        DOWN: ("F8_E4M3", (96, 256), 96 * 256),
-        "model.layers.3.mlp.down_proj.weight_scale": ("BF16", (96, 1), 192),
-    }
-
-
-def test_ct_static_int8_stores_input_scale():
-    cfg = ct({"num_bits": 8, "type": "int", "symmetric": True, "strategy": "tensor"},
-             {"num_bits": 8, "type": "int", "strategy": "tensor", "dynamic": False},
-             fmt="int-quantized")
-    assert tensors(cfg, shape=(96, 256)) == {
-        DOWN: ("I8", (96, 256), 96 * 256),
-        "model.layers.3.mlp.down_proj.weight_scale": ("BF16", (1,), 2),
-        "model.layers.3.mlp.down_proj.input_scale": ("BF16", (1,), 2),
-    }
-
-
-def test_ct_nvfp4_tensors():
-    assert tensors(CT_NVFP4, shape=(96, 256)) == {
-        "model.layers.3.mlp.down_proj.weight_packed": ("U8", (96, 128), 12288),
-        "model.layers.3.mlp.down_proj.weight_scale": ("F8_E4M3", (96, 16), 1536),
-        "model.layers.3.mlp.down_proj.weight_global_scale": ("F32", (1,), 4),
-        "model.layers.3.mlp.down_proj.input_global_scale": ("F32", (1,), 4),
-    }
-
-
-def test_ct_format_inferred_when_absent():
-    cfg = ct({"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128})
-    assert "model.layers.3.mlp.down_proj.weight_packed" in tensors(cfg)
+@pytest.mark.parametrize("cfg,word", [
+    ({**FP8_BLOCK, "weight_block_size": "128"}, "weight_block_size"),
+    ({"quant_method": "bitsandbytes"}, "load_in_4bit"),
+    (ct({"num_bits": "four", "type": "int"}), "num_bits"),
+], ids=["fp8-bad-block-size", "bnb-without-4bit-or-8bit", "ct-bad-num-bits"])
+def test_a_bad_field_is_one_line_error(cfg, word):
+    with pytest.raises(CheckpointError) as err:
+        scheme_from_config(cfg, WHERE)
+    assert word in str(err.value) and "\n" not in str(err.value)
 
 
 def test_ct_expert_group_named_by_regex_wins_over_linear_group():
@@ -331,19 +243,6 @@ def test_ct_expert_group_named_by_regex_wins_over_linear_group():
     experts = tensors(cfg, name=EXPERTS, shape=(4, 64, 256), kind="experts")
     attn = tensors(cfg, name="model.layers.3.self_attn.q_proj.weight", shape=(64, 256))
     assert EXPERTS + "_packed" in experts and attn["model.layers.3.self_attn.q_proj.weight"][0] == "F8_E4M3"
-
-
-def test_ct_group_without_matching_target_leaves_weight_unchanged():
-    cfg = ct({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
-             targets=["re:.*mlp.*"], fmt="pack-quantized")
-    name = "model.layers.3.self_attn.o_proj.weight"
-    assert tensors(cfg, name=name) == {name: ("BF16", (64, 256), 64 * 256 * 2)}
-
-
-def test_ct_bad_num_bits_is_one_line_error():
-    with pytest.raises(CheckpointError) as err:
-        scheme_from_config(ct({"num_bits": "four", "type": "int"}), WHERE)
-    assert "num_bits" in str(err.value) and "\n" not in str(err.value)
 
 
 CT_CASES = {
@@ -395,61 +294,38 @@ def unchanged(cfg, name, shape=(64, 256), kind="linear") -> bool:
         name: ("BF16", shape, 2 * shape[0] * shape[1] * (shape[2] if len(shape) > 2 else 1))}
 
 
-def test_exclusion_by_module_prefix():
-    cfg = {**FP8_BLOCK, "modules_to_not_convert": ["model.visual"]}
-    assert unchanged(cfg, "model.visual.blocks.0.attn.qkv.weight")
+CT_IGNORE_GATE = ct({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
+                    fmt="pack-quantized", ignore=["lm_head", r"re:.*mlp\.gate$"])
+MODELOPT_NOT_LAYER_0 = {"quant_method": "modelopt",
+                        "quantization": {"quant_algo": "FP8", "exclude_modules": ["model.layers.0.*"]}}
 
 
-def test_exclusion_prefix_does_not_match_a_longer_segment():
-    cfg = {**FP8_BLOCK, "modules_to_not_convert": ["model.visual"]}
-    assert not unchanged(cfg, "model.visualise.blocks.0.attn.qkv.weight")
-
-
-def test_exclusion_by_bare_segment_anywhere():
-    cfg = {**FP8_BLOCK, "ignored_layers": ["visual"]}
-    assert unchanged(cfg, "model.language.visual.blocks.0.attn.qkv.weight")
-
-
-def test_exclusion_by_exact_module_name():
-    cfg = {**FP8_BLOCK, "ignored_layers": ["model.layers.3.mlp.down_proj"]}
-    assert unchanged(cfg, DOWN) and not unchanged(cfg, "model.layers.3.mlp.up_proj.weight")
-
-
-def test_exclusion_by_regex():
-    cfg = ct({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
-             fmt="pack-quantized", ignore=["lm_head", r"re:.*mlp\.gate$"])
-    assert unchanged(cfg, "model.layers.3.mlp.gate.weight", shape=(8, 256))
-    assert not unchanged(cfg, "model.layers.3.mlp.gate_proj.weight")
-
-
-def test_exclusion_by_wildcard():
-    assert unchanged(MXFP4, "model.layers.5.mlp.router.weight", shape=(32, 64))
-
-
-def test_modelopt_exclude_modules():
-    cfg = {"quant_method": "modelopt", "quantization": {"quant_algo": "FP8",
-                                                       "exclude_modules": ["model.layers.0.*"]}}
-    assert unchanged(cfg, "model.layers.0.self_attn.q_proj.weight")
-    assert not unchanged(cfg, "model.layers.1.self_attn.q_proj.weight")
-
-
-def test_bnb_llm_int8_skip_modules():
-    assert unchanged({**BNB8, "llm_int8_skip_modules": ["mlp"]}, DOWN)
-
-
-def test_fused_experts_excluded_by_per_expert_name():
-    cfg = {**FP8_BLOCK, "modules_to_not_convert": ["model.layers.3.mlp.experts.0.gate_proj"]}
-    assert unchanged(cfg, EXPERTS, shape=(4, 64, 256), kind="experts")
-
-
-@pytest.mark.parametrize("name", ["lm_head.weight", "model.embed_tokens.weight",
-                                  "model.language_model.lm_head.weight"])
-def test_lm_head_and_embeddings_never_quantized(name):
-    assert unchanged(FP8_BLOCK, name)
-
-
-def test_other_kind_unchanged():
-    assert unchanged(FP8_BLOCK, "model.layers.3.input_layernorm.weight", shape=(1, 256), kind="other")
+@pytest.mark.parametrize("cfg,name,kw,excluded", [
+    ({**FP8_BLOCK, "modules_to_not_convert": ["model.visual"]}, "model.visual.blocks.0.attn.qkv.weight", {}, True),
+    # a prefix does not match a longer segment
+    ({**FP8_BLOCK, "modules_to_not_convert": ["model.visual"]}, "model.visualise.blocks.0.attn.qkv.weight", {}, False),
+    ({**FP8_BLOCK, "ignored_layers": ["visual"]}, "model.language.visual.blocks.0.attn.qkv.weight", {}, True),
+    ({**FP8_BLOCK, "ignored_layers": ["model.layers.3.mlp.down_proj"]}, DOWN, {}, True),
+    ({**FP8_BLOCK, "ignored_layers": ["model.layers.3.mlp.down_proj"]}, "model.layers.3.mlp.up_proj.weight", {},
+     False),
+    (CT_IGNORE_GATE, "model.layers.3.mlp.gate.weight", {"shape": (8, 256)}, True),
+    (CT_IGNORE_GATE, "model.layers.3.mlp.gate_proj.weight", {}, False),
+    (MXFP4, "model.layers.5.mlp.router.weight", {"shape": (32, 64)}, True),
+    (MODELOPT_NOT_LAYER_0, "model.layers.0.self_attn.q_proj.weight", {}, True),
+    (MODELOPT_NOT_LAYER_0, "model.layers.1.self_attn.q_proj.weight", {}, False),
+    ({**BNB8, "llm_int8_skip_modules": ["mlp"]}, DOWN, {}, True),
+    ({**FP8_BLOCK, "modules_to_not_convert": ["model.layers.3.mlp.experts.0.gate_proj"]}, EXPERTS,
+     {"shape": (4, 64, 256), "kind": "experts"}, True),
+    (FP8_BLOCK, "lm_head.weight", {}, True),
+    (FP8_BLOCK, "model.embed_tokens.weight", {}, True),
+    (FP8_BLOCK, "model.language_model.lm_head.weight", {}, True),
+    (FP8_BLOCK, "model.layers.3.input_layernorm.weight", {"shape": (1, 256), "kind": "other"}, True),
+], ids=["module-prefix", "prefix-not-a-longer-segment", "bare-segment-anywhere", "exact-module-name",
+        "exact-module-name-only", "regex", "regex-only", "wildcard", "modelopt-exclude-modules",
+        "modelopt-exclude-modules-only", "bnb-llm-int8-skip-modules", "fused-experts-by-per-expert-name",
+        "lm-head", "embed-tokens", "nested-lm-head", "other-kind"])
+def test_exclusions(cfg, name, kw, excluded):
+    assert unchanged(cfg, name, **kw) is excluded
 
 
 def test_wrong_rank_for_kind_is_a_caller_error():
@@ -495,36 +371,27 @@ def test_quantization_config_without_a_method_name_is_one_line_error(method):
 # --------------------------------------------------------------------------- realistic sanity
 
 
-@pytest.mark.parametrize("cfg,expected", [
-    (FP8_BLOCK, 8 + 32 * 32 * 32 / 4096**2),              # 8.00195
-    (FP8_STATIC, 8 + 2 * 32 / 4096**2),
-    (NVFP4, 4.5 + 2 * 32 / 4096**2),                      # e2m1 + e4m3 per 16
-    (AWQ, 4 + 16 / 128 + 4 / 128),                        # 4.15625: F16 scale + int4 zero per 128
-    (GPTQ, 4 + 16 / 128 + 4 / 128 + 32 / 4096),           # + g_idx
-    (CT_W4A16, 4 + 16 / 128 + 128 / 4096**2),             # 4.125: BF16 scales, no zeros
-    (CT_FP8_DYNAMIC, 8 + 16 / 4096),
-    (CT_NVFP4, 4.5 + 2 * 32 / 4096**2),
-    (CT_W8A8, 8 + 16 / 4096),
-    (BNB8, 8 + 32 / 4096 + 8 / 4096**2),                  # int8 + F32 SCB per row
-], ids=["fp8-block", "fp8-tensor", "nvfp4", "awq", "gptq", "ct-w4a16", "ct-fp8", "ct-nvfp4",
-        "ct-w8a8", "bnb-int8"])
-def test_bits_per_weight_of_a_4096_square_linear(cfg, expected):
-    assert bits_per_weight(cfg) == pytest.approx(expected, rel=1e-12)
-
-
-def test_bits_per_weight_mxfp4_experts():
-    assert bits_per_weight(MXFP4, kind="experts", shape=(1, 4096, 4096), name=EXPERTS) == 4.25
-
-
-def test_bits_per_weight_bnb_nf4():
+@pytest.mark.parametrize("cfg,kw,expected,tolerance", [
+    (FP8_BLOCK, {}, 8 + 32 * 32 * 32 / 4096**2, 0),              # 8.00195
+    (FP8_STATIC, {}, 8 + 2 * 32 / 4096**2, 0),
+    (NVFP4, {}, 4.5 + 2 * 32 / 4096**2, 0),                      # e2m1 + e4m3 per 16
+    (AWQ, {}, 4 + 16 / 128 + 4 / 128, 0),                        # 4.15625: F16 scale + int4 zero per 128
+    (GPTQ, {}, 4 + 16 / 128 + 4 / 128 + 32 / 4096, 0),           # + g_idx
+    (CT_W4A16, {}, 4 + 16 / 128 + 128 / 4096**2, 0),             # 4.125: BF16 scales, no zeros
+    (CT_FP8_DYNAMIC, {}, 8 + 16 / 4096, 0),
+    (CT_NVFP4, {}, 4.5 + 2 * 32 / 4096**2, 0),
+    (CT_W8A8, {}, 8 + 16 / 4096, 0),
+    (BNB8, {}, 8 + 32 / 4096 + 8 / 4096**2, 0),                  # int8 + F32 SCB per row
+    (MXFP4, {"kind": "experts", "shape": (1, 4096, 4096), "name": EXPERTS}, 4.25, 0),
     # 4 bits + an F32 absmax per 64 = 4.5, plus 64 bytes of quant map and ~80 of state.
-    assert bits_per_weight(BNB4) == pytest.approx(4.5, abs=1e-4)
-
-
-def test_bits_per_weight_bnb_nf4_double_quant():
+    (BNB4, {}, 4.5, 1e-4),
     # 4 bits + an 8-bit absmax per 64 + an F32 per 256 absmax blocks = 4.127, plus 1 KB of
     # nested quant map and the quant state.
-    assert bits_per_weight(BNB4_DQ) == pytest.approx(4 + 8 / 64 + 32 / (64 * 256), abs=1e-3)
+    (BNB4_DQ, {}, 4 + 8 / 64 + 32 / (64 * 256), 1e-3),
+], ids=["fp8-block", "fp8-tensor", "nvfp4", "awq", "gptq", "ct-w4a16", "ct-fp8", "ct-nvfp4",
+        "ct-w8a8", "bnb-int8", "mxfp4-experts", "bnb-nf4", "bnb-nf4-double-quant"])
+def test_bits_per_weight_of_a_4096_square_weight(cfg, kw, expected, tolerance):
+    assert bits_per_weight(cfg, **kw) == pytest.approx(expected, rel=1e-12, abs=tolerance)
 
 
 def test_descriptions_are_one_line():
@@ -694,33 +561,26 @@ def test_modelopt_mxfp8_is_to_the_byte_what_the_mx_format_stores(tmp_path):
 INT4_PER_I32 = 32 // 4
 
 
-def test_gptq_int4_is_to_the_byte_what_autogptq_writes(tmp_path):
-    # AutoGPTQ / GPTQModel QuantLinear (vLLM's GPTQ linear method loads the same): qweight I32
-    # [in/8, out] (packed along the input), qzeros I32 [in/group, out/8] (packed along the
-    # output), scales F16 [in/group, out], g_idx I32 [in].
-    params = {Q + ".weight": ((384, 256), "linear"), O + ".weight": ((512, 384), "linear")}
-    layout = {}
-    for name, ((out, inp), _) in params.items():
-        module = name.removesuffix(".weight")
-        layout[module + ".qweight"] = ("int32", (inp // INT4_PER_I32, out))
-        layout[module + ".qzeros"] = ("int32", (inp // 128, out // INT4_PER_I32))
-        layout[module + ".scales"] = ("float16", (inp // 128, out))
-        layout[module + ".g_idx"] = ("int32", (inp,))
-    assert planned(GPTQ, params) == exported(tmp_path, layout)
+INT4_LINEARS = {Q + ".weight": ((384, 256), "linear"), O + ".weight": ((512, 384), "linear")}
 
 
-def test_awq_int4_is_to_the_byte_what_autoawq_writes(tmp_path):
-    # AutoAWQ WQLinear_GEMM (`version: gemm`; vLLM's AWQ linear method loads the same):
-    # qweight I32 [in, out/8] and qzeros I32 [in/group, out/8], both packed along the output,
-    # scales F16 [in/group, out].
-    params = {Q + ".weight": ((384, 256), "linear"), O + ".weight": ((512, 384), "linear")}
+# AutoGPTQ / GPTQModel QuantLinear (vLLM's GPTQ linear method loads the same): qweight I32
+# [in/8, out] (packed along the input), g_idx I32 [in]. AutoAWQ WQLinear_GEMM (`version:
+# gemm`; vLLM's AWQ linear method loads the same): qweight I32 [in, out/8] (packed along
+# the output). Both: qzeros I32 [in/group, out/8] (packed along the output), scales F16
+# [in/group, out].
+@pytest.mark.parametrize("cfg", [GPTQ, AWQ], ids=["autogptq", "autoawq"])
+def test_int4_is_to_the_byte_what_autogptq_and_autoawq_write(tmp_path, cfg):
     layout = {}
-    for name, ((out, inp), _) in params.items():
+    for name, ((out, inp), _) in INT4_LINEARS.items():
         module = name.removesuffix(".weight")
-        layout[module + ".qweight"] = ("int32", (inp, out // INT4_PER_I32))
+        layout[module + ".qweight"] = ("int32", (inp // INT4_PER_I32, out) if cfg is GPTQ
+                                       else (inp, out // INT4_PER_I32))
         layout[module + ".qzeros"] = ("int32", (inp // 128, out // INT4_PER_I32))
         layout[module + ".scales"] = ("float16", (inp // 128, out))
-    assert planned(AWQ, params) == exported(tmp_path, layout)
+        if cfg is GPTQ:
+            layout[module + ".g_idx"] = ("int32", (inp,))
+    assert planned(cfg, INT4_LINEARS) == exported(tmp_path, layout)
 
 
 CT_PACKED = {
