@@ -11,19 +11,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import selective_offload
+from builders import inputs, toy
 from helpers import nothing_applied, save_tiny_qwen3, tight_plan, write_header_only, write_raw_header
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.cli import EXIT_USAGE, main
 from selective_offload.errors import CheckpointError, PlanError, UserError
-from selective_offload.options import ENV_DEVICE_MEMORY
+from selective_offload.options import ENV_DEVICE_MEMORY, RunOptions
 from selective_offload.plan_format import Plan
 from selective_offload.planner import PlanInputs, make_plan
+from selective_offload.probe import Profile
+from selective_offload.report import LandingReport, remove_reports
 from selective_offload.vllm_glue import patches, plugin
+from selective_offload.vllm_glue.session import Settings
 
 pytestmark = pytest.mark.usefixtures("nothing_enabled")
 
@@ -80,7 +86,8 @@ def hot_plan(model_dir, **inputs):
     return plan
 
 
-# ---- 1. a matching fingerprint never skips the groups; groups cover the model; absent is for MTP only
+# ---- 1. a matching fingerprint never skips the groups; groups cover the model; absent is for MTP only;
+# derived fields (prefetch_step and the prefetch buffers, layer_index, the baseline) are recomputed
 
 def test_an_embedding_marked_absent_is_refused_with_the_fingerprint_kept(model, tmp_path):
     data = as_data(tight_plan(model))
@@ -125,25 +132,40 @@ def test_layers_shrunk_to_fit_are_refused_by_the_model_check_although_the_finger
     assert "was the plan edited?" in message
 
 
-@pytest.mark.parametrize("edit,match", [
-    (lambda d: group(d, "model.embed_tokens").update(mtp=True, role="absent", location="absent",
-                                                      serving="none", est_read_bytes_per_step=0),
-     "group model.embed_tokens: mtp is true, but the group is not an MTP head"),
-    (lambda d: group(d, "model.layers.2").update(est_read_bytes_per_step=0),
-     "group model.layers.2 is read in full every step: est_read_bytes_per_step must be"),
-    (lambda d: group(d, "model.norm").update(kind="component", role="cold", location="host", serving="on-demand"),
-     "group model.norm is of kind component, but its name is not a module under one of the cold segments"),
-])
-def test_derived_group_fields_are_recomputed(model, tmp_path, edit, match):
-    data = as_data(tight_plan(model))
-    edit(data)
+def drop_totals(data):
     del data["totals"]
+
+
+def flip_baseline_fit(data):
+    assert data["vllm_cpu_offload_gb"] is not None
+    data["vllm_cpu_offload_gb"]["fits"] = not data["vllm_cpu_offload_gb"]["fits"]
+
+
+@pytest.mark.parametrize("hot,edit,match", [
+    (False, lambda d: (group(d, "model.embed_tokens").update(mtp=True, role="absent", location="absent", serving="none",
+                                                              est_read_bytes_per_step=0), drop_totals(d)),
+     "group model.embed_tokens: mtp is true, but the group is not an MTP head"),
+    (False, lambda d: (group(d, "model.layers.2").update(est_read_bytes_per_step=0), drop_totals(d)),
+     "group model.layers.2 is read in full every step: est_read_bytes_per_step must be"),
+    (False, lambda d: (group(d, "model.norm").update(kind="component", role="cold", location="host",
+                                                      serving="on-demand"), drop_totals(d)),
+     "group model.norm is of kind component, but its name is not a module under one of the cold segments"),
+    (False, lambda d: (group(d, "model.layers.1").update(layer_index=2), group(d, "model.layers.2").update(
+        layer_index=1)), r"group model.layers.1: layer_index 2 is not the layer its name is in \(layer 1\)"),
+    (True, lambda d: d["inputs"].update(prefetch_step=3), r"prefetch_buffer_bytes \d+ cannot be right: prefetch_step 3 slots"),
+    (True, lambda d: (d.update(prefetch_buffer_bytes=0), drop_totals(d)), r"prefetch_buffer_bytes 0 cannot be right"),
+    (False, lambda d: d["model"].update(kv={"full_bytes_per_token": "lots", "sliding": []}),
+     "model.kv.full_bytes_per_token is \"lots\""),
+    (True, flip_baseline_fit, "vllm_cpu_offload_gb: fits is"),
+], ids=["mtp", "est-read", "cold-kind", "layer-index", "prefetch-step", "prefetch-buffers", "kv-model",
+        "cpu-offload-baseline"])
+def test_derived_fields_are_recomputed(model, tmp_path, hot, edit, match):
+    data = as_data(hot_plan(model) if hot else tight_plan(model))
+    edit(data)
     refused(lambda: selective_offload.enable(write(data, tmp_path), model=model), match)
 
 
 def test_a_tower_transient_of_zero_is_refused(tmp_path):
-    from builders import inputs, toy
-
     data = as_data(make_plan(toy(), inputs(560, all_cold=True)))
     assert data["est_transient_device_bytes"] > 0
     data["est_transient_device_bytes"] = 0
@@ -191,22 +213,7 @@ def test_a_tied_head_is_not_counted_as_outside_the_plan(tmp_path):
     assert report.unplanned == {} and not any("no plan group" in p for p in report.problems)
 
 
-# ---- 2. prefetch_step and the prefetch buffers are recomputed
-
-def test_a_larger_prefetch_step_with_the_totals_kept_is_refused(model, tmp_path):
-    data = as_data(hot_plan(model))
-    data["inputs"]["prefetch_step"] = 3
-    refused(lambda: selective_offload.enable(write(data, tmp_path), model=model),
-            r"prefetch_buffer_bytes \d+ cannot be right: prefetch_step 3 slots")
-
-
-def test_prefetch_buffers_of_zero_are_refused(model, tmp_path):
-    data = as_data(hot_plan(model))
-    data["prefetch_buffer_bytes"] = 0
-    del data["totals"]
-    refused(lambda: selective_offload.enable(write(data, tmp_path), model=model),
-            r"prefetch_buffer_bytes 0 cannot be right")
-
+# ---- 2. the prefetch buffers are this model's
 
 def test_buffers_within_the_bounds_but_not_this_models_are_refused_by_the_model_check(model, tmp_path):
     plan = hot_plan(model)
@@ -217,16 +224,6 @@ def test_buffers_within_the_bounds_but_not_this_models_are_refused_by_the_model_
     Plan.load(path)
     refused(lambda: selective_offload.enable(path, model=model),
             "the prefetch buffers are .* bytes in the plan and .* for this model's layers")
-
-
-# ---- 3. layer_index is the layer the name is in
-
-def test_a_layer_index_that_is_not_the_layer_named_is_refused(model, tmp_path):
-    data = as_data(tight_plan(model))
-    group(data, "model.layers.1")["layer_index"] = 2
-    group(data, "model.layers.2")["layer_index"] = 1
-    refused(lambda: selective_offload.enable(write(data, tmp_path), model=model),
-            r"group model.layers.1: layer_index 2 is not the layer its name is in \(layer 1\)")
 
 
 # ---- 4. report paths are tried for real
@@ -254,8 +251,6 @@ def test_report_paths_that_cannot_be_written_are_refused_before_anything_starts(
 
 
 def test_the_report_never_replaces_what_is_not_a_regular_file(tmp_path):
-    from selective_offload.report import LandingReport, remove_reports
-
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
@@ -273,8 +268,6 @@ class _Config:
     """The parts of vLLM's config plan_at_start reads (a CPU proxy: no engine starts)."""
 
     def __init__(self, model_dir):
-        from types import SimpleNamespace
-
         self.cache_config = SimpleNamespace(kv_cache_memory_bytes=None, cache_dtype="auto",
                                             gpu_memory_utilization=0.9)
         self.model_config = SimpleNamespace(model=str(model_dir), max_model_len=64)
@@ -333,9 +326,6 @@ def test_auto_plans_each_model_the_engine_loads(model, tmp_path):
     """Two models loaded one after the other under auto (engines in this process): each is
     planned for itself. A CPU proxy of the glue's load step: the session's settings after
     the first load are what the second sees."""
-    from selective_offload.options import RunOptions
-    from selective_offload.vllm_glue.session import Settings
-
     first = tight_plan(model)
     settings = Settings(first, RunOptions("auto"))  # what the first load leaves behind
     assert settings.auto  # so the next load plans again, and the caller does not check the old plan
@@ -345,8 +335,6 @@ def test_auto_plans_each_model_the_engine_loads(model, tmp_path):
 # ---- 8. a truncated shard
 
 def test_a_truncated_shard_is_refused_by_enable(model, tmp_path):
-    import shutil
-
     copy_dir = tmp_path / "copy"
     shutil.copytree(model, copy_dir)
     plan = tight_plan(copy_dir)
@@ -520,13 +508,6 @@ def test_header_only_shards_still_plan_with_a_note(capsys, tmp_path):
     assert code == 0 and "fine for planning, not for loading" in out
 
 
-def test_a_kv_model_of_the_wrong_type_in_a_plan_is_one_line(model, tmp_path):
-    data = as_data(tight_plan(model))
-    data["model"]["kv"] = {"full_bytes_per_token": "lots", "sliding": []}
-    refused(lambda: selective_offload.enable(write(data, tmp_path)), "model.kv.full_bytes_per_token is \"lots\"",
-            PlanError)
-
-
 def test_a_config_with_words_for_numbers_still_plans(capsys, tmp_path):
     write_header_only(tmp_path / "model.safetensors", {"model.layers.0.w": ("BF16", [4, 4])})
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": "1", "num_attention_heads": "4",
@@ -542,8 +523,6 @@ def test_a_config_with_words_for_numbers_still_plans(capsys, tmp_path):
 ])
 def test_a_damaged_probe_profile_is_one_line(capsys, tmp_path, monkeypatch, edit, match):
     """`plan` reads this machine's profile by default: a damaged one is one line too."""
-    from selective_offload.probe import Profile
-
     good = Profile.from_dict({"format": "selective-offload/profile-v1", "machine": "m", "date": "2026-12-01T10:00:00",
                               "torch_version": "2", "device": None, "integrated": False, "link_gbps_pinned": None,
                               "link_gbps_pageable": None, "vram_gbps": None, "device_memory_total_bytes": None,
@@ -555,8 +534,3 @@ def test_a_damaged_probe_profile_is_one_line(capsys, tmp_path, monkeypatch, edit
     cli_refuses(capsys, ["plan", tmp_path, "--device-memory", "24GiB"], match)
 
 
-def test_a_cpu_offload_gb_baseline_edited_to_look_worse_is_refused(model, tmp_path):
-    data = as_data(hot_plan(model))
-    assert data["vllm_cpu_offload_gb"] is not None
-    data["vllm_cpu_offload_gb"]["fits"] = not data["vllm_cpu_offload_gb"]["fits"]
-    refused(lambda: selective_offload.enable(write(data, tmp_path)), "vllm_cpu_offload_gb: fits is", PlanError)
