@@ -12,9 +12,19 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the pictures need matplotlib (the `picture` extra)")
 
-from selective_offload import outputs  # noqa: E402
-from selective_offload.cli import main  # noqa: E402
-from selective_offload.plan_format import Plan  # noqa: E402
+import json
+import struct
+import subprocess
+import sys
+
+import selective_offload
+from selective_offload import outputs, plan_options
+from selective_offload.cli import main
+from selective_offload.errors import UserError
+from selective_offload.options import RunOptions
+from selective_offload.plan_format import Plan
+from selective_offload.planner import tradeoff
+from selective_offload.report import LandingReport, remove_reports
 
 FULL = Path("/dev/full")
 needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="/dev/full (a disk that is always full) is Linux's")
@@ -24,9 +34,6 @@ needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="/dev/full (a disk
 def planned(monkeypatch) -> list:
     """The models planned in this test: a refusal "before any work" plans none (a spy on
     the make_plan that ``plan``'s options are planned with, which still plans)."""
-    from selective_offload import plan_options
-    from selective_offload.planner import tradeoff
-
     calls: list = []
     real = plan_options.make_plan
 
@@ -58,35 +65,27 @@ def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith(".so-"))
 
 
-def test_a_picture_into_proc_is_refused_before_any_work(capsys, tmp_path, planned):
-    code, out, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--png", "/proc/picture.png")
-    assert_one_line_refusal(code, out, err, "--png /proc/picture.png: cannot be written")
-    assert planned == []
-    assert not (tmp_path / "plan.json").exists()  # refused before the plan was made and written
-
-
-def test_a_picture_onto_a_directory_is_refused_before_any_work(capsys, tmp_path, planned):
-    (tmp_path / "picture.png").mkdir()
-    code, out, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--png", str(tmp_path / "picture.png"))
-    assert_one_line_refusal(code, out, err, "picture.png: is a directory; name a file in it")
-    assert planned == []
-    assert not (tmp_path / "plan.json").exists()
-
-
-@needs_dev_full
-def test_a_picture_onto_a_full_device_is_refused_before_any_work(capsys, tmp_path, planned):
-    (tmp_path / "picture.svg").symlink_to(FULL)
-    code, out, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--svg", str(tmp_path / "picture.svg"))
-    assert_one_line_refusal(code, out, err, "picture.svg: is not a regular file")
-    assert planned == []
-    assert not (tmp_path / "plan.json").exists() and (tmp_path / "picture.svg").resolve() == FULL
-
-
-def test_a_plan_output_into_proc_is_refused_before_any_work(capsys, tmp_path, planned):
-    code, out, err = plan(capsys, "-o", "/proc/plan.json", "--png", str(tmp_path / "picture.png"))
-    assert_one_line_refusal(code, out, err, "-o /proc/plan.json: cannot be written")
-    assert planned == []
-    assert not (tmp_path / "picture.png").exists()
+@pytest.mark.parametrize("outputs_,says", [
+    ("-o {t}/plan.json --png /proc/picture.png", "--png /proc/picture.png: cannot be written"),
+    ("-o {t}/plan.json --png {t}/picture.png", "picture.png: is a directory; name a file in it"),
+    pytest.param("-o {t}/plan.json --svg {t}/picture.svg", "picture.svg: is not a regular file", marks=needs_dev_full),
+    ("-o /proc/plan.json --png {t}/new.png", "-o /proc/plan.json: cannot be written"),
+    pytest.param("-o {t}/plan.json --png {t}/locked/p.png", "p.png: cannot be written (Permission denied)",
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")),
+], ids=["picture-into-proc", "picture-onto-a-directory", "picture-onto-a-full-device", "plan-into-proc",
+        "picture-in-a-read-only-directory"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(capsys, tmp_path, planned, outputs_, says):
+    """Refused before the plan is made, and the other file asked for is not written."""
+    (tmp_path / "picture.png").mkdir()  # a directory where a file is named (--png picture.png)
+    (tmp_path / "picture.svg").symlink_to(FULL)  # a full device (--svg picture.svg)
+    (tmp_path / "locked").mkdir(mode=0o500)  # a read-only directory
+    try:
+        code, out, err = plan(capsys, *outputs_.format(t=tmp_path).split())
+    finally:
+        (tmp_path / "locked").chmod(0o700)
+    assert_one_line_refusal(code, out, err, says)
+    assert planned == [] and not (tmp_path / "plan.json").exists() and not (tmp_path / "new.png").exists()
+    assert (tmp_path / "picture.png").is_dir() and (tmp_path / "picture.svg").resolve() == FULL
 
 
 def test_two_outputs_naming_one_file_are_refused(capsys, tmp_path):
@@ -146,20 +145,6 @@ def test_the_plan_and_its_pictures_are_written_whole_and_replace_old_files(capsy
     assert f"picture: {tmp_path / 'p.png'}, {tmp_path / 'p.svg'}" in out
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
-def test_a_picture_in_a_read_only_directory_is_refused_before_any_work(capsys, tmp_path, planned):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        code, out, err = plan(capsys, "-o", str(tmp_path / "plan.json"), "--png", str(locked / "p.png"))
-    finally:
-        locked.chmod(0o700)
-    assert_one_line_refusal(code, out, err, "p.png: cannot be written (Permission denied)")
-    assert planned == []
-    assert not (tmp_path / "plan.json").exists()
-
-
 @pytest.mark.parametrize("workdir,says", [
     ("{file}", "is not a folder; name a folder"),
     ("/dev/null", "is not a folder; name a folder"),
@@ -184,9 +169,6 @@ def test_a_demo_folder_that_cannot_be_written_is_one_line_before_vllm_starts(cap
 
 def tiny_checkpoint(root: Path) -> Path:
     """A header-only checkpoint directory of the user's: its config and one shard."""
-    import json
-    import struct
-
     model = root / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
@@ -279,9 +261,6 @@ def test_probe_never_replaces_what_the_profile_variable_names_unless_it_is_a_pro
     """``probe`` without ``-o`` writes where SELECTIVE_OFFLOAD_PROFILE points: a JSON file
     that is not a profile is refused before measuring; a profile the probe wrote is
     replaced. Run as the user runs it, in a subprocess."""
-    import subprocess
-    import sys
-
     root = Path(__file__).resolve().parents[2]
     theirs = tmp_path / "settings.json"
     theirs.write_text('{"theme": "dark"}\n')
@@ -304,10 +283,6 @@ def test_probe_never_replaces_what_the_profile_variable_names_unless_it_is_a_pro
 def test_the_engine_report_never_replaces_nor_removes_a_file_of_the_users(tmp_path):
     """SELECTIVE_OFFLOAD_REPORT naming the user's file: refused before any model is built,
     and the start-of-engine clean-up of old reports leaves it."""
-    from selective_offload.errors import UserError
-    from selective_offload.options import RunOptions
-    from selective_offload.report import LandingReport, remove_reports
-
     theirs = tmp_path / "config.json"
     theirs.write_text('{"model_type": "qwen3"}\n')
     with pytest.raises(UserError, match="exists and is not a placement report selective-offload wrote"):
@@ -324,9 +299,6 @@ def test_the_engine_report_never_replaces_nor_removes_a_file_of_the_users(tmp_pa
 
 
 def test_plan_save_from_python_never_replaces_a_file_of_the_users(tmp_path):
-    import selective_offload
-    from selective_offload.errors import UserError
-
     made = selective_offload.plan("qwen3.8-27b-fp8", device_memory="24GiB", host_memory="none")
     theirs = tmp_path / "config.json"
     theirs.write_text("{}\n")
