@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from helpers import save_tiny_qwen3, write_header_only, write_raw_header
+from helpers import save_tiny_idefics3, save_tiny_qwen3, write_header_only, write_raw_header
 from selective_offload.checkpoint import (
     ModelFacts,
     load_checkpoint,
@@ -77,68 +77,42 @@ def test_sharded_without_index(tmp_path):
     assert sorted(load_checkpoint(tmp_path).tensors) == ["t0", "t1", "t2"]
 
 
-def test_index_naming_a_missing_shard_is_an_error(tmp_path):
-    write_header_only(tmp_path / "a.safetensors", {"x": ("BF16", [2])})
-    (tmp_path / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {"x": "a.safetensors", "y": "b.safetensors"}}))
-    with pytest.raises(CheckpointError, match="b.safetensors"):
+@pytest.mark.parametrize("shards,weight_map,match", [
+    (["a"], {"x": "a.safetensors", "y": "b.safetensors"}, "b.safetensors"),  # the index names a missing shard
+    (["a"], {"x": "a.safetensors", "z": "a.safetensors"}, "'z'"),  # the index disagrees with the headers
+    (["a", "b"], None, "also in"),  # one tensor in two shards
+], ids=["index-names-a-missing-shard", "index-disagrees-with-headers", "tensor-in-two-shards"])
+def test_shards_that_disagree_are_an_error(tmp_path, shards, weight_map, match):
+    for shard in shards:
+        write_header_only(tmp_path / f"{shard}.safetensors", {"x": ("BF16", [2])})
+    if weight_map:
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match=match):
         load_checkpoint(tmp_path)
 
 
-def test_index_disagreeing_with_headers_is_an_error(tmp_path):
-    write_header_only(tmp_path / "a.safetensors", {"x": ("BF16", [2])})
-    (tmp_path / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {"x": "a.safetensors", "z": "a.safetensors"}}))
-    with pytest.raises(CheckpointError, match="'z'"):
-        load_checkpoint(tmp_path)
-
-
-def test_duplicate_tensor_across_shards_is_an_error(tmp_path):
-    write_header_only(tmp_path / "a.safetensors", {"x": ("BF16", [2])})
-    write_header_only(tmp_path / "b.safetensors", {"x": ("BF16", [2])})
-    with pytest.raises(CheckpointError, match="also in"):
-        load_checkpoint(tmp_path)
+@pytest.mark.parametrize("header,match", [
+    (None, "too short"),  # a file shorter than its length prefix
+    (b"{not json", "not valid JSON"),
+    ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+      "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}, "overlap"),
+    ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}}, "need 16 bytes"),
+    ({"a": {"dtype": "F12", "shape": [4], "data_offsets": [0, 12]}}, "unknown dtype 'F12'"),
+], ids=["shorter-than-length-prefix", "not-json", "overlapping-offsets", "offsets-disagree-with-shape",
+        "unknown-dtype"])
+def test_a_bad_shard_header_is_an_error(tmp_path, header, match):
+    path = tmp_path / "m.safetensors"
+    if header is None:
+        path.write_bytes(b"\x01\x02")
+    else:
+        write_raw_header(path, header)
+    with pytest.raises(CheckpointError, match=match):
+        read_shard_header(path)
 
 
 def test_header_length_past_end_of_file(tmp_path):
     path = write_raw_header(tmp_path / "m.safetensors", {"x": {}}, declared_len=10_000)
     with pytest.raises(CheckpointError, match="runs past the end"):
-        read_shard_header(path)
-
-
-def test_file_shorter_than_length_prefix(tmp_path):
-    path = tmp_path / "m.safetensors"
-    path.write_bytes(b"\x01\x02")
-    with pytest.raises(CheckpointError, match="too short"):
-        read_shard_header(path)
-
-
-def test_header_not_json(tmp_path):
-    path = write_raw_header(tmp_path / "m.safetensors", b"{not json")
-    with pytest.raises(CheckpointError, match="not valid JSON"):
-        read_shard_header(path)
-
-
-def test_overlapping_offsets(tmp_path):
-    path = write_raw_header(tmp_path / "m.safetensors", {
-        "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-        "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]},
-    })
-    with pytest.raises(CheckpointError, match="overlap"):
-        read_shard_header(path)
-
-
-def test_offsets_disagreeing_with_shape(tmp_path):
-    path = write_raw_header(tmp_path / "m.safetensors", {
-        "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}})
-    with pytest.raises(CheckpointError, match="need 16 bytes"):
-        read_shard_header(path)
-
-
-def test_unknown_dtype(tmp_path):
-    path = write_raw_header(tmp_path / "m.safetensors", {
-        "a": {"dtype": "F12", "shape": [4], "data_offsets": [0, 12]}})
-    with pytest.raises(CheckpointError, match="unknown dtype 'F12'"):
         read_shard_header(path)
 
 
@@ -284,8 +258,6 @@ def test_reading_a_checkpoint_reads_only_its_headers(tmp_path, monkeypatch):
 
 
 def test_config_only_manifest_of_a_vision_language_model(tmp_path):
-    from helpers import save_tiny_idefics3
-
     save_tiny_idefics3(tmp_path)
     real = load_checkpoint(tmp_path)
     estimated = manifest_from_config(tmp_path / "config.json")
