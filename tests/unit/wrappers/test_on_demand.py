@@ -7,6 +7,7 @@ order of onloads and releases and the transient bytes are observable here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -74,21 +75,15 @@ def inputs(seed: int = 1) -> torch.Tensor:
     return torch.randn(3, 5, 8)
 
 
-def test_outputs_equal_the_unwrapped_module():
+@pytest.mark.parametrize("mode", [contextlib.nullcontext, torch.inference_mode], ids=["grad", "inference-mode"])
+def test_outputs_equal_the_unwrapped_module_call_after_call(mode):
+    """vLLM runs the model under torch.inference_mode(); onloaded copies are made there."""
     reference = make_tower().to(DEVICE)
     tower = make_tower()
     offload_on_demand(tower, DEVICE)
     x = inputs().to(DEVICE)
-    assert torch.equal(tower(x), reference(x))
-
-
-def test_outputs_stay_equal_over_repeated_calls():
-    reference = make_tower().to(DEVICE)
-    tower = make_tower()
-    offload_on_demand(tower, DEVICE)
-    x = inputs().to(DEVICE)
-    tower(x)
-    assert torch.equal(tower(x), reference(x))
+    with mode():
+        assert torch.equal(tower(x), reference(x)) and torch.equal(tower(x), reference(x))
 
 
 def test_tensors_point_at_host_copies_between_calls():
@@ -144,22 +139,14 @@ def test_next_block_is_resident_while_the_current_one_runs():
     assert seen[0] != host_ptr
 
 
-def test_peak_transient_bytes_are_two_blocks_plus_the_rest():
+@pytest.mark.parametrize("prefetch,blocks", [(True, 2), (False, 1)])
+def test_peak_transient_bytes_are_the_blocks_held_at_once_plus_the_rest(prefetch, blocks):
     tower = make_tower(depth=5)
     block = nbytes(tower.blocks[0])
     rest = nbytes(tower) - 5 * block
-    handle = offload_on_demand(tower, DEVICE)
+    handle = offload_on_demand(tower, DEVICE, prefetch=prefetch)
     tower(inputs().to(DEVICE))
-    assert handle.stats.peak_transient_device_bytes == rest + 2 * block
-
-
-def test_without_prefetch_peak_transient_bytes_are_one_block_plus_the_rest():
-    tower = make_tower(depth=5)
-    block = nbytes(tower.blocks[0])
-    rest = nbytes(tower) - 5 * block
-    handle = offload_on_demand(tower, DEVICE, prefetch=False)
-    tower(inputs().to(DEVICE))
-    assert handle.stats.peak_transient_device_bytes == rest + block
+    assert handle.stats.peak_transient_device_bytes == rest + blocks * block
 
 
 def test_module_without_block_list_is_onloaded_whole():
@@ -331,12 +318,3 @@ def test_device_memory_returns_to_baseline_after_a_call():
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() - before == out.numel() * out.element_size()
 
-
-def test_works_under_inference_mode():
-    """vLLM runs the model under torch.inference_mode(); onloaded copies are made there."""
-    reference = make_tower().to(DEVICE)
-    tower = make_tower()
-    offload_on_demand(tower, DEVICE)
-    x = inputs().to(DEVICE)
-    with torch.inference_mode():
-        assert torch.equal(tower(x), reference(x))
