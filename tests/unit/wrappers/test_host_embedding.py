@@ -218,27 +218,20 @@ def test_move_to_host_refuses_a_missing_attribute():
         move_module_weight_to_host(nn.Embedding(4, 2), "bias")
 
 
-def test_tied_weights_are_refused_naming_both_modules():
+@pytest.mark.parametrize("head_weight,refused", [
+    (lambda w: w, "embed_tokens.weight and lm_head.weight"),  # tied: one Parameter
+    (lambda w: nn.Parameter(w.data), ""),  # another Parameter, same storage
+    (lambda w: nn.Parameter(w.detach().clone()), None),  # untied, of equal shape: accepted
+], ids=["tied", "sharing-storage", "untied"])
+def test_tied_weights_are_refused_naming_both_modules(head_weight, refused):
     emb = make_embedding()
     lm_head = nn.Linear(16, 64, bias=False)
-    lm_head.weight = emb.weight
-    with pytest.raises(TiedWeightError, match="embed_tokens.weight and lm_head.weight"):
+    lm_head.weight = head_weight(emb.weight)
+    if refused is None:
         refuse_if_tied(emb, lm_head)
-
-
-def test_weights_sharing_storage_are_refused():
-    emb = make_embedding()
-    lm_head = nn.Linear(16, 64, bias=False)
-    lm_head.weight = nn.Parameter(emb.weight.data)  # another Parameter, same storage
-    with pytest.raises(TiedWeightError):
-        refuse_if_tied(emb, lm_head)
-
-
-def test_untied_weights_of_equal_shape_are_accepted():
-    emb = make_embedding()
-    lm_head = nn.Linear(16, 64, bias=False)
-    lm_head.weight = nn.Parameter(emb.weight.detach().clone())
-    refuse_if_tied(emb, lm_head)
+    else:
+        with pytest.raises(TiedWeightError, match=refused):
+            refuse_if_tied(emb, lm_head)
 
 
 def test_tied_error_is_a_user_error_and_a_value_error():
