@@ -123,31 +123,35 @@ def wrong_fields(draw):
     return where, value
 
 
+@contextlib.contextmanager
+def report_file(content: str | bytes):
+    """``content`` written as a report file in a folder of its own (hypothesis runs a test
+    many times in one function-scoped tmp_path)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "report.json"
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        yield path
+
+
 @given(wrong_fields())
 def test_a_field_of_another_type_is_refused_in_one_line(case):
     where, value = case
     data = a_report()
     put(data, where, value)
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "report.json"
-        path.write_text(json.dumps(data))
+    with report_file(json.dumps(data)) as path:
         assert_refused(path)
 
 
 @given(json_values)
 def test_any_json_that_is_not_a_report_is_refused(value):
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "report.json"
-        path.write_text(json.dumps(value))
+    with report_file(json.dumps(value)) as path:
         assert_refused(path)
 
 
 @given(st.dictionaries(st.sampled_from(sorted(a_report())), json_values, max_size=6))
 def test_a_report_with_random_fields_is_refused_or_read_and_text_and_json_agree(fields):
     data = {**a_report(), **fields, "format": "selective-offload/report-v2"}
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "report.json"
-        path.write_text(json.dumps(data))
+    with report_file(json.dumps(data)) as path:
         rc, _, _ = cli("report", str(path))
         if rc == REFUSED:
             assert_refused(path)
@@ -158,10 +162,8 @@ def test_a_report_with_random_fields_is_refused_or_read_and_text_and_json_agree(
 @given(st.integers(1, 5000))
 def test_nesting_is_read_within_the_bound_and_refused_beyond_it(depth):
     """Counters (``transfers``) may hold any object: nesting decides alone."""
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "report.json"
-        text = json.dumps({**a_report(), "transfers": {"g": {"c": "@"}}})
-        path.write_text(text.replace('"@"', "[" * depth + "]" * depth))
+    text = json.dumps({**a_report(), "transfers": {"g": {"c": "@"}}})
+    with report_file(text.replace('"@"', "[" * depth + "]" * depth)) as path:
         if 3 + depth <= MAX_DEPTH:
             assert assert_read_and_agreed(path) == 0
         else:
@@ -175,9 +177,7 @@ def test_nesting_is_read_within_the_bound_and_refused_beyond_it(depth):
 def test_huge_and_odd_numbers_are_refused(field, number):
     data = a_report()
     put(data, tuple(int(k) if k.isdigit() else k for k in field.split(".")), "@")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "report.json"
-        path.write_text(json.dumps(data).replace('"@"', number))
+    with report_file(json.dumps(data).replace('"@"', number)) as path:
         assert_refused(path)
 
 
@@ -185,9 +185,7 @@ def test_huge_and_odd_numbers_are_refused(field, number):
 def test_bytes_that_are_not_utf8_are_refused(noise, at):
     text = json.dumps(a_report()).encode()
     raw = text[:at] + b"\xff" + noise + text[at:]
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "report.json"
-        path.write_bytes(raw)
+    with report_file(raw) as path:
         assert_refused(path)
 
 
