@@ -443,6 +443,12 @@ def ceil_div(a, b):
     return -(-a // b)
 
 
+def per_module(params, stored):
+    """The layout of ``params``' modules, each storing ``stored(out, in)`` (suffix -> (dtype, shape))."""
+    return {name.removesuffix(".weight") + suffix: entry
+            for name, ((out, inp), _) in params.items() for suffix, entry in stored(out, inp).items()}
+
+
 LAYER = "model.layers.0."
 Q, O = LAYER + "self_attn.q_proj", LAYER + "mlp.down_proj"
 LINEARS = {Q + ".weight": ((384, 256), "linear"), O + ".weight": ((320, 384), "linear")}
@@ -506,11 +512,9 @@ def test_block_fp8_is_to_the_byte_what_deepseek_style_checkpoints_store(tmp_path
     # (DeepSeek-V3's kv_a_proj_with_mqa has 576 outputs: 4.5 blocks, stored as 5).
     params = {LAYER + "self_attn.kv_a_proj_with_mqa.weight": ((576, 256), "linear"),
               O + ".weight": ((300, 200), "linear")}
-    layout = {}
-    for name, ((out, inp), _) in params.items():
-        module = name.removesuffix(".weight")
-        layout[module + ".weight"] = ("float8_e4m3fn", (out, inp))
-        layout[module + ".weight_scale_inv"] = ("float32", (ceil_div(out, 128), ceil_div(inp, 128)))
+    layout = per_module(params, lambda out, inp: {
+        ".weight": ("float8_e4m3fn", (out, inp)),
+        ".weight_scale_inv": ("float32", (ceil_div(out, 128), ceil_div(inp, 128)))})
     assert planned(FP8_BLOCK, params) == exported(tmp_path, layout)
 
 
@@ -524,23 +528,17 @@ def test_nvfp4_is_to_the_byte_what_modelopt_exports(tmp_path, cfg):
     # method loads them, defaulting group_size to 16): E2M1 two a byte, weight U8 [out, in/2];
     # one E4M3 scale per 16 elements, weight_scale F8_E4M3 [out, in/16]; the FP32 per-tensor
     # weight_scale_2 and input_scale are 0-d.
-    layout = {}
-    for module, ((out, inp), _) in zip((Q, O), LINEARS.values()):
-        layout[module + ".weight"] = ("uint8", (out, inp * E2M1_BITS // 8))
-        layout[module + ".weight_scale"] = ("float8_e4m3fn", (out, inp // 16))
-        layout[module + ".weight_scale_2"] = ("float32", ())
-        layout[module + ".input_scale"] = ("float32", ())
+    layout = per_module(LINEARS, lambda out, inp: {
+        ".weight": ("uint8", (out, inp * E2M1_BITS // 8)), ".weight_scale": ("float8_e4m3fn", (out, inp // 16)),
+        ".weight_scale_2": ("float32", ()), ".input_scale": ("float32", ())})
     assert planned(cfg, LINEARS) == exported(tmp_path, layout)
 
 
 def test_modelopt_fp8_is_to_the_byte_what_modelopt_exports(tmp_path):
     # ModelOpt's per-tensor FP8 export (nvidia/Llama-3.1-8B-Instruct-FP8 and the like): weight
     # F8_E4M3 [out, in] with 0-d F32 weight_scale and input_scale (static activation scales).
-    layout = {}
-    for module, ((out, inp), _) in zip((Q, O), LINEARS.values()):
-        layout[module + ".weight"] = ("float8_e4m3fn", (out, inp))
-        layout[module + ".weight_scale"] = ("float32", ())
-        layout[module + ".input_scale"] = ("float32", ())
+    layout = per_module(LINEARS, lambda out, inp: {
+        ".weight": ("float8_e4m3fn", (out, inp)), ".weight_scale": ("float32", ()), ".input_scale": ("float32", ())})
     cfg = {"quant_method": "modelopt", "quant_algo": "FP8", "exclude_modules": ["lm_head"]}
     assert planned(cfg, LINEARS) == exported(tmp_path, layout)
 
@@ -549,11 +547,8 @@ def test_modelopt_mxfp8_is_to_the_byte_what_the_mx_format_stores(tmp_path):
     # ModelOpt MXFP8 (vLLM's ModelOpt MXFP8 method, block 1 x 32): weight F8_E4M3 [out, in];
     # one E8M0 scale byte per 32 elements of a row, weight_scale U8 [out, in/32].
     params = {Q + ".weight": ((384, 256), "linear"), O + ".weight": ((288, 96), "linear")}
-    layout = {}
-    for name, ((out, inp), _) in params.items():
-        module = name.removesuffix(".weight")
-        layout[module + ".weight"] = ("float8_e4m3fn", (out, inp))
-        layout[module + ".weight_scale"] = ("uint8", (out, inp // MX_K))
+    layout = per_module(params, lambda out, inp: {
+        ".weight": ("float8_e4m3fn", (out, inp)), ".weight_scale": ("uint8", (out, inp // MX_K))})
     assert planned({"quant_method": "modelopt", "quant_algo": "MXFP8"}, params) == exported(tmp_path, layout)
 
 
