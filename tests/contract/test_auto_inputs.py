@@ -11,9 +11,11 @@ import pytest
 import torch
 
 import selective_offload
-from helpers import nothing_applied, save_tiny_qwen3
+from builders import gpu_profile
+from helpers import nothing_applied, save_tiny_qwen3, save_tiny_qwen3_moe
 from selective_offload.errors import PlanError, UserError
 from selective_offload.options import ENV_DEVICE_MEMORY, ENV_PLAN, RunOptions, device_memory_from_env
+from selective_offload.probe.profile import PROFILE_ENV
 from selective_offload.vllm_glue import plugin
 from selective_offload.vllm_glue.auto_plan import plan_at_start
 
@@ -85,10 +87,6 @@ def test_the_plan_made_at_engine_start_takes_the_probes_host_kernel_rates(tmp_pa
     start takes them into its inputs, as a plan made with the CLI from the same profile does (they price
     host-compute and decide its claim on
     this host: test_host_compute.py); without the profile, neither."""
-    from builders import gpu_profile
-    from helpers import save_tiny_qwen3_moe
-    from selective_offload.probe.profile import PROFILE_ENV
-
     model = save_tiny_qwen3_moe(tmp_path / "moe", seed=5)
     profile = gpu_profile(cpu_kernel_gbps={"bf16": 30.0}, cpu_threads=2, host_read_gbps=40.0, handoff_s=12e-6)
     profile.save(tmp_path / "profile.json")
