@@ -11,6 +11,8 @@ import pytest
 import selective_offload
 from selective_offload.cli import main
 from selective_offload.errors import UserError
+from selective_offload.plan_format import PlanInputs
+from selective_offload.plan_format.inputs import InputError
 
 BASE = ["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--host-memory", "none"]
 KEYWORDS = {"device_memory": "24GiB", "host_memory": "none"}
@@ -66,9 +68,6 @@ def test_errors_from_python_name_the_keyword(keywords, said):
 
 
 def test_a_plan_made_in_python_that_contradicts_itself_is_refused():
-    from selective_offload.plan_format import PlanInputs
-    from selective_offload.plan_format.inputs import InputError
-
     with pytest.raises(InputError, match="context tokens 200 is beyond max_model_len 100"):
         PlanInputs(device_memory_bytes=10**10, max_model_len=100, max_seqs=2, context_tokens=200).validate()
     with pytest.raises(InputError, match="batch 3 is above max_seqs 2"):
