@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
+from huggingface_hub import constants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,8 +67,6 @@ def repo(index: bytes | None = None, **files: bytes) -> dict[str, bytes]:
 def serving(monkeypatch, tmp_path, files: dict[str, bytes], **modes):
     """A fake hub serving ``files`` as :data:`REPO`, with huggingface_hub pointed at it (as
     ``HF_ENDPOINT`` and ``HF_HUB_CACHE`` point it when set before its import) and online."""
-    from huggingface_hub import constants
-
     with FakeHub({REPO: files}, **modes) as hub:
         monkeypatch.setattr(constants, "ENDPOINT", hub.url)
         monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
@@ -293,11 +296,6 @@ def test_a_damaged_cached_index_offline_is_one_line(tmp_path, index, said):
     """The local hub cache (the layout huggingface_hub and vLLM leave: refs/main naming a
     snapshot) holds a config and a damaged shard index; ``plan ORG/NAME`` with
     HF_HUB_OFFLINE=1, run as the user runs it, says so in one line, exit 2."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     commit = "0123456789abcdef0123456789abcdef01234567"
     folder = tmp_path / "hf" / "hub" / f"models--{REPO.replace('/', '--')}"
     snapshot = folder / "snapshots" / commit
