@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import write_header_only
+import selective_offload
+from helpers import nothing_applied, write_header_only
 from selective_offload.checkpoint.headers import INDEX_NAME, shard_name_problem
 from selective_offload.cli import EXIT_USAGE, main
 from selective_offload.errors import UserError
@@ -40,9 +41,6 @@ def test_a_repo_id_huggingface_hub_refuses_is_one_line_through_enable(monkeypatc
                                                                       nothing_enabled):
     """The same ids handed to ``enable()`` and ``plan()`` from Python (a ``HFValidationError``
     traceback through ``enable()`` before): a :class:`UserError` of one line, nothing applied."""
-    import selective_offload
-    from helpers import nothing_applied
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
