@@ -16,12 +16,16 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+import selective_offload
+from helpers import nothing_applied
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.cli import BUNDLED, main
+from selective_offload.cpu_kernels import claimed
 from selective_offload.errors import PlanError
-from selective_offload.plan_format import MAX_PLAN_INT, Plan, PlanInputs
+from selective_offload.plan_format import MAX_PLAN_INT, REPLAN, Plan, PlanInputs
 from selective_offload.planner import make_plan
 from selective_offload.sizes import GiB
+from selective_offload.vllm_glue import plugin
 
 #: A refusal longer than this is not a line a user reads.
 MAX_LINE = 1000
@@ -130,10 +134,6 @@ def test_a_format_version_of_5000_digits_is_one_line_where_a_user_hands_the_plan
     """The same file as the user hands it over: ``enable(path)`` and the plugin reading
     ``SELECTIVE_OFFLOAD_PLAN`` (the first process vLLM starts); each is one bounded line and
     applies nothing (the uncaught ``ValueError`` of int() on 5000 digits was a traceback)."""
-    import selective_offload
-    from helpers import nothing_applied
-    from selective_offload.vllm_glue import plugin
-
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({**valid_plan, "format": "selective-offload/plan-v" + "5" * 5000}))
     with pytest.raises(PlanError, match=r"\(5000 digits\) is not one") as by_enable:
@@ -155,11 +155,6 @@ def test_a_plan_of_an_older_format_is_refused_in_one_line_that_says_to_plan_agai
     older one (here in v3's words: ``cls``, one ``placement`` per group, ``bulk``) is refused
     where a user hands it over, by ``enable(path)`` and by the plugin reading
     ``SELECTIVE_OFFLOAD_PLAN``, in one line saying to make the plan again; nothing applies."""
-    import selective_offload
-    from helpers import nothing_applied
-    from selective_offload.plan_format import REPLAN
-    from selective_offload.vllm_glue import plugin
-
     old = {**valid_plan, "format": f"selective-offload/plan-v{version}", "bulk": None,
            "groups": [{**{k: v for k, v in g.items() if k not in ("role", "location", "serving")},
                        "cls": g["role"], "placement": "host-cold"} for g in valid_plan["groups"]]}  # old words, kept
@@ -273,8 +268,6 @@ def test_a_model_of_extreme_sizes_is_refused_in_one_line_or_planned_into_a_file_
 @pytest.fixture(scope="module")
 def mlp_plan() -> dict:
     """The reference plan with the block FP8 CPU kernel claimed: dense MLPs computed on the host."""
-    from selective_offload.cpu_kernels import claimed
-
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(claimed.CLAIMED, "fp8-block", True)
         plan = make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]), PlanInputs(device_memory_bytes=24 * GiB))
@@ -285,8 +278,6 @@ def mlp_plan() -> dict:
 
 @given(data=st.data())
 def test_a_host_compute_mlp_plan_with_an_mlp_field_replaced_loads_or_is_one_line(mlp_plan, workdir, data):
-    from selective_offload.cpu_kernels import claimed
-
     index = next(i for i, g in enumerate(mlp_plan["groups"]) if g["kind"] == "mlp")
     paths = [*_paths(mlp_plan["groups"][index], ("groups", index)), *_paths(mlp_plan["host_compute"], ("host_compute",))]
     path = data.draw(st.sampled_from(paths), label="field")
