@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from helpers import write_header_only
 from selective_offload.cli import EXIT_USAGE, main
 from selective_offload.errors import UserError
-from selective_offload.probe import PROFILE_ENV, Profile, load_profile
+from selective_offload.probe import PROFILE_ENV, Profile, command, load_profile
 from selective_offload.probe.profile import MAX_PROFILE_BYTES, PROFILE_FIELDS
 
 #: A message longer than this is not one line a person reads.
@@ -118,8 +118,6 @@ def test_a_profile_named_as_an_argument_is_not_blamed_on_the_variable(tmp_path, 
 def test_a_probe_output_that_cannot_be_written_is_refused_before_measuring(capsys, tmp_path, monkeypatch, case, says):
     """`probe -o PATH` measured first (a minute on a GPU) and only then found it could not
     write the profile; the path is tried first, as plan's outputs are."""
-    from selective_offload.probe import command
-
     measured: list = []
     monkeypatch.setattr(command, "measure", lambda **kw: measured.append(kw) or pytest.fail("measured first"))
     target = "/proc/profile.json" if case == "into /proc" else str(tmp_path)
