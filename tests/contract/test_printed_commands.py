@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from builders import gpu_profile
 from selective_offload.cli import build_parser, main
 from selective_offload.probe.profile import Profile
 
@@ -124,8 +125,6 @@ def test_the_probes_line_for_planning_runs_as_printed(tmp_path, gpu):
     """A profile with the host kernels measured, of a GPU and without one: the line is a
     ``selective-offload plan MODEL ...`` command whose flags ``plan`` takes, and the remarks
     (the CPU kernels' rates, no GPU) are on lines of their own, never run."""
-    from builders import gpu_profile
-
     profile = gpu_profile(cpu_kernel_gbps={"bf16": 30.0, "mxfp4": 12.5}, cpu_threads=8, host_read_gbps=40.0)
     if not gpu:
         profile = Profile.from_dict({**profile.to_dict(), "device": None, "link_gbps_pinned": None,
