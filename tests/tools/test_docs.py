@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+import selective_offload
 from helpers import REPO
 from selective_offload import cli, options
+from selective_offload.plan_options import PlanOptions
 
 README = REPO / "README.md"
 #: The pages a person reads, and the folders whose paths they may quote.
@@ -163,9 +165,6 @@ def python_calls(page: Path) -> list[ast.Call]:
 
 @pytest.mark.parametrize("page", [README, REPO / "docs" / "usage" / "vllm.md"], ids=lambda p: p.name)
 def test_the_python_shown_calls_what_the_package_exports_with_options_it_takes(page):
-    import selective_offload
-    from selective_offload.plan_options import PlanOptions
-
     calls = python_calls(page)
     assert {c.func.attr for c in calls} >= {"plan", "enable"}
     for call in calls:
