@@ -31,6 +31,8 @@ from benchmarks import uva_read as bench_uva_read  # noqa: E402
 from benchmarks.gpu import figures as gpu_figures  # noqa: E402
 from benchmarks.gpu import pack as gpu_run_pack  # noqa: E402
 from benchmarks.gpu import sections as gpu_sections  # noqa: E402
+from selective_offload import probe
+from selective_offload.probe import measurements  # the UVA series calls its own module's gemv_read_s
 
 
 @pytest.fixture(scope="module")
@@ -234,9 +236,6 @@ def test_the_benchmark_and_the_probe_share_one_read_measurement(monkeypatch):
     """benchmarks/uva_read/ sweeps sizes over the probe's own read kernel
     (probe.gemv_read_s), for the UVA view and the device copy alike: one measurement, not two
     written apart; the probe's UVA series goes through it too."""
-    from selective_offload import probe
-    from selective_offload.probe import measurements  # the UVA series calls its own module's gemv_read_s
-
     calls = []
     for where in (probe, measurements):
         monkeypatch.setattr(where, "gemv_read_s", lambda w, **kw: (calls.append(w.numel() * w.element_size()), 0.001)[1])
