@@ -9,6 +9,7 @@ import ast
 from pathlib import Path
 
 from helpers import REPO
+from selective_offload.log import LOGGER_NAME
 
 PACKAGE = REPO / "selective_offload"
 
@@ -124,8 +125,6 @@ def logger_names(path: Path) -> list[str]:
 
 def test_the_package_logs_through_one_logger_under_vllms_name():
     """vLLM formats and routes the lines of loggers under ``vllm``; one name means one switch."""
-    from selective_offload.log import LOGGER_NAME
-
     assert LOGGER_NAME.startswith("vllm.")
     calls = {str(p.relative_to(REPO)): logger_names(p) for p in PACKAGE.rglob("*.py") if logger_names(p)}
     assert calls == {"selective_offload/log.py": ["LOGGER_NAME"]}, calls
