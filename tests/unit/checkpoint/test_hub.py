@@ -19,6 +19,7 @@ from helpers import REPO
 from hub_server import COMMIT, FakeHub
 from selective_offload.checkpoint import INDEX_NAME, load_checkpoint
 from selective_offload.checkpoint.hub import parse_hub_id
+from selective_offload.planner import PlanInputs, make_plan
 
 ROOT = REPO
 REPO = "tiny-org/tiny-qwen3"
@@ -157,8 +158,6 @@ def test_enable_takes_a_hub_id(model_dir, tmp_path):
     the id; enable(plan, model=ORG/NAME) checks the plan against them; a plan for another
     model is refused; a bare hub id in the plan's place is refused, naming the calls that plan
     it. Run in a subprocess: huggingface_hub reads HF_ENDPOINT at import."""
-    from selective_offload.planner import PlanInputs, make_plan
-
     ckpt = load_checkpoint(model_dir)
     make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0, reserve_bytes=0)) \
         .save(tmp_path / "plan.json")
