@@ -7,24 +7,30 @@ import argparse
 import dataclasses
 import json
 import math
+import time as time_
 
 import pytest
 import torch
 
 from builders import gpu_profile
+from selective_offload.cli import main
 from selective_offload.errors import UserError
+from selective_offload.plan_format import PlanInputs
 from selective_offload.probe import (
     PROFILE_ENV,
     PROFILE_FORMAT,
     Profile,
     add_probe_arguments,
+    command,
     default_profile_path,
     describe,
     load_profile,
     measure,
     plan_defaults,
     run_probe,
+    uva_read_series,
 )
+from selective_offload.probe import measurements as probe
 from selective_offload.sizes import GiB
 
 MiB = 1 << 20
@@ -70,8 +76,6 @@ def test_uva_read_series_times_a_kernel_reading_a_view_of_host_memory():
     """The UVA read measurement's code path on the CPU: the host tensor itself stands in for
     the UVA device view (no CUDA device exists here), read by the same matrix-vector product; a size
     past the required ones that cannot be allocated is left out, a required one is one line."""
-    from selective_offload.probe import uva_read_series
-
     seen = []
 
     def view(host):
@@ -94,8 +98,6 @@ def test_uva_read_series_times_a_kernel_reading_a_view_of_host_memory():
 
 
 def test_decode_read_rate_is_the_weight_bytes_of_a_matrix_vector_product(monkeypatch):
-    from selective_offload.probe import measurements as probe
-
     calls = []
     monkeypatch.setattr(probe, "_median_s", lambda fn, **kw: (calls.append(fn()), 0.25)[1])
     rate = probe.decode_read_gbps(torch.device("cpu"), 4 * MiB, repeats=1, warmup=0, cuda=None, cols=1024)
@@ -103,8 +105,6 @@ def test_decode_read_rate_is_the_weight_bytes_of_a_matrix_vector_product(monkeyp
 
 
 def test_matmul_rate_counts_two_n_cubed_flops(monkeypatch):
-    from selective_offload.probe import measurements as probe
-
     monkeypatch.setattr(probe, "_median_s", lambda fn, **kw: (fn(), 0.5)[1])
     assert probe.matmul_tflops(torch.device("cpu"), 100, torch.float32, repeats=1, warmup=0, cuda=None) == \
         pytest.approx(2 * 100 ** 3 / 0.5 / 1e12)
@@ -333,8 +333,6 @@ def test_a_quick_probe_with_a_cached_read_rate_does_not_switch_host_compute_off(
     kernel's (the CPU kernel then fails the claim bar): the bundled reference plan still
     computes on the CPU, as with no profile; a full probe's same rates would switch it off,
     and the default view says so in its `cpu:` line."""
-    from selective_offload.cli import main
-
     reference = ["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB"]
     assert main([*reference, "--json"]) == 0
     without = json.loads(capsys.readouterr().out)
@@ -381,8 +379,6 @@ def test_plan_defaults_of_a_gpu_profile_supply_link_vram_and_device_memory():
 
 
 def test_plan_defaults_feed_plan_inputs():
-    from selective_offload.plan_format import PlanInputs
-
     supplied = {k: v for k, v in plan_defaults(gpu_profile()).items() if v is not None}
     inputs = PlanInputs(**supplied)
     inputs.validate()
@@ -455,9 +451,6 @@ def test_run_probe_end_to_end(tmp_path, capsys):
 def test_a_long_probe_says_what_it_measures_on_stderr(tmp_path, monkeypatch, capsys):
     """A probe that outlasts ``PROGRESS_AFTER_S`` says what it measures and when it is done,
     on stderr (stdout keeps the profile's summary alone); a quick one says nothing there."""
-    import time as time_
-
-    from selective_offload.probe import command
 
     assert run_probe(_args(["--output", str(tmp_path / "q.json"), "--quick", "--device", "cpu"])) == 0
     assert "measuring" not in capsys.readouterr().err
