@@ -6,11 +6,15 @@ import json
 import shutil
 import subprocess
 import sys
+import types
+from dataclasses import fields
 
 import pytest
 
 from helpers import save_tiny_qwen3, write_header_only, write_raw_header
-from selective_offload.cli import EXIT_INFEASIBLE, EXIT_USAGE, main
+from selective_offload.cli import EXIT_INFEASIBLE, EXIT_USAGE, build_parser, main
+from selective_offload.cpu_kernels import claimed
+from selective_offload.plan_options import PlanOptions, option_docs
 from selective_offload.planner import Plan
 
 
@@ -165,8 +169,6 @@ def test_console_script_error_exit_code(tmp_path):
 def test_an_integrated_gpu_is_named_in_the_plan_output(capsys, monkeypatch):
     """This machine has no GPU: torch's device queries are stood in for, to show what a
     DGX Spark or Jetson user sees."""
-    import types
-
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -271,8 +273,6 @@ def test_the_kv_trade_off_is_printed_with_the_model_sized_cache(capsys):
 
 
 def test_plan_lists_host_compute_mlps_and_no_host_compute_turns_them_off(capsys, monkeypatch):
-    from selective_offload.cpu_kernels import claimed
-
     monkeypatch.setitem(claimed.CLAIMED, "fp8-block", True)
     code, out, err = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--json")
     assert code == 0, err
@@ -292,10 +292,6 @@ def test_plan_lists_host_compute_mlps_and_no_host_compute_turns_them_off(capsys,
 def test_every_plan_option_is_a_flag_made_from_its_field_with_its_docstring_as_help():
     """PlanOptions is the one source: each field is one `plan` flag (and a keyword of
     selective_offload.plan()), its help the docstring under the field, nothing else plans."""
-    from dataclasses import fields
-
-    from selective_offload.cli import build_parser
-    from selective_offload.plan_options import PlanOptions, option_docs
 
     parser = build_parser()
     plan_parser = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" plan"))
