@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+import helpers
 import selective_offload
 from helpers import nothing_applied, save_tiny_qwen3, tight_plan
 from selective_offload.checkpoint import load_checkpoint
@@ -213,8 +214,6 @@ def test_loaders_defined_after_enable_are_guarded_and_released(bf16):
 def test_a_plan_made_from_the_config_before_download_is_accepted_on_the_checkpoint(tmp_path, builder):
     """Plan from config.json alone (before any weights exist), then save a tiny model of
     that config: enable() accepts the plan on the checkpoint, group by group."""
-    import helpers
-
     model = getattr(helpers, builder)(tmp_path / "m", seed=1)
     estimated = load_checkpoint(model / "config.json")
     assert estimated.kind == "config"
