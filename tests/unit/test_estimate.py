@@ -6,8 +6,22 @@ import pytest
 
 from selective_offload.acceptance import expected_tokens_per_step
 from selective_offload.checkpoint import Checkpoint, TensorInfo, tensor_nbytes
+from selective_offload.estimate.host import (
+    device_share_traffic,
+    host_compute_bound_tokens,
+    share_held_bytes,
+    share_native,
+)
 from selective_offload.estimate.step import LayerCost, inline_step_s, pipelined_step_s, step_cost
-from selective_offload.estimate.traffic import DEFAULT_DECODE_READ_FACTOR, StepSettings, Traffic
+from selective_offload.estimate.traffic import (
+    DEFAULT_DECODE_READ_FACTOR,
+    EXPERTS_CPU,
+    EXPERTS_UVA,
+    ExpertsRead,
+    StepSettings,
+    Traffic,
+    expert_read_fraction,
+)
 from selective_offload.kv_model import KvModel
 from selective_offload.planner import PlanInputs, break_even_accept_rate, group_tensors, prefetch_buffer_bytes
 
@@ -66,8 +80,6 @@ def test_the_step_hides_a_copy_behind_a_layer_computed_on_the_host():
     Read from VRAM at 1000 GB/s the layers' own reads are about 0.5 ms. The copy hides
     behind the CPU's time, and its 50 ms of host reads at 10 GB/s with the kernel's 100 ms
     bind: 150 ms, plus layer 1's own 0.5 ms, which no copy hides."""
-    from selective_offload.estimate.traffic import EXPERTS_CPU, ExpertsRead
-
     gb = 10 ** 9
     traffic = Traffic(layers=((gb // 1000, False), (gb // 2, True)),
                       experts=(ExpertsRead(0, gb, 1, 1, EXPERTS_CPU),))
@@ -93,8 +105,6 @@ def test_a_device_share_runs_beside_the_cpu_and_the_layer_waits_for_the_longer()
     (0.25 ms), the rest by the CPU at 10 GB/s (75 ms + a 1 ms hand-off). The two run at once,
     so the step is the layer's own read and the longer of the two: 76 ms + 1 us, not their
     sum; the CPU's time shrinks with its share, and the share's reads are VRAM time."""
-    from selective_offload.estimate.traffic import EXPERTS_CPU, ExpertsRead
-
     gb = 10 ** 9
 
     def cost(share, vram=1000.0):
@@ -223,9 +233,6 @@ def test_prefetch_buffers_of_a_hybrid_stack_cover_both_layer_kinds():
 
 
 def test_the_compute_bound_step_is_where_the_cpus_flops_overtake_its_bytes_whatever_the_ranks():
-    from selective_offload.estimate.host import host_compute_bound_tokens
-    from selective_offload.estimate.traffic import EXPERTS_CPU, EXPERTS_UVA, ExpertsRead, StepSettings
-
     # a dense MLP (one expert every token takes): 10 MB read whole, 1e7 FLOPs per token
     mlp = ExpertsRead(0, 10_000_000, 1, 1, EXPERTS_CPU, 1e7)
     settings = StepSettings(13.9, 472.0, cpu_gbps=50.0, cpu_tflops=0.1)
@@ -240,8 +247,6 @@ def test_the_compute_bound_step_is_where_the_cpus_flops_overtake_its_bytes_whate
 def test_a_share_is_held_at_least_as_wide_as_bf16():
     """Two bytes a parameter for packed 4-bit and 8-bit formats (dequantized to bf16), the
     stored bytes for bf16 and float32 (neither narrowed)."""
-    from selective_offload.estimate.host import share_held_bytes
-
     assert share_held_bytes({"BF16": 1000}) == 1000
     assert share_held_bytes({"F32": 1000}) == 1000
     assert share_held_bytes({"F8_E4M3": 1000, "F32": 8}) == 2008
@@ -255,9 +260,6 @@ def test_an_mxfp4_expert_share_is_held_as_stored_and_reads_each_picked_expert_on
     is the share's experts the step picks (uniform routing: each with the chance
     ``1 - (1 - k/E)^T``), each read once at its stored size, whatever the tokens; its FLOPs
     are the slots that land in the share."""
-    from selective_offload.estimate.host import device_share_traffic, share_held_bytes, share_native
-    from selective_offload.estimate.traffic import EXPERTS_CPU, ExpertsRead, expert_read_fraction
-
     assert share_native("mxfp4", True) and not share_native("mxfp4", False)
     assert not share_native("bf16", True) and not share_native("int4", True) and not share_native(None, True)
     stored = {"U8": 4000, "BF16": 64}
