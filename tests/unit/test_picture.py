@@ -23,6 +23,9 @@ from selective_offload.sizes import GiB  # noqa: E402
 ROOT = REPO
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_plan_picture  # noqa: E402
+from selective_offload.checkpoint import load_checkpoint
+from selective_offload.cli import BUNDLED
+from selective_offload.planner import PlanInputs, make_plan
 
 RESULTS = ROOT / "docs" / "images"
 
@@ -82,10 +85,6 @@ def moe_plan():
     module has never heard of (on a layer group, which the step model prices as resident:
     an unknown way of reading experts cannot be priced at all). Built by hand so that the
     picture sees every placement at once, which no single planner plan has."""
-    from selective_offload.checkpoint import load_checkpoint
-    from selective_offload.cli import BUNDLED
-    from selective_offload.planner import PlanInputs, make_plan
-
     # without host-compute: every decoder layer one group, as the hand split below expects
     plan = make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]),
                      PlanInputs(device_memory_bytes=24 * GiB, vllm_cpu_offload_gb=10.0, host_compute=False))
