@@ -14,6 +14,7 @@ from dataclasses import replace
 from helpers import save_tiny_qwen3
 from selective_offload import cli, plan_options, render
 from selective_offload.cli import build_parser, main
+from selective_offload.cpu_kernels import claimed
 from selective_offload.plan_format import EST_IGNORES, EST_MODEL, Plan
 from selective_offload.render import MIN_PRICED_MODEL_BYTES, priced, render_plan
 from selective_offload.sizes import fmt_bytes
@@ -52,8 +53,6 @@ def next_commands(out: str) -> list[str]:
 def test_the_reference_plan_says_its_verdict_first_in_at_most_20_lines_of_80_columns(capsys, monkeypatch):
     """With the block FP8 kernel claimed, so the view has its host-compute line too (whether it
     is claimed is the benchmark's verdict: test_claimed.py)."""
-    from selective_offload.cpu_kernels import claimed
-
     monkeypatch.setitem(claimed.CLAIMED, "fp8-block", True)
     monkeypatch.setattr(plan_options, "machine_ram_bytes", lambda: 64 << 30)
     code, out, err = run(capsys, *REFERENCE)
