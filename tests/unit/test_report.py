@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from builders import Model, checkpoint_of, cold_ids, plan_for
+from builders import Model, checkpoint_of, cold_ids, make_ckpt, plan_for
 from selective_offload.errors import PlanError
-from selective_offload.report import TOLERANCE, LandingReport, build_report
+from selective_offload.names import model_names
+from selective_offload.report import TOLERANCE, LandingReport, build_report, judge_host_memory, rank_path
 from selective_offload.vllm_glue.offloader import select_layers
 
 
@@ -152,8 +153,6 @@ def test_pipeline_ranks_each_hold_a_part_and_the_merge_finds_every_group(tmp_pat
     """With pipeline parallelism each rank builds part of the model (vLLM puts
     PPMissingLayer where the rest would be): a rank's missing groups are left to the
     merge, which takes each group from the rank that holds it and flags any no rank holds."""
-    from selective_offload.report import rank_path
-
     plan = plan_for(checkpoint_of())
     first, last = Model(), Model()
     first.model.layers = nn.ModuleList([first.model.layers[0], first.model.layers[1]])
@@ -176,8 +175,6 @@ def test_pipeline_ranks_each_hold_a_part_and_the_merge_finds_every_group(tmp_pat
 
 
 def _judged(policy, *, cold=1000, registered=0, torch_pinned=None, host_is_device=False):
-    from selective_offload.report import judge_host_memory
-
     report = LandingReport("f", "cuda:0", host_is_device, landed_cold_on_host_bytes=cold)
     judge_host_memory(report, policy=policy, reason=f"because {policy}",
                       locked_by_how={"registered": registered} if registered else {},
@@ -219,8 +216,6 @@ def test_a_group_the_model_names_otherwise_is_matched_by_its_name_in_the_model()
     through the model's names the report finds the embedding's bytes in its planned group
     (the report keeps the plan's name); without them they are in no group and the
     embedding group is missing."""
-    from selective_offload.names import model_names
-
     model, ckpt = Model(), checkpoint_of()
     plan = plan_for(ckpt)
     model.model.embedding = model.model.embed_tokens
@@ -242,8 +237,6 @@ def test_the_plan_and_the_report_say_the_same_serving_for_every_group_kind():
     says, planned and landed, for every kind: a decoder layer and the LM head resident, the
     embedding gathered, the tower onloaded on demand, and a cold table of kind module (an
     n-gram table vLLM keeps on the host), gathered: the report once said on-demand for it."""
-    from builders import make_ckpt
-
     model, n = Model(), 16
     model.model.layers[1].engram = nn.Module()
     model.model.layers[1].engram.embed = nn.Embedding(64, n)
