@@ -14,6 +14,7 @@ import pytest
 from helpers import REPO
 from selective_offload.options import RunOptions
 from selective_offload.report import GroupLanding, LandingReport, rank_path
+from selective_offload.vllm_glue.session import save_report
 
 ROOT = REPO
 
@@ -179,7 +180,6 @@ def test_reports_without_a_world_size_still_read_and_a_gap_is_named(tmp_path):
 
 def test_each_rank_records_the_world_size_it_ran_in(tmp_path):
     """The glue's save stamps the world size (1 here: no distributed group)."""
-    from selective_offload.vllm_glue.session import save_report
     save_report(a_report(), str(tmp_path / "report.json"))
     assert LandingReport.load(tmp_path / "report.json").world_size == 1
 
