@@ -15,7 +15,8 @@ import pytest
 import selective_offload
 from helpers import CountedChecks, save_tiny_qwen3, tight_plan
 from selective_offload.errors import PlanError
-from selective_offload.vllm_glue import caller, patches
+from selective_offload.options import RunOptions
+from selective_offload.vllm_glue import caller, compat, patches
 
 pytestmark = pytest.mark.usefixtures("nothing_enabled")
 
@@ -76,9 +77,6 @@ def test_before_any_engine_the_plan_is_checked_exactly_once(models, model_given)
 def test_a_plan_installed_without_enable_is_checked_once_at_the_engine_start(models):
     """The plugin's path (``vllm serve`` with SELECTIVE_OFFLOAD_PLAN): nothing checked the
     plan before, so the engine's start does, once."""
-    from selective_offload.options import RunOptions
-    from selective_offload.vllm_glue import compat
-
     model, _ = models
     plan = tight_plan(model)
     patches.apply(patches.Settings(plan, RunOptions("plan.json", False, None, "auto")), compat.resolve_targets())
