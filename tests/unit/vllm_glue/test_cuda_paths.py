@@ -21,6 +21,8 @@ recorded rather than used) and stands in only for what needs the device:
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -28,8 +30,26 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from builders import MB, Inner, Model, checkpoint_of, cold_ids, plan_for, toy
+from builders import inputs as plan_inputs
+from selective_offload.errors import PlanError
+from selective_offload.options import RunOptions
 from selective_offload.plan_format import COLD_SERVINGS, Serving
-from selective_offload.wrappers.page_locked import PAGE, PageLockedLedger, PinPolicy
+from selective_offload.planner import make_plan
+from selective_offload.report import build_report
+from selective_offload.vllm_glue import offloader as offloader_module
+from selective_offload.vllm_glue.embedding import install_host_embedding
+from selective_offload.vllm_glue.loading import (
+    _construct_drafter,
+    _keep_post_processing_on_host,
+    finish,
+    judge_after_post_init,
+    refuse_what_the_plan_cannot_survive,
+    whole_tower_over_budget,
+)
+from selective_offload.vllm_glue.session import Load, Session, Settings
+from selective_offload.wrappers.construct_on_host import ConstructOnHost
+from selective_offload.wrappers.page_locked import PAGE, AlreadyRegistered, PageLockedLedger, PinPolicy
 from selective_offload.wrappers.residency import OffloadError
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -76,8 +96,6 @@ class PageRegistrar:
         self.pinned = pinned
 
     def register(self, ptr: int, nbytes: int) -> None:
-        from selective_offload.wrappers.page_locked import AlreadyRegistered
-
         pages = set(range(ptr // PAGE, (ptr + nbytes - 1) // PAGE + 1))
         if any(pages & set(range(p // PAGE, (p + n - 1) // PAGE + 1)) for p, n in self.registered.items()):
             raise AlreadyRegistered(ptr)
@@ -138,9 +156,6 @@ def test_a_drafters_host_embedding_and_head_take_no_device_round_trip(vllm_post_
     """vLLM post-processes a drafter on the CUDA target: its host-built embedding and LM
     head (vLLM replaces them by the target's) must not cross to the device and back into
     rounded torch-pinned storage. Same parameter objects, same storage, nothing pinned."""
-    from selective_offload.vllm_glue.loading import _construct_drafter
-    from selective_offload.vllm_glue.session import Session, Settings
-
     vpe = vllm_post_processing.vpe
 
     class Drafter(nn.Module):
@@ -219,10 +234,6 @@ def test_a_method_that_needs_the_device_round_trips_one_module_back_to_exact_hos
 def test_a_cold_module_post_processed_through_a_round_trip_is_still_built_on_the_host():
     """Post-processing may give a cold parameter new host storage (a quantized method's
     round trip): it was built on the host, and the report must still say so."""
-    from builders import Inner, checkpoint_of, plan_for
-    from selective_offload.report import build_report
-    from selective_offload.wrappers.construct_on_host import ConstructOnHost
-
     class Visual(nn.Sequential):
         def __init__(self, n, prefix=""):
             super().__init__(nn.Linear(n, n), nn.Linear(n, n))
@@ -324,9 +335,6 @@ def test_hot_layers_are_page_locked_once_at_their_size_after_post_init(vllm_post
     each layer is built; post_init leaves the layers registered once (one arena each, at
     their size plus alignment) and nothing in torch's cache, and the glue's verdict runs
     after that, on the final figures. vLLM's post-processing takes no layer to the device."""
-    from selective_offload.vllm_glue import offloader as offloader_module
-    from selective_offload.vllm_glue.loading import _keep_post_processing_on_host
-
     pinned = vllm_post_processing.pinned
     registrar = PageRegistrar(pinned)
     ledger = PageLockedLedger(PinPolicy.decide(cuda=True), registrar)
@@ -381,10 +389,6 @@ def test_hot_layers_are_page_locked_once_at_their_size_after_post_init(vllm_post
 def test_the_host_gather_under_cuda_graphs_is_refused_before_load():
     """A host gather is host work a CUDA graph cannot capture: with graphs captured and
     SELECTIVE_OFFLOAD_EMBEDDING=host, the load is refused up front, not during capture."""
-    from selective_offload.errors import PlanError
-    from selective_offload.options import RunOptions
-    from selective_offload.vllm_glue.loading import refuse_what_the_plan_cannot_survive
-
     plan = SimpleNamespace(groups=[SimpleNamespace(group="model.embed_tokens", serving=Serving.GATHER)])
 
     def session(mode):
@@ -404,8 +408,6 @@ def test_the_host_gather_under_cuda_graphs_is_refused_before_load():
 def test_a_uva_view_is_refused_when_registration_does_not_pin(vllm_post_processing):
     """vLLM's view op makes a private full copy of a table that is not pinned: after
     registration, is_pinned() must be true, or the view is refused with one line."""
-    from selective_offload.vllm_glue.embedding import install_host_embedding
-
     class NotPinning(PageRegistrar):
         def is_pinned(self, t):
             return False
@@ -426,9 +428,6 @@ def test_a_uva_table_stays_registered_and_nothing_is_unregistered_at_exit():
     """A captured CUDA graph may hold a UVA table's device address after the module is
     collected: that memory stays registered. Other memory is unregistered when its owner
     is collected, but not by an exit handler (the driver frees it with the process)."""
-    import gc
-    import weakref
-
     registrar = PageRegistrar(TorchPinned())
     ledger = PageLockedLedger(PinPolicy.decide(cuda=True), registrar)
     uva_owner, owner = nn.Linear(2, 2), nn.Linear(2, 2)
@@ -448,11 +447,6 @@ def test_a_tower_whose_blocks_vllm_compiles_is_budgeted_whole():
     hooks even uncompiled), so the tower is onloaded whole: the plan budgets all of it,
     not two blocks; and the glue reports a plan that budgeted less than a tower it had to
     onload whole."""
-    from builders import MB, toy
-    from builders import inputs as plan_inputs
-    from selective_offload.planner import make_plan
-    from selective_offload.vllm_glue.loading import whole_tower_over_budget
-
     blocks = make_plan(toy(), plan_inputs(530))
     assert blocks.est_transient_device_bytes == 2 * 9 * MB + 4 * MB
     whole = make_plan(toy(model_type="qwen3_vl"), plan_inputs(530))
@@ -468,12 +462,6 @@ def test_page_locked_memory_is_judged_after_the_prefetch_offloaders_post_init():
     """With hot layers, vLLM's prefetch offloader settles their host storage in post_init,
     after the load: the page-locked verdict waits for it (the report at load says so), and
     is made, and raised on in strict mode, when post_init has run."""
-    from builders import Model, checkpoint_of, cold_ids, plan_for
-    from selective_offload.errors import PlanError
-    from selective_offload.options import RunOptions
-    from selective_offload.vllm_glue.loading import finish, judge_after_post_init
-    from selective_offload.vllm_glue.session import Load, Session, Settings
-
     plan = plan_for(checkpoint_of())
     with torch.device("meta"):  # the device (no CUDA here: meta stands in)
         model = Model()
