@@ -4,14 +4,22 @@ and what the CPU kernels cannot compute refused."""
 
 from __future__ import annotations
 
+import re
+import shlex
 from types import SimpleNamespace
 
 import pytest
 import torch
+from test_serving import served
 from vllm.config import CompilationConfig, ParallelConfig
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from helpers import compute_experts_plan, save_tiny_qwen3_moe
+from helpers import REPO, TINY_HOST_COMPUTE, compute_experts_plan, save_tiny_qwen3, save_tiny_qwen3_moe
+from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError
+from selective_offload.planner import PlanInputs, make_plan
+from selective_offload.planner.serving import vllm_default_graph_tokens
 from selective_offload.vllm_glue import graphs, host_compute
 
 
@@ -51,10 +59,6 @@ def test_graphs_above_the_crossover_are_capped_in_the_workers_config_on_cuda(pla
 
 
 def test_a_dense_plan_capped_the_same_says_it_computes_dense_mlps(tmp_path):
-    from helpers import TINY_HOST_COMPUTE, save_tiny_qwen3
-    from selective_offload.checkpoint import load_checkpoint
-    from selective_offload.planner import PlanInputs, make_plan
-
     ckpt = load_checkpoint(save_tiny_qwen3(tmp_path / "dense", seed=3))
     dense = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 7 // 10, kv_cache_bytes=0,
                                        reserve_bytes=0, **TINY_HOST_COMPUTE))
@@ -81,9 +85,6 @@ def test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_work
     """``plan``'s ``next:`` serve command, parsed by vLLM's own engine arguments, caps CUDA
     graphs at the plan's crossover: the size the worker's refusal accepts (vLLM's default
     captures up to 512 tokens, which it refuses)."""
-    from test_serving import served
-
-    from selective_offload.planner.serving import vllm_default_graph_tokens
 
     engine = served(plan)
     crossover = plan.host_compute.crossover_tokens
@@ -105,14 +106,7 @@ def test_the_readmes_auto_command_starts_a_host_compute_plan_with_vllms_default_
     """``SELECTIVE_OFFLOAD_PLAN=auto vllm serve MODEL``, as the README prints it: no flag of
     the plan's, so vLLM captures its default sizes (up to 512 tokens), and the worker caps
     them at the plan's crossover instead of refusing to start."""
-    import re
-    import shlex
 
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    from helpers import REPO
-    from selective_offload.planner.serving import vllm_default_graph_tokens
 
     readme = (REPO / "README.md").read_text()
     line = next(m.group(0) for m in re.finditer(r"^SELECTIVE_OFFLOAD_PLAN=auto vllm serve .*$", readme, re.MULTILINE))
