@@ -10,10 +10,14 @@ MLPs); the layout is what these tests pin down."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from types import SimpleNamespace
 
 import pytest
 import torch
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+from compressed_tensors.quantization import QuantizationArgs
+from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
 from torch import nn
 
 from selective_offload import cpu_kernels as ck
@@ -169,11 +173,7 @@ def test_compressed_tensors_experts_are_read_as_vllm_loads_them():
     create_weights layout (N-first, its ``weight_packed`` and ``weight_scale``), filled by
     the installed compressed-tensors library (its ``quantize`` and ``pack_to_int32``): read
     as loaded, no byte moved, and dequantized as the library dequantizes them."""
-    from fractions import Fraction
 
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
-    from compressed_tensors.quantization import QuantizationArgs
-    from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
         compressed_tensors_moe_wna16 as ct_moe,
     )
