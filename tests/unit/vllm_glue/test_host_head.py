@@ -15,6 +15,7 @@ from torch import nn
 from builders import make_ckpt
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, make_plan
+from selective_offload.probe import host_compute as probe
 from selective_offload.vllm_glue import host_compute, host_head
 
 pytest.importorskip("vllm", reason="the glue reads vLLM's own quant method classes")
@@ -94,8 +95,6 @@ def test_the_host_part_on_cuda_runs_on_the_cores_not_on_torchs_one_serving_threa
     """vLLM 0.33's GPU worker sets torch to one thread for serving: on CUDA an unstated
     thread count is the cores of the worker's node, less the one vLLM's engine thread runs
     on, never torch's."""
-    from selective_offload.probe import host_compute as probe
-
     monkeypatch.setattr(probe, "physical_cores_of_one_node", lambda: 12)
     setting = replace(split_plan().host_compute, threads=None)
     assert host_compute.threads_of(setting, torch.device("cuda")) == 11
