@@ -4,6 +4,8 @@ refusal of a plan group the built model has no module for."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from torch import nn
 
@@ -22,8 +24,6 @@ CLASSES = {"gpt_oss": ("gpt_oss", "GptOssForCausalLM"), "mixtral": ("mixtral", "
 
 
 def vllm_class(family: str) -> type:
-    import importlib
-
     module, name = CLASSES[family]
     return getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
 
