@@ -13,6 +13,8 @@ import selective_offload
 from helpers import save_tiny_qwen3
 from selective_offload import cli
 from selective_offload.checkpoint import load_checkpoint
+from selective_offload.cpu_kernels import claimed
+from selective_offload.plan_format.inputs import InputError
 from selective_offload.plan_options import BUNDLED
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.planner.serving import engine_settings, vllm_default_graph_tokens
@@ -35,8 +37,6 @@ def test_a_plan_that_fills_its_budget_keeps_its_kv_cache_and_graph_cap_on_the_se
     vLLM is told the plan's KV cache (else it would size one from 0.9 of the card less the
     weights and what its profile run holds, not the plan's) and, its MLPs computed on the
     host, the crossover as its largest CUDA graph."""
-    from selective_offload.cpu_kernels import claimed
-
     monkeypatch.setitem(claimed.CLAIMED, "fp8-block", True)
     plan = make_plan(load_checkpoint(BUNDLED["qwen3.8-27b-fp8"]), PlanInputs(device_memory_bytes=24 * GiB))
     assert plan.deficit_bytes > 0 and plan.host_compute is not None
@@ -77,8 +77,6 @@ def test_a_plan_whose_weights_all_fit_leaves_vllms_kv_sizing_and_graphs_alone(tm
 def test_a_kv_length_without_its_sequence_count_is_refused_naming_the_one_given():
     """``max_model_len`` and ``max_seqs`` size the KV cache together: a plan given one of them
     from Python is refused with the typed error naming the one given, not a NameError."""
-    from selective_offload.plan_format.inputs import InputError
-
     checkpoint = load_checkpoint(BUNDLED["qwen3.8-27b-fp8"])
     for given in ({"max_model_len": 8192}, {"max_seqs": 2}):
         with pytest.raises(InputError, match="give both or neither") as caught:
