@@ -5,13 +5,18 @@ which is what it does on a GPU."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from selective_offload import cpu_kernels
 from selective_offload.cpu_kernels import Activation, ExpertWeights
-from selective_offload.cpu_kernels.reference import held_share, moe_reference
-from selective_offload.wrappers.host_compute import HostExperts
+from selective_offload.cpu_kernels.reference import dequantize, held_share, moe_picked, moe_reference
+from selective_offload.cpu_kernels.weights import random_experts
+from selective_offload.estimate.host import share_gathers
+from selective_offload.wrappers.host_compute import HostExperts, register, share_kernel_computes
 
 E, H, I, K = 8, 64, 32, 2
 
@@ -115,8 +120,6 @@ def test_the_device_path_copies_runs_of_experts_from_views_of_the_host_weights()
     """Each run of consecutive experts a step uses is one copy whose source is a view of the
     page-locked weights themselves (on a GPU: a DMA at the pinned rate); nothing gathers them
     on the host first, which would copy them twice, the second time from pageable memory."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     he = experts(crossover=0)
     storages = {t.untyped_storage().data_ptr() for t in he.weights.tensors().values()}
     seen: list[tuple[str, int | None]] = []
@@ -140,9 +143,6 @@ def test_the_device_path_copies_runs_of_experts_from_views_of_the_host_weights()
 def test_int4_zero_points_travel_with_their_experts_above_the_crossover():
     """AWQ's zero points are per expert like its codes and scales: the device path copies
     them with the step's experts."""
-    from dataclasses import replace
-
-    from selective_offload.cpu_kernels.weights import random_experts
 
     g = torch.Generator().manual_seed(3)
     weights = random_experts("int4", E, 256, 64)  # groups of 32: 8 per w13 row, 2 per w2 row
@@ -176,8 +176,6 @@ def test_float32_experts_as_a_float32_engine_holds_them(tokens):
 def test_the_op_is_opaque_to_torch_compile():
     """vLLM compiles the model with fullgraph: the host experts run as one registered op,
     and the compiled function gives the eager result."""
-    from selective_offload.wrappers.host_compute import register
-
     he = experts(crossover=4)
     key = register(he)
     x, ids, w = routing(2)
@@ -227,9 +225,6 @@ def test_a_held_share_is_its_experts_in_bf16_in_storage_of_its_own(fmt):
     """``held_share``: the first experts dequantized to bf16 (what the device reads once per
     matmul; float32 weights stay float32), biases kept; a refill writes a new split into the
     same tensors."""
-    from selective_offload.cpu_kernels.reference import dequantize
-    from selective_offload.cpu_kernels.weights import random_experts
-
     held = "f32" if fmt == "f32" else "bf16"
     dtype = torch.float32 if fmt == "f32" else torch.bfloat16
     weights = random_experts(fmt, 8, 128, 64, seed=3)
@@ -253,9 +248,6 @@ def test_the_share_path_refuses_weights_not_held(fmt):
     """A share in a quantized format is refused where it is handed over (the layer's host
     experts: MXFP4 only as the layer's own experts, as stored, for the share kernel) and
     where the torch path would compute it, not dequantized at every step."""
-    from selective_offload.cpu_kernels.reference import moe_picked
-    from selective_offload.cpu_kernels.weights import random_experts
-
     weights = random_experts(fmt, 8, 128, 64)
     with pytest.raises(ValueError, match="hold the share in bf16 first"):
         moe_picked(torch.zeros(1, 128), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2), weights,
@@ -272,9 +264,6 @@ def test_an_mxfp4_share_held_as_stored_is_a_copy_and_its_picks_match_the_referen
     host's tensors are not the device's), computed on either side of the crossover: the layer's
     sum is the reference's over every pick (the host's and the share's, picks past the share
     masked off the share's side), to bf16's rounding; the share counted every pick it took."""
-    from dataclasses import replace
-
-    from selective_offload.cpu_kernels.weights import random_experts
 
     g = torch.Generator().manual_seed(1)
     weights = random_experts("mxfp4", 8, 128, 64, seed=5)
@@ -305,10 +294,6 @@ def test_the_share_path_matches_the_reference_without_a_synchronisation(tokens):
     reference over the picks inside the share: gathered at 1 and 3 tokens, every expert of
     the share at 12 (``estimate.host.share_gathers``); picks past the share and negative ids add
     nothing. Its matmuls run in bf16, so it is held to bf16's rounding of the float32 sum."""
-    from selective_offload.cpu_kernels.reference import moe_picked
-    from selective_offload.cpu_kernels.weights import random_experts
-    from selective_offload.estimate.host import share_gathers
-
     weights = random_experts("bf16", 32, 128, 64, seed=3)
     share = held_share(weights, 28, "cpu")
     assert share_gathers(tokens, 2, 28) == (tokens < 12)
@@ -327,8 +312,6 @@ def test_a_share_held_as_stored_goes_to_the_share_kernel_on_cuda_only():
     """The rule the layer dispatches by (the CPU cannot run the CUDA side; the device a share
     names is what it can see): MXFP4 on CUDA to the kernel; on the CPU to the stand-in; a bf16
     share to torch's ops wherever it lies."""
-    from selective_offload.wrappers.host_compute import share_kernel_computes
-
     assert share_kernel_computes("mxfp4", torch.device("cuda", 0)) and share_kernel_computes("mxfp4", "cuda")
     assert not share_kernel_computes("mxfp4", "cpu")
     assert not share_kernel_computes("bf16", "cuda") and not share_kernel_computes("f32", "cuda")
