@@ -14,7 +14,16 @@ import torch
 from torch import nn
 
 from helpers import PageRegistrar
-from selective_offload.wrappers.page_locked import PageLockedLedger, PinPath, PinPolicy, resident_set_bytes
+from selective_offload.wrappers import offload_on_demand
+from selective_offload.wrappers.page_locked import (
+    ARENA_ALIGN,
+    PAGE,
+    AlreadyRegistered,
+    PageLockedLedger,
+    PinPath,
+    PinPolicy,
+    resident_set_bytes,
+)
 
 
 class RecordingRegistrar:
@@ -99,9 +108,6 @@ def test_an_on_demand_tower_locks_its_host_weights_in_one_arena():
     """The tower's host weights are packed into one page-aligned arena and page-locked with
     one registration (no page shared with another registration), at their size plus
     alignment padding only; values are kept and nothing else is pinned."""
-    from selective_offload.wrappers import offload_on_demand
-    from selective_offload.wrappers.page_locked import ARENA_ALIGN, PAGE
-
     registrar = PageRegistrar()
     ledger = PageLockedLedger(PinPolicy.decide(cuda=True), registrar)
     tower = nn.Sequential(nn.Linear(16, 16), nn.ModuleList([nn.Linear(16, 16) for _ in range(2)]))
@@ -131,8 +137,6 @@ def test_a_refused_registration_is_not_counted_as_locked():
     """The driver refuses a registration over a page already registered (CUDA error 712:
     small tensors sharing a page). Those bytes are not locked: the ledger must not count
     them (nor ever unregister them)."""
-    from selective_offload.wrappers.page_locked import AlreadyRegistered
-
     class Refusing(RecordingRegistrar):
         def register(self, ptr, nbytes):
             raise AlreadyRegistered(ptr)
@@ -150,8 +154,6 @@ def test_small_tensors_of_two_modules_share_no_registered_page():
     with one registration: every byte is locked, no page is registered twice, and the
     values, shapes and dtypes are kept. Locked one tensor at a time instead, the second
     tensor on a shared page would be refused (error 712)."""
-    from selective_offload.wrappers.page_locked import PAGE
-
     registrar = PageRegistrar()
     ledger = PageLockedLedger(PinPolicy.decide(cuda=True), registrar)
     modules = [nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 3)) for _ in range(2)]
