@@ -6,7 +6,7 @@ patched vLLM with the extension switched off; prints a JSON summary to compare.
 
 Each scenario builds a tiny random model (no download), plans it with every cold module
 on the host (--all-cold), generates greedy tokens in an in-process engine, and records
-where each planned cold group landed (the placement report's view) and the tokens:
+where each planned cold group landed (the landing report's view) and the tokens:
 
 - qwen3: a text model, its embedding on the host;
 - idefics3: a vision-language model with image prompts, embedding and tower on the host;

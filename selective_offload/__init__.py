@@ -8,6 +8,6 @@ vLLM glue is :mod:`selective_offload.vllm_glue`.
 
 __version__ = "0.1.0"
 
-from .api import disable, enable, placement_report, plan  # noqa: E402
+from .api import disable, enable, landing_report, plan  # noqa: E402
 
-__all__ = ["__version__", "disable", "enable", "placement_report", "plan"]
+__all__ = ["__version__", "disable", "enable", "landing_report", "plan"]

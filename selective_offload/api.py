@@ -110,9 +110,9 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     The plan is checked against the checkpoint it will run on, here and now, when that is known:
     ``model`` (a directory, or a hub id read from the local cache or by its headers), or
     the directory the plan was made from; otherwise when the engine starts. ``strict`` makes
-    an unrealised plan an error instead of a loud warning. The placement report is
+    an unrealised plan an error instead of a loud warning. The landing report is
     written to ``report_path`` (default: a file in the temporary directory) and returned
-    by :func:`placement_report`. Returns the engine arguments the plan supplies, to pass
+    by :func:`landing_report`. Returns the engine arguments the plan supplies, to pass
     on: ``LLM(**enable(plan))``: ``model``, and the settings that make vLLM match the plan
     (``planner.serving.engine_settings``: the KV cache it kept, a CUDA graph cap).
 
@@ -216,8 +216,8 @@ def disable() -> None:
     patches.remove()
 
 
-def placement_report() -> LandingReport:
-    """The placement report of the last engine started under :func:`enable`.
+def landing_report() -> LandingReport:
+    """The landing report of the last engine started under :func:`enable`.
 
     For an engine in this process, the wrappers' transfer counters are as they are now;
     for a spawned engine, as they were when the model had loaded.
@@ -240,7 +240,7 @@ def placement_report() -> LandingReport:
     if not path:
         raise UserError("no plan was enabled: call selective_offload.enable(plan) before LLM(...)")
     if not Path(path).is_file():
-        raise UserError(f"{path}: no placement report: no vLLM engine has loaded a model since "
+        raise UserError(f"{path}: no landing report: no vLLM engine has loaded a model since "
                         "selective_offload.enable(); it applies only to engines started after it, so call "
                         "enable() before LLM(...)")
     return LandingReport.load(path)

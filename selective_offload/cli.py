@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run a tiny model through vLLM with a plan applied",
                        description="Build a tiny random Qwen3 (once), plan it so its embedding must go to "
                                    "the host, run it through vLLM with the plan enabled, print the plan, the "
-                                   "placement report and the tokens, and compare them with plain vLLM.")
+                                   "landing report and the tokens, and compare them with plain vLLM.")
     d.add_argument("--workdir", metavar="DIR", default=None,
                    help="where the tiny model and the report go (default: ~/.cache/selective-offload/demo)")
     d.add_argument("--no-compare", action="store_true", help="skip the plain-vLLM run")

@@ -4,7 +4,7 @@ Builds (once, from a fixed seed) a 4-layer random Qwen3 with hidden size 256 and
 word-level tokenizer made here, plans it for a device budget just short of its size (so
 the embedding must go to the host), starts a vLLM engine with the plan enabled - the
 engine core and worker are spawned processes, so this exercises the plugin path - and
-prints the plan, the placement report and the generated text; then does the same with
+prints the plan, the landing report and the generated text; then does the same with
 plain vLLM and says whether the outputs are identical. Nothing is downloaded. The model's
 weights are random, so the words it writes are random too.
 
@@ -54,7 +54,7 @@ def run(workdir: Path, compare: bool = True) -> int:
         selective = generate(model, "selective-offload", DEMO_PROMPTS)
     finally:
         api.disable()
-    print("\n== placement report (from the engine's worker process)")
+    print("\n== landing report (from the engine's worker process)")
     print(LandingReport.load(report_path).render())
     print("\n== generated text (greedy, 12 words each; the model's weights are random)")
     for prompt, text in zip(DEMO_PROMPTS, selective):

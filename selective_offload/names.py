@@ -1,7 +1,7 @@
 """The naming rule: which module a parameter name belongs to, and whether it is cold.
 
 One rule, used by the planner (grouping checkpoint tensors), by construction-time routing
-(a vLLM layer's ``prefix``) and by the placement report (vLLM's parameter names), so the
+(a vLLM layer's ``prefix``) and by the landing report (vLLM's parameter names), so the
 three can never disagree about what "cold" means.
 
 Names are matched by whole dot-separated segments: ``model.visual.blocks.0`` is under the

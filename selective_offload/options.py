@@ -140,7 +140,7 @@ def _check_report_path(path: Path, what: str) -> Path:
                         f"the {RANK_SUFFIX_ROOM} bytes other workers' reports add it would not fit this file "
                         f"system's {name_max}; name a shorter file")
     if not ours(path, "report"):
-        raise UserError(f"{what}={path}: exists and is not a placement report selective-offload wrote, so it is not "
+        raise UserError(f"{what}={path}: exists and is not a landing report selective-offload wrote, so it is not "
                         "replaced; name a new file (or move that one away yourself)")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UserError(f"{what}={path}: cannot be written (permission denied); name a file in a writable directory")

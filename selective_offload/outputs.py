@@ -92,7 +92,7 @@ KINDS: dict[str, tuple[str, Callable[[Path], bool]]] = {
     "plan": ("plan", _json_kind("selective-offload/plan-v")),
     "manifest": ("manifest", _json_kind("selective-offload/manifest-")),
     "profile": ("probe profile", _json_kind("selective-offload/profile-")),
-    "report": ("placement report", _json_kind("selective-offload/report-")),
+    "report": ("landing report", _json_kind("selective-offload/report-")),
     "png": ("plan picture", _picture(b"\x89PNG\r\n\x1a\n")),
     "svg": ("plan picture", _picture(b"<?xml")),
     "record": ("last-report record", _record),

@@ -17,7 +17,7 @@ In the detail, a MoE layer is two groups (the layer and its routed experts); con
 layers placed alike fold into one row each for the layers and for their experts, and when a
 placement alternates too often to fold (hot layers spread through the stack), layers fold by
 placement instead, their indices listed in the summary. Every size goes through one
-formatter, :func:`~selective_offload.sizes.fmt_bytes` (the placement report's too).
+formatter, :func:`~selective_offload.sizes.fmt_bytes` (the landing report's too).
 
 Used by ``selective-offload plan`` and by the demo; it only formats, it decides nothing.
 """

@@ -178,10 +178,10 @@ class LandingReport:
         try:
             data = jsonio.read(path)
         except OSError as exc:
-            raise PlanError(f"{str(path)[:300]}: cannot read the placement report: {exc.strerror or exc}; "
+            raise PlanError(f"{str(path)[:300]}: cannot read the landing report: {exc.strerror or exc}; "
                             f"{report_files.FIX}") from None
         except ValueError as exc:
-            raise PlanError(f"{str(path)[:300]}: not a placement report of this selective-offload ({exc}); "
+            raise PlanError(f"{str(path)[:300]}: not a landing report of this selective-offload ({exc}); "
                             f"{report_files.FIX}") from None
         fields = report_files.read_fields(data, str(path), REPORT_FORMAT)
         fields["groups"] = [GroupLanding(**g) for g in fields["groups"]]

@@ -1,4 +1,4 @@
-"""``selective-offload report [PATH]``: read a server's placement report with one command.
+"""``selective-offload report [PATH]``: read a server's landing report with one command.
 
 After ``vllm serve`` with ``SELECTIVE_OFFLOAD_PLAN``, every worker rank wrote its report
 (``report.json``, ``report.json.rank1``, ...); this command merges them as
@@ -24,8 +24,8 @@ EXIT_MISMATCH = 1
 def add_report_command(sub) -> None:
     """The ``report`` subcommand on the CLI's subparsers."""
     r = sub.add_parser(
-        "report", help="show a saved placement report (exit 0: matches the plan, 1: does not)",
-        description="Print the placement report a vLLM engine wrote under a plan, every worker rank's file "
+        "report", help="show a saved landing report (exit 0: matches the plan, 1: does not)",
+        description="Print the landing report a vLLM engine wrote under a plan, every worker rank's file "
                     "(report.json.rankN) merged in. Exit status: 0 when the placement matches the plan, "
                     f"{EXIT_MISMATCH} when it does not (or the plan was not applied), 2 for bad input.")
     r.add_argument("path", nargs="?", metavar="PATH", default=None,
@@ -42,7 +42,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     except OSError as exc:  # a name too long, a loop of links
         raise UserError(f"{str(path)[:200]}: cannot be read ({exc.strerror or exc}); name the report file") from None
     if not args.path and not exists:
-        raise UserError(f"{path}: no placement report there yet (the last path recorded): the engine set up "
+        raise UserError(f"{path}: no landing report there yet (the last path recorded): the engine set up "
                         "with the plan has not loaded a model, or wrote elsewhere; name the report file")
     report = LandingReport.load(path)
     if args.json:

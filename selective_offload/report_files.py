@@ -93,7 +93,7 @@ def read_fields(data: Any, where: str, report_format: str) -> dict[str, Any]:
     r = FieldReader(data, where, error=PlanError, fix=FIX)
     found = r.raw("format", None)
     if found != report_format:
-        raise PlanError(f"{where}: not a placement report of this selective-offload (format "
+        raise PlanError(f"{where}: not a landing report of this selective-offload (format "
                         f"{jsonio.json_type(found) if not isinstance(found, str) else repr(found[:60])}, "
                         f"not {report_format!r}); {FIX}")
     r.raw("ok", None)  # derived: recomputed from the problems and the error

@@ -1,4 +1,4 @@
-"""The placement report as text: its verdict on the first line, then each group that is
+"""The landing report as text: its verdict on the first line, then each group that is
 not resident as planned (planned against actual, in the plan's serving words), the host
 bytes by serving, what each host-compute layer served, host memory, and every problem.
 
@@ -72,7 +72,7 @@ def render_report(r: Any, path: str | os.PathLike | None = None) -> str:
 
 def _lines(r: Any, path: str | os.PathLike | None = None) -> list[str]:
     lines = [verdict_line(r),
-             f"selective-offload placement report{f' {path}' if path else ''} (compute device {r.compute_device}"
+             f"selective-offload landing report{f' {path}' if path else ''} (compute device {r.compute_device}"
              + ("; host memory is device memory here" if r.host_is_device else "") + ")"]
     if r.error:
         return lines

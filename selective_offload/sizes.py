@@ -89,7 +89,7 @@ def parse_bandwidth_gbps(text: str | float, what: str = "bandwidth") -> float:
 
 def fmt_bytes(nbytes: int | float) -> str:
     """Bytes with a unit that keeps three significant figures readable (kB, MB, GB): the one
-    formatter of sizes the plan, the placement report and the CLI print."""
+    formatter of sizes the plan, the landing report and the CLI print."""
     for unit, scale in (("GB", GB), ("MB", 10**6), ("kB", 10**3)):
         if abs(nbytes) >= scale:
             return f"{nbytes / scale:.3f} {unit}" if unit == "GB" else f"{nbytes / scale:.1f} {unit}"

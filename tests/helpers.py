@@ -130,20 +130,20 @@ def prompt_logprobs(model, sequences, **engine_args):
 
 def with_plan(plan, run, *, strict: bool = True):
     """``run(args)`` (which starts an engine with ``args``: the engine arguments ``enable``
-    returned, less ``model``) with ``plan`` enabled: its result and the placement report;
+    returned, less ``model``) with ``plan`` enabled: its result and the landing report;
     the plan disabled afterwards whatever happens."""
     import selective_offload
 
     supplied = selective_offload.enable(plan, strict=strict)
     try:
         result = run({k: v for k, v in supplied.items() if k != "model"})
-        return result, selective_offload.placement_report()
+        return result, selective_offload.landing_report()
     finally:
         selective_offload.disable()
 
 
 def generate_with_plan(plan, model, prompts=PROMPTS, *, strict: bool = True, **engine_args):
-    """Tokens and the placement report from an engine started with ``plan`` enabled."""
+    """Tokens and the landing report from an engine started with ``plan`` enabled."""
     return with_plan(plan, lambda args: generate_tokens(model, prompts, **{**args, **engine_args}), strict=strict)
 
 

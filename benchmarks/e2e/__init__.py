@@ -274,7 +274,7 @@ def _pool(results: list[dict], runs: dict[str, list[dict]]) -> None:
                     rec["host_bytes"] = rec.get("placement", {}).get("vllm_uva_offloaded_bytes")
                 else:
                     rep = rec.get("report", {})
-                    rec["host_bytes"] = rep.get("landed_host_cold_bytes", 0) + rep.get("landed_host_hot_bytes", 0)
+                    rec["host_bytes"] = rep.get("landed_cold_on_host_bytes", 0) + rep.get("landed_prefetch_bytes", 0)
                 for b, m in rec["batches"].items():
                     m["est_tok_s"] = int(b) / rec["est_step_s"] if rec["est_step_s"] else None
                     med = m["decode_tok_s"]["median"]
@@ -347,8 +347,8 @@ def run(args) -> int:
         "max_tokens": s["max_tokens"],
         "prompt_len": args.prompt_len, "method": METHOD, "cpu_threads": None if cuda else args.cpu_threads, "cap": {"note": cap_note},
         "plan": {"strategy": plan.strategy, "hot_layer_indices": plan.hot_layer_indices,
-                 "deficit_bytes": plan.deficit_bytes, "host_cold_bytes": plan.cold_on_host_bytes,
-                 "host_hot_bytes": plan.prefetch_bytes,
+                 "deficit_bytes": plan.deficit_bytes, "cold_on_host_bytes": plan.cold_on_host_bytes,
+                 "prefetch_bytes": plan.prefetch_bytes,
                  "cpu_offload_gb": plan.vllm_cpu_offload_gb.cpu_offload_gb if plan.vllm_cpu_offload_gb else None},
         "configs": results, "overhead_ratio": overhead, "noise_floor_ratio": noise,
         "est_model": EST_MODEL,

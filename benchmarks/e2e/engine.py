@@ -116,9 +116,9 @@ def worker(spec_path: Path) -> int:
         if spec.get("plan_path"):
             import selective_offload
 
-            report = selective_offload.placement_report()
-            out["report"] = {"ok": report.ok, "landed_host_cold_bytes": report.landed_cold_on_host_bytes,
-                             "landed_host_hot_bytes": report.landed_prefetch_bytes,
+            report = selective_offload.landing_report()
+            out["report"] = {"ok": report.ok, "landed_cold_on_host_bytes": report.landed_cold_on_host_bytes,
+                             "landed_prefetch_bytes": report.landed_prefetch_bytes,
                              "problems": report.problems}
         out["status"] = "measured"
         result_path.write_text(json.dumps(out, indent=1))

@@ -61,7 +61,7 @@ def markdown(r: dict) -> str:
                     "TTFT ms median (min-max)", f"memory MB ({'device' if r['cuda'] else 'host RSS'})",
                     "host MB (weights)", "notes"], rows)
         + (f"\nMechanism overhead (no link cost here), decode tok/s ratio:{overhead}\n" if overhead else "")
-        + f"\nMethod: {r['method']}\n\nMemory column: {mem}. Host MB: bytes the placement report "
+        + f"\nMethod: {r['method']}\n\nMemory column: {mem}. Host MB: bytes the landing report "
           "says landed on the host (cold + hot) for the project's configurations, vLLM's "
           "UVA-offloaded parameter bytes for cpu_offload.\n\n"
         + "est tok/s = batch / est_step_s: bytes per step over the bandwidths above (the planner's "

@@ -122,9 +122,9 @@ def worker(spec_path: Path) -> int:
         if spec.get("plan_path"):
             import selective_offload
 
-            report = selective_offload.placement_report()
+            report = selective_offload.landing_report()
             out["report"] = {"ok": report.ok, "problems": report.problems,
-                             "landed_host_cold_bytes": report.landed_cold_on_host_bytes,
+                             "landed_cold_on_host_bytes": report.landed_cold_on_host_bytes,
                              "host_memory": report.host_memory}
         out["status"] = "measured"
         result_path.write_text(json.dumps(out, indent=1, default=str))
@@ -347,8 +347,8 @@ def run(args) -> int:
                   "checkpoint_dtype": "bfloat16", "embedding_checkpoint_bytes": embedding_ckpt_bytes,
                   "embedding_engine_bytes": embedding_engine_bytes, "engine_dtype": engine_dtype,
                   "tied": False},
-        "plan": {"strategy": plan.strategy, "host_cold_bytes": plan.cold_on_host_bytes,
-                 "host_cold_groups": [g.group for g in plan.groups if g.serving in ("gather", "on-demand")]},
+        "plan": {"strategy": plan.strategy, "cold_on_host_bytes": plan.cold_on_host_bytes,
+                 "cold_on_host_groups": plan.cold_on_host_groups},
         "engine_args": engine_args, "repeats": repeats, "order": order, "max_tokens": max_tokens,
         "prompts": args.prompts, "interval_ms": args.interval_ms,
         "cpu_threads": None if cuda else args.cpu_threads,

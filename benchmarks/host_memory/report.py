@@ -2,7 +2,7 @@
 JSON.
 
 Why a module of its own: the report reads only the result dict (the per-engine samples'
-peaks, the comparison, the plan's placement report), so a recorded result renders here
+peaks, the comparison, the plan's landing report), so a recorded result renders here
 without starting an engine.
 """
 
@@ -88,8 +88,8 @@ def markdown(r: dict) -> str:
     rep = r.get("report")
     if rep:
         hm = rep.get("host_memory") or {}
-        lines += [f"The plan's placement report (last engine): ok {rep['ok']}, "
-                  f"{rep['landed_host_cold_bytes'] / 1e6:.1f} MB of cold bytes on the host, host-memory "
+        lines += [f"The plan's landing report (last engine): ok {rep['ok']}, "
+                  f"{rep['landed_cold_on_host_bytes'] / 1e6:.1f} MB of cold bytes on the host, host-memory "
                   f"policy {hm.get('policy', 'n/a')} ({hm.get('reason', '')}), page-locked "
                   f"{hm.get('page_locked_bytes', 'n/a')} B, RSS of the process that loaded the model, at the report: "
                   f"{fmt((hm.get('resident_set_bytes') or 0) / 1e6, 0)} MB"

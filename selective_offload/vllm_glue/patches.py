@@ -31,7 +31,7 @@ __all__ = ["Settings", "Session", "apply", "remove", "is_applied", "session", "r
 
 _session: Session | None = None
 #: Why the last start of an engine in this process was refused before any engine process
-#: existed (the plugin's one line), for placement_report(); cleared by apply().
+#: existed (the plugin's one line), for landing_report(); cleared by apply().
 _refusal: str | None = None
 
 

@@ -32,7 +32,7 @@ its plan group (or ``None``), and ``named_by`` names classes whose ``__init__`` 
 that prefix under another argument (vLLM's ``RoutedExperts`` gets the FusedMoE prefix as
 ``layer_name``; the factory that builds it is a function, not an ``__init__``).
 
-The mode keeps a ledger of what it routed, so the placement report can prove that a cold
+The mode keeps a ledger of what it routed, so the landing report can prove that a cold
 parameter was *built* on the host rather than moved there after loading: ``finish``
 returns the cold parameters and buffers it allocated, by name in the model (the identity
 the report checks: vLLM's post-processing may give a parameter new storage) and by

@@ -176,7 +176,7 @@ def test_a_tower_transient_of_zero_is_refused(tmp_path):
 
 
 def test_reports_say_what_was_planned_absent_but_loaded_and_what_is_in_no_group():
-    """The placement report of a model loaded against a plan that leaves bytes out: a CPU
+    """The landing report of a model loaded against a plan that leaves bytes out: a CPU
     proxy (a torch module as vLLM would build it, matched by the report)."""
     import torch
 

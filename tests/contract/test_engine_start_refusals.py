@@ -1,7 +1,7 @@
 """What stops an engine before it starts is one line in the process that starts it, and the
 next start in the same process tries again: a probe profile that is not one under ``auto``,
 a kernel cache that cannot hold the CPU kernels for a plan that computes on the host, a bad
-variable; ``placement_report()`` says what happened, not "no plan was enabled".
+variable; ``landing_report()`` says what happened, not "no plan was enabled".
 
 vLLM loads its plugins (the glue's entry point among them) once per process and marks them
 loaded before it calls them: these tests call vLLM's own ``load_general_plugins`` as an
@@ -69,17 +69,17 @@ def test_a_refused_engine_start_is_tried_again_by_the_next(fresh_process, garbag
     """SELECTIVE_OFFLOAD_PLAN=auto from the environment: the profile the worker would plan
     from is refused at the first start, in this process; once it is fixed, the next start
     installs the plan (vLLM had marked the plugin loaded, and an engine in this process ran
-    with no plan; spawned workers applied it, while placement_report() said "no plan was
+    with no plan; spawned workers applied it, while landing_report() said "no plan was
     enabled")."""
     monkeypatch.setenv(ENV_PLAN, "auto")
     monkeypatch.setenv(ENV_DEVICE_MEMORY, "64GiB")
     with pytest.raises(UserError, match=f"{ENV_PLAN}=auto is set, and no vLLM engine has started"):
-        selective_offload.placement_report()
+        selective_offload.landing_report()
     with pytest.raises(UserError, match="SELECTIVE_OFFLOAD_PROFILE=.*: the profile is not valid JSON") as info:
         fresh_process.load_general_plugins()
     message = one_line(info)
     assert not patches.is_applied() and fresh_process.plugins_loaded is False
-    assert selective_offload.placement_report().error == message  # what happened, not "no plan was enabled"
+    assert selective_offload.landing_report().error == message  # what happened, not "no plan was enabled"
     garbage_profile.unlink()
     fresh_process.load_general_plugins()
     assert patches.is_applied() and patches.session().settings.auto

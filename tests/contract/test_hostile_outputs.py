@@ -285,10 +285,10 @@ def test_the_engine_report_never_replaces_nor_removes_a_file_of_the_users(tmp_pa
     and the start-of-engine clean-up of old reports leaves it."""
     theirs = tmp_path / "config.json"
     theirs.write_text('{"model_type": "qwen3"}\n')
-    with pytest.raises(UserError, match="exists and is not a placement report selective-offload wrote"):
+    with pytest.raises(UserError, match="exists and is not a landing report selective-offload wrote"):
         RunOptions(plan_path="plan.json", report_path=str(theirs)).validate()
     remove_reports(theirs)
-    with pytest.raises(OSError, match="not a placement report"):
+    with pytest.raises(OSError, match="not a landing report"):
         LandingReport("f", "cpu", True).save(theirs)
     assert theirs.read_text() == '{"model_type": "qwen3"}\n'
     mine = tmp_path / "report.json"

@@ -31,7 +31,7 @@ def test_6_auto_plans_each_model_the_engines_load(two_models, monkeypatch):
     selective_offload.enable("auto", strict=True)
     for model in two_models:
         generate_tokens(model, prompts=[[1, 2, 3]], max_tokens=2)
-        report = selective_offload.placement_report()
+        report = selective_offload.landing_report()
         assert report.ok, report.problems
         assert report.model_fingerprint == model_fingerprint(load_checkpoint(model))
 
@@ -45,7 +45,7 @@ def test_5_an_infeasible_plan_made_at_engine_start_stops_the_engine(two_models, 
     with pytest.raises(Exception, match="the plan made at engine start for .* is infeasible"):
         generate_tokens(model, prompts=[[1, 2, 3]], max_tokens=2)
     # Asked afterwards, the report names the infeasibility and the variable, not "no plan was enabled".
-    report = selective_offload.placement_report()
+    report = selective_offload.landing_report()
     assert "is infeasible: " in (report.error or "") and f"raise {ENV_DEVICE_MEMORY}" in report.error, report.error
 
 
@@ -54,7 +54,7 @@ def test_7_after_a_refused_start_the_next_engine_in_the_process_plans_again(two_
     vLLM plugins are not loaded yet: a bad variable, then a profile that is not one, each
     refused at an LLM() in one line before any engine is built; fixed, the next LLM() in the
     same process plans its model (vLLM had marked the plugin loaded at the first refusal, and
-    every later engine of the process ran with no plan) and placement_report() reports it."""
+    every later engine of the process ran with no plan) and landing_report() reports it."""
     import vllm.plugins
 
     from selective_offload.errors import UserError
@@ -74,7 +74,7 @@ def test_7_after_a_refused_start_the_next_engine_in_the_process_plans_again(two_
         with pytest.raises(UserError, match=match) as info:
             generate_tokens(model, prompts=[[1, 2, 3]], max_tokens=2)
         assert "\n" not in str(info.value) and not patches.is_applied()
-        assert selective_offload.placement_report().error == str(info.value)
+        assert selective_offload.landing_report().error == str(info.value)
 
     try:
         refused(f"{ENV_EMBEDDING}='bogus'")
@@ -83,7 +83,7 @@ def test_7_after_a_refused_start_the_next_engine_in_the_process_plans_again(two_
         refused("SELECTIVE_OFFLOAD_PROFILE=.*: the profile is not valid JSON")
         profile.unlink()
         generate_tokens(model, prompts=[[1, 2, 3]], max_tokens=2)
-        report = selective_offload.placement_report()
+        report = selective_offload.landing_report()
         assert report.ok and report.error is None, report.problems
         assert report.model_fingerprint == model_fingerprint(load_checkpoint(model))
     finally:

@@ -48,7 +48,7 @@ def vlm_selective(idefics3):
     selective_offload.enable(plan, strict=True)
     try:
         tokens = generate_tokens(idefics3, IMAGE_PROMPTS, **MM_ARGS)
-        report = selective_offload.placement_report()
+        report = selective_offload.landing_report()
     finally:
         selective_offload.disable()
     return plan, tokens, report

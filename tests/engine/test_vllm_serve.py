@@ -117,7 +117,7 @@ def test_server_applies_the_plan_in_its_spawned_worker(server):
     assert report.ok, report.problems
     embed = next(g for g in report.groups if g.group == "model.embed_tokens")
     assert (embed.planned, embed.actual, embed.device_bytes) == ("gather", "gather", 0)
-    assert "selective-offload placement report" in (work / "server.log").read_text()
+    assert "selective-offload landing report" in (work / "server.log").read_text()
 
 
 def test_server_returns_the_same_tokens_as_plain_vllm(server, model, plain_tokens):

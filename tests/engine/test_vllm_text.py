@@ -54,7 +54,7 @@ def untied_selective(untied):
         with CountedChecks() as checks:
             kwargs = selective_offload.enable(plan, strict=True)
             tokens = generate_tokens(kwargs["model"])
-        report = selective_offload.placement_report()
+        report = selective_offload.landing_report()
     finally:
         selective_offload.disable()
     CHECKS["untied_selective"] = list(checks)
@@ -181,7 +181,7 @@ def test_tied_embedding_stays_on_device_and_tokens_match(request, which):
     tokens, report = generate_with_plan(plan, model)
     assert tokens == plain
     assert report.ok, report.problems
-    assert selective_offload.placement_report() == report  # still readable after disable()
+    assert selective_offload.landing_report() == report  # still readable after disable()
     assert next(g for g in report.groups if g.group == "model.embed_tokens").actual == "resident"
 
 
@@ -283,7 +283,7 @@ def test_a_compiled_engine_runs_the_gather_and_keys_its_compile_cache_by_the_pla
         llm = LLM(model=str(untied), **{**ENGINE_ARGS, "enforce_eager": False})
         params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
         outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-        report = selective_offload.placement_report()
+        report = selective_offload.landing_report()
         config = llm.llm_engine.vllm_config
         with_plan = config.compute_hash()
         identity = config.additional_config.pop(COMPILE_KEY)

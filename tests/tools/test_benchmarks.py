@@ -260,8 +260,8 @@ def test_host_memory_smoke_on_a_tiny_model(tmp_path):
     cmp = result["comparison"]
     assert math.isfinite(cmp["peak_rss_bytes"]["ratio"]) and cmp["peak_rss_bytes"]["ratio"] > 0
     assert cmp["same_tokens"]
-    assert result["plan"]["host_cold_groups"] == ["model.embed_tokens"]
-    assert result["report"]["ok"] and result["report"]["landed_host_cold_bytes"] > 0
+    assert result["plan"]["cold_on_host_groups"] == ["model.embed_tokens"]
+    assert result["report"]["ok"] and result["report"]["landed_cold_on_host_bytes"] > 0
     if not result["cuda"]:
         assert result["report"]["host_memory"]["policy"] == "pageable"
     md = only(tmp_path, "host-memory-*-smoke.md").read_text()

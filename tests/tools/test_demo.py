@@ -52,7 +52,7 @@ def test_the_demo_runs_cleanly_and_matches_plain_vllm(tmp_path):
     assert lines[plan_at + 1].endswith(" on the host")  # no strategy word
     assert "no tok/s" in out.stdout and not re.search(r"\d\s*tok/s|tok/s\s+\d|speed-up", out.stdout)
     assert "They ignore" not in out.stdout
-    report_at = lines.index("== placement report (from the engine's worker process)")
+    report_at = lines.index("== landing report (from the engine's worker process)")
     assert lines[report_at + 1] == "placement matches the plan"
     assert "built on the host: 1.0 MB, moved after loading: 0 B" in out.stdout
     texts = [line for line in out.stdout.splitlines() if line.startswith("  'baba bebe bibi bobo' -> '")]

@@ -127,7 +127,7 @@ def test_no_report_yet_says_enable_applies_to_engines_started_after_it(bf16):
     selective_offload.enable(tight_plan(bf16))
     with pytest.raises(UserError, match="no vLLM engine has loaded a model since selective_offload.enable\\(\\); "
                                         "it applies only to engines started after it"):
-        selective_offload.placement_report()
+        selective_offload.landing_report()
 
 
 # ---- environment variables: one parser, for enable() and the plugin

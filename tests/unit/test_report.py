@@ -1,4 +1,4 @@
-"""The placement report on small torch models: matching, verdicts, routing and the 1% rule."""
+"""The landing report on small torch models: matching, verdicts, routing and the 1% rule."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_a_failed_load_report_round_trips_with_its_reason(tmp_path):
 
 def test_a_report_file_of_another_format_is_refused(tmp_path):
     (tmp_path / "r.json").write_text('{"format": "something-else"}')
-    with pytest.raises(PlanError, match="not a placement report"):
+    with pytest.raises(PlanError, match="not a landing report"):
         LandingReport.load(tmp_path / "r.json")
 
 

@@ -74,10 +74,10 @@ def test_report_defaults_to_the_path_the_plugin_recorded(tmp_path, monkeypatch):
     options = RunOptions("plan.json").with_default_report()
     assert record.read_text().strip() == options.report_path
     not_yet = run_cli("report", env=env)
-    assert not_yet.returncode == 2 and "no placement report there yet" in not_yet.stderr
+    assert not_yet.returncode == 2 and "no landing report there yet" in not_yet.stderr
     a_report().save(options.report_path)
     proc = run_cli("report", env=env)
-    assert proc.returncode == 0 and f"placement report {options.report_path} " in proc.stdout.splitlines()[1], (
+    assert proc.returncode == 0 and f"landing report {options.report_path} " in proc.stdout.splitlines()[1], (
         proc.stderr)
     # A report file named in this shell's environment wins over the record.
     named = tmp_path / "named.json"

@@ -311,7 +311,7 @@ def test_when_a_vllm_baseline_is_faster_the_plan_says_so_and_why():
                             "experts") and "routed experts go to the host whole" in n for n in plan.notes)
 
 
-# ---- the placement report treats an experts group like any group
+# ---- the landing report treats an experts group like any group
 
 
 class _Experts(torch.nn.Module):
