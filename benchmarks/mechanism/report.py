@@ -11,22 +11,16 @@ from __future__ import annotations
 import json
 import statistics
 
-from benchmarks.common import routed_expert_rows
+from benchmarks.common import fmt, md_table, routed_expert_rows
 
 
 def _fmt(value, digits: int = 1) -> str:
-    if value is None:
-        return "n/a"
-    return value if isinstance(value, str) else f"{value:.{digits}f}"
+    return fmt(value, digits)
 
 
 def _table(headers: list[str], rows: list[list]) -> list[str]:
-    return [
-        "| " + " | ".join(headers) + " |",
-        "|" + "|".join("---" for _ in headers) + "|",
-        *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows),
-        "",
-    ]
+    """The table's lines, a blank one last."""
+    return md_table(headers, rows).split("\n")
 
 
 def _measures(title: str, values: dict) -> str:

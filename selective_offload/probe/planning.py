@@ -11,8 +11,8 @@ fallback and the wording, for the CLI's ``plan`` and the engine-start plan alike
 from __future__ import annotations
 
 from ..plan_format import REFERENCE_LINK_GBPS, REFERENCE_VRAM_GBPS
-from .formats import fmt_gib, fmt_rate
-from .profile import Profile, plan_defaults
+from .formats import fmt_rate
+from .profile import SUPPLIED, Profile, plan_defaults
 
 
 def plan_bandwidths(profile: Profile | None) -> tuple[float, float, str]:
@@ -38,22 +38,10 @@ def reference_note(*, link: bool = True, vram: bool = True) -> str | None:
 
 def describe(profile: Profile) -> str:
     """One line saying what a profile supplies and where it came from, for a plan's notes."""
-    parts = []
     defaults = plan_defaults(profile)
-    if defaults["link_gbps"] is not None:
-        parts.append(f"link {fmt_rate(defaults['link_gbps'])} GB/s pinned")
-    elif profile.no_link_reason:
-        parts.append("no link")
-    if defaults["uva_gbps"] is not None:
-        parts.append(f"UVA reads {fmt_rate(defaults['uva_gbps'])} GB/s")
-    if defaults["vram_gbps"] is not None:
-        parts.append(f"VRAM {fmt_rate(defaults['vram_gbps'])} GB/s")
-    if defaults["decode_read_gbps"] is not None:
-        parts.append(f"decode reads {fmt_rate(defaults['decode_read_gbps'])} GB/s")
-    if defaults["compute_tflops"] is not None:
-        parts.append(f"matmul {defaults['compute_tflops']:.3g} TFLOP/s")
-    if defaults["device_memory_bytes"] is not None:
-        parts.append(f"device memory {fmt_gib(defaults['device_memory_bytes'])}")
+    parts = ["no link"] if defaults["link_gbps"] is None and profile.no_link_reason else []
+    parts += [words.format(as_words(defaults[key])) for key, _, _, words, as_words in SUPPLIED
+              if words and defaults[key] is not None]
     if profile.device is None and profile.host_memcpy_gbps is not None:
         parts.append(f"host memcpy {fmt_rate(profile.host_memcpy_gbps)} GB/s")
     what = profile.device or f"{profile.machine}, no GPU"

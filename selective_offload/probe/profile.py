@@ -231,21 +231,8 @@ class Profile:
                 lines.append(f"    {kind:<14}{rates} GB/s")
         defaults = plan_defaults(self)
         if any(v is not None for v in defaults.values()):
-            args = []
-            if defaults["link_gbps"] is not None:
-                args.append(f"--link-gbps {fmt_rate(defaults['link_gbps'])}")
-            if defaults["uva_gbps"] is not None:
-                args.append(f"--uva-gbps {fmt_rate(defaults['uva_gbps'])}")
-            if defaults["vram_gbps"] is not None:
-                args.append(f"--vram-gbps {fmt_rate(defaults['vram_gbps'])}")
-            if defaults["decode_read_gbps"] is not None:
-                args.append(f"--decode-read-gbps {fmt_rate(defaults['decode_read_gbps'])}")
-            if defaults["compute_tflops"] is not None:
-                args.append(f"--compute-tflops {defaults['compute_tflops']:.3g}")
-            if defaults["device_memory_bytes"] is not None:
-                args.append(f"--device-memory {size_arg(defaults['device_memory_bytes'])}")
-            if defaults["cpu_threads"] is not None:
-                args.append(f"--cpu-threads {defaults['cpu_threads']}")
+            args = [f"{flag} {as_flag(defaults[key])}" for key, flag, as_flag, _, _ in SUPPLIED
+                    if defaults[key] is not None]
             # A command that runs as printed (quoted for a POSIX shell, MODEL the one word to
             # replace); what is not a flag's value goes on the lines after it.
             command = shlex.join(["selective-offload", "plan", "MODEL", *(w for a in args for w in a.split(" "))])
@@ -417,6 +404,20 @@ def load_profile(path: str | os.PathLike | None = None) -> Profile | None:
 
 
 # --------------------------------------------------------------------------- what planning takes
+
+#: What :func:`plan_defaults` supplies, as ``plan``'s flag (the command ``probe`` prints)
+#: and in a plan's note (:func:`.planning.describe`): key, flag, the value as the flag takes
+#: it, the note's words (``None``: not in the note), the value as the note says it.
+SUPPLIED: tuple[tuple[str, str, Callable[[Any], str], str | None, Callable[[Any], str]], ...] = (
+    ("link_gbps", "--link-gbps", fmt_rate, "link {} GB/s pinned", fmt_rate),
+    ("uva_gbps", "--uva-gbps", fmt_rate, "UVA reads {} GB/s", fmt_rate),
+    ("vram_gbps", "--vram-gbps", fmt_rate, "VRAM {} GB/s", fmt_rate),
+    ("decode_read_gbps", "--decode-read-gbps", fmt_rate, "decode reads {} GB/s", fmt_rate),
+    ("compute_tflops", "--compute-tflops", "{:.3g}".format, "matmul {} TFLOP/s", "{:.3g}".format),
+    ("device_memory_bytes", "--device-memory", size_arg, "device memory {}", fmt_gib),
+    ("cpu_threads", "--cpu-threads", str, None, str),
+)
+
 
 
 def plan_defaults(profile: Profile | None) -> dict[str, float | int | None]:
