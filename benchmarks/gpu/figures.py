@@ -36,10 +36,6 @@ def _med(s: dict | None) -> float | None:
     return None if not s else s.get("median")
 
 
-def _ok(d: dict, name: str) -> dict | None:
-    return next((c for c in d.get("configs", []) if c.get("config") == name and c.get("status") == "measured"), None)
-
-
 def uva_over_copy_sizes(d: dict) -> list[dict] | str:
     if not d.get("cuda"):
         return d.get("uva") or "no CUDA"

@@ -228,6 +228,15 @@ def capture(fn):
     return graph, out
 
 
+def copier(static, inputs):
+    """``prepare(j)`` for :func:`timed`: input set ``j`` copied into a graph's ``static`` inputs."""
+    def prepare(j):
+        for dst, src in zip(static, inputs[j]):
+            dst.copy_(src)
+
+    return prepare
+
+
 def _reason(exc: BaseException) -> str:
     return f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 

@@ -21,6 +21,7 @@ from benchmarks.host_compute.layers import (
     activation,
     capture,
     check,
+    copier,
     crossover,
     distinct,
     make_inputs,
@@ -284,11 +285,7 @@ def _host_graph(ctx: Ctx, shape: Shape, host, sets, on, ref, row: dict, checked:
     x, ids, w = (t.clone() for t in on[0])
     try:
         graph, out = capture(lambda: host(x, ids, w))
-
-        def prepare(j):
-            for dst, src in zip((x, ids, w), on[j]):
-                dst.copy_(src)
-
+        prepare = copier((x, ids, w), on)
         if checked:
             other = 1 % len(sets)
             prepare(other)
@@ -332,13 +329,8 @@ def threads_sweep(ctx: Ctx, shape: Shape, weights, cores: int) -> dict:
             x, ids, w = (v.clone() for v in on[0])
             try:
                 graph, _ = capture(lambda: he(x, ids, w))
-
-                def prepare(j):
-                    for dst, src in zip((x, ids, w), on[j]):
-                        dst.copy_(src)
-
                 row["host_graph_s"] = timed(lambda j: graph.replay(), len(on), ctx.iters, True, ctx.deadline(0.01),
-                                            prepare=prepare)
+                                            prepare=copier((x, ids, w), on))
             except Exception as exc:
                 row["host_graph_error"] = _reason(exc)
         rows.append(row)

@@ -19,6 +19,7 @@ from benchmarks.host_compute.layers import (
     activation,
     capture,
     check,
+    copier,
     distinct,
     make_inputs,
     timed,
@@ -86,13 +87,8 @@ def device_share(ctx: Ctx, shape: Shape, weights) -> dict:
     for name, fn in (("whole", whole), ("shared", shared), ("host_part", host_part), ("share_part", share_part)):
         if ctx.cuda:  # a graph per path, fed by copying each routing into its captured inputs
             graph, _ = capture(lambda fn=fn: fn(x_in, i_in, w_in))
-
-            def prepare(j):
-                for dst, src in zip((x_in, i_in, w_in), on[j]):
-                    dst.copy_(src)
-
             out[f"{name}_s"] = timed(lambda j: graph.replay(), len(on), ctx.iters, True, ctx.deadline(budget),
-                                     prepare=prepare)
+                                     prepare=copier((x_in, i_in, w_in), on))
         else:
             out[f"{name}_s"] = timed(lambda j, fn=fn: fn(*on[j]), len(on), ctx.iters, False, ctx.deadline(budget))
     med = {k: out[f"{k}_s"]["median"] for k in ("whole", "shared", "host_part", "share_part")}
@@ -146,11 +142,7 @@ def native_part(ctx: Ctx, shape: Shape, weights, on_device: int, sets, on, share
     if not ctx.cuda:
         return out
     x_in, i_in, w_in = (t.clone() for t in on[0])
-
-    def prepare(j):
-        for dst, src in zip((x_in, i_in, w_in), on[j]):
-            dst.copy_(src)
-
+    prepare = copier((x_in, i_in, w_in), on)
     times = {}
     for rows in NATIVE_BLOCK_ROWS:
         graph, _ = capture(lambda rows=rows: share_kernel.moe_native(x_in, i_in, w_in, held, act, block_rows=rows))

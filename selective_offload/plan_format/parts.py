@@ -172,11 +172,6 @@ class GroupPlan:
             return self.est_read_bytes_per_step
         return 0
 
-    @property
-    def computed_on_host(self) -> bool:
-        """Host-compute: the host CPU computes this group where it lives (only activations cross)."""
-        return self.serving == Serving.COMPUTE
-
 
 def experts_read_bytes(nbytes: int, num_experts: int, experts_per_token: int, tokens: int = 1) -> int:
     """Bytes of a layer's routed experts that a step of ``tokens`` tokens reads (est)."""
