@@ -34,26 +34,17 @@ re-exported here.
 from __future__ import annotations
 
 from ..tensors import DTYPE_BITS, MAX_DIM, TensorInfo, check_shape, tensor_nbytes
-from .base import MANIFEST_FORMAT, Checkpoint, read_json, require_complete
+from .base import Checkpoint, read_json, require_complete
 from .facts import ModelFacts
 from .from_config import manifest_from_config
-from .headers import (
-    INDEX_NAME,
-    MAX_HEADER_BYTES,
-    check_spans,
-    read_safetensors_dir,
-    read_safetensors_file,
-    read_shard_header,
-    tensor_entry,
-)
+from .headers import INDEX_NAME, MAX_HEADER_BYTES, check_spans, read_shard_header
 from .hub import hub_checkpoint, parse_hub_id
 from .load import load_checkpoint
 from .manifest import manifest_text, read_manifest, write_manifest
 
 __all__ = [
-    "DTYPE_BITS", "INDEX_NAME", "MANIFEST_FORMAT", "MAX_DIM", "MAX_HEADER_BYTES",
-    "Checkpoint", "ModelFacts", "TensorInfo",
-    "check_shape", "check_spans", "hub_checkpoint", "load_checkpoint", "manifest_from_config",
-    "parse_hub_id", "read_json", "read_manifest", "read_safetensors_dir", "read_safetensors_file",
-    "read_shard_header", "require_complete", "tensor_entry", "tensor_nbytes", "write_manifest", "manifest_text",
+    "DTYPE_BITS", "INDEX_NAME", "MAX_DIM", "MAX_HEADER_BYTES", "Checkpoint", "ModelFacts", "TensorInfo",
+    "check_shape", "check_spans", "hub_checkpoint", "load_checkpoint", "manifest_from_config", "parse_hub_id",
+    "read_json", "read_manifest", "read_shard_header", "require_complete", "tensor_nbytes", "write_manifest",
+    "manifest_text",
 ]

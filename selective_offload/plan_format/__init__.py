@@ -41,10 +41,8 @@ reading (an edited group with stale totals is caught); delete ``"totals"`` to ac
 groups as they are. Estimates are written for readers and recomputed on reading.
 """
 
-from .contents import TOTALS, PlanContents
 from .document import Plan
 from .inputs import PlanInputs
-from .io import format_version, plan_reader
 from .parts import (
     EST_IGNORES,
     EST_MODEL,
@@ -60,26 +58,15 @@ from .parts import (
 )
 from .vocabulary import (
     COLD_SERVINGS,
-    DEFAULT_KV_CACHE_BYTES,
     DEFAULT_RESERVE_BYTES,
-    FORMAT_PREFIX,
-    FORMAT_VERSION,
     HOST_SERVINGS,
-    KIND_ONLY_SERVING,
-    KIND_ROLE,
-    LAYER_INDEX_KINDS,
     LAYER_KINDS,
     MAX_PLAN_INT,
-    MAX_PLAN_NUMBER,
-    PARTIAL_READ_KINDS,
     PLAN_FORMAT,
     PREFETCH_KINDS,
     REFERENCE_LINK_GBPS,
     REFERENCE_VRAM_GBPS,
     REPLAN,
-    ROLE_SERVINGS,
-    SERVING_KINDS,
-    SERVING_LOCATION,
     GroupKind,
     Location,
     Role,
@@ -88,11 +75,8 @@ from .vocabulary import (
 )
 
 __all__ = [
-    "Alternative", "COLD_SERVINGS", "DEFAULT_KV_CACHE_BYTES", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "EST_MODEL",
-    "Estimate", "FORMAT_PREFIX", "FORMAT_VERSION", "GroupKind", "GroupPlan", "HOST_SERVINGS", "HostCompute",
-    "KIND_ONLY_SERVING", "KIND_ROLE", "LAYER_INDEX_KINDS", "LAYER_KINDS", "Location", "MAX_PLAN_INT",
-    "MAX_PLAN_NUMBER", "PARTIAL_READ_KINDS", "PLAN_FORMAT", "PREFETCH_KINDS", "Plan", "PlanContents", "PlanInputs",
-    "PlannedModel", "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN", "ROLE_SERVINGS", "Role", "SERVING_KINDS",
-    "SERVING_LOCATION", "Serving", "Strategy", "TOTALS", "VllmBaseline", "cold_serving", "experts_read_bytes",
-    "format_version", "plan_reader", "read_flops",
+    "Alternative", "COLD_SERVINGS", "DEFAULT_RESERVE_BYTES", "EST_IGNORES", "EST_MODEL", "Estimate", "GroupKind",
+    "GroupPlan", "HOST_SERVINGS", "HostCompute", "LAYER_KINDS", "Location", "MAX_PLAN_INT", "PLAN_FORMAT",
+    "PREFETCH_KINDS", "Plan", "PlanInputs", "PlannedModel", "REFERENCE_LINK_GBPS", "REFERENCE_VRAM_GBPS", "REPLAN",
+    "Role", "Serving", "Strategy", "VllmBaseline", "cold_serving", "experts_read_bytes", "read_flops",
 ]

@@ -22,8 +22,6 @@ from ``selective_offload.probe``; its modules import each other directly.
 
 from .command import add_probe_arguments, run_probe
 from .measurements import (
-    FULL_SIZES,
-    QUICK_SIZES,
     READ_COLS,
     decode_read_gbps,
     gemv_read_s,
@@ -34,11 +32,9 @@ from .measurements import (
 )
 from .planning import describe, machine_notes, plan_bandwidths, reference_note
 from .profile import (
-    COPY_BYTES_COUNTED,
     PROFILE_ENV,
     PROFILE_FIELDS,
     PROFILE_FORMAT,
-    SAMPLE_KINDS,
     Profile,
     default_profile_path,
     load_profile,
@@ -46,9 +42,7 @@ from .profile import (
 )
 
 __all__ = [
-    "PROFILE_FORMAT", "PROFILE_ENV", "Profile", "measure", "default_profile_path", "load_profile",
-    "plan_defaults", "describe", "add_probe_arguments", "run_probe",
-    "PROFILE_FIELDS", "COPY_BYTES_COUNTED", "SAMPLE_KINDS", "FULL_SIZES", "QUICK_SIZES", "READ_COLS",
-    "gemv_read_s", "uva_read_series", "decode_read_gbps", "matmul_tflops", "machine_name",
-    "machine_notes", "plan_bandwidths", "reference_note",
+    "PROFILE_FORMAT", "PROFILE_ENV", "Profile", "measure", "default_profile_path", "load_profile", "plan_defaults",
+    "describe", "add_probe_arguments", "run_probe", "PROFILE_FIELDS", "READ_COLS", "gemv_read_s", "uva_read_series",
+    "decode_read_gbps", "matmul_tflops", "machine_name", "machine_notes", "plan_bandwidths", "reference_note",
 ]

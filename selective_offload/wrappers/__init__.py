@@ -9,33 +9,28 @@ How the pieces relate::
 
 The wrappers never decide placement (the planner does) and never import vLLM (the glue
 in ``selective_offload.vllm_glue`` calls them from patched vLLM modules). Each reports an
-:class:`OffloadStats` so the glue can compare what landed where against the plan.
+:class:`~.residency.OffloadStats` so the glue can compare what landed where against the plan.
 """
 
 from .host_embedding import (
-    GatherMode,
     HostEmbedding,
     HostGather,
     TiedWeightError,
-    ViewFactory,
     cuda_view_of_pinned,
     host_gather,
     move_module_weight_to_host,
     refuse_if_tied,
 )
 from .on_demand import NON_BLOCK, OnDemandOffload, find_block_list, offload_on_demand
-from .residency import OffloadError, OffloadStats, to_host
+from .residency import OffloadError, to_host
 
 __all__ = [
-    "GatherMode",
     "HostEmbedding",
     "HostGather",
     "NON_BLOCK",
     "OffloadError",
-    "OffloadStats",
     "OnDemandOffload",
     "TiedWeightError",
-    "ViewFactory",
     "cuda_view_of_pinned",
     "find_block_list",
     "host_gather",
