@@ -165,6 +165,18 @@ def median_us(fn: Callable[[], object], iters: int, cuda: bool, warmup: int = 3)
     return statistics.median(time_s(fn, iters, cuda, warmup)) * 1e6
 
 
+def proc_status_bytes(field: str, pid: int | str = "self") -> int | None:
+    """A ``kB`` field of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``) in bytes; ``None``
+    where there is no such file or field (not Linux, the process gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def fill_random(t, seed: int = 0):
     """Random bytes in ``t`` (positive bf16 values between ~1e-9 and ~0.7: no NaN,
     no infinity), made as one 1 MiB random block tiled over it, which is fast for GBs."""

@@ -13,17 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from benchmarks.common import engine_worker, spread
-
-
-def _proc_status_bytes(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+from benchmarks.common import engine_worker, proc_status_bytes, spread
 
 
 def _param_placement(model) -> dict:
@@ -105,8 +95,8 @@ def _measure(spec: dict, out: dict) -> None:
         if cap:
             out["under_cap"] = out["peak_device_reserved_bytes"] <= cap
     else:
-        out["host_rss_bytes"] = _proc_status_bytes("VmRSS")
-        out["host_rss_peak_bytes"] = _proc_status_bytes("VmHWM")
+        out["host_rss_bytes"] = proc_status_bytes("VmRSS")
+        out["host_rss_peak_bytes"] = proc_status_bytes("VmHWM")
     if spec.get("plan_path"):
         import selective_offload
 

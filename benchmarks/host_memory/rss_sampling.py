@@ -13,21 +13,12 @@ from __future__ import annotations
 import statistics
 import time
 
+from benchmarks.common import proc_status_bytes
+
 #: A process seen in fewer samples than this is a helper (vLLM runs ``lscpu`` through a
 #: shell) or a fork about to exec, whose resident set is its parent's pages counted again:
 #: left out of the sums, listed apart.
 TRANSIENT_SAMPLES = 5
-
-
-def _hwm_bytes(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _cmd(p) -> str:
@@ -89,7 +80,7 @@ def sample_tree(proc, interval_s: float, timeout_s: float) -> dict:
             rec["cmd"] = _cmd(p) or rec["cmd"]  # vLLM retitles its processes once started
             rec["peak_rss_bytes"] = max(rec["peak_rss_bytes"], rss)
             rec["samples"] += 1
-            hwm = _hwm_bytes(p.pid)
+            hwm = proc_status_bytes("VmHWM", p.pid)
             if hwm is not None:
                 rec["hwm_bytes"] = hwm
         raw.append((time.time(), sample))
