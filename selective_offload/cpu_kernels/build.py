@@ -21,10 +21,14 @@ same time each end with a whole, recorded build. Folders and files are made read
 everyone and writable by their owner only, whatever the umask: a cache built by root (at
 install) serves every user.
 
-torch is imported before the library is loaded: torch ships its own ``libgomp.so.1``,
-and a library linked with ``-fopenmp`` that is loaded afterwards binds to the OpenMP
-runtime already in the process (one thread pool, not two); :func:`openmp_runtimes` lists
-what is mapped so a test can check it.
+The kernels run on their own thread pool (``pool.h``: pthreads, pinned, asleep between
+jobs), not on OpenMP's; the library still links the OpenMP runtime, for the places torch's
+runtime was given (the cores vLLM's CPU worker binds its threads to, the pool's default)
+and for the ``-DSO_OPENMP`` build the benchmark times the pool against. torch is imported
+before the library is loaded: torch ships its own ``libgomp.so.1``, and a library linked
+with ``-fopenmp`` that is loaded afterwards binds to the OpenMP runtime already in the
+process (one runtime, not two); :func:`openmp_runtimes` lists what is mapped so a test can
+check it.
 
 A missing compiler or a failed compile is :class:`KernelUnavailable`, one line saying
 what to install, or to keep the experts on the device reading them from the host (UVA);
@@ -59,7 +63,7 @@ PARTS = Path(__file__).parent
 LIBRARY = "libso_cpu_kernels.so"
 #: An undeclared function is an error, as GCC 14 makes it: a path compiled only on other
 #: CPUs (the variants tests/unit/cpu_kernels builds) must not call what it lacks.
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-Werror=implicit-function-declaration")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-pthread", "-shared", "-fPIC", "-Werror=implicit-function-declaration")
 ADVICE = ("install a C compiler with OpenMP (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc), "
           "or keep these experts served uva (the device reads them from host memory)")
 _I64, _VP = ctypes.c_int64, ctypes.c_void_p
@@ -79,6 +83,13 @@ ENTRIES: dict[str, tuple[object, list]] = {
     "so_rows_job_run": (None, [_VP]),
     "so_failures": (_I64, []),
     "so_last_failure": (_I64, []),
+    "so_pool_set_cpus": (_I64, [_VP, _I64]),
+    "so_pool_cpus": (_I64, [_VP, _I64]),
+    "so_pool_workers": (_I64, []),
+    "so_pool_tids": (_I64, [_VP, _I64]),
+    "so_pool_set_spin_ns": (None, [_I64]),
+    "so_pool_spin_ns": (_I64, []),
+    "so_omp_places": (_I64, [_VP, _I64]),
 }
 SYMBOLS = frozenset(ENTRIES)
 #: The descriptors of the loaded libraries, kept open: each was loaded by its

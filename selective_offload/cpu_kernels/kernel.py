@@ -9,12 +9,13 @@ job per call and runs it at once.
 from __future__ import annotations
 
 import ctypes
+import os
 import statistics
 import time
 
 import torch
 
-from . import build, reference
+from . import build, cores, reference
 from .weights import Activation, ExpertWeights
 
 FMT_CODE = {"bf16": 0, "mxfp4": 1, "fp8-block": 2, "int4": 3}
@@ -25,7 +26,9 @@ TORCH_FORMATS = frozenset({"f32"})
 ACT_CODE = {"silu": 0, "swigluoai": 1}
 DT_NONE, DT_BF16, DT_F32 = 0, 1, 2
 STATUS = {1: "topk_ids holds an expert id >= the number of experts", 2: "the kernel's workspace could not be allocated",
-          3: "the format code is not one the kernel knows"}
+          3: "the format code is not one the kernel knows",
+          4: "the kernel's threads could not be started (pthread_create failed: too many threads for the process's "
+             "limits, or no memory for their stacks)"}
 
 #: Failed jobs already raised on (:func:`raise_if_failed`), by the library's count.
 _RAISED = 0
@@ -91,9 +94,58 @@ def library(again: bool = False) -> ctypes.CDLL:
                     f"again")
         except build.KernelUnavailable as e:
             _LIB, _ERROR = None, e
+        else:
+            set_pool_cpus(default_pool_cpus(_LIB), _LIB)
     if _ERROR is not None:
         raise _ERROR
     return _LIB
+
+
+def omp_places(library_: ctypes.CDLL | None = None) -> list[int]:
+    """The CPUs of the OpenMP places torch's runtime was given (``OMP_PLACES`` or
+    ``GOMP_CPU_AFFINITY``, as vLLM's CPU worker binds its threads), in order; [] when none."""
+    lib = library_ or library()
+    buf = (ctypes.c_int32 * 1024)()
+    return list(buf[:int(lib.so_omp_places(buf, 1024))])
+
+
+def default_pool_cpus(library_: ctypes.CDLL | None = None) -> list[int]:
+    """Where the kernels' pool pins its workers unless told otherwise: the cores of torch's
+    OpenMP places where it has them (vLLM's CPU worker's binding: its engine thread is on
+    the first, the kernel's caller), else one CPU per physical core of the NUMA node this
+    process is bound to (:func:`.cores.cores_of_one_node`)."""
+    return omp_places(library_) or cores.cores_of_one_node()
+
+
+def set_pool_cpus(cpus: list[int] | None, library_: ctypes.CDLL | None = None) -> None:
+    """Pin the kernels' pool to ``cpus`` from now on, workers already made included: a job of
+    n threads runs on its calling thread (not pinned: it is the caller's) and workers 1 ..
+    n-1, worker w on ``cpus[w % len(cpus)]``; so ``cpus[0]`` and the cores past the job's
+    threads are left to the caller and the engine's other threads. ``None``:
+    :func:`default_pool_cpus`; ``[]``: not pinned (workers inherit the binding of the thread
+    that made them)."""
+    lib = library_ or library()
+    cpus = default_pool_cpus(lib) if cpus is None else [int(c) for c in cpus]
+    bad = [c for c in cpus if not 0 <= c < 1024]
+    if bad or len(cpus) > 1024:
+        raise ValueError(f"host-compute kernel: cannot pin threads to CPUs {bad or cpus[1024:]}; give at most 1024 "
+                         f"CPU ids of this machine (0-{(os.cpu_count() or 1) - 1})")
+    lib.so_pool_set_cpus((ctypes.c_int32 * max(1, len(cpus)))(*cpus), len(cpus))
+
+
+def pool_cpus(library_: ctypes.CDLL | None = None) -> list[int]:
+    """The CPUs the kernels' pool pins its workers to ([]: not pinned)."""
+    lib = library_ or library()
+    buf = (ctypes.c_int32 * 1024)()
+    return list(buf[:int(lib.so_pool_cpus(buf, 1024))])
+
+
+def pool_threads(library_: ctypes.CDLL | None = None) -> list[int]:
+    """The kernel thread ids of the pool's workers in this process (``/proc/self/task/TID``);
+    [] before a job of more than one thread made them, and in a fork child until its own."""
+    lib = library_ or library()
+    buf = (ctypes.c_int32 * 1024)()
+    return list(buf[:int(lib.so_pool_tids(buf, 1024))])
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

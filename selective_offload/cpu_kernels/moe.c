@@ -1,6 +1,7 @@
 /* Routed experts of one MoE layer computed on the host CPU (selective-offload's host-compute).
  *
- * Plain C with OpenMP, no torch headers: Python calls it through ctypes with raw pointers,
+ * Plain C on a thread pool of its own (pool.h: pthreads, workers pinned to the cores given and
+ * asleep between calls), no torch headers: Python calls it through ctypes with raw pointers,
  * and a CUDA host function (cudaLaunchHostFunc) can call so_moe_job_run(job) with no Python,
  * which is what lets a captured CUDA graph run the host's experts.
  *
@@ -16,11 +17,13 @@
  * skipping picks whose id is negative or whose expert is not in the host set. Tokens are
  * grouped by expert so each expert's rows are read once per call whatever the batch. The
  * up projection is split over (expert, block of activation rows), then after a barrier the
- * down projection over blocks of output rows, so every output element has one writer.
+ * down projection over blocks of output rows, so every output element has one writer; the
+ * calling thread takes its share, and the threads draw work items from a shared counter.
  *
  * The SIMD path is picked at compile time by the -march=native macros: AVX-512 (F+BW+VL),
  * AVX2 with F16C and FMA, else plain C.
  */
+#define _GNU_SOURCE 1  /* sched and pthread affinity (pool.h) */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -284,6 +287,7 @@ static inline float element(int fmt, const void *row, const void *scale, int64_t
 #include "rows_f32.h"
 #include "rows_bf16.h"
 #include "rows_int8.h"
+#include "pool.h"
 
 
 /* Row r of matrix `which` (0: w13 [E, 2I, H], 1: w2 [E, H, I]) of expert e, dotted with n
@@ -403,6 +407,114 @@ static void so_fail(int64_t *status, int64_t code, float *out, int64_t n) {
 int64_t so_failures(void) { return __atomic_load_n(&so_failure_count, __ATOMIC_SEQ_CST); }
 int64_t so_last_failure(void) { return __atomic_load_n(&so_failure_status, __ATOMIC_SEQ_CST); }
 
+/* One MoE job's parallel part: what each of its threads runs (pool.h), its inputs grouped
+ * and converted by so_moe_job_run first. */
+typedef struct {
+    const so_moe_job *c;
+    const char *xbase, *abase;
+    int64_t xld, ald, xstep, astep;
+    const int64_t *ptok;
+    const float *pw;
+    const int64_t *gexp, *gstart;
+    float *actf;
+    void *act;
+    int8_t *Qa;
+    int64_t jblocks, up_items, hblocks, ng, total;
+    int fmt, q8;
+    int64_t next_up, next_down;  /* the dynamic loops' next items */
+} so_moe_work;
+
+static void so_moe_work_run(void *arg, int tid, int nt) {
+    so_moe_work *wk = (so_moe_work *)arg;
+    const so_moe_job *c = wk->c;
+    const int64_t I = c->I, H = c->H, jblocks = wk->jblocks, xld = wk->xld, ald = wk->ald;
+    const int64_t xstep = wk->xstep, astep = wk->astep, *ptok = wk->ptok, *gexp = wk->gexp, *gstart = wk->gstart;
+    const float *pw = wk->pw;
+    const char *xbase = wk->xbase, *abase = wk->abase;
+    const int fmt = wk->fmt, q8 = wk->q8;
+    float *actf = wk->actf;
+#if defined(SO_BF16DOT)
+    typedef uint16_t xval;
+#define SO_STORE(v) f32_to_bf16(v)
+#else
+    typedef float xval;
+#define SO_STORE(v) (v)
+#endif
+    xval *act = (xval *)wk->act;
+    float g[JB][NT], u[JB][NT], acc[NT];
+    (void)tid;
+    /* Up projection and activation: act[slot, i] for the slots of each expert. A work
+     * item's gate rows are read one after another, then its up rows (two sequential
+     * streams, not one row of each in turn). Dynamic: on a shared machine a descheduled
+     * thread's share is taken by the others. */
+    for (int64_t it; (it = so_next(&wk->next_up)) < wk->up_items;) {
+        int64_t gi = it / jblocks, i0 = (it % jblocks) * JB, i1 = i0 + JB < I ? i0 + JB : I;
+        int64_t e = gexp[gi], s0 = gstart[gi], s1 = gstart[gi + 1];
+        int swiglu = c->act == SO_SWIGLUOAI;
+        for (int64_t s = s0; s < s1; s += NT) {
+            int n = s1 - s < NT ? (int)(s1 - s) : NT;
+            /* Slots of consecutive tokens are consecutive rows of X, dotted together;
+             * others one at a time. */
+            int consecutive = 1;
+            for (int q = 1; q < n; q++) consecutive &= ptok[s + q] == ptok[s] + q;
+            /* Rows in memory order: silu's gate rows then its up rows, swigluoai's
+             * interleaved pairs in turn. */
+            for (int64_t step = 0; step < 2 * (i1 - i0); step++) {
+                int64_t half = swiglu ? step % 2 : step / (i1 - i0);
+                int64_t i = i0 + (swiglu ? step / 2 : step % (i1 - i0));
+                int64_t r = swiglu ? 2 * i + half : i + half * I;
+                float *dst = half ? u[i - i0] : g[i - i0];
+                if (consecutive) {
+                    dot_row(c, 0, e, r, xbase + ptok[s] * xstep, xld, n, dst);
+                } else {
+                    for (int q = 0; q < n; q++) dot_row(c, 0, e, r, xbase + ptok[s + q] * xstep, xld, 1, dst + q);
+                }
+            }
+            for (int64_t i = i0; i < i1; i++) {
+                int64_t rg = swiglu ? 2 * i : i, ru = swiglu ? 2 * i + 1 : I + i;
+                float bg = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + rg);
+                float bu = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + ru);
+                int64_t slot = slot_of(fmt, i, I);
+                for (int q = 0; q < n; q++) {
+                    float v = activate(c, g[i - i0][q] + bg, u[i - i0][q] + bu);
+                    if (q8)
+                        actf[(s + q) * I + i] = v;  /* f32, quantised once the row is whole */
+                    else
+                        act[(s + q) * I + slot] = SO_STORE(v);
+                }
+            }
+        }
+    }
+    SO_BARRIER(nt);
+    /* The int8 path quantises each slot's whole activation row (static shares). */
+#if defined(SO_INT8DOT)
+    if (q8) {
+        int64_t lo, hi;
+        so_share(wk->total, tid, nt, &lo, &hi);
+        for (int64_t s = lo; s < hi; s++) q8_quantize(fmt, actf + s * I, I, wk->Qa + s * q8_bytes(I));
+        SO_BARRIER(nt);
+    }
+#endif
+    /* Down projection: each block of output rows has one writer, and reads each expert's
+     * rows of the block one after another. Dynamic, as above. */
+    for (int64_t hb; (hb = so_next(&wk->next_down)) < wk->hblocks;) {
+        int64_t h0 = hb * HB, h1 = h0 + HB < H ? h0 + HB : H;
+        for (int64_t gi = 0; gi < wk->ng; gi++) {
+            int64_t e = gexp[gi], s0 = gstart[gi], s1 = gstart[gi + 1];
+            for (int64_t h = h0; h < h1; h++) {
+                float b2 = load_bias(c->w2_bias, c->bias_dtype, e * H + h);
+                for (int64_t s = s0; s < s1; s += NT) {
+                    int n = s1 - s < NT ? (int)(s1 - s) : NT;
+                    dot_row(c, 1, e, h, abase + s * astep, ald, n, acc);
+                    for (int q = 0; q < n; q++)
+                        c->out[ptok[s + q] * H + h] += pw[s + q] * (acc[q] + b2);
+                }
+            }
+        }
+    }
+#undef SO_STORE
+}
+
 void so_moe_job_run(void *arg) {
     so_moe_job *j = (so_moe_job *)arg;
     int64_t T = j->T, K = j->K, E = j->E, H = j->H, I = j->I, P = T * K;
@@ -464,10 +576,8 @@ void so_moe_job_run(void *arg) {
      * quantised to int8 vectors (MXFP4 and int4 on the int8 paths). */
 #if defined(SO_BF16DOT)
     typedef uint16_t xval;  /* X and the activation in bf16 */
-#define SO_STORE(v) f32_to_bf16(v)
 #else
     typedef float xval;
-#define SO_STORE(v) (v)
 #endif
     xval *X = (xval *)xf, *act = (xval *)actf;
     int fmt = (int)j->fmt;
@@ -499,120 +609,69 @@ void so_moe_job_run(void *arg) {
     const int64_t xld = q8 ? q8_bytes(H) : H, ald = q8 ? q8_bytes(I) : I, width = q8 ? 1 : (int64_t)sizeof(xval);
     const int64_t xstep = xld * width, astep = ald * width;
 
-    int64_t jblocks = (I + JB - 1) / JB, up_items = ng * jblocks, hblocks = (H + HB - 1) / HB;
+    int64_t jblocks = (I + JB - 1) / JB;
+    so_moe_work work = {j, xbase, abase, xld, ald, xstep, astep, ptok, pw, gexp, gstart, actf, act, Qa,
+                        jblocks, ng * jblocks, (H + HB - 1) / HB, ng, total, fmt, q8, 0, 0};
     int threads = j->threads > 0 ? (int)j->threads : 1;
-    const so_moe_job *c = j;
-#pragma omp parallel num_threads(threads)
-    {
-        float g[JB][NT], u[JB][NT], acc[NT];
-        /* Up projection and activation: act[slot, i] for the slots of each expert. A work
-         * item's gate rows are read one after another, then its up rows (two sequential
-         * streams, not one row of each in turn). */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < up_items; it++) {
-            int64_t gi = it / jblocks, i0 = (it % jblocks) * JB, i1 = i0 + JB < I ? i0 + JB : I;
-            int64_t e = gexp[gi], s0 = gstart[gi], s1 = gstart[gi + 1];
-            int swiglu = c->act == SO_SWIGLUOAI;
-            for (int64_t s = s0; s < s1; s += NT) {
-                int n = s1 - s < NT ? (int)(s1 - s) : NT;
-                /* Slots of consecutive tokens are consecutive rows of X, dotted together;
-                 * others one at a time. */
-                int consecutive = 1;
-                for (int q = 1; q < n; q++) consecutive &= ptok[s + q] == ptok[s] + q;
-                /* Rows in memory order: silu's gate rows then its up rows, swigluoai's
-                 * interleaved pairs in turn. */
-                for (int64_t step = 0; step < 2 * (i1 - i0); step++) {
-                        int64_t half = swiglu ? step % 2 : step / (i1 - i0);
-                        int64_t i = i0 + (swiglu ? step / 2 : step % (i1 - i0));
-                        int64_t r = swiglu ? 2 * i + half : i + half * I;
-                        float *dst = half ? u[i - i0] : g[i - i0];
-                        if (consecutive) {
-                            dot_row(c, 0, e, r, xbase + ptok[s] * xstep, xld, n, dst);
-                        } else {
-                            for (int q = 0; q < n; q++) dot_row(c, 0, e, r, xbase + ptok[s + q] * xstep, xld, 1, dst + q);
-                        }
-                    }
-                for (int64_t i = i0; i < i1; i++) {
-                    int64_t rg = swiglu ? 2 * i : i, ru = swiglu ? 2 * i + 1 : I + i;
-                    float bg = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + rg);
-                    float bu = load_bias(c->w13_bias, c->bias_dtype, e * 2 * I + ru);
-                    int64_t slot = slot_of(fmt, i, I);
-                    for (int q = 0; q < n; q++) {
-                        float v = activate(c, g[i - i0][q] + bg, u[i - i0][q] + bu);
-                        if (q8)
-                            actf[(s + q) * I + i] = v;  /* f32, quantised once the row is whole */
-                        else
-                            act[(s + q) * I + slot] = SO_STORE(v);
-                    }
-                }
-            }
-        }
-        /* (implicit barrier) The int8 path quantises each slot's whole activation row. */
-#if defined(SO_INT8DOT)
-        if (q8) {
-#pragma omp for schedule(static)
-            for (int64_t s = 0; s < total; s++) q8_quantize(fmt, actf + s * I, I, Qa + s * q8_bytes(I));
-        }
-#endif
-        /* (implicit barrier) Down projection: each block of output rows has one writer, and
-         * reads each expert's rows of the block one after another. Dynamic: on a shared
-         * machine a descheduled thread's share is taken by the others. */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t hb = 0; hb < hblocks; hb++) {
-            int64_t h0 = hb * HB, h1 = h0 + HB < H ? h0 + HB : H;
-            for (int64_t gi = 0; gi < ng; gi++) {
-                int64_t e = gexp[gi], s0 = gstart[gi], s1 = gstart[gi + 1];
-                for (int64_t h = h0; h < h1; h++) {
-                    float b2 = load_bias(c->w2_bias, c->bias_dtype, e * H + h);
-                    for (int64_t s = s0; s < s1; s += NT) {
-                        int n = s1 - s < NT ? (int)(s1 - s) : NT;
-                        dot_row(c, 1, e, h, abase + s * astep, ald, n, acc);
-                        for (int q = 0; q < n; q++)
-                            c->out[ptok[s + q] * H + h] += pw[s + q] * (acc[q] + b2);
-                    }
-                }
-            }
-        }
-    }
+    if (so_par(threads, so_moe_work_run, &work)) so_fail(&j->status, 4, j->out, T * H);
     free(own);
 }
 
 #include "rows_head.h"
 
 /* Sum a buffer as floats with the same threads: the read bandwidth the kernel is judged
- * against (the caller times it). */
-double so_read_sum(const void *buf, int64_t nbytes, int64_t threads) {
-    const float *f = (const float *)buf;
-    int64_t n = nbytes / 4;
+ * against (the caller times it). Each thread sums an even share of its 4096-float chunks. */
+typedef struct {
+    const float *f;
+    int64_t n;
+    double part[SO_POOL_MAX];
+} so_read_work;
+
+static void so_read_run(void *arg, int tid, int nt) {
+    so_read_work *wk = (so_read_work *)arg;
+    const float *f = wk->f;
+    int64_t n = wk->n, lo, hi;
     double total = 0.0;
-#pragma omp parallel num_threads((int)(threads > 0 ? threads : 1)) reduction(+ : total)
-    {
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < (n + 4095) / 4096; c++) {
-            int64_t k = c * 4096, end = k + 4096 < n ? k + 4096 : n;
+    so_share((n + 4095) / 4096, tid, nt, &lo, &hi);
+    for (int64_t c = lo; c < hi; c++) {
+        int64_t k = c * 4096, end = k + 4096 < n ? k + 4096 : n;
 #if defined(SO_AVX512)
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (; k + 64 <= end; k += 64) {
-                a0 = _mm512_add_ps(a0, _mm512_loadu_ps(f + k));
-                a1 = _mm512_add_ps(a1, _mm512_loadu_ps(f + k + 16));
-                a2 = _mm512_add_ps(a2, _mm512_loadu_ps(f + k + 32));
-                a3 = _mm512_add_ps(a3, _mm512_loadu_ps(f + k + 48));
-            }
-            total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#elif defined(SO_AVX2)
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (; k + 32 <= end; k += 32) {
-                a0 = _mm256_add_ps(a0, _mm256_loadu_ps(f + k));
-                a1 = _mm256_add_ps(a1, _mm256_loadu_ps(f + k + 8));
-                a2 = _mm256_add_ps(a2, _mm256_loadu_ps(f + k + 16));
-                a3 = _mm256_add_ps(a3, _mm256_loadu_ps(f + k + 24));
-            }
-            total += hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-#endif
-            float s = 0.0f;
-            for (; k < end; k++) s += f[k];
-            total += s;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (; k + 64 <= end; k += 64) {
+            a0 = _mm512_add_ps(a0, _mm512_loadu_ps(f + k));
+            a1 = _mm512_add_ps(a1, _mm512_loadu_ps(f + k + 16));
+            a2 = _mm512_add_ps(a2, _mm512_loadu_ps(f + k + 32));
+            a3 = _mm512_add_ps(a3, _mm512_loadu_ps(f + k + 48));
         }
+        total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#elif defined(SO_AVX2)
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (; k + 32 <= end; k += 32) {
+            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(f + k));
+            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(f + k + 8));
+            a2 = _mm256_add_ps(a2, _mm256_loadu_ps(f + k + 16));
+            a3 = _mm256_add_ps(a3, _mm256_loadu_ps(f + k + 24));
+        }
+        total += hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+#endif
+        float s = 0.0f;
+        for (; k < end; k++) s += f[k];
+        total += s;
     }
+    wk->part[tid] = total;
+}
+
+/* NaN when the threads could not be started. */
+double so_read_sum(const void *buf, int64_t nbytes, int64_t threads) {
+    int nt = threads > 0 ? (threads < SO_POOL_MAX ? (int)threads : SO_POOL_MAX) : 1;
+    so_read_work *wk = (so_read_work *)calloc(1, sizeof(so_read_work));
+    if (!wk) return NAN;
+    wk->f = (const float *)buf;
+    wk->n = nbytes / 4;
+    double total = 0.0;
+    if (so_par(nt, so_read_run, wk)) total = NAN;
+    else
+        for (int t = 0; t < nt; t++) total += wk->part[t];
+    free(wk);
     return total;
 }

@@ -2,12 +2,47 @@
  * job): one bf16 matrix's rows dotted with a few tokens, the split LM head's host part
  * (selective_offload/wrappers/host_rows.py), on the bf16 experts' row walk and threads. */
 
+/* One rows call's parallel part (pool.h): blocks of HB rows drawn dynamically. */
+typedef struct {
+    const uint16_t *w;
+    const void *X;
+    float *out;
+    int64_t R, C, T, blocks, next;
+} so_rows_work;
+
+static void so_rows_run(void *arg, int tid, int nt) {
+    so_rows_work *wk = (so_rows_work *)arg;
+    const uint16_t *w = wk->w;
+    const int64_t R = wk->R, C = wk->C, T = wk->T;
+#if defined(SO_BF16DOT)
+    const uint16_t *X = (const uint16_t *)wk->X;
+#else
+    const float *X = (const float *)wk->X;
+#endif
+    (void)tid;
+    (void)nt;
+    for (int64_t b; (b = so_next(&wk->next)) < wk->blocks;) {
+        float acc[NT];
+        int64_t r1 = (b + 1) * HB < R ? (b + 1) * HB : R;
+        for (int64_t r = b * HB; r < r1; r++)
+            for (int64_t t = 0; t < T; t += NT) {
+                int n = T - t < NT ? (int)(T - t) : NT;
+#if defined(SO_BF16DOT)
+                dot16_bf16(w + r * C, NULL, 0, C, X + t * C, C, n, acc);
+#else
+                dot_bf16(w + r * C, NULL, 0, C, X + t * C, C, n, acc);
+#endif
+                for (int q = 0; q < n; q++) wk->out[(t + q) * R + r] = acc[q];
+            }
+    }
+}
+
 /* Rows of one bf16 matrix w [R, C] dotted with T tokens x [T, C] (bf16 or f32): out [T, R]
  * f32, with the experts' row walk and thread pool (an LM head's host rows; torch's own CPU
  * linear would run on the one thread vLLM leaves torch while serving). The tokens are
  * reordered into ``ws`` when it holds ``ws_bytes`` >= T * C * 4 + 64 (the worker's one
  * workspace, selective_offload/worker_buffers.py), else into a buffer of their own.
- * Returns 0, or 2 when that buffer cannot be allocated. */
+ * Returns 0, 2 when that buffer cannot be allocated, or 4 when the threads cannot be started. */
 int64_t so_rows_bf16(const uint16_t *w, int64_t R, int64_t C, const void *x, int64_t x_dtype, int64_t T, float *out,
                      int64_t threads, void *ws, int64_t ws_bytes) {
 #if defined(SO_BF16DOT)
@@ -30,24 +65,10 @@ int64_t so_rows_bf16(const uint16_t *w, int64_t R, int64_t C, const void *x, int
             X[t * C + slot_of(SO_BF16, k, C)] = v;
 #endif
         }
-    int64_t blocks = (R + HB - 1) / HB;
-#pragma omp parallel for schedule(dynamic, 1) num_threads((int)(threads > 0 ? threads : 1))
-    for (int64_t b = 0; b < blocks; b++) {
-        float acc[NT];
-        int64_t r1 = (b + 1) * HB < R ? (b + 1) * HB : R;
-        for (int64_t r = b * HB; r < r1; r++)
-            for (int64_t t = 0; t < T; t += NT) {
-                int n = T - t < NT ? (int)(T - t) : NT;
-#if defined(SO_BF16DOT)
-                dot16_bf16(w + r * C, NULL, 0, C, X + t * C, C, n, acc);
-#else
-                dot_bf16(w + r * C, NULL, 0, C, X + t * C, C, n, acc);
-#endif
-                for (int q = 0; q < n; q++) out[(t + q) * R + r] = acc[q];
-            }
-    }
+    so_rows_work work = {w, X, out, R, C, T, (R + HB - 1) / HB, 0};
+    int failed = so_par((int)(threads > 0 ? threads : 1), so_rows_run, &work);
     free(own);
-    return 0;
+    return failed ? 4 : 0;
 }
 
 /* so_rows_bf16's call as one argument, for a CUDA host function (cudaLaunchHostFunc) that

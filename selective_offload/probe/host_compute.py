@@ -13,11 +13,9 @@ the kernels of all host-compute layers share it), as :func:`physical_cores_of_on
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 #: Counted rounds per format (the committed benchmark's calls per measurement), and with
@@ -27,43 +25,13 @@ CALLS, QUICK_CALLS = 41, 3
 KERNEL_HIDDEN = 2048
 
 
-def _cpus(text: str) -> set[int]:
-    """A Linux cpulist (``0-3,8,10-11``) as a set."""
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
 def physical_cores_of_one_node(sys_root: str = "/sys", allowed: set[int] | None = None) -> int:
     """Physical cores (not hyperthreads) of the NUMA node this process runs on: the one pool
-    host-compute runs in. The node is the one holding most of the CPUs this process may run
-    on (``os.sched_getaffinity``: the node vLLM binds a worker to, not node 0 by rule); its
-    threads inherit that binding. Falls back to the CPUs this process may use."""
-    if allowed is None:
-        allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    root = Path(sys_root)
-    nodes = []
-    for path in sorted(root.glob("devices/system/node/node[0-9]*/cpulist"),
-                       key=lambda p: int(p.parent.name.removeprefix("node"))):
-        try:
-            nodes.append(_cpus(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    node = max(nodes, key=lambda cpus: len(cpus & allowed), default=set(allowed))
-    if not node & allowed:
-        node = set(allowed)
-    cores = set()
-    for cpu in sorted(node & allowed):
-        topo = root / f"devices/system/cpu/cpu{cpu}/topology"
-        try:
-            cores.add((int((topo / "physical_package_id").read_text()), int((topo / "core_id").read_text())))
-        except (OSError, ValueError):
-            cores.add((0, cpu))
-    return max(1, len(cores))
+    host-compute runs in (``cpu_kernels.cores.cores_of_one_node``: the node vLLM binds a
+    worker to, not node 0 by rule); its threads are pinned to those cores."""
+    from ..cpu_kernels.cores import cores_of_one_node
+
+    return len(cores_of_one_node(sys_root, allowed))
 
 
 def _median(fn: Callable[[], Any], repeats: int) -> float:

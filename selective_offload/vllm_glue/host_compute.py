@@ -115,12 +115,37 @@ def threads_of(setting: Any, device: torch.device = torch.device("cpu")) -> int 
     thread for serving (``set_torch_threads_for_runtime``), so the count is the cores',
     stated, less the one vLLM's engine thread runs on (the kernel's threads inherit the
     worker's binding)."""
+    if setting.ranks > 1:
+        pin_to_rank_cores(setting.ranks)
     if setting.threads is not None or (setting.ranks <= 1 and torch.device(device).type != "cuda"):
         return setting.threads
     from ..probe.host_compute import physical_cores_of_one_node
 
     per_rank = physical_cores_of_one_node() // setting.ranks
     return max(1, per_rank - 1 if torch.device(device).type == "cuda" else per_rank)
+
+
+def local_rank() -> int | None:
+    """This worker's rank on its node (vLLM's world group), None before vLLM made it."""
+    try:
+        from vllm.distributed.parallel_state import get_world_group
+
+        return int(get_world_group().local_rank)
+    except (AssertionError, AttributeError, ImportError, RuntimeError):
+        return None
+
+
+def pin_to_rank_cores(ranks: int) -> None:
+    """With several ranks sharing the host, this rank's kernel pool is pinned to its own
+    slice of the node's cores (rank r: the r-th of ``ranks`` equal slices of the cores the
+    library pins to by default), never to the cores another rank's pool runs on."""
+    rank = local_rank()
+    if rank is None:
+        return
+    cores = cpu_kernels.kernel.default_pool_cpus()
+    per = max(1, len(cores) // ranks)
+    mine = cores[(rank % ranks) * per:(rank % ranks + 1) * per] or cores[-per:]
+    cpu_kernels.kernel.set_pool_cpus(mine)
 
 
 def refuse_other_ranks(plan: Plan | None, vllm_config: Any) -> None:
