@@ -432,6 +432,28 @@ def test_cpu_kernels_avx2_build_is_written_apart_and_claims_nothing(tmp_path):
     assert "claims nothing" in only(tmp_path, "cpu-kernels-avx2-cpu-*-smoke.md").read_text()
 
 
+def test_kernel_pool_smoke(tmp_path):
+    """The pool against OpenMP: a row per format, thread count and build, each with its
+    rounds' call times back to back and after a gap and the cores burnt in the gap; the
+    pool's workers asleep in the gap burn less than a core there."""
+    proc = run("kernel_pool", "--smoke", "--threads", "1,2", "--formats", "bf16,int4", "--out", str(tmp_path),
+               timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(only(tmp_path, "kernel-pool-cpu-*-smoke.json").read_text())
+    assert [(r["format"], r["threads"], r["build"]) for r in result["rows"]] == [
+        (f, t, b) for f in ("bf16", "int4") for t in (1, 2) for b in ("openmp", "pool")]
+    for r in result["rows"]:
+        assert r["rounds"] == 2 and len(r["gap_s"]["rounds"]) == 2
+        assert 0 < r["back_s"]["min"] <= r["back_s"]["median"] <= r["back_s"]["max"]
+        assert r["gap_s"]["median"] > 0 and r["burnt_cores"]["median"] >= 0
+        if r["build"] == "pool":
+            assert r["burnt_cores"]["median"] < 0.9
+    assert result["pool_cpus"] and result["spin_ns"] > 0
+    assert "| int4 |" in only(tmp_path, "kernel-pool-cpu-*-smoke.md").read_text()
+    bad = run("kernel_pool", "--formats", "fp4", "--out", str(tmp_path))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
 def test_cpu_kernels_bench_refuses_bad_input_in_one_line(tmp_path):
     proc = run("cpu_kernels", "--formats", "fp4", "--out", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
