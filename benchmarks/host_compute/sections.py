@@ -305,7 +305,7 @@ def _host_graph(ctx: Ctx, shape: Shape, host, sets, on, ref, row: dict, checked:
 
 def threads_sweep(ctx: Ctx, shape: Shape, weights, cores: int) -> dict:
     """One token's layer at several thread counts: the kernel called directly and (on
-    CUDA) the host path replayed from a graph. An OpenMP team as large as the cores
+    CUDA) the host path replayed from a graph. A kernel team as large as the cores
     shares one with whatever else runs (the thread spinning on the device's completion,
     another process), and a descheduled member holds every barrier for a time slice."""
     import torch
