@@ -79,6 +79,7 @@ ENTRIES: dict[str, tuple[object, list]] = {
     "so_rows_job_run": (None, [_VP]),
     "so_failures": (_I64, []),
     "so_last_failure": (_I64, []),
+    "so_last_failed_job": (_VP, []),
 }
 SYMBOLS = frozenset(ENTRIES)
 #: The descriptors of the loaded libraries, kept open: each was loaded by its

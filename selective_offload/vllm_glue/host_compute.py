@@ -299,3 +299,45 @@ def live_counters(experts: HostExperts):
     fixed["device_share"] = {"what": _share_words(experts), "bytes": share.nbytes, "device": str(share.w13.device)}
     picks = experts.share_picks
     return lambda: {"host_compute": {**counts.as_dict(), "device_share_picks": int(picks.item())}, **fixed}
+
+
+# ------------------------------------------------------------ failed jobs, at each step's sync
+
+def check_at_step_sync(original: Any) -> Any:
+    """``Worker.sample_tokens`` (``vllm.v1.worker.gpu_worker``; the CPU build's ``CPUWorker``
+    inherits it), wrapped so that a host-compute job that failed makes its step raise
+    (:func:`cpu_kernels.raise_if_failed`: one line naming the group and what to do) at the
+    step's host synchronisation: after the step's device work has completed (so a CUDA host
+    function the step queued, in a captured graph or not, has run) and before its sampled
+    tokens leave the worker. Every path of both model runners returns its step's output
+    here:
+
+    - a ``ModelRunnerOutput`` (no asynchronous scheduling; the CPU build): the runner has
+      already synchronised, in ``GPUModelRunner._bookkeeping_sync`` (``_to_list``: an
+      event's ``synchronize()``; ``RejectionSampler.parse_output`` with speculative tokens),
+      so the check runs now;
+    - an ``AsyncModelRunnerOutput`` (asynchronous scheduling: ``AsyncGPUModelRunnerOutput``;
+      vLLM's second model runner: ``AsyncOutput``, which it always returns): its tokens are
+      still on their way; its ``get_output`` is wrapped, on that object, to check after its
+      copy event's ``synchronize()``, before the lists it builds are returned.
+
+    A job run while vLLM profiles or warms up (outside any step) is raised at the next step."""
+
+    def sample_tokens(self, *args, **kwargs):
+        output = original(self, *args, **kwargs)
+        get_output = getattr(output, "get_output", None)
+        if callable(get_output):
+            def get_output_checked():
+                result = get_output()
+                cpu_kernels.raise_if_failed()
+                return result
+
+            output.get_output = get_output_checked
+        else:
+            cpu_kernels.raise_if_failed()
+        return output
+
+    sample_tokens.__wrapped__ = original
+    sample_tokens.__name__ = getattr(original, "__name__", "sample_tokens")
+    sample_tokens.__doc__ = getattr(original, "__doc__", None)
+    return sample_tokens
