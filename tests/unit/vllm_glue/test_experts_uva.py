@@ -585,3 +585,45 @@ def test_a_reload_that_changes_a_viewed_weights_shape_is_refused_in_one_line():
     line = str(err.value)
     assert "\n" not in line and line.startswith(f"{GROUP}: w13_weight") and "restart the engine" in line
     torch.testing.assert_close(getattr(param, experts.VIEW_RECORD)[2], before)
+
+
+def test_vllms_reload_refills_a_computed_layers_device_share_with_the_new_bytes():
+    """A layer served ``compute`` with a device share (its first experts also on the device)
+    across vLLM's own in-place reload: the quant method the glue installed runs on the layer
+    vLLM rebuilt and loaded, before vLLM copies the new values into the host experts'
+    tensors, so the share is refilled from the layer's tensors as they are then, in the
+    tensors a captured graph holds; the host experts read the new bytes too."""
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+        record_metadata_for_reloading,
+    )
+
+    from selective_offload.cpu_kernels import Activation
+    from selective_offload.cpu_kernels.reference import held_share
+    from selective_offload.vllm_glue import host_compute
+    from selective_offload.wrappers.host_compute import HostExperts
+
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    record_metadata_for_reloading(model)
+    model.load_weights = lambda weights: _load_weights(model, weights)
+    layer = model.layers[0].mlp.experts.routed_experts
+    model.load_weights(_checkpoint(1).items())
+    weights = host_compute.weights_of(layer, "f32")
+    share = held_share(weights, 3, torch.device("cpu"))
+    hosted = HostExperts(GROUP, weights, Activation("silu"), crossover_tokens=2, threads=1, device=torch.device("cpu"),
+                         device_share=share)
+    layer._replace_quant_method(host_compute.method_class()(layer.quant_method, hosted))
+    held = {n: t.data_ptr() for n, t in share.tensors().items()}
+
+    ckpt = _checkpoint(2)
+    initialize_layerwise_reload(model)
+    model.load_weights(ckpt.items())
+    finalize_layerwise_reload(model, None)
+    w13, w2 = _expected(ckpt)
+    torch.testing.assert_close(hosted.weights.w13, w13)  # vLLM copied into the host experts' tensors
+    for name, want in (("w13", w13[:3]), ("w2", w2[:3])):
+        got = share.tensors()[name]
+        assert got.data_ptr() == held[name]
+        torch.testing.assert_close(got, want)
