@@ -90,6 +90,7 @@ ENTRIES: dict[str, tuple[object, list]] = {
     "so_pool_set_spin_ns": (None, [_I64]),
     "so_pool_spin_ns": (_I64, []),
     "so_omp_places": (_I64, [_VP, _I64]),
+    "so_last_failed_job": (_VP, []),
 }
 SYMBOLS = frozenset(ENTRIES)
 #: The descriptors of the loaded libraries, kept open: each was loaded by its

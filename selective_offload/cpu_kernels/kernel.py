@@ -29,21 +29,33 @@ STATUS = {1: "topk_ids holds an expert id >= the number of experts", 2: "the ker
           3: "the format code is not one the kernel knows",
           4: "the kernel's threads could not be started (pthread_create failed: too many threads for the process's "
              "limits, or no memory for their stacks)"}
+#: What to do about each status, for the one line a failed step raises.
+FIX = {1: "the router picked experts this layer does not hold: plan the group served uva or on the device "
+          "(selective-offload plan without --host-compute) and report the model",
+       2: "the host ran out of memory: free host memory, or lower --max-num-seqs",
+       3: f"the compiled kernel does not match this package: set {build.ENV_KERNEL_CACHE} to an empty folder of "
+          "your own to build it again",
+       4: "the process may start no more threads: raise its limit (ulimit -u) or lower --cpu-threads"}
 
 #: Failed jobs already raised on (:func:`raise_if_failed`), by the library's count.
 _RAISED = 0
+#: The group each job serves, by the job's C address (what the library records of a failure).
+_GROUPS: dict[int, str] = {}
 
 
 class JobFailed(RuntimeError):
     """A host-compute job failed; its output was filled with NaN, never left stale."""
 
 
-def raise_if_failed(where: str = "host-compute") -> None:
-    """Raise :class:`JobFailed` when a job has failed since the last call (or the last
-    failure :meth:`MoEJob.run` raised on), however it was run: directly, or by a CUDA host
-    function, which cannot raise and is not waited for, so this is called at the next point
-    Python runs (each host step, each step's logits: ``vllm_glue.experts``). A failed
-    job filled its output with NaN, so no step reads the previous step's sums."""
+def raise_if_failed(where: str | None = None) -> None:
+    """Raise :class:`JobFailed`, in one line naming the group and what to do, when a job has
+    failed since the last call (or the last failure :meth:`MoEJob.run` raised on), however
+    it was run: directly, or through its host-function entry (:meth:`MoEJob.launch`; a CUDA
+    host function, which cannot raise and is not waited for). vLLM's worker calls this at
+    each step's host synchronisation, after the step's device work and before its sampled
+    tokens leave the worker (``vllm_glue.host_compute.check_at_step_sync``). A failed job
+    filled its output with NaN, so no step reads the previous step's sums. ``where``: the
+    group to name when the failed job was made without one."""
     global _RAISED
     if _LIB is None:  # no kernel loaded: no job ever ran
         return
@@ -51,8 +63,10 @@ def raise_if_failed(where: str = "host-compute") -> None:
     if count > _RAISED:
         failed, _RAISED = count - _RAISED, count
         status = int(_LIB.so_last_failure())
-        raise JobFailed(f"{where}: {failed} host-compute kernel job(s) failed on the host CPU "
-                        f"({STATUS.get(status, f'status {status}')}); their sums were not used")
+        group = _GROUPS.get(int(_LIB.so_last_failed_job() or 0)) or where or "host-compute"
+        raise JobFailed(f"{group}: the host CPU's kernel failed in this step ({STATUS.get(status, f'status {status}')}"
+                        f"; {failed} job(s)), so its sums were NaN and its tokens are not returned; "
+                        f"{FIX.get(status, 'report it')}")
 
 
 def _seen_failures(lib: ctypes.CDLL) -> None:
@@ -70,7 +84,7 @@ class _Job(ctypes.Structure):
         (n, ctypes.c_void_p) for n in ("x", "topk_ids", "topk_weights", "host_mask", "w13", "w2", "w13_scale",
                                        "w2_scale", "w13_bias", "w2_bias", "w13_zeros", "w2_zeros", "out",
                                        "workspace")] + [
-        ("workspace_bytes", ctypes.c_int64), ("status", ctypes.c_int64)]
+        (n, ctypes.c_int64) for n in ("workspace_bytes", "status", "runs", "tokens", "experts_read")]
 
 
 _LIB: ctypes.CDLL | None = None
@@ -190,6 +204,26 @@ class _HostFunctionJob:
     def function_pointer(self) -> int:
         return ctypes.cast(getattr(self.lib, self.ENTRY), ctypes.c_void_p).value
 
+    def name(self, group: str) -> None:
+        """The group a failure of this job is raised under (:func:`raise_if_failed`)."""
+        _GROUPS[self.address] = group
+
+    def launch(self) -> None:
+        """Run the job as a CUDA host function does: through its C entry, with no check. A
+        failure is counted, its output NaN, and raised at the next :func:`raise_if_failed`
+        (each step's host synchronisation); the CPU build's host steps run so."""
+        getattr(self.lib, self.ENTRY)(self.address)
+
+    @property
+    def runs(self) -> int:
+        """Times the job ran, counted by the job itself (CUDA graph replays included)."""
+        return int(self.job.runs)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens over those runs, counted by the job (its fixed T per run)."""
+        return int(self.job.tokens)
+
 
 class MoEJob(_HostFunctionJob):
     """One call's arguments, fixed: re-run it after writing new values into the same x,
@@ -255,11 +289,16 @@ class MoEJob(_HostFunctionJob):
             topk_weights=_ptr(topk_weights), host_mask=_ptr(host_mask), w13=_ptr(weights.w13), w2=_ptr(weights.w2),
             w13_scale=_ptr(weights.w13_scale), w2_scale=_ptr(weights.w2_scale), w13_bias=_ptr(b13),
             w2_bias=_ptr(b2), w13_zeros=_ptr(weights.w13_zeros), w2_zeros=_ptr(weights.w2_zeros), out=_ptr(out),
-            workspace=_ptr(self.workspace), workspace_bytes=nbytes, status=0)
+            workspace=_ptr(self.workspace), workspace_bytes=nbytes, status=0, runs=0, tokens=0, experts_read=0)
 
     @property
     def status(self) -> int:
         return int(self.job.status)
+
+    @property
+    def experts_read(self) -> int:
+        """Distinct host experts the job's runs read (each once per run), counted by the job."""
+        return int(self.job.experts_read)
 
     def check(self) -> None:
         if self.job.status:
@@ -300,7 +339,7 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, wei
 class _RowsJob(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in ("w", "x", "out")] + [
         (n, ctypes.c_int64) for n in ("R", "C", "x_dtype", "T", "threads", "status")] + [
-        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
+        ("workspace", ctypes.c_void_p)] + [(n, ctypes.c_int64) for n in ("workspace_bytes", "runs", "tokens")]
 
 
 class RowsJob(_HostFunctionJob):
@@ -338,7 +377,8 @@ class RowsJob(_HostFunctionJob):
         self.job = _RowsJob(w=_ptr(weight), x=_ptr(x), out=_ptr(out), R=weight.shape[0], C=weight.shape[1],
                             x_dtype=DT_F32 if x.dtype == torch.float32 else DT_BF16, T=x.shape[0],
                             threads=self.threads, status=0, workspace=_ptr(workspace),
-                            workspace_bytes=0 if workspace is None else workspace.numel() * workspace.element_size())
+                            workspace_bytes=0 if workspace is None else workspace.numel() * workspace.element_size(),
+                            runs=0, tokens=0)
 
     def run(self) -> torch.Tensor:
         self.lib.so_rows_job_run(self.address)

@@ -84,6 +84,10 @@ typedef struct {
     void *workspace;                /* so_moe_workspace_bytes(); NULL: allocated per call */
     int64_t workspace_bytes;
     int64_t status;                 /* 0 ok; 1 an id >= E; 2 out of memory; 3 bad format */
+    /* Counted by the job itself each time it runs, however it is run (by Python, or by a
+     * CUDA host function a graph replays with no Python): runs, tokens (T per run) and the
+     * distinct host experts read (each once per run), read by Python for the report. */
+    int64_t runs, tokens, experts_read;
 } so_moe_job;
 
 int64_t so_moe_job_size(void) { return (int64_t)sizeof(so_moe_job); }
@@ -395,17 +399,21 @@ int64_t so_moe_workspace_bytes(int64_t T, int64_t K, int64_t E, int64_t H, int64
  * sums to be read as this one's, and (2) is counted process-wide (its status kept), which
  * Python reads at the next point it runs (cpu_kernels.raise_if_failed) and raises on. */
 static int64_t so_failure_count = 0, so_failure_status = 0;
+static void *so_failure_job = NULL;
 
-static void so_fail(int64_t *status, int64_t code, float *out, int64_t n) {
+static void so_fail(void *job, int64_t *status, int64_t code, float *out, int64_t n) {
     *status = code;
     for (int64_t i = 0; i < n; i++) out[i] = NAN;
     __atomic_store_n(&so_failure_status, code, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&so_failure_job, job, __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&so_failure_count, 1, __ATOMIC_SEQ_CST);
 }
 
-/* Jobs failed in this process so far, and the status of the last. */
+/* Jobs failed in this process so far, the status of the last and its job's address (which
+ * Python names the group of). */
 int64_t so_failures(void) { return __atomic_load_n(&so_failure_count, __ATOMIC_SEQ_CST); }
 int64_t so_last_failure(void) { return __atomic_load_n(&so_failure_status, __ATOMIC_SEQ_CST); }
+void *so_last_failed_job(void) { return __atomic_load_n(&so_failure_job, __ATOMIC_SEQ_CST); }
 
 /* One MoE job's parallel part: what each of its threads runs (pool.h), its inputs grouped
  * and converted by so_moe_job_run first. */
@@ -519,12 +527,14 @@ void so_moe_job_run(void *arg) {
     so_moe_job *j = (so_moe_job *)arg;
     int64_t T = j->T, K = j->K, E = j->E, H = j->H, I = j->I, P = T * K;
     j->status = 0;
-    if (j->fmt < SO_BF16 || j->fmt > SO_INT4_F16) { so_fail(&j->status, 3, j->out, T * H); return; }
+    j->runs++;
+    j->tokens += T;
+    if (j->fmt < SO_BF16 || j->fmt > SO_INT4_F16) { so_fail(j, &j->status, 3, j->out, T * H); return; }
     int64_t need = so_moe_workspace_bytes(T, K, E, H, I);
     char *ws = (char *)j->workspace, *own = NULL;
     if (!ws || j->workspace_bytes < need) {
         own = ws = (char *)malloc((size_t)need);
-        if (!ws) { so_fail(&j->status, 2, j->out, T * H); return; }
+        if (!ws) { so_fail(j, &j->status, 2, j->out, T * H); return; }
     }
     float *xf = (float *)ws;
     ws += align64(T * H * 4);
@@ -549,7 +559,7 @@ void so_moe_job_run(void *arg) {
     for (int64_t p = 0; p < P; p++) {
         int64_t e = j->ids_i64 ? ((const int64_t *)j->topk_ids)[p] : ((const int32_t *)j->topk_ids)[p];
         if (e < 0) continue;
-        if (e >= E) { so_fail(&j->status, 1, j->out, T * H); free(own); return; }
+        if (e >= E) { so_fail(j, &j->status, 1, j->out, T * H); free(own); return; }
         if (j->host_mask && !j->host_mask[e]) continue;
         count[e]++;
     }
@@ -563,6 +573,7 @@ void so_moe_job_run(void *arg) {
         ng++;
     }
     gstart[ng] = total;
+    j->experts_read += ng;
     for (int64_t p = 0; p < P; p++) {
         int64_t e = j->ids_i64 ? ((const int64_t *)j->topk_ids)[p] : ((const int32_t *)j->topk_ids)[p];
         if (e < 0 || (j->host_mask && !j->host_mask[e])) continue;

@@ -79,6 +79,7 @@ typedef struct {
     int64_t R, C, x_dtype, T, threads, status;
     void *workspace;                /* NULL: allocated per call */
     int64_t workspace_bytes;
+    int64_t runs, tokens;           /* counted by the job as it runs (as the experts' job is) */
 } so_rows_job;
 
 int64_t so_rows_job_size(void) { return (int64_t)sizeof(so_rows_job); }
@@ -86,8 +87,10 @@ int64_t so_rows_job_size(void) { return (int64_t)sizeof(so_rows_job); }
 void so_rows_job_run(void *arg) {
     so_rows_job *j = (so_rows_job *)arg;
     j->status = 0;
-    if (j->x_dtype != SO_DT_BF16 && j->x_dtype != SO_DT_F32) { so_fail(&j->status, 3, j->out, j->T * j->R); return; }
+    j->runs++;
+    j->tokens += j->T;
+    if (j->x_dtype != SO_DT_BF16 && j->x_dtype != SO_DT_F32) { so_fail(j, &j->status, 3, j->out, j->T * j->R); return; }
     int64_t status = so_rows_bf16((const uint16_t *)j->w, j->R, j->C, j->x, j->x_dtype, j->T, j->out, j->threads,
                                   j->workspace, j->workspace_bytes);
-    if (status) so_fail(&j->status, status, j->out, j->T * j->R);
+    if (status) so_fail(j, &j->status, status, j->out, j->T * j->R);
 }

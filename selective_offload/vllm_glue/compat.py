@@ -38,6 +38,7 @@ class Targets:
     MPClient: type            # vllm.v1.engine.core_client.MPClient: starts engine processes
     pin_memory_available: Any  # vllm.utils.platform_utils.is_pin_memory_available
     RoutedExperts: type       # vllm.model_executor.layers.fused_moe.routed_experts: a MoE layer's routed experts
+    Worker: type              # vllm.v1.worker.gpu_worker.Worker: sample_tokens, each step's host synchronisation
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -75,6 +76,7 @@ def resolve_targets() -> Targets:
         core_client = importlib.import_module("vllm.v1.engine.core_client")
         platform_utils = importlib.import_module("vllm.utils.platform_utils")
         routed_experts = importlib.import_module("vllm.model_executor.layers.fused_moe.routed_experts")
+        gpu_worker = importlib.import_module("vllm.v1.worker.gpu_worker")
         targets = Targets(
             vllm_version=version,
             base_loader=base_loader,
@@ -87,11 +89,13 @@ def resolve_targets() -> Targets:
             MPClient=core_client.MPClient,
             pin_memory_available=platform_utils.is_pin_memory_available,
             RoutedExperts=routed_experts.RoutedExperts,
+            Worker=gpu_worker.Worker,
         )
         for owner, attr in ((base_loader, "initialize_model"),
                             (targets.BaseModelLoader, "load_model"),
                             (offloader_base, "get_offloader"),
-                            (offloader_base, "set_offloader")):
+                            (offloader_base, "set_offloader"),
+                            (gpu_worker.Worker, "sample_tokens")):
             if not callable(getattr(owner, attr, None)):
                 raise AttributeError(f"{getattr(owner, '__name__', owner)}.{attr}")
     except (ImportError, AttributeError) as exc:

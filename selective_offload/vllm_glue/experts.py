@@ -59,7 +59,6 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .. import cpu_kernels
 from ..errors import PlanError
 from ..names import ModelNames, group_key
 from ..plan_format import GroupKind, Plan, Serving
@@ -147,6 +146,8 @@ class ExpertsLoad:
     #: The one staging slot and workspace every compute-served group of this load shares
     #: (``wrappers.host_buffers``), made by :func:`attach`.
     buffers: HostBuffers | None = None
+    #: vLLM's view helper, kept on CUDA so a reload's post-processing can view again (:func:`view_again`).
+    accelerator_view: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @classmethod
     def of(cls, plan: Plan | None, names: ModelNames = ModelNames()) -> "ExpertsLoad | None":
@@ -333,8 +334,11 @@ def take_over_post_processing(module: nn.Module, method: Any, group: str, xl: Ex
             xl.post_processing[group] = "post-processed in place on the host"
         if run_original:
             original(layer)
-        for p in own_parameters(layer, xl):
-            if p.device.type != "cpu" and not is_live_view(p):
+        for name, p in layer.named_parameters():
+            if name in xl.shared:
+                continue
+            if not view_again(p, f"{group}: {name}", xl.accelerator_view) and p.device.type != "cpu" \
+                    and not is_live_view(p):
                 p.data = to_host_exact(p.data)
             if built_on_host or id(p) in kept:
                 xl.routed.add(id(p))
@@ -352,6 +356,8 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
     uva-served parameters' ``id()``."""
     if xl.buffers is None:
         xl.buffers = HostBuffers(pinned=device.type == "cuda", page_locked=page_locked)
+    if device.type == "cuda":
+        xl.accelerator_view = accelerator_view  # a reload's post-processing views again (view_again)
     buffers = xl.buffers
     for name, group in xl.modules.items():
         module = model.get_submodule(name)
@@ -399,27 +405,7 @@ def attach(model: nn.Module, xl: ExpertsLoad, device: torch.device, page_locked:
             page_locked.release_with(module, hosts, keep_registered=views)
         how = xl.post_processing.get(group, "")
         xl.mechanisms[group] = (MECHANISM_VIEW if views else MECHANISM_CPU) + (f"; {how}" if how else "")
-    if xl.compute:
-        raise_on_failed_jobs(model)
     return set(xl.params)
-
-
-def raise_on_failed_jobs(model: nn.Module) -> None:
-    """Check, at each step's logits, that no host-compute job failed since the last check:
-    vLLM computes the logits every step, eagerly, outside its CUDA graphs, after it has
-    queued the step's layers, so a job a graph's host function ran (which cannot raise)
-    is raised on here, at the latest a step after it failed (its sums were NaN, never the
-    previous step's: :func:`cpu_kernels.raise_if_failed`)."""
-    compute_logits = getattr(model, "compute_logits", None)
-    if compute_logits is None or getattr(compute_logits, "_selective_offload_checks_jobs", False):
-        return
-
-    def checked(*args, **kwargs):
-        cpu_kernels.raise_if_failed("selective-offload")
-        return compute_logits(*args, **kwargs)
-
-    checked._selective_offload_checks_jobs = True
-    model.compute_logits = checked
 
 
 def mark_uva_view(param: nn.Parameter, accelerator_view: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -430,6 +416,30 @@ def mark_uva_view(param: nn.Parameter, accelerator_view: Callable[[torch.Tensor]
     param.data = accelerator_view(host)
     setattr(param, UVA_MARKER, True)
     setattr(param, VIEW_RECORD, (param.data_ptr(), layout_of(param.data), host))
+
+
+def view_again(param: nn.Parameter, name: str, accelerator_view: Callable[[torch.Tensor], torch.Tensor] | None) -> bool:
+    """After a reload: whether ``param`` was a UVA view whose data the reload replaced
+    (vLLM's ``replace_parameter`` keeps the Parameter object, marker and record included,
+    when a post-processing run again gives it new data), and if so, view it again. The new
+    bytes are copied into the page-locked host storage the view read, and the view is made
+    again over that storage: the same address, so a captured CUDA graph reads the new bytes.
+    A reload that changed the weight's shape or dtype cannot be served at that address:
+    refused in one line. (vLLM's own ``reload_weights`` copies the reloaded values into
+    the tensors it restores, the views themselves, so their parameters stay live views.)"""
+    record = getattr(param, VIEW_RECORD, None)
+    if record is None or accelerator_view is None or is_live_view(param):
+        return False
+    host, new = record[2], param.data
+    if (new.dtype, tuple(new.shape)) != (host.dtype, tuple(host.shape)):
+        raise PlanError(f"{name}: a weight reload made it {new.dtype} {list(new.shape)}, and its UVA view reads "
+                        f"{host.dtype} {list(host.shape)} at a fixed address (captured CUDA graphs hold it); "
+                        "restart the engine to serve these weights")
+    with torch.no_grad():
+        host.copy_(new)
+    param.data = host
+    mark_uva_view(param, accelerator_view)
+    return True
 
 
 def is_live_view(param: nn.Parameter) -> bool:

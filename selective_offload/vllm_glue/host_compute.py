@@ -206,11 +206,12 @@ def method_class() -> type:
         methods are (``RoutedExperts`` holds its method as a child); it holds no
         parameters, and neither the replaced method nor the experts become children."""
 
-        def __init__(self, original: Any, experts: HostExperts):
+        def __init__(self, original: Any, experts: HostExperts, shared: frozenset[str] = frozenset()):
             nn.Module.__init__(self)
             FusedMoEMethodBase.__init__(self, original.moe)
             object.__setattr__(self, "original", original)
             object.__setattr__(self, "experts", experts)
+            object.__setattr__(self, "shared", shared)
             self.key = register(experts)
 
         def create_weights(self, *args, **kwargs):  # the weights were made by the original method
@@ -230,10 +231,16 @@ def method_class() -> type:
         def process_weights_after_loading(self, layer) -> None:
             # A reload copies into the same host tensors, in the checkpoint's layout: the
             # one layout changed at install (GPTQ's and AWQ's int4) is rewritten again.
-            if self.experts.weights.fmt == "int4" and not hasattr(layer, "w13_weight_packed"):
+            fmt = self.experts.weights.fmt
+            if fmt == "int4" and not hasattr(layer, "w13_weight_packed"):
                 layer.__dict__.pop("_selective_offload_int4_rows", None)
                 int4_rows(layer, type(self.original).__name__ in AWQ_METHODS)
-            refill_share(self.experts)  # the device's copy of the first experts follows
+            # The device's copy of the first experts follows, from the layer's tensors as they
+            # are now: vLLM's reload_weights runs this on the layer it rebuilt and loaded,
+            # before it copies the new values into the tensors the host experts read.
+            if self.experts.share is not None and not self.experts.share_channels:
+                refill_share(self.experts, weights_of(layer, fmt, self.shared,
+                                                      getattr(self.original, "weight_block_size", None), self.original))
             return None
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
@@ -271,7 +278,7 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
                           buffers=buffers, experts_per_token=experts_per_token(group, module, planned),
                           device_share=held_share(weights, on_device, device, native=share_native(fmt, True))
                           if on_device else None)
-    module._replace_quant_method(method_class()(method, experts))
+    module._replace_quant_method(method_class()(method, experts, shared))
     return experts
 
 
@@ -287,15 +294,17 @@ def experts_per_token(group: str, module: nn.Module, planned: Any) -> int:
     return int(k)
 
 
-def refill_share(experts: HostExperts) -> None:
-    """A reload copies the checkpoint into the host tensors in place: hold the device
-    share's experts again (bf16, or MXFP4 as stored), into the device tensors a captured
-    graph holds. A dense MLP's share is split again by :func:`resplit_after_reload`."""
+def refill_share(experts: HostExperts, source: ExpertWeights | None = None) -> None:
+    """After a reload: hold the device share's experts again (bf16, or MXFP4 as stored),
+    from ``source`` (the reloaded layer's tensors; the host experts' own by default), into
+    the device tensors a captured graph holds. A dense MLP's share is split again by
+    :func:`resplit_after_reload`."""
     share = experts.share
     if share is None or experts.share_channels:
         return
     native = share.fmt == experts.weights.fmt and share.fmt not in ("bf16", "f32")
-    held_share(experts.weights, share.num_experts, share.w13.device, native=native, into=share)
+    held_share(experts.weights if source is None else source, share.num_experts, share.w13.device, native=native,
+               into=share)
 
 
 def mechanism(experts: HostExperts) -> str:
@@ -324,3 +333,45 @@ def live_counters(experts: HostExperts):
     fixed["device_share"] = {"what": _share_words(experts), "bytes": share.nbytes, "device": str(share.w13.device)}
     picks = experts.share_picks
     return lambda: {"host_compute": {**counts.as_dict(), "device_share_picks": int(picks.item())}, **fixed}
+
+
+# ------------------------------------------------------------ failed jobs, at each step's sync
+
+def check_at_step_sync(original: Any) -> Any:
+    """``Worker.sample_tokens`` (``vllm.v1.worker.gpu_worker``; the CPU build's ``CPUWorker``
+    inherits it), wrapped so that a host-compute job that failed makes its step raise
+    (:func:`cpu_kernels.raise_if_failed`: one line naming the group and what to do) at the
+    step's host synchronisation: after the step's device work has completed (so a CUDA host
+    function the step queued, in a captured graph or not, has run) and before its sampled
+    tokens leave the worker. Every path of both model runners returns its step's output
+    here:
+
+    - a ``ModelRunnerOutput`` (no asynchronous scheduling; the CPU build): the runner has
+      already synchronised, in ``GPUModelRunner._bookkeeping_sync`` (``_to_list``: an
+      event's ``synchronize()``; ``RejectionSampler.parse_output`` with speculative tokens),
+      so the check runs now;
+    - an ``AsyncModelRunnerOutput`` (asynchronous scheduling: ``AsyncGPUModelRunnerOutput``;
+      vLLM's second model runner: ``AsyncOutput``, which it always returns): its tokens are
+      still on their way; its ``get_output`` is wrapped, on that object, to check after its
+      copy event's ``synchronize()``, before the lists it builds are returned.
+
+    A job run while vLLM profiles or warms up (outside any step) is raised at the next step."""
+
+    def sample_tokens(self, *args, **kwargs):
+        output = original(self, *args, **kwargs)
+        get_output = getattr(output, "get_output", None)
+        if callable(get_output):
+            def get_output_checked():
+                result = get_output()
+                cpu_kernels.raise_if_failed()
+                return result
+
+            output.get_output = get_output_checked
+        else:
+            cpu_kernels.raise_if_failed()
+        return output
+
+    sample_tokens.__wrapped__ = original
+    sample_tokens.__name__ = getattr(original, "__name__", "sample_tokens")
+    sample_tokens.__doc__ = getattr(original, "__doc__", None)
+    return sample_tokens

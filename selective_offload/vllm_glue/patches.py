@@ -9,6 +9,7 @@ hooked                                                 module
 ``BaseModelLoader.load_model`` (worker)                 :mod:`.loading`
 ``base_loader.initialize_model`` (worker)               :mod:`.loading`
 ``base_loader.process_weights_after_loading``           :mod:`.loading`
+``Worker.sample_tokens`` (each step's host sync)         :mod:`.host_compute` (failed jobs)
 ``load_model`` of every loader class that overrides     :mod:`.loading` (reported as not
 it, now or later (``BaseModelLoader.__init_subclass__``)  applied)
 =====================================================  ===================================
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import caller, loading
+from . import caller, host_compute, loading
 from .compat import Targets
 from .session import Session, Settings
 
@@ -54,6 +55,7 @@ def _hooks(targets: Targets) -> list[tuple[Any, str, Callable]]:
         (targets.BaseModelLoader, "load_model", loading.make_load_model(session)),
         (targets.base_loader, "initialize_model", loading.make_initialize_model(session)),
         (targets.base_loader, "process_weights_after_loading", loading.make_post_process(session)),
+        (targets.Worker, "sample_tokens", host_compute.check_at_step_sync),
     ]
     hooks += [(cls, "load_model", loading.make_override_guard(session))
               for cls in _overriding_loaders(targets.BaseModelLoader)]

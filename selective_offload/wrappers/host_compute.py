@@ -87,16 +87,48 @@ class PathCount:
 
 @dataclass
 class ServingCounts:
-    """What one host-compute layer served, for the report."""
+    """What one host-compute layer served, for the report. Host steps run by a C job are
+    counted by the job itself where it runs (:attr:`cpu_kernels.MoEJob.runs`), so a CUDA
+    graph's replays, which run no Python, count; only steps with no C job (torch's float32
+    ops) and the CPU's time of the steps timed here are counted in Python."""
 
-    host: PathCount = field(default_factory=PathCount)
     device: PathCount = field(default_factory=PathCount)
-    #: Expert bytes the CPU read (each distinct expert of a step once).
-    host_bytes: int = 0
+    #: Host steps with no C job, and the time of the host steps timed in Python.
+    by_python: PathCount = field(default_factory=PathCount)
+    #: Expert bytes the CPU read on steps with no C job.
+    bytes_by_python: int = 0
+    #: The C structs of the jobs whose runs are this layer's host steps (the structs only:
+    #: a job's tensors, weights included, are not held), each with the bytes one distinct
+    #: expert read and one run read (what :attr:`host_bytes` multiplies their counters by).
+    jobs: list = field(default_factory=list)
+
+    def add_job(self, job: "cpu_kernels.MoEJob | cpu_kernels.RowsJob", *, bytes_per_expert: int = 0,
+                bytes_per_run: int = 0) -> None:
+        self.jobs.append((job.job, int(bytes_per_expert), int(bytes_per_run)))
+
+    def time_host(self, seconds: float) -> None:
+        """The CPU's time of one host step its C job counted."""
+        self.by_python.seconds += seconds
+        self.by_python.timed_steps += 1
+
+    @property
+    def host(self) -> PathCount:
+        """Steps and tokens the host CPU served: its jobs' own counters, plus the steps with no job."""
+        p = self.by_python
+        return PathCount(steps=p.steps + sum(j.runs for j, _, _ in self.jobs),
+                         tokens=p.tokens + sum(j.tokens for j, _, _ in self.jobs),
+                         seconds=p.seconds, timed_steps=p.timed_steps)
+
+    @property
+    def host_bytes(self) -> int:
+        """Expert bytes the CPU read (each distinct expert of a step once)."""
+        return self.bytes_by_python + sum(getattr(j, "experts_read", 0) * per_expert + j.runs * per_run
+                                          for j, per_expert, per_run in self.jobs)
 
     def as_dict(self) -> dict[str, object]:
-        return {"host_steps": self.host.steps, "host_tokens": self.host.tokens,
-                "host_s_per_step": self.host.per_step_s(), "device_steps": self.device.steps,
+        host = self.host
+        return {"host_steps": host.steps, "host_tokens": host.tokens,
+                "host_s_per_step": host.per_step_s(), "device_steps": self.device.steps,
                 "device_tokens": self.device.tokens, "host_bytes": self.host_bytes}
 
 
@@ -193,19 +225,22 @@ class HostExperts:
     # ------------------------------------------------------------------ the host path
 
     def _on_host(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        tokens = int(x.shape[0])
         if self.on_cuda:
             from .host_function import HostFunction
 
             if self._host_function is None:
                 self._host_function = HostFunction(self)
-            out = (self._host_function.enqueue(x, topk_ids, topk_weights) if self.share is None
-                   else self._beside_share(x, topk_ids, topk_weights))
-            self.counts.host.add(tokens, None)  # the CPU's time is the host function's, off this thread
-            return out
+            # Counted by the job as the host function runs it (graph replays too); the CPU's
+            # time is the host function's, off this thread.
+            return (self._host_function.enqueue(x, topk_ids, topk_weights) if self.share is None
+                    else self._beside_share(x, topk_ids, topk_weights))
         start = time.perf_counter()
         out = self.compute_on_host(x, topk_ids, topk_weights)  # a buffer the next step reuses
-        self.counts.host.add(tokens, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        if self.weights.fmt in cpu_kernels.TORCH_FORMATS:
+            self.counts.by_python.add(int(x.shape[0]), seconds)  # no C job to count it
+        else:
+            self.counts.time_host(seconds)  # the job counted the step
         if self.share is not None:
             out = out + self._on_share(x, topk_ids, topk_weights)
         return out.to(x.dtype, copy=True)
@@ -248,18 +283,21 @@ class HostExperts:
 
     def compute_on_host(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The kernel on host tensors (float32 [T, H], a view of the process's staging slot
-        that the next host step of any unit overwrites: copy it before then); counts the
-        expert bytes read."""
+        that the next host step of any unit overwrites: copy it before then); the job counts
+        the step and the expert bytes it read."""
         ids = topk_ids.to(torch.int32)
-        self.counts.host_bytes += int(self._picked(ids)[1].numel()) * self.weights.expert_bytes
         if self.weights.fmt in cpu_kernels.TORCH_FORMATS:  # no C job to reuse (cpu_kernels.moe)
+            self.counts.bytes_by_python += int(self._picked(ids)[1].numel()) * self.weights.expert_bytes
             return cpu_kernels.moe(x, ids, topk_weights, self.weights, self.activation, threads=self.threads,
                                    host_mask=self.host_mask)
         slot = self.slot(x, ids, pinned=False)
         slot.x.copy_(x)
         slot.ids.copy_(ids)
         slot.weights.copy_(topk_weights)
-        return slot.job.run()
+        # Run as a CUDA host function runs it: a failure fills the output with NaN, is counted,
+        # and is raised at the step's host synchronisation (cpu_kernels.raise_if_failed).
+        slot.job.launch()
+        return slot.out
 
     def slot(self, x: torch.Tensor, topk_ids: torch.Tensor, *, pinned: bool) -> "Slot":
         """The buffers and a kernel job for steps of ``x``'s shape: a job's sizes are fixed
@@ -278,6 +316,8 @@ class HostExperts:
             xs, ids, weights, out = self.buffers.experts_views(unit, x.dtype)
             job = cpu_kernels.MoEJob(xs, ids, weights, self.weights, self.activation, out=out, threads=self.threads,
                                      host_mask=self.host_mask, workspace=self.buffers.workspace)
+            job.name(self.group)
+            self.counts.add_job(job, bytes_per_expert=self.weights.expert_bytes)
             slot = self._slots[key] = Slot(xs, ids, weights, out, job)
         return slot
 

@@ -11,9 +11,12 @@ them; what else the GPU has queued runs before the host function starts, and the
 waits only for the copy back. kt-kernel hands off the same way.
 
 A host function cannot raise and nothing waits for it: a job that fails fills its output
-with NaN (never leaving the previous step's sums) and is counted, and the next Python that
-runs raises on it (:func:`selective_offload.cpu_kernels.raise_if_failed`: at each host step
-queued, the split head's step, and each step's logits, which the worker checks).
+with NaN (never leaving the previous step's sums) and is counted, and the worker raises on
+it at the step's host synchronisation, after the step's device work and before its sampled
+tokens leave the worker (:func:`selective_offload.cpu_kernels.raise_if_failed`, called by
+``vllm_glue.host_compute.check_at_step_sync``), on every path: eager, graph replays,
+asynchronous scheduling and vLLM's second model runner. The job also counts its own runs,
+so the report's host steps count graph replays, which run no Python.
 
 One job per layer and number of tokens (a graph is captured per batch size, and a job's
 sizes are fixed), every job over the first bytes of the process's one page-locked staging
@@ -30,8 +33,6 @@ import os
 from typing import Any
 
 import torch
-
-from .. import cpu_kernels
 
 _CUDART: ctypes.CDLL | None = None
 
@@ -151,8 +152,6 @@ class HostFunction:
         """Queue the host path on the current stream; the result in ``x``'s dtype, or written
         into ``out`` (float32 [T, H] on the device) and returned as it is."""
         given = out is not None
-        # A job an earlier host function ran may have failed (it cannot raise): raise here.
-        cpu_kernels.raise_if_failed(self.experts.group)
         slot = self.experts.slot(x, topk_ids, pinned=True)
         stream = torch.cuda.current_stream(x.device)
         slot.x.copy_(x, non_blocking=True)

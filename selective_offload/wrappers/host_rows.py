@@ -162,18 +162,21 @@ class HostRows:
         device = F.linear(x, self.device_weight)
         start = time.perf_counter()
         host = self._host_rows(x.to("cpu"))
-        self._count_host(int(x.shape[0]), time.perf_counter() - start)
+        self._count_host(int(x.shape[0]), time.perf_counter() - start)  # a C job counts its own steps
         return torch.cat([device, host.to(device=device.device, dtype=device.dtype)], dim=-1)
 
     def _host_rows(self, x: torch.Tensor) -> torch.Tensor:
         """The host's rows of the head for host tensors ``x``: float32 [T, host rows], a
         view of the staging slot the next host step overwrites (a float32 head: torch's own
-        float32 op, exact, into a tensor of its own)."""
+        float32 op, exact, into a tensor of its own). The rows job runs as a CUDA host
+        function runs it: a failure leaves NaN, is counted, and is raised at the step's host
+        synchronisation (:func:`cpu_kernels.raise_if_failed`)."""
         if self.dtype == torch.float32:
             return cpu_kernels.rows(x, self._host_weight_rows(), threads=self.threads)
         slot = self._slot(x)
         slot.x.copy_(x)
-        return slot.job.run()
+        slot.job.launch()
+        return slot.out
 
     def _host_weight_rows(self) -> torch.Tensor:
         """The rows the host computes, read in place."""
@@ -189,7 +192,6 @@ class HostRows:
         its device share)."""
         from .host_function import launch_host_function
 
-        cpu_kernels.raise_if_failed(self.group)  # a job an earlier host function ran (it cannot raise)
         slot = self._slot(x)
         main = torch.cuda.current_stream(x.device)
         if self._side is None:
@@ -205,7 +207,8 @@ class HostRows:
             up.copy_(slot.out, non_blocking=True)
         device = F.linear(x, self.device_weight)  # beside the host function
         main.wait_stream(side)
-        self._count_host(int(x.shape[0]), None)  # the CPU's time is the host function's, off this thread
+        # The job counts the step as the host function runs it; the CPU's time is the host
+        # function's, off this thread.
         return torch.cat([device, up.to(device.dtype)], dim=-1)
 
     def _slot(self, x: torch.Tensor) -> _Slot:
@@ -218,13 +221,24 @@ class HostRows:
             x_host, out = self.buffers.rows_views(self.unit(key[0]), self.dtype)
             job = cpu_kernels.RowsJob(x_host, self._host_weight_rows(), out, threads=self.threads,
                                       workspace=self.buffers.workspace)
+            job.name(self.group)
+            self.counts.add_job(job, bytes_per_run=self._bytes_per_step)
             slot = self._slots[key] = _Slot(x_host, out, job)
         return slot
 
-    def _count_host(self, tokens: int, seconds: float | None) -> None:
-        """A host step: its tokens, the CPU's time on the host rows, the bytes it read."""
-        self.counts.host.add(tokens, seconds)
-        self.counts.host_bytes += self.host_rows * int(self.host_weight.shape[1]) * self.host_weight.element_size()
+    @property
+    def _bytes_per_step(self) -> int:
+        """The host rows' bytes, read once a host step."""
+        return self.host_rows * int(self.host_weight.shape[1]) * self.host_weight.element_size()
+
+    def _count_host(self, tokens: int, seconds: float) -> None:
+        """A host step timed here: its CPU time; a float32 head (no C job) also its tokens
+        and bytes (a C job counts those itself, as it runs)."""
+        if self.dtype == torch.float32:
+            self.counts.by_python.add(tokens, seconds)
+            self.counts.bytes_by_python += self._bytes_per_step
+        else:
+            self.counts.time_host(seconds)
 
     # ------------------------------------------------------------------ the device path
 

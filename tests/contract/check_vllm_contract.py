@@ -761,6 +761,80 @@ def _routed_experts_uva() -> None:
            "device_loading_context no longer re-offloads replaced UVA parameters as views")
 
 
+@check("step_host_sync")
+def _step_host_sync() -> None:
+    # Source: where the glue raises on a failed host-compute job
+    # (vllm_glue.host_compute.check_at_step_sync wraps Worker.sample_tokens). Every step's
+    # output leaves the worker through Worker.sample_tokens, from either model runner; a
+    # synchronous output has synchronised in _bookkeeping_sync (_to_list's event, or the
+    # rejection sampler's parse), an asynchronous one synchronises in its get_output, which
+    # the executors call before the tokens go on.
+    import ast as _ast
+
+    from vllm.v1.outputs import AsyncModelRunnerOutput
+    from vllm.v1.worker import gpu_model_runner, gpu_worker
+
+    expect(params(gpu_worker.Worker.sample_tokens) == ["self", "grammar_output"],
+           f"Worker.sample_tokens{inspect.signature(gpu_worker.Worker.sample_tokens)}")
+    expect("self.model_runner.sample_tokens" in called_names(gpu_worker.Worker.sample_tokens),
+           "Worker.sample_tokens no longer returns the model runner's sample_tokens")
+    runner = gpu_model_runner.GPUModelRunner
+    expect("self._bookkeeping_sync" in called_names(runner.sample_tokens),
+           "GPUModelRunner.sample_tokens no longer calls _bookkeeping_sync")
+    expect(any(isinstance(n, _ast.If) and _ast.unparse(n.test) == "not self.use_async_scheduling"
+               and _ast.unparse(n.body[0]) == "return output" for n in _ast.walk(_ast.parse(source(runner.sample_tokens)))),
+           "GPUModelRunner.sample_tokens no longer returns its synchronous output once synchronised")
+    bookkeeping = called_names(runner._bookkeeping_sync)
+    expect("self._to_list" in bookkeeping and "RejectionSampler.parse_output" in bookkeeping,
+           "_bookkeeping_sync no longer reads the sampled tokens with _to_list / parse_output")
+    expect(any(name.endswith(".synchronize") for name in called_names(runner._to_list)),
+           "GPUModelRunner._to_list no longer waits for the sampled tokens")
+    asyncs = [gpu_model_runner.AsyncGPUModelRunnerOutput]
+    try:
+        from vllm.v1.worker.gpu import async_utils
+        from vllm.v1.worker.gpu import model_runner as mrv2
+    except ImportError as exc:
+        note("step_host_sync", f"the second model runner does not import here ({exc})")
+    else:
+        asyncs.append(async_utils.AsyncOutput)
+        expect("AsyncOutput" in called_names(mrv2.GPUModelRunner.sample_tokens),
+               "MRV2's sample_tokens no longer returns an AsyncOutput")
+    for cls in asyncs:
+        expect(issubclass(cls, AsyncModelRunnerOutput), f"{cls.__name__} is no AsyncModelRunnerOutput")
+        expect(params(cls.get_output) == ["self"], f"{cls.__name__}.get_output{inspect.signature(cls.get_output)}")
+        body = _ast.parse(source(cls.get_output)).body[0].body
+        first_sync = next((i for i, n in enumerate(body) if ".synchronize()" in _ast.unparse(n)), None)
+        first_list = next((i for i, n in enumerate(body) if ".tolist()" in _ast.unparse(n)), None)
+        expect(first_sync is not None and first_list is not None and first_sync < first_list,
+               f"{cls.__name__}.get_output no longer synchronises before it builds the token lists")
+    from vllm.v1.executor import multiproc_executor, uniproc_executor
+
+    for module in (uniproc_executor, multiproc_executor):
+        expect("get_output()" in inspect.getsource(module), f"{module.__name__} no longer calls get_output()")
+
+
+@check("reload_in_place")
+def _reload_in_place() -> None:
+    # Source: what the glue's UVA views rely on across a reload (experts.view_again).
+    # vLLM's reload_weights copies the reloaded, post-processed values into the tensors it
+    # restores (the views, at their addresses); replace_parameter keeps the Parameter (and
+    # so the glue's record) when it rebinds ``.data`` (0.33; the CPU build 0.32 registers a
+    # new Parameter, and has no views).
+    from vllm.model_executor import utils as executor_utils
+    from vllm.model_executor.model_loader.reload import inplace, layerwise
+
+    expect({"initialize_layerwise_reload", "finalize_layerwise_reload"} <= called_names(inplace.reload_weights),
+           "reload_weights no longer reloads layer by layer")
+    expect("param.data.copy_" in source(layerwise._copy_and_restore_kernel_tensors)
+           and "_place_kernel_tensors" in called_names(layerwise._copy_and_restore_kernel_tensors),
+           "the layerwise reload no longer copies into the tensors it restores")
+    expect("quant_method.process_weights_after_loading" in called_names(layerwise._layerwise_process),
+           "the layerwise reload no longer runs the quant method's post-processing (the glue's hook)")
+    keeps = "old_param.data = new_tensor" in source(executor_utils.replace_parameter)
+    if not keeps:
+        note("reload_in_place", "replace_parameter registers a new Parameter here (0.33 keeps it)")
+
+
 @check("model_class_names")
 def _model_class_names() -> None:
     # The glue reads the model class before it is built (get_model_architecture) and maps

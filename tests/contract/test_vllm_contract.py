@@ -55,6 +55,8 @@ CHECKS = [
     "compilation_config",
     "cudagraph_sizes_after_load",
     "routed_experts_uva",
+    "step_host_sync",
+    "reload_in_place",
     "model_class_names",
     "no_foreign_vllm_modules",
 ]

@@ -1,8 +1,10 @@
 """A failed C job is loud on every path: run by Python it raises at once; run through its
 function pointer, as a CUDA host function runs it (which cannot raise and is not waited
-for), it fills its output with NaN (never the previous step's sums) and the next Python
-that checks (each host step, each step's logits) raises. Here the jobs are called through
-their function pointers with ctypes, on the CPU, as the CUDA driver would call them."""
+for), it fills its output with NaN (never the previous step's sums) and the worker raises
+at the step's host synchronisation (``Worker.sample_tokens``, wrapped by the glue), naming
+the group. Here the jobs are called through their function pointers with ctypes, on the
+CPU, as the CUDA driver would call them. The jobs also count their own runs there, which
+is what the report's host steps read (a CUDA graph's replays run no Python)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,10 @@ import ctypes
 
 import pytest
 import torch
-from torch import nn
 
 from selective_offload import cpu_kernels
 from selective_offload.cpu_kernels import Activation, ExpertWeights, JobFailed, raise_if_failed
-from selective_offload.vllm_glue.experts import raise_on_failed_jobs
+from selective_offload.vllm_glue.host_compute import check_at_step_sync
 
 E, H, I, K, T = 4, 32, 32, 2, 3
 HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # cudaHostFn_t
@@ -81,39 +82,106 @@ def test_a_job_run_by_python_raises_at_once_and_once():
     raise_if_failed()  # already raised by run()
 
 
-def test_the_worker_checks_every_steps_logits():
-    """vLLM computes the logits every step outside its graphs: the worker's check there
-    raises on a job a graph's host function failed, before the step's logits are used."""
-
-    class Model(nn.Module):
-        def compute_logits(self, hidden):
-            return hidden * 2
-
-    model = Model()
-    raise_on_failed_jobs(model)
-    raise_on_failed_jobs(model)  # once
-    hidden = torch.ones(2)
-    torch.testing.assert_close(model.compute_logits(hidden), hidden * 2)
+def test_the_failure_names_the_group_and_what_to_do_in_one_line():
     job, ids, _ = moe_job()
-    ids[2, 1] = -7 + 2 * E + 100
+    job.name("model.layers.7.mlp.experts")
+    ids[0, 0] = E
     as_host_function(job)
-    with pytest.raises(JobFailed, match="1 host-compute kernel job"):
-        model.compute_logits(hidden)
-    torch.testing.assert_close(model.compute_logits(hidden), hidden * 2)
+    with pytest.raises(JobFailed) as err:
+        raise_if_failed()
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("model.layers.7.mlp.experts: ")
+    assert "tokens are not returned" in line and "plan the group served uva or on the device" in line
 
 
-def test_the_next_host_step_queued_raises_before_it_touches_the_stream():
-    """On CUDA each host step is queued by HostFunction.enqueue; a failure an earlier host
-    function left is raised there first, before anything is queued (checked on the CPU: the
-    raise comes before the first CUDA call)."""
+class _SyncOutput:
+    """What a runner without asynchronous scheduling returns (vLLM's ``ModelRunnerOutput``
+    has no ``get_output``): the step already synchronised."""
+
+    sampled_token_ids = [[5]]
+
+
+def _async_output_class():
+    """A subclass of vLLM's own ``AsyncModelRunnerOutput``, standing in for the CUDA
+    runners' (``AsyncGPUModelRunnerOutput``, MRV2's ``AsyncOutput``: they need CUDA
+    streams): ``get_output`` is where they synchronise and build the token lists."""
+    from vllm.v1.outputs import AsyncModelRunnerOutput
+
+    class AsyncOutput(AsyncModelRunnerOutput):
+        def __init__(self, job=None):
+            self.job = job
+
+        def get_output(self):
+            if self.job is not None:  # the step's host function runs before the copy event
+                as_host_function(self.job)
+            return _SyncOutput()
+
+    return AsyncOutput
+
+
+def test_a_step_that_failed_raises_at_its_host_sync_on_both_kinds_of_output():
+    """The wrapped ``Worker.sample_tokens``: a synchronous output is checked as it is
+    returned; an asynchronous one when its ``get_output`` has synchronised (the host
+    function ran), never earlier, and its token lists are not returned."""
+    AsyncOutput = _async_output_class()
+    outputs = []
+
+    class Worker:
+        def sample_tokens(self, grammar_output):
+            return outputs.pop()
+
+    Worker.sample_tokens = check_at_step_sync(Worker.sample_tokens)
+    worker = Worker()
+    job, ids, _ = moe_job()
+    job.name("model.layers.2.mlp.experts")
+
+    outputs.append(_SyncOutput())
+    assert worker.sample_tokens(None).sampled_token_ids == [[5]]  # nothing failed
+    ids[0, 0] = E
+    as_host_function(job)  # the step's device work, done before the runner returned
+    outputs.append(_SyncOutput())
+    with pytest.raises(JobFailed, match="model.layers.2.mlp.experts"):
+        worker.sample_tokens(None)
+
+    pending = AsyncOutput(job)  # the host function has not run yet when sample_tokens returns
+    outputs.append(pending)
+    assert worker.sample_tokens(None) is pending
+    with pytest.raises(JobFailed, match="model.layers.2.mlp.experts"):
+        pending.get_output()
+    ids[0, 0] = 1
+    outputs.append(AsyncOutput(job))
+    assert worker.sample_tokens(None).get_output().sampled_token_ids == [[5]]
+
+
+def test_the_job_counts_its_own_runs_and_tokens_with_no_python_on_the_way():
+    """A CUDA graph replays the host function with no Python: the job a layer made for a
+    step shape (the one its host function runs) counts every run through the function
+    pointer, and the layer's report reads those counters."""
     from selective_offload.wrappers.host_compute import HostExperts
-    from selective_offload.wrappers.host_function import HostFunction
 
     job, ids, _ = moe_job()
     weights = ExpertWeights("bf16", job.tensors["w13"], job.tensors["w2"])
     layer = HostExperts("model.layers.3.mlp.experts", weights, Activation("silu"), crossover_tokens=4, threads=1,
                         device=torch.device("cpu"))
-    ids[0, 0] = E
-    as_host_function(job)
-    with pytest.raises(JobFailed, match="model.layers.3.mlp.experts"):
-        HostFunction(layer).enqueue(torch.zeros(1, H), torch.zeros(1, K, dtype=torch.int32), torch.ones(1, K))
+    slot = layer.slot(torch.zeros(T, H, dtype=torch.bfloat16), ids, pinned=False)  # made once, as at capture
+    slot.ids.copy_(ids)
+    slot.weights.fill_(0.5)
+    for _ in range(5):
+        as_host_function(slot.job)
+    assert (slot.job.runs, slot.job.tokens, slot.job.experts_read) == (5, 5 * T, 5 * E)
+    served = layer.counts.as_dict()
+    assert (served["host_steps"], served["host_tokens"]) == (5, 5 * T)
+    assert served["host_bytes"] == 5 * E * weights.expert_bytes  # every expert picked once a run
+
+
+def test_a_rows_job_counts_its_runs_and_its_bytes():
+    from selective_offload.wrappers.host_compute import ServingCounts
+
+    w = torch.randn(40, H).bfloat16()
+    job = cpu_kernels.RowsJob(torch.randn(2, H).bfloat16(), w, torch.zeros(2, 40), threads=1)
+    counts = ServingCounts()
+    counts.add_job(job, bytes_per_run=40 * H * 2)
+    for _ in range(3):
+        as_host_function(job)
+    assert counts.as_dict()["host_steps"] == 3 and counts.as_dict()["host_tokens"] == 6
+    assert counts.host_bytes == 3 * 40 * H * 2

@@ -456,3 +456,174 @@ def test_block_scales_reallocated_on_the_heap_are_refused_one_by_one_and_locked_
     assert params == {id(p) for p in model.parameters()}
     assert ledger.refused_bytes == 0 and ledger.registrar.refused == [] and len(ledger.registrar.registered) == layers
     assert all(ledger.pinned(p.data) and experts.is_live_view(p) for p in model.parameters())
+
+
+def _checkpoint(seed: int) -> dict[str, torch.Tensor]:
+    """One layer's experts as a checkpoint stores them: each expert's gate, up and down."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for e in range(E):
+        for name, shape in (("gate_proj", (INTER, HIDDEN)), ("up_proj", (INTER, HIDDEN)), ("down_proj", (HIDDEN, INTER))):
+            out[f"layers.0.mlp.experts.{e}.{name}.weight"] = torch.randn(*shape, generator=g)
+    return out
+
+
+def _load_weights(model, weights) -> set[str]:
+    """The model's ``load_weights`` as vLLM's MoE models write it (Qwen3-MoE's): each
+    expert's tensors through the parameter's own ``weight_loader`` (which the layerwise
+    reload wraps), by vLLM's expert mapping."""
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    mapping = RoutedExperts.make_expert_params_mapping(model, "gate_proj", "down_proj", "up_proj", num_experts=E)
+    params = dict(model.named_parameters())
+    loaded = set()
+    for name, tensor in weights:
+        for param_name, weight_name, expert_id, shard_id in mapping:
+            if weight_name in name:
+                param = params[name.replace(weight_name, param_name)]
+                param.weight_loader(param, tensor, name, shard_id=shard_id, expert_id=expert_id)
+                loaded.add(name)
+                break
+    return loaded
+
+
+def _expected(ckpt) -> tuple[torch.Tensor, torch.Tensor]:
+    w13 = torch.stack([torch.cat([ckpt[f"layers.0.mlp.experts.{e}.gate_proj.weight"],
+                                  ckpt[f"layers.0.mlp.experts.{e}.up_proj.weight"]]) for e in range(E)])
+    w2 = torch.stack([ckpt[f"layers.0.mlp.experts.{e}.down_proj.weight"] for e in range(E)])
+    return w13, w2
+
+
+def test_vllms_reload_writes_the_new_bytes_where_the_uva_views_read():
+    """vLLM's own in-place reload (``reload_weights``: each layer rebuilt from the metadata
+    recorded at construction, loaded through its weight loaders, post-processed by the
+    quant method the glue took over, then copied into the tensors it restores): the
+    parameters stay the glue's live views, at their addresses, and read the new bytes."""
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+        record_metadata_for_reloading,
+    )
+
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    record_metadata_for_reloading(model)  # as vLLM's initialize_model does
+    model.load_weights = lambda weights: _load_weights(model, weights)
+    find(model, xl)
+    layer = model.layers[0].mlp.experts.routed_experts
+    experts.take_over_post_processing(layer, layer.quant_method, GROUP, xl, None)
+    model.load_weights(_checkpoint(1).items())
+    layer.quant_method.process_weights_after_loading(layer)
+    ledger = uva_ledger()
+    experts.attach(model, xl, torch.device("cuda"), ledger, lambda t: t.view_as(t))
+    views = {n: (p, p.data_ptr()) for n, p in layer.named_parameters()}
+    assert all(experts.is_live_view(p) for p, _ in views.values())
+
+    ckpt = _checkpoint(2)
+    initialize_layerwise_reload(model)
+    model.load_weights(ckpt.items())
+    finalize_layerwise_reload(model, None)
+    w13, w2 = _expected(ckpt)
+    for name, want in (("w13_weight", w13), ("w2_weight", w2)):
+        param, ptr = views[name]
+        assert getattr(layer, name) is param and param.data_ptr() == ptr and experts.is_live_view(param)
+        torch.testing.assert_close(param.data, want)  # the view reads the reloaded bytes
+    assert len(ledger.registrar.registered) == 1  # nothing locked again
+
+
+def _repacking_method(layer):
+    """Stands for a quant method whose post-processing gives a weight new tensors (a
+    repack): it rebinds the Parameter's ``.data`` as vLLM 0.33's ``replace_parameter``
+    does when the new tensor's stride or device differs (the installed 0.32 registers a
+    new Parameter instead), here with twice the loaded values, on the host."""
+    def process_weights_after_loading(layer):
+        w = layer.w13_weight
+        w.data = w.data.to("cpu") * 2
+
+    layer.quant_method.process_weights_after_loading = process_weights_after_loading
+
+
+def _loaded_and_viewed():
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    model.load_weights = lambda weights: _load_weights(model, weights)
+    find(model, xl)
+    layer = model.layers[0].mlp.experts.routed_experts
+    _repacking_method(layer)
+    experts.take_over_post_processing(layer, layer.quant_method, GROUP, xl, None)
+    model.load_weights(_checkpoint(1).items())
+    layer.quant_method.process_weights_after_loading(layer)
+    ledger = uva_ledger()
+    experts.attach(model, xl, torch.device("cuda"), ledger, lambda t: t.view_as(t))
+    return model, layer, ledger
+
+
+def test_a_reload_whose_post_processing_replaces_a_viewed_weight_is_viewed_again_at_its_address():
+    """A reload that loads into the views and runs the post-processing again (a caller's
+    ``load_weights`` then ``process_weights_after_loading``): the repacked tensor replaces
+    the view's data; the glue copies it into the page-locked storage the view read and
+    views it again at the same address (a captured graph's), with nothing locked again."""
+    model, layer, ledger = _loaded_and_viewed()
+    param, ptr = layer.w13_weight, layer.w13_weight.data_ptr()
+    ckpt = _checkpoint(2)
+    model.load_weights(ckpt.items())
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.w13_weight is param and param.data_ptr() == ptr and experts.is_live_view(param)
+    torch.testing.assert_close(param.data, 2 * _expected(ckpt)[0])
+    assert len(ledger.registrar.registered) == 1
+
+
+def test_a_reload_that_changes_a_viewed_weights_shape_is_refused_in_one_line():
+    """A repack of another shape cannot be read at the view's address: one line, and the
+    page-locked storage the view reads is left as it was."""
+    _, layer, _ = _loaded_and_viewed()
+    param = layer.w13_weight
+    before = param.data.clone()
+    param.data = torch.zeros(E, 2 * INTER * HIDDEN)  # the reload's repack, flattened per expert
+    with pytest.raises(PlanError) as err:
+        experts.view_again(param, f"{GROUP}: w13_weight", lambda t: t.view_as(t))
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{GROUP}: w13_weight") and "restart the engine" in line
+    torch.testing.assert_close(getattr(param, experts.VIEW_RECORD)[2], before)
+
+
+def test_vllms_reload_refills_a_computed_layers_device_share_with_the_new_bytes():
+    """A layer served ``compute`` with a device share (its first experts also on the device)
+    across vLLM's own in-place reload: the quant method the glue installed runs on the layer
+    vLLM rebuilt and loaded, before vLLM copies the new values into the host experts'
+    tensors, so the share is refilled from the layer's tensors as they are then, in the
+    tensors a captured graph holds; the host experts read the new bytes too."""
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+        record_metadata_for_reloading,
+    )
+
+    from selective_offload.cpu_kernels import Activation
+    from selective_offload.cpu_kernels.reference import held_share
+    from selective_offload.vllm_glue import host_compute
+    from selective_offload.wrappers.host_compute import HostExperts
+
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    record_metadata_for_reloading(model)
+    model.load_weights = lambda weights: _load_weights(model, weights)
+    layer = model.layers[0].mlp.experts.routed_experts
+    model.load_weights(_checkpoint(1).items())
+    weights = host_compute.weights_of(layer, "f32")
+    share = held_share(weights, 3, torch.device("cpu"))
+    hosted = HostExperts(GROUP, weights, Activation("silu"), crossover_tokens=2, threads=1, device=torch.device("cpu"),
+                         device_share=share)
+    layer._replace_quant_method(host_compute.method_class()(layer.quant_method, hosted))
+    held = {n: t.data_ptr() for n, t in share.tensors().items()}
+
+    ckpt = _checkpoint(2)
+    initialize_layerwise_reload(model)
+    model.load_weights(ckpt.items())
+    finalize_layerwise_reload(model, None)
+    w13, w2 = _expected(ckpt)
+    torch.testing.assert_close(hosted.weights.w13, w13)  # vLLM copied into the host experts' tensors
+    for name, want in (("w13", w13[:3]), ("w2", w2[:3])):
+        got = share.tensors()[name]
+        assert got.data_ptr() == held[name]
+        torch.testing.assert_close(got, want)
