@@ -624,7 +624,7 @@ void so_moe_job_run(void *arg) {
     so_moe_work work = {j, xbase, abase, xld, ald, xstep, astep, ptok, pw, gexp, gstart, actf, act, Qa,
                         jblocks, ng * jblocks, (H + HB - 1) / HB, ng, total, fmt, q8, 0, 0};
     int threads = j->threads > 0 ? (int)j->threads : 1;
-    if (so_par(threads, so_moe_work_run, &work)) so_fail(&j->status, 4, j->out, T * H);
+    if (so_par(threads, so_moe_work_run, &work)) so_fail(j, &j->status, 4, j->out, T * H);
     free(own);
 }
 
