@@ -317,8 +317,8 @@ def test_auto_gives_up_the_last_groups_device_shares_to_fit_the_free_memory(moe,
 
     # Free memory no share closes: refused under auto too, before a byte loads.
     monkeypatch.setattr(preflight, "CPU_DEVICE_FREE", 1)
-    refused("auto", r"^pre-flight: the plan made at engine start needs .* short even without its device share, "
-                    "before any weight is loaded; ")
+    refused("auto", r"^pre-flight: the plan made at engine start needs .* short even without its experts' and MLPs' "
+                    "device shares, before any weight is loaded; ")
     planned, need = asked[-1]
     shared = [g for g in planned.groups if planned.share_bytes(g)]
     assert len(shared) >= 3 and planned.shortfall_bytes == 0, planned.notes
