@@ -634,7 +634,7 @@ def save_tiny_ct_int4_qwen3(directory: Path, seed: int = 0, group: int = 64) -> 
     from compressed_tensors.compressors import ModelCompressor
     from safetensors.torch import save_file
 
-    save_tiny_qwen3(directory, seed=seed)
+    save_tiny_qwen3(directory, seed=seed, num_hidden_layers=8)  # as _requantized_qwen3's, for the same reason
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
     qc = ct.QuantizationConfig.model_validate({
         "quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
