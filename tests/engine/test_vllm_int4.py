@@ -15,9 +15,10 @@ The two kernels round differently (the project's multiplies int8 tokens and acti
 quantised per block of 32), so the check is on log-probabilities as for MXFP4: plain
 vLLM's greedy tokens fed back, every position's log-probability under the host-compute
 engine within LOGPROB_TOL of plain vLLM's. Observed on a 2-core AMD EPYC, GPTQ, three
-random models: 0.0078 each (one bf16 step at these magnitudes); compressed-tensors, 0.0094. The MLPs of a tiny random model
-move its log-probabilities little, so the bound is tight: with GPTQ's qweight left
-K-first (the glue's rewrite skipped) the same check gave 0.21.
+random models: 0.0078 each (one bf16 step at these magnitudes); compressed-tensors,
+0.0094. The MLPs of a tiny random model move its log-probabilities little, so the bound
+is tight: with GPTQ's qweight left K-first (the glue's rewrite skipped) the same check
+gave 0.21.
 """
 
 from __future__ import annotations
