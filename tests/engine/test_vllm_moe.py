@@ -306,7 +306,7 @@ def test_auto_gives_up_the_last_groups_device_shares_to_fit_the_free_memory(moe,
     def start(plan, prompts=PROMPTS[:1]):
         selective_offload.enable(plan, strict=True, report_path=report_path)
         try:
-            return generate_tokens(moe, prompts), selective_offload.placement_report()
+            return generate_tokens(moe, prompts), selective_offload.landing_report()
         finally:
             selective_offload.disable()
 
