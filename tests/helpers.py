@@ -210,18 +210,21 @@ TINY_HOST_COMPUTE = dict(cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1, h
 def copy_room(ckpt, kind: str | None = None) -> int:
     """The device memory a host-compute plan's step above its crossover holds: one layer's
     routed experts (or, in a model without them, MLP) copied there and one expert of a
-    quantized format dequantized to bf16, its ``est_transient_device_bytes`` (the
-    planner's own rule, ``estimate.host.copied_step_bytes``)."""
+    quantized format dequantized to bf16 (from the kernel's dims), its
+    ``est_transient_device_bytes`` (the planner's own rule, ``estimate.host.copied_step_bytes``)."""
     from selective_offload.estimate.host import copied_step_bytes
     from selective_offload.planner import PlanInputs, group_tensors
     from selective_offload.planner.host_compute import cpu_format, mlp_cpu_format
     from selective_offload.planner.kernels import method_of_config
+    from selective_offload.planner.make import kernel_dims_of
 
-    groups = group_tensors(ckpt, PlanInputs(device_memory_bytes=1), split_mlp=True)
+    inputs = PlanInputs(device_memory_bytes=1)
+    groups = group_tensors(ckpt, inputs, split_mlp=True)
     kind = kind or ("experts" if any(g.kind == "experts" for g in groups) else "mlp")
     method = method_of_config(ckpt.config)
     fmt = (cpu_format if kind == "experts" else mlp_cpu_format)(method, ckpt.config)
-    return max((copied_step_bytes(g.nbytes, g.num_experts or 1, g.dtype_bytes, fmt)
+    dims = kernel_dims_of(ckpt, inputs, kind)
+    return max((copied_step_bytes(g.nbytes, g.num_experts or 1, g.dtype_bytes, fmt, dims)
                 for g in groups if g.kind == kind), default=0)
 
 
@@ -631,7 +634,7 @@ def save_tiny_ct_int4_qwen3(directory: Path, seed: int = 0, group: int = 64) -> 
     from compressed_tensors.compressors import ModelCompressor
     from safetensors.torch import save_file
 
-    save_tiny_qwen3(directory, seed=seed)
+    save_tiny_qwen3(directory, seed=seed, num_hidden_layers=8)  # as _requantized_qwen3's, for the same reason
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
     qc = ct.QuantizationConfig.model_validate({
         "quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],

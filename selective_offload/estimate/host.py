@@ -49,14 +49,40 @@ def copied_bytes(nbytes: int, rows_on_device: int, rows: int) -> int:
     return nbytes * (rows - rows_on_device) // rows
 
 
-def copied_step_bytes(nbytes: int, num_experts: int, dtype_bytes: Mapping[str, int], fmt: str | None) -> int:
+def dequantizing_bytes(w13: int, w2: int) -> int:
+    """Device bytes the copied path holds while it dequantizes one expert whose w13 and w2
+    take ``w13`` and ``w2`` bytes in bf16 (``cpu_kernels.reference._one_expert``): each
+    matrix is made from a working copy of its own size (its 4-bit codes looked up as bf16
+    from an int32 widening of the packed bytes, or an FP8 weight widened to bf16), w13
+    first and held while w2 is made; scales and zero points are a group's few bytes."""
+    return max(2 * w13, w13 + 2 * w2)
+
+
+def dequantized_expert_bytes(dims: tuple[int, ...], dtype_bytes: Mapping[str, int], num_experts: int) -> int:
+    """:func:`dequantizing_bytes` of one expert of a quantized host-compute group: from the
+    kernel's dims ``(H, I)`` (``GroupPlan.kernel_dims``: w13 is [2I, H] and w2 [H, I], as the
+    kernel reads them, routed experts at the sizes vLLM pads them to), or, where the config
+    does not say them, from the group's stored bytes (its parameters counted as
+    :func:`flops_per_token` counts them, est: two thirds in w13, one in w2)."""
+    if len(dims) == 2:
+        hidden, inner = dims
+        return dequantizing_bytes(2 * 2 * inner * hidden, 2 * hidden * inner)
+    bf16 = flops_per_token(dtype_bytes) / max(1, num_experts)  # 2 bytes a parameter
+    return int(dequantizing_bytes(int(bf16 * 2 / 3), int(bf16 / 3)))
+
+
+def copied_step_bytes(nbytes: int, num_experts: int, dtype_bytes: Mapping[str, int], fmt: str | None,
+                      dims: tuple[int, ...] = ()) -> int:
     """Device bytes one host-compute group holds in a step above the crossover (est): vLLM's
     profile run is such a step (``max_num_batched_tokens`` tokens, every expert picked), in
     which the worker copies the group's host experts (or MLP, or head rows) to the device
     and computes them there one expert at a time, each dequantized to bf16 first when the
     format is quantized (``wrappers.host_compute.HostExperts._on_device``). At most the
-    group's bytes (a device share is not copied; counted anyway) plus one expert in bf16."""
-    dequantized = 0 if fmt in (None, "bf16", "f32") else int(flops_per_token(dtype_bytes) / max(1, num_experts))
+    group's bytes (a device share is not copied; counted anyway) plus what dequantizing one
+    expert of the kernel's dims ``dims`` holds (:func:`dequantized_expert_bytes`); the
+    step's activations are not counted."""
+    dequantized = (0 if fmt in (None, "bf16", "f32")
+                   else dequantized_expert_bytes(dims, dtype_bytes, num_experts))
     return nbytes + dequantized
 
 

@@ -452,7 +452,8 @@ class PlanContents:
         (:func:`~selective_offload.estimate.host.copied_step_bytes`; the head's rows are bf16)."""
         def copied(g: GroupPlan) -> int:
             if g.kind != GroupKind.MODULE:
-                return copied_step_bytes(g.bytes, g.num_experts, g.dtype_bytes, self.host_compute_format)
+                return copied_step_bytes(g.bytes, g.num_experts, g.dtype_bytes, self.host_compute_format,
+                                         g.kernel_dims)
             rows = (g.device_channels, g.intermediate) if g.intermediate else (0, 1)
             return copied_step_bytes(copied_bytes(g.bytes, *rows), g.num_experts, g.dtype_bytes, "bf16")
 

@@ -128,7 +128,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     # Priced with every dense MLP a group of its own; the plan keeps only the computed ones split.
     priced = group_tensors(checkpoint, inputs, split_mlp=True) if mlp_computes else groups
     placing = Placing(priced, inputs.weight_budget_bytes,
-                      compute_formats={GroupKind.EXPERTS: fmt, GroupKind.MLP: mlp_fmt, GroupKind.MODULE: "bf16"})
+                      compute_formats={GroupKind.EXPERTS: fmt, GroupKind.MLP: mlp_fmt, GroupKind.MODULE: "bf16"},
+                      kernel_dims={k: kernel_dims_of(checkpoint, inputs, k) for k in (GroupKind.EXPERTS, GroupKind.MLP)})
     deficit = placing.over_budget()
 
     def reason(g, where: Serving) -> str:
@@ -218,7 +219,7 @@ def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placin
         return placing, shares
     name, rows_on_device, rows = head
     trial = Placing(placing.groups, placing.budget, compute_formats=placing.compute_formats,
-                    head_rows=dict(placing.head_rows))
+                    kernel_dims=placing.kernel_dims, head_rows=dict(placing.head_rows))
     trial.where = {**placing.where, name: Serving.COMPUTE}
     trial.head_rows[name] = (rows_on_device, rows)
     trial.transient, trial.buffers = placing.transient, placing.buffers
@@ -243,16 +244,22 @@ def _padding_notes(checkpoint: Checkpoint, inputs: PlanInputs, has_experts: bool
 
 def _kernel_dims(checkpoint: Checkpoint, inputs: PlanInputs, g, where: Serving,
                  share: tuple[int, int] | None) -> tuple[int, ...]:
-    """A host-compute group's ``(H, I)`` (:attr:`GroupPlan.kernel_dims`): the hidden size and
-    one expert's intermediate size (a dense MLP's; the split head's vocabulary rows), from the
-    config, routed experts at the sizes vLLM pads them to on the plan's card (:mod:`.allocation`:
-    the worker's kernel reads them so); ``()`` where the config does not say."""
-    if where != Serving.COMPUTE:
-        return ()
+    """A host-compute group's ``(H, I)`` (:attr:`GroupPlan.kernel_dims`, :func:`kernel_dims_of`);
+    ``()`` for any other group."""
+    return kernel_dims_of(checkpoint, inputs, g.kind, share) if where == Serving.COMPUTE else ()
+
+
+def kernel_dims_of(checkpoint: Checkpoint, inputs: PlanInputs, kind: GroupKind,
+                   share: tuple[int, int] | None = None) -> tuple[int, ...]:
+    """The ``(H, I)`` a host-compute group of ``kind`` is computed with: the hidden size and
+    one expert's intermediate size (a dense MLP's; the split head's vocabulary rows, from its
+    ``share``), from the config, routed experts at the sizes vLLM pads them to on the plan's
+    card (:mod:`.allocation`: the worker's kernel reads them so); ``()`` where the config
+    does not say."""
     hidden = checkpoint.facts.hidden_size
-    if g.kind == GroupKind.MODULE:
+    if kind == GroupKind.MODULE:
         inner = share[1] if share else None
-    elif g.kind == GroupKind.MLP:
+    elif kind == GroupKind.MLP:
         inner = intermediate_size(checkpoint.config)
     else:
         inner = expert_intermediate_size(checkpoint.config)
@@ -330,7 +337,8 @@ def _keep_computed_mlps_split(checkpoint: Checkpoint, inputs: PlanInputs, p: Pla
             if p.where[g.name] != p.where[layer.name]:
                 raise AssertionError(f"{g.name} placed {p.where[g.name]} apart from its layer")  # a planner bug
     final = group_tensors(checkpoint, inputs, split_mlp=computed)
-    out = Placing(final, p.budget, compute_formats=p.compute_formats, head_rows=dict(p.head_rows))
+    out = Placing(final, p.budget, compute_formats=p.compute_formats, kernel_dims=p.kernel_dims,
+                  head_rows=dict(p.head_rows))
     out.where = {g.name: p.where[g.name] for g in final}
     out.transient, out.buffers = p.transient, p.buffers
     return out

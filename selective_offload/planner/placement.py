@@ -57,6 +57,10 @@ class Placing:
     #: The CPU kernel format a host-compute group of each kind is computed in (its copy
     #: above the crossover is dequantized from it: :func:`copied_transient_bytes`).
     compute_formats: dict[GroupKind, str | None] = field(default_factory=dict)
+    #: The sizes the CPU kernel computes a host-compute group of each kind with (``(H, I)``,
+    #: :attr:`GroupPlan.kernel_dims`; ``()`` where the config does not say): what its copy
+    #: above the crossover dequantizes an expert of.
+    kernel_dims: dict[GroupKind, tuple[int, ...]] = field(default_factory=dict)
     #: A split LM head's (rows on the device, rows), by name: a step above its crossover
     #: copies only its host rows.
     head_rows: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -82,7 +86,7 @@ def copied_transient_bytes(p: Placing) -> int:
     def copied(g: Group) -> int:
         on_device, rows = p.head_rows.get(g.name, (0, 1))
         return copied_step_bytes(copied_bytes(g.nbytes, on_device, rows), g.num_experts, g.dtype_bytes,
-                                 p.compute_formats.get(g.kind))
+                                 p.compute_formats.get(g.kind), p.kernel_dims.get(g.kind, ()))
 
     return max((copied(g) for g in p.groups if p.where[g.name] == Serving.COMPUTE), default=0)
 

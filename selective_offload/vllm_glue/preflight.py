@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import PlanError
-from ..plan_format import Plan
+from ..plan_format import GroupKind, Plan
 from ..sizes import fmt_bytes
 
 #: The CPU build's stand-in for a device's free memory (bytes): the CPU build has no device
@@ -102,15 +102,17 @@ def need_of(plan: Plan, built: int) -> Need:
 
 
 def without_shares(plan: Plan, short: int) -> Plan | None:
-    """``plan`` with the device shares of its last groups dropped until ``short`` bytes are
-    freed; ``None`` when all of them do not free that much."""
+    """``plan`` with the device shares of its last routed experts and dense MLPs dropped
+    until ``short`` bytes are freed; ``None`` when all of them do not free that much. A
+    split LM head keeps its device rows: a plan computes a head on the host only split
+    (and a step above its crossover copies its host rows, more of them without the split)."""
     groups = list(plan.groups)
     freed = 0
     for i in reversed(range(len(groups))):
         if freed >= short:
             break
         g = groups[i]
-        held = plan.share_bytes(g)
+        held = plan.share_bytes(g) if g.kind != GroupKind.MODULE else 0
         if held:
             groups[i] = replace(g, device_experts=0, device_channels=0, intermediate=0)
             freed += held
@@ -143,8 +145,8 @@ def check(plan: Plan, need: Need, free: int | None, available: int | None, auto:
             return smaller, (said[0] + f"; {_b(short)} short, so the plan made at engine start gives up "
                              f"{_b((plan.device_share_bytes - smaller.device_share_bytes))} of device share")
         raise PlanError(f"pre-flight: the plan made at engine start needs {_b(need.device)} of device memory "
-                        f"and {where} has {_b(free)} free, {_b(short)} short even without its device "
-                        "share, before any weight is loaded; lower max_model_len or kv_cache_memory_bytes, or free "
+                        f"and {where} has {_b(free)} free, {_b(short)} short even without its experts' and MLPs' "
+                        "device shares, before any weight is loaded; lower max_model_len or kv_cache_memory_bytes, or free "
                         "the card")
     raise PlanError(f"pre-flight: the plan needs {_b(need.device)} of device memory ({_b(need.built)} "
                     f"built by vLLM, {_b(need.to_come)} shares, buffers, transient, KV cache and reserve) and "

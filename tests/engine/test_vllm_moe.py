@@ -14,9 +14,11 @@ import pytest
 
 import selective_offload
 from helpers import (
+    ENGINE_ARGS,
     MAX_TOKENS,
     PROMPTS,
     compute_experts_plan,
+    copy_room,
     generate_tokens,
     generate_with_plan,
     prompt_logprobs,
@@ -268,3 +270,79 @@ def test_the_workers_preflight_refuses_before_any_weight_is_loaded(moe, compute_
             with pytest.raises(PlanError, match=rf"^pre-flight: .* short, before any weight is loaded; .*{flag}"):
                 generate_with_plan(compute_plan, moe, prompts=PROMPTS[:1])
         assert not loads
+
+
+def test_auto_gives_up_the_last_groups_device_shares_to_fit_the_free_memory(moe, plain_tokens, monkeypatch,
+                                                                            tmp_path):
+    """SELECTIVE_OFFLOAD_PLAN=auto where the device has less free memory than the plan made
+    at engine start needs (on the CPU build the free memory is its stand-in,
+    preflight.CPU_DEVICE_FREE): the worker's pre-flight gives up device shares, the last
+    groups' first, before a byte loads; the engine starts, serves plain vLLM's tokens, and
+    the report and the plan written beside it show the smaller share. The same free memory
+    with the plan as a file is refused in one line, and so is, under auto, one that no
+    share given up closes. The probe's figures of a card whose link makes computing the
+    experts on the host (with a device share) pay are the profile this test writes."""
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    from builders import gpu_profile
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.options import ENV_DEVICE_MEMORY
+    from selective_offload.plan_format import DEFAULT_RESERVE_BYTES, Plan
+    from selective_offload.vllm_glue import preflight
+
+    profile = gpu_profile(link_gbps_pinned=25.0, handoff_s=1e-9, cpu_kernel_gbps={"bf16": 55.0}, cpu_threads=1,
+                          host_read_gbps=60.0).save(tmp_path / "profile.json")
+    monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(profile))
+    ckpt = load_checkpoint(moe)
+    monkeypatch.setenv(ENV_DEVICE_MEMORY, str(DEFAULT_RESERVE_BYTES + ENGINE_ARGS["kv_cache_memory_bytes"]
+                                              + int(ckpt.total_bytes * 0.6) + copy_room(ckpt)))
+    loads, asked = [], []  # weight loads; (plan, need) each pre-flight checked
+    original, check = DefaultModelLoader.load_weights, preflight.check
+    monkeypatch.setattr(DefaultModelLoader, "load_weights",
+                        lambda self, *a, **k: (loads.append(1), original(self, *a, **k))[1])
+    monkeypatch.setattr(preflight, "check", lambda plan, need, *a: (asked.append((plan, need)), check(plan, need, *a))[1])
+    report_path = tmp_path / "report.json"
+
+    def start(plan, prompts=PROMPTS[:1]):
+        selective_offload.enable(plan, strict=True, report_path=report_path)
+        try:
+            return generate_tokens(moe, prompts), selective_offload.landing_report()
+        finally:
+            selective_offload.disable()
+
+    def refused(plan, match):
+        with pytest.raises(PlanError, match=match) as info:
+            start(plan)
+        assert "\n" not in str(info.value) and not loads
+
+    # Free memory no share closes: refused under auto too, before a byte loads.
+    monkeypatch.setattr(preflight, "CPU_DEVICE_FREE", 1)
+    refused("auto", r"^pre-flight: the plan made at engine start needs .* short even without its experts' and MLPs' "
+                    "device shares, before any weight is loaded; ")
+    planned, need = asked[-1]
+    shared = [g for g in planned.groups if planned.share_bytes(g)]
+    assert len(shared) >= 3 and planned.shortfall_bytes == 0, planned.notes
+    # Short by more than the last group's share: the last two give theirs up, the others keep theirs.
+    last_two = planned.share_bytes(shared[-1]) + planned.share_bytes(shared[-2])
+    monkeypatch.setattr(preflight, "CPU_DEVICE_FREE", need.device - planned.share_bytes(shared[-1]) - 1)
+    tokens, report = start("auto", PROMPTS)
+    assert loads and report.ok, report.problems
+    assert tokens == plain_tokens
+    assert (asked[-1][0], asked[-1][1]) == (planned, need)  # the same plan made at this start, the same need
+    fitted = Plan.load(report_path.with_name("plan.json"))  # the plan as the worker applied it
+    assert fitted.device_share_bytes == planned.device_share_bytes - last_two
+    note = next(n for n in report.notes if n.startswith("pre-flight: device"))
+    assert "short, so the plan made at engine start gives up" in note, note
+    for g in shared:
+        kept = g not in shared[-2:]
+        assert fitted.group_of(g.group).device_experts == (g.device_experts if kept else 0)
+        landing = report.landing(g.group)
+        assert (landing.planned, landing.actual) == ("compute", "compute")
+        assert ("also on cpu" in landing.mechanism) == kept, landing.mechanism
+        assert ("device_share" in report.transfers[g.group]) == kept
+    # The same free memory and the plan as a file: refused in one line, naming the flag.
+    loads.clear()
+    planned.save(tmp_path / "planned.json")
+    refused(tmp_path / "planned.json",
+            r"^pre-flight: the plan needs .* short, before any weight is loaded; make the plan again for the memory "
+            r"it has \(`selective-offload plan --device-memory")

@@ -101,12 +101,21 @@ def test_a_step_above_the_crossover_holds_a_layers_copy_and_the_dequantized_expe
     assert computed(plan) and plan.est_transient_device_bytes == EXPERTS_BYTES == COPY_MB * MB  # bf16: nothing more
     assert plan.shortfall_bytes == 0
     assert plan.device_bytes + plan.est_transient_device_bytes <= plan.weight_budget_bytes
-    # fp8 blocks: the layer's experts as stored (1 byte a parameter) and one expert in bf16
+    # fp8 blocks: the layer's experts as stored and one expert dequantized to bf16, w13 and
+    # its working copy (twice w13's bf16 bytes). The config says no sizes: the expert's
+    # parameters from its stored bytes (5e6, 1e7 bytes in bf16), two thirds of them in w13.
     fp8 = moe(4, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
     quantized = plan_of(fp8, fp8.total_bytes / MB - 300)
     group = computed(quantized)[0]
-    params_per_expert = (1000 * 3000 + 1000 * 2000)  # gate_up and down of one expert
-    assert quantized.est_transient_device_bytes == group.bytes + 2 * params_per_expert
+    assert not group.kernel_dims
+    assert quantized.est_transient_device_bytes == group.bytes + 2 * 6_666_666
+    # Where it says them, from the kernel's dims (H 1000, I 1500): w13 [3000, 1000] in bf16, twice.
+    sized = moe(4, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}, hidden_size=1000,
+                moe_intermediate_size=1500)
+    dims = plan_of(sized, sized.total_bytes / MB - 300)
+    group = computed(dims)[0]
+    assert group.kernel_dims == (1000, 1500)
+    assert dims.est_transient_device_bytes == group.bytes + 2 * 3000 * 1000 * 2
     # a plan that states no transient for its copy is refused when read
     data = json.loads(plan.to_json())
     data["est_transient_device_bytes"] = 0

@@ -57,8 +57,29 @@ def test_auto_gives_up_device_share_until_it_fits_and_refuses_beyond_it(plan):
     assert fitted.device_share_bytes < plan.device_share_bytes and "gives up" in line
     assert preflight.need_of(fitted, built=0).device <= need.device - 1
     fitted.validate()
-    with pytest.raises(PlanError, match="short even without its device share"):
+    with pytest.raises(PlanError, match="short even without its experts' and MLPs' device shares"):
         preflight.check(plan, need, need.device - plan.device_share_bytes - 1, None, True, CPU)
+
+
+def test_a_split_lm_head_keeps_its_device_rows_when_auto_gives_up_shares(tmp_path):
+    """The head is the last group, and a plan computes it on the host only split: the shares
+    given up are the experts' before it, and the plan left is one a file holds."""
+    from selective_offload.plan_format import Plan
+
+    plan = compute_experts_plan(save_tiny_qwen3_moe(tmp_path / "moe", seed=3), cpu_tflops=100.0)
+    head = plan.group_of("lm_head")
+    assert head.serving == "compute" and 0 < head.device_channels < head.intermediate
+    need = preflight.need_of(plan, built=0)
+    fitted, _ = preflight.check(plan, need, need.device - plan.share_bytes(head), None, True, CPU)
+    assert fitted.group_of("lm_head") == head
+    experts = [g for g in plan.groups if g.kind == "experts" and plan.share_bytes(g)]
+    assert fitted.group_of(experts[-1].group).device_experts == 0
+    assert fitted.device_share_bytes <= plan.device_share_bytes - plan.share_bytes(head)
+    fitted.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json").device_share_bytes == fitted.device_share_bytes
+    with pytest.raises(PlanError, match="short even without its experts' and MLPs' device shares"):
+        preflight.check(plan, need, need.device - plan.device_share_bytes + plan.share_bytes(head) - 1, None, True,
+                        CPU)
 
 
 def test_the_host_reads_memavailable(tmp_path, monkeypatch):
