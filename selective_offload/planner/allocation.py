@@ -2,7 +2,7 @@
 
 vLLM rounds the experts' hidden and intermediate sizes up to what the kernel it picks needs
 before it allocates them (:data:`.kernels.ROUND_UP`): gpt-oss's 2880 x 2880 MXFP4 experts are
-allocated at hidden 3072 and intermediate 2944 for Marlin (SM 8.6, 8.9, 12.0) and FlashInfer
+allocated at hidden 3072 and intermediate 2944 for Marlin (SM 7.5 to 8.9, 12.0) and FlashInfer
 TRT-LLM (SM 10.0), 9.03% more bytes per expert than the checkpoint holds, and unchanged for
 OAI triton_kernels (SM 9.0). Every place a plan prices routed experts (the device, a device
 share, host memory read through UVA or computed by the host CPU, the CPU's bytes per step,

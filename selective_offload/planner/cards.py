@@ -8,8 +8,10 @@ for what such a card keeps free after the CUDA context (:func:`card_memory`):
 
 - the probe's measurement of this machine's card, when there is one for the class named
   (``torch.cuda.mem_get_info``'s free bytes right after the probe created its context);
-- else, for a size that names a class of :data:`CARDS`, what cards of that class report
-  to torch, less :data:`CONTEXT_EST_BYTES` (est);
+- else, for a size that names a class of :data:`CARDS`, the lowest figure cards of that
+  class report to torch, less the class's margin (:func:`margin_bytes`, est: a card of the
+  class may report less than any figure published) and :data:`CONTEXT_EST_BYTES` (est), so
+  a plan made for a class fits every card of it;
 - else the size as given: a figure that names no class is taken as the memory free to the
   worker (a measured figure, or a rehearsal of one).
 
@@ -67,6 +69,25 @@ CARDS: tuple[CardClass, ...] = (
     CardClass(80, _gib(79.11), "scaled from the 48 GB class", estimate=True),
 )
 
+#: Of a class's lowest published figure, the share a plan leaves unplanned for cards of the
+#: class that report less (est): 0.5% of the nominal size (0.12 GiB of 24 GiB). The published
+#: figures of one class differ between boards and drivers (24 GB: 23.64 to 23.68 GiB, 0.17% of
+#: the nominal size, in the three messages above); the margin is three times that spread, so a
+#: 24 GB card reporting 23.60 GiB (0.04 GiB below the lowest published) still fits the plan.
+MARGIN_EST_FRACTION = 0.005
+
+
+def margin_bytes(card: CardClass) -> int:
+    """The margin (est) a plan for ``card``'s class leaves below its lowest published figure."""
+    return int(round(card.nominal_gib * GiB * MARGIN_EST_FRACTION))
+
+
+def lowest_covered_bytes(card: CardClass) -> int:
+    """The lowest ``total_memory`` a card of the class may report and still fit a plan made
+    for the class: its lowest published figure less its margin (est)."""
+    return card.reported_bytes - margin_bytes(card)
+
+
 #: Device memory the CUDA context (and the libraries' handles and workspaces outside torch's
 #: allocator) takes before the first weight, est: 0.49 GiB, a 24 GB card's process outside
 #: torch's allocator in a published out-of-memory message (14.56 GiB in use, 13.86 allocated
@@ -104,7 +125,8 @@ def card_memory(device_memory_bytes: int, measured_total: int | None = None,
             f"measured: {measured_free / GiB:.2f} GiB free after the CUDA context, by the probe")
     if named is None:
         return device_memory_bytes, "as given (no card class of that size: taken as the memory free to the worker)"
-    usable = min(named.reported_bytes - CONTEXT_EST_BYTES, device_memory_bytes)  # 80GB: never more than given
+    usable = min(lowest_covered_bytes(named) - CONTEXT_EST_BYTES, device_memory_bytes)  # 80GB: never more than given
     est = "est " if named.estimate else ""
     return usable, (f"card class {named.nominal_gib} GB: reports {est}{named.reported_bytes / GiB:.2f} GiB to "
-                    f"torch ({named.source}), less a {CONTEXT_EST_BYTES / GiB:.2f} GiB CUDA context (est)")
+                    f"torch ({named.source}), less a {margin_bytes(named) / GiB:.2f} GiB margin for cards of the "
+                    f"class reporting less (est) and a {CONTEXT_EST_BYTES / GiB:.2f} GiB CUDA context (est)")

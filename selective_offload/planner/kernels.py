@@ -48,7 +48,13 @@ from typing import Any, Mapping
 from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS
 
 #: The cards the table covers, as ``torch.cuda.get_device_capability`` spells them ("major.minor").
-CARDS = ("8.6", "8.9", "9.0", "10.0", "12.0")
+CARDS = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "12.0")
+#: The cards before Ada (Turing 7.5; Ampere 8.0, 8.6 and 8.7): no FP8 arithmetic and none of
+#: the SM 9.0-and-up kernels, so vLLM 0.33's oracles pick the same kernel on each of them for
+#: every row (MXFP4 on Marlin, ``quantization/utils/marlin_utils_fp4.py:34-35``, at the same
+#: padded sizes). The rows below are written once for them (the first cell); every one of
+#: these columns is still run and checked card by card (tests/contract/check_kernel_table.py).
+PRE_ADA = ("7.5", "8.0", "8.6", "8.7")
 #: The settings a row can be made under: vLLM's default, and the switches the advice names.
 #: (the plan's own vocabulary, :data:`selective_offload.plan_format.inputs.MOE_SETTINGS`).
 SETTINGS = AUTO, DEEP_GEMM_OFF, TRITON, MARLIN = MOE_SETTINGS
@@ -95,8 +101,9 @@ METHODS = {
 }
 
 _T, _M = "TritonExperts", "MarlinExperts"
-#: (method, setting) -> the kernel per card, in :data:`CARDS` order.
-KERNELS: dict[tuple[str, str], tuple[str, ...]] = {
+#: (method, setting) -> the kernel on the pre-Ada cards (:data:`PRE_ADA`), then on 8.9, 9.0,
+#: 10.0 and 12.0; :data:`KERNELS` has one cell per card of :data:`CARDS`.
+_ROWS: dict[tuple[str, str], tuple[str, ...]] = {
     ("unquantized", AUTO): (_T, _T, _T, "TrtLlmBf16ExpertsMonolithic", "FlashInferExperts"),
     ("unquantized", DEEP_GEMM_OFF): (_T, _T, _T, "TrtLlmBf16ExpertsMonolithic", "FlashInferExperts"),
     ("unquantized", TRITON): (_T, _T, _T, _T, _T),
@@ -129,6 +136,9 @@ KERNELS: dict[tuple[str, str], tuple[str, ...]] = {
     ("int8", TRITON): (_T, _T, _T, _T, _T),
     ("int8", MARLIN): (REFUSED,) * 5,
 }
+#: (method, setting) -> the kernel per card, in :data:`CARDS` order.
+KERNELS: dict[tuple[str, str], tuple[str, ...]] = {
+    key: (row[0],) * len(PRE_ADA) + row[1:] for key, row in _ROWS.items()}
 
 #: (method, kernel) -> the multiples vLLM 0.33 rounds the routed experts' hidden size and
 #: intermediate size (per partition; TP=1 here) up to before it allocates them: the quant
@@ -158,13 +168,14 @@ ROUND_UP: dict[tuple[str, str], tuple[int, int]] = {
 #: Compute capabilities vLLM 0.33's kernel selection can see that the table has no column of
 #: its own for (10.3 and 12.1 take their family's, :func:`_table_card`); the contract check
 #: runs vLLM's own selection and round-up on them too.
-OFF_TABLE_CARDS = ("7.5", "8.0", "8.7", "10.3", "12.1")
+OFF_TABLE_CARDS = ("10.3", "12.1")
 
 #: Methods whose routed experts vLLM 0.33 rounds up by the kernel it picks on any CUDA card,
 #: so that on a card the table has no column for the bytes it allocates are not known:
 #: MXFP4, whose every backend rounds (``oracle/mxfp4.py:851-916``; on SM 7.5 to 8.x vLLM
 #: picks Marlin, ``quantization/utils/marlin_utils_fp4.py:34-35``, as OAI triton_kernels needs
-#: SM 9.0, ``fused_moe/experts/gpt_oss_triton_kernels_moe.py:41-53``: 2880 -> 3072 / 2944).
+#: SM 9.0, ``fused_moe/experts/gpt_oss_triton_kernels_moe.py:41-53``: 2880 -> 3072 / 2944;
+#: those cards are columns of the table, :data:`PRE_ADA`).
 #: The others allocate the checkpoint's sizes on such a card: unquantized experts pad only
 #: for FlashInfer TRT-LLM (``oracle/unquantized.py:385-392``), which runs on the SM 10.x family
 #: alone (``fused_moe/experts/trtllm_bf16_moe.py:95-102``: the table's 10.0 column) and for
@@ -233,7 +244,7 @@ def reads_uva(kernel: str | None) -> bool:
 
 
 def _table_card(card: str) -> str | None:
-    """The table's column for ``card``: itself, or its family's (8.7 -> none; 12.1 -> 12.0; 10.3 -> 10.0)."""
+    """The table's column for ``card``: itself, or its family's (12.1 -> 12.0; 10.3 -> 10.0; 8.8 -> none)."""
     if card in CARDS:
         return card
     major = card.split(".")[0]

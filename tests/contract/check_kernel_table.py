@@ -35,7 +35,8 @@ Then ``ok off-table METHOD | SM CARD | SHAPE`` / ``FAIL off-table ...`` (``refus
 where vLLM builds no kernel for the layer) for each method on each card of the table's
 ``OFF_TABLE_CARDS`` (compute capabilities vLLM can see that have no column of their own):
 either the planner refuses the card (``kernels.sizes_known``), or vLLM's own selection and
-round-up on that card give the sizes and bytes the planner prices, as for the rows above.
+round-up on that card give the sizes and bytes the planner prices, as for the rows above
+(the pre-Ada cards 7.5 to 8.7 are columns of the table, run as its rows).
 
 Then ``ok host-post-processing ...`` / ``FAIL ...`` for each pair in the table's
 ``HOST_POST_PROCESSING``: 0.33's own ``create_weights`` and ``process_weights_after_loading``

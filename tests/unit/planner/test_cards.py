@@ -22,10 +22,12 @@ from selective_offload.sizes import GB, GiB
 
 
 def test_a_nominal_size_is_planned_as_what_its_class_reports_less_the_context():
-    # the 24 GB class: 23.64 GiB reported to torch (published), less a 0.49 GiB context (est)
+    # the 24 GB class: 23.64 GiB reported to torch (published), less its 0.5% margin for cards
+    # reporting less (est: 0.12 GiB) and a 0.49 GiB context (est)
     usable, source = card_memory(24 * GiB)
-    assert usable == round(23.64 * GiB) - round(0.49 * GiB)
+    assert usable == round(23.64 * GiB) - round(0.005 * 24 * GiB) - round(0.49 * GiB)
     assert "card class 24 GB" in source and "23.64 GiB" in source and "context (est)" in source
+    assert "0.12 GiB margin" in source
     assert card_memory(24 * GB)[0] == 24 * GB  # 24 GB (decimal) is the class too, never more than given
     # a size that names no class is the memory free to the worker, as given
     assert card_memory(23 * GiB + 5) == (23 * GiB + 5, card_memory(23 * GiB + 5)[1])
@@ -59,7 +61,7 @@ def toy_path():
 
 def test_the_budget_is_the_usable_memory_and_a_plan_file_keeps_it():
     plan = make_plan(toy(), PlanInputs(device_memory_bytes=24 * GiB))
-    usable = round(23.64 * GiB) - CONTEXT_EST_BYTES
+    usable = round(23.64 * GiB) - round(0.005 * 24 * GiB) - CONTEXT_EST_BYTES
     assert plan.inputs.card_bytes == usable
     assert plan.weight_budget_bytes == usable - plan.inputs.kv_cache_bytes - plan.inputs.reserve_bytes
     back = Plan.from_dict(json.loads(plan.to_json()))
@@ -126,3 +128,33 @@ def test_a_step_above_the_crossover_holds_a_layers_copy_and_the_dequantized_expe
     lean = plan_of(ckpt, ckpt.total_bytes / MB - 300 - COPY_MB)
     assert lean.est_transient_device_bytes == EXPERTS_BYTES and lean.shortfall_bytes == 0
     assert len(computed(lean)) > len(computed(plan))  # the copy's room came from one more layer on the host
+
+
+@pytest.mark.parametrize("gib", [8, 24])
+def test_a_plan_for_a_class_passes_the_pre_flight_of_its_lowest_reporting_card(gib):
+    """A card of the class reporting its lowest published figure less the class's margin (24
+    GB: 23.64 - 0.12 GiB, so a card at 23.60 GiB is covered) keeps that less the context free;
+    the worker's pre-flight (vLLM having built the plan's resident weights) lets the plan through
+    there."""
+    from selective_offload.planner.cards import card_class, lowest_covered_bytes, margin_bytes
+    from selective_offload.vllm_glue import preflight
+
+    cpu = __import__("torch").device("cpu")
+    card = card_class(gib * GiB)
+    plan = make_plan(load_bundled(), PlanInputs(device_memory_bytes=gib * GiB))
+    assert plan.strategy != "infeasible"
+    need = preflight.need_of(plan, built=plan.device_bytes)
+    lowest_free = lowest_covered_bytes(card) - CONTEXT_EST_BYTES
+    assert lowest_free < card.reported_bytes - CONTEXT_EST_BYTES - margin_bytes(card) // 2  # below the table's figure
+    if gib == 24:
+        assert lowest_free <= round(23.60 * GiB) - CONTEXT_EST_BYTES
+    fitted, line = preflight.check(plan, need, lowest_free, None, False, cpu)
+    assert fitted is plan and "short" not in line
+    # the plan says the margin it left
+    assert f"{margin_bytes(card) / GiB:.2f} GiB margin" in plan.inputs.usable_from
+
+
+def load_bundled():
+    from selective_offload.checkpoint import load_checkpoint
+
+    return load_checkpoint(toy_path())
