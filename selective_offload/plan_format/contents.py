@@ -122,6 +122,10 @@ class PlanContents:
     #: Host-compute: the CPU kernel's format the host-compute experts are computed in (a key
     #: of ``cpu_kernels.claimed.CLAIMED``); ``None`` exactly when no group is host-compute.
     host_compute_format: str | None = None
+    #: Device bytes of vLLM's fused-MoE workspace (est: one per process, sized for the step
+    #: of ``max_num_batched_tokens`` tokens the plan assumes; ``planner.allocation``); 0 for a
+    #: model without routed experts, a kernel that takes none, and plans before this field.
+    est_vllm_workspace_bytes: int = 0
     #: Notes from reading the plan (ignored unknown fields); not written back.
     load_notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -234,7 +238,8 @@ class PlanContents:
 
     def ledger(self) -> tuple[LedgerLine, ...]:
         """Every allocation the plan makes, by name: the weights where they are placed, vLLM's
-        prefetch buffers, the worker's device shares, transients, staging slot and workspace.
+        prefetch buffers and fused-MoE workspace, the worker's device shares, transients,
+        staging slot and workspace.
         The device lines are what :attr:`shortfall_bytes` holds to the weight budget (the
         transient is the larger of a cold tower's and a step above the crossover's copy:
         they never run at once), the host lines
@@ -246,6 +251,7 @@ class PlanContents:
             LedgerLine("device shares", DEVICE, self.device_share_bytes),
             LedgerLine("prefetch buffers", DEVICE, self.prefetch_buffer_bytes),
             LedgerLine("est transient", DEVICE, self.est_transient_device_bytes),
+            LedgerLine("est vLLM fused-MoE workspace", DEVICE, self.est_vllm_workspace_bytes),
             LedgerLine("host weights", PAGE_LOCKED, self.host_weight_bytes),
             LedgerLine("host-compute staging", PAGE_LOCKED, self.host_compute_staging_bytes),
             LedgerLine("host-compute workspace", PAGEABLE, self.host_compute_workspace_bytes),

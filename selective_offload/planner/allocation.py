@@ -31,7 +31,7 @@ from typing import Any, Mapping
 from ..errors import UserError
 from ..names import experts_prefix
 from ..tensors import TensorInfo
-from .kernels import CARDS, allocated_sizes, method_of_config, pick, sizes_known
+from .kernels import CARDS, allocated_sizes, method_of_config, pick, round_up, sizes_known
 
 #: Name tokens of a gate/up projection and of a down projection (gpt-oss ``gate_up_proj``,
 #: per-expert ``gate_proj`` / ``up_proj`` / ``down_proj``, Mixtral ``w1`` / ``w3`` / ``w2``,
@@ -152,3 +152,74 @@ def allocated_tensors(tensors: Mapping[str, TensorInfo], padding: Padding | None
 def experts_bytes(tensors: Mapping[str, TensorInfo]) -> int:
     """Bytes of every routed-experts tensor of ``tensors``."""
     return sum(t.nbytes for name, t in tensors.items() if experts_prefix(name) is not None)
+
+
+# ---- vLLM's fused-MoE workspace: one per process, for the largest step
+
+#: Kernels whose scratch vLLM 0.33 takes from its workspace manager: the modular kernel's
+#: ``_allocate_buffers`` (``fused_moe/modular_kernel.py:1124-1221``) asks
+#: ``current_workspace_manager().get_simultaneous`` for the kernel's ``workspace_shapes``,
+#: and the manager keeps one buffer per process (per micro-batch and lane; one of each by
+#: default) at the largest size any layer asked for, locked after warm-up
+#: (``v1/worker/workspace.py:181-280``, ``gpu_model_runner.py:6510``): not per layer.
+WORKSPACE_KERNELS = frozenset({"MarlinExperts", "TritonExperts"})
+#: The tokens of the largest step vLLM runs, for which the workspace is sized (est): vLLM
+#: 0.33's ``max_num_batched_tokens`` for ``vllm serve`` on a card under 70 GiB
+#: (``engine/arg_utils.py:2996-3002``); its profile run is a step of that many tokens.
+ASSUMED_BATCHED_TOKENS = 2048
+#: The workspace manager's alignment of each buffer it hands out (``workspace.py:193``).
+WORKSPACE_ALIGN = 256
+
+
+def fused_moe_workspace_bytes(tokens: int, top_k: int, hidden: int, intermediate: int, act_bytes: int = 2) -> int:
+    """The bytes vLLM 0.33's workspace manager holds for a gated fused-MoE layer computed by
+    ``MarlinExperts`` or ``TritonExperts`` at ``tokens`` tokens: workspace13 ``M*topk x
+    max(I, H)`` sharing its storage with the output ``M x H``, and workspace2 ``M*topk x
+    max(2I, H)``, in the activations' dtype, each rounded up to 256 bytes
+    (``experts/marlin_moe.py:691-721``, ``experts/triton_moe.py:240-255`` with the gated
+    activation's ``N // 2``; ``modular_kernel.py:1188``; ``workspace.py:193``)."""
+    m = tokens * top_k
+    first = max(m * max(intermediate, hidden), tokens * hidden) * act_bytes
+    second = m * max(2 * intermediate, hidden) * act_bytes
+    return round_up(first, WORKSPACE_ALIGN) + round_up(second, WORKSPACE_ALIGN)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """vLLM's fused-MoE workspace a plan prices: its bytes, and for what."""
+
+    nbytes: int
+    kernel: str
+    tokens: int
+    hidden: int
+    intermediate: int
+    top_k: int
+
+    def note(self) -> str:
+        return (f"device: vLLM's fused-MoE workspace, one per process for {self.kernel}, priced at "
+                f"{self.nbytes / 1e6:.1f} MB (est: a step of {self.tokens} tokens, vLLM's max_num_batched_tokens "
+                f"for `vllm serve` on such a card, top-{self.top_k} of experts at hidden {self.hidden}, intermediate "
+                f"{self.intermediate})")
+
+
+def top_k_of(config: Mapping[str, Any]) -> int | None:
+    """Experts per token from a ``config.json`` (the text model's first)."""
+    for source in (config.get("text_config"), config):
+        if isinstance(source, Mapping):
+            for key in ("num_experts_per_tok", "experts_per_token", "moe_topk", "num_experts_per_token"):
+                value = source.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+    return None
+
+
+def workspace_for(config: Mapping[str, Any], card: str, setting: str,
+                  tokens: int = ASSUMED_BATCHED_TOKENS) -> Workspace | None:
+    """The fused-MoE workspace vLLM 0.33 keeps for a model with ``config`` on ``card`` under
+    ``setting`` (at its allocated sizes, :func:`padding_for`); ``None`` when the model has no
+    routed experts, or their kernel is not one of :data:`WORKSPACE_KERNELS`."""
+    padding, k = padding_for(config, card, setting), top_k_of(config)
+    if padding is None or k is None or padding.kernel not in WORKSPACE_KERNELS:
+        return None
+    return Workspace(fused_moe_workspace_bytes(tokens, k, padding.hidden_to, padding.intermediate_to),
+                     padding.kernel, tokens, padding.hidden_to, padding.intermediate_to, k)

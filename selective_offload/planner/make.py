@@ -25,7 +25,7 @@ from ..plan_format import contents as plan_contents
 from ..plan_format.inputs import InputError
 from ..plan_format.vocabulary import HOST_COMPUTE_NOTE, SERVED_UVA
 from ..sizes import GB
-from .allocation import allocated_tensors, experts_bytes, padding_for
+from .allocation import allocated_tensors, experts_bytes, padding_for, workspace_for
 from .baselines import baseline_notes, price_cpu_offload
 from .cards import card_memory
 from .grouping import group_tensors, model_fingerprint
@@ -127,7 +127,10 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                     and (mlp_fmt == fmt or not computes))
     # Priced with every dense MLP a group of its own; the plan keeps only the computed ones split.
     priced = group_tensors(checkpoint, inputs, split_mlp=True) if mlp_computes else groups
-    placing = Placing(priced, inputs.weight_budget_bytes,
+    # vLLM's fused-MoE workspace (one per process) holds device memory whatever the placement
+    workspace = workspace_for(checkpoint.config, inputs.card, inputs.moe_setting) if has_experts else None
+    workspace_bytes = workspace.nbytes if workspace else 0
+    placing = Placing(priced, inputs.weight_budget_bytes - workspace_bytes,
                       compute_formats={GroupKind.EXPERTS: fmt, GroupKind.MLP: mlp_fmt, GroupKind.MODULE: "bf16"},
                       kernel_dims={k: kernel_dims_of(checkpoint, inputs, k) for k in (GroupKind.EXPERTS, GroupKind.MLP)})
     deficit = placing.over_budget()
@@ -150,7 +153,7 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                                                             (shares or {}).get(g.name)))
                     for g in p.groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=p.all_transient(),
-            stored_prefetch_buffer_bytes=p.buffers if hot else None,
+            stored_prefetch_buffer_bytes=p.buffers if hot else None, est_vllm_workspace_bytes=workspace_bytes,
             host_compute_format=plan_fmt, **{"vllm_cpu_offload_gb": None, **extra})
         # The placement was made against the weights and transients; the plan's ledger adds
         # the worker's host buffers (a few MB), which only the plan itself can price.
@@ -192,7 +195,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     plan = placed(placing, hot, shares, vllm_cpu_offload_gb=cpu_offload, vllm_cpu_offload_params=segments,
                   notes=tuple(notes + plan_notes(placing.groups, checkpoint, placing, inputs)
                               + (kernel_notes(kernel, inputs.compute_capability is None) if has_experts else [])
-                              + _padding_notes(checkpoint, inputs, has_experts)))
+                              + _padding_notes(checkpoint, inputs, has_experts)
+                              + ([workspace.note()] if workspace else [])))
     if has_experts and why_not is not None:
         plan = replace(plan, notes=plan.notes + (f"{HOST_COMPUTE_NOTE}{why_not}",))
     elif plan.host_compute is not None and inputs.cpu_read_gbps:  # claimed on this host, not by the benchmark

@@ -68,7 +68,8 @@ class Need:
 
     #: Parameters and buffers vLLM built on the device (each storage once).
     built: int
-    #: The plan's device shares, prefetch buffers and transient, KV cache and reserve.
+    #: The plan's other device lines (shares, prefetch buffers, transient, vLLM's fused-MoE
+    #: workspace), KV cache and reserve.
     to_come: int
     #: The plan's host bytes.
     host: int
@@ -96,8 +97,8 @@ def built_on_device(model: nn.Module, device: torch.device, on_host: set[int]) -
 
 def need_of(plan: Plan, built: int) -> Need:
     inp = plan.inputs
-    to_come = (plan.device_share_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
-               + inp.kv_cache_bytes + inp.reserve_bytes)
+    # every device line of the plan's ledger but the resident weights, which vLLM built
+    to_come = plan.device_ledger_bytes - plan.device_bytes + inp.kv_cache_bytes + inp.reserve_bytes
     return Need(built, to_come, plan.host_bytes)
 
 

@@ -67,7 +67,9 @@ def test_inputs_refuse_a_card_spelled_otherwise():
 
 def test_a_card_between_the_table_s_columns_uses_its_family_or_none():
     assert kernels.kernel_for("mxfp4", "12.1") == kernels.kernel_for("mxfp4", "12.0")
-    assert kernels.kernel_for("mxfp4", "7.5") is None and not kernels.pick("mxfp4", "7.5").reads_uva
+    assert kernels.kernel_for("mxfp4", "7.0") is None and not kernels.pick("mxfp4", "7.0").reads_uva
+    # the pre-Ada cards are columns of their own: an A100 builds Marlin for MXFP4, as an SM 8.6 card
+    assert kernels.kernel_for("mxfp4", "8.0") == kernels.kernel_for("mxfp4", "8.6") == "MarlinExperts"
 
 
 def test_the_cli_takes_the_server_s_moe_setting_and_the_plan_file_keeps_it(capsys, tmp_path, monkeypatch):

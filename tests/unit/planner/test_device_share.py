@@ -112,7 +112,7 @@ def test_every_dense_mlp_keeps_its_first_channels_on_the_device_in_whole_blocks(
     assert len(shared_mlps) == 8 and not plan.hot_layer_indices and plan.shortfall_bytes == 0
     n = shared_mlps[0].device_channels
     assert all((g.device_channels, g.intermediate) == (n, INTERMEDIATE) for g in shared_mlps) and n % 128 == 0
-    room = plan.weight_budget_bytes - plan.device_bytes - plan.est_transient_device_bytes
+    room = plan.weight_budget_bytes - plan.device_bytes - plan.est_transient_device_bytes - plan.est_vllm_workspace_bytes
     assert plan.device_share_bytes == 8 * (MLP * n // INTERMEDIATE) <= room
     assert 8 * (MLP * (n + 128) // INTERMEDIATE) > room or n + 128 >= INTERMEDIATE  # the most whole blocks that fit
     per_layer = MLP * (1 - n / INTERMEDIATE) / (REFERENCE_CPU_GBPS * 1e9) + ASSUMED_HANDOFF_S
@@ -163,7 +163,7 @@ def test_an_mxfp4_share_is_held_as_stored_sized_so_and_kept_for_the_faster_step(
     assert m and [g.device_experts for g in experts] == [m + 1] * more + [m] * (len(experts) - more)
     stored = sum(g.bytes // g.num_experts for g in experts)  # one expert of every layer, as stored
     assert plan.device_share_bytes == sum(g.bytes * g.device_experts // g.num_experts for g in experts)
-    room = plan.weight_budget_bytes - plan.est_transient_device_bytes - plan.device_bytes
+    room = plan.weight_budget_bytes - plan.est_transient_device_bytes - plan.device_bytes - plan.est_vllm_workspace_bytes
     assert m * stored <= room < (m + 1) * stored
     # what is left is less than one more expert of the next layer
     assert room - plan.device_share_bytes < experts[more].bytes // experts[more].num_experts
@@ -199,7 +199,7 @@ def test_a_share_held_wide_is_sized_so_and_declined_when_its_path_moves_more(tmp
     m = int(note.split("its first ", 1)[1].split(" of ", 1)[0])
     experts = [g for g in plan.groups if g.kind == "experts"]
     # every layer's experts on the host: the device keeps the rest of the plan's resident bytes
-    room = (plan.weight_budget_bytes - plan.est_transient_device_bytes
+    room = (plan.weight_budget_bytes - plan.est_transient_device_bytes - plan.est_vllm_workspace_bytes
             - (plan.device_bytes - sum(g.bytes for g in experts if g.serving == "resident")))
     held = sum(share_held_bytes(g.dtype_bytes) // g.num_experts for g in experts)  # one expert of every layer, bf16
     assert m * held <= room < (m + 1) * held
