@@ -202,6 +202,7 @@ def reference_plans(workdir: Path) -> list[dict]:
                     "target_tok_s": target, "est_cpu_gbps_for_target": round(need, 1) if need else None,
                     "cpu_format": record.format if record else None,
                     "experts_allocated": _allocated(checkpoint, plan.inputs),
+                    "device_ledger": _device_ledger(plan),
                     # why nothing is computed on the host, when nothing is: the plan's own note
                     "no_host_compute": None if record else _why_no_host_compute(plan),
                     "llama_cpp": [{"tok_s": a.tok_s, "card_gb": a.card_gb, "setup": a.setup, "source": a.source,
@@ -218,6 +219,16 @@ def _allocated(checkpoint, inputs) -> dict:
     return {"card": inputs.card, "kernel": padding.kernel, "hidden": [padding.hidden, padding.hidden_to],
             "intermediate": [padding.intermediate, padding.intermediate_to],
             "extra_pct": round((allocated / stored - 1) * 100, 2)}
+
+
+def _device_ledger(plan) -> dict:
+    """The host-compute plan's device lines (the plan's ledger), the card's usable memory it
+    was made for (the card class's row: its margin and context, ``planner.cards``), and what
+    the lines, KV cache and reserve leave of it."""
+    lines = {line.name: line.bytes for line in plan.ledger() if line.where == "device"}
+    return {"lines": lines, "usable_bytes": plan.inputs.card_bytes, "usable_from": plan.inputs.usable_from,
+            "kv_cache_bytes": plan.inputs.kv_cache_bytes, "reserve_bytes": plan.inputs.reserve_bytes,
+            "left_bytes": plan.weight_budget_bytes - plan.device_ledger_bytes}
 
 
 def _anchor_cell(p: dict) -> str:
@@ -257,7 +268,23 @@ def markdown(plans: list[dict]) -> str:
         lines.append(f"- {p['model']}, SM {a['card']}, {a['kernel']}: hidden {h0} -> {h1}, intermediate {i0} -> "
                      f"{i1}" + (f", {a['extra_pct']:.2f}% more bytes of routed experts than stored"
                                 if a["extra_pct"] else ", as stored"))
+    lines += ["", "The host-compute plans' device ledger (GB), against the card's usable memory less the KV cache "
+              "and the reserve (the last row of each model in the first table):", "",
+              "| model, card | " + " | ".join(LEDGER_COLUMNS) + " | usable | left |",
+              "|---|" + "---|" * (len(LEDGER_COLUMNS) + 2)]
+    for p in plans:
+        d = p["device_ledger"]
+        cells = [f"{d['lines'].get(name, 0) / GB:.2f}" for name in LEDGER_COLUMNS]
+        lines.append(f"| {p['model']}, {p['device_memory_gib']} GiB | " + " | ".join(cells)
+                     + f" | {d['usable_bytes'] / GB:.2f} | {d['left_bytes'] / 1e6:.0f} MB |")
+    usable = {p["device_ledger"]["usable_from"] for p in plans}
+    lines += [""] + [f"- usable: {u}" for u in sorted(usable)]
     return "\n".join(lines) + "\n"
+
+
+#: The device lines of a plan's ledger the table shows, in the ledger's order.
+LEDGER_COLUMNS = ("resident weights", "device shares", "prefetch buffers", "est transient",
+                  "est vLLM fused-MoE workspace")
 
 
 def main(argv: list[str] | None = None) -> int:

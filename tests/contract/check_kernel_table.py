@@ -38,6 +38,14 @@ either the planner refuses the card (``kernels.sizes_known``), or vLLM's own sel
 round-up on that card give the sizes and bytes the planner prices, as for the rows above
 (the pre-Ada cards 7.5 to 8.7 are columns of the table, run as its rows).
 
+Then ``ok workspace KERNEL | SHAPE`` / ``FAIL workspace ...`` for each kernel of
+``allocation.WORKSPACE_KERNELS`` on both shapes (gpt-oss's at Marlin's padded sizes): 0.33's own
+``FusedMoEKernelModularImpl._allocate_buffers`` for that kernel, run twice (two layers) at a
+step of 64 tokens against 0.33's own ``WorkspaceManager`` on the host, must hold one buffer
+of the bytes ``allocation.fused_moe_workspace_bytes`` prices (one per process, not per layer).
+Stand-in: ``torch.accelerator.empty_cache`` (the manager calls it before growing) is a no-op,
+as there is no accelerator here.
+
 Then ``ok host-post-processing ...`` / ``FAIL ...`` for each pair in the table's
 ``HOST_POST_PROCESSING``: 0.33's own ``create_weights`` and ``process_weights_after_loading``
 run on host tensors (card 8.9, where vLLM builds that kernel), and every parameter must stay
@@ -343,6 +351,32 @@ def host_post_processing(method: str, kernel: str) -> str:
     return ""
 
 
+def workspace(kernel: str, hidden: int, intermediate: int, top_k: int, activation: str, tokens: int = 64) -> str:
+    """What 0.33's modular kernel asks its workspace manager for, for two layers of ``kernel``
+    at ``tokens`` tokens, against what the planner prices; '' when they agree."""
+    from vllm.model_executor.layers.fused_moe import modular_kernel as mk
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
+    from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
+    from vllm.v1.worker import workspace as ws
+
+    torch.accelerator.empty_cache = lambda: None  # no accelerator here (see the module docstring)
+    cls = {"MarlinExperts": MarlinExperts, "TritonExperts": TritonExperts}[kernel]
+    # N as each kernel's moe_problem_size reads it: Marlin's intermediate, Triton's w1 rows (2I)
+    n = intermediate if kernel == "MarlinExperts" else 2 * intermediate
+    ws.init_workspace_manager(torch.device("cpu"))
+    layer = SimpleNamespace(fused_experts=object.__new__(cls), prepare_finalize=SimpleNamespace(
+        allocate_fused_expert_output=lambda *a, **k: None))
+    for _ in range(2):  # two layers of the model: one process, one buffer
+        mk.FusedMoEKernelModularImpl._allocate_buffers(layer, torch.bfloat16, torch.device("cpu"), tokens, tokens, n,
+                                                       hidden, top_k, 32, 32, None, MoEActivation(activation))
+    held = [w for w in ws.current_workspace_manager()._current_workspaces if w is not None]
+    mine = allocation.fused_moe_workspace_bytes(tokens, top_k, hidden, intermediate)
+    if len(held) != 1 or held[0].numel() != mine:
+        return f"vLLM holds {[w.numel() for w in held]} bytes, the planner prices {mine}"
+    return ""
+
+
 def main() -> int:
     to_standin()
     failed = 0
@@ -417,6 +451,18 @@ def main() -> int:
                     print(f"FAIL off-table {label}: {said.removeprefix('FAIL: ')}", flush=True)
                 else:
                     print(f"ok off-table {label}: {said}", flush=True)
+    for kernel in sorted(allocation.WORKSPACE_KERNELS):
+        for shape, hidden, intermediate, top_k, activation in (("gpt-oss", 3072, 2944, 4, "swigluoai"),
+                                                               ("Qwen3-30B-A3B", 2048, 768, 8, "silu")):
+            try:
+                why = workspace(kernel, hidden, intermediate, top_k, activation)
+            except Exception as exc:  # noqa: BLE001 - what could not run says so
+                why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            if why:
+                failed += 1
+                print(f"FAIL workspace {kernel} | {shape}: {why}", flush=True)
+            else:
+                print(f"ok workspace {kernel} | {shape}", flush=True)
     for method, kernel in sorted(kernels.HOST_POST_PROCESSING):
         try:
             why = host_post_processing(method, kernel)

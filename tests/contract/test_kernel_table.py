@@ -15,7 +15,9 @@ checkpoint's (or ``refused sizes`` where vLLM refuses the shape: gpt-oss's 2880 
 off-table`` (the planner refuses the card, or vLLM's own selection and round-up there give
 what the planner prices) or ``refused off-table`` (vLLM builds no kernel for the layer). The
 pre-Ada columns (7.5, 8.0, 8.6, 8.7: an A100 among them) are rows like the others: MXFP4 is
-priced there at Marlin's padded sizes, which vLLM's own round-up gives on each.
+priced there at Marlin's padded sizes, which vLLM's own round-up gives on each. vLLM's
+fused-MoE workspace (``ok workspace ...``) is one buffer per process of the bytes the planner
+prices, by 0.33's own modular kernel and workspace manager.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
     assert not failed, "\n".join(failed) + detail
     ok = {line[3:] for line in lines if line.startswith("ok ") and not line.startswith(("ok advice ", "ok sizes ",
                                                                                        "ok host-post-processing ",
-                                                                                       "ok off-table "))}
+                                                                                       "ok off-table ", "ok workspace "))}
     notrun = {line[7:].split(":")[0] for line in lines if line.startswith("notrun ")}
     rows = {f"{m} | {s} | SM {c}" for (m, s) in kernels.KERNELS for c in kernels.CARDS}
     listed = {f"{m} | {s} | SM {c}" for (m, s, c) in kernels.NOT_RUN}
@@ -97,6 +99,11 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
     for card in ("7.5", "8.0", "8.7"):
         assert (f"ok sizes mxfp4 | auto | SM {card} | gpt-oss: {per_expert} bytes per expert at (3072, 2944), "
                 "the checkpoint's layout too") in lines, detail
+    # vLLM's fused-MoE workspace: its own allocation, one buffer per process, of the bytes the planner prices
+    from selective_offload.planner.allocation import WORKSPACE_KERNELS
+
+    spaced = {line[len("ok workspace "):] for line in lines if line.startswith("ok workspace ")}
+    assert spaced == {f"{k} | {shape}" for k in WORKSPACE_KERNELS for shape in ("gpt-oss", "Qwen3-30B-A3B")}, detail
     on_host = {line[len("ok host-post-processing "):] for line in lines if line.startswith("ok host-post-processing ")}
     assert on_host == {f"{m} | {k}" for m, k in kernels.HOST_POST_PROCESSING}, detail
     assert proc.returncode == 0, f"the script exited {proc.returncode}" + detail
