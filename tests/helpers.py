@@ -236,12 +236,17 @@ def compute_experts_plan(model_dir, device_fraction: float = 0.7, *, required: b
     """The planner's plan for a MoE checkpoint on a device whose budget the cold set cannot
     close, with the host CPU computing routed experts (``host-compute``; with ``required``
     False, whatever the planner chose at these rates). The device holds ``device_fraction``
-    of the checkpoint plus what a step above the crossover holds (:func:`copy_room`)."""
+    of the checkpoint plus what a step above the crossover holds (:func:`copy_room`) and
+    vLLM's fused-MoE workspace."""
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.planner import PlanInputs, make_plan
 
+    from selective_offload.planner.allocation import workspace_for
+
     ckpt = load_checkpoint(model_dir)
-    room = copy_room(ckpt)
+    # the copy above the crossover, and vLLM's fused-MoE workspace (one per process)
+    workspace = workspace_for(ckpt.config, PlanInputs(device_memory_bytes=1, **inputs).card, "auto")
+    room = copy_room(ckpt) + (workspace.nbytes if workspace else 0)
     plan = None
     # A tiny model's copy above the crossover is a large part of it (a quantized one is
     # dequantized to bf16): where the room for it lets the cold set close the budget, a

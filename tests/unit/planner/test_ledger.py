@@ -7,11 +7,13 @@ recomputed by hand from the inputs the test chooses (test_host_compute.py's chec
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from test_host_compute import EXPERTS_BYTES, E, K, computed, moe, plan_of, refused_edit
 
 from builders import MB
 from selective_offload.plan_format import Plan
+from selective_offload.planner import make_plan
 from selective_offload.worker_buffers import align, moe_workspace_bytes
 
 H, I = 1000, 1500
@@ -90,3 +92,31 @@ def test_a_plan_without_sizes_prices_no_buffers():
     old = Plan.from_dict(data)
     assert old.host_compute_staging_bytes == old.host_compute_workspace_bytes == 0
     assert old.host_bytes == old.host_weight_bytes
+
+
+def test_vllms_fused_moe_workspace_is_a_device_line_the_placement_leaves_room_for():
+    """vLLM's workspace manager holds one fused-MoE workspace per process (TritonExperts for
+    these bf16 experts on SM 8.9), sized for a step of 2048 tokens (est): workspace13
+    (T*k x max(I, H)) sharing its storage with the output (T x H) and workspace2
+    (T*k x max(2I, H)), bf16, each rounded up to 256 bytes. By hand here; held to vLLM's own
+    allocation in tests/contract/check_kernel_table.py."""
+    plan = host_plan()
+    T = 2048
+    workspace = -(-T * K * max(I, H) * 2 // 256) * 256 + -(-T * K * max(2 * I, H) * 2 // 256) * 256
+    assert plan.est_vllm_workspace_bytes == workspace
+    lines = {(line.name, line.where): line.bytes for line in plan.ledger()}
+    assert lines[("est vLLM fused-MoE workspace", "device")] == workspace
+    assert any("fused-MoE workspace, one per process for TritonExperts" in n for n in plan.notes)
+    # the placement left room for it: the device lines fit the budget, to within less than it
+    assert plan.shortfall_bytes == 0 and plan.device_ledger_bytes <= plan.weight_budget_bytes
+    assert plan.weight_budget_bytes - plan.device_ledger_bytes < workspace
+    back = Plan.from_dict(json.loads(plan.to_json()))
+    assert back.est_vllm_workspace_bytes == workspace and back.ledger() == plan.ledger()
+    # one byte less than this plan's device lines: the placement moves more to the host
+    # rather than count on the workspace's room
+    left = plan.weight_budget_bytes - plan.device_ledger_bytes
+    tight = make_plan(moe(4, hidden_size=H, moe_intermediate_size=I), replace(
+        plan.inputs, device_memory_bytes=plan.inputs.card_bytes - left - 1, usable_device_bytes=None,
+        usable_from=None))
+    assert tight.est_vllm_workspace_bytes == workspace and tight.shortfall_bytes == 0
+    assert tight.device_bytes + tight.est_transient_device_bytes + workspace <= tight.weight_budget_bytes

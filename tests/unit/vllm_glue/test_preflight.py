@@ -35,7 +35,8 @@ def test_the_need_is_what_vllm_built_and_what_the_plan_adds():
 def test_a_plan_file_that_does_not_fit_the_free_device_memory_is_refused_naming_the_flag(plan):
     need = preflight.need_of(plan, built=1000)
     assert need.to_come == (plan.device_share_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
-                            + plan.inputs.kv_cache_bytes + plan.inputs.reserve_bytes)
+                            + plan.est_vllm_workspace_bytes + plan.inputs.kv_cache_bytes + plan.inputs.reserve_bytes)
+    assert plan.est_vllm_workspace_bytes > 0  # vLLM's fused-MoE workspace: counted before loading too
     same, line = preflight.check(plan, need, need.device, None, False, CPU)
     assert same is plan and line.startswith("pre-flight: device") and "unchecked available memory" in line
     with pytest.raises(PlanError, match=r"pre-flight: .* 1 B short, before any weight is loaded; .*--device-memory") \
