@@ -240,7 +240,6 @@ def compute_experts_plan(model_dir, device_fraction: float = 0.7, *, required: b
     vLLM's fused-MoE workspace."""
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.planner import PlanInputs, make_plan
-
     from selective_offload.planner.allocation import workspace_for
 
     ckpt = load_checkpoint(model_dir)

@@ -24,6 +24,7 @@ rank's partition, which this does not price.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
@@ -31,7 +32,7 @@ from typing import Any, Mapping
 from ..errors import UserError
 from ..names import experts_prefix
 from ..tensors import TensorInfo
-from .kernels import CARDS, allocated_sizes, method_of_config, pick, round_up, sizes_known
+from .kernels import CARDS, PRE_ADA, allocated_sizes, method_of_config, pick, round_up, sizes_known
 
 #: Name tokens of a gate/up projection and of a down projection (gpt-oss ``gate_up_proj``,
 #: per-expert ``gate_proj`` / ``up_proj`` / ``down_proj``, Mixtral ``w1`` / ``w3`` / ``w2``,
@@ -223,3 +224,129 @@ def workspace_for(config: Mapping[str, Any], card: str, setting: str,
         return None
     return Workspace(fused_moe_workspace_bytes(tokens, k, padding.hidden_to, padding.intermediate_to),
                      padding.kernel, tokens, padding.hidden_to, padding.intermediate_to, k)
+
+
+# ---- what vLLM's post-processing leaves, where it grows what create_weights allocated
+
+#: Cards whose FP8 linears vLLM 0.33 serves with Marlin, weight-only: no FP8 arithmetic
+#: before Ada (``MarlinFP8ScaledMMLinearKernel``, ``kernels/linear/scaled_mm/marlin.py``;
+#: ``Fp8LinearMethod`` picks it on a card without ``has_device_capability(89)``).
+FP8_MARLIN_DENSE_CARDS = PRE_ADA
+#: Marlin FP8 scales are held in the model's dtype (``scales.to(layer.orig_dtype)``): bf16.
+MARLIN_SCALE_BYTES = 2
+SCALE_NAMES = ("weight_scale_inv", "weight_scale")
+
+
+def marlin_padded_nk(n: int, k: int, group: int) -> tuple[int, int]:
+    """vLLM 0.33's ``marlin_padded_nk`` (``quantization/utils/marlin_utils.py:222-244``): the
+    cheaper of (n to 64, k to lcm(128, group)) and (n to 128, k to lcm(64, group))."""
+    g = group if group > 0 else 1
+    candidates = ((round_up(n, 64), round_up(k, math.lcm(128, g))), (round_up(n, 128), round_up(k, math.lcm(64, g))))
+    return min(candidates, key=lambda nk: (nk[0] * nk[1], nk[0] + nk[1]))
+
+
+def marlin_fp8_bytes(n: int, k: int, group: int, moe: bool) -> tuple[int, int]:
+    """The bytes of one FP8 weight ``[n, k]`` and of its scales after vLLM 0.33's Marlin
+    post-processing: the weight repacked at its padded size (1 byte each), the scales as
+    groups of ``group`` inputs (a block's width; -1: one per output channel) by every output,
+    in bf16 (``prepare_fp8_layer_for_marlin``, ``marlin_utils_fp8.py:103-214``; a routed
+    expert's ``prepare_fp8_moe_layer_for_marlin``, ``:233-365``, pads only its intermediate
+    size, to ``lcm(64, group)``: ``n`` of a gate/up projection, ``k`` of a down one; the
+    caller passes it padded)."""
+    pn, pk = (n, k) if moe else marlin_padded_nk(n, k, group)
+    groups = pk // group if group > 0 else 1
+    return pn * pk, groups * pn * MARLIN_SCALE_BYTES
+
+
+@dataclass(frozen=True)
+class PostProcessing:
+    """What vLLM 0.33's post-processing changes in the bytes of a checkpoint's tensors on
+    the plan's card: Marlin FP8 (dense linears on a pre-Ada card; routed experts wherever
+    MarlinExperts serves FP8), or OAI triton_kernels' float32 expert biases (MXFP4 on SM 9.0)."""
+
+    method: str | None
+    card: str
+    experts_kernel: str | None
+    dense_marlin: bool
+    block: tuple[int, int] | None
+    intermediate_to: int | None
+
+    @property
+    def experts_marlin_fp8(self) -> bool:
+        return self.method in ("fp8-block", "fp8-tensor") and self.experts_kernel == "MarlinExperts"
+
+    @property
+    def experts_f32_bias(self) -> bool:
+        return self.method == "mxfp4" and self.experts_kernel == "OAITritonMxfp4ExpertsMonolithic"
+
+    @property
+    def changes(self) -> bool:
+        return self.dense_marlin or self.experts_marlin_fp8 or self.experts_f32_bias
+
+    def what(self, experts: bool = True) -> str:
+        """In words (``experts``: whether the model has routed experts)."""
+        parts = []
+        marlin_experts = self.experts_marlin_fp8 and experts
+        if self.dense_marlin or marlin_experts:
+            where = ("linears and routed experts" if self.dense_marlin and marlin_experts
+                     else "linears" if self.dense_marlin else "routed experts")
+            layout = "[K/128, N]" if self.block else "[1, N]"
+            parts.append(f"Marlin FP8 {where} hold their scales in bf16 as {layout} (weights repacked, padded "
+                         "to Marlin's tiles)")
+        if self.experts_f32_bias and experts:
+            parts.append("OAI triton_kernels hold the routed experts' biases in float32")
+        return "; ".join(parts)
+
+
+def post_processing_for(config: Mapping[str, Any], card: str, setting: str) -> PostProcessing:
+    """What vLLM 0.33's post-processing does to a model with ``config`` on ``card`` under ``setting``."""
+    from .kernels import quantization_config
+
+    method = method_of_config(config)
+    kernel = pick(method, card, setting).kernel if sizes_known(method, card, setting) else None
+    qc = quantization_config(config)
+    block = qc.get("weight_block_size")
+    block = tuple(block) if isinstance(block, (list, tuple)) and len(block) == 2 else None
+    padding = padding_for(config, card, setting) if method in ("fp8-block", "fp8-tensor") else None
+    inter = None
+    if padding is not None:
+        group = block[1] if block else -1
+        inter = round_up(padding.intermediate_to, math.lcm(64, group if group > 0 else 1))
+    return PostProcessing(method, card, kernel, method in ("fp8-block", "fp8-tensor") and card in FP8_MARLIN_DENSE_CARDS,
+                          block, inter)
+
+
+def post_processed_tensors(tensors: Mapping[str, TensorInfo], post: PostProcessing) -> dict[str, TensorInfo]:
+    """``tensors`` at the bytes vLLM 0.33 holds after post-processing (names and shapes as
+    the checkpoint has them): each FP8 weight that Marlin serves and its scale (the scale
+    tensor carries the change of both), each routed-experts bias in float32 where OAI
+    triton_kernels serves them."""
+    if not post.changes:
+        return dict(tensors)
+    out = dict(tensors)
+    for name, t in tensors.items():
+        prefix = experts_prefix(name)
+        if post.experts_f32_bias and prefix is not None and "bias" in re.split(r"[._]", name[len(prefix) + 1:]) \
+                and t.dtype.upper() in ("BF16", "F16"):
+            out[name] = replace(t, nbytes=t.nbytes * 2)
+            continue
+        if not name.endswith(".weight") or t.dtype.upper() not in ("F8_E4M3", "FLOAT8_E4M3FN") or len(t.shape) != 2:
+            continue
+        marlin = post.experts_marlin_fp8 if prefix is not None else post.dense_marlin
+        scale = next((name[:-len("weight")] + s for s in SCALE_NAMES if name[:-len("weight")] + s in tensors), None)
+        if not marlin or scale is None:
+            continue
+        n, k = t.shape
+        group = post.block[1] if post.block else -1
+        if prefix is not None and post.intermediate_to:  # an expert pads its intermediate size only
+            up = bool(set(re.split(r"[._]", name[len(prefix) + 1:])) & UP_TOKENS)
+            n, k = (post.intermediate_to, k) if up else (n, post.intermediate_to)
+        weight, scales = marlin_fp8_bytes(n, k, group, prefix is not None)
+        out[scale] = replace(tensors[scale], nbytes=(weight - t.nbytes) + scales)
+    return out
+
+
+def post_processing_growth(tensors: Mapping[str, TensorInfo], post: PostProcessing) -> int:
+    """Bytes vLLM's post-processing adds to ``tensors`` (0 where it changes nothing)."""
+    return sum(t.nbytes for t in post_processed_tensors(tensors, post).values()) - sum(
+        t.nbytes for t in tensors.values())

@@ -30,7 +30,7 @@ from ..names import (
     mlp_prefix,
 )
 from ..plan_format import LAYER_KINDS, GroupKind, PlanInputs, Role, experts_read_bytes
-from .allocation import allocated_tensors, padding_for
+from .allocation import allocated_tensors, padding_for, post_processed_tensors, post_processing_for
 
 _BLOCK_SEGMENTS = ("blocks", "layers", "layer")
 #: Model types whose vision blocks vLLM 0.33 builds under ``@support_torch_compile`` (read
@@ -100,8 +100,11 @@ def _is_mtp_layer(index: int, facts) -> bool:
 
 def allocated(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, TensorInfo]:
     """The checkpoint's tensors at the bytes vLLM 0.33 allocates for them on the plan's card
-    (routed experts at their kernel's padded sizes, :mod:`.allocation`; the rest as stored)."""
-    return allocated_tensors(checkpoint.tensors, padding_for(checkpoint.config, inputs.card, inputs.moe_setting))
+    (routed experts at their kernel's padded sizes, :mod:`.allocation`; the rest as stored),
+    and at what vLLM's post-processing leaves of them there (Marlin FP8's bf16 scales, OAI
+    triton_kernels' float32 expert biases: :func:`.allocation.post_processed_tensors`)."""
+    tensors = allocated_tensors(checkpoint.tensors, padding_for(checkpoint.config, inputs.card, inputs.moe_setting))
+    return post_processed_tensors(tensors, post_processing_for(checkpoint.config, inputs.card, inputs.moe_setting))
 
 
 def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, _Bucket]:

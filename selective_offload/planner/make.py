@@ -25,7 +25,14 @@ from ..plan_format import contents as plan_contents
 from ..plan_format.inputs import InputError
 from ..plan_format.vocabulary import HOST_COMPUTE_NOTE, SERVED_UVA
 from ..sizes import GB
-from .allocation import allocated_tensors, experts_bytes, padding_for, workspace_for
+from .allocation import (
+    allocated_tensors,
+    experts_bytes,
+    padding_for,
+    post_processing_for,
+    post_processing_growth,
+    workspace_for,
+)
 from .baselines import baseline_notes, price_cpu_offload
 from .cards import card_memory
 from .grouping import group_tensors, model_fingerprint
@@ -238,11 +245,17 @@ def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placin
 
 
 def _padding_notes(checkpoint: Checkpoint, inputs: PlanInputs, has_experts: bool) -> list[str]:
-    """The plan's note on the routed experts' padded sizes, when vLLM pads them on its card."""
+    """The plan's notes on the routed experts' padded sizes, when vLLM pads them on its card,
+    and on what vLLM's post-processing adds there (priced in the groups that hold them)."""
     padding = padding_for(checkpoint.config, inputs.card, inputs.moe_setting) if has_experts else None
+    post = post_processing_for(checkpoint.config, inputs.card, inputs.moe_setting)
+    allocated = allocated_tensors(checkpoint.tensors, padding)
+    grown = post_processing_growth(allocated, post)
+    notes = [f"vLLM post-processing on SM {inputs.card}: {post.what(has_experts)}: {grown / 1e6:.1f} MB more than "
+             "create_weights allocates, priced where those weights are (device, device slots or host)"] if grown else []
     if padding is None or not padding.pads:
-        return []
-    return [padding.note(experts_bytes(checkpoint.tensors), experts_bytes(allocated_tensors(checkpoint.tensors,
+        return notes
+    return notes + [padding.note(experts_bytes(checkpoint.tensors), experts_bytes(allocated_tensors(checkpoint.tensors,
                                                                                              padding)))]
 
 

@@ -46,6 +46,18 @@ of the bytes ``allocation.fused_moe_workspace_bytes`` prices (one per process, n
 Stand-in: ``torch.accelerator.empty_cache`` (the manager calls it before growing) is a no-op,
 as there is no accelerator here.
 
+Then ``ok post-processing CASE`` / ``FAIL post-processing ...``: what vLLM 0.33's
+post-processing leaves where it grows what ``create_weights`` allocated, against
+``allocation.post_processed_tensors``. Marlin FP8 runs 0.33's own
+``prepare_fp8_layer_for_marlin`` (a dense linear, block and per-tensor, aligned and at a shape
+Marlin pads) and ``prepare_fp8_moe_layer_for_marlin`` (routed experts, block, an intermediate
+size Marlin pads) on host tensors; its repack, ``ops.gptq_marlin_repack``, is a CUDA op, so a
+stand-in returns a tensor of the repacked shape (``marlin_repacked_nk``'s inverse), and every
+scale is vLLM's own arithmetic. OAI triton_kernels' float32 expert biases (MXFP4 on SM 9.0)
+need triton_kernels, which does not import here: the rule is read from 0.33's source
+(``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``'s TRITON branch casts both biases to
+float32), as this line says.
+
 Then ``ok host-post-processing ...`` / ``FAIL ...`` for each pair in the table's
 ``HOST_POST_PROCESSING``: 0.33's own ``create_weights`` and ``process_weights_after_loading``
 run on host tensors (card 8.9, where vLLM builds that kernel), and every parameter must stay
@@ -377,6 +389,89 @@ def workspace(kernel: str, hidden: int, intermediate: int, top_k: int, activatio
     return ""
 
 
+def post_processing() -> list[tuple[str, str]]:
+    """(case, '' or what differs) for each post-processing rule of ``planner.allocation``."""
+    import inspect
+
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle_mxfp4
+    from vllm.model_executor.layers.quantization.utils import marlin_utils_fp8 as mf8
+
+    def repack(b_q_weight, size_k, size_n, num_bits, **_):  # stand-in: the repacked shape, no data
+        return torch.zeros((size_k // 16, size_n * 16 // (32 // num_bits)), dtype=torch.int32)
+
+    ops.gptq_marlin_repack = repack
+    mf8.ops.gptq_marlin_repack = repack
+    out = []
+
+    def nbytes(*ts) -> int:
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    def dense(n: int, k: int, block: bool) -> str:
+        layer = torch.nn.Module()
+        layer.weight = torch.nn.Parameter(torch.zeros(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
+        if block:
+            layer.weight_scale_inv = torch.nn.Parameter(torch.ones(-(-n // 128), -(-k // 128)), requires_grad=False)
+            layer.weight_block_size = [128, 128]
+        else:
+            layer.weight_scale = torch.nn.Parameter(torch.ones(1), requires_grad=False)
+            layer.weight = torch.nn.Parameter(layer.weight.data.t(), requires_grad=False)  # (K, N), size_k_first
+        layer.output_size_per_partition, layer.input_size_per_partition = n, k
+        layer.orig_dtype, layer.bias = torch.bfloat16, None
+        scale = "weight_scale_inv" if block else "weight_scale"
+        stored = {"l.weight": TensorInfo("l.weight", "F8_E4M3", (n, k), n * k),
+                  f"l.{scale}": TensorInfo(f"l.{scale}", "F32", tuple(getattr(layer, scale).shape),
+                                           nbytes(getattr(layer, scale)))}
+        mf8.prepare_fp8_layer_for_marlin(layer, size_k_first=not block)
+        got = nbytes(layer.weight, getattr(layer, scale))
+        post = allocation.PostProcessing("fp8-block" if block else "fp8-tensor", "8.6", None, True,
+                                         (128, 128) if block else None, None)
+        mine = sum(t.nbytes for t in allocation.post_processed_tensors(stored, post).values())
+        return "" if got == mine else f"vLLM holds {got} bytes, the planner prices {mine}"
+
+    def experts(e: int, hidden: int, inter: int) -> str:
+        layer = torch.nn.Module()
+        layer.num_experts, layer.hidden_size, layer.intermediate_size_per_partition = e, hidden, inter
+        layer.weight_block_size, layer.orig_dtype = [128, 128], torch.bfloat16
+        w13 = torch.zeros(e, 2 * inter, hidden, dtype=torch.float8_e4m3fn)
+        w2 = torch.zeros(e, hidden, inter, dtype=torch.float8_e4m3fn)
+        s13, s2 = torch.ones(e, 2 * inter // 128, hidden // 128), torch.ones(e, hidden // 128, -(-inter // 128))
+        with set_current_vllm_config(VllmConfig()):
+            got = nbytes(*mf8.prepare_fp8_moe_layer_for_marlin(layer, w13, w2, s13, s2))
+        stored = {}
+        for x in range(e):  # the checkpoint's per-expert modules
+            for proj, (n, k) in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)),
+                                 ("down_proj", (hidden, inter))):
+                name = f"{PREFIX}.{x}.{proj}"
+                stored[f"{name}.weight"] = TensorInfo(f"{name}.weight", "F8_E4M3", (n, k), n * k)
+                shape = (-(-n // 128), -(-k // 128))
+                stored[f"{name}.weight_scale_inv"] = TensorInfo(f"{name}.weight_scale_inv", "F32", shape,
+                                                                4 * shape[0] * shape[1])
+        post = allocation.PostProcessing("fp8-block", "8.6", "MarlinExperts", False, (128, 128),
+                                         kernels.round_up(inter, 128))
+        mine = sum(t.nbytes for t in allocation.post_processed_tensors(stored, post).values())
+        return "" if got == mine else f"vLLM holds {got} bytes, the planner prices {mine}"
+
+    for case, run in (("marlin-fp8 dense block 5120x17920", lambda: dense(5120, 17920, True)),
+                      ("marlin-fp8 dense block 1000x1000 (padded)", lambda: dense(1000, 1000, True)),
+                      ("marlin-fp8 dense tensor 2048x768", lambda: dense(2048, 768, False)),
+                      ("marlin-fp8 experts block 2048/768", lambda: experts(2, 2048, 768)),
+                      ("marlin-fp8 experts block 2048/640 (padded)", lambda: experts(2, 2048, 640))):
+        try:
+            out.append((case, run()))
+        except Exception as exc:  # noqa: BLE001 - what could not run says so
+            out.append((case, f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+    source = inspect.getsource(oracle_mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format)
+    triton = source.split("elif mxfp4_backend in TRITON_BACKENDS:", 1)[-1].split("elif ", 1)[0]
+    read = ("w13_bias = w13_bias.to(torch.float32)" in triton and "w2_bias = w2_bias.to(torch.float32)" in triton)
+    post = allocation.PostProcessing("mxfp4", "9.0", "OAITritonMxfp4ExpertsMonolithic", False, None, None)
+    bias = {f"{PREFIX}.gate_up_proj_bias": TensorInfo(f"{PREFIX}.gate_up_proj_bias", "BF16", (4, 5760), 4 * 5760 * 2)}
+    doubled = allocation.post_processed_tensors(bias, post)[f"{PREFIX}.gate_up_proj_bias"].nbytes == 4 * 5760 * 4
+    out.append(("triton-mxfp4 expert biases float32 (read from the source)",
+                "" if read and doubled else f"source casts to float32: {read}; the planner doubles them: {doubled}"))
+    return out
+
+
 def main() -> int:
     to_standin()
     failed = 0
@@ -463,6 +558,12 @@ def main() -> int:
                 print(f"FAIL workspace {kernel} | {shape}: {why}", flush=True)
             else:
                 print(f"ok workspace {kernel} | {shape}", flush=True)
+    for case, why in post_processing():
+        if why:
+            failed += 1
+            print(f"FAIL post-processing {case}: {why}", flush=True)
+        else:
+            print(f"ok post-processing {case}", flush=True)
     for method, kernel in sorted(kernels.HOST_POST_PROCESSING):
         try:
             why = host_post_processing(method, kernel)

@@ -17,7 +17,10 @@ what the planner prices) or ``refused off-table`` (vLLM builds no kernel for the
 pre-Ada columns (7.5, 8.0, 8.6, 8.7: an A100 among them) are rows like the others: MXFP4 is
 priced there at Marlin's padded sizes, which vLLM's own round-up gives on each. vLLM's
 fused-MoE workspace (``ok workspace ...``) is one buffer per process of the bytes the planner
-prices, by 0.33's own modular kernel and workspace manager.
+prices, by 0.33's own modular kernel and workspace manager. What 0.33's post-processing
+leaves of Marlin FP8 weights and scales (dense and routed experts) is what the planner prices
+(``ok post-processing ...``, 0.33's own functions on host tensors, the CUDA repack a stand-in
+of its shape), and OAI triton_kernels' float32 expert biases are read from its source.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
     assert not failed, "\n".join(failed) + detail
     ok = {line[3:] for line in lines if line.startswith("ok ") and not line.startswith(("ok advice ", "ok sizes ",
                                                                                        "ok host-post-processing ",
-                                                                                       "ok off-table ", "ok workspace "))}
+                                                                                       "ok off-table ", "ok workspace ",
+                                                                                       "ok post-processing "))}
     notrun = {line[7:].split(":")[0] for line in lines if line.startswith("notrun ")}
     rows = {f"{m} | {s} | SM {c}" for (m, s) in kernels.KERNELS for c in kernels.CARDS}
     listed = {f"{m} | {s} | SM {c}" for (m, s, c) in kernels.NOT_RUN}
@@ -104,6 +108,9 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
 
     spaced = {line[len("ok workspace "):] for line in lines if line.startswith("ok workspace ")}
     assert spaced == {f"{k} | {shape}" for k in WORKSPACE_KERNELS for shape in ("gpt-oss", "Qwen3-30B-A3B")}, detail
+    # what vLLM's post-processing leaves: Marlin FP8 by 0.33's own code, triton_kernels' biases by its source
+    post = [line for line in lines if line.startswith("ok post-processing ")]
+    assert len(post) == 6 and any("float32 (read from the source)" in line for line in post), detail
     on_host = {line[len("ok host-post-processing "):] for line in lines if line.startswith("ok host-post-processing ")}
     assert on_host == {f"{m} | {k}" for m, k in kernels.HOST_POST_PROCESSING}, detail
     assert proc.returncode == 0, f"the script exited {proc.returncode}" + detail

@@ -51,13 +51,16 @@ def test_gpt_oss_experts_are_priced_padded_for_marlin_on_sm_8_6_and_as_stored_on
     for g in experts(marlin):
         assert g.bytes == EXPERTS * sum(padded)
         assert dict(g.dtype_bytes) == {"BF16": EXPERTS * padded[1], "U8": EXPERTS * padded[0]}
-    for g in experts(triton):
-        assert g.bytes == EXPERTS * sum(stored)
-        assert dict(g.dtype_bytes) == {"BF16": EXPERTS * stored[1], "U8": EXPERTS * stored[0]}
-    # the checkpoint's own bytes: what the SM 9.0 plan holds, less the padding on SM 8.6
+    for g in experts(triton):  # OAI triton_kernels' post-processing holds the biases in float32
+        assert g.bytes == EXPERTS * (stored[0] + 2 * stored[1])
+        assert dict(g.dtype_bytes) == {"BF16": EXPERTS * 2 * stored[1], "U8": EXPERTS * stored[0]}
+    # the checkpoint's own bytes: what the SM 9.0 plan holds less its float32 biases' second
+    # half, and less the padding on SM 8.6
     extra = LAYERS * EXPERTS * (sum(padded) - sum(stored))
-    assert triton.model.total_bytes == checkpoint.total_bytes
+    assert triton.model.total_bytes == checkpoint.total_bytes + LAYERS * EXPERTS * stored[1]
     assert marlin.model.total_bytes == checkpoint.total_bytes + extra
+    assert any("triton_kernels hold the routed experts' biases in float32" in n for n in triton.notes)
+    assert not any("post-processing" in n for n in marlin.notes)  # Marlin MXFP4 keeps scales and biases as sized
     # each plan says so, and each is a plan for this checkpoint (the model check prices alike)
     note = next(n for n in marlin.notes if "priced at the sizes vLLM 0.33 allocates" in n)
     assert "MarlinExperts on SM 8.6: hidden 2880 -> 3072, intermediate 2880 -> 2944" in note and "9.03%" in note
@@ -121,7 +124,8 @@ def test_every_card_is_priced_at_vllms_padded_sizes_or_refused(tmp_path, card):
         assert "--compute-capability" in str(exc) and "\n" not in str(exc)
         assert card not in kernels.CARDS  # a card the table has is always planned
         return
-    per_expert = sum(mxfp4_expert(*VLLM_GPT_OSS_SIZES[card]))
+    weights, biases = mxfp4_expert(*VLLM_GPT_OSS_SIZES[card])
+    per_expert = weights + biases * (2 if card == "9.0" else 1)  # triton_kernels: float32 biases
     assert [g.bytes for g in experts(plan)] == [EXPERTS * per_expert] * LAYERS, card
 
 
@@ -150,3 +154,38 @@ def test_a_card_off_the_table_plans_unquantized_experts_as_stored(tmp_path):
 ])
 def test_a_tensor_follows_the_sizes_its_projection_reads_and_writes(name, shape, dims):
     assert tensor_dims(name, shape) == dims
+
+
+def fp8_dense(n: int, k: int, layers: int = 2):
+    """A block-FP8 dense model: per layer an MLP up projection [n, k] and its [n/128, k/128]
+    float32 block scales, as such checkpoints store them (``weight_scale_inv``)."""
+    from builders import make_ckpt
+
+    spec = {"model.embed_tokens.weight": ("BF16", [1000, 1024]), "lm_head.weight": ("BF16", [1000, 1024])}
+    for i in range(layers):
+        spec[f"model.layers.{i}.mlp.up_proj.weight"] = ("F8_E4M3", [n, k])
+        spec[f"model.layers.{i}.mlp.up_proj.weight_scale_inv"] = ("F32", [-(-n // 128), -(-k // 128)])
+    return make_ckpt(spec, num_hidden_layers=layers, hidden_size=k, intermediate_size=n,
+                     quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+
+
+@pytest.mark.parametrize("n, k, pn, pk", [(5120, 17920, 5120, 17920), (1000, 1000, 1024, 1024)])
+def test_marlin_fp8_linears_are_priced_at_their_bf16_scales_on_a_pre_ada_card(n, k, pn, pk):
+    """On SM 8.6 (no FP8 arithmetic) vLLM 0.33 serves FP8 linears with Marlin: each weight
+    repacked at Marlin's tile (n to 64 and k to 128, or n to 128 and k to 64, the cheaper), its
+    block scales held as bf16 groups of 128 inputs by every output, [pk/128, pn]. On SM 8.9 they
+    stay as stored. By hand here; tests/contract/check_kernel_table.py runs vLLM's own."""
+    checkpoint = fp8_dense(n, k)
+    ada = make_plan(checkpoint, PlanInputs(device_memory_bytes=80 * GiB, compute_capability="8.9"))
+    ampere = make_plan(checkpoint, PlanInputs(device_memory_bytes=80 * GiB, compute_capability="8.6"))
+    stored = n * k + 4 * -(-n // 128) * -(-k // 128)
+    held = pn * pk + 2 * (pk // 128) * pn
+    layer = {g.layer_index: g for g in ada.groups if g.kind == "layer"}[0]
+    assert layer.bytes == stored
+    layer = {g.layer_index: g for g in ampere.groups if g.kind == "layer"}[0]
+    assert layer.bytes == held
+    assert ampere.model.total_bytes - ada.model.total_bytes == 2 * (held - stored)
+    note = next(n for n in ampere.notes if n.startswith("vLLM post-processing on SM 8.6: Marlin FP8 linears hold"))
+    assert f"{2 * (held - stored) / 1e6:.1f} MB more" in note
+    assert not any("post-processing" in n for n in ada.notes)
+    check_plan_matches_model(ampere, checkpoint)  # the model check groups it alike
