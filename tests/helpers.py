@@ -153,7 +153,7 @@ def all_cold_plan(model_dir, **inputs):
     from selective_offload.planner import PlanInputs, make_plan
 
     ckpt = load_checkpoint(model_dir)
-    return make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0,
+    return make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes + workspace_room(ckpt), kv_cache_bytes=0,
                                       reserve_bytes=0, all_cold=True, **inputs))
 
 
@@ -163,7 +163,7 @@ def tight_plan(model_dir, **inputs):
     from selective_offload.planner import PlanInputs, make_plan
 
     ckpt = load_checkpoint(model_dir)
-    return make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes - 1000, kv_cache_bytes=0,
+    return make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes - 1000 + workspace_room(ckpt), kv_cache_bytes=0,
                                       reserve_bytes=0, **inputs))
 
 
@@ -193,7 +193,7 @@ def uva_experts_plan(model_dir, device_fraction: float = 0.7):
     from selective_offload.planner import PlanInputs, make_plan
 
     ckpt = load_checkpoint(model_dir)
-    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * device_fraction),
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * device_fraction) + workspace_room(ckpt),
                                       kv_cache_bytes=0, reserve_bytes=0, host_compute=False))
     assert plan.uva_bytes and plan.cold_on_host_bytes < ckpt.total_bytes * (1 - device_fraction), plan.strategy
     return plan
@@ -205,6 +205,20 @@ def uva_experts_plan(model_dir, device_fraction: float = 0.7):
 #: layers, and the CPU's matmul rate puts the crossover between a decode step of the four
 #: prompts (4 tokens) and their prefill (14).
 TINY_HOST_COMPUTE = dict(cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1, handoff_s=1e-9, cpu_tflops=0.04)
+
+
+def workspace_room(ckpt, **inputs) -> int:
+    """vLLM's fused-MoE workspace a plan of ``ckpt`` prices on the device (one per process,
+    ``planner.allocation.workspace_for``; 0 for a model without routed experts), so a tiny
+    replica's device size leaves it its room as a card would."""
+    from selective_offload.planner import PlanInputs
+    from selective_offload.planner.allocation import workspace_for
+
+    if not (ckpt.facts.num_experts or 0):
+        return 0
+    inp = PlanInputs(device_memory_bytes=1, **inputs)
+    workspace = workspace_for(ckpt.config, inp.card, inp.moe_setting)
+    return workspace.nbytes if workspace else 0
 
 
 def copy_room(ckpt, kind: str | None = None) -> int:
@@ -240,12 +254,9 @@ def compute_experts_plan(model_dir, device_fraction: float = 0.7, *, required: b
     vLLM's fused-MoE workspace."""
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.planner import PlanInputs, make_plan
-    from selective_offload.planner.allocation import workspace_for
-
     ckpt = load_checkpoint(model_dir)
     # the copy above the crossover, and vLLM's fused-MoE workspace (one per process)
-    workspace = workspace_for(ckpt.config, PlanInputs(device_memory_bytes=1, **inputs).card, "auto")
-    room = copy_room(ckpt) + (workspace.nbytes if workspace else 0)
+    room = copy_room(ckpt) + workspace_room(ckpt, **inputs)
     plan = None
     # A tiny model's copy above the crossover is a large part of it (a quantized one is
     # dequantized to bf16): where the room for it lets the cold set close the budget, a
@@ -395,7 +406,7 @@ def hot_layer_plan(model_dir):
     from selective_offload.planner import PlanInputs, make_plan
 
     ckpt = load_checkpoint(model_dir)
-    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 3 // 4, kv_cache_bytes=0,
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 3 // 4 + workspace_room(ckpt), kv_cache_bytes=0,
                                       reserve_bytes=0, host_compute=False))  # whole layers prefetched
     assert plan.strategy == "hot_offload" and plan.hot_layer_indices
     return plan
