@@ -281,8 +281,10 @@ class PlanContents:
 
     @property
     def deficit_bytes(self) -> int:
-        """Bytes to load minus the weight budget (<= 0: everything fits on the device)."""
-        return sum(g.bytes for g in self.groups if g.serving != Serving.NONE) - self.weight_budget_bytes
+        """Bytes to load, and vLLM's fused-MoE workspace beside them, minus the weight budget
+        (<= 0: everything fits on the device)."""
+        loaded = sum(g.bytes for g in self.groups if g.serving != Serving.NONE)
+        return loaded + self.est_vllm_workspace_bytes - self.weight_budget_bytes
 
     @property
     def prefetch_buffer_bytes(self) -> int:

@@ -350,3 +350,13 @@ def post_processing_growth(tensors: Mapping[str, TensorInfo], post: PostProcessi
     """Bytes vLLM's post-processing adds to ``tensors`` (0 where it changes nothing)."""
     return sum(t.nbytes for t in post_processed_tensors(tensors, post).values()) - sum(
         t.nbytes for t in tensors.values())
+
+
+def model_device_bytes(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo], card: str, setting: str) -> int:
+    """Every byte vLLM 0.33 holds on ``card`` for a model all resident: its tensors at the
+    sizes it allocates and post-processes them to, and its fused-MoE workspace."""
+    held = post_processed_tensors(allocated_tensors(tensors, padding_for(config, card, setting)),
+                                  post_processing_for(config, card, setting))
+    experts = any(experts_prefix(name) is not None for name in tensors)
+    workspace = workspace_for(config, card, setting) if experts else None
+    return sum(t.nbytes for t in held.values()) + (workspace.nbytes if workspace else 0)

@@ -31,7 +31,7 @@ from ..plan_format import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS, moe_setting
 from ..plan_options import with_measured_cpu_rate
 from ..planner import kernels, make_plan
-from ..planner.allocation import allocated_tensors, padding_for
+from ..planner.allocation import model_device_bytes
 from ..planner.cards import card_memory
 from ..probe import load_profile, plan_bandwidths, plan_defaults
 from ..sizes import GiB
@@ -108,9 +108,9 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
     checkpoint = load_checkpoint(model_dir)
     kv_bytes, kv_from = kv_bytes_for(vllm_config, checkpoint)
     card, setting = card_of_worker(device), setting_of_server(vllm_config)
-    # the bytes vLLM allocates for the model on this card (routed experts padded for its kernel)
-    allocated = sum(t.nbytes for t in allocated_tensors(checkpoint.tensors, padding_for(
-        checkpoint.config, card or DEFAULT_CARD, setting)).values())
+    # the bytes vLLM holds for the model on this card (routed experts padded for its kernel,
+    # post-processed, and its fused-MoE workspace)
+    allocated = model_device_bytes(checkpoint.config, checkpoint.tensors, card or DEFAULT_CARD, setting)
     device_memory, memory_from = device_memory_for(vllm_config, device, allocated, kv_bytes, DEFAULT_RESERVE_BYTES)
     profile = load_profile()
     link, vram, link_from = plan_bandwidths(profile)
