@@ -57,15 +57,19 @@ def cpu_has(flag: str) -> bool:
 #: Each build a CPU can get, compiled here by turning features off: AVX-512 without BF16
 #: (bf16 and block FP8 in float32, MXFP4 and int4 on the 512-bit int8 path: Ice Lake,
 #: Cascade Lake), AVX-512 without VNNI as well (the 256-bit int8 path in an AVX-512 build:
-#: Skylake-X), AVX2 (the 256-bit int8 path), plain C.
-VARIANTS = {"native": (), "avx512-f32": ("-mno-avx512bf16",), "avx512-no-vnni": ("-mno-avx512bf16", "-mno-avx512vnni"),
-            "avx2": ("-mno-avx512f",), "plain-c": ("-DSO_NO_SIMD",)}
+#: Skylake-X), AVX2 (the 256-bit int8 path: Haswell to Zen 3), AVX2 with AVX-VNNI (Alder Lake),
+#: plain C. A build "without VNNI" turns AVX-VNNI off too: compilers give -march=native both.
+VARIANTS = {"native": (), "avx512-f32": ("-mno-avx512bf16",),
+            "avx512-no-vnni": ("-mno-avx512bf16", "-mno-avx512vnni", "-mno-avxvnni"),
+            "avx2": ("-mno-avx512f", "-mno-avxvnni"), "avx2-vnni": ("-mno-avx512f", "-mavxvnni"), "plain-c": ("-DSO_NO_SIMD",)}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def lib(request):
     if request.param == "avx2" and not cpu_has("avx2"):
         pytest.skip("this CPU has no AVX2")
+    if request.param == "avx2-vnni" and not cpu_has("avx_vnni"):
+        pytest.skip("this CPU has no AVX-VNNI")
     if request.param == "avx512-f32" and not (cpu_has("avx512f") and cpu_has("avx512_bf16")):
         pytest.skip("this CPU has no AVX512-BF16, so the native build is already the float32 AVX-512 one")
     if request.param == "avx512-no-vnni" and not (cpu_has("avx512f") and cpu_has("avx512_vnni")):
@@ -73,7 +77,7 @@ def lib(request):
     lib = build.load(VARIANTS[request.param], quiet=True)
     if request.param == "plain-c":
         assert lib.so_simd_level() == 0 and not lib.so_int8_mxfp4()
-    if request.param == "avx2":
+    if request.param in ("avx2", "avx2-vnni"):
         assert lib.so_simd_level() == 256 and lib.so_int8_mxfp4() == 256
     if request.param in ("avx512-f32", "avx512-no-vnni"):
         width = 512 if request.param == "avx512-f32" else 256
