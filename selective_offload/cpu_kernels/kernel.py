@@ -9,6 +9,7 @@ job per call and runs it at once.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import statistics
 import time
@@ -410,15 +411,26 @@ def rows(x: torch.Tensor, weight: torch.Tensor, *, threads: int | None = None, o
     return RowsJob(x, weight.contiguous(), out, threads=threads, library_=library_).run()
 
 
+def read_sum(lib: ctypes.CDLL, buf: torch.Tensor, threads: int) -> float:
+    """The C read kernel's sum of ``buf`` with ``threads`` threads; RuntimeError, in one line,
+    when it is NaN (its workers could not be started, or its work not allocated), so that no
+    probe times a sum never done."""
+    total = lib.so_read_sum(buf.data_ptr(), buf.numel() * buf.element_size(), threads)
+    if math.isnan(total):
+        raise RuntimeError(f"host read kernel: {STATUS[4]}; {FIX[4]}")
+    return total
+
+
 def read_gbps(threads: int, nbytes: int = 256 << 20, repeats: int = 7, library_: ctypes.CDLL | None = None) -> float:
     """This machine's read bandwidth with ``threads`` threads (GB/s, 1e9 bytes), the median
-    of ``repeats`` sums of a buffer larger than the caches, by the C read kernel."""
+    of ``repeats`` sums of a buffer larger than the caches, by the C read kernel; RuntimeError
+    when its threads cannot be started (:func:`read_sum`)."""
     lib = library_ or library()
     buf = torch.ones(nbytes // 4, dtype=torch.float32)
-    lib.so_read_sum(buf.data_ptr(), buf.numel() * 4, threads)  # warm: threads started, pages touched
+    read_sum(lib, buf, threads)  # warm: threads started, pages touched
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        lib.so_read_sum(buf.data_ptr(), buf.numel() * 4, threads)
+        read_sum(lib, buf, threads)
         times.append(time.perf_counter() - t0)
     return buf.numel() * 4 / statistics.median(times) / 1e9

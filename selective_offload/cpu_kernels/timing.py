@@ -117,7 +117,7 @@ def side_by_side(weights: ExpertWeights, activation: Activation, k: int, threads
     """``calls`` counted rounds (after :data:`WARM_ROUNDS`) of one kernel call for one token
     with new random ids, then one read-kernel sum of ``read_buf``, then each of ``beside``;
     all with ``threads`` threads (torch's too, for the duration)."""
-    from .kernel import MoEJob
+    from .kernel import MoEJob, read_sum
 
     E, H = weights.num_experts, weights.hidden
     x = torch.randn(1, H).bfloat16()
@@ -135,7 +135,7 @@ def side_by_side(weights: ExpertWeights, activation: Activation, k: int, threads
             t0 = time.perf_counter()
             job.run()
             t1 = time.perf_counter()
-            lib.so_read_sum(read_buf.data_ptr(), read_buf.numel() * read_buf.element_size(), threads)
+            read_sum(lib, read_buf, threads)
             t2 = time.perf_counter()
             extra = []
             for fn in (beside or {}).values():

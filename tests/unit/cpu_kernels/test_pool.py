@@ -205,3 +205,21 @@ def test_a_worker_that_cannot_be_made_fails_the_job_loudly(lib):
     assert in_child(child) == 0
     with pytest.raises(ValueError, match="threads could not be started"):
         ck.MoEJob(x, ids, tw, w, ck.Activation("silu"), out=out, threads=100_000, library_=lib).run()
+
+
+def test_a_read_probe_whose_workers_cannot_be_made_raises(lib):
+    """The bandwidth probe's read sum is NaN when its workers cannot be made; the probe
+    raises that in one line (what failed, what to do) rather than timing a sum never done
+    and reporting a bandwidth the planner would trust."""
+    assert kernel.read_gbps(2, nbytes=1 << 20, repeats=1, library_=lib) > 0
+
+    def child():
+        size = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:")) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (size + (64 << 10), resource.RLIM_INFINITY))
+        try:
+            kernel.read_gbps(64, nbytes=4096, repeats=1, library_=lib)
+        except RuntimeError as e:
+            return "threads could not be started" in str(e) and "ulimit -u" in str(e) and "\n" not in str(e)
+        return False
+
+    assert in_child(child) == 0
