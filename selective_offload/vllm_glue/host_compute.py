@@ -26,6 +26,8 @@ or a format without a claimed kernel, is refused right after construction, in on
 
 from __future__ import annotations
 
+import os
+import sys
 from functools import lru_cache
 from typing import Any
 
@@ -37,6 +39,7 @@ from ..cpu_kernels import Activation, ExpertWeights
 from ..cpu_kernels.reference import held_share
 from ..errors import PlanError
 from ..estimate.host import share_native
+from ..log import logger
 from ..plan_format import Plan
 from ..planner import kernels
 from ..wrappers.host_buffers import HostBuffers
@@ -355,10 +358,19 @@ def check_at_step_sync(original: Any) -> Any:
       still on their way; its ``get_output`` is wrapped, on that object, to check after its
       copy event's ``synchronize()``, before the lists it builds are returned.
 
+    That holds on the rank whose output vLLM's executor reads (:func:`is_output_rank`). On
+    every other rank of a tensor- or pipeline-parallel engine vLLM reads no output and only
+    logs an exception, yet a failed job's NaN partial sums reach the output rank through the
+    all-reduce while that rank's own count stays clean: there the check runs as
+    ``sample_tokens`` returns, in every mode (:func:`end_if_failed`), and ends the worker.
+
     A job run while vLLM profiles or warms up (outside any step) is raised at the next step."""
 
     def sample_tokens(self, *args, **kwargs):
         output = original(self, *args, **kwargs)
+        if not is_output_rank(self):
+            end_if_failed(self, output)
+            return output
         get_output = getattr(output, "get_output", None)
         if callable(get_output):
             def get_output_checked():
@@ -375,3 +387,40 @@ def check_at_step_sync(original: Any) -> Any:
     sample_tokens.__name__ = getattr(original, "__name__", "sample_tokens")
     sample_tokens.__doc__ = getattr(original, "__doc__", None)
     return sample_tokens
+
+
+def is_output_rank(worker: Any) -> bool:
+    """Whether vLLM's executor reads this worker's step output: the rank its
+    ``_get_output_rank`` names (``world_size - tensor_parallel_size *
+    prefill_context_parallel_size``, TP rank 0 of the last pipeline stage; vLLM 0.33's
+    ``MultiprocExecutor`` sends ``execute_model`` and ``sample_tokens`` with that
+    ``unique_reply_rank``). Read from the worker's ``rank`` and ``parallel_config``; a
+    worker without them (one rank) is its own output rank."""
+    parallel, rank = getattr(worker, "parallel_config", None), getattr(worker, "rank", None)
+    if parallel is None or rank is None:
+        return True
+    world = int(getattr(parallel, "world_size", 1) or 1)
+    group = int(getattr(parallel, "tensor_parallel_size", 1) or 1) * int(
+        getattr(parallel, "prefill_context_parallel_size", 1) or 1)
+    return world <= 1 or int(rank) % world == world - group
+
+
+def end_if_failed(worker: Any, output: Any) -> None:
+    """On a rank whose step output vLLM does not read: wait for the step's device work when
+    its output is still on its way (asynchronous, or none on an earlier pipeline stage; a
+    ``ModelRunnerOutput`` was made after the runner's own synchronisation), then, when a
+    job failed, log the failure's one line at error level and end this worker process
+    (``os._exit(1)``). Raising would not do: vLLM's worker only logs an exception of a rank
+    it reads no output from and takes the next step, while the output rank, its own count
+    clean, returns the tokens the NaN partial sums made. vLLM's executor watches its
+    workers' processes and fails the engine when one ends."""
+    if (output is None or callable(getattr(output, "get_output", None))) and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    try:
+        cpu_kernels.raise_if_failed()
+    except cpu_kernels.JobFailed as e:
+        logger.error("selective-offload: %s; this worker (rank %s) is not the rank whose output vLLM reads, so it "
+                     "ends its process for vLLM to stop the engine", e, getattr(worker, "rank", "?"))
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(1)

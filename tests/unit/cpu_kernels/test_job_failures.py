@@ -185,3 +185,77 @@ def test_a_rows_job_counts_its_runs_and_its_bytes():
         as_host_function(job)
     assert counts.as_dict()["host_steps"] == 3 and counts.as_dict()["host_tokens"] == 6
     assert counts.host_bytes == 3 * 40 * H * 2
+
+
+#: One step of a worker of a parallel engine, in a process of its own: vLLM's real
+#: ``Worker.sample_tokens`` wrapped by the glue, a real C job failing as its host function
+#: runs. The worker object is a stand-in for the rank identity only (its ``rank`` and vLLM's
+#: real ``ParallelConfig``; a real ``Worker`` needs a device and a distributed world), and
+#: its ``model_runner`` for the CUDA runner's step (it runs the job's host function, as the
+#: step's device work, and returns an output of the kind given).
+RANK_STEP = r"""
+import logging, sys, types
+sys.path.insert(0, sys.argv[1])
+handler = logging.StreamHandler(sys.stderr)
+handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+logging.getLogger("vllm.selective_offload").addHandler(handler)
+from test_job_failures import E, _async_output_class, _SyncOutput, as_host_function, moe_job
+from vllm.config import ParallelConfig
+from vllm.v1.worker.gpu_worker import Worker
+from selective_offload.cpu_kernels import JobFailed
+from selective_offload.vllm_glue.host_compute import check_at_step_sync
+
+sample_tokens = check_at_step_sync(Worker.sample_tokens)
+
+def step(rank, fail, output, **parallel):
+    job, ids, _ = moe_job()
+    job.name("model.layers.2.mlp.experts")
+    if fail:
+        ids[0, 0] = E
+    def run(grammar_output):
+        as_host_function(job)
+        return output
+    worker = types.SimpleNamespace(rank=rank, parallel_config=ParallelConfig(**parallel),
+                                   model_runner=types.SimpleNamespace(sample_tokens=run))
+    return sample_tokens(worker, None)
+
+for case in sys.argv[2:]:
+    rank, fail, kind, tp, pp = case.split(",")
+    output = _SyncOutput() if kind == "sync" else _async_output_class()(None)
+    try:
+        step(int(rank), fail == "fail", output, tensor_parallel_size=int(tp), pipeline_parallel_size=int(pp))
+        print("RETURNED", case, flush=True)
+    except JobFailed:
+        print("RAISED", case, flush=True)
+"""
+
+
+def test_a_failed_job_on_a_rank_whose_output_vllm_does_not_read_ends_its_worker(tmp_path):
+    """vLLM's executor reads one rank's step output (TP rank 0 of the last pipeline stage)
+    and only logs another rank's exception; that rank's NaN partial sums still reach the
+    output rank's tokens. So on any other rank a failed job ends the worker process (exit
+    1, its one line logged), on both kinds of output, when ``sample_tokens`` returns; the
+    output rank raises as before, and a clean step on another rank returns."""
+    import os
+    import subprocess
+    import sys
+
+    import selective_offload
+
+    root = os.path.dirname(os.path.dirname(selective_offload.__file__))  # this checkout's package, not another
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+
+    def run(*cases):
+        r = subprocess.run([sys.executable, "-c", RANK_STEP, os.path.dirname(__file__), *cases], capture_output=True,
+                           text=True, timeout=300, cwd=tmp_path, env=env)
+        return r.returncode, r.stdout + r.stderr, r.stderr
+
+    code, out, err = run("0,fail,sync,2,1", "3,ok,async,2,2", "1,fail,sync,2,1", "1,ok,sync,2,1")
+    assert "RAISED 0,fail,sync,2,1" in out  # TP rank 0: the output rank raises
+    assert "RETURNED 3,ok,async,2,2" in out  # TP rank 1 of the last stage: nothing failed
+    assert code == 1, out
+    assert "RETURNED 1,fail" not in out and "1,ok,sync" not in out  # the process ended at the failed step
+    line = next(line for line in err.splitlines() if "model.layers.2.mlp.experts:" in line)
+    assert line.startswith("ERROR ") and "not the rank whose output vLLM reads" in line and "plan the group served uva" in line
+    code, out, _ = run("0,fail,async,1,2")  # the first pipeline stage, an output still on its way
+    assert code == 1 and "RETURNED" not in out and "not the rank whose output vLLM reads" in out, out
