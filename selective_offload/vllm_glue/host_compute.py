@@ -282,7 +282,25 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
                           device_share=held_share(weights, on_device, device, native=share_native(fmt, True))
                           if on_device else None)
     module._replace_quant_method(method_class()(method, experts, shared))
+    reload_on_host(module)
     return experts
+
+
+def reload_on_host(module: nn.Module) -> None:
+    """vLLM's layer-by-layer reload (``reload_weights``; ``model_loader/reload``) rebuilds
+    each layer on the device recorded when the model was built (``restore_device``, the
+    default device: CUDA), loads the new weights into it, post-processes it and copies the
+    values into the tensors kept. For a layer served ``compute`` that would put its whole
+    as-loaded experts on the device, which the plan does not count; it is rebuilt in host
+    memory instead (its quant method, :class:`HostComputeMethod`, post-processes on the
+    host). Nothing to do where vLLM recorded no metadata for the layer."""
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    except ImportError:
+        return
+    info = LAYERWISE_INFO.get(module)
+    if info is not None:
+        info.restore_device = torch.device("cpu")
 
 
 def experts_per_token(group: str, module: nn.Module, planned: Any) -> int:

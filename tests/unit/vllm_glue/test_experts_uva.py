@@ -627,3 +627,39 @@ def test_vllms_reload_refills_a_computed_layers_device_share_with_the_new_bytes(
         got = share.tensors()[name]
         assert got.data_ptr() == held[name]
         torch.testing.assert_close(got, want)
+
+
+def test_vllms_reload_rebuilds_a_computed_layer_in_host_memory(tmp_path):
+    """vLLM records at construction the device its layer-by-layer reload rebuilds each layer
+    on (the default device: CUDA on a GPU; meta stands in for it here). A layer the glue
+    serves ``compute`` is rebuilt in host memory instead, so its whole as-loaded experts
+    never land on the device, which the plan does not count; vLLM's own reload then runs
+    through and the host experts read the new bytes."""
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_reload,
+        get_layerwise_info,
+        initialize_layerwise_reload,
+        record_metadata_for_reloading,
+    )
+
+    from helpers import compute_experts_plan, save_tiny_qwen3_moe
+    from selective_offload.vllm_glue import host_compute
+
+    xl = experts_load(GROUP)
+    model, _ = build_runners(xl, layers=1, device="cpu")
+    with torch.device("meta"):
+        record_metadata_for_reloading(model)
+    model.load_weights = lambda weights: _load_weights(model, weights)
+    layer = model.layers[0].mlp.experts.routed_experts
+    model.load_weights(_checkpoint(1).items())
+    plan = compute_experts_plan(save_tiny_qwen3_moe(tmp_path / "moe"))  # the same experts' shapes
+    hosted = host_compute.install(GROUP, layer, layer.quant_method, plan, torch.device("cpu"))
+    assert get_layerwise_info(layer).restore_device == torch.device("cpu")
+
+    ckpt = _checkpoint(2)
+    initialize_layerwise_reload(model)
+    model.load_weights(ckpt.items())
+    finalize_layerwise_reload(model, None)
+    w13, w2 = _expected(ckpt)
+    torch.testing.assert_close(hosted.weights.w13, w13)
+    torch.testing.assert_close(hosted.weights.w2, w2)
