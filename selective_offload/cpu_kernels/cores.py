@@ -53,3 +53,26 @@ def cores_of_one_node(sys_root: str = "/sys", allowed: set[int] | None = None) -
             core = (0, -1 - cpu)
         cores.setdefault(core, cpu)
     return sorted(cores.values()) or sorted(allowed)[:1] or [0]
+
+
+def rank_cores(node_cores: list[int], affinities: list[set[int]], rank: int) -> list[int]:
+    """The cores a rank's kernel pool is pinned to, of ``node_cores`` (its node's, as
+    :func:`cores_of_one_node` reads them from its own binding), given the CPU affinity sets
+    of the ranks on this host (``affinities``; ``rank``: this one's index there). The ranks
+    whose sets overlap this one's (ranks left unbound, or bound to one node together) split
+    the cores in equal slices, in rank order; a rank whose set no other rank's touches
+    (vLLM's ``--numa-bind`` putting each rank on its own node, or its own CPUs) keeps them
+    whole."""
+    sharing = sharing_ranks(affinities, rank)
+    if len(sharing) <= 1:
+        return list(node_cores)
+    at = sharing.index(rank)
+    per = max(1, len(node_cores) // len(sharing))
+    return node_cores[at * per:(at + 1) * per] or node_cores[-per:]
+
+
+def sharing_ranks(affinities: list[set[int]], rank: int) -> list[int]:
+    """The ranks (indices of ``affinities``, this one's ``rank`` among them) whose CPU
+    affinity sets overlap this rank's: those its node's cores are split between."""
+    mine = affinities[rank]
+    return [i for i, cpus in enumerate(affinities) if i == rank or cpus & mine]

@@ -112,7 +112,8 @@ def refuse_unsupported(group: str, method: Any, module: nn.Module, device: torch
 
 def threads_of(setting: Any, device: torch.device = torch.device("cpu")) -> int | None:
     """The plan's threads per rank; unstated, the physical cores of the NUMA node vLLM binds
-    this worker to (the probe's count, the plan's default) split between the ranks. ``None``
+    this worker to (the probe's count, the plan's default) split between the ranks bound
+    with it (:func:`rank_affinities`; all of them where vLLM made no world). ``None``
     with one rank on vLLM's CPU build: the kernel takes torch's intra-op threads, which its
     CPU worker binds to its cores. Not on CUDA: vLLM 0.33's GPU worker leaves torch one
     thread for serving (``set_torch_threads_for_runtime``), so the count is the cores',
@@ -124,31 +125,54 @@ def threads_of(setting: Any, device: torch.device = torch.device("cpu")) -> int 
         return setting.threads
     from ..probe.host_compute import physical_cores_of_one_node
 
-    per_rank = physical_cores_of_one_node() // setting.ranks
+    gathered = rank_affinities() if setting.ranks > 1 else None
+    sharing = (len(cpu_kernels.cores.sharing_ranks([set(a) for a in gathered[1]], gathered[0])) if gathered
+               else setting.ranks)
+    per_rank = physical_cores_of_one_node() // sharing
     return max(1, per_rank - 1 if torch.device(device).type == "cuda" else per_rank)
 
 
-def local_rank() -> int | None:
-    """This worker's rank on its node (vLLM's world group), None before vLLM made it."""
+#: :func:`rank_affinities` once gathered (a process's ranks and bindings do not change).
+_AFFINITIES: list[tuple[int, tuple[frozenset[int], ...]]] = []
+
+
+def rank_affinities() -> tuple[int, tuple[frozenset[int], ...]] | None:
+    """This rank's index among the ranks on its host, and each of those ranks' CPU affinity
+    set (``os.sched_getaffinity``: vLLM's ``--numa-bind`` or the CPU build's binding), in
+    rank order: gathered once, over vLLM's world group (its CPU group), at the first
+    install, which every rank reaches in the same order. None before vLLM made its world
+    (one process: nothing to split)."""
+    if _AFFINITIES:
+        return _AFFINITIES[0]
     try:
         from vllm.distributed.parallel_state import get_world_group
 
-        return int(get_world_group().local_rank)
+        group = get_world_group()
+        import socket
+
+        import torch.distributed as dist
+
+        mine = (socket.gethostname(), sorted(cpu_kernels.cores.allowed_cpus()))
+        everyone: list[Any] = [None] * group.world_size
+        dist.all_gather_object(everyone, mine, group=group.cpu_group)
     except (AssertionError, AttributeError, ImportError, RuntimeError):
         return None
+    here = [i for i, (host, _) in enumerate(everyone) if host == mine[0]]
+    _AFFINITIES.append((here.index(group.rank_in_group), tuple(frozenset(everyone[i][1]) for i in here)))
+    return _AFFINITIES[0]
 
 
 def pin_to_rank_cores(ranks: int) -> None:
-    """With several ranks sharing the host, this rank's kernel pool is pinned to its own
-    slice of the node's cores (rank r: the r-th of ``ranks`` equal slices of the cores the
-    library pins to by default), never to the cores another rank's pool runs on."""
-    rank = local_rank()
-    if rank is None:
+    """With several ranks sharing the host, this rank's kernel pool is pinned to cores no
+    other rank's pool runs on (:func:`.cores.rank_cores`): the ranks whose CPU affinity
+    sets overlap split the cores the library pins to by default in equal slices; a rank
+    bound apart (vLLM's ``--numa-bind``: each rank on its own node) keeps its cores whole."""
+    gathered = rank_affinities() if ranks > 1 else None
+    if gathered is None:
         return
-    cores = cpu_kernels.kernel.default_pool_cpus()
-    per = max(1, len(cores) // ranks)
-    mine = cores[(rank % ranks) * per:(rank % ranks + 1) * per] or cores[-per:]
-    cpu_kernels.kernel.set_pool_cpus(mine)
+    rank, affinities = gathered
+    cpu_kernels.kernel.set_pool_cpus(
+        cpu_kernels.cores.rank_cores(cpu_kernels.kernel.default_pool_cpus(), [set(a) for a in affinities], rank))
 
 
 def refuse_other_ranks(plan: Plan | None, vllm_config: Any) -> None:

@@ -128,19 +128,33 @@ def test_workers_are_pinned_to_the_cores_given(lib, default_pinning):
 
 
 def test_ranks_sharing_a_node_pin_their_pools_to_slices_of_its_cores(lib, default_pinning, monkeypatch):
+    """Ranks whose CPU affinity sets are the same (unbound, or bound to one node together)
+    pin their pools to disjoint slices of the node's cores; ranks bound apart (vLLM's
+    ``--numa-bind``: each on its own node) keep their own cores whole. The affinity sets are
+    given here as vLLM's world group would gather them (no world in this process)."""
     from selective_offload.vllm_glue import host_compute as glue
 
-    cores = kernel.default_pool_cpus(lib)
-    monkeypatch.setattr(kernel, "default_pool_cpus", lambda library_=None: [10, 11, 12, 13, 14, 15])
-    monkeypatch.setattr(kernel, "set_pool_cpus", lambda cpus, library_=None: seen.append(cpus))
+    cores_before = kernel.default_pool_cpus(lib)
+    node = {frozenset(range(0, 6)): [0, 1, 2, 3, 4, 5], frozenset(range(6, 12)): [6, 7, 8, 9, 10, 11]}
     seen = []
-    for rank in (0, 1, 2):
-        monkeypatch.setattr(glue, "local_rank", lambda rank=rank: rank)
-        glue.pin_to_rank_cores(3)
-    assert seen == [[10, 11], [12, 13], [14, 15]]
-    monkeypatch.setattr(glue, "local_rank", lambda: None)  # no vLLM world: the default pinning stays
+    monkeypatch.setattr(kernel, "set_pool_cpus", lambda cpus, library_=None: seen.append(cpus))
+
+    def pinned(affinities, rank):
+        mine = frozenset(affinities[rank])
+        monkeypatch.setattr(kernel, "default_pool_cpus", lambda library_=None: node[mine])
+        monkeypatch.setattr(glue, "rank_affinities", lambda: (rank, tuple(frozenset(a) for a in affinities)))
+        glue.pin_to_rank_cores(len(affinities))
+        return seen.pop()
+
+    apart = [set(range(0, 6)), set(range(6, 12))]
+    assert [pinned(apart, r) for r in (0, 1)] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    together = [set(range(0, 6))] * 3
+    assert [pinned(together, r) for r in (0, 1, 2)] == [[0, 1], [2, 3], [4, 5]]
+    two_nodes_four_ranks = [set(range(0, 6)), set(range(0, 6)), set(range(6, 12)), set(range(6, 12))]
+    assert [pinned(two_nodes_four_ranks, r) for r in range(4)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    monkeypatch.setattr(glue, "rank_affinities", lambda: None)  # no vLLM world: the default pinning stays
     glue.pin_to_rank_cores(3)
-    assert len(seen) == 3 and cores == kernel.pool_cpus(lib)
+    assert seen == [] and cores_before == kernel.pool_cpus(lib)
 
 
 def in_child(fn, timeout_s: float = 60.0) -> int:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from builders import make_ckpt
+from selective_offload import cpu_kernels
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.probe import host_compute as probe
@@ -100,3 +101,18 @@ def test_the_host_part_on_cuda_runs_on_the_cores_not_on_torchs_one_serving_threa
     assert host_compute.threads_of(setting, torch.device("cuda")) == 11
     assert host_compute.threads_of(setting, torch.device("cpu")) is None  # vLLM's CPU worker binds torch's
     assert host_compute.threads_of(replace(setting, threads=3), torch.device("cuda")) == 3
+
+
+def test_an_unstated_thread_count_splits_the_node_only_between_the_ranks_bound_to_it(monkeypatch):
+    """Two ranks bound to one node (or left unbound) split its cores; two ranks vLLM's
+    ``--numa-bind`` put on nodes of their own each take their node's cores (less the engine
+    thread's on CUDA). The ranks' affinity sets are given as vLLM's world group would
+    gather them."""
+    monkeypatch.setattr(probe, "physical_cores_of_one_node", lambda: 12)
+    monkeypatch.setattr(cpu_kernels.kernel, "default_pool_cpus", lambda library_=None: list(range(12)))
+    monkeypatch.setattr(cpu_kernels.kernel, "set_pool_cpus", lambda cpus, library_=None: None)
+    setting = replace(split_plan().host_compute, threads=None, ranks=2)
+    for affinities, want in (((frozenset(range(12)), frozenset(range(12, 24))), 11),
+                             ((frozenset(range(12)), frozenset(range(12))), 5)):
+        monkeypatch.setattr(host_compute, "rank_affinities", lambda affinities=affinities: (1, affinities))
+        assert host_compute.threads_of(setting, torch.device("cuda")) == want
