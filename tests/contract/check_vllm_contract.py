@@ -813,6 +813,40 @@ def _step_host_sync() -> None:
         expect("get_output()" in inspect.getsource(module), f"{module.__name__} no longer calls get_output()")
 
 
+@check("output_rank")
+def _output_rank() -> None:
+    # Source: whose step output vLLM reads (vllm_glue.host_compute.is_output_rank, which ends
+    # any other rank's worker on a failed job). The executor asks one rank for the output of
+    # execute_model and sample_tokens, world_size - tp * pcp (TP rank 0 of the last pipeline
+    # stage); a worker hands its output, or its exception, back only when it is that rank.
+    from vllm.v1.executor import multiproc_executor
+
+    executor = multiproc_executor.MultiprocExecutor
+    rank = source(executor._get_output_rank)
+    expect(all(word in rank for word in ("self.world_size", "tensor_parallel_size", "prefill_context_parallel_size")),
+           "MultiprocExecutor._get_output_rank is no longer world_size - tp * pcp")
+    for method in (executor.execute_model, executor.sample_tokens):
+        expect("unique_reply_rank=self.output_rank" in source(method),
+               f"MultiprocExecutor.{method.__name__} no longer asks the output rank alone")
+    expect("self.rank == output_rank" in source(multiproc_executor.WorkerProc._execute_worker_rpc),
+           "WorkerProc._execute_worker_rpc no longer hands back the output rank's output alone")
+
+
+@check("reload_restore_device")
+def _reload_restore_device() -> None:
+    # Source: where the glue has a compute-served layer rebuilt in host memory on a reload
+    # (vllm_glue.host_compute.reload_on_host): the layerwise reload keeps each layer's
+    # recorded info in LAYERWISE_INFO and materialises the layer under its restore_device.
+    from vllm.model_executor.model_loader.reload import layerwise, meta
+
+    expect(isinstance(getattr(layerwise, "LAYERWISE_INFO", None), dict) or hasattr(layerwise.LAYERWISE_INFO, "get"),
+           "reload.layerwise.LAYERWISE_INFO is gone")
+    expect("with info.restore_device" in source(meta.materialize_layer),
+           "materialize_layer no longer builds the layer under its recorded restore_device")
+    expect("materialize_layer" in called_names(layerwise._layerwise_process),
+           "_layerwise_process no longer materialises the layer it reloads")
+
+
 @check("reload_in_place")
 def _reload_in_place() -> None:
     # Source: what the glue's UVA views rely on across a reload (experts.view_again).

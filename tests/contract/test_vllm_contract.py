@@ -56,6 +56,8 @@ CHECKS = [
     "cudagraph_sizes_after_load",
     "routed_experts_uva",
     "step_host_sync",
+    "output_rank",
+    "reload_restore_device",
     "reload_in_place",
     "model_class_names",
     "no_foreign_vllm_modules",
