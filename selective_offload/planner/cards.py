@@ -7,7 +7,9 @@ plan packed to within megabytes of the nominal size fails at load. So the planne
 for what such a card keeps free after the CUDA context (:func:`card_memory`):
 
 - the probe's measurement of this machine's card, when there is one for the class named
-  (``torch.cuda.mem_get_info``'s free bytes right after the probe created its context);
+  (``torch.cuda.mem_get_info``'s free bytes right after the probe created its context): a
+  card reporting at most the nominal size and more than the next smaller class's, however
+  far below (an ECC data-centre card reports less than the table's consumer figures);
 - else, for a size that names a class of :data:`CARDS`, the lowest figure cards of that
   class report to torch, less the class's margin (:func:`margin_bytes`, est: a card of the
   class may report less than any figure published) and :data:`CONTEXT_EST_BYTES` (est), so
@@ -48,8 +50,15 @@ def _gib(x: float) -> int:
     return int(round(x * GiB))
 
 
-#: What each card class reports to torch (see the module docstring). Sources: the issue
-#: threads quoting torch's "GPU 0 has a total capacity of X GiB" (or "X GiB total capacity").
+#: What each card class reports to torch (see the module docstring): consumer and
+#: workstation (non-ECC) cards' figures. An ECC data-centre card reports less than its
+#: class's row (16 GB T4: 14.56 GiB, github.com/Zheng-Chong/CatVTON/issues/133; 24 GB A30:
+#: 23.53 GiB, github.com/google/RB-Modulation/issues/5; 48 GB L40: 44.40 GiB,
+#: github.com/NVlabs/Eagle/issues/68): the 16 and 48 GB rows' usable figures exceed those
+#: cards' totals. Such a card is planned from the probe's measurement on it (always trusted
+#: at or below the nominal size), or from ``--device-memory`` given as the card reports it.
+#: Sources: the issue threads quoting torch's "GPU 0 has a total capacity of X GiB" (or
+#: "X GiB total capacity").
 CARDS: tuple[CardClass, ...] = (
     # RTX 3070: "GPU 0 has a total capacty of 7.78 GiB" (github.com/meta-llama/codellama/issues/82)
     CardClass(8, _gib(7.78), "RTX 3070, published torch total capacity 7.78 GiB"),
@@ -105,9 +114,11 @@ def card_class(nbytes: int) -> CardClass | None:
 
 def class_of_reported(total_bytes: int) -> CardClass | None:
     """The class a card that reports ``total_bytes`` to torch belongs to: the smallest
-    nominal size it does not exceed, within 5% (``None``: no class of the table)."""
+    nominal size it does not exceed (``None``: larger than every class of the table). No
+    lower bound: an ECC data-centre card reports well below its nominal size (a 16 GB T4
+    14.56 GiB, a 48 GB L40 44.40 GiB), and its measurement is what it holds."""
     for card in CARDS:
-        if 0.95 * card.nominal_gib * GiB <= total_bytes <= card.nominal_gib * GiB:
+        if total_bytes <= card.nominal_gib * GiB:
             return card
     return None
 

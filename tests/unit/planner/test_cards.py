@@ -158,3 +158,18 @@ def load_bundled():
     from selective_offload.checkpoint import load_checkpoint
 
     return load_checkpoint(toy_path())
+
+
+def test_an_ecc_cards_measurement_below_the_class_figure_is_trusted():
+    # a 16 GB T4 (ECC) reports 14.56 GiB to torch, below the 16 GB row's usable figure: the
+    # probe's measurement is what the card holds, never the class's consumer figure
+    total, free = round(14.56 * GiB), round(14.2 * GiB)
+    usable, source = card_memory(16 * GiB, measured_total=total, measured_free=free)
+    assert usable <= free and source.startswith("measured")
+    assert card_memory(16 * GiB)[0] > total  # the consumer row alone would overshoot this card
+    # a 48 GB L40 (44.40 GiB) and a 24 GB A30 (23.53 GiB) likewise
+    for nominal, reported in ((48, 44.40), (24, 23.53)):
+        got = card_memory(nominal * GiB, round(reported * GiB), round(reported * GiB) - GiB // 2)
+        assert got[0] == round(reported * GiB) - GiB // 2
+    # a smaller class's card (a 12 GB one) is not the 16 GB class: the table's row
+    assert card_memory(16 * GiB, round(11.8 * GiB), round(11.3 * GiB))[1].startswith("card class 16 GB")
