@@ -114,7 +114,8 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     written to ``report_path`` (default: a file in the temporary directory) and returned
     by :func:`landing_report`. Returns the engine arguments the plan supplies, to pass
     on: ``LLM(**enable(plan))``: ``model``, and the settings that make vLLM match the plan
-    (``planner.serving.engine_settings``: the KV cache it kept, a CUDA graph cap).
+    (``planner.serving.engine_settings``: the KV cache it kept, a CUDA graph cap, the step its
+    fused-MoE workspace was priced for).
 
     Raises :class:`UserError` (one line saying what to do) for a bad option, an unreadable
     or inconsistent plan, a plan for another model, an infeasible plan or an unsupported

@@ -217,7 +217,7 @@ def workspace_room(ckpt, **inputs) -> int:
     if not (ckpt.facts.num_experts or 0):
         return 0
     inp = PlanInputs(device_memory_bytes=1, **inputs)
-    workspace = workspace_for(ckpt.config, inp.card, inp.moe_setting)
+    workspace = workspace_for(ckpt.config, inp.card, inp.moe_setting, inp.batched_tokens)
     return workspace.nbytes if workspace else 0
 
 

@@ -25,6 +25,7 @@ from ..kv_model import KV_DTYPE_BYTES
 from ..names import DEFAULT_COLD_SEGMENTS
 from ..sizes import MAX_GBPS, MAX_TFLOPS, MIN_GBPS, GiB
 from .vocabulary import (
+    ASSUMED_BATCHED_TOKENS,
     DEFAULT_KV_CACHE_BYTES,
     DEFAULT_RESERVE_BYTES,
     HOST_HEADROOM_BYTES,
@@ -189,6 +190,14 @@ class PlanInputs:
     usable_device_bytes: int | None = None
     #: Where ``usable_device_bytes`` came from, in words (the plan's view shows it).
     usable_from: str | None = None
+    #: vLLM's ``max_num_batched_tokens``, the largest step it runs, for which its fused-MoE
+    #: workspace is priced; ``None``: :data:`ASSUMED_BATCHED_TOKENS` (est).
+    max_num_batched_tokens: int | None = None
+
+    @property
+    def batched_tokens(self) -> int:
+        """The step the fused-MoE workspace is priced for (:attr:`max_num_batched_tokens`)."""
+        return self.max_num_batched_tokens or ASSUMED_BATCHED_TOKENS
 
     @property
     def host_available_bytes(self) -> int | None:
@@ -291,6 +300,9 @@ class PlanInputs:
             raise PlanError("the cold segment list is empty; give at least one segment, or plan without offload")
         if not 1 <= self.batch <= MAX_BATCH:
             raise InputError("batch", f"batch {self.batch} must be from 1 to {MAX_BATCH} concurrent sequences")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise InputError("max_num_batched_tokens",
+                             f"max_num_batched_tokens {self.max_num_batched_tokens} must be 1 or more, like 8192")
         if self.spec_tokens is not None and not 1 <= self.spec_tokens <= 16:
             raise InputError("spec_tokens",
                              f"speculative draft tokens {self.spec_tokens} must be between 1 and 16, like mtp:2")

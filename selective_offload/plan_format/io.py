@@ -162,6 +162,7 @@ def read_inputs(r: FieldReader) -> tuple[PlanInputs, list[str]]:
         head_share=r.bool("head_share", default=True),
         usable_device_bytes=r.int("usable_device_bytes", minimum=1, default=None),
         usable_from=r.str("usable_from", default=None, nullable=True),
+        max_num_batched_tokens=r.int("max_num_batched_tokens", minimum=1, default=None),
     )
     try:
         inputs.validate()

@@ -40,6 +40,13 @@ DEFAULT_RESERVE_BYTES = 2 * GiB
 #: the plan's host bytes are checked against the host's memory, est: 1.5 GiB for the system
 #: and 1.5 GiB for each of three vLLM processes.
 HOST_HEADROOM_BYTES = 6 * GiB
+#: The tokens of the largest step vLLM runs, for which its fused-MoE workspace is priced, when
+#: the plan is not told (est): vLLM 0.33's ``max_num_batched_tokens`` for ``vllm serve`` on a
+#: card under 70 GiB (``engine/arg_utils.py:2996-3002``); its profile run is a step of that
+#: many tokens. The ``LLM`` class and ``vllm serve`` on a card of 70 GiB or more default to
+#: 8192: a plan's serve command passes the figure it priced, and the worker's pre-flight
+#: prices the workspace again at the engine's own figure.
+ASSUMED_BATCHED_TOKENS = 2048
 #: The largest integer a plan holds (bytes, counts, tokens); see sizes.MAX_BYTES.
 MAX_PLAN_INT = MAX_BYTES
 #: The largest other number a plan holds (estimates, GiB).

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 
 from ..errors import UserError
 from ..names import experts_prefix
+from ..plan_format.vocabulary import ASSUMED_BATCHED_TOKENS
 from ..tensors import TensorInfo
 from .kernels import CARDS, PRE_ADA, allocated_sizes, method_of_config, pick, round_up, sizes_known
 
@@ -164,12 +165,17 @@ def experts_bytes(tensors: Mapping[str, TensorInfo]) -> int:
 #: default) at the largest size any layer asked for, locked after warm-up
 #: (``v1/worker/workspace.py:181-280``, ``gpu_model_runner.py:6510``): not per layer.
 WORKSPACE_KERNELS = frozenset({"MarlinExperts", "TritonExperts"})
-#: The tokens of the largest step vLLM runs, for which the workspace is sized (est): vLLM
-#: 0.33's ``max_num_batched_tokens`` for ``vllm serve`` on a card under 70 GiB
-#: (``engine/arg_utils.py:2996-3002``); its profile run is a step of that many tokens.
-ASSUMED_BATCHED_TOKENS = 2048
 #: The workspace manager's alignment of each buffer it hands out (``workspace.py:193``).
 WORKSPACE_ALIGN = 256
+
+
+def workspace_at(nbytes: int, priced_tokens: int, tokens: int) -> int:
+    """A fused-MoE workspace priced at ``nbytes`` for ``priced_tokens`` tokens, at ``tokens``:
+    both of its buffers grow in proportion to the step (:func:`fused_moe_workspace_bytes`),
+    each rounded up to :data:`WORKSPACE_ALIGN` once more at most."""
+    if not nbytes or tokens == priced_tokens:
+        return nbytes
+    return -(-nbytes * tokens // priced_tokens) + 2 * WORKSPACE_ALIGN
 
 
 def fused_moe_workspace_bytes(tokens: int, top_k: int, hidden: int, intermediate: int, act_bytes: int = 2) -> int:
@@ -199,7 +205,7 @@ class Workspace:
     def note(self) -> str:
         return (f"device: vLLM's fused-MoE workspace, one per process for {self.kernel}, priced at "
                 f"{self.nbytes / 1e6:.1f} MB (est: a step of {self.tokens} tokens, vLLM's max_num_batched_tokens "
-                f"for `vllm serve` on such a card, top-{self.top_k} of experts at hidden {self.hidden}, intermediate "
+                f"the plan is made for, top-{self.top_k} of experts at hidden {self.hidden}, intermediate "
                 f"{self.intermediate})")
 
 
@@ -352,11 +358,13 @@ def post_processing_growth(tensors: Mapping[str, TensorInfo], post: PostProcessi
         t.nbytes for t in tensors.values())
 
 
-def model_device_bytes(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo], card: str, setting: str) -> int:
+def model_device_bytes(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo], card: str, setting: str,
+                       tokens: int = ASSUMED_BATCHED_TOKENS) -> int:
     """Every byte vLLM 0.33 holds on ``card`` for a model all resident: its tensors at the
-    sizes it allocates and post-processes them to, and its fused-MoE workspace."""
+    sizes it allocates and post-processes them to, and its fused-MoE workspace for a step of
+    ``tokens`` tokens (vLLM's ``max_num_batched_tokens``)."""
     held = post_processed_tensors(allocated_tensors(tensors, padding_for(config, card, setting)),
                                   post_processing_for(config, card, setting))
     experts = any(experts_prefix(name) is not None for name in tensors)
-    workspace = workspace_for(config, card, setting) if experts else None
+    workspace = workspace_for(config, card, setting, tokens) if experts else None
     return sum(t.nbytes for t in held.values()) + (workspace.nbytes if workspace else 0)

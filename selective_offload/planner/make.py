@@ -135,7 +135,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     # Priced with every dense MLP a group of its own; the plan keeps only the computed ones split.
     priced = group_tensors(checkpoint, inputs, split_mlp=True) if mlp_computes else groups
     # vLLM's fused-MoE workspace (one per process) holds device memory whatever the placement
-    workspace = workspace_for(checkpoint.config, inputs.card, inputs.moe_setting) if has_experts else None
+    workspace = (workspace_for(checkpoint.config, inputs.card, inputs.moe_setting, inputs.batched_tokens)
+                 if has_experts else None)
     workspace_bytes = workspace.nbytes if workspace else 0
     placing = Placing(priced, inputs.weight_budget_bytes - workspace_bytes,
                       compute_formats={GroupKind.EXPERTS: fmt, GroupKind.MLP: mlp_fmt, GroupKind.MODULE: "bf16"},

@@ -5,8 +5,10 @@ computes on the host CPU, for steps up to its crossover. vLLM's defaults assume 
 it sizes the KV cache from ``gpu_memory_utilization`` (0.9 of the card, less the weights
 and the activations it profiles), which leaves a plan that fills its budget too little or
 no KV cache at all; and it captures CUDA graphs of up to 512 tokens, which the worker
-refuses above a host-compute plan's crossover. :func:`engine_settings` is both, as vLLM's
-engine arguments: ``plan``'s serve command passes them as flags, ``enable()`` returns them.
+refuses above a host-compute plan's crossover; and it sizes its fused-MoE workspace for
+``max_num_batched_tokens`` tokens, 8192 for the ``LLM`` class and on a card of 70 GiB or more,
+where a plan priced it for fewer (:data:`~selective_offload.plan_format.vocabulary.ASSUMED_BATCHED_TOKENS`).
+:func:`engine_settings` is all three, as vLLM's engine arguments: ``plan``'s serve command passes them as flags, ``enable()`` returns them.
 """
 
 from __future__ import annotations
@@ -42,12 +44,16 @@ def engine_settings(plan: Plan) -> dict[str, Any]:
     leaves vLLM's own KV sizing alone (it gives the KV cache what is left). A plan made
     without ``--max-model-len`` kept a KV cache of a size, not of a context: vLLM is told to
     fit its context to it (``max_model_len=-1``, its auto-fit) rather than refuse to start
-    when the model's own context does not fit."""
+    when the model's own context does not fit. A plan that priced vLLM's fused-MoE workspace
+    priced it for a step of ``inputs.batched_tokens`` tokens: vLLM is told that step
+    (``max_num_batched_tokens``), not its default for the entry point and card."""
     settings: dict[str, Any] = {}
     if plan.deficit_bytes > 0 and plan.inputs.kv_cache_bytes > 0:
         settings["kv_cache_memory_bytes"] = plan.inputs.kv_cache_bytes
         if plan.inputs.max_model_len is None:  # vLLM fits the context to that KV cache (-1: auto-fit)
             settings["max_model_len"] = -1
+    if plan.est_vllm_workspace_bytes:
+        settings["max_num_batched_tokens"] = plan.inputs.batched_tokens
     cap = graph_cap(plan)
     if cap is not None:
         settings["compilation_config"] = {"max_cudagraph_capture_size": cap}
@@ -60,6 +66,8 @@ def serve_flags(plan: Plan) -> list[str]:
     flags = ["--max-model-len", "auto"] if settings.get("max_model_len") == -1 else []
     if "kv_cache_memory_bytes" in settings:
         flags += ["--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"])]
+    if "max_num_batched_tokens" in settings:
+        flags += ["--max-num-batched-tokens", str(settings["max_num_batched_tokens"])]
     if "compilation_config" in settings:
         flags += ["--max-cudagraph-capture-size", str(settings["compilation_config"]["max_cudagraph_capture_size"])]
     return flags

@@ -31,10 +31,11 @@ from ..plan_format import DEFAULT_RESERVE_BYTES, Plan, PlanInputs
 from ..plan_format.inputs import DEFAULT_CARD, MOE_SETTINGS, moe_setting
 from ..plan_options import with_measured_cpu_rate
 from ..planner import kernels, make_plan
-from ..planner.allocation import model_device_bytes
+from ..planner.allocation import ASSUMED_BATCHED_TOKENS, model_device_bytes
 from ..planner.cards import card_memory
 from ..probe import load_profile, plan_bandwidths, plan_defaults
 from ..sizes import GiB
+from . import preflight
 
 
 def device_memory_for(vllm_config, device: torch.device, checkpoint_bytes: int, kv_bytes: int,
@@ -110,7 +111,9 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
     card, setting = card_of_worker(device), setting_of_server(vllm_config)
     # the bytes vLLM holds for the model on this card (routed experts padded for its kernel,
     # post-processed, and its fused-MoE workspace)
-    allocated = model_device_bytes(checkpoint.config, checkpoint.tensors, card or DEFAULT_CARD, setting)
+    tokens = preflight.batched_tokens_of(vllm_config)  # the engine's own step, for its fused-MoE workspace
+    allocated = model_device_bytes(checkpoint.config, checkpoint.tensors, card or DEFAULT_CARD, setting,
+                                   tokens or ASSUMED_BATCHED_TOKENS)
     device_memory, memory_from = device_memory_for(vllm_config, device, allocated, kv_bytes, DEFAULT_RESERVE_BYTES)
     profile = load_profile()
     link, vram, link_from = plan_bandwidths(profile)
@@ -129,6 +132,7 @@ def plan_at_start(settings_options, vllm_config, model_config, device: torch.dev
         cpu_threads=measured["cpu_threads"],  # the pool the probe timed the host kernels with
         speculative="mtp" if mtp else None,
         spec_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0) or None if mtp else None,
+        max_num_batched_tokens=tokens,
     )
     usable_bytes = usable[0] if usable else card_memory(device_memory)[0]  # the planner's rule (planner.cards)
     budget = usable_bytes - kv_bytes - DEFAULT_RESERVE_BYTES

@@ -153,6 +153,7 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
     # the host too: vLLM zeroes the experts it makes), which the plan's needs count again.
     load.device_free = preflight.device_free_bytes(device)
     load.host_available = preflight.host_available_bytes()
+    load.batched_tokens = preflight.batched_tokens_of(vllm_config)
     s.active = load
     try:
         model = original(loader, vllm_config, model_config, prefix)
@@ -363,7 +364,7 @@ def _preflight(s: Session, load: Load, model: nn.Module, on_host) -> None:
     device's free memory and the host's available memory, both read before construction
     (:mod:`.preflight`); under ``auto`` the plan may give up device share to fit."""
     plan = load.settings.plan
-    need = preflight.need_of(plan, preflight.built_on_device(model, load.device, set(on_host)))
+    need = preflight.need_of(plan, preflight.built_on_device(model, load.device, set(on_host)), load.batched_tokens)
     fitted, line = preflight.check(plan, need, load.device_free, load.host_available,
                                    load.settings.auto, load.device)
     load.notes.append(line)

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..errors import PlanError
 from ..plan_format import GroupKind, Plan
+from ..planner.allocation import workspace_at
 from ..sizes import fmt_bytes
 
 #: The CPU build's stand-in for a device's free memory (bytes): the CPU build has no device
@@ -95,10 +96,25 @@ def built_on_device(model: nn.Module, device: torch.device, on_host: set[int]) -
     return total
 
 
-def need_of(plan: Plan, built: int) -> Need:
+def batched_tokens_of(vllm_config) -> int | None:
+    """vLLM's ``max_num_batched_tokens`` for this engine (its largest step, for which its
+    fused-MoE workspace is sized): the user's flag, or vLLM's default for the entry point and
+    card (0.33: 8192 for the ``LLM`` class and for ``vllm serve`` on a card of 70 GiB or
+    more, 2048 below); ``None`` where the config does not say."""
+    value = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def need_of(plan: Plan, built: int, batched_tokens: int | None = None) -> Need:
+    """What loading ``plan`` holds: ``built`` and the plan's other device lines, its KV cache
+    and reserve, with vLLM's fused-MoE workspace at the engine's ``batched_tokens`` (its
+    ``max_num_batched_tokens``; ``None``: as the plan priced it)."""
     inp = plan.inputs
     # every device line of the plan's ledger but the resident weights, which vLLM built
     to_come = plan.device_ledger_bytes - plan.device_bytes + inp.kv_cache_bytes + inp.reserve_bytes
+    if batched_tokens is not None:  # the workspace the engine will really hold, not the plan's
+        workspace = workspace_at(plan.est_vllm_workspace_bytes, inp.batched_tokens, batched_tokens)
+        to_come += workspace - plan.est_vllm_workspace_bytes
     return Need(built, to_come, plan.host_bytes)
 
 

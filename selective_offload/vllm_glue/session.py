@@ -97,6 +97,9 @@ class Load:
     loaded_bytes: dict[str, int] = field(default_factory=dict)
     dtype: str = ""
     pipeline_ranks: int = 1
+    #: vLLM's ``max_num_batched_tokens`` for this engine (the pre-flight prices its fused-MoE
+    #: workspace at it); ``None``: as the plan priced it.
+    batched_tokens: int | None = None
     #: How host weights are held on this machine, and what this load page-locked.
     page_locked: PageLockedLedger | None = None
     #: The plan's routed experts served uva (``experts.ExpertsLoad``), when it has any.

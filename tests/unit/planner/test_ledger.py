@@ -120,3 +120,21 @@ def test_vllms_fused_moe_workspace_is_a_device_line_the_placement_leaves_room_fo
         usable_from=None))
     assert tight.est_vllm_workspace_bytes == workspace and tight.shortfall_bytes == 0
     assert tight.device_bytes + tight.est_transient_device_bytes + workspace <= tight.weight_budget_bytes
+
+
+def test_the_workspace_is_priced_for_the_engines_step_and_the_serve_command_passes_it():
+    """vLLM sizes its fused-MoE workspace for ``max_num_batched_tokens`` (8192 for the LLM
+    class and on a card of 70 GiB or more): a plan told the engine's step prices it there
+    and records it; the serve command and ``enable()``'s settings pass the step priced."""
+    from selective_offload.planner.serving import engine_settings, serve_flags
+
+    plan = host_plan()
+    T = 8192
+    larger = make_plan(moe(4, hidden_size=H, moe_intermediate_size=I),
+                       replace(plan.inputs, max_num_batched_tokens=T))
+    workspace = -(-T * K * max(I, H) * 2 // 256) * 256 + -(-T * K * max(2 * I, H) * 2 // 256) * 256
+    assert larger.est_vllm_workspace_bytes == workspace > plan.est_vllm_workspace_bytes
+    assert Plan.from_dict(json.loads(larger.to_json())).inputs.batched_tokens == T
+    flags = serve_flags(larger)
+    assert flags[flags.index("--max-num-batched-tokens") + 1] == str(T)
+    assert engine_settings(plan)["max_num_batched_tokens"] == 2048  # the step it assumed, told to vLLM

@@ -108,3 +108,29 @@ def test_auto_on_cuda_plans_for_the_free_memory_after_the_context(monkeypatch):
     assert auto_plan.measured_usable(CPU, 16 << 30) is None
     monkeypatch.setenv(ENV_DEVICE_MEMORY, "24GiB")  # a card to rehearse: the planner's card rule instead
     assert auto_plan.measured_usable(torch.device("cuda", 0), 16 << 30) is None
+
+
+def test_the_engines_larger_step_prices_vllms_workspace_again_and_refuses_or_sheds(plan, tmp_path):
+    from vllm.config import SchedulerConfig
+
+    from helpers import save_tiny_qwen3_moe as save
+    from selective_offload.checkpoint import load_checkpoint
+    from selective_offload.planner.allocation import workspace_for
+
+    # vLLM's own config for the engine: the LLM class's 8192 tokens, not the plan's 2048
+    engine = type("VllmConfig", (), {})()
+    engine.scheduler_config = SchedulerConfig(max_num_batched_tokens=8192, max_model_len=4096,
+                                              is_encoder_decoder=False)
+    tokens = preflight.batched_tokens_of(engine)
+    assert tokens == 8192 and plan.inputs.batched_tokens == 2048
+    need, larger = preflight.need_of(plan, 0), preflight.need_of(plan, 0, tokens)
+    config = load_checkpoint(save(tmp_path, seed=3)).config
+    at_8192 = workspace_for(config, plan.inputs.card, plan.inputs.moe_setting, 8192).nbytes
+    grown = larger.to_come - need.to_come
+    assert at_8192 - plan.est_vllm_workspace_bytes <= grown <= at_8192 - plan.est_vllm_workspace_bytes + 512
+    assert preflight.need_of(plan, 0, 2048) == need  # the step the plan priced: as it is
+    # a plan file that fits at its own step is refused at the engine's; auto gives up share
+    with pytest.raises(PlanError, match="short, before any weight is loaded"):
+        preflight.check(plan, larger, need.device, None, False, CPU)
+    fitted, line = preflight.check(plan, larger, larger.device - 1, None, True, CPU)
+    assert fitted.device_share_bytes < plan.device_share_bytes and "gives up" in line
