@@ -264,11 +264,21 @@ def marlin_fp8_bytes(n: int, k: int, group: int, moe: bool) -> tuple[int, int]:
     return pn * pk, groups * pn * MARLIN_SCALE_BYTES
 
 
+#: MXFP4 experts kernels whose post-processing casts the routed experts' biases to float32
+#: (``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` and
+#: ``convert_weight_to_mxfp4_moe_kernel_format`` of ``fused_moe/oracle/mxfp4.py``): OAI
+#: triton_kernels (the ``TRITON_BACKENDS`` branch; SM 9.0) and FlashInfer TRT-LLM (the
+#: ``TRTLLM_BACKENDS`` branch, ``:1026-1027`` and ``:1674-1678``; SM 10.0). Marlin keeps them in
+#: the model's dtype (``marlin_utils_fp4.prepare_moe_mxfp4_layer_for_marlin``).
+F32_BIAS_KERNELS = frozenset({"OAITritonMxfp4ExpertsMonolithic", "TrtLlmMxfp4ExpertsMonolithic"})
+
+
 @dataclass(frozen=True)
 class PostProcessing:
     """What vLLM 0.33's post-processing changes in the bytes of a checkpoint's tensors on
     the plan's card: Marlin FP8 (dense linears on a pre-Ada card; routed experts wherever
-    MarlinExperts serves FP8), or OAI triton_kernels' float32 expert biases (MXFP4 on SM 9.0)."""
+    MarlinExperts serves FP8), or float32 expert biases (MXFP4 where OAI triton_kernels or
+    FlashInfer TRT-LLM serves it: :data:`F32_BIAS_KERNELS`)."""
 
     method: str | None
     card: str
@@ -283,7 +293,7 @@ class PostProcessing:
 
     @property
     def experts_f32_bias(self) -> bool:
-        return self.method == "mxfp4" and self.experts_kernel == "OAITritonMxfp4ExpertsMonolithic"
+        return self.method == "mxfp4" and self.experts_kernel in F32_BIAS_KERNELS
 
     @property
     def changes(self) -> bool:
@@ -300,7 +310,8 @@ class PostProcessing:
             parts.append(f"Marlin FP8 {where} hold their scales in bf16 as {layout} (weights repacked, padded "
                          "to Marlin's tiles)")
         if self.experts_f32_bias and experts:
-            parts.append("OAI triton_kernels hold the routed experts' biases in float32")
+            who = "OAI triton_kernels" if self.experts_kernel.startswith("OAITriton") else "FlashInfer TRT-LLM"
+            parts.append(f"{who} hold the routed experts' biases in float32")
         return "; ".join(parts)
 
 

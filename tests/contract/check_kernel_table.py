@@ -56,7 +56,8 @@ stand-in returns a tensor of the repacked shape (``marlin_repacked_nk``'s invers
 scale is vLLM's own arithmetic. OAI triton_kernels' float32 expert biases (MXFP4 on SM 9.0)
 need triton_kernels, which does not import here: the rule is read from 0.33's source
 (``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``'s TRITON branch casts both biases to
-float32), as this line says.
+float32), as this line says; FlashInfer TRT-LLM's (MXFP4 on SM 10.x) likewise, from the
+TRTLLM branch of both conversions.
 
 Then ``ok host-post-processing ...`` / ``FAIL ...`` for each pair in the table's
 ``HOST_POST_PROCESSING``: 0.33's own ``create_weights`` and ``process_weights_after_loading``
@@ -469,6 +470,19 @@ def post_processing() -> list[tuple[str, str]]:
     doubled = allocation.post_processed_tensors(bias, post)[f"{PREFIX}.gate_up_proj_bias"].nbytes == 4 * 5760 * 4
     out.append(("triton-mxfp4 expert biases float32 (read from the source)",
                 "" if read and doubled else f"source casts to float32: {read}; the planner doubles them: {doubled}"))
+    # FlashInfer TRT-LLM (SM 10.x) casts them too, in both conversions (gpt-oss's and the generic one)
+    generic = inspect.getsource(oracle_mxfp4.convert_weight_to_mxfp4_moe_kernel_format)
+    branches = [source.split("elif mxfp4_backend in TRTLLM_BACKENDS:", 1)[-1].split("\n    elif ", 1)[0],
+                generic.split("if mxfp4_backend in TRTLLM_BACKENDS:", 1)[-1].split("\n    elif ", 1)[0]]
+    read = all("w13_bias = w13_bias.data.to(torch.float32)" in b and "w2_bias = w2_bias.data.to(torch.float32)" in b
+               for b in branches)
+    card = next(c for c in kernels.CARDS if c.startswith("10."))
+    kernel = kernels.pick("mxfp4", card, kernels.AUTO).kernel
+    post = allocation.PostProcessing("mxfp4", card, kernel, False, None, None)
+    doubled = allocation.post_processed_tensors(bias, post)[f"{PREFIX}.gate_up_proj_bias"].nbytes == 4 * 5760 * 4
+    out.append((f"trtllm-mxfp4 expert biases float32 on SM {card} ({kernel}, read from the source)",
+                "" if read and doubled and kernel == "TrtLlmMxfp4ExpertsMonolithic"
+                else f"source casts to float32: {read}; the planner doubles them: {doubled}; kernel {kernel}"))
     return out
 
 

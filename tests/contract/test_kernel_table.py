@@ -108,9 +108,11 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
 
     spaced = {line[len("ok workspace "):] for line in lines if line.startswith("ok workspace ")}
     assert spaced == {f"{k} | {shape}" for k in WORKSPACE_KERNELS for shape in ("gpt-oss", "Qwen3-30B-A3B")}, detail
-    # what vLLM's post-processing leaves: Marlin FP8 by 0.33's own code, triton_kernels' biases by its source
+    # what vLLM's post-processing leaves: Marlin FP8 by 0.33's own code, triton_kernels' and
+    # FlashInfer TRT-LLM's float32 biases by its source
     post = [line for line in lines if line.startswith("ok post-processing ")]
-    assert len(post) == 6 and any("float32 (read from the source)" in line for line in post), detail
+    assert len(post) == 7 and any("triton-mxfp4 expert biases float32" in line for line in post), detail
+    assert any("trtllm-mxfp4 expert biases float32" in line for line in post), detail
     on_host = {line[len("ok host-post-processing "):] for line in lines if line.startswith("ok host-post-processing ")}
     assert on_host == {f"{m} | {k}" for m, k in kernels.HOST_POST_PROCESSING}, detail
     assert proc.returncode == 0, f"the script exited {proc.returncode}" + detail

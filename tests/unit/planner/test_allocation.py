@@ -69,6 +69,19 @@ def test_gpt_oss_experts_are_priced_padded_for_marlin_on_sm_8_6_and_as_stored_on
     assert check_plan_matches_model(triton, checkpoint) == []
 
 
+def test_gpt_oss_experts_on_sm_10_0_are_padded_for_trtllm_with_float32_biases(tmp_path):
+    """FlashInfer TRT-LLM serves MXFP4 experts on SM 10.0: padded to (256, 128), and its
+    post-processing casts their biases to float32 (oracle/mxfp4.py's TRTLLM_BACKENDS branch)."""
+    checkpoint = gpt_oss(tmp_path)
+    trtllm = make_plan(checkpoint, PlanInputs(device_memory_bytes=80 * GiB, compute_capability="10.0"))
+    padded = mxfp4_expert(3072, 2944)  # hidden 2880 -> 3072 (256), intermediate 2880 -> 2944 (128)
+    for g in experts(trtllm):
+        assert g.bytes == EXPERTS * (padded[0] + 2 * padded[1])
+        assert dict(g.dtype_bytes) == {"BF16": EXPERTS * 2 * padded[1], "U8": EXPERTS * padded[0]}
+    assert any("FlashInfer TRT-LLM hold the routed experts' biases in float32" in n for n in trtllm.notes)
+    assert check_plan_matches_model(trtllm, checkpoint) == []
+
+
 def test_host_memory_the_device_share_and_the_cpus_bytes_are_the_padded_experts(tmp_path):
     """A host-compute plan on SM 8.6: every byte of routed experts it puts in host memory, in
     a device share, or before the CPU in a step, is an expert at 3072 x 2944."""
@@ -125,7 +138,8 @@ def test_every_card_is_priced_at_vllms_padded_sizes_or_refused(tmp_path, card):
         assert card not in kernels.CARDS  # a card the table has is always planned
         return
     weights, biases = mxfp4_expert(*VLLM_GPT_OSS_SIZES[card])
-    per_expert = weights + biases * (2 if card == "9.0" else 1)  # triton_kernels: float32 biases
+    # float32 biases: triton_kernels (SM 9.0) and FlashInfer TRT-LLM (the SM 10.x family)
+    per_expert = weights + biases * (2 if card in ("9.0", "10.0", "10.3") else 1)
     assert [g.bytes for g in experts(plan)] == [EXPERTS * per_expert] * LAYERS, card
 
 
