@@ -65,6 +65,22 @@ HEAD_ROWS, SMOKE_HEAD_ROWS = (27776, 2880), (512, 256)
 KERNEL_FORMATS = tuple(f for f in ck.FORMATS if f not in ck.TORCH_FORMATS)
 
 
+def kernel_selection(threads_text: str, formats_text: str, **counts: int) -> tuple[list[int], list[str]] | None:
+    """A kernel benchmark's ``--threads`` and ``--formats``, with its counts (each at least 1):
+    the sorted thread counts and the formats, or None after one line on stderr."""
+    try:
+        threads = sorted({int(t) for t in threads_text.split(",")})
+    except ValueError:
+        print(f"error: --threads {threads_text!r}: write thread counts like 1,2", file=sys.stderr)
+        return None
+    formats = [f for f in formats_text.split(",") if f]
+    if any(f not in KERNEL_FORMATS for f in formats) or not formats or min(threads) < 1 or min(counts.values()) < 1:
+        flags = " and ".join(f"--{name}" for name in counts)
+        print(f"error: formats must be some of {','.join(KERNEL_FORMATS)}; threads, {flags} at least 1", file=sys.stderr)
+        return None
+    return threads, formats
+
+
 def torch_bf16_step(w: ck.ExpertWeights, act: ck.Activation):
     """torch's own path for the same picks: F.linear per picked expert, bf16."""
     I = w.intermediate
@@ -213,17 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                          "claims); avx2: the same kernel without AVX-512, as a CPU that has only AVX2 builds it "
                          "(its result is written as cpu-kernels-avx2-... and claims nothing)")
     args = ap.parse_args(argv)
-    try:
-        threads = sorted({int(t) for t in args.threads.split(",")})
-        formats = [f for f in args.formats.split(",") if f]
-    except ValueError:
-        print(f"error: --threads {args.threads!r}: write thread counts like 1,2", file=sys.stderr)
+    selection = kernel_selection(args.threads, args.formats, iters=args.iters, repeats=args.repeats)
+    if selection is None:
         return 2
-    bad = [f for f in formats if f not in KERNEL_FORMATS]
-    if bad or not formats or min(threads) < 1 or args.iters < 1 or args.repeats < 1:
-        print(f"error: formats must be some of {','.join(KERNEL_FORMATS)}; threads, --iters and --repeats at least 1",
-              file=sys.stderr)
-        return 2
+    threads, formats = selection
     try:
         lib = ck.library() if args.build == "native" else build.load(BUILDS[args.build], quiet=True)
     except ck.KernelUnavailable as e:

@@ -51,11 +51,11 @@ from benchmarks.common import (
     today,
     write_results,
 )
+from benchmarks.cpu_kernels import KERNEL_FORMATS, kernel_selection
 from selective_offload import cpu_kernels as ck
 from selective_offload.cpu_kernels import build, kernel, timing
 
 #: The formats the compiled kernel is for.
-KERNEL_FORMATS = tuple(f for f in ck.FORMATS if f not in ck.TORCH_FORMATS)
 #: The sleep between two calls in the gapped runs (seconds).
 GAP_S = 0.001
 #: The pause before each block: longer than any runtime spins (libgomp: a few ms).
@@ -179,17 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", choices=("openmp", "pool"), help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    try:
-        threads = sorted({int(t) for t in args.threads.split(",")})
-    except ValueError:
-        print(f"error: --threads {args.threads!r}: write thread counts like 1,2", file=sys.stderr)
+    selection = kernel_selection(args.threads, args.formats, iters=args.iters, rounds=args.rounds)
+    if selection is None:
         return 2
-    formats = [f for f in args.formats.split(",") if f]
-    bad = [f for f in formats if f not in KERNEL_FORMATS]
-    if bad or not formats or min(threads) < 1 or args.iters < 1 or args.rounds < 1:
-        print(f"error: formats must be some of {','.join(KERNEL_FORMATS)}; threads, --iters and --rounds at least 1",
-              file=sys.stderr)
-        return 2
+    threads, formats = selection
     try:
         for opts in ((), ("-DSO_OPENMP",)):
             build.load(opts, quiet=True)  # built once here, not in each round's process
