@@ -563,32 +563,24 @@ def main() -> int:
     for kernel in sorted(allocation.WORKSPACE_KERNELS):
         for shape, hidden, intermediate, top_k, activation in (("gpt-oss", 3072, 2944, 4, "swigluoai"),
                                                                ("Qwen3-30B-A3B", 2048, 768, 8, "silu")):
-            try:
-                why = workspace(kernel, hidden, intermediate, top_k, activation)
-            except Exception as exc:  # noqa: BLE001 - what could not run says so
-                why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-            if why:
-                failed += 1
-                print(f"FAIL workspace {kernel} | {shape}: {why}", flush=True)
-            else:
-                print(f"ok workspace {kernel} | {shape}", flush=True)
+            failed += verdict(f"workspace {kernel} | {shape}",
+                              lambda: workspace(kernel, hidden, intermediate, top_k, activation))
     for case, why in post_processing():
-        if why:
-            failed += 1
-            print(f"FAIL post-processing {case}: {why}", flush=True)
-        else:
-            print(f"ok post-processing {case}", flush=True)
+        failed += verdict(f"post-processing {case}", lambda: why)
     for method, kernel in sorted(kernels.HOST_POST_PROCESSING):
-        try:
-            why = host_post_processing(method, kernel)
-        except Exception as exc:  # noqa: BLE001 - what needed a device says so
-            why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        if why:
-            failed += 1
-            print(f"FAIL host-post-processing {method} | {kernel}: {why}", flush=True)
-        else:
-            print(f"ok host-post-processing {method} | {kernel}", flush=True)
+        failed += verdict(f"host-post-processing {method} | {kernel}", lambda: host_post_processing(method, kernel))
     return 1 if failed else 0
+
+
+def verdict(label: str, check) -> int:
+    """Print ``ok LABEL`` or ``FAIL LABEL: why`` for a check that returns what vLLM disagrees
+    on ("" when nothing) or raises (what could not run, or needed a device, says so); 1 on FAIL."""
+    try:
+        why = check()
+    except Exception as exc:  # noqa: BLE001 - what could not run says so
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    print(f"FAIL {label}: {why}" if why else f"ok {label}", flush=True)
+    return 1 if why else 0
 
 
 if __name__ == "__main__":
