@@ -101,7 +101,8 @@ def resolve_plan(plan: "Plan | str | os.PathLike") -> Plan:
 
 
 def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None = None, strict: bool = False,
-           report_path: str | os.PathLike | None = None, embedding_mode: str = "auto") -> dict[str, Any]:
+           report_path: str | os.PathLike | None = None, embedding_mode: str = "auto",
+           routing: bool = False) -> dict[str, Any]:
     """Apply ``plan`` to every vLLM engine this process starts from now on.
 
     ``plan`` is a :class:`Plan` (from :func:`plan`), a plan JSON file, or ``"auto"``
@@ -115,7 +116,9 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     by :func:`landing_report`. Returns the engine arguments the plan supplies, to pass
     on: ``LLM(**enable(plan))``: ``model``, and the settings that make vLLM match the plan
     (``planner.serving.engine_settings``: the KV cache it kept, a CUDA graph cap, the step its
-    fused-MoE workspace was priced for).
+    fused-MoE workspace was priced for). ``routing``: the worker counts each routed expert's
+    picks after warm-up, for the report and ``selective-offload report --routing``
+    (``SELECTIVE_OFFLOAD_ROUTING=1`` does the same for a server).
 
     Raises :class:`UserError` (one line saying what to do) for a bad option, an unreadable
     or inconsistent plan, a plan for another model, an infeasible plan or an unsupported
@@ -125,9 +128,9 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
     from .vllm_glue.plugin import check_this_host
 
     # Options first, with a placeholder plan path: a bad option must not cost a plan read.
-    RunOptions("", strict, str(report_path) if report_path else None, embedding_mode).validate()
+    RunOptions("", strict, str(report_path) if report_path else None, embedding_mode, routing).validate()
     if not isinstance(plan, Plan) and isinstance(plan, (str, os.PathLike)) and str(plan) == AUTO_PLAN:
-        return _enable_auto(model, strict, report_path, embedding_mode)
+        return _enable_auto(model, strict, report_path, embedding_mode, routing)
     resolved = resolve_plan(plan)
     resolved.require_feasible()
     supplied = engine_settings(resolved)
@@ -135,7 +138,7 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
         check_plan_matches_model(resolved, load_checkpoint(str(model)))
         targets = compat.resolve_targets()  # raises before anything is changed
         check_this_host(resolved)
-        _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets, checked=str(model))
+        _install(resolved, _saved(resolved, strict, report_path, embedding_mode, routing), targets, checked=str(model))
         return {"model": str(model), **supplied}
     model_dir = Path(model) if model is not None else Path(resolved.model.source)
     if model is not None and not _is_model_dir(model_dir):
@@ -150,7 +153,7 @@ def enable(plan: "Plan | str | os.PathLike", *, model: str | os.PathLike | None 
                       "pass model= to check it now", UserWarning, stacklevel=2)
     targets = compat.resolve_targets()  # raises before anything is changed
     check_this_host(resolved)
-    _install(resolved, _saved(resolved, strict, report_path, embedding_mode), targets,
+    _install(resolved, _saved(resolved, strict, report_path, embedding_mode, routing), targets,
              checked=str(model_dir) if _is_model_dir(model_dir) else None)
     if _is_model_dir(model_dir):
         return {"model": str(model_dir), **supplied}
@@ -169,11 +172,12 @@ def _hub_id(text) -> bool:
         return True
 
 
-def _saved(plan: Plan, strict, report_path, embedding_mode) -> RunOptions:
+def _saved(plan: Plan, strict, report_path, embedding_mode, routing=False) -> RunOptions:
     """The plan written to a file of its own (the processes vLLM spawns read it), as options."""
     workdir = Path(tempfile.mkdtemp(prefix="selective-offload-"))
     plan.save(workdir / "plan.json")
-    return RunOptions(str(workdir / "plan.json"), strict, str(report_path) if report_path else None, embedding_mode)
+    return RunOptions(str(workdir / "plan.json"), strict, str(report_path) if report_path else None, embedding_mode,
+                      routing)
 
 
 def _install(plan: Plan | None, options: RunOptions, targets, checked: str | None = None) -> None:
@@ -190,7 +194,7 @@ def _install(plan: Plan | None, options: RunOptions, targets, checked: str | Non
     patches.apply(patches.Settings(plan, options, checked), targets)
 
 
-def _enable_auto(model, strict, report_path, embedding_mode) -> dict[str, Any]:
+def _enable_auto(model, strict, report_path, embedding_mode, routing=False) -> dict[str, Any]:
     """Plan inside the engine's worker, from the real card (see vllm_glue/auto_plan.py)."""
     from .vllm_glue import compat
     from .vllm_glue.plugin import check_this_host
@@ -201,8 +205,8 @@ def _enable_auto(model, strict, report_path, embedding_mode) -> dict[str, Any]:
     device_memory_from_env()  # the worker reads it: a bad value is refused here, before any engine starts
     targets = compat.resolve_targets()
     check_this_host(None)  # the profile it plans from, and a kernel cache it was told to use
-    _install(None, RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None, embedding_mode),
-             targets)
+    _install(None, RunOptions(AUTO_PLAN, strict, str(report_path) if report_path else None, embedding_mode,
+                              routing), targets)
     return {"model": str(model_dir)} if model_dir is not None else {}
 
 

@@ -39,6 +39,7 @@ ENV_EMBEDDING = "SELECTIVE_OFFLOAD_EMBEDDING"
 ENV_LAST_REPORT = "SELECTIVE_OFFLOAD_LAST_REPORT"
 ENV_DEVICE_MEMORY = "SELECTIVE_OFFLOAD_DEVICE_MEMORY"
 ENV_KERNEL_CACHE = "SELECTIVE_OFFLOAD_KERNEL_CACHE"
+ENV_ROUTING = "SELECTIVE_OFFLOAD_ROUTING"
 #: A last-report record holds one path: more than this is not one.
 MAX_RECORD_BYTES = 16384
 #: Every environment variable the project reads: (name, accepted values and default). The
@@ -54,6 +55,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
                  "handed to every process vLLM starts"),
     (ENV_LAST_REPORT, "where the report path of the last engine set up with a plan is recorded, for "
                       "`selective-offload report` (default `~/.cache/selective-offload/last-report`)"),
+    (ENV_ROUTING, "`1` (and the other yes values of the strict flag): the worker counts each routed expert's picks "
+                  "after warm-up, for `selective-offload report --routing`; unset or empty: off"),
     (ENV_EMBEDDING, "`auto` (default: the UVA view when CUDA graphs are captured, else the host gather), "
                     "`host`, `uva`"),
     ("SELECTIVE_OFFLOAD_PROFILE", "the `selective-offload probe` profile `plan` and `auto` read (default "
@@ -83,7 +86,7 @@ def with_environment_table(text: str) -> str:
     start, end = text.index(ENVIRONMENT_BEGIN), text.index(ENVIRONMENT_END)
     return text[:start] + ENVIRONMENT_BEGIN + "\n" + environment_table() + text[end:]
 
-ENV_VARS = (ENV_PLAN, ENV_REPORT, ENV_STRICT, ENV_EMBEDDING)
+ENV_VARS = (ENV_PLAN, ENV_REPORT, ENV_STRICT, ENV_EMBEDDING, ENV_ROUTING)
 #: ``SELECTIVE_OFFLOAD_PLAN=auto``: plan inside the worker, from the real card.
 AUTO_PLAN = "auto"
 
@@ -185,10 +188,14 @@ class RunOptions:
     strict: bool = False
     report_path: str | None = None
     embedding_mode: str = "auto"
+    #: Count each routed expert's picks in the worker (``vllm_glue.routing``).
+    routing: bool = False
 
     def validate(self) -> "RunOptions":
         if not isinstance(self.strict, bool):
             raise UserError(f"strict={self.strict!r}: must be True or False")
+        if not isinstance(self.routing, bool):
+            raise UserError(f"routing={self.routing!r}: must be True or False")
         if self.embedding_mode not in EMBEDDING_MODES:
             raise UserError(f"{ENV_EMBEDDING}={self.embedding_mode!r} (embedding_mode): use one of "
                             f"{', '.join(EMBEDDING_MODES)}")
@@ -207,6 +214,7 @@ class RunOptions:
             strict=parse_flag(ENV_STRICT, environ.get(ENV_STRICT)),
             report_path=environ.get(ENV_REPORT, "").strip() or None,
             embedding_mode=environ.get(ENV_EMBEDDING, "").strip() or "auto",
+            routing=parse_flag(ENV_ROUTING, environ.get(ENV_ROUTING)),
         ).validate()
         if plan == AUTO_PLAN:
             device_memory_from_env(environ)
@@ -219,13 +227,14 @@ class RunOptions:
             remember_report_path(self.report_path)
             return self
         directory = tempfile.mkdtemp(prefix="selective-offload-report-")
-        options = RunOptions(self.plan_path, self.strict, str(Path(directory) / "report.json"), self.embedding_mode)
+        options = RunOptions(self.plan_path, self.strict, str(Path(directory) / "report.json"), self.embedding_mode,
+                             self.routing)
         remember_report_path(options.report_path)
         return options
 
     def to_env(self) -> dict[str, str]:
         env = {ENV_PLAN: self.plan_path, ENV_STRICT: "1" if self.strict else "0",
-               ENV_EMBEDDING: self.embedding_mode}
+               ENV_EMBEDDING: self.embedding_mode, ENV_ROUTING: "1" if self.routing else "0"}
         if self.report_path:
             env[ENV_REPORT] = self.report_path
         return env

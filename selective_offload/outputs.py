@@ -93,6 +93,7 @@ KINDS: dict[str, tuple[str, Callable[[Path], bool]]] = {
     "manifest": ("manifest", _json_kind("selective-offload/manifest-")),
     "profile": ("probe profile", _json_kind("selective-offload/profile-")),
     "report": ("landing report", _json_kind("selective-offload/report-")),
+    "routing": ("routing profile", _json_kind("selective-offload/routing-")),
     "png": ("plan picture", _picture(b"\x89PNG\r\n\x1a\n")),
     "svg": ("plan picture", _picture(b"<?xml")),
     "record": ("last-report record", _record),

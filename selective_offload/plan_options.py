@@ -41,8 +41,10 @@ from .plan_format.vocabulary import HOST_HEADROOM_BYTES
 from .planner import make_plan
 from .planner.cards import card_memory
 from .planner.host_compute import model_cpu_format
+from .planner.shares import by_routing
 from .probe import default_profile_path, plan_bandwidths, plan_defaults, reference_note
 from .progress import progress
+from .routing import load_routing
 from .sizes import parse_bandwidth_gbps, read_size
 
 #: The KV cache kept when neither ``--kv-cache`` nor ``--max-model-len``/``--max-seqs`` says.
@@ -167,6 +169,14 @@ def read_cpu_offload_gb(value: Any, option: str) -> float:
     return gb
 
 
+def read_routing(value: Any, option: str) -> str:
+    """A routing profile's path (``selective-offload report --routing`` writes one)."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise UserError(f"{option}={value!r}: name a routing profile file (`selective-offload report --routing FILE` "
+                        "writes one)")
+    return str(value)
+
+
 def _positive(value: Any, option: str, unit: str, like: str) -> float:
     try:
         number = float(value)
@@ -259,6 +269,9 @@ class PlanOptions:
     """KV cache dtype for --max-model-len: auto (the model's 16-bit dtype), fp8, bf16, ..."""
     context: int | None = option(None, read_count, WORK, "T")
     """average context per sequence, to price KV reads (default: half of --max-model-len)"""
+    routing: str | None = option(None, read_routing, WORK, "FILE")
+    """a routing profile (`report --routing` saves one): device shares hold each layer's busiest experts, their
+    measured hit rate priced (default: the first experts, priced as uniform routing)"""
     cpu_offload_gb: str | float | None = option(None, read_cpu_offload_gb, VLLM, "GiB")
     """price vLLM's cpu_offload_gb at this (default: the least that covers the deficit)"""
     moe_backend: str = option("auto", read_moe_backend, VLLM, "{auto,triton,marlin}")
@@ -589,8 +602,10 @@ def plan_model(model: str, options: PlanOptions, profile, spell: Callable[[str],
     checkpoint = read_model(model)
     read_s = time.perf_counter() - started
     inputs = with_measured_cpu_rate(inputs, checkpoint, profile)
+    routing_path = options.read("routing", spell)
+    routing = load_routing(routing_path, spell("routing")) if routing_path else None
     try:
-        plan = make_plan(checkpoint, inputs)
+        plan = by_routing(make_plan(checkpoint, inputs), routing)
     except PlanError as exc:  # what only the model shows (its KV layout), said in the caller's words
         raise respelled(exc, spell) from None
     provenance = options.provenance(profile)

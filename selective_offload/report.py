@@ -135,6 +135,9 @@ class LandingReport:
     #: Counters of each wrapper (group -> counters), as of ``transfers_as_of``.
     transfers: dict[str, dict[str, Any]] = field(default_factory=dict)
     transfers_as_of: str = "load"
+    #: The worker's routing counts (``vllm_glue.routing``; a routing profile's fields), as of
+    #: ``transfers_as_of``; empty when not counted.
+    routing: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: A user error that stopped the load (the plan could not be applied at all).

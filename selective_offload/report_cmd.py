@@ -32,6 +32,12 @@ def add_report_command(sub) -> None:
                    help=f"the report file (default: ${ENV_REPORT} when set, else the path the last engine "
                         f"set up with a plan recorded in {last_report_record()})")
     r.add_argument("--json", action="store_true", help="print the merged report as JSON (with \"ok\" and \"path\")")
+    r.add_argument("--routing", metavar="FILE", default=None,
+                   help="print how concentrated each MoE layer's routing was (the share of its picks the busiest N "
+                        "experts took, N: the plan's device share) and save the counts as a routing profile for "
+                        "`plan --routing FILE` (the engine counts with SELECTIVE_OFFLOAD_ROUTING=1)")
+    r.add_argument("--workload", metavar="TEXT", default="",
+                   help="with --routing: what was served while counting (the prompts), recorded in the profile")
     r.set_defaults(func=cmd_report)
 
 
@@ -45,9 +51,37 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError(f"{path}: no landing report there yet (the last path recorded): the engine set up "
                         "with the plan has not loaded a model, or wrote elsewhere; name the report file")
     report = LandingReport.load(path)
-    if args.json:
+    if args.routing is not None:
+        save_routing(report, path, args.routing, args.workload)
+    elif args.json:
         json.dump({**report.to_dict(), "path": str(path)}, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         print(report.render(path))
     return 0 if report.ok else EXIT_MISMATCH
+
+
+def save_routing(report: LandingReport, path: Path, target: str, workload: str) -> None:
+    """Print the report's routing counts, layer by layer, and save them as a routing profile."""
+    from dataclasses import replace
+
+    from .routing import from_report
+
+    if not report.routing:
+        raise UserError(f"{str(path)[:200]}: this report holds no routing counts: serve the model with "
+                        "SELECTIVE_OFFLOAD_ROUTING=1 (or enable(..., routing=True)) and read its report after "
+                        "the workload")
+    if "\n" in workload or "\r" in workload or len(workload) > 500:
+        raise UserError("--workload: one line of at most 500 characters saying what was served (the prompts)")
+    profile = replace(from_report(report.routing, f"{str(path)[:200]}: routing"), workload=workload.strip())
+    if not profile.tokens:
+        raise UserError(f"{str(path)[:200]}: no token was routed after warm-up as of this report ({report.transfers_as_of}); "
+                        "serve the workload first, then read the report (from the process that ran the engine)")
+    shares = report.routing.get("device_experts", {})
+    device = {int(k): v for k, v in shares.items() if str(k).isdigit() and isinstance(v, int)} \
+        if isinstance(shares, dict) else {}
+    print(f"routing: {profile.source_text()}")
+    for line in profile.summary(device):
+        print(f"  {line}")
+    profile.save(target)
+    print(f"routing profile saved to {target} (plan --routing {target})")

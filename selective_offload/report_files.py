@@ -109,6 +109,7 @@ def read_fields(data: Any, where: str, report_format: str) -> dict[str, Any]:
         **{k: r.int(k, default=0) for k in REPORT_INTS},
         "unplanned": _int_map(r, "unplanned"), "transfers": _objects(r, "transfers"),
         "transfers_as_of": r.str("transfers_as_of", default="load"),
+        "routing": dict(r.object("routing", default={})),
         "problems": list(r.str_list("problems", default=[])), "notes": list(r.str_list("notes", default=[])),
         "error": _optional_str(r, "error"),
         "ranks": {k: _rank_summary(FieldReader(v, where, f"ranks.{k}", error=PlanError, fix=FIX))

@@ -128,13 +128,13 @@ def prompt_logprobs(model, sequences, **engine_args):
         gc.collect()
 
 
-def with_plan(plan, run, *, strict: bool = True):
+def with_plan(plan, run, *, strict: bool = True, **options):
     """``run(args)`` (which starts an engine with ``args``: the engine arguments ``enable``
-    returned, less ``model``) with ``plan`` enabled: its result and the landing report;
-    the plan disabled afterwards whatever happens."""
+    returned, less ``model``) with ``plan`` enabled (with ``options``, enable's keywords):
+    its result and the landing report; the plan disabled afterwards whatever happens."""
     import selective_offload
 
-    supplied = selective_offload.enable(plan, strict=strict)
+    supplied = selective_offload.enable(plan, strict=strict, **options)
     try:
         result = run({k: v for k, v in supplied.items() if k != "model"})
         return result, selective_offload.landing_report()

@@ -32,4 +32,5 @@ SECTIONS: tuple[Section, ...] = tuple(Section(*row) for row in (
     ("gather",       "-m benchmarks.gather",         "--out {out}",                        "--smoke --out {out}",                          35, 60,   "15-35"),
     ("uva-read",     "-m benchmarks.uva_read",       "--out {out}",                        "--smoke --out {out}",                          35, 60,   "15-35"),
     ("host-compute", "-m benchmarks.host_compute",   "--max-seconds 15 --out {out}",       "--small --out {out}",                          50, 60,   "23-43"),
+    ("routing",      "-m benchmarks.routing",        "--out {out}",                        "--small --out {out}",                          20, 30,   "3-10"),
 ))

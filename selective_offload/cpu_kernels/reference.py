@@ -144,9 +144,11 @@ def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
 
 
 def held_share(weights: ExpertWeights, count: int, device: torch.device | str, *,
-               into: ExpertWeights | None = None, native: bool = False) -> ExpertWeights:
-    """The device share of ``weights``' first ``count`` experts as the device holds it: w13
-    and w2 in bf16 (float32 weights stay float32), dequantized one expert at a time on the
+               into: ExpertWeights | None = None, native: bool = False,
+               ids: "tuple[int, ...] | list[int] | None" = None) -> ExpertWeights:
+    """The device share of ``weights``' first ``count`` experts (or of the ``count`` experts
+    ``ids`` names, in that order: share slot ``i`` holds expert ``ids[i]``) as the device holds
+    it: w13 and w2 in bf16 (float32 weights stay float32), dequantized one expert at a time on the
     way (:func:`moe_picked` reads such a weight once per matmul; a quantized share would be
     dequantized at every step, many times its bytes in memory traffic), biases as they are.
     ``native``: every tensor copied as stored instead, for the share kernel that reads the
@@ -155,15 +157,19 @@ def held_share(weights: ExpertWeights, count: int, device: torch.device | str, *
     holds its tensors)."""
     if not 0 < count <= weights.num_experts:
         raise ValueError(f"{weights.fmt}: a share of 1 to {weights.num_experts} experts, not {count}")
+    experts = list(range(count)) if ids is None else [int(e) for e in ids]
+    if len(experts) != count or len(set(experts)) != count or not all(0 <= e < weights.num_experts for e in experts):
+        raise ValueError(f"held_share: {count} distinct experts of {weights.num_experts}, not {experts[:8]}")
+    pick = slice(0, count) if ids is None else torch.tensor(experts, dtype=torch.long)
     if native:
         if into is not None:  # refilled in place, tensor by tensor, as stored
             made = into.tensors()
             for name, t in weights.tensors().items():
                 if name not in made or tuple(made[name].shape) != (count, *t.shape[1:]):
                     raise ValueError(f"held_share: the share to refill has no {count}-expert {name} as stored")
-                made[name].copy_(t[:count])
+                made[name].copy_(t[pick])
             return into
-        return replace(weights, **{name: t[:count].to(device, copy=True).contiguous()
+        return replace(weights, **{name: t[pick].to(device, copy=True).contiguous()
                                    for name, t in weights.tensors().items()})
     H, I = weights.hidden, weights.intermediate
     shapes = {"w13": (count, 2 * I, H), "w2": (count, H, I)}
@@ -180,12 +186,12 @@ def held_share(weights: ExpertWeights, count: int, device: torch.device | str, *
         raise ValueError(f"held_share: the share to refill is not {count} {fmt} experts of this shape")
     for name in ("w13", "w2"):
         target = getattr(into, name)
-        for e in range(count):
+        for slot, e in enumerate(experts):
             one = torch.full((1,), e, dtype=torch.long)
-            target[e].copy_(dequantize(weights, name, one)[0])
+            target[slot].copy_(dequantize(weights, name, one)[0])
     for name in ("w13_bias", "w2_bias"):
         if getattr(weights, name) is not None:
-            getattr(into, name).copy_(getattr(weights, name)[:count])
+            getattr(into, name).copy_(getattr(weights, name)[pick])
     return into
 
 

@@ -102,8 +102,9 @@ def host_compute_time(e: "ExpertsRead", tokens: float, settings: StepSettings) -
     gpu_flop_s = settings.compute_tflops * 1e12 if settings.compute_tflops else None
     read = e.read_bytes(tokens)
     flops = e.flops_per_token * tokens
-    # The CPU's share of the picks (all of them unless some are resident on the device).
-    on_host = 1.0 - e.share
+    # The CPU's share of the picks (all of them unless some are resident on the device): by
+    # the measured hit rate of the device share where a routing profile chose it, else uniform.
+    on_host = 1.0 - e.hit
     host = read * on_host / ranks / host_rate(settings)
     cpu = max(host, flops * on_host / ranks / cpu_flop_s) + settings.handoff_s
     # Copied, the host's picks move COPIED_PATH_TRAFFIC times their bytes; the share, its own.
@@ -157,7 +158,7 @@ def device_share_traffic(e: "ExpertsRead", tokens: int) -> tuple[float, float]:
     per_pick = e.flops_per_token / max(1, e.experts_per_token)  # one token's FLOPs in one expert
     if e.share_native and e.num_experts > 1:
         picked = share_experts * expert_read_fraction(e.num_experts, e.experts_per_token, tokens)
-        return picked * per_expert, tokens * e.experts_per_token * e.share * per_pick
+        return picked * per_expert, tokens * e.experts_per_token * e.hit * per_pick
     if e.num_experts > 1 and share_gathers(tokens, e.experts_per_token, share_experts):
         slots = tokens * e.experts_per_token
         return SHARE_GATHER_TRAFFIC * slots * per_expert, slots * per_pick

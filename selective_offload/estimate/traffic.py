@@ -139,6 +139,9 @@ class ExpertsRead:
     #: Host-compute only: bytes of VRAM traffic per byte copied to the device above the
     #: crossover (:data:`COPIED_PATH_TRAFFIC` of the plan's CPU format).
     copied_traffic: float = 1.0
+    #: Host-compute only: the share of the layer's picks that land on its device share, as a
+    #: routing profile measured it (est); ``None``: :attr:`device_share` (uniform routing).
+    hit_rate: float | None = None
 
     def read_bytes(self, tokens: float) -> float:
         return self.nbytes * expert_read_fraction(self.num_experts, self.experts_per_token, tokens)
@@ -147,6 +150,12 @@ class ExpertsRead:
     def share(self) -> float:
         """:attr:`device_share`, held to [0, 1]."""
         return min(max(self.device_share, 0.0), 1.0)
+
+    @property
+    def hit(self) -> float:
+        """The share of the picks the device share computes: :attr:`hit_rate` where measured,
+        else :attr:`share` (uniform routing), held to [0, 1]."""
+        return self.share if self.hit_rate is None else min(max(self.hit_rate, 0.0), 1.0)
 
 
 @dataclass(frozen=True)

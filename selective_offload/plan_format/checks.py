@@ -63,6 +63,13 @@ def check_group(g: GroupPlan, where: str) -> None:
         problem = (f"device_experts ({g.device_experts}) is the device share of routed experts served compute, "
                    f"between 1 and num_experts - 1 ({g.num_experts - 1}), and this group is {g.kind} served {g.serving}"
                    if g.device_experts > 0 else f"device_experts must be >= 0, not {g.device_experts}")
+    elif g.device_expert_ids and (len(g.device_expert_ids) != g.device_experts
+                                  or len(set(g.device_expert_ids)) != g.device_experts
+                                  or not all(0 <= e < g.num_experts for e in g.device_expert_ids)):
+        problem = (f"device_expert_ids {list(g.device_expert_ids)[:8]} must name device_experts ({g.device_experts}) "
+                   f"distinct experts from 0 to num_experts - 1 ({g.num_experts - 1})")
+    elif g.est_device_hit_rate is not None and not g.device_experts:
+        problem = "est_device_hit_rate is the measured hit rate of a device share of routed experts; this group has none"
     elif (g.device_channels or g.intermediate) and (g.kind not in (GroupKind.MLP, GroupKind.MODULE)
                                                     or g.serving != Serving.COMPUTE
                                                     or not 0 < g.device_channels < g.intermediate):

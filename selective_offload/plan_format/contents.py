@@ -341,7 +341,7 @@ class PlanContents:
             ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.serving],
                         flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1),
                         device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes, native),
-                        share_native=native, copied_traffic=copied)
+                        share_native=native, copied_traffic=copied, hit_rate=g.est_device_hit_rate)
             for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
         # A dense layer's MLP, split out to be computed on the host, is one expert every token
         # takes (E = k = 1): read whole, its FLOPs times the step's tokens.

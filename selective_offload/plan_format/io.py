@@ -204,6 +204,8 @@ def read_group(r: FieldReader) -> tuple[GroupPlan, list[str]]:
         num_tensors=r.int("num_tensors", default=0), dtype_bytes=dict(dtype_bytes), shapes_digest=digest,
         num_experts=r.int("num_experts", default=0), experts_per_token=r.int("experts_per_token", default=0),
         device_experts=r.int("device_experts", default=0),
+        device_expert_ids=r.int_list("device_expert_ids", default=[]),
+        est_device_hit_rate=r.number("est_device_hit_rate", optional=True, minimum=0.0, maximum=1.0),
         device_channels=r.int("device_channels", default=0), intermediate=r.int("intermediate", default=0),
         kernel_dims=tuple(dims),
     )
@@ -451,9 +453,12 @@ def group_to_dict(group: GroupPlan) -> dict[str, Any]:
     # an unchecked value of a Plan built in Python is written as it is, for the reader to refuse
     out["location"] = group.location if group.serving in Serving.values() else None
     out["dtype_bytes"] = dict(group.dtype_bytes)
-    for name in ("device_experts", "device_channels", "intermediate"):  # only a group with a device share
+    out["device_expert_ids"] = list(group.device_expert_ids)
+    for name in ("device_experts", "device_expert_ids", "device_channels", "intermediate"):  # with a device share
         if not out[name]:
             del out[name]
+    if group.est_device_hit_rate is None:  # only where a routing profile priced it
+        del out["est_device_hit_rate"]
     if group.kernel_dims:  # only a host-compute group
         out["kernel_dims"] = list(group.kernel_dims)
     else:

@@ -128,6 +128,12 @@ class GroupPlan:
     #: vocabulary rows), which size the worker's staging slot and workspace
     #: (:mod:`selective_offload.worker_buffers`); ``()`` where not known (then not priced).
     kernel_dims: tuple[int, ...] = ()
+    #: Which experts the device share holds (``device_experts`` ids, busiest first), when a
+    #: routing profile chose them (``plan --routing``); ``()``: the first ``device_experts``.
+    device_expert_ids: tuple[int, ...] = ()
+    #: The share of the layer's picks the device share's experts took in that profile (est:
+    #: what the step model prices); ``None``: priced as uniform routing (``device_share``).
+    est_device_hit_rate: float | None = None
 
     @property
     def device_share(self) -> float:
@@ -135,6 +141,17 @@ class GroupPlan:
         if self.device_experts:
             return self.device_experts / self.num_experts
         return self.device_channels / self.intermediate if self.device_channels else 0.0
+
+    @property
+    def device_experts_held(self) -> tuple[int, ...]:
+        """The ids of the experts the device share holds: the profile's, else the first."""
+        return self.device_expert_ids or tuple(range(self.device_experts))
+
+    @property
+    def device_hit_rate(self) -> float:
+        """The share of this group's picks the device share computes (est): measured where a
+        routing profile chose its experts, else :attr:`device_share` (uniform routing)."""
+        return self.device_share if self.est_device_hit_rate is None else self.est_device_hit_rate
 
     def held_share_bytes(self, fmt: str | None) -> int:
         """Device bytes of this group's device share (its first experts, or its first

@@ -9,7 +9,8 @@ instead of adding to the step, and every layer's CPU work shrinks alike. KTransf
 ``gpu_experts_mask`` and SGLang's KT wrapper split MoE layers this way.
 
 - **Routed experts** (:func:`expert_shares`): the same number of each layer's first
-  experts on the device.
+  experts on the device; with a routing profile, each layer's busiest experts instead, their
+  measured hit rate priced (:func:`by_routing`).
 - **A dense MLP** (:func:`channel_shares`): the same number of each layer's first
   intermediate channels (gate and up rows, down columns), whole scale blocks or groups.
 - **The LM head** (:func:`head_share`), beside either: the CPU waits idle while the GPU
@@ -38,7 +39,8 @@ caller keeps whichever placement the step model prices faster.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..checkpoint import Checkpoint
 from ..estimate.host import device_share_time, host_compute_time, share_held_bytes, share_native
@@ -48,6 +50,10 @@ from ..plan_format import GroupKind, PlanInputs, Serving
 from .grouping import group_tensors
 from .kernels import quantization_config
 from .placement import Placing, host_shortfall
+
+if TYPE_CHECKING:
+    from ..plan_format import Plan
+    from ..routing import RoutingProfile
 
 #: Channels a dense MLP's share is a multiple of, at least: a block FP8 checkpoint's 128-row
 #: blocks (and its block columns), int4's groups (whichever is larger, as a common multiple).
@@ -209,3 +215,36 @@ def head_share(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing) -> tuple[
     best = min(candidates, key=slower)
     whole = g.nbytes / (decode_read_rate(inputs.vram_gbps, inputs.decode_read_gbps) * 1e9)
     return (g.name, best, rows) if slower(best) < whole else None
+
+
+def by_routing(plan: "Plan", profile: "RoutingProfile | None") -> "Plan":
+    """``plan`` with each host-compute layer's device share holding the ``m`` experts
+    ``profile`` counted busiest in that layer (instead of its first ``m``), and the share's
+    hit rate (the share of the layer's picks they took) priced from the counts (est); the
+    profile is checked against the plan's model first (its MoE layers and expert counts).
+    The share sizes stay those the planner chose under uniform routing. Without a profile,
+    a plan with expert shares says they are its first experts, priced as uniform routing."""
+    experts = [g for g in plan.groups if g.kind == GroupKind.EXPERTS]
+    shared = [g for g in experts if g.device_experts]
+    if profile is None:
+        if not shared:
+            return plan
+        return replace(plan, notes=plan.notes + (
+            "device shares: each layer's first experts, priced as uniform routing (no routing profile; "
+            "`plan --routing FILE` puts the busiest experts there and prices their measured hit rate)",))
+    profile.check_layers({g.layer_index: g.num_experts for g in experts},
+                         required=frozenset(g.layer_index for g in experts if not g.mtp))
+    groups = tuple(replace(g, device_expert_ids=profile.busiest(g.layer_index, g.device_experts),
+                           est_device_hit_rate=profile.hit_rate(g.layer_index,
+                                                                profile.busiest(g.layer_index, g.device_experts)))
+                   if g.device_experts else g for g in plan.groups)
+    # the planner's line on the shares said which experts: now the busiest, not the first
+    said = tuple(n.replace("keeps its first ", "keeps its busiest ") if "routed experts" in n else n for n in plan.notes)
+    ordered = replace(plan, groups=groups, notes=said)
+    hits = [g.est_device_hit_rate for g in groups if g.device_experts]
+    uniform = [g.device_share for g in shared]
+    line = (f"device shares: each layer's busiest experts by the routing profile ({profile.source_text()}); "
+            f"est hit rate {min(hits):.1%} to {max(hits):.1%} of a layer's picks (uniform: {min(uniform):.1%} to "
+            f"{max(uniform):.1%}), est {ordered.est.est_tok_s:.3g} tok/s (uniform: {plan.est.est_tok_s:.3g})"
+            if shared else f"routing profile ({profile.source_text()}): no layer has a device share to order")
+    return replace(ordered, notes=ordered.notes + (line,))

@@ -39,6 +39,8 @@ class Targets:
     pin_memory_available: Any  # vllm.utils.platform_utils.is_pin_memory_available
     RoutedExperts: type       # vllm.model_executor.layers.fused_moe.routed_experts: a MoE layer's routed experts
     Worker: type              # vllm.v1.worker.gpu_worker.Worker: sample_tokens, each step's host synchronisation
+    #: vllm.v1.worker.cpu_worker.CPUWorker, which has its own compile_or_warm_up_model (None where it does not import)
+    CPUWorker: Any = None
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -77,6 +79,10 @@ def resolve_targets() -> Targets:
         platform_utils = importlib.import_module("vllm.utils.platform_utils")
         routed_experts = importlib.import_module("vllm.model_executor.layers.fused_moe.routed_experts")
         gpu_worker = importlib.import_module("vllm.v1.worker.gpu_worker")
+        try:
+            cpu_worker = importlib.import_module("vllm.v1.worker.cpu_worker").CPUWorker
+        except (ImportError, AttributeError):
+            cpu_worker = None
         targets = Targets(
             vllm_version=version,
             base_loader=base_loader,
@@ -90,12 +96,14 @@ def resolve_targets() -> Targets:
             pin_memory_available=platform_utils.is_pin_memory_available,
             RoutedExperts=routed_experts.RoutedExperts,
             Worker=gpu_worker.Worker,
+            CPUWorker=cpu_worker,
         )
         for owner, attr in ((base_loader, "initialize_model"),
                             (targets.BaseModelLoader, "load_model"),
                             (offloader_base, "get_offloader"),
                             (offloader_base, "set_offloader"),
-                            (gpu_worker.Worker, "sample_tokens")):
+                            (gpu_worker.Worker, "sample_tokens"),
+                            (gpu_worker.Worker, "compile_or_warm_up_model")):
             if not callable(getattr(owner, attr, None)):
                 raise AttributeError(f"{getattr(owner, '__name__', owner)}.{attr}")
     except (ImportError, AttributeError) as exc:

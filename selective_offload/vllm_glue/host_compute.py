@@ -262,7 +262,7 @@ def method_class() -> type:
             if fmt == "int4" and not hasattr(layer, "w13_weight_packed"):
                 layer.__dict__.pop("_selective_offload_int4_rows", None)
                 int4_rows(layer, type(self.original).__name__ in AWQ_METHODS)
-            # The device's copy of the first experts follows, from the layer's tensors as they
+            # The device share's copy of its experts follows, from the layer's tensors as they
             # are now: vLLM's reload_weights runs this on the layer it rebuilt and loaded,
             # before it copies the new values into the tensors the host experts read.
             if self.experts.share is not None and not self.experts.share_channels:
@@ -293,6 +293,7 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
     host_mask = host_mask_of(module)
     planned = plan.group_of(group)
     on_device = planned.device_experts if planned is not None else 0
+    held = planned.device_experts_held if on_device else ()  # the plan's experts (the first, or the busiest)
     if on_device and host_mask is not None:
         raise PlanError(f"{group}: the plan keeps a device share of {on_device} of these routed experts, and vLLM "
                         "runs them expert-parallel; plan without expert parallelism (a device share is planned for "
@@ -303,8 +304,8 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
     experts = HostExperts(group, weights, activation_of(group, module), crossover_tokens=setting.crossover_tokens,
                           threads=threads_of(setting, device), device=device, host_mask=host_mask,
                           buffers=buffers, experts_per_token=experts_per_token(group, module, planned),
-                          device_share=held_share(weights, on_device, device, native=share_native(fmt, True))
-                          if on_device else None)
+                          device_share=held_share(weights, on_device, device, native=share_native(fmt, True),
+                                                  ids=held) if on_device else None, share_ids=held or None)
     module._replace_quant_method(method_class()(method, experts, shared))
     reload_on_host(module)
     return experts
@@ -349,7 +350,7 @@ def refill_share(experts: HostExperts, source: ExpertWeights | None = None) -> N
         return
     native = share.fmt == experts.weights.fmt and share.fmt not in ("bf16", "f32")
     held_share(experts.weights if source is None else source, share.num_experts, share.w13.device, native=native,
-               into=share)
+               into=share, ids=experts.share_ids)
 
 
 def mechanism(experts: HostExperts) -> str:
@@ -363,8 +364,11 @@ def mechanism(experts: HostExperts) -> str:
 
 def _share_words(experts: HostExperts) -> str:
     share = experts.share
-    return (f"channels 0-{share.intermediate - 1}" if experts.share_channels
-            else f"experts 0-{share.num_experts - 1}")
+    if experts.share_channels:
+        return f"channels 0-{share.intermediate - 1}"
+    ids = experts.share_ids
+    return (f"experts 0-{share.num_experts - 1}" if ids == tuple(range(len(ids)))
+            else f"experts {', '.join(map(str, ids))}")
 
 
 def live_counters(experts: HostExperts):

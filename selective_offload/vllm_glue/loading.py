@@ -40,7 +40,7 @@ from ..report import LandingReport, build_report, judge_host_memory
 from ..wrappers import offload_on_demand, refuse_if_tied
 from ..wrappers.construct_on_host import ConstructOnHost
 from ..wrappers.page_locked import PageLockedLedger, PinPolicy, resident_set_bytes, torch_pinned_bytes
-from . import experts, host_compute, model_names, preflight
+from . import experts, host_compute, model_names, preflight, routing
 from .auto_plan import plan_at_start
 from .caller import check_model, stamp_compile_key
 from .embedding import embedding_mode, graphs_captured, install_host_embedding
@@ -174,6 +174,10 @@ def _load_main(s: Session, original, loader, vllm_config, model_config, prefix):
         for group, host in load.experts.compute.items():  # their counters, live, in the report
             s.attached[group] = Attached(weakref.ref(host), load.experts.mechanisms[group],
                                          live=load.experts.counters[group])
+    s.routing = None
+    if settings.options.routing:  # counted from the first served step (zeroed after warm-up)
+        shares = {g.layer_index: g.device_experts for g in load.settings.plan.groups if g.device_experts}
+        s.routing = routing.attach(model, load.device, str(model_config.model), s.targets.vllm_version, shares)
     hot_params = {id(p) for m in getattr(offloader, "offloaded_modules", []) for p in m.parameters()}
     load.drafter_expected = vllm_config.speculative_config is not None
     finish(s, model, load, cold_params, hot_params)
@@ -569,6 +573,8 @@ def finish(s: Session, model: nn.Module, load: Load, cold_params: set[int], hot_
                           routed_uva_params=xl.routed if xl is not None else None, names=load.names)
     report.problems[:0] = load.problems
     report.transfers = s.transfers()
+    if s.routing is not None:
+        report.routing = s.routing.as_report()
     if load.post_process_transient:
         report.notes.append(f"post-processing on the device took a transient of up to "
                             f"{load.post_process_transient} B (one host module at a time)")

@@ -10,6 +10,7 @@ hooked                                                 module
 ``base_loader.initialize_model`` (worker)               :mod:`.loading`
 ``base_loader.process_weights_after_loading``           :mod:`.loading`
 ``Worker.sample_tokens`` (each step's host sync)         :mod:`.host_compute` (failed jobs)
+``compile_or_warm_up_model`` (``Worker``, ``CPUWorker``)  :mod:`.routing` (counters zeroed)
 ``load_model`` of every loader class that overrides     :mod:`.loading` (reported as not
 it, now or later (``BaseModelLoader.__init_subclass__``)  applied)
 =====================================================  ===================================
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import caller, host_compute, loading
+from . import caller, host_compute, loading, routing
 from .compat import Targets
 from .session import Session, Settings
 
@@ -57,6 +58,9 @@ def _hooks(targets: Targets) -> list[tuple[Any, str, Callable]]:
         (targets.base_loader, "process_weights_after_loading", loading.make_post_process(session)),
         (targets.Worker, "sample_tokens", host_compute.check_at_step_sync),
     ]
+    after_warm_up = routing.zero_after_warm_up(lambda: _session.routing if _session is not None else None)
+    hooks += [(worker, "compile_or_warm_up_model", after_warm_up) for worker in (targets.Worker, targets.CPUWorker)
+              if worker is not None and "compile_or_warm_up_model" in vars(worker)]
     hooks += [(cls, "load_model", loading.make_override_guard(session))
               for cls in _overriding_loaders(targets.BaseModelLoader)]
     return hooks

@@ -131,7 +131,8 @@ def without_shares(plan: Plan, short: int) -> Plan | None:
         g = groups[i]
         held = plan.share_bytes(g) if g.kind != GroupKind.MODULE else 0
         if held:
-            groups[i] = replace(g, device_experts=0, device_channels=0, intermediate=0)
+            groups[i] = replace(g, device_experts=0, device_channels=0, intermediate=0, device_expert_ids=(),
+                                est_device_hit_rate=None)
             freed += held
     return replace(plan, groups=tuple(groups)) if freed >= short else None
 

@@ -176,10 +176,13 @@ class Session:
     main: Main | None = None
     attached: dict[str, Attached] = field(default_factory=dict)
     report: LandingReport | None = None
+    #: The routing counters of the last main model (``routing.RoutingCounters``), when counted.
+    routing: Any = None
 
     def reset(self, settings: Settings) -> None:
         """A new plan for the engines started from now on: nothing of the last one carries over."""
         self.settings, self.report, self.main, self.active, self.drafting = settings, None, None, None, False
+        self.routing = None
         self.attached.clear()
         self.drafter_routed, self.drafter_routed_modules, self.drafter_loaded_bytes = HostResident(), [], {}
 
@@ -193,6 +196,8 @@ class Session:
             return None
         self.report.transfers = self.transfers()
         self.report.transfers_as_of = "now"
+        if self.routing is not None:
+            self.report.routing = self.routing.as_report()
         if self.settings.options.report_path:
             save_report(self.report, self.settings.options.report_path)  # the file keeps the latest counters
         return self.report

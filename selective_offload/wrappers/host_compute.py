@@ -139,8 +139,9 @@ class HostExperts:
     ``host_mask``: which experts live here (a bool/uint8 tensor of E); picks of the others
     (and ids < 0) are left to whoever computes them and contribute nothing here.
 
-    ``device_share``: the first experts' weights held on the device in bf16 (the layer's
-    device share, :func:`cpu_kernels.reference.held_share`): the device computes the picks that land on them
+    ``device_share``: the weights of the experts ``share_ids`` names (by share slot; default:
+    the first ones) held on the device in bf16 (the layer's device share,
+    :func:`cpu_kernels.reference.held_share`): the device computes the picks that land on them
     (:func:`cpu_kernels.reference.moe_picked`, plain torch ops a CUDA graph captures) and
     the host the rest, at or below the crossover as above it. On CUDA the host path is
     queued on a side stream forked from the current one, so the device share runs while
@@ -159,7 +160,8 @@ class HostExperts:
     def __init__(self, group: str, weights: ExpertWeights, activation: Activation, *, crossover_tokens: int,
                  threads: int | None, device: torch.device, host_mask: torch.Tensor | None = None,
                  device_share: ExpertWeights | None = None, share_channels: bool = False,
-                 buffers: HostBuffers | None = None, experts_per_token: int | None = None):
+                 buffers: HostBuffers | None = None, experts_per_token: int | None = None,
+                 share_ids: "tuple[int, ...] | None" = None):
         if crossover_tokens < 0:
             raise ValueError(f"{group}: the crossover must be a number of tokens >= 0, not {crossover_tokens}")
         self.group = group
@@ -177,11 +179,24 @@ class HostExperts:
         if device_share is not None and share_channels and device_share.num_experts != weights.num_experts:
             raise ValueError(f"{group}: a share of channels holds every expert ({weights.num_experts}), not "
                              f"{device_share.num_experts}")
+        #: The experts the device share holds, by share slot (the first ones unless a plan
+        #: chose them from a routing profile).
+        self.share_ids = (tuple(range(device_share.num_experts)) if share_ids is None else tuple(share_ids)) \
+            if device_share is not None and not share_channels else ()
+        if self.share_ids and (len(self.share_ids) != device_share.num_experts
+                               or not all(0 <= e < weights.num_experts for e in self.share_ids)):
+            raise ValueError(f"{group}: a device share of {device_share.num_experts} experts holding "
+                             f"{list(self.share_ids)[:8]}; name that many experts of {weights.num_experts}")
         if device_share is not None and not share_channels:
             mask = (torch.ones(weights.num_experts, dtype=torch.bool) if host_mask is None
                     else host_mask.to(torch.bool).clone())
-            mask[:device_share.num_experts] = False
+            mask[list(self.share_ids)] = False
             host_mask = mask
+            #: Each expert's slot in the device share, -1 for the host's: the router's ids are
+            #: mapped through it on the device (no host synchronisation; a graph captures it).
+            slot = torch.full((weights.num_experts,), -1, dtype=torch.long)
+            slot[list(self.share_ids)] = torch.arange(len(self.share_ids))
+            self.share_slot = slot.to(device_share.w13.device)
         if device_share is not None:
             #: Picks the device share computed, counted on its device (no synchronisation).
             self.share_picks = torch.zeros((), dtype=torch.long, device=device_share.w13.device)
@@ -269,8 +284,10 @@ class HostExperts:
         on CUDA. On a CPU device (vLLM's CPU build) there is no such kernel to run: its
         stand-in there is the copied path's sums over the share's picks, each picked expert
         dequantized as it is read, the same sums the kernel makes."""
-        ids = topk_ids.to(self.share.w13.device)
-        inside = (ids >= 0) & (ids < self.share.num_experts)
+        ids = topk_ids.to(self.share.w13.device).long()
+        # the router's expert ids as share slots: -1 for a pick the host computes (or of none)
+        ids = torch.where(ids >= 0, self.share_slot[ids.clamp(min=0)], -1)
+        inside = ids >= 0
         self.share_picks += inside.sum()
         if self.share.fmt in ("bf16", "f32"):
             return cpu_kernels.reference.moe_picked(x, ids, topk_weights, self.share, self.activation)

@@ -832,6 +832,43 @@ def _output_rank() -> None:
            "WorkerProc._execute_worker_rpc no longer hands back the output rank's output alone")
 
 
+@check("routing_counters")
+def _routing_counters() -> None:
+    # Source and signatures: where the routing counters count (vllm_glue.routing wraps each
+    # MoERunner's router.select_experts on the router object, and a monolithic layer's
+    # forward_monolithic) and when they are zeroed (compile_or_warm_up_model of both workers,
+    # after the profile run and before the first served step).
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+    from vllm.v1.engine import core
+    from vllm.v1.worker import cpu_worker, gpu_worker
+
+    expect(params(FusedMoERouter.select_experts) == ["self", "hidden_states", "router_logits", "topk_indices_dtype",
+                                                     "input_ids"],
+           f"FusedMoERouter.select_experts{inspect.signature(FusedMoERouter.select_experts)}")
+    expect("self._select_experts" in called_names(FusedMoERouter.select_experts)
+           and "return topk_weights, topk_ids" in source(FusedMoERouter.select_experts),
+           "FusedMoERouter.select_experts no longer returns _select_experts' (topk_weights, topk_ids)")
+    expect(params(FusedMoERouter._select_experts)[:3] == ["self", "hidden_states", "router_logits"]
+           and "input_ids" in params(FusedMoERouter._select_experts),
+           f"FusedMoERouter._select_experts{inspect.signature(FusedMoERouter._select_experts)}")
+    forward = source(MoERunner._apply_quant_method)
+    expect("self.router.select_experts(" in forward and "self.routed_experts.forward_monolithic(" in forward,
+           "MoERunner._apply_quant_method no longer routes through router.select_experts (modular) or "
+           "routed_experts.forward_monolithic (monolithic)")
+    expect(isinstance(inspect.getattr_static(MoERunner, "layer_id"), property) and "self.router" in
+           assign_targets(MoERunner.__init__), "MoERunner has no layer_id property or router attribute")
+    expect(params(RoutedExperts.forward_monolithic)[:3] == ["self", "x", "router_logits"],
+           f"RoutedExperts.forward_monolithic{inspect.signature(RoutedExperts.forward_monolithic)}")
+    for worker in (gpu_worker.Worker, cpu_worker.CPUWorker):
+        expect("compile_or_warm_up_model" in vars(worker) and params(worker.compile_or_warm_up_model) == ["self"],
+               f"{worker.__name__} has no compile_or_warm_up_model(self) of its own")
+    init = source(core.EngineCore._initialize_kv_caches)
+    expect(init.index("determine_available_memory") < init.index("compile_or_warm_up_model()"),
+           "EngineCore no longer warms the model up after its profile run")
+
+
 @check("reload_restore_device")
 def _reload_restore_device() -> None:
     # Source: where the glue has a compute-served layer rebuilt in host memory on a reload

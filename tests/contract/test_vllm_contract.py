@@ -57,6 +57,7 @@ CHECKS = [
     "routed_experts_uva",
     "step_host_sync",
     "output_rank",
+    "routing_counters",
     "reload_restore_device",
     "reload_in_place",
     "model_class_names",

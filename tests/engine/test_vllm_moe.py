@@ -37,9 +37,42 @@ pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 EXPERTS_BYTES_LOADED = 8 * 3 * 64 * 128 * 4
 
 
+#: The experts the tiny model's router is built to favour in every layer (not the first ones).
+BUSY = (6, 2, 7)
+
+
+def skew_router(model_dir, busy=BUSY, boost=10.0):
+    """The checkpoint's routers (``mlp.gate.weight``: a row of logit weights per expert)
+    skewed so ``busy`` win most picks: the hidden dimension whose sign is the most constant
+    at each layer's router, over the test's prompts and greedy tokens (read with
+    transformers), is added to the rows of ``busy``, ``boost`` times a row's mean norm in
+    size, with that sign; their logits are then large and positive for most tokens."""
+    import torch
+    from transformers import Qwen3MoeForCausalLM
+
+    model = Qwen3MoeForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    seen: dict[int, list] = {}
+    hooks = [layer.mlp.gate.register_forward_pre_hook(
+        lambda _, args, i=i: seen.setdefault(i, []).append(args[0].reshape(-1, args[0].shape[-1])))
+        for i, layer in enumerate(model.model.layers)]
+    with torch.no_grad():
+        for p in PROMPTS:
+            model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)
+        for hook in hooks:
+            hook.remove()
+        for i, layer in enumerate(model.model.layers):
+            positive = (torch.cat(seen[i]) > 0).float().mean(0)
+            dim = int((positive - 0.5).abs().argmax())
+            w = layer.mlp.gate.weight
+            size = float(w.norm(dim=1).mean())
+            w[list(busy), dim] += boost * size * (1.0 if positive[dim] > 0.5 else -1.0)
+    model.to(torch.bfloat16).save_pretrained(model_dir)
+    return model_dir
+
+
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
-    return save_tiny_qwen3_moe(tmp_path_factory.mktemp("moe"), seed=3)
+    return skew_router(save_tiny_qwen3_moe(tmp_path_factory.mktemp("moe"), seed=3))
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +156,60 @@ def compute_plan(moe):
     return compute_experts_plan(moe)
 
 
+def generate_counting(plan, model):
+    """Tokens and the landing report of an engine started with ``plan`` and the worker's
+    routing counters on, and the picks counted independently of them: a forward hook on
+    vLLM's own router (every layer's ``GateLinear``, whose logits the router takes its top-k
+    of) takes the top-k itself, armed once the engine has started (after its warm-up)."""
+    import torch
+    from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
+
+    seen: dict[int, torch.Tensor] = {}
+    armed = []
+    original = GateLinear.forward
+
+    def forward(self, x):
+        out = original(self, x)
+        if armed:
+            logits = out[0] if isinstance(out, tuple) else out
+            layer = int(self.prefix.split(".layers.")[1].split(".")[0])
+            ids = torch.topk(logits.float(), 2, dim=-1).indices.reshape(-1)
+            seen[layer] = seen.get(layer, 0) + torch.bincount(ids, minlength=logits.shape[-1])
+        return out
+
+    def run(args):
+        import gc
+
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(model=str(model), **{**ENGINE_ARGS, **args})
+        try:
+            armed.append(True)
+            params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+            outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+            return [list(o.outputs[0].token_ids) for o in outputs]
+        finally:
+            del llm
+            gc.collect()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GateLinear, "forward", forward)
+        tokens, report = with_plan(plan, run, strict=True, routing=True)
+    return tokens, report, {layer: c.tolist() for layer, c in seen.items()}
+
+
 @pytest.fixture(scope="module")
-def computed(moe, compute_plan):
+def counted(moe, compute_plan):
     """One strict engine with the planner's host-compute plan: the embedding cold on the host and
     routed experts computed by the CPU kernel; the four prompts' prefill (14 tokens) above
-    the crossover, their decode steps (4 tokens or fewer) at or below it."""
-    return generate_with_plan(compute_plan, moe, strict=True)
+    the crossover, their decode steps (4 tokens or fewer) at or below it. The worker counts
+    the routing (:func:`generate_counting`)."""
+    return generate_counting(compute_plan, moe)
+
+
+@pytest.fixture(scope="module")
+def computed(counted):
+    return counted[:2]
 
 
 def test_the_compute_plan_puts_routed_experts_on_the_host_cpu(compute_plan):
@@ -180,6 +261,83 @@ def test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device(com
     assert "compute on host: planned" in text
     assert f"compute {names[0]} (as of now): host CPU " in text and "device path 1 step, 14 tokens" in text
     assert "; device share: experts 0-4 on cpu" in text
+
+
+# ------------------------------------- the routing profile (report --routing, plan --routing)
+
+def test_the_worker_counts_the_picks_vllms_router_made(counted):
+    """Every layer's counts in the report equal the picks counted from vLLM's own router
+    logits by a hook armed after the engine started (so the profile run and warm-up are not
+    counted): two picks for each token the four prompts routed. The skewed router's
+    favoured experts are each layer's busiest."""
+    _, report, seen = counted
+    layers = {int(k): v for k, v in report.routing["layers"].items()}
+    assert sorted(layers) == [0, 1, 2, 3] and layers == seen
+    tokens = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (MAX_TOKENS - 1)
+    assert all(sum(v) == 2 * tokens for v in layers.values()) and report.routing["source"]["tokens"] == tokens
+    assert all(set(sorted(range(8), key=lambda e: -v[e])[:3]) == set(BUSY) for v in layers.values()), layers
+
+
+@pytest.fixture(scope="module")
+def profile_file(counted, tmp_path_factory):
+    """The counts saved as a user saves them: ``selective-offload report --routing``."""
+    from selective_offload.cli import main
+
+    _, report, _ = counted
+    folder = tmp_path_factory.mktemp("routing")
+    report.save(folder / "report.json")
+    assert main(["report", str(folder / "report.json"), "--routing", str(folder / "routing.json"),
+                 "--workload", "the four test prompts"]) == 0
+    return folder / "routing.json"
+
+
+@pytest.fixture(scope="module")
+def routed_plan(compute_plan, profile_file):
+    from selective_offload.planner.shares import by_routing
+    from selective_offload.routing import load_routing
+
+    return by_routing(compute_plan, load_routing(profile_file))
+
+
+def test_a_plan_from_the_profile_holds_each_layers_busiest_experts_and_prices_their_hit_rate(
+        counted, profile_file, compute_plan, routed_plan):
+    from selective_offload.routing import load_routing
+
+    _, _, seen = counted
+    profile = load_routing(profile_file)
+    assert {layer: list(c) for layer, c in profile.layers.items()} == seen  # the file holds the counts
+    held = [g for g in routed_plan.groups if g.device_experts]
+    assert len(held) == 4
+    for g in held:
+        counts = seen[g.layer_index]
+        busiest = tuple(sorted(range(8), key=lambda e: (-counts[e], e))[:g.device_experts])
+        assert g.device_expert_ids == busiest and set(BUSY) <= set(busiest)
+        assert g.est_device_hit_rate == pytest.approx(sum(counts[e] for e in busiest) / sum(counts))
+        assert g.est_device_hit_rate > g.device_share
+    assert routed_plan.est.est_tok_s > compute_plan.est.est_tok_s
+    assert any("routed (the four test prompts) on " in n and "vLLM 0.32" in n for n in routed_plan.notes)
+
+
+@pytest.fixture(scope="module")
+def routed(moe, routed_plan):
+    """One strict engine with the plan made from the profile, counting again."""
+    return generate_counting(routed_plan, moe)
+
+
+def test_the_worker_keeps_the_plans_experts_on_the_device_and_tokens_stay_plain_vllms(routed, routed_plan,
+                                                                                      plain_tokens):
+    """Each layer's device share holds the plan's experts (the busiest, not the first) and
+    computes exactly the picks that land on them; the tokens are plain vLLM's."""
+    tokens, report, seen = routed
+    assert tokens == plain_tokens and report.ok, report.problems
+    for g in routed_plan.groups:
+        if not g.device_experts:
+            continue
+        ids = g.device_expert_ids
+        assert report.transfers[g.group]["device_share"]["what"] == "experts " + ", ".join(map(str, ids))
+        assert f"experts {', '.join(map(str, ids))} also on cpu" in report.landing(g.group).mechanism
+        picks = report.transfers[g.group]["host_compute"]["device_share_picks"]
+        assert picks == sum(seen[g.layer_index][e] for e in ids)
 
 
 # ------------------------------------------------- host-compute on the C kernel, in bf16

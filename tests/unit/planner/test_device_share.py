@@ -207,3 +207,60 @@ def test_a_share_held_wide_is_sized_so_and_declined_when_its_path_moves_more(tmp
     rates = note.split("priced at ", 1)[1]
     assert float(rates.split(" tok/s", 1)[0]) < float(rates.split("against ", 1)[1].split(" ", 1)[0]) \
         == round(plan.est.est_tok_s, 2)
+
+
+# ---- device shares from a routing profile (plan --routing)
+
+def skewed_profile(layers=4, busy=(6, 2, 7)):
+    """Counts a router skewed to ``busy`` would leave: the busy experts picked 40, 30 and 20
+    times a layer (in that order), every other one 2 times."""
+    from selective_offload.routing import RoutingProfile
+
+    counts = {i: tuple({busy[0]: 40, busy[1]: 30, busy[2]: 20}.get(e, 2) for e in range(E)) for i in range(layers)}
+    return RoutingProfile(counts, model="tiny", vllm_version="0.32.0", tokens=55 * layers, workload="four prompts",
+                          experts_per_token={i: K for i in range(layers)})
+
+
+def test_a_routing_profile_puts_each_layers_busiest_experts_on_the_device_and_prices_their_hit_rate():
+    from selective_offload.planner.shares import by_routing
+
+    ckpt = moe(4)
+    uniform = shared(ckpt, 300)
+    assert any("priced as uniform routing (no routing profile" in n for n in by_routing(uniform, None).notes)
+    plan = by_routing(uniform, skewed_profile())
+    host = computed(plan)
+    assert [g.device_expert_ids for g in host] == [(6, 2, 7)] * 4 and all(g.device_experts == 3 for g in host)
+    hit = 90 / (90 + 5 * 2)
+    assert all(g.est_device_hit_rate == pytest.approx(hit) for g in host)
+    # the CPU reads the picks the share does not take: 1 - the measured hit rate, not 1 - 3/8
+    per_layer = EXPERTS_BYTES * K / E * (1 - hit) / (REFERENCE_CPU_GBPS * 1e9) + ASSUMED_HANDOFF_S
+    assert plan.est.est_cpu_s_per_step == pytest.approx(4 * per_layer, rel=1e-9)
+    assert plan.est.est_tok_s > uniform.est.est_tok_s
+    assert plan.device_share_bytes == uniform.device_share_bytes  # the same room, other experts
+    note = next(n for n in plan.notes if n.startswith("device shares: each layer's busiest experts"))
+    assert "220 tokens routed (four prompts) on tiny, vLLM 0.32.0" in note and "est hit rate 90.0%" in note
+    assert any("keeps its busiest 3 of 8 routed experts" in n for n in plan.notes)
+    again = Plan.from_dict(json.loads(plan.to_json()))  # plan format v5: the optional fields round-trip
+    assert [g.device_expert_ids for g in computed(again)] == [(6, 2, 7)] * 4
+    assert again.est.est_tok_s == pytest.approx(plan.est.est_tok_s)
+    refused_edit(plan, lambda d: d["groups"][next(i for i, g in enumerate(d["groups"]) if g.get("device_experts"))]
+                 .update(device_expert_ids=[6, 6, 7]), "device_expert_ids .* distinct experts")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.pop(3), "no counts for MoE layer 3 of this model"),
+    (lambda c: c.update({9: (1,) * E}), "layer 9 is no MoE layer of this model"),
+    (lambda c: c.update({0: (1,) * (E + 1)}), "layer 0 counts 9 experts, and this model's layer 0 has 8"),
+])
+def test_a_routing_profile_of_another_model_is_refused_in_one_line(edit, match):
+    from dataclasses import replace
+
+    from selective_offload.errors import PlanError
+    from selective_offload.planner.shares import by_routing
+
+    profile = skewed_profile()
+    layers = dict(profile.layers)
+    edit(layers)
+    with pytest.raises(PlanError, match=match) as info:
+        by_routing(shared(moe(4), 300), replace(profile, layers=layers))
+    assert "\n" not in str(info.value)

@@ -191,23 +191,27 @@ def test_the_op_is_opaque_to_torch_compile():
 # ---- a device share: the first experts held on the device, computed there beside the host
 
 
+@pytest.mark.parametrize("held", [None, (6, 2, 7)])
 @pytest.mark.parametrize("tokens", [1, 4, 9])
-def test_a_device_share_computes_its_picks_and_the_host_the_rest_on_both_paths(tokens):
-    """Three of eight experts copied to the "device" (the CPU here): the sum is the
-    reference's over every pick, the host counts only the bytes of the experts it computed,
-    and the share counts the picks that landed on it."""
+def test_a_device_share_computes_its_picks_and_the_host_the_rest_on_both_paths(tokens, held):
+    """Three of eight experts copied to the "device" (the CPU here): the first three, or the
+    three a routing profile chose (``held``, share slot by slot). The sum is the reference's
+    over every pick, the host counts only the bytes of the experts it computed, and the
+    share counts the picks that landed on it."""
     weights = bf16_weights(bias=True)
-    share = held_share(weights, 3, "cpu")
+    share = held_share(weights, 3, "cpu", ids=held)
     assert share.w13.data_ptr() != weights.w13.data_ptr() and share.num_experts == 3
+    on_device = set(held or range(3))
+    assert torch.equal(share.w2[0], weights.w2[(held or (0,))[0]])
     act = Activation("swigluoai", alpha=1.702, limit=7.0)
-    he = experts(crossover=4, weights=weights, activation=act, device_share=share)
+    he = experts(crossover=4, weights=weights, activation=act, device_share=share, share_ids=held)
     x, ids, w = routing(tokens)
     want = moe_reference(x, ids, w, weights, act)
     # the share multiplies in bf16 (moe_picked): bf16's rounding of the float32 sum
     torch.testing.assert_close(he(x, ids, w).float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
-    assert int(he.share_picks) == int((ids < 3).sum())
+    assert int(he.share_picks) == sum(i in on_device for i in ids.flatten().tolist())
     if tokens <= 4:
-        assert he.counts.host_bytes == len(set(i for i in ids.flatten().tolist() if i >= 3)) * weights.expert_bytes
+        assert he.counts.host_bytes == len(set(ids.flatten().tolist()) - on_device) * weights.expert_bytes
 
 
 def test_a_share_with_every_pick_on_it_leaves_the_host_nothing_to_add():
