@@ -103,7 +103,8 @@ def resolve_targets() -> Targets:
                             (offloader_base, "get_offloader"),
                             (offloader_base, "set_offloader"),
                             (gpu_worker.Worker, "sample_tokens"),
-                            (gpu_worker.Worker, "compile_or_warm_up_model")):
+                            (gpu_worker.Worker, "compile_or_warm_up_model"),
+                            (gpu_worker.Worker, "shutdown")):
             if not callable(getattr(owner, attr, None)):
                 raise AttributeError(f"{getattr(owner, '__name__', owner)}.{attr}")
     except (ImportError, AttributeError) as exc:

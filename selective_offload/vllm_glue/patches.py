@@ -11,6 +11,7 @@ hooked                                                 module
 ``base_loader.process_weights_after_loading``           :mod:`.loading`
 ``Worker.sample_tokens`` (each step's host sync)         :mod:`.host_compute` (failed jobs)
 ``compile_or_warm_up_model`` (``Worker``, ``CPUWorker``)  :mod:`.routing` (counters zeroed)
+``Worker.shutdown``                                      :mod:`.routing` (the report written)
 ``load_model`` of every loader class that overrides     :mod:`.loading` (reported as not
 it, now or later (``BaseModelLoader.__init_subclass__``)  applied)
 =====================================================  ===================================
@@ -57,6 +58,7 @@ def _hooks(targets: Targets) -> list[tuple[Any, str, Callable]]:
         (targets.base_loader, "initialize_model", loading.make_initialize_model(session)),
         (targets.base_loader, "process_weights_after_loading", loading.make_post_process(session)),
         (targets.Worker, "sample_tokens", host_compute.check_at_step_sync),
+        (targets.Worker, "shutdown", routing.save_at_shutdown(session)),
     ]
     after_warm_up = routing.zero_after_warm_up(lambda: _session.routing if _session is not None else None)
     hooks += [(worker, "compile_or_warm_up_model", after_warm_up) for worker in (targets.Worker, targets.CPUWorker)

@@ -177,3 +177,28 @@ def zero_after_warm_up(get_counters):
         return compile_or_warm_up_model
 
     return wrap
+
+
+def save_at_shutdown(get_session):
+    """``Worker.shutdown`` (vLLM's GPU worker; the CPU build's inherits it), wrapped to write
+    the report once more before the worker goes, with the routing counters (and every
+    wrapper's counters) as they are then: the report file of an engine in another process
+    otherwise holds those of the load. Nothing is written without routing counters; a
+    failure to write is logged (the report's writer says why) and never stops the shutdown."""
+
+    def wrap(original):
+        def shutdown(self, *args, **kwargs):
+            s = get_session()
+            if s is not None and s.routing is not None and s.report is not None:
+                try:
+                    s.live_report()
+                except Exception as exc:  # noqa: BLE001 - the worker's shutdown must go on
+                    from ..log import logger
+
+                    logger.warning("selective-offload: the routing counts were not written at shutdown: %s", exc)
+            return original(self, *args, **kwargs)
+
+        shutdown.__wrapped__ = original
+        return shutdown
+
+    return wrap

@@ -836,8 +836,9 @@ def _output_rank() -> None:
 def _routing_counters() -> None:
     # Source and signatures: where the routing counters count (vllm_glue.routing wraps each
     # MoERunner's router.select_experts on the router object, and a monolithic layer's
-    # forward_monolithic) and when they are zeroed (compile_or_warm_up_model of both workers,
-    # after the profile run and before the first served step).
+    # forward_monolithic), when they are zeroed (compile_or_warm_up_model of both workers,
+    # after the profile run and before the first served step) and when a spawned worker
+    # writes them into the report (Worker.shutdown, which both executors call).
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
@@ -864,6 +865,13 @@ def _routing_counters() -> None:
     for worker in (gpu_worker.Worker, cpu_worker.CPUWorker):
         expect("compile_or_warm_up_model" in vars(worker) and params(worker.compile_or_warm_up_model) == ["self"],
                f"{worker.__name__} has no compile_or_warm_up_model(self) of its own")
+    expect(params(gpu_worker.Worker.shutdown) == ["self"] and "shutdown" not in vars(cpu_worker.CPUWorker),
+           "Worker.shutdown(self) is no longer the one shutdown of both workers")
+    from vllm.v1.executor import multiproc_executor, uniproc_executor
+
+    expect("self.worker.shutdown()" in source(multiproc_executor.WorkerProc.shutdown)
+           and "worker.shutdown()" in source(uniproc_executor.UniProcExecutor.shutdown),
+           "the executors no longer shut their workers down through Worker.shutdown")
     init = source(core.EngineCore._initialize_kv_caches)
     expect(init.index("determine_available_memory") < init.index("compile_or_warm_up_model()"),
            "EngineCore no longer warms the model up after its profile run")

@@ -10,6 +10,8 @@ place, the report and bit-identical tokens; the UVA views and their reads need a
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import selective_offload
@@ -29,6 +31,7 @@ from helpers import (
 )
 from selective_offload.errors import PlanError
 from selective_offload.plan_format import GroupKind, Serving
+from selective_offload.report import LandingReport
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
@@ -187,15 +190,17 @@ def generate_counting(plan, model):
             armed.append(True)
             params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
             outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-            return [list(o.outputs[0].token_ids) for o in outputs]
+            tokens = [list(o.outputs[0].token_ids) for o in outputs]
         finally:
             del llm
             gc.collect()
+        # the report file as the worker left it at its shutdown (before anything here reads it)
+        return tokens, LandingReport.load(os.environ["SELECTIVE_OFFLOAD_REPORT"]).routing
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(GateLinear, "forward", forward)
-        tokens, report = with_plan(plan, run, strict=True, routing=True)
-    return tokens, report, {layer: c.tolist() for layer, c in seen.items()}
+        (tokens, saved), report = with_plan(plan, run, strict=True, routing=True)
+    return tokens, report, {layer: c.tolist() for layer, c in seen.items()}, saved
 
 
 @pytest.fixture(scope="module")
@@ -268,11 +273,13 @@ def test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device(com
 def test_the_worker_counts_the_picks_vllms_router_made(counted):
     """Every layer's counts in the report equal the picks counted from vLLM's own router
     logits by a hook armed after the engine started (so the profile run and warm-up are not
-    counted): two picks for each token the four prompts routed. The skewed router's
-    favoured experts are each layer's busiest."""
-    _, report, seen = counted
+    counted): two picks for each token the four prompts routed; the report file the worker
+    wrote as it shut down holds the same. The skewed router's favoured experts are each
+    layer's busiest."""
+    _, report, seen, saved = counted
     layers = {int(k): v for k, v in report.routing["layers"].items()}
     assert sorted(layers) == [0, 1, 2, 3] and layers == seen
+    assert saved["layers"] == report.routing["layers"]
     tokens = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (MAX_TOKENS - 1)
     assert all(sum(v) == 2 * tokens for v in layers.values()) and report.routing["source"]["tokens"] == tokens
     assert all(set(sorted(range(8), key=lambda e: -v[e])[:3]) == set(BUSY) for v in layers.values()), layers
@@ -283,7 +290,7 @@ def profile_file(counted, tmp_path_factory):
     """The counts saved as a user saves them: ``selective-offload report --routing``."""
     from selective_offload.cli import main
 
-    _, report, _ = counted
+    report = counted[1]
     folder = tmp_path_factory.mktemp("routing")
     report.save(folder / "report.json")
     assert main(["report", str(folder / "report.json"), "--routing", str(folder / "routing.json"),
@@ -303,7 +310,7 @@ def test_a_plan_from_the_profile_holds_each_layers_busiest_experts_and_prices_th
         counted, profile_file, compute_plan, routed_plan):
     from selective_offload.routing import load_routing
 
-    _, _, seen = counted
+    seen = counted[2]
     profile = load_routing(profile_file)
     assert {layer: list(c) for layer, c in profile.layers.items()} == seen  # the file holds the counts
     held = [g for g in routed_plan.groups if g.device_experts]
@@ -328,7 +335,7 @@ def test_the_worker_keeps_the_plans_experts_on_the_device_and_tokens_stay_plain_
                                                                                       plain_tokens):
     """Each layer's device share holds the plan's experts (the busiest, not the first) and
     computes exactly the picks that land on them; the tokens are plain vLLM's."""
-    tokens, report, seen = routed
+    tokens, report, seen, _ = routed
     assert tokens == plain_tokens and report.ok, report.problems
     for g in routed_plan.groups:
         if not g.device_experts:
