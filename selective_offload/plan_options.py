@@ -270,8 +270,7 @@ class PlanOptions:
     context: int | None = option(None, read_count, WORK, "T")
     """average context per sequence, to price KV reads (default: half of --max-model-len)"""
     routing: str | None = option(None, read_routing, WORK, "FILE")
-    """a routing profile (`report --routing` saves one): device shares hold each layer's busiest experts, their
-    measured hit rate priced (default: the first experts, priced as uniform routing)"""
+    """a routing profile (`report --routing`): device shares hold the busiest experts"""
     cpu_offload_gb: str | float | None = option(None, read_cpu_offload_gb, VLLM, "GiB")
     """price vLLM's cpu_offload_gb at this (default: the least that covers the deficit)"""
     moe_backend: str = option("auto", read_moe_backend, VLLM, "{auto,triton,marlin}")

@@ -285,8 +285,8 @@ class HostExperts:
         stand-in there is the copied path's sums over the share's picks, each picked expert
         dequantized as it is read, the same sums the kernel makes."""
         ids = topk_ids.to(self.share.w13.device).long()
-        # the router's expert ids as share slots: -1 for a pick the host computes (or of none)
-        ids = torch.where(ids >= 0, self.share_slot[ids.clamp(min=0)], -1)
+        if not self.share_channels:  # the router's expert ids as share slots: -1 for the host's picks
+            ids = torch.where(ids >= 0, self.share_slot[ids.clamp(min=0)], -1)
         inside = ids >= 0
         self.share_picks += inside.sum()
         if self.share.fmt in ("bf16", "f32"):
