@@ -215,7 +215,7 @@ def test_a_gpu_run_lands_in_the_readme_table(small_run, tmp_path):
     merged = tables.gpu_runs(results)
     assert "| 123.456 (" in merged and "gpu-run-cuda-nvidia-h200-only-gather.md" in merged
     assert merged.count("| host gather / device embedding, time per lookup: 256 token(s) per step | ") == 1
-    assert "(sections: probe ok, preflight ok, mechanism ok, gather ok, uva-read ok, host-compute ok)" in merged
+    assert "(sections: probe ok, preflight ok, mechanism ok, gather ok, uva-read ok, host-compute ok, routing ok)" in merged
 
 
 def test_uva_read_runs_its_uva_path_through_a_stand_in_view():
