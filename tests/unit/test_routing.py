@@ -13,7 +13,7 @@ from selective_offload.cli import main
 from selective_offload.errors import UserError
 from selective_offload.report import LandingReport
 from selective_offload.routing import RoutingProfile, load_routing
-from selective_offload.vllm_glue.routing import LayerCounter, RoutingCounters, count_picks
+from selective_offload.vllm_glue.routing import LayerCounter, RoutingCounters, count_picks, zero_after_warm_up
 
 
 def counters_after(steps, experts=8, k=2, device="cpu") -> RoutingCounters:
@@ -39,6 +39,24 @@ def test_the_counters_count_every_pick_of_any_step_size_as_bincount_does():
     assert c.layers[0].ones.shape[0] >= 80  # grown outside capture, kept for the next steps
     c.zero()
     assert sum(c.layers[0].values()) == 0
+
+
+def test_the_counters_restart_when_vllms_warm_up_returns():
+    """vLLM's profile run (before) and warm-up (inside ``compile_or_warm_up_model``) route
+    dummy tokens; the hook around that method zeroes the counters as it returns, so only
+    served steps count. (The CPU build's engine with a fixed KV cache runs neither, so the
+    engine tests cannot show this.) ``warm_up`` stands for vLLM's method: it routes."""
+    c = counters_after([])
+
+    def warm_up(worker):
+        c.layers[0].add(torch.tensor([[1, 2]] * 8))
+        return "warmed up"
+
+    c.layers[1].add(torch.tensor([[3, 4]]))  # the profile run
+    assert zero_after_warm_up(lambda: c)(warm_up)(object()) == "warmed up"
+    assert sum(c.layers[0].values()) == sum(c.layers[1].values()) == 0
+    c.layers[0].add(torch.tensor([[5, 6]]))  # the first served step
+    assert c.layers[0].values() == [0, 0, 0, 0, 0, 1, 1, 0]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a captured CUDA graph needs a CUDA device")
