@@ -604,9 +604,10 @@ def plan_model(model: str, options: PlanOptions, profile, spell: Callable[[str],
     routing_path = options.read("routing", spell)
     routing = load_routing(routing_path, spell("routing")) if routing_path else None
     try:
-        plan = by_routing(make_plan(checkpoint, inputs), routing)
+        plan = make_plan(checkpoint, inputs)
     except PlanError as exc:  # what only the model shows (its KV layout), said in the caller's words
         raise respelled(exc, spell) from None
+    plan = by_routing(plan, routing)  # a profile of another model refused, naming it
     provenance = options.provenance(profile)
     if provenance:
         plan = replace(plan, notes=plan.notes + (provenance,))

@@ -46,6 +46,8 @@ class RoutingProfile:
     workload: str = ""
     #: The experts each token picks, per layer (vLLM's top_k), where known.
     experts_per_token: Mapping[int, int] = field(default_factory=dict)
+    #: Where it was read from, for messages (``--routing FILE``).
+    where: str = field(default="the routing profile", compare=False, repr=False)
 
     # ------------------------------------------------------------------ figures
 
@@ -88,11 +90,12 @@ class RoutingProfile:
 
     # ------------------------------------------------------------------ checks
 
-    def check_layers(self, experts_by_layer: Mapping[int, int], where: str = "the routing profile",
+    def check_layers(self, experts_by_layer: Mapping[int, int], where: str | None = None,
                      required: frozenset[int] | None = None) -> None:
         """Refuse (``PlanError``, one line) a profile that is not of this model: a layer it
         has no MoE layer for, another expert count, or a MoE layer of ``required`` (default:
         all of ``experts_by_layer``) it has no counts for."""
+        where = where or self.where
         for layer, counts in sorted(self.layers.items()):
             if layer not in experts_by_layer:
                 raise PlanError(f"{where}: layer {layer} is no MoE layer of this model (its MoE layers: "
@@ -137,7 +140,8 @@ class RoutingProfile:
         kr = r.within(k_raw, "experts_per_token")
         ks = {_layer_index(kr, key): kr.int(key, minimum=1) for key in k_raw}
         return cls(layers=layers, model=s.str("model", default=""), vllm_version=s.str("vllm_version", default=""),
-                   tokens=s.int("tokens", default=0), workload=s.str("workload", default=""), experts_per_token=ks)
+                   tokens=s.int("tokens", default=0), workload=s.str("workload", default=""), experts_per_token=ks,
+                   where=where)
 
     def save(self, path: str | os.PathLike, flag: str = "--routing") -> None:
         """Written whole by the rule every output follows (only over a routing profile this
@@ -169,7 +173,7 @@ def _layers_text(experts_by_layer: Mapping[int, int]) -> str:
 
 def load_routing(path: str | os.PathLike, flag: str = "--routing") -> RoutingProfile:
     """The profile at ``path``, read through the one bounded reader; one line otherwise."""
-    where = f"{flag} {str(path)[:200]}"
+    where = f"{flag}{'' if flag.endswith('=') else ' '}{str(path)[:200]}"  # --routing FILE, or routing=FILE
     try:
         data = jsonio.read(path, max_bytes=MAX_PROFILE_BYTES)
     except OSError as exc:

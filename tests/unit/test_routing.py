@@ -136,7 +136,8 @@ def test_plan_routing_refuses_a_profile_that_is_not_of_the_model(tmp_path, capsy
     path.write_text(json.dumps(GOOD))
     code = main(["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--routing", str(path)])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and "layer 0 is no MoE layer of this model (its MoE layers: none)" in err and "\n" not in err
+    assert code == 2 and f"--routing {path}: layer 0 is no MoE layer of this model (its MoE layers: none)" in err
+    assert "\n" not in err
     path.write_text("{not json")
     assert main(["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--routing", str(path)]) == 2
     assert "--routing" in capsys.readouterr().err
