@@ -191,6 +191,7 @@ def generate_counting(plan, model):
             params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
             outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
             tokens = [list(o.outputs[0].token_ids) for o in outputs]
+            llm.llm_engine.engine_core.shutdown()  # as the engine's process ends: its worker shuts down
         finally:
             del llm
             gc.collect()
