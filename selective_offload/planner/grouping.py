@@ -115,10 +115,10 @@ def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, _Bu
     for t in allocated(checkpoint, inputs).values():
         prefix = cold_prefix(t.name, inputs.cold_segments)
         layer = layer_of(t.name)
-        if prefix is not None:
-            bucket = _Bucket(prefix, GroupKind.COMPONENT, mtp=has_segment(prefix, MTP_SEGMENTS))
-        elif layer is not None and _is_mtp_layer(layer[1], facts):
+        if layer is not None and _is_mtp_layer(layer[1], facts):  # its own embed_tokens too
             bucket = _Bucket(f"{layer[0]}.{layer[1]}", GroupKind.COMPONENT, mtp=True)
+        elif prefix is not None:
+            bucket = _Bucket(prefix, GroupKind.COMPONENT, mtp=has_segment(prefix, MTP_SEGMENTS))
         elif layer is not None and facts.vllm_host_tables and host_table_prefix(t.name) is not None:
             bucket = _Bucket(host_table_prefix(t.name), GroupKind.MODULE, vllm_host=True)
         elif layer is not None and experts_prefix(t.name) is not None:
@@ -225,7 +225,7 @@ def group_signature(key: str, tensors: list[TensorInfo]) -> tuple[dict[str, int]
     h = hashlib.sha256()
     for t in sorted(tensors, key=lambda t: t.name):
         dtype_bytes[t.dtype] = dtype_bytes.get(t.dtype, 0) + t.nbytes
-        h.update(f"{t.name[len(key):]}\0{t.dtype}\0{','.join(map(str, t.shape))}\n".encode())
+        h.update(f"{t.name.removeprefix(key)}\0{t.dtype}\0{','.join(map(str, t.shape))}\n".encode())
     return dict(sorted(dtype_bytes.items())), h.hexdigest()[:16]
 
 

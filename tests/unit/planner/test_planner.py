@@ -250,11 +250,15 @@ def test_all_cold_offloads_every_cold_module_even_when_it_fits():
 
 
 def test_mtp_head_stored_as_extra_decoder_layers_is_recognised():
-    """DeepSeek-V3 stores its MTP head as layer num_hidden_layers (and up)."""
-    ckpt = make_ckpt({f"model.layers.{i}.w": ("BF16", [1000]) for i in range(5)},
+    """DeepSeek-V3 and GLM-4.5 store their MTP head as layer num_hidden_layers (and up),
+    with an embedding of its own: one MTP group, no cold embedding group vLLM never loads."""
+    ckpt = make_ckpt({**{f"model.layers.{i}.w": ("BF16", [1000]) for i in range(5)},
+                      "model.layers.4.embed_tokens.weight": ("BF16", [64, 8]),
+                      "model.layers.4.shared_head.head.weight": ("BF16", [64, 8])},
                      num_hidden_layers=4, num_nextn_predict_layers=1)
     groups = {g.name: g for g in group_tensors(ckpt, inputs(1))}
     assert groups["model.layers.4"].mtp and groups["model.layers.4"].role == "absent"
+    assert groups["model.layers.4"].num_tensors == 3 and not any(g.role == "cold" for g in groups.values())
     assert [g.layer_index for g in groups.values() if g.kind == "layer"] == [0, 1, 2, 3]
     hot = {g.name: g for g in group_tensors(ckpt, inputs(1, speculative="mtp"))}
     assert hot["model.layers.4"].role == "hot"
