@@ -74,6 +74,13 @@ VLLM_HOST_TABLES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
 }
 _HOST_TABLE_SEGMENTS = frozenset(pair for _, pairs in VLLM_HOST_TABLES.values() for pair in pairs)
 
+#: Checkpoint names of routed experts stored fused outside an ``experts`` module, and the
+#: names vLLM's model class loads them as (a suffix rename of its own ``hf_to_vllm_mapper``:
+#: Granite-MoE's ``block_sparse_moe.input_linear.weight`` goes to the fused-MoE layer
+#: ``block_sparse_moe.experts``). tests/unit/vllm_glue checks each against vLLM's mapper.
+FUSED_EXPERTS_RENAMES: dict[str, str] = {"moe.input_linear.weight": "moe.experts.gate_up_proj",
+                                         "moe.output_linear.weight": "moe.experts.down_proj"}
+
 #: A decoder layer: ``...layers.N.`` (the part before ``.N`` names the stack).
 LAYER_RE = re.compile(r"^(?P<prefix>(?:.*\.)?layers)\.(?P<index>\d+)\.")
 
@@ -121,13 +128,20 @@ def experts_prefix(name: str) -> str | None:
     A routed expert is anything under a whole ``experts`` segment inside a decoder layer
     (``model.layers.3.mlp.experts.gate_up_proj``, ``...experts.17.down_proj.weight``,
     vLLM's ``...experts.w13_weight``); the group name is the module path up to that segment,
-    which is also vLLM's FusedMoE ``prefix``. ``...mlp.shared_experts.*``, a dense
+    which is also vLLM's FusedMoE ``prefix``. Experts stored fused elsewhere
+    (:data:`FUSED_EXPERTS_RENAMES`: Granite-MoE's ``...block_sparse_moe.input_linear.weight``)
+    are in the group vLLM loads them into (``...block_sparse_moe.experts``). ``...mlp.shared_experts.*``, a dense
     ``...mlp.gate_proj`` and what vLLM's runner holds beside them
     (:data:`NOT_ROUTED_UNDER_EXPERTS`: ``...mlp.experts.gate.weight``) are not routed experts.
     """
     m = LAYER_RE.match(name if name.endswith(".") else name + ".")
     if m is None:
         return None
+    for stored in FUSED_EXPERTS_RENAMES:
+        module = stored.rsplit(".", 1)[0]  # ``moe.input_linear``
+        for suffix in (stored, module):  # the tensor, or its module
+            if name.endswith(suffix):
+                return f"{name[:-len(suffix)]}{module.split('.')[0]}.{ROUTED_EXPERTS_SEGMENT}"
     head, rest = name[:m.end() - 1], segments(name[m.end():])
     if ROUTED_EXPERTS_SEGMENT not in rest:
         return None
