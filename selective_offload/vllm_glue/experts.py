@@ -70,6 +70,7 @@ from ..wrappers.page_locked import PageLockedLedger, PinPolicy
 from . import host_compute, host_head, host_mlp
 from .auto_plan import card_of_worker
 from .host_resident import to_device, to_host_exact
+from .model_names import first_names
 
 #: The attribute vLLM's UVA offloader sets on a parameter it turned into a UVA view, and
 #: that vLLM reads (``device_loading_context``; the Triton fused-MoE kernel in 0.33).
@@ -251,10 +252,19 @@ def find_modules(model: nn.Module, xl: ExpertsLoad, routed_experts_cls: type) ->
             xl.modules[name] = xl.group_of(name)  # the MLP itself (its linears come after it, inside it)
         elif xl.heads and xl.group_of(name) in xl.heads:
             xl.modules[name] = xl.group_of(name)  # the LM head
+    is_expert = expert_names(model, xl)
     outside = {id(p) for n, p in model.named_parameters(remove_duplicate=False)
-               if not xl.is_expert_module(n.rsplit(".", 1)[0])}
+               if not is_expert(n.rsplit(".", 1)[0])}
     xl.shared = frozenset(n for m in xl.modules for n, p in model.get_submodule(m).named_parameters()
                           if id(p) in outside)
+
+
+def expert_names(model: nn.Module, xl: ExpertsLoad) -> Callable[[str], bool]:
+    """Whether a module name of ``model`` is in a module :func:`find_modules` recorded, by
+    any name the model lists it under (a decoder layer listed twice is one layer:
+    :func:`.model_names.first_names`)."""
+    name_of = first_names(model)
+    return lambda name: xl.is_expert_module(name_of(name))
 
 
 def after_construction(model: nn.Module, xl: ExpertsLoad, routed_storages: set[int], device: torch.device) -> None:

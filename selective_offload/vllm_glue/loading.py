@@ -343,8 +343,8 @@ def make_initialize_model(get_session: GetSession):
             xl = load.experts
             if xl is not None:
                 experts.find_modules(model, xl, s.targets.RoutedExperts)
-            result = mode.finish(model, lambda name: cold_prefix(name, segments) is not None
-                                 or (xl is not None and xl.is_expert_module(name)))
+            is_expert = experts.expert_names(model, xl) if xl is not None else (lambda name: False)
+            result = mode.finish(model, lambda name: cold_prefix(name, segments) is not None or is_expert(name))
             load.routed_names = result.names
             if result.moved_back_bytes:
                 load.notes.append(f"{result.moved_back_bytes} B built under a cold module but shared with the rest "

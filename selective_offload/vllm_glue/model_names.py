@@ -18,12 +18,13 @@ construction: a plan group whose name in the model names no module there is refu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from torch import nn
 
 from ..checkpoint import load_checkpoint
 from ..errors import PlanError
-from ..names import ModelNames, NameMap, model_names, unnamed_groups
+from ..names import ModelNames, NameMap, layer_of, model_names, unnamed_groups
 from ..plan_format import LAYER_KINDS, Plan, Serving
 
 #: Tensor names tried for each group when the checkpoint is not a local directory (its
@@ -61,6 +62,31 @@ def names_for(plan: Plan, model_config) -> tuple[ModelNames, list[str]]:
     names = model_names(groups, tensors, mapping, plan.inputs.cold_segments, source)
     line = names.describe()
     return names, notes + ([line] if line else [])
+
+
+def first_names(model: nn.Module) -> Callable[[str], str]:
+    """A module name of ``model`` with any decoder layer on its path read by the layer's
+    first name: vLLM's Gemma 4 registers its decoder layers again, for its YOCO split, under
+    ``model.self_decoder.decoder_layers.N``, the same modules as ``model.layers.N``, not
+    copies sharing their parameters. Only whole decoder layers are read so: a smaller
+    module held in two places (a cached rotary table) stays shared."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if id(module) not in first:
+            first[id(module)] = name
+        elif (layer := layer_of(first[id(module)])) is not None and first[id(module)] == f"{layer[0]}.{layer[1]}":
+            aliases[name] = first[id(module)]
+
+    def name_of(name: str) -> str:
+        parts = name.split(".")
+        for n in range(len(parts), 0, -1):
+            head = ".".join(parts[:n])
+            if head in aliases:
+                return ".".join([aliases[head], *parts[n:]])
+        return name
+
+    return name_of
 
 
 def refuse_unnamed(model: nn.Module, names: ModelNames, plan: Plan) -> None:

@@ -12,7 +12,7 @@ from torch import nn
 from helpers import TINY_MOE_FAMILIES, save_tiny_moe, save_tiny_qwen3_moe, uva_experts_plan
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError
-from selective_offload.names import ModelNames, group_key, model_names
+from selective_offload.names import FUSED_EXPERTS_RENAMES, ModelNames, experts_prefix, group_key, model_names
 from selective_offload.vllm_glue.model_names import class_mapping, refuse_unnamed
 
 pytestmark = pytest.mark.vllm
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.vllm
 #: vLLM's model class of each tiny family (the architecture its config names).
 CLASSES = {"gpt_oss": ("gpt_oss", "GptOssForCausalLM"), "mixtral": ("mixtral", "MixtralForCausalLM"),
            "qwen2_moe": ("qwen2_moe", "Qwen2MoeForCausalLM"), "glm4_moe": ("glm4_moe", "Glm4MoeForCausalLM"),
-           "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM")}
+           "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"), "deepseek_v3": ("deepseek_v2", "DeepseekV3ForCausalLM"),
+           "gemma4_moe": ("gemma4", "Gemma4ForCausalLM"), "granitemoe": ("granitemoe", "GraniteMoeForCausalLM")}
 
 
 def vllm_class(family: str) -> type:
@@ -64,16 +65,33 @@ def test_gpt_oss_names_its_embedding_through_its_own_mapper(tiny):
     assert "names model.embed_tokens as model.embedding" in names.describe()
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "glm4_moe", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "glm4_moe", "qwen3_moe", "deepseek_v3", "gemma4_moe"])
 def test_other_moe_families_keep_every_group_key(family, tiny):
-    """Mixtral, Qwen2-MoE (shared expert), GLM-4-MoE (dense first layer) and Qwen3-MoE:
-    their mappers rename q/k/v and gate/up into stacked parameters, inside a layer, so
+    """Mixtral, Qwen2-MoE (shared expert), GLM-4-MoE (dense first layer), Qwen3-MoE,
+    DeepSeek-V3 and Gemma 4 MoE: their mappers rename q/k/v and gate/up into stacked parameters, inside a layer, so
     every group keeps the key of its checkpoint name."""
     _, plan = tiny[family]
     names = names_of(family, tiny)
     cold = plan.inputs.cold_segments
     assert all(names.key(g.group, cold) == group_key(g.group, cold) for g in plan.groups)
     assert not names.segment_renames and not names.describe()
+
+
+def test_fused_experts_are_the_groups_vllms_own_mapper_loads_them_into(tiny):
+    """Granite-MoE stores each layer's experts fused in ``block_sparse_moe.input_linear`` /
+    ``output_linear``; vLLM's GraniteMoeModel maps them (its hf_to_vllm_mapper) onto the
+    fused-MoE layer ``block_sparse_moe.experts``: the project's table is that mapping, and
+    the plan's experts groups are the modules the mapped names land in."""
+    from vllm.model_executor.models.granitemoe import GraniteMoeModel
+
+    mapper = GraniteMoeModel.hf_to_vllm_mapper
+    assert FUSED_EXPERTS_RENAMES.items() <= mapper.orig_to_new_suffix.items()
+    d, plan = tiny["granitemoe"]
+    fused = [n for n in load_checkpoint(d).tensors if n.endswith(tuple(FUSED_EXPERTS_RENAMES))]
+    assert len(fused) == 4 and all(experts_prefix(n) == experts_prefix(mapper.map_name(n)) for n in fused)
+    experts = [g.group for g in plan.groups if g.kind == "experts"]
+    assert experts == [f"model.layers.{i}.block_sparse_moe.experts" for i in range(2)]
+    assert {experts_prefix(mapper.map_name(n)) for n in fused} == set(experts)
 
 
 class _GptOssShaped(nn.Module):
