@@ -521,6 +521,9 @@ MUTATIONS = {
  'share-holds-the-first-experts': ('selective_offload/vllm_glue/host_compute.py', 'install', '                                                  ids=held) if on_device else None, share_ids=held or None)', '                                                  ids=None) if on_device else None, share_ids=None)', ['tests/engine/test_vllm_moe.py::test_the_worker_keeps_the_plans_experts_on_the_device_and_tokens_stay_plain_vllms']),
  'routing-not-saved-at-shutdown': ('selective_offload/vllm_glue/routing.py', 'save_at_shutdown.wrap.shutdown', '                    s.live_report()', '                    pass', ['tests/engine/test_vllm_moe.py::test_the_worker_counts_the_picks_vllms_router_made']),
  'share-ids-not-mapped-to-slots': ('selective_offload/wrappers/host_compute.py', 'HostExperts._on_share', '            ids = torch.where(ids >= 0, self.share_slot[ids.clamp(min=0)], -1)', '            pass', ['tests/unit/wrappers/test_host_experts.py::test_a_device_share_computes_its_picks_and_the_host_the_rest_on_both_paths']),
+ 'mtp-layer-embedding-cold': ('selective_offload/planner/grouping.py', '_bucket_tensors', '        if layer is not None and _is_mtp_layer(layer[1], facts):', '        if prefix is None and layer is not None and _is_mtp_layer(layer[1], facts):', ['tests/unit/planner/test_planner.py::test_mtp_head_stored_as_extra_decoder_layers_is_recognised']),
+ 'fused-experts-unrecognised': ('selective_offload/names.py', 'experts_prefix', '            if name.endswith(suffix):', '            if False:', ['tests/unit/vllm_glue/test_model_names.py::test_fused_experts_are_the_groups_vllms_own_mapper_loads_them_into']),
+ 'layer-listed-twice-is-a-copy': ('selective_offload/vllm_glue/model_names.py', 'first_names', '            aliases[name] = first[id(module)]', '            pass', ['tests/unit/vllm_glue/test_experts_uva.py::test_a_decoder_layer_listed_twice_keeps_its_experts_on_the_host']),
 }
 
 

