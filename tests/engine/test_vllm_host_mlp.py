@@ -139,7 +139,7 @@ def test_bf16_mlps_on_the_host_are_as_far_from_float32_as_plain_vllms_bf16(dense
     host, report = with_plan(plan, lambda args: prompt_logprobs(dense, sequences, **args))
     assert report.ok, report.problems
     mlps = [g for g in report.groups if g.planned == "compute" and g.group.endswith(".mlp")]
-    assert len(mlps) == 4 and all("kernel bf16" in g.mechanism for g in mlps), [g.mechanism for g in mlps]
+    assert mlps and all("kernel bf16" in g.mechanism for g in mlps), [g.mechanism for g in mlps]
     assert all(report.transfers[g.group]["host_compute"]["device_steps"] == 0 for g in mlps)
     print(f"plain vLLM's bf16 against its float32: {rounding:.4f}")
     assert_within_tolerance("bf16 dense MLPs", plain_bf16, host, plain_rounding=rounding)
