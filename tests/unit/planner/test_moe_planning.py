@@ -68,6 +68,10 @@ def by_name(plan_or_groups):
     ("model.layers.3.mlp.gate.weight", None),
     ("model.layers.3.mlp.gate_proj.weight", None),
     ("model.experts.weight", None),  # not inside a decoder layer
+    # Granite-MoE's fused experts: the group vLLM's mapper loads them into
+    ("model.layers.3.block_sparse_moe.input_linear.weight", "model.layers.3.block_sparse_moe.experts"),
+    ("model.layers.3.block_sparse_moe.output_linear", "model.layers.3.block_sparse_moe.experts"),
+    ("model.layers.3.shared_mlp.input_linear.weight", None),  # GraniteMoeShared's dense shared MLP
 ])
 def test_routed_experts_are_a_whole_experts_segment_inside_a_layer(name, prefix):
     assert experts_prefix(name) == prefix
