@@ -205,7 +205,7 @@ def read_group(r: FieldReader) -> tuple[GroupPlan, list[str]]:
         num_experts=r.int("num_experts", default=0), experts_per_token=r.int("experts_per_token", default=0),
         device_experts=r.int("device_experts", default=0),
         device_channels=r.int("device_channels", default=0), intermediate=r.int("intermediate", default=0),
-        kernel_dims=tuple(dims),
+        kernel_dims=tuple(dims), post_processing_bytes=r.int("post_processing_bytes", default=0),
     )
     return group, r.unknown()
 
@@ -451,7 +451,7 @@ def group_to_dict(group: GroupPlan) -> dict[str, Any]:
     # an unchecked value of a Plan built in Python is written as it is, for the reader to refuse
     out["location"] = group.location if group.serving in Serving.values() else None
     out["dtype_bytes"] = dict(group.dtype_bytes)
-    for name in ("device_experts", "device_channels", "intermediate"):  # only a group with a device share
+    for name in ("device_experts", "device_channels", "intermediate", "post_processing_bytes"):  # only when not 0
         if not out[name]:
             del out[name]
     if group.kernel_dims:  # only a host-compute group

@@ -158,7 +158,8 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                                    g.shapes_digest, g.num_experts, g.experts_per_token,
                                    *_share_fields(g.kind, (shares or {}).get(g.name)),
                                    kernel_dims=_kernel_dims(checkpoint, inputs, g, p.where[g.name],
-                                                            (shares or {}).get(g.name)))
+                                                            (shares or {}).get(g.name)),
+                                   post_processing_bytes=g.growth)
                     for g in p.groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=p.all_transient(),
             stored_prefetch_buffer_bytes=p.buffers if hot else None, est_vllm_workspace_bytes=workspace_bytes,
@@ -247,13 +248,14 @@ def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placin
 
 def _padding_notes(checkpoint: Checkpoint, inputs: PlanInputs, has_experts: bool) -> list[str]:
     """The plan's notes on the routed experts' padded sizes, when vLLM pads them on its card,
-    and on what vLLM's post-processing adds there (priced in the groups that hold them)."""
+    and on what vLLM's post-processing adds there (the ledger's lines of it)."""
     padding = padding_for(checkpoint.config, inputs.card, inputs.moe_setting) if has_experts else None
     post = post_processing_for(checkpoint.config, inputs.card, inputs.moe_setting)
     allocated = allocated_tensors(checkpoint.tensors, padding)
     grown = post_processing_growth(allocated, post)
     notes = [f"vLLM post-processing on SM {inputs.card}: {post.what(has_experts)}: {grown / 1e6:.1f} MB more than "
-             "create_weights allocates, priced where those weights are (device, device slots or host)"] if grown else []
+             "create_weights allocates, priced as the ledger's vLLM post-processing lines where vLLM post-processes "
+             "them (device or host); groups the host CPU computes keep their layout as loaded"] if grown else []
     if padding is None or not padding.pads:
         return notes
     return notes + [padding.note(experts_bytes(checkpoint.tensors), experts_bytes(allocated_tensors(checkpoint.tensors,

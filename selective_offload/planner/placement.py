@@ -85,7 +85,8 @@ def copied_transient_bytes(p: Placing) -> int:
     host-compute group's copy at a time (:func:`estimate.host.copied_step_bytes`)."""
     def copied(g: Group) -> int:
         on_device, rows = p.head_rows.get(g.name, (0, 1))
-        return copied_step_bytes(copied_bytes(g.nbytes, on_device, rows), g.num_experts, g.dtype_bytes,
+        return copied_step_bytes(copied_bytes(g.served_bytes(Serving.COMPUTE), on_device, rows), g.num_experts,
+                                 g.dtype_bytes,
                                  p.compute_formats.get(g.kind), p.kernel_dims.get(g.kind, ()))
 
     return max((copied(g) for g in p.groups if p.where[g.name] == Serving.COMPUTE), default=0)
@@ -256,7 +257,7 @@ def _kind_in(unit: list[Group], kind: GroupKind) -> bool:
 
 
 def host_bytes(p: Placing) -> int:
-    return sum(g.nbytes for g in p.groups if p.where[g.name] in HOST_SERVINGS)
+    return sum(g.served_bytes(p.where[g.name]) for g in p.groups if p.where[g.name] in HOST_SERVINGS)
 
 
 def host_shortfall(p: Placing, inputs: PlanInputs) -> int:

@@ -80,7 +80,7 @@ def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None,
         return None
     room -= reserved
     native = share_native(fmt, True)
-    counts = _fill([(share_held_bytes(g.dtype_bytes, native), g.num_experts) for g in experts], room, 1,
+    counts = _fill([(share_held_bytes(g.dtype_bytes, native) - g.growth, g.num_experts) for g in experts], room, 1,
                    min(g.num_experts for g in experts) - 1)
     return (trial, {g.name: (m, 0) for g, m in zip(experts, counts) if m}) if any(counts) else None
 
@@ -171,7 +171,7 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     room = None if room is None else room - reserved
     if not mlps or room is None or room <= 0:
         return None
-    counts = _fill([(share_held_bytes(g.dtype_bytes), I) for g in mlps], room, align, I - 1)
+    counts = _fill([(share_held_bytes(g.dtype_bytes) - g.growth, I) for g in mlps], room, align, I - 1)
     return (trial, {g.name: (n, I) for g, n in zip(mlps, counts) if n}) if any(counts) else None
 
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..errors import PlanError
 from ..plan_format import GroupKind, Plan
+from ..plan_format.contents import RESIDENT_LINE
 from ..planner.allocation import workspace_at
 from ..sizes import fmt_bytes
 
@@ -69,8 +70,8 @@ class Need:
 
     #: Parameters and buffers vLLM built on the device (each storage once).
     built: int
-    #: The plan's other device lines (shares, prefetch buffers, transient, vLLM's fused-MoE
-    #: workspace), KV cache and reserve.
+    #: The plan's other device lines (what vLLM's post-processing adds, shares, prefetch
+    #: buffers, transients, vLLM's fused-MoE workspace), KV cache and reserve.
     to_come: int
     #: The plan's host bytes.
     host: int
@@ -110,8 +111,10 @@ def need_of(plan: Plan, built: int, batched_tokens: int | None = None) -> Need:
     and reserve, with vLLM's fused-MoE workspace at the engine's ``batched_tokens`` (its
     ``max_num_batched_tokens``; ``None``: as the plan priced it)."""
     inp = plan.inputs
-    # every device line of the plan's ledger but the resident weights, which vLLM built
-    to_come = plan.device_ledger_bytes - plan.device_bytes + inp.kv_cache_bytes + inp.reserve_bytes
+    # every device line of the plan's ledger but the resident weights as vLLM built them (what
+    # its post-processing adds to them, and any transient of it, are still to come)
+    built_line = next(line.bytes for line in plan.ledger() if line.name == RESIDENT_LINE)
+    to_come = plan.device_ledger_bytes - built_line + inp.kv_cache_bytes + inp.reserve_bytes
     if batched_tokens is not None:  # the workspace the engine will really hold, not the plan's
         workspace = workspace_at(plan.est_vllm_workspace_bytes, inp.batched_tokens, batched_tokens)
         to_come += workspace - plan.est_vllm_workspace_bytes

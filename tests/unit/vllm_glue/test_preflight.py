@@ -5,6 +5,8 @@ it, and a plan made at engine start gives up device share to fit."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -37,6 +39,11 @@ def test_a_plan_file_that_does_not_fit_the_free_device_memory_is_refused_naming_
     assert need.to_come == (plan.device_share_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
                             + plan.est_vllm_workspace_bytes + plan.inputs.kv_cache_bytes + plan.inputs.reserve_bytes)
     assert plan.est_vllm_workspace_bytes > 0  # vLLM's fused-MoE workspace: counted before loading too
+    # what vLLM's post-processing adds to the resident weights is still to come after construction
+    grown = replace(plan, groups=tuple(replace(g, post_processing_bytes=g.bytes // 4) if g.serving == "resident"
+                                       else g for g in plan.groups))
+    growth = sum(g.post_processing_bytes for g in grown.groups)
+    assert growth and preflight.need_of(grown, built=1000).to_come == need.to_come + growth
     same, line = preflight.check(plan, need, need.device, None, False, CPU)
     assert same is plan and line.startswith("pre-flight: device") and "unchecked available memory" in line
     with pytest.raises(PlanError, match=r"pre-flight: .* 1 B short, before any weight is loaded; .*--device-memory") \
