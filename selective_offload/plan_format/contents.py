@@ -73,6 +73,10 @@ LEDGER_WHERE = (DEVICE, PAGE_LOCKED, PAGEABLE)
 #: to the weights it post-processes there, beyond what ``create_weights`` allocated
 #: (:attr:`GroupPlan.post_processing_bytes`).
 POST_PROCESSING_LINE = "vLLM post-processing"
+#: The ledger's line of the worker's load-time peak beyond the weights
+#: (:attr:`PlanContents.est_load_transient_device_bytes`), less the ``est transient`` line's
+#: room, which it never coexists with.
+LOAD_TRANSIENT_LINE = "est load-time transient"
 #: The ledger's line of the resident weights as vLLM's ``create_weights`` allocates them.
 RESIDENT_LINE = "resident weights"
 
@@ -132,6 +136,11 @@ class PlanContents:
     #: of ``max_num_batched_tokens`` tokens the plan assumes; ``planner.allocation``); 0 for a
     #: model without routed experts, a kernel that takes none, and plans before this field.
     est_vllm_workspace_bytes: int = 0
+    #: The worker's load-time device peak beyond the weights (est): vLLM 0.33's Marlin FP8
+    #: repack of one routed-experts layer post-processed on the device (and, served ``uva``,
+    #: that layer onloaded for it; ``planner.allocation.marlin_fp8_moe_repack_bytes``); 0
+    #: where no repack runs on the device, and for plans before this field.
+    est_load_transient_device_bytes: int = 0
     #: Notes from reading the plan (ignored unknown fields); not written back.
     load_notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -267,6 +276,9 @@ class PlanContents:
             LedgerLine("prefetch buffers", DEVICE, self.prefetch_buffer_bytes),
             LedgerLine("est transient", DEVICE, self.est_transient_device_bytes),
             LedgerLine("est vLLM fused-MoE workspace", DEVICE, self.est_vllm_workspace_bytes),
+            # the load-time peak and a step's transient never coexist: the part the other's room lacks
+            LedgerLine(LOAD_TRANSIENT_LINE, DEVICE,
+                       max(0, self.est_load_transient_device_bytes - self.est_transient_device_bytes)),
             LedgerLine("host weights", PAGE_LOCKED, self.host_weight_bytes - grown_host),
             LedgerLine(POST_PROCESSING_LINE, PAGE_LOCKED, grown_host),
             LedgerLine("host-compute staging", PAGE_LOCKED, self.host_compute_staging_bytes),

@@ -342,6 +342,7 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
         notes=top.str_list("notes", default=[]),
         stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None),
         est_vllm_workspace_bytes=top.int("est_vllm_workspace_bytes", default=0),
+        est_load_transient_device_bytes=top.int("est_load_transient_device_bytes", default=0),
         alternative=None if alternative_raw is None else read_alternative(top.child("alternative")),
         vllm_cpu_offload_params=None if segments_raw is None else read_vllm_baseline(top.child(segments_key)),
         host_compute_format=fmt,
@@ -502,6 +503,8 @@ def plan_to_dict(plan: PlanContents, *, derived: bool = True) -> dict[str, Any]:
         "est_transient_device_bytes": plan.est_transient_device_bytes,
         "prefetch_buffer_bytes": plan.prefetch_buffer_bytes if derived else plan.stored_prefetch_buffer_bytes,
         **({"est_vllm_workspace_bytes": plan.est_vllm_workspace_bytes} if plan.est_vllm_workspace_bytes else {}),
+        **({"est_load_transient_device_bytes": plan.est_load_transient_device_bytes}
+           if plan.est_load_transient_device_bytes else {}),
         **({"totals": {**plan.totals(), "ledger": ledger_to_list(plan)}, "est": plan.est.__dict__.copy()}
            if derived else {}),
         **{name: None if (b := getattr(plan, name)) is None else vllm_baseline_to_dict(b)

@@ -140,7 +140,9 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     workspace_bytes = workspace.nbytes if workspace else 0
     placing = Placing(priced, inputs.weight_budget_bytes - workspace_bytes,
                       compute_formats={GroupKind.EXPERTS: fmt, GroupKind.MLP: mlp_fmt, GroupKind.MODULE: "bf16"},
-                      kernel_dims={k: kernel_dims_of(checkpoint, inputs, k) for k in (GroupKind.EXPERTS, GroupKind.MLP)})
+                      kernel_dims={k: kernel_dims_of(checkpoint, inputs, k) for k in (GroupKind.EXPERTS, GroupKind.MLP)},
+                      repack=post_processing_for(checkpoint.config, inputs.card, inputs.moe_setting).repack_bytes(
+                          max((g.num_experts for g in groups if g.kind == GroupKind.EXPERTS), default=0)))
     deficit = placing.over_budget()
 
     def reason(g, where: Serving) -> str:
@@ -163,6 +165,7 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                     for g in p.groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=p.all_transient(),
             stored_prefetch_buffer_bytes=p.buffers if hot else None, est_vllm_workspace_bytes=workspace_bytes,
+            est_load_transient_device_bytes=p.load_transient(),
             host_compute_format=plan_fmt, **{"vllm_cpu_offload_gb": None, **extra})
         # The placement was made against the weights and transients; the plan's ledger adds
         # the worker's host buffers (a few MB), which only the plan itself can price.
@@ -232,7 +235,7 @@ def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placin
         return placing, shares
     name, rows_on_device, rows = head
     trial = Placing(placing.groups, placing.budget, compute_formats=placing.compute_formats,
-                    kernel_dims=placing.kernel_dims, head_rows=dict(placing.head_rows))
+                    kernel_dims=placing.kernel_dims, head_rows=dict(placing.head_rows), repack=placing.repack)
     trial.where = {**placing.where, name: Serving.COMPUTE}
     trial.head_rows[name] = (rows_on_device, rows)
     trial.transient, trial.buffers = placing.transient, placing.buffers
@@ -358,7 +361,7 @@ def _keep_computed_mlps_split(checkpoint: Checkpoint, inputs: PlanInputs, p: Pla
                 raise AssertionError(f"{g.name} placed {p.where[g.name]} apart from its layer")  # a planner bug
     final = group_tensors(checkpoint, inputs, split_mlp=computed)
     out = Placing(final, p.budget, compute_formats=p.compute_formats, kernel_dims=p.kernel_dims,
-                  head_rows=dict(p.head_rows))
+                  head_rows=dict(p.head_rows), repack=p.repack)
     out.where = {g.name: p.where[g.name] for g in final}
     out.transient, out.buffers = p.transient, p.buffers
     return out

@@ -64,6 +64,9 @@ class Placing:
     #: A split LM head's (rows on the device, rows), by name: a step above its crossover
     #: copies only its host rows.
     head_rows: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Bytes vLLM's Marlin FP8 repack allocates for one routed-experts layer it post-processes
+    #: on the device (:func:`.allocation.marlin_fp8_moe_repack_bytes`); 0 where none runs.
+    repack: int = 0
 
     def __post_init__(self) -> None:
         self.where = {g.name: Serving.NONE if g.role == Role.ABSENT else
@@ -72,12 +75,23 @@ class Placing:
     def over_budget(self) -> int:
         """Device bytes (resident, tower transient, prefetch buffers) above the budget."""
         device = sum(g.nbytes for g in self.groups if self.where[g.name] == Serving.RESIDENT)
-        return device + self.all_transient() + self.buffers - self.budget
+        return device + max(self.all_transient(), self.load_transient()) + self.buffers - self.budget
 
     def all_transient(self) -> int:
         """The device transient the plan states (``est_transient_device_bytes``): the larger
         of the tower's and the above-crossover copy's (they never run in the same layer)."""
         return max(self.transient, copied_transient_bytes(self))
+
+    def load_transient(self) -> int:
+        """The worker's load-time device peak beyond the weights (est_load_transient_device_bytes):
+        the repack of one routed-experts layer post-processed on the device: served resident, or
+        served uva or prefetch and onloaded for it whole as loaded (the glue's, and vLLM's
+        ``device_loading_context``, one layer at a time); a layer computed on the host is not."""
+        if not self.repack:
+            return 0
+        return max((self.repack + (g.nbytes - g.growth if self.where[g.name] != Serving.RESIDENT else 0)
+                    for g in self.groups if g.kind == GroupKind.EXPERTS
+                    and self.where[g.name] in (Serving.RESIDENT, Serving.UVA, Serving.PREFETCH)), default=0)
 
 
 def copied_transient_bytes(p: Placing) -> int:

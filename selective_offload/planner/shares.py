@@ -72,7 +72,7 @@ def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None,
     if not any(p.where[g.name] == Serving.COMPUTE for g in experts):
         return None
     trial = Placing(p.groups, p.budget, compute_formats=p.compute_formats, kernel_dims=p.kernel_dims,
-                  head_rows=dict(p.head_rows))
+                  head_rows=dict(p.head_rows), repack=p.repack)
     trial.where = {**p.where, **{g.name: Serving.COMPUTE for g in experts}}
     trial.transient, trial.buffers = p.transient, 0
     room = _room(trial, inputs)
@@ -157,7 +157,7 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
         return None
     groups = group_tensors(checkpoint, inputs, split_mlp=True)
     trial = Placing(groups, p.budget, compute_formats=p.compute_formats, kernel_dims=p.kernel_dims,
-                  head_rows=dict(p.head_rows))
+                  head_rows=dict(p.head_rows), repack=p.repack)
     for g in groups:
         if g.kind == GroupKind.MLP:
             trial.where[g.name] = Serving.COMPUTE

@@ -229,7 +229,7 @@ def fp8_moe(hidden: int = 1024, inner: int = 512, layers: int = 4, num: int = 8)
                      quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
 
 
-@pytest.mark.parametrize("device_mb, serving", [(40, "compute"), (30, "uva")])
+@pytest.mark.parametrize("device_mb, serving", [(40, "compute"), (60, "uva"), (200, "resident")])
 def test_fp8_experts_are_priced_as_served_computed_as_loaded_else_post_processed(device_mb, serving):
     """On SM 8.6 Marlin post-processes block-FP8 experts to bf16 [K/128, N] scales: an expert
     of H 1024, I 512 holds 3 x 8192 bytes of scales there against 3 x 128 stored. Experts the
@@ -237,11 +237,15 @@ def test_fp8_experts_are_priced_as_served_computed_as_loaded_else_post_processed
     plan's host bytes, copied transient and CPU reads are the stored bytes; experts read
     through UVA are post-processed on the device and come back at Marlin's size. The growth
     is a named line of the ledger where it is allocated (the resident attention's on the
-    device, uva experts' in host memory), never in a computed group's."""
+    device, uva experts' in host memory), never in a computed group's. Marlin's repack of a
+    layer it post-processes on the device (resident, or uva and onloaded whole for it) holds
+    w13 repacked twice (a list of experts and their ``torch.cat``) and one expert's int32
+    copy beside the loaded weights: the worker's load-time peak, a line of the ledger beyond
+    the step's transient, which it never coexists with."""
     checkpoint = fp8_moe()
     plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=device_mb * 1_000_000, kv_cache_bytes=0,
                                             reserve_bytes=0, compute_capability="8.6", device_share=False,
-                                            head_share=False))
+                                            head_share=False, host_compute=serving == "compute"))
     stored = 8 * 3 * (1024 * 512 + 4 * 8 * 4)  # per layer: 8 experts' weights and float32 block scales
     grown = 8 * 3 * (2 * 8 * 512 - 4 * 8 * 4)  # Marlin's bf16 scales [K/128, N] for gate, up and down
     attention = 2 * 8 * 1024 - 4 * 8 * 8  # the o_proj's, on the device
@@ -249,10 +253,18 @@ def test_fp8_experts_are_priced_as_served_computed_as_loaded_else_post_processed
     assert {g.serving for g in hosted} == {serving} and len(hosted) == 4
     assert all(g.bytes == stored + grown and g.post_processing_bytes == grown for g in hosted)
     lines = {(line.name, line.where): line.bytes for line in plan.ledger()}
-    assert lines[("vLLM post-processing", "device")] == 4 * attention
-    assert lines[("resident weights", "device")] + 4 * attention == plan.device_bytes
-    embed = 1000 * 1024 * 2  # gathered from the host
-    if serving == "compute":
+    on_device = 4 * attention + (4 * grown if serving == "resident" else 0)
+    assert lines[("vLLM post-processing", "device")] == on_device
+    assert lines[("resident weights", "device")] + on_device == plan.device_bytes
+    embed = 1000 * 1024 * 2  # gathered from the host (resident with the rest on a large card)
+    repack = 2 * 8 * 2 * 512 * 1024 + 2 * 512 * 1024
+    load = {"compute": 0, "uva": repack + stored, "resident": repack}[serving]
+    assert plan.est_load_transient_device_bytes == load
+    assert lines[("est load-time transient", "device")] == max(0, load - plan.est_transient_device_bytes)
+    assert plan.shortfall_bytes == 0
+    if serving == "resident":
+        assert plan.device_bytes == 4 * (stored + grown + 1024 * 1024 + 64 * 4 + attention) + 2 * embed
+    elif serving == "compute":
         assert all(g.served_bytes == stored for g in hosted)
         assert plan.host_compute_bytes == 4 * stored and lines[("vLLM post-processing", "page-locked")] == 0
         assert lines[("host weights", "page-locked")] == 4 * stored + embed
