@@ -490,7 +490,8 @@ class PlanContents:
         def copied(g: GroupPlan) -> int:
             if g.kind != GroupKind.MODULE:
                 return copied_step_bytes(g.served_bytes, g.num_experts, g.dtype_bytes, self.host_compute_format,
-                                         g.kernel_dims)
+                                         g.kernel_dims, self.inputs.batched_tokens, g.experts_per_token or 1,
+                                         self.inputs.ranks)
             rows = (g.device_channels, g.intermediate) if g.intermediate else (0, 1)
             return copied_step_bytes(copied_bytes(g.served_bytes, *rows), g.num_experts, g.dtype_bytes, "bf16")
 

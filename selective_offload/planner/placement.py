@@ -67,10 +67,20 @@ class Placing:
     #: Bytes vLLM's Marlin FP8 repack allocates for one routed-experts layer it post-processes
     #: on the device (:func:`.allocation.marlin_fp8_moe_repack_bytes`); 0 where none runs.
     repack: int = 0
+    #: The engine's largest step (``max_num_batched_tokens``) and the tensor-parallel ranks
+    #: the copied path's activations and shards are priced at (:func:`copied_transient_bytes`).
+    tokens: int = 0
+    ranks: int = 1
 
     def __post_init__(self) -> None:
         self.where = {g.name: Serving.NONE if g.role == Role.ABSENT else
                       cold_serving(g.name, g.kind) if g.vllm_host else Serving.RESIDENT for g in self.groups}
+
+    def like(self, groups: list[Group]) -> "Placing":
+        """A new placement of ``groups`` (every one resident, or where vLLM keeps it) on the same
+        budget and terms as this one."""
+        return Placing(groups, self.budget, compute_formats=self.compute_formats, kernel_dims=self.kernel_dims,
+                       head_rows=dict(self.head_rows), repack=self.repack, tokens=self.tokens, ranks=self.ranks)
 
     def over_budget(self) -> int:
         """Device bytes (resident, tower transient, prefetch buffers) above the budget."""
@@ -99,9 +109,10 @@ def copied_transient_bytes(p: Placing) -> int:
     host-compute group's copy at a time (:func:`estimate.host.copied_step_bytes`)."""
     def copied(g: Group) -> int:
         on_device, rows = p.head_rows.get(g.name, (0, 1))
+        dims = p.kernel_dims.get(g.kind, ()) if g.kind != GroupKind.MODULE else ()  # the head: its rows alone
         return copied_step_bytes(copied_bytes(g.served_bytes(Serving.COMPUTE), on_device, rows), g.num_experts,
-                                 g.dtype_bytes,
-                                 p.compute_formats.get(g.kind), p.kernel_dims.get(g.kind, ()))
+                                 g.dtype_bytes, p.compute_formats.get(g.kind), dims, p.tokens,
+                                 g.experts_per_token or 1, p.ranks if g.kind != GroupKind.MODULE else 1)
 
     return max((copied(g) for g in p.groups if p.where[g.name] == Serving.COMPUTE), default=0)
 

@@ -71,8 +71,7 @@ def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None,
                and p.where[g.name] in (Serving.RESIDENT, Serving.COMPUTE)]
     if not any(p.where[g.name] == Serving.COMPUTE for g in experts):
         return None
-    trial = Placing(p.groups, p.budget, compute_formats=p.compute_formats, kernel_dims=p.kernel_dims,
-                  head_rows=dict(p.head_rows), repack=p.repack)
+    trial = p.like(p.groups)
     trial.where = {**p.where, **{g.name: Serving.COMPUTE for g in experts}}
     trial.transient, trial.buffers = p.transient, 0
     room = _room(trial, inputs)
@@ -156,8 +155,7 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     if fmt is None or I is None or I <= align or not hot_on_host:  # only where the cold set was not enough
         return None
     groups = group_tensors(checkpoint, inputs, split_mlp=True)
-    trial = Placing(groups, p.budget, compute_formats=p.compute_formats, kernel_dims=p.kernel_dims,
-                  head_rows=dict(p.head_rows), repack=p.repack)
+    trial = p.like(groups)
     for g in groups:
         if g.kind == GroupKind.MLP:
             trial.where[g.name] = Serving.COMPUTE

@@ -27,6 +27,7 @@ from ..errors import PlanError
 from ..plan_format import GroupKind, Plan
 from ..plan_format.contents import RESIDENT_LINE
 from ..planner.allocation import workspace_at
+from ..planner.make import refitted
 from ..sizes import fmt_bytes
 
 #: The CPU build's stand-in for a device's free memory (bytes): the CPU build has no device
@@ -162,8 +163,9 @@ def check(plan: Plan, need: Need, free: int | None, available: int | None, auto:
     if auto:
         smaller = without_shares(plan, short)
         if smaller is not None:
-            return smaller, (said[0] + f"; {_b(short)} short, so the plan made at engine start gives up "
-                             f"{_b((plan.device_share_bytes - smaller.device_share_bytes))} of device share")
+            gave = (f"{_b(short)} short, so the plan made at engine start gives up "
+                    f"{_b((plan.device_share_bytes - smaller.device_share_bytes))} of device share")
+            return refitted(plan, smaller, f"pre-flight: {where} had {_b(free)} free, {gave}"), said[0] + f"; {gave}"
         raise PlanError(f"pre-flight: the plan made at engine start needs {_b(need.device)} of device memory "
                         f"and {where} has {_b(free)} free, {_b(short)} short even without its experts' and MLPs' "
                         "device shares, before any weight is loaded; lower max_model_len or kv_cache_memory_bytes, or free "
