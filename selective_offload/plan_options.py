@@ -268,8 +268,7 @@ class PlanOptions:
     prefetch_step: int = option(1, read_count, VLLM, "N")
     """device slots per offloaded layer in vLLM's prefetch offloader (default: 1)"""
     max_num_batched_tokens: int | None = option(None, read_count, VLLM, "T")
-    """the server's --max-num-batched-tokens, its largest step: prices vLLM's fused-MoE workspace and a
-    step above the host-compute crossover (default: 2048)"""
+    """the server's --max-num-batched-tokens, the step its workspace is sized for (default: 2048)"""
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -206,9 +206,11 @@ def uva_experts_plan(model_dir, device_fraction: float = 0.7):
 #: prompts (4 tokens) and their prefill (14).
 #: Host-compute inputs of the tiny replicas' plans; their engine's step is the tiny context's
 #: (256 tokens): a step of vLLM's default 2048 holds more activations above the crossover than
-#: a tiny model has weights, so no placement would compute it on the host.
+#: a tiny model has weights, so no placement would compute it on the host. A tiny dense MLP,
+#: which every token of a step reads, is planned for :data:`TINY_DENSE_STEP` tokens.
 TINY_HOST_COMPUTE = dict(cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1, handoff_s=1e-9, cpu_tflops=0.04,
                          max_num_batched_tokens=256)
+TINY_DENSE_STEP = 64
 
 
 def workspace_room(ckpt, **inputs) -> int:
@@ -225,18 +227,20 @@ def workspace_room(ckpt, **inputs) -> int:
     return workspace.nbytes if workspace else 0
 
 
-def copy_room(ckpt, kind: str | None = None) -> int:
+def copy_room(ckpt, kind: str | None = None, tokens: int | None = None) -> int:
     """The device memory a host-compute plan's step above its crossover holds: one layer's
     routed experts (or, in a model without them, MLP) copied there and one expert of a
     quantized format dequantized to bf16 (from the kernel's dims), its
-    ``est_transient_device_bytes`` (the planner's own rule, ``estimate.host.copied_step_bytes``)."""
+    ``est_transient_device_bytes`` (the planner's own rule, ``estimate.host.copied_step_bytes``),
+    with the activations of a step of ``tokens`` (default: the tiny replicas' step)."""
     from selective_offload.estimate.host import copied_step_bytes
     from selective_offload.planner import PlanInputs, group_tensors
     from selective_offload.planner.host_compute import cpu_format, mlp_cpu_format
     from selective_offload.planner.kernels import method_of_config
     from selective_offload.planner.make import kernel_dims_of
 
-    inputs = PlanInputs(device_memory_bytes=1, max_num_batched_tokens=TINY_HOST_COMPUTE["max_num_batched_tokens"])
+    inputs = PlanInputs(device_memory_bytes=1,
+                        max_num_batched_tokens=tokens or TINY_HOST_COMPUTE["max_num_batched_tokens"])
     groups = group_tensors(ckpt, inputs, split_mlp=True)
     kind = kind or ("experts" if any(g.kind == "experts" for g in groups) else "mlp")
     method = method_of_config(ckpt.config)
