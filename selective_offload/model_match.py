@@ -49,6 +49,9 @@ def _first_difference(planned: GroupPlan, actual: Group) -> str | None:
     if planned.bytes != actual.nbytes or (planned.dtype_bytes and dict(planned.dtype_bytes) != actual.dtype_bytes):
         return (f"{name} is {_describe(planned.bytes, dict(planned.dtype_bytes))} in the plan and "
                 f"{_describe(actual.nbytes, actual.dtype_bytes)} here")
+    if planned.post_processing_bytes != actual.growth:
+        return (f"{name}: vLLM's post-processing adds {planned.post_processing_bytes} bytes to it in the plan and "
+                f"{actual.growth} here")
     if planned.shapes_digest and planned.shapes_digest != actual.shapes_digest:
         return f"{name} has the same bytes but other tensor shapes or names here"
     if (planned.num_experts, planned.experts_per_token) != (actual.num_experts, actual.experts_per_token):

@@ -279,6 +279,8 @@ class PlanOptions:
     """plan for a server started with VLLM_USE_DEEP_GEMM=0"""
     prefetch_step: int = option(1, read_count, VLLM, "N")
     """device slots per offloaded layer in vLLM's prefetch offloader (default: 1)"""
+    max_num_batched_tokens: int | None = option(None, read_count, VLLM, "T")
+    """the server's --max-num-batched-tokens, the step its workspace is sized for (default: 2048)"""
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -406,6 +408,7 @@ class PlanOptions:
             batch=read("batch"),
             max_model_len=read("max_model_len"),
             max_seqs=read("max_seqs"),
+            max_num_batched_tokens=read("max_num_batched_tokens"),
             kv_cache_dtype=read("kv_cache_dtype"),
             context_tokens=read("context"),
             cold_segments=read("cold_segments"),

@@ -337,10 +337,11 @@ def _device_lines(plan: Plan) -> list[str]:
     """Device memory as ``nvidia-smi`` shows it used: weights + buffers + transients + KV +
     reserve, of the card."""
     inp = plan.inputs
-    parts = [(plan.device_bytes, "weights"), (plan.device_share_bytes, "device share"),
-             (plan.prefetch_buffer_bytes, "buffers"),
-             (plan.est_transient_device_bytes, "transient"), (inp.kv_cache_bytes, "KV"),
-             (inp.reserve_bytes, "reserve")]
+    grown = plan.post_processing_bytes(Serving.RESIDENT)
+    parts = [(plan.device_bytes - grown, "weights"), (grown, "post-processing"),
+             (plan.device_share_bytes, "device share"), (plan.prefetch_buffer_bytes, "buffers"),
+             (plan.est_transient_device_bytes, "transient"), (plan.est_vllm_workspace_bytes, "MoE workspace"),
+             (inp.kv_cache_bytes, "KV"), (inp.reserve_bytes, "reserve")]
     shown = [f"{fmt_bytes(n)} {what}" for n, what in parts if n or what == "weights"]
     used = sum(n for n, _ in parts)
     pieces = [p + " + " for p in shown[:-1]] + [shown[-1] + " ", f"= {fmt_bytes(used)} "

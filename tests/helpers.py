@@ -274,7 +274,13 @@ def loaded_bytes(ckpt) -> int:
 #: planner says so; priced with a negligible hand-off, the CPU wins as it does for real
 #: layers, and the CPU's matmul rate puts the crossover between a decode step of the four
 #: prompts (4 tokens) and their prefill (14).
-TINY_HOST_COMPUTE = dict(cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1, handoff_s=1e-9, cpu_tflops=0.04)
+#: Host-compute inputs of the tiny replicas' plans; their engine's step is the tiny context's
+#: (256 tokens): a step of vLLM's default 2048 holds more activations above the crossover than
+#: a tiny model has weights, so no placement would compute it on the host. A tiny dense MLP,
+#: which every token of a step reads, is planned for :data:`TINY_DENSE_STEP` tokens.
+TINY_HOST_COMPUTE = dict(cpu_gbps=55.0, cpu_gbps_source="flag", cpu_threads=1, handoff_s=1e-9, cpu_tflops=0.04,
+                         max_num_batched_tokens=256)
+TINY_DENSE_STEP = 64
 
 
 def workspace_room(ckpt, **inputs) -> int:
@@ -291,24 +297,27 @@ def workspace_room(ckpt, **inputs) -> int:
     return workspace.nbytes if workspace else 0
 
 
-def copy_room(ckpt, kind: str | None = None) -> int:
+def copy_room(ckpt, kind: str | None = None, tokens: int | None = None) -> int:
     """The device memory a host-compute plan's step above its crossover holds: one layer's
     routed experts (or, in a model without them, MLP) copied there and one expert of a
     quantized format dequantized to bf16 (from the kernel's dims), its
-    ``est_transient_device_bytes`` (the planner's own rule, ``estimate.host.copied_step_bytes``)."""
+    ``est_transient_device_bytes`` (the planner's own rule, ``estimate.host.copied_step_bytes``),
+    with the activations of a step of ``tokens`` (default: the tiny replicas' step)."""
     from selective_offload.estimate.host import copied_step_bytes
     from selective_offload.planner import PlanInputs, group_tensors
     from selective_offload.planner.host_compute import cpu_format, mlp_cpu_format
     from selective_offload.planner.kernels import method_of_config
     from selective_offload.planner.make import kernel_dims_of
 
-    inputs = PlanInputs(device_memory_bytes=1)
+    inputs = PlanInputs(device_memory_bytes=1,
+                        max_num_batched_tokens=tokens or TINY_HOST_COMPUTE["max_num_batched_tokens"])
     groups = group_tensors(ckpt, inputs, split_mlp=True)
     kind = kind or ("experts" if any(g.kind == "experts" for g in groups) else "mlp")
     method = method_of_config(ckpt.config)
     fmt = (cpu_format if kind == "experts" else mlp_cpu_format)(method, ckpt.config)
     dims = kernel_dims_of(ckpt, inputs, kind)
-    return max((copied_step_bytes(g.nbytes, g.num_experts or 1, g.dtype_bytes, fmt, dims)
+    return max((copied_step_bytes(g.nbytes, g.num_experts or 1, g.dtype_bytes, fmt, dims, inputs.batched_tokens,
+                                  g.experts_per_token or 1)
                 for g in groups if g.kind == kind), default=0)
 
 
@@ -326,7 +335,7 @@ def compute_experts_plan(model_dir, device_fraction: float = 0.7, *, required: b
     from selective_offload.planner import PlanInputs, make_plan
     ckpt = load_checkpoint(model_dir)
     # the copy above the crossover, and vLLM's fused-MoE workspace (one per process)
-    room = copy_room(ckpt) + workspace_room(ckpt, **inputs)
+    room = copy_room(ckpt) + workspace_room(ckpt, **{**TINY_HOST_COMPUTE, **inputs})
     plan = None
     # A tiny model's copy above the crossover is a large part of it (a quantized one is
     # dequantized to bf16): where the room for it lets the cold set close the budget, a

@@ -71,19 +71,45 @@ def dequantized_expert_bytes(dims: tuple[int, ...], dtype_bytes: Mapping[str, in
     return int(dequantizing_bytes(int(bf16 * 2 / 3), int(bf16 / 3)))
 
 
+def copied_activation_bytes(tokens: int, dims: tuple[int, ...], experts_per_token: int = 1,
+                            num_experts: int = 1) -> int:
+    """Device bytes the copied path's activations hold in a step of ``tokens`` tokens (est),
+    for experts of the kernel's dims ``(H, I)``: the float32 sums [T, H] beside one expert's
+    working set (``cpu_kernels.reference._expert_sums``) for the n tokens that pick it
+    (uniform routing, as the step model assumes: n = T k / E, at most T; a dense MLP's every
+    token): its gate/up product [n, 2I] in float32 and the activation's float32 temporaries
+    (16 n I bytes), or that product with the down product and its weighted copy [n, H] in
+    float32 (8 n I + 8 n H); with two or more picks a token, the next expert's products made
+    while the last one's are still bound (20 n I + 6 n H). Held to torch's profiler on the
+    path in tests/unit/cpu_kernels/test_copied_transient.py; 0 without the dims."""
+    if len(dims) != 2 or tokens <= 0:
+        return 0
+    hidden, inner = dims
+    n = min(tokens, -(-tokens * experts_per_token // max(1, num_experts)))
+    one = max(16 * n * inner, 8 * n * (inner + hidden))
+    if experts_per_token > 1:
+        one = max(one, n * (20 * inner + 6 * hidden))
+    return 4 * tokens * hidden + one
+
+
 def copied_step_bytes(nbytes: int, num_experts: int, dtype_bytes: Mapping[str, int], fmt: str | None,
-                      dims: tuple[int, ...] = ()) -> int:
-    """Device bytes one host-compute group holds in a step above the crossover (est): vLLM's
-    profile run is such a step (``max_num_batched_tokens`` tokens, every expert picked), in
-    which the worker copies the group's host experts (or MLP, or head rows) to the device
-    and computes them there one expert at a time, each dequantized to bf16 first when the
-    format is quantized (``wrappers.host_compute.HostExperts._on_device``). At most the
-    group's bytes (a device share is not copied; counted anyway) plus what dequantizing one
-    expert of the kernel's dims ``dims`` holds (:func:`dequantized_expert_bytes`); the
-    step's activations are not counted."""
+                      dims: tuple[int, ...] = (), tokens: int = 0, experts_per_token: int = 1, ranks: int = 1) -> int:
+    """Device bytes one host-compute group holds on each rank's device in a step above the
+    crossover (est): vLLM's profile run is such a step (``max_num_batched_tokens`` tokens,
+    ``tokens`` here, every expert picked), in which the worker copies the group's host
+    experts (or MLP, or head rows) to the device and computes them there one expert at a
+    time, each dequantized to bf16 first when the format is quantized
+    (``wrappers.host_compute.HostExperts._on_device``). At most the group's bytes (a device
+    share is not copied; counted anyway) plus what dequantizing one expert of the kernel's
+    dims ``dims`` holds (:func:`dequantized_expert_bytes`) and the step's activations
+    (:func:`copied_activation_bytes`). Under tensor parallelism (``ranks``) each rank copies
+    and computes its shard of the intermediate size: its share of the bytes, of one expert's
+    and of the activations' intermediate width."""
+    ranks = max(1, ranks)
+    shard = (dims[0], -(-dims[1] // ranks)) if len(dims) == 2 else dims
     dequantized = (0 if fmt in (None, "bf16", "f32")
-                   else dequantized_expert_bytes(dims, dtype_bytes, num_experts))
-    return nbytes + dequantized
+                   else dequantized_expert_bytes(shard, dtype_bytes, num_experts * ranks))
+    return -(-nbytes // ranks) + dequantized + copied_activation_bytes(tokens, shard, experts_per_token, num_experts)
 
 
 def host_rate(settings: StepSettings) -> float:

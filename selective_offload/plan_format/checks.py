@@ -93,6 +93,8 @@ def check_group(g: GroupPlan, where: str) -> None:
     elif g.kind == GroupKind.EXPERTS and experts_prefix(f"{g.group}.weight") != g.group:
         problem = "a group of kind experts is the routed experts module of one layer, named like " \
                   "model.layers.N.mlp.experts"
+    elif not 0 <= g.post_processing_bytes <= g.bytes:
+        problem = f"post_processing_bytes {g.post_processing_bytes} is not between 0 and its {g.bytes} bytes"
     elif g.dtype_bytes and sum(g.dtype_bytes.values()) != g.bytes:
         problem = f"bytes {g.bytes} is not the sum of dtype_bytes ({sum(g.dtype_bytes.values())})"
     elif g.layer_index is not None and (layer is None or layer[1] != g.layer_index):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..estimate.host import COPIED_PATH_TRAFFIC, copied_bytes, copied_step_bytes, share_held_bytes, share_native
+from ..estimate.host import COPIED_PATH_TRAFFIC, copied_bytes, copied_step_bytes, share_native
 from ..estimate.traffic import (
     EXPERTS_CPU,
     EXPERTS_DEVICE,
@@ -69,6 +69,16 @@ TOTALS = ("device_bytes", "device_share_bytes", "cold_on_host_bytes", "prefetch_
 #: Where a line of the ledger is allocated: device memory, page-locked or pageable host memory.
 DEVICE, PAGE_LOCKED, PAGEABLE = "device", "page-locked", "pageable"
 LEDGER_WHERE = (DEVICE, PAGE_LOCKED, PAGEABLE)
+#: The ledger's lines (device, and page-locked host) of what vLLM 0.33's post-processing adds
+#: to the weights it post-processes there, beyond what ``create_weights`` allocated
+#: (:attr:`GroupPlan.post_processing_bytes`).
+POST_PROCESSING_LINE = "vLLM post-processing"
+#: The ledger's line of the worker's load-time peak beyond the weights
+#: (:attr:`PlanContents.est_load_transient_device_bytes`), less the ``est transient`` line's
+#: room, which it never coexists with.
+LOAD_TRANSIENT_LINE = "est load-time transient"
+#: The ledger's line of the resident weights as vLLM's ``create_weights`` allocates them.
+RESIDENT_LINE = "resident weights"
 
 
 @dataclass(frozen=True)
@@ -126,12 +136,23 @@ class PlanContents:
     #: of ``max_num_batched_tokens`` tokens the plan assumes; ``planner.allocation``); 0 for a
     #: model without routed experts, a kernel that takes none, and plans before this field.
     est_vllm_workspace_bytes: int = 0
+    #: The worker's load-time device peak beyond the weights (est): vLLM 0.33's Marlin FP8
+    #: repack of one routed-experts layer post-processed on the device (and, served ``uva``,
+    #: that layer onloaded for it; ``planner.allocation.marlin_fp8_moe_repack_bytes``); 0
+    #: where no repack runs on the device, and for plans before this field.
+    est_load_transient_device_bytes: int = 0
     #: Notes from reading the plan (ignored unknown fields); not written back.
     load_notes: tuple[str, ...] = field(default=(), compare=False)
 
     # ---- derived from the groups (never stored as the truth)
     def _sum(self, *servings: Serving) -> int:
-        return sum(g.bytes for g in self.groups if g.serving in servings)
+        """Bytes of the groups served one of ``servings``, as served (:attr:`GroupPlan.served_bytes`)."""
+        return sum(g.served_bytes for g in self.groups if g.serving in servings)
+
+    def post_processing_bytes(self, *servings: Serving) -> int:
+        """What vLLM's post-processing adds to the groups served one of ``servings`` (never to
+        a group computed on the host: :attr:`GroupPlan.served_bytes`)."""
+        return sum(g.post_processing_bytes for g in self.groups if g.serving in servings and g.serving != Serving.COMPUTE)
 
     @property
     def device_bytes(self) -> int:
@@ -246,13 +267,20 @@ class PlanContents:
         (page-locked, then pageable) what :attr:`host_shortfall_bytes` holds to the host's
         memory. Host weights are page-locked where the card and vLLM's pin policy allow (on
         the CPU build nothing is)."""
+        grown_device = self.post_processing_bytes(Serving.RESIDENT)
+        grown_host = self.post_processing_bytes(*COLD_SERVINGS, Serving.PREFETCH, Serving.UVA)
         return (
-            LedgerLine("resident weights", DEVICE, self.device_bytes),
+            LedgerLine(RESIDENT_LINE, DEVICE, self.device_bytes - grown_device),
+            LedgerLine(POST_PROCESSING_LINE, DEVICE, grown_device),
             LedgerLine("device shares", DEVICE, self.device_share_bytes),
             LedgerLine("prefetch buffers", DEVICE, self.prefetch_buffer_bytes),
             LedgerLine("est transient", DEVICE, self.est_transient_device_bytes),
             LedgerLine("est vLLM fused-MoE workspace", DEVICE, self.est_vllm_workspace_bytes),
-            LedgerLine("host weights", PAGE_LOCKED, self.host_weight_bytes),
+            # the load-time peak and a step's transient never coexist: the part the other's room lacks
+            LedgerLine(LOAD_TRANSIENT_LINE, DEVICE,
+                       max(0, self.est_load_transient_device_bytes - self.est_transient_device_bytes)),
+            LedgerLine("host weights", PAGE_LOCKED, self.host_weight_bytes - grown_host),
+            LedgerLine(POST_PROCESSING_LINE, PAGE_LOCKED, grown_host),
             LedgerLine("host-compute staging", PAGE_LOCKED, self.host_compute_staging_bytes),
             LedgerLine("host-compute workspace", PAGEABLE, self.host_compute_workspace_bytes),
         )
@@ -338,23 +366,24 @@ class PlanContents:
         copied = COPIED_PATH_TRAFFIC.get(self.host_compute_format or "", 1.0)
         native = share_native(self.host_compute_format, True)  # the experts' share held as stored
         experts = tuple(
-            ExpertsRead(position[g.layer_index], g.bytes, g.num_experts, g.experts_per_token, _EXPERTS_READ[g.serving],
+            ExpertsRead(position[g.layer_index], g.served_bytes, g.num_experts, g.experts_per_token,
+                        _EXPERTS_READ[g.serving],
                         flops_per_token(g.dtype_bytes) * expert_read_fraction(g.num_experts, g.experts_per_token, 1),
-                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes, native),
+                        device_share=g.device_share, held_nbytes=g.held_bytes(native),
                         share_native=native, copied_traffic=copied, hit_rate=g.est_device_hit_rate)
             for g in self.groups if g.kind == GroupKind.EXPERTS and g.layer_index in position)
         # A dense layer's MLP, split out to be computed on the host, is one expert every token
         # takes (E = k = 1): read whole, its FLOPs times the step's tokens.
         experts += tuple(
-            ExpertsRead(position[g.layer_index], g.bytes, 1, 1, _EXPERTS_READ[g.serving], flops_per_token(g.dtype_bytes),
-                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
+            ExpertsRead(position[g.layer_index], g.served_bytes, 1, 1, _EXPERTS_READ[g.serving],
+                        flops_per_token(g.dtype_bytes), device_share=g.device_share, held_nbytes=g.held_bytes(False),
                         copied_traffic=copied)
             for g in self.groups if g.kind == GroupKind.MLP and g.layer_index in position)
         # An LM head split by its vocabulary rows is one more such unit, outside the layer
         # stack (paid in line after the last layer); the device computes its first rows.
         experts += tuple(
-            ExpertsRead(-1, g.bytes, 1, 1, EXPERTS_CPU, flops_per_token(g.dtype_bytes),
-                        device_share=g.device_share, held_nbytes=share_held_bytes(g.dtype_bytes),
+            ExpertsRead(-1, g.served_bytes, 1, 1, EXPERTS_CPU, flops_per_token(g.dtype_bytes),
+                        device_share=g.device_share, held_nbytes=g.held_bytes(False),
                         copied_traffic=COPIED_PATH_TRAFFIC["bf16"])
             for g in self.groups if g.kind == GroupKind.MODULE and g.serving == Serving.COMPUTE)
         other = row_host = row_device = draft = 0
@@ -460,10 +489,11 @@ class PlanContents:
         (:func:`~selective_offload.estimate.host.copied_step_bytes`; the head's rows are bf16)."""
         def copied(g: GroupPlan) -> int:
             if g.kind != GroupKind.MODULE:
-                return copied_step_bytes(g.bytes, g.num_experts, g.dtype_bytes, self.host_compute_format,
-                                         g.kernel_dims)
+                return copied_step_bytes(g.served_bytes, g.num_experts, g.dtype_bytes, self.host_compute_format,
+                                         g.kernel_dims, self.inputs.batched_tokens, g.experts_per_token or 1,
+                                         self.inputs.ranks)
             rows = (g.device_channels, g.intermediate) if g.intermediate else (0, 1)
-            return copied_step_bytes(copied_bytes(g.bytes, *rows), g.num_experts, g.dtype_bytes, "bf16")
+            return copied_step_bytes(copied_bytes(g.served_bytes, *rows), g.num_experts, g.dtype_bytes, "bf16")
 
         return max((copied(g) for g in self.groups if g.serving == Serving.COMPUTE), default=0)
 

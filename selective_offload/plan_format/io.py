@@ -207,7 +207,7 @@ def read_group(r: FieldReader) -> tuple[GroupPlan, list[str]]:
         device_expert_ids=r.int_list("device_expert_ids", default=[]),
         est_device_hit_rate=r.number("est_device_hit_rate", optional=True, minimum=0.0, maximum=1.0),
         device_channels=r.int("device_channels", default=0), intermediate=r.int("intermediate", default=0),
-        kernel_dims=tuple(dims),
+        kernel_dims=tuple(dims), post_processing_bytes=r.int("post_processing_bytes", default=0),
     )
     return group, r.unknown()
 
@@ -344,6 +344,7 @@ def plan_from_dict(cls: type[P], data: Any, where: str = "plan") -> P:
         notes=top.str_list("notes", default=[]),
         stored_prefetch_buffer_bytes=top.int("prefetch_buffer_bytes", default=None),
         est_vllm_workspace_bytes=top.int("est_vllm_workspace_bytes", default=0),
+        est_load_transient_device_bytes=top.int("est_load_transient_device_bytes", default=0),
         alternative=None if alternative_raw is None else read_alternative(top.child("alternative")),
         vllm_cpu_offload_params=None if segments_raw is None else read_vllm_baseline(top.child(segments_key)),
         host_compute_format=fmt,
@@ -454,7 +455,7 @@ def group_to_dict(group: GroupPlan) -> dict[str, Any]:
     out["location"] = group.location if group.serving in Serving.values() else None
     out["dtype_bytes"] = dict(group.dtype_bytes)
     out["device_expert_ids"] = list(group.device_expert_ids)
-    for name in ("device_experts", "device_expert_ids", "device_channels", "intermediate"):  # with a device share
+    for name in ("device_experts", "device_expert_ids", "device_channels", "intermediate", "post_processing_bytes"):  # only when not 0
         if not out[name]:
             del out[name]
     if group.est_device_hit_rate is None:  # only where a routing profile priced it
@@ -507,6 +508,8 @@ def plan_to_dict(plan: PlanContents, *, derived: bool = True) -> dict[str, Any]:
         "est_transient_device_bytes": plan.est_transient_device_bytes,
         "prefetch_buffer_bytes": plan.prefetch_buffer_bytes if derived else plan.stored_prefetch_buffer_bytes,
         **({"est_vllm_workspace_bytes": plan.est_vllm_workspace_bytes} if plan.est_vllm_workspace_bytes else {}),
+        **({"est_load_transient_device_bytes": plan.est_load_transient_device_bytes}
+           if plan.est_load_transient_device_bytes else {}),
         **({"totals": {**plan.totals(), "ledger": ledger_to_list(plan)}, "est": plan.est.__dict__.copy()}
            if derived else {}),
         **{name: None if (b := getattr(plan, name)) is None else vllm_baseline_to_dict(b)

@@ -134,6 +134,19 @@ class GroupPlan:
     #: The share of the layer's picks the device share's experts took in that profile (est:
     #: what the step model prices); ``None``: priced as uniform routing (``device_share``).
     est_device_hit_rate: float | None = None
+    #: Bytes of :attr:`bytes` that vLLM 0.33's post-processing adds on the plan's card
+    #: (Marlin FP8's repacked weights and bf16 scales, float32 expert biases;
+    #: ``planner.allocation``): allocated where vLLM post-processes the group (on the device,
+    #: through UVA, prefetched, cold), not where the host CPU computes it, which keeps the
+    #: layout as loaded (:attr:`served_bytes`). 0 where post-processing changes nothing.
+    post_processing_bytes: int = 0
+
+    @property
+    def served_bytes(self) -> int:
+        """The bytes allocated for this group the way it is served: a group the host CPU
+        computes is kept as loaded (vLLM's ``create_weights`` sizes, no post-processing);
+        any other as vLLM's post-processing leaves it (:attr:`bytes`)."""
+        return self.bytes - self.post_processing_bytes if self.serving == Serving.COMPUTE else self.bytes
 
     @property
     def device_share(self) -> float:
@@ -158,10 +171,16 @@ class GroupPlan:
         channels) in a plan whose CPU format is ``fmt``: routed experts of a format the share
         kernel reads as stored, at their stored size; any other share in bf16
         (``estimate.host.share_native``, ``estimate.host.share_held_bytes``)."""
-        held = share_held_bytes(self.dtype_bytes, share_native(fmt, self.kind == GroupKind.EXPERTS))
+        held = self.held_bytes(share_native(fmt, self.kind == GroupKind.EXPERTS))
         if self.device_experts:
             return held * self.device_experts // self.num_experts
         return held * self.device_channels // self.intermediate if self.device_channels else 0
+
+    def held_bytes(self, native: bool) -> int:
+        """This whole group held as a device share (``estimate.host.share_held_bytes``), from
+        its bytes as served: the post-processing's growth is in tensors of 16 bits or more
+        (Marlin's scales, float32 biases), which a share counts once, so it comes off whole."""
+        return share_held_bytes(self.dtype_bytes, native) - (self.bytes - self.served_bytes)
 
     @property
     def on_host(self) -> bool:

@@ -286,6 +286,9 @@ class PostProcessing:
     dense_marlin: bool
     block: tuple[int, int] | None
     intermediate_to: int | None
+    #: The routed experts' hidden and (allocated) intermediate sizes; 0 where not known.
+    hidden: int = 0
+    intermediate: int = 0
 
     @property
     def experts_marlin_fp8(self) -> bool:
@@ -294,6 +297,13 @@ class PostProcessing:
     @property
     def experts_f32_bias(self) -> bool:
         return self.method == "mxfp4" and self.experts_kernel in F32_BIAS_KERNELS
+
+    def repack_bytes(self, num_experts: int) -> int:
+        """:func:`marlin_fp8_moe_repack_bytes` of one layer of ``num_experts`` routed experts
+        where Marlin post-processes FP8 experts on this card; 0 elsewhere."""
+        if not self.experts_marlin_fp8 or not self.hidden or not self.intermediate:
+            return 0
+        return marlin_fp8_moe_repack_bytes(num_experts, self.hidden, self.intermediate, self.intermediate_to)
 
     @property
     def changes(self) -> bool:
@@ -330,7 +340,23 @@ def post_processing_for(config: Mapping[str, Any], card: str, setting: str) -> P
         group = block[1] if block else -1
         inter = round_up(padding.intermediate_to, math.lcm(64, group if group > 0 else 1))
     return PostProcessing(method, card, kernel, method in ("fp8-block", "fp8-tensor") and card in FP8_MARLIN_DENSE_CARDS,
-                          block, inter)
+                          block, inter, *((padding.hidden_to, padding.intermediate_to) if padding else (0, 0)))
+
+
+def marlin_fp8_moe_repack_bytes(experts: int, hidden: int, inter: int, inter_to: int) -> int:
+    """The most bytes vLLM 0.33's ``prepare_fp8_moe_layer_for_marlin`` (``marlin_utils_fp8.py:
+    228-330``) allocates beside one routed-experts layer's loaded FP8 weights, which the layer
+    holds until ``Fp8MoEMethod._setup_kernel`` replaces them (``quantization/fp8.py:680-696``):
+    the weights padded to Marlin's intermediate size when it pads (``inter`` -> ``inter_to``),
+    then w13 repacked expert by expert into a list and ``torch.cat`` into one tensor beside
+    it, with the last expert's transposed int32 copy still held; w2 the same once w13's list is
+    gone (always the smaller: w2 is half of w13). Scales are a group's few bytes beside them.
+    Held exactly to 0.33's own function's allocations in tests/contract/check_kernel_table.py."""
+    w13, w2 = experts * 2 * inter_to * hidden, experts * hidden * inter_to
+    pads = inter_to != inter
+    at_w13 = (w13 + w2 if pads else 0) + 2 * w13 + 2 * inter_to * hidden
+    at_w2 = (w2 if pads else 0) + w13 + 2 * w2 + hidden * inter_to
+    return max(at_w13, at_w2)
 
 
 def post_processed_tensors(tensors: Mapping[str, TensorInfo], post: PostProcessing) -> dict[str, TensorInfo]:

@@ -29,7 +29,7 @@ from ..names import (
     layer_of,
     mlp_prefix,
 )
-from ..plan_format import LAYER_KINDS, GroupKind, PlanInputs, Role, experts_read_bytes
+from ..plan_format import LAYER_KINDS, GroupKind, PlanInputs, Role, Serving, experts_read_bytes
 from .allocation import allocated_tensors, padding_for, post_processed_tensors, post_processing_for
 
 _BLOCK_SEGMENTS = ("blocks", "layers", "layer")
@@ -71,6 +71,14 @@ class Group:
     experts_per_token: int = 0
     #: A sparse-read table vLLM keeps in host memory itself: placed there whatever the deficit.
     vllm_host: bool = False
+    #: Bytes of :attr:`nbytes` vLLM's post-processing adds on the plan's card
+    #: (:attr:`GroupPlan.post_processing_bytes`): not allocated where the host CPU computes it.
+    growth: int = 0
+
+    def served_bytes(self, serving: Serving) -> int:
+        """Its bytes served ``serving`` (:attr:`GroupPlan.served_bytes`): computed on the
+        host, as loaded; else as vLLM post-processes it."""
+        return self.nbytes - self.growth if serving == Serving.COMPUTE else self.nbytes
 
 
 @dataclass
@@ -103,16 +111,24 @@ def allocated(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, TensorInf
     (routed experts at their kernel's padded sizes, :mod:`.allocation`; the rest as stored),
     and at what vLLM's post-processing leaves of them there (Marlin FP8's bf16 scales, OAI
     triton_kernels' float32 expert biases: :func:`.allocation.post_processed_tensors`)."""
-    tensors = allocated_tensors(checkpoint.tensors, padding_for(checkpoint.config, inputs.card, inputs.moe_setting))
-    return post_processed_tensors(tensors, post_processing_for(checkpoint.config, inputs.card, inputs.moe_setting))
+    return allocated_and_growth(checkpoint, inputs)[0]
 
 
-def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs) -> dict[str, _Bucket]:
+def allocated_and_growth(checkpoint: Checkpoint, inputs: PlanInputs) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+    """:func:`allocated`, and by tensor name the bytes of it that vLLM's post-processing adds
+    (only the tensors it grows)."""
+    loaded = allocated_tensors(checkpoint.tensors, padding_for(checkpoint.config, inputs.card, inputs.moe_setting))
+    held = post_processed_tensors(loaded, post_processing_for(checkpoint.config, inputs.card, inputs.moe_setting))
+    return held, {name: t.nbytes - loaded[name].nbytes for name, t in held.items() if t.nbytes != loaded[name].nbytes}
+
+
+def _bucket_tensors(checkpoint: Checkpoint, inputs: PlanInputs,
+                    held: dict[str, TensorInfo] | None = None) -> dict[str, _Bucket]:
     """Step 1: which group each tensor belongs to (by the naming rule), each at the bytes
-    vLLM allocates for it (:func:`allocated`)."""
+    vLLM allocates for it (``held``: :func:`allocated`)."""
     facts = checkpoint.facts
     buckets: dict[str, _Bucket] = {}
-    for t in allocated(checkpoint, inputs).values():
+    for t in (allocated(checkpoint, inputs) if held is None else held).values():
         prefix = cold_prefix(t.name, inputs.cold_segments)
         layer = layer_of(t.name)
         if layer is not None and _is_mtp_layer(layer[1], facts):  # its own embed_tokens too
@@ -236,7 +252,8 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *,
     Each MoE layer is two groups: its routed experts and the rest of the layer.
     ``split_mlp``: the dense decoder layers (indices, or ``True``: every one) whose MLP is a
     group of its own (:func:`split_mlps`); a plan splits exactly those it computes on the host."""
-    buckets = _bucket_tensors(checkpoint, inputs)
+    held, growth = allocated_and_growth(checkpoint, inputs)
+    buckets = _bucket_tensors(checkpoint, inputs, held)
     _keep_main_stack(buckets)
     if split_mlp:
         buckets = split_mlps(buckets, split_mlp)
@@ -256,7 +273,7 @@ def group_tensors(checkpoint: Checkpoint, inputs: PlanInputs, *,
         params = {_in_layer(t.name): t.nbytes for t in b.tensors} if b.kind in LAYER_KINDS else {}
         groups.append(Group(b.key, b.kind, cls, reason, sum(t.nbytes for t in b.tensors), len(b.tensors),
                             b.layer_index, read, largest, rest, b.mtp, dtype_bytes, digest, params, num, k,
-                            b.vllm_host))
+                            b.vllm_host, sum(growth.get(t.name, 0) for t in b.tensors)))
     groups.sort(key=_model_order)
     return groups
 

@@ -140,7 +140,10 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
     workspace_bytes = workspace.nbytes if workspace else 0
     placing = Placing(priced, inputs.weight_budget_bytes - workspace_bytes,
                       compute_formats={GroupKind.EXPERTS: fmt, GroupKind.MLP: mlp_fmt, GroupKind.MODULE: "bf16"},
-                      kernel_dims={k: kernel_dims_of(checkpoint, inputs, k) for k in (GroupKind.EXPERTS, GroupKind.MLP)})
+                      kernel_dims={k: kernel_dims_of(checkpoint, inputs, k) for k in (GroupKind.EXPERTS, GroupKind.MLP)},
+                      repack=post_processing_for(checkpoint.config, inputs.card, inputs.moe_setting).repack_bytes(
+                          max((g.num_experts for g in groups if g.kind == GroupKind.EXPERTS), default=0)),
+                      tokens=inputs.batched_tokens, ranks=inputs.ranks)
     deficit = placing.over_budget()
 
     def reason(g, where: Serving) -> str:
@@ -158,10 +161,12 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
                                    g.shapes_digest, g.num_experts, g.experts_per_token,
                                    *_share_fields(g.kind, (shares or {}).get(g.name)),
                                    kernel_dims=_kernel_dims(checkpoint, inputs, g, p.where[g.name],
-                                                            (shares or {}).get(g.name)))
+                                                            (shares or {}).get(g.name)),
+                                   post_processing_bytes=g.growth)
                     for g in p.groups),
             hot_layer_indices=tuple(hot), est_transient_device_bytes=p.all_transient(),
             stored_prefetch_buffer_bytes=p.buffers if hot else None, est_vllm_workspace_bytes=workspace_bytes,
+            est_load_transient_device_bytes=p.load_transient(),
             host_compute_format=plan_fmt, **{"vllm_cpu_offload_gb": None, **extra})
         # The placement was made against the weights and transients; the plan's ledger adds
         # the worker's host buffers (a few MB), which only the plan itself can price.
@@ -230,8 +235,7 @@ def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placin
     if head is None:
         return placing, shares
     name, rows_on_device, rows = head
-    trial = Placing(placing.groups, placing.budget, compute_formats=placing.compute_formats,
-                    kernel_dims=placing.kernel_dims, head_rows=dict(placing.head_rows))
+    trial = placing.like(placing.groups)
     trial.where = {**placing.where, name: Serving.COMPUTE}
     trial.head_rows[name] = (rows_on_device, rows)
     trial.transient, trial.buffers = placing.transient, placing.buffers
@@ -247,13 +251,14 @@ def _with_head_share(checkpoint: Checkpoint, inputs: PlanInputs, placing: Placin
 
 def _padding_notes(checkpoint: Checkpoint, inputs: PlanInputs, has_experts: bool) -> list[str]:
     """The plan's notes on the routed experts' padded sizes, when vLLM pads them on its card,
-    and on what vLLM's post-processing adds there (priced in the groups that hold them)."""
+    and on what vLLM's post-processing adds there (the ledger's lines of it)."""
     padding = padding_for(checkpoint.config, inputs.card, inputs.moe_setting) if has_experts else None
     post = post_processing_for(checkpoint.config, inputs.card, inputs.moe_setting)
     allocated = allocated_tensors(checkpoint.tensors, padding)
     grown = post_processing_growth(allocated, post)
     notes = [f"vLLM post-processing on SM {inputs.card}: {post.what(has_experts)}: {grown / 1e6:.1f} MB more than "
-             "create_weights allocates, priced where those weights are (device, device slots or host)"] if grown else []
+             "create_weights allocates, priced as the ledger's vLLM post-processing lines where vLLM post-processes "
+             "them (device or host); groups the host CPU computes keep their layout as loaded"] if grown else []
     if padding is None or not padding.pads:
         return notes
     return notes + [padding.note(experts_bytes(checkpoint.tensors), experts_bytes(allocated_tensors(checkpoint.tensors,
@@ -325,10 +330,29 @@ def _restate_step(plan: Plan, placed_tokens: int) -> Plan:
     tokens = plan.inputs.batch * (1 + (plan.spec_tokens or 0))
     if tokens == placed_tokens:
         return plan
-    old, new = _host_compute_lines(plan, placed_tokens), _host_compute_lines(plan, tokens)
-    kept = tuple(n for n in plan.notes if n not in old)
-    at = next((i for i, n in enumerate(plan.notes) if n in old), len(kept))
-    return replace(plan, notes=kept[:at] + new + kept[at:])
+    return replace(plan, notes=_swapped(plan.notes, _host_compute_lines(plan, placed_tokens),
+                                        _host_compute_lines(plan, tokens)))
+
+
+def _swapped(notes: tuple[str, ...], old: tuple[str, ...], new: tuple[str, ...]) -> tuple[str, ...]:
+    """``notes`` with the ``old`` ones replaced by ``new``, where the first of them stood."""
+    kept = tuple(n for n in notes if n not in old)
+    at = next((i for i, n in enumerate(notes) if n in old), len(kept))
+    return kept[:at] + new + kept[at:]
+
+
+def refitted(planned: Plan, fitted: Plan, why: str) -> Plan:
+    """``fitted`` (``planned`` with part of its placement given up after planning: the worker's
+    pre-flight shrinking a plan made at engine start) with the notes that follow from the
+    placement restated for it (the host-compute lines with its device shares, the step's
+    bound, vLLM's baselines against its estimate), and ``why`` it was refitted."""
+    tokens = fitted.inputs.batch * (1 + fitted.spec_tokens)
+    notes = _swapped(planned.notes, _host_compute_lines(planned, tokens), _host_compute_lines(fitted, tokens))
+    if fitted.inputs.compute_tflops:
+        notes = _swapped(notes, (compute_note(planned.est, fitted.inputs.compute_tflops),),
+                         (compute_note(fitted.est, fitted.inputs.compute_tflops),))
+    notes = _swapped(notes, tuple(baseline_notes(planned)), tuple(baseline_notes(fitted)))
+    return replace(fitted, notes=notes + (why,))
 
 
 def _share_fields(kind: GroupKind, share: tuple[int, int] | None) -> tuple[int, int, int]:
@@ -355,8 +379,7 @@ def _keep_computed_mlps_split(checkpoint: Checkpoint, inputs: PlanInputs, p: Pla
             if p.where[g.name] != p.where[layer.name]:
                 raise AssertionError(f"{g.name} placed {p.where[g.name]} apart from its layer")  # a planner bug
     final = group_tensors(checkpoint, inputs, split_mlp=computed)
-    out = Placing(final, p.budget, compute_formats=p.compute_formats, kernel_dims=p.kernel_dims,
-                  head_rows=dict(p.head_rows))
+    out = p.like(final)
     out.where = {g.name: p.where[g.name] for g in final}
     out.transient, out.buffers = p.transient, p.buffers
     return out

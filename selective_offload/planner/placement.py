@@ -64,20 +64,44 @@ class Placing:
     #: A split LM head's (rows on the device, rows), by name: a step above its crossover
     #: copies only its host rows.
     head_rows: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Bytes vLLM's Marlin FP8 repack allocates for one routed-experts layer it post-processes
+    #: on the device (:func:`.allocation.marlin_fp8_moe_repack_bytes`); 0 where none runs.
+    repack: int = 0
+    #: The engine's largest step (``max_num_batched_tokens``) and the tensor-parallel ranks
+    #: the copied path's activations and shards are priced at (:func:`copied_transient_bytes`).
+    tokens: int = 0
+    ranks: int = 1
 
     def __post_init__(self) -> None:
         self.where = {g.name: Serving.NONE if g.role == Role.ABSENT else
                       cold_serving(g.name, g.kind) if g.vllm_host else Serving.RESIDENT for g in self.groups}
 
+    def like(self, groups: list[Group]) -> "Placing":
+        """A new placement of ``groups`` (every one resident, or where vLLM keeps it) on the same
+        budget and terms as this one."""
+        return Placing(groups, self.budget, compute_formats=self.compute_formats, kernel_dims=self.kernel_dims,
+                       head_rows=dict(self.head_rows), repack=self.repack, tokens=self.tokens, ranks=self.ranks)
+
     def over_budget(self) -> int:
         """Device bytes (resident, tower transient, prefetch buffers) above the budget."""
         device = sum(g.nbytes for g in self.groups if self.where[g.name] == Serving.RESIDENT)
-        return device + self.all_transient() + self.buffers - self.budget
+        return device + max(self.all_transient(), self.load_transient()) + self.buffers - self.budget
 
     def all_transient(self) -> int:
         """The device transient the plan states (``est_transient_device_bytes``): the larger
         of the tower's and the above-crossover copy's (they never run in the same layer)."""
         return max(self.transient, copied_transient_bytes(self))
+
+    def load_transient(self) -> int:
+        """The worker's load-time device peak beyond the weights (est_load_transient_device_bytes):
+        the repack of one routed-experts layer post-processed on the device: served resident, or
+        served uva or prefetch and onloaded for it whole as loaded (the glue's, and vLLM's
+        ``device_loading_context``, one layer at a time); a layer computed on the host is not."""
+        if not self.repack:
+            return 0
+        return max((self.repack + (g.nbytes - g.growth if self.where[g.name] != Serving.RESIDENT else 0)
+                    for g in self.groups if g.kind == GroupKind.EXPERTS
+                    and self.where[g.name] in (Serving.RESIDENT, Serving.UVA, Serving.PREFETCH)), default=0)
 
 
 def copied_transient_bytes(p: Placing) -> int:
@@ -85,8 +109,10 @@ def copied_transient_bytes(p: Placing) -> int:
     host-compute group's copy at a time (:func:`estimate.host.copied_step_bytes`)."""
     def copied(g: Group) -> int:
         on_device, rows = p.head_rows.get(g.name, (0, 1))
-        return copied_step_bytes(copied_bytes(g.nbytes, on_device, rows), g.num_experts, g.dtype_bytes,
-                                 p.compute_formats.get(g.kind), p.kernel_dims.get(g.kind, ()))
+        dims = p.kernel_dims.get(g.kind, ()) if g.kind != GroupKind.MODULE else ()  # the head: its rows alone
+        return copied_step_bytes(copied_bytes(g.served_bytes(Serving.COMPUTE), on_device, rows), g.num_experts,
+                                 g.dtype_bytes, p.compute_formats.get(g.kind), dims, p.tokens,
+                                 g.experts_per_token or 1, p.ranks if g.kind != GroupKind.MODULE else 1)
 
     return max((copied(g) for g in p.groups if p.where[g.name] == Serving.COMPUTE), default=0)
 
@@ -256,7 +282,7 @@ def _kind_in(unit: list[Group], kind: GroupKind) -> bool:
 
 
 def host_bytes(p: Placing) -> int:
-    return sum(g.nbytes for g in p.groups if p.where[g.name] in HOST_SERVINGS)
+    return sum(g.served_bytes(p.where[g.name]) for g in p.groups if p.where[g.name] in HOST_SERVINGS)
 
 
 def host_shortfall(p: Placing, inputs: PlanInputs) -> int:

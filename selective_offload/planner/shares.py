@@ -77,8 +77,7 @@ def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None,
                and p.where[g.name] in (Serving.RESIDENT, Serving.COMPUTE)]
     if not any(p.where[g.name] == Serving.COMPUTE for g in experts):
         return None
-    trial = Placing(p.groups, p.budget, compute_formats=p.compute_formats, kernel_dims=p.kernel_dims,
-                  head_rows=dict(p.head_rows))
+    trial = p.like(p.groups)
     trial.where = {**p.where, **{g.name: Serving.COMPUTE for g in experts}}
     trial.transient, trial.buffers = p.transient, 0
     room = _room(trial, inputs)
@@ -86,7 +85,7 @@ def expert_shares(p: Placing, inputs: PlanInputs, fmt: str | None,
         return None
     room -= reserved
     native = share_native(fmt, True)
-    counts = _fill([(share_held_bytes(g.dtype_bytes, native), g.num_experts) for g in experts], room, 1,
+    counts = _fill([(share_held_bytes(g.dtype_bytes, native) - g.growth, g.num_experts) for g in experts], room, 1,
                    min(g.num_experts for g in experts) - 1)
     return (trial, {g.name: (m, 0) for g, m in zip(experts, counts) if m}) if any(counts) else None
 
@@ -162,8 +161,7 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     if fmt is None or I is None or I <= align or not hot_on_host:  # only where the cold set was not enough
         return None
     groups = group_tensors(checkpoint, inputs, split_mlp=True)
-    trial = Placing(groups, p.budget, compute_formats=p.compute_formats, kernel_dims=p.kernel_dims,
-                  head_rows=dict(p.head_rows))
+    trial = p.like(groups)
     for g in groups:
         if g.kind == GroupKind.MLP:
             trial.where[g.name] = Serving.COMPUTE
@@ -177,7 +175,7 @@ def channel_shares(checkpoint: Checkpoint, inputs: PlanInputs, p: Placing,
     room = None if room is None else room - reserved
     if not mlps or room is None or room <= 0:
         return None
-    counts = _fill([(share_held_bytes(g.dtype_bytes), I) for g in mlps], room, align, I - 1)
+    counts = _fill([(share_held_bytes(g.dtype_bytes) - g.growth, I) for g in mlps], room, align, I - 1)
     return (trial, {g.name: (n, I) for g, n in zip(mlps, counts) if n}) if any(counts) else None
 
 

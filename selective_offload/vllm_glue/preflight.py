@@ -25,7 +25,9 @@ from torch import nn
 
 from ..errors import PlanError
 from ..plan_format import GroupKind, Plan
+from ..plan_format.contents import RESIDENT_LINE
 from ..planner.allocation import workspace_at
+from ..planner.make import refitted
 from ..sizes import fmt_bytes
 
 #: The CPU build's stand-in for a device's free memory (bytes): the CPU build has no device
@@ -69,8 +71,8 @@ class Need:
 
     #: Parameters and buffers vLLM built on the device (each storage once).
     built: int
-    #: The plan's other device lines (shares, prefetch buffers, transient, vLLM's fused-MoE
-    #: workspace), KV cache and reserve.
+    #: The plan's other device lines (what vLLM's post-processing adds, shares, prefetch
+    #: buffers, transients, vLLM's fused-MoE workspace), KV cache and reserve.
     to_come: int
     #: The plan's host bytes.
     host: int
@@ -110,8 +112,10 @@ def need_of(plan: Plan, built: int, batched_tokens: int | None = None) -> Need:
     and reserve, with vLLM's fused-MoE workspace at the engine's ``batched_tokens`` (its
     ``max_num_batched_tokens``; ``None``: as the plan priced it)."""
     inp = plan.inputs
-    # every device line of the plan's ledger but the resident weights, which vLLM built
-    to_come = plan.device_ledger_bytes - plan.device_bytes + inp.kv_cache_bytes + inp.reserve_bytes
+    # every device line of the plan's ledger but the resident weights as vLLM built them (what
+    # its post-processing adds to them, and any transient of it, are still to come)
+    built_line = next(line.bytes for line in plan.ledger() if line.name == RESIDENT_LINE)
+    to_come = plan.device_ledger_bytes - built_line + inp.kv_cache_bytes + inp.reserve_bytes
     if batched_tokens is not None:  # the workspace the engine will really hold, not the plan's
         workspace = workspace_at(plan.est_vllm_workspace_bytes, inp.batched_tokens, batched_tokens)
         to_come += workspace - plan.est_vllm_workspace_bytes
@@ -160,8 +164,9 @@ def check(plan: Plan, need: Need, free: int | None, available: int | None, auto:
     if auto:
         smaller = without_shares(plan, short)
         if smaller is not None:
-            return smaller, (said[0] + f"; {_b(short)} short, so the plan made at engine start gives up "
-                             f"{_b((plan.device_share_bytes - smaller.device_share_bytes))} of device share")
+            gave = (f"{_b(short)} short, so the plan made at engine start gives up "
+                    f"{_b((plan.device_share_bytes - smaller.device_share_bytes))} of device share")
+            return refitted(plan, smaller, f"pre-flight: {where} had {_b(free)} free, {gave}"), said[0] + f"; {gave}"
         raise PlanError(f"pre-flight: the plan made at engine start needs {_b(need.device)} of device memory "
                         f"and {where} has {_b(free)} free, {_b(short)} short even without its experts' and MLPs' "
                         "device shares, before any weight is loaded; lower max_model_len or kv_cache_memory_bytes, or free "

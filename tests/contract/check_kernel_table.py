@@ -453,11 +453,35 @@ def post_processing() -> list[tuple[str, str]]:
         mine = sum(t.nbytes for t in allocation.post_processed_tensors(stored, post).values())
         return "" if got == mine else f"vLLM holds {got} bytes, the planner prices {mine}"
 
+    def repack(e: int, hidden: int, inter: int) -> str:
+        """The most bytes 0.33's Marlin FP8 MoE post-processing allocates beside the loaded
+        layer (torch's profiler, the allocations it made and still held at their peak)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        layer = torch.nn.Module()
+        layer.num_experts, layer.hidden_size, layer.intermediate_size_per_partition = e, hidden, inter
+        layer.weight_block_size, layer.orig_dtype = [128, 128], torch.bfloat16
+        w13 = torch.zeros(e, 2 * inter, hidden, dtype=torch.float8_e4m3fn)
+        w2 = torch.zeros(e, hidden, inter, dtype=torch.float8_e4m3fn)
+        s13, s2 = torch.ones(e, 2 * inter // 128, hidden // 128), torch.ones(e, hidden // 128, -(-inter // 128))
+        with set_current_vllm_config(VllmConfig()), profile(activities=[ProfilerActivity.CPU],
+                                                            profile_memory=True) as prof:
+            mf8.prepare_fp8_moe_layer_for_marlin(layer, w13, w2, s13, s2)
+        held = got = 0
+        for _, n in sorted((ev.start_ns(), ev.nbytes()) for ev in prof.profiler.kineto_results.events()
+                           if ev.name() == "[memory]"):
+            held += n
+            got = max(got, held)
+        mine = allocation.marlin_fp8_moe_repack_bytes(e, hidden, inter, kernels.round_up(inter, 128))
+        return "" if abs(got - mine) <= 0.02 * got else f"vLLM's repack peaks at {got} bytes, the planner prices {mine}"
+
     for case, run in (("marlin-fp8 dense block 5120x17920", lambda: dense(5120, 17920, True)),
                       ("marlin-fp8 dense block 1000x1000 (padded)", lambda: dense(1000, 1000, True)),
                       ("marlin-fp8 dense tensor 2048x768", lambda: dense(2048, 768, False)),
                       ("marlin-fp8 experts block 2048/768", lambda: experts(2, 2048, 768)),
-                      ("marlin-fp8 experts block 2048/640 (padded)", lambda: experts(2, 2048, 640))):
+                      ("marlin-fp8 experts block 2048/640 (padded)", lambda: experts(2, 2048, 640)),
+                      ("marlin-fp8 experts repack transient 2048/768", lambda: repack(4, 2048, 768)),
+                      ("marlin-fp8 experts repack transient 2048/704 (padded)", lambda: repack(4, 2048, 704))):
         try:
             out.append((case, run()))
         except Exception as exc:  # noqa: BLE001 - what could not run says so

@@ -20,7 +20,9 @@ fused-MoE workspace (``ok workspace ...``) is one buffer per process of the byte
 prices, by 0.33's own modular kernel and workspace manager. What 0.33's post-processing
 leaves of Marlin FP8 weights and scales (dense and routed experts) is what the planner prices
 (``ok post-processing ...``, 0.33's own functions on host tensors, the CUDA repack a stand-in
-of its shape), and OAI triton_kernels' float32 expert biases are read from its source.
+of its shape), and so is the peak its Marlin FP8 MoE repack allocates beside a loaded layer
+(torch's profiler on 0.33's own function); OAI triton_kernels' float32 expert biases are read
+from its source.
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ def test_every_row_is_what_vllm_033_builds(tmp_path):
     # what vLLM's post-processing leaves: Marlin FP8 by 0.33's own code, triton_kernels' and
     # FlashInfer TRT-LLM's float32 biases by its source
     post = [line for line in lines if line.startswith("ok post-processing ")]
-    assert len(post) == 7 and any("triton-mxfp4 expert biases float32" in line for line in post), detail
+    assert len(post) == 9 and any("triton-mxfp4 expert biases float32" in line for line in post), detail
+    assert sum("marlin-fp8 experts repack transient" in line for line in post) == 2, detail
     assert any("trtllm-mxfp4 expert biases float32" in line for line in post), detail
     on_host = {line[len("ok host-post-processing "):] for line in lines if line.startswith("ok host-post-processing ")}
     assert on_host == {f"{m} | {k}" for m, k in kernels.HOST_POST_PROCESSING}, detail

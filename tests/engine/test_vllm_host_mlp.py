@@ -12,6 +12,7 @@ import pytest
 import selective_offload
 from helpers import (
     PROMPTS,
+    TINY_DENSE_STEP,
     TINY_HOST_COMPUTE,
     assert_within_tolerance,
     compute_experts_plan,
@@ -45,8 +46,9 @@ def plan(dense):
     from selective_offload.planner import PlanInputs, make_plan
 
     ckpt = load_checkpoint(dense)
-    return make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6) + copy_room(ckpt, "mlp"),
-                                      kv_cache_bytes=0, reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": 0.1}))
+    return make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6)
+                                      + copy_room(ckpt, "mlp", TINY_DENSE_STEP), kv_cache_bytes=0, reserve_bytes=0,
+                                      **{**TINY_HOST_COMPUTE, "cpu_tflops": 0.1, "max_num_batched_tokens": TINY_DENSE_STEP}))
 
 
 @pytest.fixture(scope="module")

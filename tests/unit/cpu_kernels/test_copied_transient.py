@@ -71,3 +71,22 @@ def test_without_the_kernels_dims_the_stored_bytes_price_the_same_expert():
     stored = {"U8": params // 2, "BF16": 2 * params // 32}  # the codes, a scale per group of 32
     from_bytes = dequantized_expert_bytes((), stored, 1)
     assert 8 * H * I <= from_bytes <= 1.1 * 8 * H * I, from_bytes
+
+
+@pytest.mark.parametrize("tokens, hidden, inner, k", [(64, 256, 512, 1), (128, 256, 128, 1), (64, 512, 256, 2),
+                                                     (256, 256, 256, 2)])
+def test_a_steps_activations_on_the_copied_path_are_what_the_ledger_prices(tokens, hidden, inner, k):
+    """Every token of a step picking the same k experts (k of E = k: n = T tokens each): what
+    bf16 experts hold is the step's activations alone (nothing to dequantize), within 10% of
+    ``copied_activation_bytes`` (its indices and routing weights are the rest)."""
+    from selective_offload.estimate.host import copied_activation_bytes
+
+    weights = random_experts("bf16", 4, hidden, inner, seed=1)
+    x = torch.randn(tokens, hidden).bfloat16()
+    ids = torch.zeros(tokens, k, dtype=torch.long)
+    ids[:, 1:] = 1
+    picks = torch.ones(tokens, k)
+    moe_copied(x, ids, picks, weights, Activation("silu"))
+    measured = peak_bytes(lambda: moe_copied(x, ids, picks, weights, Activation("silu")))
+    priced = copied_activation_bytes(tokens, (hidden, inner), k, k)  # the k experts every token picks
+    assert abs(measured - priced) <= 0.1 * measured, (measured, priced)

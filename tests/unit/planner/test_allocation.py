@@ -7,14 +7,18 @@ tests/contract/test_kernel_table.py holds the same sizes to vLLM 0.33's own roun
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 import transformers
 
 from helpers import write_config
 from selective_offload.checkpoint import load_checkpoint
-from selective_offload.errors import UserError
+from selective_offload.errors import PlanError, UserError
 from selective_offload.estimate.traffic import EXPERTS_CPU
-from selective_offload.model_match import check_plan_matches_model
+from selective_offload.model_match import check_plan_matches_model, differences
+from selective_offload.plan_format import Plan
 from selective_offload.planner import PlanInputs, kernels, make_plan
 from selective_offload.planner.allocation import tensor_dims
 from selective_offload.sizes import GiB
@@ -203,3 +207,86 @@ def test_marlin_fp8_linears_are_priced_at_their_bf16_scales_on_a_pre_ada_card(n,
     assert f"{2 * (held - stored) / 1e6:.1f} MB more" in note
     assert not any("post-processing" in n for n in ada.notes)
     check_plan_matches_model(ampere, checkpoint)  # the model check groups it alike
+
+
+def fp8_moe(hidden: int = 1024, inner: int = 512, layers: int = 4, num: int = 8):
+    """A block-FP8 MoE as Qwen3-MoE-FP8 stores it: per layer an FP8 attention projection and
+    ``num`` experts of FP8 gate/up [I, H] and down [H, I] modules, each with its float32
+    [out/128, in/128] block scales (``weight_scale_inv``)."""
+    from builders import make_ckpt
+
+    spec = {"model.embed_tokens.weight": ("BF16", [1000, hidden]), "lm_head.weight": ("BF16", [1000, hidden])}
+    for i in range(layers):
+        linears = {"self_attn.o_proj": [hidden, hidden]}
+        for e in range(num):
+            linears |= {f"mlp.experts.{e}.{proj}": shape for proj, shape in (
+                ("gate_proj", [inner, hidden]), ("up_proj", [inner, hidden]), ("down_proj", [hidden, inner]))}
+        for name, shape in linears.items():
+            spec[f"model.layers.{i}.{name}.weight"] = ("F8_E4M3", shape)
+            spec[f"model.layers.{i}.{name}.weight_scale_inv"] = ("F32", [shape[0] // 128, shape[1] // 128])
+    return make_ckpt(spec, num_experts=num, num_experts_per_tok=2, num_hidden_layers=layers, hidden_size=hidden,
+                     moe_intermediate_size=inner,
+                     quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+
+
+@pytest.mark.parametrize("device_mb, serving", [(30, "compute"), (45, "uva"), (200, "resident")])
+def test_fp8_experts_are_priced_as_served_computed_as_loaded_else_post_processed(device_mb, serving):
+    """On SM 8.6 Marlin post-processes block-FP8 experts to bf16 [K/128, N] scales: an expert
+    of H 1024, I 512 holds 3 x 8192 bytes of scales there against 3 x 128 stored. Experts the
+    host CPU computes keep the layout as loaded (the glue never post-processes them), so the
+    plan's host bytes, copied transient and CPU reads are the stored bytes; experts read
+    through UVA are post-processed on the device and come back at Marlin's size. The growth
+    is a named line of the ledger where it is allocated (the resident attention's on the
+    device, uva experts' in host memory), never in a computed group's. Marlin's repack of a
+    layer it post-processes on the device (resident, or uva and onloaded whole for it) holds
+    w13 repacked twice (a list of experts and their ``torch.cat``) and one expert's int32
+    copy beside the loaded weights: the worker's load-time peak, a line of the ledger beyond
+    the step's transient, which it never coexists with."""
+    checkpoint = fp8_moe()
+    plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=device_mb * 1_000_000, kv_cache_bytes=0,
+                                            reserve_bytes=0, compute_capability="8.6", device_share=False,
+                                            head_share=False, host_compute=serving == "compute",
+                                            max_num_batched_tokens=64))
+    stored = 8 * 3 * (1024 * 512 + 4 * 8 * 4)  # per layer: 8 experts' weights and float32 block scales
+    grown = 8 * 3 * (2 * 8 * 512 - 4 * 8 * 4)  # Marlin's bf16 scales [K/128, N] for gate, up and down
+    attention = 2 * 8 * 1024 - 4 * 8 * 8  # the o_proj's, on the device
+    hosted = experts(plan)
+    assert {g.serving for g in hosted} == {serving} and len(hosted) == 4
+    assert all(g.bytes == stored + grown and g.post_processing_bytes == grown for g in hosted)
+    lines = {(line.name, line.where): line.bytes for line in plan.ledger()}
+    on_device = 4 * attention + (4 * grown if serving == "resident" else 0)
+    assert lines[("vLLM post-processing", "device")] == on_device
+    assert lines[("resident weights", "device")] + on_device == plan.device_bytes
+    embed = 1000 * 1024 * 2  # gathered from the host (resident with the rest on a large card)
+    repack = 2 * 8 * 2 * 512 * 1024 + 2 * 512 * 1024
+    load = {"compute": 0, "uva": repack + stored, "resident": repack}[serving]
+    assert plan.est_load_transient_device_bytes == load
+    assert lines[("est load-time transient", "device")] == max(0, load - plan.est_transient_device_bytes)
+    assert plan.shortfall_bytes == 0
+    if serving == "resident":
+        assert plan.device_bytes == 4 * (stored + grown + 1024 * 1024 + 64 * 4 + attention) + 2 * embed
+    elif serving == "compute":
+        assert all(g.served_bytes == stored for g in hosted)
+        assert plan.host_compute_bytes == 4 * stored and lines[("vLLM post-processing", "page-locked")] == 0
+        assert lines[("host weights", "page-locked")] == 4 * stored + embed
+        # one expert dequantized (w13 twice), and a 64-token step's activations with 2 picks a token of
+        # 8 (16 tokens an expert): the float32 sums, and two experts' products in float32
+        activations = 4 * 64 * 1024 + 16 * (20 * 512 + 6 * 1024)
+        assert plan.est_transient_device_bytes == stored + 8 * 1024 * 512 + activations
+        cpu = [e for e in plan.traffic().experts if e.where == EXPERTS_CPU]
+        assert [e.nbytes for e in cpu] == [stored] * 4
+    else:
+        assert plan.uva_bytes == 4 * (stored + grown) and lines[("vLLM post-processing", "page-locked")] == 4 * grown
+        assert lines[("host weights", "page-locked")] == 4 * stored + embed
+    assert check_plan_matches_model(plan, checkpoint) == []
+    back = Plan.from_dict(json.loads(plan.to_json()))
+    assert back.groups == plan.groups and back.ledger() == plan.ledger()
+    # the model check holds each group's growth to this checkpoint's on the plan's card
+    edited = replace(plan, groups=tuple(replace(g, post_processing_bytes=0) if g.kind == "experts" else g
+                                        for g in plan.groups))
+    assert any("vLLM's post-processing adds 0 bytes to it in the plan and" in d
+               for d in differences(edited, checkpoint))
+    data = json.loads(plan.to_json())
+    data["groups"][2]["post_processing_bytes"] = data["groups"][2]["bytes"] + 1
+    with pytest.raises(PlanError, match="post_processing_bytes .* is not between 0 and its"):
+        Plan.from_dict(data)

@@ -111,13 +111,16 @@ def test_a_step_above_the_crossover_holds_a_layers_copy_and_the_dequantized_expe
     group = computed(quantized)[0]
     assert not group.kernel_dims
     assert quantized.est_transient_device_bytes == group.bytes + 2 * 6_666_666
-    # Where it says them, from the kernel's dims (H 1000, I 1500): w13 [3000, 1000] in bf16, twice.
+    # Where it says them, from the kernel's dims (H 1000, I 1500): w13 [3000, 1000] in bf16, twice,
+    # and the activations of the engine's largest step (64 tokens here, 2 picks a token of 8: 16
+    # tokens an expert): the float32 sums [T, H] and two experts' float32 products (20 n I + 6 n H)
     sized = moe(4, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}, hidden_size=1000,
                 moe_intermediate_size=1500)
-    dims = plan_of(sized, sized.total_bytes / MB - 300)
+    dims = plan_of(sized, sized.total_bytes / MB - 300, max_num_batched_tokens=64)
     group = computed(dims)[0]
     assert group.kernel_dims == (1000, 1500)
-    assert dims.est_transient_device_bytes == group.bytes + 2 * 3000 * 1000 * 2
+    assert dims.est_transient_device_bytes == group.bytes + 2 * 3000 * 1000 * 2 + 4 * 64 * 1000 + 16 * (
+        20 * 1500 + 6 * 1000)
     # a plan that states no transient for its copy is refused when read
     data = json.loads(plan.to_json())
     data["est_transient_device_bytes"] = 0

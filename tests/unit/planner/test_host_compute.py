@@ -154,7 +154,10 @@ def test_above_the_crossover_the_step_copies_the_experts_it_uses():
 def test_ranks_share_the_host_bandwidth_and_split_its_threads():
     ckpt = moe(4)
     one = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_threads=16)
-    two = plan_of(ckpt, ckpt.total_bytes / MB - 200, cpu_threads=16, ranks=2)
+    # each rank's device holds its half of a layer's copy above the crossover: the room it frees is taken back
+    two = plan_of(ckpt, ckpt.total_bytes / MB - 200 - COPY_MB / 2, cpu_threads=16, ranks=2)
+    assert two.est_transient_device_bytes == one.est_transient_device_bytes // 2 == EXPERTS_BYTES // 2
+    assert [g.serving for g in two.groups] == [g.serving for g in one.groups]
     assert two.host_compute.threads == 8 and one.host_compute.threads == 16 and two.host_compute.ranks == 2
     # each rank reads half the bytes at half the bandwidth: the host's time is the same
     assert two.est.est_cpu_s_per_step == pytest.approx(one.est.est_cpu_s_per_step, rel=1e-12)

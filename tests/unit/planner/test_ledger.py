@@ -41,8 +41,12 @@ def test_the_workers_buffers_are_lines_of_the_ledger_and_in_the_host_totals():
     assert plan.host_pageable_bytes == workspace
     assert plan.host_bytes == plan.host_weight_bytes + staging + workspace
     # a step above the crossover copies a whole layer's experts at most (bf16: multiplied as
-    # they are); the one transient line is the plan's, held to the weight budget with the rest
-    assert plan.est_transient_device_bytes == EXPERTS_BYTES == lines[("est transient", "device")]
+    # they are) and holds the activations of vLLM's largest step (2048 tokens): the float32
+    # sums [T, H] and, with two picks a token, two experts' float32 products (20 n I + 6 n H)
+    # for the n = T k / E = 512 tokens each (uniform routing); the one transient line is the
+    # plan's, held to the weight budget with the rest
+    activations = 4 * 2048 * H + 512 * (20 * I + 6 * H)
+    assert plan.est_transient_device_bytes == EXPERTS_BYTES + activations == lines[("est transient", "device")]
     device = sum(b for (name, where), b in lines.items() if where == "device")
     assert plan.shortfall_bytes == max(0, device - plan.weight_budget_bytes)
 
@@ -89,6 +93,7 @@ def test_a_plan_without_sizes_prices_no_buffers():
     for g in data["groups"]:
         g.pop("kernel_dims", None)
     del data["totals"]
+    data["est_transient_device_bytes"] = EXPERTS_BYTES  # nor the copied step's activations
     old = Plan.from_dict(data)
     assert old.host_compute_staging_bytes == old.host_compute_workspace_bytes == 0
     assert old.host_bytes == old.host_weight_bytes
@@ -107,9 +112,10 @@ def test_vllms_fused_moe_workspace_is_a_device_line_the_placement_leaves_room_fo
     lines = {(line.name, line.where): line.bytes for line in plan.ledger()}
     assert lines[("est vLLM fused-MoE workspace", "device")] == workspace
     assert any("fused-MoE workspace, one per process for TritonExperts" in n for n in plan.notes)
-    # the placement left room for it: the device lines fit the budget, to within less than it
+    # the placement left room for it: the device lines fit the budget, to within less than the
+    # step the placement moves by (a layer's routed experts)
     assert plan.shortfall_bytes == 0 and plan.device_ledger_bytes <= plan.weight_budget_bytes
-    assert plan.weight_budget_bytes - plan.device_ledger_bytes < workspace
+    assert plan.weight_budget_bytes - plan.device_ledger_bytes < EXPERTS_BYTES
     back = Plan.from_dict(json.loads(plan.to_json()))
     assert back.est_vllm_workspace_bytes == workspace and back.ledger() == plan.ledger()
     # one byte less than this plan's device lines: the placement moves more to the host

@@ -15,7 +15,15 @@ from vllm.config import CompilationConfig, ParallelConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from helpers import REPO, TINY_HOST_COMPUTE, compute_experts_plan, save_tiny_qwen3, save_tiny_qwen3_moe
+from helpers import (
+    REPO,
+    TINY_DENSE_STEP,
+    TINY_HOST_COMPUTE,
+    compute_experts_plan,
+    copy_room,
+    save_tiny_qwen3,
+    save_tiny_qwen3_moe,
+)
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, make_plan
@@ -60,8 +68,10 @@ def test_graphs_above_the_crossover_are_capped_in_the_workers_config_on_cuda(pla
 
 def test_a_dense_plan_capped_the_same_says_it_computes_dense_mlps(tmp_path):
     ckpt = load_checkpoint(save_tiny_qwen3(tmp_path / "dense", seed=3))
-    dense = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 7 // 10, kv_cache_bytes=0,
-                                       reserve_bytes=0, **TINY_HOST_COMPUTE))
+    room = copy_room(ckpt, "mlp", TINY_DENSE_STEP)
+    dense = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes * 6 // 10 + room, kv_cache_bytes=0,
+                                       reserve_bytes=0,
+                                       **{**TINY_HOST_COMPUTE, "max_num_batched_tokens": TINY_DENSE_STEP}))
     assert dense.host_compute is not None and not any(g.kind == "experts" for g in dense.groups)
     note = graphs.cap_graphs_at_crossover(dense, config(sizes=(1, 512)), torch.device("cuda", 0))
     assert "the plan computes dense MLPs on the host" in note

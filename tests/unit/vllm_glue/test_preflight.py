@@ -5,6 +5,8 @@ it, and a plan made at engine start gives up device share to fit."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -37,6 +39,11 @@ def test_a_plan_file_that_does_not_fit_the_free_device_memory_is_refused_naming_
     assert need.to_come == (plan.device_share_bytes + plan.prefetch_buffer_bytes + plan.est_transient_device_bytes
                             + plan.est_vllm_workspace_bytes + plan.inputs.kv_cache_bytes + plan.inputs.reserve_bytes)
     assert plan.est_vllm_workspace_bytes > 0  # vLLM's fused-MoE workspace: counted before loading too
+    # what vLLM's post-processing adds to the resident weights is still to come after construction
+    grown = replace(plan, groups=tuple(replace(g, post_processing_bytes=g.bytes // 4) if g.serving == "resident"
+                                       else g for g in plan.groups))
+    growth = sum(g.post_processing_bytes for g in grown.groups)
+    assert growth and preflight.need_of(grown, built=1000).to_come == need.to_come + growth
     same, line = preflight.check(plan, need, need.device, None, False, CPU)
     assert same is plan and line.startswith("pre-flight: device") and "unchecked available memory" in line
     with pytest.raises(PlanError, match=r"pre-flight: .* 1 B short, before any weight is loaded; .*--device-memory") \
@@ -58,6 +65,12 @@ def test_auto_gives_up_device_share_until_it_fits_and_refuses_beyond_it(plan):
     assert fitted.device_share_bytes < plan.device_share_bytes and "gives up" in line
     assert preflight.need_of(fitted, built=0).device <= need.device - 1
     fitted.validate()
+    # its notes are the fitted placement's: the shares' line restated for what is left, and why
+    shares = [n for n in plan.notes if f"{plan.device_share_bytes / 1e9:.3f} GB in all" in n]
+    assert shares and not set(shares) & set(fitted.notes)
+    assert any(f"{fitted.device_share_bytes / 1e9:.3f} GB in all" in n for n in fitted.notes)
+    assert fitted.notes[-1].startswith("pre-flight: ") and "gives up" in fitted.notes[-1]
+    assert len(fitted.notes) == len(plan.notes) + 1
     with pytest.raises(PlanError, match="short even without its experts' and MLPs' device shares"):
         preflight.check(plan, need, need.device - plan.device_share_bytes - 1, None, True, CPU)
 
@@ -117,18 +130,18 @@ def test_the_engines_larger_step_prices_vllms_workspace_again_and_refuses_or_she
     from selective_offload.checkpoint import load_checkpoint
     from selective_offload.planner.allocation import workspace_for
 
-    # vLLM's own config for the engine: the LLM class's 8192 tokens, not the plan's 2048
+    # vLLM's own config for the engine: the LLM class's 8192 tokens, not the plan's (the tiny replicas' 256)
     engine = type("VllmConfig", (), {})()
     engine.scheduler_config = SchedulerConfig(max_num_batched_tokens=8192, max_model_len=4096,
                                               is_encoder_decoder=False)
     tokens = preflight.batched_tokens_of(engine)
-    assert tokens == 8192 and plan.inputs.batched_tokens == 2048
+    assert tokens == 8192 and plan.inputs.batched_tokens == 256
     need, larger = preflight.need_of(plan, 0), preflight.need_of(plan, 0, tokens)
     config = load_checkpoint(save(tmp_path, seed=3)).config
     at_8192 = workspace_for(config, plan.inputs.card, plan.inputs.moe_setting, 8192).nbytes
     grown = larger.to_come - need.to_come
     assert at_8192 - plan.est_vllm_workspace_bytes <= grown <= at_8192 - plan.est_vllm_workspace_bytes + 512
-    assert preflight.need_of(plan, 0, 2048) == need  # the step the plan priced: as it is
+    assert preflight.need_of(plan, 0, 256) == need  # the step the plan priced: as it is
     # a plan file that fits at its own step is refused at the engine's; auto gives up share
     with pytest.raises(PlanError, match="short, before any weight is loaded"):
         preflight.check(plan, larger, need.device, None, False, CPU)
