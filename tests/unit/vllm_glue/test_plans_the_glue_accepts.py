@@ -318,3 +318,21 @@ def test_no_family_is_planned_compute_where_the_worker_refuses_it(host_family):
     for group in refused:  # not vacuous: the worker refuses what the plan left out
         with pytest.raises(PlanError, match="its activation is gelu"):
             host_mlp.mlp_activation(group, built_layer(family, SimpleNamespace(kind="mlp"), checkpoint))
+
+
+def test_the_table_reads_the_language_models_config_of_a_multimodal_checkpoint():
+    """Llama-4 Scout's and Gemma 4's configs keep the language model under ``text_config``
+    (its model_type, top-k and activation): the table reads it there, as vLLM does."""
+    from selective_offload.cpu_kernels import capability
+
+    scout = {"model_type": "llama4", "text_config": {"model_type": "llama4_text", "hidden_act": "silu"}}
+    layer = capability.experts_of_config(scout, 1)
+    assert layer.router_weight_on_input and capability.refusal(layer) is None
+    assert "routes 2 experts per token" in capability.refusal(capability.experts_of_config(scout, 2))
+    gemma4 = {"model_type": "gemma4", "hidden_act": "silu",
+              "text_config": {"model_type": "gemma4_text", "hidden_activation": "gelu_pytorch_tanh"}}
+    assert capability.kernel_activation(capability.experts_of_config(gemma4, 8)).kind == "gelu_tanh"
+    assert capability.kernel_activation(capability.mlp_of_config(gemma4)).kind == "gelu_tanh"
+    assert "relu2, ungated" in capability.refusal(capability.experts_of_config({"model_type": "nemotron_h"}, 6))
+    exaone = capability.experts_of_config({"model_type": "exaone_moe", "swiglu_limits": [0.0, 7.0, 0.0]}, 8)
+    assert exaone.clamp_limit == 7.0 and "clamps its silu gate" in capability.refusal(exaone)
