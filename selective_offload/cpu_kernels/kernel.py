@@ -24,10 +24,10 @@ FMT_CODE = {"bf16": 0, "mxfp4": 1, "fp8-block": 2, "int4": 3}
 INT4_CODE = {torch.bfloat16: 3, torch.float16: 4}
 #: Formats served by torch's own float32 ops instead of the C kernel (see :func:`moe`).
 TORCH_FORMATS = frozenset({"f32"})
-ACT_CODE = {"silu": 0, "swigluoai": 1}
+ACT_CODE = {"silu": 0, "swigluoai": 1, "gelu_tanh": 2}
 DT_NONE, DT_BF16, DT_F32 = 0, 1, 2
 STATUS = {1: "topk_ids holds an expert id >= the number of experts", 2: "the kernel's workspace could not be allocated",
-          3: "the format code is not one the kernel knows",
+          3: "the format or activation code is not one the kernel knows",
           4: "the kernel's threads could not be started (pthread_create failed: too many threads for the process's "
              "limits, or no memory for their stacks)"}
 #: What to do about each status, for the one line a failed step raises.

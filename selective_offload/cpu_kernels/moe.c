@@ -57,7 +57,9 @@
  * dtype: bf16 or f16 scales as the checkpoint stores them. */
 enum { SO_BF16 = 0, SO_MXFP4 = 1, SO_FP8_BLOCK = 2, SO_INT4_BF16 = 3, SO_INT4_F16 = 4 };
 #define SO_IS_INT4(fmt) ((fmt) == SO_INT4_BF16 || (fmt) == SO_INT4_F16)
-enum { SO_SILU = 0, SO_SWIGLUOAI = 1 };
+/* Gated activations, act(g, u): SiLU, gpt-oss's clamped SwiGLU (g and u interleaved in w13's
+ * rows) and GELU with the tanh approximation (Gemma 3 and 4); the others take g then u. */
+enum { SO_SILU = 0, SO_SWIGLUOAI = 1, SO_GELU_TANH = 2 };
 enum { SO_DT_NONE = 0, SO_DT_BF16 = 1, SO_DT_F32 = 2 };
 
 /* Everything one call needs; Python's MoEJob mirrors it field by field (checked by size). */
@@ -83,7 +85,7 @@ typedef struct {
     float *out;                     /* [T, H] f32, written whole */
     void *workspace;                /* so_moe_workspace_bytes(); NULL: allocated per call */
     int64_t workspace_bytes;
-    int64_t status;                 /* 0 ok; 1 an id >= E; 2 out of memory; 3 bad format */
+    int64_t status;                 /* 0 ok; 1 an id >= E; 2 out of memory; 3 bad format or activation */
     /* Counted by the job itself each time it runs, however it is run (by Python, or by a
      * CUDA host function a graph replays with no Python): runs, tokens (T per run) and the
      * distinct host experts read (each once per run), read by Python for the report. */
@@ -364,6 +366,8 @@ static inline float activate(const so_moe_job *j, float g, float u) {
         }
         return (u + 1.0f) * g / (1.0f + expf(-j->alpha * g));
     }
+    if (j->act == SO_GELU_TANH)  /* torch's gelu(approximate="tanh"): 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
+        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
     return g / (1.0f + expf(-g)) * u;
 }
 
@@ -529,7 +533,10 @@ void so_moe_job_run(void *arg) {
     j->status = 0;
     j->runs++;
     j->tokens += T;
-    if (j->fmt < SO_BF16 || j->fmt > SO_INT4_F16) { so_fail(j, &j->status, 3, j->out, T * H); return; }
+    if (j->fmt < SO_BF16 || j->fmt > SO_INT4_F16 || j->act < SO_SILU || j->act > SO_GELU_TANH) {
+        so_fail(j, &j->status, 3, j->out, T * H);
+        return;
+    }
     int64_t need = so_moe_workspace_bytes(T, K, E, H, I);
     char *ws = (char *)j->workspace, *own = NULL;
     if (!ws || j->workspace_bytes < need) {

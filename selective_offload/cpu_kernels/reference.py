@@ -91,9 +91,11 @@ def _block_rows(weights: ExpertWeights, which: str, device: torch.device) -> tor
 
 def activate(h: torch.Tensor, activation: Activation) -> torch.Tensor:
     """act of the up projection's output h [..., 2I] -> [..., I]."""
-    if activation.kind == "silu":
+    if activation.kind in ("silu", "gelu_tanh"):
         I = h.shape[-1] // 2
-        return torch.nn.functional.silu(h[..., :I]) * h[..., I:]
+        g = (torch.nn.functional.silu(h[..., :I]) if activation.kind == "silu"
+             else torch.nn.functional.gelu(h[..., :I], approximate="tanh"))
+        return g * h[..., I:]
     g, u = h[..., 0::2], h[..., 1::2]
     if activation.limit is not None:
         g = g.clamp(max=activation.limit)

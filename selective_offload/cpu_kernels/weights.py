@@ -21,22 +21,27 @@ FORMATS = ("bf16", "mxfp4", "fp8-block", "int4", "f32")
 #: int4's scales, as the checkpoint stores them (the model's dtype in vLLM's create_weights).
 INT4_SCALE_DTYPES = (torch.bfloat16, torch.float16)
 BIAS_DTYPES = (torch.bfloat16, torch.float32)
+#: The gated activations the kernels compute (:class:`Activation`).
+KINDS = ("silu", "swigluoai", "gelu_tanh")
 
 
 @dataclass(frozen=True)
 class Activation:
     """``silu``: act = silu(g) * u with g the first I rows of w13 and u the next I
-    (alpha and limit unused). ``swigluoai`` (gpt-oss): g and u interleaved in w13's rows
+    (alpha and limit unused). ``gelu_tanh`` (Gemma 3 and 4): act = gelu(g) * u in the same
+    layout, GELU with the tanh approximation (torch's ``approximate="tanh"``, vLLM's
+    ``gelu_pytorch_tanh``). ``swigluoai`` (gpt-oss): g and u interleaved in w13's rows
     (g even, u odd), g = min(g, limit), u = clamp(u, -limit, limit),
-    act = (u + 1) * g * sigmoid(alpha * g); ``limit=None`` clamps nothing."""
+    act = (u + 1) * g * sigmoid(alpha * g); ``limit=None`` clamps nothing. Which layers of
+    which models compute which: :mod:`.capability`."""
 
     kind: str
     alpha: float = 1.702
     limit: float | None = 7.0
 
     def __post_init__(self):
-        if self.kind not in ("silu", "swigluoai"):
-            raise ValueError(f"Activation kind {self.kind!r}: use 'silu' or 'swigluoai'")
+        if self.kind not in KINDS:
+            raise ValueError(f"Activation kind {self.kind!r}: use one of {', '.join(KINDS)}")
 
 
 def _ceil(a: int, b: int) -> int:

@@ -100,6 +100,22 @@ def int4_read(config: Mapping[str, Any]) -> bool:
             and not qc.get("desc_act", False) and isinstance(group, int) and (group == -1 or group % 32 == 0))
 
 
+def not_computed(checkpoint: Any, kind: str) -> str | None:
+    """Why the host kernels do not compute this checkpoint's routed experts (``kind``
+    ``"experts"``) or dense MLPs (``"mlp"``), from its config as vLLM builds the layers,
+    by the table the worker checks (:mod:`..cpu_kernels.capability`); None when they do."""
+    from ..cpu_kernels import capability
+    from ..names import mlp_prefix
+
+    if kind == capability.EXPERTS:
+        layer = capability.experts_of_config(checkpoint.config, checkpoint.facts.experts_per_token)
+    else:
+        layer = capability.mlp_of_config(checkpoint.config, [n for n in checkpoint.tensors if mlp_prefix(n)])
+    why = capability.refusal(layer)
+    what = "routed experts" if kind == capability.EXPERTS else "dense MLPs"
+    return None if why is None else f"the CPU kernels do not compute these {what}: {why}"
+
+
 def model_cpu_format(checkpoint: Any) -> str | None:
     """The CPU kernel format of a checkpoint's routed experts (from its config's quantization)."""
     from .kernels import method_of_config

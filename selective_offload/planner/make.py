@@ -45,6 +45,7 @@ from .host_compute import (
     host_compute_notes,
     mlp_cpu_format,
     mlp_unclaimed_note,
+    not_computed,
     unclaimed_reason,
 )
 from .kernels import kernel_notes, method_of_config, pick
@@ -122,15 +123,18 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
 
     method = method_of_config(checkpoint.config)
     fmt = cpu_format(method, checkpoint.config)
-    computes = claimed(fmt, inputs) and inputs.host_compute
-    why_not = (None if computes else unclaimed_reason(method, fmt, inputs) if inputs.host_compute
+    refused = not_computed(checkpoint, GroupKind.EXPERTS)  # what the worker would refuse, never planned
+    computes = claimed(fmt, inputs) and inputs.host_compute and refused is None
+    why_not = (None if computes else f"{refused}, {SERVED_UVA}" if refused and inputs.host_compute
+               else unclaimed_reason(method, fmt, inputs) if inputs.host_compute
                else f"host-compute is off for this plan (--no-host-compute), {SERVED_UVA}")
     has_experts = any(g.kind == GroupKind.EXPERTS for g in groups)
     has_dense = any(g.kind == GroupKind.LAYER for g in groups) and bool(dense_layers_of(groups))
     # A dense layer's MLP is offered host-compute in its own format when that format is
     # claimed; it shares the plan's one CPU format (and pool) with host-compute experts.
     mlp_fmt = mlp_cpu_format(method, checkpoint.config)
-    mlp_computes = (has_dense and inputs.host_compute and claimed(mlp_fmt, inputs)
+    mlp_refused = not_computed(checkpoint, GroupKind.MLP) if has_dense else None
+    mlp_computes = (has_dense and inputs.host_compute and claimed(mlp_fmt, inputs) and mlp_refused is None
                     and (mlp_fmt == fmt or not computes))
     # Priced with every dense MLP a group of its own; the plan keeps only the computed ones split.
     priced = group_tensors(checkpoint, inputs, split_mlp=True) if mlp_computes else groups
@@ -216,7 +220,9 @@ def _place(checkpoint: Checkpoint, inputs: PlanInputs, kv: KvModel | None, notes
         plan = replace(plan, notes=plan.notes + (f"host-compute: claimed on this host: "
                                                  f"{claim_of(plan.host_compute_format, inputs)[1]}",))
     if has_dense and not mlp_computes and deficit > 0:
-        plan = replace(plan, notes=plan.notes + (_mlp_why_not(inputs, mlp_fmt, groups, computes, fmt, method),))
+        plan = replace(plan, notes=plan.notes + (f"host-compute: {mlp_refused}: they are resident or prefetched with their "
+                                                 "layer" if mlp_refused and inputs.host_compute else
+                                                 _mlp_why_not(inputs, mlp_fmt, groups, computes, fmt, method),))
     plan = replace(plan, notes=plan.notes + _host_compute_lines(plan, tokens)
                    + tuple(head_note(g) for g in plan.groups if g.kind == GroupKind.MODULE and g.device_channels))
     if declined is not None:  # the rates only where the model is large enough for them to mean anything

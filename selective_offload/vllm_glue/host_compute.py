@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .. import cpu_kernels
-from ..cpu_kernels import Activation, ExpertWeights
+from ..cpu_kernels import Activation, ExpertWeights, capability
 from ..cpu_kernels.reference import held_share
 from ..errors import PlanError
 from ..estimate.host import share_native
@@ -54,8 +54,6 @@ FORMATS: dict[str, dict[torch.dtype | None, str]] = {
     "fp8-block": {None: "fp8-block"},
     "wna16": {None: "int4"},
 }
-#: vLLM's activations the CPU kernel computes, by ``MoEActivation`` value.
-ACTIVATIONS = {"silu": "silu", "swigluoai": "swigluoai"}
 MECHANISM = "compute (the host CPU computes the routed experts where they live)"
 
 
@@ -86,28 +84,35 @@ def refuse_unserved(what: str, fmt: str, device: torch.device) -> None:
         raise PlanError(f"{what}, and {reason}")
 
 
-def activation_of(group: str, module: nn.Module) -> Activation:
+def layer_of(module: nn.Module) -> capability.HostLayer:
+    """The routed experts vLLM built, as :mod:`..cpu_kernels.capability` describes a layer:
+    its ``MoEActivation``, where its router weight is applied, its top-k, a clamp."""
     act = getattr(getattr(module, "activation", None), "value", getattr(module, "activation", None))
-    kind = ACTIVATIONS.get(str(act))
-    if kind is None:
-        raise PlanError(f"{group}: the CPU kernels do not compute the {act} activation; plan these routed "
-                        "experts served uva or on the device")
-    if kind == "swigluoai":
-        config = getattr(module, "moe_config", None)
-        alpha = getattr(config, "swiglu_alpha", None)
-        limit = getattr(config, "swiglu_limit", None)
-        return Activation("swigluoai", alpha=1.702 if alpha is None else float(alpha),
-                          limit=7.0 if limit is None else float(limit))
-    return Activation("silu")
+    config = getattr(module, "moe_config", None)
+    limit = getattr(module, "swiglu_limit", None)
+    k = getattr(module, "top_k", None) or getattr(config, "experts_per_token", None)
+    return capability.HostLayer(capability.EXPERTS, str(act),
+                                router_weight_on_input=bool(getattr(module, "apply_router_weight_on_input", False)),
+                                experts_per_token=k if isinstance(k, int) else None,
+                                clamp_limit=limit if limit is not None else getattr(config, "swiglu_limit", None))
+
+
+def activation_of(group: str, module: nn.Module) -> Activation:
+    """The kernel's activation for ``module``'s experts, or a one-line refusal (the same
+    table the planner reads: :func:`..cpu_kernels.capability.refusal`)."""
+    layer = layer_of(module)
+    why = capability.refusal(layer)
+    if why is not None:
+        raise PlanError(f"{group}: the CPU kernels do not compute these routed experts: {why}; plan them served uva "
+                        "or on the device")
+    config = getattr(module, "moe_config", None)
+    return capability.kernel_activation(layer, getattr(config, "swiglu_alpha", None), layer.clamp_limit)
 
 
 def refuse_unsupported(group: str, method: Any, module: nn.Module, device: torch.device) -> None:
     """What the host path cannot honour, refused right after construction."""
     format_of(group, method, module, device)
     activation_of(group, module)
-    if getattr(module, "apply_router_weight_on_input", False):
-        raise PlanError(f"{group}: vLLM applies this layer's router weights to the input (Llama-4 style), which "
-                        "the CPU kernels do not; plan these routed experts served uva or on the device")
 
 
 def threads_of(setting: Any, device: torch.device = torch.device("cpu")) -> int | None:
@@ -271,6 +276,8 @@ def method_class() -> type:
             return None
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+            if getattr(layer, "apply_router_weight_on_input", False):  # top-1 (capability): as vLLM's prepare step
+                x, topk_weights = x * topk_weights.to(x.dtype), torch.ones_like(topk_weights)
             ids = topk_ids
             expert_map = getattr(layer, "expert_map", None)
             if expert_map is not None:  # global ids -> this rank's; -1 for another rank's

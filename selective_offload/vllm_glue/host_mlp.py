@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..cpu_kernels import Activation, ExpertWeights
+from ..cpu_kernels import Activation, ExpertWeights, capability
 from ..cpu_kernels.channels import split_channels
 from ..cpu_kernels.reference import held_share
 from ..errors import PlanError
@@ -39,10 +39,7 @@ def mlp_format(group: str, mlp: nn.Module, device: torch.device) -> str:
     if any(p is None or not hasattr(p, "quant_method") for p in parts):
         raise PlanError(f"{group}: the plan computes this MLP on the host CPU, and vLLM built it as "
                         f"{type(mlp).__name__} without fused gate_up_proj and down_proj linears; plan it on the device")
-    act = type(getattr(mlp, "act_fn", None)).__name__
-    if act != "SiluAndMul":
-        raise PlanError(f"{group}: the CPU kernels compute SiLU-gated MLPs, and this one's activation is {act}; "
-                        "plan it on the device")
+    mlp_activation(group, mlp)
     formats = set()
     for part in parts:
         method = type(part.quant_method).__name__
@@ -70,13 +67,29 @@ def mlp_format(group: str, mlp: nn.Module, device: torch.device) -> str:
     return fmt
 
 
+#: vLLM's act-and-mul modules by the registry name :mod:`..cpu_kernels.capability` reads
+#: (``GeluAndMul`` by its ``approximate``).
+MLP_ACTIVATIONS = {("SiluAndMul", None): "silu", ("GeluAndMul", "tanh"): "gelu_pytorch_tanh",
+                   ("GeluAndMul", "none"): "gelu"}
+
+
+def mlp_activation(group: str, mlp: nn.Module) -> Activation:
+    """The kernel's activation for the dense MLP vLLM built, or a one-line refusal (the
+    same table the planner reads: :func:`..cpu_kernels.capability.refusal`)."""
+    act_fn = getattr(mlp, "act_fn", None)
+    name = type(act_fn).__name__
+    name = MLP_ACTIVATIONS.get((name, getattr(act_fn, "approximate", None)), name)
+    bias = any(getattr(getattr(mlp, part, None), "bias", None) is not None for part in MLP_PARTS)
+    layer = capability.HostLayer(capability.MLP, name, bias=bias)
+    why = capability.refusal(layer)
+    if why is not None:
+        raise PlanError(f"{group}: the CPU kernels do not compute this MLP: {why}; plan it on the device")
+    return capability.kernel_activation(layer)
+
+
 def mlp_weights(group: str, mlp: nn.Module, fmt: str) -> ExpertWeights:
     """The MLP as one expert: W13 = gate_up_proj's [gate; up] rows, W2 = down_proj's."""
     gate_up, down = mlp.gate_up_proj, mlp.down_proj
-    for part in (gate_up, down):
-        if getattr(part, "bias", None) is not None:
-            raise PlanError(f"{group}: {type(part).__name__} has a bias, which the host MLP does not add; plan this "
-                            "MLP on the device")
 
     def scale(part: nn.Module) -> torch.Tensor | None:
         t = getattr(part, "weight_scale_inv", None)
@@ -159,7 +172,7 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device,
     planned = plan.group_of(group)
     channels = planned.device_channels if planned is not None else 0
     weights, share = split_mlp(group, mlp_weights(group, mlp, fmt), channels, device)
-    experts = HostExperts(group, weights, Activation("silu"), crossover_tokens=setting.crossover_tokens,
+    experts = HostExperts(group, weights, mlp_activation(group, mlp), crossover_tokens=setting.crossover_tokens,
                           threads=threads_of(setting, device), device=device, device_share=share, share_channels=True,
                           buffers=buffers, experts_per_token=1)
     if fmt == "int4" and not isinstance(getattr(mlp.gate_up_proj, "weight_packed", None), torch.Tensor):

@@ -1,7 +1,7 @@
 """The host-compute kernel's activations are vLLM's: its reference (which the kernel is
 tested against) gives what vLLM's own native activations give on the same up-projection
-output, for the layouts each model family uses (silu: gate then up; gpt-oss's swigluoai:
-gate and up interleaved, clamped at the limit)."""
+output, for the layouts each model family uses (silu and Gemma's gelu_tanh: gate then up;
+gpt-oss's swigluoai: gate and up interleaved, clamped at the limit)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,17 @@ def test_silu_is_vllms_silu_and_mul():
     torch.testing.assert_close(reference.activate(h, ck.Activation("silu")), want, rtol=1e-6, atol=1e-6)
 
 
+def test_gelu_tanh_is_vllms_gelu_and_mul_with_the_tanh_approximation():
+    """Gemma's ``gelu_pytorch_tanh`` (dense MLPs) and ``MoEActivation.GELU_TANH`` (Gemma 4's
+    experts); the erf GELU differs by more than the tolerance, so the test tells them apart."""
+    h = torch.randn(5, 2 * 24) * 4
+    want = activation.GeluAndMul.forward_native(types.SimpleNamespace(approximate="tanh"), h)
+    got = reference.activate(h, ck.Activation("gelu_tanh"))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    erf = activation.GeluAndMul.forward_native(types.SimpleNamespace(approximate="none"), h)
+    assert (got - erf).abs().max() > 1e-4
+
+
 @pytest.mark.parametrize("alpha, limit", [(1.702, 7.0), (1.0, 3.0)])
 def test_swigluoai_is_vllms_swigluoai_and_mul(alpha, limit):
     h = torch.randn(5, 2 * 24) * 10  # many values past the limit
@@ -34,7 +45,7 @@ def test_swigluoai_is_vllms_swigluoai_and_mul(alpha, limit):
     assert (h.abs() > limit).any()
 
 
-@pytest.mark.parametrize("kind", ["silu", "swigluoai"])
+@pytest.mark.parametrize("kind", ["silu", "swigluoai", "gelu_tanh"])
 def test_the_kernel_computes_w2_of_vllms_activation(kind):
     """One bf16 expert, one token: the compiled kernel gives w2 @ vLLM's act(w13 @ x)."""
     g = torch.Generator().manual_seed(0)
@@ -45,6 +56,8 @@ def test_the_kernel_computes_w2_of_vllms_activation(kind):
     h = x.float() @ w.w13[1].float().T
     if kind == "silu":
         act = activation.SiluAndMul.forward_native(h)
+    elif kind == "gelu_tanh":
+        act = activation.GeluAndMul.forward_native(types.SimpleNamespace(approximate="tanh"), h)
     else:
         act = activation.SwigluOAIAndMul.forward_native(types.SimpleNamespace(alpha=1.702, limit=7.0), h)
     want = act @ w.w2[1].float().T

@@ -11,8 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from test_serving import served
-from vllm.config import CompilationConfig, ParallelConfig
+from vllm.config import CompilationConfig, ParallelConfig, VllmConfig, set_current_vllm_config
 from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from helpers import (
@@ -28,7 +30,7 @@ from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.planner.serving import vllm_default_graph_tokens
-from selective_offload.vllm_glue import graphs, host_compute
+from selective_offload.vllm_glue import graphs, host_compute, host_mlp
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +83,42 @@ def test_a_dense_plan_capped_the_same_says_it_computes_dense_mlps(tmp_path):
                                              torch.device("cuda", 0))
 
 
-def test_an_activation_the_kernels_do_not_compute_is_refused():
-    module = SimpleNamespace(activation=SimpleNamespace(value="gelu"))
-    with pytest.raises(PlanError, match="do not compute the gelu activation"):
-        host_compute.activation_of("model.layers.0.mlp.experts", module)
-    assert host_compute.activation_of("g", SimpleNamespace(activation=SimpleNamespace(value="silu"))).kind == "silu"
-    oai = host_compute.activation_of("g", SimpleNamespace(activation=SimpleNamespace(value="swigluoai"),
-                                                          moe_config=SimpleNamespace(swiglu_alpha=1.5, swiglu_limit=6.0)))
+def experts_layer(act: str, **extra):
+    """What the glue reads of vLLM's ``RoutedExperts`` (a stand-in: building one needs a
+    vLLM config and a TP group; its attributes are 0.33's, checked by tests/contract)."""
+    return SimpleNamespace(activation=MoEActivation(act), top_k=extra.pop("top_k", 2), **extra)
+
+
+def test_what_the_kernels_do_not_compute_is_refused_in_one_line():
+    """The worker's check, the table the planner reads (cpu_kernels.capability): vLLM's
+    activations, a clamped silu, the router weight on the input past top-1; and for dense
+    MLPs vLLM's own act-and-mul modules."""
+    refused = {"gelu": "its activation is gelu (GELU with erf", "relu2_no_mul": "relu2, ungated",
+               "swiglustep": "SwiGLU-step"}
+    for act, said in refused.items():
+        with pytest.raises(PlanError, match=re.escape(said)) as err:
+            host_compute.activation_of("model.layers.0.mlp.experts", experts_layer(act))
+        assert str(err.value).startswith("model.layers.0.mlp.experts: the CPU kernels do not compute")
+        assert str(err.value).endswith("plan them served uva or on the device") and "\n" not in str(err.value)
+    with pytest.raises(PlanError, match="clamps its silu gate and up at 7"):
+        host_compute.activation_of("g", experts_layer("silu", swiglu_limit=7.0))
+    with pytest.raises(PlanError, match="router weight to the input.*routes 2 experts per token"):
+        host_compute.activation_of("g", experts_layer("silu", apply_router_weight_on_input=True))
+    llama4 = experts_layer("silu", apply_router_weight_on_input=True, top_k=1)
+    assert host_compute.activation_of("g", llama4).kind == "silu"
+    assert host_compute.activation_of("g", experts_layer("gelu_tanh")).kind == "gelu_tanh"
+    oai = host_compute.activation_of("g", experts_layer("swigluoai",
+                                                       moe_config=SimpleNamespace(swiglu_alpha=1.5, swiglu_limit=6.0)))
     assert (oai.kind, oai.alpha, oai.limit) == ("swigluoai", 1.5, 6.0)
+    with set_current_vllm_config(VllmConfig()):  # vLLM's custom ops are made under a config
+        tanh, erf, silu = GeluAndMul(approximate="tanh"), GeluAndMul(), SiluAndMul()
+    mlp = SimpleNamespace(act_fn=tanh, gate_up_proj=SimpleNamespace(bias=None))
+    assert host_mlp.mlp_activation("m", mlp).kind == "gelu_tanh"
+    assert host_mlp.mlp_activation("m", SimpleNamespace(act_fn=silu)).kind == "silu"
+    with pytest.raises(PlanError, match="do not compute this MLP: its activation is gelu .*plan it on the device"):
+        host_mlp.mlp_activation("m", SimpleNamespace(act_fn=erf))
+    with pytest.raises(PlanError, match="projections have biases"):
+        host_mlp.mlp_activation("m", SimpleNamespace(act_fn=silu, down_proj=SimpleNamespace(bias=torch.ones(2))))
 
 
 def test_the_serve_command_a_host_compute_plan_prints_caps_graphs_where_the_worker_accepts_them(plan, tmp_path):

@@ -10,16 +10,22 @@ pick is checked against vLLM's own oracles in tests/contract/test_kernel_table.p
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import transformers
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
-from helpers import write_config
+from helpers import _TINY as TINY
+from helpers import TINY_HOST_COMPUTE, TINY_MOE_FAMILIES, copy_room, workspace_room, write_config
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, kernels, make_plan
 from selective_offload.sizes import GiB
-from selective_offload.vllm_glue import auto_plan, experts
+from selective_offload.vllm_glue import auto_plan, experts, host_compute, host_mlp
 
 MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": [
     "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
@@ -222,3 +228,111 @@ def test_auto_on_the_cpu_build_makes_room_for_the_experts_vllm_pads(tmp_path):
     assert padded and all(g.bytes == E * (3 * 3072 * 2944 * 17 // 32 + (2 * 2944 + 3072) * 2) for g in padded)
     assert plan.model.total_bytes > load_checkpoint(tmp_path).total_bytes
     assert plan.strategy == "resident" and not plan.deficit_bytes
+
+
+# ---- host-compute: every family x card, no computed group the worker's activation check refuses
+
+#: Families as tiny config-only checkpoints (transformers' own config classes): the MoE ones the
+#: engine tests build, and the ones issue #61 names, wide enough that the cold set does not close
+#: the budget; ``gemma3-erf`` and ``mixtral-clamped`` are the refused cases (erf GELU MLPs; silu
+#: experts clamped at a swiglu_limit, as vLLM 0.33 builds EXAONE-MoE's from that key).
+HOST_FAMILIES = {
+    **{name: (config, arch, {**extra, "intermediate_size": 512}) for name, (config, arch, extra) in
+       TINY_MOE_FAMILIES.items()},
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", dict(intermediate_size=512, intermediate_size_mlp=512,
+                                                              num_local_experts=8, num_experts_per_tok=1)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(intermediate_size=1024)),
+    "gemma3-erf": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(intermediate_size=1024, hidden_activation="gelu")),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(intermediate_size=256, num_experts=8, top_k_experts=2,
+                                                              moe_intermediate_size=512, enable_moe_block=True)),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        intermediate_size=1024, moe_intermediate_size=512, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=1, topk_group=1, kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=16,
+        qk_nope_head_dim=16, v_head_dim=32)),
+    "glm4_5": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(
+        intermediate_size=1024, moe_intermediate_size=512, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+        first_k_dense_replace=1, n_group=1, topk_group=1, num_nextn_predict_layers=1)),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(intermediate_size=512, num_local_experts=8,
+                                                                      num_experts_per_tok=2)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(intermediate_size=1024)),
+    "mixtral-clamped": ("MixtralConfig", "MixtralForCausalLM", dict(intermediate_size=512, num_local_experts=8,
+                                                                     num_experts_per_tok=2, swiglu_limits=[7.0, 7.0])),
+}
+#: What vLLM 0.33 builds, read from its model code (not from cpu_kernels.capability): the routed
+#: experts' MoEActivation and router weight on the input (gpt_oss.py:400; gemma4.py:655;
+#: llama4.py:139, top-1; exaone_moe.py:138 and its swiglu_limit; FusedMoE's default, silu), and
+#: the dense MLPs' act-and-mul (get_act_and_mul_fn of the config's hidden_activation / hidden_act).
+EXPERTS_BUILT = {"gpt_oss": dict(activation="swigluoai"), "gemma4": dict(activation="gelu_tanh"),
+                 "llama4": dict(activation="silu", apply_router_weight_on_input=True),
+                 "mixtral-clamped": dict(activation="silu", swiglu_limit=7.0)}
+MLP_BUILT = {"gemma3": ("GeluAndMul", "tanh"), "gemma3-erf": ("GeluAndMul", "none"), "gemma4": ("GeluAndMul", "tanh")}
+#: Families whose plans compute no layer on the host at these sizes, and why: the refused ones,
+#: and those the planner keeps on the device for reasons of its own (issue #61's other parts).
+NOT_COMPUTED = {"gemma3-erf": "do not compute these dense MLPs: its activation is gelu (GELU with erf",
+                "mixtral-clamped": "do not compute these routed experts: vLLM clamps its silu gate and up at 7",
+                "gemma4": None, "deepseek_v3": None, "glm4_5": None}
+
+
+@pytest.fixture(scope="module", params=list(HOST_FAMILIES))
+def host_family(request, tmp_path_factory):
+    config_cls, arch, extra = HOST_FAMILIES[request.param]
+    config = getattr(transformers, config_cls)(**{**TINY, **extra})
+    path = write_config(tmp_path_factory.mktemp(request.param), config, arch)
+    return request.param, load_checkpoint(path)
+
+
+def built_layer(family: str, group, checkpoint):
+    """The layer vLLM builds for ``group``, as the worker's check reads it: a stand-in holding
+    vLLM's own activation objects (a RoutedExperts needs a TP group; attributes as 0.33's)."""
+    if group.kind == "experts":
+        built = {"activation": "silu", **EXPERTS_BUILT.get(family, {})}
+        return SimpleNamespace(**{**built, "activation": MoEActivation(built["activation"])},
+                               top_k=checkpoint.facts.experts_per_token)
+    name, approximate = MLP_BUILT.get(family, ("SiluAndMul", None))
+    with set_current_vllm_config(VllmConfig()):
+        act_fn = GeluAndMul(approximate=approximate) if name == "GeluAndMul" else SiluAndMul()
+    return SimpleNamespace(act_fn=act_fn, gate_up_proj=SimpleNamespace(bias=None), down_proj=SimpleNamespace(bias=None))
+
+
+def test_no_family_is_planned_compute_where_the_worker_refuses_it(host_family):
+    """Each family on each card of the kernel table: every group the plan serves ``compute``
+    passes the worker's own check (host_compute.activation_of, host_mlp.mlp_activation) on the
+    layer vLLM builds for it; a family the kernels do not compute is planned without it, and
+    the plan says why."""
+    family, checkpoint = host_family
+    computed = set()
+    for card in kernels.CARDS:
+        room = copy_room(checkpoint) + workspace_room(checkpoint, compute_capability=card)
+        plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=int(checkpoint.total_bytes * 0.5) + room,
+                                                kv_cache_bytes=0, reserve_bytes=0, compute_capability=card,
+                                                **TINY_HOST_COMPUTE))
+        for g in (g for g in plan.groups if g.serving == "compute" and g.kind in ("experts", "mlp")):
+            layer = built_layer(family, g, checkpoint)
+            check = host_compute.activation_of if g.kind == "experts" else host_mlp.mlp_activation
+            check(g.group, layer)
+            computed.add(g.kind)
+        if NOT_COMPUTED.get(family):
+            assert any(NOT_COMPUTED[family] in n for n in plan.notes), plan.notes
+    assert bool(computed) == (family not in NOT_COMPUTED), (family, computed)
+    refused = [g for g in ("model.layers.0.mlp",) if family == "gemma3-erf"]
+    for group in refused:  # not vacuous: the worker refuses what the plan left out
+        with pytest.raises(PlanError, match="its activation is gelu"):
+            host_mlp.mlp_activation(group, built_layer(family, SimpleNamespace(kind="mlp"), checkpoint))
+
+
+def test_the_table_reads_the_language_models_config_of_a_multimodal_checkpoint():
+    """Llama-4 Scout's and Gemma 4's configs keep the language model under ``text_config``
+    (its model_type, top-k and activation): the table reads it there, as vLLM does."""
+    from selective_offload.cpu_kernels import capability
+
+    scout = {"model_type": "llama4", "text_config": {"model_type": "llama4_text", "hidden_act": "silu"}}
+    layer = capability.experts_of_config(scout, 1)
+    assert layer.router_weight_on_input and capability.refusal(layer) is None
+    assert "routes 2 experts per token" in capability.refusal(capability.experts_of_config(scout, 2))
+    gemma4 = {"model_type": "gemma4", "hidden_act": "silu",
+              "text_config": {"model_type": "gemma4_text", "hidden_activation": "gelu_pytorch_tanh"}}
+    assert capability.kernel_activation(capability.experts_of_config(gemma4, 8)).kind == "gelu_tanh"
+    assert capability.kernel_activation(capability.mlp_of_config(gemma4)).kind == "gelu_tanh"
+    assert "relu2, ungated" in capability.refusal(capability.experts_of_config({"model_type": "nemotron_h"}, 6))
+    exaone = capability.experts_of_config({"model_type": "exaone_moe", "swiglu_limits": [0.0, 7.0, 0.0]}, 8)
+    assert exaone.clamp_limit == 7.0 and "clamps its silu gate" in capability.refusal(exaone)
