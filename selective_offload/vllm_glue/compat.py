@@ -38,7 +38,8 @@ class Targets:
     MPClient: type            # vllm.v1.engine.core_client.MPClient: starts engine processes
     pin_memory_available: Any  # vllm.utils.platform_utils.is_pin_memory_available
     RoutedExperts: type       # vllm.model_executor.layers.fused_moe.routed_experts: a MoE layer's routed experts
-    Worker: type              # vllm.v1.worker.gpu_worker.Worker: sample_tokens, each step's host synchronisation
+    Worker: type              # vllm.v1.worker.gpu_worker.Worker: sample_tokens (each step's host synchronisation),
+                              # compile_or_warm_up_model (the end of start-up)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -95,7 +96,8 @@ def resolve_targets() -> Targets:
                             (targets.BaseModelLoader, "load_model"),
                             (offloader_base, "get_offloader"),
                             (offloader_base, "set_offloader"),
-                            (gpu_worker.Worker, "sample_tokens")):
+                            (gpu_worker.Worker, "sample_tokens"),
+                            (gpu_worker.Worker, "compile_or_warm_up_model")):
             if not callable(getattr(owner, attr, None)):
                 raise AttributeError(f"{getattr(owner, '__name__', owner)}.{attr}")
     except (ImportError, AttributeError) as exc:

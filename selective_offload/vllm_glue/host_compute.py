@@ -380,6 +380,45 @@ def live_counters(experts: HostExperts):
     return lambda: {"host_compute": {**counts.as_dict(), "device_share_picks": int(picks.item())}, **fixed}
 
 
+# ------------------------------------------------- the end of start-up: failures, then counts
+
+#: Where the report's host-compute counts start once the engine has started.
+SERVED_SINCE = "the end of vLLM's start-up (its profile run and warm-up steps not counted)"
+
+
+def make_start_check(get_session: Any):
+    """``Worker.compile_or_warm_up_model`` (``vllm.v1.worker.gpu_worker``, and every worker
+    class that overrides it: the CPU build's ``CPUWorker``), wrapped. It is the last call
+    vLLM's engine core makes of its workers before serving (``EngineCore``'s
+    ``_initialize_kv_caches``: after the profile run of ``determine_available_memory``, and
+    itself the compile warm-ups, CUDA graph capture and the sampler's warm-up): once it
+    returns, and the device work it queued has run (a warm-up's host functions), a
+    host-compute job that failed meanwhile raises here, in one line
+    (:func:`cpu_kernels.raise_if_failed`), so the engine does not start, and every
+    host-compute layer's counts start again (:data:`SERVED_SINCE`), so that the report's
+    steps are served steps."""
+
+    def wrap(original):
+        def compile_or_warm_up_model(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            cpu_kernels.raise_if_failed(at_start=True)
+            session = get_session()
+            for attached in (session.attached.values() if session is not None else ()):
+                reset = getattr(attached.wrapper(), "reset_counts", None)
+                if callable(reset):
+                    reset(SERVED_SINCE)
+            return result
+
+        compile_or_warm_up_model.__wrapped__ = original
+        compile_or_warm_up_model.__name__ = getattr(original, "__name__", "compile_or_warm_up_model")
+        compile_or_warm_up_model.__doc__ = getattr(original, "__doc__", None)
+        return compile_or_warm_up_model
+
+    return wrap
+
+
 # ------------------------------------------------------------ failed jobs, at each step's sync
 
 def check_at_step_sync(original: Any) -> Any:
@@ -406,7 +445,8 @@ def check_at_step_sync(original: Any) -> Any:
     all-reduce while that rank's own count stays clean: there the check runs as
     ``sample_tokens`` returns, in every mode (:func:`end_if_failed`), and ends the worker.
 
-    A job run while vLLM profiles or warms up (outside any step) is raised at the next step."""
+    A job that failed while vLLM profiled or warmed up (outside any step) is raised at the
+    end of start-up (:func:`make_start_check`)."""
 
     def sample_tokens(self, *args, **kwargs):
         output = original(self, *args, **kwargs)

@@ -813,6 +813,36 @@ def _step_host_sync() -> None:
         expect("get_output()" in inspect.getsource(module), f"{module.__name__} no longer calls get_output()")
 
 
+@check("start_up_end")
+def _start_up_end() -> None:
+    # Source: where the glue raises on a host-compute job that failed before serving and
+    # starts the counts again (vllm_glue.host_compute.make_start_check wraps
+    # compile_or_warm_up_model of Worker and of every worker class that overrides it). The
+    # engine core calls it last of its executor's methods at start, after the profile run
+    # (determine_available_memory) and the KV caches; the executor runs it on every worker;
+    # the GPU worker's compile warm-ups, graph capture and sampler warm-up run inside it;
+    # the CPU worker is a Worker (its override is hooked when its module is imported).
+    from vllm.v1.engine import core
+    from vllm.v1.executor import abstract
+    from vllm.v1.worker import cpu_worker, gpu_worker
+
+    body = source(core.EngineCore._initialize_kv_caches)
+    at = {name: body.find(f"self.model_executor.{name}(")
+          for name in ("determine_available_memory", "initialize_from_config", "compile_or_warm_up_model")}
+    expect(min(at.values()) >= 0, f"EngineCore._initialize_kv_caches no longer calls {[n for n, i in at.items() if i < 0]}")
+    expect(body.rfind("self.model_executor.") == at["compile_or_warm_up_model"]
+           and at["compile_or_warm_up_model"] > max(at["determine_available_memory"], at["initialize_from_config"]),
+           "EngineCore._initialize_kv_caches calls its executor after compile_or_warm_up_model")
+    expect('"compile_or_warm_up_model"' in source(abstract.Executor.compile_or_warm_up_model),
+           "Executor.compile_or_warm_up_model no longer runs the workers' compile_or_warm_up_model")
+    worker = gpu_worker.Worker
+    names = called_names(worker.compile_or_warm_up_model) | (
+        called_names(worker._compile_or_warm_up_model) if hasattr(worker, "_compile_or_warm_up_model") else set())
+    expect({"self.model_runner.capture_model", "self.model_runner._dummy_run"} <= names,
+           "Worker.compile_or_warm_up_model no longer captures the graphs and warms the sampler up itself")
+    expect(issubclass(cpu_worker.CPUWorker, worker), "CPUWorker is no longer a Worker")
+
+
 @check("output_rank")
 def _output_rank() -> None:
     # Source: whose step output vLLM reads (vllm_glue.host_compute.is_output_rank, which ends
