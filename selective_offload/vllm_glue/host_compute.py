@@ -312,19 +312,21 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
 
 def reload_on_host(module: nn.Module) -> None:
     """vLLM's layer-by-layer reload (``reload_weights``; ``model_loader/reload``) rebuilds
-    each layer on the device recorded when the model was built (``restore_device``, the
-    default device: CUDA), loads the new weights into it, post-processes it and copies the
-    values into the tensors kept. For a layer served ``compute`` that would put its whole
-    as-loaded experts on the device, which the plan does not count; it is rebuilt in host
-    memory instead (its quant method, :class:`HostComputeMethod`, post-processes on the
-    host). Nothing to do where vLLM recorded no metadata for the layer."""
+    each layer (each module holding parameters) on the device recorded when the model was
+    built (``restore_device``, the default device: CUDA), loads the new weights into it,
+    post-processes it and copies the values into the tensors kept. For a module served
+    ``compute`` (routed experts, a dense MLP's projections, the split LM head) that would
+    put it whole on the device, which the plan does not count; ``module`` and everything
+    in it are rebuilt in host memory instead (their quant methods, the glue's, keep the
+    weights as loaded). Nothing to do where vLLM recorded no metadata."""
     try:
         from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
     except ImportError:
         return
-    info = LAYERWISE_INFO.get(module)
-    if info is not None:
-        info.restore_device = torch.device("cpu")
+    for part in module.modules():
+        info = LAYERWISE_INFO.get(part)
+        if info is not None:
+            info.restore_device = torch.device("cpu")
 
 
 def experts_per_token(group: str, module: nn.Module, planned: Any) -> int:

@@ -875,6 +875,16 @@ def _reload_restore_device() -> None:
            "materialize_layer no longer builds the layer under its recorded restore_device")
     expect("materialize_layer" in called_names(layerwise._layerwise_process),
            "_layerwise_process no longer materialises the layer it reloads")
+    # ... and post-processes it through a QuantizeMethodBase only (the split head's method
+    # is registered as one: vllm_glue.host_head.install_head), before it copies the values
+    # into the tensors kept (the head's device rows are refilled from the rebuilt layer)
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    process = source(layerwise._layerwise_process)
+    expect("isinstance(quant_method, QuantizeMethodBase)" in process and callable(QuantizeMethodBase.register),
+           "_layerwise_process no longer post-processes a layer whose method is a (registered) QuantizeMethodBase")
+    expect(0 <= process.find("process_weights_after_loading(layer)") < process.find("_copy_and_restore_kernel_tensors("),
+           "_layerwise_process no longer post-processes the rebuilt layer before copying it into the kept tensors")
 
 
 @check("reload_in_place")

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from builders import make_ckpt
+from helpers import reload_like_vllm
 from selective_offload import cpu_kernels
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, make_plan
@@ -74,6 +75,28 @@ def test_the_split_head_answers_vllms_call_with_the_whole_heads_logits_and_follo
     assert f"rows {n}-{ROWS - 1} on the host CPU" in said and f"rows 0-{n - 1} on cpu beside it" in said
     live = host_head.live_counters(rows)()
     assert live["device_share"]["what"] == f"rows 0-{n - 1}" and live["host_compute"]["host_steps"] == 2
+
+
+def test_vllms_reload_rebuilds_the_split_head_in_host_memory_and_its_device_rows_follow():
+    """vLLM's layer-by-layer reload rebuilds each layer on the device it recorded at
+    construction (CUDA on a GPU; meta stands in for it here): the split head is rebuilt in
+    host memory instead, so the whole head never lands on the device. vLLM post-processes
+    the rebuilt layer before it copies the new values into the host weight, and the
+    device's rows are refilled from the rebuilt layer, so both halves read the new head."""
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info, record_metadata_for_reloading
+
+    model = nn.Module()
+    model.lm_head = head()
+    with torch.device("meta"):
+        record_metadata_for_reloading(model)
+    host_weight = model.lm_head.weight.data
+    host_head.install_head("lm_head", model.lm_head, split_plan(), torch.device("cpu"))
+    assert get_layerwise_info(model.lm_head).restore_device == torch.device("cpu")
+    new = torch.randn(ROWS, HIDDEN)
+    reload_like_vllm(model, {"lm_head.weight": new})
+    x = torch.randn(2, HIDDEN)
+    torch.testing.assert_close(model.lm_head.quant_method.apply(model.lm_head, x), x @ new.T)
+    assert model.lm_head.weight.data_ptr() == host_weight.data_ptr()  # the page-locked host weight, refilled
 
 
 def test_a_head_the_split_cannot_serve_is_refused_in_one_line():
