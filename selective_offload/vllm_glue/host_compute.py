@@ -132,6 +132,32 @@ def threads_of(setting: Any, device: torch.device = torch.device("cpu")) -> int 
     return max(1, per_rank - 1 if torch.device(device).type == "cuda" else per_rank)
 
 
+def thread_facts(threads: int | None, setting: Any) -> dict[str, int]:
+    """What this rank's host-compute jobs run with, beside what the plan priced: ``threads``
+    (a job's count: :func:`threads_of`'s, torch's where that is ``None``),
+    ``planned_threads`` (the plan's per rank: ``--cpu-threads`` / ``--ranks``, or
+    unstated one node's physical cores split between the ranks, as its estimate divides
+    the host's rates) and ``pool_cores`` (the cores this rank's kernel pool is pinned to: a
+    rank vLLM binds to a node of its own keeps that node whole; 0: not pinned, or no C
+    kernel loaded)."""
+    from ..probe.host_compute import physical_cores_of_one_node
+
+    planned = setting.threads if setting.threads is not None else max(
+        1, physical_cores_of_one_node() // max(1, setting.ranks))
+    lib = cpu_kernels.kernel._LIB  # never built for this: a float32 model runs no C job
+    return {"threads": int(threads) if threads else torch.get_num_threads(), "planned_threads": int(planned),
+            "pool_cores": len(cpu_kernels.kernel.pool_cpus(lib)) if lib is not None else 0}
+
+
+def threads_words(facts: dict[str, int]) -> str:
+    """:func:`thread_facts` in words, saying when the threads differ from the plan's."""
+    words = f"{facts['threads']} threads" + (f" on {facts['pool_cores']} pinned cores" if facts["pool_cores"] else "")
+    if facts["threads"] != facts["planned_threads"]:
+        words += (f" (the plan priced {facts['planned_threads']} per rank; this rank runs what vLLM's binding "
+                  f"and the engine thread leave it)")
+    return words
+
+
 #: :func:`rank_affinities` once gathered (a process's ranks and bindings do not change).
 _AFFINITIES: list[tuple[int, tuple[frozenset[int], ...]]] = []
 
@@ -305,6 +331,7 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
                           buffers=buffers, experts_per_token=experts_per_token(group, module, planned),
                           device_share=held_share(weights, on_device, device, native=share_native(fmt, True))
                           if on_device else None)
+    experts.thread_facts = thread_facts(experts.threads, setting)
     module._replace_quant_method(method_class()(method, experts, shared))
     reload_on_host(module)
     return experts
@@ -355,9 +382,10 @@ def refill_share(experts: HostExperts, source: ExpertWeights | None = None) -> N
 
 
 def mechanism(experts: HostExperts) -> str:
-    threads = experts.threads or "all"
+    facts = getattr(experts, "thread_facts", None)
+    threads = threads_words(facts) if facts else f"{experts.threads or 'all'} threads"
     share = experts.share
-    return (f"{MECHANISM}: kernel {experts.weights.fmt}, {threads} threads; steps of more than "
+    return (f"{MECHANISM}: kernel {experts.weights.fmt}, {threads}; steps of more than "
             f"{experts.crossover_tokens} tokens copy the experts they use to the device"
             + ("" if share is None else f"; {_share_words(experts)} also on {share.w13.device} "
                f"({share.nbytes} bytes), computed there beside the CPU"))
@@ -373,7 +401,7 @@ def live_counters(experts: HostExperts):
     """What the report shows of ``experts``, read when asked; holds the counts, never the
     weights (the model belongs to vLLM and is released with it)."""
     counts, fixed = experts.counts, {"crossover_tokens": experts.crossover_tokens, "kernel": experts.weights.fmt,
-                                     "threads": experts.threads}
+                                     "threads": experts.threads, **getattr(experts, "thread_facts", {})}
     share = experts.share
     if share is None:
         return lambda: {"host_compute": counts.as_dict(), **fixed}

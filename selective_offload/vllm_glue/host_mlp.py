@@ -15,7 +15,7 @@ from ..errors import PlanError
 from ..plan_format import Plan
 from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.host_compute import HostExperts
-from .host_compute import refuse_unserved, reload_on_host, threads_of
+from .host_compute import refuse_unserved, reload_on_host, thread_facts, threads_of
 from .int4_layouts import AWQ_METHODS, CT_INT4, mlp_rows, refuse_unread_int4
 
 #: A dense MLP's fused projections as vLLM builds them (Qwen2/Qwen3/Llama/Mistral MLPs:
@@ -186,5 +186,6 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device,
 
     mlp.forward = forward
     mlp._selective_offload_host_mlp = experts  # the model holds the host experts, as it holds the MLP
+    experts.thread_facts = thread_facts(experts.threads, setting)
     reload_on_host(mlp)
     return experts

@@ -139,3 +139,26 @@ def test_an_unstated_thread_count_splits_the_node_only_between_the_ranks_bound_t
                              ((frozenset(range(12)), frozenset(range(12))), 5)):
         monkeypatch.setattr(host_compute, "rank_affinities", lambda affinities=affinities: (1, affinities))
         assert host_compute.threads_of(setting, torch.device("cuda")) == want
+
+
+def test_the_report_says_the_threads_a_rank_runs_beside_the_plans(monkeypatch):
+    """Two ranks vLLM's ``--numa-bind`` put on nodes of their own: the plan priced one node's
+    12 cores split between them (6 each), and each rank runs 11 on CUDA (its node's cores,
+    less the engine thread's). The mechanism the report shows says both; where they agree
+    it says one."""
+    monkeypatch.setattr(probe, "physical_cores_of_one_node", lambda: 12)
+    monkeypatch.setattr(cpu_kernels.kernel, "default_pool_cpus", lambda library_=None: list(range(12)))
+    monkeypatch.setattr(cpu_kernels.kernel, "set_pool_cpus", lambda cpus, library_=None: None)
+    monkeypatch.setattr(host_compute, "rank_affinities", lambda: (1, (frozenset(range(12)), frozenset(range(12, 24)))))
+    setting = replace(split_plan().host_compute, threads=None, ranks=2)
+    facts = host_compute.thread_facts(host_compute.threads_of(setting, torch.device("cuda")), setting)
+    assert (facts["threads"], facts["planned_threads"]) == (11, 6)
+    words = host_compute.threads_words(facts)
+    assert words.startswith("11 threads") and "the plan priced 6 per rank" in words
+    stated = replace(setting, threads=4)
+    assert "plan priced" not in host_compute.threads_words(host_compute.thread_facts(4, stated))
+    plan = split_plan()  # one thread, one rank: what an installed head runs and reports
+    rows = host_head.install_head("lm_head", head(), plan, torch.device("cpu"))
+    live = host_head.live_counters(rows)()
+    assert (live["threads"], live["planned_threads"]) == (1, plan.host_compute.threads) == (1, 1)
+    assert "(1 threads" in host_head.mechanism(rows)
