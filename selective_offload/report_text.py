@@ -25,9 +25,11 @@ HOST_LINES = (("gather and on-demand", "cold_on_host"), ("prefetch", "prefetch")
 
 
 def _host_compute_lines(r: Any) -> list[str]:
-    """What each host-compute layer served, as of ``transfers_as_of``: steps and tokens on
-    the host CPU (and its time per step) and on the device path, and the expert bytes the
-    CPU read."""
+    """What each host-compute layer served, as of ``transfers_as_of`` and counted from where
+    the counters say (``counted_since``: the end of vLLM's start-up in an engine): steps and
+    token rows on the host CPU (a replayed CUDA graph's padding included: its jobs count the
+    rows it was captured for) and its time per step, steps and tokens on the device path,
+    and the expert bytes the CPU read."""
     lines = []
     for group, counters in r.transfers.items():
         served = counters.get("host_compute") if isinstance(counters, dict) else None
@@ -38,8 +40,11 @@ def _host_compute_lines(r: Any) -> list[str]:
         def steps(n: Any) -> str:
             return f"{n} step{'' if n == 1 else 's'}"
 
-        lines.append(f"compute {group} (as of {r.transfers_as_of}): host CPU {steps(served.get('host_steps', 0))}, "
-                     f"{served.get('host_tokens', 0)} tokens"
+        since = served.get("counted_since")
+        lines.append(f"compute {group} (as of {r.transfers_as_of}"
+                     + (f", counted from {since}" if since else "")
+                     + f"): host CPU {steps(served.get('host_steps', 0))}, "
+                     f"{served.get('host_tokens', 0)} token rows (padding included)"
                      + (f", {per_step * 1e3:.3f} ms per step" if isinstance(per_step, (int, float)) else "")
                      + f", {fmt_bytes(int(served.get('host_bytes', 0) or 0))} of {counters.get('read', 'experts')} "
                      f"read; device path "

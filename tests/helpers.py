@@ -870,3 +870,23 @@ def _add_mtp_layers(directory: Path, config, seed: int) -> None:
                         p + "shared_head.norm.weight": torch.ones(h, dtype=torch.bfloat16),
                         p + "shared_head.head.weight": rand(vocab, h)})
     save_file(tensors, str(shard), metadata={"format": "pt"})
+
+
+def reload_like_vllm(model, weights: dict) -> None:
+    """vLLM's layer-by-layer reload of checkpoint-format weights, by its own functions
+    (what ``reload_weights`` runs): every layer set up for reloading, each weight through
+    its parameter's own loader (the model's ``load_weights`` here), then finalised. The
+    model must have been recorded for reloading (``record_metadata_for_reloading``), as
+    vLLM's ``initialize_model`` does."""
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+    )
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    initialize_layerwise_reload(model)
+    params = dict(model.named_parameters())
+    for name, tensor in weights.items():
+        param = params[name]
+        getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+    finalize_layerwise_reload(model, None)

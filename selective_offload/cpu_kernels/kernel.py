@@ -48,7 +48,7 @@ class JobFailed(RuntimeError):
     """A host-compute job failed; its output was filled with NaN, never left stale."""
 
 
-def raise_if_failed(where: str | None = None) -> None:
+def raise_if_failed(where: str | None = None, *, at_start: bool = False) -> None:
     """Raise :class:`JobFailed`, in one line naming the group and what to do, when a job has
     failed since the last call (or the last failure :meth:`MoEJob.run` raised on), however
     it was run: directly, or through its host-function entry (:meth:`MoEJob.launch`; a CUDA
@@ -56,7 +56,9 @@ def raise_if_failed(where: str | None = None) -> None:
     each step's host synchronisation, after the step's device work and before its sampled
     tokens leave the worker (``vllm_glue.host_compute.check_at_step_sync``). A failed job
     filled its output with NaN, so no step reads the previous step's sums. ``where``: the
-    group to name when the failed job was made without one."""
+    group to name when the failed job was made without one. ``at_start``: the failure came
+    while vLLM profiled and warmed the model up, before any request (the line says the
+    engine does not start)."""
     global _RAISED
     if _LIB is None:  # no kernel loaded: no job ever ran
         return
@@ -65,9 +67,10 @@ def raise_if_failed(where: str | None = None) -> None:
         failed, _RAISED = count - _RAISED, count
         status = int(_LIB.so_last_failure())
         group = _GROUPS.get(int(_LIB.so_last_failed_job() or 0)) or where or "host-compute"
-        raise JobFailed(f"{group}: the host CPU's kernel failed in this step ({STATUS.get(status, f'status {status}')}"
-                        f"; {failed} job(s)), so its sums were NaN and its tokens are not returned; "
-                        f"{FIX.get(status, 'report it')}")
+        outcome = ("while vLLM profiled and warmed up the model", "the engine does not start") if at_start else (
+            "in this step", "its tokens are not returned")
+        raise JobFailed(f"{group}: the host CPU's kernel failed {outcome[0]} ({STATUS.get(status, f'status {status}')}"
+                        f"; {failed} job(s)), so its sums were NaN and {outcome[1]}; {FIX.get(status, 'report it')}")
 
 
 def _seen_failures(lib: ctypes.CDLL) -> None:

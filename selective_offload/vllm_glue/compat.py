@@ -38,9 +38,8 @@ class Targets:
     MPClient: type            # vllm.v1.engine.core_client.MPClient: starts engine processes
     pin_memory_available: Any  # vllm.utils.platform_utils.is_pin_memory_available
     RoutedExperts: type       # vllm.model_executor.layers.fused_moe.routed_experts: a MoE layer's routed experts
-    Worker: type              # vllm.v1.worker.gpu_worker.Worker: sample_tokens, each step's host synchronisation
-    #: vllm.v1.worker.cpu_worker.CPUWorker, which has its own compile_or_warm_up_model (None where it does not import)
-    CPUWorker: Any = None
+    Worker: type              # vllm.v1.worker.gpu_worker.Worker: sample_tokens (each step's host synchronisation),
+                              # compile_or_warm_up_model (the end of start-up)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -79,10 +78,6 @@ def resolve_targets() -> Targets:
         platform_utils = importlib.import_module("vllm.utils.platform_utils")
         routed_experts = importlib.import_module("vllm.model_executor.layers.fused_moe.routed_experts")
         gpu_worker = importlib.import_module("vllm.v1.worker.gpu_worker")
-        try:
-            cpu_worker = importlib.import_module("vllm.v1.worker.cpu_worker").CPUWorker
-        except (ImportError, AttributeError):
-            cpu_worker = None
         targets = Targets(
             vllm_version=version,
             base_loader=base_loader,
@@ -96,7 +91,6 @@ def resolve_targets() -> Targets:
             pin_memory_available=platform_utils.is_pin_memory_available,
             RoutedExperts=routed_experts.RoutedExperts,
             Worker=gpu_worker.Worker,
-            CPUWorker=cpu_worker,
         )
         for owner, attr in ((base_loader, "initialize_model"),
                             (targets.BaseModelLoader, "load_model"),

@@ -137,6 +137,32 @@ def threads_of(setting: Any, device: torch.device = torch.device("cpu")) -> int 
     return max(1, per_rank - 1 if torch.device(device).type == "cuda" else per_rank)
 
 
+def thread_facts(threads: int | None, setting: Any) -> dict[str, int]:
+    """What this rank's host-compute jobs run with, beside what the plan priced: ``threads``
+    (a job's count: :func:`threads_of`'s, torch's where that is ``None``),
+    ``planned_threads`` (the plan's per rank: ``--cpu-threads`` / ``--ranks``, or
+    unstated one node's physical cores split between the ranks, as its estimate divides
+    the host's rates) and ``pool_cores`` (the cores this rank's kernel pool is pinned to: a
+    rank vLLM binds to a node of its own keeps that node whole; 0: not pinned, or no C
+    kernel loaded)."""
+    from ..probe.host_compute import physical_cores_of_one_node
+
+    planned = setting.threads if setting.threads is not None else max(
+        1, physical_cores_of_one_node() // max(1, setting.ranks))
+    lib = cpu_kernels.kernel._LIB  # never built for this: a float32 model runs no C job
+    return {"threads": int(threads) if threads else torch.get_num_threads(), "planned_threads": int(planned),
+            "pool_cores": len(cpu_kernels.kernel.pool_cpus(lib)) if lib is not None else 0}
+
+
+def threads_words(facts: dict[str, int]) -> str:
+    """:func:`thread_facts` in words, saying when the threads differ from the plan's."""
+    words = f"{facts['threads']} threads" + (f" on {facts['pool_cores']} pinned cores" if facts["pool_cores"] else "")
+    if facts["threads"] != facts["planned_threads"]:
+        words += (f" (the plan priced {facts['planned_threads']} per rank; this rank runs what vLLM's binding "
+                  f"and the engine thread leave it)")
+    return words
+
+
 #: :func:`rank_affinities` once gathered (a process's ranks and bindings do not change).
 _AFFINITIES: list[tuple[int, tuple[frozenset[int], ...]]] = []
 
@@ -313,6 +339,7 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
                           buffers=buffers, experts_per_token=experts_per_token(group, module, planned),
                           device_share=held_share(weights, on_device, device, native=share_native(fmt, True),
                                                   ids=held) if on_device else None, share_ids=held or None)
+    experts.thread_facts = thread_facts(experts.threads, setting)
     module._replace_quant_method(method_class()(method, experts, shared))
     reload_on_host(module)
     return experts
@@ -320,19 +347,21 @@ def install(group: str, module: nn.Module, method: Any, plan: Plan, device: torc
 
 def reload_on_host(module: nn.Module) -> None:
     """vLLM's layer-by-layer reload (``reload_weights``; ``model_loader/reload``) rebuilds
-    each layer on the device recorded when the model was built (``restore_device``, the
-    default device: CUDA), loads the new weights into it, post-processes it and copies the
-    values into the tensors kept. For a layer served ``compute`` that would put its whole
-    as-loaded experts on the device, which the plan does not count; it is rebuilt in host
-    memory instead (its quant method, :class:`HostComputeMethod`, post-processes on the
-    host). Nothing to do where vLLM recorded no metadata for the layer."""
+    each layer (each module holding parameters) on the device recorded when the model was
+    built (``restore_device``, the default device: CUDA), loads the new weights into it,
+    post-processes it and copies the values into the tensors kept. For a module served
+    ``compute`` (routed experts, a dense MLP's projections, the split LM head) that would
+    put it whole on the device, which the plan does not count; ``module`` and everything
+    in it are rebuilt in host memory instead (their quant methods, the glue's, keep the
+    weights as loaded). Nothing to do where vLLM recorded no metadata."""
     try:
         from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
     except ImportError:
         return
-    info = LAYERWISE_INFO.get(module)
-    if info is not None:
-        info.restore_device = torch.device("cpu")
+    for part in module.modules():
+        info = LAYERWISE_INFO.get(part)
+        if info is not None:
+            info.restore_device = torch.device("cpu")
 
 
 def experts_per_token(group: str, module: nn.Module, planned: Any) -> int:
@@ -361,9 +390,10 @@ def refill_share(experts: HostExperts, source: ExpertWeights | None = None) -> N
 
 
 def mechanism(experts: HostExperts) -> str:
-    threads = experts.threads or "all"
+    facts = getattr(experts, "thread_facts", None)
+    threads = threads_words(facts) if facts else f"{experts.threads or 'all'} threads"
     share = experts.share
-    return (f"{MECHANISM}: kernel {experts.weights.fmt}, {threads} threads; steps of more than "
+    return (f"{MECHANISM}: kernel {experts.weights.fmt}, {threads}; steps of more than "
             f"{experts.crossover_tokens} tokens copy the experts they use to the device"
             + ("" if share is None else f"; {_share_words(experts)} also on {share.w13.device} "
                f"({share.nbytes} bytes), computed there beside the CPU"))
@@ -382,13 +412,52 @@ def live_counters(experts: HostExperts):
     """What the report shows of ``experts``, read when asked; holds the counts, never the
     weights (the model belongs to vLLM and is released with it)."""
     counts, fixed = experts.counts, {"crossover_tokens": experts.crossover_tokens, "kernel": experts.weights.fmt,
-                                     "threads": experts.threads}
+                                     "threads": experts.threads, **getattr(experts, "thread_facts", {})}
     share = experts.share
     if share is None:
         return lambda: {"host_compute": counts.as_dict(), **fixed}
     fixed["device_share"] = {"what": _share_words(experts), "bytes": share.nbytes, "device": str(share.w13.device)}
     picks = experts.share_picks
     return lambda: {"host_compute": {**counts.as_dict(), "device_share_picks": int(picks.item())}, **fixed}
+
+
+# ------------------------------------------------- the end of start-up: failures, then counts
+
+#: Where the report's host-compute counts start once the engine has started.
+SERVED_SINCE = "the end of vLLM's start-up (its profile run and warm-up steps not counted)"
+
+
+def make_start_check(get_session: Any):
+    """``Worker.compile_or_warm_up_model`` (``vllm.v1.worker.gpu_worker``, and every worker
+    class that overrides it: the CPU build's ``CPUWorker``), wrapped. It is the last call
+    vLLM's engine core makes of its workers before serving (``EngineCore``'s
+    ``_initialize_kv_caches``: after the profile run of ``determine_available_memory``, and
+    itself the compile warm-ups, CUDA graph capture and the sampler's warm-up): once it
+    returns, and the device work it queued has run (a warm-up's host functions), a
+    host-compute job that failed meanwhile raises here, in one line
+    (:func:`cpu_kernels.raise_if_failed`), so the engine does not start, and every
+    host-compute layer's counts start again (:data:`SERVED_SINCE`), so that the report's
+    steps are served steps."""
+
+    def wrap(original):
+        def compile_or_warm_up_model(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            cpu_kernels.raise_if_failed(at_start=True)
+            session = get_session()
+            for attached in (session.attached.values() if session is not None else ()):
+                reset = getattr(attached.wrapper(), "reset_counts", None)
+                if callable(reset):
+                    reset(SERVED_SINCE)
+            return result
+
+        compile_or_warm_up_model.__wrapped__ = original
+        compile_or_warm_up_model.__name__ = getattr(original, "__name__", "compile_or_warm_up_model")
+        compile_or_warm_up_model.__doc__ = getattr(original, "__doc__", None)
+        return compile_or_warm_up_model
+
+    return wrap
 
 
 # ------------------------------------------------------------ failed jobs, at each step's sync
@@ -417,7 +486,8 @@ def check_at_step_sync(original: Any) -> Any:
     all-reduce while that rank's own count stays clean: there the check runs as
     ``sample_tokens`` returns, in every mode (:func:`end_if_failed`), and ends the worker.
 
-    A job run while vLLM profiles or warms up (outside any step) is raised at the next step."""
+    A job that failed while vLLM profiled or warmed up (outside any step) is raised at the
+    end of start-up (:func:`make_start_check`)."""
 
     def sample_tokens(self, *args, **kwargs):
         output = original(self, *args, **kwargs)

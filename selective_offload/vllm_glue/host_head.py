@@ -28,7 +28,7 @@ from ..errors import PlanError
 from ..plan_format import GroupKind, Plan, Serving
 from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.host_rows import HostRows
-from .host_compute import threads_of
+from .host_compute import reload_on_host, thread_facts, threads_of, threads_words
 
 #: The quant methods of an unquantized head (a quant config that leaves the head alone
 #: hands out the linear one), by class name.
@@ -77,10 +77,12 @@ class HeadRowsMethod:
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """A reload: the checkpoint was copied into the host weight again (the original's
-        post-processing, taken over, keeps it as loaded); the device's rows follow it."""
+        """A reload: the checkpoint was loaded into the layer's weight (the original's
+        post-processing, taken over, keeps it as loaded); the device's rows follow it, from
+        the layer's weight as it is now: vLLM's layer-by-layer reload runs this on the
+        layer it rebuilt, before it copies the new values into the host weight."""
         self.original.process_weights_after_loading(layer)
-        self.rows.refresh()
+        self.rows.refresh(layer.weight.data)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.original, name)
@@ -102,13 +104,21 @@ def install_head(group: str, head: nn.Module, plan: Plan, device: torch.device,
     crossover = setting.head_crossover_tokens if setting.head_crossover_tokens is not None else setting.crossover_tokens
     rows = HostRows(group, weight, planned.device_channels, crossover_tokens=crossover, device=device,
                     threads=threads_of(setting, device), buffers=buffers)
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    # vLLM's layer-by-layer reload post-processes a layer only through a QuantizeMethodBase
+    QuantizeMethodBase.register(HeadRowsMethod)
     head.quant_method = HeadRowsMethod(head.quant_method, rows)
+    rows.thread_facts = thread_facts(rows.threads, setting)
+    reload_on_host(head)
     return rows
 
 
 def mechanism(rows: HostRows) -> str:
+    facts = getattr(rows, "thread_facts", None)
+    threads = threads_words(facts) if facts else f"{rows.threads or 'all'} threads"
     return (f"{MECHANISM}: rows {rows.device_rows}-{rows.device_rows + rows.host_rows - 1} on the host CPU "
-            f"({rows.threads or 'all'} threads), rows 0-{rows.device_rows - 1} on {rows.device_weight.device} beside "
+            f"({threads}), rows 0-{rows.device_rows - 1} on {rows.device_weight.device} beside "
             f"it; steps of more than {rows.crossover_tokens} tokens copy the host's rows to the device")
 
 
@@ -116,6 +126,7 @@ def live_counters(rows: HostRows):
     """What the report shows of the split head, read when asked (the counts, never the weights)."""
     counts = rows.counts
     fixed = {"crossover_tokens": rows.crossover_tokens, "kernel": "bf16 rows", "threads": rows.threads,
+             **getattr(rows, "thread_facts", {}),
              "read": "LM head rows",
              "device_share": {"what": f"rows 0-{rows.device_rows - 1}", "device": str(rows.device_weight.device),
                               "bytes": rows.device_weight.numel() * rows.device_weight.element_size()}}

@@ -15,7 +15,7 @@ from ..errors import PlanError
 from ..plan_format import Plan
 from ..wrappers.host_buffers import HostBuffers
 from ..wrappers.host_compute import HostExperts
-from .host_compute import refuse_unserved, threads_of
+from .host_compute import refuse_unserved, reload_on_host, thread_facts, threads_of
 from .int4_layouts import AWQ_METHODS, CT_INT4, mlp_rows, refuse_unread_int4
 
 #: A dense MLP's fused projections as vLLM builds them (Qwen2/Qwen3/Llama/Mistral MLPs:
@@ -142,15 +142,17 @@ def resplit_after_reload(group: str, mlp: nn.Module, experts: HostExperts, fmt: 
     """A reload copies the checkpoint's layout into the same tensors (and GPTQ's rows are
     rewritten again by :func:`relayout_after_reload`): split them again in place, the host
     part where the kernel reads it, and hold the new share in the device tensors a
-    captured graph holds."""
+    captured graph holds. vLLM's layer-by-layer reload runs this on ``down_proj`` rebuilt
+    (``gate_up_proj`` is back in its own tensors by then) and copies the split values into
+    ``down_proj``'s own tensors after it: the host experts keep reading those, at the same
+    offsets, never the rebuilt copy."""
     down = mlp.down_proj
     original = down.quant_method.process_weights_after_loading
 
     def process_weights_after_loading(layer, _original=original):
         _original(layer)
         if layer is down:  # both projections reloaded
-            host, share = split_channels(mlp_weights(group, mlp, fmt), channels)  # it fitted at install
-            experts.weights = host
+            _, share = split_channels(mlp_weights(group, mlp, fmt), channels)  # in place; it fitted at install
             held_share(share, 1, experts.share.w13.device, into=experts.share)
 
     down.quant_method.process_weights_after_loading = process_weights_after_loading
@@ -197,4 +199,6 @@ def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device,
 
     mlp.forward = forward
     mlp._selective_offload_host_mlp = experts  # the model holds the host experts, as it holds the MLP
+    experts.thread_facts = thread_facts(experts.threads, setting)
+    reload_on_host(mlp)
     return experts

@@ -10,7 +10,9 @@ hooked                                                 module
 ``base_loader.initialize_model`` (worker)               :mod:`.loading`
 ``base_loader.process_weights_after_loading``           :mod:`.loading`
 ``Worker.sample_tokens`` (each step's host sync)         :mod:`.host_compute` (failed jobs)
-``compile_or_warm_up_model`` (``Worker``, ``CPUWorker``)  :mod:`.routing` (counters zeroed)
+``compile_or_warm_up_model`` of ``Worker`` and of every  :mod:`.host_compute` (failed jobs,
+worker class that overrides it, now or later (the CPU    counts from here on), :mod:`.routing`
+build's ``CPUWorker``)                                   (counters zeroed)
 ``Worker.shutdown``                                      :mod:`.routing` (the report written)
 ``load_model`` of every loader class that overrides     :mod:`.loading` (reported as not
 it, now or later (``BaseModelLoader.__init_subclass__``)  applied)
@@ -59,40 +61,55 @@ def _hooks(targets: Targets) -> list[tuple[Any, str, Callable]]:
         (targets.base_loader, "process_weights_after_loading", loading.make_post_process(session)),
         (targets.Worker, "sample_tokens", host_compute.check_at_step_sync),
         (targets.Worker, "shutdown", routing.save_at_shutdown(session)),
+        (targets.Worker, "compile_or_warm_up_model", _after_warm_up),
     ]
-    after_warm_up = routing.zero_after_warm_up(lambda: _session.routing if _session is not None else None)
-    hooks += [(worker, "compile_or_warm_up_model", after_warm_up) for worker in (targets.Worker, targets.CPUWorker)
-              if worker is not None and "compile_or_warm_up_model" in vars(worker)]
-    hooks += [(cls, "load_model", loading.make_override_guard(session))
-              for cls in _overriding_loaders(targets.BaseModelLoader)]
-    return hooks
+    return hooks + [(cls, attr, make) for base, attr, make in _subclass_hooks(targets)
+                    for cls in _overriding(base, attr)]
 
 
-def _overriding_loaders(base: type) -> list[type]:
-    """Loader classes (at any depth below ``base``) that define their own ``load_model``."""
+def _after_warm_up(original: Callable) -> Callable:
+    """``compile_or_warm_up_model``, the end of start-up, wrapped once for both modules that
+    act there: the routing counters zeroed, then failed jobs raised and the host-compute
+    counts started again (:func:`.host_compute.make_start_check`)."""
+    zeroed = routing.zero_after_warm_up(lambda: _session.routing if _session is not None else None)(original)
+    return host_compute.make_start_check(session)(zeroed)
+
+
+def _subclass_hooks(targets: Targets) -> list[tuple[type, str, Callable]]:
+    """Methods hooked in every class below a base that overrides them, now or later:
+    loaders' ``load_model`` (guarded: reported as not applied), workers'
+    ``compile_or_warm_up_model`` (the CPU build's ``CPUWorker`` overrides it without
+    calling ``Worker``'s, and is imported after the plugin applies the hooks)."""
+    return [(targets.BaseModelLoader, "load_model", loading.make_override_guard(session)),
+            (targets.Worker, "compile_or_warm_up_model", _after_warm_up)]
+
+
+def _overriding(base: type, attr: str) -> list[type]:
+    """Classes (at any depth below ``base``) that define their own ``attr``."""
     found, todo = [], list(base.__subclasses__())
     while todo:
         cls = todo.pop()
         todo += cls.__subclasses__()
-        if "load_model" in vars(cls):
+        if attr in vars(cls):
             found.append(cls)
     return found
 
 
 def _guard_later_subclasses(s: Session) -> None:
-    """Loaders defined after apply() (a plugin's ``register_model_loader``) get the guard too."""
-    base = s.targets.BaseModelLoader
-    s.originals[(base, "__init_subclass__")] = vars(base).get("__init_subclass__", _ABSENT)
+    """Classes defined after apply() (a plugin's ``register_model_loader``, the worker class
+    vLLM imports by name) get the hooks of :func:`_subclass_hooks` too."""
+    for base, attr, make in _subclass_hooks(s.targets):
+        s.originals[(base, "__init_subclass__")] = vars(base).get("__init_subclass__", _ABSENT)
 
-    def __init_subclass__(cls, **kwargs):
-        super(base, cls).__init_subclass__(**kwargs)
-        current = _session
-        if current is not None and "load_model" in vars(cls):
-            original = cls.load_model
-            current.originals[(cls, "load_model")] = original
-            cls.load_model = loading.make_override_guard(session)(original)
+        def __init_subclass__(cls, _base=base, _attr=attr, _make=make, **kwargs):
+            super(_base, cls).__init_subclass__(**kwargs)
+            current = _session
+            if current is not None and _attr in vars(cls):
+                original = getattr(cls, _attr)
+                current.originals[(cls, _attr)] = original
+                setattr(cls, _attr, _make(original))
 
-    base.__init_subclass__ = classmethod(__init_subclass__)
+        base.__init_subclass__ = classmethod(__init_subclass__)
 
 
 #: Stands for "the class had no attribute of its own" among the originals.

@@ -90,7 +90,11 @@ class ServingCounts:
     """What one host-compute layer served, for the report. Host steps run by a C job are
     counted by the job itself where it runs (:attr:`cpu_kernels.MoEJob.runs`), so a CUDA
     graph's replays, which run no Python, count; only steps with no C job (torch's float32
-    ops) and the CPU's time of the steps timed here are counted in Python."""
+    ops) and the CPU's time of the steps timed here are counted in Python. A job counts the
+    rows it was made for on every run, so a replayed graph counts its captured size: the
+    rows vLLM pads a step with to reach it are routed like real tokens and cannot be told
+    apart without waiting for the device, and ``host_tokens`` counts token rows, padding
+    included."""
 
     device: PathCount = field(default_factory=PathCount)
     #: Host steps with no C job, and the time of the host steps timed in Python.
@@ -101,6 +105,8 @@ class ServingCounts:
     #: a job's tensors, weights included, are not held), each with the bytes one distinct
     #: expert read and one run read (what :attr:`host_bytes` multiplies their counters by).
     jobs: list = field(default_factory=list)
+    #: Where the counts start: the layer's construction, or what :meth:`reset` was told.
+    since: str = "construction"
 
     def add_job(self, job: "cpu_kernels.MoEJob | cpu_kernels.RowsJob", *, bytes_per_expert: int = 0,
                 bytes_per_run: int = 0) -> None:
@@ -125,11 +131,20 @@ class ServingCounts:
         return self.bytes_by_python + sum(getattr(j, "experts_read", 0) * per_expert + j.runs * per_run
                                           for j, per_expert, per_run in self.jobs)
 
+    def reset(self, since: str) -> None:
+        """Start counting again from ``since``: every count zeroed, the jobs' own included
+        (between steps: no job runs while this writes its struct)."""
+        self.device, self.by_python, self.bytes_by_python, self.since = PathCount(), PathCount(), 0, since
+        for job, _, _ in self.jobs:
+            job.runs = job.tokens = 0
+            if hasattr(job, "experts_read"):
+                job.experts_read = 0
+
     def as_dict(self) -> dict[str, object]:
         host = self.host
         return {"host_steps": host.steps, "host_tokens": host.tokens,
                 "host_s_per_step": host.per_step_s(), "device_steps": self.device.steps,
-                "device_tokens": self.device.tokens, "host_bytes": self.host_bytes}
+                "device_tokens": self.device.tokens, "host_bytes": self.host_bytes, "counted_since": self.since}
 
 
 class HostExperts:
@@ -217,6 +232,13 @@ class HostExperts:
                                  "pass experts_per_token")
             buffers.reserve(self.unit(self.crossover_tokens, int(experts_per_token)))
         self.buffers = buffers
+
+    def reset_counts(self, since: str) -> None:
+        """Count what this layer serves from ``since`` on (:meth:`ServingCounts.reset`), the
+        device share's picks too."""
+        self.counts.reset(since)
+        if self.share is not None:
+            self.share_picks.zero_()
 
     def unit(self, tokens: int, picks: int) -> Unit:
         """A host step of ``tokens`` tokens of ``picks`` picks, as the buffers count it."""

@@ -130,10 +130,15 @@ class HostRows:
     def dtype(self) -> torch.dtype:
         return self.host_weight.dtype
 
-    def refresh(self) -> None:
-        """Copy the host weight's first rows to the device again: a reload (vLLM's weight
-        loader copies into the host tensor in place) leaves the device's copy stale."""
-        self.device_weight.copy_(self.host_weight[:self.device_rows], non_blocking=self.on_cuda)
+    def refresh(self, source: torch.Tensor | None = None) -> None:
+        """Copy the first rows of ``source`` (the whole head as reloaded; the host weight by
+        default) to the device again: a reload leaves the device's copy stale."""
+        source = self.host_weight if source is None else source
+        self.device_weight.copy_(source[:self.device_rows], non_blocking=self.on_cuda)
+
+    def reset_counts(self, since: str) -> None:
+        """Count what the head serves from ``since`` on (:meth:`.ServingCounts.reset`)."""
+        self.counts.reset(since)
 
     def as_dict(self) -> dict[str, object]:
         return {"group": self.group, "device_rows": self.device_rows, "host_rows": self.host_rows,

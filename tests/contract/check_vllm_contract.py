@@ -813,6 +813,36 @@ def _step_host_sync() -> None:
         expect("get_output()" in inspect.getsource(module), f"{module.__name__} no longer calls get_output()")
 
 
+@check("start_up_end")
+def _start_up_end() -> None:
+    # Source: where the glue raises on a host-compute job that failed before serving and
+    # starts the counts again (vllm_glue.host_compute.make_start_check wraps
+    # compile_or_warm_up_model of Worker and of every worker class that overrides it). The
+    # engine core calls it last of its executor's methods at start, after the profile run
+    # (determine_available_memory) and the KV caches; the executor runs it on every worker;
+    # the GPU worker's compile warm-ups, graph capture and sampler warm-up run inside it;
+    # the CPU worker is a Worker (its override is hooked when its module is imported).
+    from vllm.v1.engine import core
+    from vllm.v1.executor import abstract
+    from vllm.v1.worker import cpu_worker, gpu_worker
+
+    body = source(core.EngineCore._initialize_kv_caches)
+    at = {name: body.find(f"self.model_executor.{name}(")
+          for name in ("determine_available_memory", "initialize_from_config", "compile_or_warm_up_model")}
+    expect(min(at.values()) >= 0, f"EngineCore._initialize_kv_caches no longer calls {[n for n, i in at.items() if i < 0]}")
+    expect(body.rfind("self.model_executor.") == at["compile_or_warm_up_model"]
+           and at["compile_or_warm_up_model"] > max(at["determine_available_memory"], at["initialize_from_config"]),
+           "EngineCore._initialize_kv_caches calls its executor after compile_or_warm_up_model")
+    expect('"compile_or_warm_up_model"' in source(abstract.Executor.compile_or_warm_up_model),
+           "Executor.compile_or_warm_up_model no longer runs the workers' compile_or_warm_up_model")
+    worker = gpu_worker.Worker
+    names = called_names(worker.compile_or_warm_up_model) | (
+        called_names(worker._compile_or_warm_up_model) if hasattr(worker, "_compile_or_warm_up_model") else set())
+    expect({"self.model_runner.capture_model", "self.model_runner._dummy_run"} <= names,
+           "Worker.compile_or_warm_up_model no longer captures the graphs and warms the sampler up itself")
+    expect(issubclass(cpu_worker.CPUWorker, worker), "CPUWorker is no longer a Worker")
+
+
 @check("output_rank")
 def _output_rank() -> None:
     # Source: whose step output vLLM reads (vllm_glue.host_compute.is_output_rank, which ends
@@ -890,6 +920,16 @@ def _reload_restore_device() -> None:
            "materialize_layer no longer builds the layer under its recorded restore_device")
     expect("materialize_layer" in called_names(layerwise._layerwise_process),
            "_layerwise_process no longer materialises the layer it reloads")
+    # ... and post-processes it through a QuantizeMethodBase only (the split head's method
+    # is registered as one: vllm_glue.host_head.install_head), before it copies the values
+    # into the tensors kept (the head's device rows are refilled from the rebuilt layer)
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    process = source(layerwise._layerwise_process)
+    expect("isinstance(quant_method, QuantizeMethodBase)" in process and callable(QuantizeMethodBase.register),
+           "_layerwise_process no longer post-processes a layer whose method is a (registered) QuantizeMethodBase")
+    expect(0 <= process.find("process_weights_after_loading(layer)") < process.find("_copy_and_restore_kernel_tensors("),
+           "_layerwise_process no longer post-processes the rebuilt layer before copying it into the kept tensors")
 
 
 @check("reload_in_place")

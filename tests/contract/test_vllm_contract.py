@@ -56,6 +56,7 @@ CHECKS = [
     "cudagraph_sizes_after_load",
     "routed_experts_uva",
     "step_host_sync",
+    "start_up_end",
     "output_rank",
     "routing_counters",
     "reload_restore_device",

@@ -267,7 +267,9 @@ def test_report_shows_decode_steps_on_the_host_cpu_and_prefill_on_the_device(com
     assert report.loaded_host_compute_bytes == report.landed_host_compute_bytes == len(names) * EXPERTS_BYTES_LOADED
     text = report.render()
     assert "compute on host: planned" in text
-    assert f"compute {names[0]} (as of now): host CPU " in text and "device path 1 step, 14 tokens" in text
+    # counted from the end of the engine's start-up (the worker's hook ran), in token rows
+    assert f"compute {names[0]} (as of now, counted from the end of vLLM's start-up " in text
+    assert "token rows (padding included)" in text and "device path 1 step, 14 tokens" in text
     assert "; device share: experts 0-4 on cpu" in text
 
 

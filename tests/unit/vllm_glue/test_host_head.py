@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from builders import make_ckpt
+from helpers import reload_like_vllm
 from selective_offload import cpu_kernels
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, make_plan
@@ -76,6 +77,28 @@ def test_the_split_head_answers_vllms_call_with_the_whole_heads_logits_and_follo
     assert live["device_share"]["what"] == f"rows 0-{n - 1}" and live["host_compute"]["host_steps"] == 2
 
 
+def test_vllms_reload_rebuilds_the_split_head_in_host_memory_and_its_device_rows_follow():
+    """vLLM's layer-by-layer reload rebuilds each layer on the device it recorded at
+    construction (CUDA on a GPU; meta stands in for it here): the split head is rebuilt in
+    host memory instead, so the whole head never lands on the device. vLLM post-processes
+    the rebuilt layer before it copies the new values into the host weight, and the
+    device's rows are refilled from the rebuilt layer, so both halves read the new head."""
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info, record_metadata_for_reloading
+
+    model = nn.Module()
+    model.lm_head = head()
+    with torch.device("meta"):
+        record_metadata_for_reloading(model)
+    host_weight = model.lm_head.weight.data
+    host_head.install_head("lm_head", model.lm_head, split_plan(), torch.device("cpu"))
+    assert get_layerwise_info(model.lm_head).restore_device == torch.device("cpu")
+    new = torch.randn(ROWS, HIDDEN)
+    reload_like_vllm(model, {"lm_head.weight": new})
+    x = torch.randn(2, HIDDEN)
+    torch.testing.assert_close(model.lm_head.quant_method.apply(model.lm_head, x), x @ new.T)
+    assert model.lm_head.weight.data_ptr() == host_weight.data_ptr()  # the page-locked host weight, refilled
+
+
 def test_a_head_the_split_cannot_serve_is_refused_in_one_line():
     plan = split_plan()
     for m, match in ((head(method=SimpleNamespace()), "only an unquantized head"),
@@ -116,3 +139,26 @@ def test_an_unstated_thread_count_splits_the_node_only_between_the_ranks_bound_t
                              ((frozenset(range(12)), frozenset(range(12))), 5)):
         monkeypatch.setattr(host_compute, "rank_affinities", lambda affinities=affinities: (1, affinities))
         assert host_compute.threads_of(setting, torch.device("cuda")) == want
+
+
+def test_the_report_says_the_threads_a_rank_runs_beside_the_plans(monkeypatch):
+    """Two ranks vLLM's ``--numa-bind`` put on nodes of their own: the plan priced one node's
+    12 cores split between them (6 each), and each rank runs 11 on CUDA (its node's cores,
+    less the engine thread's). The mechanism the report shows says both; where they agree
+    it says one."""
+    monkeypatch.setattr(probe, "physical_cores_of_one_node", lambda: 12)
+    monkeypatch.setattr(cpu_kernels.kernel, "default_pool_cpus", lambda library_=None: list(range(12)))
+    monkeypatch.setattr(cpu_kernels.kernel, "set_pool_cpus", lambda cpus, library_=None: None)
+    monkeypatch.setattr(host_compute, "rank_affinities", lambda: (1, (frozenset(range(12)), frozenset(range(12, 24)))))
+    setting = replace(split_plan().host_compute, threads=None, ranks=2)
+    facts = host_compute.thread_facts(host_compute.threads_of(setting, torch.device("cuda")), setting)
+    assert (facts["threads"], facts["planned_threads"]) == (11, 6)
+    words = host_compute.threads_words(facts)
+    assert words.startswith("11 threads") and "the plan priced 6 per rank" in words
+    stated = replace(setting, threads=4)
+    assert "plan priced" not in host_compute.threads_words(host_compute.thread_facts(4, stated))
+    plan = split_plan()  # one thread, one rank: what an installed head runs and reports
+    rows = host_head.install_head("lm_head", head(), plan, torch.device("cpu"))
+    live = host_head.live_counters(rows)()
+    assert (live["threads"], live["planned_threads"]) == (1, plan.host_compute.threads) == (1, 1)
+    assert "(1 threads" in host_head.mechanism(rows)

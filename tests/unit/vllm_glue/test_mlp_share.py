@@ -11,9 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from selective_offload.cpu_kernels import Activation
+from builders import make_ckpt
+from helpers import TINY_HOST_COMPUTE, reload_like_vllm
+from selective_offload.cpu_kernels import Activation, ExpertWeights
 from selective_offload.cpu_kernels.reference import moe_reference
 from selective_offload.errors import PlanError
+from selective_offload.planner import PlanInputs, make_plan
 from selective_offload.vllm_glue import host_mlp
 from selective_offload.wrappers.host_compute import HostExperts
 
@@ -64,3 +67,55 @@ def test_a_share_that_cuts_a_block_is_one_line():
     with pytest.raises(PlanError, match=r"m: the plan keeps the first 600 channels .*--no-device-share") as info:
         host_mlp.split_mlp("m", host_mlp.mlp_weights("m", mlp, "f32"), 600, torch.device("cpu"))
     assert "\n" not in str(info.value)
+
+
+def mlp_plan():
+    """Two dense layers of this file's MLP shape planned short of their size: both MLPs
+    computed on the host, the first 256 and 128 of their channels also on the device."""
+    spec = {"model.embed_tokens.weight": ("BF16", [4096, H]), "lm_head.weight": ("BF16", [4096, H]),
+            "model.norm.weight": ("BF16", [H])}
+    for i in range(2):
+        spec[f"model.layers.{i}.self_attn.qkv_proj.weight"] = ("BF16", [3 * H, H])
+        for name, shape in (("gate_proj", [I, H]), ("up_proj", [I, H]), ("down_proj", [H, I])):
+            spec[f"model.layers.{i}.mlp.{name}.weight"] = ("BF16", shape)
+    ckpt = make_ckpt(spec, num_hidden_layers=2, hidden_size=H, intermediate_size=I)
+    return make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
+                                      reserve_bytes=0, **TINY_HOST_COMPUTE))
+
+
+def test_vllms_reload_rebuilds_a_host_mlp_in_host_memory_and_splits_it_again():
+    """vLLM records at construction the device its layer-by-layer reload rebuilds each layer
+    on (the default device: CUDA on a GPU; meta stands in for it here). An MLP the glue
+    serves ``compute`` has its projections rebuilt in host memory instead, so the MLP never
+    lands on the device, which the plan does not count; vLLM's own reload then runs
+    through, the host part is read from the linears' own storage and the device share
+    holds the new channels."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info, record_metadata_for_reloading
+
+    plan = mlp_plan()
+    group = "model.layers.0.mlp"
+    assert plan.group_of(group).serving == "compute" and plan.group_of(group).device_channels == 256, plan.notes
+    mlp, _ = float_mlp()
+    for part in (mlp.gate_up_proj, mlp.down_proj):
+        part.quant_method = UnquantizedLinearMethod()
+        part.quant_method.process_weights_after_loading = lambda layer: None  # kept as loaded, as the glue does
+    with set_current_vllm_config(VllmConfig()):
+        mlp.act_fn = SiluAndMul()
+    model = nn.Module()
+    model.mlp = mlp
+    with torch.device("meta"):
+        record_metadata_for_reloading(model)
+    cpu = torch.device("cpu")
+    experts = host_mlp.install_mlp(group, mlp, plan, cpu)
+    assert all(get_layerwise_info(m).restore_device == cpu for m in (mlp.gate_up_proj, mlp.down_proj))
+
+    _, new = float_mlp(seed=1)
+    reload_like_vllm(model, {f"mlp.{name}.weight": t for name, t in new.items()})
+    x, ids, w = torch.randn(3, H), torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, 1)
+    want = moe_reference(x, ids, w, ExpertWeights("f32", new["gate_up_proj"][None], new["down_proj"][None]),
+                         Activation("silu"))
+    torch.testing.assert_close(experts(x, ids, w), want, rtol=1e-5, atol=1e-5)
+    assert experts.weights.w2.data_ptr() == mlp.down_proj.weight.data_ptr()  # no second copy of the layer
