@@ -77,7 +77,7 @@ def test_infeasible_plan_exits_3_with_its_reason_on_line_1(capsys):
                                          "--host-memory", "none", "--json")[1]))
     assert lines[0] == f"qwen3.8-27b-fp8 on a 4 GiB card: INFEASIBLE: {plan.shortfall_bytes / 1e9:.3f} GB short of " \
                        "device memory"
-    assert lines[1].startswith("fix    a larger --device-memory") and "--kv-cache" in " ".join(lines[1:3])
+    assert lines[1].startswith("fix    --device-memory 6GiB (all it") and "--kv-cache" in " ".join(lines[1:3])
     assert "next:" not in out
     code, out, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--host-memory", "4GiB")
     lines = out.splitlines()
