@@ -316,6 +316,18 @@ def verdict(plan: Plan, shown: Shown | None = None) -> list[str]:
     return [f"{head}: fits with {fmt_bytes(plan.host_bytes)} on the host"]
 
 
+def device_memory_fix(plan: Plan) -> int:
+    """The smallest whole GiB of ``--device-memory`` whose card (its class's margin and CUDA
+    context taken off, as :func:`~selective_offload.planner.cards.card_memory` does) holds
+    this plan's device lines and the bytes its host falls short by. A device shortfall alone
+    is exact (the same placement fits); host bytes brought back to the device are est."""
+    need = plan.inputs.card_bytes + plan.shortfall_bytes + plan.host_shortfall_bytes
+    gib = -(-need // GiB)
+    while card_memory(gib * GiB)[0] < need:
+        gib += 1
+    return gib
+
+
 def fixes(plan: Plan, shown: Shown | None = None) -> list[str]:
     """What would make an infeasible plan fit, each a flag of ``plan`` (with the value that
     does it where the plan's own figures give one), as pieces for :func:`_wrapped`."""
@@ -333,18 +345,6 @@ def fixes(plan: Plan, shown: Shown | None = None) -> list[str]:
                  "is kept for the system and vLLM, est), ").split(" ")
         out += [f"{word} " for word in words if word]
     return out + ["or a smaller checkpoint"]
-
-
-def device_memory_fix(plan: Plan) -> int:
-    """The smallest whole GiB of ``--device-memory`` whose card (its class's margin and CUDA
-    context taken off, as :func:`~selective_offload.planner.cards.card_memory` does) holds
-    this plan's device lines and the bytes its host falls short by. A device shortfall alone
-    is exact (the same placement fits); host bytes brought back to the device are est."""
-    need = plan.inputs.card_bytes + plan.shortfall_bytes + plan.host_shortfall_bytes
-    gib = -(-need // GiB)
-    while card_memory(gib * GiB)[0] < need:
-        gib += 1
-    return gib
 
 
 def _device_lines(plan: Plan) -> list[str]:
