@@ -35,14 +35,13 @@ pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
 
 @pytest.fixture(scope="module")
-def untied(tmp_path_factory):
-    return save_tiny_qwen3(tmp_path_factory.mktemp("untied"), seed=1)
+def untied(tiny_qwen3):
+    return tiny_qwen3
 
 
 @pytest.fixture(scope="module")
-def untied_plain_tokens(untied):
-    selective_offload.disable()
-    return generate_tokens(untied)
+def untied_plain_tokens(tiny_qwen3_plain_tokens):
+    return tiny_qwen3_plain_tokens
 
 
 @pytest.fixture(scope="module")
