@@ -70,7 +70,7 @@ def _e2e_overhead(d: dict) -> tuple[str, str]:
 
 def _gather_one_token(d: dict) -> tuple[str, str]:
     row = next(r for r in d["rows"] if r["tokens"] == 1)
-    host, dev = row["host_gather_s"]["median"] * 1e6, row["device_gather_s"]["median"] * 1e6
+    host, dev = row["host_s"]["median"] * 1e6, row["device_s"]["median"] * 1e6
     return ("host gather vs device gather, one token, CPU",
             f"{host:.1f} us vs {dev:.1f} us median per call: about {host - dev:.0f} us of Python and staging per step")
 

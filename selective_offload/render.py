@@ -35,6 +35,7 @@ from .checkpoint import Checkpoint
 from .estimate.traffic import DEFAULT_DECODE_READ_FACTOR
 from .plan_format import EST_IGNORES, EST_MODEL, Estimate, GroupKind, GroupPlan, Plan, Serving, Strategy, VllmBaseline
 from .plan_format.contents import MIN_PRICED_MODEL_BYTES, priced  # noqa: F401  (the tok/s rule; re-exported)
+from .planner.cards import card_memory
 from .planner.host_compute import head_words
 from .sizes import GiB, fmt_bytes
 
@@ -315,12 +316,25 @@ def verdict(plan: Plan, shown: Shown | None = None) -> list[str]:
     return [f"{head}: fits with {fmt_bytes(plan.host_bytes)} on the host"]
 
 
+def device_memory_fix(plan: Plan) -> int:
+    """The smallest whole GiB of ``--device-memory`` whose card (its class's margin and CUDA
+    context taken off, as :func:`~selective_offload.planner.cards.card_memory` does) holds
+    this plan's device lines and the bytes its host falls short by. A device shortfall alone
+    is exact (the same placement fits); host bytes brought back to the device are est."""
+    need = plan.inputs.card_bytes + plan.shortfall_bytes + plan.host_shortfall_bytes
+    gib = -(-need // GiB)
+    while card_memory(gib * GiB)[0] < need:
+        gib += 1
+    return gib
+
+
 def fixes(plan: Plan, shown: Shown | None = None) -> list[str]:
     """What would make an infeasible plan fit, each a flag of ``plan`` (with the value that
     does it where the plan's own figures give one), as pieces for :func:`_wrapped`."""
     inp = plan.inputs
     room = plan.shortfall_bytes + plan.host_shortfall_bytes  # device bytes a fit needs, at most
-    out = [f"a larger --device-memory{' (all it can move is on the host already)' if plan.shortfall_bytes else ''}, "]
+    moved = " (all it can move is on the host already)" if plan.shortfall_bytes else " (est)"
+    out = [f"{word} " for word in f"--device-memory {device_memory_fix(plan)}GiB{moved},".split(" ")]
     if inp.kv_cache_bytes + inp.reserve_bytes > room:
         out.append("less --kv-cache or --reserve, ")
     if plan.host_shortfall_bytes and not plan.shortfall_bytes:  # the same plan fits a host with this much RAM

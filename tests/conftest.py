@@ -100,6 +100,30 @@ def nothing_enabled():
     selective_offload.disable()
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    """A tiny random untied Qwen3 (seed 1), shared by the engine modules that need no other."""
+    from helpers import save_tiny_qwen3
+
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_plain_tokens(tiny_qwen3):
+    """Plain vLLM's greedy tokens of :func:`tiny_qwen3` (helpers.PROMPTS, no plan), from one
+    in-process engine per run."""
+    import selective_offload
+    from helpers import generate_tokens
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    selective_offload.disable()
+    try:
+        return generate_tokens(tiny_qwen3)
+    finally:
+        mp.undo()
+
+
 @pytest.fixture(scope="module")
 def in_process_engine():
     """Run vLLM engines in the test process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so tests

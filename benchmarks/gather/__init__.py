@@ -35,8 +35,6 @@ link; no UVA view can be made, so the UVA rows are skipped, with the reason reco
 
 Writes ``gather-<cpu|cuda>-<machine>.json`` and ``.md``. Planning time (header
 reading and ``make_plan``) is a separate script: ``benchmarks/planning/timing.py``.
-Files written before 2026-11-30 had one ``uva_gather_s`` column: that was
-``HostGather(mode="uva")``, now ``uva_index_select_s``.
 """
 
 from __future__ import annotations
@@ -179,10 +177,6 @@ def run(vocab: int, hidden: int, iters: int, tokens: tuple[int, ...], view=None,
                     row[f"{key}_s"], row[f"{key}_us_per_token"] = s, s["median"] * 1e6 / n
                 else:
                     row[f"{key}_s"] = row[f"{key}_us_per_token"] = None
-        # The names the first results used: device_gather_s, host_gather_s.
-        row["device_gather_s"], row["host_gather_s"] = row["device_s"], row["host_s"]
-        row["device_gather_us_per_token"] = row["device_us_per_token"]
-        row["host_gather_us_per_token"] = row["host_us_per_token"]
         row["host_minus_device_us"] = (row["host_s"]["median"] - row["device_s"]["median"]) * 1e6
         rows.append(row)
         print(f"{n:>5} tokens: " + ", ".join(

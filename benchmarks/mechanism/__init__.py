@@ -57,10 +57,6 @@ when an assert failed (the results are still written), 0 otherwise.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -73,7 +69,7 @@ for path in (ROOT, ROOT / "tests" / "gpu"):
 
 from runner import Session  # noqa: E402  (tests/gpu/runner.py)
 
-from benchmarks.common import median_us  # noqa: E402
+from benchmarks.common import device_name, median_us, result_stem, today, write_results  # noqa: E402
 from benchmarks.mechanism.report import markdown  # noqa: E402
 
 BANDWIDTH = "bandwidth"
@@ -86,19 +82,6 @@ STEPS = ("test_embedding_memory_and_gather", "test_masked_tp_lookup", "test_draf
 #: The results' sections, in the order the file gives them (None: its fixture failed).
 SECTIONS = ("embedding", "tp_lookup", "drafter", "explicit_device", "tower", "bandwidth", "host_memory",
             "cuda_paths", "routed_experts", "layouts", "fused_moe")
-
-
-def device_name(cuda: bool) -> str:
-    if cuda:
-        return torch.cuda.get_device_name()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
-        if match:
-            return match.group(1).strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def bandwidth_section(cfg: dict, cuda: bool, device: torch.device) -> dict:
@@ -149,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     name = device_name(cuda)
-    date = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    date = today()
     session = Session(small)
     cfg, checks = session.run.config, session.run.checks
     started = time.perf_counter()
@@ -169,11 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     results["asserts"] = checks.rows
     results["wall_s"] = time.perf_counter() - started
 
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40]
-    stem = f"mechanism-{'cuda' if cuda else 'cpu'}-{slug}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(results))
+    stem = result_stem("mechanism", cuda, name)
+    write_results(args.out, stem, results, markdown(results))
     skipped = sum(r["status"].startswith("skipped") for r in checks.rows)
     print(f"wrote {args.out / stem}.{{json,md}} in {results['wall_s']:.1f} s; "
           f"{'FAILED asserts' if checks.failed else 'all run asserts passed'}, {skipped} skipped")

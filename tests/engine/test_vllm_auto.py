@@ -19,9 +19,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
 
 @pytest.fixture(scope="module")
-def two_models(tmp_path_factory):
-    return (save_tiny_qwen3(tmp_path_factory.mktemp("a"), seed=1),
-            save_tiny_qwen3(tmp_path_factory.mktemp("b"), seed=2, vocab_size=2048))
+def two_models(tmp_path_factory, tiny_qwen3):
+    return tiny_qwen3, save_tiny_qwen3(tmp_path_factory.mktemp("b"), seed=2, vocab_size=2048)
 
 
 def test_6_auto_plans_each_model_the_engines_load(two_models, monkeypatch):

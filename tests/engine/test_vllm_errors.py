@@ -23,8 +23,8 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return save_tiny_qwen3(tmp_path_factory.mktemp("errors_model"), seed=6)
+def model(tiny_qwen3):
+    return tiny_qwen3
 
 
 def test_a_plan_for_another_model_stops_llm_before_any_engine_process(model, tmp_path, monkeypatch):

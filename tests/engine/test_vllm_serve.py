@@ -22,7 +22,7 @@ import urllib.request
 
 import pytest
 
-from helpers import MAX_TOKENS, PROMPTS, generate_tokens, hot_layer_plan, last_line, save_tiny_qwen3, tight_plan
+from helpers import MAX_TOKENS, PROMPTS, hot_layer_plan, last_line, tight_plan
 from selective_offload.report import LandingReport
 
 pytestmark = pytest.mark.vllm
@@ -36,8 +36,8 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return save_tiny_qwen3(tmp_path_factory.mktemp("serve_model"), seed=5)
+def model(tiny_qwen3):
+    return tiny_qwen3
 
 
 def start_server(model, work, plan, strict: str, port: int, log, **extra_env) -> subprocess.Popen:
@@ -90,17 +90,9 @@ def server(model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def plain_tokens(model):
+def plain_tokens(tiny_qwen3_plain_tokens):
     """Plain vLLM on the same model, in this process, without a plan."""
-    import selective_offload
-
-    mp = pytest.MonkeyPatch()
-    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    selective_offload.disable()
-    try:
-        return generate_tokens(model)
-    finally:
-        mp.undo()
+    return tiny_qwen3_plain_tokens
 
 
 def complete(base: str, model: str, prompt: list[int]) -> list[int]:
@@ -165,41 +157,31 @@ def test_a_server_whose_plan_fails_in_its_worker_exits_with_the_reason(model, tm
     assert LandingReport.load(tmp_path / "report.json").error == last_line(output).split(": ", 1)[1]
 
 
-def test_plugin_is_off_without_a_plan():
-    """Loading vLLM's plugins with no SELECTIVE_OFFLOAD_PLAN changes nothing in vLLM."""
+def test_plugin_is_off_without_a_plan_and_applies_once_however_often_it_loads(tmp_path, model):
+    """Loading vLLM's plugins with no SELECTIVE_OFFLOAD_PLAN changes nothing in vLLM; with
+    one, the plugin applies the plan once, however often it is registered."""
+    tight_plan(model).save(tmp_path / "plan.json")
     code = (
+        "import os\n"
         "from vllm.model_executor.model_loader.base_loader import BaseModelLoader\n"
         "before = BaseModelLoader.load_model\n"
         "from vllm.plugins import load_general_plugins\n"
         "load_general_plugins()\n"
-        "import selective_offload\n"
-        "from selective_offload.vllm_glue import patches\n"
-        "assert BaseModelLoader.load_model is before and not patches.is_applied()\n"
-        "print('unchanged')\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SELECTIVE_OFFLOAD_")}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "unchanged" in out.stdout
-
-
-def test_plugin_applies_once_however_often_it_loads(tmp_path, model):
-    tight_plan(model).save(tmp_path / "plan.json")
-    code = (
-        "from vllm.model_executor.model_loader.base_loader import BaseModelLoader\n"
         "from selective_offload.vllm_glue import plugin, patches\n"
+        "assert BaseModelLoader.load_model is before and not patches.is_applied()\n"
+        f"os.environ['SELECTIVE_OFFLOAD_PLAN'] = {str(tmp_path / 'plan.json')!r}\n"
         "plugin.register()\n"
         "first = BaseModelLoader.load_model\n"
         "plugin.register(); plugin.register()\n"
-        "assert BaseModelLoader.load_model is first and patches.is_applied()\n"
+        "assert first is not before and BaseModelLoader.load_model is first and patches.is_applied()\n"
         "patches.remove()\n"
-        "assert BaseModelLoader.load_model is not first\n"
-        "print('once')\n"
+        "assert BaseModelLoader.load_model is before\n"
+        "print('unchanged, then once')\n"
     )
-    env = {**os.environ, "SELECTIVE_OFFLOAD_PLAN": str(tmp_path / "plan.json")}
+    env = {k: v for k, v in os.environ.items() if k != "SELECTIVE_OFFLOAD_PLAN"}  # the suite's redirections kept
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "once" in out.stdout
+    assert "unchanged, then once" in out.stdout
 
 
 def test_plugin_with_a_corrupt_plan_stops_vllm_with_the_reason(tmp_path):

@@ -35,14 +35,13 @@ pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("in_process_engine")]
 
 
 @pytest.fixture(scope="module")
-def untied(tmp_path_factory):
-    return save_tiny_qwen3(tmp_path_factory.mktemp("untied"), seed=1)
+def untied(tiny_qwen3):
+    return tiny_qwen3
 
 
 @pytest.fixture(scope="module")
-def untied_plain_tokens(untied):
-    selective_offload.disable()
-    return generate_tokens(untied)
+def untied_plain_tokens(tiny_qwen3_plain_tokens):
+    return tiny_qwen3_plain_tokens
 
 
 @pytest.fixture(scope="module")
@@ -169,17 +168,23 @@ def tied_with_lm_head(tmp_path_factory, tied):
     return out
 
 
+@pytest.fixture(scope="module")
+def tied_plain_tokens(tied):
+    selective_offload.disable()
+    return generate_tokens(tied)
+
+
 @pytest.mark.parametrize("which", ["tied", "tied_with_lm_head"])
-def test_tied_embedding_stays_on_device_and_tokens_match(request, which):
+def test_tied_embedding_stays_on_device_and_tokens_match(request, which, tied_plain_tokens):
+    """Both checkpoints hold the same weights (the second stores lm_head too, which vLLM
+    re-ties), so both give plain vLLM's tokens of the first."""
     model = request.getfixturevalue(which)
     ckpt = load_checkpoint(model)
     plan = make_plan(ckpt, PlanInputs(device_memory_bytes=ckpt.total_bytes, kv_cache_bytes=0, reserve_bytes=0))
     embed = next(g for g in plan.groups if g.group == "model.embed_tokens")
     assert (embed.role, embed.serving) == ("hot", "resident")
-    selective_offload.disable()
-    plain = generate_tokens(model)
     tokens, report = generate_with_plan(plan, model)
-    assert tokens == plain
+    assert tokens == tied_plain_tokens
     assert report.ok, report.problems
     assert selective_offload.landing_report() == report  # still readable after disable()
     assert next(g for g in report.groups if g.group == "model.embed_tokens").actual == "resident"
@@ -308,10 +313,11 @@ def test_lora_with_a_host_gather_embedding_is_refused(untied):
         selective_offload.disable()
 
 
-def test_a_loader_that_loads_the_model_itself_is_reported(untied, tmp_path):
+def test_a_loader_that_loads_the_model_itself_is_reported(untied, untied_plain_tokens):
     """A load format whose loader overrides load_model (as vLLM's tensorizer, IPC and
     ModelExpress loaders do) never reaches the hooks: the plan is reported as not
-    applied, and strict mode refuses the engine."""
+    applied (the tokens are still plain vLLM's: it loads the same files), and strict mode
+    refuses the engine."""
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
@@ -330,10 +336,9 @@ def test_a_loader_that_loads_the_model_itself_is_reported(untied, tmp_path):
             process_weights_after_loading(model, model_config, torch.device(vllm_config.device_config.device))
             return model.eval()
 
-    plain = generate_tokens(untied, load_format="selective_offload_test_own_loader")
     tokens, report = generate_with_plan(tight_plan(untied), untied, strict=False,
                                         load_format="selective_offload_test_own_loader")
-    assert tokens == plain
+    assert tokens == untied_plain_tokens
     assert not report.ok and report.groups == []
     assert report.problems[0].startswith("vLLM's OwnLoader builds and loads the model itself (it overrides "
                                          "load_model), so the plan was not applied")

@@ -6,6 +6,7 @@ temporary directory: the full runs and their figures live in benchmarks/results/
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
@@ -26,6 +27,18 @@ def run(suite: str, *args: str, timeout: float = 120) -> subprocess.CompletedPro
                           text=True, timeout=timeout, cwd=REPO)
 
 
+def refused(capsys, suite: str, *args: str) -> str:
+    """``benchmarks.<suite>``'s ``main(ARGS)`` in this process (each suite's smoke test is its
+    real run): exit 2 and one line on stderr, no traceback; that line."""
+    try:
+        code = importlib.import_module(f"benchmarks.{suite}").main(list(args))
+    except SystemExit as done:  # argparse's own refusals
+        code = done.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, (code, err)
+    return err
+
+
 def only(directory: Path, pattern: str) -> Path:
     found = sorted(directory.glob(pattern))
     assert len(found) == 1, f"expected one {pattern} in {directory}, found {found}"
@@ -35,9 +48,9 @@ def only(directory: Path, pattern: str) -> Path:
 GATHER_PATHS = ["device", "host", "uva_embedding", "uva_embedding_graph", "uva_index_select"]
 
 
-def test_gather_smoke(tmp_path):
-    proc = run("gather", "--smoke", "--out", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
+def test_gather_smoke(small_run_files):
+    """`python -m benchmarks.gather --smoke`, as the GPU run's --small runs it."""
+    tmp_path = small_run_files
     result = json.loads(only(tmp_path, "gather-*-smoke.json").read_text())
     assert [r["tokens"] for r in result["rows"]] == [1, 4, 16, 64, 256]
     paths = {p["key"]: p for p in result["paths"]}
@@ -52,8 +65,9 @@ def test_gather_smoke(tmp_path):
         assert paths[key]["status"] == ("measured" if result["cuda"] else
                                         "skipped: no CUDA device (a UVA view of pinned host memory needs one)")
     for row in result["rows"]:
-        assert row["device_gather_s"]["median"] > 0 and row["host_gather_s"]["median"] > 0
-        assert row["host_gather_us_per_token"] > 0 and row["host_us_per_token"] == row["host_gather_us_per_token"]
+        assert row["device_s"]["median"] > 0 and row["host_s"]["median"] > 0
+        assert row["host_us_per_token"] == pytest.approx(row["host_s"]["median"] * 1e6 / row["tokens"])
+        assert not any("gather_" in key for key in row)  # the paths' own names only
         for key in ("uva_embedding", "uva_embedding_graph", "uva_index_select"):
             assert (row[f"{key}_s"] is not None) == result["cuda"]
     md = only(tmp_path, "gather-*-smoke.md").read_text()
@@ -269,9 +283,8 @@ def test_host_memory_smoke_on_a_tiny_model(tmp_path):
     assert result["machine"] in md and result["vllm"] in md
 
 
-def test_host_memory_bad_input_is_one_line(tmp_path):
-    proc = run("host_memory", "--repeats", "0", "--out", str(tmp_path))
-    assert proc.returncode == 2 and proc.stderr.startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
+def test_host_memory_bad_input_is_one_line(tmp_path, capsys):
+    assert refused(capsys, "host_memory", "--repeats", "0", "--out", str(tmp_path)).startswith("error:")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -279,18 +292,15 @@ def test_host_memory_bad_input_is_one_line(tmp_path):
     (["--device-memory", "lots"], "cannot read 'lots' as a size"),
     (["--configs", "resident,fast"], "unknown fast"),
 ])
-def test_e2e_bad_input_is_one_line(args, message, tmp_path):
-    proc = run("e2e", *args, "--workdir", str(tmp_path / "w"), "--out", str(tmp_path))
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], proc.stderr
+def test_e2e_bad_input_is_one_line(args, message, tmp_path, capsys):
+    line = refused(capsys, "e2e", *args, "--workdir", str(tmp_path / "w"), "--out", str(tmp_path))
+    assert line.startswith("error:") and message in line, line
 
 
-def test_e2e_model_needs_device_memory(tmp_path):
+def test_e2e_model_needs_device_memory(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"")
-    proc = run("e2e", "--model", str(tmp_path))
-    assert proc.returncode == 2 and "--device-memory is required" in proc.stderr
+    assert "--device-memory is required" in refused(capsys, "e2e", "--model", str(tmp_path))
 
 
 def test_planning_bench_still_runs(tmp_path):
@@ -450,10 +460,8 @@ def test_kernel_pool_smoke(tmp_path):
             assert r["burnt_cores"]["median"] < 0.9
     assert result["pool_cpus"] and result["spin_ns"] > 0
     assert "| int4 |" in only(tmp_path, "kernel-pool-cpu-*-smoke.md").read_text()
-    bad = run("kernel_pool", "--formats", "fp4", "--out", str(tmp_path))
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 
 
-def test_cpu_kernels_bench_refuses_bad_input_in_one_line(tmp_path):
-    proc = run("cpu_kernels", "--formats", "fp4", "--out", str(tmp_path))
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+@pytest.mark.parametrize("suite", ["kernel_pool", "cpu_kernels"])
+def test_the_kernel_benches_refuse_bad_input_in_one_line(tmp_path, capsys, suite):
+    refused(capsys, suite, "--formats", "fp4", "--out", str(tmp_path))

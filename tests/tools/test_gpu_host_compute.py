@@ -10,7 +10,6 @@ a view that reads another expert's bytes must fail that check.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import replace
 
@@ -30,12 +29,9 @@ from benchmarks.host_compute import sections as hs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    out = tmp_path_factory.mktemp("host-compute")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.host_compute", "--small", "--out",
-                           str(out)], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    (path,) = out.glob("host-compute-cpu-*-small.json")
+def small(small_run_files):
+    """`python -m benchmarks.host_compute --small`'s result, as the GPU run's --small runs it."""
+    (path,) = small_run_files.glob("host-compute-cpu-*-small.json")
     assert path.with_suffix(".md").read_text().startswith("# Host-compute")
     return json.loads(path.read_text())
 
@@ -230,12 +226,12 @@ def test_cuda_shaped_results_give_the_headline_figure(small):
     assert "correctness FAILED: x uva T=1" in gpu_figures.host_compute_over_uva(d)[0]["note"]
 
 
-def test_bad_arguments_are_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.host_compute", "--small",
-                           "--max-seconds", "0", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=60, cwd=REPO)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: --max-seconds")
-    assert len(proc.stderr.splitlines()) == 1
+def test_bad_arguments_are_one_line(tmp_path, capsys):
+    from benchmarks.host_compute import main
+
+    assert main(["--small", "--max-seconds", "0", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --max-seconds") and len(err.splitlines()) == 1
 
 
 def test_a_view_that_cannot_be_made_is_recorded_and_the_rest_still_run():

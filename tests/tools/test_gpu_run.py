@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -33,19 +31,6 @@ from benchmarks.gpu import pack as gpu_run_pack  # noqa: E402
 from benchmarks.gpu import sections as gpu_sections  # noqa: E402
 from selective_offload import probe
 from selective_offload.probe import measurements  # the UVA series calls its own module's gemv_read_s
-
-
-@pytest.fixture(scope="module")
-def small_run(tmp_path_factory):
-    """One `bash benchmarks/gpu_run.sh --small --pack` into a temporary directory."""
-    out = tmp_path_factory.mktemp("gpu-run")
-    env = {**os.environ, "PYTHON": sys.executable}
-    env.pop("OUT", None)
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_run.sh"), "--small", "--pack", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    summary_path = next(out.glob("gpu-run-*-small.json"))
-    return out, json.loads(summary_path.read_text()), proc.stdout
 
 
 def test_small_run_packs_its_results_into_one_archive(small_run):
@@ -246,13 +231,13 @@ def test_the_benchmark_and_the_probe_share_one_read_measurement(monkeypatch):
         1 << 20: 0.001} and len(calls) == 3
 
 
-def test_uva_read_sizes_and_bad_input(tmp_path):
+def test_uva_read_sizes_and_bad_input(tmp_path, capsys):
     offloaded = bench_uva_read.cpu_offload_bytes()
     assert offloaded > 1 << 30  # the reference plan's cpu_offload_gb on 24 GiB: GBs, not a test-sized buffer
     assert bench_uva_read.parse_sizes("1MiB,cpu_offload_gb") == [1 << 20, offloaded]
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.uva_read", "--sizes", "1KiB",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: --sizes") and len(proc.stderr.splitlines()) == 1
+    assert bench_uva_read.main(["--sizes", "1KiB", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --sizes") and len(err.splitlines()) == 1
 
 
 def test_cuda_shaped_results_give_every_cuda_figure(small_run, tmp_path):

@@ -58,17 +58,52 @@ case("bf16-one-token", Shape("qwen", "bf16", 16, 4, 80, 48, "silu", False), 6, 1
 case("bf16-tokens", Shape("qwen", "bf16", 16, 4, 64, 32, "silu", False), 4, 6, 16, 32)
 """
 
+#: HostExperts with an MXFP4 share held as stored, once through the CPU stand-in and once
+#: through the share kernel (``share_kernel`` set, as a CUDA share sets it; the kernel under
+#: the interpreter): both against the reference, and the kernel counted as called. Run
+#: after :data:`CASES`, in the same interpreter.
+THROUGH_THE_LAYER = r"""
+from selective_offload.wrappers.host_compute import HostExperts
+
+calls = []
+kernel = share_kernel.moe_native
+share_kernel.moe_native = lambda *a, **k: calls.append(1) or kernel(*a, **k)
+shape = Shape("oss", "mxfp4", 8, 4, 64, 64, "swigluoai", True)
+w, act = make_weights(shape, seed=3), activation(shape)
+gen = torch.Generator().manual_seed(4)
+x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
+ids = torch.stack([torch.randperm(8, generator=gen)[:4] for _ in range(3)]).to(torch.int32)
+tw = torch.softmax(torch.randn(3, 4, generator=gen), -1)
+want = reference.moe_reference(x, ids, tw, w, act)
+layer = HostExperts("g", w, act, crossover_tokens=8, threads=1, device=torch.device("cpu"),
+                    device_share=reference.held_share(w, 3, "cpu", native=True))
+assert not layer.share_kernel
+stand_in = layer(x, ids, tw).float()
+layer.share_kernel = True
+through_kernel = layer(x, ids, tw).float()
+scale = float(want.abs().max())
+picks = int(((ids >= 0) & (ids < 3)).sum())
+print(json.dumps({"case": "through-the-layer", "calls": len(calls), "picks": picks,
+                  "stand_in": float((stand_in - want).abs().max()) / scale, "kernel": float((through_kernel - want).abs().max()) / scale,
+                  "apart": float((through_kernel - stand_in).abs().max()) / scale}))
+"""
+
 #: float32 sums in another order than the reference's.
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def results():
+def interpreted():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", CASES], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=env)
+    proc = subprocess.run([sys.executable, "-c", CASES + THROUGH_THE_LAYER], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
+
+
+@pytest.fixture
+def results(interpreted):
+    return {name: r for name, r in interpreted.items() if name != "through-the-layer"}
 
 
 def test_the_share_kernel_computes_the_shares_picks_as_the_reference_does(results):
@@ -158,47 +193,8 @@ def test_the_kernels_compile_for_the_gpus_a_plan_names():
         assert r["cubin"] > 0 and f"sm_{r['cc']}" in r["target"], r
 
 
-#: HostExperts with an MXFP4 share held as stored, once through the CPU stand-in and once
-#: through the share kernel (``share_kernel`` set, as a CUDA share sets it; the kernel under
-#: the interpreter): both against the reference, and the kernel counted as called.
-THROUGH_THE_LAYER = r"""
-import json, sys
-import torch
-from benchmarks.host_compute.layers import Shape, activation, make_weights
-from selective_offload.cpu_kernels import reference
-from selective_offload.wrappers import share_kernel
-from selective_offload.wrappers.host_compute import HostExperts
-
-calls = []
-kernel = share_kernel.moe_native
-share_kernel.moe_native = lambda *a, **k: calls.append(1) or kernel(*a, **k)
-shape = Shape("oss", "mxfp4", 8, 4, 64, 64, "swigluoai", True)
-w, act = make_weights(shape, seed=3), activation(shape)
-gen = torch.Generator().manual_seed(4)
-x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
-ids = torch.stack([torch.randperm(8, generator=gen)[:4] for _ in range(3)]).to(torch.int32)
-tw = torch.softmax(torch.randn(3, 4, generator=gen), -1)
-want = reference.moe_reference(x, ids, tw, w, act)
-layer = HostExperts("g", w, act, crossover_tokens=8, threads=1, device=torch.device("cpu"),
-                    device_share=reference.held_share(w, 3, "cpu", native=True))
-assert not layer.share_kernel
-stand_in = layer(x, ids, tw).float()
-layer.share_kernel = True
-through_kernel = layer(x, ids, tw).float()
-scale = float(want.abs().max())
-picks = int(((ids >= 0) & (ids < 3)).sum())
-print(json.dumps({"calls": len(calls), "picks": picks, "stand_in": float((stand_in - want).abs().max()) / scale,
-                  "kernel": float((through_kernel - want).abs().max()) / scale,
-                  "apart": float((through_kernel - stand_in).abs().max()) / scale}))
-"""
-
-
-def test_the_layer_hands_its_share_to_the_kernel_as_the_kernel_expects():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", THROUGH_THE_LAYER], capture_output=True, text=True, timeout=300,
-                          cwd=REPO, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    r = json.loads(proc.stdout.splitlines()[-1])
+def test_the_layer_hands_its_share_to_the_kernel_as_the_kernel_expects(interpreted):
+    r = interpreted["through-the-layer"]
     assert r["calls"] == 1 and r["picks"] > 0, r  # the stand-in called no kernel; the kernel path called it once
     # the host part is the int8 CPU kernel's either way (test_vllm_mxfp4's tolerance); the
     # share's two paths part only by float32 sums in another order, before bf16's rounding

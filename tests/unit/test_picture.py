@@ -24,7 +24,7 @@ ROOT = REPO
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_plan_picture  # noqa: E402
 from selective_offload.checkpoint import load_checkpoint
-from selective_offload.cli import BUNDLED
+from selective_offload.cli import BUNDLED, main
 from selective_offload.planner import PlanInputs, make_plan
 
 RESULTS = ROOT / "docs" / "images"
@@ -125,11 +125,12 @@ def cli(*args, env=None):
                           env=environ, timeout=180)
 
 
-def test_plan_png_and_svg_from_the_cli(tmp_path):
-    proc = cli("plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--png", str(tmp_path / "p.png"),
-               "--svg", str(tmp_path / "p.svg"))
-    assert proc.returncode == 0, proc.stderr
-    assert f"wrote  picture: {tmp_path / 'p.png'}, {tmp_path / 'p.svg'}" in proc.stdout.splitlines()
+def test_plan_png_and_svg_from_the_cli(tmp_path, capsys):
+    code = main(["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--png", str(tmp_path / "p.png"),
+                 "--svg", str(tmp_path / "p.svg")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"wrote  picture: {tmp_path / 'p.png'}, {tmp_path / 'p.svg'}" in out.splitlines()
     assert png_size(tmp_path / "p.png") == (1500, 900) and "<svg" in (tmp_path / "p.svg").read_text()
 
 
@@ -138,16 +139,18 @@ def test_plan_png_and_svg_from_the_cli(tmp_path):
     ("no matplotlib", "--png/--svg draw with matplotlib, which is not installed: pip install "
                       "'selective-offload[picture]' (or pip install matplotlib)"),
 ])
-def test_picture_refusals_are_one_line_before_any_work(tmp_path, case, expected):
-    env = None
-    name = "p.jpg" if case == "suffix" else "p.png"
-    if case == "no matplotlib":  # a matplotlib that cannot be imported, first on the path
+def test_picture_refusals_are_one_line_before_any_work(tmp_path, case, expected, capsys):
+    argv = ["plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--png"]
+    if case == "no matplotlib":  # a matplotlib that cannot be imported, first on a real run's path
         (tmp_path / "shadow" / "matplotlib").mkdir(parents=True)
         (tmp_path / "shadow" / "matplotlib" / "__init__.py").write_text("raise ImportError('not here')\n")
         env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "shadow"), str(ROOT)])}
-    proc = cli("plan", "qwen3.8-27b-fp8", "--device-memory", "24GiB", "--png", str(tmp_path / name), env=env)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip() == f"selective-offload: error: {expected.format(tmp=tmp_path)}"
+        proc = cli(*argv, str(tmp_path / "p.png"), env=env)
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    else:
+        code, (out, err) = main([*argv, str(tmp_path / "p.jpg")]), capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.strip() == f"selective-offload: error: {expected.format(tmp=tmp_path)}"
 
 
 def test_every_text_lies_inside_the_figure_and_no_legend_covers_a_bar():

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
-import sys
 from dataclasses import replace
+
+import pytest
 
 from helpers import save_tiny_qwen3
 from selective_offload import cli, plan_options, render
@@ -163,10 +163,11 @@ def test_a_model_too_small_to_mean_anything_gets_no_tok_s(capsys, tmp_path):
     assert not priced(below) and "no tok/s" in render_plan(below)
 
 
-def test_plan_help_is_grouped_one_or_two_lines_an_option():
-    out = subprocess.run([sys.executable, "-m", "selective_offload.cli", "plan", "--help"], capture_output=True,
-                         text=True, check=True, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin",
-                                                     "PYTHONPATH": ":".join(sys.path)}).stdout
+def test_plan_help_is_grouped_one_or_two_lines_an_option(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")  # argparse wraps --help to the terminal's width
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = capsys.readouterr().out
     for group in ("card and budget:", "machine rates", "workload:", "vLLM:", "output:"):
         assert f"\n{group}" in out, group
     blocks: list[list[str]] = []
@@ -210,12 +211,12 @@ def test_an_infeasible_plan_prints_no_tok_s_and_each_fix_it_offers_fits(capsys, 
     assert "tok/s" not in out and "speed-up" not in out and "next:" not in out
     fix = " ".join(line[7:] for line in lines[1:] if line.startswith(("fix ", "       "))
                    and not line.startswith("device")).split("device ")[0]
-    offered = re.findall(r"--host-memory (\d+GiB)", fix)
-    assert len(offered) == 1 and "a larger --device-memory" in fix, fix
+    offered = re.findall(r"--(host|device)-memory (\d+GiB)", fix)
+    assert [flag for flag, _ in offered] == ["device", "host"], fix
     assert "--kv-cache" not in fix  # 1 GiB KV + 2 GiB reserve cannot free the bytes short
-    for flags in (["--host-memory", offered[0]], ["--device-memory", "40GiB"]):
-        code, out, _ = run(capsys, *argv[:2], *(argv[2:] if flags[0] != "--device-memory" else []), *flags)
-        assert code == 0, (flags, out)
+    for flag, value in offered:
+        code, out, _ = run(capsys, *argv[:2], *(argv[2:] if flag == "host" else []), f"--{flag}-memory", value)
+        assert code == 0, (flag, value, out)
     # a device shortfall a smaller KV cache closes: offered, and it does
     plan = planned(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB", "--host-memory", "none")
     assert plan.shortfall_bytes and plan.shortfall_bytes < plan.inputs.reserve_bytes
@@ -224,6 +225,18 @@ def test_an_infeasible_plan_prints_no_tok_s_and_each_fix_it_offers_fits(capsys, 
     code, _, _ = run(capsys, "plan", "qwen3.8-27b-fp8", "--device-memory", "4GiB", "--host-memory", "none",
                      "--reserve", "0")
     assert code == 0
+
+
+@pytest.mark.parametrize("card,flags,offered", [
+    ("4GiB", [], "6GiB"),
+    # 24 GiB would hold it as given, not as a 24 GiB card's class margin and context leave it
+    ("21GiB", ["--kv-cache", "17GiB", "--reserve", "3.5GiB"], "25GiB")])
+def test_the_device_memory_a_fix_offers_is_the_smallest_that_fits(capsys, card, flags, offered):
+    argv = ["plan", "qwen3.8-27b-fp8", "--host-memory", "none", *flags, "--device-memory"]
+    code, out, _ = run(capsys, *argv, card)
+    assert code == cli.EXIT_INFEASIBLE and f"fix    --device-memory {offered} (all it" in out, out
+    smaller = f"{int(offered[:-3]) - 1}GiB"
+    assert [run(capsys, *argv, size)[0] for size in (offered, smaller)] == [0, cli.EXIT_INFEASIBLE]
 
 
 def test_a_vllm_baseline_over_the_host_ram_is_marked(capsys):

@@ -3,15 +3,19 @@ written the way the engine's worker ranks write them (LandingReport.save, rank f
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from helpers import REPO
+from selective_offload.cli import main
 from selective_offload.options import RunOptions
 from selective_offload.report import GroupLanding, LandingReport, rank_path
 from selective_offload.vllm_glue.session import save_report
@@ -19,11 +23,19 @@ from selective_offload.vllm_glue.session import save_report
 ROOT = REPO
 
 
-def run_cli(*args, env=None):
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               **(env or {})}
-    return subprocess.run([sys.executable, "-m", "selective_offload.cli", *args], capture_output=True,
-                          text=True, env=environ, timeout=120)
+def run_cli(*args, env=None, real=False):
+    """``selective-offload ARGS`` with ``env`` added to the environment: ``real``, in a
+    subprocess as a user runs it (a hang is bounded by its timeout); else ``cli.main`` in
+    this process, its exit code and output read the same way (no interpreter start-up)."""
+    if real:
+        environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                   **(env or {})}
+        return subprocess.run([sys.executable, "-m", "selective_offload.cli", *args], capture_output=True,
+                              text=True, env=environ, timeout=120)
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def a_report(problems=()) -> LandingReport:
@@ -36,7 +48,7 @@ def a_report(problems=()) -> LandingReport:
 
 def test_report_renders_and_exits_0_when_the_placement_matches(tmp_path):
     a_report().save(tmp_path / "report.json")
-    proc = run_cli("report", str(tmp_path / "report.json"))
+    proc = run_cli("report", str(tmp_path / "report.json"), real=True)
     assert proc.returncode == 0, proc.stderr
     assert "model.embed_tokens" in proc.stdout and "host gather" in proc.stdout
     lines = proc.stdout.splitlines()
@@ -201,7 +213,8 @@ def test_a_last_report_record_that_is_not_one_path_of_text_is_one_line(tmp_path,
         record.write_text("/tmp/rep\x00ort.json\n")
     else:
         record.write_text("/tmp/a.json\n/tmp/b.json\n")
-    proc = run_cli("report", env={"SELECTIVE_OFFLOAD_LAST_REPORT": str(record), "SELECTIVE_OFFLOAD_REPORT": ""})
+    proc = run_cli("report", env={"SELECTIVE_OFFLOAD_LAST_REPORT": str(record), "SELECTIVE_OFFLOAD_REPORT": ""},
+                   real=case == "fifo")  # a FIFO that blocks would hang this process
     line = one_line_error(proc)
     assert str(record) in line
     expected = {"binary": "not UTF-8 text", "fifo": "not a regular file", "directory": "not a regular file",

@@ -20,14 +20,6 @@ from selective_offload.cpu_kernels import cores, kernel, reference
 SHAPES = {"bf16": (304, 176), "mxfp4": (224, 192), "fp8-block": (208, 96), "int4": (224, 160)}
 
 
-@pytest.fixture(scope="module")
-def lib():
-    try:
-        return ck.library()
-    except ck.KernelUnavailable as exc:
-        pytest.skip(f"the CPU kernel cannot be built here: {exc}")
-
-
 @pytest.fixture
 def default_pinning(lib):
     yield

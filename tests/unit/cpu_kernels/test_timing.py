@@ -25,14 +25,6 @@ class Counting:
         return getattr(self.lib, name)
 
 
-@pytest.fixture(scope="module")
-def lib():
-    try:
-        return ck.library()
-    except ck.KernelUnavailable as e:
-        pytest.skip(f"no host-compute kernel here: {e}")
-
-
 def test_rounds_alternate_new_picks_with_the_read_kernel_and_skip_the_warm_ones(lib):
     """Every round calls the kernel with another token's picks (new experts, so they come
     from memory) and then sums the read buffer with the same threads; the warm rounds run
