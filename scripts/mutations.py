@@ -559,6 +559,7 @@ MUTATIONS = {
  'router-on-input-at-any-top-k': ('selective_offload/cpu_kernels/capability.py', 'refusal', '    if layer.router_weight_on_input and layer.experts_per_token != 1:', '    if False:', ['tests/unit/vllm_glue/test_host_compute_glue.py::test_what_the_kernels_do_not_compute_is_refused_in_one_line']),
  'router-weight-left-on-output': ('selective_offload/vllm_glue/host_compute.py', 'method_class.HostComputeMethod.apply', '                x, topk_weights = x * topk_weights.to(x.dtype), torch.ones_like(topk_weights)', '                pass', ['tests/engine/test_vllm_host_activations.py::test_tokens_identical_to_plain_vllm[llama4]']),
  'host-mlp-always-silu': ('selective_offload/vllm_glue/host_mlp.py', 'install_mlp', 'HostExperts(group, weights, mlp_activation(group, mlp), crossover_tokens', 'HostExperts(group, weights, Activation("silu"), crossover_tokens', ['tests/engine/test_vllm_host_activations.py::test_tokens_identical_to_plain_vllm[gemma3]']),
+ 'share-kernel-gelu-as-silu': ('selective_offload/wrappers/share_kernel.py', '_up', '            elif GELU:  # gelu(g, tanh) = g * sigmoid(2 * sqrt(2/pi) * (g + 0.044715 g^3))', '            elif False:', ['tests/tools/test_share_kernel.py::test_the_share_kernel_computes_the_shares_picks_as_the_reference_does']),
 }
 
 

@@ -87,7 +87,7 @@ def _rows_dot(w_ptr, s_ptr, v_ptr, rows, live_rows, ncols,
 
 @triton.jit
 def _up(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, H, I, SLOTS, K, alpha, limit,
-        MXFP4: tl.constexpr, SWIGLU: tl.constexpr, BIAS: tl.constexpr, CLAMP: tl.constexpr,
+        MXFP4: tl.constexpr, SWIGLU: tl.constexpr, GELU: tl.constexpr, BIAS: tl.constexpr, CLAMP: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     e = tl.program_id(1)  # the share's expert this program reads
     i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -115,6 +115,8 @@ def _up(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, H, I, SLOTS, K, alpha, lim
                     g = tl.minimum(g, limit)
                     u = tl.minimum(tl.maximum(u, -limit), limit)
                 a = (u + 1.0) * g / (1.0 + tl.exp(-alpha * g))
+            elif GELU:  # gelu(g, tanh) = g * sigmoid(2 * sqrt(2/pi) * (g + 0.044715 g^3))
+                a = g / (1.0 + tl.exp(-1.5957691216057308 * (g + 0.044715 * g * g * g))) * u
             else:
                 a = g / (1.0 + tl.exp(-g)) * u
             tl.store(act_ptr + slot * I + i, a, mask=rm)
@@ -177,11 +179,14 @@ def moe_native(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     s2 = share.w2_scale if mxfp4 else share.w2
     b13 = share.w13_bias if share.w13_bias is not None else share.w13
     b2 = share.w2_bias if share.w2_bias is not None else share.w2
+    if activation.kind not in ("silu", "swigluoai", "gelu_tanh"):
+        raise ValueError(f"moe_native computes silu, swigluoai and gelu_tanh, not {activation.kind}")
     swiglu = activation.kind == "swigluoai"
     limit = activation.limit if activation.limit is not None else 0.0
     _up[(triton.cdiv(I, block_rows), M)](
         xf, ids, share.w13, s13, b13, act, H, I, T * K, K, float(activation.alpha), float(limit),
-        MXFP4=mxfp4, SWIGLU=swiglu, BIAS=share.w13_bias is not None, CLAMP=swiglu and activation.limit is not None,
+        MXFP4=mxfp4, SWIGLU=swiglu, GELU=activation.kind == "gelu_tanh", BIAS=share.w13_bias is not None,
+        CLAMP=swiglu and activation.limit is not None,
         BLOCK_R=block_rows, BLOCK_K=block_k)
     _down[(triton.cdiv(H, block_rows), M)](
         act, ids, tw, share.w2, s2, b2, y, H, I, T * K,

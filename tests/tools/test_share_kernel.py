@@ -4,7 +4,8 @@ imported, for the whole process; this one imports vLLM).
 
 The cases cover what the kernel must get right to be measured on a GPU at all: MXFP4's codes
 and scales with gpt-oss's biases and clamped, interleaved swiglu; bf16 with silu; picks
-outside the share (host experts and -1) contributing nothing; sizes that leave partial
+outside the share (host experts and -1) contributing nothing; GELU(tanh)-gated experts
+(Gemma 4) in both formats; sizes that leave partial
 blocks of rows and columns; several tokens sharing an expert.
 """
 
@@ -56,6 +57,8 @@ case("mxfp4-clamped", Shape("oss", "mxfp4", 8, 2, 64, 64, "swigluoai", True), 4,
 case("mxfp4-unclamped", Shape("oss", "mxfp4", 6, 3, 64, 64, "swigluoai", True), 2, 3, 32, 64, None)
 case("bf16-one-token", Shape("qwen", "bf16", 16, 4, 80, 48, "silu", False), 6, 1, 32, 64)
 case("bf16-tokens", Shape("qwen", "bf16", 16, 4, 64, 32, "silu", False), 4, 6, 16, 32)
+case("mxfp4-gelu-tanh", Shape("gemma", "mxfp4", 8, 2, 64, 64, "gelu_tanh", False), 4, 3, 32, 64)
+case("bf16-gelu-tanh", Shape("gemma", "bf16", 16, 4, 64, 48, "gelu_tanh", False), 5, 4, 16, 32)
 """
 
 #: HostExperts with an MXFP4 share held as stored, once through the CPU stand-in and once
@@ -108,7 +111,7 @@ def results(interpreted):
 
 def test_the_share_kernel_computes_the_shares_picks_as_the_reference_does(results):
     assert set(results) == {"mxfp4-one-token", "mxfp4-tokens", "mxfp4-repeated", "mxfp4-clamped", "mxfp4-unclamped", "bf16-one-token",
-                            "bf16-tokens"}
+                            "bf16-tokens", "mxfp4-gelu-tanh", "bf16-gelu-tanh"}
     for name, r in results.items():
         assert r["ref"] > 0.01, name  # picks landed in the share
         assert r["err"] <= TOL, r
@@ -161,7 +164,7 @@ for cc in (89, 90):
         down = {"act_ptr": "*fp32", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": w, "s_ptr": w, "b_ptr": "*bf16",
                 "y_ptr": "*fp32", "H": "i32", "I": "i32", "SLOTS": "i32"}
         flags = {"MXFP4": mxfp4, "BIAS": mxfp4, "BLOCK_R": 32, "BLOCK_K": 256}
-        for fn, sig, consts in ((sk._up, up, {**flags, "SWIGLU": mxfp4, "CLAMP": mxfp4}), (sk._down, down, flags)):
+        for fn, sig, consts in ((sk._up, up, {**flags, "SWIGLU": mxfp4, "GELU": not mxfp4, "CLAMP": mxfp4}), (sk._down, down, flags)):
             sig = {**sig, **{name: "constexpr" for name in consts}}
             k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts),
                                target=GPUTarget("cuda", cc, 32))
