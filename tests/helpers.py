@@ -274,7 +274,7 @@ def loaded_bytes(ckpt) -> int:
 #: planner says so; priced with a negligible hand-off, the CPU wins as it does for real
 #: layers, and the CPU's matmul rate puts the crossover between a decode step of the four
 #: prompts (4 tokens) and their prefill (14).
-#: Host-compute inputs of the tiny replicas' plans; their engine's step is the tiny context's
+#: The tiny replicas' engine step is the tiny context's
 #: (256 tokens): a step of vLLM's default 2048 holds more activations above the crossover than
 #: a tiny model has weights, so no placement would compute it on the host. A tiny dense MLP,
 #: which every token of a step reads, is planned for :data:`TINY_DENSE_STEP` tokens.

@@ -5,6 +5,8 @@ Which vLLM linear methods are served, and in which CPU format: :data:`LINEAR_FOR
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -107,20 +109,38 @@ def mlp_weights(group: str, mlp: nn.Module, fmt: str) -> ExpertWeights:
                         "on the device") from None
 
 
-def relayout_after_reload(mlp: nn.Module) -> None:
-    """A reload copies GPTQ's layout into the same tensors and then runs each projection's
-    post-processing (kept as loaded here): rewrite the MLP's rows again after it."""
-    for part in (mlp.gate_up_proj, mlp.down_proj):
+def after_both_reloaded(mlp: nn.Module, action: Callable[[], None]) -> None:
+    """Run ``action`` when vLLM's layer-by-layer reload has post-processed both of the
+    MLP's projections, whichever comes last: the reload finishes each projection as soon as
+    its own weights are in, in the checkpoint's key order (sorted: ``down_proj`` before
+    ``gate_proj``/``up_proj``), so the first one done must not touch the other, which is
+    still on the meta device then. The one finishing last has its new values in the tensors
+    its post-processing sees, the other's already copied back into the tensors kept."""
+    parts = (mlp.gate_up_proj, mlp.down_proj)
+    done: set[int] = set()
+    for part in parts:
         method = part.quant_method
         original = method.process_weights_after_loading
 
         def process_weights_after_loading(layer, _original=original):
             _original(layer)
-            mlp.__dict__.pop("_selective_offload_int4_rows", None)
-            if layer is mlp.down_proj:  # both projections reloaded: the MLP's rows again
-                mlp_rows(mlp)
+            done.add(id(layer))
+            if all(id(p) in done for p in parts):
+                done.clear()
+                action()
 
         method.process_weights_after_loading = process_weights_after_loading
+
+
+def relayout_after_reload(mlp: nn.Module) -> None:
+    """A reload copies GPTQ's layout into the same tensors and then runs each projection's
+    post-processing (kept as loaded here): rewrite the MLP's rows again after both."""
+
+    def relayout() -> None:
+        mlp.__dict__.pop("_selective_offload_int4_rows", None)
+        mlp_rows(mlp)
+
+    after_both_reloaded(mlp, relayout)
 
 
 def split_mlp(group: str, weights: ExpertWeights, channels: int,
@@ -142,20 +162,16 @@ def resplit_after_reload(group: str, mlp: nn.Module, experts: HostExperts, fmt: 
     """A reload copies the checkpoint's layout into the same tensors (and GPTQ's rows are
     rewritten again by :func:`relayout_after_reload`): split them again in place, the host
     part where the kernel reads it, and hold the new share in the device tensors a
-    captured graph holds. vLLM's layer-by-layer reload runs this on ``down_proj`` rebuilt
-    (``gate_up_proj`` is back in its own tensors by then) and copies the split values into
-    ``down_proj``'s own tensors after it: the host experts keep reading those, at the same
-    offsets, never the rebuilt copy."""
-    down = mlp.down_proj
-    original = down.quant_method.process_weights_after_loading
+    captured graph holds, once both projections are reloaded (:func:`after_both_reloaded`).
+    vLLM's layer-by-layer reload copies the last projection's split values into its own
+    tensors after this: the host experts keep reading those, at the same offsets, never
+    the rebuilt copy."""
 
-    def process_weights_after_loading(layer, _original=original):
-        _original(layer)
-        if layer is down:  # both projections reloaded
-            _, share = split_channels(mlp_weights(group, mlp, fmt), channels)  # in place; it fitted at install
-            held_share(share, 1, experts.share.w13.device, into=experts.share)
+    def resplit() -> None:
+        _, share = split_channels(mlp_weights(group, mlp, fmt), channels)  # in place; it fitted at install
+        held_share(share, 1, experts.share.w13.device, into=experts.share)
 
-    down.quant_method.process_weights_after_loading = process_weights_after_loading
+    after_both_reloaded(mlp, resplit)
 
 
 def install_mlp(group: str, mlp: nn.Module, plan: Plan, device: torch.device,

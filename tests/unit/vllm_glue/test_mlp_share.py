@@ -79,17 +79,21 @@ def mlp_plan():
         for name, shape in (("gate_proj", [I, H]), ("up_proj", [I, H]), ("down_proj", [H, I])):
             spec[f"model.layers.{i}.mlp.{name}.weight"] = ("BF16", shape)
     ckpt = make_ckpt(spec, num_hidden_layers=2, hidden_size=H, intermediate_size=I)
-    return make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.6), kv_cache_bytes=0,
-                                      reserve_bytes=0, **TINY_HOST_COMPUTE))
+    # a step of 8 tokens: the copied path's activations at a larger one outweigh these MLPs
+    return make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * 0.62), kv_cache_bytes=0,
+                                      reserve_bytes=0, **{**TINY_HOST_COMPUTE, "max_num_batched_tokens": 8}))
 
 
-def test_vllms_reload_rebuilds_a_host_mlp_in_host_memory_and_splits_it_again():
+@pytest.mark.parametrize("order", [("down_proj", "gate_up_proj"), ("gate_up_proj", "down_proj")],
+                         ids=["checkpoint-order", "gate-up-first"])
+def test_vllms_reload_rebuilds_a_host_mlp_in_host_memory_and_splits_it_again(order):
     """vLLM records at construction the device its layer-by-layer reload rebuilds each layer
     on (the default device: CUDA on a GPU; meta stands in for it here). An MLP the glue
     serves ``compute`` has its projections rebuilt in host memory instead, so the MLP never
     lands on the device, which the plan does not count; vLLM's own reload then runs
     through, the host part is read from the linears' own storage and the device share
-    holds the new channels."""
+    holds the new channels. The reload finishes each projection as its weights come in, in
+    the checkpoint's key order (sorted: ``down_proj`` first), so the split waits for both."""
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.activation import SiluAndMul
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
@@ -113,7 +117,7 @@ def test_vllms_reload_rebuilds_a_host_mlp_in_host_memory_and_splits_it_again():
     assert all(get_layerwise_info(m).restore_device == cpu for m in (mlp.gate_up_proj, mlp.down_proj))
 
     _, new = float_mlp(seed=1)
-    reload_like_vllm(model, {f"mlp.{name}.weight": t for name, t in new.items()})
+    reload_like_vllm(model, {f"mlp.{name}.weight": new[name] for name in order})
     x, ids, w = torch.randn(3, H), torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, 1)
     want = moe_reference(x, ids, w, ExpertWeights("f32", new["gate_up_proj"][None], new["down_proj"][None]),
                          Activation("silu"))
