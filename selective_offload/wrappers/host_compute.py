@@ -308,8 +308,9 @@ class HostExperts:
         dequantized as it is read, the same sums the kernel makes."""
         ids = topk_ids.to(self.share.w13.device).long()
         if not self.share_channels:  # the router's expert ids as share slots: -1 for the host's picks
-            ids = torch.where(ids >= 0, self.share_slot[ids.clamp(min=0)], -1)
-        inside = ids >= 0
+            known = (ids >= 0) & (ids < self.share_slot.numel())  # an id past E reads no slot: no device fault
+            ids = torch.where(known, self.share_slot[ids.clamp(0, self.share_slot.numel() - 1)], -1)
+        inside = (ids >= 0) & (ids < self.share.num_experts)
         self.share_picks += inside.sum()
         if self.share.fmt in ("bf16", "f32"):
             return cpu_kernels.reference.moe_picked(x, ids, topk_weights, self.share, self.activation)

@@ -224,6 +224,19 @@ def test_a_share_with_every_pick_on_it_leaves_the_host_nothing_to_add():
     assert he.counts.host_bytes == 0 and int(he.share_picks) == 4
 
 
+def test_an_expert_id_past_the_layers_experts_reads_no_share_slot():
+    """An id of E or more (an EPLB physical id, a sentinel) contributes nothing on the share
+    and faults nowhere: indexing the slot map with it is a device-side assert on CUDA."""
+    weights = bf16_weights()
+    share = held_share(weights, 3, "cpu", ids=(5, 2, 7))
+    he = experts(crossover=4, weights=weights, device_share=share, share_ids=(5, 2, 7))
+    x, _, w = routing(2)
+    ids = torch.tensor([[5, 8], [11, 2]], dtype=torch.int32)
+    got = he._on_share(x, ids, w)
+    want = he._on_share(x, torch.tensor([[5, -1], [-1, 2]], dtype=torch.int32), w)
+    assert torch.equal(got, want) and int(he.share_picks) == 4
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8-block", "int4", "f32"])
 def test_a_held_share_is_its_experts_in_bf16_in_storage_of_its_own(fmt):
     """``held_share``: the first experts dequantized to bf16 (what the device reads once per
