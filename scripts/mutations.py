@@ -562,6 +562,7 @@ MUTATIONS = {
  'share-kernel-gelu-as-silu': ('selective_offload/wrappers/share_kernel.py', '_up', '            elif GELU:  # gelu(g, tanh) = g * sigmoid(2 * sqrt(2/pi) * (g + 0.044715 g^3))', '            elif False:', ['tests/tools/test_share_kernel.py::test_the_share_kernel_computes_the_shares_picks_as_the_reference_does']),
  'mlp-resplit-before-both-reloaded': ('selective_offload/vllm_glue/host_mlp.py', 'after_both_reloaded.process_weights_after_loading', '            if all(id(p) in done for p in parts):', '            if True:', ['tests/unit/vllm_glue/test_mlp_share.py::test_vllms_reload_rebuilds_a_host_mlp_in_host_memory_and_splits_it_again']),
  'share-ids-past-e-indexed': ('selective_offload/wrappers/host_compute.py', 'HostExperts._on_share', '            known = (ids >= 0) & (ids < self.share_slot.numel())  # an id past E reads no slot: no device fault', '            known = ids >= 0', ['tests/unit/wrappers/test_host_experts.py::test_an_expert_id_past_the_layers_experts_reads_no_share_slot']),
+ 'routing-silent-layer-unsaid': ('selective_offload/planner/shares.py', 'by_routing', '    silent = [g.layer_index for g in shared if not sum(profile.layers[g.layer_index])]', '    silent = []', ['tests/unit/planner/test_device_share.py::test_a_routing_profile_puts_each_layers_busiest_experts_on_the_device_and_prices_their_hit_rate']),
 }
 
 

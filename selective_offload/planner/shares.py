@@ -245,4 +245,8 @@ def by_routing(plan: "Plan", profile: "RoutingProfile | None") -> "Plan":
             f"est hit rate {min(hits):.1%} to {max(hits):.1%} of a layer's picks (uniform: {min(uniform):.1%} to "
             f"{max(uniform):.1%}), est {ordered.est.est_tok_s:.3g} tok/s (uniform: {plan.est.est_tok_s:.3g})"
             if shared else f"routing profile ({profile.source_text()}): no layer has a device share to order")
-    return replace(ordered, notes=ordered.notes + (line,))
+    # a layer the profile counted nothing in (a kernel the counter did not see) is not "busiest"
+    silent = [g.layer_index for g in shared if not sum(profile.layers[g.layer_index])]
+    unmeasured = (f"routing profile: layers {', '.join(map(str, silent))} counted no picks; their shares hold the "
+                  "first experts, priced as uniform routing",) if silent else ()
+    return replace(ordered, notes=ordered.notes + (line,) + unmeasured)

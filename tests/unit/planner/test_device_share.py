@@ -250,6 +250,14 @@ def test_a_routing_profile_puts_each_layers_busiest_experts_on_the_device_and_pr
     assert again.est.est_tok_s == pytest.approx(plan.est.est_tok_s)
     refused_edit(plan, lambda d: d["groups"][next(i for i, g in enumerate(d["groups"]) if g.get("device_experts"))]
                  .update(device_expert_ids=[6, 6, 7]), "device_expert_ids .* distinct experts")
+    assert not any("counted no picks" in n for n in plan.notes)
+    # a layer the counters never saw (all zero) keeps its first experts and says so
+    from dataclasses import replace as replaced
+
+    profile = skewed_profile()
+    silent = by_routing(uniform, replaced(profile, layers={**profile.layers, 2: (0,) * E}))
+    assert computed(silent)[2].device_expert_ids == (0, 1, 2) and computed(silent)[2].est_device_hit_rate == 3 / E
+    assert any(n.startswith("routing profile: layers 2 counted no picks") for n in silent.notes)
 
 
 @pytest.mark.parametrize("edit, match", [
