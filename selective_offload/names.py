@@ -129,7 +129,8 @@ def experts_prefix(name: str) -> str | None:
     (``model.layers.3.mlp.experts.gate_up_proj``, ``...experts.17.down_proj.weight``,
     vLLM's ``...experts.w13_weight``); the group name is the module path up to that segment,
     which is also vLLM's FusedMoE ``prefix``. Experts stored fused elsewhere
-    (:data:`FUSED_EXPERTS_RENAMES`: Granite-MoE's ``...block_sparse_moe.input_linear.weight``)
+    (:data:`FUSED_EXPERTS_RENAMES`: Granite-MoE's ``...block_sparse_moe.input_linear.weight`` and its
+    ``weight_scale``)
     are in the group vLLM loads them into (``...block_sparse_moe.experts``). ``...mlp.shared_experts.*``, a dense
     ``...mlp.gate_proj`` and what vLLM's runner holds beside them
     (:data:`NOT_ROUTED_UNDER_EXPERTS`: ``...mlp.experts.gate.weight``) are not routed experts.
@@ -139,9 +140,11 @@ def experts_prefix(name: str) -> str | None:
         return None
     for stored in FUSED_EXPERTS_RENAMES:
         module = stored.rsplit(".", 1)[0]  # ``moe.input_linear``
-        for suffix in (stored, module):  # the tensor, or its module
-            if name.endswith(suffix):
-                return f"{name[:-len(suffix)]}{module.split('.')[0]}.{ROUTED_EXPERTS_SEGMENT}"
+        # the module, or any tensor of it: the weight, and an FP8 checkpoint's weight_scale,
+        # which vLLM maps onto the same fused experts (granitemoehybrid.py's load_weights)
+        owner = name if name.endswith(module) else name.rsplit(".", 1)[0]
+        if owner.endswith(module):
+            return f"{owner[:-len(module)]}{module.split('.')[0]}.{ROUTED_EXPERTS_SEGMENT}"
     head, rest = name[:m.end() - 1], segments(name[m.end():])
     if ROUTED_EXPERTS_SEGMENT not in rest:
         return None

@@ -72,6 +72,9 @@ def by_name(plan_or_groups):
     ("model.layers.3.block_sparse_moe.input_linear.weight", "model.layers.3.block_sparse_moe.experts"),
     ("model.layers.3.block_sparse_moe.output_linear", "model.layers.3.block_sparse_moe.experts"),
     ("model.layers.3.shared_mlp.input_linear.weight", None),  # GraniteMoeShared's dense shared MLP
+    # an FP8 Granite 4.0-H's scales, which vLLM's load_weights maps onto the same fused experts
+    ("model.layers.3.block_sparse_moe.input_linear.weight_scale", "model.layers.3.block_sparse_moe.experts"),
+    ("model.layers.3.block_sparse_moe.output_linear.weight_scale", "model.layers.3.block_sparse_moe.experts"),
 ])
 def test_routed_experts_are_a_whole_experts_segment_inside_a_layer(name, prefix):
     assert experts_prefix(name) == prefix
