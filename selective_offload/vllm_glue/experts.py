@@ -242,8 +242,11 @@ def check_kernel(group: str, method: Any, device: torch.device, card: str | None
 
 
 def find_modules(model: nn.Module, xl: ExpertsLoad, routed_experts_cls: type) -> None:
-    """Record the built ``RoutedExperts`` module of each uva-served group."""
-    for name, module in model.named_modules():
+    """Record the built ``RoutedExperts`` module of each uva-served group, by its name in
+    the layer stack (:func:`.model_names.first_names`)."""
+    name_of = first_names(model)
+    for listed, module in model.named_modules():
+        name = name_of(listed)
         if isinstance(module, routed_experts_cls):
             group = xl.group_of(getattr(module, PREFIX_ARGUMENT, "") or name)
             if group is not None:

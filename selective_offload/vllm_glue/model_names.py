@@ -68,15 +68,19 @@ def first_names(model: nn.Module) -> Callable[[str], str]:
     """A module name of ``model`` with any decoder layer on its path read by the layer's
     first name: vLLM's Gemma 4 registers its decoder layers again, for its YOCO split, under
     ``model.self_decoder.decoder_layers.N``, the same modules as ``model.layers.N``, not
-    copies sharing their parameters. Only whole decoder layers are read so: a smaller
-    module held in two places (a cached rotary table) stays shared."""
-    first: dict[int, str] = {}
-    aliases: dict[str, str] = {}
+    copies sharing their parameters. The name kept is the one in the layer stack
+    (``...layers.N``), not the first registered, whose index may be another. Only whole
+    decoder layers are read so: a smaller module held in two places (a cached rotary
+    table) stays shared."""
+    names: dict[int, list[str]] = {}
     for name, module in model.named_modules(remove_duplicate=False):
-        if id(module) not in first:
-            first[id(module)] = name
-        elif (layer := layer_of(first[id(module)])) is not None and first[id(module)] == f"{layer[0]}.{layer[1]}":
-            aliases[name] = first[id(module)]
+        names.setdefault(id(module), []).append(name)
+    aliases: dict[str, str] = {}
+    for held in names.values():
+        # the name in the layer stack (``...layers.N``), whichever vLLM registered first
+        layer = next((n for n in held if (at := layer_of(n)) is not None and n == f"{at[0]}.{at[1]}"), None)
+        if layer is not None:
+            aliases.update((n, layer) for n in held if n != layer)
 
     def name_of(name: str) -> str:
         parts = name.split(".")

@@ -77,14 +77,18 @@ def test_the_planned_experts_are_built_on_the_host_and_no_others():
     assert result.storages == {p.untyped_storage().data_ptr() for p in model.layers[0].parameters()}
 
 
-def test_a_decoder_layer_listed_twice_keeps_its_experts_on_the_host():
+@pytest.mark.parametrize("alias_first", [False, True], ids=["stack-first", "alias-first"])
+def test_a_decoder_layer_listed_twice_keeps_its_experts_on_the_host(alias_first):
     """vLLM's Gemma 4 lists its decoder layers again under ``self_decoder.decoder_layers``
     (the same modules): the experts are one layer's, not a copy shared with the rest of the
-    model, so they stay where they were built and none is taken as shared."""
+    model, so they stay where they were built and none is taken as shared. The layer's
+    name is the stack's (``layers.N``) whichever list vLLM registers first."""
     xl = experts_load(GROUP)
     model, mode = build_runners(xl)
     model.self_decoder = torch.nn.Module()
     model.self_decoder.decoder_layers = model.layers[:2]
+    if alias_first:
+        model._modules = {"self_decoder": model._modules.pop("self_decoder"), **model._modules}
     find(model, xl)
     assert xl.modules == {"layers.0.mlp.experts.routed_experts": GROUP} and xl.shared == frozenset()
     result = mode.finish(model, experts.expert_names(model, xl))
