@@ -631,9 +631,10 @@ TINY_MOE_FAMILIES = {
 
 
 #: How test_vllm_families' strict plan serves each family's routed experts where it is not
-#: ``compute``: Gemma 4's experts are GELU-tanh gated, which the host kernels do not compute
-#: yet (the worker refuses such a plan), so its experts are read in place (uva).
-FAMILY_EXPERTS_SERVING = {"gemma4_moe": "uva"}  # with a GELU kernel: drop it, and _GELU from FAMILY_TABLE
+#: ``compute``: Gemma 4's are read in place (uva), the proof of its twice-listed layers;
+#: GELU-tanh gated experts computed on the host are proven by the kernels' tests and by
+#: test_vllm_host_activations' Gemma 3 MLPs.
+FAMILY_EXPERTS_SERVING = {"gemma4_moe": "uva"}
 
 
 #: The mechanisms of docs/families.md's table, in its column order.
@@ -641,7 +642,9 @@ MECHANISMS = ("cold set", "uva", "compute", "device share")
 _ONE_PLAN = "not run here (one planned engine per family): see Qwen3-MoE"
 _NO_EXPERTS = "no routed experts"
 _COLD_ONLY = "not run here: its test plans the cold set alone (--all-cold)"
-_GELU = "pending: GELU-tanh gated experts, which the host kernels do not compute yet (the worker refuses the plan)"
+_GELU = ("not run here (one planned engine per family): the host kernels compute its GELU-tanh gated experts "
+         "(kernel tests; Gemma 3's MLPs in an engine)")
+_ACTIVATIONS = "not checked here: test_vllm_host_activations checks the computed layers"
 
 
 def _moe_row(name: str, family: str) -> tuple[str, str, dict[str, str]]:
@@ -671,6 +674,10 @@ FAMILY_TABLE: dict[str, tuple[str, str | None, dict[str, str]]] = {
     "gemma4_moe": ("Gemma 4 MoE", "test_vllm_families.py",
                    {**_moe_row("", "gemma4_moe")[2], "compute": _GELU}),
     "granitemoe": _moe_row("Granite-MoE (fused experts)", "granitemoe"),
+    "gemma3": ("Gemma 3 (dense, GELU-tanh MLPs)", "test_vllm_host_activations.py",
+               {"cold set": _ACTIVATIONS, "uva": _NO_EXPERTS, "compute": "yes (MLPs)", "device share": _ACTIVATIONS}),
+    "llama4": ("Llama-4 (router weight on the input, top-1)", "test_vllm_host_activations.py",
+               {"cold set": _ACTIVATIONS, "uva": _ACTIVATIONS, "compute": "yes", "device share": _ACTIVATIONS}),
     "idefics3": ("Idefics3 (vision)", "test_vllm_multimodal.py",
                  {"cold set": "yes (the vision tower too)", "uva": _NO_EXPERTS, "compute": _COLD_ONLY,
                   "device share": _COLD_ONLY}),
