@@ -430,13 +430,19 @@ def post_processing() -> list[tuple[str, str]]:
         mine = sum(t.nbytes for t in allocation.post_processed_tensors(stored, post).values())
         return "" if got == mine else f"vLLM holds {got} bytes, the planner prices {mine}"
 
-    def experts(e: int, hidden: int, inter: int) -> str:
+    def fp8_moe_layer(e: int, hidden: int, inter: int) -> tuple:
+        """A block-FP8 MoE layer as 0.33's Marlin preparation takes it: (layer, w13, w2, w13's
+        scales, w2's scales), zeros and ones."""
         layer = torch.nn.Module()
         layer.num_experts, layer.hidden_size, layer.intermediate_size_per_partition = e, hidden, inter
         layer.weight_block_size, layer.orig_dtype = [128, 128], torch.bfloat16
         w13 = torch.zeros(e, 2 * inter, hidden, dtype=torch.float8_e4m3fn)
         w2 = torch.zeros(e, hidden, inter, dtype=torch.float8_e4m3fn)
         s13, s2 = torch.ones(e, 2 * inter // 128, hidden // 128), torch.ones(e, hidden // 128, -(-inter // 128))
+        return layer, w13, w2, s13, s2
+
+    def experts(e: int, hidden: int, inter: int) -> str:
+        layer, w13, w2, s13, s2 = fp8_moe_layer(e, hidden, inter)
         with set_current_vllm_config(VllmConfig()):
             got = nbytes(*mf8.prepare_fp8_moe_layer_for_marlin(layer, w13, w2, s13, s2))
         stored = {}
@@ -458,12 +464,7 @@ def post_processing() -> list[tuple[str, str]]:
         layer (torch's profiler, the allocations it made and still held at their peak)."""
         from torch.profiler import ProfilerActivity, profile
 
-        layer = torch.nn.Module()
-        layer.num_experts, layer.hidden_size, layer.intermediate_size_per_partition = e, hidden, inter
-        layer.weight_block_size, layer.orig_dtype = [128, 128], torch.bfloat16
-        w13 = torch.zeros(e, 2 * inter, hidden, dtype=torch.float8_e4m3fn)
-        w2 = torch.zeros(e, hidden, inter, dtype=torch.float8_e4m3fn)
-        s13, s2 = torch.ones(e, 2 * inter // 128, hidden // 128), torch.ones(e, hidden // 128, -(-inter // 128))
+        layer, w13, w2, s13, s2 = fp8_moe_layer(e, hidden, inter)
         with set_current_vllm_config(VllmConfig()), profile(activities=[ProfilerActivity.CPU],
                                                             profile_memory=True) as prof:
             mf8.prepare_fp8_moe_layer_for_marlin(layer, w13, w2, s13, s2)
