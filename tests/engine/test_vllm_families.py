@@ -23,6 +23,7 @@ import pytest
 
 import selective_offload
 from helpers import (
+    _TINY,
     FAMILY_EXPERTS_SERVING,
     TINY_MOE_FAMILIES,
     decode_on_host_plan,
@@ -56,8 +57,9 @@ def test_the_plan_puts_the_embedding_and_routed_experts_on_the_host(family):
     assert plan.cold_on_host_groups == ["model.embed_tokens"]
     assert [g.group for g in plan.groups if g.serving == family.serving and g.kind == GroupKind.EXPERTS]
     mtp = [(g.group, g.serving) for g in plan.groups if g.mtp]
-    n = TINY_MOE_FAMILIES[family.name][2].get("num_nextn_predict_layers", 0)
-    assert mtp == ([("model.layers.2", Serving.NONE)] if n else [])
+    config = {**_TINY, **TINY_MOE_FAMILIES[family.name][2]}
+    n = config.get("num_nextn_predict_layers", 0)
+    assert mtp == ([(f"model.layers.{config['num_hidden_layers']}", Serving.NONE)] if n else [])
 
 
 def test_tokens_identical_to_plain_vllm(family):
