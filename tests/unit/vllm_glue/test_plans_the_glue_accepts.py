@@ -20,7 +20,15 @@ from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
 from helpers import _TINY as TINY
-from helpers import TINY_HOST_COMPUTE, TINY_MOE_FAMILIES, copy_room, workspace_room, write_config
+from helpers import (
+    TINY_DENSE_STEP,
+    TINY_HOST_COMPUTE,
+    TINY_MOE_FAMILIES,
+    copy_room,
+    loaded_bytes,
+    workspace_room,
+    write_config,
+)
 from selective_offload.checkpoint import load_checkpoint
 from selective_offload.errors import PlanError
 from selective_offload.planner import PlanInputs, kernels, make_plan
@@ -270,13 +278,17 @@ MLP_BUILT = {"gemma3": ("GeluAndMul", "tanh"), "gemma3-erf": ("GeluAndMul", "non
 #: and those the planner keeps on the device for reasons of its own (issue #61's other parts).
 NOT_COMPUTED = {"gemma3-erf": "do not compute these dense MLPs: its activation is gelu (GELU with erf",
                 "mixtral-clamped": "do not compute these routed experts: vLLM clamps its silu gate and up at 7",
-                "gemma4": None, "deepseek_v3": None, "glm4_5": None}
+                "gemma4": None}
 
 
 @pytest.fixture(scope="module", params=list(HOST_FAMILIES))
 def host_family(request, tmp_path_factory):
     config_cls, arch, extra = HOST_FAMILIES[request.param]
-    config = getattr(transformers, config_cls)(**{**TINY, **extra})
+    # 8 layers: the room a step above the crossover holds is one layer's, which 2 tiny layers
+    # would not outweigh (a family stating its layer types states them for 8)
+    if "layer_types" in extra:
+        extra = {**extra, "layer_types": extra["layer_types"] * 4}
+    config = getattr(transformers, config_cls)(**{**TINY, "num_hidden_layers": 8, **extra})
     path = write_config(tmp_path_factory.mktemp(request.param), config, arch)
     return request.param, load_checkpoint(path)
 
@@ -301,11 +313,13 @@ def test_no_family_is_planned_compute_where_the_worker_refuses_it(host_family):
     the plan says why."""
     family, checkpoint = host_family
     computed = set()
+    # the tiny replicas' steps (helpers): a dense model's MLPs are read whole by every token
+    step = TINY_HOST_COMPUTE["max_num_batched_tokens"] if checkpoint.facts.num_experts else TINY_DENSE_STEP
+    inputs = {**TINY_HOST_COMPUTE, "max_num_batched_tokens": step}
     for card in kernels.CARDS:
-        room = copy_room(checkpoint) + workspace_room(checkpoint, compute_capability=card)
-        plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=int(checkpoint.total_bytes * 0.5) + room,
-                                                kv_cache_bytes=0, reserve_bytes=0, compute_capability=card,
-                                                **TINY_HOST_COMPUTE))
+        room = copy_room(checkpoint, tokens=step) + workspace_room(checkpoint, compute_capability=card, **inputs)
+        plan = make_plan(checkpoint, PlanInputs(device_memory_bytes=int(loaded_bytes(checkpoint) * 0.5) + room,
+                                                kv_cache_bytes=0, reserve_bytes=0, compute_capability=card, **inputs))
         for g in (g for g in plan.groups if g.serving == "compute" and g.kind in ("experts", "mlp")):
             layer = built_layer(family, g, checkpoint)
             check = host_compute.activation_of if g.kind == "experts" else host_mlp.mlp_activation
