@@ -119,11 +119,11 @@ def test_routed_experts_the_model_does_not_have_are_refused(written, moe, tmp_pa
 def dense(tmp_path_factory) -> tuple[Path, dict]:
     """A dense model and the plan `selective-offload plan` writes for a 900 MB card: every
     MLP computed on the host, its first channels on the device (the room beside the copy a
-    step above the crossover holds, one MLP of 302 MB)."""
+    step above the crossover holds, one MLP of 302 MB and a 256-token step's activations)."""
     model = save_sparse_dense(tmp_path_factory.mktemp("dense"))
     path = tmp_path_factory.mktemp("plan") / "plan.json"
-    assert main(["plan", str(model), "--device-memory", "900MB", "--kv-cache", "0", "--reserve", "0", "-o",
-                 str(path)]) == 0
+    assert main(["plan", str(model), "--device-memory", "900MB", "--kv-cache", "0", "--reserve", "0",
+                 "--max-num-batched-tokens", "256", "-o", str(path)]) == 0
     data = json.loads(path.read_text())
     mlp = group(data, "model.layers.0.mlp")
     assert mlp["serving"] == "compute" and mlp["intermediate"] == 12288 and mlp["device_channels"] % 128 == 0
@@ -133,7 +133,7 @@ def dense(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.mark.parametrize("edit,match", [
     ({"intermediate": 16384}, "group model.layers.0.mlp: intermediate is 16384 channels, but this model's MLPs have "
                               "12288: it should be 12288"),
-    ({"device_channels": 1900}, "group model.layers.0.mlp: device_channels is 1900, but this model's MLP is cut in "
+    ({"device_channels": 1000}, "group model.layers.0.mlp: device_channels is 1000, but this model's MLP is cut in "
                                 "blocks of 128 channels: it should be a multiple of 128"),
 ])
 def test_mlp_channels_the_model_does_not_have_are_refused(dense, tmp_path, edit, match):
