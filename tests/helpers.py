@@ -335,7 +335,8 @@ def compute_experts_plan(model_dir, device_fraction: float = 0.7, *, required: b
     from selective_offload.planner import PlanInputs, make_plan
     ckpt = load_checkpoint(model_dir)
     # the copy above the crossover, and vLLM's fused-MoE workspace (one per process)
-    room = copy_room(ckpt) + workspace_room(ckpt, **{**TINY_HOST_COMPUTE, **inputs})
+    step = {**TINY_HOST_COMPUTE, **inputs}["max_num_batched_tokens"]
+    room = copy_room(ckpt, tokens=step) + workspace_room(ckpt, **{**TINY_HOST_COMPUTE, **inputs})
     plan = None
     # A tiny model's copy above the crossover is a large part of it (a quantized one is
     # dequantized to bf16): where the room for it lets the cold set close the budget, a
@@ -364,10 +365,15 @@ def host_kernel_against_plain(model, **engine_args):
     plain = generate_tokens(model, **engine_args)
     sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
     plain_lp = prompt_logprobs(model, sequences)
+    # a tiny dense model's MLPs, read whole by every token, are planned for a short step,
+    # whose copied activations leave them room to be computed on the host
+    from selective_offload.checkpoint import load_checkpoint
+
+    step = {} if load_checkpoint(model).facts.num_experts else {"max_num_batched_tokens": 16}
     # the kernel computes every pick: a fast CPU, and a link too slow for the copy to pay
-    everything = compute_experts_plan(model, cpu_tflops=100.0, device_share=False, link_gbps=0.01)
+    everything = compute_experts_plan(model, cpu_tflops=100.0, device_share=False, link_gbps=0.01, **step)
     host_lp, host_report = with_plan(everything, lambda args: prompt_logprobs(model, sequences, **args))
-    decode = decode_on_host_plan(model)
+    decode = decode_on_host_plan(model, **step)
     tokens, decode_report = generate_with_plan(decode, model, strict=True, **engine_args)
     return SimpleNamespace(model=model, plain=plain, plain_lp=plain_lp, everything=everything, host_lp=host_lp,
                            host_report=host_report, decode=decode, tokens=tokens, decode_report=decode_report)
