@@ -58,8 +58,9 @@ def two_rank_mlp_plan(model, monkeypatch, cpu_tflops: float, **inputs):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     ckpt = load_checkpoint(model)
+    room = copy_room(ckpt, tokens=inputs.get("max_num_batched_tokens"))
     for fraction in (0.6, *FALLBACK_FRACTIONS):  # beside the room a step above the crossover holds
-        plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * fraction) + copy_room(ckpt),
+        plan = make_plan(ckpt, PlanInputs(device_memory_bytes=int(ckpt.total_bytes * fraction) + room,
                                           kv_cache_bytes=0, reserve_bytes=0,
                                           **{**TINY_HOST_COMPUTE, "cpu_tflops": cpu_tflops, "ranks": 2,
                                              "cpu_threads": 2, **inputs}))
@@ -102,7 +103,9 @@ def test_two_ranks_with_int4_mlps_computed_on_the_host(tmp_path, monkeypatch):
 
     model = save_tiny_gptq_qwen3(tmp_path / "gptq", seed=9)
     # a CPU fast enough that every step, prefill too, stays on the host kernel
+    # the int4 replica's MLPs are planned for a short step (helpers.host_kernel_against_plain)
     plan, mlps = two_rank_mlp_plan(model, monkeypatch, cpu_tflops=100.0, cpu_gbps=30.0, cpu_gbps_source="measured",
+                                   max_num_batched_tokens=16,
                                    cpu_read_gbps=40.0, link_gbps=0.01)
     assert plan.host_compute.format == "int4" and any("claimed on this host" in n for n in plan.notes)
     selective_offload.disable()
