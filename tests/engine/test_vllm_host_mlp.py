@@ -137,7 +137,8 @@ def test_bf16_mlps_on_the_host_are_as_far_from_float32_as_plain_vllms_bf16(dense
     sequences = [list(p) + t for p, t in zip(PROMPTS, plain)]
     plain_bf16 = prompt_logprobs(dense, sequences)
     rounding = worst_logprob_gap(plain_bf16, prompt_logprobs(dense, sequences, dtype="float32"))
-    plan = compute_experts_plan(dense, cpu_tflops=100.0, device_share=False, link_gbps=0.01)
+    plan = compute_experts_plan(dense, cpu_tflops=100.0, device_share=False, link_gbps=0.01,
+                                max_num_batched_tokens=16)  # a short step: room to compute these MLPs
     host, report = with_plan(plan, lambda args: prompt_logprobs(dense, sequences, **args))
     assert report.ok, report.problems
     mlps = [g for g in report.groups if g.planned == "compute" and g.group.endswith(".mlp")]
